@@ -1,0 +1,1 @@
+"""The placement core: domain values, the ledger, filter, policies and the placer. No I/O."""

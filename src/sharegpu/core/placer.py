@@ -1,0 +1,177 @@
+"""The placer: one decision = filter, score, pick the node, pick its GPUs.
+
+This is the code path the extender, the controllers and the simulator all share. It answers a
+`Decision` value: the node and GPU indices chosen, or a status that says the pod fits nowhere.
+
+Ties: the highest score wins; among equal scores the policy's optional secondary key; then the
+node with the lowest `priority` rank. A fixed priority order (rather than a coin flip per pod)
+consolidates pods quietly, and the FGD paper's results depend on it (docs/simulation.md).
+
+Per-cycle work is kept small: for policies whose scores depend only on a node's own state, the
+filter and score results are cached per request shape and per node version, so a decision
+recomputes only the nodes that changed since the same shape was last placed.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+
+from sharegpu.core import allocation, devices, fit, fleet, ledger, policies, requests, status, units
+
+IntArray = fleet.IntArray
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    status: status.Status
+    row: int = -1
+    node: units.NodeName | None = None
+    gpus: tuple[int, ...] = ()
+    score: int = 0
+    feasible_nodes: int = 0
+
+
+@dataclass(slots=True)
+class _Cached:
+    version: IntArray
+    feasible: fleet.BoolArray
+    score: IntArray
+    choice: IntArray
+    tiebreak: IntArray
+
+
+class Placer:
+    def __init__(
+        self,
+        state: fleet.FleetState,
+        policy: policies.Policy,
+        *,
+        priority: IntArray | None = None,
+        seed: int = 0,
+        cache_shapes: int = 1024,
+    ) -> None:
+        self.state = state
+        self.policy = policy
+        policy.prepare(state)
+        n = len(state)
+        self.priority: IntArray = np.arange(n, dtype=np.int64) if priority is None else np.asarray(priority, np.int64)
+        if self.priority.shape != (n,):
+            raise ValueError(f"priority must have one rank per node ({n}), got shape {self.priority.shape}")
+        self.rng = np.random.default_rng(seed)
+        self._cache: OrderedDict[requests.GpuDemand, _Cached] = OrderedDict()
+        self._cache_shapes = cache_shapes
+        self._all_rows: IntArray = np.arange(n, dtype=np.int64)
+
+    # ----------------------------------------------------------------- scoring
+
+    def evaluate(
+        self, demand: requests.GpuDemand, rows: IntArray | None = None
+    ) -> tuple[IntArray, fleet.BoolArray, IntArray, IntArray, IntArray]:
+        """For `rows` (default: all nodes): feasible, score, GPU choice mask and tiebreak per node."""
+        rows = self._all_rows if rows is None else rows
+        if not self.policy.cacheable or demand.cotenancy.group is not None:
+            return self._compute(demand, rows)
+        entry = self._cache.get(demand)
+        if entry is None:
+            n = len(self.state)
+            entry = _Cached(
+                version=np.full(n, -1, dtype=np.int64),
+                feasible=np.zeros(n, dtype=np.bool_),
+                score=np.zeros(n, dtype=np.int64),
+                choice=np.zeros(n, dtype=np.int64),
+                tiebreak=np.zeros(n, dtype=np.int64),
+            )
+            self._cache[demand] = entry
+            if len(self._cache) > self._cache_shapes:
+                self._cache.popitem(last=False)
+        else:
+            self._cache.move_to_end(demand)
+        stale = rows[entry.version[rows] != self.state.version[rows]]
+        if len(stale):
+            _, feasible, score, choice, tiebreak = self._compute(demand, stale)
+            entry.feasible[stale] = feasible
+            entry.score[stale] = score
+            entry.choice[stale] = choice
+            entry.tiebreak[stale] = tiebreak
+            entry.version[stale] = self.state.version[stale]
+        return rows, entry.feasible[rows], entry.score[rows], entry.choice[rows], entry.tiebreak[rows]
+
+    def _compute(
+        self, demand: requests.GpuDemand, rows: IntArray
+    ) -> tuple[IntArray, fleet.BoolArray, IntArray, IntArray, IntArray]:
+        result = fit.evaluate(self.state, demand, rows)
+        n = len(rows)
+        score = np.zeros(n, dtype=np.int64)
+        choice = np.zeros(n, dtype=np.int64)
+        tiebreak = np.zeros(n, dtype=np.int64)
+        ok = np.flatnonzero(result.feasible)
+        if len(ok):
+            scores = self.policy.score(self.state, demand, rows[ok], result.eligible[ok], self.rng)
+            score[ok] = scores.score
+            choice[ok] = scores.choice
+            if scores.tiebreak is not None:
+                tiebreak[ok] = scores.tiebreak
+        return rows, result.feasible, score, choice, tiebreak
+
+    # ----------------------------------------------------------------- deciding
+
+    def decide(self, demand: requests.GpuDemand, rows: IntArray | None = None) -> Decision:
+        rows, feasible, score, choice, tiebreak = self.evaluate(demand, rows)
+        ok = np.flatnonzero(feasible)
+        if not len(ok):
+            return Decision(status.unschedulable(f"no node fits among {len(rows)} candidate(s)"))
+        best_score = score[ok].max()
+        ok = ok[score[ok] == best_score]
+        if len(ok) > 1:
+            best_tie = tiebreak[ok].max()
+            ok = ok[tiebreak[ok] == best_tie]
+        winner = ok[np.argmin(self.priority[rows[ok]])] if len(ok) > 1 else ok[0]
+        row = int(rows[winner])
+        gpus = policies.mask_to_indices(int(choice[winner]))
+        if self.policy.topology_refine and demand.count > 1 and demand.whole:
+            eligible = fit.eligible_gpus(self.state, demand, np.array([row]))[0]
+            gpus, _ = policies.best_connected(
+                self.state.inventories[row], np.flatnonzero(eligible).tolist(), demand.count
+            )
+        return Decision(
+            status.SUCCESS,
+            row=row,
+            node=self.state.names[row],
+            gpus=tuple(gpus),
+            score=int(best_score),
+            feasible_nodes=int(feasible.sum()),
+        )
+
+    def explain(self, demand: requests.GpuDemand, rows: IntArray | None = None) -> list[status.Status]:
+        """Per candidate node, why the demand does not fit (SUCCESS entries for nodes where it does)."""
+        rows = self._all_rows if rows is None else rows
+        return [fit.explain_node(self.state, demand, int(row)) for row in rows]
+
+    def allocation_for(self, pod: requests.PodRequest, decision: Decision) -> allocation.Allocation:
+        assert decision.node is not None, "allocation_for needs a successful decision"
+        node = self.state.inventories[decision.row]
+        return allocation.build(
+            pod,
+            decision.node,
+            decision.gpus,
+            [gpu.memory_mib for gpu in node.gpus],
+            [gpu.uuid for gpu in node.gpus] if node.gpus else None,
+        )
+
+    def place(self, book: ledger.Ledger, pod: requests.PodRequest, rows: IntArray | None = None) -> Decision:
+        """Decide and assume in one step (the ledger must own this placer's state)."""
+        decision = self.decide(pod.demand, rows)
+        if not decision.status.ok:
+            return decision
+        result = book.assume(self.allocation_for(pod, decision))
+        if not result.ok:  # a placer bug if it ever happens: the decision did not fit the ledger
+            return Decision(result)
+        return decision
+
+
+def fleet_from(nodes: list[devices.NodeInventory]) -> tuple[fleet.FleetState, ledger.Ledger]:
+    state = fleet.FleetState(nodes)
+    return state, ledger.Ledger(state)

@@ -1,0 +1,473 @@
+"""Placement policies: score feasible nodes and choose the GPUs inside each.
+
+A policy sees a batch of feasible nodes (rows of the `FleetState`) with the per-GPU eligibility
+from `fit`, and answers, per node, an integer score 0..100 (higher is better), the GPUs it would
+use (a bit mask), and optionally a secondary key that breaks equal scores before the fixed node
+priority does. Policies are pure functions of the node state (except `random`), so the placer may
+cache their answers per node version.
+
+The paper baselines follow the FGD paper's public simulator (see docs/simulation.md):
+random, dotprod, clustering, packing, bestfit, fgd. Kubernetes-style policies: binpack and spread
+at node and device level, and topology-aware choice for multi-GPU pods. `fgd-pack` is our own.
+"""
+
+from __future__ import annotations
+
+import abc
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from sharegpu.core import devices, errors, fleet, frag, requests, units
+
+IntArray = fleet.IntArray
+BoolArray = fleet.BoolArray
+_BIG = np.int64(1) << 40
+
+
+@dataclass(frozen=True, slots=True)
+class Scores:
+    score: IntArray
+    """(n,) integer score 0..100 per node."""
+    choice: IntArray
+    """(n,) bit mask of the GPUs the pod would get on each node."""
+    tiebreak: IntArray | None = None
+    """(n,) optional secondary key, higher is better, consulted before the node priority."""
+
+
+def bit_weights(width: int) -> IntArray:
+    return np.left_shift(np.int64(1), np.arange(width, dtype=np.int64))
+
+
+def mask_to_indices(mask: int) -> tuple[int, ...]:
+    return tuple(i for i in range(mask.bit_length()) if mask >> i & 1)
+
+
+def masks_to_bool(masks: IntArray, width: int) -> BoolArray:
+    return (masks[:, None] >> np.arange(width, dtype=np.int64)) & 1 == 1
+
+
+def first_k(eligible: BoolArray, k: int) -> IntArray:
+    """Mask of the first `k` eligible GPUs of each node (lowest indices)."""
+    if k == 0:
+        return np.zeros(len(eligible), dtype=np.int64)
+    take = eligible & (np.cumsum(eligible, axis=1) <= k)
+    return np.asarray((take * bit_weights(eligible.shape[1])).sum(axis=1), dtype=np.int64)
+
+
+def ordered_k(eligible: BoolArray, key: IntArray, k: int) -> IntArray:
+    """Mask of the `k` eligible GPUs with the smallest `key` (lowest index on ties)."""
+    n, width = eligible.shape
+    if k == 0:
+        return np.zeros(n, dtype=np.int64)
+    keyed = np.where(eligible, key, _BIG)
+    if k == 1:
+        return np.left_shift(np.int64(1), np.argmin(keyed, axis=1).astype(np.int64))
+    order = np.argsort(keyed, axis=1, kind="stable")[:, :k]
+    return np.asarray(bit_weights(width)[order].sum(axis=1), dtype=np.int64)
+
+
+def _trunc(values: frag.FloatArray) -> IntArray:
+    return np.trunc(values).astype(np.int64)
+
+
+class Policy(abc.ABC):
+    name: ClassVar[str]
+    summary: ClassVar[str]
+    cacheable: ClassVar[bool] = True
+    """Scores depend only on each node's own state (so they can be cached per node version)."""
+    topology_refine: ClassVar[bool] = False
+    """After the node is chosen, re-pick multi-GPU sets for the best interconnect."""
+
+    def prepare(self, state: fleet.FleetState) -> None:  # noqa: B027 - optional hook
+        """Called once with the fleet the policy will score."""
+
+    @abc.abstractmethod
+    def score(
+        self,
+        state: fleet.FleetState,
+        demand: requests.GpuDemand,
+        rows: IntArray,
+        eligible: BoolArray,
+        rng: np.random.Generator,
+    ) -> Scores:
+        """Scores for feasible nodes `rows` (eligible: per-GPU mask from `fit`)."""
+
+
+def _device_bestfit(state: fleet.FleetState, demand: requests.GpuDemand, rows: IntArray, eligible: BoolArray) -> IntArray:
+    """Fractional pods on the eligible GPU(s) with the least free compute; whole GPUs first free."""
+    if demand.whole or demand.count == 0:
+        return first_k(eligible, demand.count)
+    return ordered_k(eligible, state.milli_free[rows], demand.count)
+
+
+class RandomPolicy(Policy):
+    name = "random"
+    summary = "a feasible node uniformly at random; a random fitting GPU inside it"
+    cacheable = False
+
+    def score(
+        self,
+        state: fleet.FleetState,
+        demand: requests.GpuDemand,
+        rows: IntArray,
+        eligible: BoolArray,
+        rng: np.random.Generator,
+    ) -> Scores:
+        n = len(rows)
+        score = np.zeros(n, dtype=np.int64)
+        if n:
+            score[rng.integers(n)] = 100
+        if demand.whole or demand.count == 0:
+            choice = first_k(eligible, demand.count)
+        else:
+            noise = rng.random(eligible.shape)
+            order = np.argsort(np.where(eligible, noise, 2.0), axis=1)[:, : demand.count]
+            choice = np.asarray(bit_weights(eligible.shape[1])[order].sum(axis=1), dtype=np.int64)
+        return Scores(score, choice)
+
+
+class BestFitPolicy(Policy):
+    name = "bestfit"
+    summary = "minimise the node's weighted leftover CPU and GPU (0.5/0.5); tightest GPU inside"
+
+    def prepare(self, state: fleet.FleetState) -> None:
+        self.cpu_norm = float(max(int(state.cpu_capacity.max(initial=0)), 1))
+        self.gpu_norm = float(max(int(state.milli_capacity.sum(axis=1).max(initial=0)), 1))
+
+    def score(
+        self,
+        state: fleet.FleetState,
+        demand: requests.GpuDemand,
+        rows: IntArray,
+        eligible: BoolArray,
+        rng: np.random.Generator,
+    ) -> Scores:
+        cpu_left = state.cpu_free[rows] - demand.cpu_milli
+        gpu_left = state.milli_free[rows].sum(axis=1) - demand.gpu_milli_total
+        value = (1 - (0.5 * cpu_left / self.cpu_norm + 0.5 * gpu_left / self.gpu_norm)) * 100
+        return Scores(_trunc(value), _device_bestfit(state, demand, rows, eligible))
+
+
+class DotProductPolicy(Policy):
+    name = "dotprod"
+    summary = "Tetris alignment of demand and free resources (normalised); the least aligned node wins"
+
+    def score(
+        self,
+        state: fleet.FleetState,
+        demand: requests.GpuDemand,
+        rows: IntArray,
+        eligible: BoolArray,
+        rng: np.random.Generator,
+    ) -> Scores:
+        cpu_cap = np.maximum(state.cpu_capacity[rows], 1)
+        mem_cap = np.maximum(state.mem_capacity[rows], 1)
+        host = (demand.cpu_milli / cpu_cap) * (state.cpu_free[rows] / cpu_cap) + (
+            demand.host_memory_mib / mem_cap
+        ) * (state.mem_free[rows] / mem_cap)
+        if demand.sharing and demand.count == 1:
+            per_gpu = host[:, None] + (demand.milli / 1000) * (state.milli_free[rows] / 1000)
+            per_gpu_score = np.where(eligible, _trunc(100 * (1 - per_gpu / 3)), -1)
+            best = np.argmax(per_gpu_score, axis=1)
+            score = per_gpu_score[np.arange(len(rows)), best]
+            return Scores(score, np.left_shift(np.int64(1), best.astype(np.int64)))
+        gpu_cap = np.maximum(state.milli_capacity[rows].sum(axis=1), 1)
+        dot = host + (demand.gpu_milli_total / gpu_cap) * (state.milli_free[rows].sum(axis=1) / gpu_cap)
+        return Scores(_trunc(100 * (1 - dot / 3)), _device_bestfit(state, demand, rows, eligible))
+
+
+class ClusteringPolicy(Policy):
+    name = "clustering"
+    summary = "put pods with nodes already holding pods of the same shape; fuller nodes first"
+
+    def prepare(self, state: fleet.FleetState) -> None:
+        self.spec = max(int(state.milli_capacity.sum(axis=1).max(initial=0)), 1)
+
+    def score(
+        self,
+        state: fleet.FleetState,
+        demand: requests.GpuDemand,
+        rows: IntArray,
+        eligible: BoolArray,
+        rng: np.random.Generator,
+    ) -> Scores:
+        choice = _device_bestfit(state, demand, rows, eligible)
+        if demand.count == 0:
+            return Scores(np.zeros(len(rows), dtype=np.int64), choice)
+        base = 25 * (self.spec - state.milli_free[rows].sum(axis=1)) // self.spec
+        tag = (demand.milli, demand.count)
+        tier = np.empty(len(rows), dtype=np.int64)
+        for i, row in enumerate(rows.tolist()):
+            shapes = state.node_shapes[row]
+            if tag in shapes:
+                tier[i] = 75 if len(shapes) == 1 else 50
+            else:
+                tier[i] = 25 if not shapes else 0
+        return Scores(base + tier, choice)
+
+
+class PackingPolicy(Policy):
+    name = "packing"
+    summary = "prefer already shared GPUs, then free GPUs on used nodes, then empty nodes"
+
+    def score(
+        self,
+        state: fleet.FleetState,
+        demand: requests.GpuDemand,
+        rows: IntArray,
+        eligible: BoolArray,
+        rng: np.random.Generator,
+    ) -> Scores:
+        n = len(rows)
+        if demand.count == 0:
+            return Scores(np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64))
+        free = state.milli_free[rows]
+        fully_free = (free == state.milli_capacity[rows]) & state.present[rows]
+        fully_free_n = fully_free.sum(axis=1)
+        choice = ordered_k(eligible, free, demand.count)
+        chosen = masks_to_bool(choice, state.width)
+        full_used = (chosen & (free == units.MILLI_PER_GPU)).sum(axis=1)
+        ratio_sum = np.where(chosen, free * 100 // units.MILLI_PER_GPU, 0).sum(axis=1)
+        case_node_free = np.maximum(100 // 3 - fully_free_n, fully_free_n)
+        case_free_gpu = np.maximum(100 // 2 - full_used, 100 // 3)
+        case_shared = np.maximum(100 - ratio_sum // 10, 100 // 2)
+        score = np.where(
+            fully_free_n == state.gpu_count[rows], case_node_free, np.where(full_used > 0, case_free_gpu, case_shared)
+        )
+        return Scores(score.astype(np.int64), choice)
+
+
+def _sigmoid_score(delta: frag.FloatArray) -> IntArray:
+    return _trunc(100.0 / (1.0 + np.exp(-delta / 1000.0)))
+
+
+class FgdPolicy(Policy):
+    name = "fgd"
+    summary = "fragmentation gradient descent: the node and GPU whose fragmentation grows least"
+
+    def __init__(self, shapes: tuple[frag.WeightedShape, ...]) -> None:
+        if not shapes:
+            raise errors.InvalidInputError("fgd needs typical pod shapes (none were given)")
+        self.shapes = shapes
+
+    def prepare(self, state: fleet.FleetState) -> None:
+        self.model = frag.FragModel(state, self.shapes)
+        self._frag = np.zeros(len(state), dtype=np.float64)
+        self._frag_version = np.full(len(state), -1, dtype=np.int64)
+
+    def frag_before(self, state: fleet.FleetState, rows: IntArray) -> frag.FloatArray:
+        stale = rows[self._frag_version[rows] != state.version[rows]]
+        if len(stale):
+            self._frag[stale] = self.model.frag(stale, state.cpu_free[stale], state.milli_free[stale])
+            self._frag_version[stale] = state.version[stale]
+        return self._frag[rows]
+
+    def fgd_scores(
+        self, state: fleet.FleetState, demand: requests.GpuDemand, rows: IntArray, eligible: BoolArray
+    ) -> tuple[IntArray, IntArray]:
+        before = self.frag_before(state, rows)
+        cpu_after = state.cpu_free[rows] - demand.cpu_milli
+        free = state.milli_free[rows]
+        if demand.sharing and demand.count == 1:
+            after = self.model.frag_after_one_gpu(rows, cpu_after, free, demand.milli)
+            per_gpu = np.where(eligible, _sigmoid_score(before[:, None] - after), -1)
+            best = np.argmax(per_gpu, axis=1)
+            score = per_gpu[np.arange(len(rows)), best]
+            return score, np.left_shift(np.int64(1), best.astype(np.int64))
+        choice = _device_bestfit(state, demand, rows, eligible)
+        taken = masks_to_bool(choice, state.width) * demand.milli
+        after = self.model.frag(rows, cpu_after, free - taken)
+        return _sigmoid_score(before - after), choice
+
+    def score(
+        self,
+        state: fleet.FleetState,
+        demand: requests.GpuDemand,
+        rows: IntArray,
+        eligible: BoolArray,
+        rng: np.random.Generator,
+    ) -> Scores:
+        score, choice = self.fgd_scores(state, demand, rows, eligible)
+        return Scores(score, choice)
+
+
+class FgdPackPolicy(FgdPolicy):
+    name = "fgd-pack"
+    summary = "ours: FGD's score, ties broken toward the node with the least free GPU left (consolidation)"
+    topology_refine = True
+
+    def score(
+        self,
+        state: fleet.FleetState,
+        demand: requests.GpuDemand,
+        rows: IntArray,
+        eligible: BoolArray,
+        rng: np.random.Generator,
+    ) -> Scores:
+        score, choice = self.fgd_scores(state, demand, rows, eligible)
+        left = state.milli_free[rows].sum(axis=1) - demand.gpu_milli_total
+        return Scores(score, choice, tiebreak=-left)
+
+
+class _LoadPolicy(Policy):
+    """Node by allocated GPU share after placement; device by free compute."""
+
+    node_pack: ClassVar[bool]
+    device_pack: ClassVar[bool]
+    topology_refine = True
+
+    def score(
+        self,
+        state: fleet.FleetState,
+        demand: requests.GpuDemand,
+        rows: IntArray,
+        eligible: BoolArray,
+        rng: np.random.Generator,
+    ) -> Scores:
+        capacity = state.milli_capacity[rows].sum(axis=1)
+        used_after = capacity - state.milli_free[rows].sum(axis=1) + demand.gpu_milli_total
+        cpu_cap = np.maximum(state.cpu_capacity[rows], 1)
+        cpu_used_after = cpu_cap - state.cpu_free[rows] + demand.cpu_milli
+        load = np.where(capacity > 0, used_after * 100 // np.maximum(capacity, 1), cpu_used_after * 100 // cpu_cap)
+        score = load if self.node_pack else 100 - load
+        tiebreak = -(state.cpu_free[rows] - demand.cpu_milli)
+        if not self.node_pack:
+            tiebreak = -tiebreak
+        free = state.milli_free[rows]
+        key = free if self.device_pack else -free
+        if demand.whole:
+            choice = first_k(eligible, demand.count)
+        else:
+            choice = ordered_k(eligible, key, demand.count)
+        return Scores(score.astype(np.int64), choice, tiebreak)
+
+
+class BinpackPolicy(_LoadPolicy):
+    name = "binpack"
+    summary = "fullest node first; fullest fitting GPU inside"
+    node_pack = True
+    device_pack = True
+
+
+class SpreadPolicy(_LoadPolicy):
+    name = "spread"
+    summary = "emptiest node first; emptiest GPU inside"
+    node_pack = False
+    device_pack = False
+
+
+class BinpackSpreadPolicy(_LoadPolicy):
+    name = "binpack-spread"
+    summary = "fullest node first; emptiest GPU inside (pack nodes, spread load over their GPUs)"
+    node_pack = True
+    device_pack = False
+
+
+class SpreadBinpackPolicy(_LoadPolicy):
+    name = "spread-binpack"
+    summary = "emptiest node first; fullest fitting GPU inside"
+    node_pack = False
+    device_pack = True
+
+
+class TopologyPolicy(_LoadPolicy):
+    name = "topology"
+    summary = "multi-GPU pods go where their GPUs are best connected (NVLink > PCIe switch > NUMA); else binpack"
+    node_pack = True
+    device_pack = True
+
+    def score(
+        self,
+        state: fleet.FleetState,
+        demand: requests.GpuDemand,
+        rows: IntArray,
+        eligible: BoolArray,
+        rng: np.random.Generator,
+    ) -> Scores:
+        base = super().score(state, demand, rows, eligible, rng)
+        if demand.count < 2:
+            return base
+        score = base.score.copy()
+        choice = base.choice.copy()
+        for i, row in enumerate(rows.tolist()):
+            candidates = np.flatnonzero(eligible[i]).tolist()
+            chosen, (weakest, _) = best_connected(state.inventories[row], candidates, demand.count)
+            choice[i] = sum(1 << j for j in chosen)
+            # Link quality dominates (0, 25, 50, 75), load breaks ties within a level (0..24).
+            score[i] = 25 * int(weakest) + min(int(base.score[i]) * 24 // 100, 24)
+        return Scores(score, choice, base.tiebreak)
+
+
+def best_connected(
+    node: devices.NodeInventory, candidates: list[int], k: int
+) -> tuple[tuple[int, ...], tuple[devices.Link, int]]:
+    """A set of `k` GPUs among `candidates` with the best weakest link, then the best total links.
+
+    Exhaustive for small candidate sets, greedy from every seed otherwise.
+    """
+    if k <= 1 or len(candidates) <= k:
+        chosen = tuple(candidates[:k])
+        return chosen, _quality(node, chosen)
+    if _combinations(len(candidates), k) <= 512:
+        best = max(itertools.combinations(candidates, k), key=lambda c: (_quality(node, c), [-i for i in c]))
+        return best, _quality(node, best)
+    results = []
+    for seed in candidates:
+        chosen_list = [seed]
+        while len(chosen_list) < k:
+            rest = [c for c in candidates if c not in chosen_list]
+            nxt = max(rest, key=lambda c: (min(node.link(c, x) for x in chosen_list), -c))
+            chosen_list.append(nxt)
+        chosen_t = tuple(sorted(chosen_list))
+        results.append((_quality(node, chosen_t), chosen_t))
+    quality, chosen_best = max(results, key=lambda r: (r[0], [-i for i in r[1]]))
+    return chosen_best, quality
+
+
+def _quality(node: devices.NodeInventory, chosen: tuple[int, ...]) -> tuple[devices.Link, int]:
+    pairs = list(itertools.combinations(chosen, 2))
+    if not pairs:
+        return devices.Link.NVLINK, 0
+    links = [node.link(a, b) for a, b in pairs]
+    return min(links), sum(int(x) for x in links)
+
+
+def _combinations(n: int, k: int) -> int:
+    from math import comb
+
+    return comb(n, k)
+
+
+PolicyFactory = Callable[[tuple[frag.WeightedShape, ...]], Policy]
+
+REGISTRY: dict[str, PolicyFactory] = {
+    "random": lambda shapes: RandomPolicy(),
+    "dotprod": lambda shapes: DotProductPolicy(),
+    "clustering": lambda shapes: ClusteringPolicy(),
+    "packing": lambda shapes: PackingPolicy(),
+    "bestfit": lambda shapes: BestFitPolicy(),
+    "fgd": FgdPolicy,
+    "fgd-pack": FgdPackPolicy,
+    "binpack": lambda shapes: BinpackPolicy(),
+    "spread": lambda shapes: SpreadPolicy(),
+    "binpack-spread": lambda shapes: BinpackSpreadPolicy(),
+    "spread-binpack": lambda shapes: SpreadBinpackPolicy(),
+    "topology": lambda shapes: TopologyPolicy(),
+}
+PAPER_POLICIES = ("random", "dotprod", "clustering", "packing", "bestfit", "fgd")
+
+
+def names() -> list[str]:
+    return list(REGISTRY)
+
+
+def make(name: str, shapes: tuple[frag.WeightedShape, ...] = ()) -> Policy:
+    """A fresh policy by name; fragmentation-aware ones need the typical shapes."""
+    factory = REGISTRY.get(name)
+    if factory is None:
+        raise errors.UnknownPolicyError(f"unknown policy {name!r}; choose from: {', '.join(REGISTRY)}")
+    return factory(shapes)

@@ -1,0 +1,74 @@
+"""Outcomes as values: a code plus structured reasons.
+
+Modelled on kube-scheduler's framework Status. "Does not fit" is an ordinary answer, carried by a
+`Status` with `Code.UNSCHEDULABLE` and one `Reason` per shortfall (resource, requested, free,
+capacity, and where: node and GPU). Exceptions stay for faults.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class Code(enum.Enum):
+    SUCCESS = "Success"
+    UNSCHEDULABLE = "Unschedulable"
+    """Does not fit now; may fit once something is freed."""
+    UNSCHEDULABLE_AND_UNRESOLVABLE = "UnschedulableAndUnresolvable"
+    """Can never fit on this node as it is built (wrong model, too few GPUs)."""
+    CONFLICT = "Conflict"
+    """The request contradicts the ledger's state (already assumed, unknown pod, over-commit)."""
+    ERROR = "Error"
+
+
+@dataclass(frozen=True, slots=True)
+class Reason:
+    """One shortfall: `resource` wanted `requested`, only `free` of `capacity` was there."""
+
+    resource: str
+    requested: int
+    free: int
+    capacity: int
+    node: str | None = None
+    gpu: int | None = None
+    detail: str = ""
+
+    def __str__(self) -> str:
+        where = ""
+        if self.node is not None:
+            where = f"{self.node}"
+            if self.gpu is not None:
+                where += f"/gpu{self.gpu}"
+            where += ": "
+        text = f"{where}{self.resource} requested {self.requested}, free {self.free} of {self.capacity}"
+        return f"{text} ({self.detail})" if self.detail else text
+
+
+@dataclass(frozen=True, slots=True)
+class Status:
+    code: Code
+    message: str = ""
+    reasons: tuple[Reason, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return self.code is Code.SUCCESS
+
+    def __str__(self) -> str:
+        parts = [self.code.value]
+        if self.message:
+            parts.append(self.message)
+        parts.extend(str(r) for r in self.reasons)
+        return "; ".join(parts)
+
+
+SUCCESS = Status(Code.SUCCESS)
+
+
+def conflict(message: str, *reasons: Reason) -> Status:
+    return Status(Code.CONFLICT, message, tuple(reasons))
+
+
+def unschedulable(message: str, *reasons: Reason) -> Status:
+    return Status(Code.UNSCHEDULABLE, message, tuple(reasons))

@@ -1,0 +1,1 @@
+"""The trace-driven simulator: replays workloads through the placement core on virtual time."""
