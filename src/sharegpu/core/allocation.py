@@ -204,9 +204,7 @@ def build(
     """
     demand = pod.demand
     if len(gpu_indices) != demand.count:
-        raise errors.InvalidRequestError(
-            f"pod {pod.key} needs {demand.count} GPU(s), {len(gpu_indices)} were chosen"
-        )
+        raise errors.InvalidRequestError(f"pod {pod.key} needs {demand.count} GPU(s), {len(gpu_indices)} were chosen")
     containers: list[ContainerAllocation] = []
     next_whole = 0
     for container in pod.containers:

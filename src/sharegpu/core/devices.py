@@ -68,8 +68,7 @@ class NodeInventory:
             raise errors.InvalidInventoryError("node name must not be empty")
         if self.cpu_milli < 0 or self.memory_mib < 0:
             raise errors.InvalidInventoryError(
-                f"node {self.name}: CPU and memory must be >= 0, got {self.cpu_milli}m and "
-                f"{self.memory_mib} MiB"
+                f"node {self.name}: CPU and memory must be >= 0, got {self.cpu_milli}m and {self.memory_mib} MiB"
             )
         if len(self.gpus) > units.MAX_GPUS_PER_NODE:
             raise errors.InvalidInventoryError(
@@ -134,9 +133,7 @@ def uniform_node(
         )
         for i in range(gpu_count)
     )
-    links = (
-        frozenset((a, b) for a in range(gpu_count) for b in range(a + 1, gpu_count)) if nvlink_all else frozenset()
-    )
+    links = frozenset((a, b) for a in range(gpu_count) for b in range(a + 1, gpu_count)) if nvlink_all else frozenset()
     return NodeInventory(
         name=units.NodeName(name),
         cpu_milli=units.MilliCpu(cpu_milli),

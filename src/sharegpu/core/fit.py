@@ -87,8 +87,14 @@ def explain_node(state: fleet.FleetState, demand: requests.GpuDemand, row: int) 
     if state.gpu_count[row] < demand.count:
         unresolvable = True
         reasons.append(
-            status.Reason(GPU_COUNT, demand.count, int(eligible.sum()), int(state.gpu_count[row]), name,
-                          detail="the node has fewer GPUs than the pod asks for")
+            status.Reason(
+                GPU_COUNT,
+                demand.count,
+                int(eligible.sum()),
+                int(state.gpu_count[row]),
+                name,
+                detail="the node has fewer GPUs than the pod asks for",
+            )
         )
     models = model_mask(state, demand, one)[0]
     rules = state.cotenancy_ok(demand.cotenancy, one)[0]
@@ -100,8 +106,9 @@ def explain_node(state: fleet.FleetState, demand: requests.GpuDemand, row: int) 
         free = int(state.milli_free[row, index])
         if not models[index]:
             model = state.model_names[state.model_id[row, index]]
-            reasons.append(status.Reason(GPU_MODEL, 1, 0, 1, name, index,
-                                         detail=f"model {model} not in {sorted(demand.models)}"))
+            reasons.append(
+                status.Reason(GPU_MODEL, 1, 0, 1, name, index, detail=f"model {model} not in {sorted(demand.models)}")
+            )
             continue
         if not state.healthy[row, index]:
             reasons.append(status.Reason(GPU_HEALTH, 1, 0, 1, name, index, detail="GPU is unhealthy"))
@@ -117,11 +124,19 @@ def explain_node(state: fleet.FleetState, demand: requests.GpuDemand, row: int) 
                 status.Reason(GPU_MEMORY, gmem_wanted, gmem_free, int(state.gmem_capacity[row, index]), name, index)
             )
         if not demand.whole and not rules[index]:
-            reasons.append(status.Reason(COTENANCY, 1, 0, 1, name, index, detail=_rule_detail(state, demand, row, index)))
+            reasons.append(
+                status.Reason(COTENANCY, 1, 0, 1, name, index, detail=_rule_detail(state, demand, row, index))
+            )
     if int(eligible.sum()) < demand.count and not unresolvable:
         reasons.append(
-            status.Reason(GPU_COUNT, demand.count, int(eligible.sum()), int(state.gpu_count[row]), name,
-                          detail="GPUs that can host the pod")
+            status.Reason(
+                GPU_COUNT,
+                demand.count,
+                int(eligible.sum()),
+                int(state.gpu_count[row]),
+                name,
+                detail="GPUs that can host the pod",
+            )
         )
     code = status.Code.UNSCHEDULABLE_AND_UNRESOLVABLE if unresolvable or not models.any() else status.Code.UNSCHEDULABLE
     return status.Status(code, f"pod does not fit on {name}", tuple(reasons))

@@ -150,7 +150,8 @@ class FleetState:
             counts = self.anti_affinity.get(self.tag_id(rules.anti_affinity))
             if counts is not None:
                 ok &= counts[rows] == 0
-        return ok
+        result: BoolArray = ok
+        return result
 
     def group_bound(self, group: int) -> bool:
         return bool((self.group_tag == group).any())

@@ -112,9 +112,7 @@ class Ledger:
     def expire_assumed(self, ttl_seconds: float) -> list[units.PodKey]:
         """Forget assumptions older than `ttl_seconds` whose binding was never confirmed."""
         now = self._clock()
-        stale = [
-            pod for pod, e in self._entries.items() if e.phase is Phase.ASSUMED and now - e.since >= ttl_seconds
-        ]
+        stale = [pod for pod, e in self._entries.items() if e.phase is Phase.ASSUMED and now - e.since >= ttl_seconds]
         for pod in stale:
             self.forget(pod)
         return stale

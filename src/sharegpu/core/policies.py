@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import abc
 import itertools
-from collections.abc import Callable
+import math
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -39,7 +39,8 @@ class Scores:
 
 
 def bit_weights(width: int) -> IntArray:
-    return np.left_shift(np.int64(1), np.arange(width, dtype=np.int64))
+    weights: IntArray = np.left_shift(np.int64(1), np.arange(width, dtype=np.int64))
+    return weights
 
 
 def mask_to_indices(mask: int) -> tuple[int, ...]:
@@ -47,7 +48,8 @@ def mask_to_indices(mask: int) -> tuple[int, ...]:
 
 
 def masks_to_bool(masks: IntArray, width: int) -> BoolArray:
-    return (masks[:, None] >> np.arange(width, dtype=np.int64)) & 1 == 1
+    bits: BoolArray = (masks[:, None] >> np.arange(width, dtype=np.int64)) & 1 == 1
+    return bits
 
 
 def first_k(eligible: BoolArray, k: int) -> IntArray:
@@ -65,7 +67,8 @@ def ordered_k(eligible: BoolArray, key: IntArray, k: int) -> IntArray:
         return np.zeros(n, dtype=np.int64)
     keyed = np.where(eligible, key, _BIG)
     if k == 1:
-        return np.left_shift(np.int64(1), np.argmin(keyed, axis=1).astype(np.int64))
+        single: IntArray = np.left_shift(np.int64(1), np.argmin(keyed, axis=1).astype(np.int64))
+        return single
     order = np.argsort(keyed, axis=1, kind="stable")[:, :k]
     return np.asarray(bit_weights(width)[order].sum(axis=1), dtype=np.int64)
 
@@ -82,6 +85,12 @@ class Policy(abc.ABC):
     topology_refine: ClassVar[bool] = False
     """After the node is chosen, re-pick multi-GPU sets for the best interconnect."""
 
+    @classmethod
+    def create(cls, shapes: tuple[frag.WeightedShape, ...]) -> Policy:
+        """A fresh instance; policies that need the typical pod shapes override this."""
+        del shapes
+        return cls()
+
     def prepare(self, state: fleet.FleetState) -> None:  # noqa: B027 - optional hook
         """Called once with the fleet the policy will score."""
 
@@ -97,7 +106,9 @@ class Policy(abc.ABC):
         """Scores for feasible nodes `rows` (eligible: per-GPU mask from `fit`)."""
 
 
-def _device_bestfit(state: fleet.FleetState, demand: requests.GpuDemand, rows: IntArray, eligible: BoolArray) -> IntArray:
+def _device_bestfit(
+    state: fleet.FleetState, demand: requests.GpuDemand, rows: IntArray, eligible: BoolArray
+) -> IntArray:
     """Fractional pods on the eligible GPU(s) with the least free compute; whole GPUs first free."""
     if demand.whole or demand.count == 0:
         return first_k(eligible, demand.count)
@@ -166,9 +177,9 @@ class DotProductPolicy(Policy):
     ) -> Scores:
         cpu_cap = np.maximum(state.cpu_capacity[rows], 1)
         mem_cap = np.maximum(state.mem_capacity[rows], 1)
-        host = (demand.cpu_milli / cpu_cap) * (state.cpu_free[rows] / cpu_cap) + (
-            demand.host_memory_mib / mem_cap
-        ) * (state.mem_free[rows] / mem_cap)
+        host = (demand.cpu_milli / cpu_cap) * (state.cpu_free[rows] / cpu_cap) + (demand.host_memory_mib / mem_cap) * (
+            state.mem_free[rows] / mem_cap
+        )
         if demand.sharing and demand.count == 1:
             per_gpu = host[:, None] + (demand.milli / 1000) * (state.milli_free[rows] / 1000)
             per_gpu_score = np.where(eligible, _trunc(100 * (1 - per_gpu / 3)), -1)
@@ -248,6 +259,10 @@ def _sigmoid_score(delta: frag.FloatArray) -> IntArray:
 class FgdPolicy(Policy):
     name = "fgd"
     summary = "fragmentation gradient descent: the node and GPU whose fragmentation grows least"
+
+    @classmethod
+    def create(cls, shapes: tuple[frag.WeightedShape, ...]) -> Policy:
+        return cls(shapes)
 
     def __init__(self, shapes: tuple[frag.WeightedShape, ...]) -> None:
         if not shapes:
@@ -339,10 +354,7 @@ class _LoadPolicy(Policy):
             tiebreak = -tiebreak
         free = state.milli_free[rows]
         key = free if self.device_pack else -free
-        if demand.whole:
-            choice = first_k(eligible, demand.count)
-        else:
-            choice = ordered_k(eligible, key, demand.count)
+        choice = first_k(eligible, demand.count) if demand.whole else ordered_k(eligible, key, demand.count)
         return Scores(score.astype(np.int64), choice, tiebreak)
 
 
@@ -437,26 +449,25 @@ def _quality(node: devices.NodeInventory, chosen: tuple[int, ...]) -> tuple[devi
 
 
 def _combinations(n: int, k: int) -> int:
-    from math import comb
-
-    return comb(n, k)
+    return math.comb(n, k)
 
 
-PolicyFactory = Callable[[tuple[frag.WeightedShape, ...]], Policy]
-
-REGISTRY: dict[str, PolicyFactory] = {
-    "random": lambda shapes: RandomPolicy(),
-    "dotprod": lambda shapes: DotProductPolicy(),
-    "clustering": lambda shapes: ClusteringPolicy(),
-    "packing": lambda shapes: PackingPolicy(),
-    "bestfit": lambda shapes: BestFitPolicy(),
-    "fgd": FgdPolicy,
-    "fgd-pack": FgdPackPolicy,
-    "binpack": lambda shapes: BinpackPolicy(),
-    "spread": lambda shapes: SpreadPolicy(),
-    "binpack-spread": lambda shapes: BinpackSpreadPolicy(),
-    "spread-binpack": lambda shapes: SpreadBinpackPolicy(),
-    "topology": lambda shapes: TopologyPolicy(),
+REGISTRY: dict[str, type[Policy]] = {
+    cls.name: cls
+    for cls in (
+        RandomPolicy,
+        DotProductPolicy,
+        ClusteringPolicy,
+        PackingPolicy,
+        BestFitPolicy,
+        FgdPolicy,
+        FgdPackPolicy,
+        BinpackPolicy,
+        SpreadPolicy,
+        BinpackSpreadPolicy,
+        SpreadBinpackPolicy,
+        TopologyPolicy,
+    )
 }
 PAPER_POLICIES = ("random", "dotprod", "clustering", "packing", "bestfit", "fgd")
 
@@ -467,7 +478,7 @@ def names() -> list[str]:
 
 def make(name: str, shapes: tuple[frag.WeightedShape, ...] = ()) -> Policy:
     """A fresh policy by name; fragmentation-aware ones need the typical shapes."""
-    factory = REGISTRY.get(name)
-    if factory is None:
+    cls = REGISTRY.get(name)
+    if cls is None:
         raise errors.UnknownPolicyError(f"unknown policy {name!r}; choose from: {', '.join(REGISTRY)}")
-    return factory(shapes)
+    return cls.create(shapes)

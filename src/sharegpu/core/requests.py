@@ -83,9 +83,7 @@ class GpuRequest:
         if self.memory_mib < 0:
             raise errors.InvalidRequestError(f"GPU memory must be >= 0 MiB, got {self.memory_mib}")
         if not 0 <= self.memory_permille <= 1000:
-            raise errors.InvalidRequestError(
-                f"GPU memory ratio must be 0..1000 per mille, got {self.memory_permille}"
-            )
+            raise errors.InvalidRequestError(f"GPU memory ratio must be 0..1000 per mille, got {self.memory_permille}")
         if self.memory_mib and self.memory_permille:
             raise errors.InvalidRequestError("give GPU memory either in MiB or as a ratio, not both")
         if self.whole and (self.memory_mib or self.memory_permille):

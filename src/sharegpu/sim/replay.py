@@ -149,7 +149,7 @@ class DynamicResult:
     allocated_pct: np.ndarray
     queued: np.ndarray
     mean_allocated_pct: float
-    """Time-weighted mean allocation % between the first arrival and the last departure."""
+    """Time-weighted mean allocation % between the first and the last arrival."""
     waits: np.ndarray
     """Waiting seconds of every pod that was placed."""
     never_placed: int
@@ -253,8 +253,11 @@ def replay_dynamic(
         queued.append(len(queue))
     t = np.array(times)
     a = np.array(allocated)
-    span = t[-1] - t[0] if len(t) > 1 else 0.0
-    mean_alloc = float(np.sum(a[:-1] * np.diff(t)) / span) if span > 0 else float(a.mean() if len(a) else 0.0)
+    last_arrival = float(max(p.creation_time or 0 for p in timed)) - origin
+    window = t <= last_arrival
+    tw, aw = t[window], a[window]
+    span = tw[-1] - tw[0] if len(tw) > 1 else 0.0
+    mean_alloc = float(np.sum(aw[:-1] * np.diff(tw)) / span) if span > 0 else float(aw.mean() if len(aw) else 0.0)
     return DynamicResult(
         times=t,
         allocated_pct=a,

@@ -95,7 +95,9 @@ def _rows(path: Path, required: Sequence[str]) -> Iterator[tuple[int, dict[str, 
         header = reader.fieldnames or []
         missing = [c for c in required if c not in header]
         if missing:
-            raise errors.InvalidTraceError(f"{path}: missing column(s) {', '.join(missing)} (header: {','.join(header)})")
+            raise errors.InvalidTraceError(
+                f"{path}: missing column(s) {', '.join(missing)} (header: {','.join(header)})"
+            )
         try:
             for line, row in enumerate(reader, start=2):
                 if None in row or any(v is None for v in row.values()):

@@ -1,0 +1,209 @@
+"""The `sharegpu` command line.
+
+`sharegpu simulate` replays a workload through the placement core (the embedded synthetic one by
+default, or openb CSV files) and prints a summary table per trace and policy. Bad input (missing
+file, malformed row, unknown policy, bad seed list) prints one line `sharegpu: error: ...` and exits
+with status 2.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from sharegpu.core import errors, policies
+from sharegpu.sim import report, runner
+
+app = typer.Typer(
+    name="sharegpu",
+    help="Share NVIDIA GPUs between Kubernetes pods: placement, simulation and inspection.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+DEFAULT_POLICIES = "random,bestfit,fgd,fgd-pack"
+EXIT_BAD_INPUT = 2
+
+
+class UsageError(errors.InvalidInputError):
+    """A command-line value that cannot be used."""
+
+
+def parse_seeds(text: str) -> list[int]:
+    """`42`, `42,45`, `42-51` or a mix such as `1-3,10`."""
+    seeds: list[int] = []
+    for raw in text.split(","):
+        part = raw.strip()
+        low_text, dash, high_text = part.partition("-")
+        if not (low_text.isdigit() and (not dash or high_text.isdigit())):
+            raise UsageError(f"--seeds {text!r}: {part!r} is not a number >= 0 or a range like 42-51")
+        low = int(low_text)
+        high = int(high_text) if dash else low
+        if high < low:
+            raise UsageError(f"--seeds {text!r}: range {part} goes backwards")
+        if high - low > 10_000:
+            raise UsageError(f"--seeds {text!r}: range {part} is too long")
+        seeds.extend(range(low, high + 1))
+    return list(dict.fromkeys(seeds))
+
+
+def parse_policies(values: list[str]) -> list[str]:
+    chosen = [name.strip() for value in values for name in value.split(",") if name.strip()]
+    if not chosen:
+        raise UsageError("--policy: give at least one policy")
+    for name in chosen:
+        if name not in policies.REGISTRY:
+            raise errors.UnknownPolicyError(f"unknown policy {name!r}; choose from: {', '.join(policies.REGISTRY)}")
+    return list(dict.fromkeys(chosen))
+
+
+def _fail(exc: BaseException) -> typer.Exit:
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    typer.echo(f"sharegpu: error: {text}", err=True)
+    return typer.Exit(EXIT_BAD_INPUT)
+
+
+@app.command()
+def simulate(
+    nodes: Annotated[
+        Path | None, typer.Option("--nodes", help="openb node CSV (sn,cpu_milli,memory_mib,gpu,model).")
+    ] = None,
+    pods: Annotated[list[Path] | None, typer.Option("--pods", help="openb pod CSV; repeat for several traces.")] = None,
+    policy: Annotated[
+        list[str] | None,
+        typer.Option("--policy", "-p", help=f"Policies, comma-separated or repeated [{DEFAULT_POLICIES}]."),
+    ] = None,
+    seeds: Annotated[str, typer.Option("--seeds", help="Seeds: 42, 42,45 or 42-51.")] = "42-51",
+    tune: Annotated[float, typer.Option("--tune", help="Static mode: arrive until this x GPU capacity.")] = 1.3,
+    mode: Annotated[
+        str, typer.Option("--mode", help="static (the paper's method) or dynamic (arrive and leave).")
+    ] = "static",
+    jobs: Annotated[int, typer.Option("--jobs", "-j", help="Worker processes (default: all cores).")] = 0,
+    plot: Annotated[Path | None, typer.Option("--plot", help="Write allocation curves to this PNG.")] = None,
+    json_path: Annotated[Path | None, typer.Option("--json", help="Write every run and the summary as JSON.")] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
+) -> None:
+    """Replay a workload through the placement policies and report allocation and fragmentation."""
+    console = _console()
+    try:
+        if (nodes is None) != (not pods):
+            raise UsageError("--nodes and --pods go together (give both, or neither for the synthetic workload)")
+        if mode not in ("static", "dynamic"):
+            raise UsageError(f"--mode must be static or dynamic, got {mode!r}")
+        if not 0 < tune <= 10:
+            raise UsageError(f"--tune must be in (0, 10], got {tune}")
+        if jobs < 0:
+            raise UsageError(f"--jobs must be >= 0, got {jobs}")
+        if plot is not None and plot.suffix.lower() != ".png":
+            raise UsageError(f"--plot must name a .png file, got {plot}")
+        chosen = parse_policies(policy or [DEFAULT_POLICIES])
+        seed_list = parse_seeds(seeds)
+        if nodes is None or not pods:
+            sources = [runner.Source(runner.SYNTHETIC)]
+        else:
+            sources = [runner.Source(_label(p), str(nodes), str(p)) for p in pods]
+        runner.validate_sources(sources)
+        if mode == "dynamic":
+            for source in sources:
+                if not runner.load_source(source)[1].timed:
+                    raise UsageError(f"{source.pods_path}: dynamic mode needs creation_time and deletion_time columns")
+    except errors.SharegpuError as exc:
+        raise _fail(exc) from None
+
+    specs = [runner.RunSpec(s, p, seed, tune, mode) for s in sources for p in chosen for seed in seed_list]
+    with Progress(
+        TextColumn("[bold]simulating"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.description}"),
+        console=console,
+        disable=quiet,
+        transient=True,
+    ) as progress:
+        task = progress.add_task("", total=len(specs))
+
+        def done(result: runner.RunResult) -> None:
+            progress.update(task, advance=1, description=f"{result.trace} {result.policy} seed {result.seed}")
+
+        results = runner.run_all(specs, jobs or None, done)
+
+    console.print(_table(report.summarise(results), mode))
+    if json_path is not None:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_bytes(report.to_json(results, shlex.join(["sharegpu", *sys.argv[1:]])))
+        console.print(f"wrote {json_path}")
+    if plot is not None:
+        report.plot(results, plot)
+        console.print(f"wrote {plot}")
+
+
+def _console() -> Console:
+    console = Console()
+    return console if console.is_terminal else Console(width=120)
+
+
+def _label(path: Path) -> str:
+    stem = path.stem
+    return stem.removeprefix("openb_pod_list_")
+
+
+def _table(summaries: list[report.Summary], mode: str) -> Table:
+    if mode == "dynamic":
+        table = Table(
+            title="Dynamic replay (mean±sd over seeds)",
+            caption="alloc %: time-weighted allocated GPU % while pods arrive; waits in seconds",
+        )
+        columns = ["trace", "policy", "seeds", "alloc %", "wait p50", "wait p99", "never placed", "s/run"]
+        for c in columns:
+            table.add_column(c, justify="left" if c in ("trace", "policy") else "right")
+        for s in summaries:
+            table.add_row(
+                s.trace,
+                s.policy,
+                str(s.seeds),
+                str(s.mean_allocated),
+                str(s.wait_p50),
+                str(s.wait_p99),
+                str(s.failed),
+                str(s.wall),
+            )
+        return table
+    table = Table(
+        title="Static arrivals (mean±sd over seeds)",
+        caption="unalloc %: unallocated GPU % when the arrived GPU request is 100% of capacity (lower is better); "
+        "frag %: fragmented GPU % at that point",
+    )
+    columns = ["trace", "policy", "seeds", "unalloc %", "frag %", "failed pods", "s/run"]
+    for c in columns:
+        table.add_column(c, justify="left" if c in ("trace", "policy") else "right")
+    for s in summaries:
+        table.add_row(s.trace, s.policy, str(s.seeds), str(s.unallocated), str(s.frag), str(s.failed), str(s.wall))
+    return table
+
+
+@app.command("policies")
+def list_policies() -> None:
+    """List the placement policies."""
+    table = Table(title="Placement policies")
+    table.add_column("name")
+    table.add_column("what it does")
+    for name in policies.REGISTRY:
+        table.add_row(name, policies.REGISTRY[name].summary)
+    _console().print(table)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

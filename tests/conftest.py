@@ -1,0 +1,58 @@
+"""Shared fixtures and builders for the test suite."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from sharegpu.core import devices, fleet, ledger, requests
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def openb_dir() -> Path | None:
+    """The shared openb trace folder (SHAREGPU_OPENB, or ../shared/traces/openb beside the repo)."""
+    candidates = [os.environ.get("SHAREGPU_OPENB"), str(REPO.parent / "shared" / "traces" / "openb")]
+    for candidate in candidates:
+        if candidate and (Path(candidate) / "openb_node_list_gpu_node.csv").is_file():
+            return Path(candidate)
+    return None
+
+
+@pytest.fixture
+def openb() -> Path:
+    path = openb_dir()
+    if path is None:
+        pytest.skip("the openb trace (../shared/traces/openb) is not present")
+    return path
+
+
+def node(
+    name: str,
+    gpus: int = 2,
+    model: str = "T4",
+    *,
+    memory: int = 16384,
+    cpu: int = 32000,
+    host_memory: int = 131072,
+    nvlink_all: bool = False,
+) -> devices.NodeInventory:
+    return devices.uniform_node(
+        name,
+        gpu_count=gpus,
+        model=model,
+        gpu_memory_mib=memory,
+        cpu_milli=cpu,
+        memory_mib=host_memory,
+        nvlink_all=nvlink_all,
+    )
+
+
+def book(*nodes: devices.NodeInventory) -> ledger.Ledger:
+    return ledger.Ledger(fleet.FleetState(list(nodes)))
+
+
+def pod(key: str, **kwargs: object) -> requests.PodRequest:
+    return requests.simple_pod(key, **kwargs)  # type: ignore[arg-type]

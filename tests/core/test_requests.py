@@ -1,0 +1,111 @@
+from __future__ import annotations
+
+import pytest
+
+from sharegpu.core import errors, requests, units
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"count": 0}, "GPU count must be an integer >= 1"),
+        ({"milli": 0}, "compute share must be 1..1000"),
+        ({"milli": 1001}, "compute share must be 1..1000"),
+        ({"milli": 500, "limit_milli": 400}, "request (500) <= limit <= 1000"),
+        ({"milli": 500, "limit_milli": 1200}, "request (500) <= limit <= 1000"),
+        ({"milli": 500, "memory_mib": -1}, "GPU memory must be >= 0"),
+        ({"milli": 500, "memory_mib": 10, "memory_permille": 10}, "either in MiB or as a ratio"),
+        ({"milli": 1000, "memory_mib": 10}, "whole-GPU request gets all"),
+        ({"count": 64}, "exceeds the most GPUs"),
+        ({"milli": 500, "memory_permille": 1001}, "ratio must be 0..1000"),
+    ],
+)
+def test_malformed_gpu_requests_are_refused_with_a_message(kwargs: dict[str, int], message: str) -> None:
+    with pytest.raises(errors.InvalidRequestError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        requests.GpuRequest(**kwargs)  # type: ignore[arg-type]
+
+
+def test_limit_defaults_to_request() -> None:
+    assert requests.GpuRequest(milli=300).limit == 300
+    assert requests.GpuRequest(milli=300, limit_milli=800).limit == 800
+
+
+def _pod(*containers: requests.ContainerRequest) -> requests.PodRequest:
+    return requests.PodRequest(key=units.PodKey("ns/p"), containers=containers)
+
+
+def test_fractional_app_containers_share_one_gpu_and_add_up() -> None:
+    demand = _pod(
+        requests.ContainerRequest("a", requests.GpuRequest(milli=300, memory_mib=1000)),
+        requests.ContainerRequest("b", requests.GpuRequest(milli=200, memory_mib=500)),
+    ).demand
+    assert (demand.count, demand.milli, demand.memory_mib) == (1, 500, 1500)
+    assert demand.sharing
+
+
+def test_init_container_needs_only_the_larger_of_itself_and_the_app_sum() -> None:
+    demand = _pod(
+        requests.ContainerRequest("init", requests.GpuRequest(milli=700), init=True),
+        requests.ContainerRequest("a", requests.GpuRequest(milli=300)),
+        requests.ContainerRequest("b", requests.GpuRequest(milli=200)),
+    ).demand
+    assert demand.milli == 700
+
+
+def test_whole_gpu_containers_add_their_counts() -> None:
+    demand = _pod(
+        requests.ContainerRequest("a", requests.GpuRequest(count=2)),
+        requests.ContainerRequest("b", requests.GpuRequest(count=1)),
+        requests.ContainerRequest("init", requests.GpuRequest(count=1), init=True),
+    ).demand
+    assert (demand.count, demand.whole) == (3, True)
+
+
+@pytest.mark.parametrize(
+    ("containers", "message"),
+    [
+        (
+            (
+                requests.ContainerRequest("a", requests.GpuRequest(count=1)),
+                requests.ContainerRequest("b", requests.GpuRequest(milli=500)),
+            ),
+            "mixing whole-GPU and fractional-GPU",
+        ),
+        (
+            (
+                requests.ContainerRequest("a", requests.GpuRequest(milli=600)),
+                requests.ContainerRequest("b", requests.GpuRequest(milli=600)),
+            ),
+            "ask for 1200 milli-GPU in total",
+        ),
+        (
+            (
+                requests.ContainerRequest("a", requests.GpuRequest(milli=600, models=frozenset({"T4"}))),
+                requests.ContainerRequest("b", requests.GpuRequest(milli=100, models=frozenset({"A100"}))),
+            ),
+            "no GPU model in common",
+        ),
+        (
+            (
+                requests.ContainerRequest("a", requests.GpuRequest(milli=100)),
+                requests.ContainerRequest("a", requests.GpuRequest(milli=100)),
+            ),
+            "container names are not unique",
+        ),
+    ],
+)
+def test_contradictory_pods_are_refused(containers: tuple[requests.ContainerRequest, ...], message: str) -> None:
+    with pytest.raises(errors.InvalidRequestError, match=message):
+        _pod(*containers)
+
+
+def test_pod_without_gpu_has_empty_demand() -> None:
+    demand = requests.simple_pod("ns/cpu", cpu_milli=2000).demand
+    assert demand.count == 0 and demand.gpu_milli_total == 0 and demand.cpu_milli == 2000
+
+
+def test_cotenancy_labels_are_checked() -> None:
+    with pytest.raises(errors.InvalidRequestError, match="co-tenancy affinity label"):
+        requests.CoTenancy(affinity="")
+    assert requests.CoTenancy().empty
+    assert not requests.CoTenancy(exclusion="x").empty
