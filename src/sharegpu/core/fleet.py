@@ -202,6 +202,8 @@ class FleetState:
         if alloc.memory_mib > self.mem_free[row]:
             problems.append(f"memory: requested {alloc.memory_mib} MiB, free {self.mem_free[row]} MiB")
         usage = alloc.gpu_usage()
+        if alloc.cotenancy.group is not None and (alloc.exclusive or len(usage) > 1):
+            problems.append(f"GPU group {alloc.cotenancy.group!r} shares one GPU; whole or several GPUs cannot join it")
         rules_ok = self.cotenancy_ok(alloc.cotenancy, np.array([row]))[0]
         for index, (milli, memory) in usage.items():
             where = f"{alloc.node}/gpu{index}"

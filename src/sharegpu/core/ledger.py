@@ -96,8 +96,9 @@ class Ledger:
                 return status.SUCCESS
             self._drop(alloc.pod, entry)
             result = self._insert(alloc, Phase.ADDED)
-            if not result.ok:  # put the old entry back: a failed call changes nothing
-                self._insert(entry.alloc, entry.phase, since=entry.since)
+            if not result.ok:  # put the old entry back exactly as it was: a failed call changes nothing
+                self.state.apply(entry.alloc, +1)
+                self._entries[alloc.pod] = entry
             return result
         return self._insert(alloc, Phase.ADDED)
 
@@ -119,12 +120,12 @@ class Ledger:
 
     # ----------------------------------------------------------------- internals
 
-    def _insert(self, alloc: allocation.Allocation, phase: Phase, since: float | None = None) -> status.Status:
+    def _insert(self, alloc: allocation.Allocation, phase: Phase) -> status.Status:
         problems = self.state.check(alloc)
         if problems:
             return status.conflict(f"pod {alloc.pod} does not fit on {alloc.node}: " + "; ".join(problems))
         self.state.apply(alloc, +1)
-        self._entries[alloc.pod] = Entry(alloc, phase, self._clock() if since is None else since)
+        self._entries[alloc.pod] = Entry(alloc, phase, self._clock())
         return status.SUCCESS
 
     def _drop(self, pod: units.PodKey, entry: Entry) -> None:

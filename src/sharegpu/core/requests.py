@@ -170,6 +170,10 @@ def _pod_demand(pod: PodRequest) -> GpuDemand:
         )
     models = _common_models(pod.key, app + init)
     if kinds == {True}:
+        if rules.group is not None:
+            raise errors.InvalidRequestError(
+                f"pod {pod.key}: whole GPUs cannot join GPU group {rules.group!r}; a group shares one GPU"
+            )
         count = max(sum(g.count for g in app), max((g.count for g in init), default=0))
         return GpuDemand(
             count=count,
@@ -189,6 +193,8 @@ def _pod_demand(pod: PodRequest) -> GpuDemand:
         raise errors.InvalidRequestError(
             f"pod {pod.key}: containers mix GPU memory in MiB with GPU memory ratios; use one form"
         )
+    if rules.group is not None and counts != {1}:
+        raise errors.InvalidRequestError(f"pod {pod.key}: GPU group {rules.group!r} shares one GPU; ask for one GPU")
     milli = max(sum(g.milli for g in app), max((g.milli for g in init), default=0))
     memory = max(sum(g.memory_mib for g in app), max((g.memory_mib for g in init), default=0))
     permille = max(sum(g.memory_permille for g in app), max((g.memory_permille for g in init), default=0))

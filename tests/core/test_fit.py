@@ -1,0 +1,107 @@
+"""Filter: per-GPU eligibility, co-tenancy rules and the reasons people read."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from sharegpu.core import allocation, fit, requests, status, units
+from tests.conftest import book, node, pod
+
+ALL = np.array([0, 1], dtype=np.int64)
+
+
+def _place(b, key: str, row_name: str, gpu: int, milli: int, rules: requests.CoTenancy = requests.NO_RULES,
+           memory: int = 0) -> None:  # type: ignore[no-untyped-def]
+    grant = allocation.DeviceGrant(gpu, milli, memory, milli)
+    alloc = allocation.Allocation(units.PodKey(key), units.NodeName(row_name),
+                                  (allocation.ContainerAllocation("m", (grant,)),), cotenancy=rules)
+    assert b.assume(alloc).ok
+
+
+def test_fractional_fit_needs_compute_memory_and_model() -> None:
+    b = book(node("t4", 2, "T4", memory=16000), node("a100", 2, "A100", memory=80000))
+    _place(b, "ns/x", "t4", 0, 700, memory=10000)
+    demand = pod("ns/p", count=1, milli=400, memory_mib=8000).demand
+    result = fit.evaluate(b.state, demand, ALL)
+    assert result.feasible.tolist() == [True, True]
+    assert result.eligible[0, :2].tolist() == [False, True]
+    wants_a100 = pod("ns/q", count=1, milli=400, models=frozenset({"A100"})).demand
+    assert fit.evaluate(b.state, wants_a100, ALL).feasible.tolist() == [False, True]
+
+
+def test_whole_gpus_need_entirely_free_gpus() -> None:
+    b = book(node("n", 4))
+    _place(b, "ns/x", "n", 1, 1)
+    demand = pod("ns/w", count=3).demand
+    assert fit.evaluate(b.state, demand, np.array([0])).eligible[0, :4].tolist() == [True, False, True, True]
+    assert fit.evaluate(b.state, pod("ns/w4", count=4).demand, np.array([0])).feasible.tolist() == [False]
+
+
+def test_host_cpu_and_memory_count() -> None:
+    b = book(node("n", 2, cpu=4000, host_memory=1000))
+    assert not fit.evaluate(b.state, pod("ns/c", count=1, milli=100, cpu_milli=5000).demand, np.array([0])).feasible[0]
+    assert not fit.evaluate(b.state, pod("ns/m", host_memory_mib=2000).demand, np.array([0])).feasible[0]
+
+
+@pytest.mark.parametrize(
+    ("tenant", "newcomer", "allowed"),
+    [
+        (requests.CoTenancy(affinity="a"), requests.CoTenancy(affinity="a"), True),
+        (requests.CoTenancy(affinity="a"), requests.CoTenancy(affinity="b"), False),
+        (requests.CoTenancy(affinity="a"), requests.NO_RULES, False),
+        (requests.NO_RULES, requests.CoTenancy(affinity="a"), False),
+        (requests.CoTenancy(anti_affinity="z"), requests.CoTenancy(anti_affinity="z"), False),
+        (requests.CoTenancy(anti_affinity="z"), requests.CoTenancy(anti_affinity="w"), True),
+        (requests.CoTenancy(anti_affinity="z"), requests.NO_RULES, True),
+        (requests.CoTenancy(exclusion="e"), requests.CoTenancy(exclusion="e"), True),
+        (requests.CoTenancy(exclusion="e"), requests.CoTenancy(exclusion="f"), False),
+        (requests.CoTenancy(exclusion="e"), requests.NO_RULES, True),
+        (requests.CoTenancy(group="g"), requests.CoTenancy(group="g"), True),
+        (requests.CoTenancy(group="g"), requests.NO_RULES, False),
+        (requests.NO_RULES, requests.CoTenancy(group="g"), False),
+    ],
+)
+def test_cotenancy_rules_on_a_shared_gpu(tenant: requests.CoTenancy, newcomer: requests.CoTenancy, allowed: bool) -> None:
+    b = book(node("n", 1))
+    _place(b, "ns/tenant", "n", 0, 200, tenant)
+    demand = pod("ns/new", count=1, milli=200, cotenancy=newcomer).demand
+    assert bool(fit.evaluate(b.state, demand, np.array([0])).feasible[0]) is allowed
+    verdict = fit.explain_node(b.state, demand, 0)
+    assert verdict.ok is allowed
+    if not allowed:
+        assert any(r.resource == fit.COTENANCY for r in verdict.reasons)
+
+
+def test_a_group_stays_on_the_gpu_it_was_bound_to() -> None:
+    b = book(node("n", 2), node("m", 2))
+    group = requests.CoTenancy(group="g")
+    demand = pod("ns/a", count=1, milli=100, cotenancy=group).demand
+    assert fit.evaluate(b.state, demand, ALL).eligible[:, :2].all()
+    _place(b, "ns/a", "m", 1, 100, group)
+    eligible = fit.evaluate(b.state, demand, ALL).eligible[:, :2]
+    assert eligible.tolist() == [[False, False], [False, True]]
+
+
+def test_explain_lists_every_shortfall_gpu_by_gpu() -> None:
+    b = book(node("n", 2, "T4", memory=16000, cpu=4000))
+    _place(b, "ns/x", "n", 0, 900)
+    _place(b, "ns/y", "n", 1, 600, memory=12000)
+    demand = pod("ns/p", count=1, milli=500, memory_mib=8000, cpu_milli=6000).demand
+    verdict = fit.explain_node(b.state, demand, 0)
+    assert verdict.code is status.Code.UNSCHEDULABLE
+    found = {(r.resource, r.gpu, r.requested, r.free, r.capacity) for r in verdict.reasons}
+    assert (fit.HOST_CPU, None, 6000, 4000, 4000) in found
+    assert (fit.GPU_MILLI, 0, 500, 100, 1000) in found
+    assert (fit.GPU_MILLI, 1, 500, 400, 1000) in found
+    assert (fit.GPU_MEMORY, 1, 8000, 4000, 16000) in found
+    assert "n/gpu0: sharegpu.io/gpu-milli requested 500, free 100 of 1000" in str(verdict)
+
+
+def test_explain_marks_impossible_nodes_unresolvable() -> None:
+    b = book(node("n", 2, "T4"))
+    assert fit.explain_node(b.state, pod("ns/p", count=4).demand, 0).code is status.Code.UNSCHEDULABLE_AND_UNRESOLVABLE
+    wrong_model = pod("ns/q", count=1, milli=100, models=frozenset({"A100"})).demand
+    verdict = fit.explain_node(b.state, wrong_model, 0)
+    assert verdict.code is status.Code.UNSCHEDULABLE_AND_UNRESOLVABLE
+    assert {r.resource for r in verdict.reasons} >= {fit.GPU_MODEL}

@@ -1,0 +1,186 @@
+"""Policies and the placer: scores, device choice, tie-breaking, and that caching changes nothing."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sharegpu.core import devices, errors, fleet, frag, ledger, placer, policies, requests, units
+from tests.conftest import book, node, pod
+
+SHAPES = (
+    frag.WeightedShape(frag.Shape(0, 500, 1), 0.5),
+    frag.WeightedShape(frag.Shape(0, 1000, 2), 0.3),
+    frag.WeightedShape(frag.Shape(4000, 0, 0), 0.2),
+)
+
+
+def _set_free(state: fleet.FleetState, row: int, free: list[int]) -> None:
+    state.milli_free[row, : len(free)] = free
+    state.version[row] += 1
+
+
+def test_frag_counts_too_small_gpus_and_unfit_shapes() -> None:
+    state = fleet.FleetState([node("n", 4)])
+    _set_free(state, 0, [1000, 300, 1000, 0])
+    model = frag.FragModel(state, SHAPES)
+    rows = np.array([0])
+    # 500-milli shape fits: the 300 left on gpu1 is fragment; 2x1000 shape fits: 300 again (0 GPU adds 0);
+    # CPU-only shape: all 2300 free counts.
+    expected = 0.5 * 300 + 0.3 * 300 + 0.2 * 2300
+    assert model.frag(rows, state.cpu_free[rows], state.milli_free[rows])[0] == pytest.approx(expected)
+    _set_free(state, 0, [1000, 300, 400, 0])  # the 2-GPU shape no longer fits: all 1700 free counts for it
+    expected = 0.5 * 700 + 0.3 * 1700 + 0.2 * 1700
+    assert model.frag(rows, state.cpu_free[rows], state.milli_free[rows])[0] == pytest.approx(expected)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    free=st.lists(st.lists(st.integers(0, 1000), min_size=4, max_size=4), min_size=1, max_size=5),
+    milli=st.integers(1, 1000),
+    cpu=st.integers(0, 40000),
+)
+def test_frag_after_one_gpu_matches_recomputing_the_node(free: list[list[int]], milli: int, cpu: int) -> None:
+    state = fleet.FleetState([node(f"n{i}", 4) for i in range(len(free))])
+    for row, values in enumerate(free):
+        _set_free(state, row, values)
+    model = frag.FragModel(state, SHAPES)
+    rows = np.arange(len(free), dtype=np.int64)
+    cpu_after = state.cpu_free[rows] - cpu
+    fast = model.frag_after_one_gpu(rows, cpu_after, state.milli_free[rows], milli)
+    for row in range(len(free)):
+        for gpu in range(4):
+            if state.milli_free[row, gpu] < milli:
+                continue
+            changed = state.milli_free[[row]].copy()
+            changed[0, gpu] -= milli
+            slow = model.frag(np.array([row]), cpu_after[[row]], changed)[0]
+            assert fast[row, gpu] == pytest.approx(slow)
+
+
+def test_typical_shapes_cover_95_percent_by_popularity() -> None:
+    shapes = [frag.Shape(0, 500, 1)] * 60 + [frag.Shape(0, 1000, 1)] * 36 + [frag.Shape(0, 100, 1)] * 4
+    typical = frag.typical_shapes(shapes)
+    assert [t.shape.milli for t in typical] == [500, 1000]
+    assert sum(t.weight for t in typical) == pytest.approx(1.0)
+    assert typical[0].weight == pytest.approx(60 / 96)
+
+
+def _decide(name: str, b: ledger.Ledger, p: requests.PodRequest) -> placer.Decision:
+    return placer.Placer(b.state, policies.make(name, SHAPES)).decide(p.demand)
+
+
+def test_bestfit_picks_the_tightest_node_and_gpu() -> None:
+    b = book(node("roomy", 2), node("tight", 2))
+    _occupy(b, "tight", 0, 600)
+    decision = _decide("bestfit", b, pod("ns/p", count=1, milli=300))
+    assert (decision.node, decision.gpus) == ("tight", (0,))
+
+
+def test_spread_and_binpack_disagree() -> None:
+    b = book(node("busy", 2), node("idle", 2))
+    _occupy(b, "busy", 0, 500)
+    small = pod("ns/p", count=1, milli=200)
+    assert _decide("binpack", b, small).node == "busy"
+    assert _decide("binpack", b, small).gpus == (0,)
+    assert _decide("spread", b, small).node == "idle"
+    assert _decide("binpack-spread", b, small).gpus == (1,)
+
+
+def test_fgd_keeps_whole_gpus_whole() -> None:
+    # A 500-milli pod should go next to the existing 500: breaking a free GPU would leave no room
+    # for the popular 2-whole-GPU shape.
+    b = book(node("n", 3))
+    _occupy(b, "n", 2, 500)
+    decision = _decide("fgd", b, pod("ns/p", count=1, milli=500))
+    assert decision.gpus == (2,)
+
+
+def test_packing_prefers_shared_gpus_then_used_nodes() -> None:
+    b = book(node("empty", 2), node("used", 2), node("shared", 2))
+    _occupy(b, "used", 0, 1000)
+    _occupy(b, "shared", 0, 600)
+    assert _decide("packing", b, pod("ns/p", count=1, milli=300)).node == "shared"
+    assert _decide("packing", b, pod("ns/q", count=1, milli=500)).node == "used"
+
+
+def test_ties_go_to_the_fixed_node_priority() -> None:
+    b = book(node("a", 2), node("b", 2), node("c", 2))
+    chooser = placer.Placer(b.state, policies.make("bestfit"), priority=np.array([2, 0, 1]))
+    assert chooser.decide(pod("ns/p", count=1, milli=300).demand).node == "b"
+
+
+def test_unschedulable_decision_is_a_value() -> None:
+    b = book(node("a", 1))
+    decision = _decide("fgd", b, pod("ns/p", count=2))
+    assert not decision.status.ok
+    assert decision.node is None
+    assert "no node fits" in decision.status.message
+
+
+def test_topology_prefers_nvlinked_gpus() -> None:
+    nvlinked = devices.NodeInventory(
+        name=units.NodeName("nv"), cpu_milli=units.MilliCpu(64000), memory_mib=units.MiB(1 << 20),
+        gpus=node("x", 4).gpus, nvlinks=frozenset({(1, 3)}),
+    )
+    plain = node("plain", 4)
+    b = book(plain, nvlinked)
+    decision = _decide("topology", b, pod("ns/p", count=2))
+    assert (decision.node, decision.gpus) == ("nv", (1, 3))
+    chosen, (weakest, _) = policies.best_connected(nvlinked, [0, 1, 2, 3], 2)
+    assert chosen == (1, 3)
+    assert weakest is devices.Link.NVLINK
+
+
+def test_unknown_policy_names_the_choices() -> None:
+    with pytest.raises(errors.UnknownPolicyError, match="unknown policy 'nope'; choose from: random"):
+        policies.make("nope")
+    with pytest.raises(errors.InvalidInputError, match="typical pod shapes"):
+        policies.make("fgd", ())
+
+
+def _occupy(b: ledger.Ledger, name: str, gpu: int, milli: int) -> None:
+    from sharegpu.core import allocation
+
+    grant = allocation.DeviceGrant(gpu, milli, 0, milli)
+    key = units.PodKey(f"ns/occupy-{name}-{gpu}-{len(b)}")
+    assert b.add(allocation.Allocation(key, units.NodeName(name), (allocation.ContainerAllocation("m", (grant,)),))).ok
+
+
+SHAPES_DRAWN = st.sampled_from(
+    [
+        dict(count=1, milli=250, cpu_milli=2000),
+        dict(count=1, milli=500, cpu_milli=4000),
+        dict(count=1, milli=700),
+        dict(count=1),
+        dict(count=2),
+        dict(count=0, cpu_milli=8000),
+        dict(count=1, milli=300, models=frozenset({"V100"})),
+    ]
+)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    name=st.sampled_from(["bestfit", "fgd", "fgd-pack", "packing", "clustering", "dotprod", "binpack", "spread"]),
+    steps=st.lists(st.tuples(SHAPES_DRAWN, st.booleans()), min_size=5, max_size=40),
+)
+def test_cached_decisions_equal_fresh_decisions(name: str, steps: list[tuple[dict[str, object], bool]]) -> None:
+    nodes = [node(f"t{i}", 2, "T4", cpu=16000) for i in range(3)] + [node(f"v{i}", 4, "V100") for i in range(2)]
+    state = fleet.FleetState(nodes)
+    b = ledger.Ledger(state)
+    cached = placer.Placer(state, policies.make(name, SHAPES), priority=np.array([4, 3, 2, 1, 0]))
+    placed: list[units.PodKey] = []
+    for i, (shape, remove_one) in enumerate(steps):
+        request = pod(f"ns/p{i}", **shape)
+        fresh = placer.Placer(state, policies.make(name, SHAPES), priority=np.array([4, 3, 2, 1, 0]))
+        expected = fresh.decide(request.demand)
+        got = cached.decide(request.demand)
+        assert (got.node, got.gpus, got.score) == (expected.node, expected.gpus, expected.score)
+        if got.status.ok:
+            assert b.assume(cached.allocation_for(request, got)).ok
+            placed.append(request.key)
+        if remove_one and placed:
+            assert b.remove(placed.pop(0)).ok
