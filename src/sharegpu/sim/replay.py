@@ -67,7 +67,8 @@ def build_workload(
 @dataclass(frozen=True, slots=True)
 class StaticResult:
     unallocated_pct_at_100: float
-    """100 - mean allocation % over arrivals whose arrived % rounds to 100 (NaN if never reached)."""
+    """100 - mean allocation % over arrivals whose arrived % rounds to 100 (if none does, the first
+    arrival past 100%; NaN if the workload never reaches capacity)."""
     arrived_pct: np.ndarray
     allocated_pct: np.ndarray
     frag_pct_at_100: float
@@ -114,6 +115,11 @@ def replay_static(
     arrived_pct = np.round(arrived / capacity * 100)
     allocated_pct = np.round(allocated / capacity * 100, 2)
     at_100 = allocated_pct[arrived_pct == 100]
+    if not len(at_100):
+        # Small clusters: one big pod can jump over the whole [99.5, 100.5) window; take the first
+        # arrival at or past 100% instead.
+        crossed = np.flatnonzero(arrived >= capacity)
+        at_100 = allocated_pct[crossed[:1]]
     figure = float(100 - at_100.mean()) if len(at_100) else float("nan")
     return StaticResult(
         unallocated_pct_at_100=figure,

@@ -91,14 +91,14 @@ def _rows(path: Path, required: Sequence[str]) -> Iterator[tuple[int, dict[str, 
     except OSError as exc:
         raise errors.InvalidTraceError(f"{path}: cannot open ({exc.strerror})") from None
     with handle:
-        reader = csv.DictReader(handle)
-        header = reader.fieldnames or []
-        missing = [c for c in required if c not in header]
-        if missing:
-            raise errors.InvalidTraceError(
-                f"{path}: missing column(s) {', '.join(missing)} (header: {','.join(header)})"
-            )
         try:
+            reader = csv.DictReader(handle)
+            header = reader.fieldnames or []
+            missing = [c for c in required if c not in header]
+            if missing:
+                raise errors.InvalidTraceError(
+                    f"{path}: missing column(s) {', '.join(missing)} (header: {','.join(header)})"
+                )
             for line, row in enumerate(reader, start=2):
                 if None in row or any(v is None for v in row.values()):
                     raise errors.InvalidTraceError(f"{path}:{line}: wrong number of fields")

@@ -1,0 +1,68 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from sharegpu.core import policies
+from sharegpu.sim import replay, runner, synthetic, trace
+
+
+@pytest.fixture(scope="module")
+def world() -> tuple[list, trace.Trace]:  # type: ignore[type-arg]
+    return synthetic.cluster(), synthetic.workload(pods=800)
+
+
+def test_workload_puts_the_shuffled_trace_first_and_stops_at_tune(world: tuple[list, trace.Trace]) -> None:  # type: ignore[type-arg]
+    nodes, pods = world
+    small = pods.pods[:100]
+    capacity = 10 * sum(p.gpu_milli_total for p in small)
+    workload = replay.build_workload(small, capacity, len(nodes), 1.3, seed=7)
+    assert sorted(p.name for p in workload.pods[:100]) == sorted(p.name for p in small)
+    total = sum(p.gpu_milli_total for p in workload.pods)
+    assert total <= 1.3 * capacity
+    assert total > 1.3 * capacity - 8000, "stops only when the next pod would overshoot"
+    assert sorted(workload.node_priority.tolist()) == list(range(len(nodes)))
+    again = replay.build_workload(small, capacity, len(nodes), 1.3, seed=7)
+    assert [p.name for p in again.pods] == [p.name for p in workload.pods]
+
+
+def test_static_replay_never_allocates_more_than_arrived(world: tuple[list, trace.Trace]) -> None:  # type: ignore[type-arg]
+    nodes, pods = world
+    capacity = sum(n.gpu_count for n in nodes) * 1000
+    workload = replay.build_workload(pods.pods, capacity, len(nodes), 1.3, seed=1)
+    shapes = pods.typical_shapes()
+    result = replay.replay_static(nodes, workload, policies.make("fgd", shapes), shapes, seed=1)
+    assert (result.allocated_pct <= result.arrived_pct + 1e-9).all()
+    assert (np.diff(result.allocated_pct) >= 0).all()
+    assert result.allocated_pct[-1] <= 100
+    assert result.placed + result.failed == len(workload.pods)
+    assert 0 <= result.unallocated_pct_at_100 < 30
+    assert 0 <= result.frag_pct_at_100 <= 100
+
+
+def test_dynamic_replay_places_or_drops_every_pod(world: tuple[list, trace.Trace]) -> None:  # type: ignore[type-arg]
+    nodes, pods = world
+    result = replay.replay_dynamic(nodes, pods.pods, policies.make("bestfit"), seed=3)
+    assert result.pods == len(pods.pods)
+    assert len(result.waits) + result.never_placed == result.pods
+    assert (result.waits >= 0).all()
+    assert (np.diff(result.times) >= 0).all()
+    assert (result.allocated_pct >= 0).all()
+    assert (result.allocated_pct <= 100).all()
+    assert 0 < result.mean_allocated_pct <= 100
+
+
+def test_dynamic_replay_is_deterministic(world: tuple[list, trace.Trace]) -> None:  # type: ignore[type-arg]
+    nodes, pods = world
+    a = replay.replay_dynamic(nodes, pods.pods[:300], policies.make("fgd", pods.typical_shapes()), seed=5)
+    b = replay.replay_dynamic(nodes, pods.pods[:300], policies.make("fgd", pods.typical_shapes()), seed=5)
+    np.testing.assert_array_equal(a.allocated_pct, b.allocated_pct)
+    np.testing.assert_array_equal(a.waits, b.waits)
+
+
+def test_runner_runs_in_processes_and_keeps_order() -> None:
+    specs = [runner.RunSpec(runner.Source(runner.SYNTHETIC), p, s) for p in ("bestfit", "random") for s in (1, 2)]
+    results = runner.run_all(specs, jobs=2)
+    assert [(r.policy, r.seed) for r in results] == [("bestfit", 1), ("bestfit", 2), ("random", 1), ("random", 2)]
+    serial = runner.run_all(specs[:1], jobs=1)
+    assert serial[0].unallocated_gpu_pct_at_arrived_100 == results[0].unallocated_gpu_pct_at_arrived_100
