@@ -18,14 +18,18 @@ from pathlib import Path
 
 import numpy as np
 
-from sharegpu.core import fleet, ledger, placer, policies
+from sharegpu.core import devices, fleet, ledger, placer, policies
 from sharegpu.sim import replay, trace
 
 HERE = Path(__file__).resolve().parent
 
 
 def measure(
-    nodes: list, pods: trace.Trace, name: str, count: int, cache: bool  # type: ignore[type-arg]
+    nodes: list[devices.NodeInventory],
+    pods: trace.Trace,
+    name: str,
+    count: int,
+    cache: bool,
 ) -> list[float]:
     shapes = pods.typical_shapes()
     capacity = sum(n.gpu_count for n in nodes) * 1000

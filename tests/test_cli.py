@@ -18,7 +18,10 @@ runner = CliRunner()
 def test_simulate_with_no_arguments_runs_the_embedded_workload() -> None:
     done = subprocess.run(
         [sys.executable, "-m", "sharegpu", "simulate", "--seeds", "42-43"],
-        capture_output=True, text=True, timeout=300, check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
     )
     assert done.returncode == 0, done.stderr
     assert "Static arrivals" in done.stdout
@@ -30,7 +33,8 @@ def test_json_and_plot_outputs(tmp_path: Path) -> None:
     out = tmp_path / "runs.json"
     png = tmp_path / "curves.png"
     result = runner.invoke(
-        cli.app, ["simulate", "-q", "-p", "bestfit,fgd", "--seeds", "1-2", "-j", "1", "--json", str(out), "--plot", str(png)]
+        cli.app,
+        ["simulate", "-q", "-p", "bestfit,fgd", "--seeds", "1-2", "-j", "1", "--json", str(out), "--plot", str(png)],
     )
     assert result.exit_code == 0, result.output
     body = json.loads(out.read_text())

@@ -5,17 +5,25 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sharegpu.core import allocation, fit, requests, status, units
+from sharegpu.core import allocation, fit, ledger, requests, status, units
 from tests.conftest import book, node, pod
 
 ALL = np.array([0, 1], dtype=np.int64)
 
 
-def _place(b, key: str, row_name: str, gpu: int, milli: int, rules: requests.CoTenancy = requests.NO_RULES,
-           memory: int = 0) -> None:  # type: ignore[no-untyped-def]
+def _place(
+    b: ledger.Ledger,
+    key: str,
+    row_name: str,
+    gpu: int,
+    milli: int,
+    rules: requests.CoTenancy = requests.NO_RULES,
+    memory: int = 0,
+) -> None:
     grant = allocation.DeviceGrant(gpu, milli, memory, milli)
-    alloc = allocation.Allocation(units.PodKey(key), units.NodeName(row_name),
-                                  (allocation.ContainerAllocation("m", (grant,)),), cotenancy=rules)
+    alloc = allocation.Allocation(
+        units.PodKey(key), units.NodeName(row_name), (allocation.ContainerAllocation("m", (grant,)),), cotenancy=rules
+    )
     assert b.assume(alloc).ok
 
 
@@ -62,7 +70,9 @@ def test_host_cpu_and_memory_count() -> None:
         (requests.NO_RULES, requests.CoTenancy(group="g"), False),
     ],
 )
-def test_cotenancy_rules_on_a_shared_gpu(tenant: requests.CoTenancy, newcomer: requests.CoTenancy, allowed: bool) -> None:
+def test_cotenancy_rules_on_a_shared_gpu(
+    tenant: requests.CoTenancy, newcomer: requests.CoTenancy, allowed: bool
+) -> None:
     b = book(node("n", 1))
     _place(b, "ns/tenant", "n", 0, 200, tenant)
     demand = pod("ns/new", count=1, milli=200, cotenancy=newcomer).demand

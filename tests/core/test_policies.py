@@ -122,8 +122,11 @@ def test_unschedulable_decision_is_a_value() -> None:
 
 def test_topology_prefers_nvlinked_gpus() -> None:
     nvlinked = devices.NodeInventory(
-        name=units.NodeName("nv"), cpu_milli=units.MilliCpu(64000), memory_mib=units.MiB(1 << 20),
-        gpus=node("x", 4).gpus, nvlinks=frozenset({(1, 3)}),
+        name=units.NodeName("nv"),
+        cpu_milli=units.MilliCpu(64000),
+        memory_mib=units.MiB(1 << 20),
+        gpus=node("x", 4).gpus,
+        nvlinks=frozenset({(1, 3)}),
     )
     plain = node("plain", 4)
     b = book(plain, nvlinked)
@@ -151,13 +154,13 @@ def _occupy(b: ledger.Ledger, name: str, gpu: int, milli: int) -> None:
 
 SHAPES_DRAWN = st.sampled_from(
     [
-        dict(count=1, milli=250, cpu_milli=2000),
-        dict(count=1, milli=500, cpu_milli=4000),
-        dict(count=1, milli=700),
-        dict(count=1),
-        dict(count=2),
-        dict(count=0, cpu_milli=8000),
-        dict(count=1, milli=300, models=frozenset({"V100"})),
+        {"count": 1, "milli": 250, "cpu_milli": 2000},
+        {"count": 1, "milli": 500, "cpu_milli": 4000},
+        {"count": 1, "milli": 700},
+        {"count": 1},
+        {"count": 2},
+        {"count": 0, "cpu_milli": 8000},
+        {"count": 1, "milli": 300, "models": frozenset({"V100"})},
     ]
 )
 

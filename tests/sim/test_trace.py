@@ -46,7 +46,10 @@ def test_reads_pods_with_models_and_times(tmp_path: Path) -> None:
     ("text", "message"),
     [
         ("name,cpu_milli\np,1\n", "missing column"),
-        ("name,cpu_milli,memory_mib,num_gpu,gpu_milli\np,1,1,one,1\n", r":2: column num_gpu must be an integer, got 'one'"),
+        (
+            "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np,1,1,one,1\n",
+            r":2: column num_gpu must be an integer, got 'one'",
+        ),
         ("name,cpu_milli,memory_mib,num_gpu,gpu_milli\np,1,1,1,1001\n", r":2: column gpu_milli must be in 0..1000"),
         ("name,cpu_milli,memory_mib,num_gpu,gpu_milli\np,1,1,1,0\n", "num_gpu is 1 but gpu_milli is 0"),
         ("name,cpu_milli,memory_mib,num_gpu,gpu_milli\np,1,1,2,500\n", "must take whole GPUs"),
@@ -66,7 +69,7 @@ def test_missing_file_and_bad_nodes(tmp_path: Path) -> None:
         trace.load_nodes(_write(tmp_path, "n.csv", "sn,cpu_milli,memory_mib,gpu,model\nn,1,1,2,\n"))
     with pytest.raises(errors.InvalidTraceError, match="appears twice"):
         trace.load_nodes(_write(tmp_path, "d.csv", "sn,cpu_milli,memory_mib,gpu,model\nn,1,1,1,T4\nn,1,1,1,T4\n"))
+    path = tmp_path / "bin.csv"
+    path.write_bytes(b"sn,cpu_milli,memory_mib,gpu,model\n\xff\xfe,1,1,1,T4\n")
     with pytest.raises(errors.InvalidTraceError, match="not UTF-8"):
-        path = tmp_path / "bin.csv"
-        path.write_bytes(b"sn,cpu_milli,memory_mib,gpu,model\n\xff\xfe,1,1,1,T4\n")
         trace.load_nodes(path)
