@@ -41,23 +41,30 @@ def test_frag_counts_too_small_gpus_and_unfit_shapes() -> None:
     free=st.lists(st.lists(st.integers(0, 1000), min_size=4, max_size=4), min_size=1, max_size=5),
     milli=st.integers(1, 1000),
     cpu=st.integers(0, 40000),
+    takes=st.integers(1, 3),
 )
-def test_frag_after_one_gpu_matches_recomputing_the_node(free: list[list[int]], milli: int, cpu: int) -> None:
+def test_frag_after_matches_recomputing_the_node(free: list[list[int]], milli: int, cpu: int, takes: int) -> None:
     state = fleet.FleetState([node(f"n{i}", 4) for i in range(len(free))])
     for row, values in enumerate(free):
         _set_free(state, row, values)
     model = frag.FragModel(state, SHAPES)
     rows = np.arange(len(free), dtype=np.int64)
+    model.current(rows)
     cpu_after = state.cpu_free[rows] - cpu
-    fast = model.frag_after_one_gpu(rows, cpu_after, state.milli_free[rows], milli)
-    for row in range(len(free)):
-        for gpu in range(4):
-            if state.milli_free[row, gpu] < milli:
-                continue
-            changed = state.milli_free[[row]].copy()
-            changed[0, gpu] -= milli
-            slow = model.frag(np.array([row]), cpu_after[[row]], changed)[0]
-            assert fast[row, gpu] == pytest.approx(slow)
+    # One take per hypothesis: the pod on each GPU with room.
+    node_of, gpu_of = np.nonzero(state.milli_free[rows] >= milli)
+    fast = model.frag_after(rows, cpu_after, milli, node_of, node_of, gpu_of)
+    for h, (row, gpu) in enumerate(zip(node_of.tolist(), gpu_of.tolist(), strict=True)):
+        changed = state.milli_free[[row]].copy()
+        changed[0, gpu] -= milli
+        assert fast[h] == pytest.approx(model.frag(np.array([row]), cpu_after[[row]], changed)[0])
+    # Several takes per hypothesis: the first `takes` GPUs with room on each node.
+    room = state.milli_free[rows] >= milli
+    chosen = room & (np.cumsum(room, axis=1) <= takes)
+    take_node, take_gpu = np.nonzero(chosen)
+    fast_multi = model.frag_after(rows, cpu_after, milli, rows, take_node, take_gpu, take_node)
+    expected = model.frag(rows, cpu_after, state.milli_free[rows] - chosen * milli)
+    np.testing.assert_allclose(fast_multi, expected)
 
 
 def test_typical_shapes_cover_95_percent_by_popularity() -> None:

@@ -6,9 +6,9 @@ compute on GPUs too small for the shape counts; if it does not fit at all (too l
 GPUs, wrong model, or a shape with no GPU), all the node's free GPU compute counts. Memory plays no
 part. The typical shapes are the most popular ones covering 95% of a reference workload's pods.
 
-`FragModel.frag` evaluates many nodes at once; `frag_after_one_gpu` evaluates, for every node and
-every GPU, the node's fragmentation after a fractional pod lands on that GPU, from per-shape
-aggregates, without materialising every hypothetical node.
+`FragModel.frag` evaluates many nodes at once; `frag_after` evaluates hypothetical placements (a
+fractional pod on each eligible GPU of each node, or whole GPUs taken) as deltas of cached per-node,
+per-shape aggregates, without materialising every hypothetical node.
 """
 
 from __future__ import annotations
@@ -65,25 +65,35 @@ def typical_shapes(shapes: Iterable[Shape], coverage: float = 0.95) -> tuple[Wei
 
 
 class FragModel:
-    """Fragmentation of the nodes of one fleet with respect to a set of typical shapes."""
+    """Fragmentation of the nodes of one fleet with respect to a set of typical shapes.
+
+    Per-node aggregates (GPUs able to host each shape, compute stranded below each shape) depend
+    only on the node's own state, so `current` caches them per node version; hypothetical states
+    ("after this pod lands there") are evaluated as deltas of those aggregates (`frag_after`).
+    """
 
     def __init__(self, state: fleet.FleetState, shapes: tuple[WeightedShape, ...]) -> None:
+        self.state = state
         self.shapes = shapes
         self.cpu: fleet.IntArray = np.array([s.shape.cpu_milli for s in shapes], dtype=np.int64)
         self.milli: fleet.IntArray = np.array([s.shape.milli for s in shapes], dtype=np.int64)
         self.count: fleet.IntArray = np.array([s.shape.count for s in shapes], dtype=np.int64)
         self.weight: FloatArray = np.array([s.weight for s in shapes], dtype=np.float64)
         self.wants_gpu: fleet.BoolArray = self.milli > 0
-        n, g = state.present.shape
+        n, _ = state.present.shape
         k = len(shapes)
         model_ok = np.repeat(state.present[:, :, None], k, axis=2)
         for j, item in enumerate(shapes):
             if item.shape.models:
                 model_ok[:, :, j] &= np.isin(state.model_id, state.model_ids_for(item.shape.models))
         self.model_ok: fleet.BoolArray = model_ok
-        self._shape = (n, g, k)
+        self._count_ok: fleet.IntArray = np.zeros((n, k), dtype=np.int64)
+        self._below: fleet.IntArray = np.zeros((n, k), dtype=np.int64)
+        self._total: fleet.IntArray = np.zeros(n, dtype=np.int64)
+        self._frag: FloatArray = np.zeros(n, dtype=np.float64)
+        self._version: fleet.IntArray = np.full(n, -1, dtype=np.int64)
 
-    def _aggregates(
+    def aggregates(
         self, rows: fleet.IntArray, milli_free: fleet.IntArray
     ) -> tuple[fleet.IntArray, fleet.IntArray, fleet.IntArray]:
         """Per node and shape: GPUs that can host one unit, and free compute on the others."""
@@ -93,33 +103,70 @@ class FragModel:
         below = np.where(fits_gpu, 0, free).sum(axis=1)
         return count_ok, below, milli_free.sum(axis=1)
 
-    def frag(self, rows: fleet.IntArray, cpu_free: fleet.IntArray, milli_free: fleet.IntArray) -> FloatArray:
-        """(n,) expected fragmentation of nodes `rows` in the given (possibly hypothetical) state."""
-        if not self.shapes:
-            return np.zeros(len(rows), dtype=np.float64)
-        count_ok, below, total = self._aggregates(rows, milli_free)
+    def frag_from(
+        self, count_ok: fleet.IntArray, below: fleet.IntArray, total: fleet.IntArray, cpu_free: fleet.IntArray
+    ) -> FloatArray:
         fits = (count_ok >= self.count) & (cpu_free[:, None] >= self.cpu) & self.wants_gpu
         amount = np.where(fits, below, total[:, None])
         return np.asarray(amount @ self.weight, dtype=np.float64)
 
-    def frag_after_one_gpu(
-        self, rows: fleet.IntArray, cpu_after: fleet.IntArray, milli_free: fleet.IntArray, milli: int
-    ) -> FloatArray:
-        """(n, width): fragmentation after `milli` more compute is taken from each GPU in turn.
-
-        Entries for GPUs with less than `milli` free are meaningless; callers mask them.
-        """
-        n, g = milli_free.shape
+    def frag(self, rows: fleet.IntArray, cpu_free: fleet.IntArray, milli_free: fleet.IntArray) -> FloatArray:
+        """(n,) expected fragmentation of nodes `rows` in the given (possibly hypothetical) state."""
         if not self.shapes:
-            return np.zeros((n, g), dtype=np.float64)
-        count_ok, below, total = self._aggregates(rows, milli_free)
-        free = milli_free[:, :, None]
-        after = free - milli
-        model_ok = self.model_ok[rows]
-        was_ok = (free >= self.milli) & model_ok
-        now_ok = (after >= self.milli) & model_ok
-        count_after = count_ok[:, None, :] - was_ok + now_ok
-        below_after = below[:, None, :] - np.where(was_ok, 0, free) + np.where(now_ok, 0, after)
-        fits = (count_after >= self.count) & (cpu_after[:, None, None] >= self.cpu) & self.wants_gpu
-        amount = np.where(fits, below_after, (total - milli)[:, None, None])
-        return np.asarray(amount @ self.weight, dtype=np.float64)
+            return np.zeros(len(rows), dtype=np.float64)
+        count_ok, below, total = self.aggregates(rows, milli_free)
+        return self.frag_from(count_ok, below, total, cpu_free)
+
+    def current(self, rows: fleet.IntArray) -> FloatArray:
+        """(n,) fragmentation of nodes `rows` now; refreshes the cached aggregates of changed nodes."""
+        state = self.state
+        stale = rows[self._version[rows] != state.version[rows]]
+        if len(stale) and self.shapes:
+            count_ok, below, total = self.aggregates(stale, state.milli_free[stale])
+            self._count_ok[stale] = count_ok
+            self._below[stale] = below
+            self._total[stale] = total
+            self._frag[stale] = self.frag_from(count_ok, below, total, state.cpu_free[stale])
+            self._version[stale] = state.version[stale]
+        return self._frag[rows]
+
+    def frag_after(
+        self,
+        rows: fleet.IntArray,
+        cpu_after: fleet.IntArray,
+        milli: int,
+        hypothesis_node: fleet.IntArray,
+        take_node: fleet.IntArray,
+        take_gpu: fleet.IntArray,
+        take_hypothesis: fleet.IntArray | None = None,
+    ) -> FloatArray:
+        """Fragmentation under hypothetical placements, one value per hypothesis.
+
+        Hypothesis h places the pod on node `rows[hypothesis_node[h]]`, taking `milli` from each GPU
+        `take_gpu[t]` of node `rows[take_node[t]]` for the takes t with `take_hypothesis[t] == h`
+        (default: take t belongs to hypothesis t). `cpu_after[i]` is node i's free CPU afterwards.
+        Call `current(rows)` first: the deltas start from the cached aggregates.
+        """
+        if not self.shapes:
+            return np.zeros(len(hypothesis_node), dtype=np.float64)
+        global_rows = rows[hypothesis_node]
+        count_ok = self._count_ok[global_rows].copy()
+        below = self._below[global_rows].copy()
+        total = self._total[global_rows].copy()
+        if len(take_node):
+            free = self.state.milli_free[rows[take_node], take_gpu]
+            after = free - milli
+            model_ok = self.model_ok[rows[take_node], take_gpu]
+            was_ok = (free[:, None] >= self.milli) & model_ok
+            now_ok = (after[:, None] >= self.milli) & model_ok
+            d_count = now_ok.astype(np.int64) - was_ok
+            d_below = np.where(now_ok, 0, after[:, None]) - np.where(was_ok, 0, free[:, None])
+            if take_hypothesis is None:
+                count_ok += d_count
+                below += d_below
+                total -= milli
+            else:
+                np.add.at(count_ok, take_hypothesis, d_count)
+                np.add.at(below, take_hypothesis, d_below)
+                np.subtract.at(total, take_hypothesis, milli)
+        return self.frag_from(count_ok, below, total, cpu_after[hypothesis_node])

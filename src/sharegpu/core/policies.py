@@ -271,31 +271,33 @@ class FgdPolicy(Policy):
 
     def prepare(self, state: fleet.FleetState) -> None:
         self.model = frag.FragModel(state, self.shapes)
-        self._frag = np.zeros(len(state), dtype=np.float64)
-        self._frag_version = np.full(len(state), -1, dtype=np.int64)
-
-    def frag_before(self, state: fleet.FleetState, rows: IntArray) -> frag.FloatArray:
-        stale = rows[self._frag_version[rows] != state.version[rows]]
-        if len(stale):
-            self._frag[stale] = self.model.frag(stale, state.cpu_free[stale], state.milli_free[stale])
-            self._frag_version[stale] = state.version[stale]
-        return self._frag[rows]
 
     def fgd_scores(
         self, state: fleet.FleetState, demand: requests.GpuDemand, rows: IntArray, eligible: BoolArray
     ) -> tuple[IntArray, IntArray]:
-        before = self.frag_before(state, rows)
+        n = len(rows)
+        before = self.model.current(rows)
         cpu_after = state.cpu_free[rows] - demand.cpu_milli
-        free = state.milli_free[rows]
         if demand.sharing and demand.count == 1:
-            after = self.model.frag_after_one_gpu(rows, cpu_after, free, demand.milli)
-            per_gpu = np.where(eligible, _sigmoid_score(before[:, None] - after), -1)
+            # One hypothesis per eligible GPU (the pod on that GPU); GPUs of one node with the same free
+            # compute (and model) are the same hypothesis, so each distinct one is evaluated once.
+            node_of, gpu_of = np.nonzero(eligible)
+            free = state.milli_free[rows[node_of], gpu_of]
+            key = (node_of * (units.MILLI_PER_GPU + 1) + free) * len(state.model_names) + state.model_id[
+                rows[node_of], gpu_of
+            ]
+            _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+            node_u, gpu_u = node_of[first], gpu_of[first]
+            after = self.model.frag_after(rows, cpu_after, demand.milli, node_u, node_u, gpu_u)
+            per_gpu = np.full(eligible.shape, -1, dtype=np.int64)
+            per_gpu[node_of, gpu_of] = _sigmoid_score(before[node_u] - after)[inverse]
             best = np.argmax(per_gpu, axis=1)
-            score = per_gpu[np.arange(len(rows)), best]
+            score = per_gpu[np.arange(n), best]
             return score, np.left_shift(np.int64(1), best.astype(np.int64))
         choice = _device_bestfit(state, demand, rows, eligible)
-        taken = masks_to_bool(choice, state.width) * demand.milli
-        after = self.model.frag(rows, cpu_after, free - taken)
+        node_of, gpu_of = np.nonzero(masks_to_bool(choice, state.width))
+        hypotheses = np.arange(n, dtype=np.int64)
+        after = self.model.frag_after(rows, cpu_after, demand.milli, hypotheses, node_of, gpu_of, node_of)
         return _sigmoid_score(before - after), choice
 
     def score(
