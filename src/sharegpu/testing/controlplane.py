@@ -1,0 +1,243 @@
+"""A real Kubernetes control plane on loopback: etcd, kube-apiserver, kube-controller-manager and
+kube-scheduler v1.20.2, built by `scripts/build-controlplane` and started here as child processes.
+
+Every component gets its own identity (static tokens) so RBAC is exercised for real: `admin` is in
+system:masters; the scheduler runs as system:kube-scheduler; sharegpu components run as their own
+users with only the roles the project's manifests grant.
+
+Not for production: certificates are throw-away and tokens sit in a file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sharegpu.testing import certs
+
+K8S_VERSION = "1.20.2"
+REPO_ROOT = Path(__file__).resolve().parents[3]
+
+
+class ControlPlaneError(RuntimeError):
+    """The control plane could not be built or started."""
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    user: str
+    token: str
+    groups: tuple[str, ...] = ()
+
+
+IDENTITIES = (
+    Identity("admin", "admin-token", ("system:masters",)),
+    Identity("system:kube-scheduler", "scheduler-token"),
+    Identity("system:kube-controller-manager", "controller-manager-token", ("system:masters",)),
+    Identity("sharegpu-extender", "extender-token"),
+    Identity("sharegpu-harness", "harness-token", ("system:masters",)),
+    Identity("alice", "alice-token", ("tenants",)),
+    Identity("bob", "bob-token", ("tenants",)),
+)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def binaries(build: bool = True) -> Path:
+    """The folder with the control plane binaries, building them if needed (minutes, once)."""
+    explicit = os.environ.get("SHAREGPU_K8S_BIN")
+    if explicit:
+        return Path(explicit)
+    script = REPO_ROOT / "scripts" / "build-controlplane"
+    if not script.is_file():
+        raise ControlPlaneError(f"{script} not found; set SHAREGPU_K8S_BIN to a folder with the binaries")
+    if not build:
+        cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "sharegpu" / f"k8s-v{K8S_VERSION}"
+        return cache / "bin"
+    done = subprocess.run([str(script)], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise ControlPlaneError(f"building the control plane failed:\n{done.stderr[-3000:]}")
+    return Path(done.stdout.strip().splitlines()[-1])
+
+
+@dataclass
+class ControlPlane:
+    workdir: Path
+    bin_dir: Path
+    identities: tuple[Identity, ...] = IDENTITIES
+    processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    port: int = 0
+    bundle: certs.Bundle | None = None
+
+    # ----------------------------------------------------------------- addresses and credentials
+
+    @property
+    def url(self) -> str:
+        return f"https://127.0.0.1:{self.port}"
+
+    def token(self, user: str) -> str:
+        for identity in self.identities:
+            if identity.user == user:
+                return identity.token
+        raise KeyError(user)
+
+    def kubeconfig(self, user: str) -> Path:
+        """A kubeconfig file for `user` (written once)."""
+        assert self.bundle is not None
+        path = self.workdir / "kubeconfigs" / f"{user.replace(':', '_')}.yaml"
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            config = {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [
+                    {
+                        "name": "local",
+                        "cluster": {"server": self.url, "certificate-authority": str(self.bundle.ca_cert)},
+                    }
+                ],
+                "users": [{"name": user, "user": {"token": self.token(user)}}],
+                "contexts": [{"name": "local", "context": {"cluster": "local", "user": user}}],
+                "current-context": "local",
+            }
+            path.write_text(json.dumps(config))  # JSON is valid YAML
+        return path
+
+    # ----------------------------------------------------------------- life cycle
+
+    def start(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.bundle = certs.make_bundle(self.workdir / "pki")
+        tokens = self.workdir / "tokens.csv"
+        tokens.write_text("".join(f'{i.token},{i.user},{i.user},"{",".join(i.groups)}"\n' for i in self.identities))
+        etcd_port, peer_port = free_port(), free_port()
+        self._spawn(
+            "etcd",
+            [
+                "etcd",
+                "--data-dir",
+                str(self.workdir / "etcd"),
+                "--listen-client-urls",
+                f"http://127.0.0.1:{etcd_port}",
+                "--advertise-client-urls",
+                f"http://127.0.0.1:{etcd_port}",
+                "--listen-peer-urls",
+                f"http://127.0.0.1:{peer_port}",
+                "--initial-advertise-peer-urls",
+                f"http://127.0.0.1:{peer_port}",
+                "--initial-cluster",
+                f"default=http://127.0.0.1:{peer_port}",
+                "--log-level",
+                "warn",
+            ],
+        )
+        self.port = free_port()
+        b = self.bundle
+        self._spawn(
+            "kube-apiserver",
+            [
+                str(self.bin_dir / "kube-apiserver"),
+                f"--etcd-servers=http://127.0.0.1:{etcd_port}",
+                f"--secure-port={self.port}",
+                "--bind-address=127.0.0.1",
+                f"--tls-cert-file={b.serving_cert}",
+                f"--tls-private-key-file={b.serving_key}",
+                f"--client-ca-file={b.ca_cert}",
+                f"--service-account-key-file={b.sa_pub}",
+                f"--service-account-signing-key-file={b.sa_key}",
+                "--service-account-issuer=https://kubernetes.default.svc",
+                f"--token-auth-file={tokens}",
+                "--authorization-mode=RBAC",
+                "--service-cluster-ip-range=10.0.0.0/24",
+                "--disable-admission-plugins=ServiceAccount",
+                "--enable-priority-and-fairness=false",
+                "--max-requests-inflight=2000",
+                "--max-mutating-requests-inflight=1000",
+                "--v=0",
+            ],
+        )
+        self.wait_ready()
+        self._spawn(
+            "kube-controller-manager",
+            [
+                str(self.bin_dir / "kube-controller-manager"),
+                f"--kubeconfig={self.kubeconfig('system:kube-controller-manager')}",
+                "--leader-elect=false",
+                "--port=0",
+                "--secure-port=0",
+                "--controllers=*,-nodelifecycle,-serviceaccount-token",
+                f"--service-account-private-key-file={b.sa_key}",
+                f"--root-ca-file={b.ca_cert}",
+                "--use-service-account-credentials=false",
+                "--kube-api-qps=500",
+                "--kube-api-burst=1000",
+                "--v=0",
+            ],
+        )
+
+    def start_scheduler(self, config: Path, name: str = "kube-scheduler") -> None:
+        self._spawn(
+            name,
+            [str(self.bin_dir / "kube-scheduler"), f"--config={config}", "--port=0", "--secure-port=0", "--v=1"],
+        )
+
+    def stop_process(self, name: str, sig: int = signal.SIGTERM) -> None:
+        process = self.processes.pop(name, None)
+        if process is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            process.send_signal(sig)
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=10)
+
+    def stop(self) -> None:
+        for name in reversed(list(self.processes)):
+            self.stop_process(name)
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def log(self, name: str) -> str:
+        path = self.workdir / "logs" / f"{name}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def _spawn(self, name: str, argv: list[str]) -> None:
+        logs = self.workdir / "logs"
+        logs.mkdir(exist_ok=True)
+        handle = (logs / f"{name}.log").open("ab")
+        self.processes[name] = subprocess.Popen(argv, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        assert self.bundle is not None
+        context = ssl.create_default_context(cafile=str(self.bundle.ca_cert))
+        request = urllib.request.Request(f"{self.url}/readyz", headers={"Authorization": "Bearer admin-token"})
+        deadline = time.monotonic() + timeout
+        last = ""
+        while time.monotonic() < deadline:
+            process = self.processes.get("kube-apiserver")
+            if process is not None and process.poll() is not None:
+                raise ControlPlaneError(f"kube-apiserver exited:\n{self.log('kube-apiserver')[-3000:]}")
+            try:
+                with urllib.request.urlopen(request, context=context, timeout=2) as response:
+                    if response.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
+                last = str(exc)
+            time.sleep(0.2)
+        raise ControlPlaneError(f"kube-apiserver not ready after {timeout:.0f} s ({last})")
