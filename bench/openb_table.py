@@ -62,7 +62,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--openb", type=Path, default=HERE.parent.parent / "shared" / "traces" / "openb")
     parser.add_argument("--seeds", default="42-51")
-    parser.add_argument("--policies", default=",".join((*PAPER_POLICIES, "fgd-pack")))
+    parser.add_argument("--policies", default=",".join((*PAPER_POLICIES, "fgd-used")))
     parser.add_argument("--traces", default=",".join(PAPER))
     parser.add_argument("--json", type=Path)
     parser.add_argument("--no-docs", action="store_true", help="print the table only; leave docs/ alone")

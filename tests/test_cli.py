@@ -25,7 +25,7 @@ def test_simulate_with_no_arguments_runs_the_embedded_workload() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "Static arrivals" in done.stdout
-    for policy in ("random", "bestfit", "fgd", "fgd-pack"):
+    for policy in ("random", "bestfit", "fgd", "fgd-used"):
         assert f"│ {policy} " in done.stdout
 
 

@@ -29,7 +29,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-DEFAULT_POLICIES = "random,bestfit,fgd,fgd-pack"
+DEFAULT_POLICIES = "random,bestfit,fgd,fgd-used"
 EXIT_BAD_INPUT = 2
 
 

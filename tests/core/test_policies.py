@@ -174,7 +174,7 @@ SHAPES_DRAWN = st.sampled_from(
 
 @settings(max_examples=25, deadline=None)
 @given(
-    name=st.sampled_from(["bestfit", "fgd", "fgd-pack", "packing", "clustering", "dotprod", "binpack", "spread"]),
+    name=st.sampled_from(["bestfit", "fgd", "fgd-used", "packing", "clustering", "dotprod", "binpack", "spread"]),
     steps=st.lists(st.tuples(SHAPES_DRAWN, st.booleans()), min_size=5, max_size=40),
 )
 def test_cached_decisions_equal_fresh_decisions(name: str, steps: list[tuple[dict[str, object], bool]]) -> None:
@@ -194,3 +194,11 @@ def test_cached_decisions_equal_fresh_decisions(name: str, steps: list[tuple[dic
             placed.append(request.key)
         if remove_one and placed:
             assert b.remove(placed.pop(0)).ok
+
+
+def test_fgd_used_breaks_ties_toward_nodes_already_in_use() -> None:
+    b = book(node("empty", 4, cpu=32000), node("used", 4, cpu=32000))
+    _occupy(b, "used", 0, 1000)
+    cpu_pod = pod("ns/cpu", cpu_milli=1000)
+    assert _decide("fgd", b, cpu_pod).node == "empty", "plain FGD ties go to the node priority"
+    assert _decide("fgd-used", b, cpu_pod).node == "used"
