@@ -8,6 +8,7 @@ with status 2.
 
 from __future__ import annotations
 
+import asyncio
 import shlex
 import sys
 from pathlib import Path
@@ -199,6 +200,54 @@ def list_policies() -> None:
     for name in policies.REGISTRY:
         table.add_row(name, policies.REGISTRY[name].summary)
     _console().print(table)
+
+
+@app.command()
+def extender(
+    kubeconfig: Annotated[
+        str | None, typer.Option(help="kubeconfig file (default: $KUBECONFIG or in-cluster).")
+    ] = None,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "0.0.0.0",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8888,
+    policy: Annotated[str, typer.Option(help="Placement policy (see `sharegpu policies`).")] = "fgd-used",
+    image: Annotated[
+        str, typer.Option(help="Image of reservation pods (runs `sharegpu reserve`).")
+    ] = "sharegpu:latest",
+    narrow: Annotated[bool, typer.Option(help="Filter answers only the chosen node.")] = True,
+    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
+) -> None:
+    """Run the kube-scheduler extender (filter, prioritize, bind) and its hand-off loop."""
+    from sharegpu.extender import server
+
+    _logging(log_level)
+    if policy not in policies.REGISTRY:
+        raise _fail(
+            errors.UnknownPolicyError(f"unknown policy {policy!r}; choose from: {', '.join(policies.REGISTRY)}")
+        )
+    asyncio.run(server.serve(kubeconfig, host, port, policy, image, narrow))
+
+
+@app.command()
+def reserve(
+    kubeconfig: Annotated[str | None, typer.Option(help="kubeconfig file (default: in-cluster).")] = None,
+) -> None:
+    """Run inside a reservation pod: report the GPU the device plugin gave it, then hold it."""
+    from sharegpu.agent import reserve as reserve_mod
+
+    _logging("INFO")
+    try:
+        asyncio.run(reserve_mod.main(kubeconfig))
+    except errors.InvalidInputError as exc:
+        raise _fail(exc) from None
+
+
+def _logging(level: str) -> None:
+    import logging
+
+    logging.basicConfig(
+        level=level.upper(),
+        format='{"time": "%(asctime)s", "level": "%(levelname)s", "logger": "%(name)s", "message": %(message)r}',
+    )
 
 
 def main() -> None:

@@ -8,7 +8,6 @@ nowhere else.
 
 from __future__ import annotations
 
-import asyncio
 import ssl
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
@@ -137,7 +136,7 @@ class KubeClient:
                     raise _error(response.status, raw, method, path)
                 result: Json = orjson.loads(raw) if raw else {}
                 return result
-        except (aiohttp.ClientConnectionError, asyncio.TimeoutError, aiohttp.ClientPayloadError) as exc:
+        except (TimeoutError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
             raise errors.TemporaryError(f"{method} {path}: {type(exc).__name__}: {exc}") from exc
 
     async def get(self, path: str, **params: str | int) -> Json:
@@ -163,12 +162,14 @@ class KubeClient:
                 return None
             raise
 
-    async def list_all(self, path: str, *, page: int = 500, **params: str | int) -> tuple[list[Json], str]:
+    async def list_all(
+        self, path: str, params: Mapping[str, str | int] | None = None, *, page: int = 500
+    ) -> tuple[list[Json], str]:
         """Every item of a collection (paged), and the collection's resourceVersion."""
         items: list[Json] = []
         token = ""
         while True:
-            query: dict[str, str | int] = {"limit": page, **params}
+            query: dict[str, str | int] = {"limit": page, **(params or {})}
             if token:
                 query["continue"] = token
             body = await self.request("GET", path, params=query)
@@ -179,7 +180,12 @@ class KubeClient:
                 return items, str(meta.get("resourceVersion", ""))
 
     async def watch(
-        self, path: str, resource_version: str, *, timeout_seconds: int = 300, **params: str | int
+        self,
+        path: str,
+        resource_version: str,
+        params: Mapping[str, str | int] | None = None,
+        *,
+        timeout_seconds: int = 300,
     ) -> AsyncIterator[tuple[str, Json]]:
         """Events (type, object) from `resource_version` on; raises GoneError when it is too old."""
         query: dict[str, str | int] = {
@@ -187,7 +193,7 @@ class KubeClient:
             "resourceVersion": resource_version,
             "allowWatchBookmarks": "true",
             "timeoutSeconds": timeout_seconds,
-            **params,
+            **(params or {}),
         }
         try:
             async with self.session.get(
@@ -208,7 +214,7 @@ class KubeClient:
                             int(obj.get("code", 500)), obj.get("reason", ""), obj.get("message", ""), "WATCH", path
                         )
                     yield kind, obj
-        except (aiohttp.ClientConnectionError, asyncio.TimeoutError, aiohttp.ClientPayloadError) as exc:
+        except (TimeoutError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
             raise errors.TemporaryError(f"WATCH {path}: {type(exc).__name__}: {exc}") from exc
 
 

@@ -1,0 +1,49 @@
+"""`sharegpu reserve`: what runs in a reservation pod.
+
+The NVIDIA device plugin gives the reservation pod one physical GPU and says which in
+NVIDIA_VISIBLE_DEVICES. The pod reports that UUID in its own annotation (`sharegpu.io/gpu-uuid`) so
+the hand-off loop can give it to the pods sharing the GPU, then holds the GPU until it is deleted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+from collections.abc import Mapping
+
+from sharegpu.core import errors
+from sharegpu.kube import client, objects
+
+_UUID = re.compile(r"^(GPU|MIG)-[A-Za-z0-9][A-Za-z0-9/._-]*$")
+
+
+def visible_gpu(env: Mapping[str, str]) -> str:
+    """The single GPU UUID the device plugin gave this container; anything else is an error."""
+    value = env.get("NVIDIA_VISIBLE_DEVICES", "").strip()
+    if not value:
+        raise errors.InvalidInputError("NVIDIA_VISIBLE_DEVICES is not set: was the pod given nvidia.com/gpu: 1?")
+    if "," in value:
+        raise errors.InvalidInputError(f"NVIDIA_VISIBLE_DEVICES names several GPUs ({value}); a reservation holds one")
+    if not _UUID.match(value):
+        raise errors.InvalidInputError(f"NVIDIA_VISIBLE_DEVICES is {value!r}, not a GPU UUID")
+    return value
+
+
+async def report(kube: client.KubeClient, namespace: str, name: str, env: Mapping[str, str]) -> str:
+    uuid = visible_gpu(env)
+    await kube.patch(
+        f"/api/v1/namespaces/{namespace}/pods/{name}",
+        {"metadata": {"annotations": {objects.ANNOTATION_GPU_UUID: uuid}}},
+    )
+    return uuid
+
+
+async def main(kubeconfig: str | None = None) -> None:
+    namespace = os.environ.get("POD_NAMESPACE", "")
+    name = os.environ.get("POD_NAME", "")
+    if not namespace or not name:
+        raise errors.InvalidInputError("POD_NAME and POD_NAMESPACE must be set (downward API)")
+    async with await client.KubeClient.connect(kubeconfig) as kube:
+        await report(kube, namespace, name, os.environ)
+    await asyncio.Event().wait()  # hold the GPU until the pod is deleted

@@ -1,0 +1,387 @@
+"""The extender's HTTP server (kube-scheduler's extender protocol) and its background loops.
+
+Endpoints: POST /filter, /prioritize, /bind (JSON with Go field names: Pod, NodeNames, FailedNodes,
+Host, Score, PodName, PodNamespace, Node, Error); GET /healthz, /readyz (caches synced), /metrics
+(Prometheus) and /debug/nodes (per node and GPU: capacity, used, free, holders).
+
+Filter narrows the feasible nodes to the one the policy chooses (with sharegpu's own tie-break), so
+kube-scheduler's random choice among equal scores and its 0..10 extender scale cannot undo the
+placement; the other feasible nodes are simply left out. Bind re-checks the pod on the chosen node,
+assumes the allocation, makes sure each shared GPU is held by a reservation pod, and binds with one
+pods/binding that carries the allocation annotation; any failure forgets the assumption, once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import numpy as np
+import orjson
+import prometheus_client
+from aiohttp import web
+
+from sharegpu.core import errors, fit, units
+from sharegpu.extender import cache as cache_mod
+from sharegpu.kube import client, informer, objects
+from sharegpu.kube import errors as kube_errors
+
+Json = dict[str, Any]
+log = logging.getLogger(__name__)
+MAX_REASON = 600
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = prometheus_client.CollectorRegistry()
+        self.decisions = prometheus_client.Counter(
+            "sharegpu_extender_decisions", "Filter decisions by outcome", ["verb", "outcome"], registry=self.registry
+        )
+        self.latency = prometheus_client.Histogram(
+            "sharegpu_extender_latency_seconds",
+            "Handler latency",
+            ["verb"],
+            registry=self.registry,
+            buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
+        )
+        self.binds = prometheus_client.Counter(
+            "sharegpu_extender_binds", "Bind results", ["outcome"], registry=self.registry
+        )
+        self.reservations = prometheus_client.Counter(
+            "sharegpu_reservation_pods", "Reservation pods created and deleted", ["action"], registry=self.registry
+        )
+
+
+class Extender:
+    def __init__(
+        self,
+        kube: client.KubeClient,
+        cache: cache_mod.ClusterCache,
+        *,
+        image: str = "sharegpu:latest",
+        narrow: bool = True,
+    ) -> None:
+        self.kube = kube
+        self.cache = cache
+        self.image = image
+        self.narrow = narrow
+        self.metrics = Metrics()
+        self.informers: list[informer.Informer] = []
+        self.tasks: list[asyncio.Task[None]] = []
+        self._creating: dict[tuple[str, int], asyncio.Future[None]] = {}
+        self._wake = asyncio.Event()
+
+    # ----------------------------------------------------------------- life cycle
+
+    async def start(self) -> None:
+        self.informers = [
+            informer.Informer(self.kube, "/api/v1/nodes", self._changed(self.cache.on_node), name="nodes"),
+            informer.Informer(self.kube, objects.DEVICES_PATH, self._changed(self.cache.on_device), name="devices"),
+            informer.Informer(self.kube, "/api/v1/pods", self._changed(self.cache.on_pod), name="pods"),
+        ]
+        self.tasks = [asyncio.create_task(i.run()) for i in self.informers]
+        await asyncio.gather(*(i.synced.wait() for i in self.informers))
+        self.cache.rebuild()
+        self.tasks.append(asyncio.create_task(self._reconcile_loop()))
+
+    async def stop(self) -> None:
+        await informer.cancel(self.tasks)
+
+    def _changed(self, handler: Callable[[str, Json], None]) -> Callable[[str, Json], None]:
+        def wrapped(kind: str, obj: Json) -> None:
+            handler(kind, obj)
+            self._wake.set()
+
+        return wrapped
+
+    @property
+    def ready(self) -> bool:
+        return bool(self.informers) and all(i.synced.is_set() for i in self.informers)
+
+    # ----------------------------------------------------------------- HTTP
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_post("/filter", self._timed("filter", self.filter))
+        app.router.add_post("/prioritize", self._timed("prioritize", self.prioritize))
+        app.router.add_post("/bind", self._timed("bind", self.bind))
+        app.router.add_get("/healthz", self.healthz)
+        app.router.add_get("/readyz", self.readyz)
+        app.router.add_get("/metrics", self.prometheus)
+        app.router.add_get("/debug/nodes", self.debug_nodes)
+        return app
+
+    def _timed(
+        self, verb: str, handler: Callable[[Json], Awaitable[Any]]
+    ) -> Callable[[web.Request], Awaitable[web.Response]]:
+        async def route(request: web.Request) -> web.Response:
+            started = time.perf_counter()
+            try:
+                body = orjson.loads(await request.read())
+            except orjson.JSONDecodeError as exc:
+                return web.json_response({"Error": f"malformed JSON: {exc}"}, status=400)
+            if not isinstance(body, dict):
+                return web.json_response({"Error": "expected a JSON object"}, status=400)
+            result = await handler(body)
+            self.metrics.latency.labels(verb).observe(time.perf_counter() - started)
+            return web.Response(body=orjson.dumps(result), content_type="application/json")
+
+        return route
+
+    async def healthz(self, _: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def readyz(self, _: web.Request) -> web.Response:
+        return web.Response(text="ok") if self.ready else web.Response(text="caches not synced", status=503)
+
+    async def prometheus(self, _: web.Request) -> web.Response:
+        return web.Response(
+            body=prometheus_client.generate_latest(self.metrics.registry), content_type="text/plain", charset="utf-8"
+        )
+
+    async def debug_nodes(self, _: web.Request) -> web.Response:
+        return web.Response(body=orjson.dumps({"nodes": self.cache.summary()}), content_type="application/json")
+
+    # ----------------------------------------------------------------- filter / prioritize
+
+    def _candidates(self, args: Json) -> list[str]:
+        names = args.get("NodeNames")
+        if names is None:
+            names = [n["metadata"]["name"] for n in ((args.get("Nodes") or {}).get("items") or [])]
+        return [str(n) for n in names]
+
+    async def filter(self, args: Json) -> Json:
+        names = self._candidates(args)
+        pod = args.get("Pod") or {}
+        try:
+            request = objects.pod_request(pod)
+        except errors.InvalidInputError as exc:
+            self.metrics.decisions.labels("filter", "invalid").inc()
+            return {"NodeNames": [], "FailedNodes": dict.fromkeys(names, f"invalid GPU request: {exc}"), "Error": ""}
+        state = self.cache.state
+        failed: dict[str, str] = {}
+        rows = []
+        for name in names:
+            row = state.row(name)
+            if row is None:
+                failed[name] = "node has no sharegpu GPU inventory (Device resource) or is not ready"
+            else:
+                rows.append(row)
+        row_array = np.array(rows, dtype=np.int64)
+        demand = request.demand
+        _, feasible, *_ = self.cache.placer.evaluate(demand, row_array)
+        ok_rows = row_array[feasible]
+        if not len(ok_rows):
+            for row in row_array.tolist():
+                failed[state.names[row]] = _reason(fit.explain_node(state, demand, row))
+            self.metrics.decisions.labels("filter", "unschedulable").inc()
+            return {"NodeNames": [], "FailedNodes": failed, "Error": ""}
+        for row in row_array[~feasible].tolist():
+            failed[state.names[row]] = "insufficient GPU (sharegpu)"
+        self.metrics.decisions.labels("filter", "feasible").inc()
+        if self.narrow:
+            decision = self.cache.placer.decide(demand, ok_rows)
+            return {"NodeNames": [decision.node], "FailedNodes": failed, "Error": ""}
+        return {"NodeNames": [state.names[r] for r in ok_rows.tolist()], "FailedNodes": failed, "Error": ""}
+
+    async def prioritize(self, args: Json) -> list[Json]:
+        names = self._candidates(args)
+        try:
+            request = objects.pod_request(args.get("Pod") or {})
+        except errors.InvalidInputError:
+            return [{"Host": n, "Score": 0} for n in names]
+        state = self.cache.state
+        known = [(n, state.row(n)) for n in names]
+        rows = np.array([r for _, r in known if r is not None], dtype=np.int64)
+        decision = self.cache.placer.decide(request.demand, rows) if len(rows) else None
+        _, feasible, score, *_ = self.cache.placer.evaluate(request.demand, rows)
+        by_row = {int(r): (bool(f), int(s)) for r, f, s in zip(rows.tolist(), feasible, score, strict=True)}
+        out = []
+        for name, row in known:
+            if decision is not None and name == decision.node:
+                value = 10
+            elif row is None or not by_row[row][0]:
+                value = 0
+            else:
+                value = min(9, by_row[row][1] * 10 // 100)
+            out.append({"Host": name, "Score": value})
+        return out
+
+    # ----------------------------------------------------------------- bind
+
+    async def bind(self, args: Json) -> Json:
+        namespace, name, node = (
+            str(args.get("PodNamespace", "")),
+            str(args.get("PodName", "")),
+            str(args.get("Node", "")),
+        )
+        key = units.pod_key(namespace, name)
+        pod = self.cache.pods.get(key)
+        if pod is None or (pod.get("metadata") or {}).get("uid") != args.get("PodUID"):
+            try:
+                pod = await self.kube.get(f"/api/v1/namespaces/{namespace}/pods/{name}")
+            except errors.SharegpuError as exc:
+                self.metrics.binds.labels("error").inc()
+                return {"Error": f"cannot read pod {key}: {exc}"}
+        try:
+            request = objects.pod_request(pod)
+        except errors.InvalidInputError as exc:
+            self.metrics.binds.labels("invalid").inc()
+            return {"Error": str(exc)}
+        state = self.cache.state
+        row = state.row(node)
+        if row is None:
+            self.metrics.binds.labels("error").inc()
+            return {"Error": f"node {node} has no sharegpu inventory"}
+        if key in self.cache.ledger:
+            self.metrics.binds.labels("error").inc()
+            return {"Error": f"pod {key} is already placed or being bound"}
+        decision = self.cache.placer.decide(request.demand, np.array([row], dtype=np.int64))
+        if not decision.status.ok:
+            self.metrics.binds.labels("unschedulable").inc()
+            return {
+                "Error": f"pod {key} no longer fits on {node}: {_reason(fit.explain_node(state, request.demand, row))}"
+            }
+        alloc = self.cache.placer.allocation_for(request, decision)
+        if not self.cache.assume(alloc):
+            self.metrics.binds.labels("conflict").inc()
+            return {"Error": f"pod {key}: the allocation conflicts with the ledger"}
+        try:
+            if not alloc.exclusive:
+                for slot in alloc.gpu_indices:
+                    await self.ensure_reservation(node, slot)
+            binding = {
+                "apiVersion": "v1",
+                "kind": "Binding",
+                "metadata": {
+                    "name": name,
+                    "namespace": namespace,
+                    "annotations": {objects.ANNOTATION_ALLOCATION: alloc.to_json()},
+                },
+                "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+            }
+            await self.kube.create(f"/api/v1/namespaces/{namespace}/pods/{name}/binding", binding)
+        except (errors.SharegpuError, OSError) as exc:
+            self.cache.forget(key)
+            self._wake.set()
+            self.metrics.binds.labels("error").inc()
+            return {"Error": f"binding {key} to {node} failed: {exc}"}
+        self.metrics.binds.labels("bound").inc()
+        return {"Error": ""}
+
+    async def ensure_reservation(self, node: str, slot: int) -> None:
+        """Make sure a live reservation pod holds GPU `slot` of `node` (creating one if needed)."""
+        current = self.cache.reservations.get((node, slot))
+        if current is not None and not current.retiring:
+            return
+        pending = self._creating.get((node, slot))
+        if pending is not None:
+            await asyncio.shield(pending)
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._creating[(node, slot)] = future
+        try:
+            name = objects.reservation_name(node, slot) + "-" + secrets.token_hex(3)
+            await self.kube.create(
+                f"/api/v1/namespaces/{objects.SYSTEM_NAMESPACE}/pods", self._reservation_pod(name, node, slot)
+            )
+            self.cache.reservations[(node, slot)] = cache_mod.Reservation(name, node, slot)
+            self.metrics.reservations.labels("created").inc()
+            future.set_result(None)
+        except BaseException as exc:
+            future.set_exception(exc)
+            future.exception()  # mark retrieved: waiters re-raise it themselves
+            raise
+        finally:
+            del self._creating[(node, slot)]
+
+    def _reservation_pod(self, name: str, node: str, slot: int) -> Json:
+        return {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": name,
+                "namespace": objects.SYSTEM_NAMESPACE,
+                "labels": {
+                    objects.LABEL_ROLE: objects.ROLE_RESERVATION,
+                    objects.LABEL_NODE: node,
+                    objects.LABEL_SLOT: str(slot),
+                },
+            },
+            "spec": {
+                "nodeName": node,
+                "priorityClassName": "system-node-critical",
+                "tolerations": [{"operator": "Exists"}],
+                "terminationGracePeriodSeconds": 5,
+                "containers": [
+                    {
+                        "name": "reserve",
+                        "image": self.image,
+                        "command": ["sharegpu", "reserve"],
+                        "env": [
+                            {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                            {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+                        ],
+                        "resources": {
+                            "limits": {objects.NVIDIA_GPU: "1", "cpu": "10m", "memory": "32Mi"},
+                            "requests": {objects.NVIDIA_GPU: "1", "cpu": "10m", "memory": "32Mi"},
+                        },
+                    }
+                ],
+            },
+        }
+
+    # ----------------------------------------------------------------- reconcile: hand-off and cleanup
+
+    async def _reconcile_loop(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            try:
+                await self.reconcile()
+            except Exception:
+                log.exception("reconcile failed; retrying")
+            await asyncio.sleep(0.05)
+
+    async def reconcile(self) -> None:
+        """Delete reservation pods whose last sharer is gone."""
+        for (node, slot), reservation in list(self.cache.reservations.items()):
+            if reservation.retiring or self.cache.sharers(node, slot) or (node, slot) in self._creating:
+                continue
+            reservation.retiring = True  # from now on no new sharer is given this reservation
+            try:
+                await self.kube.delete(f"/api/v1/namespaces/{objects.SYSTEM_NAMESPACE}/pods/{reservation.name}")
+                self.metrics.reservations.labels("deleted").inc()
+            except errors.SharegpuError as exc:
+                reservation.retiring = False
+                log.warning("deleting reservation %s failed: %s", reservation.name, exc)
+
+
+def _reason(verdict: Any) -> str:
+    text = "; ".join(str(r) for r in verdict.reasons) or verdict.message or "does not fit"
+    return text if len(text) <= MAX_REASON else text[: MAX_REASON - 3] + "..."
+
+
+async def serve(kubeconfig: str | None, host: str, port: int, policy: str, image: str, narrow: bool = True) -> None:
+    """Run the extender until cancelled."""
+    kube = await client.KubeClient.connect(kubeconfig)
+    extender = Extender(kube, cache_mod.ClusterCache(policy), image=image, narrow=narrow)
+    runner = web.AppRunner(extender.app(), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await extender.start()
+    await site.start()
+    log.info("sharegpu extender listening on %s:%d (policy %s)", host, port, policy)
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await extender.stop()
+        await runner.cleanup()
+        await kube.close()
+
+
+__all__ = ["Extender", "kube_errors", "serve"]
