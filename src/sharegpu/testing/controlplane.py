@@ -211,7 +211,7 @@ class ControlPlane:
     def stop(self) -> None:
         for name in reversed(list(self.processes)):
             self.stop_process(name)
-        shutil.rmtree(self.workdir, ignore_errors=True)
+        shutil.rmtree(self.workdir / "etcd", ignore_errors=True)  # logs stay for post-mortems
 
     def log(self, name: str) -> str:
         path = self.workdir / "logs" / f"{name}.log"
@@ -220,8 +220,10 @@ class ControlPlane:
     def _spawn(self, name: str, argv: list[str]) -> None:
         logs = self.workdir / "logs"
         logs.mkdir(exist_ok=True)
-        handle = (logs / f"{name}.log").open("ab")
-        self.processes[name] = subprocess.Popen(argv, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True)
+        with (logs / f"{name}.log").open("ab") as handle:  # the child keeps its own copy of the descriptor
+            self.processes[name] = subprocess.Popen(
+                argv, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True
+            )
 
     def wait_ready(self, timeout: float = 60.0) -> None:
         assert self.bundle is not None

@@ -1,0 +1,165 @@
+"""End to end through the real kube-apiserver and kube-scheduler, with the extender as its own process."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+from sharegpu.core import allocation
+from sharegpu.kube import client, objects
+from tests.integration import oracle
+from tests.integration.conftest import ExtenderProcess, gpu_pod, wait_for
+
+Json = dict[str, Any]
+
+
+async def pods_in(kube: client.KubeClient, namespace: str) -> list[Json]:
+    items, _ = await kube.list_all(f"/api/v1/namespaces/{namespace}/pods")
+    return items
+
+
+def allocation_of(pod: Json) -> allocation.Allocation:
+    text = pod["metadata"]["annotations"][objects.ANNOTATION_ALLOCATION]
+    return allocation.Allocation.from_json(text, pod=objects.pod_key(pod))
+
+
+async def all_bound(kube: client.KubeClient, namespace: str, count: int) -> list[Json] | None:
+    pods = await pods_in(kube, namespace)
+    bound = [p for p in pods if (p.get("spec") or {}).get("nodeName")]
+    return bound if len(bound) == count else None
+
+
+async def test_fractional_pods_pack_onto_gpus(
+    admin: client.KubeClient, extender: ExtenderProcess, nodes: Callable[..., Any], namespace: str
+) -> None:
+    (node,) = await nodes(1, gpus=2)
+    for i in range(4):
+        await admin.create(f"/api/v1/namespaces/{namespace}/pods", gpu_pod(f"half-{i}", namespace, milli=500))
+    bound = await wait_for(lambda: all_bound(admin, namespace, 4), what="4 pods bound")
+    per_gpu: dict[int, int] = {}
+    for pod in bound:
+        alloc = allocation_of(pod)
+        assert alloc.node == node
+        for index, (milli, _) in alloc.gpu_usage().items():
+            per_gpu[index] = per_gpu.get(index, 0) + milli
+    assert per_gpu == {0: 1000, 1: 1000}
+
+    async def reservations_report_uuids() -> bool:
+        items, _ = await admin.list_all(
+            f"/api/v1/namespaces/{objects.SYSTEM_NAMESPACE}/pods",
+            {"labelSelector": f"{objects.LABEL_NODE}={node}"},
+        )
+        uuids = {(p["metadata"].get("annotations") or {}).get(objects.ANNOTATION_GPU_UUID) for p in items}
+        return len(items) == 2 and None not in uuids and len(uuids) == 2
+
+    await wait_for(reservations_report_uuids, what="two reservation pods with their GPU UUIDs")
+    await oracle.check(admin)
+
+
+async def test_a_pod_that_fits_nowhere_stays_pending_with_per_gpu_reasons(
+    admin: client.KubeClient, extender: ExtenderProcess, nodes: Callable[..., Any], namespace: str
+) -> None:
+    (node,) = await nodes(1, gpus=2)
+    for i in range(3):
+        await admin.create(f"/api/v1/namespaces/{namespace}/pods", gpu_pod(f"fill-{i}", namespace, milli=500))
+    await wait_for(lambda: all_bound(admin, namespace, 3), what="3 pods bound")
+    await admin.create(f"/api/v1/namespaces/{namespace}/pods", gpu_pod("big", namespace, milli=600))
+
+    async def failed_event() -> str | None:
+        events, _ = await admin.list_all(f"/api/v1/namespaces/{namespace}/events")
+        for event in events:
+            if event.get("reason") == "FailedScheduling" and event["involvedObject"]["name"] == "big":
+                return str(event.get("message", ""))
+        return None
+
+    message = await wait_for(failed_event, what="a FailedScheduling event")
+    assert "sharegpu.io/gpu-milli requested 600, free 500 of 1000" in message, message
+    assert "sharegpu.io/gpu-milli requested 600, free 0 of 1000" in message, message
+    assert f"{node}/gpu0" in message, message
+    assert f"{node}/gpu1" in message, message
+    pod = await admin.get(f"/api/v1/namespaces/{namespace}/pods/big")
+    assert not pod["spec"].get("nodeName")
+
+
+async def test_deleting_pods_frees_shares_and_reservation_pods(
+    admin: client.KubeClient, extender: ExtenderProcess, nodes: Callable[..., Any], namespace: str
+) -> None:
+    (node,) = await nodes(1, gpus=2)
+    for i in range(2):
+        await admin.create(f"/api/v1/namespaces/{namespace}/pods", gpu_pod(f"p-{i}", namespace, milli=700))
+    await wait_for(lambda: all_bound(admin, namespace, 2), what="2 pods bound")
+
+    async def reservations() -> list[Json]:
+        items, _ = await admin.list_all(
+            f"/api/v1/namespaces/{objects.SYSTEM_NAMESPACE}/pods", {"labelSelector": f"{objects.LABEL_NODE}={node}"}
+        )
+        return items
+
+    assert len(await wait_for(reservations, what="reservation pods")) >= 1
+    for i in range(2):
+        await admin.delete(f"/api/v1/namespaces/{namespace}/pods/p-{i}")
+
+    async def released() -> bool:
+        summary = {n["node"]: n for n in await extender.debug_nodes()}
+        gpus = summary[node]["gpus"]
+        return all(g["milli"]["free"] == 1000 and not g["holders"] for g in gpus) and not await reservations()
+
+    await wait_for(released, what="shares and reservation pods released")
+    # The freed GPUs take new pods again.
+    await admin.create(f"/api/v1/namespaces/{namespace}/pods", gpu_pod("again", namespace, milli=1000, count=2))
+    await wait_for(lambda: all_bound(admin, namespace, 1), what="a 2-GPU pod bound")
+    await oracle.check(admin)
+
+
+async def test_whole_multi_gpu_and_model_constraints(
+    admin: client.KubeClient, extender: ExtenderProcess, nodes: Callable[..., Any], namespace: str
+) -> None:
+    (t4,) = await nodes(1, gpus=2, model="T4")
+    (a100,) = await nodes(1, gpus=4, model="A100", memory=81920)
+    await admin.create(
+        f"/api/v1/namespaces/{namespace}/pods",
+        gpu_pod("wants-a100", namespace, milli=300, annotations={objects.ANNOTATION_MODELS: "A100"}),
+    )
+    await admin.create(f"/api/v1/namespaces/{namespace}/pods", gpu_pod("four", namespace, nvidia=3))
+    await admin.create(f"/api/v1/namespaces/{namespace}/pods", gpu_pod("two", namespace, count=2))
+    bound = {p["metadata"]["name"]: p for p in await wait_for(lambda: all_bound(admin, namespace, 3), what="3 bound")}
+    assert bound["wants-a100"]["spec"]["nodeName"] == a100
+    assert bound["four"]["spec"]["nodeName"] == a100, "3 whole GPUs fit only the 4-GPU node"
+    assert bound["two"]["spec"]["nodeName"] == t4
+    three = allocation_of(bound["four"])
+    assert three.exclusive
+    assert len(three.gpu_indices) == 3
+    assert not set(three.gpu_indices) & set(allocation_of(bound["wants-a100"]).gpu_indices)
+    await oracle.check(admin)
+
+
+async def test_cotenancy_rules(
+    admin: client.KubeClient, extender: ExtenderProcess, nodes: Callable[..., Any], namespace: str
+) -> None:
+    await nodes(1, gpus=3)
+    rules = [
+        ("aff-a1", {objects.ANNOTATION_AFFINITY: "a"}),
+        ("aff-a2", {objects.ANNOTATION_AFFINITY: "a"}),
+        ("anti-1", {objects.ANNOTATION_ANTI_AFFINITY: "z"}),
+        ("anti-2", {objects.ANNOTATION_ANTI_AFFINITY: "z"}),
+        ("excl-e", {objects.ANNOTATION_EXCLUSION: "e"}),
+        ("excl-f", {objects.ANNOTATION_EXCLUSION: "f"}),
+    ]
+    for name, notes in rules:
+        await admin.create(
+            f"/api/v1/namespaces/{namespace}/pods", gpu_pod(name, namespace, milli=100, annotations=notes)
+        )
+        await wait_for(functools.partial(_bound, admin, namespace, name), what=f"{name} bound")
+    pods = {p["metadata"]["name"]: allocation_of(p) for p in await pods_in(admin, namespace)}
+    gpu = {name: pods[name].gpu_indices[0] for name in pods}
+    assert gpu["aff-a1"] == gpu["aff-a2"], "same affinity label shares a GPU"
+    assert gpu["anti-1"] != gpu["anti-2"], "same anti-affinity label never shares"
+    assert gpu["excl-e"] != gpu["excl-f"], "one exclusion label per GPU"
+    assert gpu["anti-1"] != gpu["aff-a1"], "unlabelled-for-affinity pods never join an affinity GPU"
+    await oracle.check(admin)
+
+
+async def _bound(kube: client.KubeClient, namespace: str, name: str) -> bool:
+    pod = await kube.get(f"/api/v1/namespaces/{namespace}/pods/{name}")
+    return bool(pod["spec"].get("nodeName"))
