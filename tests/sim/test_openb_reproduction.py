@@ -51,3 +51,9 @@ def test_default_trace_matches_the_paper(openb: Path, policy: str, low: float, h
 @pytest.mark.parametrize(("trace", "paper"), sorted(PAPER_FGD.items()))
 def test_fgd_is_within_0_3_of_the_paper_on_every_trace(openb: Path, trace: str, paper: float) -> None:
     assert abs(_mean(openb, trace, "fgd", range(42, 45)) - paper) <= 0.30
+
+
+@pytest.mark.slow
+def test_our_policy_beats_fgd_on_the_default_trace(openb: Path) -> None:
+    seeds = range(42, 52)
+    assert _mean(openb, "default", "fgd-used", seeds) < _mean(openb, "default", "fgd", seeds)
