@@ -181,6 +181,8 @@ async def extender(control_plane: controlplane.ControlPlane, system: None) -> As
     config = (REPO / "deploy" / "scheduler" / "scheduler-config.v1beta1.yaml").read_text()
     config = config.replace("${KUBECONFIG}", str(control_plane.kubeconfig("system:kube-scheduler")))
     config = config.replace("${EXTENDER_URL}", process.url)
+    config = config.replace("${HEALTHZ_ADDRESS}", f"127.0.0.1:{controlplane.free_port()}")
+    config = config.replace("${METRICS_ADDRESS}", f"127.0.0.1:{controlplane.free_port()}")
     path = control_plane.workdir / "scheduler-config.yaml"
     path.write_text(config)
     control_plane.start_scheduler(path)

@@ -163,3 +163,34 @@ async def test_cotenancy_rules(
 async def _bound(kube: client.KubeClient, namespace: str, name: str) -> bool:
     pod = await kube.get(f"/api/v1/namespaces/{namespace}/pods/{name}")
     return bool(pod["spec"].get("nodeName"))
+
+
+async def test_handoff_configmap_gets_the_reserved_gpu_uuid(
+    admin: client.KubeClient, extender: ExtenderProcess, nodes: Callable[..., Any], namespace: str
+) -> None:
+    (node,) = await nodes(1, gpus=1)
+    pod = gpu_pod(
+        "shared",
+        namespace,
+        milli=250,
+        memory=2048,
+        annotations={objects.ANNOTATION_HANDOFF: "handoff-x1", objects.ANNOTATION_LIMIT: "500"},
+    )
+    await admin.create(f"/api/v1/namespaces/{namespace}/pods", pod)
+    await wait_for(lambda: all_bound(admin, namespace, 1), what="pod bound")
+
+    async def configmap() -> Json | None:
+        try:
+            return await admin.get(f"/api/v1/namespaces/{namespace}/configmaps/handoff-x1")
+        except Exception:
+            return None
+
+    data = (await wait_for(configmap, what="hand-off ConfigMap"))["data"]
+    items, _ = await admin.list_all(
+        f"/api/v1/namespaces/{objects.SYSTEM_NAMESPACE}/pods", {"labelSelector": f"{objects.LABEL_NODE}={node}"}
+    )
+    (reservation,) = items
+    assert data["main.NVIDIA_VISIBLE_DEVICES"] == reservation["metadata"]["annotations"][objects.ANNOTATION_GPU_UUID]
+    assert data["main.NVIDIA_VISIBLE_DEVICES"].startswith(f"GPU-{node}-")
+    assert data["main.CUDA_DEVICE_SM_LIMIT"] == "50"
+    assert data["main.CUDA_DEVICE_MEMORY_LIMIT"] == "2048m"

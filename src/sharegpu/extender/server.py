@@ -27,6 +27,7 @@ from aiohttp import web
 
 from sharegpu.core import errors, fit, units
 from sharegpu.extender import cache as cache_mod
+from sharegpu.extender import handoff
 from sharegpu.kube import client, informer, objects
 from sharegpu.kube import errors as kube_errors
 
@@ -74,6 +75,7 @@ class Extender:
         self.tasks: list[asyncio.Task[None]] = []
         self._creating: dict[tuple[str, int], asyncio.Future[None]] = {}
         self._wake = asyncio.Event()
+        self._filled: dict[units.PodKey, tuple[str, tuple[tuple[str, str], ...]]] = {}
 
     # ----------------------------------------------------------------- life cycle
 
@@ -348,7 +350,8 @@ class Extender:
             await asyncio.sleep(0.05)
 
     async def reconcile(self) -> None:
-        """Delete reservation pods whose last sharer is gone."""
+        """Fill hand-off ConfigMaps whose GPUs are known; delete reservation pods whose last sharer is gone."""
+        await self.fill_handoffs()
         for (node, slot), reservation in list(self.cache.reservations.items()):
             if reservation.retiring or self.cache.sharers(node, slot) or (node, slot) in self._creating:
                 continue
@@ -359,6 +362,58 @@ class Extender:
             except errors.SharegpuError as exc:
                 reservation.retiring = False
                 log.warning("deleting reservation %s failed: %s", reservation.name, exc)
+
+    async def fill_handoffs(self) -> None:
+        for key, pod in list(self.cache.pods.items()):
+            meta = pod.get("metadata") or {}
+            configmap = (meta.get("annotations") or {}).get(objects.ANNOTATION_HANDOFF)
+            node = (pod.get("spec") or {}).get("nodeName")
+            if not configmap or not node or objects.is_terminal(pod):
+                continue
+            try:
+                alloc = objects.pod_allocation(pod)
+            except errors.InvalidInputError:
+                continue
+            if alloc is None or alloc.exclusive:
+                continue
+            uuid_of: dict[int, str] = {}
+            for slot in alloc.gpu_indices:
+                reservation = self.cache.reservations.get((node, slot))
+                if reservation is None or reservation.retiring or not reservation.uuid:
+                    break
+                uuid_of[slot] = reservation.uuid
+            else:
+                data = handoff.configmap_data(alloc, uuid_of)
+                marker = (str(meta.get("uid", "")), tuple(sorted(data.items())))
+                if self._filled.get(key) == marker:
+                    continue
+                await self._write_configmap(meta["namespace"], configmap, meta, data)
+                self._filled[key] = marker
+        for key in list(self._filled):
+            if key not in self.cache.pods:
+                del self._filled[key]
+
+    async def _write_configmap(self, namespace: str, name: str, owner: Json, data: dict[str, str]) -> None:
+        body: Json = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "labels": {objects.LABEL_ROLE: "handoff"},
+                "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": owner["name"], "uid": owner["uid"]}],
+            },
+            "data": data,
+        }
+        path = f"/api/v1/namespaces/{namespace}/configmaps"
+        try:
+            await self.kube.create(path, body)
+        except kube_errors.ConflictError:
+            await self.kube.patch(
+                f"{path}/{name}", {"data": data, "metadata": {"ownerReferences": body["metadata"]["ownerReferences"]}}
+            )
+        except errors.SharegpuError as exc:
+            log.warning("hand-off ConfigMap %s/%s: %s", namespace, name, exc)
 
 
 def _reason(verdict: Any) -> str:

@@ -1,0 +1,38 @@
+from __future__ import annotations
+
+from sharegpu.core import allocation, units
+from sharegpu.extender import handoff
+
+
+def _alloc(*containers: tuple[str, tuple[allocation.DeviceGrant, ...]]) -> allocation.Allocation:
+    return allocation.Allocation(
+        units.PodKey("ns/p"),
+        units.NodeName("n"),
+        tuple(allocation.ContainerAllocation(name, grants) for name, grants in containers),
+    )
+
+
+def test_one_container_one_gpu_gets_hami_and_mps_limits() -> None:
+    alloc = _alloc(("main", (allocation.DeviceGrant(index=1, milli=300, memory_mib=4096, limit_milli=600),)))
+    data = handoff.configmap_data(alloc, {1: "GPU-b"})
+    assert data == {
+        "main.NVIDIA_VISIBLE_DEVICES": "GPU-b",
+        "main.CUDA_DEVICE_SM_LIMIT": "60",
+        "main.CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "60",
+        "main.CUDA_DEVICE_MEMORY_LIMIT": "4096m",
+        "main.CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=4096M",
+    }
+
+
+def test_several_gpus_and_containers_and_no_memory_limit() -> None:
+    alloc = _alloc(
+        ("a", (allocation.DeviceGrant(0, 250, 1000, 250), allocation.DeviceGrant(2, 250, 2000, 250))),
+        ("b", (allocation.DeviceGrant(0, 100, 0, 100),)),
+    )
+    data = handoff.configmap_data(alloc, {0: "GPU-x", 2: "GPU-z"})
+    assert data["a.NVIDIA_VISIBLE_DEVICES"] == "GPU-x,GPU-z"
+    assert data["a.CUDA_DEVICE_MEMORY_LIMIT_0"] == "1000m"
+    assert data["a.CUDA_DEVICE_MEMORY_LIMIT_1"] == "2000m"
+    assert data["a.CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=1000M,1=2000M"
+    assert data["b.CUDA_DEVICE_SM_LIMIT"] == "10"
+    assert "b.CUDA_DEVICE_MEMORY_LIMIT" not in data
