@@ -9,8 +9,9 @@ from collections.abc import Callable
 from typing import Any
 
 from sharegpu.kube import client, objects
+from sharegpu.testing.stack import ExtenderProcess
 from tests.integration import oracle
-from tests.integration.conftest import ExtenderProcess, gpu_pod, wait_for
+from tests.integration.conftest import gpu_pod, wait_for
 
 Json = dict[str, Any]
 

@@ -8,8 +8,9 @@ from typing import Any
 
 from sharegpu.core import allocation
 from sharegpu.kube import client, objects
+from sharegpu.testing.stack import ExtenderProcess
 from tests.integration import oracle
-from tests.integration.conftest import ExtenderProcess, gpu_pod, wait_for
+from tests.integration.conftest import gpu_pod, wait_for
 
 Json = dict[str, Any]
 
