@@ -31,20 +31,38 @@ def node_objects(count: int, gpus: int) -> tuple[list[Json], list[Json]]:
     nodes, devs = [], []
     for i in range(count):
         name = f"node-{i:04d}"
-        inventory = devices.uniform_node(name, gpu_count=gpus, model="A100", gpu_memory_mib=81920,
-                                         cpu_milli=128000, memory_mib=1 << 20, nvlink_all=True)
-        nodes.append({"metadata": {"name": name}, "spec": {}, "status": {
-            "allocatable": {"cpu": "128", "memory": "1Ti"},
-            "conditions": [{"type": "Ready", "status": "True"}]}})
+        inventory = devices.uniform_node(
+            name,
+            gpu_count=gpus,
+            model="A100",
+            gpu_memory_mib=81920,
+            cpu_milli=128000,
+            memory_mib=1 << 20,
+            nvlink_all=True,
+        )
+        nodes.append(
+            {
+                "metadata": {"name": name},
+                "spec": {},
+                "status": {
+                    "allocatable": {"cpu": "128", "memory": "1Ti"},
+                    "conditions": [{"type": "Ready", "status": "True"}],
+                },
+            }
+        )
         devs.append(objects.device_object(inventory))
     return nodes, devs
 
 
 def pod(name: str, milli: int, count: int = 1) -> Json:
     limits = {objects.GPU: str(count), objects.GPU_MILLI: str(milli), "cpu": "1", "memory": "1Gi"}
-    return {"metadata": {"name": name, "namespace": "bench", "uid": name, "annotations": {}},
-            "spec": {"schedulerName": objects.SCHEDULER_NAME,
-                     "containers": [{"name": "main", "resources": {"limits": limits, "requests": limits}}]}}
+    return {
+        "metadata": {"name": name, "namespace": "bench", "uid": name, "annotations": {}},
+        "spec": {
+            "schedulerName": objects.SCHEDULER_NAME,
+            "containers": [{"name": "main", "resources": {"limits": limits, "requests": limits}}],
+        },
+    }
 
 
 async def run(args: argparse.Namespace) -> dict[str, float]:
@@ -73,8 +91,11 @@ async def run(args: argparse.Namespace) -> dict[str, float]:
             decision = view.placer.decide(request.demand, np.array([row]))
             view.ledger.add(view.placer.allocation_for(request, decision))
     values = np.array(timings)
-    return {"p50_ms": round(float(np.percentile(values, 50)), 4), "p99_ms": round(float(np.percentile(values, 99)), 4),
-            "mean_ms": round(float(values.mean()), 4)}
+    return {
+        "p50_ms": round(float(np.percentile(values, 50)), 4),
+        "p99_ms": round(float(np.percentile(values, 99)), 4),
+        "mean_ms": round(float(values.mean()), 4),
+    }
 
 
 def main() -> int:
@@ -85,8 +106,10 @@ def main() -> int:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     result = asyncio.run(run(args))
-    print(f"filter+prioritize over {args.nodes} nodes x {args.gpus} GPUs, {args.pods} pods: "
-          f"p50 {result['p50_ms']:.3f} ms, p99 {result['p99_ms']:.3f} ms, mean {result['mean_ms']:.3f} ms")
+    print(
+        f"filter+prioritize over {args.nodes} nodes x {args.gpus} GPUs, {args.pods} pods: "
+        f"p50 {result['p50_ms']:.3f} ms, p99 {result['p99_ms']:.3f} ms, mean {result['mean_ms']:.3f} ms"
+    )
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
     return 0

@@ -73,6 +73,8 @@ class FleetState:
         self.milli_free: IntArray = self.milli_capacity.copy()
         self.gmem_free: IntArray = self.gmem_capacity.copy()
         self.tenants: IntArray = np.zeros((n, g), dtype=np.int64)
+        self.exclusive: IntArray = np.zeros((n, g), dtype=np.int64)
+        """Per GPU: pods holding it whole (0 or 1 while the ledger's rules hold)."""
         self.affinity_tag: IntArray = np.zeros((n, g), dtype=np.int64)
         self.affinity_count: IntArray = np.zeros((n, g), dtype=np.int64)
         self.exclusion_tag: IntArray = np.zeros((n, g), dtype=np.int64)
@@ -174,6 +176,8 @@ class FleetState:
             self.milli_free[row, index] -= sign * milli
             self.gmem_free[row, index] -= sign * memory
             self.tenants[row, index] += sign
+            if alloc.exclusive:
+                self.exclusive[row, index] += sign
             self._mark(self.affinity_tag, self.affinity_count, row, index, rules.affinity, sign)
             self._mark(self.exclusion_tag, self.exclusion_count, row, index, rules.exclusion, sign)
             self._mark(self.group_tag, self.group_count, row, index, rules.group, sign)
@@ -238,6 +242,7 @@ class FleetState:
             (self.milli_free, other.milli_free),
             (self.gmem_free, other.gmem_free),
             (self.tenants, other.tenants),
+            (self.exclusive, other.exclusive),
             (self.affinity_tag, other.affinity_tag),
             (self.exclusion_tag, other.exclusion_tag),
             (self.group_tag, other.group_tag),

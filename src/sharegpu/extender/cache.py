@@ -66,6 +66,8 @@ class ClusterCache:
         self.pods: dict[units.PodKey, Json] = {}
         self.reservations: dict[tuple[str, int], Reservation] = {}
         self.assumed: dict[units.PodKey, allocation.Allocation] = {}
+        self.handoff_pods: set[units.PodKey] = set()
+        """Pods that name a hand-off ConfigMap (the only ones the hand-off loop looks at)."""
         self.counters = Counters()
         self._dirty = True
         self._state: fleet.FleetState | None = None
@@ -170,10 +172,13 @@ class ClusterCache:
         if kind == "DELETED":
             self.pods.pop(key, None)
             self.assumed.pop(key, None)
+            self.handoff_pods.discard(key)
             if not self._dirty and self._ledger is not None and key in self._ledger:
                 self._ledger.remove(key)
             return
         self.pods[key] = pod
+        if ((pod.get("metadata") or {}).get("annotations") or {}).get(objects.ANNOTATION_HANDOFF):
+            self.handoff_pods.add(key)
         if not self._dirty:
             self._account(pod)
 
@@ -272,7 +277,11 @@ class ClusterCache:
 
     def sharers(self, node: str, slot: int) -> int:
         """Pods holding a share (not a whole GPU) of (node, slot), assumed ones included."""
-        return sum(1 for alloc in self.ledger.on_node(node) if not alloc.exclusive and slot in alloc.gpu_usage())
+        state = self.state
+        row = state.row(node)
+        if row is None or slot >= state.width:
+            return 0
+        return int(state.tenants[row, slot] - state.exclusive[row, slot])
 
     def summary(self) -> list[Json]:
         """Per node and GPU: capacity, used, free, and who holds what (the debug endpoint)."""

@@ -364,7 +364,8 @@ class Extender:
                 log.warning("deleting reservation %s failed: %s", reservation.name, exc)
 
     async def fill_handoffs(self) -> None:
-        for key, pod in list(self.cache.pods.items()):
+        for key in list(self.cache.handoff_pods):
+            pod = self.cache.pods[key]
             meta = pod.get("metadata") or {}
             configmap = (meta.get("annotations") or {}).get(objects.ANNOTATION_HANDOFF)
             node = (pod.get("spec") or {}).get("nodeName")
