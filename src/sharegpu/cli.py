@@ -214,17 +214,24 @@ def extender(
         str, typer.Option(help="Image of reservation pods (runs `sharegpu reserve`).")
     ] = "sharegpu:latest",
     narrow: Annotated[bool, typer.Option(help="Filter answers only the chosen node.")] = True,
+    shapes_from: Annotated[
+        Path | None,
+        typer.Option(help="openb pod CSV whose popular shapes FGD assumes (default: learn them from the cluster)."),
+    ] = None,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
 ) -> None:
     """Run the kube-scheduler extender (filter, prioritize, bind) and its hand-off loop."""
     from sharegpu.extender import server
+    from sharegpu.sim import trace
 
     _logging(log_level)
-    if policy not in policies.REGISTRY:
-        raise _fail(
-            errors.UnknownPolicyError(f"unknown policy {policy!r}; choose from: {', '.join(policies.REGISTRY)}")
-        )
-    asyncio.run(server.serve(kubeconfig, host, port, policy, image, narrow))
+    try:
+        if policy not in policies.REGISTRY:
+            raise errors.UnknownPolicyError(f"unknown policy {policy!r}; choose from: {', '.join(policies.REGISTRY)}")
+        shapes = trace.load_pods(shapes_from).typical_shapes() if shapes_from else None
+    except errors.SharegpuError as exc:
+        raise _fail(exc) from None
+    asyncio.run(server.serve(kubeconfig, host, port, policy, image, narrow, shapes))
 
 
 @app.command()

@@ -57,9 +57,16 @@ class Counters:
 
 
 class ClusterCache:
-    def __init__(self, policy: str = "fgd-used", clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        policy: str = "fgd-used",
+        clock: Callable[[], float] = time.monotonic,
+        shapes: tuple[frag.WeightedShape, ...] | None = None,
+    ) -> None:
         policies.make(policy, DEFAULT_SHAPES)  # fail early on an unknown name
         self.policy_name = policy
+        self.fixed_shapes = shapes
+        """Typical pod shapes for fragmentation-aware policies; None: learn them from the cluster's pods."""
         self.clock = clock
         self.nodes: dict[str, Json] = {}
         self.devices: dict[str, Json] = {}
@@ -95,7 +102,7 @@ class ClusterCache:
         self._state = state
         self._ledger = ledger.Ledger(state, clock=self.clock)
         shapes = self._shapes()
-        priority = _stable_priority(state.names)
+        priority = stable_priority(state.names)
         self._placer = placer.Placer(state, policies.make(self.policy_name, shapes), priority=priority)
         self._dirty = False
         self.counters.rebuilds += 1
@@ -108,6 +115,8 @@ class ClusterCache:
                 log.warning("assumed pod %s no longer fits after the inventory changed", key)
 
     def _shapes(self) -> tuple[frag.WeightedShape, ...]:
+        if self.fixed_shapes:
+            return self.fixed_shapes
         shapes = []
         for pod in self.pods.values():
             if objects.is_reservation(pod) or not objects.wants_gpu(pod):
@@ -342,7 +351,7 @@ def _node_fingerprint(node: Json) -> tuple[Any, ...]:
     return (_schedulable(node), tuple(sorted((status.get("allocatable") or {}).items())))
 
 
-def _stable_priority(names: tuple[units.NodeName, ...]) -> fleet.IntArray:
+def stable_priority(names: tuple[units.NodeName, ...]) -> fleet.IntArray:
     """A fixed tie-break order that does not depend on when nodes joined: by a hash of the name."""
     keys = [hashlib.blake2b(n.encode(), digest_size=8).digest() for n in names]
     order = sorted(range(len(names)), key=lambda i: keys[i])

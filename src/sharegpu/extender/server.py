@@ -25,7 +25,7 @@ import orjson
 import prometheus_client
 from aiohttp import web
 
-from sharegpu.core import errors, fit, units
+from sharegpu.core import errors, fit, frag, units
 from sharegpu.extender import cache as cache_mod
 from sharegpu.extender import handoff
 from sharegpu.kube import client, informer, objects
@@ -422,10 +422,18 @@ def _reason(verdict: Any) -> str:
     return text if len(text) <= MAX_REASON else text[: MAX_REASON - 3] + "..."
 
 
-async def serve(kubeconfig: str | None, host: str, port: int, policy: str, image: str, narrow: bool = True) -> None:
+async def serve(
+    kubeconfig: str | None,
+    host: str,
+    port: int,
+    policy: str,
+    image: str,
+    narrow: bool = True,
+    shapes: tuple[frag.WeightedShape, ...] | None = None,
+) -> None:
     """Run the extender until cancelled."""
     kube = await client.KubeClient.connect(kubeconfig)
-    extender = Extender(kube, cache_mod.ClusterCache(policy), image=image, narrow=narrow)
+    extender = Extender(kube, cache_mod.ClusterCache(policy, shapes=shapes), image=image, narrow=narrow)
     runner = web.AppRunner(extender.app(), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)

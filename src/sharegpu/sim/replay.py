@@ -112,17 +112,8 @@ def replay_static(
         if np.isnan(frag_at_100) and round(total_arrived / capacity * 100) >= 100:
             amount = frag_model.frag(all_rows, state.cpu_free, state.milli_free).sum()
             frag_at_100 = float(amount / capacity * 100)
-    arrived_pct = np.round(arrived / capacity * 100)
-    allocated_pct = np.round(allocated / capacity * 100, 2)
-    at_100 = allocated_pct[arrived_pct == 100]
-    if not len(at_100):
-        # Small clusters: one big pod can jump over the whole [99.5, 100.5) window; take the first
-        # arrival at or past 100% instead.
-        crossed = np.flatnonzero(arrived >= capacity)
-        at_100 = allocated_pct[crossed[:1]]
-    figure = float(100 - at_100.mean()) if len(at_100) else float("nan")
     return StaticResult(
-        unallocated_pct_at_100=figure,
+        unallocated_pct_at_100=unallocated_at_100(arrived, allocated, capacity),
         arrived_pct=arrived / capacity * 100,
         allocated_pct=allocated / capacity * 100,
         frag_pct_at_100=frag_at_100,
@@ -131,6 +122,21 @@ def replay_static(
         failed=n - placed,
         wall_seconds=time.perf_counter() - started,
     )
+
+
+def unallocated_at_100(arrived: np.ndarray, allocated: np.ndarray, capacity: int) -> float:
+    """100 - mean allocated % over the arrivals whose arrived % rounds to 100 (the paper's figure).
+
+    Small clusters: one big pod can jump over the whole [99.5, 100.5) window; then the first arrival
+    at or past 100% is used. NaN if the workload never reaches capacity.
+    """
+    arrived_pct = np.round(arrived / capacity * 100)
+    allocated_pct = np.round(allocated / capacity * 100, 2)
+    at_100 = allocated_pct[arrived_pct == 100]
+    if not len(at_100):
+        crossed = np.flatnonzero(arrived >= capacity)
+        at_100 = allocated_pct[crossed[:1]]
+    return float(100 - at_100.mean()) if len(at_100) else float("nan")
 
 
 class VirtualClock:
