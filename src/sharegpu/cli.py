@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import shlex
+import signal
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -246,6 +247,66 @@ def reserve(
         asyncio.run(reserve_mod.main(kubeconfig))
     except errors.InvalidInputError as exc:
         raise _fail(exc) from None
+
+
+@app.command()
+def devcluster(
+    nodes: Annotated[int, typer.Option(help="Fake GPU nodes to create.")] = 4,
+    gpus: Annotated[int, typer.Option(help="GPUs per node.")] = 4,
+    model: Annotated[str, typer.Option(help="GPU model of every node.")] = "A100",
+    gpu_memory: Annotated[int, typer.Option(help="GPU memory in MiB.")] = 81920,
+    policy: Annotated[str, typer.Option(help="Placement policy of the extender.")] = "fgd-used",
+    workdir: Annotated[Path | None, typer.Option(help="Where to keep state and logs (default: a temp dir).")] = None,
+) -> None:
+    """Run the whole stack on this machine: a real control plane, the extender, kube-scheduler and
+    fake GPU nodes, until Ctrl-C. Prints the kubeconfig to use with kubectl."""
+    import tempfile
+
+    from sharegpu.core import devices
+    from sharegpu.testing import stack
+
+    _logging("WARNING")
+    if not 1 <= nodes <= 5000 or not 1 <= gpus <= 63:
+        raise _fail(UsageError("--nodes must be 1..5000 and --gpus 1..63"))
+    if policy not in policies.REGISTRY:
+        raise _fail(
+            errors.UnknownPolicyError(f"unknown policy {policy!r}; choose from: {', '.join(policies.REGISTRY)}")
+        )
+    folder = workdir or Path(tempfile.mkdtemp(prefix="sharegpu-devcluster-"))
+
+    async def run() -> None:
+        whole = stack.Stack(folder, policy)
+        await whole.start(harness=True)
+        try:
+            assert whole.harness is not None and whole.extender is not None
+            await whole.harness.add_nodes(
+                [
+                    devices.uniform_node(
+                        f"gpu-node-{i}",
+                        gpu_count=gpus,
+                        model=model,
+                        gpu_memory_mib=gpu_memory,
+                        cpu_milli=64000,
+                        memory_mib=512 * 1024,
+                        nvlink_all=gpus <= 8,
+                    )
+                    for i in range(nodes)
+                ]
+            )
+            console = _console()
+            console.print(f"[bold]sharegpu devcluster[/bold]: {nodes} nodes x {gpus} {model}")
+            console.print(f"  export KUBECONFIG={whole.plane.kubeconfig('admin')}")
+            console.print(f"  extender: {whole.extender.url}/debug/nodes   logs: {folder / 'logs'}")
+            console.print("  pods use schedulerName: sharegpu-scheduler; Ctrl-C stops everything")
+            stop = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, stop.set)
+            await stop.wait()
+        finally:
+            await whole.stop()
+
+    asyncio.run(run())
 
 
 def _logging(level: str) -> None:

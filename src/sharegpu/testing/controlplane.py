@@ -121,6 +121,13 @@ class ControlPlane:
     # ----------------------------------------------------------------- life cycle
 
     def start(self) -> None:
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.bundle = certs.make_bundle(self.workdir / "pki")
         tokens = self.workdir / "tokens.csv"

@@ -152,6 +152,13 @@ class Stack:
         self.harness: fakecluster.FakeCluster | None = None
 
     async def start(self, harness: bool = True) -> None:
+        try:
+            await self._start(harness)
+        except BaseException:
+            await self.stop()  # leave no process behind when a part fails to start
+            raise
+
+    async def _start(self, harness: bool) -> None:
         self.plane.start()
         self.admin = kube_for(self.plane, "admin", connections=128)
         await install(self.admin)
