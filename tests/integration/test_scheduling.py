@@ -195,3 +195,43 @@ async def test_handoff_configmap_gets_the_reserved_gpu_uuid(
     assert data["main.NVIDIA_VISIBLE_DEVICES"].startswith(f"GPU-{node}-")
     assert data["main.CUDA_DEVICE_SM_LIMIT"] == "50"
     assert data["main.CUDA_DEVICE_MEMORY_LIMIT"] == "2048m"
+
+
+async def test_whole_gpu_pods_of_other_schedulers_are_counted(
+    admin: client.KubeClient, extender: ExtenderProcess, nodes: Callable[..., Any], namespace: str
+) -> None:
+    (node,) = await nodes(1, gpus=2)
+    foreign = gpu_pod("foreign", namespace, nvidia=2)
+    foreign["spec"]["nodeName"] = node  # placed without any scheduler, as a kubelet-level pod would be
+    foreign["spec"].pop("schedulerName")
+    await admin.create(f"/api/v1/namespaces/{namespace}/pods", foreign)
+
+    async def counted() -> bool:
+        summary = {n["node"]: n for n in await extender.debug_nodes()}
+        return all(g["milli"]["free"] == 0 for g in summary[node]["gpus"])
+
+    await wait_for(counted, what="the foreign pod's GPUs counted as used")
+    await admin.create(f"/api/v1/namespaces/{namespace}/pods", gpu_pod("late", namespace, milli=100))
+
+    async def unschedulable() -> bool:
+        pod = await admin.get(f"/api/v1/namespaces/{namespace}/pods/late")
+        return any(
+            c.get("type") == "PodScheduled" and c.get("reason") == "Unschedulable"
+            for c in (pod.get("status") or {}).get("conditions") or []
+        )
+
+    await wait_for(unschedulable, what="the sharing pod to find no room")
+
+
+async def test_metrics_and_health_endpoints(extender: ExtenderProcess) -> None:
+    import aiohttp
+
+    async with aiohttp.ClientSession() as session:
+        async with session.get(f"{extender.url}/healthz") as response:
+            assert response.status == 200
+        async with session.get(f"{extender.url}/readyz") as response:
+            assert response.status == 200
+        async with session.get(f"{extender.url}/metrics") as response:
+            text = await response.text()
+    assert "sharegpu_extender_latency_seconds_bucket" in text
+    assert 'sharegpu_extender_binds_total{outcome="bound"}' in text
