@@ -83,19 +83,7 @@ def explain_node(state: fleet.FleetState, demand: requests.GpuDemand, row: int) 
     eligible = eligible_gpus(state, demand, one)[0]
     if int(eligible.sum()) >= demand.count and not reasons:
         return status.SUCCESS
-    unresolvable = False
-    if state.gpu_count[row] < demand.count:
-        unresolvable = True
-        reasons.append(
-            status.Reason(
-                GPU_COUNT,
-                demand.count,
-                int(eligible.sum()),
-                int(state.gpu_count[row]),
-                name,
-                detail="the node has fewer GPUs than the pod asks for",
-            )
-        )
+    unresolvable = bool(state.gpu_count[row] < demand.count)
     models = model_mask(state, demand, one)[0]
     rules = state.cotenancy_ok(demand.cotenancy, one)[0]
     need_memory = int(state.memory_need(demand, one)[0].max()) if state.width else 0
@@ -127,16 +115,10 @@ def explain_node(state: fleet.FleetState, demand: requests.GpuDemand, row: int) 
             reasons.append(
                 status.Reason(COTENANCY, 1, 0, 1, name, index, detail=_rule_detail(state, demand, row, index))
             )
-    if int(eligible.sum()) < demand.count and not unresolvable:
+    if int(eligible.sum()) < demand.count:
+        detail = "the node has fewer GPUs than the pod asks for" if unresolvable else "GPUs that can host the pod"
         reasons.append(
-            status.Reason(
-                GPU_COUNT,
-                demand.count,
-                int(eligible.sum()),
-                int(state.gpu_count[row]),
-                name,
-                detail="GPUs that can host the pod",
-            )
+            status.Reason(GPU_COUNT, demand.count, int(eligible.sum()), int(state.gpu_count[row]), name, detail=detail)
         )
     code = status.Code.UNSCHEDULABLE_AND_UNRESOLVABLE if unresolvable or not models.any() else status.Code.UNSCHEDULABLE
     return status.Status(code, f"pod does not fit on {name}", tuple(reasons))
