@@ -1,0 +1,292 @@
+"""Request formats of other GPU-sharing systems, translated into sharegpu's canonical form.
+
+Pure functions over a pod manifest (a dict): no I/O. `translate(pod)` returns the canonical pod and
+one audit line per translation, or raises InvalidRequestError with a message a person can act on.
+The table of formats is in docs/admission.md; every row has a test.
+
+Canonical form (see sharegpu.kube.objects): whole GPUs stay `nvidia.com/gpu: N` (the NVIDIA device
+plugin hands them over); shares become `sharegpu.io/gpu: N`, `sharegpu.io/gpu-milli: M` and
+`sharegpu.io/gpu-memory: MiB`, with the burst limit, memory ratio, models and co-tenancy rules as
+`sharegpu.io/*` pod annotations. A share that states only memory (Aliyun, HAMi without gpucores,
+KubeShare without gpu_request) gets the smallest compute guarantee (1 milli) and may burst to the
+whole GPU, which is what those systems do.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from decimal import Decimal
+from typing import Any
+
+from sharegpu.core import errors, units
+from sharegpu.kube import objects
+
+Json = dict[str, Any]
+
+KOORD_CORE = ("koordinator.sh/gpu-core", "kubernetes.io/gpu-core")
+KOORD_RATIO = ("koordinator.sh/gpu-memory-ratio", "kubernetes.io/gpu-memory-ratio")
+KOORD_MEMORY = ("koordinator.sh/gpu-memory", "kubernetes.io/gpu-memory")
+KOORD_SHARED = "koordinator.sh/gpu-shared"
+KOORD_GPU = "kubernetes.io/gpu"
+ALIYUN_MEMORY = "aliyun.com/gpu-mem"
+TKE_CORE = "tencent.com/vcuda-core"
+TKE_MEMORY = "tencent.com/vcuda-memory"
+HAMI_MEMORY = "nvidia.com/gpumem"
+HAMI_MEMORY_PERCENT = "nvidia.com/gpumem-percentage"
+HAMI_CORES = "nvidia.com/gpucores"
+NATIVE = (objects.GPU, objects.GPU_MILLI, objects.GPU_MEMORY)
+
+FORMATS: dict[str, tuple[str, ...]] = {
+    "sharegpu": NATIVE,
+    "koordinator": (*KOORD_CORE, *KOORD_RATIO, *KOORD_MEMORY, KOORD_SHARED, KOORD_GPU),
+    "aliyun": (ALIYUN_MEMORY,),
+    "tkestack": (TKE_CORE, TKE_MEMORY),
+    "hami": (HAMI_MEMORY, HAMI_MEMORY_PERCENT, HAMI_CORES),
+}
+KUBESHARE_REQUEST = "kubeshare/gpu_request"
+KUBESHARE_LIMIT = "kubeshare/gpu_limit"
+KUBESHARE_MEMORY = "kubeshare/gpu_mem"
+KUBESHARE_RULES = {
+    "kubeshare/sched_affinity": objects.ANNOTATION_AFFINITY,
+    "kubeshare/sched_anti-affinity": objects.ANNOTATION_ANTI_AFFINITY,
+    "kubeshare/sched_exclusion": objects.ANNOTATION_EXCLUSION,
+    "kubeshare/GPUID": objects.ANNOTATION_GROUP,
+}
+KUBESHARE_KEYS = (KUBESHARE_REQUEST, KUBESHARE_LIMIT, KUBESHARE_MEMORY)
+
+
+def _number(value: Any, what: str) -> Decimal:
+    try:
+        return objects.quantity(value)
+    except errors.InvalidInputError:
+        raise errors.InvalidRequestError(f"{what} must be a number, got {value!r}") from None
+
+
+def _integer(value: Any, what: str, low: int, high: int) -> int:
+    number = _number(value, what)
+    if number != number.to_integral_value() or not low <= number <= high:
+        raise errors.InvalidRequestError(f"{what} must be an integer in {low}..{high}, got {value!r}")
+    return int(number)
+
+
+class _Share:
+    """What one container asks for, as translated: count, per-GPU compute, memory, memory ratio."""
+
+    def __init__(self) -> None:
+        self.count = 1
+        self.milli: int | None = None
+        self.memory_mib = 0
+        self.permille = 0
+        self.whole = False
+
+
+def _percent_gpus(value: Any, key: str) -> tuple[int, int | None]:
+    """Koordinator / tkestack percent convention: 1..100 of one GPU, or 100*k for k whole GPUs."""
+    percent = _integer(value, key, 1, 100 * units.MAX_GPUS_PER_NODE)
+    if percent > 100:
+        if percent % 100:
+            raise errors.InvalidRequestError(f"{key} above 100 must be a multiple of 100 (whole GPUs), got {percent}")
+        return percent // 100, None
+    return 1, percent
+
+
+def _koordinator(res: Json) -> _Share:
+    share = _Share()
+    core = next(((k, res[k]) for k in KOORD_CORE if k in res), None)
+    ratio = next(((k, res[k]) for k in KOORD_RATIO if k in res), None)
+    memory = next(((k, res[k]) for k in KOORD_MEMORY if k in res), None)
+    if KOORD_GPU in res:
+        if core or ratio:
+            raise errors.InvalidRequestError(
+                f"{KOORD_GPU} already sets compute and memory; drop gpu-core/gpu-memory-ratio"
+            )
+        core = ratio = (KOORD_GPU, res[KOORD_GPU])
+    if core:
+        count, percent = _percent_gpus(core[1], core[0])
+        share.count = count
+        share.whole = percent is None or percent == 100
+        share.milli = None if share.whole else percent * 10  # type: ignore[operator]
+    if ratio and not share.whole:
+        count, percent = _percent_gpus(ratio[1], ratio[0])
+        if core and count != share.count:
+            raise errors.InvalidRequestError(f"{core[0]} and {ratio[0]} ask for different numbers of GPUs")
+        share.count = count
+        if percent is None or (percent == 100 and share.milli is None):
+            share.whole = True
+        else:
+            share.permille = percent * 10
+    if memory and not share.whole:
+        share.memory_mib = math.ceil(_number(memory[1], memory[0]) / (2**20))
+    if KOORD_SHARED in res:
+        share.count = _integer(res[KOORD_SHARED], KOORD_SHARED, 1, units.MAX_GPUS_PER_NODE)
+    if share.permille and share.memory_mib:
+        raise errors.InvalidRequestError(f"give GPU memory as {ratio[0] if ratio else 'a ratio'} or as bytes, not both")
+    return share
+
+
+def _tkestack(res: Json) -> _Share:
+    share = _Share()
+    if TKE_CORE in res:
+        count, percent = _percent_gpus(res[TKE_CORE], TKE_CORE)
+        if percent is not None and percent > 99:
+            share.whole = True
+        elif percent is None:
+            share.count, share.whole = count, True
+        else:
+            share.milli = percent * 10
+    if TKE_MEMORY in res and not share.whole:
+        share.memory_mib = 256 * _integer(res[TKE_MEMORY], f"{TKE_MEMORY} (256 MiB units)", 1, 1 << 20)
+    return share
+
+
+def _hami(res: Json) -> _Share:
+    share = _Share()
+    if objects.NVIDIA_GPU in res:
+        share.count = _integer(res[objects.NVIDIA_GPU], objects.NVIDIA_GPU, 1, units.MAX_GPUS_PER_NODE)
+    if HAMI_CORES in res:
+        cores = _integer(res[HAMI_CORES], HAMI_CORES, 0, 100)
+        share.milli = max(1, cores * 10)
+        share.whole = cores == 100 and HAMI_MEMORY not in res and HAMI_MEMORY_PERCENT not in res
+    if HAMI_MEMORY in res and HAMI_MEMORY_PERCENT in res:
+        raise errors.InvalidRequestError(f"give {HAMI_MEMORY} or {HAMI_MEMORY_PERCENT}, not both")
+    if HAMI_MEMORY in res:
+        share.memory_mib = _integer(res[HAMI_MEMORY], f"{HAMI_MEMORY} (MiB)", 1, 1 << 30)
+    if HAMI_MEMORY_PERCENT in res:
+        share.permille = 10 * _integer(res[HAMI_MEMORY_PERCENT], HAMI_MEMORY_PERCENT, 1, 100)
+    if share.whole:
+        share.milli = None
+    return share
+
+
+def _kubeshare(notes: Json) -> tuple[_Share, int | None]:
+    share = _Share()
+    limit: int | None = None
+    if KUBESHARE_REQUEST in notes:
+        request = _number(notes[KUBESHARE_REQUEST], KUBESHARE_REQUEST)
+        if not 0 < request <= 1:
+            raise errors.InvalidRequestError(f"{KUBESHARE_REQUEST} must be in (0, 1], got {notes[KUBESHARE_REQUEST]!r}")
+        share.milli = max(1, int((request * 1000).to_integral_value()))
+        share.whole = share.milli == units.MILLI_PER_GPU and KUBESHARE_MEMORY not in notes
+    if KUBESHARE_LIMIT in notes:
+        value = _number(notes[KUBESHARE_LIMIT], KUBESHARE_LIMIT)
+        if not 0 < value <= 1:
+            raise errors.InvalidRequestError(f"{KUBESHARE_LIMIT} must be in (0, 1], got {notes[KUBESHARE_LIMIT]!r}")
+        limit = int((value * 1000).to_integral_value())
+        if share.milli is not None and limit < share.milli:
+            raise errors.InvalidRequestError(
+                f"{KUBESHARE_LIMIT} ({notes[KUBESHARE_LIMIT]}) must not be below {KUBESHARE_REQUEST} "
+                f"({notes[KUBESHARE_REQUEST]})"
+            )
+    if KUBESHARE_MEMORY in notes:
+        share.memory_mib = math.ceil(
+            _integer(notes[KUBESHARE_MEMORY], f"{KUBESHARE_MEMORY} (bytes)", 1, 1 << 50) / 2**20
+        )
+    return share, limit
+
+
+def _formats_in(res: Json) -> list[str]:
+    return [name for name, keys in FORMATS.items() if any(k in res for k in keys)]
+
+
+def _resources(container: Json) -> tuple[Json, Json]:
+    resources = container.setdefault("resources", {})
+    return resources.setdefault("limits", {}), resources.setdefault("requests", {})
+
+
+def _write(container: Json, share: _Share) -> str:
+    """Replace the container's GPU resources by the canonical ones; returns what was written."""
+    limits, requests = _resources(container)
+    if share.whole:
+        canonical = {objects.NVIDIA_GPU: str(share.count)}
+    else:
+        canonical = {objects.GPU: str(share.count), objects.GPU_MILLI: str(share.milli or 1)}
+        if share.memory_mib:
+            canonical[objects.GPU_MEMORY] = str(share.memory_mib)
+    for table in (limits, requests):
+        for keys in FORMATS.values():
+            for key in keys:
+                table.pop(key, None)
+        table.pop(objects.NVIDIA_GPU, None)
+        table.update(canonical)
+    return ", ".join(f"{k}={v}" for k, v in canonical.items())
+
+
+def translate(pod: Json) -> tuple[Json, list[str]]:
+    """The canonical pod and what was translated; InvalidRequestError for what cannot be."""
+    out = copy.deepcopy(pod)
+    meta = out.setdefault("metadata", {})
+    notes = meta.setdefault("annotations", {}) or {}
+    meta["annotations"] = notes
+    spec = out.setdefault("spec", {})
+    audit: list[str] = []
+    kubeshare = any(k in notes for k in (*KUBESHARE_KEYS, *KUBESHARE_RULES))
+    permille: set[int] = set()
+    containers = [("initContainers", c) for c in spec.get("initContainers") or []] + [
+        ("containers", c) for c in spec.get("containers") or []
+    ]
+    for position, (_, container) in enumerate(containers):
+        name = container.get("name", f"#{position}")
+        res = {**((container.get("resources") or {}).get("requests") or {}),
+               **((container.get("resources") or {}).get("limits") or {})}  # fmt: skip
+        formats = _formats_in(res)
+        hami = "hami" in formats
+        if len(formats) > 1:
+            raise errors.InvalidRequestError(
+                f"container {name} mixes GPU request formats ({', '.join(formats)}); use one"
+            )
+        try:
+            if not formats or formats == ["sharegpu"]:
+                continue
+            fmt = formats[0]
+            share = _READERS[fmt](res)
+            if not hami and objects.NVIDIA_GPU in res:
+                raise errors.InvalidRequestError(f"{objects.NVIDIA_GPU} cannot be combined with {fmt} resources")
+        except errors.InvalidRequestError as exc:
+            raise errors.InvalidRequestError(f"container {name}: {exc}") from None
+        if share.permille:
+            permille.add(share.permille)
+        before = ", ".join(f"{k}={res[k]}" for keys in FORMATS.values() for k in keys if k in res)
+        if hami and objects.NVIDIA_GPU in res:
+            before = f"{objects.NVIDIA_GPU}={res[objects.NVIDIA_GPU]}, {before}"
+        audit.append(f"{name}: {before} -> {_write(container, share)}")
+    if kubeshare:
+        share, limit = _kubeshare(notes)
+        gpu_containers = [c for _, c in containers if _formats_in(_merged(c)) or objects.NVIDIA_GPU in _merged(c)]
+        if gpu_containers and (KUBESHARE_REQUEST in notes or KUBESHARE_MEMORY in notes):
+            raise errors.InvalidRequestError(
+                "KubeShare annotations and GPU resources on containers both ask for GPUs; use one format"
+            )
+        if KUBESHARE_REQUEST in notes or KUBESHARE_MEMORY in notes:
+            target = next((c for kind, c in containers if kind == "containers"), None)
+            if target is None:
+                raise errors.InvalidRequestError("a KubeShare pod needs at least one container")
+            written = _write(target, share)
+            audit.append(f"{target.get('name')}: KubeShare annotations -> {written}")
+            if limit is not None and not share.whole:
+                notes[objects.ANNOTATION_LIMIT] = str(limit)
+        for source, target_key in KUBESHARE_RULES.items():
+            if source in notes:
+                if target_key in notes and notes[target_key] != notes[source]:
+                    raise errors.InvalidRequestError(f"{source} and {target_key} disagree")
+                notes[target_key] = notes[source]
+                audit.append(f"pod: {source}={notes[source]} -> {target_key}")
+    if permille:
+        if len(permille) > 1:
+            raise errors.InvalidRequestError("containers of one pod ask for different GPU memory ratios")
+        notes[objects.ANNOTATION_MEMORY_PERMILLE] = str(permille.pop())
+    return out, audit
+
+
+def _aliyun(res: Json) -> _Share:
+    share = _Share()
+    share.memory_mib = 1024 * _integer(res[ALIYUN_MEMORY], f"{ALIYUN_MEMORY} (GiB)", 1, 1 << 20)
+    return share
+
+
+def _merged(container: Json) -> Json:
+    resources = container.get("resources") or {}
+    return {**(resources.get("requests") or {}), **(resources.get("limits") or {})}
+
+
+_READERS = {"koordinator": _koordinator, "aliyun": _aliyun, "tkestack": _tkestack, "hami": _hami}

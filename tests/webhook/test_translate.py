@@ -1,0 +1,107 @@
+"""Every request format the webhook accepts, translated into the canonical form (docs/admission.md)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from sharegpu.core import errors
+from sharegpu.kube import objects
+from sharegpu.webhook import translate
+
+Json = dict[str, Any]
+
+
+def pod(limits: dict[str, str] | None = None, annotations: dict[str, str] | None = None) -> Json:
+    return {
+        "metadata": {"name": "p", "namespace": "ns", "annotations": dict(annotations or {})},
+        "spec": {"containers": [{"name": "main", "resources": {"limits": dict(limits or {})}}]},
+    }
+
+
+def gpu_limits(out: Json) -> dict[str, str]:
+    limits = out["spec"]["containers"][0]["resources"]["limits"]
+    return {k: v for k, v in limits.items() if "gpu" in k or "vcuda" in k}
+
+
+ROWS = [
+    # (format, limits, annotations, canonical GPU limits, canonical annotations)
+    ("sharegpu", {objects.GPU: "1", objects.GPU_MILLI: "300"}, {}, {objects.GPU: "1", objects.GPU_MILLI: "300"}, {}),
+    ("nvidia whole", {"nvidia.com/gpu": "2"}, {}, {"nvidia.com/gpu": "2"}, {}),
+    ("koordinator core+ratio", {"koordinator.sh/gpu-core": "50", "koordinator.sh/gpu-memory-ratio": "50"}, {},
+     {objects.GPU: "1", objects.GPU_MILLI: "500"}, {objects.ANNOTATION_MEMORY_PERMILLE: "500"}),
+    ("koordinator core+bytes", {"koordinator.sh/gpu-core": "25", "koordinator.sh/gpu-memory": "8Gi"}, {},
+     {objects.GPU: "1", objects.GPU_MILLI: "250", objects.GPU_MEMORY: "8192"}, {}),
+    ("koordinator shared", {"koordinator.sh/gpu-shared": "2", "koordinator.sh/gpu-core": "30",
+                            "koordinator.sh/gpu-memory-ratio": "30"}, {},
+     {objects.GPU: "2", objects.GPU_MILLI: "300"}, {objects.ANNOTATION_MEMORY_PERMILLE: "300"}),
+    ("koordinator whole", {"koordinator.sh/gpu-core": "200", "koordinator.sh/gpu-memory-ratio": "200"}, {},
+     {"nvidia.com/gpu": "2"}, {}),
+    ("kubernetes.io/gpu", {"kubernetes.io/gpu": "50"}, {},
+     {objects.GPU: "1", objects.GPU_MILLI: "500"}, {objects.ANNOTATION_MEMORY_PERMILLE: "500"}),
+    ("kubernetes.io/gpu whole", {"kubernetes.io/gpu": "100"}, {}, {"nvidia.com/gpu": "1"}, {}),
+    ("kubernetes.io/gpu-core+memory", {"kubernetes.io/gpu-core": "40", "kubernetes.io/gpu-memory": "4Gi"}, {},
+     {objects.GPU: "1", objects.GPU_MILLI: "400", objects.GPU_MEMORY: "4096"}, {}),
+    ("kubernetes.io/gpu-memory-ratio", {"kubernetes.io/gpu-memory-ratio": "25"}, {},
+     {objects.GPU: "1", objects.GPU_MILLI: "1"}, {objects.ANNOTATION_MEMORY_PERMILLE: "250"}),
+    ("aliyun", {"aliyun.com/gpu-mem": "3"}, {},
+     {objects.GPU: "1", objects.GPU_MILLI: "1", objects.GPU_MEMORY: "3072"}, {}),
+    ("tkestack share", {"tencent.com/vcuda-core": "30", "tencent.com/vcuda-memory": "8"}, {},
+     {objects.GPU: "1", objects.GPU_MILLI: "300", objects.GPU_MEMORY: "2048"}, {}),
+    ("tkestack whole", {"tencent.com/vcuda-core": "200", "tencent.com/vcuda-memory": "60"}, {},
+     {"nvidia.com/gpu": "2"}, {}),
+    ("hami", {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "3000", "nvidia.com/gpucores": "30"}, {},
+     {objects.GPU: "1", objects.GPU_MILLI: "300", objects.GPU_MEMORY: "3000"}, {}),
+    ("hami memory percentage", {"nvidia.com/gpu": "2", "nvidia.com/gpumem-percentage": "50"}, {},
+     {objects.GPU: "2", objects.GPU_MILLI: "1"}, {objects.ANNOTATION_MEMORY_PERMILLE: "500"}),
+    ("kubeshare", {}, {"kubeshare/gpu_request": "0.5", "kubeshare/gpu_limit": "1.0", "kubeshare/gpu_mem": "2147483648",
+                       "kubeshare/sched_affinity": "red", "kubeshare/sched_anti-affinity": "blue",
+                       "kubeshare/sched_exclusion": "green", "kubeshare/GPUID": "g1"},
+     {objects.GPU: "1", objects.GPU_MILLI: "500", objects.GPU_MEMORY: "2048"},
+     {objects.ANNOTATION_LIMIT: "1000", objects.ANNOTATION_AFFINITY: "red", objects.ANNOTATION_ANTI_AFFINITY: "blue",
+      objects.ANNOTATION_EXCLUSION: "green", objects.ANNOTATION_GROUP: "g1"}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("fmt", "limits", "notes", "canonical", "canonical_notes"), ROWS, ids=[r[0] for r in ROWS])
+def test_formats_translate(
+    fmt: str, limits: dict[str, str], notes: dict[str, str], canonical: dict[str, str], canonical_notes: dict[str, str]
+) -> None:
+    out, audit = translate.translate(pod(limits, notes))
+    assert gpu_limits(out) == canonical
+    if audit:  # translated: requests carry the same canonical resources as limits
+        requests = out["spec"]["containers"][0]["resources"]["requests"]
+        assert {k: v for k, v in requests.items() if k in canonical} == canonical
+    for key, value in canonical_notes.items():
+        assert out["metadata"]["annotations"][key] == value
+    objects.pod_request(out)  # the result is a valid canonical request
+    assert bool(audit) == (fmt not in ("sharegpu", "nvidia whole"))
+
+
+@pytest.mark.parametrize(
+    ("limits", "notes", "message"),
+    [
+        ({"koordinator.sh/gpu-core": "150"}, {}, "above 100 must be a multiple of 100"),
+        ({"koordinator.sh/gpu-core": "50", "tencent.com/vcuda-core": "50"}, {}, "mixes GPU request formats"),
+        ({"tencent.com/vcuda-core": "abc"}, {}, "must be a number"),
+        ({"nvidia.com/gpumem": "100", "nvidia.com/gpumem-percentage": "10"}, {}, "not both"),
+        ({"aliyun.com/gpu-mem": "0"}, {}, "aliyun.com/gpu-mem \\(GiB\\) must be an integer in 1.."),
+        ({}, {"kubeshare/gpu_request": "1.5"}, "must be in \\(0, 1\\]"),
+        ({}, {"kubeshare/gpu_request": "0.6", "kubeshare/gpu_limit": "0.4"}, "must not be below"),
+        ({objects.GPU_MILLI: "300"}, {"kubeshare/gpu_request": "0.5"}, "use one format"),
+        ({"koordinator.sh/gpu-core": "50", "nvidia.com/gpu": "1"}, {}, "cannot be combined"),
+    ],
+)
+def test_malformed_requests_are_refused_with_a_message(
+    limits: dict[str, str], notes: dict[str, str], message: str
+) -> None:
+    with pytest.raises(errors.InvalidRequestError, match=message):
+        translate.translate(pod(limits, notes))
+
+
+def test_translation_names_the_container_and_leaves_the_input_alone() -> None:
+    original = pod({"koordinator.sh/gpu-core": "250"})
+    with pytest.raises(errors.InvalidRequestError, match="container main: "):
+        translate.translate(original)
+    assert original["spec"]["containers"][0]["resources"]["limits"] == {"koordinator.sh/gpu-core": "250"}
