@@ -250,6 +250,63 @@ def reserve(
 
 
 @app.command()
+def webhook(
+    cert: Annotated[Path | None, typer.Option(help="Serving certificate (PEM); re-read when it changes.")] = None,
+    key: Annotated[Path | None, typer.Option(help="Serving key (PEM).")] = None,
+    bootstrap: Annotated[
+        Path | None,
+        typer.Option(
+            help="Folder: make a CA and serving certificate there and write the CA bundle "
+            "into the webhook configurations."
+        ),
+    ] = None,
+    url: Annotated[str | None, typer.Option(help="With --bootstrap: register the webhooks at this https URL.")] = None,
+    dns_name: Annotated[list[str] | None, typer.Option(help="With --bootstrap: DNS names for the certificate.")] = None,
+    kubeconfig: Annotated[str | None, typer.Option(help="kubeconfig (Device inventory, bootstrap).")] = None,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "0.0.0.0",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8443,
+    system_user: Annotated[
+        list[str] | None, typer.Option(help="Users allowed to set what only sharegpu may set (repeat).")
+    ] = None,
+    skip_namespace: Annotated[list[str] | None, typer.Option(help="Namespaces left alone (repeat).")] = None,
+    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
+) -> None:
+    """Run the admission webhook: translate GPU requests, add the hand-off, validate, guard."""
+    from sharegpu.kube import objects as kube_objects
+    from sharegpu.webhook import admission, certs
+    from sharegpu.webhook import config as webhook_config
+    from sharegpu.webhook import server as webhook_server
+
+    _logging(log_level)
+    policy = admission.Policy()
+    if system_user:
+        policy.system_users = frozenset(system_user)
+    if skip_namespace:
+        policy.skip_namespaces = frozenset(skip_namespace)
+    if bootstrap is None and (cert is None or key is None):
+        raise _fail(UsageError("give --cert and --key, or --bootstrap FOLDER"))
+
+    async def run() -> None:
+        nonlocal cert, key
+        if bootstrap is not None:
+            from sharegpu.kube import client as kube_client
+
+            ca_cert, ca_key = certs.new_ca("sharegpu-webhook-ca")
+            names = tuple(dns_name or [f"sharegpu-webhook.{kube_objects.SYSTEM_NAMESPACE}.svc"])
+            cert, key = certs.write_serving_pair(bootstrap, ca_cert, ca_key, names)
+            (bootstrap / "ca.crt").write_bytes(certs.pem(ca_cert))
+            async with await kube_client.KubeClient.connect(kubeconfig) as kube:
+                if url:
+                    await webhook_config.install(kube, url, certs.pem(ca_cert))
+                else:
+                    await webhook_config.set_ca_bundle(kube, certs.pem(ca_cert))
+        assert cert is not None and key is not None
+        await webhook_server.serve(host, port, cert, key, policy, kubeconfig)
+
+    asyncio.run(run())
+
+
+@app.command()
 def devcluster(
     nodes: Annotated[int, typer.Option(help="Fake GPU nodes to create.")] = 4,
     gpus: Annotated[int, typer.Option(help="GPUs per node.")] = 4,

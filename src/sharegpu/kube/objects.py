@@ -158,6 +158,11 @@ def pod_request(pod: dict[str, Any]) -> requests.PodRequest:
             name = str(container.get("name", ""))
             gpu: requests.GpuRequest | None = None
             try:
+                if NVIDIA_GPU in res and any(k in res for k in MANAGED_RESOURCES):
+                    raise errors.InvalidRequestError(
+                        f"{NVIDIA_GPU} asks for whole GPUs; it cannot be combined with a share "
+                        f"({', '.join(k for k in MANAGED_RESOURCES if k in res)})"
+                    )
                 if NVIDIA_GPU in res:
                     count = whole_number(res[NVIDIA_GPU], NVIDIA_GPU, 0, units.MAX_GPUS_PER_NODE)
                     if count:
@@ -173,7 +178,7 @@ def pod_request(pod: dict[str, Any]) -> requests.PodRequest:
                             limit_milli=None
                             if whole or limit is None
                             else whole_number(limit, ANNOTATION_LIMIT, 1, 1000),
-                            memory_mib=0 if whole else whole_number(res.get(GPU_MEMORY, 0), GPU_MEMORY, 0, 1 << 30),
+                            memory_mib=whole_number(res.get(GPU_MEMORY, 0), GPU_MEMORY, 0, 1 << 30),
                             memory_permille=0
                             if whole or permille is None
                             else whole_number(permille, ANNOTATION_MEMORY_PERMILLE, 1, 1000),

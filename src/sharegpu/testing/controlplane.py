@@ -24,7 +24,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sharegpu.testing import certs
+from sharegpu.webhook import certs
 
 K8S_VERSION = "1.20.2"
 REPO_ROOT = Path(__file__).resolve().parents[3]

@@ -252,7 +252,9 @@ def translate(pod: Json) -> tuple[Json, list[str]]:
         audit.append(f"{name}: {before} -> {_write(container, share)}")
     if kubeshare:
         share, limit = _kubeshare(notes)
-        gpu_containers = [c for _, c in containers if _formats_in(_merged(c)) or objects.NVIDIA_GPU in _merged(c)]
+        gpu_containers = [
+            c for _, c in containers if _formats_in(merged_resources(c)) or objects.NVIDIA_GPU in merged_resources(c)
+        ]
         if gpu_containers and (KUBESHARE_REQUEST in notes or KUBESHARE_MEMORY in notes):
             raise errors.InvalidRequestError(
                 "KubeShare annotations and GPU resources on containers both ask for GPUs; use one format"
@@ -284,7 +286,7 @@ def _aliyun(res: Json) -> _Share:
     return share
 
 
-def _merged(container: Json) -> Json:
+def merged_resources(container: Json) -> Json:
     resources = container.get("resources") or {}
     return {**(resources.get("requests") or {}), **(resources.get("limits") or {})}
 

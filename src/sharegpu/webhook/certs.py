@@ -1,5 +1,5 @@
-"""Certificates and keys for a local control plane (a private CA, a serving certificate for
-127.0.0.1, and the service-account signing key)."""
+"""Certificates and keys: a private CA and serving certificates (the webhook's bootstrap mode and the
+local test control plane), and the service-account signing key of the test control plane."""
 
 from __future__ import annotations
 
@@ -36,9 +36,13 @@ def _name(common: str) -> x509.Name:
 
 
 def issue_serving(
-    ca_cert: x509.Certificate, ca_key: ec.EllipticCurvePrivateKey, common: str, days: int = 30
+    ca_cert: x509.Certificate,
+    ca_key: ec.EllipticCurvePrivateKey,
+    common: str,
+    days: int = 30,
+    dns_names: tuple[str, ...] = (),
 ) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
-    """A serving certificate for 127.0.0.1 and localhost, signed by the CA."""
+    """A serving certificate for 127.0.0.1, localhost and `dns_names`, signed by the CA."""
     now = datetime.datetime.now(datetime.UTC)
     key = ec.generate_private_key(ec.SECP256R1())
     cert = (
@@ -93,3 +97,43 @@ def make_bundle(folder: Path) -> Bundle:
         sa_key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
     )
     return bundle
+
+
+def pem(cert: x509.Certificate) -> bytes:
+    return cert.public_bytes(serialization.Encoding.PEM)
+
+
+def new_ca(common: str = "sharegpu-ca", days: int = 365) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    now = datetime.datetime.now(datetime.UTC)
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(_name(common))
+        .issuer_name(_name(common))
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=days))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    return cert, key
+
+
+def write_serving_pair(
+    folder: Path, ca_cert: x509.Certificate, ca_key: ec.EllipticCurvePrivateKey, dns_names: tuple[str, ...] = ()
+) -> tuple[Path, Path]:
+    """tls.crt and tls.key in `folder` for a fresh serving certificate; written atomically (rename)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    cert, key = issue_serving(ca_cert, ca_key, "sharegpu-webhook", days=365, dns_names=dns_names)
+    cert_path, key_path = folder / "tls.crt", folder / "tls.key"
+    for path, data in (
+        (key_path, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                     serialization.NoEncryption())),
+        (cert_path, pem(cert)),
+    ):  # fmt: skip
+        temporary = path.with_suffix(".tmp")
+        temporary.write_bytes(data)
+        temporary.chmod(0o600)
+        temporary.replace(path)
+    return cert_path, key_path

@@ -1,0 +1,264 @@
+"""The admission webhook registered on the real kube-apiserver (clientConfig.url on 127.0.0.1, real TLS)."""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sharegpu.kube import client, objects
+from sharegpu.kube import errors as kube_errors
+from sharegpu.testing import controlplane, stack
+from sharegpu.webhook import admission, certs, server
+from sharegpu.webhook import config as webhook_config
+from tests.webhook.test_translate import ROWS
+
+Json = dict[str, Any]
+
+
+class RunningWebhook:
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.ca_cert, self.ca_key = certs.new_ca("test-webhook-ca")
+        self.cert, self.key = certs.write_serving_pair(folder, self.ca_cert, self.ca_key)
+        self.port = controlplane.free_port()
+        self.policy = admission.Policy(system_users=frozenset({"sharegpu-extender"}))
+
+    @property
+    def url(self) -> str:
+        return f"https://127.0.0.1:{self.port}"
+
+    async def served_certificate(self) -> bytes:
+        """The certificate a fresh TLS connection is served (verified against the test CA)."""
+        context = ssl.create_default_context(cadata=certs.pem(self.ca_cert).decode())
+        _, writer = await asyncio.open_connection("127.0.0.1", self.port, ssl=context)
+        der = writer.get_extra_info("ssl_object").getpeercert(binary_form=True)
+        writer.close()
+        await writer.wait_closed()
+        assert der is not None
+        return bytes(der)
+
+
+@pytest.fixture(scope="module")
+async def webhook(
+    admin: client.KubeClient,
+    system: None,
+    control_plane: controlplane.ControlPlane,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> AsyncIterator[RunningWebhook]:
+    hook = RunningWebhook(tmp_path_factory.mktemp("webhook"))
+    ready = asyncio.Event()
+    task = asyncio.create_task(
+        server.serve("127.0.0.1", hook.port, hook.cert, hook.key, hook.policy,
+                     str(control_plane.kubeconfig("admin")), ready)
+    )  # fmt: skip
+    await ready.wait()
+    for namespace in ("kube-system", objects.SYSTEM_NAMESPACE):
+        await admin.patch(
+            f"/api/v1/namespaces/{namespace}", {"metadata": {"labels": {webhook_config.SKIP_LABEL: "skip"}}}
+        )
+    await webhook_config.install(admin, hook.url, certs.pem(hook.ca_cert))
+    await asyncio.sleep(1.5)  # the API server picks up new webhook configurations asynchronously
+    yield hook
+    await webhook_config.uninstall(admin)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+
+
+def bare_pod(name: str, limits: dict[str, str], annotations: dict[str, str] | None = None) -> Json:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "annotations": dict(annotations or {})},
+        "spec": {
+            "nodeSelector": {"sharegpu.io/test": "nowhere"},  # stays Pending: admission is what is tested
+            "containers": [{"name": "main", "image": "busybox", "resources": {"limits": dict(limits)}}],
+        },
+    }
+
+
+@pytest.mark.parametrize(("fmt", "limits", "notes", "canonical", "canonical_notes"), ROWS, ids=[r[0] for r in ROWS])
+async def test_every_format_is_stored_in_canonical_form(
+    admin: client.KubeClient, webhook: RunningWebhook, namespace: str,
+    fmt: str, limits: dict[str, str], notes: dict[str, str], canonical: dict[str, str], canonical_notes: dict[str, str],
+) -> None:  # fmt: skip
+    name = f"fmt-{uuid.uuid4().hex[:6]}"
+    stored = await admin.create(f"/api/v1/namespaces/{namespace}/pods", bare_pod(name, limits, notes))
+    stored = await admin.get(f"/api/v1/namespaces/{namespace}/pods/{name}")
+    container = stored["spec"]["containers"][0]
+    gpu_limits = {k: v for k, v in container["resources"]["limits"].items() if k not in ("cpu", "memory")}
+    # The API server normalises quantities ("3000" is stored as "3k"): compare values.
+    assert {k: objects.quantity(v) for k, v in gpu_limits.items()} == {
+        k: objects.quantity(v) for k, v in canonical.items()
+    }
+    stored_notes = stored["metadata"].get("annotations") or {}
+    for key, value in canonical_notes.items():
+        assert stored_notes[key] == value
+    assert stored["spec"]["schedulerName"] == objects.SCHEDULER_NAME
+    if fmt not in ("sharegpu", "nvidia whole"):
+        assert admission.ANNOTATION_TRANSLATED in stored_notes
+    sharing = objects.pod_request(stored).demand.sharing
+    handoff = stored_notes.get(objects.ANNOTATION_HANDOFF)
+    assert bool(handoff) == sharing
+    if sharing:
+        refs = {e["name"]: e["valueFrom"]["configMapKeyRef"] for e in container.get("env", [])}
+        assert refs["NVIDIA_VISIBLE_DEVICES"] == {
+            "name": handoff,
+            "key": "main.NVIDIA_VISIBLE_DEVICES",
+            "optional": False,
+        }
+        assert "CUDA_DEVICE_SM_LIMIT" in refs
+
+
+@pytest.mark.parametrize(
+    ("limits", "notes", "message"),
+    [
+        ({objects.GPU: "1", objects.GPU_MILLI: "1500"}, {}, "sharegpu.io/gpu-milli must be an integer in 1..1000"),
+        ({"koordinator.sh/gpu-core": "150"}, {}, "above 100 must be a multiple of 100"),
+        ({objects.GPU: "1", objects.GPU_MILLI: "500"}, {objects.ANNOTATION_LIMIT: "300"}, "request (500) <= limit"),
+        ({"tencent.com/vcuda-core": "50", "aliyun.com/gpu-mem": "2"}, {}, "mixes GPU request formats"),
+        ({objects.GPU: "2", objects.GPU_MILLI: "1000", objects.GPU_MEMORY: "100"}, {}, "whole-GPU request gets all"),
+        ({"nvidia.com/gpu": "2", objects.GPU_MILLI: "500"}, {}, "cannot be combined with a share"),
+        ({objects.GPU: "1", objects.GPU_MILLI: "500"}, {objects.ANNOTATION_AFFINITY: ""}, "co-tenancy affinity label"),
+    ],
+)  # fmt: skip
+async def test_malformed_requests_are_refused_with_the_webhook_message(
+    admin: client.KubeClient, webhook: RunningWebhook, namespace: str, limits: dict[str, str], notes: dict[str, str],
+    message: str,
+) -> None:  # fmt: skip
+    with pytest.raises(kube_errors.ApiError) as refused:
+        await admin.create(f"/api/v1/namespaces/{namespace}/pods", bare_pod("bad", limits, notes))
+    assert message in refused.value.message
+
+
+async def test_memory_larger_than_any_gpu_in_the_inventory_is_refused(
+    admin: client.KubeClient, webhook: RunningWebhook, nodes: Any, namespace: str
+) -> None:
+    await nodes(1, gpus=1, model="L4", memory=24576)
+    for _ in range(50):  # the webhook follows the Device inventory through a watch
+        if webhook.policy.largest_gpu_memory_mib:
+            break
+        await asyncio.sleep(0.1)
+    largest = webhook.policy.largest_gpu_memory_mib
+    assert largest is not None
+    limits = {objects.GPU: "1", objects.GPU_MILLI: "500", objects.GPU_MEMORY: str(largest + 1)}
+    with pytest.raises(kube_errors.ApiError) as refused:
+        await admin.create(f"/api/v1/namespaces/{namespace}/pods", bare_pod("too-big", limits))
+    assert f"the largest GPU in the cluster has {largest} MiB" in refused.value.message
+
+
+async def _as_tenant(control_plane: controlplane.ControlPlane, admin: client.KubeClient, namespace: str,
+                     user: str) -> client.KubeClient:  # fmt: skip
+    role = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": {"name": f"pods-{user}", "namespace": namespace},
+        "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "update", "patch", "get"]}],
+    }
+    binding = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+               "metadata": {"name": f"pods-{user}", "namespace": namespace},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": f"pods-{user}"},
+               "subjects": [{"kind": "User", "name": user, "apiGroup": "rbac.authorization.k8s.io"}]}  # fmt: skip
+    await stack.apply(admin, role)
+    await stack.apply(admin, binding)
+    await asyncio.sleep(0.5)
+    return stack.kube_for(control_plane, user)
+
+
+SHARE = {objects.GPU: "1", objects.GPU_MILLI: "250"}
+
+
+def _with_env(pod: Json, env: list[Json]) -> Json:
+    pod["spec"]["containers"][0]["env"] = env
+    return pod
+
+
+@pytest.mark.parametrize(
+    ("case", "manifest", "message"),
+    [
+        ("allocation annotation", bare_pod("g1", SHARE, {objects.ANNOTATION_ALLOCATION: '{"version": 1}'}),
+         "annotation sharegpu.io/allocation is set by sharegpu only"),
+        ("visible devices", _with_env(bare_pod("g2", SHARE), [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]),
+         "NVIDIA_VISIBLE_DEVICES is set by sharegpu only"),
+        ("isolation limit", _with_env(bare_pod("g3", {"cpu": "1"}), [{"name": "CUDA_DEVICE_SM_LIMIT", "value": "100"}]),
+         "CUDA_DEVICE_SM_LIMIT is set by sharegpu only"),
+        ("another pod's hand-off", _with_env(bare_pod("g4", SHARE), [{"name": "X", "valueFrom": {"configMapKeyRef": {
+            "name": "sharegpu-handoff-0123456789abcdef", "key": "main.NVIDIA_VISIBLE_DEVICES"}}}]),
+         "is another pod's GPU hand-off"),
+    ],
+)  # fmt: skip
+async def test_plain_users_cannot_set_what_only_the_system_sets(
+    admin: client.KubeClient, webhook: RunningWebhook, control_plane: controlplane.ControlPlane, namespace: str,
+    case: str, manifest: Json, message: str,
+) -> None:  # fmt: skip
+    alice = await _as_tenant(control_plane, admin, namespace, "alice")
+    try:
+        with pytest.raises(kube_errors.ApiError) as refused:
+            await alice.create(f"/api/v1/namespaces/{namespace}/pods", manifest)
+        assert message in refused.value.message
+    finally:
+        await alice.close()
+
+
+async def test_guards_on_update_and_no_opt_out_and_the_system_is_allowed(
+    admin: client.KubeClient, webhook: RunningWebhook, control_plane: controlplane.ControlPlane, namespace: str
+) -> None:
+    alice = await _as_tenant(control_plane, admin, namespace, "alice")
+    extender = await _as_tenant(control_plane, admin, namespace, "sharegpu-extender")
+    try:
+        # A label the user controls does not opt out: the request is still translated.
+        pod = bare_pod("labelled", {"aliyun.com/gpu-mem": "2"})
+        pod["metadata"]["labels"] = {"sharegpu.io/admission": "skip", "sharegpu.io/webhook": "ignore"}
+        await alice.create(f"/api/v1/namespaces/{namespace}/pods", pod)
+        stored = await alice.get(f"/api/v1/namespaces/{namespace}/pods/labelled")
+        assert objects.quantity(stored["spec"]["containers"][0]["resources"]["limits"][objects.GPU_MEMORY]) == 2048
+        # Updating the allocation annotation is refused for a user...
+        with pytest.raises(kube_errors.ApiError) as refused:
+            await alice.patch(
+                f"/api/v1/namespaces/{namespace}/pods/labelled",
+                {"metadata": {"annotations": {objects.ANNOTATION_ALLOCATION: "{}"}}},
+            )
+        assert "cannot be changed" in refused.value.message
+        # ... and so is pointing the pod at another hand-off ConfigMap.
+        with pytest.raises(kube_errors.ApiError):
+            await alice.patch(
+                f"/api/v1/namespaces/{namespace}/pods/labelled",
+                {"metadata": {"annotations": {objects.ANNOTATION_HANDOFF: "sharegpu-handoff-other"}}},
+            )
+        # The system's own identity may set it.
+        await extender.create(
+            f"/api/v1/namespaces/{namespace}/pods",
+            bare_pod("system-made", SHARE, {objects.ANNOTATION_ALLOCATION: '{"version": 1}'}),
+        )
+    finally:
+        await alice.close()
+        await extender.close()
+
+
+async def test_skipped_namespaces_are_left_alone(admin: client.KubeClient, webhook: RunningWebhook) -> None:
+    name = f"left-alone-{uuid.uuid4().hex[:6]}"
+    await admin.create(f"/api/v1/namespaces/{objects.SYSTEM_NAMESPACE}/pods",
+                       bare_pod(name, {"aliyun.com/gpu-mem": "2"}))  # fmt: skip
+    stored = await admin.get(f"/api/v1/namespaces/{objects.SYSTEM_NAMESPACE}/pods/{name}")
+    assert stored["spec"]["containers"][0]["resources"]["limits"] == {"aliyun.com/gpu-mem": "2"}
+    await admin.delete(f"/api/v1/namespaces/{objects.SYSTEM_NAMESPACE}/pods/{name}", grace_period=0)
+
+
+async def test_certificate_rotation_without_restart(
+    admin: client.KubeClient, webhook: RunningWebhook, namespace: str
+) -> None:
+    from cryptography import x509
+
+    before = await webhook.served_certificate()
+    await asyncio.sleep(0.05)  # a distinct modification time for the new files
+    certs.write_serving_pair(webhook.folder, webhook.ca_cert, webhook.ca_key)
+    after = await webhook.served_certificate()
+    assert after != before, "the next connection is served the new certificate"
+    on_disk = x509.load_pem_x509_certificate(Path(webhook.cert).read_bytes())
+    assert x509.load_der_x509_certificate(after).serial_number == on_disk.serial_number
+    await admin.create(f"/api/v1/namespaces/{namespace}/pods", bare_pod("after-rotation", {"aliyun.com/gpu-mem": "1"}))
