@@ -80,6 +80,8 @@ def quantity(text: str | int | float) -> Decimal:
         number = Decimal(match.group(1))
     except InvalidOperation:
         raise errors.InvalidInputError(f"{text!r} is not a Kubernetes quantity") from None
+    if not number.is_finite() or number.adjusted() > 30:
+        raise errors.InvalidInputError(f"{str(text)[:40]!r} is too large a quantity")
     return number * _SUFFIXES[match.group(2) or ""]
 
 
@@ -92,7 +94,10 @@ def mebibytes(text: str | int) -> int:
 
 
 def whole_number(text: str | int, what: str, low: int, high: int) -> int:
-    value = quantity(text)
+    try:
+        value = quantity(text)
+    except errors.InvalidInputError as exc:
+        raise errors.InvalidRequestError(f"{what}: {exc}") from None
     if value != value.to_integral_value() or not low <= value <= high:
         raise errors.InvalidRequestError(f"{what} must be an integer in {low}..{high}, got {text!r}")
     return int(value)

@@ -234,7 +234,7 @@ def validate(review: Any, policy: Policy) -> Json:
 def _guard(request: Json, pod: Json) -> str | None:
     """What a pod of an ordinary user may not do; None when it does none of it."""
     notes = (pod.get("metadata") or {}).get("annotations") or {}
-    old = request.get("oldObject") if request.get("operation") == "UPDATE" else None
+    old = _pod(request, "oldObject") if request.get("operation") == "UPDATE" else None
     old_notes = ((old or {}).get("metadata") or {}).get("annotations") or {}
     for key in SYSTEM_ONLY_ANNOTATIONS:
         if request.get("operation") == "UPDATE":

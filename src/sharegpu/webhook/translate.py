@@ -190,8 +190,13 @@ def _formats_in(res: Json) -> list[str]:
 
 
 def _resources(container: Json) -> tuple[Json, Json]:
-    resources = container.setdefault("resources", {})
-    return resources.setdefault("limits", {}), resources.setdefault("requests", {})
+    resources = container.get("resources")
+    if not isinstance(resources, dict):
+        resources = container["resources"] = {}
+    for part in ("limits", "requests"):
+        if not isinstance(resources.get(part), dict):
+            resources[part] = {}
+    return resources["limits"], resources["requests"]
 
 
 def _write(container: Json, share: _Share) -> str:
@@ -227,8 +232,7 @@ def translate(pod: Json) -> tuple[Json, list[str]]:
     ]
     for position, (_, container) in enumerate(containers):
         name = container.get("name", f"#{position}")
-        res = {**((container.get("resources") or {}).get("requests") or {}),
-               **((container.get("resources") or {}).get("limits") or {})}  # fmt: skip
+        res = merged_resources(container)
         formats = _formats_in(res)
         hami = "hami" in formats
         if len(formats) > 1:
@@ -287,8 +291,12 @@ def _aliyun(res: Json) -> _Share:
 
 
 def merged_resources(container: Json) -> Json:
-    resources = container.get("resources") or {}
-    return {**(resources.get("requests") or {}), **(resources.get("limits") or {})}
+    """Requests overlaid with limits (limits win), tolerating missing or mistyped parts."""
+    resources = container.get("resources") if isinstance(container, dict) else None
+    if not isinstance(resources, dict):
+        return {}
+    requests, limits = resources.get("requests"), resources.get("limits")
+    return {**(requests if isinstance(requests, dict) else {}), **(limits if isinstance(limits, dict) else {})}
 
 
 _READERS = {"koordinator": _koordinator, "aliyun": _aliyun, "tkestack": _tkestack, "hami": _hami}
