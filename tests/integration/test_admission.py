@@ -262,3 +262,41 @@ async def test_certificate_rotation_without_restart(
     on_disk = x509.load_pem_x509_certificate(Path(webhook.cert).read_bytes())
     assert x509.load_der_x509_certificate(after).serial_number == on_disk.serial_number
     await admin.create(f"/api/v1/namespaces/{namespace}/pods", bare_pod("after-rotation", {"aliyun.com/gpu-mem": "1"}))
+
+
+async def test_inconsistent_device_resources_are_refused(admin: client.KubeClient, webhook: RunningWebhook) -> None:
+    bad = {
+        "apiVersion": "sharegpu.io/v1alpha1",
+        "kind": "Device",
+        "metadata": {"name": f"bad-{uuid.uuid4().hex[:6]}"},
+        "spec": {"gpus": [{"index": 0, "uuid": "GPU-a", "model": "T4", "memoryMiB": 16384},
+                          {"index": 0, "uuid": "GPU-b", "model": "T4", "memoryMiB": 16384}]},
+    }  # fmt: skip
+    with pytest.raises(kube_errors.ApiError) as refused:
+        await admin.create(objects.DEVICES_PATH, bad)
+    assert "indices must be 0..n-1" in refused.value.message
+
+
+async def test_multi_container_pods_get_a_hand_off_per_gpu_container(
+    admin: client.KubeClient, webhook: RunningWebhook, namespace: str
+) -> None:
+    manifest = bare_pod("multi", {"koordinator.sh/gpu-core": "20", "koordinator.sh/gpu-memory": "1Gi"})
+    manifest["spec"]["containers"].append(
+        {"name": "sidecar", "image": "busybox", "resources": {"limits": {"tencent.com/vcuda-core": "10"}}}
+    )
+    manifest["spec"]["initContainers"] = [
+        {
+            "name": "warmup",
+            "image": "busybox",
+            "resources": {"limits": {"nvidia.com/gpu": "1", "nvidia.com/gpucores": "50"}},
+        }
+    ]
+    await admin.create(f"/api/v1/namespaces/{namespace}/pods", manifest)
+    stored = await admin.get(f"/api/v1/namespaces/{namespace}/pods/multi")
+    demand = objects.pod_request(stored).demand
+    assert (demand.count, demand.milli, demand.memory_mib) == (1, 500, 1024), "max(20+10 app, 50 init) and app memory"
+    handoff = stored["metadata"]["annotations"][objects.ANNOTATION_HANDOFF]
+    for container in stored["spec"]["initContainers"] + stored["spec"]["containers"]:
+        refs = {e["name"]: e["valueFrom"]["configMapKeyRef"] for e in container["env"]}
+        assert refs["NVIDIA_VISIBLE_DEVICES"]["name"] == handoff
+        assert refs["NVIDIA_VISIBLE_DEVICES"]["key"] == f"{container['name']}.NVIDIA_VISIBLE_DEVICES"

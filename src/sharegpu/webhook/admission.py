@@ -267,7 +267,27 @@ def _guard(request: Json, pod: Json) -> str | None:
     return None
 
 
+def validate_device(review: Any, policy: Policy) -> Json:
+    """Device resources (the node agent writes them) must describe a consistent inventory."""
+    uid = ""
+    try:
+        request = _request(review)
+        uid = request["uid"]
+        if request.get("operation") not in ("CREATE", "UPDATE"):
+            return _response(uid, True)
+        device = request.get("object")
+        if not isinstance(device, dict) or not isinstance(device.get("metadata"), dict):
+            raise errors.InvalidInputError("the review carries no Device")
+        inventory = objects.device_inventory(device, None)
+        del inventory
+        return _response(uid, True)
+    except errors.SharegpuError as exc:
+        return _response(uid, False, f"sharegpu: {exc}", code=400)
+
+
 def review(kind: str, body: Any, policy: Policy) -> Json:
+    if kind == "devices":
+        return validate_device(body, policy)
     return mutate(body, policy) if kind == "mutate" else validate(body, policy)
 
 

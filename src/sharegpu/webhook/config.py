@@ -56,11 +56,15 @@ def configurations(base: str | Json, ca_bundle: bytes) -> tuple[Json, Json]:
         "metadata": {"name": NAME},
         "webhooks": [_hook("pods.mutate.sharegpu.io", base, "/mutate/pods", ca_bundle, True)],
     }
+    devices = _hook("devices.validate.sharegpu.io", base, "/validate/devices", ca_bundle, False)
+    devices["rules"] = [{"apiGroups": ["sharegpu.io"], "apiVersions": ["v1alpha1"], "operations": ["CREATE", "UPDATE"],
+                         "resources": ["devices"], "scope": "Cluster"}]  # fmt: skip
+    devices.pop("namespaceSelector")
     validating = {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingWebhookConfiguration",
         "metadata": {"name": NAME},
-        "webhooks": [_hook("pods.validate.sharegpu.io", base, "/validate/pods", ca_bundle, False)],
+        "webhooks": [_hook("pods.validate.sharegpu.io", base, "/validate/pods", ca_bundle, False), devices],
     }
     return mutating, validating
 

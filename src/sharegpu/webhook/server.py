@@ -76,6 +76,7 @@ class Webhook:
         app = web.Application(client_max_size=MAX_BODY)
         app.router.add_post("/mutate/pods", self._handler("mutate"))
         app.router.add_post("/validate/pods", self._handler("validate"))
+        app.router.add_post("/validate/devices", self._handler("devices"))
         app.router.add_get("/healthz", self.healthz)
         return app
 
