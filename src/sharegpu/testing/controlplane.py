@@ -28,6 +28,13 @@ from sharegpu.webhook import certs
 
 K8S_VERSION = "1.20.2"
 REPO_ROOT = Path(__file__).resolve().parents[3]
+_PACKAGED = Path(__file__).resolve().parents[1] / "_data"
+
+
+def data_path(relative: str) -> Path:
+    """A shipped file: from the installed package's data, or from the source checkout."""
+    packaged = _PACKAGED / relative.removeprefix("scripts/")
+    return packaged if packaged.exists() else REPO_ROOT / relative
 
 
 class ControlPlaneError(RuntimeError):
@@ -63,7 +70,7 @@ def binaries(build: bool = True) -> Path:
     explicit = os.environ.get("SHAREGPU_K8S_BIN")
     if explicit:
         return Path(explicit)
-    script = REPO_ROOT / "scripts" / "build-controlplane"
+    script = data_path("scripts/build-controlplane")
     if not script.is_file():
         raise ControlPlaneError(f"{script} not found; set SHAREGPU_K8S_BIN to a folder with the binaries")
     if not build:

@@ -22,7 +22,7 @@ from sharegpu.kube import client, objects
 from sharegpu.testing import controlplane, fakecluster
 
 Json = dict[str, Any]
-DEPLOY = controlplane.REPO_ROOT / "deploy"
+DEPLOY = controlplane.data_path("deploy")
 
 _PATHS = {
     "CustomResourceDefinition": "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
