@@ -76,7 +76,7 @@ def binaries(build: bool = True) -> Path:
     if not build:
         cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "sharegpu" / f"k8s-v{K8S_VERSION}"
         return cache / "bin"
-    done = subprocess.run([str(script)], capture_output=True, text=True, check=False)
+    done = subprocess.run(["bash", str(script)], capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise ControlPlaneError(f"building the control plane failed:\n{done.stderr[-3000:]}")
     return Path(done.stdout.strip().splitlines()[-1])
