@@ -55,7 +55,7 @@ async def webhook(
     ready = asyncio.Event()
     task = asyncio.create_task(
         server.serve("127.0.0.1", hook.port, hook.cert, hook.key, hook.policy,
-                     str(control_plane.kubeconfig("admin")), ready)
+                     str(control_plane.kubeconfig("sharegpu-webhook")), ready)
     )  # fmt: skip
     await ready.wait()
     for namespace in ("kube-system", objects.SYSTEM_NAMESPACE):

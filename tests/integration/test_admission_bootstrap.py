@@ -1,5 +1,6 @@
 """`sharegpu webhook --bootstrap`: makes its CA and certificate and writes the CA bundle into its own
-webhook configurations; the API server then reaches it over TLS."""
+webhook configurations, with only the permissions of deploy/rbac/webhook.yaml; the API server then
+reaches it over TLS."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ async def test_bootstrap_writes_its_ca_bundle_and_serves(
     with log.open("wb") as handle:
         process = subprocess.Popen(
             [sys.executable, "-m", "sharegpu", "webhook", "--bootstrap", str(folder), "--url",
-             f"https://127.0.0.1:{port}", "--kubeconfig", str(control_plane.kubeconfig("admin")),
+             f"https://127.0.0.1:{port}", "--kubeconfig", str(control_plane.kubeconfig("sharegpu-webhook")),
              "--host", "127.0.0.1", "--port", str(port), "--log-level", "WARNING"],
             stdout=handle, stderr=subprocess.STDOUT,
         )  # fmt: skip

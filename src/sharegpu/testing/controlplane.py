@@ -53,6 +53,7 @@ IDENTITIES = (
     Identity("system:kube-scheduler", "scheduler-token"),
     Identity("system:kube-controller-manager", "controller-manager-token", ("system:masters",)),
     Identity("sharegpu-extender", "extender-token"),
+    Identity("sharegpu-webhook", "webhook-token"),
     Identity("sharegpu-harness", "harness-token", ("system:masters",)),
     Identity("alice", "alice-token", ("tenants",)),
     Identity("bob", "bob-token", ("tenants",)),

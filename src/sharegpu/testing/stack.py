@@ -66,8 +66,9 @@ async def install(kube: client.KubeClient) -> None:
     for path in sorted((DEPLOY / "crds").glob("*.yaml")):
         for doc in yaml.safe_load_all(path.read_text()):
             await apply(kube, doc)
-    for doc in yaml.safe_load_all((DEPLOY / "rbac" / "extender.yaml").read_text()):
-        await apply(kube, as_user(doc, "sharegpu-extender", "sharegpu-extender"))
+    for component in ("extender", "webhook"):
+        for doc in yaml.safe_load_all((DEPLOY / "rbac" / f"{component}.yaml").read_text()):
+            await apply(kube, as_user(doc, f"sharegpu-{component}", f"sharegpu-{component}"))
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         with contextlib.suppress(Exception):
