@@ -88,6 +88,9 @@ def simulate(
     mode: Annotated[
         str, typer.Option("--mode", help="static (the paper's method) or dynamic (arrive and leave).")
     ] = "static",
+    time_scale: Annotated[
+        float, typer.Option("--time-scale", help="Dynamic mode: arrivals this many times faster (run times unchanged).")
+    ] = 1.0,
     jobs: Annotated[int, typer.Option("--jobs", "-j", help="Worker processes (default: all cores).")] = 0,
     plot: Annotated[Path | None, typer.Option("--plot", help="Write allocation curves to this PNG.")] = None,
     json_path: Annotated[Path | None, typer.Option("--json", help="Write every run and the summary as JSON.")] = None,
@@ -102,6 +105,8 @@ def simulate(
             raise UsageError(f"--mode must be static or dynamic, got {mode!r}")
         if not 0 < tune <= 10:
             raise UsageError(f"--tune must be in (0, 10], got {tune}")
+        if not 0 < time_scale <= 1e6:
+            raise UsageError(f"--time-scale must be in (0, 1000000], got {time_scale}")
         if jobs < 0:
             raise UsageError(f"--jobs must be >= 0, got {jobs}")
         if plot is not None and plot.suffix.lower() != ".png":
@@ -120,7 +125,7 @@ def simulate(
     except errors.SharegpuError as exc:
         raise _fail(exc) from None
 
-    specs = [runner.RunSpec(s, p, seed, tune, mode) for s in sources for p in chosen for seed in seed_list]
+    specs = [runner.RunSpec(s, p, seed, tune, mode, time_scale) for s in sources for p in chosen for seed in seed_list]
     with Progress(
         TextColumn("[bold]simulating"),
         BarColumn(),

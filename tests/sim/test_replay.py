@@ -52,6 +52,17 @@ def test_dynamic_replay_places_or_drops_every_pod(world: tuple[list, trace.Trace
     assert 0 < result.mean_allocated_pct <= 100
 
 
+def test_a_time_scale_raises_the_load_and_the_waits(world: tuple[list, trace.Trace]) -> None:  # type: ignore[type-arg]
+    nodes, pods = world
+    calm = replay.replay_dynamic(nodes, pods.pods, policies.make("bestfit"), seed=3)
+    busy = replay.replay_dynamic(nodes, pods.pods, policies.make("bestfit"), seed=3, time_scale=4.0)
+    assert busy.mean_allocated_pct > calm.mean_allocated_pct
+    assert busy.wait_p99 >= calm.wait_p99
+    assert busy.times[-1] < calm.times[-1]
+    with pytest.raises(ValueError, match="time_scale must be > 0"):
+        replay.replay_dynamic(nodes, pods.pods, policies.make("bestfit"), seed=3, time_scale=0)
+
+
 def test_dynamic_replay_is_deterministic(world: tuple[list, trace.Trace]) -> None:  # type: ignore[type-arg]
     nodes, pods = world
     a = replay.replay_dynamic(nodes, pods.pods[:300], policies.make("fgd", pods.typical_shapes()), seed=5)

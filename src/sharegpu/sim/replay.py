@@ -6,8 +6,9 @@ record the GPU compute that has arrived and the compute allocated; the headline 
 unallocated GPU % where the arrived request equals 100% of capacity.
 
 Dynamic mode uses the trace's creation and deletion times on a virtual clock: pods arrive, wait in
-a FIFO queue when nothing fits (retried whenever something leaves), run until their deletion time
-and leave. It reports allocation over time and waiting times, which is what a real cluster sees.
+a FIFO queue when nothing fits (retried whenever something leaves), run for their recorded duration
+and leave; a time scale compresses arrivals to raise the load. It reports allocation over time and
+waiting times, which is what a real cluster sees.
 
 Both modes drive the real `Placer` and `Ledger`: the very code the extender runs.
 """
@@ -165,6 +166,7 @@ class DynamicResult:
     waits: np.ndarray
     """Waiting seconds of every pod that was placed."""
     never_placed: int
+    """Pods still waiting when the last placed pod had left (they fit nowhere, even on an idle node)."""
     pods: int
     wall_seconds: float
 
@@ -190,22 +192,32 @@ def replay_dynamic(
     pods: tuple[trace.TracePod, ...],
     policy: policies.Policy,
     seed: int,
+    time_scale: float = 1.0,
 ) -> DynamicResult:
-    """Arrivals and departures on virtual time, with a FIFO queue for pods that do not fit."""
+    """Arrivals and departures on virtual time, with a FIFO queue for pods that do not fit.
+
+    A pod arrives at its creation time (relative to the first, divided by `time_scale`, which raises
+    the offered load without changing run times), runs for its recorded duration (deletion minus
+    creation time) once placed, and leaves. A pod that fits nowhere waits; the queue is retried
+    whenever a pod leaves. Pods still waiting when the last pod has left were never placed.
+    """
+    if time_scale <= 0:
+        raise ValueError(f"time_scale must be > 0, got {time_scale}")
     started = time.perf_counter()
     timed = [p for p in pods if p.creation_time is not None and p.deletion_time is not None]
     if not timed:
         raise ValueError("dynamic mode needs creation_time and deletion_time in the pod trace")
     rng = np.random.default_rng(seed)
-    clock = VirtualClock(float(min(p.creation_time or 0 for p in timed)))
-    origin = clock.now
+    first = float(min(p.creation_time or 0 for p in timed))
+    arrival = [(float(p.creation_time or 0) - first) / time_scale for p in timed]
+    duration = [max(0.0, float((p.deletion_time or 0) - (p.creation_time or 0))) for p in timed]
+    clock = VirtualClock(0.0)
+    origin = 0.0
     state = fleet.FleetState(nodes)
     book = ledger.Ledger(state, clock=clock)
     chooser = placer.Placer(state, policy, priority=rng.permutation(len(state)).astype(np.int64), seed=seed)
     capacity = state.total_milli
-    events: list[_Event] = []
-    for i, pod in enumerate(timed):
-        events.append(_Event(float(pod.creation_time or 0), 1, i, i))
+    events: list[_Event] = [_Event(arrival[i], 1, i, i) for i in range(len(timed))]
     heapq.heapify(events)
     seq = len(events)
     queue: deque[int] = deque()
@@ -225,10 +237,9 @@ def replay_dynamic(
             return False
         book.add(book.get(request.key).alloc)  # type: ignore[union-attr]  # confirm: bound at once
         placed_at[index] = clock.now
-        waits.append(clock.now - float(pod.creation_time or 0))
+        waits.append(clock.now - arrival[index])
         allocated_milli += pod.gpu_milli_total
-        departure = max(float(pod.deletion_time or 0), clock.now)
-        heapq.heappush(events, _Event(departure, 0, seq, index))
+        heapq.heappush(events, _Event(clock.now + duration[index], 0, seq, index))
         seq += 1
         return True
 
@@ -253,8 +264,6 @@ def replay_dynamic(
             no_room: set[tuple[frag.Shape, int]] = set()
             while queue:
                 waiting = queue.popleft()
-                if float(timed[waiting].deletion_time or 0) <= clock.now:
-                    continue  # the user gave up: deleted before it could run
                 shape = (timed[waiting].shape, timed[waiting].memory_mib)
                 if shape in no_room or not try_place(waiting, freed):
                     no_room.add(shape)
@@ -265,7 +274,7 @@ def replay_dynamic(
         queued.append(len(queue))
     t = np.array(times)
     a = np.array(allocated)
-    last_arrival = float(max(p.creation_time or 0 for p in timed)) - origin
+    last_arrival = max(arrival)
     window = t <= last_arrival
     tw, aw = t[window], a[window]
     span = tw[-1] - tw[0] if len(tw) > 1 else 0.0
