@@ -90,3 +90,27 @@ def test_policies_lists_every_policy() -> None:
     assert result.exit_code == 0
     for name in ("random", "dotprod", "clustering", "packing", "bestfit", "fgd", "binpack", "spread", "topology"):
         assert name in result.output
+
+
+def test_logs_are_json_lines() -> None:
+    import io
+    import logging
+
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(cli.JsonFormatter())
+    log = logging.getLogger("sharegpu.test-json")
+    log.addHandler(handler)
+    log.propagate = False
+    try:
+        log.warning('a "quoted" message with\\nnewline')
+        try:
+            raise ValueError("boom")
+        except ValueError:
+            log.exception("failed")
+    finally:
+        log.removeHandler(handler)
+    lines = [json.loads(line) for line in stream.getvalue().splitlines() if line.startswith("{")]
+    assert lines[0]["message"] == 'a "quoted" message with\\nnewline'
+    assert lines[0]["level"] == "WARNING"
+    assert "ValueError: boom" in lines[1]["error"]

@@ -9,12 +9,14 @@ with status 2.
 from __future__ import annotations
 
 import asyncio
+import logging
 import shlex
 import signal
 import sys
 from pathlib import Path
 from typing import Annotated
 
+import orjson
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -371,13 +373,27 @@ def devcluster(
     asyncio.run(run())
 
 
-def _logging(level: str) -> None:
-    import logging
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time, level, logger, message (and the traceback when there is one)."""
 
-    logging.basicConfig(
-        level=level.upper(),
-        format='{"time": "%(asctime)s", "level": "%(levelname)s", "logger": "%(name)s", "message": %(message)r}',
-    )
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, object] = {
+            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S%z"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            entry["error"] = self.formatException(record.exc_info)
+        return orjson.dumps(entry).decode()
+
+
+def _logging(level: str) -> None:
+    if level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        raise _fail(UsageError(f"--log-level must be DEBUG, INFO, WARNING or ERROR, got {level!r}"))
+    handler = logging.StreamHandler()
+    handler.setFormatter(JsonFormatter())
+    logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
 
 
 def main() -> None:
