@@ -235,3 +235,37 @@ async def test_metrics_and_health_endpoints(extender: ExtenderProcess) -> None:
             text = await response.text()
     assert "sharegpu_extender_latency_seconds_bucket" in text
     assert 'sharegpu_extender_binds_total{outcome="bound"}' in text
+
+
+async def test_a_lost_reservation_pod_is_replaced_and_the_hand_off_follows(
+    admin: client.KubeClient, extender: ExtenderProcess, nodes: Callable[..., Any], namespace: str
+) -> None:
+    (node,) = await nodes(1, gpus=2)
+    pod = gpu_pod("sharer", namespace, milli=300, annotations={objects.ANNOTATION_HANDOFF: "handoff-lost-1"})
+    await admin.create(f"/api/v1/namespaces/{namespace}/pods", pod)
+    await wait_for(lambda: all_bound(admin, namespace, 1), what="pod bound")
+
+    async def reservations() -> list[Json]:
+        items, _ = await admin.list_all(
+            f"/api/v1/namespaces/{objects.SYSTEM_NAMESPACE}/pods", {"labelSelector": f"{objects.LABEL_NODE}={node}"}
+        )
+        return [p for p in items if (p["metadata"].get("annotations") or {}).get(objects.ANNOTATION_GPU_UUID)]
+
+    (first,) = await wait_for(reservations, what="a reservation with its UUID")
+    await admin.delete(
+        f"/api/v1/namespaces/{objects.SYSTEM_NAMESPACE}/pods/{first['metadata']['name']}", grace_period=0
+    )
+
+    async def replaced() -> Json | None:
+        live = [p for p in await reservations() if p["metadata"]["name"] != first["metadata"]["name"]]
+        return live[0] if live else None
+
+    second = await wait_for(replaced, what="a new reservation pod")
+    uuid = second["metadata"]["annotations"][objects.ANNOTATION_GPU_UUID]
+
+    async def handoff_follows() -> bool:
+        data = (await admin.get(f"/api/v1/namespaces/{namespace}/configmaps/handoff-lost-1")).get("data") or {}
+        return bool(data.get("main.NVIDIA_VISIBLE_DEVICES") == uuid)
+
+    await wait_for(handoff_follows, what="the hand-off ConfigMap to name the new GPU")
+    await oracle.check(admin)

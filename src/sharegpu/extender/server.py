@@ -362,6 +362,22 @@ class Extender:
             except errors.SharegpuError as exc:
                 reservation.retiring = False
                 log.warning("deleting reservation %s failed: %s", reservation.name, exc)
+        await self.replace_lost_reservations()
+
+    async def replace_lost_reservations(self) -> None:
+        """A shared GPU whose reservation pod is gone (evicted, failed, deleted by hand) gets a new one."""
+        state = self.cache.state
+        shared = np.argwhere(state.tenants - state.exclusive > 0)
+        for row, slot in shared.tolist():
+            node = state.names[row]
+            current = self.cache.reservations.get((node, slot))
+            if (current is not None and not current.retiring) or (node, slot) in self._creating:
+                continue
+            try:
+                await self.ensure_reservation(node, slot)
+                log.warning("GPU %d of %s lost its reservation pod; created a new one", slot, node)
+            except errors.SharegpuError as exc:
+                log.warning("re-creating the reservation of %s/gpu%d failed: %s", node, slot, exc)
 
     async def fill_handoffs(self) -> None:
         for key in list(self.cache.handoff_pods):
