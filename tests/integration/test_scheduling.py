@@ -269,3 +269,31 @@ async def test_a_lost_reservation_pod_is_replaced_and_the_hand_off_follows(
 
     await wait_for(handoff_follows, what="the hand-off ConfigMap to name the new GPU")
     await oracle.check(admin)
+
+
+async def test_a_failed_reservation_pod_is_cleaned_up_and_replaced(
+    admin: client.KubeClient, extender: ExtenderProcess, nodes: Callable[..., Any], namespace: str
+) -> None:
+    (node,) = await nodes(1, gpus=1)
+    await admin.create(f"/api/v1/namespaces/{namespace}/pods", gpu_pod("sharer", namespace, milli=400))
+    await wait_for(lambda: all_bound(admin, namespace, 1), what="pod bound")
+
+    async def reservations() -> list[Json]:
+        items, _ = await admin.list_all(
+            f"/api/v1/namespaces/{objects.SYSTEM_NAMESPACE}/pods", {"labelSelector": f"{objects.LABEL_NODE}={node}"}
+        )
+        return items
+
+    (first,) = await wait_for(reservations, what="a reservation pod")
+    name = first["metadata"]["name"]
+    # What a kubelet does when the device plugin cannot give the pod its GPU.
+    await admin.patch(f"/api/v1/namespaces/{objects.SYSTEM_NAMESPACE}/pods/{name}/status",
+                      {"status": {"phase": "Failed", "reason": "UnexpectedAdmissionError"}})  # fmt: skip
+
+    async def replaced() -> bool:
+        items = await reservations()
+        names = [p["metadata"]["name"] for p in items]
+        running = [p for p in items if (p.get("status") or {}).get("phase") == "Running"]
+        return name not in names and len(running) == 1
+
+    await wait_for(replaced, what="the failed reservation deleted and a new one running")

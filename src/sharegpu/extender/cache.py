@@ -73,6 +73,8 @@ class ClusterCache:
         self.pods: dict[units.PodKey, Json] = {}
         self.reservations: dict[tuple[str, int], Reservation] = {}
         self.assumed: dict[units.PodKey, allocation.Allocation] = {}
+        self.finished_reservations: set[str] = set()
+        """Reservation pods that ended (e.g. the device plugin could not give them a GPU): to delete."""
         self.handoff_pods: set[units.PodKey] = set()
         """Pods that name a hand-off ConfigMap (the only ones the hand-off loop looks at)."""
         self.counters = Counters()
@@ -263,6 +265,10 @@ class ClusterCache:
         if kind == "DELETED" or (pod.get("metadata") or {}).get("deletionTimestamp") or objects.is_terminal(pod):
             if current is not None and current.name == name:
                 del self.reservations[(node, slot)]
+            if kind == "DELETED" or (pod.get("metadata") or {}).get("deletionTimestamp"):
+                self.finished_reservations.discard(name)
+            else:
+                self.finished_reservations.add(name)  # failed or ended: to be deleted, and replaced if needed
             return
         if current is not None and current.name != name and not current.retiring:
             return  # another live reservation already holds this slot

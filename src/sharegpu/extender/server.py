@@ -76,6 +76,8 @@ class Extender:
         self._creating: dict[tuple[str, int], asyncio.Future[None]] = {}
         self._wake = asyncio.Event()
         self._filled: dict[units.PodKey, tuple[str, tuple[tuple[str, str], ...]]] = {}
+        self._replacements: dict[tuple[str, int], tuple[int, float]] = {}
+        """Per GPU: how many times its reservation was replaced, and not before when again."""
 
     # ----------------------------------------------------------------- life cycle
 
@@ -353,6 +355,8 @@ class Extender:
         """Fill hand-off ConfigMaps whose GPUs are known; delete reservation pods whose last sharer is gone."""
         await self.fill_handoffs()
         for (node, slot), reservation in list(self.cache.reservations.items()):
+            if reservation.uuid:
+                self._replacements.pop((node, slot), None)  # it runs: the backoff starts over
             if reservation.retiring or self.cache.sharers(node, slot) or (node, slot) in self._creating:
                 continue
             reservation.retiring = True  # from now on no new sharer is given this reservation
@@ -365,19 +369,33 @@ class Extender:
         await self.replace_lost_reservations()
 
     async def replace_lost_reservations(self) -> None:
-        """A shared GPU whose reservation pod is gone (evicted, failed, deleted by hand) gets a new one."""
+        """A shared GPU whose reservation pod is gone (evicted, failed, deleted by hand) gets a new one,
+        with exponential backoff per GPU (a device plugin that cannot admit it must not cause churn);
+        reservation pods that ended are deleted."""
+        for name in list(self.cache.finished_reservations):
+            self.cache.finished_reservations.discard(name)
+            await self.kube.delete(f"/api/v1/namespaces/{objects.SYSTEM_NAMESPACE}/pods/{name}")
         state = self.cache.state
         shared = np.argwhere(state.tenants - state.exclusive > 0)
+        now = time.monotonic()
         for row, slot in shared.tolist():
             node = state.names[row]
             current = self.cache.reservations.get((node, slot))
             if (current is not None and not current.retiring) or (node, slot) in self._creating:
                 continue
+            attempts, not_before = self._replacements.get((node, slot), (0, 0.0))
+            if now < not_before:
+                self._wake_later(not_before - now)
+                continue
+            self._replacements[(node, slot)] = (attempts + 1, now + min(60.0, 0.5 * 2**attempts))
             try:
                 await self.ensure_reservation(node, slot)
                 log.warning("GPU %d of %s lost its reservation pod; created a new one", slot, node)
             except errors.SharegpuError as exc:
                 log.warning("re-creating the reservation of %s/gpu%d failed: %s", node, slot, exc)
+
+    def _wake_later(self, delay: float) -> None:
+        asyncio.get_running_loop().call_later(delay, self._wake.set)
 
     async def fill_handoffs(self) -> None:
         for key in list(self.cache.handoff_pods):
