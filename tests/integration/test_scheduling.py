@@ -25,6 +25,13 @@ def allocation_of(pod: Json) -> allocation.Allocation:
     return allocation.Allocation.from_json(text, pod=objects.pod_key(pod))
 
 
+async def reservation_pods(kube: client.KubeClient, node: str) -> list[Json]:
+    items, _ = await kube.list_all(
+        f"/api/v1/namespaces/{objects.SYSTEM_NAMESPACE}/pods", {"labelSelector": f"{objects.LABEL_NODE}={node}"}
+    )
+    return items
+
+
 async def all_bound(kube: client.KubeClient, namespace: str, count: int) -> list[Json] | None:
     pods = await pods_in(kube, namespace)
     bound = [p for p in pods if (p.get("spec") or {}).get("nodeName")]
@@ -47,10 +54,7 @@ async def test_fractional_pods_pack_onto_gpus(
     assert per_gpu == {0: 1000, 1: 1000}
 
     async def reservations_report_uuids() -> bool:
-        items, _ = await admin.list_all(
-            f"/api/v1/namespaces/{objects.SYSTEM_NAMESPACE}/pods",
-            {"labelSelector": f"{objects.LABEL_NODE}={node}"},
-        )
+        items = await reservation_pods(admin, node)
         uuids = {(p["metadata"].get("annotations") or {}).get(objects.ANNOTATION_GPU_UUID) for p in items}
         return len(items) == 2 and None not in uuids and len(uuids) == 2
 
@@ -91,11 +95,7 @@ async def test_deleting_pods_frees_shares_and_reservation_pods(
         await admin.create(f"/api/v1/namespaces/{namespace}/pods", gpu_pod(f"p-{i}", namespace, milli=700))
     await wait_for(lambda: all_bound(admin, namespace, 2), what="2 pods bound")
 
-    async def reservations() -> list[Json]:
-        items, _ = await admin.list_all(
-            f"/api/v1/namespaces/{objects.SYSTEM_NAMESPACE}/pods", {"labelSelector": f"{objects.LABEL_NODE}={node}"}
-        )
-        return items
+    reservations = functools.partial(reservation_pods, admin, node)
 
     assert len(await wait_for(reservations, what="reservation pods")) >= 1
     for i in range(2):
@@ -246,9 +246,7 @@ async def test_a_lost_reservation_pod_is_replaced_and_the_hand_off_follows(
     await wait_for(lambda: all_bound(admin, namespace, 1), what="pod bound")
 
     async def reservations() -> list[Json]:
-        items, _ = await admin.list_all(
-            f"/api/v1/namespaces/{objects.SYSTEM_NAMESPACE}/pods", {"labelSelector": f"{objects.LABEL_NODE}={node}"}
-        )
+        items = await reservation_pods(admin, node)
         return [p for p in items if (p["metadata"].get("annotations") or {}).get(objects.ANNOTATION_GPU_UUID)]
 
     (first,) = await wait_for(reservations, what="a reservation with its UUID")
@@ -278,11 +276,7 @@ async def test_a_failed_reservation_pod_is_cleaned_up_and_replaced(
     await admin.create(f"/api/v1/namespaces/{namespace}/pods", gpu_pod("sharer", namespace, milli=400))
     await wait_for(lambda: all_bound(admin, namespace, 1), what="pod bound")
 
-    async def reservations() -> list[Json]:
-        items, _ = await admin.list_all(
-            f"/api/v1/namespaces/{objects.SYSTEM_NAMESPACE}/pods", {"labelSelector": f"{objects.LABEL_NODE}={node}"}
-        )
-        return items
+    reservations = functools.partial(reservation_pods, admin, node)
 
     (first,) = await wait_for(reservations, what="a reservation pod")
     name = first["metadata"]["name"]
