@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -291,3 +292,26 @@ async def test_a_failed_reservation_pod_is_cleaned_up_and_replaced(
         return name not in names and len(running) == 1
 
     await wait_for(replaced, what="the failed reservation deleted and a new one running")
+
+
+async def test_a_hand_off_configmap_claimed_twice_serves_only_its_first_pod(
+    admin: client.KubeClient, extender: ExtenderProcess, nodes: Callable[..., Any], namespace: str
+) -> None:
+    await nodes(1, gpus=2)
+    first = await admin.create(f"/api/v1/namespaces/{namespace}/pods", gpu_pod(
+        "first", namespace, milli=200, annotations={objects.ANNOTATION_HANDOFF: "claimed-cm"}))  # fmt: skip
+    await wait_for(lambda: all_bound(admin, namespace, 1), what="first bound")
+
+    async def configmap() -> Json | None:
+        try:
+            return await admin.get(f"/api/v1/namespaces/{namespace}/configmaps/claimed-cm")
+        except Exception:
+            return None
+
+    await wait_for(configmap, what="the hand-off of the first pod")
+    await admin.create(f"/api/v1/namespaces/{namespace}/pods", gpu_pod(
+        "copycat", namespace, milli=200, annotations={objects.ANNOTATION_HANDOFF: "claimed-cm"}))  # fmt: skip
+    await wait_for(lambda: all_bound(admin, namespace, 2), what="both bound")
+    await asyncio.sleep(1.0)  # give the hand-off loop time to (wrongly) serve the copy
+    owners = (await configmap() or {})["metadata"]["ownerReferences"]
+    assert [o["uid"] for o in owners] == [first["metadata"]["uid"]]

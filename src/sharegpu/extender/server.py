@@ -397,13 +397,33 @@ class Extender:
     def _wake_later(self, delay: float) -> None:
         asyncio.get_running_loop().call_later(delay, self._wake.set)
 
+    def _handoff_owners(self) -> dict[tuple[str, str], units.PodKey]:
+        """(namespace, ConfigMap) -> the one pod it belongs to: the oldest claimant. A later pod naming
+        the same ConfigMap (copied from another pod) gets nothing."""
+        owners: dict[tuple[str, str], tuple[str, units.PodKey]] = {}
+        for key in self.cache.handoff_pods:
+            meta = self.cache.pods[key].get("metadata") or {}
+            claim = (
+                str(meta.get("namespace", "")),
+                str((meta.get("annotations") or {}).get(objects.ANNOTATION_HANDOFF)),
+            )
+            stamp = (str(meta.get("creationTimestamp", "")), key)
+            if claim not in owners or stamp < owners[claim]:
+                if claim in owners:
+                    log.warning("hand-off ConfigMap %s/%s is claimed by several pods; %s keeps it", *claim, stamp[1])
+                owners[claim] = stamp
+        return {claim: stamp[1] for claim, stamp in owners.items()}
+
     async def fill_handoffs(self) -> None:
+        owners = self._handoff_owners()
         for key in list(self.cache.handoff_pods):
             pod = self.cache.pods[key]
             meta = pod.get("metadata") or {}
             configmap = (meta.get("annotations") or {}).get(objects.ANNOTATION_HANDOFF)
             node = (pod.get("spec") or {}).get("nodeName")
             if not configmap or not node or objects.is_terminal(pod):
+                continue
+            if owners.get((str(meta.get("namespace", "")), str(configmap))) != key:
                 continue
             try:
                 alloc = objects.pod_allocation(pod)

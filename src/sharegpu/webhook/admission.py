@@ -149,6 +149,23 @@ def _add_handoff(pod: Json) -> str:
     return name
 
 
+def _handoff_wired(pod: Json) -> bool:
+    """Every GPU container already reads NVIDIA_VISIBLE_DEVICES from the pod's annotated hand-off."""
+    name = ((pod.get("metadata") or {}).get("annotations") or {}).get(objects.ANNOTATION_HANDOFF)
+    containers = _gpu_containers(pod)
+    if not name or not containers:
+        return False
+    for container in containers:
+        refs = [
+            ((e.get("valueFrom") or {}).get("configMapKeyRef") or {})
+            for e in container.get("env") or []
+            if isinstance(e, dict) and e.get("name") == "NVIDIA_VISIBLE_DEVICES"
+        ]
+        if not any(r.get("name") == name for r in refs):
+            return False
+    return True
+
+
 def mutate(review: Any, policy: Policy) -> Json:
     """The mutating decision for a Pod review."""
     uid = ""
@@ -162,11 +179,13 @@ def mutate(review: Any, policy: Policy) -> Json:
         request_value = objects.pod_request(out)
         demand = request_value.demand
         if demand.count == 0:
-            return _response(uid, True, patch=_patch(pod, out), audit=None)
+            return _response(uid, True, patch=_patch(pod, out) if audit else None)
         meta = out.setdefault("metadata", {})
         notes = meta.setdefault("annotations", {})
-        if not _is_system(request, policy):
-            # Users never choose the hand-off ConfigMap: a fresh one is set below for sharing pods.
+        if not _is_system(request, policy) and not _handoff_wired(out):
+            # Users never choose the hand-off ConfigMap: a fresh one is set below for sharing pods. (A pod
+            # already wired to its annotation comes from an earlier invocation of this webhook; a forged
+            # one gains nothing: the extender fills a ConfigMap for one claimant only.)
             notes.pop(objects.ANNOTATION_HANDOFF, None)
         spec = out.setdefault("spec", {})
         if spec.get("schedulerName") in (None, "", "default-scheduler"):
