@@ -76,6 +76,8 @@ class Extender:
         self._creating: dict[tuple[str, int], asyncio.Future[None]] = {}
         self._wake = asyncio.Event()
         self._filled: dict[units.PodKey, tuple[str, tuple[tuple[str, str], ...]]] = {}
+        self._owner_of: dict[tuple[str, str], units.PodKey] = {}
+        """(namespace, hand-off ConfigMap) -> the pod it was written for."""
         self._replacements: dict[tuple[str, int], tuple[int, float]] = {}
         """Per GPU: how many times its reservation was replaced, and not before when again."""
 
@@ -398,21 +400,29 @@ class Extender:
         asyncio.get_running_loop().call_later(delay, self._wake.set)
 
     def _handoff_owners(self) -> dict[tuple[str, str], units.PodKey]:
-        """(namespace, ConfigMap) -> the one pod it belongs to: the oldest claimant. A later pod naming
-        the same ConfigMap (copied from another pod) gets nothing."""
-        owners: dict[tuple[str, str], tuple[str, units.PodKey]] = {}
+        """(namespace, ConfigMap) -> the one pod it belongs to. The pod that already owns it keeps it;
+        otherwise the oldest claimant. A pod naming another pod's ConfigMap (a copied name) gets nothing."""
+        claimants: dict[tuple[str, str], list[tuple[str, units.PodKey]]] = {}
         for key in self.cache.handoff_pods:
             meta = self.cache.pods[key].get("metadata") or {}
             claim = (
                 str(meta.get("namespace", "")),
                 str((meta.get("annotations") or {}).get(objects.ANNOTATION_HANDOFF)),
             )
-            stamp = (str(meta.get("creationTimestamp", "")), key)
-            if claim not in owners or stamp < owners[claim]:
-                if claim in owners:
-                    log.warning("hand-off ConfigMap %s/%s is claimed by several pods; %s keeps it", *claim, stamp[1])
-                owners[claim] = stamp
-        return {claim: stamp[1] for claim, stamp in owners.items()}
+            claimants.setdefault(claim, []).append((str(meta.get("creationTimestamp", "")), key))
+        owners: dict[tuple[str, str], units.PodKey] = {}
+        for claim, pods in claimants.items():
+            keys = [key for _, key in pods]
+            owner = self._owner_of.get(claim)
+            owners[claim] = owner if owner in keys else min(pods)[1]
+            if len(pods) > 1:
+                log.warning(
+                    "hand-off ConfigMap %s/%s is named by %d pods; only %s gets it", *claim, len(pods), owners[claim]
+                )
+        for claim in list(self._owner_of):
+            if claim not in claimants:
+                del self._owner_of[claim]
+        return owners
 
     async def fill_handoffs(self) -> None:
         owners = self._handoff_owners()
@@ -442,33 +452,43 @@ class Extender:
                 marker = (str(meta.get("uid", "")), tuple(sorted(data.items())))
                 if self._filled.get(key) == marker:
                     continue
-                await self._write_configmap(meta["namespace"], configmap, meta, data)
-                self._filled[key] = marker
+                if await self._write_configmap(key, meta, str(configmap), data):
+                    self._filled[key] = marker
         for key in list(self._filled):
             if key not in self.cache.pods:
                 del self._filled[key]
 
-    async def _write_configmap(self, namespace: str, name: str, owner: Json, data: dict[str, str]) -> None:
+    async def _write_configmap(self, key: units.PodKey, owner: Json, name: str, data: dict[str, str]) -> bool:
+        """Create or update the pod's hand-off ConfigMap; False if it belongs to another live pod."""
+        namespace = str(owner["namespace"])
+        reference = [{"apiVersion": "v1", "kind": "Pod", "name": owner["name"], "uid": owner["uid"]}]
         body: Json = {
             "apiVersion": "v1",
             "kind": "ConfigMap",
-            "metadata": {
-                "name": name,
-                "namespace": namespace,
-                "labels": {objects.LABEL_ROLE: "handoff"},
-                "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": owner["name"], "uid": owner["uid"]}],
-            },
+            "metadata": {"name": name, "namespace": namespace, "labels": {objects.LABEL_ROLE: "handoff"},
+                         "ownerReferences": reference},
             "data": data,
-        }
+        }  # fmt: skip
         path = f"/api/v1/namespaces/{namespace}/configmaps"
         try:
-            await self.kube.create(path, body)
-        except kube_errors.ConflictError:
-            await self.kube.patch(
-                f"{path}/{name}", {"data": data, "metadata": {"ownerReferences": body["metadata"]["ownerReferences"]}}
-            )
+            try:
+                await self.kube.create(path, body)
+            except kube_errors.ConflictError:
+                current = await self.kube.get(f"{path}/{name}")
+                live = {str((p.get("metadata") or {}).get("uid")): k for k, p in self.cache.pods.items()}
+                for ref in (current.get("metadata") or {}).get("ownerReferences") or []:
+                    holder = live.get(str(ref.get("uid")))
+                    if ref.get("uid") != owner["uid"] and holder is not None:
+                        self._owner_of[(namespace, name)] = holder
+                        log.warning("hand-off ConfigMap %s/%s belongs to %s; not giving it to %s", namespace, name,
+                                    holder, key)  # fmt: skip
+                        return False
+                await self.kube.patch(f"{path}/{name}", {"data": data, "metadata": {"ownerReferences": reference}})
         except errors.SharegpuError as exc:
             log.warning("hand-off ConfigMap %s/%s: %s", namespace, name, exc)
+            return False
+        self._owner_of[(namespace, name)] = key
+        return True
 
 
 def _reason(verdict: Any) -> str:
