@@ -119,11 +119,14 @@ async def test_whole_multi_gpu_and_model_constraints(
 ) -> None:
     (t4,) = await nodes(1, gpus=2, model="T4")
     (a100,) = await nodes(1, gpus=4, model="A100", memory=81920)
+    # One at a time, so the outcome does not depend on the scheduler's queue order.
     await admin.create(
         f"/api/v1/namespaces/{namespace}/pods",
         gpu_pod("wants-a100", namespace, milli=300, annotations={objects.ANNOTATION_MODELS: "A100"}),
     )
+    await wait_for(lambda: all_bound(admin, namespace, 1), what="the A100 pod bound")
     await admin.create(f"/api/v1/namespaces/{namespace}/pods", gpu_pod("four", namespace, nvidia=3))
+    await wait_for(lambda: all_bound(admin, namespace, 2), what="the 3-GPU pod bound")
     await admin.create(f"/api/v1/namespaces/{namespace}/pods", gpu_pod("two", namespace, count=2))
     bound = {p["metadata"]["name"]: p for p in await wait_for(lambda: all_bound(admin, namespace, 3), what="3 bound")}
     assert bound["wants-a100"]["spec"]["nodeName"] == a100
