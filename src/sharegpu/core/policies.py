@@ -164,8 +164,11 @@ class BestFitPolicy(Policy):
 
 
 class DotProductPolicy(Policy):
+    """Tetris: the node whose free CPU and GPU (each normalised by the node's capacity) align best with
+    the pod's demand (normalised the same way); the tightest fitting GPU inside."""
+
     name = "dotprod"
-    summary = "Tetris alignment of demand and free resources (normalised); the least aligned node wins"
+    summary = "Tetris dot product of demand and free CPU/GPU (normalised per node); best aligned node wins"
 
     def score(
         self,
@@ -176,24 +179,25 @@ class DotProductPolicy(Policy):
         rng: np.random.Generator,
     ) -> Scores:
         cpu_cap = np.maximum(state.cpu_capacity[rows], 1)
-        mem_cap = np.maximum(state.mem_capacity[rows], 1)
-        host = (demand.cpu_milli / cpu_cap) * (state.cpu_free[rows] / cpu_cap) + (demand.host_memory_mib / mem_cap) * (
-            state.mem_free[rows] / mem_cap
-        )
-        if demand.sharing and demand.count == 1:
-            per_gpu = host[:, None] + (demand.milli / 1000) * (state.milli_free[rows] / 1000)
-            per_gpu_score = np.where(eligible, _trunc(100 * (1 - per_gpu / 3)), -1)
-            best = np.argmax(per_gpu_score, axis=1)
-            score = per_gpu_score[np.arange(len(rows)), best]
-            return Scores(score, np.left_shift(np.int64(1), best.astype(np.int64)))
         gpu_cap = np.maximum(state.milli_capacity[rows].sum(axis=1), 1)
-        dot = host + (demand.gpu_milli_total / gpu_cap) * (state.milli_free[rows].sum(axis=1) / gpu_cap)
-        return Scores(_trunc(100 * (1 - dot / 3)), _device_bestfit(state, demand, rows, eligible))
+        dot = (demand.cpu_milli / cpu_cap) * (state.cpu_free[rows] / cpu_cap) + (demand.gpu_milli_total / gpu_cap) * (
+            state.milli_free[rows].sum(axis=1) / gpu_cap
+        )
+        return Scores(_trunc(100 * dot / 2), _device_bestfit(state, demand, rows, eligible))
+
+
+def _affinity_class(milli: int, count: int) -> int:
+    """The clustering class of a GPU pod: 0 for a share of one GPU, k for k whole GPUs."""
+    return 0 if count == 1 and milli < units.MILLI_PER_GPU else count
 
 
 class ClusteringPolicy(Policy):
+    """Nodes are tiered by the GPU classes of their pods (sharing pods, or k whole GPUs): only this
+    pod's class (75), also this class (50), empty (25), other classes only (0); fuller nodes first
+    within a tier."""
+
     name = "clustering"
-    summary = "put pods with nodes already holding pods of the same shape; fuller nodes first"
+    summary = "put pods on nodes already holding pods of the same GPU class (share, or k whole GPUs)"
 
     def prepare(self, state: fleet.FleetState) -> None:
         self.spec = max(int(state.milli_capacity.sum(axis=1).max(initial=0)), 1)
@@ -210,14 +214,14 @@ class ClusteringPolicy(Policy):
         if demand.count == 0:
             return Scores(np.zeros(len(rows), dtype=np.int64), choice)
         base = 25 * (self.spec - state.milli_free[rows].sum(axis=1)) // self.spec
-        tag = (demand.milli, demand.count)
+        mine = _affinity_class(demand.milli, demand.count)
         tier = np.empty(len(rows), dtype=np.int64)
         for i, row in enumerate(rows.tolist()):
-            shapes = state.node_shapes[row]
-            if tag in shapes:
-                tier[i] = 75 if len(shapes) == 1 else 50
+            classes = {_affinity_class(milli, count) for milli, count in state.node_shapes[row]}
+            if mine in classes:
+                tier[i] = 75 if len(classes) == 1 else 50
             else:
-                tier[i] = 25 if not shapes else 0
+                tier[i] = 25 if not classes else 0
         return Scores(base + tier, choice)
 
 
