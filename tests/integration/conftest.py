@@ -10,7 +10,6 @@ import signal
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,7 +20,6 @@ from sharegpu.testing import controlplane, fakecluster, stack
 from sharegpu.testing.stack import ExtenderProcess
 
 Json = dict[str, Any]
-REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="session")
