@@ -239,6 +239,10 @@ async def test_metrics_and_health_endpoints(extender: ExtenderProcess) -> None:
             text = await response.text()
     assert "sharegpu_extender_latency_seconds_bucket" in text
     assert 'sharegpu_extender_binds_total{outcome="bound"}' in text
+    async with aiohttp.ClientSession() as session, session.get(f"{extender.url}/debug/nodes") as response:
+        counters = (await response.json())["counters"]
+    assert counters["rebuilds"] >= 1
+    assert counters["conflicts"] == 0, "the ledger never disagreed with the API server"
 
 
 async def test_a_lost_reservation_pod_is_replaced_and_the_hand_off_follows(

@@ -93,10 +93,6 @@ class NodeInventory:
     def gpu_count(self) -> int:
         return len(self.gpus)
 
-    @property
-    def models(self) -> frozenset[str]:
-        return frozenset(gpu.model for gpu in self.gpus)
-
     def link(self, a: int, b: int) -> Link:
         """The best path between GPUs `a` and `b` of this node."""
         low, high = min(a, b), max(a, b)

@@ -59,9 +59,6 @@ class Ledger:
     def allocations(self) -> list[allocation.Allocation]:
         return [entry.alloc for entry in self._entries.values()]
 
-    def on_node(self, node: str) -> list[allocation.Allocation]:
-        return [e.alloc for e in self._entries.values() if e.alloc.node == node]
-
     # ----------------------------------------------------------------- life cycle
 
     def assume(self, alloc: allocation.Allocation) -> status.Status:

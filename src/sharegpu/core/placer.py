@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sharegpu.core import allocation, devices, fit, fleet, ledger, policies, requests, status, units
+from sharegpu.core import allocation, fit, fleet, ledger, policies, requests, status, units
 
 IntArray = fleet.IntArray
 
@@ -170,8 +170,3 @@ class Placer:
         if not result.ok:  # a placer bug if it ever happens: the decision did not fit the ledger
             return Decision(result)
         return decision
-
-
-def fleet_from(nodes: list[devices.NodeInventory]) -> tuple[fleet.FleetState, ledger.Ledger]:
-    state = fleet.FleetState(nodes)
-    return state, ledger.Ledger(state)

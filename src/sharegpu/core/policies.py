@@ -443,7 +443,7 @@ def best_connected(
     if k <= 1 or len(candidates) <= k:
         chosen = tuple(candidates[:k])
         return chosen, _quality(node, chosen)
-    if _combinations(len(candidates), k) <= 512:
+    if math.comb(len(candidates), k) <= 512:
         best = max(itertools.combinations(candidates, k), key=lambda c: (_quality(node, c), [-i for i in c]))
         return best, _quality(node, best)
     results = []
@@ -465,10 +465,6 @@ def _quality(node: devices.NodeInventory, chosen: tuple[int, ...]) -> tuple[devi
         return devices.Link.NVLINK, 0
     links = [node.link(a, b) for a, b in pairs]
     return min(links), sum(int(x) for x in links)
-
-
-def _combinations(n: int, k: int) -> int:
-    return math.comb(n, k)
 
 
 REGISTRY: dict[str, type[Policy]] = {

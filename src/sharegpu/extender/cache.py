@@ -18,7 +18,7 @@ import hashlib
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -53,7 +53,6 @@ class Counters:
     conflicts: int = 0
     invalid: int = 0
     rebuilds: int = 0
-    extra: dict[str, int] = field(default_factory=dict)
 
 
 class ClusterCache:

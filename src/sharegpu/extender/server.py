@@ -14,6 +14,7 @@ pods/binding that carries the allocation annotation; any failure forgets the ass
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import secrets
 import time
@@ -150,7 +151,9 @@ class Extender:
         )
 
     async def debug_nodes(self, _: web.Request) -> web.Response:
-        return web.Response(body=orjson.dumps({"nodes": self.cache.summary()}), content_type="application/json")
+        counters = dataclasses.asdict(self.cache.counters)
+        body = {"nodes": self.cache.summary(), "counters": counters}
+        return web.Response(body=orjson.dumps(body), content_type="application/json")
 
     # ----------------------------------------------------------------- filter / prioritize
 
@@ -522,4 +525,4 @@ async def serve(
         await kube.close()
 
 
-__all__ = ["Extender", "kube_errors", "serve"]
+__all__ = ["Extender", "serve"]
