@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from sharegpu.core import devices
-from sharegpu.kube import client, informer, objects
-from sharegpu.testing import stack
+from sharegpu.devcluster import stack
+from sharegpu.kube import client, informer
 
 Json = dict[str, Any]
 
@@ -35,7 +35,7 @@ def plain_pod(name: str, namespace: str) -> Json:
         "kind": "Pod",
         "metadata": {"name": name, "namespace": namespace},
         "spec": {
-            "schedulerName": objects.SCHEDULER_NAME,
+            "schedulerName": names.SCHEDULER_NAME,
             "terminationGracePeriodSeconds": 0,
             "containers": [{"name": "main", "image": "busybox", "resources": {"limits": limits, "requests": limits}}],
         },
@@ -45,7 +45,7 @@ def plain_pod(name: str, namespace: str) -> Json:
 def sharing_pod(name: str, namespace: str, milli: int) -> Json:
     body = plain_pod(name, namespace)
     limits = body["spec"]["containers"][0]["resources"]["limits"]
-    limits.update({objects.GPU: "1", objects.GPU_MILLI: str(milli)})
+    limits.update({names.GPU: "1", names.GPU_MILLI: str(milli)})
     body["spec"]["containers"][0]["resources"]["requests"] = dict(limits)
     return body
 

@@ -55,11 +55,11 @@ def node_objects(count: int, gpus: int) -> tuple[list[Json], list[Json]]:
 
 
 def pod(name: str, milli: int, count: int = 1) -> Json:
-    limits = {objects.GPU: str(count), objects.GPU_MILLI: str(milli), "cpu": "1", "memory": "1Gi"}
+    limits = {names.GPU: str(count), names.GPU_MILLI: str(milli), "cpu": "1", "memory": "1Gi"}
     return {
         "metadata": {"name": name, "namespace": "bench", "uid": name, "annotations": {}},
         "spec": {
-            "schedulerName": objects.SCHEDULER_NAME,
+            "schedulerName": names.SCHEDULER_NAME,
             "containers": [{"name": "main", "resources": {"limits": limits, "requests": limits}}],
         },
     }

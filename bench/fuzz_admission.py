@@ -1,7 +1,7 @@
 """Admission fuzzing at volume: malformed reviews and pods through the webhook's handler.
 
 Every case must get a well-formed AdmissionReview response, never a crash, and never an allow for
-an invalid GPU request (sharegpu.testing.fuzz says what counts). Prints cases/s and failures.
+an invalid GPU request (sharegpu.devcluster.fuzz says what counts). Prints cases/s and failures.
 
     python bench/fuzz_admission.py --n 20000 [--seed 1] [--json PATH]
 """
@@ -16,8 +16,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from sharegpu.testing import fuzz
-from sharegpu.webhook import admission, server
+from sharegpu.webhook import admission, fuzz, server
 
 
 def main() -> int:

@@ -26,10 +26,10 @@ from typing import Any
 import numpy as np
 
 from sharegpu.core import policies
+from sharegpu.devcluster import stack
 from sharegpu.extender import cache
-from sharegpu.kube import informer, objects
+from sharegpu.kube import informer
 from sharegpu.sim import replay, trace
-from sharegpu.testing import stack
 
 Json = dict[str, Any]
 HERE = Path(__file__).resolve().parent
@@ -39,16 +39,16 @@ POLICY = "fgd-used"
 def manifest(pod: trace.TracePod, name: str, namespace: str) -> Json:
     limits: dict[str, str] = {"cpu": f"{pod.cpu_milli}m", "memory": f"{pod.memory_mib}Mi"}
     if pod.num_gpu == 0:
-        limits[objects.GPU] = "0"  # no GPU, but a managed resource: the extender places it too
+        limits[names.GPU] = "0"  # no GPU, but a managed resource: the extender places it too
     elif pod.gpu_milli < 1000:
-        limits.update({objects.GPU: "1", objects.GPU_MILLI: str(pod.gpu_milli)})
+        limits.update({names.GPU: "1", names.GPU_MILLI: str(pod.gpu_milli)})
     else:
-        limits[objects.NVIDIA_GPU] = str(pod.num_gpu)
-    notes = {objects.ANNOTATION_MODELS: ",".join(sorted(pod.models))} if pod.models else {}
+        limits[names.NVIDIA_GPU] = str(pod.num_gpu)
+    notes = {names.MODELS: ",".join(sorted(pod.models))} if pod.models else {}
     return {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "namespace": namespace, "annotations": notes},
-        "spec": {"schedulerName": objects.SCHEDULER_NAME, "terminationGracePeriodSeconds": 0,
+        "spec": {"schedulerName": names.SCHEDULER_NAME, "terminationGracePeriodSeconds": 0,
                  "containers": [{"name": "main", "image": "busybox",
                                  "resources": {"limits": limits, "requests": dict(limits)}}]},
     }  # fmt: skip

@@ -11,7 +11,6 @@ def test_exported_members() -> None:
         "InvalidInventoryError",
         "InvalidRequestError",
         "InvalidTraceError",
-        "LedgerCorruptionError",
         "SharegpuError",
         "UnknownPolicyError",
         "__version__",

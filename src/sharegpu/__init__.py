@@ -5,7 +5,6 @@ from sharegpu.core.errors import (
     InvalidInventoryError,
     InvalidRequestError,
     InvalidTraceError,
-    LedgerCorruptionError,
     SharegpuError,
     UnknownPolicyError,
 )
@@ -17,7 +16,6 @@ __all__ = [
     "InvalidInventoryError",
     "InvalidRequestError",
     "InvalidTraceError",
-    "LedgerCorruptionError",
     "SharegpuError",
     "UnknownPolicyError",
     "__version__",

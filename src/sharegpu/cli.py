@@ -9,6 +9,7 @@ with status 2.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import shlex
 import signal
@@ -63,10 +64,7 @@ def parse_policies(values: list[str]) -> list[str]:
     chosen = [name.strip() for value in values for name in value.split(",") if name.strip()]
     if not chosen:
         raise UsageError("--policy: give at least one policy")
-    for name in chosen:
-        if name not in policies.REGISTRY:
-            raise errors.UnknownPolicyError(f"unknown policy {name!r}; choose from: {', '.join(policies.REGISTRY)}")
-    return list(dict.fromkeys(chosen))
+    return list(dict.fromkeys(policies.check(name) for name in chosen))
 
 
 def _fail(exc: BaseException) -> typer.Exit:
@@ -213,10 +211,11 @@ def list_policies() -> None:
 @app.command()
 def extender(
     kubeconfig: Annotated[
-        str | None, typer.Option(help="kubeconfig file (default: $KUBECONFIG or in-cluster).")
+        str | None, typer.Option(help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config, or in-cluster).")
     ] = None,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "0.0.0.0",
-    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8888,
+    port: Annotated[int, typer.Option(help="Port of filter/prioritize/bind (kube-scheduler calls it).")] = 8888,
+    health_port: Annotated[int, typer.Option(help="Port of /healthz, /readyz, /metrics and /debug.")] = 8889,
     policy: Annotated[str, typer.Option(help="Placement policy (see `sharegpu policies`).")] = "fgd-used",
     image: Annotated[
         str, typer.Option(help="Image of reservation pods (runs `sharegpu reserve`).")
@@ -226,20 +225,56 @@ def extender(
         Path | None,
         typer.Option(help="openb pod CSV whose popular shapes FGD assumes (default: learn them from the cluster)."),
     ] = None,
+    tls_cert: Annotated[Path | None, typer.Option(help="Serving certificate for the scheduler port (PEM).")] = None,
+    tls_key: Annotated[Path | None, typer.Option(help="Serving key (PEM).")] = None,
+    client_ca: Annotated[
+        Path | None, typer.Option(help="Accept filter/prioritize/bind only with a client certificate from this CA.")
+    ] = None,
+    leader_elect: Annotated[
+        bool, typer.Option(help="Run the background reconcilers only while holding the sharegpu-extender Lease.")
+    ] = True,
+    lease_duration: Annotated[float, typer.Option(help="Leader election: seconds a Lease is valid.")] = 15.0,
+    renew_deadline: Annotated[float, typer.Option(help="Leader election: seconds to renew before stepping down.")] = 10.0,
+    retry_period: Annotated[float, typer.Option(help="Leader election: seconds between attempts.")] = 2.0,
+    reservation_idle: Annotated[
+        float, typer.Option(help="Seconds a reservation pod with no sharers is kept before it is deleted.")
+    ] = 3.0,
+    assume_ttl: Annotated[
+        float, typer.Option(help="Seconds before an assumed placement whose binding never shows up is checked.")
+    ] = 30.0,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
 ) -> None:
-    """Run the kube-scheduler extender (filter, prioritize, bind) and its hand-off loop."""
-    from sharegpu.extender import server
+    """Run the kube-scheduler extender (filter, prioritize, bind) and its reconcilers."""
+    from sharegpu.extender import runtime
     from sharegpu.sim import trace
 
     _logging(log_level)
     try:
-        if policy not in policies.REGISTRY:
-            raise errors.UnknownPolicyError(f"unknown policy {policy!r}; choose from: {', '.join(policies.REGISTRY)}")
+        policies.check(policy)
+        if (tls_cert is None) != (tls_key is None):
+            raise UsageError("--tls-cert and --tls-key go together")
+        if client_ca is not None and tls_cert is None:
+            raise UsageError("--client-ca needs --tls-cert and --tls-key")
+        if not 0 < retry_period < renew_deadline < lease_duration:
+            raise UsageError("leader election needs 0 < --retry-period < --renew-deadline < --lease-duration")
+        if reservation_idle < 0 or assume_ttl <= 0:
+            raise UsageError("--reservation-idle must be >= 0 and --assume-ttl > 0")
+        for path in (tls_cert, tls_key, client_ca):
+            if path is not None and not path.is_file():
+                raise UsageError(f"{path}: no such file")
         shapes = trace.load_pods(shapes_from).typical_shapes() if shapes_from else None
     except errors.SharegpuError as exc:
         raise _fail(exc) from None
-    asyncio.run(server.serve(kubeconfig, host, port, policy, image, narrow, shapes))
+    options = runtime.Options(
+        kubeconfig=kubeconfig, host=host, port=port, health_port=health_port, policy=policy, image=image,
+        narrow=narrow, shapes=shapes, tls_cert=tls_cert, tls_key=tls_key, client_ca=client_ca,
+        leader_elect=leader_elect, lease_duration=lease_duration, renew_deadline=renew_deadline,
+        retry_period=retry_period, reservation_idle=reservation_idle, assume_ttl=assume_ttl,
+    )  # fmt: skip
+    try:
+        asyncio.run(runtime.serve(options))
+    except errors.SharegpuError as exc:
+        raise _fail(exc) from None
 
 
 @app.command()
@@ -256,6 +291,14 @@ def reserve(
         raise _fail(exc) from None
 
 
+DEFAULT_WEBHOOK_NAMES = (
+    "sharegpu-webhook",
+    "sharegpu-webhook.sharegpu-system",
+    "sharegpu-webhook.sharegpu-system.svc",
+    "sharegpu-webhook.sharegpu-system.svc.cluster.local",
+)
+
+
 @app.command()
 def webhook(
     cert: Annotated[Path | None, typer.Option(help="Serving certificate (PEM); re-read when it changes.")] = None,
@@ -268,7 +311,14 @@ def webhook(
         ),
     ] = None,
     url: Annotated[str | None, typer.Option(help="With --bootstrap: register the webhooks at this https URL.")] = None,
-    dns_name: Annotated[list[str] | None, typer.Option(help="With --bootstrap: DNS names for the certificate.")] = None,
+    dns_name: Annotated[
+        list[str] | None,
+        typer.Option(help="With --bootstrap: a DNS name the API server reaches the webhook by (repeat); default: "
+                     "the sharegpu-webhook Service's names."),
+    ] = None,
+    ip_address: Annotated[
+        list[str] | None, typer.Option(help="With --bootstrap: an IP address the API server reaches it by (repeat).")
+    ] = None,
     kubeconfig: Annotated[str | None, typer.Option(help="kubeconfig (Device inventory, bootstrap).")] = None,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "0.0.0.0",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8443,
@@ -279,30 +329,52 @@ def webhook(
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
 ) -> None:
     """Run the admission webhook: translate GPU requests, add the hand-off, validate, guard."""
-    from sharegpu.kube import objects as kube_objects
-    from sharegpu.webhook import admission, certs
+    import ipaddress
+    import urllib.parse
+
+    from sharegpu.kube import client as kube_client
+    from sharegpu.serving import certs
+    from sharegpu.webhook import admission
     from sharegpu.webhook import config as webhook_config
     from sharegpu.webhook import server as webhook_server
 
     _logging(log_level)
     policy = admission.Policy()
     if system_user:
-        policy.system_users = frozenset(system_user)
+        policy = dataclasses.replace(policy, system_users=frozenset(system_user))
     if skip_namespace:
-        policy.skip_namespaces = frozenset(skip_namespace)
-    if bootstrap is None and (cert is None or key is None):
-        raise _fail(UsageError("give --cert and --key, or --bootstrap FOLDER"))
+        policy = dataclasses.replace(policy, skip_namespaces=frozenset(skip_namespace))
+    dns_names = tuple(dns_name or (() if ip_address else DEFAULT_WEBHOOK_NAMES))
+    ips = tuple(ip_address or ())
+    try:
+        if bootstrap is None and (cert is None or key is None):
+            raise UsageError("give --cert and --key, or --bootstrap FOLDER")
+        if bootstrap is None and (url or dns_name or ip_address):
+            raise UsageError("--url, --dns-name and --ip-address go with --bootstrap")
+        if url:
+            parsed = urllib.parse.urlsplit(url)
+            if parsed.scheme != "https" or not parsed.hostname:
+                raise UsageError(f"--url must be an https URL, got {url!r}")
+            target = parsed.hostname
+            try:
+                covered = str(ipaddress.ip_address(target)) in {str(ipaddress.ip_address(a)) for a in ips}
+            except ValueError:
+                covered = target in dns_names
+            if not covered:
+                raise UsageError(
+                    f"--url host {target!r} is not among the certificate's names ({', '.join(dns_names + ips)}): "
+                    "the API server would refuse the certificate; add it with --dns-name or --ip-address"
+                )
+        certs.subject_names(dns_names, ips)
+    except errors.SharegpuError as exc:
+        raise _fail(exc) from None
 
     async def run() -> None:
         nonlocal cert, key
         if bootstrap is not None:
-            from sharegpu.kube import client as kube_client
-
-            ca_cert, ca_key = certs.new_ca("sharegpu-webhook-ca")
-            names = tuple(dns_name or [f"sharegpu-webhook.{kube_objects.SYSTEM_NAMESPACE}.svc"])
-            cert, key = certs.write_serving_pair(bootstrap, ca_cert, ca_key, names)
-            (bootstrap / "ca.crt").write_bytes(certs.pem(ca_cert))
-            async with await kube_client.KubeClient.connect(kubeconfig) as kube:
+            ca_cert, ca_key, _ = certs.write_ca(bootstrap, "sharegpu-webhook-ca")
+            cert, key = certs.write_serving_pair(bootstrap, ca_cert, ca_key, dns_names=dns_names, ip_addresses=ips)
+            async with kube_client.KubeClient.connect(kubeconfig) as kube:
                 if url:
                     await webhook_config.install(kube, url, certs.pem(ca_cert))
                 else:
@@ -310,7 +382,10 @@ def webhook(
         assert cert is not None and key is not None
         await webhook_server.serve(host, port, cert, key, policy, kubeconfig)
 
-    asyncio.run(run())
+    try:
+        asyncio.run(run())
+    except errors.SharegpuError as exc:
+        raise _fail(exc) from None
 
 
 @app.command()
@@ -327,15 +402,15 @@ def devcluster(
     import tempfile
 
     from sharegpu.core import devices
-    from sharegpu.testing import stack
+    from sharegpu.devcluster import stack
 
     _logging("WARNING")
     if not 1 <= nodes <= 5000 or not 1 <= gpus <= 63:
         raise _fail(UsageError("--nodes must be 1..5000 and --gpus 1..63"))
-    if policy not in policies.REGISTRY:
-        raise _fail(
-            errors.UnknownPolicyError(f"unknown policy {policy!r}; choose from: {', '.join(policies.REGISTRY)}")
-        )
+    try:
+        policies.check(policy)
+    except errors.SharegpuError as exc:
+        raise _fail(exc) from None
     folder = workdir or Path(tempfile.mkdtemp(prefix="sharegpu-devcluster-"))
 
     async def run() -> None:
@@ -360,7 +435,7 @@ def devcluster(
             console = _console()
             console.print(f"[bold]sharegpu devcluster[/bold]: {nodes} nodes x {gpus} {model}")
             console.print(f"  export KUBECONFIG={whole.plane.kubeconfig('admin')}")
-            console.print(f"  extender: {whole.extender.url}/debug/nodes   logs: {folder / 'logs'}")
+            console.print(f"  extender: {whole.extender.health_url}/debug/nodes   logs: {folder / 'logs'}")
             console.print("  pods use schedulerName: sharegpu-scheduler; Ctrl-C stops everything")
             stop = asyncio.Event()
             loop = asyncio.get_running_loop()

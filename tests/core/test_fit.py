@@ -80,7 +80,7 @@ def test_cotenancy_rules_on_a_shared_gpu(
     verdict = fit.explain_node(b.state, demand, 0)
     assert verdict.ok is allowed
     if not allowed:
-        assert any(r.resource == fit.COTENANCY for r in verdict.reasons)
+        assert any(r.resource is status.Resource.COTENANCY for r in verdict.reasons)
 
 
 def test_a_group_stays_on_the_gpu_it_was_bound_to() -> None:
@@ -101,11 +101,11 @@ def test_explain_lists_every_shortfall_gpu_by_gpu() -> None:
     verdict = fit.explain_node(b.state, demand, 0)
     assert verdict.code is status.Code.UNSCHEDULABLE
     found = {(r.resource, r.gpu, r.requested, r.free, r.capacity) for r in verdict.reasons}
-    assert (fit.HOST_CPU, None, 6000, 4000, 4000) in found
-    assert (fit.GPU_MILLI, 0, 500, 100, 1000) in found
-    assert (fit.GPU_MILLI, 1, 500, 400, 1000) in found
-    assert (fit.GPU_MEMORY, 1, 8000, 4000, 16000) in found
-    assert "n/gpu0: sharegpu.io/gpu-milli requested 500, free 100 of 1000" in str(verdict)
+    assert (status.Resource.HOST_CPU, None, 6000, 4000, 4000) in found
+    assert (status.Resource.GPU_MILLI, 0, 500, 100, 1000) in found
+    assert (status.Resource.GPU_MILLI, 1, 500, 400, 1000) in found
+    assert (status.Resource.GPU_MEMORY, 1, 8000, 4000, 16000) in found
+    assert "n/gpu0: gpu-milli requested 500, free 100 of 1000" in str(verdict)
 
 
 def test_explain_marks_impossible_nodes_unresolvable() -> None:
@@ -114,4 +114,38 @@ def test_explain_marks_impossible_nodes_unresolvable() -> None:
     wrong_model = pod("ns/q", count=1, milli=100, models=frozenset({"A100"})).demand
     verdict = fit.explain_node(b.state, wrong_model, 0)
     assert verdict.code is status.Code.UNSCHEDULABLE_AND_UNRESOLVABLE
-    assert {r.resource for r in verdict.reasons} >= {fit.GPU_MODEL}
+    assert {r.resource for r in verdict.reasons} >= {status.Resource.GPU_MODEL}
+
+
+def test_diagnose_names_the_first_shortfall_of_every_node() -> None:
+    b = book(
+        node("small", 1, "T4"),
+        node("busy", 2, "T4"),
+        node("a100", 2, "A100"),
+        node("sick", 2, "T4"),
+        node("rules", 2, "T4", memory=16000),
+        node("free", 2, "T4"),
+    )
+    _place(b, "ns/x", "busy", 0, 900)
+    _place(b, "ns/y", "busy", 1, 700)
+    _place(b, "ns/z", "rules", 0, 100, requests.CoTenancy(anti_affinity="solo"))
+    _place(b, "ns/w", "rules", 1, 100, requests.CoTenancy(anti_affinity="solo"))
+    b.state.healthy[b.state.row("sick"), :] = False
+    demand = pod("ns/p", count=2, milli=500, models=frozenset({"T4"}), cotenancy=requests.CoTenancy(anti_affinity="solo")).demand
+    rows = np.arange(len(b.state))
+    found = fit.diagnose(b.state, demand, rows)
+    kinds = {b.state.names[int(r)]: fit.Shortfall(int(k)) for r, k in zip(rows, found.shortfall, strict=True)}
+    assert kinds == {
+        "small": fit.Shortfall.TOO_FEW_GPUS,
+        "busy": fit.Shortfall.GPU_COMPUTE,
+        "a100": fit.Shortfall.MODEL,
+        "sick": fit.Shortfall.UNHEALTHY,
+        "rules": fit.Shortfall.COTENANCY,
+        "free": fit.Shortfall.NONE,
+    }
+    busy = b.state.row("busy")
+    assert found.largest_milli[busy] == 300
+    assert not fit.Shortfall.MODEL.resolvable and fit.Shortfall.GPU_COMPUTE.resolvable
+    # the classification agrees with evaluate: NONE exactly where the demand fits
+    feasible = fit.evaluate(b.state, demand, rows).feasible
+    assert ((found.shortfall == fit.Shortfall.NONE) == feasible).all()

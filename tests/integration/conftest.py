@@ -14,10 +14,11 @@ from typing import Any
 
 import pytest
 
+from sharegpu.api import names
 from sharegpu.core import devices
-from sharegpu.kube import client, objects
-from sharegpu.testing import controlplane, fakecluster, stack
-from sharegpu.testing.stack import ExtenderProcess
+from sharegpu.devcluster import controlplane, fakecluster, stack
+from sharegpu.devcluster.stack import ExtenderProcess
+from sharegpu.kube import client
 
 Json = dict[str, Any]
 
@@ -120,19 +121,19 @@ def gpu_pod(
 ) -> Json:
     limits: dict[str, str] = {"cpu": cpu, "memory": "64Mi"}
     if nvidia is not None:
-        limits[objects.NVIDIA_GPU] = str(nvidia)
+        limits[names.NVIDIA_GPU] = str(nvidia)
     else:
-        limits[objects.GPU] = str(count)
+        limits[names.GPU] = str(count)
         if milli is not None:
-            limits[objects.GPU_MILLI] = str(milli)
+            limits[names.GPU_MILLI] = str(milli)
         if memory is not None:
-            limits[objects.GPU_MEMORY] = str(memory)
+            limits[names.GPU_MEMORY] = str(memory)
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": name, "namespace": namespace, "annotations": annotations or {}},
         "spec": {
-            "schedulerName": objects.SCHEDULER_NAME,
+            "schedulerName": names.SCHEDULER_NAME,
             "nodeSelector": {"sharegpu.io/test": namespace},
             "terminationGracePeriodSeconds": 0,
             "containers": [{"name": "main", "image": "busybox", "resources": {"limits": limits, "requests": limits}}],

@@ -14,7 +14,7 @@ Json = dict[str, Any]
 
 async def check(kube: client.KubeClient, *, reservations: bool = True) -> dict[str, int]:
     pods, _ = await kube.list_all("/api/v1/pods")
-    device_list, _ = await kube.list_all(objects.DEVICES_PATH)
+    device_list, _ = await kube.list_all(paths.DEVICES)
     capacity = {
         (d["metadata"]["name"], g["index"]): (1000, g["memoryMiB"]) for d in device_list for g in d["spec"]["gpus"]
     }
@@ -28,14 +28,14 @@ async def check(kube: client.KubeClient, *, reservations: bool = True) -> dict[s
         node = spec.get("nodeName")
         if objects.is_reservation(pod):
             if node and not meta.get("deletionTimestamp"):
-                live_reservations.add((node, int(meta["labels"][objects.LABEL_SLOT])))
+                live_reservations.add((node, int(meta["labels"][names.LABEL_SLOT])))
             continue
-        if not node or objects.is_terminal(pod) or spec.get("schedulerName") != objects.SCHEDULER_NAME:
+        if not node or objects.is_terminal(pod) or spec.get("schedulerName") != names.SCHEDULER_NAME:
             continue
         if not objects.wants_gpu(pod):
             continue
         bound += 1
-        text = (meta.get("annotations") or {}).get(objects.ANNOTATION_ALLOCATION)
+        text = (meta.get("annotations") or {}).get(names.ALLOCATION)
         assert text, f"bound pod {objects.pod_key(pod)} has no allocation"
         alloc = allocation.Allocation.from_json(text, pod=objects.pod_key(pod))
         assert alloc.node == node, f"{objects.pod_key(pod)}: allocation says {alloc.node}, bound to {node}"

@@ -11,10 +11,12 @@ from typing import Any
 
 import pytest
 
-from sharegpu.kube import client, objects
+from sharegpu.api import names, paths, pods, quantity, wire
+from sharegpu.devcluster import controlplane, stack
+from sharegpu.kube import client
 from sharegpu.kube import errors as kube_errors
-from sharegpu.testing import controlplane, stack
-from sharegpu.webhook import admission, certs, server
+from sharegpu.serving import certs
+from sharegpu.webhook import admission, server
 from sharegpu.webhook import config as webhook_config
 from tests.webhook.test_translate import ROWS
 
@@ -58,7 +60,7 @@ async def webhook(
                      str(control_plane.kubeconfig("sharegpu-webhook")), ready)
     )  # fmt: skip
     await ready.wait()
-    for namespace in ("kube-system", objects.SYSTEM_NAMESPACE):
+    for namespace in ("kube-system", names.SYSTEM_NAMESPACE):
         await admin.patch(
             f"/api/v1/namespaces/{namespace}", {"metadata": {"labels": {webhook_config.SKIP_LABEL: "skip"}}}
         )
@@ -93,17 +95,17 @@ async def test_every_format_is_stored_in_canonical_form(
     container = stored["spec"]["containers"][0]
     gpu_limits = {k: v for k, v in container["resources"]["limits"].items() if k not in ("cpu", "memory")}
     # The API server normalises quantities ("3000" is stored as "3k"): compare values.
-    assert {k: objects.quantity(v) for k, v in gpu_limits.items()} == {
-        k: objects.quantity(v) for k, v in canonical.items()
+    assert {k: quantity.parse(v) for k, v in gpu_limits.items()} == {
+        k: quantity.parse(v) for k, v in canonical.items()
     }
     stored_notes = stored["metadata"].get("annotations") or {}
     for key, value in canonical_notes.items():
         assert stored_notes[key] == value
-    assert stored["spec"]["schedulerName"] == objects.SCHEDULER_NAME
+    assert stored["spec"]["schedulerName"] == names.SCHEDULER_NAME
     if fmt not in ("sharegpu", "nvidia whole"):
         assert admission.ANNOTATION_TRANSLATED in stored_notes
-    sharing = objects.pod_request(stored).demand.sharing
-    handoff = stored_notes.get(objects.ANNOTATION_HANDOFF)
+    sharing = pods.request(wire.convert(stored, wire.Pod)).demand.sharing
+    handoff = stored_notes.get(names.HANDOFF)
     assert bool(handoff) == sharing
     if sharing:
         refs = {e["name"]: e["valueFrom"]["configMapKeyRef"] for e in container.get("env", [])}
@@ -118,13 +120,13 @@ async def test_every_format_is_stored_in_canonical_form(
 @pytest.mark.parametrize(
     ("limits", "notes", "message"),
     [
-        ({objects.GPU: "1", objects.GPU_MILLI: "1500"}, {}, "sharegpu.io/gpu-milli must be an integer in 1..1000"),
+        ({names.GPU: "1", names.GPU_MILLI: "1500"}, {}, "sharegpu.io/gpu-milli must be an integer in 1..1000"),
         ({"koordinator.sh/gpu-core": "150"}, {}, "above 100 must be a multiple of 100"),
-        ({objects.GPU: "1", objects.GPU_MILLI: "500"}, {objects.ANNOTATION_LIMIT: "300"}, "request (500) <= limit"),
+        ({names.GPU: "1", names.GPU_MILLI: "500"}, {names.LIMIT_MILLI: "300"}, "request (500) <= limit"),
         ({"tencent.com/vcuda-core": "50", "aliyun.com/gpu-mem": "2"}, {}, "mixes GPU request formats"),
-        ({objects.GPU: "2", objects.GPU_MILLI: "1000", objects.GPU_MEMORY: "100"}, {}, "whole-GPU request gets all"),
-        ({"nvidia.com/gpu": "2", objects.GPU_MILLI: "500"}, {}, "cannot be combined with a share"),
-        ({objects.GPU: "1", objects.GPU_MILLI: "500"}, {objects.ANNOTATION_AFFINITY: ""}, "co-tenancy affinity label"),
+        ({names.GPU: "2", names.GPU_MILLI: "1000", names.GPU_MEMORY: "100"}, {}, "whole-GPU request gets all"),
+        ({"nvidia.com/gpu": "2", names.GPU_MILLI: "500"}, {}, "cannot be combined with a share"),
+        ({names.GPU: "1", names.GPU_MILLI: "500"}, {names.AFFINITY: ""}, "co-tenancy affinity label"),
     ],
 )  # fmt: skip
 async def test_malformed_requests_are_refused_with_the_webhook_message(
@@ -146,7 +148,7 @@ async def test_memory_larger_than_any_gpu_in_the_inventory_is_refused(
         await asyncio.sleep(0.1)
     largest = webhook.policy.largest_gpu_memory_mib
     assert largest is not None
-    limits = {objects.GPU: "1", objects.GPU_MILLI: "500", objects.GPU_MEMORY: str(largest + 1)}
+    limits = {names.GPU: "1", names.GPU_MILLI: "500", names.GPU_MEMORY: str(largest + 1)}
     with pytest.raises(kube_errors.ApiError) as refused:
         await admin.create(f"/api/v1/namespaces/{namespace}/pods", bare_pod("too-big", limits))
     assert f"the largest GPU in the cluster has {largest} MiB" in refused.value.message
@@ -170,7 +172,7 @@ async def _as_tenant(control_plane: controlplane.ControlPlane, admin: client.Kub
     return stack.kube_for(control_plane, user)
 
 
-SHARE = {objects.GPU: "1", objects.GPU_MILLI: "250"}
+SHARE = {names.GPU: "1", names.GPU_MILLI: "250"}
 
 
 def _with_env(pod: Json, env: list[Json]) -> Json:
@@ -181,7 +183,7 @@ def _with_env(pod: Json, env: list[Json]) -> Json:
 @pytest.mark.parametrize(
     ("case", "manifest", "message"),
     [
-        ("allocation annotation", bare_pod("g1", SHARE, {objects.ANNOTATION_ALLOCATION: '{"version": 1}'}),
+        ("allocation annotation", bare_pod("g1", SHARE, {names.ALLOCATION: '{"version": 1}'}),
          "annotation sharegpu.io/allocation is set by sharegpu only"),
         ("visible devices", _with_env(bare_pod("g2", SHARE), [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]),
          "NVIDIA_VISIBLE_DEVICES is set by sharegpu only"),
@@ -216,24 +218,24 @@ async def test_guards_on_update_and_no_opt_out_and_the_system_is_allowed(
         pod["metadata"]["labels"] = {"sharegpu.io/admission": "skip", "sharegpu.io/webhook": "ignore"}
         await alice.create(f"/api/v1/namespaces/{namespace}/pods", pod)
         stored = await alice.get(f"/api/v1/namespaces/{namespace}/pods/labelled")
-        assert objects.quantity(stored["spec"]["containers"][0]["resources"]["limits"][objects.GPU_MEMORY]) == 2048
+        assert quantity.parse(stored["spec"]["containers"][0]["resources"]["limits"][names.GPU_MEMORY]) == 2048
         # Updating the allocation annotation is refused for a user...
         with pytest.raises(kube_errors.ApiError) as refused:
             await alice.patch(
                 f"/api/v1/namespaces/{namespace}/pods/labelled",
-                {"metadata": {"annotations": {objects.ANNOTATION_ALLOCATION: "{}"}}},
+                {"metadata": {"annotations": {names.ALLOCATION: "{}"}}},
             )
         assert "cannot be changed" in refused.value.message
         # ... and so is pointing the pod at another hand-off ConfigMap.
         with pytest.raises(kube_errors.ApiError):
             await alice.patch(
                 f"/api/v1/namespaces/{namespace}/pods/labelled",
-                {"metadata": {"annotations": {objects.ANNOTATION_HANDOFF: "sharegpu-handoff-other"}}},
+                {"metadata": {"annotations": {names.HANDOFF: "sharegpu-handoff-other"}}},
             )
         # The system's own identity may set it.
         await extender.create(
             f"/api/v1/namespaces/{namespace}/pods",
-            bare_pod("system-made", SHARE, {objects.ANNOTATION_ALLOCATION: '{"version": 1}'}),
+            bare_pod("system-made", SHARE, {names.ALLOCATION: '{"version": 1}'}),
         )
     finally:
         await alice.close()
@@ -242,11 +244,11 @@ async def test_guards_on_update_and_no_opt_out_and_the_system_is_allowed(
 
 async def test_skipped_namespaces_are_left_alone(admin: client.KubeClient, webhook: RunningWebhook) -> None:
     name = f"left-alone-{uuid.uuid4().hex[:6]}"
-    await admin.create(f"/api/v1/namespaces/{objects.SYSTEM_NAMESPACE}/pods",
+    await admin.create(f"/api/v1/namespaces/{names.SYSTEM_NAMESPACE}/pods",
                        bare_pod(name, {"aliyun.com/gpu-mem": "2"}))  # fmt: skip
-    stored = await admin.get(f"/api/v1/namespaces/{objects.SYSTEM_NAMESPACE}/pods/{name}")
+    stored = await admin.get(f"/api/v1/namespaces/{names.SYSTEM_NAMESPACE}/pods/{name}")
     assert stored["spec"]["containers"][0]["resources"]["limits"] == {"aliyun.com/gpu-mem": "2"}
-    await admin.delete(f"/api/v1/namespaces/{objects.SYSTEM_NAMESPACE}/pods/{name}", grace_period=0)
+    await admin.delete(f"/api/v1/namespaces/{names.SYSTEM_NAMESPACE}/pods/{name}", grace_period=0)
 
 
 async def test_certificate_rotation_without_restart(
@@ -273,7 +275,7 @@ async def test_inconsistent_device_resources_are_refused(admin: client.KubeClien
                           {"index": 0, "uuid": "GPU-b", "model": "T4", "memoryMiB": 16384}]},
     }  # fmt: skip
     with pytest.raises(kube_errors.ApiError) as refused:
-        await admin.create(objects.DEVICES_PATH, bad)
+        await admin.create(paths.DEVICES, bad)
     assert "indices must be 0..n-1" in refused.value.message
 
 
@@ -293,9 +295,9 @@ async def test_multi_container_pods_get_a_hand_off_per_gpu_container(
     ]
     await admin.create(f"/api/v1/namespaces/{namespace}/pods", manifest)
     stored = await admin.get(f"/api/v1/namespaces/{namespace}/pods/multi")
-    demand = objects.pod_request(stored).demand
+    demand = pods.request(wire.convert(stored, wire.Pod)).demand
     assert (demand.count, demand.milli, demand.memory_mib) == (1, 500, 1024), "max(20+10 app, 50 init) and app memory"
-    handoff = stored["metadata"]["annotations"][objects.ANNOTATION_HANDOFF]
+    handoff = stored["metadata"]["annotations"][names.HANDOFF]
     for container in stored["spec"]["initContainers"] + stored["spec"]["containers"]:
         refs = {e["name"]: e["valueFrom"]["configMapKeyRef"] for e in container["env"]}
         assert refs["NVIDIA_VISIBLE_DEVICES"]["name"] == handoff

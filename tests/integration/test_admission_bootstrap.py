@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from sharegpu.kube import client, objects
-from sharegpu.testing import controlplane
+from sharegpu.api import names, quantity
+from sharegpu.devcluster import controlplane
+from sharegpu.kube import client
 from sharegpu.webhook import config as webhook_config
 
 
@@ -54,7 +55,7 @@ async def test_bootstrap_writes_its_ca_bundle_and_serves(
         }  # fmt: skip
         await admin.create(f"/api/v1/namespaces/{namespace}/pods", pod)
         stored = await admin.get(f"/api/v1/namespaces/{namespace}/pods/boot")
-        assert objects.quantity(stored["spec"]["containers"][0]["resources"]["limits"][objects.GPU_MEMORY]) == 1024
+        assert quantity.parse(stored["spec"]["containers"][0]["resources"]["limits"][names.GPU_MEMORY]) == 1024
     finally:
         await webhook_config.uninstall(admin)
         process.terminate()

@@ -8,8 +8,8 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
-from sharegpu.kube import client, objects
-from sharegpu.testing.stack import ExtenderProcess
+from sharegpu.devcluster.stack import ExtenderProcess
+from sharegpu.kube import client
 from tests.integration import oracle
 from tests.integration.conftest import gpu_pod, wait_for
 

@@ -7,9 +7,10 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from sharegpu.core import allocation
-from sharegpu.kube import client, objects
-from sharegpu.testing.stack import ExtenderProcess
+from sharegpu.api import names
+from sharegpu.core import allocation, units
+from sharegpu.devcluster.stack import ExtenderProcess
+from sharegpu.kube import client
 from tests.integration import oracle
 from tests.integration.conftest import gpu_pod, wait_for
 
@@ -22,13 +23,13 @@ async def pods_in(kube: client.KubeClient, namespace: str) -> list[Json]:
 
 
 def allocation_of(pod: Json) -> allocation.Allocation:
-    text = pod["metadata"]["annotations"][objects.ANNOTATION_ALLOCATION]
-    return allocation.Allocation.from_json(text, pod=objects.pod_key(pod))
+    text = pod["metadata"]["annotations"][names.ALLOCATION]
+    return allocation.Allocation.from_json(text, pod=units.pod_key(pod["metadata"]["namespace"], pod["metadata"]["name"]))
 
 
 async def reservation_pods(kube: client.KubeClient, node: str) -> list[Json]:
     items, _ = await kube.list_all(
-        f"/api/v1/namespaces/{objects.SYSTEM_NAMESPACE}/pods", {"labelSelector": f"{objects.LABEL_NODE}={node}"}
+        f"/api/v1/namespaces/{names.SYSTEM_NAMESPACE}/pods", {"labelSelector": f"{names.LABEL_NODE}={node}"}
     )
     return items
 
@@ -56,7 +57,7 @@ async def test_fractional_pods_pack_onto_gpus(
 
     async def reservations_report_uuids() -> bool:
         items = await reservation_pods(admin, node)
-        uuids = {(p["metadata"].get("annotations") or {}).get(objects.ANNOTATION_GPU_UUID) for p in items}
+        uuids = {(p["metadata"].get("annotations") or {}).get(names.GPU_UUID) for p in items}
         return len(items) == 2 and None not in uuids and len(uuids) == 2
 
     await wait_for(reservations_report_uuids, what="two reservation pods with their GPU UUIDs")
@@ -122,7 +123,7 @@ async def test_whole_multi_gpu_and_model_constraints(
     # One at a time, so the outcome does not depend on the scheduler's queue order.
     await admin.create(
         f"/api/v1/namespaces/{namespace}/pods",
-        gpu_pod("wants-a100", namespace, milli=300, annotations={objects.ANNOTATION_MODELS: "A100"}),
+        gpu_pod("wants-a100", namespace, milli=300, annotations={names.MODELS: "A100"}),
     )
     await wait_for(lambda: all_bound(admin, namespace, 1), what="the A100 pod bound")
     await admin.create(f"/api/v1/namespaces/{namespace}/pods", gpu_pod("four", namespace, nvidia=3))
@@ -144,12 +145,12 @@ async def test_cotenancy_rules(
 ) -> None:
     await nodes(1, gpus=3)
     rules = [
-        ("aff-a1", {objects.ANNOTATION_AFFINITY: "a"}),
-        ("aff-a2", {objects.ANNOTATION_AFFINITY: "a"}),
-        ("anti-1", {objects.ANNOTATION_ANTI_AFFINITY: "z"}),
-        ("anti-2", {objects.ANNOTATION_ANTI_AFFINITY: "z"}),
-        ("excl-e", {objects.ANNOTATION_EXCLUSION: "e"}),
-        ("excl-f", {objects.ANNOTATION_EXCLUSION: "f"}),
+        ("aff-a1", {names.AFFINITY: "a"}),
+        ("aff-a2", {names.AFFINITY: "a"}),
+        ("anti-1", {names.ANTI_AFFINITY: "z"}),
+        ("anti-2", {names.ANTI_AFFINITY: "z"}),
+        ("excl-e", {names.EXCLUSION: "e"}),
+        ("excl-f", {names.EXCLUSION: "f"}),
     ]
     for name, notes in rules:
         await admin.create(
@@ -179,7 +180,7 @@ async def test_handoff_configmap_gets_the_reserved_gpu_uuid(
         namespace,
         milli=250,
         memory=2048,
-        annotations={objects.ANNOTATION_HANDOFF: "handoff-x1", objects.ANNOTATION_LIMIT: "500"},
+        annotations={names.HANDOFF: "handoff-x1", names.LIMIT_MILLI: "500"},
     )
     await admin.create(f"/api/v1/namespaces/{namespace}/pods", pod)
     await wait_for(lambda: all_bound(admin, namespace, 1), what="pod bound")
@@ -192,10 +193,10 @@ async def test_handoff_configmap_gets_the_reserved_gpu_uuid(
 
     data = (await wait_for(configmap, what="hand-off ConfigMap"))["data"]
     items, _ = await admin.list_all(
-        f"/api/v1/namespaces/{objects.SYSTEM_NAMESPACE}/pods", {"labelSelector": f"{objects.LABEL_NODE}={node}"}
+        f"/api/v1/namespaces/{names.SYSTEM_NAMESPACE}/pods", {"labelSelector": f"{names.LABEL_NODE}={node}"}
     )
     (reservation,) = items
-    assert data["main.NVIDIA_VISIBLE_DEVICES"] == reservation["metadata"]["annotations"][objects.ANNOTATION_GPU_UUID]
+    assert data["main.NVIDIA_VISIBLE_DEVICES"] == reservation["metadata"]["annotations"][names.GPU_UUID]
     assert data["main.NVIDIA_VISIBLE_DEVICES"].startswith(f"GPU-{node}-")
     assert data["main.CUDA_DEVICE_SM_LIMIT"] == "50"
     assert data["main.CUDA_DEVICE_MEMORY_LIMIT"] == "2048m"
@@ -249,17 +250,17 @@ async def test_a_lost_reservation_pod_is_replaced_and_the_hand_off_follows(
     admin: client.KubeClient, extender: ExtenderProcess, nodes: Callable[..., Any], namespace: str
 ) -> None:
     (node,) = await nodes(1, gpus=2)
-    pod = gpu_pod("sharer", namespace, milli=300, annotations={objects.ANNOTATION_HANDOFF: "handoff-lost-1"})
+    pod = gpu_pod("sharer", namespace, milli=300, annotations={names.HANDOFF: "handoff-lost-1"})
     await admin.create(f"/api/v1/namespaces/{namespace}/pods", pod)
     await wait_for(lambda: all_bound(admin, namespace, 1), what="pod bound")
 
     async def reservations() -> list[Json]:
         items = await reservation_pods(admin, node)
-        return [p for p in items if (p["metadata"].get("annotations") or {}).get(objects.ANNOTATION_GPU_UUID)]
+        return [p for p in items if (p["metadata"].get("annotations") or {}).get(names.GPU_UUID)]
 
     (first,) = await wait_for(reservations, what="a reservation with its UUID")
     await admin.delete(
-        f"/api/v1/namespaces/{objects.SYSTEM_NAMESPACE}/pods/{first['metadata']['name']}", grace_period=0
+        f"/api/v1/namespaces/{names.SYSTEM_NAMESPACE}/pods/{first['metadata']['name']}", grace_period=0
     )
 
     async def replaced() -> Json | None:
@@ -267,7 +268,7 @@ async def test_a_lost_reservation_pod_is_replaced_and_the_hand_off_follows(
         return live[0] if live else None
 
     second = await wait_for(replaced, what="a new reservation pod")
-    uuid = second["metadata"]["annotations"][objects.ANNOTATION_GPU_UUID]
+    uuid = second["metadata"]["annotations"][names.GPU_UUID]
 
     async def handoff_follows() -> bool:
         data = (await admin.get(f"/api/v1/namespaces/{namespace}/configmaps/handoff-lost-1")).get("data") or {}
@@ -289,7 +290,7 @@ async def test_a_failed_reservation_pod_is_cleaned_up_and_replaced(
     (first,) = await wait_for(reservations, what="a reservation pod")
     name = first["metadata"]["name"]
     # What a kubelet does when the device plugin cannot give the pod its GPU.
-    await admin.patch(f"/api/v1/namespaces/{objects.SYSTEM_NAMESPACE}/pods/{name}/status",
+    await admin.patch(f"/api/v1/namespaces/{names.SYSTEM_NAMESPACE}/pods/{name}/status",
                       {"status": {"phase": "Failed", "reason": "UnexpectedAdmissionError"}})  # fmt: skip
 
     async def replaced() -> bool:
@@ -306,7 +307,7 @@ async def test_a_hand_off_configmap_claimed_twice_serves_only_its_first_pod(
 ) -> None:
     await nodes(1, gpus=2)
     first = await admin.create(f"/api/v1/namespaces/{namespace}/pods", gpu_pod(
-        "first", namespace, milli=200, annotations={objects.ANNOTATION_HANDOFF: "claimed-cm"}))  # fmt: skip
+        "first", namespace, milli=200, annotations={names.HANDOFF: "claimed-cm"}))  # fmt: skip
     await wait_for(lambda: all_bound(admin, namespace, 1), what="first bound")
 
     async def configmap() -> Json | None:
@@ -317,7 +318,7 @@ async def test_a_hand_off_configmap_claimed_twice_serves_only_its_first_pod(
 
     await wait_for(configmap, what="the hand-off of the first pod")
     await admin.create(f"/api/v1/namespaces/{namespace}/pods", gpu_pod(
-        "copycat", namespace, milli=200, annotations={objects.ANNOTATION_HANDOFF: "claimed-cm"}))  # fmt: skip
+        "copycat", namespace, milli=200, annotations={names.HANDOFF: "claimed-cm"}))  # fmt: skip
     await wait_for(lambda: all_bound(admin, namespace, 2), what="both bound")
     await asyncio.sleep(1.0)  # give the hand-off loop time to (wrongly) serve the copy
     owners = (await configmap() or {})["metadata"]["ownerReferences"]

@@ -1,80 +1,148 @@
-"""Informer semantics against a scripted fake API: relist on 410, resume after a dropped watch."""
+"""Informer semantics over the fake API server: relist only on 410, resume after temporary faults,
+recreated objects, honest readiness, never dying on handler bugs or undecodable objects."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Callable
 from typing import Any
 
-from sharegpu.kube import errors, informer
-
-Json = dict[str, Any]
-
-
-def pod(name: str, version: str, uid: str = "") -> Json:
-    return {"metadata": {"name": name, "namespace": "ns", "resourceVersion": version, "uid": uid or name}}
+from sharegpu.api import paths, wire
+from sharegpu.kube import client, fake, informer
 
 
-class FakeApi:
-    """Serves scripted lists and watch streams; each watch step is a list of events or an exception."""
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
 
-    def __init__(self, lists: list[tuple[list[Json], str]], watches: list[Any]) -> None:
-        self.lists = lists
-        self.watches = watches
-        self.watched_from: list[str] = []
-
-    async def list_all(self, path: str, params: Mapping[str, str | int] | None = None) -> tuple[list[Json], str]:
-        return self.lists.pop(0)
-
-    async def watch(
-        self, path: str, version: str, params: Mapping[str, str | int] | None = None, *, timeout_seconds: int = 0
-    ) -> AsyncIterator[tuple[str, Json]]:
-        self.watched_from.append(version)
-        if not self.watches:
-            await asyncio.sleep(3600)
-        step = self.watches.pop(0)
-        if isinstance(step, Exception):
-            raise step
-        for event in step:
-            yield event
+    def __call__(self) -> float:
+        return self.now
 
 
-async def test_relists_after_gone_and_reports_what_vanished() -> None:
-    seen: list[tuple[str, str]] = []
-    api = FakeApi(
-        lists=[([pod("a", "1"), pod("b", "2")], "2"), ([pod("b", "5"), pod("c", "6")], "6")],
-        watches=[
-            [("MODIFIED", pod("a", "3")), ("BOOKMARK", {"metadata": {"resourceVersion": "4"}})],
-            errors.GoneError(410, "Expired", "too old"),
-        ],
-    )
-    inf = informer.Informer(api, "/api/v1/pods", lambda kind, obj: seen.append((kind, obj["metadata"]["name"])))  # type: ignore[arg-type]
-    task = asyncio.create_task(inf.run())
-    for _ in range(100):
+def pod(name: str, uid_hint: str = "") -> dict[str, Any]:
+    return {"metadata": {"name": name, "labels": {"v": uid_hint}}, "spec": {"containers": []}}
+
+
+async def eventually(check: Callable[[], bool], what: str, timeout: float = 5.0) -> None:
+    for _ in range(int(timeout / 0.01)):
+        if check():
+            return
         await asyncio.sleep(0.01)
-        if inf.relists == 2 and len(api.watched_from) >= 3:
-            break
-    await informer.cancel([task])
-    assert seen == [
-        ("ADDED", "a"), ("ADDED", "b"),
-        ("MODIFIED", "a"),
-        ("DELETED", "a"), ("MODIFIED", "b"), ("ADDED", "c"),
-    ]  # fmt: skip
-    assert api.watched_from[:3] == ["2", "4", "6"], "resumes from the bookmark, then from the new list"
-    assert set(inf.store) == {"ns/b", "ns/c"}
+    raise AssertionError(f"timed out waiting for {what}")
 
 
-async def test_a_recreated_object_is_deleted_then_added() -> None:
-    seen: list[tuple[str, str]] = []
-    api = FakeApi(
-        lists=[([pod("a", "1", uid="u1")], "1"), ([pod("a", "9", uid="u2")], "9")],
-        watches=[errors.GoneError(410, "Expired", "too old")],
+def start(
+    server: fake.FakeApiServer, seen: list[tuple[str, str]], **options: Any
+) -> tuple[informer.Informer[wire.Pod, wire.Pod], asyncio.Task[None]]:
+    kube = client.KubeClient(server)
+
+    def handler(kind: str, obj: wire.Pod) -> None:
+        seen.append((kind, obj.metadata.name))
+
+    inf: informer.Informer[wire.Pod, wire.Pod] = informer.Informer(
+        kube, paths.PODS, wire.Pod, informer.identity, handler, max_backoff=0.05, **options
     )
-    inf = informer.Informer(api, "/p", lambda kind, obj: seen.append((kind, obj["metadata"]["uid"])))  # type: ignore[arg-type]
-    task = asyncio.create_task(inf.run())
-    for _ in range(100):
-        await asyncio.sleep(0.01)
-        if inf.relists == 2:
-            break
+    return inf, asyncio.create_task(inf.run())
+
+
+async def test_lists_then_follows_the_watch() -> None:
+    server = fake.FakeApiServer()
+    server.put_object(paths.pods("ns"), pod("a"))
+    seen: list[tuple[str, str]] = []
+    inf, task = start(server, seen)
+    await inf.synced.wait()
+    await client.KubeClient(server).create(paths.pods("ns"), pod("b"))
+    await eventually(lambda: ("ADDED", "b") in seen, "b through the watch")
+    await client.KubeClient(server).delete(paths.pod("ns", "a"))
+    await eventually(lambda: ("DELETED", "a") in seen, "a deleted")
     await informer.cancel([task])
-    assert seen == [("ADDED", "u1"), ("DELETED", "u1"), ("ADDED", "u2")]
+    assert seen == [("ADDED", "a"), ("ADDED", "b"), ("DELETED", "a")]
+    assert set(inf.store) == {"ns/b"}
+    assert inf.lists == 1
+
+
+async def test_temporary_faults_resume_the_watch_without_a_relist() -> None:
+    server = fake.FakeApiServer()
+    kube = client.KubeClient(server)
+    seen: list[tuple[str, str]] = []
+    inf, task = start(server, seen)
+    await inf.synced.wait()
+    await eventually(lambda: inf.ready and bool(server.watches), "watching")
+    server.cut_watches()
+    await kube.create(paths.pods("ns"), pod("during-the-cut"))  # happens while nobody watches
+    server.fail(503, method="WATCH")
+    server.fail(429, method="WATCH", retry_after=0)
+    await eventually(lambda: ("ADDED", "during-the-cut") in seen, "the missed event replayed")
+    await informer.cancel([task])
+    assert inf.lists == 1, "a cut connection, a 503 and a 429 are resumed from the last version"
+
+
+async def test_410_relists_and_reports_what_vanished_or_was_recreated() -> None:
+    server = fake.FakeApiServer()
+    kube = client.KubeClient(server)
+    await kube.create(paths.pods("ns"), pod("stays"))
+    await kube.create(paths.pods("ns"), pod("goes"))
+    await kube.create(paths.pods("ns"), pod("reborn"))
+    seen: list[tuple[str, str]] = []
+    inf, task = start(server, seen)
+    await inf.synced.wait()
+    await eventually(lambda: bool(server.watches), "watching")
+    # While the informer cannot see: one goes, one is recreated under the same name, history is compacted.
+    server.cut_watches()
+    server.fail(503, method="WATCH", times=3)
+    await kube.delete(paths.pod("ns", "goes"))
+    await kube.delete(paths.pod("ns", "reborn"))
+    await kube.create(paths.pods("ns"), pod("reborn", "2"))
+    server.expire_watches()
+    server.compacted = server.version
+    await eventually(lambda: inf.lists == 2, "a relist")
+    await informer.cancel([task])
+    assert seen[3:] == [("DELETED", "goes"), ("DELETED", "reborn"), ("ADDED", "reborn"), ("MODIFIED", "stays")]
+
+
+async def test_readiness_follows_auth_failures_and_long_outages() -> None:
+    server = fake.FakeApiServer()
+    clock = Clock()
+    seen: list[tuple[str, str]] = []
+    inf, task = start(server, seen, clock=clock, stale_after=30.0)
+    assert not inf.ready, "not ready before the first list"
+    await inf.synced.wait()
+    await eventually(lambda: inf.ready and bool(server.watches), "watching")
+    server.tokens = {"nobody-has-this"}
+    server.cut_watches()
+    await eventually(lambda: inf.unauthorized and not inf.ready, "401 seen and reported")
+    server.tokens = None
+    await eventually(lambda: inf.ready and not inf.unauthorized, "recovered")
+    server.fail(503, method="WATCH", times=10_000)
+    server.cut_watches()
+    await eventually(lambda: not inf.status()["watching"] and "503" in inf.last_error, "failing")
+    assert inf.ready, "a short outage keeps the informer ready"
+    clock.now += 31
+    assert not inf.ready, "an outage longer than stale_after does not"
+    server.faults.clear()
+    await eventually(lambda: inf.ready, "watching again")
+    await informer.cancel([task])
+
+
+async def test_handler_bugs_and_undecodable_objects_do_not_stop_it() -> None:
+    server = fake.FakeApiServer()
+    kube = client.KubeClient(server)
+    calls: list[str] = []
+
+    def handler(kind: str, obj: wire.Pod) -> None:
+        calls.append(obj.metadata.name)
+        if obj.metadata.name == "boom":
+            raise RuntimeError("handler bug")
+
+    inf: informer.Informer[wire.Pod, wire.Pod] = informer.Informer(
+        kube, paths.PODS, wire.Pod, informer.identity, handler, max_backoff=0.05
+    )
+    task = asyncio.create_task(inf.run())
+    await inf.synced.wait()
+    await kube.create(paths.pods("ns"), pod("boom"))
+    server.put_object(paths.pods("ns"), {"metadata": {"name": "bad", "labels": "not-a-map"}})
+    await kube.create(paths.pods("ns"), pod("after"))
+    await eventually(lambda: "after" in calls, "events after the bug")
+    await informer.cancel([task])
+    assert (inf.handler_errors, inf.undecodable) == (1, 1)
+    assert not task.cancelled() or task.done()

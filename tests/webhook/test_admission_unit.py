@@ -4,13 +4,21 @@ import base64
 from typing import Any
 
 import jsonpatch
+import msgspec
 import orjson
 
-from sharegpu.kube import objects
+from sharegpu.api import admission as messages
+from sharegpu.api import names
 from sharegpu.webhook import admission
 
 Json = dict[str, Any]
 POLICY = admission.Policy(system_users=frozenset({"sharegpu-extender"}))
+
+
+def answer_of(answer: messages.ReviewResponse) -> Json:
+    """The answer as the API server reads it (JSON)."""
+    result: Json = orjson.loads(msgspec.json.encode(answer))
+    return result
 
 
 def review(pod: Json, user: str = "alice") -> Json:
@@ -18,8 +26,8 @@ def review(pod: Json, user: str = "alice") -> Json:
                         "object": pod}}  # fmt: skip
 
 
-def applied(pod: Json, answer: Json) -> Json:
-    response = answer["response"]
+def applied(pod: Json, answer: messages.ReviewResponse) -> Json:
+    response = answer_of(answer)["response"]
     assert response["allowed"], response
     if "patch" not in response:
         return pod
@@ -43,12 +51,12 @@ def test_reinvocation_is_idempotent() -> None:
 
 
 def test_a_user_cannot_choose_the_hand_off_configmap() -> None:
-    forged = sharing_pod({objects.ANNOTATION_HANDOFF: "sharegpu-handoff-someone-else"})
+    forged = sharing_pod({names.HANDOFF: "sharegpu-handoff-someone-else"})
     out = applied(forged, admission.mutate(review(forged), POLICY))
-    name = out["metadata"]["annotations"][objects.ANNOTATION_HANDOFF]
+    name = out["metadata"]["annotations"][names.HANDOFF]
     assert name != "sharegpu-handoff-someone-else"
-    assert name.startswith(admission.HANDOFF_PREFIX)
-    assert admission.validate(review(out), POLICY)["response"]["allowed"]
+    assert name.startswith(names.HANDOFF_PREFIX)
+    assert admission.validate(review(out), POLICY).response.allowed
 
 
 def test_cpu_only_pods_are_left_as_they_are() -> None:

@@ -8,8 +8,7 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sharegpu.testing import fuzz
-from sharegpu.webhook import admission, server
+from sharegpu.webhook import admission, fuzz, server
 
 POLICY = admission.Policy(system_users=frozenset({"sharegpu-extender"}), largest_gpu_memory_mib=81920)
 
@@ -32,11 +31,10 @@ def test_generated_reviews(rng: random.Random) -> None:
     st.sampled_from(["mutate", "validate"]),
 )
 def test_arbitrary_json_never_crashes_or_allows_without_a_request(body: object, kind: str) -> None:
-    response = server.handle_review(kind, body, POLICY)
-    assert response["kind"] == "AdmissionReview"
-    assert isinstance(response["response"]["allowed"], bool)
+    answer = server.handle_review(kind, body, POLICY)
+    assert fuzz.violations(kind, body, answer) == [] or not answer.response.allowed
     if not (isinstance(body, dict) and isinstance(body.get("request"), dict)):
-        assert response["response"]["allowed"] is False
+        assert answer.response.allowed is False
 
 
 def test_oversized_bodies_get_a_clear_answer() -> None:
@@ -44,6 +42,7 @@ def test_oversized_bodies_get_a_clear_answer() -> None:
                         "object": {"metadata": {"annotations": {"x": "y" * 3_000_000}},
                                    "spec": {"containers": [{"name": "c", "resources": {"limits": {
                                        "sharegpu.io/gpu-milli": "9" * 100_000}}}]}}}}  # fmt: skip
-    response = server.handle_review("mutate", body, POLICY)
-    assert response["response"]["allowed"] is False
-    assert "sharegpu.io/gpu-milli" in response["response"]["status"]["message"]
+    answer = server.handle_review("mutate", body, POLICY)
+    assert answer.response.allowed is False
+    assert answer.response.status is not None
+    assert "sharegpu.io/gpu-milli" in answer.response.status.message

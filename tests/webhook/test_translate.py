@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
+from sharegpu.api import names, pods, wire
 from sharegpu.core import errors
-from sharegpu.kube import objects
 from sharegpu.webhook import translate
 
 Json = dict[str, Any]
@@ -27,40 +27,40 @@ def gpu_limits(out: Json) -> dict[str, str]:
 
 ROWS = [
     # (format, limits, annotations, canonical GPU limits, canonical annotations)
-    ("sharegpu", {objects.GPU: "1", objects.GPU_MILLI: "300"}, {}, {objects.GPU: "1", objects.GPU_MILLI: "300"}, {}),
+    ("sharegpu", {names.GPU: "1", names.GPU_MILLI: "300"}, {}, {names.GPU: "1", names.GPU_MILLI: "300"}, {}),
     ("nvidia whole", {"nvidia.com/gpu": "2"}, {}, {"nvidia.com/gpu": "2"}, {}),
     ("koordinator core+ratio", {"koordinator.sh/gpu-core": "50", "koordinator.sh/gpu-memory-ratio": "50"}, {},
-     {objects.GPU: "1", objects.GPU_MILLI: "500"}, {objects.ANNOTATION_MEMORY_PERMILLE: "500"}),
+     {names.GPU: "1", names.GPU_MILLI: "500"}, {names.MEMORY_PERMILLE: "500"}),
     ("koordinator core+bytes", {"koordinator.sh/gpu-core": "25", "koordinator.sh/gpu-memory": "8Gi"}, {},
-     {objects.GPU: "1", objects.GPU_MILLI: "250", objects.GPU_MEMORY: "8192"}, {}),
+     {names.GPU: "1", names.GPU_MILLI: "250", names.GPU_MEMORY: "8192"}, {}),
     ("koordinator shared", {"koordinator.sh/gpu-shared": "2", "koordinator.sh/gpu-core": "30",
                             "koordinator.sh/gpu-memory-ratio": "30"}, {},
-     {objects.GPU: "2", objects.GPU_MILLI: "300"}, {objects.ANNOTATION_MEMORY_PERMILLE: "300"}),
+     {names.GPU: "2", names.GPU_MILLI: "300"}, {names.MEMORY_PERMILLE: "300"}),
     ("koordinator whole", {"koordinator.sh/gpu-core": "200", "koordinator.sh/gpu-memory-ratio": "200"}, {},
      {"nvidia.com/gpu": "2"}, {}),
     ("kubernetes.io/gpu", {"kubernetes.io/gpu": "50"}, {},
-     {objects.GPU: "1", objects.GPU_MILLI: "500"}, {objects.ANNOTATION_MEMORY_PERMILLE: "500"}),
+     {names.GPU: "1", names.GPU_MILLI: "500"}, {names.MEMORY_PERMILLE: "500"}),
     ("kubernetes.io/gpu whole", {"kubernetes.io/gpu": "100"}, {}, {"nvidia.com/gpu": "1"}, {}),
     ("kubernetes.io/gpu-core+memory", {"kubernetes.io/gpu-core": "40", "kubernetes.io/gpu-memory": "4Gi"}, {},
-     {objects.GPU: "1", objects.GPU_MILLI: "400", objects.GPU_MEMORY: "4096"}, {}),
+     {names.GPU: "1", names.GPU_MILLI: "400", names.GPU_MEMORY: "4096"}, {}),
     ("kubernetes.io/gpu-memory-ratio", {"kubernetes.io/gpu-memory-ratio": "25"}, {},
-     {objects.GPU: "1", objects.GPU_MILLI: "1"}, {objects.ANNOTATION_MEMORY_PERMILLE: "250"}),
+     {names.GPU: "1", names.GPU_MILLI: "1"}, {names.MEMORY_PERMILLE: "250"}),
     ("aliyun", {"aliyun.com/gpu-mem": "3"}, {},
-     {objects.GPU: "1", objects.GPU_MILLI: "1", objects.GPU_MEMORY: "3072"}, {}),
+     {names.GPU: "1", names.GPU_MILLI: "1", names.GPU_MEMORY: "3072"}, {}),
     ("tkestack share", {"tencent.com/vcuda-core": "30", "tencent.com/vcuda-memory": "8"}, {},
-     {objects.GPU: "1", objects.GPU_MILLI: "300", objects.GPU_MEMORY: "2048"}, {}),
+     {names.GPU: "1", names.GPU_MILLI: "300", names.GPU_MEMORY: "2048"}, {}),
     ("tkestack whole", {"tencent.com/vcuda-core": "200", "tencent.com/vcuda-memory": "60"}, {},
      {"nvidia.com/gpu": "2"}, {}),
     ("hami", {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "3000", "nvidia.com/gpucores": "30"}, {},
-     {objects.GPU: "1", objects.GPU_MILLI: "300", objects.GPU_MEMORY: "3000"}, {}),
+     {names.GPU: "1", names.GPU_MILLI: "300", names.GPU_MEMORY: "3000"}, {}),
     ("hami memory percentage", {"nvidia.com/gpu": "2", "nvidia.com/gpumem-percentage": "50"}, {},
-     {objects.GPU: "2", objects.GPU_MILLI: "1"}, {objects.ANNOTATION_MEMORY_PERMILLE: "500"}),
+     {names.GPU: "2", names.GPU_MILLI: "1"}, {names.MEMORY_PERMILLE: "500"}),
     ("kubeshare", {}, {"kubeshare/gpu_request": "0.5", "kubeshare/gpu_limit": "1.0", "kubeshare/gpu_mem": "2147483648",
                        "kubeshare/sched_affinity": "red", "kubeshare/sched_anti-affinity": "blue",
                        "kubeshare/sched_exclusion": "green", "kubeshare/GPUID": "g1"},
-     {objects.GPU: "1", objects.GPU_MILLI: "500", objects.GPU_MEMORY: "2048"},
-     {objects.ANNOTATION_LIMIT: "1000", objects.ANNOTATION_AFFINITY: "red", objects.ANNOTATION_ANTI_AFFINITY: "blue",
-      objects.ANNOTATION_EXCLUSION: "green", objects.ANNOTATION_GROUP: "g1"}),
+     {names.GPU: "1", names.GPU_MILLI: "500", names.GPU_MEMORY: "2048"},
+     {names.LIMIT_MILLI: "1000", names.AFFINITY: "red", names.ANTI_AFFINITY: "blue",
+      names.EXCLUSION: "green", names.GROUP: "g1"}),
 ]  # fmt: skip
 
 
@@ -75,7 +75,7 @@ def test_formats_translate(
         assert {k: v for k, v in requests.items() if k in canonical} == canonical
     for key, value in canonical_notes.items():
         assert out["metadata"]["annotations"][key] == value
-    objects.pod_request(out)  # the result is a valid canonical request
+    pods.request(wire.convert(out, wire.Pod))  # the result is a valid canonical request
     assert bool(audit) == (fmt not in ("sharegpu", "nvidia whole"))
 
 
@@ -89,7 +89,7 @@ def test_formats_translate(
         ({"aliyun.com/gpu-mem": "0"}, {}, "aliyun.com/gpu-mem \\(GiB\\) must be an integer in 1.."),
         ({}, {"kubeshare/gpu_request": "1.5"}, "must be in \\(0, 1\\]"),
         ({}, {"kubeshare/gpu_request": "0.6", "kubeshare/gpu_limit": "0.4"}, "must not be below"),
-        ({objects.GPU_MILLI: "300"}, {"kubeshare/gpu_request": "0.5"}, "use one format"),
+        ({names.GPU_MILLI: "300"}, {"kubeshare/gpu_request": "0.5"}, "use one format"),
         ({"koordinator.sh/gpu-core": "50", "nvidia.com/gpu": "1"}, {}, "cannot be combined"),
     ],
 )

@@ -12,8 +12,9 @@ import os
 import re
 from collections.abc import Mapping
 
+from sharegpu.api import names, paths
 from sharegpu.core import errors
-from sharegpu.kube import client, objects
+from sharegpu.kube import client
 
 _UUID = re.compile(r"^(GPU|MIG)-[A-Za-z0-9][A-Za-z0-9/._-]*$")
 
@@ -30,12 +31,9 @@ def visible_gpu(env: Mapping[str, str]) -> str:
     return value
 
 
-async def report(kube: client.KubeClient, namespace: str, name: str, env: Mapping[str, str]) -> str:
+async def report(kube: client.KubeApi, namespace: str, name: str, env: Mapping[str, str]) -> str:
     uuid = visible_gpu(env)
-    await kube.patch(
-        f"/api/v1/namespaces/{namespace}/pods/{name}",
-        {"metadata": {"annotations": {objects.ANNOTATION_GPU_UUID: uuid}}},
-    )
+    await kube.patch(paths.pod(namespace, name), {"metadata": {"annotations": {names.GPU_UUID: uuid}}})
     return uuid
 
 
@@ -44,6 +42,6 @@ async def main(kubeconfig: str | None = None) -> None:
     name = os.environ.get("POD_NAME", "")
     if not namespace or not name:
         raise errors.InvalidInputError("POD_NAME and POD_NAMESPACE must be set (downward API)")
-    async with await client.KubeClient.connect(kubeconfig) as kube:
+    async with client.KubeClient.connect(kubeconfig) as kube:
         await report(kube, namespace, name, os.environ)
     await asyncio.Event().wait()  # hold the GPU until the pod is deleted

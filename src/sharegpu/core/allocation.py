@@ -232,7 +232,7 @@ def build(
                 DeviceGrant(
                     index=i,
                     milli=gpu.milli,
-                    memory_mib=max(gpu.memory_mib, gpu_memory_mib[i] * gpu.memory_permille // 1000),
+                    memory_mib=max(gpu.memory_mib, gpu_memory_mib[i] * gpu.memory_permille // units.PERMILLE),
                     limit_milli=gpu.limit,
                     uuid=gpu_uuids[i] if gpu_uuids else None,
                 )

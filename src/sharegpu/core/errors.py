@@ -8,8 +8,7 @@ fit is not a fault; placement answers it with a `status.Status` value instead.
     │   ├── InvalidRequestError    a GPU request that can never be valid
     │   ├── InvalidInventoryError  a node or device description that is inconsistent
     │   └── InvalidTraceError      a workload file that cannot be read
-    ├── UnknownPolicyError         a placement policy name nobody registered
-    └── LedgerCorruptionError      an internal invariant of the ledger was found broken
+    └── UnknownPolicyError         a placement policy name nobody registered
 
 Components translate third-party errors (API client, HTTP) into this tree at their boundary.
 """
@@ -42,7 +41,3 @@ class UnknownPolicyError(SharegpuError, KeyError):
 
     def __str__(self) -> str:  # KeyError quotes its argument; we want the plain sentence.
         return str(self.args[0]) if self.args else "unknown policy"
-
-
-class LedgerCorruptionError(SharegpuError, RuntimeError):
-    """The ledger found its derived state inconsistent with its allocations (a bug, never input)."""

@@ -123,7 +123,7 @@ class FleetState:
     def memory_need(self, demand: requests.GpuDemand, rows: IntArray | slice) -> IntArray:
         """GPU memory (MiB) the demand needs on each GPU of `rows`, resolving memory ratios."""
         if demand.memory_permille:
-            by_ratio = self.gmem_capacity[rows] * demand.memory_permille // 1000
+            by_ratio = self.gmem_capacity[rows] * demand.memory_permille // units.PERMILLE
             return np.maximum(by_ratio, demand.memory_mib)
         return np.full(self.gmem_capacity[rows].shape, demand.memory_mib, dtype=np.int64)
 

@@ -10,7 +10,8 @@ leaves the state untouched.
 Assumed entries carry the time they were assumed (from the injected clock) so an owner can expire
 ones whose confirmation never came (`expire_assumed`).
 
-Not thread-safe: the owner serialises calls (the extender holds a lock per decision).
+Not thread-safe, and it need not be: every caller runs on one asyncio event loop (the extender) or
+in one thread (the simulator), and no call awaits, so calls never interleave.
 """
 
 from __future__ import annotations

@@ -119,7 +119,18 @@ class Placer:
     # ----------------------------------------------------------------- deciding
 
     def decide(self, demand: requests.GpuDemand, rows: IntArray | None = None) -> Decision:
-        rows, feasible, score, choice, tiebreak = self.evaluate(demand, rows)
+        return self.choose(demand, *self.evaluate(demand, rows))
+
+    def choose(
+        self,
+        demand: requests.GpuDemand,
+        rows: IntArray,
+        feasible: fleet.BoolArray,
+        score: IntArray,
+        choice: IntArray,
+        tiebreak: IntArray,
+    ) -> Decision:
+        """The decision from an `evaluate` result (callers that also need the scores evaluate once)."""
         ok = np.flatnonzero(feasible)
         if not len(ok):
             return Decision(status.unschedulable(f"no node fits among {len(rows)} candidate(s)"))
@@ -144,11 +155,6 @@ class Placer:
             score=int(best_score),
             feasible_nodes=int(feasible.sum()),
         )
-
-    def explain(self, demand: requests.GpuDemand, rows: IntArray | None = None) -> list[status.Status]:
-        """Per candidate node, why the demand does not fit (SUCCESS entries for nodes where it does)."""
-        rows = self._all_rows if rows is None else rows
-        return [fit.explain_node(self.state, demand, int(row)) for row in rows]
 
     def allocation_for(self, pod: requests.PodRequest, decision: Decision) -> allocation.Allocation:
         assert decision.node is not None, "allocation_for needs a successful decision"

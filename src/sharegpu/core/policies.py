@@ -491,9 +491,13 @@ def names() -> list[str]:
     return list(REGISTRY)
 
 
+def check(name: str) -> str:
+    """`name` if a policy of that name is registered; UnknownPolicyError naming the choices if not."""
+    if name not in REGISTRY:
+        raise errors.UnknownPolicyError(f"unknown policy {name!r}; choose from: {', '.join(REGISTRY)}")
+    return name
+
+
 def make(name: str, shapes: tuple[frag.WeightedShape, ...] = ()) -> Policy:
     """A fresh policy by name; fragmentation-aware ones need the typical shapes."""
-    cls = REGISTRY.get(name)
-    if cls is None:
-        raise errors.UnknownPolicyError(f"unknown policy {name!r}; choose from: {', '.join(REGISTRY)}")
-    return cls.create(shapes)
+    return REGISTRY[check(name)].create(shapes)

@@ -82,8 +82,10 @@ class GpuRequest:
             )
         if self.memory_mib < 0:
             raise errors.InvalidRequestError(f"GPU memory must be >= 0 MiB, got {self.memory_mib}")
-        if not 0 <= self.memory_permille <= 1000:
-            raise errors.InvalidRequestError(f"GPU memory ratio must be 0..1000 per mille, got {self.memory_permille}")
+        if not 0 <= self.memory_permille <= units.PERMILLE:
+            raise errors.InvalidRequestError(
+                f"GPU memory ratio must be 0..{units.PERMILLE} per mille, got {self.memory_permille}"
+            )
         if self.memory_mib and self.memory_permille:
             raise errors.InvalidRequestError("give GPU memory either in MiB or as a ratio, not both")
         if self.whole and (self.memory_mib or self.memory_permille):
@@ -203,7 +205,7 @@ def _pod_demand(pod: PodRequest) -> GpuDemand:
             f"pod {pod.key}: its containers share one GPU but ask for {milli} milli-GPU in total "
             f"(at most {units.MILLI_PER_GPU})"
         )
-    if permille > 1000:
+    if permille > units.PERMILLE:
         raise errors.InvalidRequestError(
             f"pod {pod.key}: its containers share one GPU but ask for {permille / 10:.1f}% of its memory"
         )

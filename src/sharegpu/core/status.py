@@ -3,12 +3,28 @@
 Modelled on kube-scheduler's framework Status. "Does not fit" is an ordinary answer, carried by a
 `Status` with `Code.UNSCHEDULABLE` and one `Reason` per shortfall (resource, requested, free,
 capacity, and where: node and GPU). Exceptions stay for faults.
+
+`Resource` names what fell short in the domain's own words; the wire layer (`sharegpu.api`) maps
+each to the resource name users write, so the two can never drift apart.
 """
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+
+
+class Resource(enum.Enum):
+    """What a `Reason` is about."""
+
+    HOST_CPU = "cpu"
+    HOST_MEMORY = "memory"
+    GPU_MILLI = "gpu-milli"
+    GPU_MEMORY = "gpu-memory-mib"
+    GPU_COUNT = "gpus"
+    GPU_MODEL = "gpu-model"
+    GPU_HEALTH = "gpu-health"
+    COTENANCY = "co-tenancy"
 
 
 class Code(enum.Enum):
@@ -26,7 +42,7 @@ class Code(enum.Enum):
 class Reason:
     """One shortfall: `resource` wanted `requested`, only `free` of `capacity` was there."""
 
-    resource: str
+    resource: Resource
     requested: int
     free: int
     capacity: int
@@ -41,7 +57,7 @@ class Reason:
             if self.gpu is not None:
                 where += f"/gpu{self.gpu}"
             where += ": "
-        text = f"{where}{self.resource} requested {self.requested}, free {self.free} of {self.capacity}"
+        text = f"{where}{self.resource.value} requested {self.requested}, free {self.free} of {self.capacity}"
         return f"{text} ({self.detail})" if self.detail else text
 
 

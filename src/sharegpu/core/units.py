@@ -21,6 +21,9 @@ GpuUuid = NewType("GpuUuid", str)
 MILLI_PER_GPU: Final = 1000
 """Compute capacity of one physical GPU, in milli-GPU."""
 
+PERMILLE: Final = 1000
+"""A whole, in per-mille (GPU memory given as a fraction of the GPU's memory)."""
+
 MAX_GPUS_PER_NODE: Final = 63
 """Device choices are bit masks in an int64; nodes with more GPUs than this are refused."""
 

@@ -1,15 +1,17 @@
 """The extender's view of the cluster, rebuilt from the API server and kept current by informers.
 
-Inventory: one Device resource per node (its GPUs) and the Node object (allocatable CPU and memory,
-readiness). Usage: every pod bound to a node, in the `Ledger` (GPU allocations from the pods'
-allocation annotations; whole-GPU pods of other schedulers on free GPUs; host CPU and memory of all
-pods). Decisions still waiting for their binding are *assumed* entries; they survive inventory
-rebuilds and are confirmed when the bound pod comes back through the watch.
+Inventory: one Device per node (its GPUs) and the Node (allocatable CPU and memory, readiness).
+Usage: every pod bound to a node, in the `Ledger` (GPU allocations from the pods' allocation
+annotations; whole-GPU pods of other schedulers on free GPUs; host CPU and memory of all pods).
+Decisions still waiting for their binding are *assumed* entries: they survive inventory rebuilds,
+are confirmed when the bound pod comes back through the watch, and are forgotten exactly once when
+the bind fails (`forget`) or, if neither ever happens, when they expire (`stale_assumptions`).
 
-Reservation pods (one per shared physical GPU) are tracked per (node, GPU index); a reservation being
-deleted is *retiring* and is never handed to a new sharer.
+Pods are kept as `api.pods.Record`s (the facts placement needs, parsed once per event), not as the
+objects themselves. Reservation pods are kept apart (`reservations`): the reservation reconciler
+decides about them; the cache only counts who shares which GPU (`sharers`, `shared_slots`).
 
-Everything here runs in one event loop; handlers and decisions never interleave.
+Everything here runs in one event loop and nothing awaits: handlers and decisions never interleave.
 """
 
 from __future__ import annotations
@@ -17,42 +19,61 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from sharegpu.api import devices as api_devices
+from sharegpu.api import pods, wire
 from sharegpu.core import allocation, devices, errors, fleet, frag, ledger, placer, policies, units
-from sharegpu.kube import objects
 
-Json = dict[str, Any]
 log = logging.getLogger(__name__)
 
 # Shapes FGD assumes until the cluster has shown enough of its own pods (1/4, 1/2 and whole GPUs).
 DEFAULT_SHAPES = (
     frag.WeightedShape(frag.Shape(0, 250, 1), 0.2),
     frag.WeightedShape(frag.Shape(0, 500, 1), 0.3),
-    frag.WeightedShape(frag.Shape(0, 1000, 1), 0.35),
-    frag.WeightedShape(frag.Shape(0, 1000, 2), 0.1),
-    frag.WeightedShape(frag.Shape(0, 1000, 8), 0.05),
+    frag.WeightedShape(frag.Shape(0, units.MILLI_PER_GPU, 1), 0.35),
+    frag.WeightedShape(frag.Shape(0, units.MILLI_PER_GPU, 2), 0.1),
+    frag.WeightedShape(frag.Shape(0, units.MILLI_PER_GPU, 8), 0.05),
 )
+MIN_LEARNED_SHAPES = 50
+"""Pods the cluster must hold before FGD uses their shapes instead of DEFAULT_SHAPES."""
 
 
-@dataclass
-class Reservation:
+@dataclass(frozen=True, slots=True)
+class DeviceRecord:
+    """A Device resource as placement needs it (parsed once per event)."""
+
     name: str
-    node: str
-    slot: int
-    uuid: str | None = None
-    retiring: bool = False
+    gpus: tuple[devices.GpuDevice, ...]
+    nvlinks: frozenset[tuple[int, int]]
+    problem: str | None = None
+
+
+def device_record(device: wire.Device, previous: DeviceRecord | None = None) -> DeviceRecord:
+    try:
+        found, links = api_devices.gpus(device)
+    except errors.InvalidInputError as exc:
+        return DeviceRecord(device.metadata.name, (), frozenset(), str(exc))
+    return DeviceRecord(device.metadata.name, found, links)
+
+
+def node_record(node: wire.Node, previous: api_devices.NodeFacts | None = None) -> api_devices.NodeFacts:
+    return api_devices.node_facts(node)
 
 
 @dataclass
 class Counters:
     conflicts: int = 0
+    """Bound pods whose allocation the ledger refused (the API and the ledger disagree)."""
     invalid: int = 0
+    """Pods with an unreadable allocation annotation."""
     rebuilds: int = 0
+    expired: int = 0
+    """Assumptions forgotten because their bind never completed."""
+    ignored_nodes: list[str] = field(default_factory=list)
 
 
 class ClusterCache:
@@ -62,20 +83,17 @@ class ClusterCache:
         clock: Callable[[], float] = time.monotonic,
         shapes: tuple[frag.WeightedShape, ...] | None = None,
     ) -> None:
-        policies.make(policy, DEFAULT_SHAPES)  # fail early on an unknown name
-        self.policy_name = policy
+        self.policy_name = policies.check(policy)
         self.fixed_shapes = shapes
         """Typical pod shapes for fragmentation-aware policies; None: learn them from the cluster's pods."""
         self.clock = clock
-        self.nodes: dict[str, Json] = {}
-        self.devices: dict[str, Json] = {}
-        self.pods: dict[units.PodKey, Json] = {}
-        self.reservations: dict[tuple[str, int], Reservation] = {}
-        self.assumed: dict[units.PodKey, allocation.Allocation] = {}
-        self.finished_reservations: set[str] = set()
-        """Reservation pods that ended (e.g. the device plugin could not give them a GPU): to delete."""
+        self.nodes: dict[str, api_devices.NodeFacts] = {}
+        self.devices: dict[str, DeviceRecord] = {}
+        self.pods: dict[units.PodKey, pods.Record] = {}
+        self.reservations: dict[units.PodKey, pods.Record] = {}
         self.handoff_pods: set[units.PodKey] = set()
-        """Pods that name a hand-off ConfigMap (the only ones the hand-off loop looks at)."""
+        """Pods that name a hand-off ConfigMap (the only ones the hand-off reconciler looks at)."""
+        self.assumed: dict[units.PodKey, allocation.Allocation] = {}
         self.counters = Counters()
         self._dirty = True
         self._state: fleet.FleetState | None = None
@@ -86,50 +104,60 @@ class ClusterCache:
 
     def _inventory(self) -> list[devices.NodeInventory]:
         out = []
+        ignored = []
         for name, device in sorted(self.devices.items()):
             node = self.nodes.get(name)
-            if node is None or not _schedulable(node):
+            if node is None or not node.schedulable:
+                continue
+            if device.problem is not None:
+                ignored.append(name)
+                log.error("ignoring node %s: %s", name, device.problem)
                 continue
             try:
-                out.append(objects.device_inventory(device, node))
+                out.append(
+                    devices.NodeInventory(
+                        units.NodeName(name),
+                        units.MilliCpu(node.cpu_milli),
+                        units.MiB(node.memory_mib),
+                        device.gpus,
+                        device.nvlinks,
+                    )
+                )
             except errors.InvalidInputError as exc:
+                ignored.append(name)
                 log.error("ignoring node %s: %s", name, exc)
+        self.counters.ignored_nodes = ignored
         return out
 
     def rebuild(self) -> None:
         """New fleet arrays from the inventory, then every bound pod and assumed decision re-applied."""
-        inventory = self._inventory()
-        state = fleet.FleetState(inventory)
+        state = fleet.FleetState(self._inventory())
         self._state = state
         self._ledger = ledger.Ledger(state, clock=self.clock)
-        shapes = self._shapes()
-        priority = stable_priority(state.names)
-        self._placer = placer.Placer(state, policies.make(self.policy_name, shapes), priority=priority)
+        self._placer = placer.Placer(
+            state, policies.make(self.policy_name, self._shapes()), priority=stable_priority(state.names)
+        )
         self._dirty = False
         self.counters.rebuilds += 1
-        for pod in self.pods.values():
-            self._account(pod)
+        for record in self.pods.values():
+            self._account(record)
         for key, alloc in list(self.assumed.items()):
             if key in self._ledger:
                 continue
             if not self._ledger.assume(alloc).ok:
-                log.warning("assumed pod %s no longer fits after the inventory changed", key)
+                log.warning("assumed pod %s no longer fits after the inventory changed; forgotten", key)
+                del self.assumed[key]
 
     def _shapes(self) -> tuple[frag.WeightedShape, ...]:
         if self.fixed_shapes:
             return self.fixed_shapes
-        shapes = []
-        for pod in self.pods.values():
-            if objects.is_reservation(pod) or not objects.wants_gpu(pod):
-                continue
-            try:
-                demand = objects.pod_request(pod).demand
-            except errors.InvalidInputError:
-                continue
-            shapes.append(frag.Shape(demand.cpu_milli, demand.milli, demand.count, tuple(sorted(demand.models))))
-        if len(shapes) < 50:
-            return DEFAULT_SHAPES
-        return frag.typical_shapes(shapes)
+        shapes = [
+            frag.Shape(r.request.demand.cpu_milli, r.request.demand.milli, r.request.demand.count,
+                       tuple(sorted(r.request.demand.models)))
+            for r in self.pods.values()
+            if r.request is not None and r.request.demand.count
+        ]  # fmt: skip
+        return frag.typical_shapes(shapes) if len(shapes) >= MIN_LEARNED_SHAPES else DEFAULT_SHAPES
 
     @property
     def state(self) -> fleet.FleetState:
@@ -152,66 +180,65 @@ class ClusterCache:
 
     # ----------------------------------------------------------------- informer handlers
 
-    def on_node(self, kind: str, node: Json) -> None:
-        name = node["metadata"]["name"]
-        old = self.nodes.get(name)
+    def on_node(self, kind: str, node: api_devices.NodeFacts) -> None:
+        old = self.nodes.get(node.name)
         if kind == "DELETED":
-            self.nodes.pop(name, None)
+            self.nodes.pop(node.name, None)
             self._dirty = True
             return
-        self.nodes[name] = node
-        if old is None or _node_fingerprint(old) != _node_fingerprint(node):
+        self.nodes[node.name] = node
+        if old != node:
             self._dirty = True
 
-    def on_device(self, kind: str, device: Json) -> None:
-        name = device["metadata"]["name"]
+    def on_device(self, kind: str, device: DeviceRecord) -> None:
         if kind == "DELETED":
-            self.devices.pop(name, None)
+            self.devices.pop(device.name, None)
         else:
-            if self.devices.get(name, {}).get("spec") == device.get("spec"):
-                self.devices[name] = device
+            old = self.devices.get(device.name)
+            self.devices[device.name] = device
+            if old == device:
                 return
-            self.devices[name] = device
         self._dirty = True
 
-    def on_pod(self, kind: str, pod: Json) -> None:
-        key = objects.pod_key(pod)
-        if objects.is_reservation(pod):
-            self._track_reservation(kind, pod)
+    def on_pod(self, kind: str, record: pods.Record) -> None:
+        key = record.key
+        if record.reservation is not None:
+            if kind == "DELETED":
+                self.reservations.pop(key, None)
+            else:
+                self.reservations[key] = record
             return
         if kind == "DELETED":
             self.pods.pop(key, None)
-            self.assumed.pop(key, None)
             self.handoff_pods.discard(key)
-            if not self._dirty and self._ledger is not None and key in self._ledger:
+            if key in self.assumed:
+                self.forget(key)
+            elif not self._dirty and self._ledger is not None and key in self._ledger:
                 self._ledger.remove(key)
             return
-        self.pods[key] = pod
-        if ((pod.get("metadata") or {}).get("annotations") or {}).get(objects.ANNOTATION_HANDOFF):
+        self.pods[key] = record
+        if record.handoff:
             self.handoff_pods.add(key)
         if not self._dirty:
-            self._account(pod)
+            self._account(record)
 
-    def _account(self, pod: Json) -> None:
+    def _account(self, record: pods.Record) -> None:
         """Bring the ledger in line with one pod as the API server shows it."""
         assert self._ledger is not None and self._state is not None
-        key = objects.pod_key(pod)
-        node = (pod.get("spec") or {}).get("nodeName")
-        book = self._ledger
-        if not node or objects.is_terminal(pod) or self._state.row(node) is None:
-            if node and objects.is_terminal(pod):
+        key, node, book = record.key, record.node, self._ledger
+        if not node or record.terminal or self._state.row(node) is None:
+            if node and record.terminal:
                 self.assumed.pop(key, None)
             if key in book and (node or key not in self.assumed):
                 book.remove(key)
+                self.assumed.pop(key, None)
             return
-        try:
-            alloc = objects.pod_allocation(pod)
-        except errors.InvalidInputError as exc:
+        if record.problem is not None and record.allocation_text:
             self.counters.invalid += 1
-            log.error("pod %s has an unreadable allocation: %s", key, exc)
-            alloc = None
+            log.error("pod %s has an unreadable allocation: %s", key, record.problem)
+        alloc = record.allocation if record.allocation is not None and record.allocation.node == node else None
         if alloc is None:
-            alloc = self._derived_allocation(pod, node)
+            alloc = self._derived_allocation(record, node)
             if alloc is None:
                 return
         entry = book.get(key)
@@ -223,22 +250,20 @@ class ClusterCache:
             self.counters.conflicts += 1
             log.error("pod %s on %s conflicts with the ledger: %s", key, node, result.message)
 
-    def _derived_allocation(self, pod: Json, node: str) -> allocation.Allocation | None:
+    def _derived_allocation(self, record: pods.Record, node: str) -> allocation.Allocation | None:
         """What a bound pod without an allocation annotation holds: host resources, and whole GPUs
         (nvidia.com/gpu from another scheduler) on the first entirely free GPUs of its node."""
-        key = objects.pod_key(pod)
-        cpu, mem = objects.host_request(pod)
-        try:
-            request = objects.pod_request(pod)
-        except errors.InvalidInputError:
-            request = None
-        state = self._state
-        assert state is not None and self._ledger is not None
-        entry = self._ledger.get(key)
+        state, book = self._state, self._ledger
+        assert state is not None and book is not None
+        entry = book.get(record.key)
         if entry is not None and entry.alloc.node == node:
             return entry.alloc  # keep the slots already chosen for it
+        request = record.request
+        bare = allocation.Allocation(
+            pod=record.key, node=units.NodeName(node), cpu_milli=record.cpu_milli, memory_mib=record.memory_mib
+        )
         if request is None or request.demand.count == 0 or not request.demand.whole:
-            return allocation.Allocation(pod=key, node=units.NodeName(node), cpu_milli=cpu, memory_mib=mem)
+            return bare
         row = state.row(node)
         assert row is not None
         free = np.flatnonzero((state.milli_free[row] == state.milli_capacity[row]) & state.present[row])
@@ -246,36 +271,10 @@ class ClusterCache:
         if len(chosen) < request.demand.count:
             self.counters.conflicts += 1
             log.error(
-                "pod %s holds %d whole GPU(s) on %s but only %d are free", key, request.demand.count, node, len(chosen)
+                "pod %s holds %d whole GPU(s) on %s but only %d are free", record.key, request.demand.count, node, len(chosen)
             )
-            return allocation.Allocation(pod=key, node=units.NodeName(node), cpu_milli=cpu, memory_mib=mem)
-        memory = [int(m) for m in state.gmem_capacity[row]]
-        return allocation.build(request, units.NodeName(node), chosen, memory)
-
-    def _track_reservation(self, kind: str, pod: Json) -> None:
-        labels = (pod.get("metadata") or {}).get("labels") or {}
-        try:
-            slot = int(labels.get(objects.LABEL_SLOT, "-1"))
-        except ValueError:
-            return
-        node = labels.get(objects.LABEL_NODE, "")
-        name = pod["metadata"]["name"]
-        current = self.reservations.get((node, slot))
-        if kind == "DELETED" or (pod.get("metadata") or {}).get("deletionTimestamp") or objects.is_terminal(pod):
-            if current is not None and current.name == name:
-                del self.reservations[(node, slot)]
-            if kind == "DELETED" or (pod.get("metadata") or {}).get("deletionTimestamp"):
-                self.finished_reservations.discard(name)
-            else:
-                self.finished_reservations.add(name)  # failed or ended: to be deleted, and replaced if needed
-            return
-        if current is not None and current.name != name and not current.retiring:
-            return  # another live reservation already holds this slot
-        uuid = ((pod.get("metadata") or {}).get("annotations") or {}).get(objects.ANNOTATION_GPU_UUID)
-        if current is None or current.name != name:
-            self.reservations[(node, slot)] = Reservation(name, node, slot, uuid)
-        else:
-            current.uuid = uuid
+            return bare
+        return allocation.build(request, units.NodeName(node), chosen, [int(m) for m in state.gmem_capacity[row]])
 
     # ----------------------------------------------------------------- decisions
 
@@ -285,9 +284,33 @@ class ClusterCache:
             self.assumed[alloc.pod] = alloc
         return result.ok
 
-    def forget(self, key: units.PodKey) -> None:
-        if self.assumed.pop(key, None) is not None:
-            self.ledger.forget(key)
+    def forget(self, key: units.PodKey) -> bool:
+        """Undo an assumption, once: True if there was one to undo."""
+        if self.assumed.pop(key, None) is None:
+            return False
+        self.ledger.forget(key)
+        return True
+
+    def confirm(self, alloc: allocation.Allocation) -> bool:
+        """The API shows the assumed pod bound with this allocation (the watch has not yet): keep it as added."""
+        self.assumed.pop(alloc.pod, None)
+        return self.ledger.add(alloc).ok
+
+    def stale_assumptions(self, ttl: float) -> list[units.PodKey]:
+        """Assumed pods older than `ttl` seconds (neither confirmed by the watch nor forgotten)."""
+        now = self.clock()
+        book = self.ledger
+        stale = []
+        for key in self.assumed:
+            entry = book.get(key)
+            if entry is not None and entry.phase is ledger.Phase.ASSUMED and now - entry.since >= ttl:
+                stale.append(key)
+        return stale
+
+    # ----------------------------------------------------------------- queries
+
+    def record(self, key: units.PodKey) -> pods.Record | None:
+        return self.pods.get(key)
 
     def sharers(self, node: str, slot: int) -> int:
         """Pods holding a share (not a whole GPU) of (node, slot), assumed ones included."""
@@ -297,27 +320,37 @@ class ClusterCache:
             return 0
         return int(state.tenants[row, slot] - state.exclusive[row, slot])
 
-    def summary(self) -> list[Json]:
+    def shared_slots(self) -> set[tuple[str, int]]:
+        """Every (node, GPU index) that some pod holds a share of, assumed ones included."""
+        state = self.state
+        return {(state.names[r], int(s)) for r, s in np.argwhere(state.tenants - state.exclusive > 0).tolist()}
+
+    def live_reservations(self) -> Iterator[pods.Record]:
+        return (r for r in self.reservations.values() if not r.terminal and not r.deleting)
+
+    def summary(self, holder_of: Callable[[str, int], pods.Record | None] | None = None) -> list[dict[str, object]]:
         """Per node and GPU: capacity, used, free, and who holds what (the debug endpoint)."""
         state = self.state
-        holders: dict[tuple[str, int], list[Json]] = {}
+        holders: dict[tuple[str, int], list[dict[str, object]]] = {}
         for key, entry in self.ledger.entries():
             for index, (milli, memory) in entry.alloc.gpu_usage().items():
                 holders.setdefault((entry.alloc.node, index), []).append(
                     {"pod": key, "milli": milli, "memoryMiB": memory, "phase": entry.phase.value}
                 )
-        out = []
+        out: list[dict[str, object]] = []
         for row, name in enumerate(state.names):
             gpus = []
             for index in range(int(state.gpu_count[row])):
-                reservation = self.reservations.get((name, index))
+                held = holder_of(name, index) if holder_of else None
+                capacity = int(state.milli_capacity[row, index])
                 gpus.append(
                     {
                         "index": index,
                         "model": state.model_names[state.model_id[row, index]],
+                        "healthy": bool(state.healthy[row, index]),
                         "milli": {
-                            "capacity": 1000,
-                            "used": 1000 - int(state.milli_free[row, index]),
+                            "capacity": capacity,
+                            "used": capacity - int(state.milli_free[row, index]),
                             "free": int(state.milli_free[row, index]),
                         },
                         "memoryMiB": {
@@ -327,8 +360,8 @@ class ClusterCache:
                         },
                         "holders": holders.get((name, index), []),
                         "reservation": None
-                        if reservation is None
-                        else {"pod": reservation.name, "uuid": reservation.uuid, "retiring": reservation.retiring},
+                        if held is None or held.reservation is None
+                        else {"pod": held.key, "uuid": held.reservation.uuid},
                     }
                 )
             out.append(
@@ -340,20 +373,6 @@ class ClusterCache:
                 }
             )
         return out
-
-
-def _schedulable(node: Json) -> bool:
-    if (node.get("spec") or {}).get("unschedulable"):
-        return False
-    for condition in (node.get("status") or {}).get("conditions") or []:
-        if condition.get("type") == "Ready":
-            return bool(condition.get("status") == "True")
-    return False
-
-
-def _node_fingerprint(node: Json) -> tuple[Any, ...]:
-    status = node.get("status") or {}
-    return (_schedulable(node), tuple(sorted((status.get("allocatable") or {}).items())))
 
 
 def stable_priority(names: tuple[units.NodeName, ...]) -> fleet.IntArray:

@@ -1,114 +1,49 @@
-"""A small async Kubernetes REST client that speaks raw JSON.
+"""The Kubernetes API client sharegpu's components use, and the `KubeApi` Protocol they depend on.
 
-kubernetes-asyncio reads kubeconfig files and in-cluster credentials; requests go through one
-aiohttp session and bodies stay plain dicts (decoded with orjson), which keeps per-object cost low
-for the informers and the extender's hot path. Errors become `kube.errors` exceptions here and
-nowhere else.
+Hand-written over a `Transport` rather than a generated client: lists and watches are decoded
+straight from bytes into the typed messages of `sharegpu.api.wire` (about 16x faster than building
+kubernetes-asyncio's models for 2,000 pods, and the cached form is far smaller); everything else is
+plain JSON. Answers with an error status become `kube.errors` exceptions here and nowhere else; a
+401 makes the client re-read its credentials and try once more before it gives up, so a rotated
+service-account token or an expired exec token costs one extra request, not an outage.
 """
 
 from __future__ import annotations
 
-import ssl
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final, Protocol, TypeVar
 
-import aiohttp
+import msgspec
 import orjson
-from kubernetes_asyncio import config as kube_config
-from kubernetes_asyncio.client import Configuration
 
-from sharegpu.kube import errors
+from sharegpu.api import paths, wire
+from sharegpu.kube import credentials, errors, transport
 
 Json = dict[str, Any]
+T = TypeVar("T")
 
-MERGE_PATCH = "application/merge-patch+json"
-STRATEGIC_PATCH = "application/strategic-merge-patch+json"
-JSON_PATCH = "application/json-patch+json"
+JSON: Final = "application/json"
+MERGE_PATCH: Final = "application/merge-patch+json"
+STRATEGIC_PATCH: Final = "application/strategic-merge-patch+json"
+JSON_PATCH: Final = "application/json-patch+json"
 
+OPENED: Final = "OPENED"
+"""The pseudo-event a watch yields first, when the server has accepted it."""
 
-@dataclass(frozen=True, slots=True)
-class Credentials:
-    server: str
-    token: str | None = None
-    ca_file: str | None = None
-    cert_file: str | None = None
-    key_file: str | None = None
-    verify: bool = True
+_EVENT = msgspec.json.Decoder(wire.WatchEvent)
+_STATUS = msgspec.json.Decoder(wire.Status)
 
 
-async def load_credentials(kubeconfig: str | None = None, context: str | None = None) -> Credentials:
-    """From a kubeconfig file (or $KUBECONFIG / ~/.kube/config), else the pod's service account."""
-    cfg = Configuration()
-    try:
-        await kube_config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=cfg)
-    except (kube_config.ConfigException, FileNotFoundError, TypeError):
-        if kubeconfig:
-            raise
-        kube_config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
-    token = None
-    auth = cfg.api_key.get("authorization") or cfg.api_key.get("BearerToken")
-    if auth:
-        token = auth.removeprefix("Bearer ").strip()
-    return Credentials(
-        server=str(cfg.host),
-        token=token,
-        ca_file=cfg.ssl_ca_cert,
-        cert_file=cfg.cert_file,
-        key_file=cfg.key_file,
-        verify=cfg.verify_ssl,
-    )
+class Auth(Protocol):
+    """Where the Authorization header comes from (`credentials.Credentials` is one)."""
+
+    async def authorization(self) -> str | None: ...
+
+    async def refresh(self) -> None: ...
 
 
-class KubeClient:
-    def __init__(self, credentials: Credentials, *, timeout: float = 30.0, connections: int = 64) -> None:
-        self.credentials = credentials
-        self._timeout = timeout
-        self._connections = connections
-        self._session: aiohttp.ClientSession | None = None
-
-    @classmethod
-    async def connect(cls, kubeconfig: str | None = None, context: str | None = None) -> KubeClient:
-        return cls(await load_credentials(kubeconfig, context))
-
-    def _ssl(self) -> ssl.SSLContext | bool:
-        c = self.credentials
-        if not c.server.startswith("https"):
-            return False
-        context = ssl.create_default_context(cafile=c.ca_file) if c.ca_file else ssl.create_default_context()
-        if not c.verify:
-            context.check_hostname = False
-            context.verify_mode = ssl.CERT_NONE
-        if c.cert_file and c.key_file:
-            context.load_cert_chain(c.cert_file, c.key_file)
-        return context
-
-    @property
-    def session(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            headers = {"Accept": "application/json"}
-            if self.credentials.token:
-                headers["Authorization"] = f"Bearer {self.credentials.token}"
-            connector = aiohttp.TCPConnector(ssl=self._ssl(), limit=self._connections)
-            self._session = aiohttp.ClientSession(
-                base_url=self.credentials.server.rstrip("/") + "/",
-                headers=headers,
-                connector=connector,
-                json_serialize=lambda o: orjson.dumps(o).decode(),
-            )
-        return self._session
-
-    async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-
-    async def __aenter__(self) -> KubeClient:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
-
-    # ----------------------------------------------------------------- requests
+class KubeApi(Protocol):
+    """What components need of the API: one request, paged typed lists, typed watches."""
 
     async def request(
         self,
@@ -117,27 +52,113 @@ class KubeClient:
         *,
         params: Mapping[str, str | int] | None = None,
         body: Any = None,
-        content_type: str = "application/json",
+        content_type: str = JSON,
+        timeout: float | None = None,
+    ) -> Json: ...
+
+    async def get(self, path: str, **params: str | int) -> Json: ...
+
+    async def create(self, path: str, body: Json) -> Json: ...
+
+    async def replace(self, path: str, body: Json) -> Json: ...
+
+    async def patch(self, path: str, body: Any, content_type: str = MERGE_PATCH) -> Json: ...
+
+    async def delete(
+        self,
+        path: str,
+        *,
+        grace_period: int | None = None,
+        preconditions: Mapping[str, str] | None = None,
+        missing_ok: bool = True,
+    ) -> Json | None: ...
+
+    async def list_of(
+        self, path: str, kind: type[T], params: Mapping[str, str | int] | None = None, *, page: int = 500
+    ) -> tuple[list[T], str]: ...
+
+    def watch(
+        self,
+        path: str,
+        kind: type[T],
+        resource_version: str,
+        params: Mapping[str, str | int] | None = None,
+        *,
+        timeout_seconds: int = 300,
+    ) -> AsyncIterator[tuple[str, T | None, str]]: ...
+
+
+def _params(params: Mapping[str, str | int] | None) -> dict[str, str]:
+    return {k: str(v) for k, v in (params or {}).items()}
+
+
+class KubeClient:
+    """`KubeApi` over a transport (real or fake); see the module docstring."""
+
+    def __init__(self, transport_: transport.Transport, auth: Auth | None = None, *, timeout: float = 30.0) -> None:
+        self.transport = transport_
+        self.auth = auth
+        self.timeout = timeout
+        self.unauthorized = 0
+        """401s seen (each followed by one re-read of the credentials)."""
+
+    @classmethod
+    def connect(cls, kubeconfig: str | None = None, context: str | None = None, *, connections: int = 64) -> KubeClient:
+        """A client from a kubeconfig (given, $KUBECONFIG, ~/.kube/config) or in-cluster credentials."""
+        creds = credentials.load(kubeconfig, context)
+        return cls(transport.AiohttpTransport(creds, connections=connections), creds)
+
+    async def close(self) -> None:
+        await self.transport.close()
+
+    async def __aenter__(self) -> KubeClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def _authorization(self) -> str | None:
+        return await self.auth.authorization() if self.auth is not None else None
+
+    # ----------------------------------------------------------------- plain requests
+
+    async def send(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, str | int] | None = None,
+        body: bytes | None = None,
+        content_type: str = JSON,
+        timeout: float | None = None,
+    ) -> bytes:
+        """One request; the raw answer body, or the exception its status maps to."""
+        for attempt in (0, 1):
+            request = transport.Request(method, path, _params(params), body, content_type, await self._authorization())
+            response = await self.transport.send(request, timeout or self.timeout)
+            if response.status == 401 and attempt == 0 and self.auth is not None:
+                self.unauthorized += 1
+                await self.auth.refresh()
+                continue
+            if response.status >= 400:
+                raise errors.from_status(response.status, response.body, method, path, response.headers)
+            return response.body
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, str | int] | None = None,
+        body: Any = None,
+        content_type: str = JSON,
         timeout: float | None = None,
     ) -> Json:
         data = orjson.dumps(body) if body is not None else None
-        headers = {"Content-Type": content_type} if data is not None else None
-        try:
-            async with self.session.request(
-                method,
-                path.lstrip("/"),
-                params=_params(params),
-                data=data,
-                headers=headers,
-                timeout=aiohttp.ClientTimeout(total=timeout or self._timeout),
-            ) as response:
-                raw = await response.read()
-                if response.status >= 400:
-                    raise _error(response.status, raw, method, path)
-                result: Json = orjson.loads(raw) if raw else {}
-                return result
-        except (TimeoutError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
-            raise errors.TemporaryError(f"{method} {path}: {type(exc).__name__}: {exc}") from exc
+        raw = await self.send(method, path, params=params, body=data, content_type=content_type, timeout=timeout)
+        result: Json = orjson.loads(raw) if raw else {}
+        return result
 
     async def get(self, path: str, **params: str | int) -> Json:
         return await self.request("GET", path, params=params)
@@ -151,84 +172,119 @@ class KubeClient:
     async def patch(self, path: str, body: Any, content_type: str = MERGE_PATCH) -> Json:
         return await self.request("PATCH", path, body=body, content_type=content_type)
 
-    async def delete(self, path: str, *, grace_period: int | None = None, missing_ok: bool = True) -> Json | None:
-        body = {"kind": "DeleteOptions", "apiVersion": "v1"}
+    async def delete(
+        self,
+        path: str,
+        *,
+        grace_period: int | None = None,
+        preconditions: Mapping[str, str] | None = None,
+        missing_ok: bool = True,
+    ) -> Json | None:
+        """DELETE with DeleteOptions; `preconditions` ({"uid": ..., "resourceVersion": ...}) make it
+        conditional (ConflictError when the object changed). A missing object is fine unless `missing_ok` is False."""
+        options: Json = {"kind": "DeleteOptions", "apiVersion": "v1"}
         if grace_period is not None:
-            body["gracePeriodSeconds"] = grace_period  # type: ignore[assignment]
+            options["gracePeriodSeconds"] = grace_period
+        if preconditions:
+            options["preconditions"] = dict(preconditions)
         try:
-            return await self.request("DELETE", path, body=body)
+            return await self.request("DELETE", path, body=options)
         except errors.NotFoundError:
             if missing_ok:
                 return None
             raise
 
-    async def list_all(
-        self, path: str, params: Mapping[str, str | int] | None = None, *, page: int = 500
-    ) -> tuple[list[Json], str]:
-        """Every item of a collection (paged), and the collection's resourceVersion."""
-        items: list[Json] = []
+    async def version(self) -> tuple[int, int]:
+        """The API server's (major, minor) version, e.g. (1, 20)."""
+        body = await self.get(paths.VERSION)
+        digits = "".join(ch for ch in str(body.get("minor", "0")) if ch.isdigit())
+        return int(str(body.get("major", "1")) or 1), int(digits or 0)
+
+    # ----------------------------------------------------------------- lists and watches
+
+    async def list_of(
+        self, path: str, kind: type[T], params: Mapping[str, str | int] | None = None, *, page: int = 500
+    ) -> tuple[list[T], str]:
+        """Every item of a collection, paged and decoded as `kind`; and the list's resourceVersion."""
+        decoder: msgspec.json.Decoder[wire.ObjectList[T]] = wire.decoder(wire.ObjectList[kind])  # type: ignore[valid-type]
+        items: list[T] = []
         token = ""
         while True:
             query: dict[str, str | int] = {"limit": page, **(params or {})}
             if token:
                 query["continue"] = token
-            body = await self.request("GET", path, params=query)
-            items.extend(body.get("items") or [])
-            meta = body.get("metadata") or {}
-            token = meta.get("continue") or ""
+            raw = await self.send("GET", path, params=query)
+            try:
+                body = decoder.decode(raw)
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                raise errors.TransportError(f"LIST {path}: undecodable answer: {exc}") from None
+            items.extend(body.items)
+            token = body.metadata.continue_
             if not token:
-                return items, str(meta.get("resourceVersion", ""))
+                return items, body.metadata.resource_version
+
+    async def list_all(self, path: str, params: Mapping[str, str | int] | None = None) -> tuple[list[Json], str]:
+        """Every item of a collection as plain JSON (tools and tests; components use `list`)."""
+        return await self.list_of(path, dict, params)
 
     async def watch(
         self,
         path: str,
+        kind: type[T],
         resource_version: str,
         params: Mapping[str, str | int] | None = None,
         *,
         timeout_seconds: int = 300,
-    ) -> AsyncIterator[tuple[str, Json]]:
-        """Events (type, object) from `resource_version` on; raises GoneError when it is too old."""
-        query: dict[str, str | int] = {
-            "watch": 1,
+    ) -> AsyncIterator[tuple[str, T | None, str]]:
+        """Events from `resource_version` on, as (type, object, resourceVersion seen). The first is
+        (OPENED, None, ...) once the server has accepted the watch; bookmarks come through with no object. An object that cannot be decoded as `kind` comes with None (the caller
+        counts it); an ERROR event raises its status (GoneError when the version is too old)."""
+        decoder = wire.decoder(kind)
+        query = {
+            "watch": "1",
             "resourceVersion": resource_version,
             "allowWatchBookmarks": "true",
-            "timeoutSeconds": timeout_seconds,
-            **(params or {}),
+            "timeoutSeconds": str(timeout_seconds),
+            **_params(params),
         }
-        try:
-            async with self.session.get(
-                path.lstrip("/"),
-                params=_params(query),
-                timeout=aiohttp.ClientTimeout(total=None, sock_read=timeout_seconds + 30),
-            ) as response:
-                if response.status >= 400:
-                    raise _error(response.status, await response.read(), "WATCH", path)
-                async for line in response.content:
-                    if not line.strip():
+        for attempt in (0, 1):
+            request = transport.Request("GET", path, query, authorization=await self._authorization())
+            async with self.transport.stream(request, idle_timeout=timeout_seconds + 30) as stream:
+                if stream.status == 401 and attempt == 0 and self.auth is not None:
+                    self.unauthorized += 1
+                    await self.auth.refresh()
+                    continue
+                if stream.status >= 400:
+                    raise errors.from_status(stream.status, await stream.read(), "WATCH", path, stream.headers)
+                yield OPENED, None, resource_version
+                async for line in transport.lines(stream.chunks()):
+                    try:
+                        event = _EVENT.decode(line)
+                    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                        raise errors.TransportError(f"WATCH {path}: undecodable event: {exc}") from None
+                    if event.type == "ERROR":
+                        raise errors.from_watch_status(_STATUS.decode(event.object), path)
+                    version = _resource_version(event.object)
+                    if event.type == "BOOKMARK":
+                        yield event.type, None, version
                         continue
-                    event = orjson.loads(line)
-                    kind = event.get("type", "")
-                    obj = event.get("object") or {}
-                    if kind == "ERROR":
-                        raise errors.from_status(
-                            int(obj.get("code", 500)), obj.get("reason", ""), obj.get("message", ""), "WATCH", path
-                        )
-                    yield kind, obj
-        except (TimeoutError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
-            raise errors.TemporaryError(f"WATCH {path}: {type(exc).__name__}: {exc}") from exc
+                    try:
+                        obj: T | None = decoder.decode(event.object)
+                    except (msgspec.DecodeError, msgspec.ValidationError):
+                        obj = None
+                    yield event.type, obj, version
+                return
 
 
-def _params(params: Mapping[str, str | int] | None) -> dict[str, str] | None:
-    return {k: str(v) for k, v in params.items()} if params else None
+class _Versioned(msgspec.Struct):
+    metadata: wire.ListMeta = msgspec.field(default_factory=wire.ListMeta)
 
 
-def _error(status: int, raw: bytes, method: str, path: str) -> Exception:
-    reason, message = "", raw.decode(errors="replace")[:500]
+_VERSION = msgspec.json.Decoder(_Versioned)
+
+
+def _resource_version(raw: msgspec.Raw) -> str:
     try:
-        body = orjson.loads(raw)
-        if isinstance(body, dict):
-            reason = str(body.get("reason", ""))
-            message = str(body.get("message", message))
-    except orjson.JSONDecodeError:
-        pass
-    return errors.from_status(status, reason, message, method, path)
+        return _VERSION.decode(raw).metadata.resource_version
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return ""

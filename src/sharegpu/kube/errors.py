@@ -1,22 +1,73 @@
-"""API errors translated into sharegpu's exception tree (see core.errors), in one place.
+"""API errors as sharegpu exceptions, decided in one place from the status code.
 
-Permanent errors (bad request, forbidden, not found, conflict) are distinct from temporary ones
-(timeouts, 429, 5xx, broken connections), which callers may retry.
+    KubeError                       anything that went wrong talking to the API server
+    ├── ApiError                    the server answered with an error status (status, reason, message)
+    │   ├── InvalidError            400, 422: the request or object is malformed (admission refusals too)
+    │   ├── UnauthorizedError       401: the credentials were refused, even after re-reading them
+    │   ├── ForbiddenError          403: RBAC says no
+    │   ├── NotFoundError           404
+    │   ├── ConflictError           409: changed under us, or `already_exists`
+    │   ├── GoneError               410: a watch's resourceVersion is too old; list again
+    │   └── BusyError               429 and 5xx: also a TemporaryError
+    └── TemporaryError              worth retrying, after `retry_after` seconds when the server said so
+        ├── BusyError
+        └── TransportError          no usable answer: refused or reset connection, timeout, cut stream
+
+Callers catch the class they can act on (`ConflictError`, `TemporaryError`); nothing matches
+message text. The original aiohttp or OS error stays attached as the cause.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
+import msgspec
+
+from sharegpu.api import wire
 from sharegpu.core import errors
 
 
-class ApiError(errors.SharegpuError):
+class KubeError(errors.SharegpuError):
+    """Talking to the API server failed."""
+
+
+class TemporaryError(KubeError):
+    """Worth retrying. `retry_after`: seconds the server asked us to wait (None: not said)."""
+
+    retry_after: float | None = None
+
+
+class ApiError(KubeError):
     """The API server answered with an error status."""
 
-    def __init__(self, status: int, reason: str, message: str, method: str = "", path: str = "") -> None:
+    def __init__(
+        self,
+        status: int,
+        reason: str,
+        message: str,
+        method: str = "",
+        path: str = "",
+        retry_after: float | None = None,
+    ) -> None:
         self.status = status
         self.reason = reason
         self.message = message
+        self.method = method
+        self.path = path
+        self.retry_after = retry_after
         super().__init__(f"{method} {path}: {status} {reason}: {message}".strip())
+
+
+class InvalidError(ApiError):
+    """400/422: the API server refused the request or object as malformed."""
+
+
+class UnauthorizedError(ApiError):
+    """401: the credentials were refused (after they were re-read once)."""
+
+
+class ForbiddenError(ApiError):
+    """403: not allowed by RBAC (or by an admission webhook)."""
 
 
 class NotFoundError(ApiError):
@@ -24,34 +75,68 @@ class NotFoundError(ApiError):
 
 
 class ConflictError(ApiError):
-    """409: the object changed under us, or already exists (reason AlreadyExists)."""
+    """409: the object changed under us (resourceVersion or precondition), or already exists."""
 
-
-class ForbiddenError(ApiError):
-    pass
-
-
-class InvalidError(ApiError):
-    """400/422: the API server refused the object as malformed (admission refusals land here too)."""
+    @property
+    def already_exists(self) -> bool:
+        return self.reason == "AlreadyExists"
 
 
 class GoneError(ApiError):
     """410: a watch's resource version is too old; list again."""
 
 
-class TemporaryError(errors.SharegpuError):
-    """Worth retrying: timeouts, throttling, server errors, broken connections."""
+class BusyError(ApiError, TemporaryError):
+    """429 (throttled) or 5xx (server error): retry, after `retry_after` when given."""
 
 
-def from_status(status: int, reason: str, message: str, method: str = "", path: str = "") -> errors.SharegpuError:
-    kinds: dict[int, type[ApiError]] = {
-        400: InvalidError,
-        403: ForbiddenError,
-        404: NotFoundError,
-        409: ConflictError,
-        410: GoneError,
-        422: InvalidError,
-    }
-    if status == 429 or status >= 500:
-        return TemporaryError(f"{method} {path}: {status} {reason}: {message}")
-    return kinds.get(status, ApiError)(status, reason, message, method, path)
+class TransportError(TemporaryError):
+    """No usable answer: the connection was refused, reset or cut, or it timed out."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.retry_after = None
+
+
+_BY_STATUS: dict[int, type[ApiError]] = {
+    400: InvalidError,
+    401: UnauthorizedError,
+    403: ForbiddenError,
+    404: NotFoundError,
+    409: ConflictError,
+    410: GoneError,
+    422: InvalidError,
+    429: BusyError,
+}
+
+
+def _retry_after(headers: Mapping[str, str], details: int) -> float | None:
+    seconds: float | None = float(details) if details > 0 else None
+    header = headers.get("Retry-After") or headers.get("retry-after")
+    if header:
+        try:
+            seconds = max(seconds or 0.0, float(header))
+        except ValueError:
+            pass  # an HTTP date: rare from the API server; the caller's own backoff applies
+    return seconds
+
+
+def from_status(
+    status: int, body: bytes, method: str, path: str, headers: Mapping[str, str] | None = None
+) -> ApiError:
+    """The exception for an error answer (its Status body decoded when there is one)."""
+    reason, message, details = "", body.decode(errors="replace")[:500], 0
+    try:
+        parsed = msgspec.json.decode(body, type=wire.Status)
+        reason, message, details = parsed.reason, parsed.message or message, parsed.details.retry_after_seconds
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        pass
+    kind = _BY_STATUS.get(status, BusyError if status >= 500 else ApiError)
+    return kind(status, reason, message, method, path, _retry_after(headers or {}, details))
+
+
+def from_watch_status(status: wire.Status, path: str) -> ApiError:
+    """The exception for a watch ERROR event (410 when the resource version expired)."""
+    kind = _BY_STATUS.get(status.code, BusyError if status.code >= 500 else ApiError)
+    retry = float(status.details.retry_after_seconds) if status.details.retry_after_seconds > 0 else None
+    return kind(status.code or 500, status.reason, status.message, "WATCH", path, retry)

@@ -1,10 +1,24 @@
-"""Informers: keep a local copy of a collection with list + watch, and tell a handler what changed.
+"""Informers: a local copy of a collection, kept current by list + watch, and told to a handler.
 
-An informer lists the collection, then watches from the list's resourceVersion. A watch that ends
-(server timeout) is resumed from the last version seen; a broken connection is retried with backoff;
-a 410 Gone (the version is too old) triggers a fresh list, and objects that disappeared meanwhile are
-reported as DELETED. Handlers are synchronous and run in the event loop, so they see events one at
-a time and in order.
+An informer lists the collection (decoding each object as its wire type and keeping only the record
+`convert` makes of it), then watches from the list's resourceVersion. What happens on each fault:
+
+- the server ends the watch (its timeout), or a bookmark arrives: resume from the last version;
+- a temporary fault (connection refused or cut, timeout, 429, 5xx): wait (the server's Retry-After
+  if it gave one, else an exponential backoff) and *resume the watch* from the last version, with no
+  relist: a restarted API server still has that history;
+- 410 Gone (the version is too old, e.g. after etcd compaction): list again; objects that vanished
+  meanwhile are reported DELETED, objects recreated under the same name DELETED then ADDED;
+- 401/403: the client has already re-read its credentials once; the informer reports itself
+  unauthorised (not ready) and keeps retrying with backoff until they work again;
+- anything else, including a bug in a handler or an object that cannot be decoded: logged and
+  counted; the informer carries on (a handler failure never stops the stream; an unexpected error
+  relists). `run` returns only when cancelled.
+
+`ready` tells the truth for /readyz: listed, not waiting for a relist, not refused by the API, and
+either watching or failing for less than `stale_after` seconds.
+
+Handlers are synchronous and run in the event loop, so they see events one at a time, in order.
 """
 
 from __future__ import annotations
@@ -12,109 +26,224 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
-from typing import Any
+import random
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Generic, Protocol, TypeVar
 
+from sharegpu.api import wire
 from sharegpu.kube import client, errors
 
-Json = dict[str, Any]
-Handler = Callable[[str, Json], None]
 log = logging.getLogger(__name__)
 
 
-def object_key(obj: Json) -> str:
-    meta = obj.get("metadata") or {}
-    namespace = meta.get("namespace")
-    return f"{namespace}/{meta.get('name', '')}" if namespace else str(meta.get("name", ""))
+class HasMeta(Protocol):
+    @property
+    def metadata(self) -> wire.ObjectMeta: ...
 
 
-class Informer:
+W = TypeVar("W", bound=HasMeta)
+T = TypeVar("T")
+Handler = Callable[[str, T], None]
+Convert = Callable[[W, T | None], T]
+
+
+def identity(obj: W, previous: object | None) -> W:
+    """`convert` for informers that keep the wire object itself."""
+    return obj
+
+
+class Informer(Generic[W, T]):
     def __init__(
         self,
-        kube: client.KubeClient,
+        api: client.KubeApi,
         path: str,
-        handler: Handler,
+        kind: type[W],
+        convert: Callable[[W, T | None], T],
+        handler: Handler[T],
         *,
         name: str = "",
+        params: Mapping[str, str] | None = None,
         watch_timeout: int = 240,
-        **selectors: str,
+        stale_after: float = 30.0,
+        max_backoff: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.kube = kube
+        self.api = api
         self.path = path
+        self.kind = kind
+        self.convert = convert
         self.handler = handler
         self.name = name or path
+        self.params = dict(params or {})
         self.watch_timeout = watch_timeout
-        self.selectors = selectors
-        self.store: dict[str, Json] = {}
+        self.stale_after = stale_after
+        self.max_backoff = max_backoff
+        self.clock = clock
+        self.store: dict[str, T] = {}
+        self._uids: dict[str, str] = {}
         self.synced = asyncio.Event()
-        self.relists = 0
         self.resource_version = ""
+        self.lists = 0
+        self.resumes = 0
+        self.undecodable = 0
+        self.handler_errors = 0
+        self.unauthorized = False
+        self._needs_list = True
+        self._watching = False
+        self._failing_since: float | None = None
+        self.last_error = ""
+
+    # ----------------------------------------------------------------- health
+
+    @property
+    def ready(self) -> bool:
+        if not self.synced.is_set() or self._needs_list or self.unauthorized:
+            return False
+        return self._watching or self._failing_since is None or self.clock() - self._failing_since < self.stale_after
+
+    def status(self) -> dict[str, object]:
+        return {
+            "ready": self.ready,
+            "listed": self.synced.is_set(),
+            "watching": self._watching,
+            "unauthorized": self.unauthorized,
+            "resourceVersion": self.resource_version,
+            "lists": self.lists,
+            "resumes": self.resumes,
+            "undecodable": self.undecodable,
+            "handlerErrors": self.handler_errors,
+            "lastError": self.last_error,
+        }
+
+    # ----------------------------------------------------------------- the loop
 
     async def run(self) -> None:
         backoff = 0.2
         while True:
             try:
-                await self._list()
+                if self._needs_list:
+                    await self._list()
+                await self._watch()
                 backoff = 0.2
-                while True:
-                    await self._watch()
+                continue
+            except asyncio.CancelledError:
+                raise
             except errors.GoneError:
                 log.info("informer %s: resource version %s expired; listing again", self.name, self.resource_version)
+                self._needs_list = True
+                self._failed("410 Gone")
                 continue
-            except errors.TemporaryError as exc:
-                log.warning("informer %s: %s; retrying in %.1f s", self.name, exc, backoff)
-            except errors.ApiError as exc:
+            except (errors.UnauthorizedError, errors.ForbiddenError) as exc:
+                self.unauthorized = True
+                self._failed(str(exc))
                 log.error("informer %s: %s; retrying in %.1f s", self.name, exc, backoff)
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, 5.0)
+                wait = backoff
+            except errors.TemporaryError as exc:
+                self._failed(str(exc))
+                wait = max(backoff, exc.retry_after or 0.0)
+                log.warning("informer %s: %s; resuming in %.1f s", self.name, exc, wait)
+            except errors.ApiError as exc:
+                self._needs_list = True
+                self._failed(str(exc))
+                wait = backoff
+                log.error("informer %s: %s; listing again in %.1f s", self.name, exc, wait)
+            except Exception as exc:  # never die: a bug here must not leave the cache silently stale
+                self._needs_list = True
+                self._failed(f"{type(exc).__name__}: {exc}")
+                wait = backoff
+                log.exception("informer %s: unexpected failure; listing again in %.1f s", self.name, wait)
+            self._watching = False
+            await asyncio.sleep(wait * random.uniform(0.8, 1.2))
+            backoff = min(backoff * 2, self.max_backoff)
+
+    def _failed(self, message: str) -> None:
+        self._watching = False
+        self.last_error = message
+        if self._failing_since is None:
+            self._failing_since = self.clock()
+
+    def _healthy(self) -> None:
+        self.unauthorized = False
+        self._failing_since = None
 
     async def _list(self) -> None:
-        items, version = await self.kube.list_all(self.path, self.selectors)
-        self.relists += 1
-        fresh = {object_key(item): item for item in items}
-        for key in list(self.store):
-            if key not in fresh:
-                self._deliver("DELETED", self.store.pop(key))
+        items, version = await self.api.list_of(self.path, self.kind, self.params)
+        self.lists += 1
+        fresh: dict[str, W] = {}
+        for item in items:
+            fresh[wire.key(item.metadata)] = item
+        for key in [k for k in self.store if k not in fresh]:
+            self._deliver("DELETED", key, None, self.store.pop(key))
         for key, item in fresh.items():
             old = self.store.get(key)
-            if old is not None and _uid(old) != _uid(item):
-                self._deliver("DELETED", old)
+            uid = item.metadata.uid
+            if old is not None and self._uids.get(key) != uid:
+                self._deliver("DELETED", key, None, self.store.pop(key))
                 old = None
-            self.store[key] = item
-            self._deliver("ADDED" if old is None else "MODIFIED", item)
+            self._apply("ADDED" if old is None else "MODIFIED", key, item)
         self.resource_version = version
+        self._needs_list = False
+        self._healthy()
         self.synced.set()
 
     async def _watch(self) -> None:
-        async for kind, obj in self.kube.watch(
-            self.path, self.resource_version, self.selectors, timeout_seconds=self.watch_timeout
-        ):
-            version = (obj.get("metadata") or {}).get("resourceVersion")
-            if version:
-                self.resource_version = str(version)
-            if kind == "BOOKMARK":
-                continue
-            key = object_key(obj)
-            if kind == "DELETED":
-                self.store.pop(key, None)
-            else:
-                self.store[key] = obj
-            self._deliver(kind, obj)
-
-    def _deliver(self, kind: str, obj: Json) -> None:
+        events = self.api.watch(
+            self.path, self.kind, self.resource_version, self.params, timeout_seconds=self.watch_timeout
+        )
         try:
-            self.handler(kind, obj)
+            async for kind, obj, version in events:
+                if kind == client.OPENED:
+                    self._watching = True
+                    self._healthy()
+                    continue
+                if version:
+                    self.resource_version = version
+                if kind == "BOOKMARK":
+                    continue
+                if obj is None:
+                    self.undecodable += 1
+                    log.error("informer %s: an object in a %s event could not be decoded; skipped", self.name, kind)
+                    continue
+                key = wire.key(obj.metadata)
+                if kind == "DELETED":
+                    old = self.store.pop(key, None)
+                    self._uids.pop(key, None)
+                    if old is not None:
+                        self._deliver("DELETED", key, None, old)
+                else:
+                    self._apply(kind, key, obj)
+        finally:
+            self._watching = False
+            with contextlib.suppress(Exception):
+                await events.aclose()  # type: ignore[attr-defined]
+        self.resumes += 1
+
+    def _apply(self, kind: str, key: str, obj: W) -> None:
+        try:
+            record = self.convert(obj, self.store.get(key))
+        except Exception:
+            self.handler_errors += 1
+            log.exception("informer %s: could not convert %s", self.name, key)
+            return
+        self.store[key] = record
+        self._uids[key] = obj.metadata.uid
+        self._deliver(kind, key, obj, record)
+
+    def _deliver(self, kind: str, key: str, obj: W | None, record: T) -> None:
+        if kind == "DELETED":
+            self._uids.pop(key, None)
+        try:
+            self.handler(kind, record)
         except Exception:  # a handler bug must not kill the informer
-            log.exception("informer %s: handler failed on %s %s", self.name, kind, object_key(obj))
+            self.handler_errors += 1
+            log.exception("informer %s: handler failed on %s %s", self.name, kind, key)
 
 
-def _uid(obj: Json) -> str:
-    return str((obj.get("metadata") or {}).get("uid", ""))
-
-
-async def cancel(tasks: list[asyncio.Task[None]]) -> None:
-    for task in tasks:
+async def cancel(tasks: Iterable[asyncio.Task[None]]) -> None:
+    """Cancel tasks and wait for them, whatever they ended with (shutdown must not fail on a task's error)."""
+    pending = list(tasks)
+    for task in pending:
         task.cancel()
-    for task in tasks:
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+    if pending:
+        await asyncio.gather(*pending, return_exceptions=True)

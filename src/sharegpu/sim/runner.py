@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sharegpu.core import devices, frag, policies
+from sharegpu.core import devices, frag, policies, units
 from sharegpu.sim import replay, synthetic, trace
 
 SYNTHETIC = "synthetic"
@@ -106,7 +106,7 @@ def execute(spec: RunSpec) -> RunResult:
             curve_y=y,
         )
     started = time.perf_counter()
-    capacity = sum(node.gpu_count for node in nodes) * 1000
+    capacity = sum(node.gpu_count for node in nodes) * units.MILLI_PER_GPU
     workload = replay.build_workload(pods.pods, capacity, len(nodes), spec.tune, spec.seed)
     result = replay.replay_static(nodes, workload, policy, shapes, spec.seed)
     x, y = _downsample(result.arrived_pct, result.allocated_pct)

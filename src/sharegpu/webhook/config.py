@@ -14,12 +14,13 @@ from __future__ import annotations
 import base64
 from typing import Any
 
+from sharegpu.api import names
 from sharegpu.kube import client
 from sharegpu.kube import errors as kube_errors
 
 Json = dict[str, Any]
 NAME = "sharegpu"
-SKIP_LABEL = "sharegpu.io/admission"
+SKIP_LABEL = names.LABEL_ADMISSION
 MUTATING_PATH = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
 VALIDATING_PATH = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations"
 
@@ -57,8 +58,8 @@ def configurations(base: str | Json, ca_bundle: bytes) -> tuple[Json, Json]:
         "webhooks": [_hook("pods.mutate.sharegpu.io", base, "/mutate/pods", ca_bundle, True)],
     }
     devices = _hook("devices.validate.sharegpu.io", base, "/validate/devices", ca_bundle, False)
-    devices["rules"] = [{"apiGroups": ["sharegpu.io"], "apiVersions": ["v1alpha1"], "operations": ["CREATE", "UPDATE"],
-                         "resources": ["devices"], "scope": "Cluster"}]  # fmt: skip
+    devices["rules"] = [{"apiGroups": [names.DEVICE_GROUP], "apiVersions": [names.DEVICE_VERSION],
+                         "operations": ["CREATE", "UPDATE"], "resources": [names.DEVICE_PLURAL], "scope": "Cluster"}]  # fmt: skip
     devices.pop("namespaceSelector")
     validating = {
         "apiVersion": "admissionregistration.k8s.io/v1",
@@ -69,7 +70,7 @@ def configurations(base: str | Json, ca_bundle: bytes) -> tuple[Json, Json]:
     return mutating, validating
 
 
-async def install(kube: client.KubeClient, base: str | Json, ca_bundle: bytes) -> None:
+async def install(kube: client.KubeApi, base: str | Json, ca_bundle: bytes) -> None:
     """Create or replace both configurations."""
     for path, body in zip((MUTATING_PATH, VALIDATING_PATH), configurations(base, ca_bundle), strict=True):
         try:
@@ -80,7 +81,7 @@ async def install(kube: client.KubeClient, base: str | Json, ca_bundle: bytes) -
             await kube.replace(f"{path}/{NAME}", body)
 
 
-async def set_ca_bundle(kube: client.KubeClient, ca_bundle: bytes) -> None:
+async def set_ca_bundle(kube: client.KubeApi, ca_bundle: bytes) -> None:
     """Write the CA bundle into the existing configurations (the bootstrap mode)."""
     bundle = base64.b64encode(ca_bundle).decode()
     for path in (MUTATING_PATH, VALIDATING_PATH):
@@ -90,6 +91,6 @@ async def set_ca_bundle(kube: client.KubeClient, ca_bundle: bytes) -> None:
         await kube.replace(f"{path}/{NAME}", current)
 
 
-async def uninstall(kube: client.KubeClient) -> None:
+async def uninstall(kube: client.KubeApi) -> None:
     for path in (MUTATING_PATH, VALIDATING_PATH):
         await kube.delete(f"{path}/{NAME}")

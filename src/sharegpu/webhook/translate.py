@@ -1,10 +1,11 @@
 """Request formats of other GPU-sharing systems, translated into sharegpu's canonical form.
 
-Pure functions over a pod manifest (a dict): no I/O. `translate(pod)` returns the canonical pod and
-one audit line per translation, or raises InvalidRequestError with a message a person can act on.
-The table of formats is in docs/admission.md; every row has a test.
+Pure functions over a pod manifest: no I/O. `translate(pod)` reads the pod through `api.wire.Pod`
+(a mistyped field is refused with its path), and returns the canonical pod (a new dict) and one
+audit line per translation, or raises InvalidRequestError with a message a person can act on. The
+table of formats is in docs/admission.md; every row has a test.
 
-Canonical form (see sharegpu.kube.objects): whole GPUs stay `nvidia.com/gpu: N` (the NVIDIA device
+Canonical form (see sharegpu.api.names): whole GPUs stay `nvidia.com/gpu: N` (the NVIDIA device
 plugin hands them over); shares become `sharegpu.io/gpu: N`, `sharegpu.io/gpu-milli: M` and
 `sharegpu.io/gpu-memory: MiB`, with the burst limit, memory ratio, models and co-tenancy rules as
 `sharegpu.io/*` pod annotations. A share that states only memory (Aliyun, HAMi without gpucores,
@@ -16,11 +17,10 @@ from __future__ import annotations
 
 import copy
 import math
-from decimal import Decimal
 from typing import Any
 
+from sharegpu.api import names, pods, quantity, wire
 from sharegpu.core import errors, units
-from sharegpu.kube import objects
 
 Json = dict[str, Any]
 
@@ -35,7 +35,7 @@ TKE_MEMORY = "tencent.com/vcuda-memory"
 HAMI_MEMORY = "nvidia.com/gpumem"
 HAMI_MEMORY_PERCENT = "nvidia.com/gpumem-percentage"
 HAMI_CORES = "nvidia.com/gpucores"
-NATIVE = (objects.GPU, objects.GPU_MILLI, objects.GPU_MEMORY)
+NATIVE = names.MANAGED_RESOURCES
 
 FORMATS: dict[str, tuple[str, ...]] = {
     "sharegpu": NATIVE,
@@ -44,30 +44,19 @@ FORMATS: dict[str, tuple[str, ...]] = {
     "tkestack": (TKE_CORE, TKE_MEMORY),
     "hami": (HAMI_MEMORY, HAMI_MEMORY_PERCENT, HAMI_CORES),
 }
+FOREIGN = frozenset(k for name, keys in FORMATS.items() if name != "sharegpu" for k in keys)
+"""Resource names of other systems: none may be left on a pod after translation."""
 KUBESHARE_REQUEST = "kubeshare/gpu_request"
 KUBESHARE_LIMIT = "kubeshare/gpu_limit"
 KUBESHARE_MEMORY = "kubeshare/gpu_mem"
 KUBESHARE_RULES = {
-    "kubeshare/sched_affinity": objects.ANNOTATION_AFFINITY,
-    "kubeshare/sched_anti-affinity": objects.ANNOTATION_ANTI_AFFINITY,
-    "kubeshare/sched_exclusion": objects.ANNOTATION_EXCLUSION,
-    "kubeshare/GPUID": objects.ANNOTATION_GROUP,
+    "kubeshare/sched_affinity": names.AFFINITY,
+    "kubeshare/sched_anti-affinity": names.ANTI_AFFINITY,
+    "kubeshare/sched_exclusion": names.EXCLUSION,
+    "kubeshare/GPUID": names.GROUP,
 }
 KUBESHARE_KEYS = (KUBESHARE_REQUEST, KUBESHARE_LIMIT, KUBESHARE_MEMORY)
 
-
-def _number(value: Any, what: str) -> Decimal:
-    try:
-        return objects.quantity(value)
-    except errors.InvalidInputError:
-        raise errors.InvalidRequestError(f"{what} must be a number, got {value!r}") from None
-
-
-def _integer(value: Any, what: str, low: int, high: int) -> int:
-    number = _number(value, what)
-    if number != number.to_integral_value() or not low <= number <= high:
-        raise errors.InvalidRequestError(f"{what} must be an integer in {low}..{high}, got {value!r}")
-    return int(number)
 
 
 class _Share:
@@ -83,7 +72,7 @@ class _Share:
 
 def _percent_gpus(value: Any, key: str) -> tuple[int, int | None]:
     """Koordinator / tkestack percent convention: 1..100 of one GPU, or 100*k for k whole GPUs."""
-    percent = _integer(value, key, 1, 100 * units.MAX_GPUS_PER_NODE)
+    percent = quantity.integer(value, key, 1, 100 * units.MAX_GPUS_PER_NODE)
     if percent > 100:
         if percent % 100:
             raise errors.InvalidRequestError(f"{key} above 100 must be a multiple of 100 (whole GPUs), got {percent}")
@@ -117,9 +106,9 @@ def _koordinator(res: Json) -> _Share:
         else:
             share.permille = percent * 10
     if memory and not share.whole:
-        share.memory_mib = math.ceil(_number(memory[1], memory[0]) / (2**20))
+        share.memory_mib = math.ceil(quantity.number(memory[1], memory[0]) / (2**20))
     if KOORD_SHARED in res:
-        share.count = _integer(res[KOORD_SHARED], KOORD_SHARED, 1, units.MAX_GPUS_PER_NODE)
+        share.count = quantity.integer(res[KOORD_SHARED], KOORD_SHARED, 1, units.MAX_GPUS_PER_NODE)
     if share.permille and share.memory_mib:
         raise errors.InvalidRequestError(f"give GPU memory as {ratio[0] if ratio else 'a ratio'} or as bytes, not both")
     return share
@@ -136,24 +125,24 @@ def _tkestack(res: Json) -> _Share:
         else:
             share.milli = percent * 10
     if TKE_MEMORY in res and not share.whole:
-        share.memory_mib = 256 * _integer(res[TKE_MEMORY], f"{TKE_MEMORY} (256 MiB units)", 1, 1 << 20)
+        share.memory_mib = 256 * quantity.integer(res[TKE_MEMORY], f"{TKE_MEMORY} (256 MiB units)", 1, 1 << 20)
     return share
 
 
 def _hami(res: Json) -> _Share:
     share = _Share()
-    if objects.NVIDIA_GPU in res:
-        share.count = _integer(res[objects.NVIDIA_GPU], objects.NVIDIA_GPU, 1, units.MAX_GPUS_PER_NODE)
+    if names.NVIDIA_GPU in res:
+        share.count = quantity.integer(res[names.NVIDIA_GPU], names.NVIDIA_GPU, 1, units.MAX_GPUS_PER_NODE)
     if HAMI_CORES in res:
-        cores = _integer(res[HAMI_CORES], HAMI_CORES, 0, 100)
+        cores = quantity.integer(res[HAMI_CORES], HAMI_CORES, 0, 100)
         share.milli = max(1, cores * 10)
         share.whole = cores == 100 and HAMI_MEMORY not in res and HAMI_MEMORY_PERCENT not in res
     if HAMI_MEMORY in res and HAMI_MEMORY_PERCENT in res:
         raise errors.InvalidRequestError(f"give {HAMI_MEMORY} or {HAMI_MEMORY_PERCENT}, not both")
     if HAMI_MEMORY in res:
-        share.memory_mib = _integer(res[HAMI_MEMORY], f"{HAMI_MEMORY} (MiB)", 1, 1 << 30)
+        share.memory_mib = quantity.integer(res[HAMI_MEMORY], f"{HAMI_MEMORY} (MiB)", 1, 1 << 30)
     if HAMI_MEMORY_PERCENT in res:
-        share.permille = 10 * _integer(res[HAMI_MEMORY_PERCENT], HAMI_MEMORY_PERCENT, 1, 100)
+        share.permille = 10 * quantity.integer(res[HAMI_MEMORY_PERCENT], HAMI_MEMORY_PERCENT, 1, 100)
     if share.whole:
         share.milli = None
     return share
@@ -163,13 +152,13 @@ def _kubeshare(notes: Json) -> tuple[_Share, int | None]:
     share = _Share()
     limit: int | None = None
     if KUBESHARE_REQUEST in notes:
-        request = _number(notes[KUBESHARE_REQUEST], KUBESHARE_REQUEST)
+        request = quantity.number(notes[KUBESHARE_REQUEST], KUBESHARE_REQUEST)
         if not 0 < request <= 1:
             raise errors.InvalidRequestError(f"{KUBESHARE_REQUEST} must be in (0, 1], got {notes[KUBESHARE_REQUEST]!r}")
         share.milli = max(1, int((request * 1000).to_integral_value()))
         share.whole = share.milli == units.MILLI_PER_GPU and KUBESHARE_MEMORY not in notes
     if KUBESHARE_LIMIT in notes:
-        value = _number(notes[KUBESHARE_LIMIT], KUBESHARE_LIMIT)
+        value = quantity.number(notes[KUBESHARE_LIMIT], KUBESHARE_LIMIT)
         if not 0 < value <= 1:
             raise errors.InvalidRequestError(f"{KUBESHARE_LIMIT} must be in (0, 1], got {notes[KUBESHARE_LIMIT]!r}")
         limit = int((value * 1000).to_integral_value())
@@ -180,7 +169,7 @@ def _kubeshare(notes: Json) -> tuple[_Share, int | None]:
             )
     if KUBESHARE_MEMORY in notes:
         share.memory_mib = math.ceil(
-            _integer(notes[KUBESHARE_MEMORY], f"{KUBESHARE_MEMORY} (bytes)", 1, 1 << 50) / 2**20
+            quantity.integer(notes[KUBESHARE_MEMORY], f"{KUBESHARE_MEMORY} (bytes)", 1, 1 << 50) / 2**20
         )
     return share, limit
 
@@ -203,36 +192,37 @@ def _write(container: Json, share: _Share) -> str:
     """Replace the container's GPU resources by the canonical ones; returns what was written."""
     limits, requests = _resources(container)
     if share.whole:
-        canonical = {objects.NVIDIA_GPU: str(share.count)}
+        canonical = {names.NVIDIA_GPU: str(share.count)}
     else:
-        canonical = {objects.GPU: str(share.count), objects.GPU_MILLI: str(share.milli or 1)}
+        canonical = {names.GPU: str(share.count), names.GPU_MILLI: str(share.milli or 1)}
         if share.memory_mib:
-            canonical[objects.GPU_MEMORY] = str(share.memory_mib)
+            canonical[names.GPU_MEMORY] = str(share.memory_mib)
     for table in (limits, requests):
         for keys in FORMATS.values():
             for key in keys:
                 table.pop(key, None)
-        table.pop(objects.NVIDIA_GPU, None)
+        table.pop(names.NVIDIA_GPU, None)
         table.update(canonical)
     return ", ".join(f"{k}={v}" for k, v in canonical.items())
 
 
 def translate(pod: Json) -> tuple[Json, list[str]]:
     """The canonical pod and what was translated; InvalidRequestError for what cannot be."""
+    typed = wire.convert(pod, wire.Pod)  # a mistyped manifest is refused here, with the path to the field
     out = copy.deepcopy(pod)
     meta = out.setdefault("metadata", {})
-    notes = meta.setdefault("annotations", {}) or {}
-    meta["annotations"] = notes
+    notes = meta.setdefault("annotations", {})
     spec = out.setdefault("spec", {})
     audit: list[str] = []
     kubeshare = any(k in notes for k in (*KUBESHARE_KEYS, *KUBESHARE_RULES))
     permille: set[int] = set()
-    containers = [("initContainers", c) for c in spec.get("initContainers") or []] + [
+    manifests = [("initContainers", c) for c in spec.get("initContainers") or []] + [
         ("containers", c) for c in spec.get("containers") or []
     ]
-    for position, (_, container) in enumerate(containers):
-        name = container.get("name", f"#{position}")
-        res = merged_resources(container)
+    containers = [(kind, manifest, read.resources.merged())
+                  for (kind, manifest), (_, read) in zip(manifests, pods.containers(typed), strict=True)]  # fmt: skip
+    for position, (_, container, res) in enumerate(containers):
+        name = container.get("name") or f"#{position}"
         formats = _formats_in(res)
         hami = "hami" in formats
         if len(formats) > 1:
@@ -244,33 +234,31 @@ def translate(pod: Json) -> tuple[Json, list[str]]:
                 continue
             fmt = formats[0]
             share = _READERS[fmt](res)
-            if not hami and objects.NVIDIA_GPU in res:
-                raise errors.InvalidRequestError(f"{objects.NVIDIA_GPU} cannot be combined with {fmt} resources")
+            if not hami and names.NVIDIA_GPU in res:
+                raise errors.InvalidRequestError(f"{names.NVIDIA_GPU} cannot be combined with {fmt} resources")
         except errors.InvalidRequestError as exc:
             raise errors.InvalidRequestError(f"container {name}: {exc}") from None
         if share.permille:
             permille.add(share.permille)
         before = ", ".join(f"{k}={res[k]}" for keys in FORMATS.values() for k in keys if k in res)
-        if hami and objects.NVIDIA_GPU in res:
-            before = f"{objects.NVIDIA_GPU}={res[objects.NVIDIA_GPU]}, {before}"
+        if hami and names.NVIDIA_GPU in res:
+            before = f"{names.NVIDIA_GPU}={res[names.NVIDIA_GPU]}, {before}"
         audit.append(f"{name}: {before} -> {_write(container, share)}")
     if kubeshare:
         share, limit = _kubeshare(notes)
-        gpu_containers = [
-            c for _, c in containers if _formats_in(merged_resources(c)) or objects.NVIDIA_GPU in merged_resources(c)
-        ]
-        if gpu_containers and (KUBESHARE_REQUEST in notes or KUBESHARE_MEMORY in notes):
+        asks = KUBESHARE_REQUEST in notes or KUBESHARE_MEMORY in notes
+        if asks and any(_formats_in(res) or names.NVIDIA_GPU in res for _, _, res in containers):
             raise errors.InvalidRequestError(
                 "KubeShare annotations and GPU resources on containers both ask for GPUs; use one format"
             )
-        if KUBESHARE_REQUEST in notes or KUBESHARE_MEMORY in notes:
-            target = next((c for kind, c in containers if kind == "containers"), None)
+        if asks:
+            target = next((c for kind, c, _ in containers if kind == "containers"), None)
             if target is None:
                 raise errors.InvalidRequestError("a KubeShare pod needs at least one container")
             written = _write(target, share)
             audit.append(f"{target.get('name')}: KubeShare annotations -> {written}")
             if limit is not None and not share.whole:
-                notes[objects.ANNOTATION_LIMIT] = str(limit)
+                notes[names.LIMIT_MILLI] = str(limit)
         for source, target_key in KUBESHARE_RULES.items():
             if source in notes:
                 if target_key in notes and notes[target_key] != notes[source]:
@@ -280,23 +268,14 @@ def translate(pod: Json) -> tuple[Json, list[str]]:
     if permille:
         if len(permille) > 1:
             raise errors.InvalidRequestError("containers of one pod ask for different GPU memory ratios")
-        notes[objects.ANNOTATION_MEMORY_PERMILLE] = str(permille.pop())
+        notes[names.MEMORY_PERMILLE] = str(permille.pop())
     return out, audit
 
 
 def _aliyun(res: Json) -> _Share:
     share = _Share()
-    share.memory_mib = 1024 * _integer(res[ALIYUN_MEMORY], f"{ALIYUN_MEMORY} (GiB)", 1, 1 << 20)
+    share.memory_mib = 1024 * quantity.integer(res[ALIYUN_MEMORY], f"{ALIYUN_MEMORY} (GiB)", 1, 1 << 20)
     return share
-
-
-def merged_resources(container: Json) -> Json:
-    """Requests overlaid with limits (limits win), tolerating missing or mistyped parts."""
-    resources = container.get("resources") if isinstance(container, dict) else None
-    if not isinstance(resources, dict):
-        return {}
-    requests, limits = resources.get("requests"), resources.get("limits")
-    return {**(requests if isinstance(requests, dict) else {}), **(limits if isinstance(limits, dict) else {})}
 
 
 _READERS = {"koordinator": _koordinator, "aliyun": _aliyun, "tkestack": _tkestack, "hami": _hami}

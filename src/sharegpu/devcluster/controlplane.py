@@ -24,7 +24,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sharegpu.webhook import certs
+from sharegpu.serving import certs
 
 K8S_VERSION = "1.20.2"
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -89,6 +89,7 @@ class ControlPlane:
     bin_dir: Path
     identities: tuple[Identity, ...] = IDENTITIES
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    argv: dict[str, list[str]] = field(default_factory=dict)
     port: int = 0
     bundle: certs.Bundle | None = None
 
@@ -223,6 +224,16 @@ class ControlPlane:
             process.kill()
             process.wait(timeout=10)
 
+    def restart(self, name: str, *, down_for: float = 0.0, sig: int = signal.SIGKILL) -> None:
+        """Kill one component (SIGKILL by default, as a crash) and start it again with the same
+        arguments after `down_for` seconds; waits for the API server when it is the one restarted."""
+        argv = self.argv[name]
+        self.stop_process(name, sig)
+        time.sleep(down_for)
+        self._spawn(name, argv)
+        if name in ("kube-apiserver", "etcd"):
+            self.wait_ready(timeout=120)
+
     def stop(self) -> None:
         for name in reversed(list(self.processes)):
             self.stop_process(name)
@@ -233,6 +244,7 @@ class ControlPlane:
         return path.read_text(errors="replace") if path.exists() else ""
 
     def _spawn(self, name: str, argv: list[str]) -> None:
+        self.argv[name] = argv
         logs = self.workdir / "logs"
         logs.mkdir(exist_ok=True)
         with (logs / f"{name}.log").open("ab") as handle:  # the child keeps its own copy of the descriptor

@@ -1,7 +1,11 @@
+"""The hand-off contract: what the webhook references is exactly what the extender writes."""
+
 from __future__ import annotations
 
+import pytest
+
+from sharegpu.api import handoff, wire
 from sharegpu.core import allocation, units
-from sharegpu.extender import handoff
 
 
 def _alloc(*containers: tuple[str, tuple[allocation.DeviceGrant, ...]]) -> allocation.Allocation:
@@ -14,8 +18,7 @@ def _alloc(*containers: tuple[str, tuple[allocation.DeviceGrant, ...]]) -> alloc
 
 def test_one_container_one_gpu_gets_hami_and_mps_limits() -> None:
     alloc = _alloc(("main", (allocation.DeviceGrant(index=1, milli=300, memory_mib=4096, limit_milli=600),)))
-    data = handoff.configmap_data(alloc, {1: "GPU-b"})
-    assert data == {
+    assert handoff.data(alloc, {1: "GPU-b"}) == {
         "main.NVIDIA_VISIBLE_DEVICES": "GPU-b",
         "main.CUDA_DEVICE_SM_LIMIT": "60",
         "main.CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "60",
@@ -29,10 +32,24 @@ def test_several_gpus_and_containers_and_no_memory_limit() -> None:
         ("a", (allocation.DeviceGrant(0, 250, 1000, 250), allocation.DeviceGrant(2, 250, 2000, 250))),
         ("b", (allocation.DeviceGrant(0, 100, 0, 100),)),
     )
-    data = handoff.configmap_data(alloc, {0: "GPU-x", 2: "GPU-z"})
+    data = handoff.data(alloc, {0: "GPU-x", 2: "GPU-z"})
     assert data["a.NVIDIA_VISIBLE_DEVICES"] == "GPU-x,GPU-z"
     assert data["a.CUDA_DEVICE_MEMORY_LIMIT_0"] == "1000m"
     assert data["a.CUDA_DEVICE_MEMORY_LIMIT_1"] == "2000m"
     assert data["a.CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=1000M,1=2000M"
     assert data["b.CUDA_DEVICE_SM_LIMIT"] == "10"
     assert "b.CUDA_DEVICE_MEMORY_LIMIT" not in data
+
+
+@pytest.mark.parametrize(("count", "memory"), [(1, False), (1, True), (3, True), (2, False)])
+def test_the_keys_written_are_the_keys_referenced(count: int, memory: bool) -> None:
+    grants = tuple(allocation.DeviceGrant(i, 200, 512 if memory else 0, 400) for i in range(count))
+    written = set(handoff.data(_alloc(("main", grants)), {i: f"GPU-{i}" for i in range(count)}))
+    references = [handoff.reference("cm", "main", v) for v in handoff.variables(count, memory)]
+    read = {r["valueFrom"]["configMapKeyRef"]["key"] for r in references}
+    assert written == read
+    for ref in references:
+        env = wire.convert(ref, wire.EnvVar)
+        assert handoff.is_reference(env, "cm", "main")
+        assert not handoff.is_reference(env, "other", "main")
+        assert ref["valueFrom"]["configMapKeyRef"]["optional"] is (env.name != handoff.VISIBLE_DEVICES)

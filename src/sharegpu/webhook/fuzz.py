@@ -15,26 +15,27 @@ import random
 from typing import Any
 
 import jsonpatch
+import msgspec
 import orjson
 
+from sharegpu.api import handoff, names, pods, wire
 from sharegpu.core import errors
-from sharegpu.kube import objects
-from sharegpu.webhook import admission, translate
+from sharegpu.webhook import translate
 
 Json = dict[str, Any]
 
 RESOURCE_KEYS = [
-    *objects.MANAGED_RESOURCES, objects.NVIDIA_GPU, *translate.KOORD_CORE, *translate.KOORD_RATIO,
+    *names.MANAGED_RESOURCES, names.NVIDIA_GPU, *translate.KOORD_CORE, *translate.KOORD_RATIO,
     *translate.KOORD_MEMORY, translate.KOORD_SHARED, translate.KOORD_GPU, translate.ALIYUN_MEMORY, translate.TKE_CORE,
     translate.TKE_MEMORY, translate.HAMI_MEMORY, translate.HAMI_MEMORY_PERCENT, translate.HAMI_CORES, "cpu", "memory",
     "example.com/foo",
 ]  # fmt: skip
 ANNOTATION_KEYS = [
-    *translate.KUBESHARE_KEYS, *translate.KUBESHARE_RULES, objects.ANNOTATION_LIMIT, objects.ANNOTATION_MODELS,
-    objects.ANNOTATION_MEMORY_PERMILLE, objects.ANNOTATION_AFFINITY, objects.ANNOTATION_ANTI_AFFINITY,
-    objects.ANNOTATION_EXCLUSION, objects.ANNOTATION_GROUP, *admission.SYSTEM_ONLY_ANNOTATIONS, "note",
+    *translate.KUBESHARE_KEYS, *translate.KUBESHARE_RULES, names.LIMIT_MILLI, names.MODELS,
+    names.MEMORY_PERMILLE, names.AFFINITY, names.ANTI_AFFINITY,
+    names.EXCLUSION, names.GROUP, *names.SYSTEM_ONLY_ANNOTATIONS, "note",
 ]  # fmt: skip
-ENV_NAMES = [*admission.ISOLATION_VARIABLES, "CUDA_DEVICE_MEMORY_LIMIT_1", "PATH", "HOME"]
+ENV_NAMES = [*sorted(handoff.PROTECTED), "CUDA_DEVICE_MEMORY_LIMIT_1", "PATH", "HOME"]
 
 
 def _value(rng: random.Random) -> Any:
@@ -114,9 +115,10 @@ def case(rng: random.Random) -> tuple[str, Any]:
     return kind, {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request}
 
 
-def violations(kind: str, body: Any, response: Any) -> list[str]:
-    """What is wrong with `response` to `body`; empty when the webhook behaved."""
+def violations(kind: str, body: Any, answer_message: Any) -> list[str]:
+    """What is wrong with the answer to `body` (a ReviewResponse, or its JSON); empty when the webhook behaved."""
     problems: list[str] = []
+    response = orjson.loads(msgspec.json.encode(answer_message))
     if not isinstance(response, dict) or response.get("kind") != "AdmissionReview":
         return ["not an AdmissionReview"]
     answer = response.get("response")
@@ -152,17 +154,16 @@ def violations(kind: str, body: Any, response: Any) -> list[str]:
     elif kind == "mutate" and request.get("operation") != "CREATE":
         return problems
     try:
-        parsed = objects.pod_request(result)
+        parsed = pods.request(wire.convert(result, wire.Pod))
     except errors.SharegpuError as exc:
         problems.append(f"allowed an invalid GPU request: {exc}")
         return problems
     except Exception as exc:
         problems.append(f"allowed a pod sharegpu cannot read: {type(exc).__name__}: {exc}")
         return problems
-    spec = result.get("spec") or {}
-    for container in (spec.get("containers") or []) + (spec.get("initContainers") or []):
-        foreign = {k for keys in translate.FORMATS.values() for k in keys} - set(objects.MANAGED_RESOURCES)
-        leftover = [k for k in translate.merged_resources(container) if k in foreign]
+    typed = wire.convert(result, wire.Pod)
+    for _, container in pods.containers(typed):
+        leftover = [k for k in container.resources.merged() if k in translate.FOREIGN]
         if kind == "mutate" and leftover:
             problems.append(f"allowed untranslated resources {leftover}")
     del parsed

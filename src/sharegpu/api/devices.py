@@ -1,0 +1,96 @@
+"""The Device resource (one per GPU node, written by the node agent) and Node objects, to and from
+the placement core's `NodeInventory`.
+
+A node's inventory joins two objects: its Device (the GPUs: index, UUID, model, memory, health,
+NUMA node, PCIe switch, NVLink pairs) and its Node (allocatable CPU and memory, readiness).
+`device` builds the Device a writer publishes from an inventory; `inventory` reads it back, so the
+two cannot disagree on a field name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sharegpu.api import names, quantity, wire
+from sharegpu.core import devices, errors, units
+
+
+@dataclass(frozen=True, slots=True)
+class NodeFacts:
+    """What placement needs of a Node object."""
+
+    name: str
+    schedulable: bool
+    cpu_milli: int
+    memory_mib: int
+
+
+def node_facts(node: wire.Node) -> NodeFacts:
+    ready = next((c.status == "True" for c in node.status.conditions if c.type == "Ready"), False)
+    allocatable = node.status.allocatable
+    try:
+        cpu = quantity.milli_cpu(allocatable.get("cpu", 0))
+        memory = quantity.mebibytes(allocatable.get("memory", 0))
+    except errors.InvalidInputError:
+        cpu, memory, ready = 0, 0, False
+    return NodeFacts(node.metadata.name, ready and not node.spec.unschedulable, cpu, memory)
+
+
+def gpus(device: wire.Device) -> tuple[tuple[devices.GpuDevice, ...], frozenset[tuple[int, int]]]:
+    """The GPUs and NVLink pairs a Device describes; InvalidInventoryError if they contradict themselves."""
+    try:
+        found = tuple(
+            devices.GpuDevice(
+                index=g.index,
+                uuid=units.GpuUuid(g.uuid),
+                model=g.model,
+                memory_mib=units.MiB(g.memory_mib),
+                healthy=g.healthy,
+                numa_node=g.numa_node,
+                pcie_switch=g.pcie_switch,
+            )
+            for g in sorted(device.spec.gpus, key=lambda g: g.index)
+        )
+    except errors.InvalidInputError as exc:
+        raise errors.InvalidInventoryError(f"Device {device.metadata.name}: {exc}") from None
+    links = frozenset((min(a, b), max(a, b)) for a, b in device.spec.nvlinks)
+    return found, links
+
+
+def inventory(device: wire.Device, node: NodeFacts | None) -> devices.NodeInventory:
+    """A node's inventory from its Device and its Node facts (None: no CPU or memory known)."""
+    found, links = gpus(device)
+    try:
+        return devices.NodeInventory(
+            name=units.NodeName(device.metadata.name),
+            cpu_milli=units.MilliCpu(node.cpu_milli if node else 0),
+            memory_mib=units.MiB(node.memory_mib if node else 0),
+            gpus=found,
+            nvlinks=links,
+        )
+    except errors.InvalidInputError as exc:
+        raise errors.InvalidInventoryError(f"Device {device.metadata.name}: {exc}") from None
+
+
+def device(node: devices.NodeInventory) -> wire.Device:
+    """The Device resource describing `node`'s GPUs (what the node agent publishes)."""
+    return wire.Device(
+        api_version=f"{names.DEVICE_GROUP}/{names.DEVICE_VERSION}",
+        kind=names.DEVICE_KIND,
+        metadata=wire.ObjectMeta(name=node.name),
+        spec=wire.DeviceSpec(
+            gpus=[
+                wire.GpuSpec(
+                    index=g.index,
+                    uuid=g.uuid,
+                    model=g.model,
+                    memory_mib=g.memory_mib,
+                    healthy=g.healthy,
+                    numa_node=g.numa_node,
+                    pcie_switch=g.pcie_switch,
+                )
+                for g in node.gpus
+            ],
+            nvlinks=sorted(node.nvlinks),
+        ),
+    )

@@ -1,0 +1,79 @@
+"""Names sharegpu defines in the Kubernetes API: resources, annotations, labels, namespaces.
+
+The canonical request a sharegpu pod carries (the admission webhook translates every other format
+into it):
+
+    resources.limits (per container)
+      sharegpu.io/gpu: N               GPUs for this container (a share: 1)
+      sharegpu.io/gpu-milli: M         compute per GPU, 1..1000 (omitted or 1000: whole GPUs)
+      sharegpu.io/gpu-memory: MiB      GPU memory per GPU
+      nvidia.com/gpu: N                whole GPUs through the NVIDIA device plugin
+    annotations (pod)
+      sharegpu.io/gpu-limit-milli      burst limit per GPU for fractional containers
+      sharegpu.io/gpu-memory-permille  GPU memory as a fraction of the GPU's memory
+      sharegpu.io/gpu-models           allowed models, comma-separated
+      sharegpu.io/affinity, anti-affinity, exclusion, group   co-tenancy rules
+
+Only the system writes `sharegpu.io/allocation` (in the binding), `sharegpu.io/gpu-uuid` (a
+reservation pod's report) and `sharegpu.io/handoff-configmap` (set by the webhook).
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+DOMAIN: Final = "sharegpu.io"
+SCHEDULER_NAME: Final = "sharegpu-scheduler"
+SYSTEM_NAMESPACE: Final = "sharegpu-system"
+
+# ----------------------------------------------------------------- resources
+GPU: Final = f"{DOMAIN}/gpu"
+GPU_MILLI: Final = f"{DOMAIN}/gpu-milli"
+GPU_MEMORY: Final = f"{DOMAIN}/gpu-memory"
+NVIDIA_GPU: Final = "nvidia.com/gpu"
+MANAGED_RESOURCES: Final = (GPU, GPU_MILLI, GPU_MEMORY)
+"""sharegpu's own resources: kube-scheduler leaves them to the extender (ignoredByScheduler)."""
+GPU_RESOURCES: Final = (*MANAGED_RESOURCES, NVIDIA_GPU)
+"""Any of these in a container makes the pod a GPU pod."""
+
+# ----------------------------------------------------------------- annotations
+ALLOCATION: Final = f"{DOMAIN}/allocation"
+LIMIT_MILLI: Final = f"{DOMAIN}/gpu-limit-milli"
+MEMORY_PERMILLE: Final = f"{DOMAIN}/gpu-memory-permille"
+MODELS: Final = f"{DOMAIN}/gpu-models"
+AFFINITY: Final = f"{DOMAIN}/affinity"
+ANTI_AFFINITY: Final = f"{DOMAIN}/anti-affinity"
+EXCLUSION: Final = f"{DOMAIN}/exclusion"
+GROUP: Final = f"{DOMAIN}/group"
+HANDOFF: Final = f"{DOMAIN}/handoff-configmap"
+GPU_UUID: Final = f"{DOMAIN}/gpu-uuid"
+TRANSLATED: Final = f"{DOMAIN}/translated"
+SYSTEM_ONLY_ANNOTATIONS: Final = (ALLOCATION, GPU_UUID, HANDOFF)
+"""Set by sharegpu only; the webhook refuses them from anyone else."""
+
+# ----------------------------------------------------------------- labels
+LABEL_ROLE: Final = f"{DOMAIN}/role"
+ROLE_RESERVATION: Final = "reservation"
+ROLE_HANDOFF: Final = "handoff"
+LABEL_NODE: Final = f"{DOMAIN}/node"
+LABEL_SLOT: Final = f"{DOMAIN}/gpu-index"
+LABEL_ADMISSION: Final = f"{DOMAIN}/admission"
+"""On a namespace, `skip` keeps the webhook out of it (the chart labels kube-system and sharegpu-system)."""
+
+# ----------------------------------------------------------------- the Device resource
+DEVICE_GROUP: Final = DOMAIN
+DEVICE_VERSION: Final = "v1alpha1"
+DEVICE_PLURAL: Final = "devices"
+DEVICE_KIND: Final = "Device"
+
+# ----------------------------------------------------------------- the hand-off ConfigMap and reservation pods
+HANDOFF_PREFIX: Final = "sharegpu-handoff-"
+RESERVATION_PREFIX: Final = "sharegpu-reserve-"
+EXTENDER_LEASE: Final = "sharegpu-extender"
+"""The Lease whose holder runs the extender's background reconcilers."""
+
+
+def reservation_name(node: str, slot: int, suffix: str) -> str:
+    """The name of a reservation pod for GPU `slot` of `node` (a DNS subdomain: at most 253 characters)."""
+    tail = f"-{slot}-{suffix}"
+    return f"{RESERVATION_PREFIX}{node}"[: 253 - len(tail)] + tail

@@ -1,0 +1,58 @@
+"""REST paths of the objects sharegpu reads and writes (one spelling for every component)."""
+
+from __future__ import annotations
+
+from typing import Final
+
+from sharegpu.api import names
+
+NAMESPACES: Final = "/api/v1/namespaces"
+NODES: Final = "/api/v1/nodes"
+PODS: Final = "/api/v1/pods"
+CONFIGMAPS: Final = "/api/v1/configmaps"
+DEVICES: Final = f"/apis/{names.DEVICE_GROUP}/{names.DEVICE_VERSION}/{names.DEVICE_PLURAL}"
+VERSION: Final = "/version"
+
+
+def node(name: str) -> str:
+    return f"{NODES}/{name}"
+
+
+def device(name: str) -> str:
+    return f"{DEVICES}/{name}"
+
+
+def namespace(name: str) -> str:
+    return f"{NAMESPACES}/{name}"
+
+
+def pods(namespace: str) -> str:
+    return f"{NAMESPACES}/{namespace}/pods"
+
+
+def pod(namespace: str, name: str) -> str:
+    return f"{NAMESPACES}/{namespace}/pods/{name}"
+
+
+def binding(namespace: str, name: str) -> str:
+    return f"{pod(namespace, name)}/binding"
+
+
+def configmaps(namespace: str) -> str:
+    return f"{NAMESPACES}/{namespace}/configmaps"
+
+
+def configmap(namespace: str, name: str) -> str:
+    return f"{configmaps(namespace)}/{name}"
+
+
+def events(namespace: str) -> str:
+    return f"{NAMESPACES}/{namespace}/events"
+
+
+def leases(namespace: str) -> str:
+    return f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
+
+
+def lease(namespace: str, name: str) -> str:
+    return f"{leases(namespace)}/{name}"

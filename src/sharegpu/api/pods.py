@@ -1,0 +1,240 @@
+"""Pods to sharegpu's domain values: the request a pod makes, the allocation it holds, its role.
+
+`request` turns a pod's canonical resources and annotations into a `core.requests.PodRequest`
+(refusing malformed ones with the field named); `allocation` parses the allocation annotation the
+extender wrote into the binding. `Record` is what long-running components keep per pod instead of
+the pod itself: the few facts they act on, parsed once when the pod arrives (about a tenth of the
+memory of the decoded object, and none of the re-parsing).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sharegpu.api import names, quantity, wire
+from sharegpu.core import allocation, errors, requests, units
+
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+def key(pod: wire.Pod) -> units.PodKey:
+    return units.pod_key(pod.metadata.namespace, pod.metadata.name)
+
+
+def containers(pod: wire.Pod) -> list[tuple[bool, wire.Container]]:
+    """(is an init container, container) for every container, init containers first."""
+    return [(True, c) for c in pod.spec.init_containers] + [(False, c) for c in pod.spec.containers]
+
+
+def wants_gpu(pod: wire.Pod) -> bool:
+    return any(name in c.resources.merged() for _, c in containers(pod) for name in names.GPU_RESOURCES)
+
+
+def is_reservation(pod: wire.Pod) -> bool:
+    return pod.metadata.labels.get(names.LABEL_ROLE) == names.ROLE_RESERVATION
+
+
+def is_terminal(pod: wire.Pod) -> bool:
+    return pod.status.phase in TERMINAL_PHASES
+
+
+def has_soft_preferences(pod: wire.Pod) -> bool:
+    """Whether kube-scheduler would rank nodes by the pod's own wishes: preferred node or pod
+    (anti-)affinity, or topology spread that only prefers (ScheduleAnyway)."""
+    affinity = pod.spec.affinity
+    if affinity is not None:
+        for part in (affinity.node_affinity, affinity.pod_affinity, affinity.pod_anti_affinity):
+            if part is not None and part.preferred_during_scheduling_ignored_during_execution:
+                return True
+    return any(c.when_unsatisfiable == "ScheduleAnyway" for c in pod.spec.topology_spread_constraints)
+
+
+def host_request(pod: wire.Pod) -> tuple[int, int]:
+    """(milli-CPU, MiB) the pod requests: the larger of its app containers' sum and its largest init container."""
+
+    def one(container: wire.Container) -> tuple[int, int]:
+        req, lim = container.resources.requests, container.resources.limits
+        return quantity.milli_cpu(req.get("cpu", lim.get("cpu", 0))), quantity.mebibytes(
+            req.get("memory", lim.get("memory", 0))
+        )
+
+    apps = [one(c) for c in pod.spec.containers]
+    inits = [one(c) for c in pod.spec.init_containers]
+    cpu = max(sum(a[0] for a in apps), max((i[0] for i in inits), default=0))
+    memory = max(sum(a[1] for a in apps), max((i[1] for i in inits), default=0))
+    return cpu, memory
+
+
+def _gpu_request(res: dict[str, wire.Quantity], notes: dict[str, str], models: frozenset[str]) -> requests.GpuRequest | None:
+    if names.NVIDIA_GPU in res:
+        mixed = [k for k in names.MANAGED_RESOURCES if k in res]
+        if mixed:
+            raise errors.InvalidRequestError(
+                f"{names.NVIDIA_GPU} asks for whole GPUs; it cannot be combined with a share ({', '.join(mixed)})"
+            )
+        count = quantity.integer(res[names.NVIDIA_GPU], names.NVIDIA_GPU, 0, units.MAX_GPUS_PER_NODE)
+        return requests.GpuRequest(count=count, models=models) if count else None
+    if names.GPU not in res and names.GPU_MILLI not in res:
+        return None
+    count = quantity.integer(res.get(names.GPU, 1), names.GPU, 0, units.MAX_GPUS_PER_NODE)
+    milli = quantity.integer(res.get(names.GPU_MILLI, units.MILLI_PER_GPU), names.GPU_MILLI, 1, units.MILLI_PER_GPU)
+    if not count:
+        return None
+    whole = milli == units.MILLI_PER_GPU
+    limit = notes.get(names.LIMIT_MILLI)
+    permille = notes.get(names.MEMORY_PERMILLE)
+    return requests.GpuRequest(
+        count=count,
+        milli=milli,
+        limit_milli=None if whole or limit is None else quantity.integer(limit, names.LIMIT_MILLI, 1, units.MILLI_PER_GPU),
+        memory_mib=quantity.integer(res.get(names.GPU_MEMORY, 0), names.GPU_MEMORY, 0, 1 << 30),
+        memory_permille=0
+        if whole or permille is None
+        else quantity.integer(permille, names.MEMORY_PERMILLE, 1, units.PERMILLE),
+        models=models,
+    )
+
+
+def cotenancy(notes: dict[str, str]) -> requests.CoTenancy:
+    return requests.CoTenancy(
+        affinity=notes.get(names.AFFINITY),
+        anti_affinity=notes.get(names.ANTI_AFFINITY),
+        exclusion=notes.get(names.EXCLUSION),
+        group=notes.get(names.GROUP),
+    )
+
+
+def request(pod: wire.Pod) -> requests.PodRequest:
+    """The normalised request of a pod; malformed requests raise InvalidRequestError naming the field."""
+    pod_key = key(pod)
+    notes = pod.metadata.annotations
+    models = frozenset(m.strip() for m in notes.get(names.MODELS, "").split(",") if m.strip())
+    made: list[requests.ContainerRequest] = []
+    for init, container in containers(pod):
+        try:
+            gpu = _gpu_request(container.resources.merged(), notes, models)
+        except errors.InvalidInputError as exc:
+            raise errors.InvalidRequestError(f"pod {pod_key}, container {container.name}: {exc}") from None
+        made.append(requests.ContainerRequest(container.name, gpu, init=init))
+    cpu, memory = host_request(pod)
+    return requests.PodRequest(
+        key=pod_key, containers=tuple(made), cpu_milli=cpu, memory_mib=memory, cotenancy=cotenancy(notes)
+    )
+
+
+def allocation_of(pod: wire.Pod) -> allocation.Allocation | None:
+    """The allocation recorded on a bound pod, or None if it carries none."""
+    text = pod.metadata.annotations.get(names.ALLOCATION)
+    if not text:
+        return None
+    cpu, memory = host_request(pod)
+    return allocation.Allocation.from_json(text, pod=key(pod), cpu_milli=cpu, memory_mib=memory)
+
+
+# ----------------------------------------------------------------- what a long-running component keeps
+
+
+@dataclass(frozen=True, slots=True)
+class Slot:
+    """The GPU a reservation pod holds: its node and index, and the UUID it reported (once known)."""
+
+    node: str
+    index: int
+    uuid: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One pod as the extender and the controllers need it; built once per watch event by `record`."""
+
+    key: units.PodKey
+    uid: str
+    resource_version: str
+    node: str
+    """"" until bound."""
+    scheduler: str
+    phase: str
+    deleting: bool
+    created: str
+    gpu: bool
+    """The pod asks for a GPU resource (whether or not its request is valid)."""
+    request: requests.PodRequest | None
+    """The parsed request; None if it asks for no GPU or is malformed (then `problem` says why)."""
+    problem: str | None
+    allocation_text: str | None
+    """The allocation annotation as written (compared as text, parsed once by `allocation`)."""
+    allocation: allocation.Allocation | None
+    handoff: str | None
+    """The hand-off ConfigMap the pod's containers read."""
+    reservation: Slot | None
+    """Set for reservation pods."""
+    cpu_milli: int
+    memory_mib: int
+
+    @property
+    def terminal(self) -> bool:
+        return self.phase in TERMINAL_PHASES
+
+    @property
+    def live(self) -> bool:
+        """Bound, not finished and not being deleted."""
+        return bool(self.node) and not self.terminal and not self.deleting
+
+
+def record(pod: wire.Pod, previous: Record | None = None) -> Record:
+    """The `Record` of a pod. Parsing is skipped for what did not change since `previous`."""
+    meta = pod.metadata
+    notes = meta.annotations
+    pod_key = key(pod)
+    cpu, memory = _host_or_zero(pod)
+    slot = None
+    if is_reservation(pod):
+        try:
+            index = int(meta.labels.get(names.LABEL_SLOT, ""))
+        except ValueError:
+            index = -1
+        slot = Slot(meta.labels.get(names.LABEL_NODE, ""), index, notes.get(names.GPU_UUID))
+    gpu = slot is None and wants_gpu(pod)
+    parsed: requests.PodRequest | None = None
+    problem: str | None = None
+    if gpu:
+        try:
+            parsed = request(pod)
+        except errors.InvalidInputError as exc:
+            problem = str(exc)
+    text = notes.get(names.ALLOCATION)
+    alloc: allocation.Allocation | None = None
+    if text:
+        if previous is not None and previous.allocation_text == text and previous.allocation is not None:
+            alloc = previous.allocation
+        else:
+            try:
+                alloc = allocation.Allocation.from_json(text, pod=pod_key, cpu_milli=cpu, memory_mib=memory)
+            except errors.InvalidInputError as exc:
+                problem = str(exc)
+    return Record(
+        key=pod_key,
+        uid=meta.uid,
+        resource_version=meta.resource_version,
+        node=pod.spec.node_name,
+        scheduler=pod.spec.scheduler_name,
+        phase=pod.status.phase,
+        deleting=meta.deletion_timestamp is not None,
+        created=meta.creation_timestamp or "",
+        gpu=gpu,
+        request=parsed,
+        problem=problem,
+        allocation_text=text,
+        allocation=alloc,
+        handoff=notes.get(names.HANDOFF),
+        reservation=slot,
+        cpu_milli=cpu,
+        memory_mib=memory,
+    )
+
+
+def _host_or_zero(pod: wire.Pod) -> tuple[int, int]:
+    try:
+        return host_request(pod)
+    except errors.InvalidInputError:
+        return 0, 0

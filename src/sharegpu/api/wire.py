@@ -1,0 +1,299 @@
+"""Typed messages for the Kubernetes objects sharegpu reads: only the fields it uses.
+
+These are msgspec Structs decoded straight from the API server's JSON bytes: fields sharegpu does
+not name are skipped while parsing (in C, without building dicts for them), which is why a watch of
+every pod in a large cluster stays cheap, and a mistyped field fails with the path to it
+(`Expected `str`, got `int` - at `$.spec.containers[0].name``). Every field has a default, as in the
+API: an absent part is an empty one.
+
+Writers build their bodies from the same Structs where they can (`encode`), so what one component
+writes is exactly what the others read.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Generic, TypeVar
+
+import msgspec
+
+from sharegpu.core import errors
+
+T = TypeVar("T")
+Quantity = str | int | float
+"""A resource value: the API server always sends strings; manifests may carry numbers."""
+
+
+class Message(msgspec.Struct, rename="camel", kw_only=True, frozen=True, omit_defaults=True):
+    """Base of every message: camelCase on the wire, defaults for absent fields, immutable."""
+
+
+# ----------------------------------------------------------------- metadata and common parts
+
+
+class OwnerReference(Message, kw_only=True, frozen=True):
+    api_version: str = ""
+    kind: str = ""
+    name: str = ""
+    uid: str = ""
+    controller: bool | None = None
+
+
+class ObjectMeta(Message, kw_only=True, frozen=True):
+    name: str = ""
+    generate_name: str = ""
+    namespace: str = ""
+    uid: str = ""
+    resource_version: str = ""
+    creation_timestamp: str | None = None
+    deletion_timestamp: str | None = None
+    labels: dict[str, str] = {}
+    annotations: dict[str, str] = {}
+    owner_references: list[OwnerReference] = []
+
+
+class ListMeta(Message, kw_only=True, frozen=True):
+    resource_version: str = ""
+    continue_: str = msgspec.field(default="", name="continue")
+
+
+class ObjectList(Message, Generic[T], kw_only=True, frozen=True):
+    """A page of a collection (items carry no kind in a list)."""
+
+    metadata: ListMeta = msgspec.field(default_factory=ListMeta)
+    items: list[T] = []
+
+
+class StatusDetails(Message, kw_only=True, frozen=True):
+    name: str = ""
+    kind: str = ""
+    retry_after_seconds: int = 0
+
+
+class Status(Message, kw_only=True, frozen=True):
+    """The API server's error body (also the object of a watch ERROR event)."""
+
+    kind: str = ""
+    status: str = ""
+    message: str = ""
+    reason: str = ""
+    code: int = 0
+    details: StatusDetails = msgspec.field(default_factory=StatusDetails)
+
+
+class WatchEvent(Message, kw_only=True, frozen=True):
+    """One line of a watch stream; `object` is decoded by whoever knows its kind."""
+
+    type: str = ""
+    object: msgspec.Raw = msgspec.Raw(b"{}")
+
+
+# ----------------------------------------------------------------- pods
+
+
+class ResourceRequirements(Message, kw_only=True, frozen=True):
+    limits: dict[str, Quantity] = {}
+    requests: dict[str, Quantity] = {}
+
+    def merged(self) -> dict[str, Quantity]:
+        """Requests overlaid with limits (limits win): what a container asks for."""
+        return {**self.requests, **self.limits} if self.requests else self.limits
+
+
+class KeySelector(Message, kw_only=True, frozen=True):
+    name: str = ""
+    key: str = ""
+    optional: bool | None = None
+
+
+class EnvVarSource(Message, kw_only=True, frozen=True):
+    config_map_key_ref: KeySelector | None = None
+
+
+class EnvVar(Message, kw_only=True, frozen=True):
+    name: str = ""
+    value: str | None = None
+    value_from: EnvVarSource | None = None
+
+
+class LocalReference(Message, kw_only=True, frozen=True):
+    name: str = ""
+
+
+class EnvFromSource(Message, kw_only=True, frozen=True):
+    config_map_ref: LocalReference | None = None
+
+
+class ProjectedSource(Message, kw_only=True, frozen=True):
+    config_map: LocalReference | None = None
+
+
+class ProjectedVolume(Message, kw_only=True, frozen=True):
+    sources: list[ProjectedSource] = []
+
+
+class Volume(Message, kw_only=True, frozen=True):
+    name: str = ""
+    config_map: LocalReference | None = None
+    projected: ProjectedVolume | None = None
+
+
+class Container(Message, kw_only=True, frozen=True):
+    name: str = ""
+    resources: ResourceRequirements = msgspec.field(default_factory=ResourceRequirements)
+    env: list[EnvVar] = []
+    env_from: list[EnvFromSource] = []
+
+
+class PreferredTerm(Message, kw_only=True, frozen=True):
+    weight: int = 0
+
+
+class NodeAffinity(Message, kw_only=True, frozen=True):
+    preferred_during_scheduling_ignored_during_execution: list[PreferredTerm] = []
+
+
+class PodAffinity(Message, kw_only=True, frozen=True):
+    preferred_during_scheduling_ignored_during_execution: list[PreferredTerm] = []
+
+
+class Affinity(Message, kw_only=True, frozen=True):
+    node_affinity: NodeAffinity | None = None
+    pod_affinity: PodAffinity | None = None
+    pod_anti_affinity: PodAffinity | None = None
+
+
+class TopologySpreadConstraint(Message, kw_only=True, frozen=True):
+    when_unsatisfiable: str = ""
+
+
+class PodSpec(Message, kw_only=True, frozen=True):
+    node_name: str = ""
+    scheduler_name: str = ""
+    containers: list[Container] = []
+    init_containers: list[Container] = []
+    volumes: list[Volume] = []
+    affinity: Affinity | None = None
+    topology_spread_constraints: list[TopologySpreadConstraint] = []
+
+
+class PodStatus(Message, kw_only=True, frozen=True):
+    phase: str = ""
+
+
+class Pod(Message, kw_only=True, frozen=True):
+    metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
+    spec: PodSpec = msgspec.field(default_factory=PodSpec)
+    status: PodStatus = msgspec.field(default_factory=PodStatus)
+
+
+# ----------------------------------------------------------------- nodes
+
+
+class NodeCondition(Message, kw_only=True, frozen=True):
+    type: str = ""
+    status: str = ""
+
+
+class NodeSpec(Message, kw_only=True, frozen=True):
+    unschedulable: bool = False
+
+
+class NodeStatus(Message, kw_only=True, frozen=True):
+    allocatable: dict[str, Quantity] = {}
+    conditions: list[NodeCondition] = []
+
+
+class Node(Message, kw_only=True, frozen=True):
+    metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
+    spec: NodeSpec = msgspec.field(default_factory=NodeSpec)
+    status: NodeStatus = msgspec.field(default_factory=NodeStatus)
+
+
+# ----------------------------------------------------------------- sharegpu's Device resource
+
+
+class GpuSpec(Message, kw_only=True, frozen=True):
+    index: int
+    uuid: str
+    model: str
+    memory_mib: int = msgspec.field(name="memoryMiB")
+    healthy: bool = True
+    numa_node: int = 0
+    pcie_switch: int | None = None
+
+
+class DeviceSpec(Message, kw_only=True, frozen=True):
+    gpus: list[GpuSpec] = []
+    nvlinks: list[tuple[int, int]] = []
+
+
+class Device(Message, kw_only=True, frozen=True):
+    api_version: str = ""
+    kind: str = ""
+    metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
+    spec: DeviceSpec = msgspec.field(default_factory=DeviceSpec)
+
+
+# ----------------------------------------------------------------- ConfigMaps and Leases
+
+
+class ConfigMap(Message, kw_only=True, frozen=True):
+    metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
+    data: dict[str, str] = {}
+
+
+class LeaseSpec(Message, kw_only=True, frozen=True):
+    holder_identity: str | None = None
+    lease_duration_seconds: int | None = None
+    acquire_time: str | None = None
+    renew_time: str | None = None
+    lease_transitions: int | None = None
+
+
+class Lease(Message, kw_only=True, frozen=True):
+    api_version: str = ""
+    kind: str = ""
+    metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
+    spec: LeaseSpec = msgspec.field(default_factory=LeaseSpec)
+
+
+# ----------------------------------------------------------------- helpers
+
+_DECODERS: dict[Any, msgspec.json.Decoder[Any]] = {}
+
+
+def decoder(kind: type[T]) -> msgspec.json.Decoder[T]:
+    """One cached JSON decoder per message type."""
+    found = _DECODERS.get(kind)
+    if found is None:
+        found = _DECODERS[kind] = msgspec.json.Decoder(kind)
+    return found
+
+
+def decode(data: bytes | msgspec.Raw, kind: type[T]) -> T:
+    """Bytes to a typed message; InvalidInputError with the path to the field that is wrong."""
+    try:
+        return decoder(kind).decode(data)
+    except msgspec.ValidationError as exc:
+        raise errors.InvalidInputError(f"malformed {kind.__name__}: {exc}") from None
+    except msgspec.DecodeError as exc:
+        raise errors.InvalidInputError(f"malformed JSON for {kind.__name__}: {exc}") from None
+
+
+def convert(value: object, kind: type[T]) -> T:
+    """Already-parsed JSON (dicts and lists) to a typed message, with the same errors as `decode`."""
+    try:
+        return msgspec.convert(value, kind)
+    except msgspec.ValidationError as exc:
+        raise errors.InvalidInputError(f"malformed {kind.__name__}: {exc}") from None
+
+
+def encode(message: msgspec.Struct) -> dict[str, Any]:
+    """A message as plain JSON values (for a request body)."""
+    body: dict[str, Any] = msgspec.to_builtins(message)
+    return body
+
+
+def key(meta: ObjectMeta) -> str:
+    """`namespace/name` for namespaced objects, `name` for cluster-scoped ones."""
+    return f"{meta.namespace}/{meta.name}" if meta.namespace else meta.name

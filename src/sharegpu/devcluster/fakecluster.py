@@ -1,0 +1,157 @@
+"""A fake GPU cluster on a real API server: nodes with a chosen GPU inventory, and a harness that
+plays the kubelet (bound pods run; deletions complete) and the NVIDIA device plugin (reservation and
+whole-GPU pods are given free GPU UUIDs of their node, and reservation pods then run the real
+`sharegpu reserve` logic with that environment).
+
+The harness works from its own informer over all pods; per pod it acts at most once per state, on a
+small pool of workers, and errors are logged and retried by the next event for that pod.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from sharegpu.agent import reserve
+from sharegpu.api import devices as api_devices
+from sharegpu.api import names, paths, pods, quantity, wire
+from sharegpu.core import devices, errors
+from sharegpu.kube import client, informer
+from sharegpu.kube import errors as kube_errors
+
+Json = dict[str, Any]
+log = logging.getLogger(__name__)
+
+
+class FakeCluster:
+    def __init__(self, kube: client.KubeApi) -> None:
+        self.kube = kube
+        self.inventory: dict[str, devices.NodeInventory] = {}
+        self.held: dict[str, dict[str, list[str]]] = {}  # node -> pod key -> UUIDs it holds
+        self._queue: asyncio.Queue[wire.Pod] = asyncio.Queue()
+        self._tasks: list[asyncio.Task[None]] = []
+        self.informer: informer.Informer[wire.Pod, wire.Pod] = informer.Informer(
+            kube, paths.PODS, wire.Pod, informer.identity, self._on_pod, name="harness-pods"
+        )
+        self.running = 0
+
+    # ----------------------------------------------------------------- nodes
+
+    async def add_node(self, node: devices.NodeInventory, pods_per_node: int = 250) -> None:
+        body = {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": node.name, "labels": {"kubernetes.io/hostname": node.name, "sharegpu.io/fake": "true"}},
+        }
+        try:
+            await self.kube.create(paths.NODES, body)
+        except kube_errors.ConflictError as exc:
+            if not exc.already_exists:
+                raise
+        capacity = {
+            "cpu": f"{node.cpu_milli}m",
+            "memory": f"{node.memory_mib}Mi",
+            "pods": str(pods_per_node),
+            names.NVIDIA_GPU: str(node.gpu_count),
+        }
+        ready = {"type": "Ready", "status": "True", "reason": "FakeKubelet", "lastHeartbeatTime": None,
+                 "lastTransitionTime": None}  # fmt: skip
+        await self.kube.patch(
+            f"{paths.node(node.name)}/status",
+            {"status": {"capacity": capacity, "allocatable": capacity, "conditions": [ready]}},
+        )
+        # No node controller runs to lift the not-ready taint the API server added at creation.
+        await self.kube.patch(paths.node(node.name), {"spec": {"taints": None}})
+        await self.publish(node)
+        self.inventory[node.name] = node
+        self.held.setdefault(node.name, {})
+
+    async def publish(self, node: devices.NodeInventory) -> None:
+        """Create or replace the node's Device resource (what the node agent does)."""
+        device = wire.encode(api_devices.device(node))
+        try:
+            await self.kube.create(paths.DEVICES, device)
+        except kube_errors.ConflictError as exc:
+            if not exc.already_exists:
+                raise
+            current = await self.kube.get(paths.device(node.name))
+            device["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+            await self.kube.replace(paths.device(node.name), device)
+
+    async def add_nodes(self, nodes: list[devices.NodeInventory], parallel: int = 16) -> None:
+        limit = asyncio.Semaphore(parallel)
+
+        async def one(node: devices.NodeInventory) -> None:
+            async with limit:
+                await self.add_node(node)
+
+        await asyncio.gather(*(one(n) for n in nodes))
+
+    # ----------------------------------------------------------------- kubelet and device plugin
+
+    async def start(self, workers: int = 8) -> None:
+        self._tasks = [asyncio.create_task(self.informer.run())]
+        self._tasks += [asyncio.create_task(self._worker()) for _ in range(workers)]
+        await self.informer.synced.wait()
+
+    async def stop(self) -> None:
+        await informer.cancel(self._tasks)
+
+    def _on_pod(self, kind: str, pod: wire.Pod) -> None:
+        node = pod.spec.node_name
+        if not node or node not in self.inventory:
+            return
+        if kind == "DELETED":
+            self.held.get(node, {}).pop(pods.key(pod), None)
+            return
+        if pod.metadata.deletion_timestamp or pod.status.phase == "Pending" or pods.is_terminal(pod):
+            self._queue.put_nowait(pod)
+
+    async def _worker(self) -> None:
+        while True:
+            pod = await self._queue.get()
+            try:
+                await self._handle(pod)
+            except errors.SharegpuError as exc:
+                log.debug("harness: %s", exc)
+            except Exception:
+                log.exception("harness: failed on %s", pods.key(pod))
+
+    async def _handle(self, pod: wire.Pod) -> None:
+        meta = pod.metadata
+        node = pod.spec.node_name
+        key = pods.key(pod)
+        path = paths.pod(meta.namespace, meta.name)
+        if meta.deletion_timestamp or pods.is_terminal(pod):
+            self.held.get(node, {}).pop(key, None)
+            if meta.deletion_timestamp:
+                await self.kube.delete(path, grace_period=0)
+            return
+        if pod.status.phase != "Pending":
+            return
+        wanted = _nvidia_gpus(pod)
+        if wanted and key not in self.held[node]:
+            taken = {u for uuids in self.held[node].values() for u in uuids}
+            free = [str(g.uuid) for g in self.inventory[node].gpus if g.uuid not in taken]
+            if len(free) < wanted:
+                failed = {"phase": "Failed", "reason": "UnexpectedAdmissionError",
+                          "message": f"needs {wanted} GPU(s), {len(free)} free"}  # fmt: skip
+                await self.kube.patch(f"{path}/status", {"status": failed})
+                return
+            self.held[node][key] = free[:wanted]
+            if pods.is_reservation(pod):
+                await reserve.report(self.kube, meta.namespace, meta.name, {"NVIDIA_VISIBLE_DEVICES": ",".join(free[:wanted])})
+        await self.kube.patch(
+            f"{path}/status", {"status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}
+        )
+        self.running += 1
+
+
+def _nvidia_gpus(pod: wire.Pod) -> int:
+    total = 0
+    for container in pod.spec.containers:
+        value = container.resources.limits.get(names.NVIDIA_GPU)
+        if value is not None:
+            total += int(quantity.parse(value))
+    return total

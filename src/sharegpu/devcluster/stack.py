@@ -1,0 +1,259 @@
+"""The whole sharegpu stack on a local control plane, as one object: used by the integration suite,
+the benchmarks and `sharegpu devcluster`.
+
+Starts the control plane, installs the project's CRDs and RBAC (bound to each component's own
+identity, so RBAC is exercised for real), runs the extender as its own process and kube-scheduler
+with the project's scheduler configuration (deploy/scheduler, placeholders filled), and optionally
+the fake-cluster harness. kube-scheduler reaches the extender over HTTPS with a client certificate,
+as in production: the stack makes a small PKI for that link (`ExtenderPki`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import yaml
+
+from sharegpu.api import names, paths
+from sharegpu.devcluster import controlplane, fakecluster
+from sharegpu.kube import client, credentials, transport
+from sharegpu.kube import errors as kube_errors
+from sharegpu.serving import certs
+
+Json = dict[str, Any]
+DEPLOY = controlplane.data_path("deploy")
+
+_PATHS = {
+    "CustomResourceDefinition": "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
+    "ClusterRole": "/apis/rbac.authorization.k8s.io/v1/clusterroles",
+    "ClusterRoleBinding": "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
+    "Role": "/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/roles",
+    "RoleBinding": "/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/rolebindings",
+    "Namespace": "/api/v1/namespaces",
+    "ServiceAccount": "/api/v1/namespaces/{namespace}/serviceaccounts",
+}
+COMPONENT_USERS = {
+    "sharegpu-extender": "sharegpu-extender",
+    "sharegpu-webhook": "sharegpu-webhook",
+    "sharegpu-scheduler": "system:kube-scheduler",
+}
+"""ServiceAccount of the chart -> the token user that plays it on the local control plane."""
+
+
+async def apply(kube: client.KubeApi, doc: Json) -> None:
+    """Create `doc` unless it exists."""
+    path = _PATHS[doc["kind"]].format(namespace=doc["metadata"].get("namespace", ""))
+    try:
+        await kube.create(path, doc)
+    except kube_errors.ConflictError as exc:
+        if not exc.already_exists:
+            raise
+
+
+def as_user(doc: Json) -> Json:
+    """The chart binds roles to service accounts; the local control plane has token users instead."""
+    for subject in doc.get("subjects") or []:
+        user = COMPONENT_USERS.get(subject.get("name", ""))
+        if subject.get("kind") == "ServiceAccount" and user is not None:
+            subject.clear()
+            subject.update({"kind": "User", "name": user, "apiGroup": "rbac.authorization.k8s.io"})
+    return doc
+
+
+def kube_for(plane: controlplane.ControlPlane, user: str, connections: int = 64) -> client.KubeClient:
+    assert plane.bundle is not None
+    creds = credentials.static(plane.url, token=plane.token(user), ca_file=str(plane.bundle.ca_cert))
+    return client.KubeClient(transport.AiohttpTransport(creds, connections=connections), creds)
+
+
+async def install(kube: client.KubeApi) -> None:
+    """Namespace, CRDs and RBAC from deploy/, then wait until the Device resource is served."""
+    await apply(kube, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": names.SYSTEM_NAMESPACE}})
+    for path in sorted((DEPLOY / "crds").glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            await apply(kube, doc)
+    for path in sorted((DEPLOY / "rbac").glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            await apply(kube, as_user(doc))
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        with contextlib.suppress(kube_errors.KubeError):
+            await kube.get(paths.DEVICES)
+            return
+        await asyncio.sleep(0.2)
+    raise controlplane.ControlPlaneError("the Device CRD was not served in time")
+
+
+@dataclass(frozen=True, slots=True)
+class ExtenderPki:
+    """The scheduler-to-extender link: the extender's serving pair, the CA that signed it (which the
+    scheduler trusts), and the client pair the scheduler presents (signed by the same CA, which the
+    extender requires)."""
+
+    ca: Path
+    serving_cert: Path
+    serving_key: Path
+    client_cert: Path
+    client_key: Path
+
+    @classmethod
+    def make(cls, folder: Path) -> ExtenderPki:
+        ca_cert, ca_key, ca_path = certs.write_ca(folder, "sharegpu-extender-ca")
+        serving = certs.issue_serving(ca_cert, ca_key, "sharegpu-extender", dns_names=("localhost",),
+                                      ip_addresses=("127.0.0.1",))  # fmt: skip
+        serving_cert, serving_key = certs.write_pair(folder, *serving, stem="extender")
+        scheduler = certs.issue_client(ca_cert, ca_key, "sharegpu-scheduler")
+        client_cert, client_key = certs.write_pair(folder, *scheduler, stem="scheduler")
+        return cls(ca_path, serving_cert, serving_key, client_cert, client_key)
+
+
+class ExtenderProcess:
+    """`sharegpu extender` as a real process (so it can be SIGKILLed), with its own credentials."""
+
+    def __init__(
+        self,
+        plane: controlplane.ControlPlane,
+        policy: str = "fgd-used",
+        *extra: str,
+        pki: ExtenderPki | None = None,
+        kubeconfig: Path | None = None,
+    ) -> None:
+        self.plane = plane
+        self.port = controlplane.free_port()
+        self.health_port = controlplane.free_port()
+        self.policy = policy
+        self.extra = extra
+        self.pki = pki or ExtenderPki.make(plane.workdir / f"extender-pki-{self.port}")
+        self.kubeconfig = kubeconfig or plane.kubeconfig("sharegpu-extender")
+        self.process: subprocess.Popen[bytes] | None = None
+        self.log = plane.workdir / "logs" / f"extender-{self.port}.log"
+
+    @property
+    def url(self) -> str:
+        """Where kube-scheduler calls filter, prioritize and bind (mutual TLS)."""
+        return f"https://127.0.0.1:{self.port}"
+
+    @property
+    def health_url(self) -> str:
+        return f"http://127.0.0.1:{self.health_port}"
+
+    def start(self) -> None:
+        argv = [
+            sys.executable, "-m", "sharegpu", "extender",
+            "--kubeconfig", str(self.kubeconfig),
+            "--host", "127.0.0.1", "--port", str(self.port), "--health-port", str(self.health_port),
+            "--tls-cert", str(self.pki.serving_cert), "--tls-key", str(self.pki.serving_key),
+            "--client-ca", str(self.pki.ca),
+            "--policy", self.policy, "--log-level", "WARNING", *self.extra,
+        ]  # fmt: skip
+        with self.log.open("ab") as handle:
+            self.process = subprocess.Popen(argv, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True)
+
+    async def wait_ready(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        async with aiohttp.ClientSession() as session:
+            while time.monotonic() < deadline:
+                assert self.process is not None
+                if self.process.poll() is not None:
+                    raise controlplane.ControlPlaneError(f"extender exited:\n{self.log.read_text()[-3000:]}")
+                with contextlib.suppress(aiohttp.ClientError):
+                    async with session.get(f"{self.health_url}/readyz") as response:
+                        if response.status == 200:
+                            return
+                await asyncio.sleep(0.1)
+        raise controlplane.ControlPlaneError("extender not ready in time")
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, sig)
+            self.process.wait(timeout=15)
+
+    async def get(self, path: str) -> Any:
+        async with aiohttp.ClientSession() as session, session.get(f"{self.health_url}{path}") as response:
+            return await response.json()
+
+    async def debug_nodes(self) -> list[Json]:
+        body = await self.get("/debug/nodes")
+        return list(body["nodes"])
+
+
+def scheduler_config(
+    plane: controlplane.ControlPlane,
+    extender: ExtenderProcess,
+    *,
+    name: str = "kube-scheduler",
+    leader_elect: bool = False,
+    lease: tuple[float, float, float] = (15.0, 10.0, 2.0),
+) -> Path:
+    """deploy/scheduler/scheduler-config.v1beta1.yaml with its placeholders filled in."""
+    text = (DEPLOY / "scheduler" / "scheduler-config.v1beta1.yaml").read_text()
+    for key, value in {
+        "${KUBECONFIG}": str(plane.kubeconfig("system:kube-scheduler")),
+        "${EXTENDER_URL}": extender.url,
+        "${EXTENDER_CLIENT_CERT}": str(extender.pki.client_cert),
+        "${EXTENDER_CLIENT_KEY}": str(extender.pki.client_key),
+        "${EXTENDER_CA}": str(extender.pki.ca),
+        "${HEALTHZ_ADDRESS}": f"127.0.0.1:{controlplane.free_port()}",
+        "${METRICS_ADDRESS}": f"127.0.0.1:{controlplane.free_port()}",
+        "${LEADER_ELECT}": "true" if leader_elect else "false",
+        "${LEASE_DURATION}": f"{lease[0]:g}s",
+        "${RENEW_DEADLINE}": f"{lease[1]:g}s",
+        "${RETRY_PERIOD}": f"{lease[2]:g}s",
+    }.items():
+        text = text.replace(key, value)
+    path = plane.workdir / f"{name}-config.yaml"
+    path.write_text(text)
+    return path
+
+
+class Stack:
+    def __init__(self, workdir: Path, policy: str = "fgd-used", extender_args: tuple[str, ...] = ()) -> None:
+        self.plane = controlplane.ControlPlane(workdir, controlplane.binaries())
+        self.policy = policy
+        self.extender_args = extender_args
+        self.extender: ExtenderProcess | None = None
+        self.admin: client.KubeClient | None = None
+        self.harness: fakecluster.FakeCluster | None = None
+
+    async def start(self, harness: bool = True) -> None:
+        try:
+            await self._start(harness)
+        except BaseException:
+            await self.stop()  # leave no process behind when a part fails to start
+            raise
+
+    async def _start(self, harness: bool) -> None:
+        self.plane.start()
+        self.admin = kube_for(self.plane, "admin", connections=128)
+        await install(self.admin)
+        self.extender = ExtenderProcess(self.plane, self.policy, *self.extender_args)
+        self.extender.start()
+        await self.extender.wait_ready()
+        self.plane.start_scheduler(scheduler_config(self.plane, self.extender))
+        self.harness = fakecluster.FakeCluster(self.admin)
+        if harness:
+            await self.harness.start()
+
+    async def stop(self) -> None:
+        """Stop everything, whatever state each part is in (a part that failed must not keep the
+        others running)."""
+        with contextlib.suppress(Exception):
+            if self.harness is not None:
+                await self.harness.stop()
+        with contextlib.suppress(Exception):
+            if self.extender is not None:
+                self.extender.kill(signal.SIGTERM)
+        with contextlib.suppress(Exception):
+            if self.admin is not None:
+                await self.admin.close()
+        self.plane.stop()

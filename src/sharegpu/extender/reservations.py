@@ -1,0 +1,205 @@
+"""The reservation reconciler: exactly one live reservation pod per shared GPU, and none elsewhere.
+
+A physical GPU that pods share is held by one reservation pod (namespace of the system,
+`nvidia.com/gpu: 1`, created with nodeName) so that the NVIDIA device plugin gives it to nobody
+else; the pod reports the GPU's UUID, which the hand-off reconciler passes on to the sharers. This
+reconciler is the only writer of reservation pods and runs on the leader only, so no two replicas
+ever decide about the same GPU. Each pass compares what the ledger says is shared (assumed pods
+included: the reservation is on its way while the bind is written) with the reservation pods the
+watch shows, and:
+
+- creates a reservation for a shared GPU that has none (with exponential backoff per GPU, 0.5 s
+  doubling to 60 s, reset once a reservation reports its UUID: a device plugin that cannot admit it
+  must not cause churn);
+- deletes reservations that ended (failed, or evicted) so they can be replaced;
+- deletes duplicates (keeping the one that reported a UUID, then the oldest);
+- deletes a reservation whose GPU has had no sharer for `idle` seconds (`retiring` from the moment
+  of the decision: the hand-off reconciler no longer gives it to anyone), conditionally on its UID.
+
+Reservations this process created but the watch has not shown yet are remembered (`pending`), so a
+pass never creates a second one for the same GPU.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sharegpu.api import names, paths, pods
+from sharegpu.core import errors, units
+from sharegpu.extender import cache as cache_mod
+from sharegpu.extender import metrics as metrics_mod
+from sharegpu.kube import client
+
+log = logging.getLogger(__name__)
+Slot = tuple[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    attempts: int
+    not_before: float
+
+
+class ReservationReconciler:
+    def __init__(
+        self,
+        cache: cache_mod.ClusterCache,
+        api: client.KubeApi,
+        metrics: metrics_mod.Metrics,
+        *,
+        image: str = "sharegpu:latest",
+        idle: float = 3.0,
+        pending_timeout: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.cache = cache
+        self.api = api
+        self.metrics = metrics
+        self.image = image
+        self.idle = idle
+        self.pending_timeout = pending_timeout
+        self.clock = clock
+        self.retiring: set[units.PodKey] = set()
+        self.pending: dict[Slot, tuple[str, float]] = {}
+        """Created by us, not yet seen: GPU -> (pod name, when)."""
+        self.backoff: dict[Slot, Backoff] = {}
+        self.idle_since: dict[Slot, float] = {}
+        self._wake = asyncio.Event()
+
+    # ----------------------------------------------------------------- what the hand-off reads
+
+    def holder(self, node: str, slot: int) -> pods.Record | None:
+        """The reservation pod holding (node, slot) that may be handed to sharers, if any."""
+        found = [
+            r for r in self.cache.live_reservations()
+            if r.reservation is not None and (r.reservation.node, r.reservation.index) == (node, slot)
+            and r.key not in self.retiring
+        ]  # fmt: skip
+        return _keeper(found) if found else None
+
+    # ----------------------------------------------------------------- the loop
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def run(self, tick: float = 0.5, pace: float = 0.05) -> None:
+        """Reconcile on every change (at most once per `pace` seconds) and at least every `tick`."""
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), tick)
+            self._wake.clear()
+            try:
+                await self.reconcile()
+            except Exception:
+                log.exception("reservation reconcile failed; retrying")
+            await asyncio.sleep(pace)
+
+    async def reconcile(self) -> None:
+        now = self.clock()
+        by_slot: dict[Slot, list[pods.Record]] = {}
+        self.retiring &= set(self.cache.reservations)
+        for record in list(self.cache.reservations.values()):
+            slot = record.reservation
+            if slot is None or record.deleting or record.key in self.retiring:
+                continue
+            if record.terminal:
+                await self._delete(record, "ended", now)
+                continue
+            by_slot.setdefault((slot.node, slot.index), []).append(record)
+        for where in list(self.pending):
+            name, since = self.pending[where]
+            if where in by_slot or now - since > self.pending_timeout:
+                del self.pending[where]
+        shared = self.cache.shared_slots()
+        for where, found in by_slot.items():
+            keep = _keeper(found)
+            for extra in found:
+                if extra is not keep:
+                    await self._delete(extra, "duplicate", now)
+            if keep.reservation is not None and keep.reservation.uuid:
+                self.backoff.pop(where, None)
+            if where in shared:
+                self.idle_since.pop(where, None)
+                continue
+            since = self.idle_since.setdefault(where, now)
+            if now - since >= self.idle:
+                await self._delete(keep, "idle", now)
+                self.idle_since.pop(where, None)
+        for where in self.idle_since.keys() - by_slot.keys():
+            del self.idle_since[where]
+        for where in sorted(shared - by_slot.keys() - self.pending.keys()):
+            await self._create(where, now)
+
+    async def _create(self, where: Slot, now: float) -> None:
+        backoff = self.backoff.get(where, Backoff(0, 0.0))
+        if now < backoff.not_before:
+            return
+        self.backoff[where] = Backoff(backoff.attempts + 1, now + min(60.0, 0.5 * 2**backoff.attempts))
+        node, slot = where
+        name = names.reservation_name(node, slot, secrets.token_hex(3))
+        try:
+            await self.api.create(paths.pods(names.SYSTEM_NAMESPACE), reservation_pod(name, node, slot, self.image))
+        except errors.SharegpuError as exc:
+            log.warning("creating the reservation of %s/gpu%d failed: %s", node, slot, exc)
+            return
+        self.pending[where] = (name, now)
+        self.metrics.reservations.labels("created").inc()
+        if backoff.attempts:
+            log.warning("GPU %d of %s lost its reservation pod; created %s", slot, node, name)
+
+    async def _delete(self, record: pods.Record, why: str, now: float) -> None:
+        namespace, name = record.key.split("/", 1)
+        self.retiring.add(record.key)
+        try:
+            await self.api.delete(paths.pod(namespace, name), preconditions={"uid": record.uid})
+        except errors.SharegpuError as exc:
+            self.retiring.discard(record.key)
+            log.warning("deleting reservation %s (%s) failed: %s", record.key, why, exc)
+            return
+        self.metrics.reservations.labels(f"deleted-{why}").inc()
+
+
+def _keeper(found: list[pods.Record]) -> pods.Record:
+    """Of several reservations for one GPU, the one to keep: reported a UUID first, then the oldest."""
+    return min(found, key=lambda r: (r.reservation is None or not r.reservation.uuid, r.created, r.key))
+
+
+def reservation_pod(name: str, node: str, slot: int, image: str) -> dict[str, Any]:
+    """The reservation pod that holds GPU `slot` of `node` and reports its UUID (`sharegpu reserve`)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": names.SYSTEM_NAMESPACE,
+            "labels": {names.LABEL_ROLE: names.ROLE_RESERVATION, names.LABEL_NODE: node, names.LABEL_SLOT: str(slot)},
+        },
+        "spec": {
+            "nodeName": node,
+            "priorityClassName": "system-node-critical",
+            "tolerations": [{"operator": "Exists"}],
+            "terminationGracePeriodSeconds": 5,
+            "containers": [
+                {
+                    "name": "reserve",
+                    "image": image,
+                    "command": ["sharegpu", "reserve"],
+                    "env": [
+                        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                        {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+                    ],
+                    "resources": {
+                        "limits": {names.NVIDIA_GPU: "1", "cpu": "10m", "memory": "32Mi"},
+                        "requests": {names.NVIDIA_GPU: "1", "cpu": "10m", "memory": "32Mi"},
+                    },
+                }
+            ],
+        },
+    }

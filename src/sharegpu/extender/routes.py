@@ -1,0 +1,156 @@
+"""The extender's HTTP surface: routes and metrics only, no decisions.
+
+Two applications on two listeners:
+
+- `verbs`: POST /filter, /prioritize, /bind for kube-scheduler. Served over TLS that requires a
+  client certificate from the scheduler's CA when the extender is given one (the production
+  setting): nobody else in the cluster can then ask it to bind a pod.
+- `operations`: GET /healthz, /readyz (every informer synced and watching, the API accepting our
+  credentials), /metrics (Prometheus), /debug/nodes (per node and GPU: capacity, used, free, who
+  holds what), /debug/pods/{namespace}/{name} (the last filter verdict for a pod and, GPU by GPU,
+  why it does not fit now), /debug/informers.
+
+Bodies are decoded into the typed messages of `api.extender`; a malformed body gets a 400 naming
+the problem and never reaches the scheduling service.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+import msgspec
+import numpy as np
+from aiohttp import web
+
+from sharegpu.api import extender as protocol
+from sharegpu.api import pods, reasons, wire
+from sharegpu.core import errors, fit, units
+from sharegpu.extender import cache as cache_mod
+from sharegpu.extender import metrics as metrics_mod
+from sharegpu.extender import scheduling
+
+MAX_BODY = 64 * 1024 * 1024
+DETAIL_NODES = 20
+"""How many nodes /debug/pods explains GPU by GPU (the closest to fitting first)."""
+
+
+class Runtime(Protocol):
+    """What the operations endpoints read from the running extender."""
+
+    cache: cache_mod.ClusterCache
+    scheduling: scheduling.SchedulingService
+    metrics: metrics_mod.Metrics
+
+    def readiness(self) -> tuple[bool, dict[str, Any]]: ...
+
+    def holder(self, node: str, slot: int) -> pods.Record | None: ...
+
+
+def _json(body: Any, status: int = 200) -> web.Response:
+    return web.Response(body=msgspec.json.encode(body), status=status, content_type="application/json")
+
+
+def verbs(service: scheduling.SchedulingService, metrics: metrics_mod.Metrics) -> web.Application:
+    app = web.Application(client_max_size=MAX_BODY)
+
+    def route(verb: str, kind: type[Any], handle: Callable[[Any], Awaitable[Any]]) -> Callable[[web.Request], Awaitable[web.Response]]:
+        async def serve(request: web.Request) -> web.Response:
+            started = time.perf_counter()
+            try:
+                args = wire.decode(await request.read(), kind)
+            except errors.InvalidInputError as exc:
+                return _json({"Error": str(exc)}, status=400)
+            answer = await handle(args)
+            metrics.latency.labels(verb).observe(time.perf_counter() - started)
+            return web.Response(body=protocol.ENCODER.encode(answer), content_type="application/json")
+
+        return serve
+
+    async def filter_(args: protocol.Args) -> protocol.FilterResult:
+        return service.filter(args)
+
+    async def prioritize(args: protocol.Args) -> list[protocol.HostPriority]:
+        return service.prioritize(args)
+
+    app.router.add_post("/filter", route("filter", protocol.Args, filter_))
+    app.router.add_post("/prioritize", route("prioritize", protocol.Args, prioritize))
+    app.router.add_post("/bind", route("bind", protocol.BindingArgs, service.bind))
+    return app
+
+
+def operations(runtime: Runtime) -> web.Application:
+    app = web.Application()
+
+    async def healthz(_: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def readyz(_: web.Request) -> web.Response:
+        ready, detail = runtime.readiness()
+        if ready:
+            return web.Response(text="ok")
+        return _json({"ready": False, **detail}, status=503)
+
+    async def prometheus(_: web.Request) -> web.Response:
+        return web.Response(body=runtime.metrics.exposition(), content_type="text/plain", charset="utf-8")
+
+    async def debug_nodes(_: web.Request) -> web.Response:
+        counters = dataclasses.asdict(runtime.cache.counters)
+        return _json({"nodes": runtime.cache.summary(runtime.holder), "counters": counters})
+
+    async def debug_informers(_: web.Request) -> web.Response:
+        return _json(runtime.readiness()[1])
+
+    async def debug_pod(request: web.Request) -> web.Response:
+        key = units.pod_key(request.match_info["namespace"], request.match_info["name"])
+        return _json(explain(runtime, key))
+
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", prometheus)
+    app.router.add_get("/debug/nodes", debug_nodes)
+    app.router.add_get("/debug/informers", debug_informers)
+    app.router.add_get("/debug/pods/{namespace}/{name}", debug_pod)
+    return app
+
+
+def explain(runtime: Runtime, key: units.PodKey) -> dict[str, Any]:
+    """Why a pod fits or not, now: per node its first shortfall, and GPU by GPU for the closest nodes."""
+    outcome = runtime.scheduling.outcomes.get(key)
+    body: dict[str, Any] = {"pod": key, "lastFilter": dataclasses.asdict(outcome) if outcome else None}
+    record = runtime.cache.record(key)
+    if record is None:
+        body["error"] = "the extender has not seen this pod"
+        return body
+    if record.problem is not None:
+        body["error"] = record.problem
+        return body
+    if record.request is None:
+        body["error"] = "the pod asks for no GPU"
+        return body
+    state = runtime.cache.state
+    demand = record.request.demand
+    rows = np.arange(len(state), dtype=np.int64)
+    diagnosis = fit.diagnose(state, demand, rows)
+    shortfall, usable = diagnosis.shortfall.tolist(), diagnosis.usable.tolist()
+    closest = sorted(range(len(rows)), key=lambda i: (shortfall[i] != 0, -shortfall[i], -usable[i], i))
+    nodes = []
+    for position in closest[:DETAIL_NODES]:
+        row = int(rows[position])
+        verdict = fit.explain_node(state, demand, row)
+        nodes.append(
+            {
+                "node": state.names[row],
+                "fits": verdict.ok,
+                "shortfall": fit.Shortfall(int(diagnosis.shortfall[position])).name,
+                "reasons": reasons.detail(verdict),
+            }
+        )
+    counts: dict[str, int] = {}
+    for value in diagnosis.shortfall.tolist():
+        name = fit.Shortfall(value).name
+        counts[name] = counts.get(name, 0) + 1
+    body.update({"boundTo": record.node or None, "nodesByShortfall": counts, "closest": nodes})
+    return body

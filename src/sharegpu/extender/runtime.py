@@ -1,0 +1,190 @@
+"""`sharegpu extender`: the parts wired together, and their life cycle.
+
+Informers (Nodes, Devices, Pods, hand-off ConfigMaps) feed the cluster cache and wake the
+reconcilers. The scheduling service answers kube-scheduler on every replica. The reservation and
+hand-off reconcilers run only while this replica holds the `sharegpu-extender` Lease (with
+`leader_elect` off, a single replica always holds it). Stale assumptions are resolved every few
+seconds. The process is ready once every informer has listed; `/readyz` stays honest afterwards
+(see `readiness`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from sharegpu.api import names, paths, pods, wire
+from sharegpu.core import frag
+from sharegpu.extender import cache as cache_mod
+from sharegpu.extender import handoff as handoff_mod
+from sharegpu.extender import metrics as metrics_mod
+from sharegpu.extender import reservations as reservations_mod
+from sharegpu.extender import routes, scheduling
+from sharegpu.kube import client, informer, leader
+from sharegpu.serving import tls
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    kubeconfig: str | None = None
+    host: str = "0.0.0.0"
+    port: int = 8888
+    health_port: int = 8889
+    policy: str = "fgd-used"
+    image: str = "sharegpu:latest"
+    narrow: bool = True
+    shapes: tuple[frag.WeightedShape, ...] | None = None
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    client_ca: Path | None = None
+    """With it, filter/prioritize/bind require a client certificate signed by this CA."""
+    leader_elect: bool = True
+    lease_duration: float = 15.0
+    renew_deadline: float = 10.0
+    retry_period: float = 2.0
+    identity: str = ""
+    assume_ttl: float = 30.0
+    reservation_idle: float = 3.0
+
+
+class _Solo:
+    """Leadership without election: one replica always leads."""
+
+    def __init__(self) -> None:
+        self.leading = asyncio.Event()
+        self.leading.set()
+
+    @property
+    def is_leader(self) -> bool:
+        return True
+
+    async def run(self) -> None:
+        await asyncio.Event().wait()
+
+
+class Extender:
+    """The running extender (see the module docstring)."""
+
+    def __init__(self, api: client.KubeApi, options: Options, clock: Callable[[], float] = time.monotonic) -> None:
+        self.api = api
+        self.options = options
+        self.metrics = metrics_mod.Metrics()
+        self.cache = cache_mod.ClusterCache(options.policy, clock=clock, shapes=options.shapes)
+        self.scheduling = scheduling.SchedulingService(
+            self.cache, api, self.metrics, narrow=options.narrow, assume_ttl=options.assume_ttl, clock=clock
+        )
+        self.reservations = reservations_mod.ReservationReconciler(
+            self.cache, api, self.metrics, image=options.image, idle=options.reservation_idle, clock=clock
+        )
+        self.handoffs = handoff_mod.HandoffReconciler(self.cache, self.reservations.holder, api, self.metrics)
+        identity = options.identity or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(2)}"
+        self.elector: leader.LeaderElector | _Solo = (
+            leader.LeaderElector(
+                api,
+                names.SYSTEM_NAMESPACE,
+                names.EXTENDER_LEASE,
+                identity,
+                lease_duration=options.lease_duration,
+                renew_deadline=options.renew_deadline,
+                retry_period=options.retry_period,
+            )
+            if options.leader_elect
+            else _Solo()
+        )
+        self.informers: list[informer.Informer[Any, Any]] = [
+            informer.Informer(api, paths.NODES, wire.Node, cache_mod.node_record, self._changed(self.cache.on_node), name="nodes"),
+            informer.Informer(api, paths.DEVICES, wire.Device, cache_mod.device_record, self._changed(self.cache.on_device), name="devices"),
+            informer.Informer(api, paths.PODS, wire.Pod, pods.record, self._changed(self.cache.on_pod), name="pods"),
+            informer.Informer(
+                api, paths.CONFIGMAPS, wire.ConfigMap, handoff_mod.configmap_record,
+                self._changed(self.handoffs.on_configmap), name="handoff-configmaps",
+                params={"labelSelector": f"{names.LABEL_ROLE}={names.ROLE_HANDOFF}"},
+            ),
+        ]  # fmt: skip
+        self.tasks: list[asyncio.Task[None]] = []
+
+    def _changed(self, handler: Callable[[str, Any], None]) -> Callable[[str, Any], None]:
+        def changed(kind: str, obj: Any) -> None:
+            handler(kind, obj)
+            self.reservations.wake()
+            self.handoffs.wake()
+
+        return changed
+
+    def holder(self, node: str, slot: int) -> pods.Record | None:
+        return self.reservations.holder(node, slot)
+
+    def readiness(self) -> tuple[bool, dict[str, Any]]:
+        states = {i.name: i.status() for i in self.informers}
+        for i in self.informers:
+            self.metrics.ready.labels(i.name).set(1 if i.ready else 0)
+        ready = bool(self.informers) and all(i.ready for i in self.informers)
+        self.metrics.leader.set(1 if self.elector.is_leader else 0)
+        return ready, {"informers": states, "leader": self.elector.is_leader}
+
+    async def start(self) -> None:
+        """Start the informers and wait for their first lists; then everything else."""
+        self.tasks = [asyncio.create_task(i.run(), name=f"informer-{i.name}") for i in self.informers]
+        await asyncio.gather(*(i.synced.wait() for i in self.informers))
+        self.cache.rebuild()
+
+        def background() -> list[Awaitable[None]]:
+            return [self.reservations.run(), self.handoffs.run()]
+
+        self.tasks += [
+            asyncio.create_task(self.elector.run(), name="leader-election"),
+            asyncio.create_task(leader.run_while_leading(self.elector, background), name="reconcilers"),
+            asyncio.create_task(self.scheduling.run_expiry(), name="assumption-expiry"),
+        ]
+
+    async def stop(self) -> None:
+        await informer.cancel(reversed(self.tasks))
+
+
+async def serve(options: Options, started: asyncio.Event | None = None) -> None:
+    """Run the extender until cancelled."""
+    api = client.KubeClient.connect(options.kubeconfig)
+    extender = Extender(api, options)
+    context = None
+    if options.tls_cert is not None and options.tls_key is not None:
+        context = tls.ReloadingTls(options.tls_cert, options.tls_key, options.client_ca).context
+    elif options.client_ca is not None:
+        raise ValueError("--client-ca needs --tls-cert and --tls-key")
+    else:
+        log.warning("serving filter/prioritize/bind over plain HTTP: anyone who can reach the port can bind pods")
+    runners = [
+        web.AppRunner(routes.verbs(extender.scheduling, extender.metrics), access_log=None),
+        web.AppRunner(routes.operations(extender), access_log=None),
+    ]
+    try:
+        for runner in runners:
+            await runner.setup()
+        health = web.TCPSite(runners[1], options.host, options.health_port)
+        await health.start()
+        await extender.start()
+        await web.TCPSite(runners[0], options.host, options.port, ssl_context=context).start()
+        log.info(
+            "sharegpu extender: verbs on %s:%d (%s), health on %s:%d, policy %s",
+            options.host, options.port, "mutual TLS" if options.client_ca else ("TLS" if context else "http"),
+            options.host, options.health_port, options.policy,
+        )  # fmt: skip
+        if started is not None:
+            started.set()
+        await asyncio.Event().wait()
+    finally:
+        await extender.stop()
+        for runner in runners:
+            await runner.cleanup()
+        await api.close()

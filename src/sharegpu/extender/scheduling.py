@@ -1,0 +1,268 @@
+"""The scheduling service: kube-scheduler's filter, prioritize and bind, as typed messages in and out.
+
+Filter evaluates every candidate node at once in the placement core and, by default, answers only
+the node the policy chooses (*narrowing*): kube-scheduler picks at random among equal totals and
+scales extender scores to 0..10, which would otherwise undo a fragmentation-aware choice. A pod
+that states soft preferences of its own (preferred node or pod affinity, ScheduleAnyway topology
+spread) is not narrowed: every node that fits gets through, and prioritize ranks them so that
+kube-scheduler can weigh the pod's preferences against sharegpu's choice (docs/extender.md says who
+wins and why). When no node fits, each node gets the first thing that keeps the pod off it, worded
+the same for every node of a category so the FailedScheduling event stays short (`api.reasons`);
+nodes that nothing can help (too few GPUs, wrong model, unhealthy GPUs, no inventory) go in
+FailedAndUnresolvableNodes too, so newer schedulers skip pointless preemption.
+
+Bind re-checks the pod on the chosen node, *assumes* the allocation in the ledger (so concurrent
+decisions see it at once) and writes one pods/binding whose annotations carry the allocation: the
+binding and the record are one atomic write. The write runs shielded: if kube-scheduler gives up
+on the HTTP call, the binding still completes or fails for real, and any failure forgets the
+assumption exactly once. Assumptions whose confirmation never arrives are checked against the API
+and resolved after `assume_ttl` (`expire`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from sharegpu.api import extender as protocol
+from sharegpu.api import names, paths, pods, reasons, wire
+from sharegpu.core import allocation, errors, fit, requests, units
+from sharegpu.extender import cache as cache_mod
+from sharegpu.extender import metrics as metrics_mod
+from sharegpu.kube import client
+from sharegpu.kube import errors as kube_errors
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """The last filter verdict for a pod (the debug endpoint and the explain tool read it)."""
+
+    pod: units.PodKey
+    at: float
+    feasible: int
+    chosen: str | None
+    message: str
+
+
+class SchedulingService:
+    def __init__(
+        self,
+        cache: cache_mod.ClusterCache,
+        api: client.KubeApi,
+        metrics: metrics_mod.Metrics,
+        *,
+        narrow: bool = True,
+        assume_ttl: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+        remember: int = 2048,
+    ) -> None:
+        self.cache = cache
+        self.api = api
+        self.metrics = metrics
+        self.narrow = narrow
+        self.assume_ttl = assume_ttl
+        self.clock = clock
+        self.binding: set[units.PodKey] = set()
+        """Pods whose binding is being written right now."""
+        self.outcomes: OrderedDict[units.PodKey, Outcome] = OrderedDict()
+        self._remember = remember
+
+    # ----------------------------------------------------------------- filter
+
+    def _request(self, pod: wire.Pod) -> requests.PodRequest:
+        return pods.request(pod)
+
+    def _rows(self, names_: list[str]) -> tuple[np.ndarray, list[str], list[str]]:
+        """Candidate names as fleet rows, with the names aligned to them and the names not in the fleet."""
+        row_of = self.cache.state.row_of
+        rows, known, missing = [], [], []
+        for name in names_:
+            row = row_of.get(name)
+            if row is None:
+                missing.append(name)
+            else:
+                rows.append(row)
+                known.append(name)
+        return np.array(rows, dtype=np.int64), known, missing
+
+    def filter(self, args: protocol.Args) -> protocol.FilterResult:
+        candidates = args.candidates()
+        key = pods.key(args.pod)
+        try:
+            request = self._request(args.pod)
+        except errors.InvalidInputError as exc:
+            self.metrics.decisions.labels("filter", "invalid").inc()
+            failed = reasons.invalid(candidates, str(exc))
+            self._remember_outcome(key, 0, None, failed.message(len(candidates)))
+            return protocol.FilterResult(
+                failed_nodes=failed.unresolvable, failed_and_unresolvable=failed.unresolvable
+            )
+        demand = request.demand
+        rows, known, missing = self._rows(candidates)
+        chooser = self.cache.placer
+        evaluation = chooser.evaluate(demand, rows)
+        feasible = evaluation[1]
+        if not feasible.any():
+            diagnosis = fit.diagnose(self.cache.state, demand, rows)
+            failed = reasons.failures(known, diagnosis, demand, missing)
+            self.metrics.decisions.labels("filter", "unschedulable").inc()
+            self._remember_outcome(key, 0, None, failed.message(len(candidates)))
+            return protocol.FilterResult(
+                failed_nodes={**failed.resolvable, **failed.unresolvable},
+                failed_and_unresolvable=failed.unresolvable,
+            )
+        self.metrics.decisions.labels("filter", "feasible").inc()
+        if self.narrow and not pods.has_soft_preferences(args.pod):
+            decision = chooser.choose(demand, *evaluation)
+            assert decision.node is not None
+            self._remember_outcome(key, int(feasible.sum()), decision.node, "")
+            return protocol.FilterResult(node_names=[decision.node])
+        fits = [known[i] for i in np.flatnonzero(feasible).tolist()]
+        self._remember_outcome(key, len(fits), None, "")
+        return protocol.FilterResult(node_names=fits)
+
+    def _remember_outcome(self, key: units.PodKey, feasible: int, chosen: str | None, message: str) -> None:
+        self.outcomes[key] = Outcome(key, self.clock(), feasible, chosen, message)
+        self.outcomes.move_to_end(key)
+        while len(self.outcomes) > self._remember:
+            self.outcomes.popitem(last=False)
+
+    # ----------------------------------------------------------------- prioritize
+
+    def prioritize(self, args: protocol.Args) -> list[protocol.HostPriority]:
+        """The chosen node MAX_SCORE, the others by the policy's own score scaled into 0..MAX_SCORE-1."""
+        candidates = args.candidates()
+        try:
+            request = self._request(args.pod)
+        except errors.InvalidInputError:
+            return [protocol.HostPriority(host=n, score=0) for n in candidates]
+        rows, known, _ = self._rows(candidates)
+        evaluation = self.cache.placer.evaluate(request.demand, rows)
+        _, feasible, score, *_ = evaluation
+        decision = self.cache.placer.choose(request.demand, *evaluation) if feasible.any() else None
+        top = protocol.MAX_SCORE
+        scores = {
+            name: (top if decision is not None and name == decision.node else min(top - 1, int(s) * top // 100))
+            for name, ok, s in zip(known, feasible.tolist(), score.tolist(), strict=True)
+            if ok
+        }
+        return [protocol.HostPriority(host=n, score=scores.get(n, 0)) for n in candidates]
+
+    # ----------------------------------------------------------------- bind
+
+    async def bind(self, args: protocol.BindingArgs) -> protocol.BindingResult:
+        """Bind the pod to `args.node` with its allocation; shielded from the caller going away."""
+        return await asyncio.shield(self._bind(args))
+
+    async def _bind(self, args: protocol.BindingArgs) -> protocol.BindingResult:
+        key = units.pod_key(args.pod_namespace, args.pod_name)
+        record = self.cache.record(key)
+        if record is None or (args.pod_uid and record.uid != args.pod_uid):
+            try:
+                found = await self.api.get(paths.pod(args.pod_namespace, args.pod_name))
+                record = pods.record(wire.convert(found, wire.Pod))
+            except errors.SharegpuError as exc:
+                return self._bind_failed("error", f"cannot read pod {key}: {exc}")
+            if args.pod_uid and record.uid != args.pod_uid:
+                return self._bind_failed("error", f"pod {key} was replaced (uid {record.uid}, expected {args.pod_uid})")
+        if record.node:
+            return self._bind_failed("error", f"pod {key} is already bound to {record.node}")
+        if record.problem is not None:
+            return self._bind_failed("invalid", record.problem)
+        request = record.request or requests.PodRequest(key=key, cpu_milli=record.cpu_milli, memory_mib=record.memory_mib)
+        state = self.cache.state
+        row = state.row(args.node)
+        if row is None:
+            return self._bind_failed("error", f"node {args.node} has no sharegpu inventory")
+        if key in self.cache.ledger or key in self.binding:
+            return self._bind_failed("error", f"pod {key} is already placed or being bound")
+        demand = request.demand
+        decision = self.cache.placer.decide(demand, np.array([row], dtype=np.int64))
+        if not decision.status.ok:
+            verdict = fit.explain_node(state, demand, row)
+            return self._bind_failed("unschedulable", reasons.refused_bind(key, args.node, verdict))
+        alloc = self.cache.placer.allocation_for(request, decision)
+        if not self.cache.assume(alloc):
+            return self._bind_failed("conflict", f"pod {key}: the allocation conflicts with the ledger")
+        self.binding.add(key)
+        try:
+            await self.api.create(paths.binding(args.pod_namespace, args.pod_name), _binding(key, args, alloc))
+        except BaseException as exc:
+            self.cache.forget(key)
+            if isinstance(exc, errors.SharegpuError | OSError):
+                return self._bind_failed("error", f"binding {key} to {args.node} failed: {exc}")
+            raise
+        finally:
+            self.binding.discard(key)
+        self.metrics.binds.labels("bound").inc()
+        return protocol.BindingResult()
+
+    def _bind_failed(self, outcome: str, message: str) -> protocol.BindingResult:
+        self.metrics.binds.labels(outcome).inc()
+        return protocol.BindingResult(error=message)
+
+    # ----------------------------------------------------------------- stale assumptions
+
+    async def expire(self) -> int:
+        """Resolve assumptions older than `assume_ttl` that no bind is writing: confirmed if the API
+        shows the pod bound with that allocation (the watch is late), forgotten otherwise. Returns
+        how many were forgotten."""
+        forgotten = 0
+        for key in self.cache.stale_assumptions(self.assume_ttl):
+            if key in self.binding:
+                continue
+            namespace, name = key.split("/", 1)
+            alloc = self.cache.assumed.get(key)
+            try:
+                found = await self.api.get(paths.pod(namespace, name))
+                pod = wire.convert(found, wire.Pod)
+                shown = pods.allocation_of(pod) if pod.spec.node_name else None
+            except kube_errors.NotFoundError:
+                shown = None
+            except errors.SharegpuError as exc:
+                log.warning("cannot check the stale assumption of %s: %s", key, exc)
+                continue
+            if key not in self.cache.assumed or self.cache.assumed.get(key) is not alloc:
+                continue  # resolved by the watch meanwhile
+            if shown is not None and alloc is not None and _same_gpus(shown, alloc):
+                self.cache.confirm(alloc)
+                log.warning("pod %s: binding confirmed from the API (the watch had not shown it)", key)
+            elif self.cache.forget(key):
+                forgotten += 1
+                self.cache.counters.expired += 1
+                self.metrics.expired.inc()
+                log.warning("pod %s: assumed %.0f s ago and never bound; forgotten", key, self.assume_ttl)
+        return forgotten
+
+    async def run_expiry(self, every: float = 5.0) -> None:
+        while True:
+            await asyncio.sleep(every)
+            try:
+                await self.expire()
+            except Exception:
+                log.exception("expiring assumptions failed")
+
+
+def _same_gpus(a: allocation.Allocation, b: allocation.Allocation) -> bool:
+    return a.node == b.node and a.containers == b.containers
+
+
+def _binding(key: units.PodKey, args: protocol.BindingArgs, alloc: allocation.Allocation) -> dict[str, object]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Binding",
+        "metadata": {
+            "name": args.pod_name,
+            "namespace": args.pod_namespace,
+            "annotations": {names.ALLOCATION: alloc.to_json()},
+        },
+        "target": {"apiVersion": "v1", "kind": "Node", "name": args.node},
+    }

@@ -1,0 +1,496 @@
+"""An API server in memory, as a `Transport`: what the unit tests of every component run against.
+
+It keeps the semantics sharegpu relies on, not the whole API: objects by path with uid,
+resourceVersion (one counter for everything, as etcd's revision) and creationTimestamp; paged lists
+(limit/continue) with equality label selectors; watches that replay events after a resourceVersion,
+end after timeoutSeconds with a bookmark, and answer 410 for versions older than the last
+compaction; create (409 AlreadyExists, generateName), get, replace (409 on a stale
+resourceVersion), merge, strategic (treated as merge) and JSON patches, delete with uid and
+resourceVersion preconditions (409) and a grace period for pods (deletionTimestamp, then gone when
+deleted again with grace 0 or `finish_deletions()`), pods/binding (409 when already bound; the
+binding's annotations land on the pod) and status subresources.
+
+Faults are injected explicitly: `fail(status, ...)` answers the next matching requests with an error
+(429 with Retry-After, 409, 500, ...), `expire_watches()` sends 410 to every open watch and compacts
+history so resuming is impossible, `cut_watches()` drops their connections, and `tokens` makes
+requests without one of them answer 401. Every request is logged in `requests`.
+
+Single event loop, no locks: every method runs to completion between awaits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import copy
+import datetime
+import itertools
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import jsonpatch
+import orjson
+
+from sharegpu.kube import errors, transport
+
+Json = dict[str, Any]
+Key = tuple[str, str, str]
+"""(collection, namespace, name); collection is e.g. "/api/v1|pods" or "/apis/sharegpu.io/v1alpha1|devices"."""
+
+
+@dataclass
+class Fault:
+    status: int
+    method: str | None = None
+    path: str | None = None
+    """Matches when the request path starts with this."""
+    times: int = 1
+    retry_after: int | None = None
+    reason: str = ""
+
+
+@dataclass
+class _Event:
+    version: int
+    collection: str
+    namespace: str
+    kind: str
+    obj: Json
+
+
+@dataclass
+class _Watch:
+    collection: str
+    namespace: str | None
+    selector: Mapping[str, str]
+    queue: asyncio.Queue[bytes | None] = field(default_factory=asyncio.Queue)
+
+
+_KIND = {
+    "pods": "Pod", "nodes": "Node", "configmaps": "ConfigMap", "namespaces": "Namespace", "events": "Event",
+    "leases": "Lease", "devices": "Device", "bindings": "Binding", "secrets": "Secret",
+    "serviceaccounts": "ServiceAccount",
+}  # fmt: skip
+
+
+_STATUS_SUBRESOURCE = frozenset({"/api/v1|pods", "/api/v1|nodes"})
+"""Collections whose status only the status subresource changes."""
+
+
+def _merge(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = _merge(result.get(key), value)
+    return result
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _selected(obj: Json, selector: Mapping[str, str]) -> bool:
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    for key, want in selector.items():
+        if key.endswith("!"):
+            if labels.get(key[:-1]) == want:
+                return False
+        elif (want == "" and key not in labels) or (want != "" and labels.get(key) != want):
+            return False
+    return True
+
+
+def _parse_selector(text: str) -> dict[str, str]:
+    """Equality-based label selectors: `a=b`, `a==b`, `a!=b` (stored as "a!"), `a` (exists)."""
+    out: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        if "!=" in part:
+            key, value = part.split("!=", 1)
+            out[key.strip() + "!"] = value.strip()
+        elif "=" in part:
+            key, value = part.replace("==", "=").split("=", 1)
+            out[key.strip()] = value.strip()
+        else:
+            out[part] = ""
+    return out
+
+
+class _Answer(Exception):
+    def __init__(self, status: int, reason: str, message: str, retry_after: int | None = None) -> None:
+        super().__init__(message)
+        self.status, self.reason, self.message, self.retry_after = status, reason, message, retry_after
+
+
+class _FakeStream:
+    def __init__(self, status: int, body: bytes, queue: asyncio.Queue[bytes | None] | None) -> None:
+        self.status = status
+        self.headers: Mapping[str, str] = {}
+        self._body = body
+        self._queue = queue
+
+    async def read(self) -> bytes:
+        return self._body
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        if self._queue is None:
+            return
+        while True:
+            item = await self._queue.get()
+            if item is None:
+                return
+            if item == b"":
+                raise errors.TransportError("watch connection cut (fake)")
+            yield item
+
+
+class FakeApiServer:
+    """See the module docstring."""
+
+    def __init__(self, *, tokens: set[str] | None = None, history: int = 10_000) -> None:
+        self.objects: dict[Key, Json] = {}
+        self.version = 0
+        self.compacted = 0
+        self.history = history
+        self.log: list[_Event] = []
+        self.watches: list[_Watch] = []
+        self.faults: list[Fault] = []
+        self.requests: list[tuple[str, str]] = []
+        self.tokens = tokens
+        self._uids = itertools.count(1)
+
+    # ----------------------------------------------------------------- test controls
+
+    def fail(
+        self,
+        status: int,
+        *,
+        method: str | None = None,
+        path: str | None = None,
+        times: int = 1,
+        retry_after: int | None = None,
+        reason: str = "",
+    ) -> None:
+        """Answer the next `times` matching requests with `status`."""
+        self.faults.append(Fault(status, method, path, times, retry_after, reason))
+
+    def expire_watches(self) -> None:
+        """Every open watch gets 410 Gone, and history is compacted so no one can resume from it."""
+        self.compacted = self.version
+        gone = orjson.dumps(
+            {"type": "ERROR", "object": {"kind": "Status", "code": 410, "reason": "Expired",
+                                          "message": "too old resource version"}}
+        ) + b"\n"  # fmt: skip
+        for watch in self.watches:
+            watch.queue.put_nowait(gone)
+            watch.queue.put_nowait(None)
+        self.watches.clear()
+
+    def cut_watches(self) -> None:
+        """Drop every open watch connection (a network fault or an API server restart)."""
+        for watch in self.watches:
+            watch.queue.put_nowait(b"")
+        self.watches.clear()
+
+    def finish_deletions(self) -> None:
+        """Remove every object that is being deleted (what the kubelet does for pods)."""
+        for key, obj in list(self.objects.items()):
+            if (obj.get("metadata") or {}).get("deletionTimestamp"):
+                self._remove(key)
+
+    def get_object(self, path: str) -> Json | None:
+        """The stored object at an object path, or None (a copy)."""
+        collection, namespace, name, _ = self._route(path)
+        found = self.objects.get((collection, namespace, name or ""))
+        return copy.deepcopy(found) if found is not None else None
+
+    def put_object(self, collection_path: str, obj: Json) -> Json:
+        """Store an object directly (as if created), bypassing faults and auth; returns it."""
+        collection, namespace, _, _ = self._route(collection_path)
+        return self._create(collection, namespace or (obj.get("metadata") or {}).get("namespace", ""), obj)
+
+    # ----------------------------------------------------------------- Transport
+
+    async def send(self, request: transport.Request, timeout: float) -> transport.Response:
+        await asyncio.sleep(0)
+        self.requests.append((request.method, request.path))
+        try:
+            self._check(request)
+            status, body = self._handle(request)
+            return transport.Response(status, orjson.dumps(body))
+        except _Answer as answer:
+            return self._error(answer)
+
+    @contextlib.asynccontextmanager
+    async def stream(self, request: transport.Request, idle_timeout: float) -> AsyncIterator[transport.Stream]:
+        await asyncio.sleep(0)
+        self.requests.append(("WATCH", request.path))
+        try:
+            self._check(request)
+            watch = self._open_watch(request)
+        except _Answer as answer:
+            response = self._error(answer)
+            yield _FakeStream(response.status, response.body, None)
+            return
+        timeout = float(request.params.get("timeoutSeconds", "300"))
+        loop = asyncio.get_running_loop()
+        ending = loop.call_later(timeout, self._end_watch, watch)
+        try:
+            yield _FakeStream(200, b"", watch.queue)
+        finally:
+            ending.cancel()
+            if watch in self.watches:
+                self.watches.remove(watch)
+
+    async def close(self) -> None:
+        return None
+
+    # ----------------------------------------------------------------- internals
+
+    def _error(self, answer: _Answer) -> transport.Response:
+        body: Json = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": answer.message,
+                      "reason": answer.reason, "code": answer.status}  # fmt: skip
+        headers: dict[str, str] = {}
+        if answer.retry_after is not None:
+            body["details"] = {"retryAfterSeconds": answer.retry_after}
+            headers["Retry-After"] = str(answer.retry_after)
+        return transport.Response(answer.status, orjson.dumps(body), headers)
+
+    def _check(self, request: transport.Request) -> None:
+        if self.tokens is not None:
+            token = (request.authorization or "").removeprefix("Bearer ")
+            if token not in self.tokens:
+                raise _Answer(401, "Unauthorized", "Unauthorized")
+        method = "WATCH" if request.params.get("watch") else request.method
+        for fault in self.faults:
+            if (fault.method is None or fault.method == method) and (
+                fault.path is None or request.path.startswith(fault.path)
+            ):
+                fault.times -= 1
+                if fault.times <= 0:
+                    self.faults.remove(fault)
+                raise _Answer(fault.status, fault.reason or "Injected", f"injected {fault.status}", fault.retry_after)
+
+    @staticmethod
+    def _route(path: str) -> tuple[str, str, str | None, str | None]:
+        """(collection, namespace, name, subresource) of a REST path."""
+        parts = [p for p in path.split("/") if p]
+        if parts[:2] == ["api", "v1"]:
+            prefix, rest = "/api/v1", parts[2:]
+        elif parts and parts[0] == "apis" and len(parts) >= 3:
+            prefix, rest = "/" + "/".join(parts[:3]), parts[3:]
+        else:
+            raise _Answer(404, "NotFound", f"the server could not find the requested resource {path}")
+        namespace = ""
+        if rest[:1] == ["namespaces"] and len(rest) >= 3:
+            namespace, rest = rest[1], rest[2:]
+        if not rest:
+            raise _Answer(404, "NotFound", f"no resource in {path}")
+        collection = f"{prefix}|{rest[0]}"
+        name = rest[1] if len(rest) > 1 else None
+        sub = rest[2] if len(rest) > 2 else None
+        return collection, namespace, name, sub
+
+    def _handle(self, request: transport.Request) -> tuple[int, Json]:
+        collection, namespace, name, sub = self._route(request.path)
+        body = orjson.loads(request.body) if request.body else None
+        method = request.method
+        if method == "GET" and name is None:
+            return 200, self._list(collection, namespace, request.params)
+        if name is None:
+            if method == "POST":
+                return 201, self._create(collection, namespace, body)
+            raise _Answer(405, "MethodNotAllowed", f"{method} on a collection")
+        key = (collection, namespace, name)
+        if method == "POST" and sub == "binding":
+            return 201, self._bind(key, body)
+        current = self.objects.get(key)
+        if current is None:
+            raise _Answer(404, "NotFound", f'{collection.split("|")[1]} "{name}" not found')
+        if method == "GET":
+            return 200, copy.deepcopy(current)
+        if method in ("PUT", "PATCH"):
+            if not isinstance(body, dict | list):
+                raise _Answer(400, "BadRequest", "the body is not JSON")
+            if method == "PUT":
+                version = (body.get("metadata") or {}).get("resourceVersion") if isinstance(body, dict) else None
+                if version and version != current["metadata"]["resourceVersion"]:
+                    raise _Answer(409, "Conflict", "the object has been modified; please apply your changes to the latest version")
+                candidate = body
+            elif request.content_type == "application/json-patch+json":
+                try:
+                    candidate = jsonpatch.apply_patch(current, body)
+                except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as exc:
+                    raise _Answer(422, "Invalid", str(exc)) from None
+            else:
+                version = ((body.get("metadata") or {}) if isinstance(body, dict) else {}).get("resourceVersion")
+                if version and version != current["metadata"]["resourceVersion"]:
+                    raise _Answer(409, "Conflict", "the object has been modified; please apply your changes to the latest version")
+                candidate = _merge(current, body)
+            if not isinstance(candidate, dict):
+                raise _Answer(422, "Invalid", "the result is not an object")
+            if sub == "status":
+                candidate = {**current, "status": candidate.get("status")}
+            elif collection in _STATUS_SUBRESOURCE and "status" in current:
+                candidate = {**candidate, "status": current["status"]}
+            return 200, self._update(key, candidate, keep=current)
+        if method == "DELETE":
+            return 200, self._delete(key, current, body or {})
+        raise _Answer(405, "MethodNotAllowed", method)
+
+    def _list(self, collection: str, namespace: str, params: Mapping[str, str]) -> Json:
+        selector = _parse_selector(params.get("labelSelector", ""))
+        keys = sorted(
+            k for k in self.objects
+            if k[0] == collection and (not namespace or k[1] == namespace) and _selected(self.objects[k], selector)
+        )  # fmt: skip
+        after = params.get("continue")
+        if after:
+            position = tuple(orjson.loads(base64.urlsafe_b64decode(after)))
+            keys = [k for k in keys if k[1:] > position]
+        limit = int(params.get("limit", "0") or 0)
+        token = ""
+        if limit and len(keys) > limit:
+            keys = keys[:limit]
+            token = base64.urlsafe_b64encode(orjson.dumps(list(keys[-1][1:]))).decode()
+        kind = _KIND.get(collection.split("|")[1], "Object")
+        return {
+            "kind": f"{kind}List",
+            "apiVersion": "v1",
+            "metadata": {"resourceVersion": str(self.version), **({"continue": token} if token else {})},
+            "items": [copy.deepcopy(self.objects[k]) for k in keys],
+        }
+
+    def _stamp(self, obj: Json, kind: str) -> None:
+        self.version += 1
+        obj["metadata"]["resourceVersion"] = str(self.version)
+        obj.setdefault("kind", _KIND.get(kind, kind))
+
+    def _create(self, collection: str, namespace: str, body: Any) -> Json:
+        if not isinstance(body, dict) or not isinstance(body.get("metadata"), dict):
+            raise _Answer(400, "BadRequest", "the body is not an object with metadata")
+        obj = copy.deepcopy(body)
+        meta = obj["metadata"]
+        if not meta.get("name") and meta.get("generateName"):
+            meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
+        if not meta.get("name"):
+            raise _Answer(422, "Invalid", "metadata.name: Required value")
+        if namespace:
+            meta["namespace"] = namespace
+        key = (collection, namespace, meta["name"])
+        if key in self.objects:
+            raise _Answer(409, "AlreadyExists", f'{collection.split("|")[1]} "{meta["name"]}" already exists')
+        meta["uid"] = f"uid-{next(self._uids)}"
+        meta["creationTimestamp"] = _now()
+        meta.pop("resourceVersion", None)
+        meta.pop("deletionTimestamp", None)
+        self._stamp(obj, collection.split("|")[1])
+        self.objects[key] = obj
+        self._emit(collection, namespace, "ADDED", obj)
+        return copy.deepcopy(obj)
+
+    def _update(self, key: Key, obj: Json, keep: Json) -> Json:
+        obj = copy.deepcopy(obj)
+        for field_name in ("uid", "creationTimestamp", "namespace", "name", "deletionTimestamp"):
+            if field_name in keep["metadata"]:
+                obj["metadata"][field_name] = keep["metadata"][field_name]
+        if obj == keep:
+            return copy.deepcopy(keep)
+        self._stamp(obj, key[0].split("|")[1])
+        self.objects[key] = obj
+        self._emit(key[0], key[1], "MODIFIED", obj)
+        return copy.deepcopy(obj)
+
+    def _bind(self, key: Key, body: Any) -> Json:
+        pod = self.objects.get(key)
+        if pod is None:
+            raise _Answer(404, "NotFound", f'pods "{key[2]}" not found')
+        if (pod.get("spec") or {}).get("nodeName"):
+            raise _Answer(409, "Conflict", f"pod {key[2]} is already assigned to node {pod['spec']['nodeName']}")
+        target = ((body or {}).get("target") or {}).get("name")
+        if not target:
+            raise _Answer(422, "Invalid", "binding target: Required value")
+        annotations = ((body or {}).get("metadata") or {}).get("annotations") or {}
+        patch = {"spec": {"nodeName": target}, "metadata": {"annotations": annotations}}
+        self._update(key, _merge(pod, patch), keep=pod)
+        return {"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 201}
+
+    def _delete(self, key: Key, current: Json, options: Json) -> Json:
+        pre = options.get("preconditions") or {}
+        meta = current["metadata"]
+        if pre.get("uid") and pre["uid"] != meta.get("uid"):
+            raise _Answer(409, "Conflict", f"Precondition failed: UID in precondition: {pre['uid']}, UID in object meta: {meta.get('uid')}")
+        if pre.get("resourceVersion") and pre["resourceVersion"] != meta.get("resourceVersion"):
+            raise _Answer(409, "Conflict", "Precondition failed: resourceVersion in precondition does not match")
+        grace = options.get("gracePeriodSeconds")
+        if key[0] == "/api/v1|pods" and grace != 0 and (current.get("spec") or {}).get("nodeName"):
+            if not meta.get("deletionTimestamp"):
+                marked = copy.deepcopy(current)
+                marked["metadata"]["deletionTimestamp"] = _now()
+                self._stamp(marked, "pods")
+                self.objects[key] = marked
+                self._emit(key[0], key[1], "MODIFIED", marked)
+                return copy.deepcopy(marked)
+            return copy.deepcopy(current)
+        return self._remove(key)
+
+    def _remove(self, key: Key) -> Json:
+        obj = self.objects.pop(key)
+        self._stamp(obj, key[0].split("|")[1])
+        self._emit(key[0], key[1], "DELETED", obj)
+        return copy.deepcopy(obj)
+
+    def _emit(self, collection: str, namespace: str, kind: str, obj: Json) -> None:
+        event = _Event(self.version, collection, namespace, kind, copy.deepcopy(obj))
+        self.log.append(event)
+        if len(self.log) > self.history:
+            dropped = self.log[: len(self.log) - self.history]
+            del self.log[: len(dropped)]
+            self.compacted = max(self.compacted, dropped[-1].version)
+        line = orjson.dumps({"type": kind, "object": event.obj}) + b"\n"
+        for watch in self.watches:
+            if self._matches(watch, event):
+                watch.queue.put_nowait(line)
+
+    @staticmethod
+    def _matches(watch: _Watch, event: _Event) -> bool:
+        return (
+            watch.collection == event.collection
+            and (watch.namespace is None or watch.namespace == event.namespace)
+            and _selected(event.obj, watch.selector)
+        )
+
+    def _open_watch(self, request: transport.Request) -> _Watch:
+        collection, namespace, name, _ = self._route(request.path)
+        if name is not None:
+            raise _Answer(405, "MethodNotAllowed", "watch a collection")
+        watch = _Watch(collection, namespace or None, _parse_selector(request.params.get("labelSelector", "")))
+        version_text = request.params.get("resourceVersion", "")
+        if version_text in ("", "0"):
+            for key, obj in sorted(self.objects.items()):
+                if key[0] == collection and (not namespace or key[1] == namespace) and _selected(obj, watch.selector):
+                    watch.queue.put_nowait(orjson.dumps({"type": "ADDED", "object": obj}) + b"\n")
+        else:
+            since = int(version_text)
+            if since < self.compacted:
+                raise _Answer(410, "Expired", f"too old resource version: {since} ({self.compacted})")
+            for event in self.log:
+                if event.version > since and self._matches(watch, event):
+                    watch.queue.put_nowait(orjson.dumps({"type": event.kind, "object": event.obj}) + b"\n")
+        self.watches.append(watch)
+        return watch
+
+    def _end_watch(self, watch: _Watch) -> None:
+        """A watch's timeoutSeconds passed: a bookmark with the current version, then the end."""
+        if watch in self.watches:
+            bookmark = {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": str(self.version)}}}
+            watch.queue.put_nowait(orjson.dumps(bookmark) + b"\n")
+            watch.queue.put_nowait(None)
+            self.watches.remove(watch)

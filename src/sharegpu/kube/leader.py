@@ -1,0 +1,182 @@
+"""Leader election on a coordination.k8s.io/v1 Lease, as client-go's leaderelection does it.
+
+Candidates read the Lease every `retry_period`. The holder renews it (updates renewTime); a
+candidate takes it over only when the record has not changed for `lease_duration` as measured on
+the candidate's own clock since it last saw a change (never by comparing timestamps written by
+another machine, so clock skew cannot make two leaders). Every write is a PUT with the
+resourceVersion read, so of two candidates racing for an expired Lease exactly one wins (the other
+gets a 409). A leader that cannot renew for `renew_deadline` (< `lease_duration`) steps down before
+anyone else may take over; one that stops cleanly releases the Lease so the next takes over at once.
+
+`leading` is set while this process leads; `run_while_leading` runs work only then and cancels it
+the moment leadership is lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+from sharegpu.api import paths, wire
+from sharegpu.kube import client, errors, informer
+
+log = logging.getLogger(__name__)
+Json = dict[str, Any]
+
+
+def _micro_time() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class LeaderElector:
+    def __init__(
+        self,
+        api: client.KubeApi,
+        namespace: str,
+        name: str,
+        identity: str,
+        *,
+        lease_duration: float = 15.0,
+        renew_deadline: float = 10.0,
+        retry_period: float = 2.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not retry_period < renew_deadline < lease_duration:
+            raise ValueError("leader election needs retry_period < renew_deadline < lease_duration")
+        self.api = api
+        self.namespace = namespace
+        self.name = name
+        self.identity = identity
+        self.lease_duration = lease_duration
+        self.renew_deadline = renew_deadline
+        self.retry_period = retry_period
+        self.clock = clock
+        self.leading = asyncio.Event()
+        self.transitions = 0
+        """Times this process became leader."""
+        self._observed: tuple[Any, ...] | None = None
+        self._observed_at = 0.0
+        self._renewed_at = 0.0
+
+    @property
+    def path(self) -> str:
+        return paths.lease(self.namespace, self.name)
+
+    @property
+    def is_leader(self) -> bool:
+        return self.leading.is_set()
+
+    async def run(self) -> None:
+        """Campaign and renew until cancelled; releases the Lease on the way out if it holds it."""
+        try:
+            while True:
+                try:
+                    await self._try()
+                except asyncio.CancelledError:
+                    raise
+                except errors.KubeError as exc:
+                    log.warning("leader election %s: %s", self.name, exc)
+                except Exception:
+                    log.exception("leader election %s: unexpected failure", self.name)
+                if self.is_leader and self.clock() - self._renewed_at > self.renew_deadline:
+                    log.error("leader election %s: could not renew for %.0f s; stepping down", self.name, self.renew_deadline)
+                    self.leading.clear()
+                await asyncio.sleep(self.retry_period)
+        finally:
+            if self.is_leader:
+                self.leading.clear()
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(self._release())
+
+    async def _try(self) -> None:
+        now = self.clock()
+        try:
+            current = await self.api.get(self.path)
+        except errors.NotFoundError:
+            body = self._lease(None, transitions=0, acquired=True)
+            await self.api.create(paths.leases(self.namespace), body)
+            self._won(now)
+            return
+        lease = wire.convert(current, wire.Lease)
+        spec = lease.spec
+        record = (spec.holder_identity, spec.renew_time, spec.acquire_time, spec.lease_duration_seconds)
+        if record != self._observed:
+            self._observed, self._observed_at = record, now
+        holder = spec.holder_identity or ""
+        duration = float(spec.lease_duration_seconds or self.lease_duration)
+        mine = holder == self.identity
+        if not mine and holder and now - self._observed_at < duration:
+            if self.is_leader:
+                log.error("leader election %s: %s holds the lease; stepping down", self.name, holder)
+                self.leading.clear()
+            return
+        transitions = (spec.lease_transitions or 0) + (0 if mine else 1)
+        body = self._lease(current, transitions=transitions, acquired=not mine, previous=spec)
+        updated = await self.api.replace(self.path, body)
+        fresh = wire.convert(updated, wire.Lease).spec
+        self._observed = (fresh.holder_identity, fresh.renew_time, fresh.acquire_time, fresh.lease_duration_seconds)
+        self._observed_at = now
+        self._won(now)
+
+    def _won(self, now: float) -> None:
+        self._renewed_at = now
+        if not self.is_leader:
+            self.transitions += 1
+            log.info("leader election %s: %s is the leader", self.name, self.identity)
+            self.leading.set()
+
+    def _lease(
+        self, current: Json | None, *, transitions: int, acquired: bool, previous: wire.LeaseSpec | None = None
+    ) -> Json:
+        stamp = _micro_time()
+        spec = {
+            "holderIdentity": self.identity,
+            "leaseDurationSeconds": round(self.lease_duration),
+            "acquireTime": stamp if acquired or previous is None else previous.acquire_time,
+            "renewTime": stamp,
+            "leaseTransitions": transitions,
+        }
+        metadata: Json = {"name": self.name, "namespace": self.namespace}
+        if current is not None:
+            metadata["resourceVersion"] = current["metadata"]["resourceVersion"]
+        return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": metadata, "spec": spec}
+
+    async def _release(self) -> None:
+        """Hand the Lease back: no holder, one-second duration, so a follower takes over at once."""
+        current = await self.api.get(self.path)
+        if (current.get("spec") or {}).get("holderIdentity") != self.identity:
+            return
+        current["spec"].update({"holderIdentity": None, "leaseDurationSeconds": 1, "renewTime": _micro_time()})
+        await self.api.replace(self.path, current)
+        log.info("leader election %s: %s released the lease", self.name, self.identity)
+
+
+class Leadership(Protocol):
+    """What `run_while_leading` needs: `LeaderElector`, or a stand-in that always leads."""
+
+    leading: asyncio.Event
+
+    @property
+    def is_leader(self) -> bool: ...
+
+
+async def run_while_leading(elector: Leadership, work: Callable[[], list[Awaitable[None]]]) -> None:
+    """Run `work()`'s coroutines while `elector` leads; cancel them as soon as it stops leading."""
+    while True:
+        await elector.leading.wait()
+        tasks = [asyncio.ensure_future(coroutine) for coroutine in work()]
+        lost = asyncio.create_task(_until_lost(elector))
+        try:
+            await asyncio.wait([lost, *tasks], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            await informer.cancel([lost, *tasks])
+
+
+async def _until_lost(elector: Leadership) -> None:
+    while elector.is_leader:
+        await asyncio.sleep(0.05)

@@ -1,0 +1,184 @@
+"""How bytes reach the API server: the `Transport` seam, and the real one over aiohttp.
+
+The client (`kube.client`) builds requests and interprets answers; a transport only moves them.
+Two implementations: `AiohttpTransport` (TLS from `Credentials`, a new connection pool whenever the
+certificates change) and `kube.fake.FakeApiServer`, an API server in memory that tests and
+benchmarks use in its place, as httpx's MockTransport stands in for the network.
+
+Watch streams are read as raw chunks and cut into lines here (`lines`), with no limit but
+`MAX_LINE`: aiohttp's own line reader refuses lines over its buffer (512 KiB), and one pod with a
+large env value, well inside the API server's 1.5 MiB object limit, used to kill a watch that way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from typing import Final, Protocol
+
+import aiohttp
+
+from sharegpu.kube import credentials, errors
+
+MAX_LINE: Final = 64 * 1024 * 1024
+"""Longest watch line accepted: far above any object the API server stores (etcd's limit is 1.5 MiB)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    method: str
+    path: str
+    params: Mapping[str, str] = field(default_factory=dict)
+    body: bytes | None = None
+    content_type: str = "application/json"
+    authorization: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Response:
+    status: int
+    body: bytes
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
+class Stream(Protocol):
+    """An open streaming answer (a watch)."""
+
+    status: int
+    headers: Mapping[str, str]
+
+    async def read(self) -> bytes:
+        """The whole body (for an error status)."""
+        ...
+
+    def chunks(self) -> AsyncIterator[bytes]:
+        """Bytes as they arrive, until the server ends the stream."""
+        ...
+
+
+class Transport(Protocol):
+    async def send(self, request: Request, timeout: float) -> Response:
+        """One request, one answer; TransportError when no answer came."""
+        ...
+
+    def stream(self, request: Request, idle_timeout: float) -> contextlib.AbstractAsyncContextManager[Stream]:
+        """A streaming request; `idle_timeout`: seconds without a byte before giving up."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+async def lines(chunks: AsyncIterator[bytes], limit: int = MAX_LINE) -> AsyncIterator[bytes]:
+    """Cut a byte stream into newline-terminated lines of any length up to `limit` (blank lines
+    skipped); TransportError when a line is longer, or the stream ends inside one."""
+    buffer = bytearray()
+    async for chunk in chunks:
+        start = 0
+        while True:
+            end = chunk.find(b"\n", start)
+            if end < 0:
+                buffer += chunk[start:]
+                if len(buffer) > limit:
+                    raise errors.TransportError(f"a watch line is longer than {limit} bytes")
+                break
+            if buffer:
+                buffer += chunk[start:end]
+                line = bytes(buffer)
+                buffer.clear()
+            else:
+                line = chunk[start:end]
+            start = end + 1
+            if line.strip():
+                yield line
+    if buffer.strip():
+        raise errors.TransportError("the watch stream ended in the middle of an event")
+
+
+class _AiohttpStream:
+    def __init__(self, response: aiohttp.ClientResponse) -> None:
+        self.status = response.status
+        self.headers: Mapping[str, str] = response.headers
+        self._response = response
+
+    async def read(self) -> bytes:
+        return await self._response.read()
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self._response.content.iter_any():
+                yield chunk
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            raise errors.TransportError(f"watch stream broke: {type(exc).__name__}: {exc}") from exc
+
+
+class AiohttpTransport:
+    """Requests over aiohttp, with TLS from `creds` (new connections whenever the certificates change)."""
+
+    def __init__(self, creds: credentials.Credentials, *, connections: int = 64) -> None:
+        self.credentials = creds
+        self._connections = connections
+        self._session: aiohttp.ClientSession | None = None
+        self._generation = -1
+        self._server_name: str | None = None
+
+    async def _session_for_now(self) -> aiohttp.ClientSession:
+        tls = await self.credentials.tls()
+        if self._session is None or self._session.closed or tls.generation != self._generation:
+            old = self._session
+            connector = aiohttp.TCPConnector(ssl=tls.context if tls.context is not None else False, limit=self._connections)
+            self._session = aiohttp.ClientSession(
+                base_url=self.credentials.server + "/",
+                connector=connector,
+                auto_decompress=True,
+                read_bufsize=1 << 20,
+            )
+            self._generation = tls.generation
+            self._server_name = tls.server_name
+            if old is not None:
+                await old.close()
+        return self._session
+
+    def _headers(self, request: Request) -> dict[str, str]:
+        headers = {"Accept": "application/json"}
+        if request.body is not None:
+            headers["Content-Type"] = request.content_type
+        if request.authorization:
+            headers["Authorization"] = request.authorization
+        return headers
+
+    async def send(self, request: Request, timeout: float) -> Response:
+        session = await self._session_for_now()
+        try:
+            async with session.request(
+                request.method,
+                request.path.lstrip("/"),
+                params=dict(request.params) or None,
+                data=request.body,
+                headers=self._headers(request),
+                timeout=aiohttp.ClientTimeout(total=timeout),
+                server_hostname=self._server_name,
+            ) as response:
+                return Response(response.status, await response.read(), response.headers)
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            raise errors.TransportError(f"{request.method} {request.path}: {type(exc).__name__}: {exc}") from exc
+
+    @contextlib.asynccontextmanager
+    async def stream(self, request: Request, idle_timeout: float) -> AsyncIterator[Stream]:
+        session = await self._session_for_now()
+        try:
+            async with session.request(
+                request.method,
+                request.path.lstrip("/"),
+                params=dict(request.params) or None,
+                headers=self._headers(request),
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=idle_timeout),
+                server_hostname=self._server_name,
+            ) as response:
+                yield _AiohttpStream(response)
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            raise errors.TransportError(f"WATCH {request.path}: {type(exc).__name__}: {exc}") from exc
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()

@@ -1,0 +1,63 @@
+"""Server-side TLS that follows its files, and optionally requires a client certificate.
+
+`ReloadingTls` serves the certificate and key found at two paths: every TLS handshake checks the
+files' modification times and switches to a fresh context when they changed (cert-manager and the
+webhook's bootstrap renew certificates in place), so rotation needs no restart; half-written files
+keep the previous pair in service. With `client_ca`, a client must present a certificate signed by
+that CA or the handshake fails: that is how the extender accepts filter, prioritize and bind from
+kube-scheduler only (see `docs/extender.md`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import ssl
+from pathlib import Path
+
+from sharegpu.core import errors
+
+log = logging.getLogger(__name__)
+
+
+class ReloadingTls:
+    def __init__(self, cert: Path, key: Path, client_ca: Path | None = None) -> None:
+        self.cert = cert
+        self.key = key
+        self.client_ca = client_ca
+        self.reloads = 0
+        self._stamp = self._stamps()
+        try:
+            self._current = self._load()
+            self.context = self._load()
+        except (OSError, ssl.SSLError) as exc:
+            raise errors.InvalidInputError(f"TLS certificate {cert} / key {key}: {exc}") from None
+        self.context.sni_callback = self._pick
+
+    def _stamps(self) -> tuple[float, ...]:
+        files = [self.cert, self.key] + ([self.client_ca] if self.client_ca else [])
+        return tuple(os.stat(f).st_mtime_ns for f in files)
+
+    def _load(self) -> ssl.SSLContext:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        context.load_cert_chain(self.cert, self.key)
+        if self.client_ca is not None:
+            context.load_verify_locations(cafile=self.client_ca)
+            context.verify_mode = ssl.CERT_REQUIRED
+        return context
+
+    def current(self) -> ssl.SSLContext:
+        try:
+            stamp = self._stamps()
+            if stamp != self._stamp:
+                self._current = self._load()
+                self._stamp = stamp
+                self.reloads += 1
+                log.info("TLS certificate reloaded from %s", self.cert)
+        except (OSError, ssl.SSLError) as exc:  # half-written files: keep serving the old pair
+            log.warning("TLS certificate reload failed, keeping the previous one: %s", exc)
+        return self._current
+
+    def _pick(self, sock: ssl.SSLObject, server_name: str | None, _: ssl.SSLContext) -> None:
+        sock.context = self.current()

@@ -1,0 +1,165 @@
+"""Quantities, pods and Devices to domain values and back (the wire codecs every component shares)."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+
+import pytest
+
+from sharegpu.api import devices as api_devices
+from sharegpu.api import names, pods, quantity, wire
+from sharegpu.core import devices, errors, units
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("500m", Decimal("0.5")),
+        ("2", Decimal(2)),
+        ("1Gi", Decimal(2**30)),
+        ("1.5", Decimal("1.5")),
+        ("3k", Decimal(3000)),
+        ("100Mi", Decimal(100 * 2**20)),
+        ("1e3", Decimal(1000)),
+        (4, Decimal(4)),
+    ],
+)
+def test_quantities(text: str | int, value: Decimal) -> None:
+    assert quantity.parse(text) == value
+
+
+@pytest.mark.parametrize("bad", ["12x", "", "1e400", True, None, [1]])
+def test_bad_quantities_name_the_text(bad: object) -> None:
+    with pytest.raises(errors.InvalidInputError, match="quantity"):
+        quantity.parse(bad)
+
+
+def test_integer_names_the_field_and_range() -> None:
+    assert quantity.integer("3", "x", 1, 5) == 3
+    with pytest.raises(errors.InvalidRequestError, match=r"x must be an integer in 1\.\.5, got '1\.5'"):
+        quantity.integer("1.5", "x", 1, 5)
+
+
+def _pod(limits: dict[str, str], annotations: dict[str, str] | None = None, init: dict[str, str] | None = None) -> Any:
+    spec: dict[str, Any] = {"containers": [{"name": "main", "resources": {"limits": limits}}]}
+    if init is not None:
+        spec["initContainers"] = [{"name": "setup", "resources": {"limits": init}}]
+    body = {"metadata": {"name": "p", "namespace": "ns", "uid": "u1", "annotations": annotations or {}}, "spec": spec}
+    return wire.convert(body, wire.Pod)
+
+
+def test_fractional_request_with_rules_and_limits() -> None:
+    pod = _pod(
+        {names.GPU: "1", names.GPU_MILLI: "300", names.GPU_MEMORY: "4096", "cpu": "2", "memory": "1Gi"},
+        {names.LIMIT_MILLI: "600", names.MODELS: "A100, T4", names.AFFINITY: "team"},
+    )
+    request = pods.request(pod)
+    demand = request.demand
+    assert (demand.count, demand.milli, demand.memory_mib) == (1, 300, 4096)
+    assert demand.models == frozenset({"A100", "T4"})
+    assert (demand.cpu_milli, demand.host_memory_mib) == (2000, 1024)
+    assert demand.cotenancy.affinity == "team"
+    gpu = request.containers[0].gpu
+    assert gpu is not None
+    assert gpu.limit == 600
+    assert request.key == units.PodKey("ns/p")
+
+
+def test_whole_gpus_through_the_device_plugin() -> None:
+    demand = pods.request(_pod({names.NVIDIA_GPU: "2"})).demand
+    assert (demand.count, demand.whole) == (2, True)
+    assert pods.wants_gpu(_pod({names.NVIDIA_GPU: "2"}))
+    assert not pods.wants_gpu(_pod({"cpu": "1"}))
+
+
+def test_init_containers_count_for_host_resources() -> None:
+    pod = _pod({"cpu": "500m", "memory": "64Mi"}, init={"cpu": "2", "memory": "32Mi"})
+    assert pods.host_request(pod) == (2000, 64)
+
+
+@pytest.mark.parametrize(
+    ("limits", "message"),
+    [
+        ({names.GPU_MILLI: "1500"}, "sharegpu.io/gpu-milli must be an integer in 1..1000"),
+        ({names.GPU: "1.5"}, "sharegpu.io/gpu must be an integer"),
+        ({names.NVIDIA_GPU: "x"}, "not a Kubernetes quantity"),
+        ({names.NVIDIA_GPU: "1", names.GPU_MILLI: "300"}, "cannot be combined with a share"),
+    ],
+)
+def test_malformed_pod_requests_name_the_container_and_field(limits: dict[str, str], message: str) -> None:
+    with pytest.raises(errors.InvalidRequestError, match=f"pod ns/p, container main: .*{message}"):
+        pods.request(_pod(limits))
+
+
+def test_a_mistyped_pod_is_refused_with_the_path_to_the_field() -> None:
+    with pytest.raises(errors.InvalidInputError, match=r"at `\$\.spec\.containers\[0\]\.resources\.limits"):
+        wire.convert({"spec": {"containers": [{"name": "c", "resources": {"limits": ["x"]}}]}}, wire.Pod)
+
+
+def test_records_keep_what_placement_needs_and_parse_allocations_once() -> None:
+    alloc_text = (
+        '{"version":1,"node":"n1","exclusive":false,"containers":[{"name":"main","init":false,'
+        '"devices":[{"index":0,"uuid":null,"milli":300,"limitMilli":300,"memoryMiB":0}]}]}'
+    )
+    body: dict[str, Any] = {
+        "metadata": {"name": "p", "namespace": "ns", "uid": "u1", "resourceVersion": "7",
+                     "annotations": {names.ALLOCATION: alloc_text, names.HANDOFF: "sharegpu-handoff-1", "big": "x" * 1000}},
+        "spec": {"nodeName": "n1", "schedulerName": names.SCHEDULER_NAME,
+                 "containers": [{"name": "main", "resources": {"limits": {names.GPU: "1", names.GPU_MILLI: "300"}}}]},
+        "status": {"phase": "Running"},
+    }  # fmt: skip
+    first = pods.record(wire.convert(body, wire.Pod))
+    assert (first.node, first.live, first.handoff, first.gpu) == ("n1", True, "sharegpu-handoff-1", True)
+    assert first.request is not None and first.request.demand.milli == 300
+    assert first.allocation is not None and first.allocation.gpu_indices == (0,)
+    body["status"]["phase"] = "Succeeded"
+    second = pods.record(wire.convert(body, wire.Pod), first)
+    assert second.allocation is first.allocation, "an unchanged annotation is not parsed again"
+    assert second.terminal and not second.live
+
+
+def test_reservation_records_carry_their_slot_and_uuid() -> None:
+    body = {"metadata": {"name": "r", "namespace": names.SYSTEM_NAMESPACE,
+                         "labels": {names.LABEL_ROLE: names.ROLE_RESERVATION, names.LABEL_NODE: "n1", names.LABEL_SLOT: "3"},
+                         "annotations": {names.GPU_UUID: "GPU-1"}}}  # fmt: skip
+    record = pods.record(wire.convert(body, wire.Pod))
+    assert record.reservation == pods.Slot("n1", 3, "GPU-1")
+    assert not record.gpu
+
+
+def test_soft_preferences_are_recognised() -> None:
+    def spec(extra: dict[str, Any]) -> wire.Pod:
+        return wire.convert({"spec": {"containers": [], **extra}}, wire.Pod)
+
+    preferred = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 1}]}}
+    assert pods.has_soft_preferences(spec({"affinity": preferred}))
+    assert pods.has_soft_preferences(spec({"topologySpreadConstraints": [{"whenUnsatisfiable": "ScheduleAnyway"}]}))
+    assert not pods.has_soft_preferences(spec({"topologySpreadConstraints": [{"whenUnsatisfiable": "DoNotSchedule"}]}))
+    assert not pods.has_soft_preferences(spec({}))
+
+
+def test_device_round_trips_to_an_inventory() -> None:
+    node = devices.uniform_node("n1", gpu_count=4, model="A100", gpu_memory_mib=81920, cpu_milli=1, memory_mib=1,
+                                nvlink_all=True)  # fmt: skip
+    written = wire.encode(api_devices.device(node))
+    facts = api_devices.node_facts(
+        wire.convert({"metadata": {"name": "n1"}, "status": {"allocatable": {"cpu": "64", "memory": "256Gi"},
+                      "conditions": [{"type": "Ready", "status": "True"}]}}, wire.Node)
+    )  # fmt: skip
+    back = api_devices.inventory(wire.convert(written, wire.Device), facts)
+    assert back.gpus == node.gpus
+    assert back.nvlinks == node.nvlinks
+    assert (back.cpu_milli, back.memory_mib) == (64000, 256 * 1024)
+    assert facts.schedulable
+
+
+def test_a_malformed_device_names_the_device_and_the_field() -> None:
+    with pytest.raises(errors.InvalidInputError, match=r"Object missing required field `uuid` - at `\$\.spec\.gpus\[0\]`"):
+        wire.convert({"metadata": {"name": "n1"}, "spec": {"gpus": [{"index": 0}]}}, wire.Device)
+    bad = wire.convert(
+        {"metadata": {"name": "n1"}, "spec": {"gpus": [{"index": 0, "uuid": "", "model": "T4", "memoryMiB": 1}]}},
+        wire.Device,
+    )
+    with pytest.raises(errors.InvalidInventoryError, match="Device n1: GPU 0 has an empty UUID"):
+        api_devices.gpus(bad)

@@ -1,0 +1,160 @@
+"""Credentials follow their files: kubeconfig parsing, rotated token files and certificates,
+exec plugins with expiry, in-cluster service accounts, and clear errors for what is unsupported."""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import json
+import os
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+import trustme
+
+from sharegpu.kube import credentials
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def kubeconfig(folder: Path, user: dict[str, object], cluster: dict[str, object] | None = None) -> Path:
+    doc = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "c", "cluster": cluster or {"server": "https://127.0.0.1:6443"}}],
+        "users": [{"name": "u", "user": user}],
+        "contexts": [{"name": "ctx", "context": {"cluster": "c", "user": "u"}}],
+        "current-context": "ctx",
+    }
+    path = folder / "config"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def touch_later(path: Path, text: str) -> None:
+    """Rewrite a file so that its stamp surely changes (mtime resolution can be coarse)."""
+    before = path.stat().st_mtime_ns
+    path.write_text(text)
+    os.utime(path, ns=(before + 1_000_000_000, before + 1_000_000_000))
+
+
+async def test_a_rotated_token_file_is_read_again(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("first\n")
+    clock = Clock()
+    creds = credentials.Credentials(
+        lambda: credentials.parse_kubeconfig(kubeconfig(tmp_path, {"tokenFile": "token"})), clock=clock
+    )
+    assert await creds.authorization() == "Bearer first"
+    touch_later(token, "second")
+    assert await creds.authorization() == "Bearer first", "files are checked at most once per interval"
+    clock.now += 1.5
+    assert await creds.authorization() == "Bearer second"
+    touch_later(token, "third")
+    await creds.refresh()
+    assert await creds.authorization() == "Bearer third", "a 401 forces the check"
+
+
+async def test_rotated_client_certificates_open_new_connections(tmp_path: Path) -> None:
+    ca = trustme.CA()
+    first = ca.issue_cert("alice")
+    cert, key = tmp_path / "c.crt", tmp_path / "c.key"
+    first.cert_chain_pems[0].write_to_path(str(cert))
+    first.private_key_pem.write_to_path(str(key))
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.crt"))
+    clock = Clock()
+    config = kubeconfig(
+        tmp_path,
+        {"client-certificate": "c.crt", "client-key": "c.key"},
+        {"server": "https://127.0.0.1:6443", "certificate-authority": "ca.crt"},
+    )
+    creds = credentials.Credentials(lambda: credentials.parse_kubeconfig(config), clock=clock)
+    tls = await creds.tls()
+    assert tls.context is not None and (await creds.tls()).generation == tls.generation
+    second = ca.issue_cert("alice")
+    before = cert.stat().st_mtime_ns
+    second.cert_chain_pems[0].write_to_path(str(cert))
+    second.private_key_pem.write_to_path(str(key))
+    os.utime(cert, ns=(before + 10**9, before + 10**9))
+    clock.now += 2
+    assert (await creds.tls()).generation == tls.generation + 1
+
+
+async def test_inline_data_and_tls_server_name(tmp_path: Path) -> None:
+    ca = trustme.CA()
+    leaf = ca.issue_cert("bob")
+    user = {
+        "client-certificate-data": base64.b64encode(leaf.cert_chain_pems[0].bytes()).decode(),
+        "client-key-data": base64.b64encode(leaf.private_key_pem.bytes()).decode(),
+    }
+    cluster = {
+        "server": "https://10.0.0.1:443",
+        "certificate-authority-data": base64.b64encode(ca.cert_pem.bytes()).decode(),
+        "tls-server-name": "kubernetes.default.svc",
+    }
+    creds = credentials.Credentials(lambda: credentials.parse_kubeconfig(kubeconfig(tmp_path, user, cluster)))
+    tls = await creds.tls()
+    assert tls.context is not None and tls.server_name == "kubernetes.default.svc"
+    assert await creds.authorization() is None
+
+
+async def test_exec_plugins_are_run_again_when_their_token_expires(tmp_path: Path) -> None:
+    counter = tmp_path / "runs"
+    plugin = tmp_path / "plugin.py"
+    soon = (datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=11)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    plugin.write_text(
+        "import json, os, pathlib\n"
+        f"p = pathlib.Path({str(counter)!r}); n = int(p.read_text()) + 1 if p.exists() else 1; p.write_text(str(n))\n"
+        "assert json.loads(os.environ['KUBERNETES_EXEC_INFO'])['kind'] == 'ExecCredential'\n"
+        f"print(json.dumps({{'apiVersion': 'client.authentication.k8s.io/v1', 'kind': 'ExecCredential',"
+        f" 'status': {{'token': f'tok-{{n}}', 'expirationTimestamp': {soon!r}}}}}))\n"
+    )
+    plugin.chmod(plugin.stat().st_mode | stat.S_IEXEC)
+    clock = Clock()
+    user = {"exec": {"apiVersion": "client.authentication.k8s.io/v1", "command": sys.executable, "args": [str(plugin)]}}
+    creds = credentials.Credentials(lambda: credentials.parse_kubeconfig(kubeconfig(tmp_path, user)), clock=clock)
+    assert await creds.authorization() == "Bearer tok-1"
+    assert await creds.authorization() == "Bearer tok-1"
+    clock.now += 5  # the token expires in 11 s; it is renewed 10 s early
+    assert await creds.authorization() == "Bearer tok-2"
+
+
+async def test_an_exec_plugin_that_fails_says_why(tmp_path: Path) -> None:
+    user = {"exec": {"command": sys.executable, "args": ["-c", "import sys; sys.stderr.write('no login'); sys.exit(3)"]}}
+    creds = credentials.Credentials(lambda: credentials.parse_kubeconfig(kubeconfig(tmp_path, user)))
+    with pytest.raises(credentials.CredentialsError, match="exited with 3: no login"):
+        await creds.authorization()
+
+
+def test_in_cluster_settings(tmp_path: Path) -> None:
+    settings = credentials.in_cluster({"KUBERNETES_SERVICE_HOST": "10.0.0.1", "KUBERNETES_SERVICE_PORT": "443"}, tmp_path)
+    assert settings.server == "https://10.0.0.1:443"
+    assert settings.token_file == str(tmp_path / "token")
+    with pytest.raises(credentials.CredentialsError, match="not running in a pod"):
+        credentials.in_cluster({}, tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("user", "message"),
+    [
+        ({"auth-provider": {"name": "gcp"}}, "auth-provider plugins are not supported"),
+        ({"username": "a", "password": "b"}, "basic authentication is not supported"),
+        ({"client-certificate-data": "%%%"}, "client-certificate-data is not valid base64"),
+    ],
+)
+def test_unsupported_or_broken_kubeconfigs_are_refused_clearly(tmp_path: Path, user: dict[str, object], message: str) -> None:
+    with pytest.raises(credentials.CredentialsError, match=message):
+        credentials.parse_kubeconfig(kubeconfig(tmp_path, user))
+
+
+def test_a_missing_token_file_is_refused_at_start(tmp_path: Path) -> None:
+    with pytest.raises(credentials.CredentialsError, match="token file .*: No such file"):
+        credentials.Credentials(lambda: credentials.parse_kubeconfig(kubeconfig(tmp_path, {"tokenFile": "gone"})))

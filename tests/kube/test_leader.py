@@ -1,0 +1,121 @@
+"""Lease-based leader election over the fake API server: one leader at a time, clean hand-over,
+take-over after a partitioned leader steps down, and work that runs only while leading."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+from sharegpu.kube import client, errors, fake, informer, leader, transport
+
+FAST = {"lease_duration": 0.6, "renew_deadline": 0.4, "retry_period": 0.05}
+
+
+class Partition:
+    """A transport that can be cut off from the server (a network partition for one replica)."""
+
+    def __init__(self, inner: fake.FakeApiServer) -> None:
+        self.inner = inner
+        self.cut = False
+
+    async def send(self, request: transport.Request, timeout: float) -> transport.Response:
+        if self.cut:
+            raise errors.TransportError("partitioned")
+        return await self.inner.send(request, timeout)
+
+    def stream(self, request: transport.Request, idle_timeout: float) -> contextlib.AbstractAsyncContextManager[transport.Stream]:
+        return self.inner.stream(request, idle_timeout)
+
+    async def close(self) -> None:
+        return None
+
+
+@contextlib.asynccontextmanager
+async def running(*electors: leader.LeaderElector) -> AsyncIterator[list[asyncio.Task[None]]]:
+    tasks = [asyncio.create_task(e.run()) for e in electors]
+    try:
+        yield tasks
+    finally:
+        await informer.cancel(tasks)
+
+
+async def watch_leaders(electors: list[leader.LeaderElector], seconds: float) -> int:
+    """The most electors that led at the same moment during `seconds`."""
+    most = 0
+    for _ in range(int(seconds / 0.01)):
+        most = max(most, sum(e.is_leader for e in electors))
+        await asyncio.sleep(0.01)
+    return most
+
+
+async def test_one_leader_and_a_clean_hand_over() -> None:
+    server = fake.FakeApiServer()
+    a = leader.LeaderElector(client.KubeClient(server), "ns", "lock", "a", **FAST)
+    b = leader.LeaderElector(client.KubeClient(server), "ns", "lock", "b", **FAST)
+    async with running(a) as first:
+        await asyncio.wait_for(a.leading.wait(), 2)
+        async with running(b):
+            assert await watch_leaders([a, b], 1.0) == 1
+            assert a.is_leader and not b.is_leader
+            loop = asyncio.get_running_loop()
+            stopped = loop.time()
+            await informer.cancel(first)  # a stops cleanly and releases the Lease
+            await asyncio.wait_for(b.leading.wait(), 2)
+            assert loop.time() - stopped < FAST["lease_duration"], "a released Lease is taken at once"
+    lease = server.get_object("/apis/coordination.k8s.io/v1/namespaces/ns/leases/lock")
+    assert lease is not None and lease["spec"]["leaseTransitions"] == 1
+
+
+async def test_a_partitioned_leader_steps_down_before_another_takes_over() -> None:
+    server = fake.FakeApiServer()
+    link = Partition(server)
+    a = leader.LeaderElector(client.KubeClient(link), "ns", "lock", "a", **FAST)
+    b = leader.LeaderElector(client.KubeClient(server), "ns", "lock", "b", **FAST)
+    async with running(a, b):
+        await asyncio.wait_for(a.leading.wait(), 2)
+        await asyncio.sleep(0.2)
+        link.cut = True
+        most = await watch_leaders([a, b], 1.5)
+        assert most == 1, "never two leaders at once"
+        assert b.is_leader and not a.is_leader
+
+
+async def test_work_runs_only_while_leading() -> None:
+    server = fake.FakeApiServer()
+    link = Partition(server)
+    a = leader.LeaderElector(client.KubeClient(link), "ns", "lock", "a", **FAST)
+    state = {"running": 0, "started": 0}
+
+    async def work() -> None:
+        state["running"] += 1
+        state["started"] += 1
+        try:
+            await asyncio.Event().wait()
+        finally:
+            state["running"] -= 1
+
+    async with running(a):
+        runner = asyncio.create_task(leader.run_while_leading(a, lambda: [work()]))
+        await asyncio.wait_for(a.leading.wait(), 2)
+        await asyncio.sleep(0.1)
+        assert state == {"running": 1, "started": 1}
+        link.cut = True
+        for _ in range(100):
+            if not a.is_leader:
+                break
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.1)
+        assert state["running"] == 0, "the work stops with the leadership"
+        link.cut = False
+        await asyncio.wait_for(a.leading.wait(), 3)
+        await asyncio.sleep(0.1)
+        assert state == {"running": 1, "started": 2}
+        await informer.cancel([runner])
+
+
+def test_timings_must_nest() -> None:
+    import pytest
+
+    with pytest.raises(ValueError, match="retry_period < renew_deadline < lease_duration"):
+        leader.LeaderElector(client.KubeClient(fake.FakeApiServer()), "ns", "l", "a", lease_duration=1, renew_deadline=2)
