@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from sharegpu.api import names, paths, wire
 from sharegpu.core import devices
 from sharegpu.devcluster import stack
 from sharegpu.kube import client, informer
@@ -56,13 +57,15 @@ async def schedule(kube: client.KubeClient, namespace: str, pods: list[Json], ti
     bound: set[str] = set()
     done = asyncio.Event()
 
-    def seen(kind: str, pod: Json) -> None:
-        if kind != "DELETED" and pod["spec"].get("nodeName"):
-            bound.add(pod["metadata"]["name"])
+    def seen(kind: str, pod: wire.Pod) -> None:
+        if kind != "DELETED" and pod.spec.node_name:
+            bound.add(pod.metadata.name)
             if len(bound) == len(pods):
                 done.set()
 
-    watcher = informer.Informer(kube, f"/api/v1/namespaces/{namespace}/pods", seen, name=namespace)
+    watcher: informer.Informer[wire.Pod, wire.Pod] = informer.Informer(
+        kube, paths.pods(namespace), wire.Pod, informer.identity, seen, name=namespace
+    )
     task = asyncio.create_task(watcher.run())
     await watcher.synced.wait()
     limit = asyncio.Semaphore(64)

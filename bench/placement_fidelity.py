@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from sharegpu.api import names, paths, wire
 from sharegpu.core import policies
 from sharegpu.devcluster import stack
 from sharegpu.extender import cache
@@ -70,17 +71,19 @@ async def through_kubernetes(nodes: list[Any], workload: replay.Workload, shapes
             )
             outcome: dict[str, asyncio.Future[str | None]] = {}
 
-            def seen(kind: str, pod: Json) -> None:
-                future = outcome.get(pod["metadata"]["name"])
+            def seen(kind: str, pod: wire.Pod) -> None:
+                future = outcome.get(pod.metadata.name)
                 if future is None or future.done() or kind == "DELETED":
                     return
-                if pod["spec"].get("nodeName"):
-                    future.set_result(pod["spec"]["nodeName"])
-                for condition in (pod.get("status") or {}).get("conditions") or []:
-                    if condition.get("type") == "PodScheduled" and condition.get("reason") == "Unschedulable":
+                if pod.spec.node_name:
+                    future.set_result(pod.spec.node_name)
+                for condition in pod.status.conditions:
+                    if condition.type == "PodScheduled" and condition.reason == "Unschedulable":
                         future.set_result(None)
 
-            watcher = informer.Informer(kube, f"/api/v1/namespaces/{namespace}/pods", seen, name="fidelity")
+            watcher: informer.Informer[wire.Pod, wire.Pod] = informer.Informer(
+                kube, paths.pods(namespace), wire.Pod, informer.identity, seen, name="fidelity"
+            )
             task = asyncio.create_task(watcher.run())
             await watcher.synced.wait()
             placed: list[str | None] = []

@@ -234,7 +234,9 @@ def extender(
         bool, typer.Option(help="Run the background reconcilers only while holding the sharegpu-extender Lease.")
     ] = True,
     lease_duration: Annotated[float, typer.Option(help="Leader election: seconds a Lease is valid.")] = 15.0,
-    renew_deadline: Annotated[float, typer.Option(help="Leader election: seconds to renew before stepping down.")] = 10.0,
+    renew_deadline: Annotated[
+        float, typer.Option(help="Leader election: seconds to renew before stepping down.")
+    ] = 10.0,
     retry_period: Annotated[float, typer.Option(help="Leader election: seconds between attempts.")] = 2.0,
     reservation_idle: Annotated[
         float, typer.Option(help="Seconds a reservation pod with no sharers is kept before it is deleted.")
@@ -313,8 +315,10 @@ def webhook(
     url: Annotated[str | None, typer.Option(help="With --bootstrap: register the webhooks at this https URL.")] = None,
     dns_name: Annotated[
         list[str] | None,
-        typer.Option(help="With --bootstrap: a DNS name the API server reaches the webhook by (repeat); default: "
-                     "the sharegpu-webhook Service's names."),
+        typer.Option(
+            help="With --bootstrap: a DNS name the API server reaches the webhook by (repeat); default: "
+            "the sharegpu-webhook Service's names."
+        ),
     ] = None,
     ip_address: Annotated[
         list[str] | None, typer.Option(help="With --bootstrap: an IP address the API server reaches it by (repeat).")
@@ -380,7 +384,7 @@ def webhook(
                 else:
                     await webhook_config.set_ca_bundle(kube, certs.pem(ca_cert))
         assert cert is not None and key is not None
-        await webhook_server.serve(host, port, cert, key, policy, kubeconfig)
+        await webhook_server.serve(host, port, cert, key, webhook_server.Webhook(policy), kubeconfig)
 
     try:
         asyncio.run(run())

@@ -103,12 +103,20 @@ def test_records_keep_what_placement_needs_and_parse_allocations_once() -> None:
         '"devices":[{"index":0,"uuid":null,"milli":300,"limitMilli":300,"memoryMiB":0}]}]}'
     )
     body: dict[str, Any] = {
-        "metadata": {"name": "p", "namespace": "ns", "uid": "u1", "resourceVersion": "7",
-                     "annotations": {names.ALLOCATION: alloc_text, names.HANDOFF: "sharegpu-handoff-1", "big": "x" * 1000}},
-        "spec": {"nodeName": "n1", "schedulerName": names.SCHEDULER_NAME,
-                 "containers": [{"name": "main", "resources": {"limits": {names.GPU: "1", names.GPU_MILLI: "300"}}}]},
+        "metadata": {
+            "name": "p",
+            "namespace": "ns",
+            "uid": "u1",
+            "resourceVersion": "7",
+            "annotations": {names.ALLOCATION: alloc_text, names.HANDOFF: "sharegpu-handoff-1", "big": "x" * 1000},
+        },
+        "spec": {
+            "nodeName": "n1",
+            "schedulerName": names.SCHEDULER_NAME,
+            "containers": [{"name": "main", "resources": {"limits": {names.GPU: "1", names.GPU_MILLI: "300"}}}],
+        },
         "status": {"phase": "Running"},
-    }  # fmt: skip
+    }
     first = pods.record(wire.convert(body, wire.Pod))
     assert (first.node, first.live, first.handoff, first.gpu) == ("n1", True, "sharegpu-handoff-1", True)
     assert first.request is not None and first.request.demand.milli == 300
@@ -120,9 +128,14 @@ def test_records_keep_what_placement_needs_and_parse_allocations_once() -> None:
 
 
 def test_reservation_records_carry_their_slot_and_uuid() -> None:
-    body = {"metadata": {"name": "r", "namespace": names.SYSTEM_NAMESPACE,
-                         "labels": {names.LABEL_ROLE: names.ROLE_RESERVATION, names.LABEL_NODE: "n1", names.LABEL_SLOT: "3"},
-                         "annotations": {names.GPU_UUID: "GPU-1"}}}  # fmt: skip
+    body = {
+        "metadata": {
+            "name": "r",
+            "namespace": names.SYSTEM_NAMESPACE,
+            "labels": {names.LABEL_ROLE: names.ROLE_RESERVATION, names.LABEL_NODE: "n1", names.LABEL_SLOT: "3"},
+            "annotations": {names.GPU_UUID: "GPU-1"},
+        }
+    }
     record = pods.record(wire.convert(body, wire.Pod))
     assert record.reservation == pods.Slot("n1", 3, "GPU-1")
     assert not record.gpu
@@ -140,13 +153,22 @@ def test_soft_preferences_are_recognised() -> None:
 
 
 def test_device_round_trips_to_an_inventory() -> None:
-    node = devices.uniform_node("n1", gpu_count=4, model="A100", gpu_memory_mib=81920, cpu_milli=1, memory_mib=1,
-                                nvlink_all=True)  # fmt: skip
+    node = devices.uniform_node(
+        "n1", gpu_count=4, model="A100", gpu_memory_mib=81920, cpu_milli=1, memory_mib=1, nvlink_all=True
+    )
     written = wire.encode(api_devices.device(node))
     facts = api_devices.node_facts(
-        wire.convert({"metadata": {"name": "n1"}, "status": {"allocatable": {"cpu": "64", "memory": "256Gi"},
-                      "conditions": [{"type": "Ready", "status": "True"}]}}, wire.Node)
-    )  # fmt: skip
+        wire.convert(
+            {
+                "metadata": {"name": "n1"},
+                "status": {
+                    "allocatable": {"cpu": "64", "memory": "256Gi"},
+                    "conditions": [{"type": "Ready", "status": "True"}],
+                },
+            },
+            wire.Node,
+        )
+    )
     back = api_devices.inventory(wire.convert(written, wire.Device), facts)
     assert back.gpus == node.gpus
     assert back.nvlinks == node.nvlinks
@@ -155,7 +177,9 @@ def test_device_round_trips_to_an_inventory() -> None:
 
 
 def test_a_malformed_device_names_the_device_and_the_field() -> None:
-    with pytest.raises(errors.InvalidInputError, match=r"Object missing required field `uuid` - at `\$\.spec\.gpus\[0\]`"):
+    with pytest.raises(
+        errors.InvalidInputError, match=r"Object missing required field `uuid` - at `\$\.spec\.gpus\[0\]`"
+    ):
         wire.convert({"metadata": {"name": "n1"}, "spec": {"gpus": [{"index": 0}]}}, wire.Device)
     bad = wire.convert(
         {"metadata": {"name": "n1"}, "spec": {"gpus": [{"index": 0, "uuid": "", "model": "T4", "memoryMiB": 1}]}},

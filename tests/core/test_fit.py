@@ -131,7 +131,9 @@ def test_diagnose_names_the_first_shortfall_of_every_node() -> None:
     _place(b, "ns/z", "rules", 0, 100, requests.CoTenancy(anti_affinity="solo"))
     _place(b, "ns/w", "rules", 1, 100, requests.CoTenancy(anti_affinity="solo"))
     b.state.healthy[b.state.row("sick"), :] = False
-    demand = pod("ns/p", count=2, milli=500, models=frozenset({"T4"}), cotenancy=requests.CoTenancy(anti_affinity="solo")).demand
+    demand = pod(
+        "ns/p", count=2, milli=500, models=frozenset({"T4"}), cotenancy=requests.CoTenancy(anti_affinity="solo")
+    ).demand
     rows = np.arange(len(b.state))
     found = fit.diagnose(b.state, demand, rows)
     kinds = {b.state.names[int(r)]: fit.Shortfall(int(k)) for r, k in zip(rows, found.shortfall, strict=True)}

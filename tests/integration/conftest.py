@@ -16,7 +16,7 @@ import pytest
 
 from sharegpu.api import names
 from sharegpu.core import devices
-from sharegpu.devcluster import controlplane, fakecluster, stack
+from sharegpu.devcluster import controlplane, fakecluster, oracle, stack
 from sharegpu.devcluster.stack import ExtenderProcess
 from sharegpu.kube import client
 
@@ -56,7 +56,7 @@ async def extender(control_plane: controlplane.ControlPlane, system: None) -> As
     process = ExtenderProcess(control_plane)
     process.start()
     await process.wait_ready()
-    control_plane.start_scheduler(stack.scheduler_config(control_plane, process.url))
+    control_plane.start_scheduler(stack.scheduler_config(control_plane, process))
     yield process
     control_plane.stop_process("kube-scheduler")
     process.kill(signal.SIGTERM)
@@ -150,3 +150,17 @@ async def wait_for(predicate: Callable[[], Any], timeout: float = 60, every: flo
             return last
         await asyncio.sleep(every)
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what or predicate}: last {last!r}")
+
+
+async def consistent(kube: client.KubeClient, nodes: list[str] | None = None, timeout: float = 60) -> oracle.Findings:
+    """Wait until the oracle finds nothing wrong; over-commits and double allocations fail at once
+    (they must never happen), reservations may take a moment to follow their sharers."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = await oracle.inspect(kube, nodes=set(nodes) if nodes is not None else None)
+        assert not (found.overcommits or found.double_allocations or found.missing_allocations), found.problems()
+        if not found.problems():
+            return found
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the cluster did not settle: {found.problems()}")
+        await asyncio.sleep(0.3)

@@ -27,9 +27,14 @@ class RunningWebhook:
     def __init__(self, folder: Path) -> None:
         self.folder = folder
         self.ca_cert, self.ca_key = certs.new_ca("test-webhook-ca")
-        self.cert, self.key = certs.write_serving_pair(folder, self.ca_cert, self.ca_key)
+        self.cert, self.key = certs.write_serving_pair(folder, self.ca_cert, self.ca_key, ip_addresses=("127.0.0.1",))
         self.port = controlplane.free_port()
-        self.policy = admission.Policy(system_users=frozenset({"sharegpu-extender"}))
+        self.hook = server.Webhook(admission.Policy(system_users=frozenset({"sharegpu-extender"})))
+
+    @property
+    def policy(self) -> admission.Policy:
+        """The policy the running webhook decides by now (it follows the Device inventory)."""
+        return self.hook.policy
 
     @property
     def url(self) -> str:
@@ -56,7 +61,7 @@ async def webhook(
     hook = RunningWebhook(tmp_path_factory.mktemp("webhook"))
     ready = asyncio.Event()
     task = asyncio.create_task(
-        server.serve("127.0.0.1", hook.port, hook.cert, hook.key, hook.policy,
+        server.serve("127.0.0.1", hook.port, hook.cert, hook.key, hook.hook,
                      str(control_plane.kubeconfig("sharegpu-webhook")), ready)
     )  # fmt: skip
     await ready.wait()
@@ -95,15 +100,13 @@ async def test_every_format_is_stored_in_canonical_form(
     container = stored["spec"]["containers"][0]
     gpu_limits = {k: v for k, v in container["resources"]["limits"].items() if k not in ("cpu", "memory")}
     # The API server normalises quantities ("3000" is stored as "3k"): compare values.
-    assert {k: quantity.parse(v) for k, v in gpu_limits.items()} == {
-        k: quantity.parse(v) for k, v in canonical.items()
-    }
+    assert {k: quantity.parse(v) for k, v in gpu_limits.items()} == {k: quantity.parse(v) for k, v in canonical.items()}
     stored_notes = stored["metadata"].get("annotations") or {}
     for key, value in canonical_notes.items():
         assert stored_notes[key] == value
     assert stored["spec"]["schedulerName"] == names.SCHEDULER_NAME
     if fmt not in ("sharegpu", "nvidia whole"):
-        assert admission.ANNOTATION_TRANSLATED in stored_notes
+        assert names.TRANSLATED in stored_notes
     sharing = pods.request(wire.convert(stored, wire.Pod)).demand.sharing
     handoff = stored_notes.get(names.HANDOFF)
     assert bool(handoff) == sharing
@@ -258,7 +261,7 @@ async def test_certificate_rotation_without_restart(
 
     before = await webhook.served_certificate()
     await asyncio.sleep(0.05)  # a distinct modification time for the new files
-    certs.write_serving_pair(webhook.folder, webhook.ca_cert, webhook.ca_key)
+    certs.write_serving_pair(webhook.folder, webhook.ca_cert, webhook.ca_key, ip_addresses=("127.0.0.1",))
     after = await webhook.served_certificate()
     assert after != before, "the next connection is served the new certificate"
     on_disk = x509.load_pem_x509_certificate(Path(webhook.cert).read_bytes())

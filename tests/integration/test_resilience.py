@@ -8,10 +8,10 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
+from sharegpu.api import pods, wire
 from sharegpu.devcluster.stack import ExtenderProcess
 from sharegpu.kube import client
-from tests.integration import oracle
-from tests.integration.conftest import gpu_pod, wait_for
+from tests.integration.conftest import consistent, gpu_pod, wait_for
 
 Json = dict[str, Any]
 
@@ -43,13 +43,13 @@ def random_pod(rng: random.Random, name: str, namespace: str) -> Json:
 
 async def extender_agrees_with_api(kube: client.KubeClient, extender: ExtenderProcess, node_names: list[str]) -> bool:
     """The extender's ledger holds exactly what the API's bound pods say (no leak, nothing stale)."""
-    items, _ = await kube.list_all("/api/v1/pods")
+    items, _ = await kube.list_of("/api/v1/pods", wire.Pod)
     expected: dict[tuple[str, int], int] = defaultdict(int)
     for pod in items:
-        node = pod["spec"].get("nodeName")
-        if node not in node_names or objects.is_terminal(pod) or objects.is_reservation(pod):
+        node = pod.spec.node_name
+        if node not in node_names or pods.is_terminal(pod) or pods.is_reservation(pod):
             continue
-        alloc = objects.pod_allocation(pod)
+        alloc = pods.allocation_of(pod)
         if alloc is not None:
             for index, (milli, _) in alloc.gpu_usage().items():
                 expected[(node, index)] += milli
@@ -72,8 +72,8 @@ async def test_300_pods_at_once_on_20_nodes_never_overcommit(
     await asyncio.gather(*(admin.create(f"/api/v1/namespaces/{namespace}/pods", p) for p in pods))
     bound = await settle(admin, namespace)
     assert bound > 100
-    result = await oracle.check(admin)
-    assert result["bound"] >= bound
+    result = await consistent(admin)
+    assert result.bound >= bound
     await wait_for(lambda: extender_agrees_with_api(admin, extender, names), what="extender ledger == API")
 
 
@@ -107,7 +107,7 @@ async def test_extender_killed_and_restarted_during_churn(
         await extender.wait_ready()
     await churn(3)
     await settle(admin, namespace)
-    await oracle.check(admin)
+    await consistent(admin)
     await wait_for(lambda: extender_agrees_with_api(admin, extender, names), what="extender ledger == API")
 
     async def no_orphan_reservations() -> bool:

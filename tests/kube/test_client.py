@@ -109,7 +109,7 @@ async def test_watch_replays_from_a_version_and_says_when_it_is_too_old() -> Non
     await kube.create(paths.pods("ns"), pod("b"))
     await kube.patch(paths.pod("ns", "a"), {"metadata": {"labels": {"x": "1"}}})
     seen = []
-    async for kind, obj, version in kube.watch(paths.PODS, wire.Pod, start, timeout_seconds=1):
+    async for kind, obj, _ in kube.watch(paths.PODS, wire.Pod, start, timeout_seconds=1):
         seen.append((kind, obj.metadata.name if obj else None))
         if len(seen) == 3:
             break
@@ -127,7 +127,9 @@ async def _chunks(*parts: bytes) -> AsyncIterator[bytes]:
 
 async def test_lines_of_any_size_are_cut_correctly() -> None:
     big = b"x" * (3 * 1024 * 1024)
-    got = [line async for line in transport.lines(_chunks(b'{"a":1}\n{"b"', b":2}\n\n", big[:10], big[10:], b"\nend\n"))]
+    got = [
+        line async for line in transport.lines(_chunks(b'{"a":1}\n{"b"', b":2}\n\n", big[:10], big[10:], b"\nend\n"))
+    ]
     assert got == [b'{"a":1}', b'{"b":2}', big, b"end"]
 
 

@@ -9,6 +9,7 @@ import json
 import os
 import stat
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -25,7 +26,7 @@ class Clock:
         return self.now
 
 
-def kubeconfig(folder: Path, user: dict[str, object], cluster: dict[str, object] | None = None) -> Path:
+def kubeconfig(folder: Path, user: Mapping[str, object], cluster: Mapping[str, object] | None = None) -> Path:
     doc = {
         "apiVersion": "v1",
         "kind": "Config",
@@ -128,14 +129,18 @@ async def test_exec_plugins_are_run_again_when_their_token_expires(tmp_path: Pat
 
 
 async def test_an_exec_plugin_that_fails_says_why(tmp_path: Path) -> None:
-    user = {"exec": {"command": sys.executable, "args": ["-c", "import sys; sys.stderr.write('no login'); sys.exit(3)"]}}
+    user = {
+        "exec": {"command": sys.executable, "args": ["-c", "import sys; sys.stderr.write('no login'); sys.exit(3)"]}
+    }
     creds = credentials.Credentials(lambda: credentials.parse_kubeconfig(kubeconfig(tmp_path, user)))
     with pytest.raises(credentials.CredentialsError, match="exited with 3: no login"):
         await creds.authorization()
 
 
 def test_in_cluster_settings(tmp_path: Path) -> None:
-    settings = credentials.in_cluster({"KUBERNETES_SERVICE_HOST": "10.0.0.1", "KUBERNETES_SERVICE_PORT": "443"}, tmp_path)
+    settings = credentials.in_cluster(
+        {"KUBERNETES_SERVICE_HOST": "10.0.0.1", "KUBERNETES_SERVICE_PORT": "443"}, tmp_path
+    )
     assert settings.server == "https://10.0.0.1:443"
     assert settings.token_file == str(tmp_path / "token")
     with pytest.raises(credentials.CredentialsError, match="not running in a pod"):
@@ -150,11 +155,13 @@ def test_in_cluster_settings(tmp_path: Path) -> None:
         ({"client-certificate-data": "%%%"}, "client-certificate-data is not valid base64"),
     ],
 )
-def test_unsupported_or_broken_kubeconfigs_are_refused_clearly(tmp_path: Path, user: dict[str, object], message: str) -> None:
+def test_unsupported_or_broken_kubeconfigs_are_refused_clearly(
+    tmp_path: Path, user: dict[str, object], message: str
+) -> None:
     with pytest.raises(credentials.CredentialsError, match=message):
         credentials.parse_kubeconfig(kubeconfig(tmp_path, user))
 
 
 def test_a_missing_token_file_is_refused_at_start(tmp_path: Path) -> None:
-    with pytest.raises(credentials.CredentialsError, match="token file .*: No such file"):
+    with pytest.raises(credentials.CredentialsError, match=r"token file .*: No such file"):
         credentials.Credentials(lambda: credentials.parse_kubeconfig(kubeconfig(tmp_path, {"tokenFile": "gone"})))

@@ -105,7 +105,7 @@ async def test_readiness_follows_auth_failures_and_long_outages() -> None:
     clock = Clock()
     seen: list[tuple[str, str]] = []
     inf, task = start(server, seen, clock=clock, stale_after=30.0)
-    assert not inf.ready, "not ready before the first list"
+    assert inf.status()["ready"] is False, "not ready before the first list"
     await inf.synced.wait()
     await eventually(lambda: inf.ready and bool(server.watches), "watching")
     server.tokens = {"nobody-has-this"}
@@ -116,9 +116,9 @@ async def test_readiness_follows_auth_failures_and_long_outages() -> None:
     server.fail(503, method="WATCH", times=10_000)
     server.cut_watches()
     await eventually(lambda: not inf.status()["watching"] and "503" in inf.last_error, "failing")
-    assert inf.ready, "a short outage keeps the informer ready"
+    assert inf.status()["ready"] is True, "a short outage keeps the informer ready"
     clock.now += 31
-    assert not inf.ready, "an outage longer than stale_after does not"
+    assert inf.status()["ready"] is False, "an outage longer than stale_after does not"
     server.faults.clear()
     await eventually(lambda: inf.ready, "watching again")
     await informer.cancel([task])

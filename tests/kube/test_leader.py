@@ -9,7 +9,13 @@ from collections.abc import AsyncIterator
 
 from sharegpu.kube import client, errors, fake, informer, leader, transport
 
-FAST = {"lease_duration": 0.6, "renew_deadline": 0.4, "retry_period": 0.05}
+LEASE, DEADLINE, RETRY = 0.6, 0.4, 0.05
+
+
+def elector(kube: client.KubeClient, identity: str) -> leader.LeaderElector:
+    return leader.LeaderElector(
+        kube, "ns", "lock", identity, lease_duration=LEASE, renew_deadline=DEADLINE, retry_period=RETRY
+    )
 
 
 class Partition:
@@ -24,7 +30,9 @@ class Partition:
             raise errors.TransportError("partitioned")
         return await self.inner.send(request, timeout)
 
-    def stream(self, request: transport.Request, idle_timeout: float) -> contextlib.AbstractAsyncContextManager[transport.Stream]:
+    def stream(
+        self, request: transport.Request, idle_timeout: float
+    ) -> contextlib.AbstractAsyncContextManager[transport.Stream]:
         return self.inner.stream(request, idle_timeout)
 
     async def close(self) -> None:
@@ -51,8 +59,8 @@ async def watch_leaders(electors: list[leader.LeaderElector], seconds: float) ->
 
 async def test_one_leader_and_a_clean_hand_over() -> None:
     server = fake.FakeApiServer()
-    a = leader.LeaderElector(client.KubeClient(server), "ns", "lock", "a", **FAST)
-    b = leader.LeaderElector(client.KubeClient(server), "ns", "lock", "b", **FAST)
+    a = elector(client.KubeClient(server), "a")
+    b = elector(client.KubeClient(server), "b")
     async with running(a) as first:
         await asyncio.wait_for(a.leading.wait(), 2)
         async with running(b):
@@ -62,7 +70,7 @@ async def test_one_leader_and_a_clean_hand_over() -> None:
             stopped = loop.time()
             await informer.cancel(first)  # a stops cleanly and releases the Lease
             await asyncio.wait_for(b.leading.wait(), 2)
-            assert loop.time() - stopped < FAST["lease_duration"], "a released Lease is taken at once"
+            assert loop.time() - stopped < LEASE, "a released Lease is taken at once"
     lease = server.get_object("/apis/coordination.k8s.io/v1/namespaces/ns/leases/lock")
     assert lease is not None and lease["spec"]["leaseTransitions"] == 1
 
@@ -70,8 +78,8 @@ async def test_one_leader_and_a_clean_hand_over() -> None:
 async def test_a_partitioned_leader_steps_down_before_another_takes_over() -> None:
     server = fake.FakeApiServer()
     link = Partition(server)
-    a = leader.LeaderElector(client.KubeClient(link), "ns", "lock", "a", **FAST)
-    b = leader.LeaderElector(client.KubeClient(server), "ns", "lock", "b", **FAST)
+    a = elector(client.KubeClient(link), "a")
+    b = elector(client.KubeClient(server), "b")
     async with running(a, b):
         await asyncio.wait_for(a.leading.wait(), 2)
         await asyncio.sleep(0.2)
@@ -84,7 +92,7 @@ async def test_a_partitioned_leader_steps_down_before_another_takes_over() -> No
 async def test_work_runs_only_while_leading() -> None:
     server = fake.FakeApiServer()
     link = Partition(server)
-    a = leader.LeaderElector(client.KubeClient(link), "ns", "lock", "a", **FAST)
+    a = elector(client.KubeClient(link), "a")
     state = {"running": 0, "started": 0}
 
     async def work() -> None:
@@ -118,4 +126,6 @@ def test_timings_must_nest() -> None:
     import pytest
 
     with pytest.raises(ValueError, match="retry_period < renew_deadline < lease_duration"):
-        leader.LeaderElector(client.KubeClient(fake.FakeApiServer()), "ns", "l", "a", lease_duration=1, renew_deadline=2)
+        leader.LeaderElector(
+            client.KubeClient(fake.FakeApiServer()), "ns", "l", "a", lease_duration=1, renew_deadline=2
+        )

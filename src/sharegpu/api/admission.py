@@ -20,7 +20,7 @@ API_VERSION: Final = "admission.k8s.io/v1"
 
 class UserInfo(wire.Message, kw_only=True, frozen=True):
     username: str = ""
-    groups: list[str] = []
+    groups: tuple[str, ...] = ()
 
 
 class Request(wire.Message, kw_only=True, frozen=True):
@@ -67,19 +67,21 @@ def review(body: Any) -> Review:
     return wire.convert(body, Review)
 
 
-def allow(
-    uid: str, patch: list[dict[str, Any]] | None = None, audit: dict[str, str] | None = None
-) -> ReviewResponse:
+def allow(uid: str, patch: list[dict[str, Any]] | None = None, audit: dict[str, str] | None = None) -> ReviewResponse:
     response = Response(uid=uid, allowed=True, audit_annotations=audit or None)
     if patch:
         encoded = base64.b64encode(orjson.dumps(patch)).decode()
-        response = Response(uid=uid, allowed=True, patch_type="JSONPatch", patch=encoded, audit_annotations=audit or None)
+        response = Response(
+            uid=uid, allowed=True, patch_type="JSONPatch", patch=encoded, audit_annotations=audit or None
+        )
     return ReviewResponse(response=response)
 
 
 def deny(uid: str, message: str, code: int = 403) -> ReviewResponse:
     reason = {400: "BadRequest", 403: "Forbidden", 500: "InternalError"}.get(code, "Invalid")
-    return ReviewResponse(response=Response(uid=uid, allowed=False, status=Status(code=code, message=message, reason=reason)))
+    return ReviewResponse(
+        response=Response(uid=uid, allowed=False, status=Status(code=code, message=message, reason=reason))
+    )
 
 
 def encode(answer: ReviewResponse) -> bytes:

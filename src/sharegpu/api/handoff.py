@@ -35,7 +35,15 @@ REQUIRED: Final = frozenset({VISIBLE_DEVICES})
 """Variables a container cannot start without; the limits are optional references."""
 
 PROTECTED: Final = frozenset(
-    {VISIBLE_DEVICES, SM_LIMIT, MEMORY_LIMIT, MPS_THREADS, MPS_MEMORY, "NVIDIA_DRIVER_CAPABILITIES", "CUDA_VISIBLE_DEVICES"}
+    {
+        VISIBLE_DEVICES,
+        SM_LIMIT,
+        MEMORY_LIMIT,
+        MPS_THREADS,
+        MPS_MEMORY,
+        "NVIDIA_DRIVER_CAPABILITIES",
+        "CUDA_VISIBLE_DEVICES",
+    }
 )
 """Variables only the system may set on a container (see `is_protected`)."""
 
@@ -80,9 +88,7 @@ def reference(configmap: str, container: str, variable: str) -> dict[str, Any]:
 def is_reference(env: wire.EnvVar, configmap: str | None, container: str) -> bool:
     """Whether `env` reads its value from the hand-off ConfigMap `configmap` under the right key."""
     ref = env.value_from.config_map_key_ref if env.value_from is not None else None
-    return (
-        configmap is not None and ref is not None and ref.name == configmap and ref.key == key(container, env.name)
-    )
+    return configmap is not None and ref is not None and ref.name == configmap and ref.key == key(container, env.name)
 
 
 def values(grants: Sequence[allocation.DeviceGrant], uuid_of: dict[int, str]) -> dict[str, str]:

@@ -65,7 +65,9 @@ def host_request(pod: wire.Pod) -> tuple[int, int]:
     return cpu, memory
 
 
-def _gpu_request(res: dict[str, wire.Quantity], notes: dict[str, str], models: frozenset[str]) -> requests.GpuRequest | None:
+def _gpu_request(
+    res: dict[str, wire.Quantity], notes: dict[str, str], models: frozenset[str]
+) -> requests.GpuRequest | None:
     if names.NVIDIA_GPU in res:
         mixed = [k for k in names.MANAGED_RESOURCES if k in res]
         if mixed:
@@ -86,7 +88,9 @@ def _gpu_request(res: dict[str, wire.Quantity], notes: dict[str, str], models: f
     return requests.GpuRequest(
         count=count,
         milli=milli,
-        limit_milli=None if whole or limit is None else quantity.integer(limit, names.LIMIT_MILLI, 1, units.MILLI_PER_GPU),
+        limit_milli=None
+        if whole or limit is None
+        else quantity.integer(limit, names.LIMIT_MILLI, 1, units.MILLI_PER_GPU),
         memory_mib=quantity.integer(res.get(names.GPU_MEMORY, 0), names.GPU_MEMORY, 0, 1 << 30),
         memory_permille=0
         if whole or permille is None

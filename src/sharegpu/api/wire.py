@@ -176,8 +176,16 @@ class PodSpec(Message, kw_only=True, frozen=True):
     topology_spread_constraints: list[TopologySpreadConstraint] = []
 
 
+class PodCondition(Message, kw_only=True, frozen=True):
+    type: str = ""
+    status: str = ""
+    reason: str = ""
+    message: str = ""
+
+
 class PodStatus(Message, kw_only=True, frozen=True):
     phase: str = ""
+    conditions: list[PodCondition] = []
 
 
 class Pod(Message, kw_only=True, frozen=True):

@@ -117,7 +117,9 @@ def explain_node(state: fleet.FleetState, demand: requests.GpuDemand, row: int) 
     if int(eligible.sum()) < demand.count:
         detail = "the node has fewer GPUs than the pod asks for" if unresolvable else "GPUs that can host the pod"
         reasons.append(
-            status.Reason(R.GPU_COUNT, demand.count, int(eligible.sum()), int(state.gpu_count[row]), name, detail=detail)
+            status.Reason(
+                R.GPU_COUNT, demand.count, int(eligible.sum()), int(state.gpu_count[row]), name, detail=detail
+            )
         )
     code = status.Code.UNSCHEDULABLE_AND_UNRESOLVABLE if unresolvable or not models.any() else status.Code.UNSCHEDULABLE
     return status.Status(code, f"pod does not fit on {name}", tuple(reasons))

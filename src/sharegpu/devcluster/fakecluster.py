@@ -42,7 +42,10 @@ class FakeCluster:
         body = {
             "apiVersion": "v1",
             "kind": "Node",
-            "metadata": {"name": node.name, "labels": {"kubernetes.io/hostname": node.name, "sharegpu.io/fake": "true"}},
+            "metadata": {
+                "name": node.name,
+                "labels": {"kubernetes.io/hostname": node.name, "sharegpu.io/fake": "true"},
+            },
         }
         try:
             await self.kube.create(paths.NODES, body)
@@ -141,7 +144,9 @@ class FakeCluster:
                 return
             self.held[node][key] = free[:wanted]
             if pods.is_reservation(pod):
-                await reserve.report(self.kube, meta.namespace, meta.name, {"NVIDIA_VISIBLE_DEVICES": ",".join(free[:wanted])})
+                await reserve.report(
+                    self.kube, meta.namespace, meta.name, {"NVIDIA_VISIBLE_DEVICES": ",".join(free[:wanted])}
+                )
         await self.kube.patch(
             f"{path}/status", {"status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}
         )

@@ -271,7 +271,11 @@ class ClusterCache:
         if len(chosen) < request.demand.count:
             self.counters.conflicts += 1
             log.error(
-                "pod %s holds %d whole GPU(s) on %s but only %d are free", record.key, request.demand.count, node, len(chosen)
+                "pod %s holds %d whole GPU(s) on %s but only %d are free",
+                record.key,
+                request.demand.count,
+                node,
+                len(chosen),
             )
             return bare
         return allocation.build(request, units.NodeName(node), chosen, [int(m) for m in state.gmem_capacity[row]])

@@ -80,7 +80,8 @@ class HandoffReconciler:
     async def run(self, tick: float = 0.5, pace: float = 0.05) -> None:
         while True:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), tick)
+                async with asyncio.timeout(tick):  # not wait_for: on 3.11 it can lose a cancellation
+                    await self._wake.wait()
             self._wake.clear()
             try:
                 await self.reconcile()

@@ -21,7 +21,9 @@ class Metrics:
         )
         self.binds = prometheus_client.Counter("sharegpu_extender_binds", "Bind results", ["outcome"], registry=r)
         self.expired = prometheus_client.Counter(
-            "sharegpu_extender_assumptions_expired", "Assumed placements forgotten because no binding followed", registry=r
+            "sharegpu_extender_assumptions_expired",
+            "Assumed placements forgotten because no binding followed",
+            registry=r,
         )
         self.reservations = prometheus_client.Counter(
             "sharegpu_reservation_pods", "Reservation pods created and deleted", ["action"], registry=r

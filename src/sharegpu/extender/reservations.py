@@ -93,7 +93,8 @@ class ReservationReconciler:
         """Reconcile on every change (at most once per `pace` seconds) and at least every `tick`."""
         while True:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), tick)
+                async with asyncio.timeout(tick):  # not wait_for: on 3.11 it can lose a cancellation
+                    await self._wake.wait()
             self._wake.clear()
             try:
                 await self.reconcile()
@@ -113,10 +114,11 @@ class ReservationReconciler:
                 await self._delete(record, "ended", now)
                 continue
             by_slot.setdefault((slot.node, slot.index), []).append(record)
+        seen = {key.split("/", 1)[1] for key in self.cache.reservations}
         for where in list(self.pending):
             name, since = self.pending[where]
-            if where in by_slot or now - since > self.pending_timeout:
-                del self.pending[where]
+            if name in seen or now - since > self.pending_timeout:
+                del self.pending[where]  # seen in whatever state: from now on the watch tells
         shared = self.cache.shared_slots()
         for where, found in by_slot.items():
             keep = _keeper(found)

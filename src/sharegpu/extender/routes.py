@@ -56,7 +56,9 @@ def _json(body: Any, status: int = 200) -> web.Response:
 def verbs(service: scheduling.SchedulingService, metrics: metrics_mod.Metrics) -> web.Application:
     app = web.Application(client_max_size=MAX_BODY)
 
-    def route(verb: str, kind: type[Any], handle: Callable[[Any], Awaitable[Any]]) -> Callable[[web.Request], Awaitable[web.Response]]:
+    def route(
+        verb: str, kind: type[Any], handle: Callable[[Any], Awaitable[Any]]
+    ) -> Callable[[web.Request], Awaitable[web.Response]]:
         async def serve(request: web.Request) -> web.Response:
             started = time.perf_counter()
             try:
@@ -117,9 +119,12 @@ def operations(runtime: Runtime) -> web.Application:
 
 
 def explain(runtime: Runtime, key: units.PodKey) -> dict[str, Any]:
-    """Why a pod fits or not, now: per node its first shortfall, and GPU by GPU for the closest nodes."""
+    """Why a pod fits or not, now: per node its first shortfall, and GPU by GPU for the closest nodes
+    (among the nodes kube-scheduler offered when the pod last fitted nowhere, else all of them)."""
     outcome = runtime.scheduling.outcomes.get(key)
-    body: dict[str, Any] = {"pod": key, "lastFilter": dataclasses.asdict(outcome) if outcome else None}
+    body: dict[str, Any] = {"pod": key, "lastFilter": None}
+    if outcome is not None:
+        body["lastFilter"] = {k: v for k, v in dataclasses.asdict(outcome).items() if k != "candidates"}
     record = runtime.cache.record(key)
     if record is None:
         body["error"] = "the extender has not seen this pod"
@@ -132,7 +137,10 @@ def explain(runtime: Runtime, key: units.PodKey) -> dict[str, Any]:
         return body
     state = runtime.cache.state
     demand = record.request.demand
-    rows = np.arange(len(state), dtype=np.int64)
+    if outcome is not None and outcome.candidates:  # the nodes kube-scheduler offered last time
+        rows = np.array([r for r in (state.row(n) for n in outcome.candidates) if r is not None], dtype=np.int64)
+    else:
+        rows = np.arange(len(state), dtype=np.int64)
     diagnosis = fit.diagnose(state, demand, rows)
     shortfall, usable = diagnosis.shortfall.tolist(), diagnosis.usable.tolist()
     closest = sorted(range(len(rows)), key=lambda i: (shortfall[i] != 0, -shortfall[i], -usable[i], i))

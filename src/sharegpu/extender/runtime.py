@@ -103,10 +103,15 @@ class Extender:
             if options.leader_elect
             else _Solo()
         )
+        changed = self._changed
         self.informers: list[informer.Informer[Any, Any]] = [
-            informer.Informer(api, paths.NODES, wire.Node, cache_mod.node_record, self._changed(self.cache.on_node), name="nodes"),
-            informer.Informer(api, paths.DEVICES, wire.Device, cache_mod.device_record, self._changed(self.cache.on_device), name="devices"),
-            informer.Informer(api, paths.PODS, wire.Pod, pods.record, self._changed(self.cache.on_pod), name="pods"),
+            informer.Informer(
+                api, paths.NODES, wire.Node, cache_mod.node_record, changed(self.cache.on_node), name="nodes"
+            ),
+            informer.Informer(
+                api, paths.DEVICES, wire.Device, cache_mod.device_record, changed(self.cache.on_device), name="devices"
+            ),
+            informer.Informer(api, paths.PODS, wire.Pod, pods.record, changed(self.cache.on_pod), name="pods"),
             informer.Informer(
                 api, paths.CONFIGMAPS, wire.ConfigMap, handoff_mod.configmap_record,
                 self._changed(self.handoffs.on_configmap), name="handoff-configmaps",

@@ -39,6 +39,8 @@ from sharegpu.kube import client
 from sharegpu.kube import errors as kube_errors
 
 log = logging.getLogger(__name__)
+FLOOR = protocol.MAX_SCORE // 2
+"""The lowest prioritize score of a node that fits (see `SchedulingService.prioritize`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +52,8 @@ class Outcome:
     feasible: int
     chosen: str | None
     message: str
+    candidates: tuple[str, ...] = ()
+    """The nodes kube-scheduler offered, kept when none fitted (the explain tool looks at those)."""
 
 
 class SchedulingService:
@@ -62,7 +66,7 @@ class SchedulingService:
         narrow: bool = True,
         assume_ttl: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
-        remember: int = 2048,
+        remember: int = 512,
     ) -> None:
         self.cache = cache
         self.api = api
@@ -102,9 +106,7 @@ class SchedulingService:
             self.metrics.decisions.labels("filter", "invalid").inc()
             failed = reasons.invalid(candidates, str(exc))
             self._remember_outcome(key, 0, None, failed.message(len(candidates)))
-            return protocol.FilterResult(
-                failed_nodes=failed.unresolvable, failed_and_unresolvable=failed.unresolvable
-            )
+            return protocol.FilterResult(failed_nodes=failed.unresolvable, failed_and_unresolvable=failed.unresolvable)
         demand = request.demand
         rows, known, missing = self._rows(candidates)
         chooser = self.cache.placer
@@ -114,7 +116,7 @@ class SchedulingService:
             diagnosis = fit.diagnose(self.cache.state, demand, rows)
             failed = reasons.failures(known, diagnosis, demand, missing)
             self.metrics.decisions.labels("filter", "unschedulable").inc()
-            self._remember_outcome(key, 0, None, failed.message(len(candidates)))
+            self._remember_outcome(key, 0, None, failed.message(len(candidates)), tuple(candidates))
             return protocol.FilterResult(
                 failed_nodes={**failed.resolvable, **failed.unresolvable},
                 failed_and_unresolvable=failed.unresolvable,
@@ -129,8 +131,10 @@ class SchedulingService:
         self._remember_outcome(key, len(fits), None, "")
         return protocol.FilterResult(node_names=fits)
 
-    def _remember_outcome(self, key: units.PodKey, feasible: int, chosen: str | None, message: str) -> None:
-        self.outcomes[key] = Outcome(key, self.clock(), feasible, chosen, message)
+    def _remember_outcome(
+        self, key: units.PodKey, feasible: int, chosen: str | None, message: str, candidates: tuple[str, ...] = ()
+    ) -> None:
+        self.outcomes[key] = Outcome(key, self.clock(), feasible, chosen, message, candidates)
         self.outcomes.move_to_end(key)
         while len(self.outcomes) > self._remember:
             self.outcomes.popitem(last=False)
@@ -138,7 +142,10 @@ class SchedulingService:
     # ----------------------------------------------------------------- prioritize
 
     def prioritize(self, args: protocol.Args) -> list[protocol.HostPriority]:
-        """The chosen node MAX_SCORE, the others by the policy's own score scaled into 0..MAX_SCORE-1."""
+        """The chosen node MAX_SCORE; the other feasible nodes by the policy's own score, scaled into
+        FLOOR..MAX_SCORE-1; nodes that do not fit 0. Feasible nodes differ by at most half the range,
+        so kube-scheduler's own soft scoring (a pod's preferences) decides between nodes it rates
+        clearly apart, and sharegpu's choice decides between nodes it rates alike (docs/extender.md)."""
         candidates = args.candidates()
         try:
             request = self._request(args.pod)
@@ -149,8 +156,9 @@ class SchedulingService:
         _, feasible, score, *_ = evaluation
         decision = self.cache.placer.choose(request.demand, *evaluation) if feasible.any() else None
         top = protocol.MAX_SCORE
+        span = top - 1 - FLOOR
         scores = {
-            name: (top if decision is not None and name == decision.node else min(top - 1, int(s) * top // 100))
+            name: top if decision is not None and name == decision.node else FLOOR + min(span, int(s) * span // 100)
             for name, ok, s in zip(known, feasible.tolist(), score.tolist(), strict=True)
             if ok
         }
@@ -177,7 +185,9 @@ class SchedulingService:
             return self._bind_failed("error", f"pod {key} is already bound to {record.node}")
         if record.problem is not None:
             return self._bind_failed("invalid", record.problem)
-        request = record.request or requests.PodRequest(key=key, cpu_milli=record.cpu_milli, memory_mib=record.memory_mib)
+        request = record.request or requests.PodRequest(
+            key=key, cpu_milli=record.cpu_milli, memory_mib=record.memory_mib
+        )
         state = self.cache.state
         row = state.row(args.node)
         if row is None:

@@ -236,9 +236,11 @@ class KubeClient:
         *,
         timeout_seconds: int = 300,
     ) -> AsyncIterator[tuple[str, T | None, str]]:
-        """Events from `resource_version` on, as (type, object, resourceVersion seen). The first is
-        (OPENED, None, ...) once the server has accepted the watch; bookmarks come through with no object. An object that cannot be decoded as `kind` comes with None (the caller
-        counts it); an ERROR event raises its status (GoneError when the version is too old)."""
+        """Events from `resource_version` on, as (type, object, resourceVersion seen).
+
+        The first is (OPENED, None, ...) once the server has accepted the watch; bookmarks come
+        through with no object; an object that cannot be decoded as `kind` comes with None (the
+        caller counts it); an ERROR event raises its status (GoneError when the version is too old)."""
         decoder = wire.decoder(kind)
         query = {
             "watch": "1",

@@ -159,7 +159,9 @@ class Credentials:
                 await self._reload()
             state = self._state
             plugin = state.settings.exec_plugin
-            if plugin is not None and (force or state.token is None or (state.expires is not None and now >= state.expires)):
+            if plugin is not None and (
+                force or state.token is None or (state.expires is not None and now >= state.expires)
+            ):
                 await self._run_exec(plugin, now)
 
     async def _run_exec(self, plugin: ExecPlugin, now: float) -> None:
@@ -173,9 +175,15 @@ class Credentials:
                 plugin.command, *plugin.args, env=env,
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL,
             )  # fmt: skip
-            out, err = await asyncio.wait_for(process.communicate(), 60)
-        except (OSError, TimeoutError) as exc:
+        except OSError as exc:
             raise CredentialsError(f"exec credential plugin {plugin.command!r} failed to run: {exc}") from None
+        try:
+            async with asyncio.timeout(60):
+                out, err = await process.communicate()
+        except TimeoutError:
+            process.kill()
+            await process.wait()
+            raise CredentialsError(f"exec credential plugin {plugin.command!r} did not answer in 60 s") from None
         if process.returncode != 0:
             raise CredentialsError(
                 f"exec credential plugin {plugin.command!r} exited with {process.returncode}: "
@@ -202,7 +210,9 @@ class Credentials:
             except ValueError:
                 state.expires = now + 60.0
         if state.token is None and state.exec_cert is None:
-            raise CredentialsError(f"exec credential plugin {plugin.command!r} returned neither a token nor a certificate")
+            raise CredentialsError(
+                f"exec credential plugin {plugin.command!r} returned neither a token nor a certificate"
+            )
 
     async def authorization(self) -> str | None:
         """The Authorization header value to send now, or None."""
@@ -228,9 +238,7 @@ class Credentials:
         if not s.server.startswith("https"):
             return None
         try:
-            context = ssl.create_default_context(
-                cafile=s.ca_file, cadata=s.ca_data.decode() if s.ca_data else None
-            )
+            context = ssl.create_default_context(cafile=s.ca_file, cadata=s.ca_data.decode() if s.ca_data else None)
             if s.insecure:
                 context.check_hostname = False
                 context.verify_mode = ssl.CERT_NONE
@@ -345,9 +353,7 @@ def in_cluster(environ: Mapping[str, str] = os.environ, folder: Path = SERVICE_A
         )
     if ":" in host:
         host = f"[{host}]"
-    return Settings(
-        server=f"https://{host}:{port}", ca_file=str(folder / "ca.crt"), token_file=str(folder / "token")
-    )
+    return Settings(server=f"https://{host}:{port}", ca_file=str(folder / "ca.crt"), token_file=str(folder / "token"))
 
 
 def locate(kubeconfig: str | None, environ: Mapping[str, str] = os.environ) -> Path | None:
@@ -369,7 +375,9 @@ def load(kubeconfig: str | None = None, context: str | None = None, *, clock: Cl
     return Credentials(lambda: parse_kubeconfig(path, context), clock=clock)
 
 
-def static(server: str, *, token: str | None = None, token_file: str | None = None, ca_file: str | None = None) -> Credentials:
+def static(
+    server: str, *, token: str | None = None, token_file: str | None = None, ca_file: str | None = None
+) -> Credentials:
     """Credentials given directly (tests, the local control plane)."""
     settings = Settings(server=server, token=token, token_file=token_file, ca_file=ca_file)
     return Credentials(lambda: settings)

@@ -19,6 +19,7 @@ message text. The original aiohttp or OS error stays attached as the cause.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 
 import msgspec
@@ -114,16 +115,12 @@ def _retry_after(headers: Mapping[str, str], details: int) -> float | None:
     seconds: float | None = float(details) if details > 0 else None
     header = headers.get("Retry-After") or headers.get("retry-after")
     if header:
-        try:
+        with contextlib.suppress(ValueError):  # an HTTP date: rare from the API server; own backoff applies
             seconds = max(seconds or 0.0, float(header))
-        except ValueError:
-            pass  # an HTTP date: rare from the API server; the caller's own backoff applies
     return seconds
 
 
-def from_status(
-    status: int, body: bytes, method: str, path: str, headers: Mapping[str, str] | None = None
-) -> ApiError:
+def from_status(status: int, body: bytes, method: str, path: str, headers: Mapping[str, str] | None = None) -> ApiError:
     """The exception for an error answer (its Status body decoded when there is one)."""
     reason, message, details = "", body.decode(errors="replace")[:500], 0
     try:

@@ -1,7 +1,8 @@
 """An API server in memory, as a `Transport`: what the unit tests of every component run against.
 
 It keeps the semantics sharegpu relies on, not the whole API: objects by path with uid,
-resourceVersion (one counter for everything, as etcd's revision) and creationTimestamp; paged lists
+resourceVersion (one counter for everything, as etcd's revision) and creationTimestamp (distinct and
+increasing, one second apart, so creation order is never a tie); paged lists
 (limit/continue) with equality label selectors; watches that replay events after a resourceVersion,
 end after timeoutSeconds with a bookmark, and answer 410 for versions older than the last
 compaction; create (409 AlreadyExists, generateName), get, replace (409 on a stale
@@ -93,10 +94,6 @@ def _merge(target: Any, patch: Any) -> Any:
     return result
 
 
-def _now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def _selected(obj: Json, selector: Mapping[str, str]) -> bool:
     labels = (obj.get("metadata") or {}).get("labels") or {}
     for key, want in selector.items():
@@ -123,7 +120,7 @@ def _parse_selector(text: str) -> dict[str, str]:
     return out
 
 
-class _Answer(Exception):
+class _AnswerError(Exception):
     def __init__(self, status: int, reason: str, message: str, retry_after: int | None = None) -> None:
         super().__init__(message)
         self.status, self.reason, self.message, self.retry_after = status, reason, message, retry_after
@@ -165,6 +162,8 @@ class FakeApiServer:
         self.requests: list[tuple[str, str]] = []
         self.tokens = tokens
         self._uids = itertools.count(1)
+        self._start = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
+        self._seconds = itertools.count(0)
 
     # ----------------------------------------------------------------- test controls
 
@@ -225,7 +224,7 @@ class FakeApiServer:
             self._check(request)
             status, body = self._handle(request)
             return transport.Response(status, orjson.dumps(body))
-        except _Answer as answer:
+        except _AnswerError as answer:
             return self._error(answer)
 
     @contextlib.asynccontextmanager
@@ -235,7 +234,7 @@ class FakeApiServer:
         try:
             self._check(request)
             watch = self._open_watch(request)
-        except _Answer as answer:
+        except _AnswerError as answer:
             response = self._error(answer)
             yield _FakeStream(response.status, response.body, None)
             return
@@ -254,7 +253,12 @@ class FakeApiServer:
 
     # ----------------------------------------------------------------- internals
 
-    def _error(self, answer: _Answer) -> transport.Response:
+    def _now(self) -> str:
+        """Timestamps one second apart and increasing, so ordering by them is deterministic."""
+        at = self._start + datetime.timedelta(seconds=next(self._seconds))
+        return at.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+    def _error(self, answer: _AnswerError) -> transport.Response:
         body: Json = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": answer.message,
                       "reason": answer.reason, "code": answer.status}  # fmt: skip
         headers: dict[str, str] = {}
@@ -267,7 +271,7 @@ class FakeApiServer:
         if self.tokens is not None:
             token = (request.authorization or "").removeprefix("Bearer ")
             if token not in self.tokens:
-                raise _Answer(401, "Unauthorized", "Unauthorized")
+                raise _AnswerError(401, "Unauthorized", "Unauthorized")
         method = "WATCH" if request.params.get("watch") else request.method
         for fault in self.faults:
             if (fault.method is None or fault.method == method) and (
@@ -276,7 +280,8 @@ class FakeApiServer:
                 fault.times -= 1
                 if fault.times <= 0:
                     self.faults.remove(fault)
-                raise _Answer(fault.status, fault.reason or "Injected", f"injected {fault.status}", fault.retry_after)
+                reason = fault.reason or "Injected"
+                raise _AnswerError(fault.status, reason, f"injected {fault.status}", fault.retry_after)
 
     @staticmethod
     def _route(path: str) -> tuple[str, str, str | None, str | None]:
@@ -287,12 +292,12 @@ class FakeApiServer:
         elif parts and parts[0] == "apis" and len(parts) >= 3:
             prefix, rest = "/" + "/".join(parts[:3]), parts[3:]
         else:
-            raise _Answer(404, "NotFound", f"the server could not find the requested resource {path}")
+            raise _AnswerError(404, "NotFound", f"the server could not find the requested resource {path}")
         namespace = ""
         if rest[:1] == ["namespaces"] and len(rest) >= 3:
             namespace, rest = rest[1], rest[2:]
         if not rest:
-            raise _Answer(404, "NotFound", f"no resource in {path}")
+            raise _AnswerError(404, "NotFound", f"no resource in {path}")
         collection = f"{prefix}|{rest[0]}"
         name = rest[1] if len(rest) > 1 else None
         sub = rest[2] if len(rest) > 2 else None
@@ -307,35 +312,39 @@ class FakeApiServer:
         if name is None:
             if method == "POST":
                 return 201, self._create(collection, namespace, body)
-            raise _Answer(405, "MethodNotAllowed", f"{method} on a collection")
+            raise _AnswerError(405, "MethodNotAllowed", f"{method} on a collection")
         key = (collection, namespace, name)
         if method == "POST" and sub == "binding":
             return 201, self._bind(key, body)
         current = self.objects.get(key)
         if current is None:
-            raise _Answer(404, "NotFound", f'{collection.split("|")[1]} "{name}" not found')
+            raise _AnswerError(404, "NotFound", f'{collection.split("|")[1]} "{name}" not found')
         if method == "GET":
             return 200, copy.deepcopy(current)
         if method in ("PUT", "PATCH"):
             if not isinstance(body, dict | list):
-                raise _Answer(400, "BadRequest", "the body is not JSON")
+                raise _AnswerError(400, "BadRequest", "the body is not JSON")
             if method == "PUT":
                 version = (body.get("metadata") or {}).get("resourceVersion") if isinstance(body, dict) else None
                 if version and version != current["metadata"]["resourceVersion"]:
-                    raise _Answer(409, "Conflict", "the object has been modified; please apply your changes to the latest version")
+                    raise _AnswerError(
+                        409, "Conflict", "the object has been modified; please apply your changes to the latest version"
+                    )
                 candidate = body
             elif request.content_type == "application/json-patch+json":
                 try:
                     candidate = jsonpatch.apply_patch(current, body)
                 except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as exc:
-                    raise _Answer(422, "Invalid", str(exc)) from None
+                    raise _AnswerError(422, "Invalid", str(exc)) from None
             else:
                 version = ((body.get("metadata") or {}) if isinstance(body, dict) else {}).get("resourceVersion")
                 if version and version != current["metadata"]["resourceVersion"]:
-                    raise _Answer(409, "Conflict", "the object has been modified; please apply your changes to the latest version")
+                    raise _AnswerError(
+                        409, "Conflict", "the object has been modified; please apply your changes to the latest version"
+                    )
                 candidate = _merge(current, body)
             if not isinstance(candidate, dict):
-                raise _Answer(422, "Invalid", "the result is not an object")
+                raise _AnswerError(422, "Invalid", "the result is not an object")
             if sub == "status":
                 candidate = {**current, "status": candidate.get("status")}
             elif collection in _STATUS_SUBRESOURCE and "status" in current:
@@ -343,7 +352,7 @@ class FakeApiServer:
             return 200, self._update(key, candidate, keep=current)
         if method == "DELETE":
             return 200, self._delete(key, current, body or {})
-        raise _Answer(405, "MethodNotAllowed", method)
+        raise _AnswerError(405, "MethodNotAllowed", method)
 
     def _list(self, collection: str, namespace: str, params: Mapping[str, str]) -> Json:
         selector = _parse_selector(params.get("labelSelector", ""))
@@ -375,20 +384,20 @@ class FakeApiServer:
 
     def _create(self, collection: str, namespace: str, body: Any) -> Json:
         if not isinstance(body, dict) or not isinstance(body.get("metadata"), dict):
-            raise _Answer(400, "BadRequest", "the body is not an object with metadata")
+            raise _AnswerError(400, "BadRequest", "the body is not an object with metadata")
         obj = copy.deepcopy(body)
         meta = obj["metadata"]
         if not meta.get("name") and meta.get("generateName"):
             meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
         if not meta.get("name"):
-            raise _Answer(422, "Invalid", "metadata.name: Required value")
+            raise _AnswerError(422, "Invalid", "metadata.name: Required value")
         if namespace:
             meta["namespace"] = namespace
         key = (collection, namespace, meta["name"])
         if key in self.objects:
-            raise _Answer(409, "AlreadyExists", f'{collection.split("|")[1]} "{meta["name"]}" already exists')
+            raise _AnswerError(409, "AlreadyExists", f'{collection.split("|")[1]} "{meta["name"]}" already exists')
         meta["uid"] = f"uid-{next(self._uids)}"
-        meta["creationTimestamp"] = _now()
+        meta["creationTimestamp"] = self._now()
         meta.pop("resourceVersion", None)
         meta.pop("deletionTimestamp", None)
         self._stamp(obj, collection.split("|")[1])
@@ -411,12 +420,12 @@ class FakeApiServer:
     def _bind(self, key: Key, body: Any) -> Json:
         pod = self.objects.get(key)
         if pod is None:
-            raise _Answer(404, "NotFound", f'pods "{key[2]}" not found')
+            raise _AnswerError(404, "NotFound", f'pods "{key[2]}" not found')
         if (pod.get("spec") or {}).get("nodeName"):
-            raise _Answer(409, "Conflict", f"pod {key[2]} is already assigned to node {pod['spec']['nodeName']}")
+            raise _AnswerError(409, "Conflict", f"pod {key[2]} is already assigned to node {pod['spec']['nodeName']}")
         target = ((body or {}).get("target") or {}).get("name")
         if not target:
-            raise _Answer(422, "Invalid", "binding target: Required value")
+            raise _AnswerError(422, "Invalid", "binding target: Required value")
         annotations = ((body or {}).get("metadata") or {}).get("annotations") or {}
         patch = {"spec": {"nodeName": target}, "metadata": {"annotations": annotations}}
         self._update(key, _merge(pod, patch), keep=pod)
@@ -426,14 +435,18 @@ class FakeApiServer:
         pre = options.get("preconditions") or {}
         meta = current["metadata"]
         if pre.get("uid") and pre["uid"] != meta.get("uid"):
-            raise _Answer(409, "Conflict", f"Precondition failed: UID in precondition: {pre['uid']}, UID in object meta: {meta.get('uid')}")
+            raise _AnswerError(
+                409,
+                "Conflict",
+                f"Precondition failed: UID in precondition: {pre['uid']}, UID in object meta: {meta.get('uid')}",
+            )
         if pre.get("resourceVersion") and pre["resourceVersion"] != meta.get("resourceVersion"):
-            raise _Answer(409, "Conflict", "Precondition failed: resourceVersion in precondition does not match")
+            raise _AnswerError(409, "Conflict", "Precondition failed: resourceVersion in precondition does not match")
         grace = options.get("gracePeriodSeconds")
         if key[0] == "/api/v1|pods" and grace != 0 and (current.get("spec") or {}).get("nodeName"):
             if not meta.get("deletionTimestamp"):
                 marked = copy.deepcopy(current)
-                marked["metadata"]["deletionTimestamp"] = _now()
+                marked["metadata"]["deletionTimestamp"] = self._now()
                 self._stamp(marked, "pods")
                 self.objects[key] = marked
                 self._emit(key[0], key[1], "MODIFIED", marked)
@@ -470,7 +483,7 @@ class FakeApiServer:
     def _open_watch(self, request: transport.Request) -> _Watch:
         collection, namespace, name, _ = self._route(request.path)
         if name is not None:
-            raise _Answer(405, "MethodNotAllowed", "watch a collection")
+            raise _AnswerError(405, "MethodNotAllowed", "watch a collection")
         watch = _Watch(collection, namespace or None, _parse_selector(request.params.get("labelSelector", "")))
         version_text = request.params.get("resourceVersion", "")
         if version_text in ("", "0"):
@@ -480,7 +493,7 @@ class FakeApiServer:
         else:
             since = int(version_text)
             if since < self.compacted:
-                raise _Answer(410, "Expired", f"too old resource version: {since} ({self.compacted})")
+                raise _AnswerError(410, "Expired", f"too old resource version: {since} ({self.compacted})")
             for event in self.log:
                 if event.version > since and self._matches(watch, event):
                     watch.queue.put_nowait(orjson.dumps({"type": event.kind, "object": event.obj}) + b"\n")

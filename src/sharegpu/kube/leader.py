@@ -84,7 +84,9 @@ class LeaderElector:
                 except Exception:
                     log.exception("leader election %s: unexpected failure", self.name)
                 if self.is_leader and self.clock() - self._renewed_at > self.renew_deadline:
-                    log.error("leader election %s: could not renew for %.0f s; stepping down", self.name, self.renew_deadline)
+                    log.error(
+                        "leader election %s: could not renew for %.0f s; stepping down", self.name, self.renew_deadline
+                    )
                     self.leading.clear()
                 await asyncio.sleep(self.retry_period)
         finally:

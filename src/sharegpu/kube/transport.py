@@ -126,7 +126,9 @@ class AiohttpTransport:
         tls = await self.credentials.tls()
         if self._session is None or self._session.closed or tls.generation != self._generation:
             old = self._session
-            connector = aiohttp.TCPConnector(ssl=tls.context if tls.context is not None else False, limit=self._connections)
+            connector = aiohttp.TCPConnector(
+                ssl=tls.context if tls.context is not None else False, limit=self._connections
+            )
             self._session = aiohttp.ClientSession(
                 base_url=self.credentials.server + "/",
                 connector=connector,

@@ -37,7 +37,9 @@ class Bundle:
 
 
 def _key_bytes(key: Key | rsa.RSAPrivateKey) -> bytes:
-    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
 
 
 def _write(path: Path, data: bytes, mode: int = 0o600) -> None:
@@ -78,11 +80,19 @@ def new_ca(common: str = "sharegpu-ca", days: int = 365) -> tuple[x509.Certifica
         .not_valid_after(now + datetime.timedelta(days=days))
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
         .add_extension(
-            x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True, content_commitment=False,
-                          key_encipherment=False, data_encipherment=False, key_agreement=False,
-                          encipher_only=False, decipher_only=False),
+            x509.KeyUsage(
+                digital_signature=True,
+                key_cert_sign=True,
+                crl_sign=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
             critical=True,
-        )  # fmt: skip
+        )
         .sign(key, hashes.SHA256())
     )
     return cert, key

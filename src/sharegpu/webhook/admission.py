@@ -116,7 +116,9 @@ def mutate(body: Any, policy: Policy) -> Answer:
             _add_handoff(out, parsed)
         if audit:
             notes[names.TRANSLATED] = "; ".join(audit)
-        return messages.allow(uid, patch=_patch(original, out), audit={"translated": "; ".join(audit)} if audit else None)
+        return messages.allow(
+            uid, patch=_patch(original, out), audit={"translated": "; ".join(audit)} if audit else None
+        )
     except errors.SharegpuError as exc:
         return messages.deny(uid, f"sharegpu: {exc}", code=400)
 
@@ -178,8 +180,9 @@ def guard(pod: wire.Pod, old: wire.Pod | None) -> str | None:
             if ref is not None and ref.name.startswith(names.HANDOFF_PREFIX) and ref.name != own:
                 return f"container {container.name}: ConfigMap {ref.name} is another pod's GPU hand-off"
         for source in container.env_from:
-            if source.config_map_ref is not None and source.config_map_ref.name.startswith(names.HANDOFF_PREFIX):
-                return f"container {container.name}: envFrom may not load a GPU hand-off ConfigMap ({source.config_map_ref.name})"
+            loaded = source.config_map_ref
+            if loaded is not None and loaded.name.startswith(names.HANDOFF_PREFIX):
+                return f"container {container.name}: envFrom may not load a GPU hand-off ConfigMap ({loaded.name})"
     for volume in pod.spec.volumes:
         targets = [volume.config_map] + [s.config_map for s in (volume.projected.sources if volume.projected else [])]
         for target in targets:

@@ -58,8 +58,15 @@ def configurations(base: str | Json, ca_bundle: bytes) -> tuple[Json, Json]:
         "webhooks": [_hook("pods.mutate.sharegpu.io", base, "/mutate/pods", ca_bundle, True)],
     }
     devices = _hook("devices.validate.sharegpu.io", base, "/validate/devices", ca_bundle, False)
-    devices["rules"] = [{"apiGroups": [names.DEVICE_GROUP], "apiVersions": [names.DEVICE_VERSION],
-                         "operations": ["CREATE", "UPDATE"], "resources": [names.DEVICE_PLURAL], "scope": "Cluster"}]  # fmt: skip
+    devices["rules"] = [
+        {
+            "apiGroups": [names.DEVICE_GROUP],
+            "apiVersions": [names.DEVICE_VERSION],
+            "operations": ["CREATE", "UPDATE"],
+            "resources": [names.DEVICE_PLURAL],
+            "scope": "Cluster",
+        }
+    ]
     devices.pop("namespaceSelector")
     validating = {
         "apiVersion": "admissionregistration.k8s.io/v1",

@@ -94,13 +94,12 @@ async def serve(
     port: int,
     cert: Path,
     key: Path,
-    policy: admission.Policy,
+    hook: Webhook,
     kubeconfig: str | None = None,
     ready: asyncio.Event | None = None,
 ) -> None:
-    """Serve until cancelled; with a kubeconfig, follow the Device inventory for memory checks."""
+    """Serve `hook` until cancelled; with a kubeconfig, follow the Device inventory for memory checks."""
     context = tls.ReloadingTls(cert, key)
-    hook = Webhook(policy)
     tasks = []
     kube = None
     if kubeconfig is not None:

@@ -58,7 +58,6 @@ KUBESHARE_RULES = {
 KUBESHARE_KEYS = (KUBESHARE_REQUEST, KUBESHARE_LIMIT, KUBESHARE_MEMORY)
 
 
-
 class _Share:
     """What one container asks for, as translated: count, per-GPU compute, memory, memory ratio."""
 

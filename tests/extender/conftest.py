@@ -1,0 +1,151 @@
+"""Builders for the extender's unit tests: a fake API server with GPU nodes, pods in the canonical
+format, and a running `Extender` (informers, cache, roles) over it, with its clock in the test's hands."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+
+from sharegpu.api import devices as api_devices
+from sharegpu.api import extender as protocol
+from sharegpu.api import names, paths, wire
+from sharegpu.core import devices
+from sharegpu.extender import runtime
+from sharegpu.kube import client, fake
+
+Json = dict[str, Any]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def add_node(server: fake.FakeApiServer, name: str, gpus: int = 2, model: str = "T4", memory: int = 16384) -> None:
+    server.put_object(
+        paths.NODES,
+        {
+            "metadata": {"name": name, "labels": {"zone": "a"}},
+            "status": {
+                "allocatable": {"cpu": "32", "memory": "128Gi", names.NVIDIA_GPU: str(gpus)},
+                "conditions": [{"type": "Ready", "status": "True"}],
+            },
+        },
+    )
+    inventory = devices.uniform_node(
+        name, gpu_count=gpus, model=model, gpu_memory_mib=memory, cpu_milli=1, memory_mib=1
+    )
+    server.put_object(paths.DEVICES, wire.encode(api_devices.device(inventory)))
+
+
+def gpu_pod(
+    name: str,
+    *,
+    milli: int | None = 500,
+    count: int = 1,
+    nvidia: int | None = None,
+    namespace: str = "ns",
+    annotations: dict[str, str] | None = None,
+    spec: Json | None = None,
+) -> Json:
+    limits: dict[str, str] = {"cpu": "100m", "memory": "64Mi"}
+    if nvidia is not None:
+        limits[names.NVIDIA_GPU] = str(nvidia)
+    else:
+        limits[names.GPU] = str(count)
+        if milli is not None:
+            limits[names.GPU_MILLI] = str(milli)
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "annotations": dict(annotations or {})},
+        "spec": {
+            "schedulerName": names.SCHEDULER_NAME,
+            "containers": [{"name": "main", "resources": {"limits": limits, "requests": dict(limits)}}],
+            **(spec or {}),
+        },
+    }
+
+
+async def settle(server: fake.FakeApiServer, rounds: int = 20) -> None:
+    """Let informers deliver what the fake server has emitted."""
+    for _ in range(rounds):
+        await asyncio.sleep(0)
+    await asyncio.sleep(0.01)
+
+
+async def eventually(check: Callable[[], bool], what: str, timeout: float = 5.0) -> None:
+    for _ in range(int(timeout / 0.01)):
+        if check():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+class Harness:
+    """A running extender over a fake API server."""
+
+    def __init__(self, server: fake.FakeApiServer, extender: runtime.Extender, clock: Clock) -> None:
+        self.server = server
+        self.extender = extender
+        self.clock = clock
+        self.api = client.KubeClient(server)
+
+    async def create(self, body: Json) -> Json:
+        made = await self.api.create(paths.pods(body["metadata"]["namespace"]), body)
+        await settle(self.server)
+        return made
+
+    def args(self, pod: Json, nodes: list[str] | None = None) -> protocol.Args:
+        stored = self.server.get_object(paths.pod(pod["metadata"]["namespace"], pod["metadata"]["name"])) or pod
+        return protocol.Args(pod=wire.convert(stored, wire.Pod), node_names=nodes or sorted(self.extender.cache.nodes))
+
+    async def schedule(self, pod: Json, nodes: list[str] | None = None) -> str:
+        """Filter then bind, as kube-scheduler does; returns the node (AssertionError if none)."""
+        verdict = self.extender.scheduling.filter(self.args(pod, nodes))
+        assert verdict.node_names, verdict.failed_nodes
+        meta = (self.server.get_object(paths.pod(pod["metadata"]["namespace"], pod["metadata"]["name"])) or {})[
+            "metadata"
+        ]
+        node = verdict.node_names[0]
+        result = await self.extender.scheduling.bind(
+            protocol.BindingArgs(pod_name=meta["name"], pod_namespace=meta["namespace"], pod_uid=meta["uid"], node=node)
+        )
+        assert result.error == "", result.error
+        await settle(self.server)
+        return node
+
+
+@pytest.fixture
+async def harness() -> AsyncIterator[Callable[..., Any]]:
+    started: list[runtime.Extender] = []
+
+    async def make(nodes: int = 2, gpus: int = 2, model: str = "T4", **options: Any) -> Harness:
+        server = fake.FakeApiServer()
+        for i in range(nodes):
+            add_node(server, f"n{i}", gpus, model)
+        server.put_object(paths.NAMESPACES, {"metadata": {"name": names.SYSTEM_NAMESPACE}})
+        clock = Clock()
+        extender = runtime.Extender(
+            client.KubeClient(server), runtime.Options(leader_elect=False, reservation_idle=0.0, **options), clock=clock
+        )
+        await extender.start()
+        started.append(extender)
+        return Harness(server, extender, clock)
+
+    yield make
+    for extender in started:
+        stopping = asyncio.ensure_future(extender.stop())
+        done, _ = await asyncio.wait([stopping], timeout=8)
+        if not done:  # a task that ignores cancellation: say which instead of hanging the suite
+            for task in asyncio.all_tasks():
+                print("TASK", task.get_name(), task, file=sys.stderr)
+                task.print_stack(limit=8, file=sys.stderr)
+            raise AssertionError("extender.stop hung")

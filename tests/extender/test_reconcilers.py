@@ -1,0 +1,158 @@
+"""The reservation and hand-off reconcilers over the fake API server: one reservation per shared GPU,
+replacement with backoff, idle and duplicate cleanup, ConfigMaps written once and only for their owner."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from sharegpu.api import names, paths
+from sharegpu.core import units
+from sharegpu.extender import reservations, runtime
+from sharegpu.kube import client
+from tests.extender.conftest import Harness, eventually, gpu_pod, settle
+
+SYSTEM = names.SYSTEM_NAMESPACE
+
+
+def reservations_in(h: Harness, live_only: bool = True) -> list[dict[str, Any]]:
+    found = [
+        obj
+        for key, obj in h.server.objects.items()
+        if key[0] == "/api/v1|pods"
+        and key[1] == SYSTEM
+        and not (live_only and obj["metadata"].get("deletionTimestamp"))
+    ]
+    return sorted(found, key=lambda o: o["metadata"]["name"])
+
+
+async def report_uuids(h: Harness) -> None:
+    """Play the device plugin and `sharegpu reserve`: every reservation reports a UUID."""
+    for obj in reservations_in(h):
+        labels = obj["metadata"]["labels"]
+        if names.GPU_UUID not in (obj["metadata"].get("annotations") or {}):
+            uuid = f"GPU-{labels[names.LABEL_NODE]}-{labels[names.LABEL_SLOT]}-{obj['metadata']['name'][-6:]}"
+            await h.api.patch(
+                paths.pod(SYSTEM, obj["metadata"]["name"]), {"metadata": {"annotations": {names.GPU_UUID: uuid}}}
+            )
+    await settle(h.server)
+
+
+async def test_one_reservation_per_shared_gpu_and_none_when_idle(harness: Callable[..., Any]) -> None:
+    h: Harness = await harness(nodes=1, gpus=2)
+    first = await h.create(gpu_pod("a", milli=300))
+    await h.schedule(first)
+    second = await h.create(gpu_pod("b", milli=300))
+    await h.schedule(second)
+    await eventually(lambda: len(reservations_in(h)) == 1, "one reservation for the one shared GPU")
+    await settle(h.server)
+    assert len(reservations_in(h)) == 1, "no second reservation while the first is pending or live"
+    pod = reservations_in(h)[0]
+    assert pod["spec"]["nodeName"] == "n0"
+    assert pod["spec"]["containers"][0]["resources"]["limits"][names.NVIDIA_GPU] == "1"
+    for name in ("a", "b"):
+        await h.api.delete(paths.pod("ns", name), grace_period=0)
+    await eventually(lambda: not reservations_in(h), "the idle reservation deleted")
+    assert h.extender.metrics.reservations.labels("created")._value.get() == 1
+
+
+async def test_a_lost_reservation_is_replaced_with_backoff(harness: Callable[..., Any]) -> None:
+    h: Harness = await harness(nodes=1, gpus=1)
+    reconciler = h.extender.reservations
+    await h.schedule(await h.create(gpu_pod("a", milli=300)))
+    await eventually(lambda: len(reservations_in(h)) == 1, "a reservation")
+    lost = reservations_in(h)[0]["metadata"]["name"]
+    await h.api.patch(paths.pod(SYSTEM, lost) + "/status", {"status": {"phase": "Failed"}})
+    h.clock.now += 1  # past the first backoff (0.5 s)
+    await eventually(
+        lambda: len(reservations_in(h)) == 1 and reservations_in(h)[0]["metadata"]["name"] != lost, "a replacement"
+    )
+
+    def ended_gone() -> bool:
+        ended = h.server.get_object(paths.pod(SYSTEM, lost))
+        return ended is None or bool(ended["metadata"].get("deletionTimestamp"))
+
+    await eventually(ended_gone, "the ended one deleted")
+    backoff = reconciler.backoff[("n0", 0)]
+    assert backoff.attempts == 2 and backoff.not_before > h.clock.now
+    replacement = reservations_in(h)[0]["metadata"]["name"]
+    await h.api.patch(paths.pod(SYSTEM, replacement) + "/status", {"status": {"phase": "Failed"}})
+    await settle(h.server)
+    await settle(h.server)
+    assert [o["metadata"]["name"] for o in reservations_in(h)] == [replacement], "the backoff holds a third one back"
+    h.clock.now += 60
+    await eventually(
+        lambda: any(o["metadata"]["name"] not in (lost, replacement) for o in reservations_in(h)),
+        "a third after the backoff",
+    )
+    await report_uuids(h)
+    await eventually(lambda: ("n0", 0) not in reconciler.backoff, "a reported UUID resets the backoff")
+
+
+async def test_duplicates_are_cut_to_the_one_that_reported(harness: Callable[..., Any]) -> None:
+    h: Harness = await harness(nodes=1, gpus=1)
+    await h.schedule(await h.create(gpu_pod("a", milli=300)))
+    await eventually(lambda: len(reservations_in(h)) == 1, "a reservation")
+    await report_uuids(h)
+    keeper = reservations_in(h)[0]["metadata"]["name"]
+    extra = reservations.reservation_pod(names.reservation_name("n0", 0, "zzzzzz"), "n0", 0, "img")
+    await h.api.create(paths.pods(SYSTEM), extra)
+    await eventually(lambda: [o["metadata"]["name"] for o in reservations_in(h)] == [keeper], "the duplicate gone")
+
+
+async def test_handoff_is_written_once_for_its_owner_only(harness: Callable[..., Any]) -> None:
+    h: Harness = await harness(nodes=1, gpus=1)
+    configmap = "sharegpu-handoff-0123456789abcdef"
+    owner = await h.create(gpu_pod("owner", milli=300, annotations={names.HANDOFF: configmap}))
+    await h.schedule(owner)
+    copycat = await h.create(gpu_pod("copycat", milli=300, annotations={names.HANDOFF: configmap}))
+    await h.schedule(copycat)
+    await eventually(lambda: len(reservations_in(h)) == 1, "a reservation")
+    path = paths.configmap("ns", configmap)
+    await settle(h.server)
+    assert h.server.get_object(path) is None, "nothing is written before the GPU's UUID is known"
+    await report_uuids(h)
+    await eventually(lambda: h.server.get_object(path) is not None, "the hand-off ConfigMap")
+    written = h.server.get_object(path)
+    assert written is not None
+    uuid = reservations_in(h)[0]["metadata"]["annotations"][names.GPU_UUID]
+    assert written["data"]["main.NVIDIA_VISIBLE_DEVICES"] == uuid
+    assert [r["name"] for r in written["metadata"]["ownerReferences"]] == ["owner"]
+    writes = sum(1 for m, p in h.server.requests if m in ("POST", "PATCH") and p.startswith(paths.configmaps("ns")))
+    for _ in range(5):
+        h.extender.handoffs.wake()
+        await settle(h.server)
+    again = sum(1 for m, p in h.server.requests if m in ("POST", "PATCH") and p.startswith(paths.configmaps("ns")))
+    assert again == writes == 1, "a ConfigMap that is right is not written again"
+    # The GPU's reservation is replaced: the hand-off follows the new UUID.
+    old = reservations_in(h)[0]["metadata"]["name"]
+    await h.api.delete(paths.pod(SYSTEM, old), grace_period=0)
+    await eventually(lambda: any(o["metadata"]["name"] != old for o in reservations_in(h)), "a new reservation")
+    await report_uuids(h)
+    new_uuid = reservations_in(h)[0]["metadata"]["annotations"][names.GPU_UUID]
+    await eventually(
+        lambda: (h.server.get_object(path) or {}).get("data", {}).get("main.NVIDIA_VISIBLE_DEVICES") == new_uuid,
+        "the hand-off follows the new UUID",
+    )
+
+
+async def test_a_new_leader_rewrites_nothing_that_is_right(harness: Callable[..., Any]) -> None:
+    h: Harness = await harness(nodes=1, gpus=1)
+    configmap = "sharegpu-handoff-00000000000000ff"
+    await h.schedule(await h.create(gpu_pod("a", milli=300, annotations={names.HANDOFF: configmap})))
+    await eventually(lambda: len(reservations_in(h)) == 1, "a reservation")
+    await report_uuids(h)
+    await eventually(lambda: h.server.get_object(paths.configmap("ns", configmap)) is not None, "the ConfigMap")
+    before = len(h.server.requests)
+    successor = runtime.Extender(client.KubeClient(h.server), runtime.Options(leader_elect=False, reservation_idle=0.0))
+    await successor.start()
+    try:
+        for _ in range(5):
+            successor.handoffs.wake()
+            successor.reservations.wake()
+            await settle(h.server)
+    finally:
+        await successor.stop()
+    writes = [(m, p) for m, p in h.server.requests[before:] if m in ("POST", "PATCH", "PUT", "DELETE")]
+    assert writes == [], "the successor found everything as it should be"
+    assert units.PodKey("ns/a") in successor.cache.ledger

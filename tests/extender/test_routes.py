@@ -1,0 +1,118 @@
+"""The extender's HTTP surface: typed bodies, clear 400s, honest /readyz, the debug explain, and the
+scheduler port that accepts only clients with a certificate from the scheduler's CA."""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import test_utils, web
+
+from sharegpu.api import names
+from sharegpu.extender import routes
+from sharegpu.serving import certs, tls
+from tests.extender.conftest import Harness, gpu_pod
+
+
+async def test_verbs_decode_typed_bodies_and_refuse_malformed_ones(harness: Callable[..., Any]) -> None:
+    h: Harness = await harness(nodes=2)
+    pod = await h.create(gpu_pod("a", milli=300))
+    app = routes.verbs(h.extender.scheduling, h.extender.metrics)
+    async with test_utils.TestClient(test_utils.TestServer(app)) as http:
+        response = await http.post("/filter", json={"Pod": pod, "NodeNames": ["n0", "n1"]})
+        body = await response.json()
+        assert response.status == 200 and len(body["NodeNames"]) == 1
+        response = await http.post("/filter", data=b"{not json")
+        assert response.status == 400 and "malformed JSON" in (await response.json())["Error"]
+        response = await http.post("/filter", json={"Pod": {"spec": {"containers": "nope"}}, "NodeNames": ["n0"]})
+        assert response.status == 400 and "$.Pod.spec.containers" in (await response.json())["Error"]
+        response = await http.post(
+            "/bind",
+            json={"PodName": "a", "PodNamespace": "ns", "PodUID": pod["metadata"]["uid"], "Node": body["NodeNames"][0]},
+        )
+        assert (await response.json()) == {}, "an empty Error: bound"
+
+
+async def test_operations_tell_readiness_and_explain_pending_pods(harness: Callable[..., Any]) -> None:
+    h: Harness = await harness(nodes=2, gpus=1)
+    await h.create(gpu_pod("big", nvidia=2))
+    app = routes.operations(h.extender)
+    async with test_utils.TestClient(test_utils.TestServer(app)) as http:
+        assert (await http.get("/readyz")).status == 200
+        h.extender.informers[2]._needs_list = True  # as after a 410, until the relist completes
+        response = await http.get("/readyz")
+        assert response.status == 503 and (await response.json())["informers"]["pods"]["ready"] is False
+        h.extender.informers[2]._needs_list = False
+        explained = await (await http.get("/debug/pods/ns/big")).json()
+        assert explained["nodesByShortfall"] == {"TOO_FEW_GPUS": 2}
+        assert explained["closest"][0]["reasons"][-1].endswith("(the node has fewer GPUs than the pod asks for)")
+        nodes = await (await http.get("/debug/nodes")).json()
+        assert {n["node"] for n in nodes["nodes"]} == {"n0", "n1"}
+        assert "sharegpu_extender_decisions" in await (await http.get("/metrics")).text()
+
+
+@pytest.fixture
+def pki(tmp_path: Path) -> dict[str, Path]:
+    ca_cert, ca_key, ca_path = certs.write_ca(tmp_path / "ca", "scheduler-link")
+    serving = certs.issue_serving(ca_cert, ca_key, "extender", ip_addresses=("127.0.0.1",))
+    cert, key = certs.write_pair(tmp_path, *serving, stem="extender")
+    client_cert, client_key = certs.write_pair(
+        tmp_path, *certs.issue_client(ca_cert, ca_key, "scheduler"), stem="client"
+    )
+    other_ca, other_key, _ = certs.write_ca(tmp_path / "other", "someone-else")
+    stranger = certs.write_pair(tmp_path, *certs.issue_client(other_ca, other_key, "stranger"), stem="stranger")
+    return {
+        "ca": ca_path,
+        "cert": cert,
+        "key": key,
+        "client_cert": client_cert,
+        "client_key": client_key,
+        "stranger_cert": stranger[0],
+        "stranger_key": stranger[1],
+    }
+
+
+async def test_the_scheduler_port_requires_the_schedulers_client_certificate(pki: dict[str, Path]) -> None:
+    async def ok(_: web.Request) -> web.Response:
+        return web.Response(text="bound")
+
+    app = web.Application()
+    app.router.add_post("/bind", ok)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    server_tls = tls.ReloadingTls(pki["cert"], pki["key"], pki["ca"])
+    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=server_tls.context)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    url = f"https://127.0.0.1:{port}/bind"
+
+    def context(cert: Path | None = None, key: Path | None = None) -> ssl.SSLContext:
+        made = ssl.create_default_context(cafile=str(pki["ca"]))
+        if cert is not None and key is not None:
+            made.load_cert_chain(cert, key)
+        return made
+
+    try:
+        async with aiohttp.ClientSession() as session:
+            async with session.post(url, ssl=context(pki["client_cert"], pki["client_key"])) as response:
+                assert await response.text() == "bound"
+            for refused in (context(), context(pki["stranger_cert"], pki["stranger_key"])):
+                with pytest.raises(aiohttp.ClientError):
+                    async with session.post(url, ssl=refused) as response:
+                        await response.read()
+            with pytest.raises(aiohttp.ClientError):
+                async with session.post(f"http://127.0.0.1:{port}/bind") as response:
+                    await response.read()
+    finally:
+        await runner.cleanup()
+    await asyncio.sleep(0)
+
+
+def test_the_hand_off_and_reservation_vocabulary_is_shared() -> None:
+    assert names.reservation_name("n" * 300, 3, "abcdef").endswith("-3-abcdef")
+    assert len(names.reservation_name("n" * 300, 3, "abcdef")) <= 253

@@ -1,0 +1,169 @@
+"""The scheduling service (filter, prioritize, bind, expiry) over the fake API server."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from sharegpu.api import extender as protocol
+from sharegpu.api import names, paths, reasons, wire
+from sharegpu.core import allocation, units
+from tests.extender.conftest import Harness, gpu_pod, settle
+
+
+async def test_filter_narrows_to_the_policys_choice_and_bind_records_the_allocation(
+    harness: Callable[..., Any],
+) -> None:
+    h: Harness = await harness(nodes=3)
+    first = await h.create(gpu_pod("a", milli=300))
+    node = await h.schedule(first)
+    stored = h.server.get_object(paths.pod("ns", "a"))
+    assert stored is not None and stored["spec"]["nodeName"] == node
+    alloc = allocation.Allocation.from_json(
+        stored["metadata"]["annotations"][names.ALLOCATION], pod=units.PodKey("ns/a")
+    )
+    assert alloc.node == node and alloc.gpu_milli_total == 300
+    second = await h.create(gpu_pod("b", milli=300))
+    verdict = h.extender.scheduling.filter(h.args(second))
+    assert verdict.node_names == [node], "a sharing pod packs next to the first (fgd-used)"
+    entry = h.extender.cache.ledger.get(units.PodKey("ns/a"))
+    assert entry is not None and entry.phase.value == "Added"
+
+
+async def test_pods_with_soft_preferences_are_not_narrowed(harness: Callable[..., Any]) -> None:
+    h: Harness = await harness(nodes=3)
+    preferred = {
+        "affinity": {
+            "nodeAffinity": {
+                "preferredDuringSchedulingIgnoredDuringExecution": [
+                    {
+                        "weight": 10,
+                        "preference": {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]},
+                    }
+                ]
+            }
+        }
+    }
+    pod = await h.create(gpu_pod("p", milli=300, spec=preferred))
+    verdict = h.extender.scheduling.filter(h.args(pod))
+    assert sorted(verdict.node_names) == ["n0", "n1", "n2"]
+    scores = {p.host: p.score for p in h.extender.scheduling.prioritize(h.args(pod, verdict.node_names))}
+    assert sorted(scores.values())[-1] == protocol.MAX_SCORE
+    assert all(5 <= s <= protocol.MAX_SCORE for s in scores.values()), "feasible nodes keep within half the range"
+
+
+async def test_unschedulable_pods_get_short_aggregated_reasons_at_any_size(harness: Callable[..., Any]) -> None:
+    h: Harness = await harness(nodes=120, gpus=1)
+    for i in range(120):
+        h.extender.cache.ledger.add(
+            allocation.Allocation(
+                units.PodKey(f"ns/fill-{i}"),
+                units.NodeName(f"n{i}"),
+                (allocation.ContainerAllocation("main", (allocation.DeviceGrant(0, 400 + (i % 5) * 100, 0, 800),)),),
+            )
+        )
+    pod = await h.create(gpu_pod("big", milli=700, annotations={names.MODELS: "T4"}))
+    nodes = [*sorted(h.extender.cache.nodes), "no-such-node"]
+    verdict = h.extender.scheduling.filter(h.args(pod, nodes))
+    assert verdict.node_names == []
+    assert set(verdict.failed_nodes) == set(nodes)
+    assert verdict.failed_and_unresolvable == {"no-such-node": reasons.NO_INVENTORY}
+    texts = set(verdict.failed_nodes.values())
+    assert texts == {reasons.NO_INVENTORY, "sharegpu: no GPU with 700 milli-GPU free (largest free: 600)"}
+    message = reasons.Failures(verdict.failed_nodes, {}).message(len(nodes))
+    assert message.startswith("0/121 nodes are available: 1 sharegpu: node has no GPU inventory")
+    assert len(message) < 400
+
+
+async def test_wrong_models_are_unresolvable_and_malformed_requests_say_why(harness: Callable[..., Any]) -> None:
+    h: Harness = await harness(nodes=2)
+    pod = await h.create(gpu_pod("a100", milli=300, annotations={names.MODELS: "A100"}))
+    verdict = h.extender.scheduling.filter(h.args(pod))
+    assert set(verdict.failed_and_unresolvable) == {"n0", "n1"}
+    assert set(verdict.failed_nodes.values()) == {"sharegpu: no GPU of model A100"}
+    bad = gpu_pod("bad", milli=300)
+    bad["spec"]["containers"][0]["resources"]["limits"][names.GPU_MILLI] = "3000"
+    verdict = h.extender.scheduling.filter(protocol.Args(pod=wire.convert(bad, wire.Pod), node_names=["n0"]))
+    assert "sharegpu.io/gpu-milli must be an integer in 1..1000" in verdict.failed_nodes["n0"]
+    assert verdict.failed_and_unresolvable == verdict.failed_nodes
+
+
+async def test_a_failed_binding_forgets_the_assumption_once(harness: Callable[..., Any]) -> None:
+    h: Harness = await harness(nodes=1)
+    await h.create(gpu_pod("a", milli=600))
+    meta = h.server.get_object(paths.pod("ns", "a"))["metadata"]  # type: ignore[index]
+    h.server.fail(500, method="POST", path=paths.binding("ns", "a"))
+    args = protocol.BindingArgs(pod_name="a", pod_namespace="ns", pod_uid=meta["uid"], node="n0")
+    result = await h.extender.scheduling.bind(args)
+    assert "binding ns/a to n0 failed" in result.error
+    assert units.PodKey("ns/a") not in h.extender.cache.ledger
+    assert int(h.extender.cache.state.milli_free.sum()) == 2000, "nothing leaked"
+    assert (await h.extender.scheduling.bind(args)).error == ""
+
+
+async def test_a_bind_whose_caller_gives_up_still_completes(harness: Callable[..., Any]) -> None:
+    h: Harness = await harness(nodes=1)
+    await h.create(gpu_pod("a", milli=600))
+    meta = h.server.get_object(paths.pod("ns", "a"))["metadata"]  # type: ignore[index]
+    args = protocol.BindingArgs(pod_name="a", pod_namespace="ns", pod_uid=meta["uid"], node="n0")
+    call = asyncio.create_task(h.extender.scheduling.bind(args))
+    await asyncio.sleep(0)
+    call.cancel()  # kube-scheduler's HTTP timeout
+    await asyncio.sleep(0.05)
+    stored = h.server.get_object(paths.pod("ns", "a"))
+    assert stored is not None and stored["spec"].get("nodeName") == "n0", "the shielded binding went through"
+    await settle(h.server)
+    entry = h.extender.cache.ledger.get(units.PodKey("ns/a"))
+    assert entry is not None and entry.phase.value == "Added"
+
+
+async def test_binds_are_refused_for_replaced_bound_or_unfit_pods(harness: Callable[..., Any]) -> None:
+    h: Harness = await harness(nodes=1)
+    pod = await h.create(gpu_pod("a", milli=600))
+    await h.schedule(pod)
+    uid = h.server.get_object(paths.pod("ns", "a"))["metadata"]["uid"]  # type: ignore[index]
+    again = await h.extender.scheduling.bind(
+        protocol.BindingArgs(pod_name="a", pod_namespace="ns", pod_uid=uid, node="n0")
+    )
+    assert "already bound to n0" in again.error
+    replaced = await h.extender.scheduling.bind(
+        protocol.BindingArgs(pod_name="a", pod_namespace="ns", pod_uid="old-uid", node="n0")
+    )
+    assert "was replaced" in replaced.error
+    big = await h.create(gpu_pod("big", nvidia=2))
+    uid = big["metadata"]["uid"]
+    refused = await h.extender.scheduling.bind(
+        protocol.BindingArgs(pod_name="big", pod_namespace="ns", pod_uid=uid, node="n0")
+    )
+    assert "pod ns/big no longer fits on n0" in refused.error and "a whole GPU must be entirely free" in refused.error
+
+
+async def test_stale_assumptions_are_confirmed_or_forgotten_from_the_api(harness: Callable[..., Any]) -> None:
+    h: Harness = await harness(nodes=1, assume_ttl=30.0)
+    cache = h.extender.cache
+    await h.create(gpu_pod("bound", milli=200))
+    await h.create(gpu_pod("never", milli=300))
+    decision = cache.placer.decide(cache.record(units.PodKey("ns/never")).request.demand)  # type: ignore[union-attr]
+    for name in ("bound", "never"):
+        record = cache.record(units.PodKey(f"ns/{name}"))
+        assert record is not None and record.request is not None
+        alloc = cache.placer.allocation_for(record.request, cache.placer.decide(record.request.demand))
+        assert cache.assume(alloc)
+        if name == "bound":  # the binding happened, but its watch event is lost
+            body = {
+                "metadata": {"name": name, "annotations": {names.ALLOCATION: alloc.to_json()}},
+                "target": {"name": "n0"},
+            }
+            h.server.cut_watches()
+            h.server.fail(503, method="WATCH", times=1000)
+            await h.api.create(paths.binding("ns", name), body)
+    del decision
+    assert await h.extender.scheduling.expire() == 0, "not stale yet"
+    h.clock.now += 31
+    assert await h.extender.scheduling.expire() == 1
+    assert units.PodKey("ns/never") not in cache.ledger
+    entry = cache.ledger.get(units.PodKey("ns/bound"))
+    assert entry is not None and entry.phase.value == "Added", "confirmed from the API, not forgotten"
+    assert await h.extender.scheduling.expire() == 0, "forgotten once"
+    h.server.faults.clear()
