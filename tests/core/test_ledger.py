@@ -126,10 +126,12 @@ def test_assumed_pods_expire_on_the_injected_clock() -> None:
     )
     assert book.assume(alloc).ok
     now[0] = 129.0
-    assert book.expire_assumed(30) == []
+    assert book.assumed_before(30) == []
     now[0] = 130.0
-    assert book.expire_assumed(30) == ["ns/x"]
-    assert int(state.milli_free[0, 0]) == 1000
+    assert book.assumed_before(30) == ["ns/x"]
+    assert int(state.milli_free[0, 0]) == 500, "a query: nothing is forgotten until the owner says so"
+    assert book.forget(units.PodKey("ns/x")).ok
+    assert book.assumed_before(30) == []
 
 
 def test_add_confirms_an_assumed_pod_and_replaces_a_different_one() -> None:

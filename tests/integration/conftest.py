@@ -23,6 +23,12 @@ from sharegpu.kube import client
 Json = dict[str, Any]
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "tests/integration/" in str(item.fspath):
+            item.add_marker(pytest.mark.integration)
+
+
 @pytest.fixture(scope="session")
 def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[controlplane.ControlPlane]:
     plane = controlplane.ControlPlane(tmp_path_factory.mktemp("controlplane"), controlplane.binaries())

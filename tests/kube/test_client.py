@@ -88,6 +88,10 @@ async def test_a_401_rereads_the_credentials_and_retries_once() -> None:
     with pytest.raises(errors.UnauthorizedError):
         await kube.get(paths.pod("ns", "a"))
     assert auth.refreshes == 2, "one refresh per refused call, then the error"
+    assert kube.refused
+    server.tokens = {"new"}
+    await kube.get(paths.pod("ns", "a"))
+    assert not kube.refused, "the next success clears it"
 
 
 async def test_lists_are_paged_and_typed() -> None:

@@ -50,6 +50,10 @@ def events(namespace: str) -> str:
     return f"{NAMESPACES}/{namespace}/events"
 
 
+def secrets(namespace: str) -> str:
+    return f"{NAMESPACES}/{namespace}/secrets"
+
+
 def leases(namespace: str) -> str:
     return f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
 

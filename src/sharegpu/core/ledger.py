@@ -8,7 +8,7 @@ would exceed a GPU's free compute or memory, or break its tenants' co-tenancy ru
 leaves the state untouched.
 
 Assumed entries carry the time they were assumed (from the injected clock) so an owner can expire
-ones whose confirmation never came (`expire_assumed`).
+ones whose confirmation never came (`assumed_before`).
 
 Not thread-safe, and it need not be: every caller runs on one asyncio event loop (the extender) or
 in one thread (the simulator), and no call awaits, so calls never interleave.
@@ -108,13 +108,11 @@ class Ledger:
         self._drop(pod, entry)
         return status.SUCCESS
 
-    def expire_assumed(self, ttl_seconds: float) -> list[units.PodKey]:
-        """Forget assumptions older than `ttl_seconds` whose binding was never confirmed."""
+    def assumed_before(self, ttl_seconds: float) -> list[units.PodKey]:
+        """Assumptions at least `ttl_seconds` old that were never confirmed. Only a query: the owner
+        decides (the extender first asks the API whether the binding happened after all)."""
         now = self._clock()
-        stale = [pod for pod, e in self._entries.items() if e.phase is Phase.ASSUMED and now - e.since >= ttl_seconds]
-        for pod in stale:
-            self.forget(pod)
-        return stale
+        return [pod for pod, e in self._entries.items() if e.phase is Phase.ASSUMED and now - e.since >= ttl_seconds]
 
     # ----------------------------------------------------------------- internals
 

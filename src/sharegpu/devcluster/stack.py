@@ -76,15 +76,21 @@ def kube_for(plane: controlplane.ControlPlane, user: str, connections: int = 64)
     return client.KubeClient(transport.AiohttpTransport(creds, connections=connections), creds)
 
 
+def manifests(relative: str) -> list[Json]:
+    """The documents of a shipped manifest (`crds/*.yaml`, `rbac/extender.yaml`, ...), in order."""
+    docs: list[Json] = []
+    for path in sorted(DEPLOY.glob(relative)):
+        docs.extend(doc for doc in yaml.safe_load_all(path.read_text()) if doc)
+    return docs
+
+
 async def install(kube: client.KubeApi) -> None:
     """Namespace, CRDs and RBAC from deploy/, then wait until the Device resource is served."""
     await apply(kube, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": names.SYSTEM_NAMESPACE}})
-    for path in sorted((DEPLOY / "crds").glob("*.yaml")):
-        for doc in yaml.safe_load_all(path.read_text()):
-            await apply(kube, doc)
-    for path in sorted((DEPLOY / "rbac").glob("*.yaml")):
-        for doc in yaml.safe_load_all(path.read_text()):
-            await apply(kube, as_user(doc))
+    for doc in manifests("crds/*.yaml"):
+        await apply(kube, doc)
+    for doc in manifests("rbac/*.yaml"):
+        await apply(kube, as_user(doc))
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         with contextlib.suppress(kube_errors.KubeError):

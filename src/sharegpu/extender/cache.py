@@ -302,14 +302,7 @@ class ClusterCache:
 
     def stale_assumptions(self, ttl: float) -> list[units.PodKey]:
         """Assumed pods older than `ttl` seconds (neither confirmed by the watch nor forgotten)."""
-        now = self.clock()
-        book = self.ledger
-        stale = []
-        for key in self.assumed:
-            entry = book.get(key)
-            if entry is not None and entry.phase is ledger.Phase.ASSUMED and now - entry.since >= ttl:
-                stale.append(key)
-        return stale
+        return [key for key in self.ledger.assumed_before(ttl) if key in self.assumed]
 
     # ----------------------------------------------------------------- queries
 

@@ -135,9 +135,10 @@ class Extender:
         states = {i.name: i.status() for i in self.informers}
         for i in self.informers:
             self.metrics.ready.labels(i.name).set(1 if i.ready else 0)
-        ready = bool(self.informers) and all(i.ready for i in self.informers)
+        refused = self.api.refused
+        ready = bool(self.informers) and all(i.ready for i in self.informers) and not refused
         self.metrics.leader.set(1 if self.elector.is_leader else 0)
-        return ready, {"informers": states, "leader": self.elector.is_leader}
+        return ready, {"informers": states, "leader": self.elector.is_leader, "credentialsRefused": refused}
 
     async def start(self) -> None:
         """Start the informers and wait for their first lists; then everything else."""

@@ -43,7 +43,10 @@ class Auth(Protocol):
 
 
 class KubeApi(Protocol):
-    """What components need of the API: one request, paged typed lists, typed watches."""
+    """What components need of the API: one request, paged typed lists, typed watches, and whether
+    the server is refusing our credentials right now."""
+
+    refused: bool
 
     async def request(
         self,
@@ -101,6 +104,9 @@ class KubeClient:
         self.timeout = timeout
         self.unauthorized = 0
         """401s seen (each followed by one re-read of the credentials)."""
+        self.refused = False
+        """The last answer was a 401 even after re-reading the credentials (cleared by the next success).
+        An open watch is not re-authenticated, so this, not the informers, says first that a token died."""
 
     @classmethod
     def connect(cls, kubeconfig: str | None = None, context: str | None = None, *, connections: int = 64) -> KubeClient:
@@ -140,6 +146,7 @@ class KubeClient:
                 self.unauthorized += 1
                 await self.auth.refresh()
                 continue
+            self.refused = response.status == 401
             if response.status >= 400:
                 raise errors.from_status(response.status, response.body, method, path, response.headers)
             return response.body
@@ -256,6 +263,7 @@ class KubeClient:
                     self.unauthorized += 1
                     await self.auth.refresh()
                     continue
+                self.refused = stream.status == 401
                 if stream.status >= 400:
                     raise errors.from_status(stream.status, await stream.read(), "WATCH", path, stream.headers)
                 yield OPENED, None, resource_version

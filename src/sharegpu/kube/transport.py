@@ -13,6 +13,7 @@ large env value, well inside the API server's 1.5 MiB object limit, used to kill
 from __future__ import annotations
 
 import contextlib
+import io
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Final, Protocol
@@ -21,6 +22,7 @@ import aiohttp
 
 from sharegpu.kube import credentials, errors
 
+LARGE_BODY: Final = 512 * 1024
 MAX_LINE: Final = 64 * 1024 * 1024
 """Longest watch line accepted: far above any object the API server stores (etcd's limit is 1.5 MiB)."""
 
@@ -95,6 +97,11 @@ async def lines(chunks: AsyncIterator[bytes], limit: int = MAX_LINE) -> AsyncIte
         raise errors.TransportError("the watch stream ended in the middle of an event")
 
 
+def _payload(body: bytes | None) -> bytes | io.BytesIO | None:
+    """Large bodies (objects near the API's 1.5 MiB limit) as a stream, so the event loop is not held."""
+    return io.BytesIO(body) if body is not None and len(body) > LARGE_BODY else body
+
+
 class _AiohttpStream:
     def __init__(self, response: aiohttp.ClientResponse) -> None:
         self.status = response.status
@@ -156,7 +163,7 @@ class AiohttpTransport:
                 request.method,
                 request.path.lstrip("/"),
                 params=dict(request.params) or None,
-                data=request.body,
+                data=_payload(request.body),
                 headers=self._headers(request),
                 timeout=aiohttp.ClientTimeout(total=timeout),
                 server_hostname=self._server_name,

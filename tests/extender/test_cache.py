@@ -1,0 +1,98 @@
+"""The cluster cache alone, fed records as the informers would: rebuilds, foreign whole-GPU pods,
+unreadable allocations, assumptions that survive inventory changes and are forgotten exactly once."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sharegpu.api import devices as api_devices
+from sharegpu.api import names, pods, wire
+from sharegpu.core import allocation, devices, units
+from sharegpu.extender import cache as cache_mod
+
+
+def node(name: str, gpus: int = 2, ready: bool = True) -> api_devices.NodeFacts:
+    return api_devices.NodeFacts(name, ready, 32000, 131072)
+
+
+def device(name: str, gpus: int = 2) -> cache_mod.DeviceRecord:
+    inventory = devices.uniform_node(name, gpu_count=gpus, model="T4", gpu_memory_mib=16384, cpu_milli=1, memory_mib=1)
+    return cache_mod.device_record(wire.convert(wire.encode(api_devices.device(inventory)), wire.Device))
+
+
+def pod(name: str, limits: dict[str, str], node_name: str = "", annotations: dict[str, str] | None = None,
+        phase: str = "Running") -> pods.Record:  # fmt: skip
+    body: dict[str, Any] = {
+        "metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}", "annotations": annotations or {}},
+        "spec": {"nodeName": node_name, "containers": [{"name": "main", "resources": {"limits": limits}}]},
+        "status": {"phase": phase},
+    }
+    return pods.record(wire.convert(body, wire.Pod))
+
+
+def share(key: str, node_name: str, index: int, milli: int) -> allocation.Allocation:
+    grant = allocation.DeviceGrant(index, milli, 0, milli)
+    return allocation.Allocation(
+        units.PodKey(key), units.NodeName(node_name), (allocation.ContainerAllocation("main", (grant,)),)
+    )
+
+
+def built(*nodes: str) -> cache_mod.ClusterCache:
+    view = cache_mod.ClusterCache("bestfit")
+    for name in nodes:
+        view.on_node("ADDED", node(name))
+        view.on_device("ADDED", device(name))
+    view.rebuild()
+    return view
+
+
+def test_only_ready_nodes_with_a_valid_device_are_placed_on() -> None:
+    view = built("a", "b")
+    view.on_node("MODIFIED", node("b", ready=False))
+    broken = wire.convert({"metadata": {"name": "c"}, "spec": {"gpus": [{"index": 1, "uuid": "x", "model": "T4",
+                                                                          "memoryMiB": 1}]}}, wire.Device)  # fmt: skip
+    view.on_node("ADDED", node("c"))
+    view.on_device("ADDED", cache_mod.device_record(broken))
+    assert view.state.names == ("a",)
+    assert view.counters.ignored_nodes == ["c"]
+
+
+def test_foreign_whole_gpu_pods_take_free_gpus_and_unreadable_allocations_are_counted() -> None:
+    view = built("a")
+    view.on_pod("ADDED", pod("foreign", {names.NVIDIA_GPU: "1"}, node_name="a"))
+    assert int(view.state.exclusive[0].sum()) == 1
+    view.on_pod("ADDED", pod("garbled", {names.GPU: "1", names.GPU_MILLI: "300"}, "a", {names.ALLOCATION: "{nope"}))
+    assert view.counters.invalid == 1
+    view.on_pod("MODIFIED", pod("foreign", {names.NVIDIA_GPU: "1"}, node_name="a", phase="Succeeded"))
+    assert int(view.state.exclusive[0].sum()) == 0, "a finished pod releases its GPU"
+
+
+def test_assumptions_survive_rebuilds_and_are_forgotten_once() -> None:
+    view = built("a")
+    alloc = share("ns/p", "a", 0, 600)
+    assert view.assume(alloc)
+    view.on_node("MODIFIED", api_devices.NodeFacts("a", True, 64000, 131072))  # the inventory changes
+    assert int(view.state.milli_free[0, 0]) == 400, "the assumption is re-applied on the new arrays"
+    assert view.forget(units.PodKey("ns/p"))
+    assert not view.forget(units.PodKey("ns/p")), "exactly once"
+    assert int(view.state.milli_free[0, 0]) == 1000
+
+
+def test_the_watch_confirms_an_assumption_and_a_deletion_releases_it() -> None:
+    view = built("a")
+    alloc = share("ns/p", "a", 1, 250)
+    assert view.assume(alloc)
+    confirmed = pod("p", {names.GPU: "1", names.GPU_MILLI: "250"}, "a", {names.ALLOCATION: alloc.to_json()})
+    view.on_pod("MODIFIED", confirmed)
+    entry = view.ledger.get(units.PodKey("ns/p"))
+    assert entry is not None and entry.phase.value == "Added" and not view.assumed
+    assert view.shared_slots() == {("a", 1)}
+    view.on_pod("DELETED", confirmed)
+    assert units.PodKey("ns/p") not in view.ledger and view.shared_slots() == set()
+
+
+def test_an_assumed_pod_deleted_before_its_binding_is_forgotten() -> None:
+    view = built("a")
+    assert view.assume(share("ns/p", "a", 0, 500))
+    view.on_pod("DELETED", pod("p", {names.GPU: "1", names.GPU_MILLI: "500"}))
+    assert not view.assumed and int(view.state.milli_free[0, 0]) == 1000
