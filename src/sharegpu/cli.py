@@ -238,6 +238,9 @@ def extender(
         float, typer.Option(help="Leader election: seconds to renew before stepping down.")
     ] = 10.0,
     retry_period: Annotated[float, typer.Option(help="Leader election: seconds between attempts.")] = 2.0,
+    identity: Annotated[
+        str, typer.Option(help="Leader election: this replica's name (default: host, pid and a random suffix).")
+    ] = "",
     reservation_idle: Annotated[
         float, typer.Option(help="Seconds a reservation pod with no sharers is kept before it is deleted.")
     ] = 3.0,
@@ -271,7 +274,7 @@ def extender(
         kubeconfig=kubeconfig, host=host, port=port, health_port=health_port, policy=policy, image=image,
         narrow=narrow, shapes=shapes, tls_cert=tls_cert, tls_key=tls_key, client_ca=client_ca,
         leader_elect=leader_elect, lease_duration=lease_duration, renew_deadline=renew_deadline,
-        retry_period=retry_period, reservation_idle=reservation_idle, assume_ttl=assume_ttl,
+        retry_period=retry_period, reservation_idle=reservation_idle, assume_ttl=assume_ttl, identity=identity,
     )  # fmt: skip
     try:
         asyncio.run(runtime.serve(options))
