@@ -420,39 +420,54 @@ def devcluster(
         raise _fail(exc) from None
     folder = workdir or Path(tempfile.mkdtemp(prefix="sharegpu-devcluster-"))
 
-    async def run() -> None:
-        whole = stack.Stack(folder, policy)
+    async def bring_up(whole: stack.Stack) -> None:
         await whole.start(harness=True)
-        try:
-            assert whole.harness is not None and whole.extender is not None
-            await whole.harness.add_nodes(
-                [
-                    devices.uniform_node(
-                        f"gpu-node-{i}",
-                        gpu_count=gpus,
-                        model=model,
-                        gpu_memory_mib=gpu_memory,
-                        cpu_milli=64000,
-                        memory_mib=512 * 1024,
-                        nvlink_all=gpus <= 8,
-                    )
-                    for i in range(nodes)
-                ]
+        assert whole.harness is not None and whole.extender is not None
+        fleet = [
+            devices.uniform_node(
+                f"gpu-node-{i}",
+                gpu_count=gpus,
+                model=model,
+                gpu_memory_mib=gpu_memory,
+                cpu_milli=64000,
+                memory_mib=512 * 1024,
+                nvlink_all=gpus <= 8,
             )
-            console = _console()
-            console.print(f"[bold]sharegpu devcluster[/bold]: {nodes} nodes x {gpus} {model}")
-            console.print(f"  export KUBECONFIG={whole.plane.kubeconfig('admin')}")
-            console.print(f"  extender: {whole.extender.health_url}/debug/nodes   logs: {folder / 'logs'}")
-            console.print("  pods use schedulerName: sharegpu-scheduler; Ctrl-C stops everything")
-            stop = asyncio.Event()
-            loop = asyncio.get_running_loop()
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                loop.add_signal_handler(sig, stop.set)
-            await stop.wait()
+            for i in range(nodes)
+        ]
+        await whole.harness.add_nodes(fleet)
+        console = _console()
+        console.print(f"[bold]sharegpu devcluster[/bold]: {nodes} nodes x {gpus} {model}")
+        console.print(f"  export KUBECONFIG={whole.plane.kubeconfig('admin')}")
+        console.print(f"  extender: {whole.extender.health_url}/debug/nodes   logs: {folder / 'logs'}")
+        console.print("  pods use schedulerName: sharegpu-scheduler; Ctrl-C stops everything", highlight=False)
+        console.file.flush()
+
+    async def run() -> None:
+        # Signals are handled from the first moment: Ctrl-C while the control plane starts stops
+        # what has started, and never leaves a process behind.
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        whole = stack.Stack(folder, policy)
+        starting = asyncio.create_task(bring_up(whole))
+        waiting = asyncio.create_task(stop.wait())
+        try:
+            await asyncio.wait({starting, waiting}, return_when=asyncio.FIRST_COMPLETED)
+            if starting.done():
+                starting.result()  # a start-up failure is reported, after everything is stopped
+                await waiting
         finally:
+            for task in (starting, waiting):
+                task.cancel()
+            await asyncio.gather(starting, waiting, return_exceptions=True)
             await whole.stop()
 
-    asyncio.run(run())
+    try:
+        asyncio.run(run())
+    except (errors.SharegpuError, RuntimeError) as exc:
+        raise _fail(exc) from None
 
 
 class JsonFormatter(logging.Formatter):

@@ -1,0 +1,87 @@
+"""`sharegpu devcluster` as a newcomer runs it: the whole stack comes up, survives a pod near the
+API's size limit, and Ctrl-C stops every process it started (once, a dead informer's exception
+crashed the shutdown and left etcd, kube-apiserver, kube-scheduler and the extender running)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from sharegpu.api import names, paths
+from sharegpu.kube import client
+from tests.integration.conftest import gpu_pod, wait_for
+
+
+def survivors(folder: Path) -> dict[int, str]:
+    """Live processes (pid -> command line) that mention the devcluster's folder."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            line = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if str(folder) in line and " devcluster " not in line:
+            found[int(entry.name)] = line[:200]
+    return found
+
+
+async def test_devcluster_runs_a_pod_and_stops_everything_on_ctrl_c(tmp_path: Path) -> None:
+    folder = tmp_path / "dev"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "sharegpu", "devcluster", "--nodes", "1", "--gpus", "2", "--workdir", str(folder)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    assert process.stdout is not None
+    kubeconfig = ""
+    try:
+        for _ in range(400):
+            line = (await asyncio.to_thread(process.stdout.readline)).decode()
+            if "export KUBECONFIG=" in line:
+                kubeconfig = line.split("=", 1)[1].strip()
+                break
+            assert line or process.poll() is None, "devcluster exited during start-up"
+        assert kubeconfig, "no kubeconfig printed"
+        async with client.KubeClient.connect(kubeconfig) as kube:
+            await kube.create(paths.NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "try"}})
+            container = {"name": "c", "image": "x", "env": [{"name": "B", "value": "x" * 700_000}]}
+            huge = {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": "huge"},
+                "spec": {"containers": [container]},
+            }
+            await kube.create(paths.pods("try"), huge)
+            pod = gpu_pod("first", "try", milli=500)
+            pod["spec"].pop("nodeSelector")
+            await kube.create(paths.pods("try"), pod)
+
+            async def bound() -> bool:
+                found = await kube.get(paths.pod("try", "first"))
+                return bool(found["spec"].get("nodeName")) and names.ALLOCATION in found["metadata"]["annotations"]
+
+            await wait_for(bound, timeout=60, what="a pod placed in the devcluster")
+            await kube.delete(paths.pod("try", "first"), grace_period=0)
+        assert survivors(folder), "the devcluster's processes are running"
+        process.send_signal(signal.SIGINT)
+        assert await asyncio.to_thread(process.wait, 60) == 0
+        for _ in range(50):
+            if not survivors(folder):
+                break
+            await asyncio.sleep(0.2)
+        assert survivors(folder) == {}
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        process.stdout.close()
+        for pid in survivors(folder):  # leave nothing running, even when the test fails
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
