@@ -8,7 +8,9 @@ encoding the answers. Each pod is then bound through the same service, so the cl
 
     python bench/extender_latency.py [--nodes 1000] [--gpus 8] [--pods 2000] [--json PATH]
 
-Writes {"p50_ms", "p99_ms", "mean_ms", "nodes"}.
+Writes {"p50_ms", "p99_ms", "mean_ms", "nodes", "first_of_shape_max_ms"}: the first pod of each
+shape is scored on every node (later ones only on nodes changed since), and that cost is reported
+apart as well as inside the percentiles.
 """
 
 from __future__ import annotations
@@ -80,6 +82,8 @@ async def run(args: argparse.Namespace) -> dict[str, float]:
     node_names = sorted(extender.cache.nodes)
     shapes = [(100, 1), (250, 1), (300, 1), (500, 1), (700, 1), (1000, 1), (1000, 2)]
     timings = []
+    cold: list[float] = []
+    seen: set[tuple[int, int]] = set()
     try:
         for i in range(args.pods):
             milli, count = rng.choice(shapes)
@@ -91,6 +95,9 @@ async def run(args: argparse.Namespace) -> dict[str, float]:
             again = msgspec.json.encode({"Pod": made, "NodeNames": verdict.node_names})
             protocol.ENCODER.encode(service.prioritize(wire.decode(again, protocol.Args)))
             timings.append((time.perf_counter() - started) * 1000)
+            if (milli, count) not in seen:  # the first pod of a shape scores every node once
+                seen.add((milli, count))
+                cold.append(timings[-1])
             if verdict.node_names:  # bind it through the same service, so the cluster fills up
                 await asyncio.sleep(0)
                 binding = protocol.BindingArgs(
@@ -106,6 +113,7 @@ async def run(args: argparse.Namespace) -> dict[str, float]:
         "p50_ms": round(float(np.percentile(values, 50)), 4),
         "p99_ms": round(float(np.percentile(values, 99)), 4),
         "mean_ms": round(float(values.mean()), 4),
+        "first_of_shape_max_ms": round(max(cold), 4),
     }
 
 
@@ -119,7 +127,8 @@ def main() -> int:
     result = asyncio.run(run(args))
     print(
         f"filter+prioritize over {args.nodes} nodes x {args.gpus} GPUs, {args.pods} pods: "
-        f"p50 {result['p50_ms']:.3f} ms, p99 {result['p99_ms']:.3f} ms, mean {result['mean_ms']:.3f} ms"
+        f"p50 {result['p50_ms']:.3f} ms, p99 {result['p99_ms']:.3f} ms, mean {result['mean_ms']:.3f} ms; "
+        f"the first pod of a shape (all nodes scored): up to {result['first_of_shape_max_ms']:.1f} ms"
     )
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))

@@ -105,7 +105,7 @@ class Harness:
 
     def args(self, pod: Json, nodes: list[str] | None = None) -> protocol.Args:
         stored = self.server.get_object(paths.pod(pod["metadata"]["namespace"], pod["metadata"]["name"])) or pod
-        return protocol.Args(pod=wire.convert(stored, wire.Pod), node_names=nodes or sorted(self.extender.cache.nodes))
+        return protocol.Args.of(wire.convert(stored, wire.Pod), nodes or sorted(self.extender.cache.nodes))
 
     async def schedule(self, pod: Json, nodes: list[str] | None = None) -> str:
         """Filter then bind, as kube-scheduler does; returns the node (AssertionError if none)."""

@@ -84,7 +84,7 @@ async def test_wrong_models_are_unresolvable_and_malformed_requests_say_why(harn
     assert set(verdict.failed_nodes.values()) == {"sharegpu: no GPU of model A100"}
     bad = gpu_pod("bad", milli=300)
     bad["spec"]["containers"][0]["resources"]["limits"][names.GPU_MILLI] = "3000"
-    verdict = h.extender.scheduling.filter(protocol.Args(pod=wire.convert(bad, wire.Pod), node_names=["n0"]))
+    verdict = h.extender.scheduling.filter(protocol.Args.of(wire.convert(bad, wire.Pod), ["n0"]))
     assert "sharegpu.io/gpu-milli must be an integer in 1..1000" in verdict.failed_nodes["n0"]
     assert verdict.failed_and_unresolvable == verdict.failed_nodes
 

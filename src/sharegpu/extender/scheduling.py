@@ -43,6 +43,24 @@ FLOOR = protocol.MAX_SCORE // 2
 """The lowest prioritize score of a node that fits (see `SchedulingService.prioritize`)."""
 
 
+REQUESTS = 256
+"""Parsed requests kept for the pods of the current scheduling cycles."""
+CANDIDATE_LISTS = 16
+"""Distinct candidate lists whose fleet rows are kept (kube-scheduler sends few: one per node selector)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Candidates:
+    """A candidate list as kube-scheduler sent it, and as fleet rows."""
+
+    names: list[str]
+    rows: np.ndarray
+    known: list[str]
+    """Names aligned with `rows`."""
+    missing: list[str]
+    """Names the fleet does not have (no Device, or not ready)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Outcome:
     """The last filter verdict for a pod (the debug endpoint and the explain tool read it)."""
@@ -78,27 +96,53 @@ class SchedulingService:
         """Pods whose binding is being written right now."""
         self.outcomes: OrderedDict[units.PodKey, Outcome] = OrderedDict()
         self._remember = remember
+        self._candidates_cache: OrderedDict[bytes, Candidates] = OrderedDict()
+        self._requests: OrderedDict[tuple[str, str], requests.PodRequest] = OrderedDict()
+        self._candidates_of: object = None
 
     # ----------------------------------------------------------------- filter
 
     def _request(self, pod: wire.Pod) -> requests.PodRequest:
-        return pods.request(pod)
+        """The pod's request, parsed once per version of the pod (filter, then prioritize, reuse it)."""
+        meta = pod.metadata
+        key = (meta.uid, meta.resource_version)
+        found = self._requests.get(key) if meta.uid else None
+        if found is None:
+            found = pods.request(pod)  # raises for a malformed request: nothing is cached then
+            if meta.uid:
+                self._requests[key] = found
+                if len(self._requests) > REQUESTS:
+                    self._requests.popitem(last=False)
+        return found
 
-    def _rows(self, names_: list[str]) -> tuple[np.ndarray, list[str], list[str]]:
-        """Candidate names as fleet rows, with the names aligned to them and the names not in the fleet."""
-        row_of = self.cache.state.row_of
-        rows, known, missing = [], [], []
-        for name in names_:
-            row = row_of.get(name)
-            if row is None:
-                missing.append(name)
-            else:
-                rows.append(row)
-                known.append(name)
-        return np.array(rows, dtype=np.int64), known, missing
+    def _candidates(self, args: protocol.Args) -> Candidates:
+        """The candidate nodes as fleet rows; made once per distinct candidate list and fleet."""
+        state = self.cache.state
+        if state is not self._candidates_of:
+            self._candidates_cache.clear()
+            self._candidates_of = state
+        key = args.candidates_key()
+        found = self._candidates_cache.get(key)
+        if found is not None:
+            self._candidates_cache.move_to_end(key)
+            return found
+        names_ = args.candidates()
+        looked = np.array([state.row_of.get(n, -1) for n in names_], dtype=np.int64)
+        present = looked >= 0
+        found = Candidates(
+            names=names_,
+            rows=looked[present],
+            known=[n for n, ok in zip(names_, present.tolist(), strict=True) if ok],
+            missing=[n for n, ok in zip(names_, present.tolist(), strict=True) if not ok],
+        )
+        self._candidates_cache[key] = found
+        if len(self._candidates_cache) > CANDIDATE_LISTS:
+            self._candidates_cache.popitem(last=False)
+        return found
 
     def filter(self, args: protocol.Args) -> protocol.FilterResult:
-        candidates = args.candidates()
+        offered = self._candidates(args)
+        candidates = offered.names
         key = pods.key(args.pod)
         try:
             request = self._request(args.pod)
@@ -108,7 +152,7 @@ class SchedulingService:
             self._remember_outcome(key, 0, None, failed.message(len(candidates)))
             return protocol.FilterResult(failed_nodes=failed.unresolvable, failed_and_unresolvable=failed.unresolvable)
         demand = request.demand
-        rows, known, missing = self._rows(candidates)
+        rows, known, missing = offered.rows, offered.known, offered.missing
         chooser = self.cache.placer
         evaluation = chooser.evaluate(demand, rows)
         feasible = evaluation[1]
@@ -146,12 +190,13 @@ class SchedulingService:
         FLOOR..MAX_SCORE-1; nodes that do not fit 0. Feasible nodes differ by at most half the range,
         so kube-scheduler's own soft scoring (a pod's preferences) decides between nodes it rates
         clearly apart, and sharegpu's choice decides between nodes it rates alike (docs/extender.md)."""
-        candidates = args.candidates()
+        offered = self._candidates(args)
+        candidates = offered.names
         try:
             request = self._request(args.pod)
         except errors.InvalidInputError:
             return [protocol.HostPriority(host=n, score=0) for n in candidates]
-        rows, known, _ = self._rows(candidates)
+        rows, known = offered.rows, offered.known
         evaluation = self.cache.placer.evaluate(request.demand, rows)
         _, feasible, score, *_ = evaluation
         decision = self.cache.placer.choose(request.demand, *evaluation) if feasible.any() else None
