@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
-from hypothesis import settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, rule
 
@@ -153,3 +155,41 @@ def test_add_confirms_an_assumed_pod_and_replaces_a_different_one() -> None:
     assert book.add(moved).ok
     assert int(state.milli_free[0, 0]) == 1000 and int(state.milli_free[1, 3]) == 300
     np.testing.assert_array_equal(state.tenants.sum(), 1)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(allocations(), max_size=12, unique_by=lambda a: a.pod),
+    st.lists(allocations(), max_size=3, unique_by=lambda a: a.pod),
+    st.booleans(),
+)
+def test_load_is_sequential_add_however_it_ends(
+    batch: list[allocation.Allocation], existing: list[allocation.Allocation], plain: bool
+) -> None:
+    if plain:  # mostly rule-less pods, as in a real cluster: the vectorised path is taken
+        batch = [dataclasses.replace(a, cotenancy=requests.NO_RULES) for a in batch]
+    loaded, added = ledger.Ledger(fleet.FleetState(NODES)), ledger.Ledger(fleet.FleetState(NODES))
+    for book in (loaded, added):
+        for alloc in existing:
+            book.add(alloc)
+    outcome = loaded.load(batch)
+    expected = [added.add(a) for a in batch]
+    assert [s.ok for s in outcome] == [s.ok for s in expected]
+    assert dict(loaded.entries()).keys() == dict(added.entries()).keys()
+    assert loaded.state.same_usage(added.state)
+    assert np.array_equal(loaded.state.version > 0, added.state.version > 0)
+    assert loaded.state.node_shapes == added.state.node_shapes
+
+
+def test_load_of_many_fitting_pods_takes_the_vectorised_path() -> None:
+    book = ledger.Ledger(fleet.FleetState(NODES))
+    grants = [allocation.DeviceGrant(i % 4, 200, 100, 200) for i in range(12)]
+    batch = [
+        allocation.Allocation(
+            units.PodKey(f"ns/p{i}"), units.NodeName("b"), (allocation.ContainerAllocation("m", (g,)),)
+        )
+        for i, g in enumerate(grants)
+    ]
+    assert all(s.ok for s in book.load(batch))
+    assert book.state.milli_free[1].tolist() == [400, 400, 400, 400]
+    assert book.state.recount(book.allocations()).same_usage(book.state)

@@ -110,7 +110,7 @@ async def test_inline_data_and_tls_server_name(tmp_path: Path) -> None:
 async def test_exec_plugins_are_run_again_when_their_token_expires(tmp_path: Path) -> None:
     counter = tmp_path / "runs"
     plugin = tmp_path / "plugin.py"
-    soon = (datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=11)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    soon = (datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=60)).strftime("%Y-%m-%dT%H:%M:%SZ")
     plugin.write_text(
         "import json, os, pathlib\n"
         f"p = pathlib.Path({str(counter)!r}); n = int(p.read_text()) + 1 if p.exists() else 1; p.write_text(str(n))\n"
@@ -124,7 +124,7 @@ async def test_exec_plugins_are_run_again_when_their_token_expires(tmp_path: Pat
     creds = credentials.Credentials(lambda: credentials.parse_kubeconfig(kubeconfig(tmp_path, user)), clock=clock)
     assert await creds.authorization() == "Bearer tok-1"
     assert await creds.authorization() == "Bearer tok-1"
-    clock.now += 5  # the token expires in 11 s; it is renewed 10 s early
+    clock.now += 55  # the token expires in 60 s; it is renewed 10 s early
     assert await creds.authorization() == "Bearer tok-2"
 
 

@@ -146,3 +146,23 @@ async def test_handler_bugs_and_undecodable_objects_do_not_stop_it() -> None:
     await informer.cancel([task])
     assert (inf.handler_errors, inf.undecodable) == (1, 1)
     assert not task.cancelled() or task.done()
+
+
+async def test_a_watch_that_opens_and_breaks_again_and_again_is_not_ready() -> None:
+    server = fake.FakeApiServer()
+    clock = Clock()
+    seen: list[tuple[str, str]] = []
+    inf, task = start(server, seen, clock=clock, stale_after=30.0)
+    await inf.synced.wait()
+    await eventually(lambda: bool(server.watches), "watching")
+    for _ in range(5):  # every watch is accepted, then cut before anything arrives
+        server.cut_watches()
+        await eventually(lambda: bool(server.watches) or not inf.status()["watching"], "reopened or broken")
+        await asyncio.sleep(0.05)
+    clock.now += 31
+    server.cut_watches()
+    await eventually(lambda: not inf.status()["watching"], "broken again")
+    assert inf.status()["ready"] is False, "accepted-then-cut watches for longer than stale_after are not health"
+    await client.KubeClient(server).create(paths.pods("ns"), pod("proof"))
+    await eventually(lambda: inf.status()["ready"] is True, "an event proves the watch works")
+    await informer.cancel([task])

@@ -108,8 +108,9 @@ def cotenancy(notes: dict[str, str]) -> requests.CoTenancy:
     )
 
 
-def request(pod: wire.Pod) -> requests.PodRequest:
-    """The normalised request of a pod; malformed requests raise InvalidRequestError naming the field."""
+def request(pod: wire.Pod, host: tuple[int, int] | None = None) -> requests.PodRequest:
+    """The normalised request of a pod; malformed requests raise InvalidRequestError naming the field.
+    `host`: its (milli-CPU, MiB) when the caller has them already."""
     pod_key = key(pod)
     notes = pod.metadata.annotations
     models = frozenset(m.strip() for m in notes.get(names.MODELS, "").split(",") if m.strip())
@@ -120,7 +121,7 @@ def request(pod: wire.Pod) -> requests.PodRequest:
         except errors.InvalidInputError as exc:
             raise errors.InvalidRequestError(f"pod {pod_key}, container {container.name}: {exc}") from None
         made.append(requests.ContainerRequest(container.name, gpu, init=init))
-    cpu, memory = host_request(pod)
+    cpu, memory = host if host is not None else host_request(pod)
     return requests.PodRequest(
         key=pod_key, containers=tuple(made), cpu_milli=cpu, memory_mib=memory, cotenancy=cotenancy(notes)
     )
@@ -190,7 +191,11 @@ def record(pod: wire.Pod, previous: Record | None = None) -> Record:
     meta = pod.metadata
     notes = meta.annotations
     pod_key = key(pod)
-    cpu, memory = _host_or_zero(pod)
+    try:
+        host: tuple[int, int] | None = host_request(pod)
+    except errors.InvalidInputError:
+        host = None
+    cpu, memory = host or (0, 0)
     slot = None
     if is_reservation(pod):
         try:
@@ -203,7 +208,7 @@ def record(pod: wire.Pod, previous: Record | None = None) -> Record:
     problem: str | None = None
     if gpu:
         try:
-            parsed = request(pod)
+            parsed = request(pod, host)
         except errors.InvalidInputError as exc:
             problem = str(exc)
     text = notes.get(names.ALLOCATION)
@@ -235,10 +240,3 @@ def record(pod: wire.Pod, previous: Record | None = None) -> Record:
         cpu_milli=cpu,
         memory_mib=memory,
     )
-
-
-def _host_or_zero(pod: wire.Pod) -> tuple[int, int]:
-    try:
-        return host_request(pod)
-    except errors.InvalidInputError:
-        return 0, 0

@@ -6,6 +6,7 @@ as a GPU count the same way in the webhook, the extender and the simulator's man
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from decimal import Decimal, InvalidOperation
@@ -25,17 +26,26 @@ MEBIBYTE = 2**20
 
 def parse(value: object) -> Decimal:
     """A quantity as an exact decimal; InvalidInputError for anything that is not one."""
+    if isinstance(value, str) and len(value) <= 64:
+        return _parse_text(value)  # a cluster uses few distinct quantities: each is parsed once
     if isinstance(value, int | float) and not isinstance(value, bool):
-        number = Decimal(str(value))
-    else:
-        text = value if isinstance(value, str) else repr(value)
-        match = _QUANTITY.match(text.strip())
-        if not match:
-            raise errors.InvalidInputError(f"{text[:40]!r} is not a Kubernetes quantity")
-        try:
-            number = Decimal(match.group(1)) * _SUFFIXES[match.group(2) or ""]
-        except InvalidOperation:
-            raise errors.InvalidInputError(f"{text[:40]!r} is not a Kubernetes quantity") from None
+        return _checked(Decimal(str(value)), value)
+    return _parse_text(value if isinstance(value, str) else repr(value))
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_text(text: str) -> Decimal:
+    match = _QUANTITY.match(text.strip())
+    if not match:
+        raise errors.InvalidInputError(f"{text[:40]!r} is not a Kubernetes quantity")
+    try:
+        number = Decimal(match.group(1)) * _SUFFIXES[match.group(2) or ""]
+    except InvalidOperation:
+        raise errors.InvalidInputError(f"{text[:40]!r} is not a Kubernetes quantity") from None
+    return _checked(number, text)
+
+
+def _checked(number: Decimal, value: object) -> Decimal:
     if not number.is_finite() or number.adjusted() > 30:
         raise errors.InvalidInputError(f"{str(value)[:40]!r} is too large a quantity")
     return number

@@ -9,7 +9,8 @@ docs/architecture.md.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 import orjson
@@ -49,13 +50,21 @@ class Allocation:
     cotenancy: requests.CoTenancy = requests.NO_RULES
     exclusive: bool = False
     """Whole GPUs: the pod holds its GPUs alone."""
+    usage: Mapping[int, tuple[int, int]] = field(init=False, compare=False, repr=False)
+    """Derived once: see `gpu_usage`."""
 
-    def gpu_usage(self) -> dict[int, tuple[int, int]]:
-        """Per GPU index: (milli, memory MiB) the pod holds there.
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "usage", MappingProxyType(self._usage()))
+
+    def gpu_usage(self) -> Mapping[int, tuple[int, int]]:
+        """Per GPU index (ascending): (milli, memory MiB) the pod holds there.
 
         App containers run together, so their shares add up; init containers run one at a time
         before them, so only the largest counts, and the pod holds the larger of the two.
         """
+        return self.usage
+
+    def _usage(self) -> dict[int, tuple[int, int]]:
         app: dict[int, list[int]] = {}
         init: dict[int, list[int]] = {}
         for container in self.containers:

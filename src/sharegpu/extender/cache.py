@@ -139,7 +139,22 @@ class ClusterCache:
         )
         self._dirty = False
         self.counters.rebuilds += 1
+        # Pods that carry their allocation go in at once (after a restart: tens of thousands); then
+        # the rest, among them whole-GPU pods of other schedulers, which take the GPUs left free.
+        recorded: list[pods.Record] = []
+        rest: list[pods.Record] = []
         for record in self.pods.values():
+            alloc = record.allocation
+            usable = (
+                alloc is not None and record.live and alloc.node == record.node and state.row(record.node) is not None
+            )
+            (recorded if usable else rest).append(record)
+        results = self._ledger.load([r.allocation for r in recorded if r.allocation is not None])
+        for record, result in zip(recorded, results, strict=True):
+            if not result.ok:
+                self.counters.conflicts += 1
+                log.error("pod %s on %s conflicts with the ledger: %s", record.key, record.node, result.message)
+        for record in rest:
             self._account(record)
         for key, alloc in list(self.assumed.items()):
             if key in self._ledger:

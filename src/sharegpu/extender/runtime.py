@@ -120,6 +120,9 @@ class Extender:
             ),
         ]  # fmt: skip
         self.tasks: list[asyncio.Task[None]] = []
+        self.clock = clock
+        self.startup: dict[str, float] = {}
+        """Seconds the first lists took, and the cache build after the last page arrived."""
 
     def _changed(self, handler: Callable[[str, Any], None]) -> Callable[[str, Any], None]:
         def changed(kind: str, obj: Any) -> None:
@@ -139,16 +142,22 @@ class Extender:
         refused = self.api.refused
         ready = bool(self.informers) and all(i.ready for i in self.informers) and not refused
         self.metrics.leader.set(1 if self.elector.is_leader else 0)
-        return ready, {"informers": states, "leader": self.elector.is_leader, "credentialsRefused": refused}
+        detail = {"informers": states, "leader": self.elector.is_leader, "credentialsRefused": refused}
+        return ready, {**detail, "startup": self.startup}
 
     async def start(self) -> None:
         """Start the informers and wait for their first lists; then everything else."""
+        started = self.clock()
         self.tasks = [asyncio.create_task(i.run(), name=f"informer-{i.name}") for i in self.informers]
         await asyncio.gather(*(i.synced.wait() for i in self.informers))
+        listed = max((i.listed_at or started) for i in self.informers)
         self.cache.rebuild()
         # Everything listed so far lives long: keep it out of the collector's full passes, which
         # otherwise walk every cached record and show up as latency spikes on filter and bind.
         gc.freeze()
+        built = self.clock()
+        self.startup = {"listSeconds": round(listed - started, 3), "rebuildSeconds": round(built - listed, 3)}
+        log.info("cache built: lists %.2f s, then %.2f s to build", listed - started, built - listed)
 
         def background() -> list[Awaitable[None]]:
             return [self.reservations.run(), self.handoffs.run()]

@@ -10,6 +10,7 @@ service-account token or an expired exec token costs one extra request, not an o
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, Final, Protocol, TypeVar
 
@@ -79,6 +80,10 @@ class KubeApi(Protocol):
     async def list_of(
         self, path: str, kind: type[T], params: Mapping[str, str | int] | None = None, *, page: int = 500
     ) -> tuple[list[T], str]: ...
+
+    def list_pages(
+        self, path: str, kind: type[T], params: Mapping[str, str | int] | None = None, *, page: int = 500
+    ) -> AsyncIterator[tuple[list[T], str]]: ...
 
     def watch(
         self,
@@ -213,22 +218,46 @@ class KubeClient:
         self, path: str, kind: type[T], params: Mapping[str, str | int] | None = None, *, page: int = 500
     ) -> tuple[list[T], str]:
         """Every item of a collection, paged and decoded as `kind`; and the list's resourceVersion."""
-        decoder: msgspec.json.Decoder[wire.ObjectList[T]] = wire.decoder(wire.ObjectList[kind])  # type: ignore[valid-type]
         items: list[T] = []
-        token = ""
-        while True:
+        version = ""
+        async for chunk, last in self.list_pages(path, kind, params, page=page):
+            items.extend(chunk)
+            version = last
+        return items, version
+
+    async def list_pages(
+        self, path: str, kind: type[T], params: Mapping[str, str | int] | None = None, *, page: int = 500
+    ) -> AsyncIterator[tuple[list[T], str]]:
+        """A collection page by page, decoded as `kind` (the version is the list's on the last page).
+
+        The next page is already being fetched while the caller works on this one: the API server
+        answers from another process, so a large list costs little more than the server's own time."""
+        decoder: msgspec.json.Decoder[wire.ObjectList[T]] = wire.decoder(wire.ObjectList[kind])  # type: ignore[valid-type]
+
+        def fetch(token: str) -> asyncio.Task[bytes]:
             query: dict[str, str | int] = {"limit": page, **(params or {})}
             if token:
                 query["continue"] = token
-            raw = await self.send("GET", path, params=query)
-            try:
-                body = decoder.decode(raw)
-            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-                raise errors.TransportError(f"LIST {path}: undecodable answer: {exc}") from None
-            items.extend(body.items)
-            token = body.metadata.continue_
-            if not token:
-                return items, body.metadata.resource_version
+            return asyncio.ensure_future(self.send("GET", path, params=query))
+
+        pending = fetch("")
+        try:
+            while True:
+                raw = await pending
+                try:
+                    body = decoder.decode(raw)
+                except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                    raise errors.TransportError(f"LIST {path}: undecodable answer: {exc}") from None
+                token = body.metadata.continue_
+                if token:
+                    pending = fetch(token)
+                yield body.items, body.metadata.resource_version
+                if not token:
+                    return
+        finally:
+            if not pending.done():
+                pending.cancel()
+                await asyncio.gather(pending, return_exceptions=True)
 
     async def list_all(self, path: str, params: Mapping[str, str | int] | None = None) -> tuple[list[Json], str]:
         """Every item of a collection as plain JSON (tools and tests; components use `list`)."""

@@ -93,6 +93,8 @@ class Informer(Generic[W, T]):
         self._watching = False
         self._failing_since: float | None = None
         self.last_error = ""
+        self.listed_at: float | None = None
+        """When the last list's final page arrived (clock time)."""
 
     # ----------------------------------------------------------------- health
 
@@ -168,20 +170,32 @@ class Informer(Generic[W, T]):
         self._failing_since = None
 
     async def _list(self) -> None:
-        items, version = await self.api.list_of(self.path, self.kind, self.params)
+        """List, converting each page as it arrives (while the server makes the next one), then tell
+        the handler what changed."""
+        fresh: dict[str, tuple[str, T]] = {}
+        version = ""
+        async for items, last in self.api.list_pages(self.path, self.kind, self.params):
+            version = last
+            for item in items:
+                key, uid = wire.key(item.metadata), item.metadata.uid
+                previous = self.store.get(key) if self._uids.get(key) == uid else None
+                try:
+                    fresh[key] = (uid, self.convert(item, previous))
+                except Exception:
+                    self.handler_errors += 1
+                    log.exception("informer %s: could not convert %s", self.name, key)
+        self.listed_at = self.clock()
         self.lists += 1
-        fresh: dict[str, W] = {}
-        for item in items:
-            fresh[wire.key(item.metadata)] = item
         for key in [k for k in self.store if k not in fresh]:
             self._deliver("DELETED", key, None, self.store.pop(key))
-        for key, item in fresh.items():
+        for key, (uid, record) in fresh.items():
             old = self.store.get(key)
-            uid = item.metadata.uid
             if old is not None and self._uids.get(key) != uid:
                 self._deliver("DELETED", key, None, self.store.pop(key))
                 old = None
-            self._apply("ADDED" if old is None else "MODIFIED", key, item)
+            self.store[key] = record
+            self._uids[key] = uid
+            self._deliver("ADDED" if old is None else "MODIFIED", key, None, record)
         self.resource_version = version
         self._needs_list = False
         self._healthy()
@@ -194,9 +208,12 @@ class Informer(Generic[W, T]):
         try:
             async for kind, obj, version in events:
                 if kind == client.OPENED:
+                    # Accepted, but not yet proof of health: a watch that opens and breaks at once,
+                    # again and again, must not look healthy. The first event (or a normal end) is.
                     self._watching = True
-                    self._healthy()
+                    self.unauthorized = False
                     continue
+                self._failing_since = None
                 if version:
                     self.resource_version = version
                 if kind == "BOOKMARK":
@@ -217,6 +234,7 @@ class Informer(Generic[W, T]):
             self._watching = False
             with contextlib.suppress(Exception):
                 await events.aclose()  # type: ignore[attr-defined]
+        self._failing_since = None  # the server ended the watch normally (its timeout)
         self.resumes += 1
 
     def _apply(self, kind: str, key: str, obj: W) -> None:

@@ -1,0 +1,373 @@
+"""Chaos: churn through the real stack while every fault the extender must survive is injected at
+random points; afterwards an oracle that reads only the API checks every GPU.
+
+The stack is the local control plane, kube-scheduler, the extender (as its ServiceAccount, with a
+token file the "kubelet" rotates) and the fake-cluster harness. The extender reaches the API server
+through a fault proxy (`sharegpu.devcluster.faults`). Churn creates and deletes sharing pods (with a
+hand-off ConfigMap, as the webhook would give them), whole-GPU pods and two-GPU pods. Faults, each
+several times at random moments: 429 with Retry-After, 409 on bindings, 5xx, watch connections cut,
+watches expired (410), a 1.2 MiB pod, a rotated and revoked token, SIGKILL of the extender, a
+restart of kube-apiserver and a restart of etcd.
+
+    python bench/chaos.py --nodes 50 --pods 600 [--seed 1] [--json PATH]
+
+Writes {"faults_injected", "overcommits", "double_allocations", "leaked_reservations",
+"stuck_pods", "lost_pods"} (target: at least 20 faults, every other figure 0), plus what each
+count is made of.
+
+- overcommits / double_allocations: GPUs over capacity, or held whole and shared, at any check
+  during the churn or after it (double_allocations also counts two live reservation pods on one GPU);
+- leaked_reservations: reservation pods for GPUs nobody shares, once the churn is over and the
+  reservation idle time has passed;
+- stuck_pods: pods still pending at the end although the cluster has room for them (judged by the
+  placement core over what the API holds), bound pods without a valid allocation, and bound
+  sharing pods whose hand-off ConfigMap never got their GPU;
+- lost_pods: pods the churn created and did not delete that are gone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import signal
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sharegpu.api import devices as api_devices
+from sharegpu.api import names, paths, pods, wire
+from sharegpu.core import devices, fleet, ledger, placer, policies
+from sharegpu.devcluster import controlplane, fakecluster, faults, oracle, stack
+from sharegpu.kube import client
+from sharegpu.kube import errors as kube_errors
+
+Json = dict[str, Any]
+NS = "chaos"
+
+
+def pod_body(rng: random.Random, name: str) -> Json:
+    kind = rng.random()
+    limits: dict[str, str] = {"cpu": "100m", "memory": "64Mi"}
+    notes: dict[str, str] = {}
+    if kind < 0.7:
+        limits.update({names.GPU: "1", names.GPU_MILLI: str(rng.choice([100, 200, 250, 300, 500, 700]))})
+        notes[names.HANDOFF] = f"sharegpu-handoff-{uuid.uuid4().hex[:16]}"
+    elif kind < 0.9:
+        limits[names.NVIDIA_GPU] = "1"
+    else:
+        limits.update({names.GPU: "2", names.GPU_MILLI: "400"})
+        notes[names.HANDOFF] = f"sharegpu-handoff-{uuid.uuid4().hex[:16]}"
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": NS, "annotations": notes},
+        "spec": {
+            "schedulerName": names.SCHEDULER_NAME,
+            "terminationGracePeriodSeconds": 0,
+            "containers": [{"name": "main", "image": "busybox", "resources": {"limits": limits, "requests": limits}}],
+        },
+    }
+
+
+class Chaos:
+    def __init__(self, workdir: Path, nodes: int, rng: random.Random) -> None:
+        self.plane = controlplane.ControlPlane(workdir, controlplane.binaries())
+        self.workdir = workdir
+        self.nodes = nodes
+        self.rng = rng
+        self.admin: client.KubeClient | None = None
+        self.harness: fakecluster.FakeCluster | None = None
+        self.proxy: faults.FaultProxy | None = None
+        self.extender: stack.ExtenderProcess | None = None
+        self.token_file = workdir / "token"
+        self.secret = ""
+        self.faults: dict[str, int] = {}
+        self.created: set[str] = set()
+        self.deleted: set[str] = set()
+        self.overcommits: set[str] = set()
+        self.doubles: set[str] = set()
+
+    @property
+    def api(self) -> client.KubeClient:
+        assert self.admin is not None
+        return self.admin
+
+    def count(self, kind: str) -> None:
+        self.faults[kind] = self.faults.get(kind, 0) + 1
+
+    # ----------------------------------------------------------------- set-up
+
+    async def start(self) -> None:
+        self.plane.start()
+        self.admin = stack.kube_for(self.plane, "admin", connections=64)
+        await stack.install(self.api)
+        account = {"name": "sharegpu-extender", "namespace": names.SYSTEM_NAMESPACE}
+        await stack.apply(self.api, {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": account})
+        for doc in stack.manifests("rbac/extender.yaml"):  # bound to the ServiceAccount, as the chart binds them
+            doc["metadata"]["name"] += "-sa"
+            if doc["kind"].endswith("Binding"):
+                doc["roleRef"]["name"] += "-sa"
+            await stack.apply(self.api, doc)
+        await self.rotate_token(count=False)
+        assert self.plane.bundle is not None
+        self.proxy = faults.FaultProxy(self.plane.url, str(self.plane.bundle.ca_cert))
+        await self.proxy.start()
+        kubeconfig = self.workdir / "extender-kubeconfig"
+        kubeconfig.write_text(json.dumps({
+            "apiVersion": "v1", "kind": "Config", "current-context": "c",
+            "clusters": [{"name": "c", "cluster": {"server": self.proxy.url}}],
+            "users": [{"name": "sa", "user": {"tokenFile": str(self.token_file)}}],
+            "contexts": [{"name": "c", "context": {"cluster": "c", "user": "sa"}}],
+        }))  # fmt: skip
+        self.extender = stack.ExtenderProcess(self.plane, "fgd-used", "--no-leader-elect", kubeconfig=kubeconfig)
+        self.extender.start()
+        await self.extender.wait_ready(timeout=120)
+        self.plane.start_scheduler(stack.scheduler_config(self.plane, self.extender))
+        self.harness = fakecluster.FakeCluster(self.api)
+        await self.harness.start()
+        await self.harness.add_nodes(
+            [
+                devices.uniform_node(
+                    f"c{i:03d}", gpu_count=4, model="T4", gpu_memory_mib=16384, cpu_milli=32000, memory_mib=131072
+                )
+                for i in range(self.nodes)
+            ]
+        )
+        await self.api.create(paths.NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
+
+    async def stop(self) -> None:
+        """Stop everything, whatever failed (a broken part must not keep the others running)."""
+        for part in (self.harness, self.proxy):
+            if part is not None:
+                try:
+                    await part.stop()
+                except Exception as exc:
+                    print(f"stop: {exc}", file=sys.stderr)
+        if self.admin is not None:
+            await self.admin.close()
+        if self.extender is not None:
+            self.extender.kill()
+        self.plane.stop()
+
+    # ----------------------------------------------------------------- faults
+
+    async def rotate_token(self, count: bool = True) -> None:
+        """What the kubelet does with a projected token: a new one in the file; then the old one dies."""
+        old = self.secret
+        self.secret = f"extender-token-{uuid.uuid4().hex[:6]}"
+        made = await self.api.create(
+            paths.secrets(names.SYSTEM_NAMESPACE),
+            {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": self.secret}, "type": "Opaque"},
+        )
+        ref = {"apiVersion": "v1", "kind": "Secret", "name": self.secret, "uid": made["metadata"]["uid"]}
+        answer = await self.api.create(
+            f"/api/v1/namespaces/{names.SYSTEM_NAMESPACE}/serviceaccounts/sharegpu-extender/token",
+            {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+             "spec": {"expirationSeconds": 3600, "boundObjectRef": ref}},
+        )  # fmt: skip
+        temporary = self.token_file.with_suffix(".tmp")
+        temporary.write_text(answer["status"]["token"])
+        temporary.replace(self.token_file)
+        if old:
+            await self.api.delete(f"{paths.secrets(names.SYSTEM_NAMESPACE)}/{old}")
+        if count:
+            self.count("token-rotated-and-revoked")
+
+    async def inject(self, kind: str) -> None:
+        assert self.proxy is not None and self.extender is not None
+        proxy = self.proxy
+        if kind == "429":
+            proxy.fail(429, times=5, retry_after=1)
+        elif kind == "409":
+            proxy.fail(409, times=2, method="POST", path="/api/v1/namespaces/")
+        elif kind == "5xx":
+            proxy.fail(self.rng.choice([500, 503]), times=4)
+        elif kind == "watch-cut":
+            proxy.cut_watches()
+        elif kind == "watch-expired":
+            await proxy.expire_watches()
+        elif kind == "big-object":
+            name = f"big-{uuid.uuid4().hex[:6]}"
+            container = {"name": "c", "image": "x", "env": [{"name": "B", "value": "x" * (1200 * 1024)}]}
+            spec = {"nodeSelector": {"nowhere": "x"}, "containers": [container]}
+            body = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"}, "spec": spec}
+            await self.api.create(paths.pods("default"), body)
+        elif kind == "token":
+            await self.rotate_token(count=False)
+        elif kind == "kill-extender":
+            self.extender.kill(signal.SIGKILL)
+            await asyncio.sleep(self.rng.uniform(0.2, 2.0))
+            self.extender.start()
+            await self.extender.wait_ready(timeout=120)
+        elif kind in ("kube-apiserver", "etcd"):
+            await asyncio.to_thread(self.plane.restart, kind, down_for=self.rng.uniform(0.5, 2.0))
+        self.count(kind)
+
+    # ----------------------------------------------------------------- churn
+
+    async def guarded(self, call: Any) -> None:
+        """An admin call that rides out the API server's own restarts."""
+        for _ in range(60):
+            try:
+                await call()
+                return
+            except (kube_errors.TemporaryError, kube_errors.BusyError):
+                await asyncio.sleep(1)
+            except kube_errors.ConflictError as exc:
+                if exc.already_exists:
+                    return
+                await asyncio.sleep(0.5)
+
+    async def churn(self, total: int) -> None:
+        kinds = ["429", "409", "5xx", "watch-cut", "watch-expired", "big-object", "token", "kill-extender",
+                 "kube-apiserver", "etcd"]  # fmt: skip
+        plan = [k for k in kinds for _ in range(2)] + self.rng.sample(kinds, 4)
+        self.rng.shuffle(plan)
+        at = sorted(self.rng.sample(range(10, total - 10), len(plan)))
+        serial = 0
+        while serial < total:
+            name = f"c{serial:04d}"
+            body = pod_body(self.rng, name)
+            await self.guarded(lambda body=body: self.api.create(paths.pods(NS), body))
+            self.created.add(name)
+            serial += 1
+            live = sorted(self.created - self.deleted)
+            if len(live) > 40 and self.rng.random() < 0.5:
+                victim = self.rng.choice(live)
+                await self.guarded(lambda victim=victim: self.api.delete(paths.pod(NS, victim), grace_period=0))
+                self.deleted.add(victim)
+            while at and at[0] <= serial:
+                at.pop(0)
+                kind = plan.pop(0)
+                print(f"  [{serial}/{total}] fault: {kind}", flush=True)
+                await self.inject(kind)
+            if serial % 50 == 0:
+                await self.observe()
+            await asyncio.sleep(self.rng.uniform(0.0, 0.05))
+
+    async def observe(self) -> oracle.Findings | None:
+        try:
+            found = await oracle.inspect(self.api)
+        except kube_errors.KubeError:
+            return None
+        self.overcommits.update(found.overcommits)
+        self.doubles.update(found.double_allocations)
+        self.doubles.update(f"two reservations: {d}" for d in found.duplicate_reservations)
+        return found
+
+    # ----------------------------------------------------------------- the verdict
+
+    async def pending_that_fit(self) -> list[str]:
+        """Pending pods that the placement core, over what the API holds, says would fit."""
+        device_list, _ = await self.api.list_of(paths.DEVICES, wire.Device)
+        node_list, _ = await self.api.list_of(paths.NODES, wire.Node)
+        facts = {n.metadata.name: api_devices.node_facts(n) for n in node_list}
+        inventory = [api_devices.inventory(d, facts.get(d.metadata.name)) for d in device_list]
+        state = fleet.FleetState(inventory)
+        book = ledger.Ledger(state)
+        pod_list, _ = await self.api.list_of(paths.PODS, wire.Pod)
+        records = [pods.record(p) for p in pod_list]
+        book.load(
+            [r.allocation for r in records if r.allocation is not None and r.live and r.allocation.node == r.node]
+        )
+        for record in records:  # whole-GPU pods (no allocation annotation) and reservations hold GPUs too
+            if record.live and record.allocation is None and record.request is not None and record.request.demand.whole:
+                row = state.row(record.node)
+                if row is not None:
+                    free = np.flatnonzero(state.tenants[row] == 0)[: record.request.demand.count]
+                    state.tenants[row, free] += 1
+                    state.exclusive[row, free] += 1
+                    state.milli_free[row, free] = 0
+        chooser = placer.Placer(state, policies.make("bestfit"))
+        stuck: list[str] = []
+        for record in records:
+            pending = record.key.startswith(f"{NS}/") and not record.node and not record.terminal
+            if pending and record.request and chooser.decide(record.request.demand).status.ok:
+                stuck.append(record.key)
+        return stuck
+
+    async def verdict(self, idle_wait: float) -> dict[str, Any]:
+        await asyncio.sleep(idle_wait)
+        found = await self.observe()
+        for _ in range(60):  # reservations follow their sharers; give them time to settle
+            if found is not None and not (found.leaked_reservations or found.unheld or found.duplicate_reservations):
+                break
+            await asyncio.sleep(1)
+            found = await self.observe()
+        assert found is not None
+        stuck = await self.pending_that_fit()
+        stuck += [f"no valid allocation: {x}" for x in found.missing_allocations]
+        maps, _ = await self.api.list_all(paths.configmaps(NS))
+        filled = {c["metadata"]["name"] for c in maps}
+        pod_list, _ = await self.api.list_of(paths.pods(NS), wire.Pod)
+        for pod in pod_list:
+            record = pods.record(pod)
+            shared = record.allocation is not None and not record.allocation.exclusive
+            if record.live and record.handoff and shared and record.handoff not in filled:
+                stuck.append(f"hand-off never filled: {record.key}")
+        alive = {p.metadata.name for p in pod_list}
+        lost = sorted((self.created - self.deleted) - alive)
+        return {
+            "faults_injected": sum(self.faults.values()),
+            "overcommits": len(self.overcommits),
+            "double_allocations": len(self.doubles),
+            "leaked_reservations": len(found.leaked_reservations),
+            "stuck_pods": len(stuck),
+            "lost_pods": len(lost),
+            "faults": dict(sorted(self.faults.items())),
+            "details": {
+                "overcommits": sorted(self.overcommits)[:20],
+                "double_allocations": sorted(self.doubles)[:20],
+                "leaked_reservations": found.leaked_reservations[:20],
+                "unheld_shared_gpus": found.unheld[:20],
+                "stuck_pods": stuck[:20],
+                "lost_pods": lost[:20],
+            },
+            "pods_created": len(self.created),
+            "pods_bound_at_end": found.bound,
+        }
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    rng = random.Random(args.seed)
+    with tempfile.TemporaryDirectory(prefix="sharegpu-chaos-") as tmp:
+        chaos = Chaos(Path(tmp), args.nodes, rng)
+        started = time.perf_counter()
+        try:
+            await chaos.start()
+            print(f"stack up with {args.nodes} nodes in {time.perf_counter() - started:.0f} s; churning", flush=True)
+            await chaos.churn(args.pods)
+            print(f"churn done in {time.perf_counter() - started:.0f} s; checking", flush=True)
+            result = await chaos.verdict(idle_wait=10)
+        finally:
+            await chaos.stop()
+    result["seconds"] = round(time.perf_counter() - started, 1)
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nodes", type=int, default=50)
+    parser.add_argument("--pods", type=int, default=600)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    result = asyncio.run(run(args))
+    print(json.dumps({k: v for k, v in result.items() if k != "details"}, indent=2))
+    problems = {k: v for k, v in result["details"].items() if v}
+    if problems:
+        print("details:", json.dumps(problems, indent=2))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,175 @@
+"""A proxy between one component and the API server that throws, on demand, the faults real
+clusters throw at clients: 429 with Retry-After, 409, 5xx, watch connections cut, watches expired
+with a 410 ERROR event. Everything else passes through unchanged (credentials included), so the
+component talks to the real API server and meets the faults on its own wire.
+
+The component's kubeconfig points at `FaultProxy.url` (plain HTTP on loopback); the proxy speaks
+TLS to the API server. Faults are counted in `injected`. Used by `bench/chaos.py`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ssl
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+FORWARDED = ("Authorization", "Content-Type", "Accept")
+
+
+@dataclass
+class _Fault:
+    status: int
+    remaining: int
+    method: str | None
+    path: str | None
+    retry_after: int | None
+
+
+class FaultProxy:
+    def __init__(self, upstream: str, ca_file: str) -> None:
+        self.upstream = upstream.rstrip("/")
+        self._ssl = ssl.create_default_context(cafile=ca_file)
+        self._faults: list[_Fault] = []
+        self._watches: dict[int, tuple[web.Request, web.StreamResponse]] = {}
+        self._session: aiohttp.ClientSession | None = None
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+        self.injected: dict[str, int] = {}
+        self.requests = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def start(self) -> None:
+        self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=self._ssl, limit=128))
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+    async def stop(self) -> None:
+        self.cut_watches(count=False)
+        if self._runner is not None:
+            await self._runner.cleanup()
+        if self._session is not None:
+            await self._session.close()
+
+    # ----------------------------------------------------------------- faults
+
+    def _count(self, kind: str) -> None:
+        self.injected[kind] = self.injected.get(kind, 0) + 1
+
+    def fail(
+        self,
+        status: int,
+        times: int = 1,
+        *,
+        method: str | None = None,
+        path: str | None = None,
+        retry_after: int | None = None,
+    ) -> None:
+        """Answer the next `times` matching requests (method "WATCH" for watches) with `status`."""
+        self._faults.append(_Fault(status, times, method, path, retry_after))
+        self._count(f"http-{status}")
+
+    def cut_watches(self, count: bool = True) -> int:
+        """Drop every open watch connection, as a network fault or a restarting server would."""
+        open_ = list(self._watches.values())
+        for request, _ in open_:
+            if request.transport is not None:
+                request.transport.close()
+        self._watches.clear()
+        if count and open_:
+            self._count("watch-cut")
+        return len(open_)
+
+    async def expire_watches(self) -> int:
+        """End every open watch with a 410 Gone ERROR event (its resourceVersion is too old)."""
+        gone = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 410, "reason": "Expired"}
+        event = {"type": "ERROR", "object": {**gone, "message": "too old resource version (chaos)"}}
+        open_ = list(self._watches.values())
+        for request, response in open_:
+            with contextlib.suppress(Exception):
+                await response.write(orjson.dumps(event) + b"\n")
+            if request.transport is not None:
+                request.transport.close()
+        self._watches.clear()
+        if open_:
+            self._count("watch-expired")
+        return len(open_)
+
+    def _matching_fault(self, method: str, path: str) -> _Fault | None:
+        for fault in self._faults:
+            if (fault.method is None or fault.method == method) and (fault.path is None or path.startswith(fault.path)):
+                fault.remaining -= 1
+                if fault.remaining <= 0:
+                    self._faults.remove(fault)
+                return fault
+        return None
+
+    # ----------------------------------------------------------------- forwarding
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        assert self._session is not None
+        self.requests += 1
+        watch = request.query.get("watch") in ("1", "true")
+        fault = self._matching_fault("WATCH" if watch else request.method, request.path)
+        if fault is not None:
+            reason = "TooManyRequests" if fault.status == 429 else "Chaos"
+            body: dict[str, Any] = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": fault.status,
+                                    "reason": reason, "message": "injected by chaos"}  # fmt: skip
+            headers = {"Retry-After": str(fault.retry_after)} if fault.retry_after is not None else {}
+            if fault.retry_after is not None:
+                body["details"] = {"retryAfterSeconds": fault.retry_after}
+            return web.Response(
+                status=fault.status, body=orjson.dumps(body), content_type="application/json", headers=headers
+            )
+        headers = {k: request.headers[k] for k in FORWARDED if k in request.headers}
+        data = await request.read() if request.can_read_body else None
+        url = f"{self.upstream}{request.path_qs}"
+        try:
+            upstream = await self._session.request(
+                request.method, url, data=data, headers=headers,
+                timeout=aiohttp.ClientTimeout(total=None if watch else 60, sock_read=None if watch else 60),
+            )  # fmt: skip
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            body = {"kind": "Status", "code": 503, "reason": "ServiceUnavailable", "message": f"upstream: {exc}"}
+            return web.Response(status=503, body=orjson.dumps(body), content_type="application/json")
+        async with upstream:
+            if not watch or upstream.status >= 400:
+                return web.Response(status=upstream.status, body=await upstream.read(),
+                                    content_type=upstream.content_type or "application/json")  # fmt: skip
+            response = web.StreamResponse(status=upstream.status)
+            response.content_type = upstream.content_type or "application/json"
+            await response.prepare(request)
+            key = id(response)
+            self._watches[key] = (request, response)
+            try:
+                async for chunk in upstream.content.iter_any():
+                    await response.write(chunk)
+            except (aiohttp.ClientError, ConnectionError, OSError):
+                pass
+            finally:
+                self._watches.pop(key, None)
+            return response
+
+
+async def until(predicate: Any, timeout: float, every: float = 0.5) -> bool:
+    """Poll an async predicate until it holds (True) or `timeout` seconds pass (False)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while loop.time() < deadline:
+        if await predicate():
+            return True
+        await asyncio.sleep(every)
+    return False
