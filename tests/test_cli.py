@@ -114,3 +114,34 @@ def test_logs_are_json_lines() -> None:
     assert lines[0]["message"] == 'a "quoted" message with\\nnewline'
     assert lines[0]["level"] == "WARNING"
     assert "ValueError: boom" in lines[1]["error"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["extender", "--policy", "nope"], "unknown policy 'nope'"),
+        (["extender", "--tls-cert", "/absent.crt"], "--tls-cert and --tls-key go together"),
+        (["extender", "--client-ca", "/absent.crt"], "--client-ca needs --tls-cert and --tls-key"),
+        (["extender", "--tls-cert", "/a.crt", "--tls-key", "/a.key"], "/a.crt: no such file"),
+        (["extender", "--lease-duration", "5", "--renew-deadline", "6"], "leader election needs"),
+        (["extender", "--log-level", "LOUD"], "--log-level must be DEBUG, INFO, WARNING or ERROR"),
+        (["webhook"], "give --cert and --key, or --bootstrap FOLDER"),
+        (
+            ["webhook", "--cert", "c", "--key", "k", "--dns-name", "x"],
+            "--dns-name and --ip-address go with --bootstrap",
+        ),
+        (["webhook", "--bootstrap", "/tmp/b", "--url", "http://x:1"], "--url must be an https URL"),
+        (
+            ["webhook", "--bootstrap", "/tmp/b", "--url", "https://127.0.0.1:8443"],
+            "--url host '127.0.0.1' is not among the certificate's names",
+        ),
+        (["webhook", "--bootstrap", "/tmp/b", "--ip-address", "not-an-ip"], "'not-an-ip' is not an IP address"),
+        (["devcluster", "--policy", "nope"], "unknown policy 'nope'"),
+    ],
+)
+def test_component_options_are_checked_before_anything_starts(args: list[str], message: str) -> None:
+    result = runner.invoke(cli.app, args)
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("sharegpu: error: "), result.output
+    assert message in lines[0]
