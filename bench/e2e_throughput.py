@@ -46,7 +46,7 @@ def plain_pod(name: str, namespace: str) -> Json:
 def sharing_pod(name: str, namespace: str, milli: int) -> Json:
     body = plain_pod(name, namespace)
     limits = body["spec"]["containers"][0]["resources"]["limits"]
-    limits.update({names.GPU: "1", names.GPU_MILLI: str(milli)})
+    limits.update({names.GPU_MILLI: str(milli)})
     body["spec"]["containers"][0]["resources"]["requests"] = dict(limits)
     return body
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -56,3 +58,12 @@ def book(*nodes: devices.NodeInventory) -> ledger.Ledger:
 
 def pod(key: str, **kwargs: object) -> requests.PodRequest:
     return requests.simple_pod(key, **kwargs)  # type: ignore[arg-type]
+
+
+async def eventually(check: Callable[[], bool], what: str, timeout: float = 5.0) -> None:
+    """Poll a condition of a component running in this event loop (AssertionError naming it on timeout)."""
+    for _ in range(int(timeout / 0.01)):
+        if check():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"timed out waiting for {what}")

@@ -14,8 +14,9 @@ import logging
 import shlex
 import signal
 import sys
+from collections.abc import Coroutine
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import orjson
 import typer
@@ -277,7 +278,7 @@ def extender(
         retry_period=retry_period, reservation_idle=reservation_idle, assume_ttl=assume_ttl, identity=identity,
     )  # fmt: skip
     try:
-        asyncio.run(runtime.serve(options))
+        _serve(runtime.serve(options))
     except errors.SharegpuError as exc:
         raise _fail(exc) from None
 
@@ -390,7 +391,7 @@ def webhook(
         await webhook_server.serve(host, port, cert, key, webhook_server.Webhook(policy), kubeconfig)
 
     try:
-        asyncio.run(run())
+        _serve(run())
     except errors.SharegpuError as exc:
         raise _fail(exc) from None
 
@@ -491,6 +492,14 @@ def _logging(level: str) -> None:
     handler = logging.StreamHandler()
     handler.setFormatter(JsonFormatter())
     logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
+
+
+def _serve(main: Coroutine[Any, Any, None]) -> None:
+    """Run a long-lived server on uvloop: its event loop and TLS handling cost a fraction of
+    asyncio's, which is most of what the extender spends per pod (bench/e2e_throughput.py)."""
+    import uvloop
+
+    uvloop.run(main)
 
 
 def main() -> None:

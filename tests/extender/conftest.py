@@ -81,14 +81,6 @@ async def settle(server: fake.FakeApiServer, rounds: int = 20) -> None:
     await asyncio.sleep(0.01)
 
 
-async def eventually(check: Callable[[], bool], what: str, timeout: float = 5.0) -> None:
-    for _ in range(int(timeout / 0.01)):
-        if check():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 class Harness:
     """A running extender over a fake API server."""
 

@@ -10,7 +10,8 @@ from sharegpu.api import names, paths
 from sharegpu.core import units
 from sharegpu.extender import reservations, runtime
 from sharegpu.kube import client
-from tests.extender.conftest import Harness, eventually, gpu_pod, settle
+from tests.conftest import eventually
+from tests.extender.conftest import Harness, gpu_pod, settle
 
 SYSTEM = names.SYSTEM_NAMESPACE
 

@@ -167,3 +167,37 @@ async def test_stale_assumptions_are_confirmed_or_forgotten_from_the_api(harness
     assert entry is not None and entry.phase.value == "Added", "confirmed from the API, not forgotten"
     assert await h.extender.scheduling.expire() == 0, "forgotten once"
     h.server.faults.clear()
+
+
+async def test_filter_reserves_its_choice_until_the_bind(harness: Callable[..., Any]) -> None:
+    """kube-scheduler filters the next pod while the last one's bind is on its way: the next pod
+    must see the last one's share, or both get the same GPU and the second bind fails."""
+    h: Harness = await harness(nodes=1, gpus=1)
+    first = await h.create(gpu_pod("first", milli=600))
+    second = await h.create(gpu_pod("second", milli=600))
+    assert h.extender.scheduling.filter(h.args(first)).node_names == ["n0"]
+    verdict = h.extender.scheduling.filter(h.args(second))
+    assert verdict.node_names == [], "the first pod's reservation holds the GPU"
+    again = h.extender.scheduling.filter(h.args(first))
+    assert again.node_names == ["n0"], "filtering the same pod again replaces its reservation, not adds one"
+    assert int(h.extender.cache.state.milli_free[0, 0]) == 400
+    uid = first["metadata"]["uid"]
+    result = await h.extender.scheduling.bind(
+        protocol.BindingArgs(pod_name="first", pod_namespace="ns", pod_uid=uid, node="n0")
+    )
+    assert result.error == ""
+    await settle(h.server)
+    entry = h.extender.cache.ledger.get(units.PodKey("ns/first"))
+    assert entry is not None and entry.phase.value == "Added" and int(h.extender.cache.state.milli_free[0, 0]) == 400
+
+
+async def test_a_reservation_whose_bind_never_comes_expires(harness: Callable[..., Any]) -> None:
+    h: Harness = await harness(nodes=1, gpus=1, assume_ttl=30.0)
+    pod = await h.create(gpu_pod("abandoned", milli=600))
+    assert h.extender.scheduling.filter(h.args(pod)).node_names == ["n0"]
+    assert int(h.extender.cache.state.milli_free[0, 0]) == 400
+    h.clock.now += 31
+    assert await h.extender.scheduling.expire() == 1
+    assert int(h.extender.cache.state.milli_free[0, 0]) == 1000
+    assert not h.extender.scheduling.reserved or await h.extender.scheduling.expire() == 0
+    assert not h.extender.scheduling.reserved

@@ -4,11 +4,11 @@ recreated objects, honest readiness, never dying on handler bugs or undecodable 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from typing import Any
 
 from sharegpu.api import paths, wire
 from sharegpu.kube import client, fake, informer
+from tests.conftest import eventually
 
 
 class Clock:
@@ -21,14 +21,6 @@ class Clock:
 
 def pod(name: str, uid_hint: str = "") -> dict[str, Any]:
     return {"metadata": {"name": name, "labels": {"v": uid_hint}}, "spec": {"containers": []}}
-
-
-async def eventually(check: Callable[[], bool], what: str, timeout: float = 5.0) -> None:
-    for _ in range(int(timeout / 0.01)):
-        if check():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def start(

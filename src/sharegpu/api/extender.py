@@ -35,28 +35,19 @@ class NodeList(msgspec.Struct, kw_only=True, frozen=True):
 
 
 class Args(_Go, kw_only=True, frozen=True):
-    """ExtenderArgs: the pod and its candidate nodes (names only when nodeCacheCapable).
-
-    The names stay undecoded (`msgspec.Raw`): kube-scheduler sends the same candidate list for pod
-    after pod, so the extender can recognise it by its bytes and reuse what it made of it."""
+    """ExtenderArgs: the pod and its candidate nodes (names only when nodeCacheCapable)."""
 
     pod: wire.Pod = msgspec.field(default_factory=wire.Pod, name="Pod")
     nodes: NodeList | None = msgspec.field(default=None, name="Nodes")
-    node_names: msgspec.Raw = msgspec.field(default=msgspec.Raw(b"null"), name="NodeNames")
+    node_names: list[str] | None = msgspec.field(default=None, name="NodeNames")
 
     @classmethod
     def of(cls, pod: wire.Pod, node_names: list[str]) -> Args:
-        return cls(pod=pod, node_names=msgspec.Raw(msgspec.json.encode(node_names)))
-
-    def candidates_key(self) -> bytes:
-        """The candidate list as bytes (equal lists, equal bytes)."""
-        if bytes(self.node_names) != b"null":
-            return bytes(self.node_names)
-        return msgspec.json.encode([n.metadata.name for n in (self.nodes.items if self.nodes else [])])
+        return cls(pod=pod, node_names=node_names)
 
     def candidates(self) -> list[str]:
-        if bytes(self.node_names) != b"null":
-            return _NAMES.decode(self.node_names)
+        if self.node_names is not None:
+            return self.node_names
         return [n.metadata.name for n in (self.nodes.items if self.nodes else [])]
 
 
@@ -90,4 +81,3 @@ class BindingResult(_Go, kw_only=True, frozen=True):
 
 
 ENCODER: Final = msgspec.json.Encoder()
-_NAMES: Final = msgspec.json.Decoder(list[str])

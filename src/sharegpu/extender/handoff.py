@@ -14,8 +14,6 @@ oldest claimant. Any other claimant gets nothing: a pod cannot read another pod'
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,6 +25,7 @@ from sharegpu.extender import cache as cache_mod
 from sharegpu.extender import metrics as metrics_mod
 from sharegpu.kube import client
 from sharegpu.kube import errors as kube_errors
+from sharegpu.kube import reconcile as loops
 
 log = logging.getLogger(__name__)
 Claim = tuple[str, str]
@@ -64,7 +63,7 @@ class HandoffReconciler:
         self.api = api
         self.metrics = metrics
         self.configmaps: dict[Claim, ConfigMapRecord] = {}
-        self._wake = asyncio.Event()
+        self.loop = loops.Loop("hand-off", self.reconcile)
         self._warned: set[tuple[Claim, units.PodKey]] = set()
 
     def on_configmap(self, kind: str, record: ConfigMapRecord) -> None:
@@ -75,19 +74,11 @@ class HandoffReconciler:
             self.configmaps[claim] = record
 
     def wake(self) -> None:
-        self._wake.set()
+        self.loop.wake()
 
-    async def run(self, tick: float = 0.5, pace: float = 0.05) -> None:
-        while True:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(tick):  # not wait_for: on 3.11 it can lose a cancellation
-                    await self._wake.wait()
-            self._wake.clear()
-            try:
-                await self.reconcile()
-            except Exception:
-                log.exception("hand-off reconcile failed; retrying")
-            await asyncio.sleep(pace)
+    async def run(self, tick: float = 0.5, pace: float = 0.25) -> None:
+        """Reconcile on every change (at most once per `pace` seconds) and at least every `tick`."""
+        await self.loop.run(tick, pace)
 
     # ----------------------------------------------------------------- deciding
 

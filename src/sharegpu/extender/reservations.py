@@ -22,8 +22,6 @@ pass never creates a second one for the same GPU.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import secrets
 import time
@@ -36,6 +34,7 @@ from sharegpu.core import errors, units
 from sharegpu.extender import cache as cache_mod
 from sharegpu.extender import metrics as metrics_mod
 from sharegpu.kube import client
+from sharegpu.kube import reconcile as loops
 
 log = logging.getLogger(__name__)
 Slot = tuple[str, int]
@@ -71,7 +70,7 @@ class ReservationReconciler:
         """Created by us, not yet seen: GPU -> (pod name, when)."""
         self.backoff: dict[Slot, Backoff] = {}
         self.idle_since: dict[Slot, float] = {}
-        self._wake = asyncio.Event()
+        self.loop = loops.Loop("reservations", self.reconcile)
 
     # ----------------------------------------------------------------- what the hand-off reads
 
@@ -87,20 +86,11 @@ class ReservationReconciler:
     # ----------------------------------------------------------------- the loop
 
     def wake(self) -> None:
-        self._wake.set()
+        self.loop.wake()
 
-    async def run(self, tick: float = 0.5, pace: float = 0.05) -> None:
+    async def run(self, tick: float = 0.5, pace: float = 0.25) -> None:
         """Reconcile on every change (at most once per `pace` seconds) and at least every `tick`."""
-        while True:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(tick):  # not wait_for: on 3.11 it can lose a cancellation
-                    await self._wake.wait()
-            self._wake.clear()
-            try:
-                await self.reconcile()
-            except Exception:
-                log.exception("reservation reconcile failed; retrying")
-            await asyncio.sleep(pace)
+        await self.loop.run(tick, pace)
 
     async def reconcile(self) -> None:
         now = self.clock()

@@ -45,8 +45,6 @@ FLOOR = protocol.MAX_SCORE // 2
 
 REQUESTS = 256
 """Parsed requests kept for the pods of the current scheduling cycles."""
-CANDIDATE_LISTS = 16
-"""Distinct candidate lists whose fleet rows are kept (kube-scheduler sends few: one per node selector)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,11 +52,17 @@ class Candidates:
     """A candidate list as kube-scheduler sent it, and as fleet rows."""
 
     names: list[str]
+    looked: np.ndarray
+    """Per name its fleet row, -1 where the fleet has none (no Device, or not ready)."""
     rows: np.ndarray
-    known: list[str]
-    """Names aligned with `rows`."""
-    missing: list[str]
-    """Names the fleet does not have (no Device, or not ready)."""
+    """The rows of the names the fleet has, in order."""
+
+    def known(self) -> list[str]:
+        """Names aligned with `rows`."""
+        return [n for n, r in zip(self.names, self.looked.tolist(), strict=True) if r >= 0]
+
+    def missing(self) -> list[str]:
+        return [n for n, r in zip(self.names, self.looked.tolist(), strict=True) if r < 0]
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,9 +100,9 @@ class SchedulingService:
         """Pods whose binding is being written right now."""
         self.outcomes: OrderedDict[units.PodKey, Outcome] = OrderedDict()
         self._remember = remember
-        self._candidates_cache: OrderedDict[bytes, Candidates] = OrderedDict()
         self._requests: OrderedDict[tuple[str, str], requests.PodRequest] = OrderedDict()
-        self._candidates_of: object = None
+        self.reserved: dict[units.PodKey, str] = {}
+        """Pods whose filter reserved the node it chose (pod -> UID), until their bind."""
 
     # ----------------------------------------------------------------- filter
 
@@ -116,34 +120,19 @@ class SchedulingService:
         return found
 
     def _candidates(self, args: protocol.Args) -> Candidates:
-        """The candidate nodes as fleet rows; made once per distinct candidate list and fleet."""
-        state = self.cache.state
-        if state is not self._candidates_of:
-            self._candidates_cache.clear()
-            self._candidates_of = state
-        key = args.candidates_key()
-        found = self._candidates_cache.get(key)
-        if found is not None:
-            self._candidates_cache.move_to_end(key)
-            return found
+        """The candidate nodes as fleet rows: one dictionary lookup per name. (kube-scheduler rotates
+        the list's order from cycle to cycle, so there is nothing to gain from remembering lists.)"""
         names_ = args.candidates()
-        looked = np.array([state.row_of.get(n, -1) for n in names_], dtype=np.int64)
-        present = looked >= 0
-        found = Candidates(
-            names=names_,
-            rows=looked[present],
-            known=[n for n, ok in zip(names_, present.tolist(), strict=True) if ok],
-            missing=[n for n, ok in zip(names_, present.tolist(), strict=True) if not ok],
-        )
-        self._candidates_cache[key] = found
-        if len(self._candidates_cache) > CANDIDATE_LISTS:
-            self._candidates_cache.popitem(last=False)
-        return found
+        row_of = self.cache.state.row_of
+        looked = np.array([row_of.get(n, -1) for n in names_], dtype=np.int64)
+        return Candidates(names_, looked, looked[looked >= 0])
 
     def filter(self, args: protocol.Args) -> protocol.FilterResult:
         offered = self._candidates(args)
         candidates = offered.names
         key = pods.key(args.pod)
+        if key not in self.binding:
+            self.cache.forget(key)  # filtered again: an earlier reservation of this pod is void
         try:
             request = self._request(args.pod)
         except errors.InvalidInputError as exc:
@@ -152,13 +141,13 @@ class SchedulingService:
             self._remember_outcome(key, 0, None, failed.message(len(candidates)))
             return protocol.FilterResult(failed_nodes=failed.unresolvable, failed_and_unresolvable=failed.unresolvable)
         demand = request.demand
-        rows, known, missing = offered.rows, offered.known, offered.missing
+        rows = offered.rows
         chooser = self.cache.placer
         evaluation = chooser.evaluate(demand, rows)
         feasible = evaluation[1]
         if not feasible.any():
             diagnosis = fit.diagnose(self.cache.state, demand, rows)
-            failed = reasons.failures(known, diagnosis, demand, missing)
+            failed = reasons.failures(offered.known(), diagnosis, demand, offered.missing())
             self.metrics.decisions.labels("filter", "unschedulable").inc()
             self._remember_outcome(key, 0, None, failed.message(len(candidates)), tuple(candidates))
             return protocol.FilterResult(
@@ -166,12 +155,17 @@ class SchedulingService:
                 failed_and_unresolvable=failed.unresolvable,
             )
         self.metrics.decisions.labels("filter", "feasible").inc()
+        names_ = self.cache.state.names
         if self.narrow and not pods.has_soft_preferences(args.pod):
             decision = chooser.choose(demand, *evaluation)
             assert decision.node is not None
+            # Reserve the decision now, as kube-scheduler's Reserve does: it filters the next pod
+            # while this one's bind is still on its way, and that pod must see this one's share.
+            if args.pod.metadata.uid and self.cache.assume(chooser.allocation_for(request, decision)):
+                self.reserved[key] = args.pod.metadata.uid
             self._remember_outcome(key, int(feasible.sum()), decision.node, "")
             return protocol.FilterResult(node_names=[decision.node])
-        fits = [known[i] for i in np.flatnonzero(feasible).tolist()]
+        fits = [names_[r] for r in rows[feasible].tolist()]
         self._remember_outcome(key, len(fits), None, "")
         return protocol.FilterResult(node_names=fits)
 
@@ -196,7 +190,7 @@ class SchedulingService:
             request = self._request(args.pod)
         except errors.InvalidInputError:
             return [protocol.HostPriority(host=n, score=0) for n in candidates]
-        rows, known = offered.rows, offered.known
+        rows, known = offered.rows, offered.known()
         evaluation = self.cache.placer.evaluate(request.demand, rows)
         _, feasible, score, *_ = evaluation
         decision = self.cache.placer.choose(request.demand, *evaluation) if feasible.any() else None
@@ -237,16 +231,23 @@ class SchedulingService:
         row = state.row(args.node)
         if row is None:
             return self._bind_failed("error", f"node {args.node} has no sharegpu inventory")
-        if key in self.cache.ledger or key in self.binding:
-            return self._bind_failed("error", f"pod {key} is already placed or being bound")
-        demand = request.demand
-        decision = self.cache.placer.decide(demand, np.array([row], dtype=np.int64))
-        if not decision.status.ok:
-            verdict = fit.explain_node(state, demand, row)
-            return self._bind_failed("unschedulable", reasons.refused_bind(key, args.node, verdict))
-        alloc = self.cache.placer.allocation_for(request, decision)
-        if not self.cache.assume(alloc):
-            return self._bind_failed("conflict", f"pod {key}: the allocation conflicts with the ledger")
+        if key in self.binding:
+            return self._bind_failed("error", f"pod {key} is being bound")
+        held = self.cache.assumed.get(key) if self.reserved.pop(key, None) == record.uid else None
+        if held is not None and held.node == args.node:
+            alloc = held  # reserved by this pod's filter: the ledger holds it already
+        else:
+            self.cache.forget(key)  # a reservation for another node (or another pod of that name) is void
+            if key in self.cache.ledger:
+                return self._bind_failed("error", f"pod {key} is already placed")
+            demand = request.demand
+            decision = self.cache.placer.decide(demand, np.array([row], dtype=np.int64))
+            if not decision.status.ok:
+                verdict = fit.explain_node(state, demand, row)
+                return self._bind_failed("unschedulable", reasons.refused_bind(key, args.node, verdict))
+            alloc = self.cache.placer.allocation_for(request, decision)
+            if not self.cache.assume(alloc):
+                return self._bind_failed("conflict", f"pod {key}: the allocation conflicts with the ledger")
         self.binding.add(key)
         try:
             await self.api.create(paths.binding(args.pod_namespace, args.pod_name), _binding(key, args, alloc))
@@ -271,6 +272,8 @@ class SchedulingService:
         shows the pod bound with that allocation (the watch is late), forgotten otherwise. Returns
         how many were forgotten."""
         forgotten = 0
+        for key in [k for k in self.reserved if k not in self.cache.assumed]:
+            del self.reserved[key]  # the reservation was resolved (bound, forgotten, pod gone)
         for key in self.cache.stale_assumptions(self.assume_ttl):
             if key in self.binding:
                 continue

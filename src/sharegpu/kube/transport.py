@@ -16,7 +16,7 @@ import contextlib
 import io
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from typing import Final, Protocol
+from typing import Any, Final, Protocol
 
 import aiohttp
 
@@ -156,18 +156,23 @@ class AiohttpTransport:
             headers["Authorization"] = request.authorization
         return headers
 
+    def _request(
+        self, session: aiohttp.ClientSession, request: Request, timeout: aiohttp.ClientTimeout, body: bool
+    ) -> Any:
+        return session.request(
+            request.method,
+            request.path.lstrip("/"),
+            params=dict(request.params) or None,
+            data=_payload(request.body) if body else None,
+            headers=self._headers(request),
+            timeout=timeout,
+            server_hostname=self._server_name,
+        )
+
     async def send(self, request: Request, timeout: float) -> Response:
         session = await self._session_for_now()
         try:
-            async with session.request(
-                request.method,
-                request.path.lstrip("/"),
-                params=dict(request.params) or None,
-                data=_payload(request.body),
-                headers=self._headers(request),
-                timeout=aiohttp.ClientTimeout(total=timeout),
-                server_hostname=self._server_name,
-            ) as response:
+            async with self._request(session, request, aiohttp.ClientTimeout(total=timeout), body=True) as response:
                 return Response(response.status, await response.read(), response.headers)
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             raise errors.TransportError(f"{request.method} {request.path}: {type(exc).__name__}: {exc}") from exc
@@ -175,15 +180,9 @@ class AiohttpTransport:
     @contextlib.asynccontextmanager
     async def stream(self, request: Request, idle_timeout: float) -> AsyncIterator[Stream]:
         session = await self._session_for_now()
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=idle_timeout)
         try:
-            async with session.request(
-                request.method,
-                request.path.lstrip("/"),
-                params=dict(request.params) or None,
-                headers=self._headers(request),
-                timeout=aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=idle_timeout),
-                server_hostname=self._server_name,
-            ) as response:
+            async with self._request(session, request, timeout, body=False) as response:
                 yield _AiohttpStream(response)
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             raise errors.TransportError(f"WATCH {request.path}: {type(exc).__name__}: {exc}") from exc

@@ -193,7 +193,10 @@ def _write(container: Json, share: _Share) -> str:
     if share.whole:
         canonical = {names.NVIDIA_GPU: str(share.count)}
     else:
-        canonical = {names.GPU: str(share.count), names.GPU_MILLI: str(share.milli or 1)}
+        # One GPU is the default: leaving sharegpu.io/gpu out spares kube-scheduler a name check per
+        # node and pod (it validates every extended resource name of a pod on every node).
+        canonical = {names.GPU: str(share.count)} if share.count != 1 else {}
+        canonical[names.GPU_MILLI] = str(share.milli or 1)
         if share.memory_mib:
             canonical[names.GPU_MEMORY] = str(share.memory_mib)
     for table in (limits, requests):

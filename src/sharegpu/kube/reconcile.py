@@ -1,0 +1,42 @@
+"""Reconcile loops: run a pass soon after anything changed, and at least every `tick` seconds.
+
+Changes arrive in bursts (one bind brings several watch events); `wake()` only sets a flag, and a
+pass runs at most once per `pace` seconds, so a burst costs one pass. A failed pass is logged and
+the next one tries again: a reconciler compares what should be with what is, every time, so
+nothing is lost by skipping a pass. The loop ends only when cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+
+log = logging.getLogger(__name__)
+
+
+class Loop:
+    def __init__(self, name: str, reconcile: Callable[[], Awaitable[None]]) -> None:
+        self.name = name
+        self.reconcile = reconcile
+        self._wake = asyncio.Event()
+        self.passes = 0
+        self.failures = 0
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def run(self, tick: float = 0.5, pace: float = 0.25) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(tick):  # not wait_for: on 3.11 it can lose a cancellation
+                    await self._wake.wait()
+            self._wake.clear()
+            self.passes += 1
+            try:
+                await self.reconcile()
+            except Exception:
+                self.failures += 1
+                log.exception("%s: reconcile failed; the next pass tries again", self.name)
+            await asyncio.sleep(pace)
