@@ -4,7 +4,7 @@ The canonical request a sharegpu pod carries (the admission webhook translates e
 into it):
 
     resources.limits (per container)
-      sharegpu.io/gpu: N               GPUs for this container (a share: 1)
+      sharegpu.io/gpu: N               GPUs for this container (absent: 1)
       sharegpu.io/gpu-milli: M         compute per GPU, 1..1000 (omitted or 1000: whole GPUs)
       sharegpu.io/gpu-memory: MiB      GPU memory per GPU
       nvidia.com/gpu: N                whole GPUs through the NVIDIA device plugin

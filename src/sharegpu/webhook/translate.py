@@ -6,7 +6,7 @@ audit line per translation, or raises InvalidRequestError with a message a perso
 table of formats is in docs/admission.md; every row has a test.
 
 Canonical form (see sharegpu.api.names): whole GPUs stay `nvidia.com/gpu: N` (the NVIDIA device
-plugin hands them over); shares become `sharegpu.io/gpu: N`, `sharegpu.io/gpu-milli: M` and
+plugin hands them over); shares become `sharegpu.io/gpu: N` (only above 1), `sharegpu.io/gpu-milli: M` and
 `sharegpu.io/gpu-memory: MiB`, with the burst limit, memory ratio, models and co-tenancy rules as
 `sharegpu.io/*` pod annotations. A share that states only memory (Aliyun, HAMi without gpucores,
 KubeShare without gpu_request) gets the smallest compute guarantee (1 milli) and may burst to the
