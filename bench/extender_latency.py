@@ -3,8 +3,9 @@
 Runs the real extender (informers, cache, scheduling service) over the in-memory fake API server
 holding N GPU nodes, then for a stream of pods of mixed shapes times what one kube-scheduler request
 costs the extender without the HTTP transport: decoding the request body (the pod and every
-candidate node name, as kube-scheduler sends them) into typed messages, filter, prioritize, and
-encoding the answers. Each pod is then bound through the same service, so the cluster fills up.
+candidate node name, rotated from pod to pod as kube-scheduler sends them) into typed messages,
+filter, prioritize when kube-scheduler would call it (more than one node left), and encoding the
+answers. Each pod is then bound through the same service, so the cluster fills up.
 
     python bench/extender_latency.py [--nodes 1000] [--gpus 8] [--pods 2000] [--json PATH]
 
@@ -88,12 +89,14 @@ async def run(args: argparse.Namespace) -> dict[str, float]:
         for i in range(args.pods):
             milli, count = rng.choice(shapes)
             made = await api.create(paths.pods("bench"), pod(f"p{i}", milli, count))
-            body = msgspec.json.encode({"Pod": made, "NodeNames": node_names})
+            start = (i * 97) % len(node_names)  # kube-scheduler starts at a different node each cycle
+            body = msgspec.json.encode({"Pod": made, "NodeNames": node_names[start:] + node_names[:start]})
             started = time.perf_counter()
             verdict = service.filter(wire.decode(body, protocol.Args))
             protocol.ENCODER.encode(verdict)
-            again = msgspec.json.encode({"Pod": made, "NodeNames": verdict.node_names})
-            protocol.ENCODER.encode(service.prioritize(wire.decode(again, protocol.Args)))
+            if len(verdict.node_names) > 1:  # kube-scheduler calls prioritize only when several nodes are left
+                again = msgspec.json.encode({"Pod": made, "NodeNames": verdict.node_names})
+                protocol.ENCODER.encode(service.prioritize(wire.decode(again, protocol.Args)))
             timings.append((time.perf_counter() - started) * 1000)
             if (milli, count) not in seen:  # the first pod of a shape scores every node once
                 seen.add((milli, count))

@@ -201,3 +201,18 @@ async def test_a_reservation_whose_bind_never_comes_expires(harness: Callable[..
     assert int(h.extender.cache.state.milli_free[0, 0]) == 1000
     assert not h.extender.scheduling.reserved or await h.extender.scheduling.expire() == 0
     assert not h.extender.scheduling.reserved
+
+
+async def test_a_rotated_candidate_list_is_recognised_and_another_set_is_not(harness: Callable[..., Any]) -> None:
+    """kube-scheduler starts filtering at a different node each cycle, so the same candidates come
+    rotated: they are mapped to rows once; a different set (one node fewer) is mapped anew."""
+    h: Harness = await harness(nodes=4)
+    service = h.extender.scheduling
+    pod = await h.create(gpu_pod("a", milli=300))
+    order = ["n0", "n1", "n2", "n3"]
+    first = service._candidates(h.args(pod, order))
+    for shift in (1, 2, 3):
+        assert service._candidates(h.args(pod, order[shift:] + order[:shift])) is first
+    fewer = service._candidates(h.args(pod, ["n1", "n2", "n3"]))
+    assert fewer is not first and sorted(fewer.rows.tolist()) == [1, 2, 3]
+    assert service._candidates(h.args(pod, ["n3", "n0", "n1", "n9"])) is not first, "same length, other names"

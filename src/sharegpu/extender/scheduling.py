@@ -65,6 +65,19 @@ class Candidates:
         return [n for n, r in zip(self.names, self.looked.tolist(), strict=True) if r < 0]
 
 
+CANDIDATE_LISTS = 8
+"""Distinct candidate lists remembered (kube-scheduler sends one per set of feasible nodes)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Seen:
+    state: object
+    text: bytes
+    ring: bytes
+    """The list's elements written twice, so that any rotation of it is a substring."""
+    candidates: Candidates
+
+
 @dataclass(frozen=True, slots=True)
 class Outcome:
     """The last filter verdict for a pod (the debug endpoint and the explain tool read it)."""
@@ -101,6 +114,8 @@ class SchedulingService:
         self.outcomes: OrderedDict[units.PodKey, Outcome] = OrderedDict()
         self._remember = remember
         self._requests: OrderedDict[tuple[str, str], requests.PodRequest] = OrderedDict()
+        self._lists: list[_Seen] = []
+        """Candidate lists seen lately, newest first."""
         self.reserved: dict[units.PodKey, str] = {}
         """Pods whose filter reserved the node it chose (pod -> UID), until their bind."""
 
@@ -120,12 +135,28 @@ class SchedulingService:
         return found
 
     def _candidates(self, args: protocol.Args) -> Candidates:
-        """The candidate nodes as fleet rows: one dictionary lookup per name. (kube-scheduler rotates
-        the list's order from cycle to cycle, so there is nothing to gain from remembering lists.)"""
+        """The candidate nodes as fleet rows.
+
+        kube-scheduler sends the same list pod after pod, starting at a different node each time (it
+        rotates where it starts filtering). A rotation of a list we have seen is recognised from the
+        text alone: same length, and found inside that list's text written twice (node names hold no
+        quotes or commas, so a match can only start at an element). Order does not matter to the
+        decision, so the rows made for the first one serve. Only a new list is decoded and looked up."""
+        state = self.cache.state
+        text = args.names_text()
+        for seen in self._lists:
+            if seen.state is state and len(seen.text) == len(text) and (
+                seen.text == text or text[1:-1] in seen.ring
+            ):
+                return seen.candidates
         names_ = args.candidates()
-        row_of = self.cache.state.row_of
+        row_of = state.row_of
         looked = np.array([row_of.get(n, -1) for n in names_], dtype=np.int64)
-        return Candidates(names_, looked, looked[looked >= 0])
+        made = Candidates(names_, looked, looked[looked >= 0])
+        inner = text[1:-1]
+        self._lists.insert(0, _Seen(state, text, inner + b"," + inner, made))
+        del self._lists[CANDIDATE_LISTS:]
+        return made
 
     def filter(self, args: protocol.Args) -> protocol.FilterResult:
         offered = self._candidates(args)
