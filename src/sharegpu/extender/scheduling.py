@@ -145,9 +145,7 @@ class SchedulingService:
         state = self.cache.state
         text = args.names_text()
         for seen in self._lists:
-            if seen.state is state and len(seen.text) == len(text) and (
-                seen.text == text or text[1:-1] in seen.ring
-            ):
+            if seen.state is state and len(seen.text) == len(text) and (seen.text == text or text[1:-1] in seen.ring):
                 return seen.candidates
         names_ = args.candidates()
         row_of = state.row_of
