@@ -19,6 +19,7 @@ from sharegpu.core import devices
 from sharegpu.devcluster import controlplane, fakecluster, oracle, stack
 from sharegpu.devcluster.stack import ExtenderProcess
 from sharegpu.kube import client
+from sharegpu.kube import errors as kube_errors
 
 Json = dict[str, Any]
 
@@ -156,6 +157,14 @@ async def wait_for(predicate: Callable[[], Any], timeout: float = 60, every: flo
             return last
         await asyncio.sleep(every)
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what or predicate}: last {last!r}")
+
+
+async def get_or_none(kube: client.KubeClient, path: str) -> Json | None:
+    """The object at `path`, or None while it does not exist (yet)."""
+    try:
+        return await kube.get(path)
+    except kube_errors.NotFoundError:
+        return None
 
 
 async def consistent(kube: client.KubeClient, nodes: list[str] | None = None, timeout: float = 60) -> oracle.Findings:

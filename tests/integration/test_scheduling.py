@@ -15,7 +15,7 @@ from sharegpu.api import names
 from sharegpu.core import allocation, units
 from sharegpu.devcluster.stack import ExtenderProcess
 from sharegpu.kube import client
-from tests.integration.conftest import consistent, gpu_pod, wait_for
+from tests.integration.conftest import consistent, get_or_none, gpu_pod, wait_for
 
 Json = dict[str, Any]
 
@@ -201,10 +201,7 @@ async def test_handoff_configmap_gets_the_reserved_gpu_uuid(
     await wait_for(lambda: all_bound(admin, namespace, 1), what="pod bound")
 
     async def configmap() -> Json | None:
-        try:
-            return await admin.get(f"/api/v1/namespaces/{namespace}/configmaps/handoff-x1")
-        except Exception:
-            return None
+        return await get_or_none(admin, f"/api/v1/namespaces/{namespace}/configmaps/handoff-x1")
 
     data = (await wait_for(configmap, what="hand-off ConfigMap"))["data"]
     items, _ = await admin.list_all(
@@ -302,7 +299,8 @@ async def test_a_lost_reservation_pod_is_replaced_and_the_hand_off_follows(
     uuid = second["metadata"]["annotations"][names.GPU_UUID]
 
     async def handoff_follows() -> bool:
-        data = (await admin.get(f"/api/v1/namespaces/{namespace}/configmaps/handoff-lost-1")).get("data") or {}
+        found = await get_or_none(admin, f"/api/v1/namespaces/{namespace}/configmaps/handoff-lost-1")
+        data = (found or {}).get("data") or {}
         return bool(data.get("main.NVIDIA_VISIBLE_DEVICES") == uuid)
 
     await wait_for(handoff_follows, what="the hand-off ConfigMap to name the new GPU")
@@ -342,10 +340,7 @@ async def test_a_hand_off_configmap_claimed_twice_serves_only_its_first_pod(
     await wait_for(lambda: all_bound(admin, namespace, 1), what="first bound")
 
     async def configmap() -> Json | None:
-        try:
-            return await admin.get(f"/api/v1/namespaces/{namespace}/configmaps/claimed-cm")
-        except Exception:
-            return None
+        return await get_or_none(admin, f"/api/v1/namespaces/{namespace}/configmaps/claimed-cm")
 
     await wait_for(configmap, what="the hand-off of the first pod")
     await admin.create(f"/api/v1/namespaces/{namespace}/pods", gpu_pod(
