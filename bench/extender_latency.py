@@ -3,7 +3,7 @@
 Runs the real extender (informers, cache, scheduling service) over the in-memory fake API server
 holding N GPU nodes, then for a stream of pods of mixed shapes times what one kube-scheduler request
 costs the extender without the HTTP transport: decoding the request body (the pod and every
-candidate node name, rotated from pod to pod as kube-scheduler sends them) into typed messages,
+candidate node name, in another order from pod to pod as kube-scheduler sends them) into typed messages,
 filter, prioritize when kube-scheduler would call it (more than one node left), and encoding the
 answers. Each pod is then bound through the same service, so the cluster fills up.
 
@@ -73,6 +73,17 @@ def pod(name: str, milli: int, count: int = 1) -> Json:
     }
 
 
+def kube_scheduler_order(names: list[str], cycle: int, rng: random.Random) -> list[str]:
+    """The candidates in an order like kube-scheduler's: it starts each cycle at another node, and
+    its 16 filter goroutines append the nodes that pass as they finish (neighbours swap places)."""
+    start = (cycle * 97) % len(names)
+    order = names[start:] + names[:start]
+    for i in range(0, len(order) - 1, 2):
+        if rng.random() < 0.2:
+            order[i], order[i + 1] = order[i + 1], order[i]
+    return order
+
+
 async def run(args: argparse.Namespace) -> dict[str, float]:
     rng = random.Random(1)
     server = cluster(args.nodes, args.gpus)
@@ -89,8 +100,7 @@ async def run(args: argparse.Namespace) -> dict[str, float]:
         for i in range(args.pods):
             milli, count = rng.choice(shapes)
             made = await api.create(paths.pods("bench"), pod(f"p{i}", milli, count))
-            start = (i * 97) % len(node_names)  # kube-scheduler starts at a different node each cycle
-            body = msgspec.json.encode({"Pod": made, "NodeNames": node_names[start:] + node_names[:start]})
+            body = msgspec.json.encode({"Pod": made, "NodeNames": kube_scheduler_order(node_names, i, rng)})
             started = time.perf_counter()
             verdict = service.filter(wire.decode(body, protocol.Args))
             protocol.ENCODER.encode(verdict)

@@ -113,6 +113,32 @@ async def test_the_scheduler_port_requires_the_schedulers_client_certificate(pki
     await asyncio.sleep(0)
 
 
+def test_the_scheduler_port_issues_no_session_tickets(pki: dict[str, Path]) -> None:
+    """kube-scheduler keeps no TLS session cache, so tickets would be made per connection for
+    nothing (they are most of a handshake's cost): a full handshake leaves the client none."""
+    server = tls.ReloadingTls(pki["cert"], pki["key"], pki["ca"]).context
+    client = ssl.create_default_context(cafile=str(pki["ca"]))
+    client.load_cert_chain(pki["client_cert"], pki["client_key"])
+    to_server, to_client, server_out, client_out = (ssl.MemoryBIO() for _ in range(4))
+    server_side = server.wrap_bio(to_server, server_out, server_side=True)
+    client_side = client.wrap_bio(to_client, client_out, server_hostname="127.0.0.1")
+    done = [False, False]
+    for _ in range(6):
+        for i, side in enumerate((client_side, server_side)):
+            try:
+                side.do_handshake()
+                done[i] = True
+            except ssl.SSLWantReadError:
+                pass
+        to_server.write(client_out.read())
+        to_client.write(server_out.read())
+    server_side.write(b"bound")
+    to_client.write(server_out.read())
+    assert all(done) and client_side.version() == "TLSv1.3"
+    assert client_side.read() == b"bound"
+    assert client_side.session is not None and not client_side.session.has_ticket
+
+
 def test_the_hand_off_and_reservation_vocabulary_is_shared() -> None:
     assert names.reservation_name("n" * 300, 3, "abcdef").endswith("-3-abcdef")
     assert len(names.reservation_name("n" * 300, 3, "abcdef")) <= 253

@@ -203,9 +203,10 @@ async def test_a_reservation_whose_bind_never_comes_expires(harness: Callable[..
     assert not h.extender.scheduling.reserved
 
 
-async def test_a_rotated_candidate_list_is_recognised_and_another_set_is_not(harness: Callable[..., Any]) -> None:
-    """kube-scheduler starts filtering at a different node each cycle, so the same candidates come
-    rotated: they are mapped to rows once; a different set (one node fewer) is mapped anew."""
+async def test_a_reordered_candidate_list_is_recognised_and_another_set_is_not(harness: Callable[..., Any]) -> None:
+    """kube-scheduler starts filtering at a different node each cycle and its filter goroutines
+    append passing nodes as they finish, so the same candidates come in another order: they are
+    mapped to rows once; a different set (one node fewer, or another name) is mapped anew."""
     h: Harness = await harness(nodes=4)
     service = h.extender.scheduling
     pod = await h.create(gpu_pod("a", milli=300))
@@ -213,6 +214,7 @@ async def test_a_rotated_candidate_list_is_recognised_and_another_set_is_not(har
     first = service._candidates(h.args(pod, order))
     for shift in (1, 2, 3):
         assert service._candidates(h.args(pod, order[shift:] + order[:shift])) is first
+    assert service._candidates(h.args(pod, ["n2", "n0", "n3", "n1"])) is first, "not a rotation, same set"
     fewer = service._candidates(h.args(pod, ["n1", "n2", "n3"]))
     assert fewer is not first and sorted(fewer.rows.tolist()) == [1, 2, 3]
     assert service._candidates(h.args(pod, ["n3", "n0", "n1", "n9"])) is not first, "same length, other names"

@@ -38,8 +38,8 @@ class Args(_Go, kw_only=True, frozen=True):
     """ExtenderArgs: the pod and its candidate nodes (names only when nodeCacheCapable).
 
     The names stay as the JSON text kube-scheduler sent (`msgspec.Raw`) until someone needs them:
-    the same candidate list comes pod after pod (rotated), and recognising it by its text is far
-    cheaper than decoding and looking up thousands of names each time."""
+    the same candidate list comes pod after pod, and a repeat of a text is recognised by one
+    comparison, far cheaper than decoding and looking up thousands of names each time."""
 
     pod: wire.Pod = msgspec.field(default_factory=wire.Pod, name="Pod")
     nodes: NodeList | None = msgspec.field(default=None, name="Nodes")

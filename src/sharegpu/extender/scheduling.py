@@ -73,8 +73,7 @@ CANDIDATE_LISTS = 8
 class _Seen:
     state: object
     text: bytes
-    ring: bytes
-    """The list's elements written twice, so that any rotation of it is a substring."""
+    members: frozenset[str]
     candidates: Candidates
 
 
@@ -137,22 +136,25 @@ class SchedulingService:
     def _candidates(self, args: protocol.Args) -> Candidates:
         """The candidate nodes as fleet rows.
 
-        kube-scheduler sends the same list pod after pod, starting at a different node each time (it
-        rotates where it starts filtering). A rotation of a list we have seen is recognised from the
-        text alone: same length, and found inside that list's text written twice (node names hold no
-        quotes or commas, so a match can only start at an element). Order does not matter to the
-        decision, so the rows made for the first one serve. Only a new list is decoded and looked up."""
+        kube-scheduler sends much the same list pod after pod, in a different order each time: it
+        starts filtering at a different node every cycle, and its filter goroutines append the nodes
+        that pass in whatever order they finish. Order does not matter to the decision, so a list is
+        known by its set of names: a repeat of the exact text is found by one comparison, another
+        order of a known set by one decode and a set comparison (hashes first), and only a new set
+        is looked up name by name."""
         state = self.cache.state
         text = args.names_text()
         for seen in self._lists:
-            if seen.state is state and len(seen.text) == len(text) and (seen.text == text or text[1:-1] in seen.ring):
+            if seen.state is state and seen.text == text:
                 return seen.candidates
         names_ = args.candidates()
-        row_of = state.row_of
-        looked = np.array([row_of.get(n, -1) for n in names_], dtype=np.int64)
-        made = Candidates(names_, looked, looked[looked >= 0])
-        inner = text[1:-1]
-        self._lists.insert(0, _Seen(state, text, inner + b"," + inner, made))
+        members = frozenset(names_)
+        made = next((s.candidates for s in self._lists if s.state is state and s.members == members), None)
+        if made is None:
+            row_of = state.row_of
+            looked = np.array([row_of.get(n, -1) for n in names_], dtype=np.int64)
+            made = Candidates(names_, looked, looked[looked >= 0])
+        self._lists.insert(0, _Seen(state, text, members, made))
         del self._lists[CANDIDATE_LISTS:]
         return made
 

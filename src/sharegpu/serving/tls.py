@@ -42,6 +42,11 @@ class ReloadingTls:
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.minimum_version = ssl.TLSVersion.TLSv1_2
         context.load_cert_chain(self.cert, self.key)
+        # No TLS 1.3 session tickets: kube-scheduler's extender client and kube-apiserver's webhook
+        # client keep no session cache, so a ticket is never used, and issuing the two that OpenSSL
+        # sends by default (they carry the client certificate) cost more than the rest of the
+        # handshake here (~1.5 of ~2.6 ms of server CPU per connection, OpenSSL 3.0).
+        context.num_tickets = 0
         if self.client_ca is not None:
             context.load_verify_locations(cafile=self.client_ca)
             context.verify_mode = ssl.CERT_REQUIRED
