@@ -127,6 +127,30 @@ def test_records_keep_what_placement_needs_and_parse_allocations_once() -> None:
     assert second.terminal and not second.live
 
 
+def test_a_request_is_parsed_once_per_pod_unless_what_it_depends_on_changes() -> None:
+    """Resources never change on a pod, so later watch events reuse the request; a request annotation
+    that changes, or another pod of the same name (another uid), is parsed anew."""
+    body: dict[str, Any] = {
+        "metadata": {"name": "p", "namespace": "ns", "uid": "u1", "resourceVersion": "1", "annotations": {}},
+        "spec": {"containers": [{"name": "main", "resources": {"limits": {names.GPU_MILLI: "300"}}}]},
+    }
+    first = pods.record(wire.convert(body, wire.Pod))
+    body["metadata"]["resourceVersion"] = "2"
+    body["spec"]["nodeName"] = "n1"
+    bound = pods.record(wire.convert(body, wire.Pod), first)
+    assert bound.request is first.request is not None and bound.node == "n1"
+    body["metadata"]["annotations"] = {names.LIMIT_MILLI: "900", "unrelated": "x"}
+    limited = pods.record(wire.convert(body, wire.Pod), bound)
+    assert limited.request is not None and limited.request is not first.request
+    assert limited.request.containers[0].gpu is not None and limited.request.containers[0].gpu.limit_milli == 900
+    body["metadata"]["annotations"]["unrelated"] = "y"
+    assert pods.record(wire.convert(body, wire.Pod), limited).request is limited.request
+    body["metadata"]["uid"] = "u2"
+    body["spec"]["containers"][0]["resources"]["limits"][names.GPU_MILLI] = "700"
+    other = pods.record(wire.convert(body, wire.Pod), limited)
+    assert other.request is not None and other.request.demand.milli == 700
+
+
 def test_reservation_records_carry_their_slot_and_uuid() -> None:
     body = {
         "metadata": {

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sharegpu.api import extender as protocol
-from sharegpu.api import names, paths, reasons, wire
+from sharegpu.api import names, paths, pods, reasons, wire
 from sharegpu.core import allocation, units
 from tests.extender.conftest import Harness, gpu_pod, settle
 
@@ -218,3 +218,21 @@ async def test_a_reordered_candidate_list_is_recognised_and_another_set_is_not(h
     fewer = service._candidates(h.args(pod, ["n1", "n2", "n3"]))
     assert fewer is not first and sorted(fewer.rows.tolist()) == [1, 2, 3]
     assert service._candidates(h.args(pod, ["n3", "n0", "n1", "n9"])) is not first, "same length, other names"
+
+
+async def test_filter_takes_the_request_the_cache_parsed_unless_the_pod_says_otherwise(
+    harness: Callable[..., Any],
+) -> None:
+    """The informer parsed the pod's request already; filter reuses it for that pod, and parses the
+    pod it is sent when that one carries other request annotations (a newer version)."""
+    h: Harness = await harness(nodes=2)
+    service = h.extender.scheduling
+    pod = await h.create(gpu_pod("a", milli=300))
+    known = h.extender.cache.record(pods.key(h.args(pod).pod))
+    assert known is not None and known.request is not None
+    assert service._request(h.args(pod).pod) is known.request
+    newer = h.args(pod).pod
+    newer.metadata.annotations[names.LIMIT_MILLI] = "800"
+    parsed = service._request(newer)
+    assert parsed is not known.request
+    assert parsed.containers[0].gpu is not None and parsed.containers[0].gpu.limit_milli == 800

@@ -108,6 +108,27 @@ def cotenancy(notes: dict[str, str]) -> requests.CoTenancy:
     )
 
 
+REQUEST_ANNOTATIONS = (
+    names.MODELS,
+    names.LIMIT_MILLI,
+    names.MEMORY_PERMILLE,
+    names.AFFINITY,
+    names.ANTI_AFFINITY,
+    names.EXCLUSION,
+    names.GROUP,
+)
+"""The annotations `request` reads. With the containers' resources, which the API server never lets
+change, they are all a pod's request depends on."""
+
+_NO_REQUEST_NOTES: tuple[str | None, ...] = (None,) * len(REQUEST_ANNOTATIONS)
+
+
+def request_notes(notes: dict[str, str]) -> tuple[str | None, ...]:
+    """The values of `REQUEST_ANNOTATIONS` (one shared tuple when the pod sets none of them)."""
+    found = tuple(notes.get(k) for k in REQUEST_ANNOTATIONS)
+    return _NO_REQUEST_NOTES if found == _NO_REQUEST_NOTES else found
+
+
 def request(pod: wire.Pod, host: tuple[int, int] | None = None) -> requests.PodRequest:
     """The normalised request of a pod; malformed requests raise InvalidRequestError naming the field.
     `host`: its (milli-CPU, MiB) when the caller has them already."""
@@ -165,6 +186,9 @@ class Record:
     """The pod asks for a GPU resource (whether or not its request is valid)."""
     request: requests.PodRequest | None
     """The parsed request; None if it asks for no GPU or is malformed (then `problem` says why)."""
+    request_notes: tuple[str | None, ...]
+    """The annotations `request` was parsed from (`request_notes`): the same uid with the same
+    values has the same request."""
     problem: str | None
     allocation_text: str | None
     """The allocation annotation as written (compared as text, parsed once by `allocation`)."""
@@ -179,6 +203,10 @@ class Record:
     @property
     def terminal(self) -> bool:
         return self.phase in TERMINAL_PHASES
+
+    def same_request(self, uid: str, notes: tuple[str | None, ...]) -> bool:
+        """Whether a version of the pod with this uid and these `request_notes` has this request."""
+        return bool(uid) and uid == self.uid and notes == self.request_notes
 
     @property
     def live(self) -> bool:
@@ -206,11 +234,15 @@ def record(pod: wire.Pod, previous: Record | None = None) -> Record:
     gpu = slot is None and wants_gpu(pod)
     parsed: requests.PodRequest | None = None
     problem: str | None = None
+    inputs = request_notes(notes)
     if gpu:
-        try:
-            parsed = request(pod, host)
-        except errors.InvalidInputError as exc:
-            problem = str(exc)
+        if previous is not None and previous.request is not None and previous.same_request(meta.uid, inputs):
+            parsed = previous.request  # every update after the first: status, binding, annotations
+        else:
+            try:
+                parsed = request(pod, host)
+            except errors.InvalidInputError as exc:
+                problem = str(exc)
     text = notes.get(names.ALLOCATION)
     alloc: allocation.Allocation | None = None
     if text:
@@ -232,6 +264,7 @@ def record(pod: wire.Pod, previous: Record | None = None) -> Record:
         created=meta.creation_timestamp or "",
         gpu=gpu,
         request=parsed,
+        request_notes=inputs,
         problem=problem,
         allocation_text=text,
         allocation=alloc,

@@ -121,8 +121,14 @@ class SchedulingService:
     # ----------------------------------------------------------------- filter
 
     def _request(self, pod: wire.Pod) -> requests.PodRequest:
-        """The pod's request, parsed once per version of the pod (filter, then prioritize, reuse it)."""
+        """The pod's request: the one the cache parsed from its watch events when it is the same pod
+        with the same request annotations, else parsed once per version of the pod (filter, then
+        prioritize, reuse it)."""
         meta = pod.metadata
+        known = self.cache.record(pods.key(pod))
+        notes = pods.request_notes(meta.annotations)
+        if known is not None and known.request is not None and known.same_request(meta.uid, notes):
+            return known.request
         key = (meta.uid, meta.resource_version)
         found = self._requests.get(key) if meta.uid else None
         if found is None:
