@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -217,6 +218,9 @@ async def test_a_reordered_candidate_list_is_recognised_and_another_set_is_not(h
     assert service._candidates(h.args(pod, ["n2", "n0", "n3", "n1"])) is first, "not a rotation, same set"
     fewer = service._candidates(h.args(pod, ["n1", "n2", "n3"]))
     assert fewer is not first and sorted(fewer.rows.tolist()) == [1, 2, 3]
+    for other in list(itertools.permutations(order))[:12]:  # many orders of one set take one place
+        assert service._candidates(h.args(pod, list(other))) is first
+    assert service._candidates(h.args(pod, ["n3", "n2", "n1"])) is fewer
     assert service._candidates(h.args(pod, ["n3", "n0", "n1", "n9"])) is not first, "same length, other names"
 
 

@@ -187,8 +187,8 @@ class Record:
     request: requests.PodRequest | None
     """The parsed request; None if it asks for no GPU or is malformed (then `problem` says why)."""
     request_notes: tuple[str | None, ...]
-    """The annotations `request` was parsed from (`request_notes`): the same uid with the same
-    values has the same request."""
+    """The annotations `request` was parsed from (`request_notes`; all None for a pod that asks
+    for no GPU): the same uid with the same values has the same request."""
     problem: str | None
     allocation_text: str | None
     """The allocation annotation as written (compared as text, parsed once by `allocation`)."""
@@ -234,7 +234,7 @@ def record(pod: wire.Pod, previous: Record | None = None) -> Record:
     gpu = slot is None and wants_gpu(pod)
     parsed: requests.PodRequest | None = None
     problem: str | None = None
-    inputs = request_notes(notes)
+    inputs = request_notes(notes) if gpu else _NO_REQUEST_NOTES
     if gpu:
         if previous is not None and previous.request is not None and previous.same_request(meta.uid, inputs):
             parsed = previous.request  # every update after the first: status, binding, annotations

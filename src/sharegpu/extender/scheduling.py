@@ -66,7 +66,7 @@ class Candidates:
 
 
 CANDIDATE_LISTS = 8
-"""Distinct candidate lists remembered (kube-scheduler sends one per set of feasible nodes)."""
+"""Distinct candidate sets remembered (kube-scheduler sends one per set of feasible nodes)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,7 +112,8 @@ class SchedulingService:
         """Pods whose binding is being written right now."""
         self.outcomes: OrderedDict[units.PodKey, Outcome] = OrderedDict()
         self._remember = remember
-        self._requests: OrderedDict[tuple[str, str], requests.PodRequest] = OrderedDict()
+        self._requests: OrderedDict[tuple[str, tuple[str | None, ...]], requests.PodRequest] = OrderedDict()
+        """Requests parsed here, by uid and `pods.request_notes` (what a request depends on)."""
         self._lists: list[_Seen] = []
         """Candidate lists seen lately, newest first."""
         self.reserved: dict[units.PodKey, str] = {}
@@ -122,14 +123,14 @@ class SchedulingService:
 
     def _request(self, pod: wire.Pod) -> requests.PodRequest:
         """The pod's request: the one the cache parsed from its watch events when it is the same pod
-        with the same request annotations, else parsed once per version of the pod (filter, then
-        prioritize, reuse it)."""
+        with the same request annotations, else parsed once per pod and request annotations (filter,
+        then prioritize, reuse it)."""
         meta = pod.metadata
         known = self.cache.record(pods.key(pod))
         notes = pods.request_notes(meta.annotations)
         if known is not None and known.request is not None and known.same_request(meta.uid, notes):
             return known.request
-        key = (meta.uid, meta.resource_version)
+        key = (meta.uid, notes)
         found = self._requests.get(key) if meta.uid else None
         if found is None:
             found = pods.request(pod)  # raises for a malformed request: nothing is cached then
@@ -155,8 +156,10 @@ class SchedulingService:
                 return seen.candidates
         names_ = args.candidates()
         members = frozenset(names_)
-        made = next((s.candidates for s in self._lists if s.state is state and s.members == members), None)
-        if made is None:
+        at = next((i for i, s in enumerate(self._lists) if s.state is state and s.members == members), None)
+        if at is not None:
+            made = self._lists.pop(at).candidates  # one entry per set: its latest text, at the front
+        else:
             row_of = state.row_of
             looked = np.array([row_of.get(n, -1) for n in names_], dtype=np.int64)
             made = Candidates(names_, looked, looked[looked >= 0])
