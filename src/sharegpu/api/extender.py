@@ -56,9 +56,6 @@ class Args(_Go, kw_only=True, frozen=True):
             return text
         return msgspec.json.encode([n.metadata.name for n in (self.nodes.items if self.nodes else [])])
 
-    def candidates(self) -> list[str]:
-        return _NAMES.decode(self.names_text())
-
 
 class FilterResult(_Go, kw_only=True, frozen=True):
     """ExtenderFilterResult."""
@@ -91,3 +88,8 @@ class BindingResult(_Go, kw_only=True, frozen=True):
 
 ENCODER: Final = msgspec.json.Encoder()
 _NAMES: Final = msgspec.json.Decoder(list[str])
+
+
+def decode_names(text: bytes) -> list[str]:
+    """A JSON array of node names (`Args.names_text`)."""
+    return _NAMES.decode(text)

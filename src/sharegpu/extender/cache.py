@@ -27,6 +27,7 @@ import numpy as np
 from sharegpu.api import devices as api_devices
 from sharegpu.api import pods, wire
 from sharegpu.core import allocation, devices, errors, fleet, frag, ledger, placer, policies, units
+from sharegpu.extender import lookup
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +100,7 @@ class ClusterCache:
         self._state: fleet.FleetState | None = None
         self._ledger: ledger.Ledger | None = None
         self._placer: placer.Placer | None = None
+        self._names: lookup.NameIndex | None = None
 
     # ----------------------------------------------------------------- the fleet, rebuilt on demand
 
@@ -137,6 +139,7 @@ class ClusterCache:
         self._placer = placer.Placer(
             state, policies.make(self.policy_name, self._shapes()), priority=stable_priority(state.names)
         )
+        self._names = None
         self._dirty = False
         self.counters.rebuilds += 1
         # Pods that carry their allocation go in at once (after a restart: tens of thousands); then
@@ -192,6 +195,15 @@ class ClusterCache:
         self.state  # noqa: B018
         assert self._placer is not None
         return self._placer
+
+    def name_index(self) -> lookup.NameIndex:
+        """Every node's name with its fleet row (-1 for a node the fleet does not place on), for
+        mapping kube-scheduler's candidate lists; built once per fleet state."""
+        state = self.state
+        if self._names is None:
+            others = [n for n in self.nodes if n not in state.row_of]
+            self._names = lookup.NameIndex([*state.names, *others], [*range(len(state.names)), *(-1 for _ in others)])
+        return self._names
 
     # ----------------------------------------------------------------- informer handlers
 

@@ -49,31 +49,41 @@ REQUESTS = 256
 
 @dataclass(frozen=True, slots=True)
 class Candidates:
-    """A candidate list as kube-scheduler sent it, and as fleet rows."""
+    """A candidate list as kube-scheduler sent it (its JSON text), and as fleet rows."""
 
-    names: list[str]
+    text: bytes
     looked: np.ndarray
     """Per name its fleet row, -1 where the fleet has none (no Device, or not ready)."""
     rows: np.ndarray
     """The rows of the names the fleet has, in order."""
 
+    @classmethod
+    def of(cls, text: bytes, looked: np.ndarray) -> Candidates:
+        return cls(text, looked, looked[looked >= 0])
+
+    def __len__(self) -> int:
+        return len(self.looked)
+
+    def names(self) -> list[str]:
+        """The names as sent (decoded on demand: the usual filter needs only the rows)."""
+        return protocol.decode_names(self.text)
+
     def known(self) -> list[str]:
         """Names aligned with `rows`."""
-        return [n for n, r in zip(self.names, self.looked.tolist(), strict=True) if r >= 0]
+        return [n for n, r in zip(self.names(), self.looked.tolist(), strict=True) if r >= 0]
 
     def missing(self) -> list[str]:
-        return [n for n, r in zip(self.names, self.looked.tolist(), strict=True) if r < 0]
+        return [n for n, r in zip(self.names(), self.looked.tolist(), strict=True) if r < 0]
 
 
 CANDIDATE_LISTS = 8
-"""Distinct candidate sets remembered (kube-scheduler sends one per set of feasible nodes)."""
+"""Candidate texts remembered (the same text comes again for a pod's prioritize, and for pods
+kube-scheduler sends in the same order)."""
 
 
 @dataclass(frozen=True, slots=True)
 class _Seen:
     state: object
-    text: bytes
-    members: frozenset[str]
     candidates: Candidates
 
 
@@ -145,31 +155,25 @@ class SchedulingService:
 
         kube-scheduler sends much the same list pod after pod, in a different order each time: it
         starts filtering at a different node every cycle, and its filter goroutines append the nodes
-        that pass in whatever order they finish. Order does not matter to the decision, so a list is
-        known by its set of names: a repeat of the exact text is found by one comparison, another
-        order of a known set by one decode and a set comparison (hashes first), and only a new set
-        is looked up name by name."""
+        that pass in whatever order they finish. A repeat of a recent text is found by one
+        comparison; any other text is mapped to rows straight from its bytes (`lookup.NameIndex`,
+        exact), or decoded and looked up name by name when it is not plain compact JSON."""
         state = self.cache.state
         text = args.names_text()
         for seen in self._lists:
-            if seen.state is state and seen.text == text:
+            if seen.state is state and seen.candidates.text == text:
                 return seen.candidates
-        names_ = args.candidates()
-        members = frozenset(names_)
-        at = next((i for i, s in enumerate(self._lists) if s.state is state and s.members == members), None)
-        if at is not None:
-            made = self._lists.pop(at).candidates  # one entry per set: its latest text, at the front
-        else:
+        looked = self.cache.name_index().rows(text)
+        if looked is None:
             row_of = state.row_of
-            looked = np.array([row_of.get(n, -1) for n in names_], dtype=np.int64)
-            made = Candidates(names_, looked, looked[looked >= 0])
-        self._lists.insert(0, _Seen(state, text, members, made))
+            looked = np.array([row_of.get(n, -1) for n in protocol.decode_names(text)], dtype=np.int64)
+        made = Candidates.of(text, looked)
+        self._lists.insert(0, _Seen(state, made))
         del self._lists[CANDIDATE_LISTS:]
         return made
 
     def filter(self, args: protocol.Args) -> protocol.FilterResult:
         offered = self._candidates(args)
-        candidates = offered.names
         key = pods.key(args.pod)
         if key not in self.binding:
             self.cache.forget(key)  # filtered again: an earlier reservation of this pod is void
@@ -177,8 +181,8 @@ class SchedulingService:
             request = self._request(args.pod)
         except errors.InvalidInputError as exc:
             self.metrics.decisions.labels("filter", "invalid").inc()
-            failed = reasons.invalid(candidates, str(exc))
-            self._remember_outcome(key, 0, None, failed.message(len(candidates)))
+            failed = reasons.invalid(offered.names(), str(exc))
+            self._remember_outcome(key, 0, None, failed.message(len(offered)))
             return protocol.FilterResult(failed_nodes=failed.unresolvable, failed_and_unresolvable=failed.unresolvable)
         demand = request.demand
         rows = offered.rows
@@ -189,7 +193,7 @@ class SchedulingService:
             diagnosis = fit.diagnose(self.cache.state, demand, rows)
             failed = reasons.failures(offered.known(), diagnosis, demand, offered.missing())
             self.metrics.decisions.labels("filter", "unschedulable").inc()
-            self._remember_outcome(key, 0, None, failed.message(len(candidates)), tuple(candidates))
+            self._remember_outcome(key, 0, None, failed.message(len(offered)), tuple(offered.names()))
             return protocol.FilterResult(
                 failed_nodes={**failed.resolvable, **failed.unresolvable},
                 failed_and_unresolvable=failed.unresolvable,
@@ -225,7 +229,7 @@ class SchedulingService:
         so kube-scheduler's own soft scoring (a pod's preferences) decides between nodes it rates
         clearly apart, and sharegpu's choice decides between nodes it rates alike (docs/extender.md)."""
         offered = self._candidates(args)
-        candidates = offered.names
+        candidates = offered.names()
         try:
             request = self._request(args.pod)
         except errors.InvalidInputError:
