@@ -76,3 +76,19 @@ def test_nodes_the_fleet_does_not_place_on_map_to_minus_one() -> None:
     index = lookup.NameIndex(["gpu-0", "cpu-0", "gpu-1", "cpu-1"], [0, -1, 1, -1])
     found = index.rows(msgspec.json.encode(["cpu-1", "gpu-1", "cpu-0", "gpu-0", "new-node"]))
     assert found is not None and found.tolist() == [-1, 1, -1, 0, -1]
+
+
+@settings(max_examples=200, deadline=None)
+@given(fleet=st.lists(DNS, unique=True, min_size=1, max_size=40), data=st.data())
+def test_a_plain_text_mentions_exactly_its_names(fleet: list[str], data: st.DataObject) -> None:
+    asked = data.draw(st.lists(st.sampled_from(fleet), unique=True, min_size=1))
+    text = msgspec.json.encode(asked)
+    assert lookup.plain_names(text)
+    for name in fleet:
+        assert lookup.mentions(text, name) == (name in asked)
+
+
+@pytest.mark.parametrize("name", [",", 'a"b', "a\\b", "a,b", ""])
+def test_names_that_a_search_cannot_tell_are_not_claimed(name: str) -> None:
+    text = msgspec.json.encode(["x", "a", "b", "y"])
+    assert lookup.mentions(text, name) is False

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import random
 from collections.abc import Callable
 from typing import Any
+
+import numpy as np
 
 from sharegpu.api import extender as protocol
 from sharegpu.api import names, paths, pods, reasons, wire
 from sharegpu.core import allocation, units
+from sharegpu.extender import scheduling
 from tests.extender.conftest import Harness, gpu_pod, settle
 
 
@@ -223,6 +227,47 @@ async def test_candidate_lists_in_any_order_map_to_their_rows_and_a_repeat_is_no
         assert got.rows.tolist() == [row[n] for n in other if n in row]
         assert got.names() == list(other)
         assert got.missing() == [n for n in other if n not in row]
+
+
+async def test_filter_chooses_the_policys_best_candidate_whether_or_not_the_best_node_of_all_is_one(
+    harness: Callable[..., Any],
+) -> None:
+    """Filter first looks for the best node of all in the candidate text (no mapping of the names);
+    whatever kube-scheduler left out, the answer is the policy's choice among the candidates."""
+    h: Harness = await harness(nodes=12, gpus=2)
+    for i in range(12):  # nodes differ, so the policy has an order
+        grant = allocation.DeviceGrant(i % 2, 100 + (i * 70) % 800, 0, 800)
+        h.extender.cache.ledger.add(
+            allocation.Allocation(
+                units.PodKey(f"ns/fill-{i}"),
+                units.NodeName(f"n{i}"),
+                (allocation.ContainerAllocation("main", (grant,)),),
+            )
+        )
+    service = h.extender.scheduling
+    cache = h.extender.cache
+    pod = await h.create(gpu_pod("p", milli=300))
+    key = pods.key(h.args(pod).pod)
+    demand = service._request(h.args(pod).pod).demand
+    everyone = sorted(cache.nodes)
+    ranked: list[str] = []
+    left = list(everyone)
+    while left:  # the policy's order over all nodes
+        best = cache.placer.decide(demand, np.array([cache.state.row_of[n] for n in left])).node
+        assert best is not None
+        ranked.append(best)
+        left.remove(best)
+    rng = random.Random(5)
+    for dropped in [0, 0, 1, 2, 3, 4, 5, 8, 11]:
+        offered = [n for n in everyone if n not in ranked[:dropped]]
+        rng.shuffle(offered)
+        offered.append("cpu-only-node")
+        service._lists.clear()
+        verdict = service.filter(h.args(pod, offered))
+        assert verdict.node_names == [ranked[dropped]]
+        assert bool(service._lists) == (dropped >= scheduling.QUICK_TRIES), "mapped only after the quick tries"
+        assert service.outcomes[key].chosen == ranked[dropped]
+        cache.forget(key)
 
 
 async def test_filter_takes_the_request_the_cache_parsed_unless_the_pod_says_otherwise(

@@ -32,8 +32,9 @@ import numpy as np
 
 from sharegpu.api import extender as protocol
 from sharegpu.api import names, paths, pods, reasons, wire
-from sharegpu.core import allocation, errors, fit, requests, units
+from sharegpu.core import allocation, errors, fit, placer, requests, units
 from sharegpu.extender import cache as cache_mod
+from sharegpu.extender import lookup
 from sharegpu.extender import metrics as metrics_mod
 from sharegpu.kube import client
 from sharegpu.kube import errors as kube_errors
@@ -74,6 +75,10 @@ class Candidates:
 
     def missing(self) -> list[str]:
         return [n for n, r in zip(self.names(), self.looked.tolist(), strict=True) if r < 0]
+
+
+QUICK_TRIES = 4
+"""Nodes in the policy's order checked against the candidate text before the text is mapped."""
 
 
 CANDIDATE_LISTS = 8
@@ -173,7 +178,6 @@ class SchedulingService:
         return made
 
     def filter(self, args: protocol.Args) -> protocol.FilterResult:
-        offered = self._candidates(args)
         key = pods.key(args.pod)
         if key not in self.binding:
             self.cache.forget(key)  # filtered again: an earlier reservation of this pod is void
@@ -181,12 +185,19 @@ class SchedulingService:
             request = self._request(args.pod)
         except errors.InvalidInputError as exc:
             self.metrics.decisions.labels("filter", "invalid").inc()
+            offered = self._candidates(args)
             failed = reasons.invalid(offered.names(), str(exc))
             self._remember_outcome(key, 0, None, failed.message(len(offered)))
             return protocol.FilterResult(failed_nodes=failed.unresolvable, failed_and_unresolvable=failed.unresolvable)
         demand = request.demand
-        rows = offered.rows
         chooser = self.cache.placer
+        narrow = self.narrow and not pods.has_soft_preferences(args.pod)
+        quick = self._choose_among_all(demand, args.names_text()) if narrow else None
+        if quick is not None:
+            decision, feasible_count = quick
+            return self._chosen(key, args.pod, request, decision, feasible_count)
+        offered = self._candidates(args)
+        rows = offered.rows
         evaluation = chooser.evaluate(demand, rows)
         feasible = evaluation[1]
         if not feasible.any():
@@ -198,20 +209,51 @@ class SchedulingService:
                 failed_nodes={**failed.resolvable, **failed.unresolvable},
                 failed_and_unresolvable=failed.unresolvable,
             )
+        if narrow:
+            return self._chosen(key, args.pod, request, chooser.choose(demand, *evaluation), int(feasible.sum()))
         self.metrics.decisions.labels("filter", "feasible").inc()
         names_ = self.cache.state.names
-        if self.narrow and not pods.has_soft_preferences(args.pod):
-            decision = chooser.choose(demand, *evaluation)
-            assert decision.node is not None
-            # Reserve the decision now, as kube-scheduler's Reserve does: it filters the next pod
-            # while this one's bind is still on its way, and that pod must see this one's share.
-            if args.pod.metadata.uid and self.cache.assume(chooser.allocation_for(request, decision)):
-                self.reserved[key] = args.pod.metadata.uid
-            self._remember_outcome(key, int(feasible.sum()), decision.node, "")
-            return protocol.FilterResult(node_names=[decision.node])
         fits = [names_[r] for r in rows[feasible].tolist()]
         self._remember_outcome(key, len(fits), None, "")
         return protocol.FilterResult(node_names=fits)
+
+    def _choose_among_all(self, demand: requests.GpuDemand, text: bytes) -> tuple[placer.Decision, int] | None:
+        """The policy's choice among all nodes and how many fit, when that node is a candidate.
+
+        The choice among the candidates is the best candidate by the policy's order; when the best
+        node of all is a candidate, it is that node, found without mapping thousands of candidate
+        names to rows: one search of the text for the chosen name. The next few nodes in the
+        policy's order are tried the same way (kube-scheduler may have filtered the best out, for
+        CPU, taints or affinity); None when none of them is a candidate, when no node fits (the
+        full path words the reasons) or when the text is not a plain list of names."""
+        if not lookup.plain_names(text):
+            return None
+        chooser = self.cache.placer
+        rows, feasible, score, choice, tiebreak = chooser.evaluate(demand)
+        count = int(feasible.sum())
+        if not count:
+            return None
+        feasible = feasible.copy()
+        for _ in range(min(QUICK_TRIES, count)):
+            decision = chooser.choose(demand, rows, feasible, score, choice, tiebreak)
+            assert decision.node is not None and decision.row is not None
+            if lookup.mentions(text, decision.node):
+                return decision, count
+            feasible[decision.row] = False  # all rows, in order: a row is its own index
+        return None
+
+    def _chosen(
+        self, key: units.PodKey, pod: wire.Pod, request: requests.PodRequest, decision: placer.Decision, feasible: int
+    ) -> protocol.FilterResult:
+        """Narrowed to the chosen node, whose allocation is reserved now, as kube-scheduler's Reserve
+        does: it filters the next pod while this one's bind is still on its way, and that pod must
+        see this one's share."""
+        assert decision.node is not None
+        self.metrics.decisions.labels("filter", "feasible").inc()
+        if pod.metadata.uid and self.cache.assume(self.cache.placer.allocation_for(request, decision)):
+            self.reserved[key] = pod.metadata.uid
+        self._remember_outcome(key, feasible, decision.node, "")
+        return protocol.FilterResult(node_names=[decision.node])
 
     def _remember_outcome(
         self, key: units.PodKey, feasible: int, chosen: str | None, message: str, candidates: tuple[str, ...] = ()
