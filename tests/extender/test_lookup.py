@@ -46,10 +46,14 @@ def test_names_of_any_text_map_like_a_dict_or_are_left_to_the_decoder(fleet: lis
 
 
 @pytest.mark.parametrize(
-    "text", [b"null", b"[1,2]", b'["a", "b"]', b'[ "a" ]', b'["a",1,"b"]', b'["a\\"b"]', b'{"a":"b"}', b'"a"']
+    "text", [b"null", b"[1,2]", b'[ "a" ]', b'["a",1,"b"]', b'["a\\"b"]', b'["a,b","c"]', b'{"a":"b"}', b'"a"']
 )
-def test_a_text_that_is_not_a_compact_array_of_plain_strings_is_left_to_the_decoder(text: bytes) -> None:
+def test_a_text_that_is_not_a_plain_array_of_names_is_left_to_the_decoder(text: bytes) -> None:
     assert rows(["a", "b"], text) is None
+
+
+def test_spaces_between_names_change_nothing() -> None:
+    assert rows(["a", "b"], b'["b", "a",  "c"]') == [1, 0, -1]
 
 
 def test_an_empty_list_has_no_rows() -> None:
@@ -88,7 +92,7 @@ def test_a_plain_text_mentions_exactly_its_names(fleet: list[str], data: st.Data
         assert lookup.mentions(text, name) == (name in asked)
 
 
-@pytest.mark.parametrize("name", [",", 'a"b', "a\\b", "a,b", ""])
+@pytest.mark.parametrize("name", [",", 'a"b', "a\\b", "a,b", '","', ""])
 def test_names_that_a_search_cannot_tell_are_not_claimed(name: str) -> None:
     text = msgspec.json.encode(["x", "a", "b", "y"])
     assert lookup.mentions(text, name) is False

@@ -70,7 +70,11 @@ class Placer:
     def evaluate(
         self, demand: requests.GpuDemand, rows: IntArray | None = None
     ) -> tuple[IntArray, fleet.BoolArray, IntArray, IntArray, IntArray]:
-        """For `rows` (default: all nodes): feasible, score, GPU choice mask and tiebreak per node."""
+        """For `rows` (default: all nodes): feasible, score, GPU choice mask and tiebreak per node.
+
+        For all nodes the arrays may be the placer's own cache: read them, do not modify them, and
+        do not keep them past the next call."""
+        everyone = rows is None
         rows = self._all_rows if rows is None else rows
         if not self.policy.cacheable or demand.cotenancy.group is not None:
             return self._compute(demand, rows)
@@ -89,7 +93,10 @@ class Placer:
                 self._cache.popitem(last=False)
         else:
             self._cache.move_to_end(demand)
-        stale = rows[entry.version[rows] != self.state.version[rows]]
+        if everyone:
+            stale = np.flatnonzero(entry.version != self.state.version)
+        else:
+            stale = rows[entry.version[rows] != self.state.version[rows]]
         if len(stale):
             _, feasible, score, choice, tiebreak = self._compute(demand, stale)
             entry.feasible[stale] = feasible
@@ -97,6 +104,8 @@ class Placer:
             entry.choice[stale] = choice
             entry.tiebreak[stale] = tiebreak
             entry.version[stale] = self.state.version[stale]
+        if everyone:
+            return rows, entry.feasible, entry.score, entry.choice, entry.tiebreak
         return rows, entry.feasible[rows], entry.score[rows], entry.choice[rows], entry.tiebreak[rows]
 
     def _compute(

@@ -6,8 +6,8 @@ nodes about 60 KB of JSON, in another order each time (it starts each cycle at a
 Decoding it into 5,000 Python strings and recognising the set (or looking each name up in a dict)
 cost about 0.7 ms here; a few numpy passes over the bytes cost about half, and stay exact:
 
-- the text must be a compact JSON array of strings without escapes (what Go's encoder writes for
-  DNS names: `plain_names`); anything else returns None, and the caller decodes it the ordinary way;
+- the text must be a JSON array of strings without escapes or commas (what Go's encoder writes
+  for DNS names: `plain_names`); anything else returns None, and the caller decodes it;
 - each name's bytes are read as little-endian 64-bit words (zero past its end) and hashed; the hash
   picks an entry from two slot tables, and the entry counts only when its length and every word
   equal the name's, so a hash collision can never map a name to the wrong row. A name that matches
@@ -26,6 +26,7 @@ from typing import Final
 import numpy as np
 
 _QUOTE: Final = ord('"')
+_COMMA: Final = ord(",")
 _WORD: Final = 8
 _MULTIPLIERS: Final = np.array(
     [0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0xD6E8FEB86659FD93], dtype=np.uint64
@@ -36,20 +37,22 @@ _MASKS: Final = np.array([(1 << (8 * k)) - 1 for k in range(_WORD + 1)], dtype=n
 
 
 def plain_names(text: bytes) -> bool:
-    """Whether a JSON array (already validated as JSON) is a compact array of strings without
-    escapes: then every quote in it is a string's delimiter, and consecutive strings are joined by
-    exactly `","`, so it holds twice as many quotes as it has joins plus one."""
+    """Whether a JSON array (already validated as JSON) holds only strings without escapes or
+    commas: then every quote in it is a string's delimiter. It holds twice as many quotes as commas
+    plus one exactly then: every element a string (each has two quotes, each but the last a comma
+    after it), and no comma inside one."""
     if len(text) < 4 or text[:2] != b'["' or text[-2:] != b'"]' or b"\\" in text:
         return False
-    return text.count(b'"') == 2 * (text.count(b'","') + 1)
+    raw = np.frombuffer(text, dtype=np.uint8)
+    return int(np.count_nonzero(raw == _QUOTE)) == 2 * (int(np.count_nonzero(raw == _COMMA)) + 1)
 
 
 def mentions(text: bytes, name: str) -> bool:
-    """Whether a `plain_names` text holds `name`, by one search of the text. With no escapes a
-    quoted match starts at a string's opening quote, unless the name is what lies between two
-    strings (a comma) or holds a quote or a backslash: for those (never node names) the answer is
-    False, and the caller maps the text instead."""
-    if name == "," or '"' in name or "\\" in name:
+    """Whether a `plain_names` text holds `name`, by one search of the text. There a quoted match
+    starts at a string's opening quote, unless the name is what lies between two strings (a comma,
+    perhaps with spaces); a name with a comma, a quote or a backslash (never a node's) gets False,
+    and the caller maps the text instead."""
+    if "," in name or '"' in name or "\\" in name:
         return False
     return b'"' + name.encode() + b'"' in text
 
@@ -93,7 +96,7 @@ class NameIndex:
 
     def rows(self, text: bytes) -> np.ndarray | None:
         """Per name in `text` (a JSON array of names) its row, -1 where the fleet has none; None
-        when the text is not a compact array of plain strings (the caller decodes it then)."""
+        when the text is not `plain_names` (the caller decodes it then)."""
         if text == b"[]":
             return np.empty(0, dtype=np.int64)
         if not plain_names(text):

@@ -162,7 +162,7 @@ class SchedulingService:
         starts filtering at a different node every cycle, and its filter goroutines append the nodes
         that pass in whatever order they finish. A repeat of a recent text is found by one
         comparison; any other text is mapped to rows straight from its bytes (`lookup.NameIndex`,
-        exact), or decoded and looked up name by name when it is not plain compact JSON."""
+        exact), or decoded and looked up name by name when it is not a plain list of names."""
         state = self.cache.state
         text = args.names_text()
         for seen in self._lists:
