@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from sharegpu.api import names, pods, wire
-from sharegpu.core import errors
+from sharegpu.api import handoff, names, pods, wire
+from sharegpu.core import allocation, errors, units
 from sharegpu.webhook import translate
 
 Json = dict[str, Any]
@@ -44,9 +44,9 @@ ROWS = [
     ("kubernetes.io/gpu-core+memory", {"kubernetes.io/gpu-core": "40", "kubernetes.io/gpu-memory": "4Gi"}, {},
      {names.GPU_MILLI: "400", names.GPU_MEMORY: "4096"}, {}),
     ("kubernetes.io/gpu-memory-ratio", {"kubernetes.io/gpu-memory-ratio": "25"}, {},
-     {names.GPU_MILLI: "1"}, {names.MEMORY_PERMILLE: "250"}),
+     {names.GPU_MILLI: "1"}, {names.MEMORY_PERMILLE: "250", names.LIMIT_MILLI: "1000"}),
     ("aliyun", {"aliyun.com/gpu-mem": "3"}, {},
-     {names.GPU_MILLI: "1", names.GPU_MEMORY: "3072"}, {}),
+     {names.GPU_MILLI: "1", names.GPU_MEMORY: "3072"}, {names.LIMIT_MILLI: "1000"}),
     ("tkestack share", {"tencent.com/vcuda-core": "30", "tencent.com/vcuda-memory": "8"}, {},
      {names.GPU_MILLI: "300", names.GPU_MEMORY: "2048"}, {}),
     ("tkestack whole", {"tencent.com/vcuda-core": "200", "tencent.com/vcuda-memory": "60"}, {},
@@ -54,7 +54,7 @@ ROWS = [
     ("hami", {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "3000", "nvidia.com/gpucores": "30"}, {},
      {names.GPU_MILLI: "300", names.GPU_MEMORY: "3000"}, {}),
     ("hami memory percentage", {"nvidia.com/gpu": "2", "nvidia.com/gpumem-percentage": "50"}, {},
-     {names.GPU: "2", names.GPU_MILLI: "1"}, {names.MEMORY_PERMILLE: "500"}),
+     {names.GPU: "2", names.GPU_MILLI: "1"}, {names.MEMORY_PERMILLE: "500", names.LIMIT_MILLI: "1000"}),
     ("kubeshare", {}, {"kubeshare/gpu_request": "0.5", "kubeshare/gpu_limit": "1.0", "kubeshare/gpu_mem": "2147483648",
                        "kubeshare/sched_affinity": "red", "kubeshare/sched_anti-affinity": "blue",
                        "kubeshare/sched_exclusion": "green", "kubeshare/GPUID": "g1"},
@@ -105,3 +105,38 @@ def test_translation_names_the_container_and_leaves_the_input_alone() -> None:
     with pytest.raises(errors.InvalidRequestError, match="container main: "):
         translate.translate(original)
     assert original["spec"]["containers"][0]["resources"]["limits"] == {"koordinator.sh/gpu-core": "250"}
+
+
+@pytest.mark.parametrize(
+    ("limits", "notes"),
+    [
+        ({"aliyun.com/gpu-mem": "3"}, {}),
+        ({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "3000"}, {}),
+        ({}, {"kubeshare/gpu_mem": "2147483648"}),
+    ],
+)
+def test_a_share_of_memory_alone_may_use_the_whole_gpus_compute(limits: dict[str, str], notes: dict[str, str]) -> None:
+    """What those systems do: the guarantee is the smallest, and the hand-off's compute caps (HAMi-core
+    and MPS) are the whole GPU, not 1%."""
+    out, audit = translate.translate(pod(limits, notes))
+    request = pods.request(wire.convert(out, wire.Pod))
+    gpu = request.containers[0].gpu
+    assert gpu is not None and gpu.milli == 1 and gpu.limit == 1000
+    alloc = allocation.build(request, units.NodeName("n"), (0,), [16384], [units.GpuUuid("GPU-0")])
+    env = handoff.values(alloc.containers[0].devices, {0: "GPU-0"})
+    assert env[handoff.SM_LIMIT] == "100" and env[handoff.MPS_THREADS] == "100"
+    assert any(names.LIMIT_MILLI in line for line in audit)
+
+
+def test_a_burst_limit_the_author_wrote_is_kept() -> None:
+    out, _ = translate.translate(pod({"aliyun.com/gpu-mem": "3"}, {names.LIMIT_MILLI: "400"}))
+    assert out["metadata"]["annotations"][names.LIMIT_MILLI] == "400"
+
+
+def test_memory_alone_beside_a_stated_compute_share_is_refused_with_the_fix() -> None:
+    body = pod({"aliyun.com/gpu-mem": "3"})
+    body["spec"]["containers"].append(
+        {"name": "side", "resources": {"limits": {"koordinator.sh/gpu-core": "30", "koordinator.sh/gpu-memory": "1Gi"}}}
+    )
+    with pytest.raises(errors.InvalidRequestError, match="container main asks for GPU memory only and container side"):
+        translate.translate(body)

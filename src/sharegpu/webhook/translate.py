@@ -223,10 +223,15 @@ def translate(pod: Json) -> tuple[Json, list[str]]:
     ]
     containers = [(kind, manifest, read.resources.merged())
                   for (kind, manifest), (_, read) in zip(manifests, pods.containers(typed), strict=True)]  # fmt: skip
+    memory_only: list[str] = []
+    """Containers whose share states memory but no compute: they may burst to the whole GPU."""
+    with_compute: list[str] = []
     for position, (_, container, res) in enumerate(containers):
         name = container.get("name") or f"#{position}"
         formats = _formats_in(res)
         hami = "hami" in formats
+        if formats == ["sharegpu"] and names.GPU_MILLI in res:
+            with_compute.append(name)
         if len(formats) > 1:
             raise errors.InvalidRequestError(
                 f"container {name} mixes GPU request formats ({', '.join(formats)}); use one"
@@ -242,6 +247,8 @@ def translate(pod: Json) -> tuple[Json, list[str]]:
             raise errors.InvalidRequestError(f"container {name}: {exc}") from None
         if share.permille:
             permille.add(share.permille)
+        if not share.whole:
+            (with_compute if share.milli is not None else memory_only).append(name)
         before = ", ".join(f"{k}={res[k]}" for keys in FORMATS.values() for k in keys if k in res)
         if hami and names.NVIDIA_GPU in res:
             before = f"{names.NVIDIA_GPU}={res[names.NVIDIA_GPU]}, {before}"
@@ -261,17 +268,36 @@ def translate(pod: Json) -> tuple[Json, list[str]]:
             audit.append(f"{target.get('name')}: KubeShare annotations -> {written}")
             if limit is not None and not share.whole:
                 notes[names.LIMIT_MILLI] = str(limit)
+            elif share.milli is None and not share.whole:
+                memory_only.append(str(target.get("name")))
         for source, target_key in KUBESHARE_RULES.items():
             if source in notes:
                 if target_key in notes and notes[target_key] != notes[source]:
                     raise errors.InvalidRequestError(f"{source} and {target_key} disagree")
                 notes[target_key] = notes[source]
                 audit.append(f"pod: {source}={notes[source]} -> {target_key}")
+    if memory_only:
+        _burst_to_whole_gpu(notes, memory_only, with_compute, audit)
     if permille:
         if len(permille) > 1:
             raise errors.InvalidRequestError("containers of one pod ask for different GPU memory ratios")
         notes[names.MEMORY_PERMILLE] = str(permille.pop())
     return out, audit
+
+
+def _burst_to_whole_gpu(notes: Json, memory_only: list[str], with_compute: list[str], audit: list[str]) -> None:
+    """A share stated as memory alone gets 1 milli-GPU guaranteed and may use the whole GPU: the burst
+    limit (a pod annotation, so one for all its containers) says so, and the hand-off's compute caps
+    follow it. A pod that also states compute for another container cannot have both."""
+    if names.LIMIT_MILLI in notes:
+        return  # the author chose a burst limit
+    if with_compute:
+        raise errors.InvalidRequestError(
+            f"container {memory_only[0]} asks for GPU memory only and container {with_compute[0]} states a compute "
+            "share, but a pod has one burst limit: state a compute share for every GPU container"
+        )
+    notes[names.LIMIT_MILLI] = str(units.MILLI_PER_GPU)
+    audit.append(f"pod: memory only ({', '.join(memory_only)}) -> {names.LIMIT_MILLI}={units.MILLI_PER_GPU}")
 
 
 def _aliyun(res: Json) -> _Share:
