@@ -198,6 +198,24 @@ def _table(summaries: list[report.Summary], mode: str) -> Table:
     return table
 
 
+@app.command()
+def crds(
+    out: Annotated[
+        Path | None, typer.Option(help="Write one file per resource into this directory instead of printing.")
+    ] = None,
+) -> None:
+    """Print sharegpu's generated CustomResourceDefinitions (YAML), or write them into a directory."""
+    from sharegpu.api import resources
+
+    if out is None:
+        sys.stdout.write("---\n".join(resources.render(r) for r in resources.GENERATED))
+        return
+    if not out.is_dir():
+        raise _fail(UsageError(f"--out {out}: not a directory"))
+    for resource in resources.GENERATED:
+        (out / resources.file_name(resource)).write_text(resources.render(resource))
+
+
 @app.command("policies")
 def list_policies() -> None:
     """List the placement policies."""

@@ -66,6 +66,14 @@ DEVICE_VERSION: Final = "v1alpha1"
 DEVICE_PLURAL: Final = "devices"
 DEVICE_KIND: Final = "Device"
 
+# ----------------------------------------------------------------- sharegpu's other custom resources
+API_VERSION: Final = "v1alpha1"
+"""The version of sharegpu's own custom resources (the Device resource's too)."""
+CATEGORY: Final = "sharegpu"
+"""`kubectl get sharegpu` lists every sharegpu resource."""
+DEVICE_GROUP_ANNOTATION: Final = f"{DOMAIN}/device-group"
+"""On a pod: the SharedDeviceGroup (of the pod's namespace, or `namespace/name`) it joins."""
+
 # ----------------------------------------------------------------- the hand-off ConfigMap and reservation pods
 HANDOFF_PREFIX: Final = "sharegpu-handoff-"
 RESERVATION_PREFIX: Final = "sharegpu-reserve-"

@@ -60,3 +60,10 @@ def leases(namespace: str) -> str:
 
 def lease(namespace: str, name: str) -> str:
     return f"{leases(namespace)}/{name}"
+
+
+def custom(group: str, version: str, plural: str, namespace: str | None = None, name: str | None = None) -> str:
+    """A custom resource's collection (all namespaces, or one), or one object of it."""
+    base = f"/apis/{group}/{version}"
+    collection = f"{base}/namespaces/{namespace}/{plural}" if namespace else f"{base}/{plural}"
+    return f"{collection}/{name}" if name else collection

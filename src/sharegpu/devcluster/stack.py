@@ -85,19 +85,24 @@ def manifests(relative: str) -> list[Json]:
 
 
 async def install(kube: client.KubeApi) -> None:
-    """Namespace, CRDs and RBAC from deploy/, then wait until the Device resource is served."""
+    """Namespace, CRDs and RBAC from deploy/, then wait until every custom resource is served."""
     await apply(kube, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": names.SYSTEM_NAMESPACE}})
+    served = []
     for doc in manifests("crds/*.yaml"):
         await apply(kube, doc)
+        spec = doc["spec"]
+        served += [paths.custom(spec["group"], v["name"], spec["names"]["plural"]) for v in spec["versions"]]
     for doc in manifests("rbac/*.yaml"):
         await apply(kube, as_user(doc))
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
+    while served and time.monotonic() < deadline:
         with contextlib.suppress(kube_errors.KubeError):
-            await kube.get(paths.DEVICES)
-            return
+            await kube.get(served[0])
+            served.pop(0)
+            continue
         await asyncio.sleep(0.2)
-    raise controlplane.ControlPlaneError("the Device CRD was not served in time")
+    if served:
+        raise controlplane.ControlPlaneError(f"custom resources not served in time: {', '.join(served)}")
 
 
 @dataclass(frozen=True, slots=True)

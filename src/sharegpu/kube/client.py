@@ -27,6 +27,8 @@ JSON: Final = "application/json"
 MERGE_PATCH: Final = "application/merge-patch+json"
 STRATEGIC_PATCH: Final = "application/strategic-merge-patch+json"
 JSON_PATCH: Final = "application/json-patch+json"
+TABLE: Final = "application/json;as=Table;v=v1;g=meta.k8s.io"
+"""The Table form of a list (the API server adds the columns kubectl prints)."""
 
 OPENED: Final = "OPENED"
 """The pseudo-event a watch yields first, when the server has accepted it."""
@@ -142,10 +144,13 @@ class KubeClient:
         body: bytes | None = None,
         content_type: str = JSON,
         timeout: float | None = None,
+        accept: str = JSON,
     ) -> bytes:
         """One request; the raw answer body, or the exception its status maps to."""
         for attempt in (0, 1):
-            request = transport.Request(method, path, _params(params), body, content_type, await self._authorization())
+            request = transport.Request(
+                method, path, _params(params), body, content_type, await self._authorization(), accept
+            )
             response = await self.transport.send(request, timeout or self.timeout)
             if response.status == 401 and attempt == 0 and self.auth is not None:
                 self.unauthorized += 1
@@ -174,6 +179,13 @@ class KubeClient:
 
     async def get(self, path: str, **params: str | int) -> Json:
         return await self.request("GET", path, params=params)
+
+    async def table(self, path: str) -> Json:
+        """A collection as the API server's Table (the columns `kubectl get` prints: for custom
+        resources their additionalPrinterColumns). The fake API server has no tables."""
+        raw = await self.send("GET", path, accept=TABLE)
+        result: Json = orjson.loads(raw)
+        return result
 
     async def create(self, path: str, body: Json) -> Json:
         return await self.request("POST", path, body=body)

@@ -35,6 +35,7 @@ class Request:
     body: bytes | None = None
     content_type: str = "application/json"
     authorization: str | None = None
+    accept: str = "application/json"
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,7 +150,7 @@ class AiohttpTransport:
         return self._session
 
     def _headers(self, request: Request) -> dict[str, str]:
-        headers = {"Accept": "application/json"}
+        headers = {"Accept": request.accept}
         if request.body is not None:
             headers["Content-Type"] = request.content_type
         if request.authorization:

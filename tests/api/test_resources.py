@@ -1,0 +1,117 @@
+"""Custom resource definitions generated from the message types: structural, and what deploy/ holds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import msgspec
+import pytest
+
+from sharegpu.api import budgets, groups, resources, schema
+from sharegpu.devcluster import controlplane
+
+Json = dict[str, Any]
+
+
+def walk(node: Any, where: str = "") -> list[tuple[str, Json]]:
+    if not isinstance(node, dict):
+        return []
+    found = [(where, node)]
+    for key, value in node.get("properties", {}).items():
+        found += walk(value, f"{where}.{key}")
+    for key in ("items", "additionalProperties"):
+        if isinstance(node.get(key), dict):
+            found += walk(node[key], f"{where}[]")
+    return found
+
+
+@pytest.mark.parametrize("resource", resources.GENERATED, ids=lambda r: r.kind)
+def test_every_generated_schema_is_structural(resource: resources.CustomResource) -> None:
+    """Kubernetes refuses a CRD whose schema has a node without a type, a $ref, a union or 2020-12
+    keywords; and it would write defaults into stored objects (the readers apply them)."""
+    version = resource.manifest()["spec"]["versions"][0]
+    for where, node in walk(version["schema"]["openAPIV3Schema"]):
+        assert "type" in node, where
+        assert not {"$ref", "$defs", "anyOf", "oneOf", "prefixItems", "title", "default"} & node.keys(), where
+        assert not ("properties" in node and "additionalProperties" in node), where
+    columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
+    assert columns["Age"] == ".metadata.creationTimestamp"
+
+
+def test_a_group_and_a_budget_read_back_what_a_user_writes() -> None:
+    group = msgspec.convert(
+        {"spec": {"gpus": 2, "schedulingStrategy": "spread", "share": {"milli": 500}}}, groups.SharedDeviceGroup
+    )
+    assert group.spec.gpus == 2 and group.spec.share is not None and group.spec.share.memory_mib == 0
+    assert group.status.phase == groups.PHASE_PENDING
+    budget = msgspec.convert({"spec": {"gpuHours": 20}}, budgets.GPUBudget)
+    assert budget.spec.period_days == 30 and budget.spec.when_exhausted == "Demote"
+    with pytest.raises(msgspec.ValidationError, match=r"spec\.gpus"):
+        msgspec.convert({"spec": {"gpus": 0}}, groups.SharedDeviceGroup)
+
+
+def test_the_group_schema_says_what_the_type_says() -> None:
+    spec = resources.SHARED_DEVICE_GROUP.manifest()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    properties = spec["properties"]["spec"]["properties"]
+    assert properties["gpus"] == {
+        "description": "How many GPUs of one node the group holds.", "type": "integer", "minimum": 1, "maximum": 64
+    }  # fmt: skip
+    assert properties["schedulingStrategy"]["enum"] == ["binpack", "spread"]
+    assert properties["schedulingStrategy"]["type"] == "string"
+    assert properties["share"]["nullable"] is True and properties["share"]["required"] == ["milli"]
+    assert spec["properties"]["spec"]["required"] == ["gpus"]
+
+
+class _Pair(msgspec.Struct):
+    a: int
+
+
+class _Other(msgspec.Struct):
+    b: str
+
+
+class _Mixed(msgspec.Struct):
+    pair: tuple[int, str]
+
+
+class _Union(msgspec.Struct):
+    either: int | str
+
+
+class _Structs(msgspec.Struct):
+    either: _Pair | _Other
+
+
+class _Enum(msgspec.Struct):
+    value: Literal["a", 1]
+
+
+@pytest.mark.parametrize(
+    ("kind", "message"),
+    [
+        (_Mixed, r"\.pair: a tuple of mixed item types"),
+        (_Union, r"\.either: a union of 2 types"),
+        (_Enum, r"\.value: an enum of mixed or unknown types"),
+        (_Structs, r"_Structs: .*must be tagged"),
+    ],
+)
+def test_types_with_no_structural_form_are_refused_by_name(kind: type, message: str) -> None:
+    with pytest.raises(schema.SchemaError, match=message):
+        schema.structural(kind)
+
+
+def test_fixed_pairs_become_arrays_of_two() -> None:
+    class Links(msgspec.Struct):
+        pairs: list[tuple[int, int]]
+
+    found = schema.structural(Links)["properties"]["pairs"]["items"]
+    assert found == {"type": "array", "minItems": 2, "maxItems": 2, "items": {"type": "integer"}}
+
+
+@pytest.mark.parametrize("resource", resources.GENERATED, ids=lambda r: r.kind)
+def test_deploy_holds_the_generated_definitions(resource: resources.CustomResource) -> None:
+    """The chart and the local stack install deploy/crds: it must be what the code generates
+    (`sharegpu crds --out deploy/crds` rewrites it)."""
+    shipped = Path(controlplane.data_path("deploy")) / "crds" / resources.file_name(resource)
+    assert shipped.read_text() == resources.render(resource)

@@ -1,0 +1,66 @@
+"""sharegpu's generated custom resources on the real API server: accepted as installed, validated
+by the API server as the code reads them, a status subresource, and the columns kubectl prints."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from sharegpu.api import resources
+from sharegpu.kube import client
+from sharegpu.kube import errors as kube_errors
+
+Json = dict[str, Any]
+GROUPS = resources.SHARED_DEVICE_GROUP
+BUDGETS = resources.GPU_BUDGET
+
+
+def group(name: str, spec: Json) -> Json:
+    return {"apiVersion": GROUPS.api_version, "kind": GROUPS.kind, "metadata": {"name": name}, "spec": spec}
+
+
+async def test_a_group_is_stored_shown_with_its_columns_and_its_status_is_its_own(
+    admin: client.KubeClient, system: None, namespace: str
+) -> None:
+    made = await admin.create(GROUPS.path(namespace), group("pair", {"gpus": 2, "schedulingStrategy": "spread"}))
+    assert made["spec"] == {"gpus": 2, "schedulingStrategy": "spread"}, "stored as written: no defaults added"
+    status = {"phase": "Bound", "nodeName": "gpu-node-1", "devices": [{"index": 0, "uuid": "GPU-a"}]}
+    await admin.request("PUT", GROUPS.path(namespace, "pair") + "/status", body={**made, "status": status})
+    again = await admin.get(GROUPS.path(namespace, "pair"))
+    again["spec"]["gpus"] = 3
+    again["status"] = {"phase": "Failed"}
+    await admin.replace(GROUPS.path(namespace, "pair"), again)  # a spec write does not touch the status
+    stored = await admin.get(GROUPS.path(namespace, "pair"))
+    assert stored["spec"]["gpus"] == 3 and stored["status"]["phase"] == "Bound"
+    table = await admin.table(GROUPS.path(namespace))
+    assert [c["name"] for c in table["columnDefinitions"]] == ["Name", "Phase", "Node", "GPUs", "Age"]
+    assert table["rows"][0]["cells"][:4] == ["pair", "Bound", "gpu-node-1", 3]
+
+
+@pytest.mark.parametrize(
+    ("spec", "says"),
+    [
+        ({"gpus": 0}, "spec.gpus"),
+        ({"gpus": 2, "schedulingStrategy": "diagonal"}, "spec.schedulingStrategy"),
+        ({"gpus": 1, "share": {"milli": 1500}}, "spec.share.milli"),
+        ({"schedulingStrategy": "binpack"}, "spec.gpus"),
+    ],
+)
+async def test_the_api_server_refuses_a_group_the_code_would_not_read_and_names_the_field(
+    admin: client.KubeClient, system: None, namespace: str, spec: Json, says: str
+) -> None:
+    with pytest.raises(kube_errors.InvalidError, match=says.replace(".", r"\.")):
+        await admin.create(GROUPS.path(namespace), group("bad", spec))
+
+
+async def test_a_budget_is_validated_and_shown_with_its_columns(
+    admin: client.KubeClient, system: None, namespace: str
+) -> None:
+    body = {"apiVersion": BUDGETS.api_version, "kind": BUDGETS.kind, "metadata": {"name": "team"}}
+    with pytest.raises(kube_errors.InvalidError, match=r"spec\.whenExhausted"):
+        await admin.create(BUDGETS.path(namespace), {**body, "spec": {"gpuHours": 20, "whenExhausted": "Suspend"}})
+    await admin.create(BUDGETS.path(namespace), {**body, "spec": {"gpuHours": 20, "whenExhausted": "Deny"}})
+    table = await admin.table(BUDGETS.path(namespace))
+    assert [c["name"] for c in table["columnDefinitions"]] == ["Name", "Budget", "Used", "State", "Age"]
+    assert table["rows"][0]["cells"][:2] == ["team", 20]
