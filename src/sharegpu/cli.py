@@ -352,6 +352,13 @@ def webhook(
         list[str] | None, typer.Option(help="Users allowed to set what only sharegpu may set (repeat).")
     ] = None,
     skip_namespace: Annotated[list[str] | None, typer.Option(help="Namespaces left alone (repeat).")] = None,
+    take_over: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Schedulers whose GPU pods sharegpu schedules instead (repeat); default: "
+            "default-scheduler and the GPU schedulers sharegpu replaces (docs/admission.md)."
+        ),
+    ] = None,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
 ) -> None:
     """Run the admission webhook: translate GPU requests, add the hand-off, validate, guard."""
@@ -370,6 +377,8 @@ def webhook(
         policy = dataclasses.replace(policy, system_users=frozenset(system_user))
     if skip_namespace:
         policy = dataclasses.replace(policy, skip_namespaces=frozenset(skip_namespace))
+    if take_over:
+        policy = dataclasses.replace(policy, take_over=frozenset(take_over))
     dns_names = tuple(dns_name or (() if ip_address else DEFAULT_WEBHOOK_NAMES))
     ips = tuple(ip_address or ())
     try:

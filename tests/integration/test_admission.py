@@ -18,6 +18,7 @@ from sharegpu.kube import errors as kube_errors
 from sharegpu.serving import certs
 from sharegpu.webhook import admission, server
 from sharegpu.webhook import config as webhook_config
+from tests.integration.conftest import get_or_none, gpu_pod, wait_for
 from tests.webhook.test_translate import ROWS
 
 Json = dict[str, Any]
@@ -305,3 +306,35 @@ async def test_multi_container_pods_get_a_hand_off_per_gpu_container(
         refs = {e["name"]: e["valueFrom"]["configMapKeyRef"] for e in container["env"]}
         assert refs["NVIDIA_VISIBLE_DEVICES"]["name"] == handoff
         assert refs["NVIDIA_VISIBLE_DEVICES"]["key"] == f"{container['name']}.NVIDIA_VISIBLE_DEVICES"
+
+
+async def test_gpu_pods_for_a_replaced_scheduler_or_bound_to_a_node_are_placed_by_sharegpu(
+    admin: client.KubeClient, webhook: RunningWebhook, extender: Any, nodes: Any, namespace: str
+) -> None:
+    """A Koordinator pod still addressed to koord-scheduler, and a pod its author bound to a node (as
+    KubeShare's GPUID example does), would stay Pending or run without a share: both are placed by
+    sharegpu, get their allocation and their hand-off, and the second lands on the node it named."""
+    made = await nodes(2, gpus=2)
+    koord = gpu_pod("koord", namespace)
+    koord["spec"]["schedulerName"] = "koord-scheduler"
+    koord["spec"]["containers"][0]["resources"] = {"limits": {"koordinator.sh/gpu-core": "40", "cpu": "100m"}}
+    pinned = gpu_pod("pinned", namespace, milli=300)
+    pinned["spec"].pop("schedulerName")
+    pinned["spec"]["nodeName"] = made[1]
+    for body in (koord, pinned):
+        await admin.create(paths.pods(namespace), body)
+
+    async def placed(name: str) -> Json | None:
+        found = await admin.get(paths.pod(namespace, name))
+        notes = found["metadata"].get("annotations") or {}
+        if not found["spec"].get("nodeName") or names.ALLOCATION not in notes:
+            return None
+        data = await get_or_none(admin, paths.configmap(namespace, notes[names.HANDOFF]))
+        return found if data and data.get("data", {}).get("main.NVIDIA_VISIBLE_DEVICES") else None
+
+    first = await wait_for(lambda: placed("koord"), what="the koord-scheduler pod placed with its hand-off")
+    assert first["spec"]["schedulerName"] == names.SCHEDULER_NAME
+    assert "schedulerName koord-scheduler" in first["metadata"]["annotations"][names.TRANSLATED]
+    second = await wait_for(lambda: placed("pinned"), what="the node-bound pod placed with its hand-off")
+    assert second["spec"]["nodeName"] == made[1]
+    assert "spec.nodeName" in second["metadata"]["annotations"][names.TRANSLATED]

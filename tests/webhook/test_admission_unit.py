@@ -63,3 +63,53 @@ def test_cpu_only_pods_are_left_as_they_are() -> None:
     pod = {"metadata": {"name": "c"}, "spec": {"containers": [{"name": "main", "resources": {"limits": {"cpu": "1"}}}]}}
     answer = admission.mutate(review(pod), POLICY)
     assert applied(pod, answer) == pod
+
+
+def gpu_pod(spec: Json | None = None) -> Json:
+    body = sharing_pod()
+    body["spec"].update(spec or {})
+    return body
+
+
+def test_gpu_pods_for_the_schedulers_sharegpu_replaces_are_taken_over_and_say_so() -> None:
+    for named in ("koord-scheduler", "kai-scheduler", "volcano", "deviceshare-scheduler"):
+        response = admission.mutate(review(gpu_pod({"schedulerName": named})), POLICY)
+        out = applied(gpu_pod({"schedulerName": named}), response)
+        assert out["spec"]["schedulerName"] == names.SCHEDULER_NAME
+        assert f"schedulerName {named} -> {names.SCHEDULER_NAME}" in out["metadata"]["annotations"][names.TRANSLATED]
+        assert f"schedulerName {named}" in (response.response.audit_annotations or {})["translated"]
+    mine = gpu_pod({"schedulerName": "my-own-scheduler"})
+    assert applied(mine, admission.mutate(review(mine), POLICY))["spec"]["schedulerName"] == "my-own-scheduler"
+    narrower = admission.Policy(system_users=POLICY.system_users, take_over=frozenset({"default-scheduler"}))
+    koord = gpu_pod({"schedulerName": "koord-scheduler"})
+    assert applied(koord, admission.mutate(review(koord), narrower))["spec"]["schedulerName"] == "koord-scheduler"
+
+
+def test_a_gpu_pod_bound_to_a_node_by_its_author_is_placed_by_sharegpu_on_that_node() -> None:
+    zone = [{"key": "zone", "operator": "In", "values": ["a"]}]
+    terms: list[Json] = [{"matchExpressions": zone}, {"matchFields": []}]
+    required = {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}
+    body = gpu_pod({"nodeName": "gpu-7", "affinity": {"nodeAffinity": required}})
+    out = applied(body, admission.mutate(review(body), POLICY))
+    assert "nodeName" not in out["spec"]
+    found = out["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    pin = {"key": "metadata.name", "operator": "In", "values": ["gpu-7"]}
+    assert [t["matchFields"] for t in found] == [[pin], [pin]], "each alternative keeps its own rules and the node"
+    assert found[0]["matchExpressions"] == zone
+    assert "spec.nodeName gpu-7" in out["metadata"]["annotations"][names.TRANSLATED]
+    again = applied(out, admission.mutate(review(out), POLICY))
+    assert again["spec"]["affinity"] == out["spec"]["affinity"], "reinvocation adds nothing"
+    plain = gpu_pod({"nodeName": "gpu-7"})
+    pinned = applied(plain, admission.mutate(review(plain), POLICY))["spec"]["affinity"]
+    only = pinned["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert only == {"nodeSelectorTerms": [{"matchFields": [pin]}]}
+
+
+def test_mirror_pods_and_cpu_pods_keep_their_node() -> None:
+    mirror = gpu_pod({"nodeName": "gpu-7"})
+    mirror["metadata"]["annotations"][admission.MIRROR] = "abc"
+    assert applied(mirror, admission.mutate(review(mirror), POLICY))["spec"]["nodeName"] == "gpu-7"
+    cpu = {"metadata": {"name": "c"}, "spec": {"nodeName": "n1", "containers": [{"name": "main"}]}}
+    assert applied(cpu, admission.mutate(review(cpu), POLICY))["spec"]["nodeName"] == "n1"

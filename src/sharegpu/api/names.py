@@ -24,6 +24,17 @@ from typing import Final
 
 DOMAIN: Final = "sharegpu.io"
 SCHEDULER_NAME: Final = "sharegpu-scheduler"
+REPLACED_SCHEDULERS: Final = (
+    "default-scheduler",
+    "koord-scheduler",
+    "kai-scheduler",
+    "volcano",
+    "hami-scheduler",
+    "kubeshare-scheduler",
+    "deviceshare-scheduler",
+)
+"""Schedulers whose GPU pods sharegpu takes over by default (the webhook's `--take-over`): without
+it a pod written for another GPU system stays Pending for ever once that system is gone."""
 SYSTEM_NAMESPACE: Final = "sharegpu-system"
 
 # ----------------------------------------------------------------- resources

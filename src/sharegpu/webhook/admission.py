@@ -34,6 +34,8 @@ class Policy:
     """The largest GPU memory in the cluster's inventory; None until the inventory is known."""
     largest_gpu_model: str = ""
     models: frozenset[str] = frozenset()
+    take_over: frozenset[str] = frozenset(names.REPLACED_SCHEDULERS)
+    """GPU pods addressed to these schedulers (or to none) are scheduled by sharegpu instead."""
 
 
 def _object(request: messages.Request, old: bool = False) -> Json:
@@ -84,6 +86,33 @@ def _handoff_wired(pod: wire.Pod, parsed: requests.PodRequest) -> bool:
     )
 
 
+MIRROR: str = "kubernetes.io/config.mirror"
+"""The annotation of a static pod's mirror (the kubelet runs it; the API object only reflects it)."""
+
+
+def _take_over(spec: Json, notes: Json, policy: Policy) -> list[str]:
+    """Schedule a GPU pod with sharegpu: when it names no scheduler or one that sharegpu replaces, and
+    when its author bound it to a node (`spec.nodeName` skips every scheduler, so the pod would get
+    no GPU share and no hand-off): that node becomes a required node affinity. Returns the audit."""
+    audit = []
+    named = spec.get("schedulerName") or ""
+    if named != names.SCHEDULER_NAME and (not named or named in policy.take_over):
+        spec["schedulerName"] = names.SCHEDULER_NAME
+        if named and named != "default-scheduler":
+            audit.append(f"pod: schedulerName {named} -> {names.SCHEDULER_NAME}")
+    node = None if MIRROR in notes else spec.pop("nodeName", None)
+    if node:
+        affinity = spec.setdefault("affinity", {}).setdefault("nodeAffinity", {})
+        required = affinity.setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
+        terms = required.get("nodeSelectorTerms") or [{}]
+        pin = {"key": "metadata.name", "operator": "In", "values": [node]}
+        for term in terms:  # terms are alternatives: the node must hold in each
+            term.setdefault("matchFields", []).append(pin)
+        required["nodeSelectorTerms"] = terms
+        audit.append(f"pod: spec.nodeName {node} -> required node affinity (sharegpu places GPU pods)")
+    return audit
+
+
 def _patch(before: Json, after: Json) -> list[Json]:
     ops: list[Json] = jsonpatch.make_patch(before, after).patch
     return ops
@@ -110,8 +139,8 @@ def mutate(body: Any, policy: Policy) -> Answer:
             # one gains nothing: the extender fills a ConfigMap for one claimant only.)
             notes.pop(names.HANDOFF, None)
         spec = out.setdefault("spec", {})
-        if spec.get("schedulerName") in (None, "", "default-scheduler"):
-            spec["schedulerName"] = names.SCHEDULER_NAME
+        if not _is_system(request, policy):
+            audit += _take_over(spec, notes, policy)
         if parsed.demand.sharing and names.HANDOFF not in notes:
             _add_handoff(out, parsed)
         if audit:
