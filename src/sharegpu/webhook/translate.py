@@ -27,8 +27,8 @@ Json = dict[str, Any]
 KOORD_CORE = ("koordinator.sh/gpu-core", "kubernetes.io/gpu-core")
 KOORD_RATIO = ("koordinator.sh/gpu-memory-ratio", "kubernetes.io/gpu-memory-ratio")
 KOORD_MEMORY = ("koordinator.sh/gpu-memory", "kubernetes.io/gpu-memory")
-KOORD_SHARED = "koordinator.sh/gpu-shared"
-KOORD_GPU = "kubernetes.io/gpu"
+KOORD_SHARED = "koordinator.sh/gpu.shared"
+KOORD_GPU = ("koordinator.sh/gpu", "kubernetes.io/gpu")
 ALIYUN_MEMORY = "aliyun.com/gpu-mem"
 TKE_CORE = "tencent.com/vcuda-core"
 TKE_MEMORY = "tencent.com/vcuda-memory"
@@ -39,7 +39,7 @@ NATIVE = names.MANAGED_RESOURCES
 
 FORMATS: dict[str, tuple[str, ...]] = {
     "sharegpu": NATIVE,
-    "koordinator": (*KOORD_CORE, *KOORD_RATIO, *KOORD_MEMORY, KOORD_SHARED, KOORD_GPU),
+    "koordinator": (*KOORD_CORE, *KOORD_RATIO, *KOORD_MEMORY, KOORD_SHARED, *KOORD_GPU),
     "aliyun": (ALIYUN_MEMORY,),
     "tkestack": (TKE_CORE, TKE_MEMORY),
     "hami": (HAMI_MEMORY, HAMI_MEMORY_PERCENT, HAMI_CORES),
@@ -80,16 +80,21 @@ def _percent_gpus(value: Any, key: str) -> tuple[int, int | None]:
 
 
 def _koordinator(res: Json) -> _Share:
+    """Koordinator's protocol: gpu-core and gpu-memory-ratio in percent of one GPU (multiples of 100
+    for whole GPUs); koordinator.sh/gpu (and kubernetes.io/gpu) sets both at once; with
+    koordinator.sh/gpu.shared: N the pod shares N GPUs and core, ratio and memory are totals over
+    them (core 100 on 2 shared GPUs is half of each)."""
     share = _Share()
     core = next(((k, res[k]) for k in KOORD_CORE if k in res), None)
     ratio = next(((k, res[k]) for k in KOORD_RATIO if k in res), None)
     memory = next(((k, res[k]) for k in KOORD_MEMORY if k in res), None)
-    if KOORD_GPU in res:
+    both = next((k for k in KOORD_GPU if k in res), None)
+    if both:
         if core or ratio:
-            raise errors.InvalidRequestError(
-                f"{KOORD_GPU} already sets compute and memory; drop gpu-core/gpu-memory-ratio"
-            )
-        core = ratio = (KOORD_GPU, res[KOORD_GPU])
+            raise errors.InvalidRequestError(f"{both} already sets compute and memory; drop gpu-core/gpu-memory-ratio")
+        core = ratio = (both, res[both])
+    if KOORD_SHARED in res:
+        return _koordinator_shared(res, core, ratio, memory)
     if core:
         count, percent = _percent_gpus(core[1], core[0])
         share.count = count
@@ -106,10 +111,55 @@ def _koordinator(res: Json) -> _Share:
             share.permille = percent * 10
     if memory and not share.whole:
         share.memory_mib = math.ceil(quantity.number(memory[1], memory[0]) / (2**20))
-    if KOORD_SHARED in res:
-        share.count = quantity.integer(res[KOORD_SHARED], KOORD_SHARED, 1, units.MAX_GPUS_PER_NODE)
     if share.permille and share.memory_mib:
         raise errors.InvalidRequestError(f"give GPU memory as {ratio[0] if ratio else 'a ratio'} or as bytes, not both")
+    return share
+
+
+def _koordinator_shared(
+    res: Json, core: tuple[str, Any] | None, ratio: tuple[str, Any] | None, memory: tuple[str, Any] | None
+) -> _Share:
+    share = _Share()
+    share.count = quantity.integer(res[KOORD_SHARED], KOORD_SHARED, 1, units.MAX_GPUS_PER_NODE)
+
+    def per_gpu(item: tuple[str, Any]) -> int:
+        total = quantity.integer(item[1], item[0], 1, 100 * share.count)
+        if total % share.count:
+            raise errors.InvalidRequestError(
+                f"{item[0]} ({total}) is the total over {KOORD_SHARED}: {share.count} GPUs and must divide by it"
+            )
+        return total // share.count
+
+    if core:
+        share.milli = per_gpu(core) * 10
+    if ratio:
+        share.permille = per_gpu(ratio) * 10
+    if memory:
+        if ratio:
+            raise errors.InvalidRequestError(f"give GPU memory as {ratio[0]} or as bytes, not both")
+        share.memory_mib = math.ceil(quantity.number(memory[1], memory[0]) / (2**20) / share.count)
+    return share
+
+
+def _nvidia_percent(res: Json) -> _Share | None:
+    """`nvidia.com/gpu` above any node's GPU count can only be percent of a GPU (Koordinator's
+    convention, as koordinator.sh/gpu): a multiple of 100 is that many whole GPUs, 64..99 a share of
+    one. None when the value is a count (the NVIDIA device plugin's protocol)."""
+    raw = res[names.NVIDIA_GPU]
+    value = quantity.integer(raw, names.NVIDIA_GPU, 0, 100 * units.MAX_GPUS_PER_NODE)
+    if value <= units.MAX_GPUS_PER_NODE:
+        return None
+    share = _Share()
+    if value % 100 == 0:
+        share.count, share.whole = value // 100, True
+    elif value < 100:
+        share.milli, share.permille = value * 10, value * 10
+    else:
+        raise errors.InvalidRequestError(
+            f"{names.NVIDIA_GPU}: {raw} is neither a GPU count (at most {units.MAX_GPUS_PER_NODE}) nor whole GPUs "
+            f"in percent (a multiple of 100); for a share of one GPU write koordinator.sh/gpu: 1..100 or "
+            f"{names.GPU_MILLI}"
+        )
     return share
 
 
@@ -237,21 +287,27 @@ def translate(pod: Json) -> tuple[Json, list[str]]:
                 f"container {name} mixes GPU request formats ({', '.join(formats)}); use one"
             )
         try:
-            if not formats or formats == ["sharegpu"]:
+            if not formats and names.NVIDIA_GPU in res:
+                found = _nvidia_percent(res)
+                if found is None:
+                    continue  # a count of whole GPUs: the device plugin's own protocol
+                share, before = found, f"{names.NVIDIA_GPU}={res[names.NVIDIA_GPU]} (percent of a GPU)"
+            elif not formats or formats == ["sharegpu"]:
                 continue
-            fmt = formats[0]
-            share = _READERS[fmt](res)
-            if not hami and names.NVIDIA_GPU in res:
-                raise errors.InvalidRequestError(f"{names.NVIDIA_GPU} cannot be combined with {fmt} resources")
+            else:
+                fmt = formats[0]
+                share = _READERS[fmt](res)
+                if not hami and names.NVIDIA_GPU in res:
+                    raise errors.InvalidRequestError(f"{names.NVIDIA_GPU} cannot be combined with {fmt} resources")
+                before = ", ".join(f"{k}={res[k]}" for keys in FORMATS.values() for k in keys if k in res)
+                if hami and names.NVIDIA_GPU in res:
+                    before = f"{names.NVIDIA_GPU}={res[names.NVIDIA_GPU]}, {before}"
         except errors.InvalidRequestError as exc:
             raise errors.InvalidRequestError(f"container {name}: {exc}") from None
         if share.permille:
             permille.add(share.permille)
         if not share.whole:
             (with_compute if share.milli is not None else memory_only).append(name)
-        before = ", ".join(f"{k}={res[k]}" for keys in FORMATS.values() for k in keys if k in res)
-        if hami and names.NVIDIA_GPU in res:
-            before = f"{names.NVIDIA_GPU}={res[names.NVIDIA_GPU]}, {before}"
         audit.append(f"{name}: {before} -> {_write(container, share)}")
     if kubeshare:
         share, limit = _kubeshare(notes)
