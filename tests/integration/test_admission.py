@@ -338,3 +338,21 @@ async def test_gpu_pods_for_a_replaced_scheduler_or_bound_to_a_node_are_placed_b
     second = await wait_for(lambda: placed("pinned"), what="the node-bound pod placed with its hand-off")
     assert second["spec"]["nodeName"] == made[1]
     assert "spec.nodeName" in second["metadata"]["annotations"][names.TRANSLATED]
+
+
+async def test_hamis_model_selector_becomes_the_inventorys_model_names(
+    admin: client.KubeClient, webhook: RunningWebhook, nodes: Any, namespace: str
+) -> None:
+    await nodes(1, gpus=1, model="Tesla-T4")
+    async def seen() -> bool:
+        return "Tesla-T4" in webhook.policy.models
+
+    await wait_for(seen, what="the webhook sees the new model")
+    body = bare_pod("typed", {"nvidia.com/gpu": "1"}, {"nvidia.com/use-gputype": "t4"})
+    await admin.create(paths.pods(namespace), body)
+    stored = await admin.get(paths.pod(namespace, "typed"))
+    chosen = stored["metadata"]["annotations"][names.MODELS].split(",")
+    assert "Tesla-T4" in chosen and all("T4" in m.upper() for m in chosen)
+    refused = bare_pod("nothing", {"nvidia.com/gpu": "1"}, {"nvidia.com/use-gputype": "no-such-gpu"})
+    with pytest.raises(kube_errors.InvalidError, match="leaves no GPU model of the cluster"):
+        await admin.create(paths.pods(namespace), refused)

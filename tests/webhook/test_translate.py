@@ -64,6 +64,15 @@ ROWS = [
      {names.GPU_MILLI: "300", names.GPU_MEMORY: "3000"}, {}),
     ("hami memory percentage", {"nvidia.com/gpu": "2", "nvidia.com/gpumem-percentage": "50"}, {},
      {names.GPU: "2", names.GPU_MILLI: "1"}, {names.MEMORY_PERMILLE: "500", names.LIMIT_MILLI: "1000"}),
+    ("volcano", {"volcano.sh/vgpu-number": "1", "volcano.sh/vgpu-memory": "3000", "volcano.sh/vgpu-cores": "30"}, {},
+     {names.GPU_MILLI: "300", names.GPU_MEMORY: "3000"}, {}),
+    ("volcano memory %", {"volcano.sh/vgpu-number": "2", "volcano.sh/vgpu-memory-percentage": "50"}, {},
+     {names.GPU: "2", names.GPU_MILLI: "1"}, {names.MEMORY_PERMILLE: "500", names.LIMIT_MILLI: "1000"}),
+    ("kai fraction", {}, {"gpu-fraction": "0.5"}, {names.GPU_MILLI: "500"}, {names.MEMORY_PERMILLE: "500"}),
+    ("kai memory", {}, {"gpu-memory": "2500"},
+     {names.GPU_MILLI: "1", names.GPU_MEMORY: "2500"}, {names.LIMIT_MILLI: "1000"}),
+    ("kai devices", {}, {"gpu-fraction": "0.25", "gpu-fraction-num-devices": "2"},
+     {names.GPU: "2", names.GPU_MILLI: "250"}, {names.MEMORY_PERMILLE: "250"}),
     ("kubeshare", {}, {"kubeshare/gpu_request": "0.5", "kubeshare/gpu_limit": "1.0", "kubeshare/gpu_mem": "2147483648",
                        "kubeshare/sched_affinity": "red", "kubeshare/sched_anti-affinity": "blue",
                        "kubeshare/sched_exclusion": "green", "kubeshare/GPUID": "g1"},
@@ -101,6 +110,11 @@ def test_formats_translate(
         ({names.GPU_MILLI: "300"}, {"kubeshare/gpu_request": "0.5"}, "use one format"),
         ({"koordinator.sh/gpu-core": "50", "nvidia.com/gpu": "1"}, {}, "cannot be combined"),
         ({"nvidia.com/gpu": "150"}, {}, "neither a GPU count .* nor whole GPUs in percent .* koordinator.sh/gpu"),
+        ({}, {"gpu-fraction": "1.5"}, r"gpu-fraction must be in \(0, 1\]"),
+        ({}, {"gpu-fraction": "0.5", "gpu-memory": "100"}, "give gpu-fraction or gpu-memory, not both"),
+        ({"nvidia.com/gpu": "1"}, {"gpu-fraction": "0.5"}, "KAI's GPU annotations and GPU resources"),
+        ({"volcano.sh/vgpu-cores": "120"}, {}, r"volcano.sh/vgpu-cores must be an integer in 0\.\.100"),
+        ({"nvidia.com/gpu": "1"}, {"nvidia.com/use-gpuuuid": "GPU-1"}, "choosing GPUs by UUID.* is not supported"),
         ({"koordinator.sh/gpu.shared": "2", "koordinator.sh/gpu-core": "75"}, {}, "total over .* must divide"),
         ({"koordinator.sh/gpu.shared": "2", "koordinator.sh/gpu-core": "300"}, {}, r"integer in 1\.\.200"),
     ],
@@ -152,3 +166,38 @@ def test_memory_alone_beside_a_stated_compute_share_is_refused_with_the_fix() ->
     )
     with pytest.raises(errors.InvalidRequestError, match="container main asks for GPU memory only and container side"):
         translate.translate(body)
+
+
+def test_kai_can_name_the_container_that_gets_the_gpu() -> None:
+    body = pod({}, {"gpu-fraction": "0.5", "gpu-fraction-container-name": "worker"})
+    body["spec"]["containers"].append({"name": "worker", "resources": {}})
+    out, _ = translate.translate(body)
+    assert names.GPU_MILLI not in out["spec"]["containers"][0]["resources"].get("limits", {})
+    assert out["spec"]["containers"][1]["resources"]["limits"][names.GPU_MILLI] == "500"
+    with pytest.raises(errors.InvalidRequestError, match="no container 'nope'"):
+        translate.translate(pod({}, {"gpu-fraction": "0.5", "gpu-fraction-container-name": "nope"}))
+
+
+MODELS = frozenset({"NVIDIA A100-SXM4-80GB", "NVIDIA A100-PCIE-40GB", "Tesla T4", "NVIDIA H100 80GB HBM3"})
+
+
+@pytest.mark.parametrize(
+    ("notes", "chosen"),
+    [
+        ({"nvidia.com/use-gputype": "a100"}, "NVIDIA A100-PCIE-40GB,NVIDIA A100-SXM4-80GB"),
+        ({"nvidia.com/use-gputype": "A100,T4", "nvidia.com/nouse-gputype": "PCIE"},
+         "NVIDIA A100-SXM4-80GB,Tesla T4"),
+        ({"nvidia.com/nouse-gputype": "A100"}, "NVIDIA H100 80GB HBM3,Tesla T4"),
+    ],
+)  # fmt: skip
+def test_hamis_model_selectors_become_the_clusters_model_names(notes: dict[str, str], chosen: str) -> None:
+    out, audit = translate.translate(pod({"nvidia.com/gpu": "1"}, notes), MODELS)
+    assert out["metadata"]["annotations"][names.MODELS] == chosen
+    assert any(names.MODELS in line for line in audit)
+
+
+def test_model_selectors_that_leave_no_model_or_come_before_the_inventory_are_refused() -> None:
+    with pytest.raises(errors.InvalidRequestError, match="leaves no GPU model of the cluster"):
+        translate.translate(pod({"nvidia.com/gpu": "1"}, {"nvidia.com/use-gputype": "V100"}), MODELS)
+    with pytest.raises(errors.InvalidRequestError, match="not known yet"):
+        translate.translate(pod({"nvidia.com/gpu": "1"}, {"nvidia.com/use-gputype": "A100"}))

@@ -127,7 +127,7 @@ def mutate(body: Any, policy: Policy) -> Answer:
         if request.operation != "CREATE" or request.namespace in policy.skip_namespaces:
             return messages.allow(uid)
         original = _object(request)
-        out, audit = translate.translate(original)
+        out, audit = translate.translate(original, policy.models)
         pod = _typed(out)
         parsed = pods.request(pod)
         if parsed.demand.count == 0:

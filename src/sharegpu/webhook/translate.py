@@ -35,6 +35,18 @@ TKE_MEMORY = "tencent.com/vcuda-memory"
 HAMI_MEMORY = "nvidia.com/gpumem"
 HAMI_MEMORY_PERCENT = "nvidia.com/gpumem-percentage"
 HAMI_CORES = "nvidia.com/gpucores"
+HAMI_USE_TYPE = "nvidia.com/use-gputype"
+HAMI_NOUSE_TYPE = "nvidia.com/nouse-gputype"
+HAMI_UUID_SELECTORS = ("nvidia.com/use-gpuuuid", "nvidia.com/nouse-gpuuuid")
+VOLCANO_NUMBER = "volcano.sh/vgpu-number"
+VOLCANO_MEMORY = "volcano.sh/vgpu-memory"
+VOLCANO_MEMORY_PERCENT = "volcano.sh/vgpu-memory-percentage"
+VOLCANO_CORES = "volcano.sh/vgpu-cores"
+KAI_FRACTION = "gpu-fraction"
+KAI_MEMORY = "gpu-memory"
+KAI_DEVICES = "gpu-fraction-num-devices"
+KAI_CONTAINER = "gpu-fraction-container-name"
+KAI_KEYS = (KAI_FRACTION, KAI_MEMORY)
 NATIVE = names.MANAGED_RESOURCES
 
 FORMATS: dict[str, tuple[str, ...]] = {
@@ -43,6 +55,7 @@ FORMATS: dict[str, tuple[str, ...]] = {
     "aliyun": (ALIYUN_MEMORY,),
     "tkestack": (TKE_CORE, TKE_MEMORY),
     "hami": (HAMI_MEMORY, HAMI_MEMORY_PERCENT, HAMI_CORES),
+    "volcano": (VOLCANO_NUMBER, VOLCANO_MEMORY, VOLCANO_MEMORY_PERCENT, VOLCANO_CORES),
 }
 FOREIGN = frozenset(k for name, keys in FORMATS.items() if name != "sharegpu" for k in keys)
 """Resource names of other systems: none may be left on a pod after translation."""
@@ -179,22 +192,83 @@ def _tkestack(res: Json) -> _Share:
 
 
 def _hami(res: Json) -> _Share:
+    return _vgpu(res, names.NVIDIA_GPU, HAMI_MEMORY, HAMI_MEMORY_PERCENT, HAMI_CORES)
+
+
+def _volcano(res: Json) -> _Share:
+    return _vgpu(res, VOLCANO_NUMBER, VOLCANO_MEMORY, VOLCANO_MEMORY_PERCENT, VOLCANO_CORES)
+
+
+def _vgpu(res: Json, number: str, memory: str, percent: str, cores: str) -> _Share:
+    """HAMi's protocol (Volcano's vGPU spells it with its own names): a count of GPUs, and per GPU
+    the percent of its cores, its memory in MiB or in percent."""
     share = _Share()
-    if names.NVIDIA_GPU in res:
-        share.count = quantity.integer(res[names.NVIDIA_GPU], names.NVIDIA_GPU, 1, units.MAX_GPUS_PER_NODE)
-    if HAMI_CORES in res:
-        cores = quantity.integer(res[HAMI_CORES], HAMI_CORES, 0, 100)
-        share.milli = max(1, cores * 10)
-        share.whole = cores == 100 and HAMI_MEMORY not in res and HAMI_MEMORY_PERCENT not in res
-    if HAMI_MEMORY in res and HAMI_MEMORY_PERCENT in res:
-        raise errors.InvalidRequestError(f"give {HAMI_MEMORY} or {HAMI_MEMORY_PERCENT}, not both")
-    if HAMI_MEMORY in res:
-        share.memory_mib = quantity.integer(res[HAMI_MEMORY], f"{HAMI_MEMORY} (MiB)", 1, 1 << 30)
-    if HAMI_MEMORY_PERCENT in res:
-        share.permille = 10 * quantity.integer(res[HAMI_MEMORY_PERCENT], HAMI_MEMORY_PERCENT, 1, 100)
+    if number in res:
+        share.count = quantity.integer(res[number], number, 1, units.MAX_GPUS_PER_NODE)
+    if cores in res:
+        value = quantity.integer(res[cores], cores, 0, 100)
+        share.milli = max(1, value * 10)
+        share.whole = value == 100 and memory not in res and percent not in res
+    if memory in res and percent in res:
+        raise errors.InvalidRequestError(f"give {memory} or {percent}, not both")
+    if memory in res:
+        share.memory_mib = quantity.integer(res[memory], f"{memory} (MiB)", 1, 1 << 30)
+    if percent in res:
+        share.permille = 10 * quantity.integer(res[percent], percent, 1, 100)
     if share.whole:
         share.milli = None
     return share
+
+
+def _kai(notes: Json) -> _Share:
+    """KAI Scheduler's pod annotations: gpu-fraction (of one GPU) or gpu-memory (MiB), on
+    gpu-fraction-num-devices GPUs (default one)."""
+    share = _Share()
+    if KAI_DEVICES in notes:
+        share.count = quantity.integer(notes[KAI_DEVICES], KAI_DEVICES, 1, units.MAX_GPUS_PER_NODE)
+    if KAI_FRACTION in notes and KAI_MEMORY in notes:
+        raise errors.InvalidRequestError(f"give {KAI_FRACTION} or {KAI_MEMORY}, not both")
+    if KAI_FRACTION in notes:
+        fraction = quantity.number(notes[KAI_FRACTION], KAI_FRACTION)
+        if not 0 < fraction <= 1:
+            raise errors.InvalidRequestError(f"{KAI_FRACTION} must be in (0, 1], got {notes[KAI_FRACTION]!r}")
+        milli = max(1, int((fraction * units.MILLI_PER_GPU).to_integral_value()))
+        share.whole = milli == units.MILLI_PER_GPU
+        if not share.whole:
+            share.milli, share.permille = milli, milli
+    if KAI_MEMORY in notes:
+        share.memory_mib = quantity.integer(notes[KAI_MEMORY], f"{KAI_MEMORY} (MiB)", 1, 1 << 30)
+    return share
+
+
+def gpu_models(notes: Json, models: frozenset[str]) -> tuple[str, str] | None:
+    """HAMi's model selectors (comma lists matched, as HAMi does, as case-insensitive parts of the
+    model name) as the cluster's model names: the `sharegpu.io/gpu-models` value and an audit line,
+    or None when the pod has none. `models`: the models of the cluster's inventory."""
+    use = [v.strip().upper() for v in notes.get(HAMI_USE_TYPE, "").split(",") if v.strip()]
+    avoid = [v.strip().upper() for v in notes.get(HAMI_NOUSE_TYPE, "").split(",") if v.strip()]
+    for key in HAMI_UUID_SELECTORS:
+        if key in notes:
+            raise errors.InvalidRequestError(
+                f"{key} (choosing GPUs by UUID) is not supported; choose models with {HAMI_USE_TYPE} or "
+                f"{names.MODELS}, or a node with a node selector"
+            )
+    if not use and not avoid:
+        return None
+    if names.MODELS in notes:
+        raise errors.InvalidRequestError(f"give {names.MODELS} or HAMi's GPU type selectors, not both")
+    if not models:
+        raise errors.InvalidRequestError("the cluster's GPU models are not known yet (no Device listed); retry")
+    chosen = sorted(
+        m for m in models if (not use or any(u in m.upper() for u in use)) and not any(a in m.upper() for a in avoid)
+    )
+    asked = ", ".join(f"{k}={notes[k]}" for k in (HAMI_USE_TYPE, HAMI_NOUSE_TYPE) if k in notes)
+    if not chosen:
+        raise errors.InvalidRequestError(
+            f"{asked} leaves no GPU model of the cluster (models: {', '.join(sorted(models))})"
+        )
+    value = ",".join(chosen)
+    return value, f"pod: {asked} -> {names.MODELS}={value}"
 
 
 def _kubeshare(notes: Json) -> tuple[_Share, int | None]:
@@ -258,8 +332,9 @@ def _write(container: Json, share: _Share) -> str:
     return ", ".join(f"{k}={v}" for k, v in canonical.items())
 
 
-def translate(pod: Json) -> tuple[Json, list[str]]:
-    """The canonical pod and what was translated; InvalidRequestError for what cannot be."""
+def translate(pod: Json, models: frozenset[str] = frozenset()) -> tuple[Json, list[str]]:
+    """The canonical pod and what was translated; InvalidRequestError for what cannot be. `models`:
+    the GPU models of the cluster's inventory (HAMi's model selectors are matched against them)."""
     typed = wire.convert(pod, wire.Pod)  # a mistyped manifest is refused here, with the path to the field
     out = copy.deepcopy(pod)
     meta = out.setdefault("metadata", {})
@@ -332,6 +407,29 @@ def translate(pod: Json) -> tuple[Json, list[str]]:
                     raise errors.InvalidRequestError(f"{source} and {target_key} disagree")
                 notes[target_key] = notes[source]
                 audit.append(f"pod: {source}={notes[source]} -> {target_key}")
+    if any(k in notes for k in KAI_KEYS):
+        share = _kai(notes)
+        if any(_formats_in(res) or names.NVIDIA_GPU in res for _, _, res in containers):
+            raise errors.InvalidRequestError(
+                "KAI's GPU annotations and GPU resources on containers both ask for GPUs; use one format"
+            )
+        wanted = notes.get(KAI_CONTAINER)
+        regular = [c for kind, c, _ in containers if kind == "containers"]
+        target = next((c for c in regular if c.get("name") == wanted), None) if wanted else next(iter(regular), None)
+        if target is None:
+            raise errors.InvalidRequestError(
+                f"{KAI_CONTAINER}: no container {wanted!r}" if wanted else "a KAI GPU pod needs a container"
+            )
+        asked = ", ".join(f"{k}={notes[k]}" for k in (KAI_FRACTION, KAI_MEMORY, KAI_DEVICES) if k in notes)
+        audit.append(f"{target.get('name')}: {asked} -> {_write(target, share)}")
+        if share.permille:
+            permille.add(share.permille)
+        if not share.whole:
+            (with_compute if share.milli is not None else memory_only).append(str(target.get("name")))
+    selected = gpu_models(notes, models)
+    if selected is not None:
+        notes[names.MODELS], line = selected
+        audit.append(line)
     if memory_only:
         _burst_to_whole_gpu(notes, memory_only, with_compute, audit)
     if permille:
@@ -362,4 +460,10 @@ def _aliyun(res: Json) -> _Share:
     return share
 
 
-_READERS = {"koordinator": _koordinator, "aliyun": _aliyun, "tkestack": _tkestack, "hami": _hami}
+_READERS = {
+    "koordinator": _koordinator,
+    "aliyun": _aliyun,
+    "tkestack": _tkestack,
+    "hami": _hami,
+    "volcano": _volcano,
+}
