@@ -344,6 +344,7 @@ async def test_hamis_model_selector_becomes_the_inventorys_model_names(
     admin: client.KubeClient, webhook: RunningWebhook, nodes: Any, namespace: str
 ) -> None:
     await nodes(1, gpus=1, model="Tesla-T4")
+
     async def seen() -> bool:
         return "Tesla-T4" in webhook.policy.models
 
