@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from sharegpu.extender import lookup
 
-DNS = st.from_regex(r"[a-z0-9]([a-z0-9.-]{0,40}[a-z0-9])?", fullmatch=True)
+DNS = st.text(alphabet="abcz019.-", min_size=1, max_size=40)
+"""Node-name characters (a real name also starts and ends alphanumeric: looser is harder here)."""
 ANY = st.text(max_size=30)
 
 
@@ -27,14 +28,14 @@ def rows(fleet: list[str], text: bytes) -> list[int] | None:
     return None if found is None else found.tolist()
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(fleet=st.lists(DNS, unique=True, max_size=60), data=st.data())
 def test_any_order_of_any_subset_with_strangers_maps_like_a_dict(fleet: list[str], data: st.DataObject) -> None:
     asked = data.draw(st.lists(st.sampled_from(fleet) | DNS, max_size=80)) if fleet else data.draw(st.lists(DNS))
     assert rows(fleet, msgspec.json.encode(asked)) == reference(fleet, asked)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(fleet=st.lists(ANY, unique=True, max_size=30), data=st.data())
 def test_names_of_any_text_map_like_a_dict_or_are_left_to_the_decoder(fleet: list[str], data: st.DataObject) -> None:
     """Quotes, backslashes, non-ASCII and empty names: either the exact rows, or None (decode)."""
@@ -82,7 +83,7 @@ def test_nodes_the_fleet_does_not_place_on_map_to_minus_one() -> None:
     assert found is not None and found.tolist() == [-1, 1, -1, 0, -1]
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(fleet=st.lists(DNS, unique=True, min_size=1, max_size=40), data=st.data())
 def test_a_plain_text_mentions_exactly_its_names(fleet: list[str], data: st.DataObject) -> None:
     asked = data.draw(st.lists(st.sampled_from(fleet), unique=True, min_size=1))
