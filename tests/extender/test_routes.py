@@ -142,3 +142,15 @@ def test_the_scheduler_port_issues_no_session_tickets(pki: dict[str, Path]) -> N
 def test_the_hand_off_and_reservation_vocabulary_is_shared() -> None:
     assert names.reservation_name("n" * 300, 3, "abcdef").endswith("-3-abcdef")
     assert len(names.reservation_name("n" * 300, 3, "abcdef")) <= 253
+
+
+async def test_metrics_count_each_namespaces_gpu_use_over_every_gpu(harness: Callable[..., Any]) -> None:
+    """A pod of 2 GPUs at 500 milli holds 1000 milli-GPU: what a quota on the namespace counts."""
+    h: Harness = await harness(nodes=2, gpus=2)
+    await h.schedule(await h.create(gpu_pod("pair", milli=500, count=2)))
+    await h.schedule(await h.create(gpu_pod("one", milli=300, namespace="other")))
+    app = routes.operations(h.extender)
+    async with test_utils.TestClient(test_utils.TestServer(app)) as http:
+        text = await (await http.get("/metrics")).text()
+    assert 'sharegpu_namespace_gpu_milli{namespace="ns"} 1000.0' in text
+    assert 'sharegpu_namespace_gpu_milli{namespace="other"} 300.0' in text

@@ -99,7 +99,10 @@ async def test_every_format_is_stored_in_canonical_form(
     stored = await admin.create(f"/api/v1/namespaces/{namespace}/pods", bare_pod(name, limits, notes))
     stored = await admin.get(f"/api/v1/namespaces/{namespace}/pods/{name}")
     container = stored["spec"]["containers"][0]
-    gpu_limits = {k: v for k, v in container["resources"]["limits"].items() if k not in ("cpu", "memory")}
+    limits = container["resources"]["limits"]
+    gpu_limits = {k: v for k, v in limits.items() if k not in ("cpu", "memory", *names.QUOTA_RESOURCES)}
+    expected_total = admission.quota_totals(pods.request(wire.convert(stored, wire.Pod)).containers[0])
+    assert {k: str(quantity.parse(v)) for k, v in limits.items() if k in names.QUOTA_RESOURCES} == expected_total
     # The API server normalises quantities ("3000" is stored as "3k"): compare values.
     assert {k: quantity.parse(v) for k, v in gpu_limits.items()} == {k: quantity.parse(v) for k, v in canonical.items()}
     stored_notes = stored["metadata"].get("annotations") or {}
@@ -357,3 +360,26 @@ async def test_hamis_model_selector_becomes_the_inventorys_model_names(
     refused = bare_pod("nothing", {"nvidia.com/gpu": "1"}, {"nvidia.com/use-gputype": "no-such-gpu"})
     with pytest.raises(kube_errors.InvalidError, match="leaves no GPU model of the cluster"):
         await admin.create(paths.pods(namespace), refused)
+
+
+async def test_a_resource_quota_counts_every_gpu_of_a_share(
+    admin: client.KubeClient, webhook: RunningWebhook, namespace: str
+) -> None:
+    """Kubernetes' own ResourceQuota, on the total the webhook writes: 3 GPUs at 500 milli count 1500
+    (a quota on the per-GPU resource would count 500: HAMi #893)."""
+    hard = {f"requests.{names.GPU_MILLI_TOTAL}": "2000", f"requests.{names.GPU_MEMORY_TOTAL}": "8192"}
+    quota = {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "gpus"}, "spec": {"hard": hard}}
+    await admin.create(f"/api/v1/namespaces/{namespace}/resourcequotas", quota)
+
+    async def counted() -> bool:
+        found = await admin.get(f"/api/v1/namespaces/{namespace}/resourcequotas/gpus")
+        return bool(found.get("status", {}).get("hard"))
+
+    await wait_for(counted, what="the quota controller to take up the quota")
+    hami = {"nvidia.com/gpu": "3", "nvidia.com/gpucores": "50", "nvidia.com/gpumem": "2000"}
+    await admin.create(paths.pods(namespace), bare_pod("three-halves", hami))
+    with pytest.raises(kube_errors.ForbiddenError, match=r"exceeded quota: gpus.*gpu-milli-total=600"):
+        await admin.create(paths.pods(namespace), bare_pod("too-much", {names.GPU_MILLI: "600"}))
+    await admin.create(paths.pods(namespace), bare_pod("fits", {names.GPU_MILLI: "500", names.GPU_MEMORY: "2000"}))
+    with pytest.raises(kube_errors.ForbiddenError, match=r"exceeded quota: gpus"):
+        await admin.create(paths.pods(namespace), bare_pod("one-more", {names.GPU_MILLI: "1"}))

@@ -113,3 +113,30 @@ def test_mirror_pods_and_cpu_pods_keep_their_node() -> None:
     assert applied(mirror, admission.mutate(review(mirror), POLICY))["spec"]["nodeName"] == "gpu-7"
     cpu = {"metadata": {"name": "c"}, "spec": {"nodeName": "n1", "containers": [{"name": "main"}]}}
     assert applied(cpu, admission.mutate(review(cpu), POLICY))["spec"]["nodeName"] == "n1"
+
+
+def limits_of(pod: Json, position: int = 0) -> dict[str, str]:
+    limits: dict[str, str] = pod["spec"]["containers"][position]["resources"]["limits"]
+    return limits
+
+
+def test_every_gpu_container_carries_its_whole_use_for_quotas() -> None:
+    """A ResourceQuota counts a resource once per container: 3 GPUs at 500 milli must count 1500."""
+    three = gpu_pod()
+    three["spec"]["containers"][0]["resources"]["limits"] = {
+        names.GPU: "3", names.GPU_MILLI: "500", names.GPU_MEMORY: "2048", names.GPU_MILLI_TOTAL: "1"
+    }  # fmt: skip
+    three["spec"]["containers"].append({"name": "cpu", "resources": {"limits": {"cpu": "1"}}})
+    out = applied(three, admission.mutate(review(three), POLICY))
+    assert limits_of(out)[names.GPU_MILLI_TOTAL] == "1500", "a forged total is replaced"
+    assert limits_of(out)[names.GPU_MEMORY_TOTAL] == "6144"
+    assert out["spec"]["containers"][0]["resources"]["requests"][names.GPU_MILLI_TOTAL] == "1500"
+    assert names.GPU_MILLI_TOTAL not in limits_of(out, 1)
+    whole = gpu_pod()
+    whole["spec"]["containers"][0]["resources"]["limits"] = {"nvidia.com/gpu": "2"}
+    made = applied(whole, admission.mutate(review(whole), POLICY))
+    assert limits_of(made)[names.GPU_MILLI_TOTAL] == "2000" and names.GPU_MEMORY_TOTAL not in limits_of(made)
+    assert admission.validate(review(out), POLICY).response.allowed
+    out["spec"]["containers"][0]["resources"]["limits"][names.GPU_MILLI_TOTAL] = "500"
+    refused = admission.validate(review(out), POLICY).response
+    assert not refused.allowed and refused.status is not None and "expected" in refused.status.message

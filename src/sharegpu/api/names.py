@@ -46,6 +46,13 @@ MANAGED_RESOURCES: Final = (GPU, GPU_MILLI, GPU_MEMORY)
 """sharegpu's own resources: kube-scheduler leaves them to the extender (ignoredByScheduler)."""
 GPU_RESOURCES: Final = (*MANAGED_RESOURCES, NVIDIA_GPU)
 """Any of these in a container makes the pod a GPU pod."""
+GPU_MILLI_TOTAL: Final = f"{DOMAIN}/gpu-milli-total"
+GPU_MEMORY_TOTAL: Final = f"{DOMAIN}/gpu-memory-total"
+QUOTA_RESOURCES: Final = (GPU_MILLI_TOTAL, GPU_MEMORY_TOTAL)
+"""Written by the webhook on every GPU container: its whole GPU use (count x per-GPU compute in
+milli-GPU, whole GPUs at 1000; count x per-GPU memory in MiB when given in MiB), so that a
+ResourceQuota on `requests.<name>` counts a pod of 3 GPUs at 500 milli as 1500, not 500.
+Nothing schedules by them (ignoredByScheduler; the kubelet ignores resources its node lacks)."""
 
 # ----------------------------------------------------------------- annotations
 ALLOCATION: Final = f"{DOMAIN}/allocation"

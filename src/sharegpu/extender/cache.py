@@ -196,6 +196,10 @@ class ClusterCache:
         assert self._placer is not None
         return self._placer
 
+    def allocations(self) -> list[allocation.Allocation]:
+        """Every allocation held or assumed now (the ledger of the current fleet state)."""
+        return self.ledger.allocations()
+
     def name_index(self) -> lookup.NameIndex:
         """Every node's name with its fleet row (-1 for a node the fleet does not place on), for
         mapping kube-scheduler's candidate lists; built once per fleet state."""

@@ -83,6 +83,7 @@ class Extender:
         self.options = options
         self.metrics = metrics_mod.Metrics()
         self.cache = cache_mod.ClusterCache(options.policy, clock=clock, shapes=options.shapes)
+        self.metrics.count_usage(self.cache.allocations)
         self.scheduling = scheduling.SchedulingService(
             self.cache, api, self.metrics, narrow=options.narrow, assume_ttl=options.assume_ttl, clock=clock
         )

@@ -18,7 +18,7 @@ import jsonpatch
 
 from sharegpu.api import admission as messages
 from sharegpu.api import devices as api_devices
-from sharegpu.api import handoff, names, pods, wire
+from sharegpu.api import handoff, names, pods, quantity, wire
 from sharegpu.core import errors, requests
 from sharegpu.webhook import translate
 
@@ -72,6 +72,34 @@ def _add_handoff(obj: Json, parsed: requests.PodRequest) -> None:
         env = container.setdefault("env", [])
         for variable in handoff.variables(gpu.count, bool(gpu.memory_mib or gpu.memory_permille)):
             env.append(handoff.reference(name, request.name, variable))
+
+
+def quota_totals(request: requests.ContainerRequest) -> dict[str, str]:
+    """The accounting resources of one container (`api.names.QUOTA_RESOURCES`): its GPU count times
+    its share of each GPU, whole GPUs at 1000 milli-GPU; memory when it is given in MiB."""
+    gpu = request.gpu
+    if gpu is None:
+        return {}
+    totals = {names.GPU_MILLI_TOTAL: str(gpu.count * gpu.milli)}
+    if gpu.memory_mib:
+        totals[names.GPU_MEMORY_TOTAL] = str(gpu.count * gpu.memory_mib)
+    return totals
+
+
+def _write_totals(obj: Json, parsed: requests.PodRequest) -> None:
+    """Replace whatever accounting resources the containers carry with the ones they ask for."""
+    for container, request in _paired(obj, parsed):
+        resources = container.setdefault("resources", {})
+        totals = quota_totals(request)
+        for part in ("limits", "requests"):
+            table = resources.get(part)
+            if table is None:
+                if not totals:
+                    continue
+                table = resources[part] = {}
+            for key in names.QUOTA_RESOURCES:
+                table.pop(key, None)
+            table.update(totals)
 
 
 def _handoff_wired(pod: wire.Pod, parsed: requests.PodRequest) -> bool:
@@ -143,6 +171,7 @@ def mutate(body: Any, policy: Policy) -> Answer:
             audit += _take_over(spec, notes, policy)
         if parsed.demand.sharing and names.HANDOFF not in notes:
             _add_handoff(out, parsed)
+        _write_totals(out, parsed)
         if audit:
             notes[names.TRANSLATED] = "; ".join(audit)
         return messages.allow(
@@ -170,7 +199,21 @@ def validate(body: Any, policy: Policy) -> Answer:
             for key in container.resources.merged():
                 if key in translate.FOREIGN:
                     return messages.deny(uid, f"sharegpu: container {container.name}: {key} was not translated", 400)
-        demand = pods.request(pod).demand
+        parsed = pods.request(pod)
+        if parsed.demand.count:
+            for (_, container), container_request in zip(pods.containers(pod), parsed.containers, strict=True):
+                given = container.resources.merged()
+                carried = {
+                    k: str(quantity.integer(given[k], k, 0, 1 << 40)) for k in names.QUOTA_RESOURCES if k in given
+                }
+                if carried != quota_totals(container_request):
+                    return messages.deny(
+                        uid,
+                        f"sharegpu: container {container.name}: {', '.join(names.QUOTA_RESOURCES)} are written by "
+                        f"sharegpu from the GPU request (expected {quota_totals(container_request) or 'none'})",
+                        400,
+                    )
+        demand = parsed.demand
         largest = policy.largest_gpu_memory_mib
         if largest is not None and demand.memory_mib > largest:
             return messages.deny(
