@@ -14,10 +14,11 @@ import msgspec
 from msgspec import Meta
 
 from sharegpu.api import groups, wire
+from sharegpu.core import budget
 
-WITHIN: Final = "Within"
-WARNING: Final = "Warning"
-EXHAUSTED: Final = "Exhausted"
+WITHIN: Final = budget.WITHIN
+WARNING: Final = budget.WARNING
+EXHAUSTED: Final = budget.EXHAUSTED
 
 Action = Literal["Demote", "Deny", "Allow"]
 State = Literal["Within", "Warning", "Exhausted"]
