@@ -431,9 +431,12 @@ def devcluster(
     gpu_memory: Annotated[int, typer.Option(help="GPU memory in MiB.")] = 81920,
     policy: Annotated[str, typer.Option(help="Placement policy of the extender.")] = "fgd-used",
     workdir: Annotated[Path | None, typer.Option(help="Where to keep state and logs (default: a temp dir).")] = None,
+    webhook: Annotated[
+        bool, typer.Option(help="Run the admission webhook too (translates other systems' GPU requests).")
+    ] = True,
 ) -> None:
-    """Run the whole stack on this machine: a real control plane, the extender, kube-scheduler and
-    fake GPU nodes, until Ctrl-C. Prints the kubeconfig to use with kubectl."""
+    """Run the whole stack on this machine: a real control plane, the extender, kube-scheduler, the
+    admission webhook and fake GPU nodes, until Ctrl-C. Prints the kubeconfig to use with kubectl."""
     import tempfile
 
     from sharegpu.core import devices
@@ -468,7 +471,11 @@ def devcluster(
         console.print(f"[bold]sharegpu devcluster[/bold]: {nodes} nodes x {gpus} {model}")
         console.print(f"  export KUBECONFIG={whole.plane.kubeconfig('admin')}")
         console.print(f"  extender: {whole.extender.health_url}/debug/nodes   logs: {folder / 'logs'}")
-        console.print("  pods use schedulerName: sharegpu-scheduler; Ctrl-C stops everything", highlight=False)
+        if whole.webhook is not None:
+            console.print(f"  webhook: {whole.webhook.url} (GPU pods in any format are scheduled by sharegpu)")
+            console.print("  Ctrl-C stops everything", highlight=False)
+        else:
+            console.print("  pods use schedulerName: sharegpu-scheduler; Ctrl-C stops everything", highlight=False)
         console.file.flush()
 
     async def run() -> None:
@@ -478,7 +485,7 @@ def devcluster(
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        whole = stack.Stack(folder, policy)
+        whole = stack.Stack(folder, policy, webhook=webhook)
         starting = asyncio.create_task(bring_up(whole))
         waiting = asyncio.create_task(stop.wait())
         try:

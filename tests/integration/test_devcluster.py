@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import signal
 import subprocess
@@ -14,7 +15,7 @@ from pathlib import Path
 
 from sharegpu.api import names, paths
 from sharegpu.kube import client
-from tests.integration.conftest import gpu_pod, wait_for
+from tests.integration.conftest import get_or_none, gpu_pod, wait_for
 
 
 def survivors(folder: Path) -> dict[int, str]:
@@ -62,13 +63,24 @@ async def test_devcluster_runs_a_pod_and_stops_everything_on_ctrl_c(tmp_path: Pa
             pod = gpu_pod("first", "try", milli=500)
             pod["spec"].pop("nodeSelector")
             await kube.create(paths.pods("try"), pod)
+            # As a newcomer writes it for Koordinator: no sharegpu schedulerName, another format.
+            koord = gpu_pod("koord", "try")
+            koord["spec"].pop("nodeSelector")
+            koord["spec"]["schedulerName"] = "koord-scheduler"
+            koord["spec"]["containers"][0]["resources"] = {"limits": {"koordinator.sh/gpu-core": "30"}}
+            await kube.create(paths.pods("try"), koord)
 
-            async def bound() -> bool:
-                found = await kube.get(paths.pod("try", "first"))
-                return bool(found["spec"].get("nodeName")) and names.ALLOCATION in found["metadata"]["annotations"]
+            async def bound(name: str) -> bool:
+                found = await kube.get(paths.pod("try", name))
+                notes = found["metadata"].get("annotations") or {}
+                if not found["spec"].get("nodeName") or names.ALLOCATION not in notes:
+                    return False
+                handoff = await get_or_none(kube, paths.configmap("try", notes[names.HANDOFF]))
+                return bool(handoff and (handoff.get("data") or {}).get("main.NVIDIA_VISIBLE_DEVICES"))
 
-            await wait_for(bound, timeout=60, what="a pod placed in the devcluster")
-            await kube.delete(paths.pod("try", "first"), grace_period=0)
+            for name in ("first", "koord"):
+                await wait_for(functools.partial(bound, name), timeout=60, what=f"pod {name} with its hand-off")
+                await kube.delete(paths.pod("try", name), grace_period=0)
         assert survivors(folder), "the devcluster's processes are running"
         process.send_signal(signal.SIGINT)
         assert await asyncio.to_thread(process.wait, 60) == 0

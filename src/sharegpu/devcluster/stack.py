@@ -29,6 +29,7 @@ from sharegpu.devcluster import controlplane, fakecluster
 from sharegpu.kube import client, credentials, transport
 from sharegpu.kube import errors as kube_errors
 from sharegpu.serving import certs
+from sharegpu.webhook import config as webhook_config
 
 Json = dict[str, Any]
 DEPLOY = controlplane.data_path("deploy")
@@ -227,11 +228,68 @@ def scheduler_config(
     return path
 
 
+class WebhookProcess:
+    """`sharegpu webhook` as a real process: it makes its own CA and serving certificate (bootstrap)
+    and registers both webhook configurations at its https://127.0.0.1 address."""
+
+    def __init__(self, plane: controlplane.ControlPlane) -> None:
+        self.plane = plane
+        self.port = controlplane.free_port()
+        self.folder = plane.workdir / f"webhook-{self.port}"
+        self.log = plane.workdir / "logs" / f"webhook-{self.port}.log"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"https://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        argv = [
+            sys.executable, "-m", "sharegpu", "webhook",
+            "--bootstrap", str(self.folder), "--url", self.url, "--ip-address", "127.0.0.1",
+            "--kubeconfig", str(self.plane.kubeconfig("sharegpu-webhook")),
+            "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "WARNING",
+        ]  # fmt: skip
+        with self.log.open("ab") as handle:
+            self.process = subprocess.Popen(argv, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True)
+
+    async def wait_ready(self, kube: client.KubeApi, timeout: float = 60) -> None:
+        """Until it answers /readyz (it has listed the Devices) and its configurations are registered."""
+        deadline = time.monotonic() + timeout
+        async with aiohttp.ClientSession() as session:
+            while time.monotonic() < deadline:
+                assert self.process is not None
+                if self.process.poll() is not None:
+                    raise controlplane.ControlPlaneError(f"webhook exited:\n{self.log.read_text()[-3000:]}")
+                with contextlib.suppress(aiohttp.ClientError, kube_errors.KubeError):
+                    async with session.get(f"{self.url}/readyz", ssl=False) as response:
+                        await kube.get(f"{webhook_config.MUTATING_PATH}/{webhook_config.NAME}")
+                        if response.status == 200:
+                            return
+                await asyncio.sleep(0.1)
+        raise controlplane.ControlPlaneError("webhook not ready in time")
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, sig)
+            self.process.wait(timeout=15)
+
+
 class Stack:
-    def __init__(self, workdir: Path, policy: str = "fgd-used", extender_args: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        policy: str = "fgd-used",
+        extender_args: tuple[str, ...] = (),
+        *,
+        webhook: bool = False,
+    ) -> None:
         self.plane = controlplane.ControlPlane(workdir, controlplane.binaries())
         self.policy = policy
         self.extender_args = extender_args
+        self.with_webhook = webhook
+        self.webhook: WebhookProcess | None = None
         self.extender: ExtenderProcess | None = None
         self.admin: client.KubeClient | None = None
         self.harness: fakecluster.FakeCluster | None = None
@@ -251,6 +309,10 @@ class Stack:
         self.extender.start()
         await self.extender.wait_ready()
         self.plane.start_scheduler(scheduler_config(self.plane, self.extender))
+        if self.with_webhook:
+            self.webhook = WebhookProcess(self.plane)
+            self.webhook.start()
+            await self.webhook.wait_ready(self.admin)
         self.harness = fakecluster.FakeCluster(self.admin)
         if harness:
             await self.harness.start()
@@ -261,6 +323,9 @@ class Stack:
         with contextlib.suppress(Exception):
             if self.harness is not None:
                 await self.harness.stop()
+        with contextlib.suppress(Exception):
+            if self.webhook is not None:
+                self.webhook.kill(signal.SIGTERM)
         with contextlib.suppress(Exception):
             if self.extender is not None:
                 self.extender.kill(signal.SIGTERM)
