@@ -121,7 +121,6 @@ SHARED_DEVICE_GROUP: Final = CustomResource(
     columns=(
         Column("Phase", "string", ".status.phase"),
         Column("Node", "string", ".status.nodeName"),
-        Column("GPUs", "integer", ".spec.gpus", "GPUs the group holds"),
         AGE,
     ),
 )

@@ -99,6 +99,8 @@ class Outcome:
     pod: units.PodKey
     at: float
     feasible: int
+    """Nodes that fit: among the candidates, or among all nodes when filter chose without mapping
+    the candidates (the chosen node was one of them)."""
     chosen: str | None
     message: str
     candidates: tuple[str, ...] = ()
