@@ -47,7 +47,19 @@ def test_names_of_any_text_map_like_a_dict_or_are_left_to_the_decoder(fleet: lis
 
 
 @pytest.mark.parametrize(
-    "text", [b"null", b"[1,2]", b'[ "a" ]', b'["a",1,"b"]', b'["a\\"b"]', b'["a,b","c"]', b'{"a":"b"}', b'"a"']
+    "text",
+    [
+        b"null",
+        b"[1,2]",
+        b'[ "a" ]',
+        b'["a",1,"b"]',
+        b'["a\\"b"]',
+        b'["a,b","c"]',
+        b'["a",["b","c"],"d"]',
+        b'["a",{"b":"c"},"d"]',
+        b'{"a":"b"}',
+        b'"a"',
+    ],
 )
 def test_a_text_that_is_not_a_plain_array_of_names_is_left_to_the_decoder(text: bytes) -> None:
     assert rows(["a", "b"], text) is None

@@ -37,11 +37,13 @@ _MASKS: Final = np.array([(1 << (8 * k)) - 1 for k in range(_WORD + 1)], dtype=n
 
 
 def plain_names(text: bytes) -> bool:
-    """Whether a JSON array (already validated as JSON) holds only strings without escapes or
-    commas: then every quote in it is a string's delimiter. It holds twice as many quotes as commas
-    plus one exactly then: every element a string (each has two quotes, each but the last a comma
-    after it), and no comma inside one."""
-    if len(text) < 4 or text[:2] != b'["' or text[-2:] != b'"]' or b"\\" in text:
+    """Whether a JSON array (already validated as JSON) holds only strings without escapes, commas
+    or brackets: then every quote in it is a string's delimiter. With no nested array or object,
+    it holds twice as many quotes as commas plus one exactly then: every element a string (each has
+    two quotes, each but the last a comma after it), and no comma inside one."""
+    if len(text) < 4 or text[:2] != b'["' or text[-2:] != b'"]' or b"\\" in text or b"{" in text:
+        return False
+    if text.find(b"[", 1) >= 0 or text.find(b"]", 0, len(text) - 1) >= 0:
         return False
     raw = np.frombuffer(text, dtype=np.uint8)
     return int(np.count_nonzero(raw == _QUOTE)) == 2 * (int(np.count_nonzero(raw == _COMMA)) + 1)
