@@ -225,8 +225,10 @@ async def test_candidate_lists_in_any_order_map_to_their_rows_and_a_repeat_is_no
         got = service._candidates(h.args(pod, list(other)))
         assert got.looked.tolist() == [row.get(n, -1) for n in other]
         assert got.rows.tolist() == [row[n] for n in other if n in row]
-        assert got.names() == list(other)
-        assert got.missing() == [n for n in other if n not in row]
+        sent, known, missing = got.split()
+        assert sent == list(other) and got.names() == list(other)
+        assert known == [n for n in other if n in row]
+        assert missing == [n for n in other if n not in row]
 
 
 async def test_filter_chooses_the_policys_best_candidate_whether_or_not_the_best_node_of_all_is_one(

@@ -129,8 +129,34 @@ class ExtenderPki:
         return cls(ca_path, serving_cert, serving_key, client_cert, client_key)
 
 
-class ExtenderProcess:
-    """`sharegpu extender` as a real process (so it can be SIGKILLed), with its own credentials."""
+class _ComponentProcess:
+    """A sharegpu component as a real process in its own session (so it can be SIGKILLed, group
+    and all), logging into the control plane's log folder."""
+
+    name = ""
+    process: subprocess.Popen[bytes] | None = None
+    log: Path
+
+    def _spawn(self, argv: list[str]) -> None:
+        with self.log.open("ab") as handle:
+            self.process = subprocess.Popen(argv, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def _check_alive(self) -> None:
+        """ControlPlaneError with the log's tail if the process has exited."""
+        assert self.process is not None
+        if self.process.poll() is not None:
+            raise controlplane.ControlPlaneError(f"{self.name} exited:\n{self.log.read_text()[-3000:]}")
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, sig)
+            self.process.wait(timeout=15)
+
+
+class ExtenderProcess(_ComponentProcess):
+    """`sharegpu extender` as a real process, with its own credentials."""
+
+    name = "extender"
 
     def __init__(
         self,
@@ -147,7 +173,6 @@ class ExtenderProcess:
         self.extra = extra
         self.pki = pki or ExtenderPki.make(plane.workdir / f"extender-pki-{self.port}")
         self.kubeconfig = kubeconfig or plane.kubeconfig("sharegpu-extender")
-        self.process: subprocess.Popen[bytes] | None = None
         self.log = plane.workdir / "logs" / f"extender-{self.port}.log"
 
     @property
@@ -168,27 +193,19 @@ class ExtenderProcess:
             "--client-ca", str(self.pki.ca),
             "--policy", self.policy, "--log-level", "WARNING", *self.extra,
         ]  # fmt: skip
-        with self.log.open("ab") as handle:
-            self.process = subprocess.Popen(argv, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True)
+        self._spawn(argv)
 
     async def wait_ready(self, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
         async with aiohttp.ClientSession() as session:
             while time.monotonic() < deadline:
-                assert self.process is not None
-                if self.process.poll() is not None:
-                    raise controlplane.ControlPlaneError(f"extender exited:\n{self.log.read_text()[-3000:]}")
+                self._check_alive()
                 with contextlib.suppress(aiohttp.ClientError):
                     async with session.get(f"{self.health_url}/readyz") as response:
                         if response.status == 200:
                             return
                 await asyncio.sleep(0.1)
         raise controlplane.ControlPlaneError("extender not ready in time")
-
-    def kill(self, sig: int = signal.SIGKILL) -> None:
-        if self.process is not None and self.process.poll() is None:
-            os.killpg(self.process.pid, sig)
-            self.process.wait(timeout=15)
 
     async def get(self, path: str) -> Any:
         async with aiohttp.ClientSession() as session, session.get(f"{self.health_url}{path}") as response:
@@ -228,16 +245,17 @@ def scheduler_config(
     return path
 
 
-class WebhookProcess:
+class WebhookProcess(_ComponentProcess):
     """`sharegpu webhook` as a real process: it makes its own CA and serving certificate (bootstrap)
     and registers both webhook configurations at its https://127.0.0.1 address."""
+
+    name = "webhook"
 
     def __init__(self, plane: controlplane.ControlPlane) -> None:
         self.plane = plane
         self.port = controlplane.free_port()
         self.folder = plane.workdir / f"webhook-{self.port}"
         self.log = plane.workdir / "logs" / f"webhook-{self.port}.log"
-        self.process: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
@@ -251,17 +269,14 @@ class WebhookProcess:
             "--kubeconfig", str(self.plane.kubeconfig("sharegpu-webhook")),
             "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "WARNING",
         ]  # fmt: skip
-        with self.log.open("ab") as handle:
-            self.process = subprocess.Popen(argv, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True)
+        self._spawn(argv)
 
     async def wait_ready(self, kube: client.KubeApi, timeout: float = 60) -> None:
         """Until it answers /readyz (it has listed the Devices) and its configurations are registered."""
         deadline = time.monotonic() + timeout
         async with aiohttp.ClientSession() as session:
             while time.monotonic() < deadline:
-                assert self.process is not None
-                if self.process.poll() is not None:
-                    raise controlplane.ControlPlaneError(f"webhook exited:\n{self.log.read_text()[-3000:]}")
+                self._check_alive()
                 with contextlib.suppress(aiohttp.ClientError, kube_errors.KubeError):
                     async with session.get(f"{self.url}/readyz", ssl=False) as response:
                         await kube.get(f"{webhook_config.MUTATING_PATH}/{webhook_config.NAME}")
@@ -269,11 +284,6 @@ class WebhookProcess:
                             return
                 await asyncio.sleep(0.1)
         raise controlplane.ControlPlaneError("webhook not ready in time")
-
-    def kill(self, sig: int = signal.SIGKILL) -> None:
-        if self.process is not None and self.process.poll() is None:
-            os.killpg(self.process.pid, sig)
-            self.process.wait(timeout=15)
 
 
 class Stack:

@@ -69,12 +69,14 @@ class Candidates:
         """The names as sent (decoded on demand: the usual filter needs only the rows)."""
         return protocol.decode_names(self.text)
 
-    def known(self) -> list[str]:
-        """Names aligned with `rows`."""
-        return [n for n, r in zip(self.names(), self.looked.tolist(), strict=True) if r >= 0]
-
-    def missing(self) -> list[str]:
-        return [n for n, r in zip(self.names(), self.looked.tolist(), strict=True) if r < 0]
+    def split(self) -> tuple[list[str], list[str], list[str]]:
+        """From one decode: the names as sent, those the fleet has (aligned with `rows`), and the rest."""
+        sent = self.names()
+        known: list[str] = []
+        missing: list[str] = []
+        for name, row in zip(sent, self.looked.tolist(), strict=True):
+            (known if row >= 0 else missing).append(name)
+        return sent, known, missing
 
 
 QUICK_TRIES = 4
@@ -204,9 +206,10 @@ class SchedulingService:
         feasible = evaluation[1]
         if not feasible.any():
             diagnosis = fit.diagnose(self.cache.state, demand, rows)
-            failed = reasons.failures(offered.known(), diagnosis, demand, offered.missing())
+            sent, known, missing = offered.split()
+            failed = reasons.failures(known, diagnosis, demand, missing)
             self.metrics.decisions.labels("filter", "unschedulable").inc()
-            self._remember_outcome(key, 0, None, failed.message(len(offered)), tuple(offered.names()))
+            self._remember_outcome(key, 0, None, failed.message(len(offered)), tuple(sent))
             return protocol.FilterResult(
                 failed_nodes={**failed.resolvable, **failed.unresolvable},
                 failed_and_unresolvable=failed.unresolvable,
@@ -273,12 +276,12 @@ class SchedulingService:
         so kube-scheduler's own soft scoring (a pod's preferences) decides between nodes it rates
         clearly apart, and sharegpu's choice decides between nodes it rates alike (docs/extender.md)."""
         offered = self._candidates(args)
-        candidates = offered.names()
+        candidates, known, _ = offered.split()
         try:
             request = self._request(args.pod)
         except errors.InvalidInputError:
             return [protocol.HostPriority(host=n, score=0) for n in candidates]
-        rows, known = offered.rows, offered.known()
+        rows = offered.rows
         evaluation = self.cache.placer.evaluate(request.demand, rows)
         _, feasible, score, *_ = evaluation
         decision = self.cache.placer.choose(request.demand, *evaluation) if feasible.any() else None

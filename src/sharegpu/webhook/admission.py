@@ -206,11 +206,12 @@ def validate(body: Any, policy: Policy) -> Answer:
                 carried = {
                     k: str(quantity.integer(given[k], k, 0, 1 << 40)) for k in names.QUOTA_RESOURCES if k in given
                 }
-                if carried != quota_totals(container_request):
+                expected = quota_totals(container_request)
+                if carried != expected:
                     return messages.deny(
                         uid,
                         f"sharegpu: container {container.name}: {', '.join(names.QUOTA_RESOURCES)} are written by "
-                        f"sharegpu from the GPU request (expected {quota_totals(container_request) or 'none'})",
+                        f"sharegpu from the GPU request (expected {expected or 'none'})",
                         400,
                     )
         demand = parsed.demand

@@ -387,14 +387,10 @@ def translate(pod: Json, models: frozenset[str] = frozenset()) -> tuple[Json, li
     if kubeshare:
         share, limit = _kubeshare(notes)
         asks = KUBESHARE_REQUEST in notes or KUBESHARE_MEMORY in notes
-        if asks and any(_formats_in(res) or names.NVIDIA_GPU in res for _, _, res in containers):
-            raise errors.InvalidRequestError(
-                "KubeShare annotations and GPU resources on containers both ask for GPUs; use one format"
-            )
         if asks:
-            target = next((c for kind, c, _ in containers if kind == "containers"), None)
-            if target is None:
-                raise errors.InvalidRequestError("a KubeShare pod needs at least one container")
+            target = _annotated_target(
+                containers, "KubeShare annotations", "a KubeShare pod needs at least one container"
+            )
             written = _write(target, share)
             audit.append(f"{target.get('name')}: KubeShare annotations -> {written}")
             if limit is not None and not share.whole:
@@ -409,17 +405,13 @@ def translate(pod: Json, models: frozenset[str] = frozenset()) -> tuple[Json, li
                 audit.append(f"pod: {source}={notes[source]} -> {target_key}")
     if any(k in notes for k in KAI_KEYS):
         share = _kai(notes)
-        if any(_formats_in(res) or names.NVIDIA_GPU in res for _, _, res in containers):
-            raise errors.InvalidRequestError(
-                "KAI's GPU annotations and GPU resources on containers both ask for GPUs; use one format"
-            )
         wanted = notes.get(KAI_CONTAINER)
-        regular = [c for kind, c, _ in containers if kind == "containers"]
-        target = next((c for c in regular if c.get("name") == wanted), None) if wanted else next(iter(regular), None)
-        if target is None:
-            raise errors.InvalidRequestError(
-                f"{KAI_CONTAINER}: no container {wanted!r}" if wanted else "a KAI GPU pod needs a container"
-            )
+        target = _annotated_target(
+            containers,
+            "KAI's GPU annotations",
+            f"{KAI_CONTAINER}: no container {wanted!r}" if wanted else "a KAI GPU pod needs a container",
+            wanted,
+        )
         asked = ", ".join(f"{k}={notes[k]}" for k in (KAI_FRACTION, KAI_MEMORY, KAI_DEVICES) if k in notes)
         audit.append(f"{target.get('name')}: {asked} -> {_write(target, share)}")
         if share.permille:
@@ -437,6 +429,20 @@ def translate(pod: Json, models: frozenset[str] = frozenset()) -> tuple[Json, li
             raise errors.InvalidRequestError("containers of one pod ask for different GPU memory ratios")
         notes[names.MEMORY_PERMILLE] = str(permille.pop())
     return out, audit
+
+
+def _annotated_target(
+    containers: list[tuple[str, Json, Json]], source: str, none_found: str, wanted: str | None = None
+) -> Json:
+    """The container a share stated in pod annotations goes to: the one named `wanted`, or the
+    first app container. Refused when containers state GPU resources too, or when there is none."""
+    if any(_formats_in(res) or names.NVIDIA_GPU in res for _, _, res in containers):
+        raise errors.InvalidRequestError(f"{source} and GPU resources on containers both ask for GPUs; use one format")
+    regular = [c for kind, c, _ in containers if kind == "containers"]
+    target = next((c for c in regular if c.get("name") == wanted), None) if wanted else next(iter(regular), None)
+    if target is None:
+        raise errors.InvalidRequestError(none_found)
+    return target
 
 
 def _burst_to_whole_gpu(notes: Json, memory_only: list[str], with_compute: list[str], audit: list[str]) -> None:
