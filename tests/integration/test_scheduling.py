@@ -316,7 +316,13 @@ async def test_a_failed_reservation_pod_is_cleaned_up_and_replaced(
 
     reservations = functools.partial(reservation_pods, admin, node)
 
-    (first,) = await wait_for(reservations, what="a reservation pod")
+    async def started() -> list[Json] | None:
+        # The fake kubelet reports the UUID, then Running: a Failed written before that would be
+        # overwritten by its Running (a race in the test, not in the extender).
+        items = await reservations()
+        return items if [(p.get("status") or {}).get("phase") for p in items] == ["Running"] else None
+
+    (first,) = await wait_for(started, what="a reservation pod running")
     name = first["metadata"]["name"]
     # What a kubelet does when the device plugin cannot give the pod its GPU.
     await admin.patch(f"/api/v1/namespaces/{names.SYSTEM_NAMESPACE}/pods/{name}/status",
