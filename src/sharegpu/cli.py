@@ -302,6 +302,51 @@ def extender(
 
 
 @app.command()
+def controller(
+    kubeconfig: Annotated[
+        str | None, typer.Option(help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config, or in-cluster).")
+    ] = None,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "0.0.0.0",
+    health_port: Annotated[int, typer.Option(help="Port of /healthz, /readyz, /metrics and /debug.")] = 8890,
+    leader_elect: Annotated[
+        bool, typer.Option(help="Reconcile only while holding the sharegpu-controller Lease.")
+    ] = True,
+    lease_duration: Annotated[float, typer.Option(help="Leader election: seconds a Lease is valid.")] = 15.0,
+    renew_deadline: Annotated[
+        float, typer.Option(help="Leader election: seconds to renew before stepping down.")
+    ] = 10.0,
+    retry_period: Annotated[float, typer.Option(help="Leader election: seconds between attempts.")] = 2.0,
+    identity: Annotated[
+        str, typer.Option(help="Leader election: this replica's name (default: host, pid and a random suffix).")
+    ] = "",
+    write_every: Annotated[
+        float, typer.Option(help="Seconds between status writes of a budget whose usage moves.")
+    ] = 30.0,
+    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
+) -> None:
+    """Run the controller: GPU-time budgets (usage from pod lifetimes, Warning and Exhausted events)."""
+    from sharegpu.controller import runtime
+
+    _logging(log_level)
+    try:
+        if not 0 < retry_period < renew_deadline < lease_duration:
+            raise UsageError("leader election needs 0 < --retry-period < --renew-deadline < --lease-duration")
+        if write_every <= 0:
+            raise UsageError(f"--write-every must be > 0, got {write_every}")
+    except errors.SharegpuError as exc:
+        raise _fail(exc) from None
+    options = runtime.Options(
+        kubeconfig=kubeconfig, host=host, health_port=health_port, leader_elect=leader_elect,
+        lease_duration=lease_duration, renew_deadline=renew_deadline, retry_period=retry_period,
+        identity=identity, write_every=write_every,
+    )  # fmt: skip
+    try:
+        _serve(runtime.serve(options))
+    except errors.SharegpuError as exc:
+        raise _fail(exc) from None
+
+
+@app.command()
 def reserve(
     kubeconfig: Annotated[str | None, typer.Option(help="kubeconfig file (default: in-cluster).")] = None,
 ) -> None:

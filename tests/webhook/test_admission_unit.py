@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 from typing import Any
 
 import jsonpatch
@@ -8,7 +9,7 @@ import msgspec
 import orjson
 
 from sharegpu.api import admission as messages
-from sharegpu.api import names
+from sharegpu.api import budgets, names, wire
 from sharegpu.webhook import admission
 
 Json = dict[str, Any]
@@ -140,3 +141,66 @@ def test_every_gpu_container_carries_its_whole_use_for_quotas() -> None:
     out["spec"]["containers"][0]["resources"]["limits"][names.GPU_MILLI_TOTAL] = "500"
     refused = admission.validate(review(out), POLICY).response
     assert not refused.allowed and refused.status is not None and "expected" in refused.status.message
+
+
+def exhausted(action: str, namespace: str = "ns", state: str = "Exhausted") -> budgets.GPUBudget:
+    return budgets.GPUBudget(
+        metadata=wire.ObjectMeta(name="team-budget", namespace=namespace),
+        spec=budgets.BudgetSpec(gpu_hours=20, when_exhausted=action),  # type: ignore[arg-type]
+        status=budgets.BudgetStatus(
+            state=state,  # type: ignore[arg-type]
+            used_gpu_seconds=72_000,
+            period_start="2026-11-01T00:00:00Z",
+            period_end="2026-12-01T00:00:00Z",
+        ),
+    )
+
+
+def with_budgets(*items: budgets.GPUBudget, classes: dict[str, int] | None = None) -> admission.Policy:
+    grouped: dict[str, tuple[budgets.GPUBudget, ...]] = {}
+    for item in items:
+        grouped[item.metadata.namespace] = (*grouped.get(item.metadata.namespace, ()), item)
+    known = {name: admission.PriorityClass(value, "Never") for name, value in (classes or {}).items()}
+    return dataclasses.replace(POLICY, budgets=grouped, priority_classes=known)
+
+
+def test_an_exhausted_deny_budget_refuses_new_gpu_pods_with_its_figures_and_the_fix() -> None:
+    policy = with_budgets(exhausted("Deny"))
+    response = answer_of(admission.mutate(review(gpu_pod()), policy))["response"]
+    assert not response["allowed"]
+    message = response["status"]["message"]
+    assert "GPUBudget ns/team-budget: 20.00 of 20 GPU-hours used" in message
+    assert "until 2026-12-01T00:00:00Z" in message and "raise spec.gpuHours" in message
+    # CPU pods, other namespaces and budgets not yet used up are not concerned.
+    assert answer_of(admission.mutate(review({"metadata": {"name": "c"}, "spec": {"containers": [{"name": "m"}]}}),
+                                      policy))["response"]["allowed"]  # fmt: skip
+    assert answer_of(admission.mutate(review(gpu_pod()), with_budgets(exhausted("Deny", "other"))))["response"][
+        "allowed"
+    ]
+    assert answer_of(admission.mutate(review(gpu_pod()), with_budgets(exhausted("Deny", state="Warning"))))["response"][
+        "allowed"
+    ]
+
+
+def test_an_exhausted_demote_budget_moves_new_gpu_pods_to_its_priority_class() -> None:
+    policy = with_budgets(exhausted("Demote"), classes={"sharegpu-over-budget": -1000})
+    pod = gpu_pod({"priority": 0, "priorityClassName": ""})
+    out = applied(pod, admission.mutate(review(pod), policy))
+    assert out["spec"]["priorityClassName"] == "sharegpu-over-budget"
+    assert out["spec"]["priority"] == -1000
+    assert out["spec"]["preemptionPolicy"] == "Never"
+    assert "GPUBudget ns/team-budget" in out["metadata"]["annotations"][names.DEMOTED]
+    assert "demoted to PriorityClass sharegpu-over-budget" in out["metadata"]["annotations"][names.TRANSLATED]
+    # Already lower: left alone. The class missing: refused, naming it.
+    low = gpu_pod({"priority": -5000, "priorityClassName": "batch-low"})
+    assert applied(low, admission.mutate(review(low), policy))["spec"]["priorityClassName"] == "batch-low"
+    missing = answer_of(admission.mutate(review(gpu_pod()), with_budgets(exhausted("Demote"))))["response"]
+    assert (
+        not missing["allowed"]
+        and "PriorityClass sharegpu-over-budget, which does not exist" in missing["status"]["message"]
+    )
+
+
+def test_an_allow_budget_only_reports() -> None:
+    out = applied(gpu_pod(), admission.mutate(review(gpu_pod()), with_budgets(exhausted("Allow"))))
+    assert "priorityClassName" not in out["spec"]

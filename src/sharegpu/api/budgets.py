@@ -8,6 +8,7 @@ the status; the webhook reads the status to demote or refuse new GPU pods.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated, Final, Literal
 
 import msgspec
@@ -48,12 +49,32 @@ class Consumer(wire.Message, kw_only=True, frozen=True):
     gpu_seconds: Annotated[int, Meta(ge=0)] = msgspec.field(default=0, name="gpuSeconds")
 
 
+class PodUsage(wire.Message, kw_only=True, frozen=True):
+    """What a pod still in the API had used this period when the controller last wrote."""
+
+    uid: str
+    pod: Annotated[str, Meta(description="namespace/name")]
+    milli_gpu_seconds: Annotated[int, Meta(ge=0)] = msgspec.field(default=0, name="milliGPUSeconds")
+
+
+class Accounting(wire.Message, kw_only=True, frozen=True):
+    """The controller's books, kept in the status so that usage survives restarts and leader changes:
+    pods that are gone are settled (their use added once to `settled`, as they leave `pods`)."""
+
+    settled_milli_gpu_seconds: Annotated[int, Meta(ge=0)] = msgspec.field(default=0, name="settledMilliGPUSeconds")
+    pods: list[PodUsage] = msgspec.field(default_factory=list)
+    accounted_at: Annotated[str, Meta(description="When the controller last wrote (RFC 3339).")] = ""
+
+
 class BudgetStatus(wire.Message, kw_only=True, frozen=True):
     state: State = "Within"
     used_gpu_seconds: Annotated[int, Meta(ge=0)] = msgspec.field(default=0, name="usedGPUSeconds")
     remaining_gpu_seconds: int = msgspec.field(default=0, name="remainingGPUSeconds")
+    limit_gpu_seconds: int = msgspec.field(default=0, name="limitGPUSeconds")
     period_start: str = ""
+    period_end: str = ""
     top_consumers: list[Consumer] = msgspec.field(default_factory=list)
+    accounting: Accounting = msgspec.field(default_factory=Accounting)
     conditions: list[groups.Condition] = msgspec.field(default_factory=list)
     observed_generation: int = 0
 
@@ -64,3 +85,138 @@ class GPUBudget(wire.Message, kw_only=True, frozen=True):
     metadata: wire.ObjectMeta = msgspec.field(default_factory=wire.ObjectMeta)
     spec: BudgetSpec
     status: BudgetStatus = msgspec.field(default_factory=BudgetStatus)
+
+
+LIMIT_TOP: Final = 10
+"""How many consumers the status lists."""
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """A pod's holding as the controller knows it: a still-present pod, or one it saw go."""
+
+    uid: str
+    holding: budget.Holding
+
+
+@dataclass(frozen=True, slots=True)
+class Crossing:
+    """The budget entered a state worth an event (Warning or Exhausted) this period."""
+
+    state: str
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class Books:
+    status: BudgetStatus
+    crossings: tuple[Crossing, ...]
+
+
+def limit_seconds(spec: BudgetSpec) -> int:
+    return spec.gpu_hours * 3600
+
+
+def anchor(item: GPUBudget) -> int:
+    """Where the budget's periods are counted from: spec.periodStart, else its creation."""
+    return wire.seconds(item.spec.period_start or item.metadata.creation_timestamp or "")
+
+
+def summary(item: GPUBudget) -> str:
+    """The budget's standing in one line, for events and admission refusals."""
+    status, spec = item.status, item.spec
+    used_hours = status.used_gpu_seconds / 3600
+    return (
+        f"GPUBudget {item.metadata.namespace}/{item.metadata.name}: {used_hours:.2f} of {spec.gpu_hours} GPU-hours "
+        f"used in the period {status.period_start} to {status.period_end}"
+    )
+
+
+def account(item: GPUBudget, present: list[Held], gone: list[Held], now: int) -> Books:
+    """The budget's status at `now` from its previous status (its books) and the pods of its namespace.
+
+    `present`: pods in the API now; `gone`: pods the controller saw deleted. A pod's use is added to
+    `settled` exactly once, when it leaves the status's pod list: with its use up to its end if the
+    controller saw it go, else (it went while no controller watched) with the use last written. A
+    gone pod that was never written (bound and deleted between two writes) is settled if it started
+    after the last write; one that started before it was settled by that write.
+    """
+    spec, previous = item.spec, item.status
+    period = budget.window(anchor(item), spec.period_days, now)
+    start_text = wire.timestamp(period.start)
+    same = previous.period_start == start_text
+    books = previous.accounting if same else Accounting()
+    written_at = wire.seconds(books.accounted_at) if books.accounted_at else None
+    listed = {p.uid: p for p in books.pods}
+    settled = books.settled_milli_gpu_seconds
+    live = {h.uid for h in present}
+    went = {h.uid for h in gone}
+    for held in gone:
+        if held.uid in live:
+            continue
+        if held.uid in listed or written_at is None or held.holding.start > written_at:
+            settled += budget.held_in(held.holding, period, now)
+    for uid, usage in listed.items():
+        if uid not in live and uid not in went:
+            settled += usage.milli_gpu_seconds
+    usage_now = [
+        PodUsage(uid=h.uid, pod=h.holding.pod, milli_gpu_seconds=budget.held_in(h.holding, period, now))
+        for h in present
+    ]
+    usage_now.sort(key=lambda u: (u.pod, u.uid))
+    used_milli = settled + sum(u.milli_gpu_seconds for u in usage_now)
+    used = budget.gpu_seconds(used_milli)
+    limit = limit_seconds(spec)
+    state = budget.state(used, limit, spec.warn_at_percent)
+    consumers = {c.pod: c.gpu_seconds for c in previous.top_consumers} if same else {}
+    for u in usage_now:
+        consumers[u.pod] = max(consumers.get(u.pod, 0), budget.gpu_seconds(u.milli_gpu_seconds))
+    top = sorted(((s, p) for p, s in consumers.items() if s), key=lambda sp: (-sp[0], sp[1]))[:LIMIT_TOP]
+    stamp = wire.timestamp(now)
+    status = BudgetStatus(
+        state=state,  # type: ignore[arg-type]  # core.budget.state returns one of State's values
+        used_gpu_seconds=used,
+        remaining_gpu_seconds=max(0, limit - used),
+        limit_gpu_seconds=limit,
+        period_start=start_text,
+        period_end=wire.timestamp(period.end),
+        top_consumers=[Consumer(pod=p, gpu_seconds=s) for s, p in top],
+        accounting=Accounting(settled_milli_gpu_seconds=settled, pods=usage_now, accounted_at=stamp),
+        conditions=_conditions(previous.conditions, state, stamp, item.metadata.generation),
+        observed_generation=item.metadata.generation,
+    )
+    before = previous.state if same else WITHIN
+    crossings = []
+    order = {WITHIN: 0, WARNING: 1, EXHAUSTED: 2}
+    if order[state] > order[before]:
+        share = used * 100 // limit if limit else 100
+        if state == WARNING:
+            crossings.append(Crossing(state, "BudgetWarning", f"{share}% of the GPU-time budget used"))
+        else:
+            crossings.append(Crossing(state, "BudgetExhausted", f"GPU-time budget used up; {_consequence(spec)}"))
+    return Books(status, tuple(crossings))
+
+
+def _consequence(spec: BudgetSpec) -> str:
+    if spec.when_exhausted == "Deny":
+        return "new GPU pods are refused"
+    if spec.when_exhausted == "Demote":
+        return f"new GPU pods get PriorityClass {spec.demote_priority_class}"
+    return "new GPU pods are still admitted"
+
+
+def _conditions(previous: list[groups.Condition], state: str, now: str, generation: int) -> list[groups.Condition]:
+    """Warning and Exhausted conditions; a condition keeps its transition time while its status stays."""
+    old = {c.type: c for c in previous}
+    out = []
+    for kind, on in (("Warning", state in (WARNING, EXHAUSTED)), ("Exhausted", state == EXHAUSTED)):
+        value: Literal["True", "False"] = "True" if on else "False"
+        before = old.get(kind)
+        since = before.last_transition_time if before is not None and before.status == value else now
+        reason = {"Warning": "PastWarningShare", "Exhausted": "BudgetUsedUp"}[kind] if on else "WithinBudget"
+        out.append(
+            groups.Condition(type=kind, status=value, reason=reason, last_transition_time=since,
+                             observed_generation=generation)
+        )  # fmt: skip
+    return out

@@ -66,6 +66,8 @@ GROUP: Final = f"{DOMAIN}/group"
 HANDOFF: Final = f"{DOMAIN}/handoff-configmap"
 GPU_UUID: Final = f"{DOMAIN}/gpu-uuid"
 TRANSLATED: Final = f"{DOMAIN}/translated"
+DEMOTED: Final = f"{DOMAIN}/demoted"
+"""On a pod: the exhausted GPUBudget that moved it to the budget's demotion PriorityClass."""
 SYSTEM_ONLY_ANNOTATIONS: Final = (ALLOCATION, GPU_UUID, HANDOFF)
 """Set by sharegpu only; the webhook refuses them from anyone else."""
 
@@ -97,6 +99,10 @@ HANDOFF_PREFIX: Final = "sharegpu-handoff-"
 RESERVATION_PREFIX: Final = "sharegpu-reserve-"
 EXTENDER_LEASE: Final = "sharegpu-extender"
 """The Lease whose holder runs the extender's background reconcilers."""
+CONTROLLER_LEASE: Final = "sharegpu-controller"
+"""The Lease whose holder runs the controller's reconcilers (budgets, groups, SharePods)."""
+CONTROLLER: Final = "sharegpu-controller"
+"""The component name on the events the controller records."""
 
 
 def reservation_name(node: str, slot: int, suffix: str) -> str:

@@ -11,6 +11,7 @@ NODES: Final = "/api/v1/nodes"
 PODS: Final = "/api/v1/pods"
 CONFIGMAPS: Final = "/api/v1/configmaps"
 DEVICES: Final = f"/apis/{names.DEVICE_GROUP}/{names.DEVICE_VERSION}/{names.DEVICE_PLURAL}"
+PRIORITY_CLASSES: Final = "/apis/scheduling.k8s.io/v1/priorityclasses"
 VERSION: Final = "/version"
 
 

@@ -12,6 +12,7 @@ writes is exactly what the others read.
 
 from __future__ import annotations
 
+import datetime
 from typing import Any, Generic, TypeVar
 
 import msgspec
@@ -44,6 +45,7 @@ class ObjectMeta(Message, kw_only=True, frozen=True):
     namespace: str = ""
     uid: str = ""
     resource_version: str = ""
+    generation: int = 0
     creation_timestamp: str | None = None
     deletion_timestamp: str | None = None
     labels: dict[str, str] = {}
@@ -265,6 +267,12 @@ class Lease(Message, kw_only=True, frozen=True):
     spec: LeaseSpec = msgspec.field(default_factory=LeaseSpec)
 
 
+class PriorityClass(Message, kw_only=True, frozen=True):
+    metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
+    value: int = 0
+    preemption_policy: str = ""
+
+
 # ----------------------------------------------------------------- helpers
 
 _DECODERS: dict[Any, msgspec.json.Decoder[Any]] = {}
@@ -300,6 +308,23 @@ def encode(message: msgspec.Struct) -> dict[str, Any]:
     """A message as plain JSON values (for a request body)."""
     body: dict[str, Any] = msgspec.to_builtins(message)
     return body
+
+
+def seconds(stamp: str) -> int:
+    """An API timestamp (RFC 3339, as `creationTimestamp` or a condition's `lastTransitionTime`) in
+    whole seconds since the epoch; InvalidInputError naming the text if it is not one."""
+    try:
+        at = datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    except ValueError:
+        raise errors.InvalidInputError(f"not an RFC 3339 timestamp: {stamp!r}") from None
+    if at.tzinfo is None:
+        raise errors.InvalidInputError(f"an RFC 3339 timestamp has a time zone: {stamp!r}")
+    return int(at.timestamp())
+
+
+def timestamp(seconds_: float) -> str:
+    """Seconds since the epoch as the API writes timestamps (UTC, whole seconds)."""
+    return datetime.datetime.fromtimestamp(int(seconds_), datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def key(meta: ObjectMeta) -> str:

@@ -68,14 +68,20 @@ def window(anchor: int, days: int, now: int) -> Window:
     return Window(start, start + length)
 
 
+def held_in(held: Holding, period: Window, now: int) -> int:
+    """The holding's milli-GPU-seconds within the period, up to `now`."""
+    begin = max(held.start, period.start)
+    finish = min(held.end if held.end is not None else now, period.end, now)
+    return held.weight * (finish - begin) if finish > begin else 0
+
+
 def used(holdings: Iterable[Holding], period: Window, now: int) -> dict[units.PodKey, int]:
     """Per pod, its milli-GPU-seconds within the period up to `now` (pods with none are left out)."""
     out: dict[units.PodKey, int] = {}
     for held in holdings:
-        begin = max(held.start, period.start)
-        finish = min(held.end if held.end is not None else now, period.end, now)
-        if finish > begin and held.weight:
-            out[held.pod] = out.get(held.pod, 0) + held.weight * (finish - begin)
+        spent = held_in(held, period, now)
+        if spent:
+            out[held.pod] = out.get(held.pod, 0) + spent
     return out
 
 

@@ -54,6 +54,7 @@ IDENTITIES = (
     Identity("system:kube-controller-manager", "controller-manager-token", ("system:masters",)),
     Identity("sharegpu-extender", "extender-token"),
     Identity("sharegpu-webhook", "webhook-token"),
+    Identity("sharegpu-controller", "controller-token"),
     Identity("sharegpu-harness", "harness-token", ("system:masters",)),
     Identity("alice", "alice-token", ("tenants",)),
     Identity("bob", "bob-token", ("tenants",)),

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 from sharegpu.agent import reserve
@@ -147,10 +148,15 @@ class FakeCluster:
                 await reserve.report(
                     self.kube, meta.namespace, meta.name, {"NVIDIA_VISIBLE_DEVICES": ",".join(free[:wanted])}
                 )
-        await self.kube.patch(
-            f"{path}/status", {"status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}
-        )
+        # As the kubelet: a strategic merge keeps the PodScheduled condition (the binding's time,
+        # which GPU-time budgets count from) and adds the start time.
+        running = {"phase": "Running", "startTime": _now(), "conditions": [{"type": "Ready", "status": "True"}]}
+        await self.kube.patch(f"{path}/status", {"status": running}, client.STRATEGIC_PATCH)
         self.running += 1
+
+
+def _now() -> str:
+    return wire.timestamp(time.time())
 
 
 def _nvidia_gpus(pod: wire.Pod) -> int:

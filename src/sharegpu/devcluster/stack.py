@@ -42,10 +42,12 @@ _PATHS = {
     "RoleBinding": "/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/rolebindings",
     "Namespace": "/api/v1/namespaces",
     "ServiceAccount": "/api/v1/namespaces/{namespace}/serviceaccounts",
+    "PriorityClass": paths.PRIORITY_CLASSES,
 }
 COMPONENT_USERS = {
     "sharegpu-extender": "sharegpu-extender",
     "sharegpu-webhook": "sharegpu-webhook",
+    "sharegpu-controller": "sharegpu-controller",
     "sharegpu-scheduler": "system:kube-scheduler",
 }
 """ServiceAccount of the chart -> the token user that plays it on the local control plane."""
@@ -86,7 +88,7 @@ def manifests(relative: str) -> list[Json]:
 
 
 async def install(kube: client.KubeApi) -> None:
-    """Namespace, CRDs and RBAC from deploy/, then wait until every custom resource is served."""
+    """Namespace, CRDs, RBAC and PriorityClasses from deploy/, then wait until every custom resource is served."""
     await apply(kube, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": names.SYSTEM_NAMESPACE}})
     served = []
     for doc in manifests("crds/*.yaml"):
@@ -95,6 +97,8 @@ async def install(kube: client.KubeApi) -> None:
         served += [paths.custom(spec["group"], v["name"], spec["names"]["plural"]) for v in spec["versions"]]
     for doc in manifests("rbac/*.yaml"):
         await apply(kube, as_user(doc))
+    for doc in manifests("priority/*.yaml"):
+        await apply(kube, doc)
     deadline = time.monotonic() + 30
     while served and time.monotonic() < deadline:
         with contextlib.suppress(kube_errors.KubeError):
@@ -284,6 +288,42 @@ class WebhookProcess(_ComponentProcess):
                             return
                 await asyncio.sleep(0.1)
         raise controlplane.ControlPlaneError("webhook not ready in time")
+
+
+class ControllerProcess(_ComponentProcess):
+    """`sharegpu controller` as a real process, with its own credentials and health port."""
+
+    name = "controller"
+
+    def __init__(self, plane: controlplane.ControlPlane, *extra: str) -> None:
+        self.plane = plane
+        self.health_port = controlplane.free_port()
+        self.extra = extra
+        self.log = plane.workdir / "logs" / f"controller-{self.health_port}.log"
+
+    @property
+    def health_url(self) -> str:
+        return f"http://127.0.0.1:{self.health_port}"
+
+    def start(self) -> None:
+        argv = [
+            sys.executable, "-m", "sharegpu", "controller",
+            "--kubeconfig", str(self.plane.kubeconfig("sharegpu-controller")),
+            "--host", "127.0.0.1", "--health-port", str(self.health_port), "--log-level", "WARNING", *self.extra,
+        ]  # fmt: skip
+        self._spawn(argv)
+
+    async def wait_ready(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        async with aiohttp.ClientSession() as session:
+            while time.monotonic() < deadline:
+                self._check_alive()
+                with contextlib.suppress(aiohttp.ClientError):
+                    async with session.get(f"{self.health_url}/readyz") as response:
+                        if response.status == 200:
+                            return
+                await asyncio.sleep(0.1)
+        raise controlplane.ControlPlaneError("controller not ready in time")
 
 
 class Stack:

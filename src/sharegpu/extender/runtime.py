@@ -60,21 +60,6 @@ class Options:
     reservation_idle: float = 3.0
 
 
-class _Solo:
-    """Leadership without election: one replica always leads."""
-
-    def __init__(self) -> None:
-        self.leading = asyncio.Event()
-        self.leading.set()
-
-    @property
-    def is_leader(self) -> bool:
-        return True
-
-    async def run(self) -> None:
-        await asyncio.Event().wait()
-
-
 class Extender:
     """The running extender (see the module docstring)."""
 
@@ -92,7 +77,7 @@ class Extender:
         )
         self.handoffs = handoff_mod.HandoffReconciler(self.cache, self.reservations.holder, api, self.metrics)
         identity = options.identity or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(2)}"
-        self.elector: leader.LeaderElector | _Solo = (
+        self.elector: leader.LeaderElector | leader.Solo = (
             leader.LeaderElector(
                 api,
                 names.SYSTEM_NAMESPACE,
@@ -103,7 +88,7 @@ class Extender:
                 retry_period=options.retry_period,
             )
             if options.leader_elect
-            else _Solo()
+            else leader.Solo()
         )
         changed = self._changed
         self.informers: list[informer.Informer[Any, Any]] = [

@@ -210,6 +210,17 @@ class FakeApiServer:
         found = self.objects.get((collection, namespace, name or ""))
         return copy.deepcopy(found) if found is not None else None
 
+    def list_objects(self, collection_path: str) -> list[Json]:
+        """The stored objects of a collection (of one namespace, or all), as copies."""
+        collection, namespace, _, _ = self._route(collection_path)
+        items: list[Json] = self._list(collection, namespace, {})["items"]
+        return items
+
+    def remove_object(self, path: str) -> None:
+        """Delete an object at once (no grace, no faults), as a watch would see a deletion."""
+        collection, namespace, name, _ = self._route(path)
+        self._remove((collection, namespace, name or ""))
+
     def put_object(self, collection_path: str, obj: Json) -> Json:
         """Store an object directly (as if created), bypassing faults and auth; returns it."""
         collection, namespace, _, _ = self._route(collection_path)

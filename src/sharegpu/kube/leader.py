@@ -167,6 +167,21 @@ class Leadership(Protocol):
     def is_leader(self) -> bool: ...
 
 
+class Solo:
+    """Leadership without election: one replica always leads."""
+
+    def __init__(self) -> None:
+        self.leading = asyncio.Event()
+        self.leading.set()
+
+    @property
+    def is_leader(self) -> bool:
+        return True
+
+    async def run(self) -> None:
+        await asyncio.Event().wait()
+
+
 async def run_while_leading(elector: Leadership, work: Callable[[], list[Awaitable[None]]]) -> None:
     """Run `work()`'s coroutines while `elector` leads; cancel them as soon as it stops leading."""
     while True:

@@ -22,6 +22,9 @@ class Loop:
         self.reconcile = reconcile
         self._wake = asyncio.Event()
         self.passes = 0
+        """Passes begun."""
+        self.completed = 0
+        """Passes ended (failed ones included)."""
         self.failures = 0
 
     def wake(self) -> None:
@@ -39,4 +42,6 @@ class Loop:
             except Exception:
                 self.failures += 1
                 log.exception("%s: reconcile failed; the next pass tries again", self.name)
+            finally:
+                self.completed += 1
             await asyncio.sleep(pace)

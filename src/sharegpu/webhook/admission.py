@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 import jsonpatch
 
 from sharegpu.api import admission as messages
+from sharegpu.api import budgets as api_budgets
 from sharegpu.api import devices as api_devices
 from sharegpu.api import handoff, names, pods, quantity, wire
 from sharegpu.core import errors, requests
@@ -36,6 +38,17 @@ class Policy:
     models: frozenset[str] = frozenset()
     take_over: frozenset[str] = frozenset(names.REPLACED_SCHEDULERS)
     """GPU pods addressed to these schedulers (or to none) are scheduled by sharegpu instead."""
+    budgets: Mapping[str, tuple[api_budgets.GPUBudget, ...]] = dataclasses.field(default_factory=dict)
+    """Per namespace, its GPUBudgets as the controller last wrote them."""
+    priority_classes: Mapping[str, PriorityClass] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PriorityClass:
+    """What a pod moved to a PriorityClass must carry (the Priority admission plugin ran before us)."""
+
+    value: int
+    preemption_policy: str = "PreemptLowerPriority"
 
 
 def _object(request: messages.Request, old: bool = False) -> Json:
@@ -141,6 +154,38 @@ def _take_over(spec: Json, notes: Json, policy: Policy) -> list[str]:
     return audit
 
 
+def _apply_budgets(namespace: str, spec: Json, notes: Json, policy: Policy, audit: list[str]) -> str | None:
+    """The namespace's exhausted GPUBudgets: a Deny budget refuses the pod (returns why); a Demote
+    budget moves it to its demotion PriorityClass, unless it is already at or below it."""
+    exhausted = [b for b in policy.budgets.get(namespace, ()) if b.status.state == api_budgets.EXHAUSTED]
+    for item in exhausted:
+        if item.spec.when_exhausted == "Deny":
+            return (
+                f"{api_budgets.summary(item)}: the budget is used up and refuses new GPU pods until "
+                f"{item.status.period_end} (raise spec.gpuHours, or ask for no GPU)"
+            )
+    for item in exhausted:
+        if item.spec.when_exhausted != "Demote":
+            continue
+        name = item.spec.demote_priority_class
+        demoted = policy.priority_classes.get(name)
+        if demoted is None:
+            return (
+                f"{api_budgets.summary(item)}: the budget is used up and demotes new GPU pods to PriorityClass "
+                f"{name}, which does not exist (create it: deploy/priority/)"
+            )
+        current = spec.get("priority")
+        if isinstance(current, int) and current <= demoted.value:
+            return None
+        spec["priorityClassName"] = name
+        spec["priority"] = demoted.value
+        spec["preemptionPolicy"] = demoted.preemption_policy
+        notes[names.DEMOTED] = api_budgets.summary(item)
+        audit.append(f"pod: demoted to PriorityClass {name} ({api_budgets.summary(item)})")
+        return None
+    return None
+
+
 def _patch(before: Json, after: Json) -> list[Json]:
     ops: list[Json] = jsonpatch.make_patch(before, after).patch
     return ops
@@ -169,6 +214,9 @@ def mutate(body: Any, policy: Policy) -> Answer:
         spec = out.setdefault("spec", {})
         if not _is_system(request, policy):
             audit += _take_over(spec, notes, policy)
+            refusal = _apply_budgets(request.namespace, spec, notes, policy, audit)
+            if refusal is not None:
+                return messages.deny(uid, f"sharegpu: {refusal}", code=403)
         if parsed.demand.sharing and names.HANDOFF not in notes:
             _add_handoff(out, parsed)
         _write_totals(out, parsed)
@@ -295,4 +343,4 @@ def with_inventory(policy: Policy, inventory: list[tuple[str, int]]) -> Policy:
     )
 
 
-__all__ = ["Policy", "guard", "mutate", "review", "validate", "validate_device", "with_inventory"]
+__all__ = ["Policy", "PriorityClass", "guard", "mutate", "review", "validate", "validate_device", "with_inventory"]

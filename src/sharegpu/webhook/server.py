@@ -3,8 +3,10 @@
 Endpoints: POST /mutate/pods, /validate/pods, /validate/devices (AdmissionReview v1), GET /healthz
 and /readyz. TLS comes from a certificate and key that are re-read when they change
 (`serving.tls.ReloadingTls`), so a renewed certificate is served from the next connection on. With
-a kubeconfig, the webhook follows the Device inventory (largest GPU memory, models) for its checks;
-/readyz is false until that informer has listed, and again whenever it cannot watch.
+a kubeconfig, the webhook follows the Device inventory (largest GPU memory, models) for its checks,
+the GPUBudgets (an exhausted one refuses or demotes new GPU pods) and the PriorityClasses (what a
+demoted pod must carry); /readyz is false until those informers have listed, and again whenever one
+cannot watch.
 
 Malformed bodies never crash the server: anything that is not a JSON AdmissionReview gets a 400
 with a message; a review that cannot be judged is refused (never allowed).
@@ -13,6 +15,7 @@ with a message; a review that cannot be judged is refused (never allowed).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from pathlib import Path
 from typing import Any
@@ -21,7 +24,7 @@ import orjson
 from aiohttp import web
 
 from sharegpu.api import admission as messages
-from sharegpu.api import paths, wire
+from sharegpu.api import budgets, paths, resources, wire
 from sharegpu.kube import client, informer
 from sharegpu.serving import tls
 from sharegpu.webhook import admission
@@ -36,7 +39,20 @@ class Webhook:
     def __init__(self, policy: admission.Policy) -> None:
         self.policy = policy
         self.devices: dict[str, wire.Device] = {}
-        self.inventory: informer.Informer[wire.Device, wire.Device] | None = None
+        self.budgets: dict[str, budgets.GPUBudget] = {}
+        self.priority_classes: dict[str, admission.PriorityClass] = {}
+        self.informers: list[informer.Informer[Any, Any]] = []
+
+    def follow(self, kube: client.KubeApi) -> None:
+        """Follow the Devices, GPUBudgets and PriorityClasses the decisions depend on."""
+        self.informers = [
+            informer.Informer(kube, paths.DEVICES, wire.Device, informer.identity, self.on_device,
+                              name="webhook-devices"),
+            informer.Informer(kube, resources.GPU_BUDGET.path(), budgets.GPUBudget, informer.identity,
+                              self.on_budget, name="webhook-gpubudgets"),
+            informer.Informer(kube, paths.PRIORITY_CLASSES, wire.PriorityClass, informer.identity,
+                              self.on_priority_class, name="webhook-priorityclasses"),
+        ]  # fmt: skip
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=MAX_BODY)
@@ -51,9 +67,9 @@ class Webhook:
         return web.Response(text="ok")
 
     async def readyz(self, _: web.Request) -> web.Response:
-        if self.inventory is None or self.inventory.ready:
+        if all(i.ready for i in self.informers):
             return web.Response(text="ok")
-        return web.json_response(self.inventory.status(), status=503)
+        return web.json_response({i.name: i.status() for i in self.informers}, status=503)
 
     def _handler(self, kind: str) -> Any:
         async def handle(request: web.Request) -> web.Response:
@@ -75,6 +91,26 @@ class Webhook:
             self.devices[device.metadata.name] = device
         gpus = [(g.model, g.memory_mib) for d in self.devices.values() for g in d.spec.gpus]
         self.policy = admission.with_inventory(self.policy, gpus)
+
+    def on_budget(self, kind: str, item: budgets.GPUBudget) -> None:
+        key = wire.key(item.metadata)
+        if kind == "DELETED":
+            self.budgets.pop(key, None)
+        else:
+            self.budgets[key] = item
+        by_namespace: dict[str, list[budgets.GPUBudget]] = {}
+        for found in self.budgets.values():
+            by_namespace.setdefault(found.metadata.namespace, []).append(found)
+        grouped = {ns: tuple(items) for ns, items in by_namespace.items()}
+        self.policy = dataclasses.replace(self.policy, budgets=grouped)
+
+    def on_priority_class(self, kind: str, item: wire.PriorityClass) -> None:
+        if kind == "DELETED":
+            self.priority_classes.pop(item.metadata.name, None)
+        else:
+            policy = item.preemption_policy or "PreemptLowerPriority"
+            self.priority_classes[item.metadata.name] = admission.PriorityClass(item.value, policy)
+        self.policy = dataclasses.replace(self.policy, priority_classes=dict(self.priority_classes))
 
 
 def handle_review(kind: str, body: Any, policy: admission.Policy) -> messages.ReviewResponse:
@@ -98,16 +134,14 @@ async def serve(
     kubeconfig: str | None = None,
     ready: asyncio.Event | None = None,
 ) -> None:
-    """Serve `hook` until cancelled; with a kubeconfig, follow the Device inventory for memory checks."""
+    """Serve `hook` until cancelled; with a kubeconfig, follow what its decisions depend on."""
     context = tls.ReloadingTls(cert, key)
     tasks = []
     kube = None
     if kubeconfig is not None:
         kube = client.KubeClient.connect(kubeconfig or None)
-        hook.inventory = informer.Informer(
-            kube, paths.DEVICES, wire.Device, informer.identity, hook.on_device, name="webhook-devices"
-        )
-        tasks.append(asyncio.create_task(hook.inventory.run()))
+        hook.follow(kube)
+        tasks = [asyncio.create_task(i.run(), name=i.name) for i in hook.informers]
     runner = web.AppRunner(hook.app(), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port, ssl_context=context.context)

@@ -1,0 +1,1 @@
+"""sharegpu controller: reconcilers of sharegpu's own resources (GPU budgets), with leader election."""

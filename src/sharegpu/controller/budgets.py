@@ -1,0 +1,189 @@
+"""The budget reconciler: each GPUBudget's usage from the lifetimes of its namespace's GPU pods.
+
+It keeps, from its informers, every bound GPU pod's `api.lifetimes.Lifetime`, the pods it saw go
+(with the time they went), and each node's GPU memory (a pod's weight counts its memory share). A
+pass computes every budget's books (`api.budgets.account`) and writes the status when something a
+reader would see changed, or every `write_every` seconds while pods run (so the books a successor
+reads are never older than that). Writes carry the resourceVersion they were computed from: a 409
+means another writer (a previous leader's last pass) got there first, and the next pass starts from
+its books. Crossing into Warning or Exhausted records an event whose name is the decision (budget,
+state, period), so the event exists once whoever records it.
+
+The clock is wall time in seconds (`clock`), injectable: tests advance it instead of sleeping.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from sharegpu.api import budgets, events, lifetimes, resources, wire
+from sharegpu.core import budget, units
+from sharegpu.kube import client, errors, reconcile
+from sharegpu.kube import events as kube_events
+
+log = logging.getLogger(__name__)
+
+GONE_RETENTION = 3600
+"""Seconds a pod that went is remembered at most (normally until every budget of its namespace has
+written after it went)."""
+
+
+def device_memory(device: wire.Device) -> dict[int, int]:
+    """GPU index -> memory MiB of a node's Device."""
+    return {g.index: g.memory_mib for g in device.spec.gpus}
+
+
+class BudgetReconciler:
+    def __init__(
+        self,
+        api: client.KubeApi,
+        recorder: kube_events.Recorder,
+        clock: Callable[[], float],
+        *,
+        write_every: float = 30.0,
+    ) -> None:
+        self.api = api
+        self.recorder = recorder
+        self.clock = clock
+        self.write_every = write_every
+        self.lifetimes: dict[str, lifetimes.Lifetime] = {}
+        self.finished: dict[str, int] = {}
+        """uid -> when a pod was first seen finished, for finished pods that say no time."""
+        self.gone: dict[str, tuple[lifetimes.Lifetime, int]] = {}
+        """uid -> (lifetime, when it went) for pods seen deleted."""
+        self.memory: dict[str, dict[int, int]] = {}
+        self.budgets: dict[str, budgets.GPUBudget] = {}
+        self.loop = reconcile.Loop("budgets", self.reconcile)
+        self.writes = 0
+        self.conflicts = 0
+
+    # ----------------------------------------------------------------- informer handlers
+
+    def on_pod(self, kind: str, life: lifetimes.Lifetime | None) -> None:
+        if life is None:
+            return
+        now = int(self.clock())
+        if kind == "DELETED":
+            self.lifetimes.pop(life.uid, None)
+            went = self.finished.pop(life.uid, now)
+            self.gone[life.uid] = (life, life.end if life.end is not None else min(went, now))
+        else:
+            self.lifetimes[life.uid] = life
+            if life.terminal and life.end is None:
+                self.finished.setdefault(life.uid, now)
+        self.loop.wake()
+
+    def on_device(self, kind: str, device: wire.Device) -> None:
+        if kind == "DELETED":
+            self.memory.pop(device.metadata.name, None)
+        else:
+            self.memory[device.metadata.name] = device_memory(device)
+
+    def on_budget(self, kind: str, item: budgets.GPUBudget) -> None:
+        key = wire.key(item.metadata)
+        if kind == "DELETED":
+            self.budgets.pop(key, None)
+        else:
+            self.budgets[key] = item
+        self.loop.wake()
+
+    # ----------------------------------------------------------------- holdings
+
+    def _holding(self, life: lifetimes.Lifetime, end: int | None) -> budget.Holding:
+        if life.allocation is not None:
+            weight = budget.weight(life.allocation, self.memory.get(life.node, {}))
+        else:
+            weight = life.whole_gpus * units.MILLI_PER_GPU
+        return budget.Holding(life.key, weight, life.start, end)
+
+    def held(self, namespace: str) -> tuple[list[budgets.Held], list[budgets.Held]]:
+        """(present, gone) holdings of the namespace's pods."""
+        present = [
+            budgets.Held(uid, self._holding(life, life.end if life.end is not None else self.finished.get(uid)))
+            for uid, life in self.lifetimes.items()
+            if life.namespace == namespace
+        ]
+        gone = [
+            budgets.Held(uid, self._holding(life, end))
+            for uid, (life, end) in self.gone.items()
+            if life.namespace == namespace
+        ]
+        return present, gone
+
+    # ----------------------------------------------------------------- the pass
+
+    async def reconcile(self) -> None:
+        now = int(self.clock())
+        for key, item in list(self.budgets.items()):
+            present, gone = self.held(item.metadata.namespace)
+            try:
+                books = budgets.account(item, present, gone, now)
+            except Exception as exc:  # a budget the code cannot account must not stop the others
+                log.warning("budget %s: %s", key, exc)
+                continue
+            for crossing in books.crossings:
+                await self._record(item, crossing, books.status)
+            if self._worth_writing(item.status, books.status, now):
+                try:
+                    await self._write(item, books.status)
+                except errors.ConflictError:
+                    self.conflicts += 1
+                except errors.NotFoundError:
+                    self.budgets.pop(key, None)
+        self._forget(now)
+
+    def _worth_writing(self, old: budgets.BudgetStatus, new: budgets.BudgetStatus, now: int) -> bool:
+        if old.period_start != new.period_start or old.state != new.state:
+            return True
+        if [p.uid for p in old.accounting.pods] != [p.uid for p in new.accounting.pods]:
+            return True
+        if old.accounting.settled_milli_gpu_seconds != new.accounting.settled_milli_gpu_seconds:
+            return True
+        if not old.accounting.accounted_at:
+            return True
+        moving = old.used_gpu_seconds != new.used_gpu_seconds
+        return moving and now - wire.seconds(old.accounting.accounted_at) >= self.write_every
+
+    async def _write(self, item: budgets.GPUBudget, status: budgets.BudgetStatus) -> None:
+        meta = item.metadata
+        body = {
+            "apiVersion": resources.GPU_BUDGET.api_version,
+            "kind": resources.GPU_BUDGET.kind,
+            "metadata": {"name": meta.name, "namespace": meta.namespace, "resourceVersion": meta.resource_version},
+            "spec": wire.encode(item.spec),
+            "status": wire.encode(status),
+        }
+        path = resources.GPU_BUDGET.path(meta.namespace, meta.name)
+        stored = await self.api.replace(f"{path}/status", body)
+        self.writes += 1
+        # Until the watch brings it, the next pass must start from what was just written.
+        self.budgets[wire.key(meta)] = wire.convert(stored, budgets.GPUBudget)
+
+    async def _record(self, item: budgets.GPUBudget, crossing: budgets.Crossing, status: budgets.BudgetStatus) -> None:
+        meta = item.metadata
+        subject = events.Subject(resources.GPU_BUDGET.api_version, resources.GPU_BUDGET.kind, meta.namespace,
+                                 meta.name, meta.uid)  # fmt: skip
+        shown = budgets.GPUBudget(metadata=meta, spec=item.spec, status=status)
+        try:
+            await self.recorder.record(
+                subject, crossing.reason, f"{crossing.message} ({budgets.summary(shown)})",
+                decision=f"{crossing.state}@{status.period_start}", kind="Warning",
+            )  # fmt: skip
+        except errors.KubeError as exc:
+            log.warning("budget %s: could not record %s: %s", wire.key(meta), crossing.reason, exc)
+
+    def _forget(self, now: int) -> None:
+        """Drop gone pods that every budget of their namespace has settled (wrote after they went,
+        no longer listing them), that no budget covers, or that went long ago."""
+        books: dict[str, list[budgets.Accounting]] = {}
+        for item in self.budgets.values():
+            books.setdefault(item.metadata.namespace, []).append(item.status.accounting)
+        for uid, (life, end) in list(self.gone.items()):
+            mine = books.get(life.namespace, [])
+            settled = all(
+                b.accounted_at and wire.seconds(b.accounted_at) >= end and all(p.uid != uid for p in b.pods)
+                for b in mine
+            )
+            if settled or now - end > GONE_RETENTION:
+                del self.gone[uid]

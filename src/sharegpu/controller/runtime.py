@@ -1,0 +1,177 @@
+"""`sharegpu controller`: the reconcilers of sharegpu's own resources, and their life cycle.
+
+Every replica runs the informers (pods as `api.lifetimes.TimedPod`, Devices, GPUBudgets), so a
+standby's picture of the cluster is as current as the leader's; only the holder of the
+`sharegpu-controller` Lease reconciles (writes statuses, records events). A new leader acts on what
+its informers listed from the API (the books in each budget's status included), never on anything
+its predecessor held in memory. The hand-off and reservation reconcilers stay in the extender, next
+to the ledger they follow (docs/architecture.md says why).
+
+Health on one port: /healthz, /readyz (every informer listed and watching, credentials accepted),
+/metrics and /debug/budgets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+import socket
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import prometheus_client
+from aiohttp import web
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from sharegpu.api import budgets as api_budgets
+from sharegpu.api import lifetimes, names, paths, resources, wire
+from sharegpu.controller import budgets
+from sharegpu.kube import client, informer, leader
+from sharegpu.kube import events as kube_events
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    kubeconfig: str | None = None
+    host: str = "0.0.0.0"
+    health_port: int = 8890
+    leader_elect: bool = True
+    lease_duration: float = 15.0
+    renew_deadline: float = 10.0
+    retry_period: float = 2.0
+    identity: str = ""
+    write_every: float = 30.0
+    """Seconds between status writes of a budget whose usage moves (state changes are written at once)."""
+    tick: float = 5.0
+    """Seconds between passes when nothing wakes the reconcilers."""
+
+
+def _lifetime(pod: lifetimes.TimedPod, previous: lifetimes.Lifetime | None) -> lifetimes.Lifetime | None:
+    return lifetimes.lifetime(pod)
+
+
+class Controller:
+    """The running controller (see the module docstring)."""
+
+    def __init__(self, api: client.KubeApi, options: Options, clock: Callable[[], float] = time.time) -> None:
+        self.api = api
+        self.options = options
+        self.identity = options.identity or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(2)}"
+        self.recorder = kube_events.Recorder(api, names.CONTROLLER, self.identity, clock)
+        self.budgets = budgets.BudgetReconciler(api, self.recorder, clock, write_every=options.write_every)
+        self.elector: leader.LeaderElector | leader.Solo = leader.Solo()
+        if options.leader_elect:
+            self.elector = leader.LeaderElector(
+                api, names.SYSTEM_NAMESPACE, names.CONTROLLER_LEASE, self.identity,
+                lease_duration=options.lease_duration, renew_deadline=options.renew_deadline,
+                retry_period=options.retry_period,
+            )  # fmt: skip
+        self.informers: list[informer.Informer[Any, Any]] = [
+            informer.Informer(api, paths.PODS, lifetimes.TimedPod, _lifetime, self.budgets.on_pod, name="pods"),
+            informer.Informer(
+                api, paths.DEVICES, wire.Device, informer.identity, self.budgets.on_device, name="devices"
+            ),
+            informer.Informer(
+                api, resources.GPU_BUDGET.path(), api_budgets.GPUBudget, informer.identity, self.budgets.on_budget,
+                name="gpubudgets",
+            ),
+        ]  # fmt: skip
+        self.metrics = _Metrics(self)
+        self.tasks: list[asyncio.Task[None]] = []
+
+    def readiness(self) -> tuple[bool, dict[str, Any]]:
+        states = {i.name: i.status() for i in self.informers}
+        ready = all(i.ready for i in self.informers) and not self.api.refused
+        return ready, {"informers": states, "leader": self.elector.is_leader, "credentialsRefused": self.api.refused}
+
+    async def start(self) -> None:
+        """Start the informers and wait for their first lists; then campaign and reconcile."""
+        self.tasks = [asyncio.create_task(i.run(), name=f"informer-{i.name}") for i in self.informers]
+        await asyncio.gather(*(i.synced.wait() for i in self.informers))
+
+        def work() -> list[Awaitable[None]]:
+            self.budgets.loop.wake()  # the first pass at once, on what the informers listed
+            return [self.budgets.loop.run(tick=self.options.tick)]
+
+        self.tasks += [
+            asyncio.create_task(self.elector.run(), name="leader-election"),
+            asyncio.create_task(leader.run_while_leading(self.elector, work), name="reconcilers"),
+        ]
+
+    async def stop(self) -> None:
+        await informer.cancel(reversed(self.tasks))
+
+    def app(self) -> web.Application:
+        app = web.Application()
+
+        async def healthz(_: web.Request) -> web.Response:
+            return web.Response(text="ok")
+
+        async def readyz(_: web.Request) -> web.Response:
+            ready, detail = self.readiness()
+            return web.Response(text="ok") if ready else web.json_response({"ready": False, **detail}, status=503)
+
+        async def metrics(_: web.Request) -> web.Response:
+            body = prometheus_client.generate_latest(self.metrics.registry)
+            return web.Response(body=body, content_type="text/plain", charset="utf-8")
+
+        async def debug_budgets(_: web.Request) -> web.Response:
+            shown = {key: wire.encode(item.status) for key, item in sorted(self.budgets.budgets.items())}
+            return web.json_response({"leader": self.elector.is_leader, "budgets": shown,
+                                      "gonePods": len(self.budgets.gone), "writes": self.budgets.writes})  # fmt: skip
+
+        app.router.add_get("/healthz", healthz)
+        app.router.add_get("/readyz", readyz)
+        app.router.add_get("/metrics", metrics)
+        app.router.add_get("/debug/budgets", debug_budgets)
+        return app
+
+
+class _Metrics(Collector):
+    """Per budget its use and limit (read from the books at each scrape), and leadership."""
+
+    def __init__(self, controller: Controller) -> None:
+        self.registry = prometheus_client.CollectorRegistry()
+        self.controller = controller
+        self.registry.register(self)
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        used = GaugeMetricFamily(
+            "sharegpu_budget_used_gpu_seconds", "GPU-seconds used this period", labels=["namespace", "budget"]
+        )
+        limit = GaugeMetricFamily(
+            "sharegpu_budget_limit_gpu_seconds", "GPU-seconds per period", labels=["namespace", "budget"]
+        )
+        for item in self.controller.budgets.budgets.values():
+            labels = [item.metadata.namespace, item.metadata.name]
+            used.add_metric(labels, item.status.used_gpu_seconds)
+            limit.add_metric(labels, api_budgets.limit_seconds(item.spec))
+        leading = GaugeMetricFamily("sharegpu_controller_leader", "1 while this replica reconciles")
+        leading.add_metric([], 1 if self.controller.elector.is_leader else 0)
+        yield from (used, limit, leading)
+
+
+async def serve(options: Options, started: asyncio.Event | None = None) -> None:
+    """Run the controller until cancelled."""
+    api = client.KubeClient.connect(options.kubeconfig)
+    controller = Controller(api, options)
+    runner = web.AppRunner(controller.app(), access_log=None)
+    try:
+        await runner.setup()
+        await web.TCPSite(runner, options.host, options.health_port).start()
+        await controller.start()
+        log.info("sharegpu controller %s: health on %s:%d", controller.identity, options.host, options.health_port)
+        if started is not None:
+            started.set()
+        await asyncio.Event().wait()
+    finally:
+        await controller.stop()
+        await runner.cleanup()
+        await api.close()

@@ -1,0 +1,197 @@
+"""The budget reconciler over the fake API server, its clock in the test's hands: usage from pod
+lifetimes, settling of deleted pods, books that survive a restart, events recorded once, conflicts."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from sharegpu.api import budgets, names, paths, resources, wire
+from sharegpu.controller import runtime
+from sharegpu.core import allocation, units
+from sharegpu.kube import client, fake
+from tests.extender.conftest import add_node, settle
+
+Json = dict[str, Any]
+T0 = wire.seconds("2026-11-23T08:00:00Z")
+HOUR = 3600
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = float(T0)
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def gpu_pod(name: str, grants: list[tuple[int, int, int]], *, at: int = T0, namespace: str = "team") -> Json:
+    """A pod bound to n0 at `at` holding (GPU index, milli, memory MiB) grants."""
+    key = units.pod_key(namespace, name)
+    devices = tuple(allocation.DeviceGrant(i, milli, memory, milli) for i, milli, memory in grants)
+    alloc = allocation.Allocation(key, units.NodeName("n0"), (allocation.ContainerAllocation("main", devices),))
+    return {
+        "metadata": {"name": name, "namespace": namespace, "annotations": {names.ALLOCATION: alloc.to_json()}},
+        "spec": {"nodeName": "n0", "containers": [{"name": "main"}]},
+        "status": {
+            "phase": "Running",
+            "conditions": [{"type": "PodScheduled", "status": "True", "lastTransitionTime": wire.timestamp(at)}],
+        },
+    }
+
+
+def budget(name: str = "b", namespace: str = "team", **spec: Any) -> Json:
+    return {
+        "apiVersion": resources.GPU_BUDGET.api_version,
+        "kind": resources.GPU_BUDGET.kind,
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"gpuHours": 10, "periodStart": "2026-11-01T00:00:00Z", **spec},
+    }
+
+
+class Env:
+    def __init__(self) -> None:
+        self.server = fake.FakeApiServer()
+        self.api = client.KubeClient(self.server)
+        self.clock = Clock()
+        self.controllers: list[runtime.Controller] = []
+        add_node(self.server, "n0", gpus=2, memory=16384)
+
+    async def start(self) -> runtime.Controller:
+        made = runtime.Controller(
+            client.KubeClient(self.server), runtime.Options(leader_elect=False, tick=3600), clock=self.clock
+        )
+        await made.start()
+        self.controllers.append(made)
+        await self.pass_(made)
+        return made
+
+    async def pass_(self, controller: runtime.Controller) -> None:
+        """Let events arrive, then run one reconcile pass to its end."""
+        await settle(self.server)
+        loop = controller.budgets.loop
+        before = loop.completed
+        await asyncio.sleep(0.3)  # the loop's pace after its previous pass
+        loop.wake()
+        for _ in range(200):
+            if loop.completed > before:
+                break
+            await asyncio.sleep(0.01)
+        assert loop.completed > before, "no reconcile pass ran"
+        await settle(self.server)
+
+    async def add(self, body: Json, collection: str) -> None:
+        self.server.put_object(collection, body)
+
+    def status(self, name: str = "b", namespace: str = "team") -> budgets.BudgetStatus:
+        stored = self.server.get_object(resources.GPU_BUDGET.path(namespace, name))
+        assert stored is not None
+        return wire.convert(stored, budgets.GPUBudget).status
+
+    def events(self, reason: str) -> list[Json]:
+        found = self.server.list_objects(paths.events("team"))
+        return [e for e in found if e["reason"] == reason]
+
+
+@pytest.fixture
+async def env() -> AsyncIterator[Env]:
+    made = Env()
+    yield made
+    for controller in made.controllers:
+        await controller.stop()
+
+
+PODS = paths.pods("team")
+
+
+async def test_usage_is_each_pods_weight_times_the_time_it_held_and_deleted_pods_are_settled(env: Env) -> None:
+    # a: 500 milli on each of both GPUs (weight 1000); b: a quarter of compute but half the memory (500).
+    await env.add(gpu_pod("a", [(0, 500, 0), (1, 500, 0)]), PODS)
+    await env.add(gpu_pod("b", [(0, 250, 8192)]), PODS)
+    await env.add(budget(), resources.GPU_BUDGET.path("team"))
+    controller = await env.start()
+    env.clock.now = T0 + HOUR
+    await env.pass_(controller)
+    status = env.status()
+    assert status.used_gpu_seconds == 3600 + 1800
+    assert status.remaining_gpu_seconds == 10 * HOUR - 5400
+    assert [c.pod for c in status.top_consumers] == ["team/a", "team/b"]
+    # a is deleted one hour in; another hour later it has stopped counting, b has not.
+    await env.api.delete(paths.pod("team", "a"), grace_period=0)
+    await settle(env.server)
+    env.clock.now = T0 + 2 * HOUR
+    await env.pass_(controller)
+    status = env.status()
+    assert status.accounting.settled_milli_gpu_seconds == 1000 * HOUR
+    assert [p.pod for p in status.accounting.pods] == ["team/b"]
+    assert status.used_gpu_seconds == 3600 + 3600
+    assert controller.budgets.gone == {}  # settled in every budget of the namespace: forgotten
+
+
+async def test_the_books_survive_a_restart_and_a_pod_deleted_meanwhile_keeps_its_written_use(env: Env) -> None:
+    await env.add(gpu_pod("a", [(0, 1000, 0)]), PODS)
+    await env.add(gpu_pod("c", [(1, 1000, 0)]), PODS)
+    await env.add(budget(), resources.GPU_BUDGET.path("team"))
+    first = await env.start()
+    env.clock.now = T0 + HOUR
+    await env.pass_(first)
+    assert env.status().used_gpu_seconds == 2 * HOUR
+    await first.stop()
+    env.controllers.remove(first)
+    # While no controller runs: c goes, an hour passes.
+    env.server.remove_object(paths.pod("team", "c"))
+    env.clock.now = T0 + 2 * HOUR
+    second = await env.start()
+    status = env.status()
+    assert status.used_gpu_seconds == 2 * HOUR + HOUR  # a: 2 h; c: the hour written before it went
+    assert status.accounting.settled_milli_gpu_seconds == 1000 * HOUR
+    await env.pass_(second)
+    assert env.status().used_gpu_seconds == 3 * HOUR  # settled once, not again
+
+
+async def test_crossings_are_recorded_once_even_by_two_controllers(env: Env) -> None:
+    await env.add(gpu_pod("a", [(0, 1000, 0)]), PODS)
+    await env.add(budget(gpuHours=1, warnAtPercent=50, whenExhausted="Deny"), resources.GPU_BUDGET.path("team"))
+    one = await env.start()
+    two = await env.start()
+    env.clock.now = T0 + HOUR // 2
+    await asyncio.gather(env.pass_(one), env.pass_(two))
+    assert env.status().state == "Warning"
+    env.clock.now = T0 + HOUR
+    await asyncio.gather(env.pass_(one), env.pass_(two))
+    await env.pass_(one)
+    status = env.status()
+    assert status.state == "Exhausted"
+    assert len(env.events("BudgetWarning")) == 1
+    exhausted = env.events("BudgetExhausted")
+    assert len(exhausted) == 1
+    assert "refused" in exhausted[0]["message"] and "1.00 of 1 GPU-hours" in exhausted[0]["message"]
+    assert exhausted[0]["involvedObject"]["kind"] == "GPUBudget"
+    assert one.recorder.recorded + two.recorder.recorded == 2
+
+
+async def test_a_conflicting_write_is_retried_from_the_newer_books(env: Env) -> None:
+    await env.add(gpu_pod("a", [(0, 1000, 0)]), PODS)
+    await env.add(budget(), resources.GPU_BUDGET.path("team"))
+    controller = await env.start()
+    env.server.fail(409, method="PUT", path=resources.GPU_BUDGET.path("team", "b"), reason="Conflict")
+    env.clock.now = T0 + HOUR
+    await env.pass_(controller)
+    assert controller.budgets.conflicts == 1
+    await env.pass_(controller)
+    assert env.status().used_gpu_seconds == HOUR
+
+
+async def test_budget_use_and_leadership_are_on_metrics(env: Env) -> None:
+    await env.add(budget(), resources.GPU_BUDGET.path("team"))
+    controller = await env.start()
+    ready, detail = controller.readiness()
+    assert ready and detail["leader"] is True
+    text = controller.metrics.registry.get_sample_value(
+        "sharegpu_budget_limit_gpu_seconds", {"namespace": "team", "budget": "b"}
+    )
+    assert text == 10 * HOUR
+    assert controller.metrics.registry.get_sample_value("sharegpu_controller_leader") == 1

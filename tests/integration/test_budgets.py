@@ -1,0 +1,221 @@
+"""GPU-time budgets on the real control plane: pods placed by kube-scheduler + extender and run by
+the fake kubelet consume a budget while the controller's clock advances (no sleeping); the figures
+match the pods' lifetimes within 1% and survive a controller restart; an exhausted budget refuses
+(Deny) or demotes (Demote) new GPU pods through the registered webhook; each crossing is one event."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from sharegpu.api import budgets, names, paths, resources, wire
+from sharegpu.controller import runtime
+from sharegpu.devcluster import controlplane, fakecluster, stack
+from sharegpu.kube import client
+from sharegpu.kube import errors as kube_errors
+from tests.integration.conftest import gpu_pod, wait_for
+from tests.integration.test_admission import RunningWebhook, webhook  # noqa: F401  (the fixture)
+
+Json = dict[str, Any]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = time.time()
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Controllers:
+    """In-process controllers on the real API server, sharing one clock; restartable."""
+
+    def __init__(self, plane: controlplane.ControlPlane) -> None:
+        self.plane = plane
+        self.clock = Clock()
+        self.running: runtime.Controller | None = None
+        self.kube: client.KubeClient | None = None
+
+    async def start(self) -> runtime.Controller:
+        self.kube = stack.kube_for(self.plane, "sharegpu-controller")
+        made = runtime.Controller(self.kube, runtime.Options(leader_elect=False, tick=3600), clock=self.clock)
+        await made.start()
+        self.running = made
+        return made
+
+    async def stop(self) -> None:
+        if self.running is not None:
+            await self.running.stop()
+        if self.kube is not None:
+            await self.kube.close()
+        self.running = self.kube = None
+
+    async def pass_(self) -> None:
+        assert self.running is not None
+        loop = self.running.budgets.loop
+        before = loop.completed
+        loop.wake()
+        await wait_for(_async(lambda: loop.completed > before), timeout=20, what="a reconcile pass")
+
+
+def _async(check: Any) -> Any:
+    async def predicate() -> Any:
+        return check()
+
+    return predicate
+
+
+@pytest.fixture
+async def controllers(control_plane: controlplane.ControlPlane, system: None) -> AsyncIterator[Controllers]:
+    made = Controllers(control_plane)
+    yield made
+    await made.stop()
+
+
+def budget_body(name: str, namespace: str, **spec: Any) -> Json:
+    start = wire.timestamp(time.time() - 86_400)
+    return {
+        "apiVersion": resources.GPU_BUDGET.api_version,
+        "kind": resources.GPU_BUDGET.kind,
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"gpuHours": 1, "periodStart": start, **spec},
+    }
+
+
+async def status_of(kube: client.KubeClient, namespace: str, name: str) -> budgets.BudgetStatus:
+    stored = await kube.get(resources.GPU_BUDGET.path(namespace, name))
+    return wire.convert(stored, budgets.GPUBudget).status
+
+
+async def events(kube: client.KubeClient, namespace: str, reason: str) -> list[Json]:
+    listed = await kube.get(paths.events(namespace))
+    return [e for e in listed["items"] if e["reason"] == reason]
+
+
+async def running(kube: client.KubeClient, namespace: str, name: str) -> int:
+    """Wait until the pod runs; its binding time (the PodScheduled condition) in seconds."""
+
+    async def bound() -> int | None:
+        pod = await kube.get(paths.pod(namespace, name))
+        if (pod.get("status") or {}).get("phase") != "Running":
+            return None
+        for condition in pod["status"].get("conditions") or []:
+            if condition["type"] == "PodScheduled" and condition["status"] == "True":
+                return wire.seconds(condition["lastTransitionTime"])
+        return None
+
+    started: int = await wait_for(bound, what=f"{name} running")
+    return started
+
+
+async def test_a_budget_is_consumed_by_running_pods_survives_a_restart_and_then_refuses(
+    admin: client.KubeClient,
+    harness: fakecluster.FakeCluster,
+    extender: stack.ExtenderProcess,
+    namespace: str,
+    nodes: Any,
+    webhook: RunningWebhook,  # noqa: F811
+    controllers: Controllers,
+) -> None:
+    await nodes(1, gpus=2, memory=16384)
+    await admin.create(resources.GPU_BUDGET.path(namespace), budget_body("team", namespace, warnAtPercent=50,
+                                                                         whenExhausted="Deny"))  # fmt: skip
+    # a: 500 milli on each of 2 GPUs (weight 1000); b: 250 milli with half a GPU's memory (weight 500).
+    await admin.create(paths.pods(namespace), gpu_pod("a", namespace, milli=500, count=2))
+    await admin.create(paths.pods(namespace), gpu_pod("b", namespace, milli=250, memory=8192))
+    start_a = await running(admin, namespace, "a")
+    start_b = await running(admin, namespace, "b")
+    await controllers.start()
+    clock = controllers.clock
+    clock.now = time.time() + 1200
+    await controllers.pass_()
+
+    def expected(now: float, end_b: float | None = None) -> float:
+        return 1.0 * (now - start_a) + 0.5 * ((end_b or now) - start_b)
+
+    status = await status_of(admin, namespace, "team")
+    assert status.used_gpu_seconds == pytest.approx(expected(clock.now), rel=0.01)
+    assert status.state == "Warning"  # past 50% of 3600
+    assert [c.pod for c in status.top_consumers] == [f"{namespace}/a", f"{namespace}/b"]
+
+    # Restart: a fresh controller reads the books from the status and agrees.
+    await controllers.stop()
+    await controllers.start()
+    await controllers.pass_()
+    again = await status_of(admin, namespace, "team")
+    assert again.used_gpu_seconds == pytest.approx(expected(clock.now), rel=0.01)
+    assert len(await events(admin, namespace, "BudgetWarning")) == 1
+
+    # b goes; 40 more minutes: only a counts from then on, and the budget is used up.
+    end_b = clock.now
+    await admin.delete(paths.pod(namespace, "b"), grace_period=0)
+
+    async def settled() -> bool:
+        await controllers.pass_()
+        current = await status_of(admin, namespace, "team")
+        return all(p.pod != f"{namespace}/b" for p in current.accounting.pods)
+
+    await wait_for(settled, what="b settled")
+    clock.now += 2400
+    await controllers.pass_()
+    spent = await status_of(admin, namespace, "team")
+    assert spent.used_gpu_seconds == pytest.approx(expected(clock.now, end_b), rel=0.01)
+    assert spent.state == "Exhausted" and spent.remaining_gpu_seconds == 0
+    assert len(await events(admin, namespace, "BudgetExhausted")) == 1
+    assert len(await events(admin, namespace, "BudgetWarning")) == 1
+
+    # The webhook sees the exhausted budget and refuses a new GPU pod, saying why; CPU pods still run.
+    async def webhook_knows() -> bool:
+        found = webhook.policy.budgets.get(namespace, ())
+        return any(b.status.state == "Exhausted" for b in found)
+
+    await wait_for(webhook_knows, what="the webhook to see the exhausted budget")
+    with pytest.raises(kube_errors.KubeError) as refused:
+        await admin.create(paths.pods(namespace), gpu_pod("c", namespace, milli=100))
+    message = str(refused.value)
+    assert f"GPUBudget {namespace}/team" in message and "refuses new GPU pods" in message
+    cpu = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "cpu", "namespace": namespace},
+           "spec": {"containers": [{"name": "m", "image": "busybox"}]}}  # fmt: skip
+    await admin.create(paths.pods(namespace), cpu)
+
+
+async def test_an_exhausted_demote_budget_gives_new_gpu_pods_the_demotion_class(
+    admin: client.KubeClient,
+    namespace: str,
+    webhook: RunningWebhook,  # noqa: F811
+    controllers: Controllers,
+) -> None:
+    await admin.create(resources.GPU_BUDGET.path(namespace), budget_body("team", namespace))
+    # A pod placed two hours ago (as its status says) by some other scheduler: 2 GPU-hours used.
+    body = gpu_pod("old", namespace, nvidia=1)
+    body["spec"]["schedulerName"] = names.SCHEDULER_NAME
+    made = await admin.create(paths.pods(namespace), body)
+    await admin.create(
+        paths.binding(namespace, "old"),
+        {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": "old"},
+         "target": {"apiVersion": "v1", "kind": "Node", "name": "nowhere"}},
+    )  # fmt: skip
+    long_ago = wire.timestamp(time.time() - 7200)
+    await admin.patch(
+        f"{paths.pod(namespace, 'old')}/status",
+        {"status": {"conditions": [{"type": "PodScheduled", "status": "True", "lastTransitionTime": long_ago}]}},
+        client.STRATEGIC_PATCH,
+    )
+    assert made["metadata"]["uid"]
+    await controllers.start()
+    await controllers.pass_()
+    status = await status_of(admin, namespace, "team")
+    assert status.state == "Exhausted"
+    assert status.used_gpu_seconds == pytest.approx(7200, rel=0.01)
+
+    async def webhook_knows() -> bool:
+        return any(b.status.state == "Exhausted" for b in webhook.policy.budgets.get(namespace, ()))
+
+    await wait_for(webhook_knows, what="the webhook to see the exhausted budget")
+    new = await admin.create(paths.pods(namespace), gpu_pod("new", namespace, milli=200))
+    assert new["spec"]["priorityClassName"] == "sharegpu-over-budget"
+    assert new["spec"]["priority"] == -1000
+    assert f"GPUBudget {namespace}/team" in new["metadata"]["annotations"][names.DEMOTED]
