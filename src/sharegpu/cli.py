@@ -479,9 +479,11 @@ def devcluster(
     webhook: Annotated[
         bool, typer.Option(help="Run the admission webhook too (translates other systems' GPU requests).")
     ] = True,
+    controller: Annotated[bool, typer.Option(help="Run the controller too (GPU-time budgets).")] = True,
 ) -> None:
     """Run the whole stack on this machine: a real control plane, the extender, kube-scheduler, the
-    admission webhook and fake GPU nodes, until Ctrl-C. Prints the kubeconfig to use with kubectl."""
+    admission webhook, the controller and fake GPU nodes, until Ctrl-C. Prints the kubeconfig to use
+    with kubectl."""
     import tempfile
 
     from sharegpu.core import devices
@@ -516,6 +518,8 @@ def devcluster(
         console.print(f"[bold]sharegpu devcluster[/bold]: {nodes} nodes x {gpus} {model}")
         console.print(f"  export KUBECONFIG={whole.plane.kubeconfig('admin')}")
         console.print(f"  extender: {whole.extender.health_url}/debug/nodes   logs: {folder / 'logs'}")
+        if whole.controller is not None:
+            console.print(f"  controller: {whole.controller.health_url}/debug/budgets")
         if whole.webhook is not None:
             console.print(f"  webhook: {whole.webhook.url} (GPU pods in any format are scheduled by sharegpu)")
             console.print("  Ctrl-C stops everything", highlight=False)
@@ -530,7 +534,7 @@ def devcluster(
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        whole = stack.Stack(folder, policy, webhook=webhook)
+        whole = stack.Stack(folder, policy, webhook=webhook, controller=controller)
         starting = asyncio.create_task(bring_up(whole))
         waiting = asyncio.create_task(stop.wait())
         try:

@@ -111,6 +111,23 @@ async def running(kube: client.KubeClient, namespace: str, name: str) -> int:
     return started
 
 
+async def bound_long_ago(kube: client.KubeClient, namespace: str, name: str, seconds: int) -> None:
+    """A whole-GPU pod bound (to a node no kubelet serves) `seconds` ago, as its status says."""
+    body = gpu_pod(name, namespace, nvidia=1)
+    await kube.create(paths.pods(namespace), body)
+    await kube.create(
+        paths.binding(namespace, name),
+        {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": name},
+         "target": {"apiVersion": "v1", "kind": "Node", "name": "nowhere"}},
+    )  # fmt: skip
+    then = wire.timestamp(time.time() - seconds)
+    await kube.patch(
+        f"{paths.pod(namespace, name)}/status",
+        {"status": {"conditions": [{"type": "PodScheduled", "status": "True", "lastTransitionTime": then}]}},
+        client.STRATEGIC_PATCH,
+    )
+
+
 async def test_a_budget_is_consumed_by_running_pods_survives_a_restart_and_then_refuses(
     admin: client.KubeClient,
     harness: fakecluster.FakeCluster,
@@ -189,22 +206,7 @@ async def test_an_exhausted_demote_budget_gives_new_gpu_pods_the_demotion_class(
     controllers: Controllers,
 ) -> None:
     await admin.create(resources.GPU_BUDGET.path(namespace), budget_body("team", namespace))
-    # A pod placed two hours ago (as its status says) by some other scheduler: 2 GPU-hours used.
-    body = gpu_pod("old", namespace, nvidia=1)
-    body["spec"]["schedulerName"] = names.SCHEDULER_NAME
-    made = await admin.create(paths.pods(namespace), body)
-    await admin.create(
-        paths.binding(namespace, "old"),
-        {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": "old"},
-         "target": {"apiVersion": "v1", "kind": "Node", "name": "nowhere"}},
-    )  # fmt: skip
-    long_ago = wire.timestamp(time.time() - 7200)
-    await admin.patch(
-        f"{paths.pod(namespace, 'old')}/status",
-        {"status": {"conditions": [{"type": "PodScheduled", "status": "True", "lastTransitionTime": long_ago}]}},
-        client.STRATEGIC_PATCH,
-    )
-    assert made["metadata"]["uid"]
+    await bound_long_ago(admin, namespace, "old", 7200)
     await controllers.start()
     await controllers.pass_()
     status = await status_of(admin, namespace, "team")

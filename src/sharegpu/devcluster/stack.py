@@ -156,6 +156,19 @@ class _ComponentProcess:
             os.killpg(self.process.pid, sig)
             self.process.wait(timeout=15)
 
+    async def _wait_ready(self, readyz: str, timeout: float) -> None:
+        """Until `readyz` answers 200 (ControlPlaneError if the process exits or time runs out)."""
+        deadline = time.monotonic() + timeout
+        async with aiohttp.ClientSession() as session:
+            while time.monotonic() < deadline:
+                self._check_alive()
+                with contextlib.suppress(aiohttp.ClientError):
+                    async with session.get(readyz) as response:
+                        if response.status == 200:
+                            return
+                await asyncio.sleep(0.1)
+        raise controlplane.ControlPlaneError(f"{self.name} not ready in time")
+
 
 class ExtenderProcess(_ComponentProcess):
     """`sharegpu extender` as a real process, with its own credentials."""
@@ -200,16 +213,7 @@ class ExtenderProcess(_ComponentProcess):
         self._spawn(argv)
 
     async def wait_ready(self, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        async with aiohttp.ClientSession() as session:
-            while time.monotonic() < deadline:
-                self._check_alive()
-                with contextlib.suppress(aiohttp.ClientError):
-                    async with session.get(f"{self.health_url}/readyz") as response:
-                        if response.status == 200:
-                            return
-                await asyncio.sleep(0.1)
-        raise controlplane.ControlPlaneError("extender not ready in time")
+        await self._wait_ready(f"{self.health_url}/readyz", timeout)
 
     async def get(self, path: str) -> Any:
         async with aiohttp.ClientSession() as session, session.get(f"{self.health_url}{path}") as response:
@@ -314,16 +318,7 @@ class ControllerProcess(_ComponentProcess):
         self._spawn(argv)
 
     async def wait_ready(self, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        async with aiohttp.ClientSession() as session:
-            while time.monotonic() < deadline:
-                self._check_alive()
-                with contextlib.suppress(aiohttp.ClientError):
-                    async with session.get(f"{self.health_url}/readyz") as response:
-                        if response.status == 200:
-                            return
-                await asyncio.sleep(0.1)
-        raise controlplane.ControlPlaneError("controller not ready in time")
+        await self._wait_ready(f"{self.health_url}/readyz", timeout)
 
 
 class Stack:
@@ -334,12 +329,15 @@ class Stack:
         extender_args: tuple[str, ...] = (),
         *,
         webhook: bool = False,
+        controller: bool = False,
     ) -> None:
         self.plane = controlplane.ControlPlane(workdir, controlplane.binaries())
         self.policy = policy
         self.extender_args = extender_args
         self.with_webhook = webhook
+        self.with_controller = controller
         self.webhook: WebhookProcess | None = None
+        self.controller: ControllerProcess | None = None
         self.extender: ExtenderProcess | None = None
         self.admin: client.KubeClient | None = None
         self.harness: fakecluster.FakeCluster | None = None
@@ -363,6 +361,10 @@ class Stack:
             self.webhook = WebhookProcess(self.plane)
             self.webhook.start()
             await self.webhook.wait_ready(self.admin)
+        if self.with_controller:
+            self.controller = ControllerProcess(self.plane)
+            self.controller.start()
+            await self.controller.wait_ready()
         self.harness = fakecluster.FakeCluster(self.admin)
         if harness:
             await self.harness.start()
@@ -373,6 +375,9 @@ class Stack:
         with contextlib.suppress(Exception):
             if self.harness is not None:
                 await self.harness.stop()
+        with contextlib.suppress(Exception):
+            if self.controller is not None:
+                self.controller.kill(signal.SIGTERM)
         with contextlib.suppress(Exception):
             if self.webhook is not None:
                 self.webhook.kill(signal.SIGTERM)
