@@ -5,6 +5,7 @@ match the pods' lifetimes within 1% and survive a controller restart; an exhaust
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -112,13 +113,17 @@ async def running(kube: client.KubeClient, namespace: str, name: str) -> int:
 
 
 async def bound_long_ago(kube: client.KubeClient, namespace: str, name: str, seconds: int) -> None:
-    """A whole-GPU pod bound (to a node no kubelet serves) `seconds` ago, as its status says."""
+    """A whole-GPU pod bound `seconds` ago, as its status says, to a node of its own that no kubelet
+    serves (a Node object all the same: the pod garbage collector deletes pods bound to no node)."""
+    node = f"{namespace}-{name}-node"
+    with contextlib.suppress(kube_errors.ConflictError):
+        await kube.create(paths.NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}})
     body = gpu_pod(name, namespace, nvidia=1)
     await kube.create(paths.pods(namespace), body)
     await kube.create(
         paths.binding(namespace, name),
         {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": name},
-         "target": {"apiVersion": "v1", "kind": "Node", "name": "nowhere"}},
+         "target": {"apiVersion": "v1", "kind": "Node", "name": node}},
     )  # fmt: skip
     then = wire.timestamp(time.time() - seconds)
     await kube.patch(

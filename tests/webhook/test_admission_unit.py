@@ -9,7 +9,7 @@ import msgspec
 import orjson
 
 from sharegpu.api import admission as messages
-from sharegpu.api import budgets, names, wire
+from sharegpu.api import budgets, groups, names, wire
 from sharegpu.webhook import admission
 
 Json = dict[str, Any]
@@ -204,3 +204,64 @@ def test_an_exhausted_demote_budget_moves_new_gpu_pods_to_its_priority_class() -
 def test_an_allow_budget_only_reports() -> None:
     out = applied(gpu_pod(), admission.mutate(review(gpu_pod()), with_budgets(exhausted("Allow"))))
     assert "priorityClassName" not in out["spec"]
+
+
+def group(namespace: str = "ns", name: str = "g", allowed: tuple[str, ...] = ()) -> groups.SharedDeviceGroup:
+    return groups.SharedDeviceGroup(
+        metadata=wire.ObjectMeta(name=name, namespace=namespace),
+        spec=groups.GroupSpec(gpus=2, members=groups.Members(namespaces=list(allowed))),
+    )
+
+
+def member_pod(value: str, extra: Json | None = None) -> Json:
+    return {
+        "metadata": {"name": "m", "namespace": "ns", "annotations": {names.DEVICE_GROUP_ANNOTATION: value}},
+        "spec": {"containers": [{"name": "main", "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}],
+                                 **(extra or {})}], "initContainers": [{"name": "init"}]},
+    }  # fmt: skip
+
+
+def test_a_member_selects_its_groups_node_and_reads_its_devices_from_the_groups_configmap() -> None:
+    policy = dataclasses.replace(POLICY, groups={"ns/g": group()})
+    pod = member_pod("g")
+    out = applied(pod, admission.mutate(review(pod), policy))
+    assert out["metadata"]["labels"] == {names.LABEL_GROUP_NAMESPACE: "ns", names.LABEL_GROUP_NAME: "g"}
+    assert out["spec"]["nodeSelector"] == {groups.node_label("ns", "g"): "true"}
+    assert out["spec"]["schedulerName"] == names.SCHEDULER_NAME
+    reference = {"configMapKeyRef": {"name": groups.handoff_name("ns", "g"), "key": "NVIDIA_VISIBLE_DEVICES"}}
+    for container in out["spec"]["containers"] + out["spec"]["initContainers"]:
+        assert container["env"] == [{"name": "NVIDIA_VISIBLE_DEVICES", "valueFrom": reference}]
+    assert admission.validate(review(out), policy).response.allowed
+    # Forging the labels, or reading another group's devices, is refused.
+    forged = {**out, "metadata": {**out["metadata"], "annotations": {}}}
+    assert not admission.validate(review(forged), policy).response.allowed
+    other = member_pod("ns/other")
+    stolen = applied(other, admission.mutate(review(other), policy))
+    stolen["spec"]["containers"][0]["env"] = [{"name": "NVIDIA_VISIBLE_DEVICES", "valueFrom": reference}]
+    assert not admission.validate(review(stolen), policy).response.allowed
+
+
+def test_who_may_join_and_what_a_member_may_not_ask_for() -> None:
+    policy = dataclasses.replace(POLICY, groups={"team/g": group("team", allowed=("friends",))})
+    refused = answer_of(admission.mutate(review(member_pod("team/g")), policy))["response"]
+    assert (
+        not refused["allowed"] and "namespace ns may not join SharedDeviceGroup team/g" in refused["status"]["message"]
+    )
+    greedy = member_pod("g", {"resources": {"limits": {names.GPU: "1", names.GPU_MILLI: "500"}}})
+    answer = answer_of(admission.mutate(review(greedy), dataclasses.replace(POLICY, groups={"ns/g": group()})))
+    assert not answer["response"]["allowed"] and "remove its GPU resources" in answer["response"]["status"]["message"]
+    malformed = answer_of(admission.mutate(review(member_pod("a/b/c")), POLICY))["response"]
+    assert not malformed["allowed"] and "namespace/name" in malformed["status"]["message"]
+    # A group the webhook has not seen yet: admitted, and the pod waits for it.
+    waiting = applied(member_pod("later"), admission.mutate(review(member_pod("later")), POLICY))
+    assert "not found yet" in waiting["metadata"]["annotations"][names.TRANSLATED]
+
+
+def test_a_group_with_live_members_cannot_be_deleted() -> None:
+    body = {"request": {"uid": "u", "operation": "DELETE", "namespace": "ns", "name": "g"}}
+    refused = answer_of(admission.validate_group_deletion(body, ["ns/m0", "ns/m1"]))["response"]
+    assert not refused["allowed"]
+    assert refused["status"]["message"] == (
+        "sharegpu: SharedDeviceGroup ns/g still has 2 member pod(s): ns/m0, ns/m1; delete them first"
+    )
+    assert admission.validate_group_deletion(body, []).response.allowed

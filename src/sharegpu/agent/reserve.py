@@ -31,8 +31,23 @@ def visible_gpu(env: Mapping[str, str]) -> str:
     return value
 
 
-async def report(kube: client.KubeApi, namespace: str, name: str, env: Mapping[str, str]) -> str:
-    uuid = visible_gpu(env)
+def visible_gpus(env: Mapping[str, str]) -> list[str]:
+    """Every GPU UUID the device plugin gave this container (a group's holder pod holds several)."""
+    value = env.get("NVIDIA_VISIBLE_DEVICES", "").strip()
+    found = [v.strip() for v in value.split(",") if v.strip()]
+    if not found:
+        raise errors.InvalidInputError("NVIDIA_VISIBLE_DEVICES is not set: was the pod given nvidia.com/gpu?")
+    for uuid in found:
+        if not _UUID.match(uuid):
+            raise errors.InvalidInputError(f"NVIDIA_VISIBLE_DEVICES holds {uuid!r}, not a GPU UUID")
+    return found
+
+
+async def report(
+    kube: client.KubeApi, namespace: str, name: str, env: Mapping[str, str], *, several: bool = False
+) -> str:
+    """Write the UUID(s) into the pod's annotation; a reservation pod holds exactly one."""
+    uuid = ",".join(visible_gpus(env)) if several else visible_gpu(env)
     await kube.patch(paths.pod(namespace, name), {"metadata": {"annotations": {names.GPU_UUID: uuid}}})
     return uuid
 
@@ -43,5 +58,6 @@ async def main(kubeconfig: str | None = None) -> None:
     if not namespace or not name:
         raise errors.InvalidInputError("POD_NAME and POD_NAMESPACE must be set (downward API)")
     async with client.KubeClient.connect(kubeconfig) as kube:
-        await report(kube, namespace, name, os.environ)
+        holder = os.environ.get("SHAREGPU_ROLE", "") == names.ROLE_GROUP_HOLDER
+        await report(kube, namespace, name, os.environ, several=holder)
     await asyncio.Event().wait()  # hold the GPU until the pod is deleted

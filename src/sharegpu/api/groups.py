@@ -8,12 +8,14 @@ generated from them (`api.resources`), so the API server refuses what the code w
 
 from __future__ import annotations
 
-from typing import Annotated, Final, Literal
+import hashlib
+from typing import Annotated, Any, Final, Literal
 
 import msgspec
 from msgspec import Meta
 
-from sharegpu.api import wire
+from sharegpu.api import names, wire
+from sharegpu.core import errors
 
 PHASE_PENDING: Final = "Pending"
 PHASE_BOUND: Final = "Bound"
@@ -90,3 +92,107 @@ class SharedDeviceGroup(wire.Message, kw_only=True, frozen=True):
     metadata: wire.ObjectMeta = msgspec.field(default_factory=wire.ObjectMeta)
     spec: GroupSpec
     status: GroupStatus = msgspec.field(default_factory=GroupStatus)
+
+
+# ----------------------------------------------------------------- what the controller and webhook write
+
+BOUND: Final = "true"
+"""The value of a group's node label on the node it is bound to."""
+VISIBLE_DEVICES: Final = "NVIDIA_VISIBLE_DEVICES"
+
+
+def _digest(namespace: str, name: str) -> str:
+    return hashlib.sha256(f"{namespace}/{name}".encode()).hexdigest()[:16]
+
+
+def node_label(namespace: str, name: str) -> str:
+    """The label of the node a group is bound to: its members select it (`nodeSelector`), so they
+    cannot be scheduled before the group is bound, and only there after."""
+    return f"{names.DOMAIN}/group-{_digest(namespace, name)}"
+
+
+def _object_name(prefix: str, namespace: str, name: str) -> str:
+    """A DNS-1123 name for a group's object: readable, cut to fit, unique by a digest."""
+    readable = f"{prefix}{namespace}-{name}"[:200].rstrip("-.")
+    return f"{readable}-{_digest(namespace, name)[:8]}"
+
+
+def holder_name(namespace: str, name: str) -> str:
+    return _object_name("sharegpu-group-", namespace, name)
+
+
+def handoff_name(namespace: str, name: str) -> str:
+    """The ConfigMap (in each member's namespace) whose NVIDIA_VISIBLE_DEVICES the members read."""
+    return _object_name("sharegpu-group-", namespace, name)
+
+
+def group_labels(namespace: str, name: str) -> dict[str, str]:
+    """Labels naming the group (values cut to a label's 63 characters; names of that length are rare
+    and the digest in the object names keeps those apart)."""
+    return {names.LABEL_GROUP_NAMESPACE: namespace[:63], names.LABEL_GROUP_NAME: name[:63]}
+
+
+def membership(annotations: dict[str, str], namespace: str) -> tuple[str, str] | None:
+    """(namespace, name) of the group a pod joins (`name` or `namespace/name`); None if it joins none.
+    InvalidRequestError if the annotation is malformed."""
+    value = annotations.get(names.DEVICE_GROUP_ANNOTATION)
+    if value is None:
+        return None
+    parts = value.strip().split("/")
+    if len(parts) == 1 and parts[0]:
+        return namespace, parts[0]
+    if len(parts) == 2 and all(parts):
+        return parts[0], parts[1]
+    raise errors.InvalidRequestError(
+        f"{names.DEVICE_GROUP_ANNOTATION} must be a group's name or namespace/name, got {value!r}"
+    )
+
+
+def may_join(group: SharedDeviceGroup, namespace: str) -> bool:
+    return namespace == group.metadata.namespace or namespace in group.spec.members.namespaces
+
+
+def holder_pod(group: SharedDeviceGroup, image: str, node: str = "") -> dict[str, Any]:
+    """The pod that holds the group's GPUs: whole GPUs (`nvidia.com/gpu`), placed by sharegpu with the
+    group's node selector, models and strategy; `node` pins it (a bound group never moves)."""
+    meta, spec = group.metadata, group.spec
+    annotations = {names.MODELS: ",".join(spec.models)} if spec.models else {}
+    annotations[names.PLACEMENT] = spec.scheduling_strategy
+    body: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": holder_name(meta.namespace, meta.name),
+            "namespace": names.SYSTEM_NAMESPACE,
+            "labels": {names.LABEL_ROLE: names.ROLE_GROUP_HOLDER, **group_labels(meta.namespace, meta.name)},
+            "annotations": annotations,
+        },
+        "spec": {
+            "schedulerName": names.SCHEDULER_NAME,
+            "nodeSelector": dict(spec.node_selector),
+            "priorityClassName": "system-cluster-critical",
+            "terminationGracePeriodSeconds": 5,
+            "containers": [
+                {
+                    "name": "reserve",
+                    "image": image,
+                    "command": ["sharegpu", "reserve"],
+                    "env": [
+                        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                        {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+                        {"name": "SHAREGPU_ROLE", "value": names.ROLE_GROUP_HOLDER},
+                    ],
+                    "resources": {
+                        "limits": {names.NVIDIA_GPU: str(spec.gpus), "cpu": "10m", "memory": "32Mi"},
+                        "requests": {names.NVIDIA_GPU: str(spec.gpus), "cpu": "10m", "memory": "32Mi"},
+                    },
+                }
+            ],
+        },
+    }
+    if node:
+        pin = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+        body["spec"]["affinity"] = {
+            "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [pin]}}
+        }
+    return body

@@ -51,6 +51,7 @@ class ObjectMeta(Message, kw_only=True, frozen=True):
     labels: dict[str, str] = {}
     annotations: dict[str, str] = {}
     owner_references: list[OwnerReference] = []
+    finalizers: list[str] = []
 
 
 class ListMeta(Message, kw_only=True, frozen=True):

@@ -1,8 +1,10 @@
 """`sharegpu controller`: the reconcilers of sharegpu's own resources, and their life cycle.
 
-Every replica runs the informers (pods as `api.lifetimes.TimedPod`, Devices, GPUBudgets), so a
+Every replica runs the informers (pods as `api.lifetimes.TimedPod`, Devices, GPUBudgets,
+SharedDeviceGroups and the pods labelled with a group), so a
 standby's picture of the cluster is as current as the leader's; only the holder of the
-`sharegpu-controller` Lease reconciles (writes statuses, records events). A new leader acts on what
+`sharegpu-controller` Lease reconciles (writes statuses, records events). Reconcilers: budgets
+(`controller.budgets`) and shared device groups (`controller.groups`). A new leader acts on what
 its informers listed from the API (the books in each budget's status included), never on anything
 its predecessor held in memory. The hand-off and reservation reconcilers stay in the extender, next
 to the ledger they follow (docs/architecture.md says why).
@@ -29,8 +31,9 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from sharegpu.api import budgets as api_budgets
+from sharegpu.api import groups as api_groups
 from sharegpu.api import lifetimes, names, paths, resources, wire
-from sharegpu.controller import budgets
+from sharegpu.controller import budgets, groups
 from sharegpu.kube import client, informer, leader
 from sharegpu.kube import events as kube_events
 
@@ -51,6 +54,8 @@ class Options:
     """Seconds between status writes of a budget whose usage moves (state changes are written at once)."""
     tick: float = 5.0
     """Seconds between passes when nothing wakes the reconcilers."""
+    image: str = "sharegpu:latest"
+    """Image of the group holder pods (runs `sharegpu reserve`)."""
 
 
 def _lifetime(pod: lifetimes.TimedPod, previous: lifetimes.Lifetime | None) -> lifetimes.Lifetime | None:
@@ -66,6 +71,7 @@ class Controller:
         self.identity = options.identity or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(2)}"
         self.recorder = kube_events.Recorder(api, names.CONTROLLER, self.identity, clock)
         self.budgets = budgets.BudgetReconciler(api, self.recorder, clock, write_every=options.write_every)
+        self.groups = groups.GroupReconciler(api, self.recorder, clock, image=options.image)
         self.elector: leader.LeaderElector | leader.Solo = leader.Solo()
         if options.leader_elect:
             self.elector = leader.LeaderElector(
@@ -75,16 +81,26 @@ class Controller:
             )  # fmt: skip
         self.informers: list[informer.Informer[Any, Any]] = [
             informer.Informer(api, paths.PODS, lifetimes.TimedPod, _lifetime, self.budgets.on_pod, name="pods"),
-            informer.Informer(
-                api, paths.DEVICES, wire.Device, informer.identity, self.budgets.on_device, name="devices"
-            ),
+            informer.Informer(api, paths.DEVICES, wire.Device, informer.identity, self._on_device, name="devices"),
             informer.Informer(
                 api, resources.GPU_BUDGET.path(), api_budgets.GPUBudget, informer.identity, self.budgets.on_budget,
                 name="gpubudgets",
             ),
+            informer.Informer(
+                api, resources.SHARED_DEVICE_GROUP.path(), api_groups.SharedDeviceGroup, informer.identity,
+                self.groups.on_group, name="shareddevicegroups",
+            ),
+            informer.Informer(
+                api, paths.PODS, wire.Pod, informer.identity, self.groups.on_pod, name="group-pods",
+                params={"labelSelector": names.LABEL_GROUP_NAME},
+            ),
         ]  # fmt: skip
         self.metrics = _Metrics(self)
         self.tasks: list[asyncio.Task[None]] = []
+
+    def _on_device(self, kind: str, device: wire.Device) -> None:
+        self.budgets.on_device(kind, device)
+        self.groups.on_device(kind, device)
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:
         states = {i.name: i.status() for i in self.informers}
@@ -97,8 +113,10 @@ class Controller:
         await asyncio.gather(*(i.synced.wait() for i in self.informers))
 
         def work() -> list[Awaitable[None]]:
-            self.budgets.loop.wake()  # the first pass at once, on what the informers listed
-            return [self.budgets.loop.run(tick=self.options.tick)]
+            loops = (self.budgets.loop, self.groups.loop)
+            for loop in loops:
+                loop.wake()  # the first pass at once, on what the informers listed
+            return [loop.run(tick=self.options.tick) for loop in loops]
 
         self.tasks += [
             asyncio.create_task(self.elector.run(), name="leader-election"),

@@ -144,10 +144,10 @@ class FakeCluster:
                 await self.kube.patch(f"{path}/status", {"status": failed})
                 return
             self.held[node][key] = free[:wanted]
-            if pods.is_reservation(pod):
-                await reserve.report(
-                    self.kube, meta.namespace, meta.name, {"NVIDIA_VISIBLE_DEVICES": ",".join(free[:wanted])}
-                )
+            holder = meta.labels.get(names.LABEL_ROLE) == names.ROLE_GROUP_HOLDER
+            if pods.is_reservation(pod) or holder:
+                visible = {"NVIDIA_VISIBLE_DEVICES": ",".join(free[:wanted])}
+                await reserve.report(self.kube, meta.namespace, meta.name, visible, several=holder)
         # As the kubelet: a strategic merge keeps the PodScheduled condition (the binding's time,
         # which GPU-time budgets count from) and adds the start time.
         running = {"phase": "Running", "startTime": _now(), "conditions": [{"type": "Ready", "status": "True"}]}

@@ -20,6 +20,7 @@ import jsonpatch
 from sharegpu.api import admission as messages
 from sharegpu.api import budgets as api_budgets
 from sharegpu.api import devices as api_devices
+from sharegpu.api import groups as api_groups
 from sharegpu.api import handoff, names, pods, quantity, wire
 from sharegpu.core import errors, requests
 from sharegpu.webhook import translate
@@ -41,6 +42,8 @@ class Policy:
     budgets: Mapping[str, tuple[api_budgets.GPUBudget, ...]] = dataclasses.field(default_factory=dict)
     """Per namespace, its GPUBudgets as the controller last wrote them."""
     priority_classes: Mapping[str, PriorityClass] = dataclasses.field(default_factory=dict)
+    groups: Mapping[str, api_groups.SharedDeviceGroup] = dataclasses.field(default_factory=dict)
+    """SharedDeviceGroups by namespace/name, as the webhook last saw them."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -154,6 +157,62 @@ def _take_over(spec: Json, notes: Json, policy: Policy) -> list[str]:
     return audit
 
 
+def _join(
+    obj: Json,
+    joined: tuple[str, str],
+    namespace: str,
+    parsed: requests.PodRequest,
+    policy: Policy,
+    audit: list[str],
+) -> str | None:
+    """Make the pod a member of its SharedDeviceGroup: labelled with the group, selecting the group's
+    node label (it runs only where the group is bound, and waits until it is), and every container
+    reading NVIDIA_VISIBLE_DEVICES from the group's hand-off ConfigMap. Returns why not, if not."""
+    group_namespace, group_name = joined
+    if parsed.demand.count:
+        return (
+            f"the pod joins SharedDeviceGroup {group_namespace}/{group_name} and asks for GPUs of its own; a "
+            "member uses the group's GPUs: remove its GPU resources"
+        )
+    group = policy.groups.get(f"{group_namespace}/{group_name}")
+    if group is not None and not api_groups.may_join(group, namespace):
+        return (
+            f"namespace {namespace} may not join SharedDeviceGroup {group_namespace}/{group_name} (the group "
+            "admits its own namespace and those in spec.members.namespaces)"
+        )
+    metadata = obj.setdefault("metadata", {})
+    metadata.setdefault("labels", {}).update(api_groups.group_labels(group_namespace, group_name))
+    spec = obj.setdefault("spec", {})
+    spec.setdefault("nodeSelector", {})[api_groups.node_label(group_namespace, group_name)] = api_groups.BOUND
+    source = api_groups.handoff_name(group_namespace, group_name)
+    reference = {"configMapKeyRef": {"name": source, "key": api_groups.VISIBLE_DEVICES}}
+    for container in list(spec.get("initContainers") or []) + list(spec.get("containers") or []):
+        env = [e for e in container.get("env") or [] if e.get("name") != api_groups.VISIBLE_DEVICES]
+        container["env"] = [*env, {"name": api_groups.VISIBLE_DEVICES, "valueFrom": reference}]
+    state = "" if group is not None else " (not found yet: the pod waits until it exists and binds)"
+    audit.append(f"pod: member of SharedDeviceGroup {group_namespace}/{group_name}{state}")
+    return None
+
+
+def validate_group_deletion(body: Any, members: list[str]) -> Answer:
+    """A SharedDeviceGroup may be deleted only once no live pod is its member (`members`)."""
+    uid = ""
+    try:
+        request = messages.review(body).request
+        uid = request.uid
+        if request.operation != "DELETE" or not members:
+            return messages.allow(uid)
+        shown = ", ".join(members[:20]) + (f" and {len(members) - 20} more" if len(members) > 20 else "")
+        return messages.deny(
+            uid,
+            f"sharegpu: SharedDeviceGroup {request.namespace}/{request.name} still has {len(members)} member pod(s): "
+            f"{shown}; delete them first",
+            code=409,
+        )
+    except errors.SharegpuError as exc:
+        return messages.deny(uid, f"sharegpu: {exc}", code=400)
+
+
 def _apply_budgets(namespace: str, spec: Json, notes: Json, policy: Policy, audit: list[str]) -> str | None:
     """The namespace's exhausted GPUBudgets: a Deny budget refuses the pod (returns why); a Demote
     budget moves it to its demotion PriorityClass, unless it is already at or below it."""
@@ -203,6 +262,16 @@ def mutate(body: Any, policy: Policy) -> Answer:
         out, audit = translate.translate(original, policy.models)
         pod = _typed(out)
         parsed = pods.request(pod)
+        joined = api_groups.membership(pod.metadata.annotations, request.namespace)
+        if joined is not None:
+            refusal = _join(out, joined, request.namespace, parsed, policy, audit)
+            if refusal is not None:
+                return messages.deny(uid, f"sharegpu: {refusal}", code=400)
+            if not _is_system(request, policy):
+                audit += _take_over(out.setdefault("spec", {}), out["metadata"].setdefault("annotations", {}), policy)
+            notes = out["metadata"].setdefault("annotations", {})
+            notes[names.TRANSLATED] = "; ".join(audit)
+            return messages.allow(uid, patch=_patch(original, out), audit={"translated": "; ".join(audit)})
         if parsed.demand.count == 0:
             return messages.allow(uid, patch=_patch(original, out) if audit else None)
         notes = out.setdefault("metadata", {}).setdefault("annotations", {})
@@ -293,9 +362,23 @@ def guard(pod: wire.Pod, old: wire.Pod | None) -> str | None:
         elif key in notes and key != names.HANDOFF:
             return f"annotation {key} is set by sharegpu only"
     own = notes.get(names.HANDOFF)
+    try:
+        joined = api_groups.membership(notes, pod.metadata.namespace)
+    except errors.InvalidRequestError as exc:
+        return str(exc)
+    labels = pod.metadata.labels
+    labelled = (labels.get(names.LABEL_GROUP_NAMESPACE), labels.get(names.LABEL_GROUP_NAME))
+    if labelled != (None, None) and (joined is None or labelled != tuple(api_groups.group_labels(*joined).values())):
+        return f"labels {names.LABEL_GROUP_NAMESPACE} and {names.LABEL_GROUP_NAME} are set by sharegpu only"
+    group_source = api_groups.handoff_name(*joined) if joined is not None else None
     for _, container in pods.containers(pod):
         for env in container.env:
             ref = env.value_from.config_map_key_ref if env.value_from is not None else None
+            if (
+                group_source is not None and env.name == api_groups.VISIBLE_DEVICES and ref is not None
+                and ref.name == group_source and ref.key == api_groups.VISIBLE_DEVICES
+            ):  # fmt: skip
+                continue
             if handoff.is_protected(env.name) and not handoff.is_reference(env, own, container.name):
                 return f"container {container.name}: {env.name} is set by sharegpu only"
             if ref is not None and ref.name.startswith(names.HANDOFF_PREFIX) and ref.name != own:
@@ -328,6 +411,7 @@ def validate_device(body: Any, policy: Policy) -> Answer:
 
 
 def review(kind: str, body: Any, policy: Policy) -> Answer:
+    """The decision for pods and Devices (group deletions need the API: `validate_group_deletion`)."""
     if kind == "devices":
         return validate_device(body, policy)
     return mutate(body, policy) if kind == "mutate" else validate(body, policy)
@@ -343,4 +427,14 @@ def with_inventory(policy: Policy, inventory: list[tuple[str, int]]) -> Policy:
     )
 
 
-__all__ = ["Policy", "PriorityClass", "guard", "mutate", "review", "validate", "validate_device", "with_inventory"]
+__all__ = [
+    "Policy",
+    "PriorityClass",
+    "guard",
+    "mutate",
+    "review",
+    "validate",
+    "validate_device",
+    "validate_group_deletion",
+    "with_inventory",
+]

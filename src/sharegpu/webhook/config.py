@@ -7,6 +7,7 @@ Choices, and why:
   kube-system and sharegpu-system; labelling a namespace takes cluster-level rights a tenant lacks).
   There is deliberately no objectSelector: a pod cannot opt out by a label it controls.
 - sideEffects None, timeout 5 s, reinvocationPolicy IfNeeded (other mutators may add containers).
+- SharedDeviceGroup deletions are reviewed too: refused while the group has live member pods.
 """
 
 from __future__ import annotations
@@ -68,11 +69,21 @@ def configurations(base: str | Json, ca_bundle: bytes) -> tuple[Json, Json]:
         }
     ]
     devices.pop("namespaceSelector")
+    groups = _hook("groups.validate.sharegpu.io", base, "/validate/groups", ca_bundle, False)
+    groups["rules"] = [
+        {
+            "apiGroups": [names.DOMAIN],
+            "apiVersions": [names.API_VERSION],
+            "operations": ["DELETE"],
+            "resources": ["shareddevicegroups"],
+            "scope": "Namespaced",
+        }
+    ]
     validating = {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingWebhookConfiguration",
         "metadata": {"name": NAME},
-        "webhooks": [_hook("pods.validate.sharegpu.io", base, "/validate/pods", ca_bundle, False), devices],
+        "webhooks": [_hook("pods.validate.sharegpu.io", base, "/validate/pods", ca_bundle, False), devices, groups],
     }
     return mutating, validating
 

@@ -24,7 +24,8 @@ import orjson
 from aiohttp import web
 
 from sharegpu.api import admission as messages
-from sharegpu.api import budgets, paths, resources, wire
+from sharegpu.api import budgets, groups, names, paths, pods, resources, wire
+from sharegpu.core import errors
 from sharegpu.kube import client, informer
 from sharegpu.serving import tls
 from sharegpu.webhook import admission
@@ -41,10 +42,13 @@ class Webhook:
         self.devices: dict[str, wire.Device] = {}
         self.budgets: dict[str, budgets.GPUBudget] = {}
         self.priority_classes: dict[str, admission.PriorityClass] = {}
+        self.groups: dict[str, groups.SharedDeviceGroup] = {}
         self.informers: list[informer.Informer[Any, Any]] = []
+        self.kube: client.KubeApi | None = None
 
     def follow(self, kube: client.KubeApi) -> None:
-        """Follow the Devices, GPUBudgets and PriorityClasses the decisions depend on."""
+        """Follow the Devices, GPUBudgets, PriorityClasses and SharedDeviceGroups the decisions depend on."""
+        self.kube = kube
         self.informers = [
             informer.Informer(kube, paths.DEVICES, wire.Device, informer.identity, self.on_device,
                               name="webhook-devices"),
@@ -52,6 +56,8 @@ class Webhook:
                               self.on_budget, name="webhook-gpubudgets"),
             informer.Informer(kube, paths.PRIORITY_CLASSES, wire.PriorityClass, informer.identity,
                               self.on_priority_class, name="webhook-priorityclasses"),
+            informer.Informer(kube, resources.SHARED_DEVICE_GROUP.path(), groups.SharedDeviceGroup,
+                              informer.identity, self.on_group, name="webhook-shareddevicegroups"),
         ]  # fmt: skip
 
     def app(self) -> web.Application:
@@ -59,6 +65,7 @@ class Webhook:
         app.router.add_post("/mutate/pods", self._handler("mutate"))
         app.router.add_post("/validate/pods", self._handler("validate"))
         app.router.add_post("/validate/devices", self._handler("devices"))
+        app.router.add_post("/validate/groups", self.validate_group)
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/readyz", self.readyz)
         return app
@@ -91,6 +98,49 @@ class Webhook:
             self.devices[device.metadata.name] = device
         gpus = [(g.model, g.memory_mib) for d in self.devices.values() for g in d.spec.gpus]
         self.policy = admission.with_inventory(self.policy, gpus)
+
+    async def validate_group(self, request: web.Request) -> web.Response:
+        """A group's deletion: refused while live pods are its members (asked of the API, not a cache)."""
+        try:
+            body = orjson.loads(await request.read())
+        except orjson.JSONDecodeError as exc:
+            return web.json_response({"error": f"malformed JSON: {exc}"}, status=400)
+        try:
+            review = messages.review(body).request
+            members: list[str] = []
+            if review.operation == "DELETE":
+                members = await self._members(review.namespace, review.name)
+            answer = admission.validate_group_deletion(body, members)
+        except Exception as exc:  # never allow what could not be judged
+            log.exception("group deletion review failed")
+            uid = str((body.get("request") or {}).get("uid", "")) if isinstance(body, dict) else ""
+            answer = messages.deny(uid, f"sharegpu: could not list the group's members: {exc}", code=500)
+        return web.Response(body=messages.encode(answer), content_type="application/json")
+
+    async def _members(self, namespace: str, name: str) -> list[str]:
+        if self.kube is None:
+            raise errors.InvalidInputError("the webhook runs without a kubeconfig: it cannot list members")
+        selector = ",".join(f"{k}={v}" for k, v in groups.group_labels(namespace, name).items())
+        listed = await self.kube.get(paths.PODS, labelSelector=selector)
+        live = []
+        for item in listed.get("items") or []:
+            pod = wire.convert(item, wire.Pod)
+            role = pod.metadata.labels.get(names.LABEL_ROLE)
+            if (
+                role is None
+                and pod.status.phase not in pods.TERMINAL_PHASES
+                and pod.metadata.deletion_timestamp is None
+            ):
+                live.append(wire.key(pod.metadata))
+        return sorted(live)
+
+    def on_group(self, kind: str, item: groups.SharedDeviceGroup) -> None:
+        key = wire.key(item.metadata)
+        if kind == "DELETED":
+            self.groups.pop(key, None)
+        else:
+            self.groups[key] = item
+        self.policy = dataclasses.replace(self.policy, groups=dict(self.groups))
 
     def on_budget(self, kind: str, item: budgets.GPUBudget) -> None:
         key = wire.key(item.metadata)

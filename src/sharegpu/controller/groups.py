@@ -1,0 +1,269 @@
+"""The group reconciler: binds each SharedDeviceGroup to GPUs of one node and keeps it there.
+
+A group holds its GPUs through a holder pod (`api.groups.holder_pod`: `nvidia.com/gpu: N`, placed by
+sharegpu like any whole-GPU pod, so the extender's ledger keeps every other pod off those GPUs and
+no two groups can hold the same one). The holder is created when the first member waits (or at
+once with `bindEagerly`); once it is bound and has reported the UUIDs the device plugin gave it, the
+group is Bound to that node for good: the node gets the group's label (which the members select, so
+they can only run there) and each namespace with members gets the hand-off ConfigMap with the
+group's NVIDIA_VISIBLE_DEVICES. A holder that is lost is recreated pinned to the group's node.
+
+Deletion: the webhook refuses to delete a group with live members; the group's finalizer keeps it
+until this reconciler has removed the holder, the node label and the ConfigMaps.
+
+Everything is derived from the API on every pass (the group's status, the pods labelled with the
+group, the node's Device), so a new leader simply carries on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Any, Literal
+
+from sharegpu.api import events, groups, names, paths, pods, resources, wire
+from sharegpu.kube import client, errors, reconcile
+from sharegpu.kube import events as kube_events
+
+log = logging.getLogger(__name__)
+Json = dict[str, Any]
+
+
+def _group_of(pod: wire.Pod) -> tuple[str, str] | None:
+    labels = pod.metadata.labels
+    namespace, name = labels.get(names.LABEL_GROUP_NAMESPACE), labels.get(names.LABEL_GROUP_NAME)
+    return (namespace, name) if namespace and name else None
+
+
+def _unschedulable(pod: wire.Pod) -> str:
+    for condition in pod.status.conditions:
+        if condition.type == "PodScheduled" and condition.status == "False":
+            return condition.message or condition.reason
+    return ""
+
+
+class GroupReconciler:
+    def __init__(
+        self, api: client.KubeApi, recorder: kube_events.Recorder, clock: Callable[[], float], *, image: str
+    ) -> None:
+        self.api = api
+        self.recorder = recorder
+        self.clock = clock
+        self.image = image
+        self.groups: dict[str, groups.SharedDeviceGroup] = {}
+        self.pods: dict[str, wire.Pod] = {}
+        self.uuids: dict[str, dict[str, int]] = {}
+        """node -> GPU UUID -> index, from the Devices."""
+        self.labelled: set[tuple[str, str]] = set()
+        self.handoffs: dict[tuple[str, str], str] = {}
+        """(namespace, ConfigMap) -> the devices this process last wrote there."""
+        self.loop = reconcile.Loop("groups", self.reconcile)
+
+    # ----------------------------------------------------------------- informer handlers
+
+    def on_group(self, kind: str, group: groups.SharedDeviceGroup) -> None:
+        key = wire.key(group.metadata)
+        if kind == "DELETED":
+            self.groups.pop(key, None)
+        else:
+            self.groups[key] = group
+        self.loop.wake()
+
+    def on_pod(self, kind: str, pod: wire.Pod) -> None:
+        key = wire.key(pod.metadata)
+        if kind == "DELETED":
+            self.pods.pop(key, None)
+        else:
+            self.pods[key] = pod
+        self.loop.wake()
+
+    def on_device(self, kind: str, device: wire.Device) -> None:
+        if kind == "DELETED":
+            self.uuids.pop(device.metadata.name, None)
+        else:
+            self.uuids[device.metadata.name] = {str(g.uuid): g.index for g in device.spec.gpus if g.uuid}
+        self.loop.wake()
+
+    # ----------------------------------------------------------------- the pass
+
+    def members(self, namespace: str, name: str) -> list[wire.Pod]:
+        """The group's live member pods (not finished, not being deleted)."""
+        return sorted(
+            (
+                p for p in self.pods.values()
+                if _group_of(p) == (namespace, name) and p.metadata.labels.get(names.LABEL_ROLE) is None
+                and not pods.is_terminal(p) and p.metadata.deletion_timestamp is None
+            ),
+            key=lambda p: wire.key(p.metadata),
+        )  # fmt: skip
+
+    def holder(self, namespace: str, name: str) -> wire.Pod | None:
+        return self.pods.get(f"{names.SYSTEM_NAMESPACE}/{groups.holder_name(namespace, name)}")
+
+    async def reconcile(self) -> None:
+        for key, group in list(self.groups.items()):
+            try:
+                await self._one(group)
+            except errors.ConflictError:
+                continue  # a newer version is on its way; the next pass works from it
+            except errors.NotFoundError:
+                self.groups.pop(key, None)
+            except errors.KubeError as exc:
+                log.warning("group %s: %s", key, exc)
+
+    async def _one(self, group: groups.SharedDeviceGroup) -> None:
+        meta, status = group.metadata, group.status
+        members = self.members(meta.namespace, meta.name)
+        holder = self.holder(meta.namespace, meta.name)
+        if meta.deletion_timestamp is not None:
+            if not members:
+                await self._clean_up(group, holder)
+            return
+        if names.GROUP_FINALIZER not in meta.finalizers:
+            await self.api.patch(
+                resources.SHARED_DEVICE_GROUP.path(meta.namespace, meta.name),
+                {"metadata": {"finalizers": [*meta.finalizers, names.GROUP_FINALIZER],
+                              "resourceVersion": meta.resource_version}},
+            )  # fmt: skip
+            return
+        bound = status.node_name
+        if holder is not None and (pods.is_terminal(holder) or holder.metadata.deletion_timestamp is not None):
+            if holder.metadata.deletion_timestamp is None:
+                await self.api.delete(paths.pod(names.SYSTEM_NAMESPACE, holder.metadata.name), grace_period=0)
+            holder = None
+        if holder is None and (bound or group.spec.bind_eagerly or members):
+            await self._create_holder(group, bound)
+        new = self._status(group, holder, members)
+        if new.phase == groups.PHASE_BOUND:
+            await self._label_node(new.node_name, groups.node_label(meta.namespace, meta.name))
+            visible = ",".join(d.uuid for d in new.devices)
+            for namespace in sorted({meta.namespace} | {p.metadata.namespace for p in members}):
+                await self._write_handoff(group, namespace, visible)
+        if new != status:
+            await self._write_status(group, new)
+        if new.phase == groups.PHASE_BOUND and not bound:
+            devices = ", ".join(f"{d.index} ({d.uuid})" for d in new.devices)
+            await self._record(group, "Bound", f"bound to node {new.node_name}, GPUs {devices}",
+                               decision=f"{new.node_name}:{devices}")  # fmt: skip
+
+    def _status(
+        self, group: groups.SharedDeviceGroup, holder: wire.Pod | None, members: list[wire.Pod]
+    ) -> groups.GroupStatus:
+        old = group.status
+        phase, node, devices = old.phase, old.node_name, list(old.devices)
+        reason, message = "", ""
+        if holder is not None and holder.spec.node_name:
+            reported = [u for u in holder.metadata.annotations.get(names.GPU_UUID, "").split(",") if u]
+            indexes = self.uuids.get(holder.spec.node_name, {})
+            if len(reported) == group.spec.gpus and all(u in indexes for u in reported):
+                phase, node = groups.PHASE_BOUND, holder.spec.node_name
+                devices = sorted((groups.GroupDevice(index=indexes[u], uuid=u) for u in reported),
+                                 key=lambda d: d.index)  # fmt: skip
+            elif not node:
+                reason, message = "Starting", f"the holder pod is on {holder.spec.node_name}, waiting for its GPUs"
+        elif holder is not None:
+            reason, message = "Unschedulable", _unschedulable(holder) or "the holder pod waits to be scheduled"
+        elif not node:
+            reason, message = "NoMembers", "binds when its first member is created (or set bindEagerly)"
+        if phase == groups.PHASE_BOUND:
+            reason, message = "Bound", f"holds {len(devices)} GPU(s) of {node}"
+        stamp = wire.timestamp(self.clock())
+        value: Literal["True", "False"] = "True" if phase == groups.PHASE_BOUND else "False"
+        before = next((c for c in old.conditions if c.type == "Bound"), None)
+        since = before.last_transition_time if before is not None and before.status == value else stamp
+        condition = groups.Condition(
+            type="Bound", status=value, reason=reason, message=message, last_transition_time=since,
+            observed_generation=group.metadata.generation,
+        )  # fmt: skip
+        return groups.GroupStatus(
+            phase=phase,
+            node_name=node,
+            devices=devices,
+            member_pods=[wire.key(p.metadata) for p in members],
+            conditions=[condition],
+            observed_generation=group.metadata.generation,
+        )
+
+    # ----------------------------------------------------------------- writes
+
+    async def _create_holder(self, group: groups.SharedDeviceGroup, node: str) -> None:
+        body = groups.holder_pod(group, self.image, node)
+        try:
+            await self.api.create(paths.pods(names.SYSTEM_NAMESPACE), body)
+        except errors.ConflictError as exc:
+            if not exc.already_exists:
+                raise
+
+    async def _label_node(self, node: str, label: str) -> None:
+        if (node, label) in self.labelled:
+            return
+        await self.api.patch(paths.node(node), {"metadata": {"labels": {label: groups.BOUND}}})
+        self.labelled.add((node, label))
+
+    async def _write_handoff(self, group: groups.SharedDeviceGroup, namespace: str, visible: str) -> None:
+        name = groups.handoff_name(group.metadata.namespace, group.metadata.name)
+        if self.handoffs.get((namespace, name)) == visible:
+            return
+        body: Json = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "labels": {names.LABEL_ROLE: names.ROLE_GROUP_HANDOFF,
+                           **groups.group_labels(group.metadata.namespace, group.metadata.name)},
+            },
+            "data": {groups.VISIBLE_DEVICES: visible},
+        }  # fmt: skip
+        try:
+            await self.api.create(paths.configmaps(namespace), body)
+        except errors.ConflictError as exc:
+            if not exc.already_exists:
+                raise
+            await self.api.patch(paths.configmap(namespace, name), {"data": body["data"]})
+        self.handoffs[(namespace, name)] = visible
+
+    async def _write_status(self, group: groups.SharedDeviceGroup, status: groups.GroupStatus) -> None:
+        meta = group.metadata
+        body = {
+            "apiVersion": resources.SHARED_DEVICE_GROUP.api_version,
+            "kind": resources.SHARED_DEVICE_GROUP.kind,
+            "metadata": {"name": meta.name, "namespace": meta.namespace, "resourceVersion": meta.resource_version},
+            "spec": wire.encode(group.spec),
+            "status": wire.encode(status),
+        }
+        stored = await self.api.replace(f"{resources.SHARED_DEVICE_GROUP.path(meta.namespace, meta.name)}/status", body)
+        self.groups[wire.key(meta)] = wire.convert(stored, groups.SharedDeviceGroup)
+
+    async def _clean_up(self, group: groups.SharedDeviceGroup, holder: wire.Pod | None) -> None:
+        meta = group.metadata
+        if holder is not None:
+            await self.api.delete(paths.pod(names.SYSTEM_NAMESPACE, holder.metadata.name), grace_period=0)
+        label = groups.node_label(meta.namespace, meta.name)
+        if group.status.node_name:
+            with contextlib.suppress(errors.NotFoundError):  # the node is gone: so is its label
+                await self.api.patch(paths.node(group.status.node_name), {"metadata": {"labels": {label: None}}})
+            self.labelled.discard((group.status.node_name, label))
+        selector = ",".join(f"{k}={v}" for k, v in groups.group_labels(meta.namespace, meta.name).items())
+        found = await self.api.get(paths.CONFIGMAPS, labelSelector=selector)
+        for item in found.get("items") or []:
+            item_meta = item["metadata"]
+            await self.api.delete(paths.configmap(item_meta["namespace"], item_meta["name"]))
+            self.handoffs.pop((item_meta["namespace"], item_meta["name"]), None)
+        await self.api.patch(
+            resources.SHARED_DEVICE_GROUP.path(meta.namespace, meta.name),
+            {"metadata": {"finalizers": [f for f in meta.finalizers if f != names.GROUP_FINALIZER],
+                          "resourceVersion": meta.resource_version}},
+        )  # fmt: skip
+        await self._record(group, "Released", "holder pod, node label and hand-off ConfigMaps removed",
+                           decision="released")  # fmt: skip
+
+    async def _record(self, group: groups.SharedDeviceGroup, reason: str, message: str, *, decision: str) -> None:
+        meta = group.metadata
+        subject = events.Subject(resources.SHARED_DEVICE_GROUP.api_version, resources.SHARED_DEVICE_GROUP.kind,
+                                 meta.namespace, meta.name, meta.uid)  # fmt: skip
+        try:
+            await self.recorder.record(subject, reason, message, decision=decision)
+        except errors.KubeError as exc:
+            log.warning("group %s: could not record %s: %s", wire.key(meta), reason, exc)

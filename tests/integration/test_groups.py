@@ -1,0 +1,171 @@
+"""SharedDeviceGroups on the real control plane, with the webhook registered and the controller
+running: a group of 2 GPUs binds where its nodeSelector says when its first member arrives, holds its
+GPUs through its holder pod (no other group or pod can take them), its 3 members run on its node
+with the same device list, deleting it with members is refused, and once they are gone it goes with
+its holder pod, node label and hand-off ConfigMaps, freeing its GPUs for the next group."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from sharegpu.api import groups, names, paths, resources, wire
+from sharegpu.controller import runtime
+from sharegpu.devcluster import controlplane, fakecluster, stack
+from sharegpu.kube import client
+from sharegpu.kube import errors as kube_errors
+from tests.integration.conftest import get_or_none, gpu_pod, wait_for
+from tests.integration.test_admission import RunningWebhook, webhook  # noqa: F401  (the fixture)
+
+Json = dict[str, Any]
+
+
+@pytest.fixture
+async def controller(control_plane: controlplane.ControlPlane, system: None) -> AsyncIterator[runtime.Controller]:
+    kube = stack.kube_for(control_plane, "sharegpu-controller")
+    made = runtime.Controller(kube, runtime.Options(leader_elect=False, tick=1.0))
+    await made.start()
+    yield made
+    await made.stop()
+    await kube.close()
+
+
+def group_body(name: str, namespace: str, gpus: int, selector: dict[str, str], **spec: Any) -> Json:
+    return {
+        "apiVersion": resources.SHARED_DEVICE_GROUP.api_version,
+        "kind": resources.SHARED_DEVICE_GROUP.kind,
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"gpus": gpus, "nodeSelector": selector, **spec},
+    }
+
+
+def member(name: str, namespace: str, group: str) -> Json:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "annotations": {names.DEVICE_GROUP_ANNOTATION: group}},
+        "spec": {
+            "terminationGracePeriodSeconds": 0,
+            "containers": [{"name": "main", "image": "busybox", "env": [{"name": "NVIDIA_VISIBLE_DEVICES",
+                                                                          "value": "all"}]}],
+        },
+    }  # fmt: skip
+
+
+async def group_of(kube: client.KubeClient, namespace: str, name: str) -> groups.SharedDeviceGroup | None:
+    found = await get_or_none(kube, resources.SHARED_DEVICE_GROUP.path(namespace, name))
+    return wire.convert(found, groups.SharedDeviceGroup) if found is not None else None
+
+
+async def test_a_group_binds_holds_its_gpus_for_its_members_and_goes_only_without_them(
+    admin: client.KubeClient,
+    harness: fakecluster.FakeCluster,
+    extender: stack.ExtenderProcess,
+    namespace: str,
+    nodes: Any,
+    webhook: RunningWebhook,  # noqa: F811
+    controller: runtime.Controller,
+) -> None:
+    made = await nodes(2, gpus=2)
+    target = made[1]
+    await admin.patch(paths.node(target), {"metadata": {"labels": {"pool": "a"}}})
+    test_nodes = {"sharegpu.io/test": namespace}
+    pool = {**test_nodes, "pool": "a"}
+    await admin.create(resources.SHARED_DEVICE_GROUP.path(namespace), group_body("a", namespace, 2, pool))
+
+    async def known() -> bool:
+        return f"{namespace}/a" in webhook.policy.groups
+
+    await wait_for(known, what="the webhook to know the group")
+    unbound = await group_of(admin, namespace, "a")
+    assert unbound is not None and unbound.status.phase == "Pending"  # binds when its first member arrives
+    for i in range(3):
+        await admin.create(paths.pods(namespace), member(f"m{i}", namespace, "a"))
+
+    async def bound() -> groups.SharedDeviceGroup | None:
+        found = await group_of(admin, namespace, "a")
+        ok = found is not None and found.status.phase == "Bound" and len(found.status.member_pods) == 3
+        return found if ok else None
+
+    group = await wait_for(bound, what="group a bound with 3 members")
+    assert group.status.node_name == target
+    assert [d.index for d in group.status.devices] == [0, 1]
+    uuids = ",".join(d.uuid for d in group.status.devices)
+    assert group.metadata.finalizers == [names.GROUP_FINALIZER]
+    assert group.status.conditions[0].type == "Bound" and group.status.conditions[0].status == "True"
+
+    async def members_running() -> list[Json] | None:
+        listed = [await admin.get(paths.pod(namespace, f"m{i}")) for i in range(3)]
+        return listed if all(p["status"].get("phase") == "Running" for p in listed) else None
+
+    running = await wait_for(members_running, what="the members running")
+    handoff = await admin.get(paths.configmap(namespace, groups.handoff_name(namespace, "a")))
+    assert handoff["data"] == {"NVIDIA_VISIBLE_DEVICES": uuids}
+    for pod in running:
+        assert pod["spec"]["nodeName"] == target
+        env = pod["spec"]["containers"][0]["env"]
+        assert env == [{"name": "NVIDIA_VISIBLE_DEVICES", "valueFrom": {"configMapKeyRef": {
+            "name": groups.handoff_name(namespace, "a"), "key": "NVIDIA_VISIBLE_DEVICES"}}}]  # fmt: skip
+    node = await admin.get(paths.node(target))
+    assert node["metadata"]["labels"][groups.node_label(namespace, "a")] == "true"
+
+    # The group's GPUs are nobody else's: a second group on that node and a sharing pod there wait.
+    await admin.create(
+        resources.SHARED_DEVICE_GROUP.path(namespace), group_body("b", namespace, 2, pool, bindEagerly=True)
+    )
+    sharing = gpu_pod("sharing", namespace, milli=100)
+    sharing["spec"]["nodeSelector"] = pool
+    await admin.create(paths.pods(namespace), sharing)
+
+    async def b_unschedulable() -> groups.SharedDeviceGroup | None:
+        found = await group_of(admin, namespace, "b")
+        ok = found is not None and found.status.conditions and found.status.conditions[0].reason == "Unschedulable"
+        return found if ok else None
+
+    b = await wait_for(b_unschedulable, what="group b to wait for GPUs")
+    assert b.status.phase == "Pending"
+    assert (await admin.get(paths.pod(namespace, "sharing")))["spec"].get("nodeName") is None
+
+    # Deleting a group with members is refused, naming them.
+    with pytest.raises(kube_errors.KubeError) as refused:
+        await admin.delete(resources.SHARED_DEVICE_GROUP.path(namespace, "a"), missing_ok=False)
+    message = str(refused.value)
+    assert "still has 3 member pod(s)" in message and f"{namespace}/m0" in message
+
+    # The members go; then the group can go, and takes its holder, label and ConfigMap with it.
+    for i in range(3):
+        await admin.delete(paths.pod(namespace, f"m{i}"), grace_period=0)
+
+    async def no_members() -> bool:
+        found = await group_of(admin, namespace, "a")
+        return found is not None and found.status.member_pods == []
+
+    await wait_for(no_members, what="group a without members")
+    await admin.delete(resources.SHARED_DEVICE_GROUP.path(namespace, "a"), missing_ok=False)
+
+    async def a_gone() -> bool:
+        return await group_of(admin, namespace, "a") is None
+
+    await wait_for(a_gone, what="group a deleted")
+    holder = groups.holder_name(namespace, "a")
+    assert await get_or_none(admin, paths.pod(names.SYSTEM_NAMESPACE, holder)) is None
+    assert await get_or_none(admin, paths.configmap(namespace, groups.handoff_name(namespace, "a"))) is None
+    node = await admin.get(paths.node(target))
+    assert groups.node_label(namespace, "a") not in node["metadata"]["labels"]
+
+    # Its GPUs are free again: group b (eager) binds there.
+    async def b_bound() -> groups.SharedDeviceGroup | None:
+        found = await group_of(admin, namespace, "b")
+        return found if found is not None and found.status.phase == "Bound" else None
+
+    b = await wait_for(b_bound, what="group b bound")
+    assert b.status.node_name == target
+    await admin.delete(paths.pod(namespace, "sharing"), grace_period=0)
+    await admin.delete(resources.SHARED_DEVICE_GROUP.path(namespace, "b"))
+    await wait_for(lambda: _gone(admin, namespace, "b"), what="group b deleted")
+
+
+async def _gone(kube: client.KubeClient, namespace: str, name: str) -> bool:
+    return await group_of(kube, namespace, name) is None
