@@ -288,3 +288,17 @@ async def test_filter_takes_the_request_the_cache_parsed_unless_the_pod_says_oth
     parsed = service._request(newer)
     assert parsed is not known.request
     assert parsed.containers[0].gpu is not None and parsed.containers[0].gpu.limit_milli == 800
+
+
+async def test_a_pod_may_ask_for_binpack_or_spread_placement(harness: Callable[..., Any]) -> None:
+    """A SharedDeviceGroup's holder pod carries its group's strategy; other pods follow the policy."""
+    h: Harness = await harness(nodes=3, gpus=4)
+    first = await h.create(gpu_pod("first", milli=None, nvidia=2))
+    fuller = await h.schedule(first)
+    packed = await h.create(gpu_pod("packed", milli=None, nvidia=2, annotations={names.PLACEMENT: "binpack"}))
+    assert h.extender.scheduling.filter(h.args(packed)).node_names == [fuller]
+    spread = await h.create(gpu_pod("spread", milli=None, nvidia=2, annotations={names.PLACEMENT: "spread"}))
+    chosen = h.extender.scheduling.filter(h.args(spread)).node_names
+    assert chosen is not None and chosen != [fuller]
+    ranked = {p.host: p.score for p in h.extender.scheduling.prioritize(h.args(spread))}
+    assert ranked[chosen[0]] > ranked[fuller]

@@ -6,6 +6,7 @@ its holder pod, node label and hand-off ConfigMaps, freeing its GPUs for the nex
 
 from __future__ import annotations
 
+import functools
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -164,8 +165,44 @@ async def test_a_group_binds_holds_its_gpus_for_its_members_and_goes_only_withou
     assert b.status.node_name == target
     await admin.delete(paths.pod(namespace, "sharing"), grace_period=0)
     await admin.delete(resources.SHARED_DEVICE_GROUP.path(namespace, "b"))
-    await wait_for(lambda: _gone(admin, namespace, "b"), what="group b deleted")
+    await wait_for(functools.partial(_gone, admin, namespace, "b"), what="group b deleted")
 
 
 async def _gone(kube: client.KubeClient, namespace: str, name: str) -> bool:
     return await group_of(kube, namespace, name) is None
+
+
+async def test_binpack_and_spread_decide_a_groups_node(
+    admin: client.KubeClient,
+    harness: fakecluster.FakeCluster,
+    extender: stack.ExtenderProcess,
+    namespace: str,
+    nodes: Any,
+    controller: runtime.Controller,
+) -> None:
+    """Eager groups of one GPU on two 4-GPU nodes, one of them half used: binpack binds to the fuller
+    node, spread to the emptier one."""
+    made = await nodes(2, gpus=4)
+    busy = gpu_pod("busy", namespace, nvidia=2)
+    await admin.create(paths.pods(namespace), busy)
+
+    async def busy_node() -> str | None:
+        found = (await admin.get(paths.pod(namespace, "busy")))["spec"].get("nodeName")
+        return str(found) if found else None
+
+    fuller = await wait_for(busy_node, what="the busy pod placed")
+    emptier = next(n for n in made if n != fuller)
+    test_nodes = {"sharegpu.io/test": namespace}
+    for name, strategy in (("packed", "binpack"), ("spread", "spread")):
+        body = group_body(name, namespace, 1, test_nodes, bindEagerly=True, schedulingStrategy=strategy)
+        await admin.create(resources.SHARED_DEVICE_GROUP.path(namespace), body)
+
+        async def bound(name: str = name) -> groups.SharedDeviceGroup | None:
+            found = await group_of(admin, namespace, name)
+            return found if found is not None and found.status.phase == "Bound" else None
+
+        group = await wait_for(bound, what=f"group {name} bound")
+        assert group.status.node_name == (fuller if strategy == "binpack" else emptier), strategy
+    for name in ("packed", "spread"):
+        await admin.delete(resources.SHARED_DEVICE_GROUP.path(namespace, name))
+        await wait_for(functools.partial(_gone, admin, namespace, name), what=f"group {name} deleted")

@@ -30,6 +30,9 @@ from sharegpu.core import allocation, devices, errors, fleet, frag, ledger, plac
 from sharegpu.extender import lookup
 
 log = logging.getLogger(__name__)
+Placer = placer.Placer  # the class's `placer` property hides the module inside the class body
+PLACEMENTS = frozenset({"binpack", "spread"})
+"""The placements a pod may ask for instead of the configured policy."""
 
 # Shapes FGD assumes until the cluster has shown enough of its own pods (1/4, 1/2 and whole GPUs).
 DEFAULT_SHAPES = (
@@ -100,6 +103,7 @@ class ClusterCache:
         self._state: fleet.FleetState | None = None
         self._ledger: ledger.Ledger | None = None
         self._placer: placer.Placer | None = None
+        self._overrides: dict[str, Placer] = {}
         self._names: lookup.NameIndex | None = None
 
     # ----------------------------------------------------------------- the fleet, rebuilt on demand
@@ -139,6 +143,7 @@ class ClusterCache:
         self._placer = placer.Placer(
             state, policies.make(self.policy_name, self._shapes()), priority=stable_priority(state.names)
         )
+        self._overrides = {}
         self._names = None
         self._dirty = False
         self.counters.rebuilds += 1
@@ -195,6 +200,18 @@ class ClusterCache:
         self.state  # noqa: B018
         assert self._placer is not None
         return self._placer
+
+    def placer_for(self, placement: str | None) -> Placer:
+        """The placer of a pod that asks for `binpack` or `spread` placement (`api.names.PLACEMENT`; a
+        SharedDeviceGroup's holder does), over the same fleet state; the configured policy's otherwise."""
+        if placement not in PLACEMENTS:
+            return self.placer
+        state = self.state
+        found = self._overrides.get(placement)
+        if found is None:
+            found = placer.Placer(state, policies.make(placement), priority=stable_priority(state.names))
+            self._overrides[placement] = found
+        return found
 
     def allocations(self) -> list[allocation.Allocation]:
         """Every allocation held or assumed now (the ledger of the current fleet state)."""

@@ -194,9 +194,9 @@ class SchedulingService:
             self._remember_outcome(key, 0, None, failed.message(len(offered)))
             return protocol.FilterResult(failed_nodes=failed.unresolvable, failed_and_unresolvable=failed.unresolvable)
         demand = request.demand
-        chooser = self.cache.placer
+        chooser = self._placer(args.pod)
         narrow = self.narrow and not pods.has_soft_preferences(args.pod)
-        quick = self._choose_among_all(demand, args.names_text()) if narrow else None
+        quick = self._choose_among_all(chooser, demand, args.names_text()) if narrow else None
         if quick is not None:
             decision, feasible_count = quick
             return self._chosen(key, args.pod, request, decision, feasible_count)
@@ -215,14 +215,21 @@ class SchedulingService:
                 failed_and_unresolvable=failed.unresolvable,
             )
         if narrow:
-            return self._chosen(key, args.pod, request, chooser.choose(demand, *evaluation), int(feasible.sum()))
+            decision = chooser.choose(demand, *evaluation)
+            return self._chosen(key, args.pod, request, decision, int(feasible.sum()))
         self.metrics.decisions.labels("filter", "feasible").inc()
         names_ = self.cache.state.names
         fits = [names_[r] for r in rows[feasible].tolist()]
         self._remember_outcome(key, len(fits), None, "")
         return protocol.FilterResult(node_names=fits)
 
-    def _choose_among_all(self, demand: requests.GpuDemand, text: bytes) -> tuple[placer.Decision, int] | None:
+    def _placer(self, pod: wire.Pod) -> placer.Placer:
+        notes: dict[str, str] = pod.metadata.annotations
+        return self.cache.placer_for(notes.get(names.PLACEMENT))
+
+    def _choose_among_all(
+        self, chooser: placer.Placer, demand: requests.GpuDemand, text: bytes
+    ) -> tuple[placer.Decision, int] | None:
         """The policy's choice among all nodes and how many fit, when that node is a candidate.
 
         The choice among the candidates is the best candidate by the policy's order; when the best
@@ -233,7 +240,6 @@ class SchedulingService:
         full path words the reasons) or when the text is not a plain list of names."""
         if not lookup.plain_names(text):
             return None
-        chooser = self.cache.placer
         rows, feasible, score, choice, tiebreak = chooser.evaluate(demand)
         count = int(feasible.sum())
         if not count:
@@ -255,7 +261,7 @@ class SchedulingService:
         see this one's share."""
         assert decision.node is not None
         self.metrics.decisions.labels("filter", "feasible").inc()
-        if pod.metadata.uid and self.cache.assume(self.cache.placer.allocation_for(request, decision)):
+        if pod.metadata.uid and self.cache.assume(self._placer(pod).allocation_for(request, decision)):
             self.reserved[key] = pod.metadata.uid
         self._remember_outcome(key, feasible, decision.node, "")
         return protocol.FilterResult(node_names=[decision.node])
@@ -282,9 +288,10 @@ class SchedulingService:
         except errors.InvalidInputError:
             return [protocol.HostPriority(host=n, score=0) for n in candidates]
         rows = offered.rows
-        evaluation = self.cache.placer.evaluate(request.demand, rows)
+        chooser = self._placer(args.pod)
+        evaluation = chooser.evaluate(request.demand, rows)
         _, feasible, score, *_ = evaluation
-        decision = self.cache.placer.choose(request.demand, *evaluation) if feasible.any() else None
+        decision = chooser.choose(request.demand, *evaluation) if feasible.any() else None
         top = protocol.MAX_SCORE
         span = top - 1 - FLOOR
         scores = {
