@@ -138,7 +138,10 @@ class GroupReconciler:
         if new.phase == groups.PHASE_BOUND:
             await self._label_node(new.node_name, groups.node_label(meta.namespace, meta.name))
             visible = ",".join(d.uuid for d in new.devices)
-            for namespace in sorted({meta.namespace} | {p.metadata.namespace for p in members}):
+            # Only namespaces the group admits get its devices (a pod admitted before the webhook knew
+            # the group cannot borrow them from a namespace the group does not list).
+            admitted = {p.metadata.namespace for p in members if groups.may_join(group, p.metadata.namespace)}
+            for namespace in sorted({meta.namespace} | admitted):
                 await self._write_handoff(group, namespace, visible)
         if new != status:
             await self._write_status(group, new)

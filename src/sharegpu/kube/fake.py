@@ -423,6 +423,9 @@ class FakeApiServer:
                 obj["metadata"][field_name] = keep["metadata"][field_name]
         if obj == keep:
             return copy.deepcopy(keep)
+        if obj["metadata"].get("deletionTimestamp") and not obj["metadata"].get("finalizers"):
+            self.objects[key] = obj
+            return self._remove(key)
         self._stamp(obj, key[0].split("|")[1])
         self.objects[key] = obj
         self._emit(key[0], key[1], "MODIFIED", obj)
@@ -453,6 +456,15 @@ class FakeApiServer:
             )
         if pre.get("resourceVersion") and pre["resourceVersion"] != meta.get("resourceVersion"):
             raise _AnswerError(409, "Conflict", "Precondition failed: resourceVersion in precondition does not match")
+        if meta.get("finalizers"):  # as the API server: marked, and removed when the last finalizer goes
+            if not meta.get("deletionTimestamp"):
+                marked = copy.deepcopy(current)
+                marked["metadata"]["deletionTimestamp"] = self._now()
+                self._stamp(marked, key[0].split("|")[1])
+                self.objects[key] = marked
+                self._emit(key[0], key[1], "MODIFIED", marked)
+                return copy.deepcopy(marked)
+            return copy.deepcopy(current)
         grace = options.get("gracePeriodSeconds")
         if key[0] == "/api/v1|pods" and grace != 0 and (current.get("spec") or {}).get("nodeName"):
             if not meta.get("deletionTimestamp"):

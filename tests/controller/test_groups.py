@@ -1,0 +1,86 @@
+"""The group reconciler over the fake API server: binding from the holder's reported UUIDs, the
+hand-off only in namespaces the group admits, clean-up behind the finalizer."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from sharegpu.api import groups, names, paths, resources, wire
+from sharegpu.controller import runtime
+from sharegpu.kube import client, fake
+from tests.controller.test_budgets import Clock
+from tests.extender.conftest import add_node, settle
+
+
+@pytest.fixture
+async def env() -> AsyncIterator[tuple[fake.FakeApiServer, runtime.Controller]]:
+    server = fake.FakeApiServer()
+    add_node(server, "n0", gpus=2)
+    made = runtime.Controller(client.KubeClient(server), runtime.Options(leader_elect=False, tick=3600), Clock())
+    await made.start()
+    yield server, made
+    await made.stop()
+
+
+def member(name: str, namespace: str, group: str) -> dict[str, object]:
+    labels = groups.group_labels(*group.split("/"))
+    return {"metadata": {"name": name, "namespace": namespace, "labels": labels}, "spec": {"containers": []}}
+
+
+async def passes(controller: runtime.Controller, server: fake.FakeApiServer, count: int = 3) -> None:
+    for _ in range(count):
+        await settle(server)
+        await controller.groups.reconcile()
+    await settle(server)
+
+
+async def test_a_group_binds_from_its_holder_and_admits_only_its_namespaces(
+    env: tuple[fake.FakeApiServer, runtime.Controller],
+) -> None:
+    server, controller = env
+    body = {"metadata": {"name": "g", "namespace": "team"}, "spec": {"gpus": 2, "members": {"namespaces": ["friends"]}}}
+    server.put_object(resources.SHARED_DEVICE_GROUP.path("team"), body)
+    await passes(controller, server)
+    holder_path = paths.pod(names.SYSTEM_NAMESPACE, groups.holder_name("team", "g"))
+    assert server.get_object(holder_path) is None, "no member, not eager: no holder yet"
+    for name, namespace in (("a", "team"), ("b", "friends"), ("c", "strangers")):
+        server.put_object(paths.pods(namespace), member(name, namespace, "team/g"))
+    await passes(controller, server)
+    holder = server.get_object(holder_path)
+    assert holder is not None and holder["spec"]["containers"][0]["resources"]["limits"][names.NVIDIA_GPU] == "2"
+    # As kube-scheduler and the device plugin would: bound to n0, given both GPUs.
+    device = server.get_object(paths.device("n0"))
+    assert device is not None
+    uuids = [g["uuid"] for g in device["spec"]["gpus"]]
+    holder["spec"]["nodeName"] = "n0"
+    holder["metadata"]["annotations"][names.GPU_UUID] = ",".join(reversed(uuids))
+    await controller.api.replace(holder_path, holder)
+    await passes(controller, server)
+    stored = server.get_object(resources.SHARED_DEVICE_GROUP.path("team", "g"))
+    assert stored is not None
+    group = wire.convert(stored, groups.SharedDeviceGroup)
+    assert group.status.phase == "Bound" and group.status.node_name == "n0"
+    assert [(d.index, d.uuid) for d in group.status.devices] == [(0, uuids[0]), (1, uuids[1])]
+    assert group.status.member_pods == ["friends/b", "strangers/c", "team/a"]
+    assert group.metadata.finalizers == [names.GROUP_FINALIZER]
+    handoff = groups.handoff_name("team", "g")
+    assert server.get_object(paths.configmap("team", handoff)) is not None
+    assert server.get_object(paths.configmap("friends", handoff)) is not None
+    assert server.get_object(paths.configmap("strangers", handoff)) is None
+    node = server.get_object(paths.node("n0"))
+    assert node is not None and node["metadata"]["labels"][groups.node_label("team", "g")] == "true"
+    # Members gone, the group deleted: holder, label and ConfigMaps go, then the finalizer.
+    for name, namespace in (("a", "team"), ("b", "friends"), ("c", "strangers")):
+        server.remove_object(paths.pod(namespace, name))
+    await controller.api.delete(resources.SHARED_DEVICE_GROUP.path("team", "g"))
+    stored = server.get_object(resources.SHARED_DEVICE_GROUP.path("team", "g"))
+    assert stored is not None and stored["metadata"].get("deletionTimestamp")
+    await passes(controller, server)
+    assert server.get_object(holder_path) is None
+    assert server.get_object(paths.configmap("team", handoff)) is None
+    node = server.get_object(paths.node("n0"))
+    assert node is not None and groups.node_label("team", "g") not in node["metadata"].get("labels", {})
+    remaining = server.get_object(resources.SHARED_DEVICE_GROUP.path("team", "g"))
+    assert remaining is None or not remaining["metadata"].get("finalizers")
