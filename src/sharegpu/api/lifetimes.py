@@ -61,6 +61,7 @@ class Lifetime:
     uid: str
     key: units.PodKey
     namespace: str
+    """The namespace charged: the pod's own, or a group holder's group's."""
     node: str
     allocation: allocation.Allocation | None
     """The allocation sharegpu bound it with; None for a pod some other scheduler placed."""
@@ -83,10 +84,15 @@ def _time(stamp: str | None) -> int | None:
 
 def lifetime(pod: TimedPod) -> Lifetime | None:
     """The pod's holding; None for a pod that holds no GPU (asks for none, is not bound, or is one
-    of sharegpu's reservation pods, whose GPUs belong to the pods they serve)."""
+    of sharegpu's reservation pods, whose GPUs belong to the pods they serve). A group's holder pod is
+    charged to the group's namespace."""
     meta, spec, status = pod.metadata, pod.spec, pod.status
-    if not spec.node_name or meta.labels.get(names.LABEL_ROLE) == names.ROLE_RESERVATION:
+    role = meta.labels.get(names.LABEL_ROLE)
+    if not spec.node_name or role == names.ROLE_RESERVATION:
         return None
+    charged = meta.namespace
+    if role == names.ROLE_GROUP_HOLDER:  # a group's GPUs are its namespace's use
+        charged = meta.labels.get(names.LABEL_GROUP_NAMESPACE) or meta.namespace
     key = units.pod_key(meta.namespace, meta.name)
     alloc = None
     text = meta.annotations.get(names.ALLOCATION)
@@ -118,7 +124,7 @@ def lifetime(pod: TimedPod) -> Lifetime | None:
     return Lifetime(
         uid=meta.uid,
         key=key,
-        namespace=meta.namespace,
+        namespace=charged,
         node=spec.node_name,
         allocation=alloc,
         whole_gpus=whole,
