@@ -9,6 +9,8 @@ import functools
 import time
 from typing import Any
 
+import aiohttp
+
 from sharegpu.api import budgets, names, paths, resources, wire
 from sharegpu.devcluster import controlplane, stack
 from sharegpu.kube import client
@@ -16,7 +18,18 @@ from tests.integration.conftest import get_or_none, wait_for
 from tests.integration.test_budgets import bound_long_ago, budget_body, events
 
 LEASE = 4.0
-ELECTION = ("--lease-duration", "4", "--renew-deadline", "3", "--retry-period", "0.5", "--write-every", "1")
+ELECTION = (
+    "--lease-duration",
+    "4",
+    "--renew-deadline",
+    "3",
+    "--retry-period",
+    "0.5",
+    "--write-every",
+    "1",
+    "--log-level",
+    "INFO",
+)
 
 
 async def holder(kube: client.KubeClient) -> str | None:
@@ -50,7 +63,10 @@ async def test_kill_the_leader_and_the_standby_takes_over_with_no_decision_made_
             item = await budget(admin, namespace, name)
             return item if item.status.state == "Exhausted" else None
 
-        first = await wait_for(lambda: exhausted("first"), what="first exhausted")
+        try:
+            first = await wait_for(lambda: exhausted("first"), what="first exhausted")
+        except AssertionError as exc:  # say what each replica saw (seen once in CI, not reproduced)
+            raise AssertionError(f"{exc}\n{await _diagnosis(admin, namespace, replicas)}") from None
         assert abs(first.status.used_gpu_seconds - 7200) <= 72
         recorded = await wait_for(lambda: events(admin, namespace, "BudgetExhausted"), what="the event")
         assert [e["reportingInstance"] for e in recorded] == [leader]
@@ -93,3 +109,19 @@ async def test_kill_the_leader_and_the_standby_takes_over_with_no_decision_made_
 async def _written_after(kube: client.KubeClient, namespace: str, stamp: str) -> budgets.GPUBudget | None:
     item = await budget(kube, namespace, "first")
     return item if item.status.accounting.accounted_at > stamp else None
+
+
+async def _diagnosis(kube: client.KubeClient, namespace: str, replicas: dict[str, stack.ControllerProcess]) -> str:
+    lines = [f"lease holder: {await holder(kube)}"]
+    pod = await get_or_none(kube, paths.pod(namespace, "old"))
+    lines.append(f"pod old status: {(pod or {}).get('status')}")
+    found = await get_or_none(kube, resources.GPU_BUDGET.path(namespace, "first"))
+    lines.append(f"budget first status: {(found or {}).get('status')}")
+    for name, process in replicas.items():
+        try:
+            async with aiohttp.ClientSession() as session, session.get(f"{process.health_url}/debug/budgets") as got:
+                lines.append(f"{name} /debug/budgets: {await got.text()}")
+        except aiohttp.ClientError as exc:
+            lines.append(f"{name}: {exc}")
+        lines.append(f"{name} log tail: {process.log.read_text()[-2000:]}")
+    return "\n".join(lines)
