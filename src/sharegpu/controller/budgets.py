@@ -131,6 +131,8 @@ class BudgetReconciler:
                     self.conflicts += 1
                 except errors.NotFoundError:
                     self.budgets.pop(key, None)
+                except errors.KubeError as exc:  # one budget that cannot be written must not stop the others
+                    log.warning("budget %s: could not write its status: %s", key, exc)
         self._forget(now)
 
     def _worth_writing(self, old: budgets.BudgetStatus, new: budgets.BudgetStatus, now: int) -> bool:
