@@ -119,6 +119,9 @@ async def bound_long_ago(kube: client.KubeClient, namespace: str, name: str, sec
     with contextlib.suppress(kube_errors.ConflictError):
         await kube.create(paths.NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}})
     body = gpu_pod(name, namespace, nvidia=1)
+    # Addressed to no running scheduler: the test binds it (kube-scheduler, if running, would race the
+    # binding and then write PodScheduled=False over the time set below).
+    body["spec"]["schedulerName"] = "bound-by-the-test"
     await kube.create(paths.pods(namespace), body)
     await kube.create(
         paths.binding(namespace, name),
