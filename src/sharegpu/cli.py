@@ -227,6 +227,19 @@ def list_policies() -> None:
     _console().print(table)
 
 
+LeaseDuration = Annotated[float, typer.Option(help="Leader election: seconds a Lease is valid.")]
+RenewDeadline = Annotated[float, typer.Option(help="Leader election: seconds to renew before stepping down.")]
+RetryPeriod = Annotated[float, typer.Option(help="Leader election: seconds between attempts.")]
+Identity = Annotated[
+    str, typer.Option(help="Leader election: this replica's name (default: host, pid and a random suffix).")
+]
+
+
+def _check_election(lease_duration: float, renew_deadline: float, retry_period: float) -> None:
+    if not 0 < retry_period < renew_deadline < lease_duration:
+        raise UsageError("leader election needs 0 < --retry-period < --renew-deadline < --lease-duration")
+
+
 @app.command()
 def extender(
     kubeconfig: Annotated[
@@ -252,14 +265,10 @@ def extender(
     leader_elect: Annotated[
         bool, typer.Option(help="Run the background reconcilers only while holding the sharegpu-extender Lease.")
     ] = True,
-    lease_duration: Annotated[float, typer.Option(help="Leader election: seconds a Lease is valid.")] = 15.0,
-    renew_deadline: Annotated[
-        float, typer.Option(help="Leader election: seconds to renew before stepping down.")
-    ] = 10.0,
-    retry_period: Annotated[float, typer.Option(help="Leader election: seconds between attempts.")] = 2.0,
-    identity: Annotated[
-        str, typer.Option(help="Leader election: this replica's name (default: host, pid and a random suffix).")
-    ] = "",
+    lease_duration: LeaseDuration = 15.0,
+    renew_deadline: RenewDeadline = 10.0,
+    retry_period: RetryPeriod = 2.0,
+    identity: Identity = "",
     reservation_idle: Annotated[
         float, typer.Option(help="Seconds a reservation pod with no sharers is kept before it is deleted.")
     ] = 3.0,
@@ -279,8 +288,7 @@ def extender(
             raise UsageError("--tls-cert and --tls-key go together")
         if client_ca is not None and tls_cert is None:
             raise UsageError("--client-ca needs --tls-cert and --tls-key")
-        if not 0 < retry_period < renew_deadline < lease_duration:
-            raise UsageError("leader election needs 0 < --retry-period < --renew-deadline < --lease-duration")
+        _check_election(lease_duration, renew_deadline, retry_period)
         if reservation_idle < 0 or assume_ttl <= 0:
             raise UsageError("--reservation-idle must be >= 0 and --assume-ttl > 0")
         for path in (tls_cert, tls_key, client_ca):
@@ -311,14 +319,10 @@ def controller(
     leader_elect: Annotated[
         bool, typer.Option(help="Reconcile only while holding the sharegpu-controller Lease.")
     ] = True,
-    lease_duration: Annotated[float, typer.Option(help="Leader election: seconds a Lease is valid.")] = 15.0,
-    renew_deadline: Annotated[
-        float, typer.Option(help="Leader election: seconds to renew before stepping down.")
-    ] = 10.0,
-    retry_period: Annotated[float, typer.Option(help="Leader election: seconds between attempts.")] = 2.0,
-    identity: Annotated[
-        str, typer.Option(help="Leader election: this replica's name (default: host, pid and a random suffix).")
-    ] = "",
+    lease_duration: LeaseDuration = 15.0,
+    renew_deadline: RenewDeadline = 10.0,
+    retry_period: RetryPeriod = 2.0,
+    identity: Identity = "",
     write_every: Annotated[
         float, typer.Option(help="Seconds between status writes of a budget whose usage moves.")
     ] = 30.0,
@@ -329,8 +333,7 @@ def controller(
 
     _logging(log_level)
     try:
-        if not 0 < retry_period < renew_deadline < lease_duration:
-            raise UsageError("leader election needs 0 < --retry-period < --renew-deadline < --lease-duration")
+        _check_election(lease_duration, renew_deadline, retry_period)
         if write_every <= 0:
             raise UsageError(f"--write-every must be > 0, got {write_every}")
     except errors.SharegpuError as exc:
