@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 from sharegpu.api import budgets, events, lifetimes, resources, wire
 from sharegpu.core import budget, units
-from sharegpu.kube import client, errors, reconcile
+from sharegpu.kube import client, errors, informer, reconcile
 from sharegpu.kube import events as kube_events
 
 log = logging.getLogger(__name__)
@@ -81,11 +81,7 @@ class BudgetReconciler:
             self.memory[device.metadata.name] = device_memory(device)
 
     def on_budget(self, kind: str, item: budgets.GPUBudget) -> None:
-        key = wire.key(item.metadata)
-        if kind == "DELETED":
-            self.budgets.pop(key, None)
-        else:
-            self.budgets[key] = item
+        informer.remember(self.budgets, kind, item)
         self.loop.wake()
 
     # ----------------------------------------------------------------- holdings

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 from sharegpu.api import events, groups, names, paths, pods, resources, wire
-from sharegpu.kube import client, errors, reconcile
+from sharegpu.kube import client, errors, informer, reconcile
 from sharegpu.kube import events as kube_events
 
 log = logging.getLogger(__name__)
@@ -63,19 +63,11 @@ class GroupReconciler:
     # ----------------------------------------------------------------- informer handlers
 
     def on_group(self, kind: str, group: groups.SharedDeviceGroup) -> None:
-        key = wire.key(group.metadata)
-        if kind == "DELETED":
-            self.groups.pop(key, None)
-        else:
-            self.groups[key] = group
+        informer.remember(self.groups, kind, group)
         self.loop.wake()
 
     def on_pod(self, kind: str, pod: wire.Pod) -> None:
-        key = wire.key(pod.metadata)
-        if kind == "DELETED":
-            self.pods.pop(key, None)
-        else:
-            self.pods[key] = pod
+        informer.remember(self.pods, kind, pod)
         self.loop.wake()
 
     def on_device(self, kind: str, device: wire.Device) -> None:

@@ -48,6 +48,15 @@ Handler = Callable[[str, T], None]
 Convert = Callable[[W, T | None], T]
 
 
+def remember(store: dict[str, W], kind: str, obj: W) -> None:
+    """Apply one event to a copy keyed by `wire.key`: DELETED removes the object, any other stores it."""
+    key = wire.key(obj.metadata)
+    if kind == "DELETED":
+        store.pop(key, None)
+    else:
+        store[key] = obj
+
+
 def identity(obj: W, previous: object | None) -> W:
     """`convert` for informers that keep the wire object itself."""
     return obj

@@ -92,10 +92,7 @@ class Webhook:
         return handle
 
     def on_device(self, kind: str, device: wire.Device) -> None:
-        if kind == "DELETED":
-            self.devices.pop(device.metadata.name, None)
-        else:
-            self.devices[device.metadata.name] = device
+        informer.remember(self.devices, kind, device)
         gpus = [(g.model, g.memory_mib) for d in self.devices.values() for g in d.spec.gpus]
         self.policy = admission.with_inventory(self.policy, gpus)
 
@@ -135,19 +132,11 @@ class Webhook:
         return sorted(live)
 
     def on_group(self, kind: str, item: groups.SharedDeviceGroup) -> None:
-        key = wire.key(item.metadata)
-        if kind == "DELETED":
-            self.groups.pop(key, None)
-        else:
-            self.groups[key] = item
+        informer.remember(self.groups, kind, item)
         self.policy = dataclasses.replace(self.policy, groups=dict(self.groups))
 
     def on_budget(self, kind: str, item: budgets.GPUBudget) -> None:
-        key = wire.key(item.metadata)
-        if kind == "DELETED":
-            self.budgets.pop(key, None)
-        else:
-            self.budgets[key] = item
+        informer.remember(self.budgets, kind, item)
         by_namespace: dict[str, list[budgets.GPUBudget]] = {}
         for found in self.budgets.values():
             by_namespace.setdefault(found.metadata.namespace, []).append(found)
