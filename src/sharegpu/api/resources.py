@@ -10,9 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
+import msgspec
 import yaml
 
-from sharegpu.api import budgets, groups, names, paths, schema
+from sharegpu.api import budgets, events, groups, names, paths, schema, wire
 
 Json = dict[str, Any]
 
@@ -55,6 +56,22 @@ class CustomResource:
 
     def path(self, namespace: str | None = None, name: str | None = None) -> str:
         return paths.custom(self.group, self.version, self.plural, namespace, name)
+
+    def status_update(self, meta: wire.ObjectMeta, spec: msgspec.Struct, status: msgspec.Struct) -> tuple[str, Json]:
+        """The PUT of an object's status subresource: its path and body. The body carries the
+        resourceVersion that was read, so a write computed from a stale version gets a 409."""
+        body = {
+            "apiVersion": self.api_version,
+            "kind": self.kind,
+            "metadata": {"name": meta.name, "namespace": meta.namespace, "resourceVersion": meta.resource_version},
+            "spec": wire.encode(spec),
+            "status": wire.encode(status),
+        }
+        return f"{self.path(meta.namespace or None, meta.name)}/status", body
+
+    def subject(self, meta: wire.ObjectMeta) -> events.Subject:
+        """An object of this resource as the subject of an event."""
+        return events.Subject(self.api_version, self.kind, meta.namespace, meta.name, meta.uid)
 
     def manifest(self) -> Json:
         """The CustomResourceDefinition (apiextensions.k8s.io/v1)."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from sharegpu.api import budgets, events, lifetimes, resources, wire
+from sharegpu.api import budgets, lifetimes, resources, wire
 from sharegpu.core import budget, units
 from sharegpu.kube import client, errors, informer, reconcile
 from sharegpu.kube import events as kube_events
@@ -145,23 +145,14 @@ class BudgetReconciler:
 
     async def _write(self, item: budgets.GPUBudget, status: budgets.BudgetStatus) -> None:
         meta = item.metadata
-        body = {
-            "apiVersion": resources.GPU_BUDGET.api_version,
-            "kind": resources.GPU_BUDGET.kind,
-            "metadata": {"name": meta.name, "namespace": meta.namespace, "resourceVersion": meta.resource_version},
-            "spec": wire.encode(item.spec),
-            "status": wire.encode(status),
-        }
-        path = resources.GPU_BUDGET.path(meta.namespace, meta.name)
-        stored = await self.api.replace(f"{path}/status", body)
+        stored = await self.api.replace(*resources.GPU_BUDGET.status_update(meta, item.spec, status))
         self.writes += 1
         # Until the watch brings it, the next pass must start from what was just written.
         self.budgets[wire.key(meta)] = wire.convert(stored, budgets.GPUBudget)
 
     async def _record(self, item: budgets.GPUBudget, crossing: budgets.Crossing, status: budgets.BudgetStatus) -> None:
         meta = item.metadata
-        subject = events.Subject(resources.GPU_BUDGET.api_version, resources.GPU_BUDGET.kind, meta.namespace,
-                                 meta.name, meta.uid)  # fmt: skip
+        subject = resources.GPU_BUDGET.subject(meta)
         shown = budgets.GPUBudget(metadata=meta, spec=item.spec, status=status)
         try:
             await self.recorder.record(

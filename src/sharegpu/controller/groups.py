@@ -22,7 +22,7 @@ import logging
 from collections.abc import Callable
 from typing import Any, Literal
 
-from sharegpu.api import events, groups, names, paths, pods, resources, wire
+from sharegpu.api import groups, names, paths, pods, resources, wire
 from sharegpu.kube import client, errors, informer, reconcile
 from sharegpu.kube import events as kube_events
 
@@ -221,14 +221,7 @@ class GroupReconciler:
 
     async def _write_status(self, group: groups.SharedDeviceGroup, status: groups.GroupStatus) -> None:
         meta = group.metadata
-        body = {
-            "apiVersion": resources.SHARED_DEVICE_GROUP.api_version,
-            "kind": resources.SHARED_DEVICE_GROUP.kind,
-            "metadata": {"name": meta.name, "namespace": meta.namespace, "resourceVersion": meta.resource_version},
-            "spec": wire.encode(group.spec),
-            "status": wire.encode(status),
-        }
-        stored = await self.api.replace(f"{resources.SHARED_DEVICE_GROUP.path(meta.namespace, meta.name)}/status", body)
+        stored = await self.api.replace(*resources.SHARED_DEVICE_GROUP.status_update(meta, group.spec, status))
         self.groups[wire.key(meta)] = wire.convert(stored, groups.SharedDeviceGroup)
 
     async def _clean_up(self, group: groups.SharedDeviceGroup, holder: wire.Pod | None) -> None:
@@ -256,8 +249,7 @@ class GroupReconciler:
 
     async def _record(self, group: groups.SharedDeviceGroup, reason: str, message: str, *, decision: str) -> None:
         meta = group.metadata
-        subject = events.Subject(resources.SHARED_DEVICE_GROUP.api_version, resources.SHARED_DEVICE_GROUP.kind,
-                                 meta.namespace, meta.name, meta.uid)  # fmt: skip
+        subject = resources.SHARED_DEVICE_GROUP.subject(meta)
         try:
             await self.recorder.record(subject, reason, message, decision=decision)
         except errors.KubeError as exc:
