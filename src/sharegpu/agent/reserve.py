@@ -58,6 +58,6 @@ async def main(kubeconfig: str | None = None) -> None:
     if not namespace or not name:
         raise errors.InvalidInputError("POD_NAME and POD_NAMESPACE must be set (downward API)")
     async with client.KubeClient.connect(kubeconfig) as kube:
-        holder = os.environ.get("SHAREGPU_ROLE", "") == names.ROLE_GROUP_HOLDER
+        holder = os.environ.get(names.ROLE_ENV, "") == names.ROLE_GROUP_HOLDER
         await report(kube, namespace, name, os.environ, several=holder)
     await asyncio.Event().wait()  # hold the GPU until the pod is deleted

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Final, Literal
 import msgspec
 from msgspec import Meta
 
-from sharegpu.api import names, wire
+from sharegpu.api import names, pods, wire
 from sharegpu.core import errors
 
 PHASE_PENDING: Final = "Pending"
@@ -172,22 +172,7 @@ def holder_pod(group: SharedDeviceGroup, image: str, node: str = "") -> dict[str
             "nodeSelector": dict(spec.node_selector),
             "priorityClassName": "system-cluster-critical",
             "terminationGracePeriodSeconds": 5,
-            "containers": [
-                {
-                    "name": "reserve",
-                    "image": image,
-                    "command": ["sharegpu", "reserve"],
-                    "env": [
-                        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-                        {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
-                        {"name": "SHAREGPU_ROLE", "value": names.ROLE_GROUP_HOLDER},
-                    ],
-                    "resources": {
-                        "limits": {names.NVIDIA_GPU: str(spec.gpus), "cpu": "10m", "memory": "32Mi"},
-                        "requests": {names.NVIDIA_GPU: str(spec.gpus), "cpu": "10m", "memory": "32Mi"},
-                    },
-                }
-            ],
+            "containers": [pods.reserve_container(image, spec.gpus, role=names.ROLE_GROUP_HOLDER)],
         },
     }
     if node:

@@ -10,6 +10,7 @@ memory of the decoded object, and none of the re-parsing).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from sharegpu.api import names, quantity, wire
 from sharegpu.core import allocation, errors, requests, units
@@ -273,3 +274,23 @@ def record(pod: wire.Pod, previous: Record | None = None) -> Record:
         cpu_milli=cpu,
         memory_mib=memory,
     )
+
+
+def reserve_container(image: str, gpus: int, role: str = "") -> dict[str, Any]:
+    """The container of sharegpu's own GPU-holding pods (a reservation pod holds one GPU, a group's
+    holder several): it runs `sharegpu reserve`, which reports the GPUs the device plugin gave it and
+    holds them; `role` tells it which kind of pod it is in."""
+    env: list[dict[str, Any]] = [
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+    ]
+    if role:
+        env.append({"name": names.ROLE_ENV, "value": role})
+    limits = {names.NVIDIA_GPU: str(gpus), "cpu": "10m", "memory": "32Mi"}
+    return {
+        "name": "reserve",
+        "image": image,
+        "command": ["sharegpu", "reserve"],
+        "env": env,
+        "resources": {"limits": limits, "requests": dict(limits)},
+    }

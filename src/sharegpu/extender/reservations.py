@@ -178,20 +178,6 @@ def reservation_pod(name: str, node: str, slot: int, image: str) -> dict[str, An
             "priorityClassName": "system-node-critical",
             "tolerations": [{"operator": "Exists"}],
             "terminationGracePeriodSeconds": 5,
-            "containers": [
-                {
-                    "name": "reserve",
-                    "image": image,
-                    "command": ["sharegpu", "reserve"],
-                    "env": [
-                        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-                        {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
-                    ],
-                    "resources": {
-                        "limits": {names.NVIDIA_GPU: "1", "cpu": "10m", "memory": "32Mi"},
-                        "requests": {names.NVIDIA_GPU: "1", "cpu": "10m", "memory": "32Mi"},
-                    },
-                }
-            ],
+            "containers": [pods.reserve_container(image, 1)],
         },
     }
