@@ -132,6 +132,11 @@ def group_labels(namespace: str, name: str) -> dict[str, str]:
     return {names.LABEL_GROUP_NAMESPACE: namespace[:63], names.LABEL_GROUP_NAME: name[:63]}
 
 
+def group_selector(namespace: str, name: str) -> str:
+    """The label selector of the group's pods and ConfigMaps."""
+    return ",".join(f"{k}={v}" for k, v in group_labels(namespace, name).items())
+
+
 def membership(annotations: dict[str, str], namespace: str) -> tuple[str, str] | None:
     """(namespace, name) of the group a pod joins (`name` or `namespace/name`); None if it joins none.
     InvalidRequestError if the annotation is malformed."""
@@ -146,6 +151,13 @@ def membership(annotations: dict[str, str], namespace: str) -> tuple[str, str] |
     raise errors.InvalidRequestError(
         f"{names.DEVICE_GROUP_ANNOTATION} must be a group's name or namespace/name, got {value!r}"
     )
+
+
+def live_member(pod: wire.Pod) -> bool:
+    """Whether a pod labelled with a group counts as its member: not a holder pod, neither finished
+    nor being deleted."""
+    meta = pod.metadata
+    return meta.labels.get(names.LABEL_ROLE) is None and not pods.is_terminal(pod) and meta.deletion_timestamp is None
 
 
 def may_join(group: SharedDeviceGroup, namespace: str) -> bool:

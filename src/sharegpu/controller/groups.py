@@ -84,8 +84,7 @@ class GroupReconciler:
         return sorted(
             (
                 p for p in self.pods.values()
-                if _group_of(p) == (namespace, name) and p.metadata.labels.get(names.LABEL_ROLE) is None
-                and not pods.is_terminal(p) and p.metadata.deletion_timestamp is None
+                if _group_of(p) == (namespace, name) and groups.live_member(p)
             ),
             key=lambda p: wire.key(p.metadata),
         )  # fmt: skip
@@ -233,8 +232,7 @@ class GroupReconciler:
             with contextlib.suppress(errors.NotFoundError):  # the node is gone: so is its label
                 await self.api.patch(paths.node(group.status.node_name), {"metadata": {"labels": {label: None}}})
             self.labelled.discard((group.status.node_name, label))
-        selector = ",".join(f"{k}={v}" for k, v in groups.group_labels(meta.namespace, meta.name).items())
-        found = await self.api.get(paths.CONFIGMAPS, labelSelector=selector)
+        found = await self.api.get(paths.CONFIGMAPS, labelSelector=groups.group_selector(meta.namespace, meta.name))
         for item in found.get("items") or []:
             item_meta = item["metadata"]
             await self.api.delete(paths.configmap(item_meta["namespace"], item_meta["name"]))

@@ -24,7 +24,7 @@ import orjson
 from aiohttp import web
 
 from sharegpu.api import admission as messages
-from sharegpu.api import budgets, groups, names, paths, pods, resources, wire
+from sharegpu.api import budgets, groups, paths, resources, wire
 from sharegpu.core import errors
 from sharegpu.kube import client, informer
 from sharegpu.serving import tls
@@ -117,19 +117,9 @@ class Webhook:
     async def _members(self, namespace: str, name: str) -> list[str]:
         if self.kube is None:
             raise errors.InvalidInputError("the webhook runs without a kubeconfig: it cannot list members")
-        selector = ",".join(f"{k}={v}" for k, v in groups.group_labels(namespace, name).items())
-        listed = await self.kube.get(paths.PODS, labelSelector=selector)
-        live = []
-        for item in listed.get("items") or []:
-            pod = wire.convert(item, wire.Pod)
-            role = pod.metadata.labels.get(names.LABEL_ROLE)
-            if (
-                role is None
-                and pod.status.phase not in pods.TERMINAL_PHASES
-                and pod.metadata.deletion_timestamp is None
-            ):
-                live.append(wire.key(pod.metadata))
-        return sorted(live)
+        listed = await self.kube.get(paths.PODS, labelSelector=groups.group_selector(namespace, name))
+        members = (wire.convert(item, wire.Pod) for item in listed.get("items") or [])
+        return sorted(wire.key(p.metadata) for p in members if groups.live_member(p))
 
     def on_group(self, kind: str, item: groups.SharedDeviceGroup) -> None:
         informer.remember(self.groups, kind, item)
