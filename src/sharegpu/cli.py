@@ -203,16 +203,26 @@ def crds(
     out: Annotated[
         Path | None, typer.Option(help="Write one file per resource into this directory instead of printing.")
     ] = None,
+    compat: Annotated[
+        list[str] | None,
+        typer.Option(help="Instead, another system's resources that sharegpu serves: deviceshare, kubeshare."),
+    ] = None,
 ) -> None:
     """Print sharegpu's generated CustomResourceDefinitions (YAML), or write them into a directory."""
     from sharegpu.api import resources
 
+    chosen: list[resources.CustomResource] = list(resources.GENERATED)
+    if compat:
+        unknown = sorted(set(compat) - set(resources.COMPAT))
+        if unknown:
+            raise _fail(UsageError(f"--compat {', '.join(unknown)}: known: {', '.join(sorted(resources.COMPAT))}"))
+        chosen = [r for name in compat for r in resources.COMPAT[name]]
     if out is None:
-        sys.stdout.write("---\n".join(resources.render(r) for r in resources.GENERATED))
+        sys.stdout.write("---\n".join(resources.render(r) for r in chosen))
         return
     if not out.is_dir():
         raise _fail(UsageError(f"--out {out}: not a directory"))
-    for resource in resources.GENERATED:
+    for resource in chosen:
         (out / resources.file_name(resource)).write_text(resources.render(resource))
 
 
@@ -326,9 +336,17 @@ def controller(
     write_every: Annotated[
         float, typer.Option(help="Seconds between status writes of a budget whose usage moves.")
     ] = 30.0,
+    image: Annotated[str, typer.Option(help="Image of the group holder pods (it runs `sharegpu reserve`).")] = (
+        "sharegpu:latest"
+    ),
+    compat: Annotated[
+        list[str] | None,
+        typer.Option(help="Serve another system's resources too (their CRDs installed): deviceshare, kubeshare."),
+    ] = None,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
 ) -> None:
-    """Run the controller: GPU-time budgets (usage from pod lifetimes, Warning and Exhausted events)."""
+    """Run the controller: GPU-time budgets, shared device groups, and other systems' resources (--compat)."""
+    from sharegpu.api import resources
     from sharegpu.controller import runtime
 
     _logging(log_level)
@@ -336,12 +354,15 @@ def controller(
         _check_election(lease_duration, renew_deadline, retry_period)
         if write_every <= 0:
             raise UsageError(f"--write-every must be > 0, got {write_every}")
+        unknown = sorted(set(compat or ()) - set(resources.COMPAT))
+        if unknown:
+            raise UsageError(f"--compat {', '.join(unknown)}: known: {', '.join(sorted(resources.COMPAT))}")
     except errors.SharegpuError as exc:
         raise _fail(exc) from None
     options = runtime.Options(
         kubeconfig=kubeconfig, host=host, health_port=health_port, leader_elect=leader_elect,
         lease_duration=lease_duration, renew_deadline=renew_deadline, retry_period=retry_period,
-        identity=identity, write_every=write_every,
+        identity=identity, write_every=write_every, image=image, compat=frozenset(compat or ()),
     )  # fmt: skip
     try:
         _serve(runtime.serve(options))
@@ -483,12 +504,19 @@ def devcluster(
         bool, typer.Option(help="Run the admission webhook too (translates other systems' GPU requests).")
     ] = True,
     controller: Annotated[bool, typer.Option(help="Run the controller too (GPU-time budgets).")] = True,
+    compat: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Serve another system's resources too (CRDs installed, controller told): deviceshare, kubeshare."
+        ),
+    ] = None,
 ) -> None:
     """Run the whole stack on this machine: a real control plane, the extender, kube-scheduler, the
     admission webhook, the controller and fake GPU nodes, until Ctrl-C. Prints the kubeconfig to use
     with kubectl."""
     import tempfile
 
+    from sharegpu.api import resources
     from sharegpu.core import devices
     from sharegpu.devcluster import stack
 
@@ -497,6 +525,9 @@ def devcluster(
         raise _fail(UsageError("--nodes must be 1..5000 and --gpus 1..63"))
     try:
         policies.check(policy)
+        unknown = sorted(set(compat or ()) - set(resources.COMPAT))
+        if unknown:
+            raise UsageError(f"--compat {', '.join(unknown)}: known: {', '.join(sorted(resources.COMPAT))}")
     except errors.SharegpuError as exc:
         raise _fail(exc) from None
     folder = workdir or Path(tempfile.mkdtemp(prefix="sharegpu-devcluster-"))
@@ -537,7 +568,7 @@ def devcluster(
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        whole = stack.Stack(folder, policy, webhook=webhook, controller=controller)
+        whole = stack.Stack(folder, policy, webhook=webhook, controller=controller, compat=tuple(compat or ()))
         starting = asyncio.create_task(bring_up(whole))
         waiting = asyncio.create_task(stop.wait())
         try:

@@ -26,13 +26,16 @@ def walk(node: Any, where: str = "") -> list[tuple[str, Json]]:
     return found
 
 
-@pytest.mark.parametrize("resource", resources.GENERATED, ids=lambda r: r.kind)
+EVERY = [*resources.GENERATED, *(r for items in resources.COMPAT.values() for r in items)]
+
+
+@pytest.mark.parametrize("resource", EVERY, ids=lambda r: r.name)
 def test_every_generated_schema_is_structural(resource: resources.CustomResource) -> None:
     """Kubernetes refuses a CRD whose schema has a node without a type, a $ref, a union or 2020-12
     keywords; and it would write defaults into stored objects (the readers apply them)."""
     version = resource.manifest()["spec"]["versions"][0]
     for where, node in walk(version["schema"]["openAPIV3Schema"]):
-        assert "type" in node, where
+        assert "type" in node or node.get("x-kubernetes-int-or-string") is True, where
         assert not {"$ref", "$defs", "anyOf", "oneOf", "prefixItems", "title", "default"} & node.keys(), where
         assert not ("properties" in node and "additionalProperties" in node), where
     columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
@@ -76,7 +79,7 @@ class _Mixed(msgspec.Struct):
 
 
 class _Union(msgspec.Struct):
-    either: int | str
+    either: int | bool
 
 
 class _Structs(msgspec.Struct):
@@ -109,9 +112,26 @@ def test_fixed_pairs_become_arrays_of_two() -> None:
     assert found == {"type": "array", "minItems": 2, "maxItems": 2, "items": {"type": "integer"}}
 
 
-@pytest.mark.parametrize("resource", resources.GENERATED, ids=lambda r: r.kind)
-def test_deploy_holds_the_generated_definitions(resource: resources.CustomResource) -> None:
-    """The chart and the local stack install deploy/crds: it must be what the code generates
-    (`sharegpu crds --out deploy/crds` rewrites it)."""
-    shipped = Path(controlplane.data_path("deploy")) / "crds" / resources.file_name(resource)
+SHIPPED = [("crds", r) for r in resources.GENERATED] + [
+    (f"compat/{name}", r) for name, items in resources.COMPAT.items() for r in items
+]
+
+
+@pytest.mark.parametrize(("folder", "resource"), SHIPPED, ids=lambda v: v if isinstance(v, str) else v.name)
+def test_deploy_holds_the_generated_definitions(folder: str, resource: resources.CustomResource) -> None:
+    """The chart and the local stack install deploy/crds (and deploy/compat/NAME): it must be what the
+    code generates (`sharegpu crds [--compat NAME] --out DIR` rewrites it)."""
+    shipped = Path(controlplane.data_path("deploy")) / folder / resources.file_name(resource)
     assert shipped.read_text() == resources.render(resource)
+
+
+def test_int_or_string_and_free_form_objects_have_their_structural_forms() -> None:
+    class Loose(msgspec.Struct):
+        count: int | str
+        maybe: int | str | None
+        spec: dict[str, Any]
+
+    found = schema.structural(Loose)["properties"]
+    assert found["count"] == {"x-kubernetes-int-or-string": True}
+    assert found["maybe"] == {"x-kubernetes-int-or-string": True, "nullable": True}
+    assert found["spec"] == {"type": "object", "x-kubernetes-preserve-unknown-fields": True}

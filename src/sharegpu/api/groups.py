@@ -138,11 +138,28 @@ def group_selector(namespace: str, name: str) -> str:
 
 
 def membership(annotations: dict[str, str], namespace: str) -> tuple[str, str] | None:
-    """(namespace, name) of the group a pod joins (`name` or `namespace/name`); None if it joins none.
-    InvalidRequestError if the annotation is malformed."""
+    """(namespace, name) of the group a pod joins (`name` or `namespace/name`; the shared-device-group
+    project's annotation names a group of the pod's namespace); None if it joins none.
+    InvalidRequestError if the annotation is malformed or the two annotations name different groups."""
     value = annotations.get(names.DEVICE_GROUP_ANNOTATION)
-    if value is None:
-        return None
+    compat = annotations.get(names.DEVICESHARE_GROUP_ANNOTATION)
+    if compat is not None:
+        joined = compat.strip()
+        if not joined or "/" in joined:
+            raise errors.InvalidRequestError(
+                f"{names.DEVICESHARE_GROUP_ANNOTATION} must be the name of a group in the pod's namespace, "
+                f"got {compat!r}"
+            )
+        if value is not None and _parse(value, namespace) != (namespace, joined):
+            raise errors.InvalidRequestError(
+                f"{names.DEVICE_GROUP_ANNOTATION} ({value!r}) and {names.DEVICESHARE_GROUP_ANNOTATION} ({compat!r}) "
+                "name different groups: keep one"
+            )
+        return namespace, joined
+    return None if value is None else _parse(value, namespace)
+
+
+def _parse(value: str, namespace: str) -> tuple[str, str]:
     parts = value.strip().split("/")
     if len(parts) == 1 and parts[0]:
         return namespace, parts[0]

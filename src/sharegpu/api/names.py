@@ -104,6 +104,9 @@ CATEGORY: Final = "sharegpu"
 """`kubectl get sharegpu` lists every sharegpu resource."""
 DEVICE_GROUP_ANNOTATION: Final = f"{DOMAIN}/device-group"
 """On a pod: the SharedDeviceGroup (of the pod's namespace, or `namespace/name`) it joins."""
+DEVICESHARE_GROUP_ANNOTATION: Final = "deviceshare.io/group"
+"""On a pod: the shared-device-group project's way to join a group (its `deviceshare.io/v1alpha1`
+SharedDeviceGroup, which the controller mirrors into sharegpu's of the same name: `api.deviceshare`)."""
 GROUP_FINALIZER: Final = f"{DOMAIN}/group-cleanup"
 """On a SharedDeviceGroup: the controller removes its holder pod, node label and ConfigMaps first."""
 

@@ -8,6 +8,8 @@ resource use, so the API server validates exactly what the code reads. msgspec w
 - writes `Optional[X]` (`anyOf: [X, null]`) as X with `nullable: true`;
 - gives enums their type (`Literal["a", "b"]` has none in JSON Schema; structural schemas need one);
 - writes a fixed-length tuple of one item type as an array with minItems = maxItems;
+- writes `int | str` as `x-kubernetes-int-or-string` (a quantity such as `nvidia.com/gpu: 2` or "2");
+- writes `dict[str, Any]` as an object that keeps unknown fields (a PodSpec carried as it is);
 - drops what Kubernetes does not take or should not do: `title`, `$defs`, empty `required`, and
   `default` (the API server would write defaults into stored objects; the readers apply them).
 
@@ -68,12 +70,18 @@ def _convert(node: Json, definitions: Json, where: str) -> Json:
                 out[key] = list(value)
         else:
             out[key] = value
+    if out.get("type") == "object" and "properties" not in out and "additionalProperties" not in out:
+        out["x-kubernetes-preserve-unknown-fields"] = True  # dict[str, Any]: kept as written
     if "enum" in out and "type" not in out:
         types = {_TYPE_OF_VALUE.get(type(v)) for v in out["enum"]}
         if len(types) != 1 or None in types:
             raise SchemaError(f"{where or '<root>'}: an enum of mixed or unknown types: {out['enum']}")
         out["type"] = types.pop()
-    if "type" not in out and not out.get("x-kubernetes-preserve-unknown-fields"):
+    if (
+        "type" not in out
+        and not out.get("x-kubernetes-preserve-unknown-fields")
+        and not out.get("x-kubernetes-int-or-string")
+    ):
         raise SchemaError(f"{where or '<root>'}: no type (structural schemas need one everywhere)")
     return out
 
@@ -81,6 +89,9 @@ def _convert(node: Json, definitions: Json, where: str) -> Json:
 def _union(node: Json, definitions: Json, where: str) -> Json:
     options = node["anyOf"]
     real = [o for o in options if o != {"type": "null"}]
+    if sorted(o.get("type", "") for o in real) == ["integer", "string"] and all(len(o) == 1 for o in real):
+        rest = {k: v for k, v in node.items() if k not in ("anyOf", "title", "default")}
+        return {**rest, "x-kubernetes-int-or-string": True, **({"nullable": True} if len(real) != len(options) else {})}
     if len(real) != 1:
         raise SchemaError(f"{where or '<root>'}: a union of {len(real)} types has no structural form")
     rest = {k: v for k, v in node.items() if k != "anyOf"}

@@ -1,10 +1,12 @@
 """`sharegpu controller`: the reconcilers of sharegpu's own resources, and their life cycle.
 
 Every replica runs the informers (pods as `api.lifetimes.TimedPod`, Devices, GPUBudgets,
-SharedDeviceGroups and the pods labelled with a group), so a
+SharedDeviceGroups and the pods labelled with a group; with `--compat`, the deviceshare.io groups
+or KubeShare's SharePods and their Pods), so a
 standby's picture of the cluster is as current as the leader's; only the holder of the
 `sharegpu-controller` Lease reconciles (writes statuses, records events). Reconcilers: budgets
-(`controller.budgets`) and shared device groups (`controller.groups`). A new leader acts on what
+(`controller.budgets`), shared device groups (`controller.groups`), and where enabled the
+deviceshare.io mirror (`controller.deviceshare`) and SharePods (`controller.sharepods`). A new leader acts on what
 its informers listed from the API (the books in each budget's status included), never on anything
 its predecessor held in memory. The hand-off and reservation reconcilers stay in the extender, next
 to the ledger they follow (docs/architecture.md says why).
@@ -31,10 +33,13 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from sharegpu.api import budgets as api_budgets
+from sharegpu.api import deviceshare as api_deviceshare
 from sharegpu.api import groups as api_groups
 from sharegpu.api import lifetimes, names, paths, resources, wire
-from sharegpu.controller import budgets, groups
-from sharegpu.kube import client, informer, leader
+from sharegpu.api import sharepods as api_sharepods
+from sharegpu.controller import budgets, deviceshare, groups, sharepods
+from sharegpu.core import errors
+from sharegpu.kube import client, informer, leader, reconcile
 from sharegpu.kube import events as kube_events
 
 log = logging.getLogger(__name__)
@@ -56,6 +61,8 @@ class Options:
     """Seconds between passes when nothing wakes the reconcilers."""
     image: str = "sharegpu:latest"
     """Image of the group holder pods (runs `sharegpu reserve`)."""
+    compat: frozenset[str] = frozenset()
+    """Other systems' resources to serve (`api.resources.COMPAT`): their CRDs must be installed."""
 
 
 def _lifetime(pod: lifetimes.TimedPod, previous: lifetimes.Lifetime | None) -> lifetimes.Lifetime | None:
@@ -72,6 +79,16 @@ class Controller:
         self.recorder = kube_events.Recorder(api, names.CONTROLLER, self.identity, clock)
         self.budgets = budgets.BudgetReconciler(api, self.recorder, clock, write_every=options.write_every)
         self.groups = groups.GroupReconciler(api, self.recorder, clock, image=options.image)
+        unknown = sorted(options.compat - set(resources.COMPAT))
+        if unknown:
+            raise errors.InvalidRequestError(f"compat: unknown {', '.join(unknown)} (known: "
+                                             f"{', '.join(sorted(resources.COMPAT))})")  # fmt: skip
+        self.mirrors = (
+            deviceshare.MirrorReconciler(api, self.recorder, clock) if "deviceshare" in options.compat else None
+        )
+        self.sharepods = (
+            sharepods.SharePodReconciler(api, self.recorder, clock) if "kubeshare" in options.compat else None
+        )
         self.elector: leader.LeaderElector | leader.Solo = leader.Solo()
         if options.leader_elect:
             self.elector = leader.LeaderElector(
@@ -88,19 +105,43 @@ class Controller:
             ),
             informer.Informer(
                 api, resources.SHARED_DEVICE_GROUP.path(), api_groups.SharedDeviceGroup, informer.identity,
-                self.groups.on_group, name="shareddevicegroups",
+                self._on_group, name="shareddevicegroups",
             ),
             informer.Informer(
                 api, paths.PODS, wire.Pod, informer.identity, self.groups.on_pod, name="group-pods",
                 params={"labelSelector": names.LABEL_GROUP_NAME},
             ),
         ]  # fmt: skip
+        if self.mirrors is not None:
+            self.informers.append(informer.Informer(
+                api, resources.DEVICESHARE_GROUP.path(), api_deviceshare.DeviceShareGroup, informer.identity,
+                self.mirrors.on_source, name="deviceshare-groups",
+            ))  # fmt: skip
+        if self.sharepods is not None:
+            self.informers += [
+                informer.Informer(api, resources.SHAREPOD.path(), api_sharepods.SharePod, informer.identity,
+                                  self.sharepods.on_share, name="sharepods"),
+                informer.Informer(api, paths.PODS, api_sharepods.MadePod, informer.identity, self.sharepods.on_pod,
+                                  name="sharepod-pods", params={"labelSelector": api_sharepods.LABEL}),
+            ]  # fmt: skip
         self.metrics = _Metrics(self)
         self.tasks: list[asyncio.Task[None]] = []
 
     def _on_device(self, kind: str, device: wire.Device) -> None:
         self.budgets.on_device(kind, device)
         self.groups.on_device(kind, device)
+        if self.sharepods is not None:
+            self.sharepods.on_device(kind, device)
+
+    def _on_group(self, kind: str, group: api_groups.SharedDeviceGroup) -> None:
+        self.groups.on_group(kind, group)
+        if self.mirrors is not None:
+            self.mirrors.on_group(kind, group)
+
+    def loops(self) -> list[reconcile.Loop]:
+        """The reconcilers' loops (the compatibility ones only where enabled)."""
+        optional = [r.loop for r in (self.mirrors, self.sharepods) if r is not None]
+        return [self.budgets.loop, self.groups.loop, *optional]
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:
         states = {i.name: i.status() for i in self.informers}
@@ -113,7 +154,7 @@ class Controller:
         await asyncio.gather(*(i.synced.wait() for i in self.informers))
 
         def work() -> list[Awaitable[None]]:
-            loops = (self.budgets.loop, self.groups.loop)
+            loops = self.loops()
             for loop in loops:
                 loop.wake()  # the first pass at once, on what the informers listed
             return [loop.run(tick=self.options.tick) for loop in loops]

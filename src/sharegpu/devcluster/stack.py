@@ -87,11 +87,16 @@ def manifests(relative: str) -> list[Json]:
     return docs
 
 
-async def install(kube: client.KubeApi) -> None:
-    """Namespace, CRDs, RBAC and PriorityClasses from deploy/, then wait until every custom resource is served."""
+async def install(kube: client.KubeApi, compat: tuple[str, ...] = ()) -> None:
+    """Namespace, CRDs, RBAC and PriorityClasses from deploy/ (and the compatibility resources named,
+    from deploy/compat/NAME), then wait until every custom resource is served."""
     await apply(kube, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": names.SYSTEM_NAMESPACE}})
     served = []
-    for doc in manifests("crds/*.yaml"):
+    crds = [*manifests("crds/*.yaml"), *(d for name in compat for d in manifests(f"compat/{name}/*.yaml"))]
+    for doc in crds:
+        if doc["kind"] != "CustomResourceDefinition":
+            await apply(kube, as_user(doc))
+            continue
         await apply(kube, doc)
         spec = doc["spec"]
         served += [paths.custom(spec["group"], v["name"], spec["names"]["plural"]) for v in spec["versions"]]
@@ -330,8 +335,10 @@ class Stack:
         *,
         webhook: bool = False,
         controller: bool = False,
+        compat: tuple[str, ...] = (),
     ) -> None:
         self.plane = controlplane.ControlPlane(workdir, controlplane.binaries())
+        self.compat = compat
         self.policy = policy
         self.extender_args = extender_args
         self.with_webhook = webhook
@@ -352,7 +359,7 @@ class Stack:
     async def _start(self, harness: bool) -> None:
         self.plane.start()
         self.admin = kube_for(self.plane, "admin", connections=128)
-        await install(self.admin)
+        await install(self.admin, self.compat)
         self.extender = ExtenderProcess(self.plane, self.policy, *self.extender_args)
         self.extender.start()
         await self.extender.wait_ready()
@@ -362,7 +369,7 @@ class Stack:
             self.webhook.start()
             await self.webhook.wait_ready(self.admin)
         if self.with_controller:
-            self.controller = ControllerProcess(self.plane)
+            self.controller = ControllerProcess(self.plane, *(f"--compat={name}" for name in self.compat))
             self.controller.start()
             await self.controller.wait_ready()
         self.harness = fakecluster.FakeCluster(self.admin)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import base64
 from typing import Any
 
-from sharegpu.api import names
+from sharegpu.api import deviceshare, names
 from sharegpu.kube import client
 from sharegpu.kube import errors as kube_errors
 
@@ -72,12 +72,13 @@ def configurations(base: str | Json, ca_bundle: bytes) -> tuple[Json, Json]:
     groups = _hook("groups.validate.sharegpu.io", base, "/validate/groups", ca_bundle, False)
     groups["rules"] = [
         {
-            "apiGroups": [names.DOMAIN],
-            "apiVersions": [names.API_VERSION],
+            "apiGroups": [group],
+            "apiVersions": [version],
             "operations": ["DELETE"],
             "resources": ["shareddevicegroups"],
             "scope": "Namespaced",
-        }
+        }  # the shared-device-group project's groups (`api.deviceshare`) have the same members as their mirrors
+        for group, version in ((names.DOMAIN, names.API_VERSION), (deviceshare.GROUP, deviceshare.VERSION))
     ]
     validating = {
         "apiVersion": "admissionregistration.k8s.io/v1",
