@@ -137,6 +137,9 @@ def test_logs_are_json_lines() -> None:
         ),
         (["webhook", "--bootstrap", "/tmp/b", "--ip-address", "not-an-ip"], "'not-an-ip' is not an IP address"),
         (["devcluster", "--policy", "nope"], "unknown policy 'nope'"),
+        (["devcluster", "--compat", "volcano"], "--compat volcano: known: deviceshare, kubeshare"),
+        (["controller", "--compat", "volcano"], "--compat volcano: known: deviceshare, kubeshare"),
+        (["crds", "--compat", "volcano"], "--compat volcano: known: deviceshare, kubeshare"),
     ],
 )
 def test_component_options_are_checked_before_anything_starts(args: list[str], message: str) -> None:
@@ -145,3 +148,13 @@ def test_component_options_are_checked_before_anything_starts(args: list[str], m
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("sharegpu: error: "), result.output
     assert message in lines[0]
+
+
+def test_crds_prints_the_compatibility_definitions_only_when_asked() -> None:
+    plain = runner.invoke(cli.app, ["crds"])
+    assert plain.exit_code == 0 and "name: shareddevicegroups.sharegpu.io" in plain.output
+    assert "deviceshare.io" not in plain.output.replace("deviceshare.io/group", "")
+    both = runner.invoke(cli.app, ["crds", "--compat", "deviceshare", "--compat", "kubeshare"])
+    assert both.exit_code == 0, both.output
+    names = [line.split(": ")[1] for line in both.output.splitlines() if line.startswith("  name: ")]
+    assert names == ["shareddevicegroups.deviceshare.io", "sharepods.kubeshare.nthu"]

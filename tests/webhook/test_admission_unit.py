@@ -221,6 +221,25 @@ def member_pod(value: str, extra: Json | None = None) -> Json:
     }  # fmt: skip
 
 
+def test_a_shared_device_group_projects_pod_joins_the_mirror_and_leaves_its_scheduler() -> None:
+    policy = dataclasses.replace(POLICY, groups={"ns/g": group()})
+    pod = member_pod("ignored")
+    pod["metadata"]["annotations"] = {"deviceshare.io/group": "g"}
+    pod["spec"]["schedulerName"] = "deviceshare-scheduler"
+    answer = admission.mutate(review(pod), policy)
+    out = applied(pod, answer)
+    assert out["metadata"]["labels"] == {names.LABEL_GROUP_NAMESPACE: "ns", names.LABEL_GROUP_NAME: "g"}
+    assert out["spec"]["nodeSelector"] == {groups.node_label("ns", "g"): "true"}
+    assert out["spec"]["schedulerName"] == names.SCHEDULER_NAME
+    assert "deviceshare-scheduler -> sharegpu-scheduler" in out["metadata"]["annotations"][names.TRANSLATED]
+    assert admission.validate(review(out), policy).response.allowed
+    # Two annotations naming two groups: refused, naming both.
+    pod["metadata"]["annotations"][names.DEVICE_GROUP_ANNOTATION] = "h"
+    refused = admission.mutate(review(pod), policy).response
+    assert not refused.allowed and refused.status is not None
+    assert "name different groups" in refused.status.message
+
+
 def test_a_member_selects_its_groups_node_and_reads_its_devices_from_the_groups_configmap() -> None:
     policy = dataclasses.replace(POLICY, groups={"ns/g": group()})
     pod = member_pod("g")
