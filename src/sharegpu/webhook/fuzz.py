@@ -26,7 +26,7 @@ Json = dict[str, Any]
 
 RESOURCE_KEYS = [
     *names.MANAGED_RESOURCES, names.NVIDIA_GPU, *translate.KOORD_CORE, *translate.KOORD_RATIO,
-    *translate.KOORD_MEMORY, translate.KOORD_SHARED, translate.KOORD_GPU, translate.ALIYUN_MEMORY, translate.TKE_CORE,
+    *translate.KOORD_MEMORY, *translate.KOORD_SHARED, *translate.KOORD_GPU, translate.ALIYUN_MEMORY, translate.TKE_CORE,
     translate.TKE_MEMORY, translate.HAMI_MEMORY, translate.HAMI_MEMORY_PERCENT, translate.HAMI_CORES, "cpu", "memory",
     "example.com/foo",
 ]  # fmt: skip

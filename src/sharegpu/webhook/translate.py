@@ -27,7 +27,9 @@ Json = dict[str, Any]
 KOORD_CORE = ("koordinator.sh/gpu-core", "kubernetes.io/gpu-core")
 KOORD_RATIO = ("koordinator.sh/gpu-memory-ratio", "kubernetes.io/gpu-memory-ratio")
 KOORD_MEMORY = ("koordinator.sh/gpu-memory", "kubernetes.io/gpu-memory")
-KOORD_SHARED = "koordinator.sh/gpu.shared"
+KOORD_SHARED = ("koordinator.sh/gpu.shared", "koordinator.sh/gpu-shared")
+"""Koordinator's resource is `gpu.shared`; its user manual (GPU share with HAMi) writes `gpu-shared`:
+both mean the same here."""
 KOORD_GPU = ("koordinator.sh/gpu", "kubernetes.io/gpu")
 ALIYUN_MEMORY = "aliyun.com/gpu-mem"
 TKE_CORE = "tencent.com/vcuda-core"
@@ -51,7 +53,7 @@ NATIVE = names.MANAGED_RESOURCES
 
 FORMATS: dict[str, tuple[str, ...]] = {
     "sharegpu": NATIVE,
-    "koordinator": (*KOORD_CORE, *KOORD_RATIO, *KOORD_MEMORY, KOORD_SHARED, *KOORD_GPU),
+    "koordinator": (*KOORD_CORE, *KOORD_RATIO, *KOORD_MEMORY, *KOORD_SHARED, *KOORD_GPU),
     "aliyun": (ALIYUN_MEMORY,),
     "tkestack": (TKE_CORE, TKE_MEMORY),
     "hami": (HAMI_MEMORY, HAMI_MEMORY_PERCENT, HAMI_CORES),
@@ -106,8 +108,9 @@ def _koordinator(res: Json) -> _Share:
         if core or ratio:
             raise errors.InvalidRequestError(f"{both} already sets compute and memory; drop gpu-core/gpu-memory-ratio")
         core = ratio = (both, res[both])
-    if KOORD_SHARED in res:
-        return _koordinator_shared(res, core, ratio, memory)
+    shared = next((k for k in KOORD_SHARED if k in res), None)
+    if shared:
+        return _koordinator_shared(res, shared, core, ratio, memory)
     if core:
         count, percent = _percent_gpus(core[1], core[0])
         share.count = count
@@ -130,16 +133,20 @@ def _koordinator(res: Json) -> _Share:
 
 
 def _koordinator_shared(
-    res: Json, core: tuple[str, Any] | None, ratio: tuple[str, Any] | None, memory: tuple[str, Any] | None
+    res: Json,
+    shared: str,
+    core: tuple[str, Any] | None,
+    ratio: tuple[str, Any] | None,
+    memory: tuple[str, Any] | None,
 ) -> _Share:
     share = _Share()
-    share.count = quantity.integer(res[KOORD_SHARED], KOORD_SHARED, 1, units.MAX_GPUS_PER_NODE)
+    share.count = quantity.integer(res[shared], shared, 1, units.MAX_GPUS_PER_NODE)
 
     def per_gpu(item: tuple[str, Any]) -> int:
         total = quantity.integer(item[1], item[0], 1, 100 * share.count)
         if total % share.count:
             raise errors.InvalidRequestError(
-                f"{item[0]} ({total}) is the total over {KOORD_SHARED}: {share.count} GPUs and must divide by it"
+                f"{item[0]} ({total}) is the total over {shared}: {share.count} GPUs and must divide by it"
             )
         return total // share.count
 
