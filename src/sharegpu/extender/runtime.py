@@ -25,10 +25,12 @@ from typing import Any
 from aiohttp import web
 
 from sharegpu.api import names, paths, pods, wire
+from sharegpu.api import quotas as api_quotas
 from sharegpu.core import frag
 from sharegpu.extender import cache as cache_mod
 from sharegpu.extender import handoff as handoff_mod
 from sharegpu.extender import metrics as metrics_mod
+from sharegpu.extender import quotas as quotas_mod
 from sharegpu.extender import reservations as reservations_mod
 from sharegpu.extender import routes, scheduling
 from sharegpu.kube import client, informer, leader
@@ -69,9 +71,11 @@ class Extender:
         self.metrics = metrics_mod.Metrics()
         self.cache = cache_mod.ClusterCache(options.policy, clock=clock, shapes=options.shapes)
         self.metrics.count_usage(self.cache.allocations)
+        self.quota = quotas_mod.QuotaGuard(self.cache)
         self.scheduling = scheduling.SchedulingService(
-            self.cache, api, self.metrics, narrow=options.narrow, assume_ttl=options.assume_ttl, clock=clock
-        )
+            self.cache, api, self.metrics, narrow=options.narrow, assume_ttl=options.assume_ttl, clock=clock,
+            quota=self.quota,
+        )  # fmt: skip
         self.reservations = reservations_mod.ReservationReconciler(
             self.cache, api, self.metrics, image=options.image, idle=options.reservation_idle, clock=clock
         )
@@ -100,11 +104,23 @@ class Extender:
             ),
             informer.Informer(api, paths.PODS, wire.Pod, pods.record, changed(self.cache.on_pod), name="pods"),
             informer.Informer(
-                api, paths.CONFIGMAPS, wire.ConfigMap, handoff_mod.configmap_record,
-                self._changed(self.handoffs.on_configmap), name="handoff-configmaps",
+                api,
+                paths.RESOURCE_QUOTAS,
+                api_quotas.ResourceQuota,
+                informer.identity,
+                self.quota.on_quota,
+                name="resourcequotas",
+            ),
+            informer.Informer(
+                api,
+                paths.CONFIGMAPS,
+                wire.ConfigMap,
+                handoff_mod.configmap_record,
+                self._changed(self.handoffs.on_configmap),
+                name="handoff-configmaps",
                 params={"labelSelector": f"{names.LABEL_ROLE}={names.ROLE_HANDOFF}"},
             ),
-        ]  # fmt: skip
+        ]
         self.tasks: list[asyncio.Task[None]] = []
         self.clock = clock
         self.startup: dict[str, float] = {}

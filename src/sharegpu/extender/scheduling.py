@@ -36,6 +36,7 @@ from sharegpu.core import allocation, errors, fit, placer, requests, units
 from sharegpu.extender import cache as cache_mod
 from sharegpu.extender import lookup
 from sharegpu.extender import metrics as metrics_mod
+from sharegpu.extender import quotas as quotas_mod
 from sharegpu.kube import client
 from sharegpu.kube import errors as kube_errors
 
@@ -120,8 +121,11 @@ class SchedulingService:
         assume_ttl: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
         remember: int = 512,
+        quota: quotas_mod.QuotaGuard | None = None,
     ) -> None:
         self.cache = cache
+        self.quota = quota
+        """Checks the namespace's ResourceQuotas on sharegpu's totals; None: not checked."""
         self.api = api
         self.metrics = metrics
         self.narrow = narrow
@@ -193,6 +197,13 @@ class SchedulingService:
             failed = reasons.invalid(offered.names(), str(exc))
             self._remember_outcome(key, 0, None, failed.message(len(offered)))
             return protocol.FilterResult(failed_nodes=failed.unresolvable, failed_and_unresolvable=failed.unresolvable)
+        refused = self.quota.refusal(key, request) if self.quota is not None else None
+        if refused is not None:
+            self.metrics.decisions.labels("filter", "quota").inc()
+            offered = self._candidates(args)
+            sent = offered.names()
+            self._remember_outcome(key, 0, None, refused, tuple(sent))
+            return protocol.FilterResult(failed_nodes=dict.fromkeys(sent, refused))
         demand = request.demand
         chooser = self._placer(args.pod)
         narrow = self.narrow and not pods.has_soft_preferences(args.pod)

@@ -22,6 +22,7 @@ from sharegpu.api import budgets as api_budgets
 from sharegpu.api import devices as api_devices
 from sharegpu.api import groups as api_groups
 from sharegpu.api import handoff, names, pods, quantity, wire
+from sharegpu.api import quotas as api_quotas
 from sharegpu.core import errors, requests
 from sharegpu.webhook import translate
 
@@ -91,14 +92,14 @@ def _add_handoff(obj: Json, parsed: requests.PodRequest) -> None:
 
 
 def quota_totals(request: requests.ContainerRequest) -> dict[str, str]:
-    """The accounting resources of one container (`api.names.QUOTA_RESOURCES`): its GPU count times
-    its share of each GPU, whole GPUs at 1000 milli-GPU; memory when it is given in MiB."""
-    gpu = request.gpu
-    if gpu is None:
+    """The accounting resources of one container (`api.names.QUOTA_RESOURCES`, computed by
+    `api.quotas.container_totals`, which the extender's quota check uses too)."""
+    if request.gpu is None:
         return {}
-    totals = {names.GPU_MILLI_TOTAL: str(gpu.count * gpu.milli)}
-    if gpu.memory_mib:
-        totals[names.GPU_MEMORY_TOTAL] = str(gpu.count * gpu.memory_mib)
+    milli, memory = api_quotas.container_totals(request.gpu)
+    totals = {names.GPU_MILLI_TOTAL: str(milli)}
+    if memory is not None:
+        totals[names.GPU_MEMORY_TOTAL] = str(memory)
     return totals
 
 

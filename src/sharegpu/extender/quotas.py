@@ -1,0 +1,62 @@
+"""The extender's quota check: a GPU pod is placed only while its namespace's ResourceQuotas on
+sharegpu's totals (`api.quotas`) allow it, counting what the namespace's placed (bound or assumed)
+pods hold.
+
+Kubernetes' quota admission already counts every pod at creation; this second check is for the pods
+admitted before a quota was created or lowered, which Kubernetes never evicts: they wait in the
+scheduling queue (an ordinary Unschedulable outcome with the quota's figures) until the namespace
+frees GPU time or the quota is raised. Namespaces without such a quota cost one dictionary lookup;
+with one, a filter walks the cached pods once (quota'd namespaces are few, and the walk is a sum
+over records already parsed).
+
+Handlers run in the event loop, like the cache's.
+"""
+
+from __future__ import annotations
+
+from sharegpu.api import quotas
+from sharegpu.core import requests, units
+from sharegpu.extender import cache as cache_mod
+
+
+class QuotaGuard:
+    def __init__(self, cache: cache_mod.ClusterCache) -> None:
+        self.cache = cache
+        self.limits: dict[str, dict[str, quotas.Limit]] = {}
+        """namespace -> ResourceQuota name -> its limits on the totals (only quotas that set some)."""
+
+    def on_quota(self, kind: str, quota: quotas.ResourceQuota) -> None:
+        meta = quota.metadata
+        found = quotas.limit(quota) if kind != "DELETED" else None
+        in_namespace = self.limits.setdefault(meta.namespace, {})
+        if found is None:
+            in_namespace.pop(meta.name, None)
+        else:
+            in_namespace[meta.name] = found
+        if not in_namespace:
+            del self.limits[meta.namespace]
+
+    def held(self, namespace: str, but: units.PodKey) -> tuple[int, int]:
+        """What the namespace's placed pods (bound and live, or assumed) hold, `but` excepted."""
+        milli = memory = 0
+        prefix = f"{namespace}/"
+        assumed = self.cache.assumed
+        for key, record in self.cache.pods.items():
+            if key == but or record.request is None or not key.startswith(prefix):
+                continue
+            if record.live or key in assumed:
+                more = quotas.pod_totals(record.request)
+                milli, memory = milli + more[0], memory + more[1]
+        return milli, memory
+
+    def refusal(self, key: units.PodKey, request: requests.PodRequest) -> str | None:
+        """Why the pod may not be placed now, or None."""
+        namespace = str(key).split("/", 1)[0]
+        limits = self.limits.get(namespace)
+        if not limits:
+            return None
+        asks = quotas.pod_totals(request)
+        if asks == (0, 0):
+            return None
+        return quotas.refusal(namespace, sorted(limits.values(), key=lambda x: x.name),
+                              self.held(namespace, key), asks)  # fmt: skip

@@ -1,0 +1,64 @@
+"""The extender's quota check over the fake API server: a pod is placed only while its namespace's
+ResourceQuotas on sharegpu's totals allow it (3 GPUs at 500 milli count 1500), counting the placed
+pods only; other namespaces and quotas on other resources are not affected; raising or deleting the
+quota lets the pod through."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from sharegpu.api import names, paths, quotas, wire
+from sharegpu.core import requests, units
+from tests.extender.conftest import Harness, gpu_pod, settle
+
+QUOTAS = paths.RESOURCE_QUOTAS
+
+
+def quota(name: str, namespace: str, **hard: str) -> dict[str, Any]:
+    return {"metadata": {"name": name, "namespace": namespace}, "spec": {"hard": hard}}
+
+
+def test_totals_count_every_gpu() -> None:
+    three = requests.GpuRequest(count=3, milli=500, memory_mib=2048)
+    request = requests.PodRequest(
+        units.PodKey("ns/p"),
+        (
+            requests.ContainerRequest("a", three),
+            requests.ContainerRequest("sidecar"),
+        ),
+    )
+    assert quotas.pod_totals(request) == (1500, 6144), "3 GPUs at 500 milli and 2048 MiB each"
+    whole = requests.PodRequest(units.PodKey("ns/w"), (requests.ContainerRequest("a", requests.GpuRequest(count=2)),))
+    assert quotas.pod_totals(whole) == (2000, 0)
+    both = quota("q", "ns", **{"requests.sharegpu.io/gpu-milli-total": "2", "sharegpu.io/gpu-milli-total": "1500"})
+    limited = quotas.limit(wire.convert(both, quotas.ResourceQuota))
+    assert limited == quotas.Limit("q", 2, None), "the lower of the two spellings"
+
+
+async def test_a_pod_beyond_its_namespaces_quota_waits_with_the_figures(harness: Callable[..., Any]) -> None:
+    h: Harness = await harness(nodes=2, gpus=4)
+    first = await h.create(gpu_pod("a", milli=500, count=3))
+    await h.schedule(first)
+    h.server.put_object(QUOTAS, quota("gpus", "ns", **{"requests.sharegpu.io/gpu-milli-total": "2000", "pods": "10"}))
+    h.server.put_object(QUOTAS, quota("cpu", "other", cpu="1"))
+    await settle(h.server)
+    second = await h.create(gpu_pod("b", milli=600))
+    verdict = h.extender.scheduling.filter(h.args(second))
+    assert not verdict.node_names
+    message = verdict.failed_nodes["n0"]
+    assert message == (
+        "namespace ns: ResourceQuota gpus allows 2000 milli-GPU (requests.sharegpu.io/gpu-milli-total); its placed "
+        "pods hold 1500 and this pod asks 600: it waits until they free some, or the quota is raised"
+    )
+    assert set(verdict.failed_nodes) == {"n0", "n1"} and not verdict.failed_and_unresolvable
+    fits = await h.create(gpu_pod("c", milli=500))
+    assert h.extender.scheduling.filter(h.args(fits)).node_names, "1500 + 500 is within 2000"
+    elsewhere = await h.create(gpu_pod("d", milli=900, namespace="other"))
+    assert h.extender.scheduling.filter(h.args(elsewhere)).node_names, "another namespace, a quota on CPU only"
+    # Raised: the waiting pod goes through.
+    raised = quota("gpus", "ns", **{"requests.sharegpu.io/gpu-milli-total": "4000"})
+    await h.api.replace(f"{paths.NAMESPACES}/ns/resourcequotas/gpus", raised)
+    await settle(h.server)
+    assert h.extender.scheduling.filter(h.args(second)).node_names
+    assert names.GPU_MILLI_TOTAL in message
