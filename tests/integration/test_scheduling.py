@@ -355,3 +355,40 @@ async def test_a_hand_off_configmap_claimed_twice_serves_only_its_first_pod(
     await asyncio.sleep(1.0)  # give the hand-off loop time to (wrongly) serve the copy
     owners = (await configmap() or {})["metadata"]["ownerReferences"]
     assert [o["uid"] for o in owners] == [first["metadata"]["uid"]]
+
+
+async def test_a_quota_lowered_after_admission_still_holds_at_placement(
+    admin: client.KubeClient, extender: ExtenderProcess, nodes: Callable[..., Any], namespace: str
+) -> None:
+    """Kubernetes checks a ResourceQuota at creation only; a pod admitted before the quota existed
+    waits at placement while its namespace's placed pods hold the quota (the extender's check), and
+    goes through once the quota is raised."""
+    (node,) = await nodes(1, gpus=4)
+    await admin.create(f"/api/v1/namespaces/{namespace}/pods", gpu_pod("three-halves", namespace, milli=500, count=3))
+    waiting = gpu_pod("waits", namespace, milli=600)
+    waiting["spec"]["nodeSelector"]["later"] = "yes"  # not schedulable until the node gets this label
+    await admin.create(f"/api/v1/namespaces/{namespace}/pods", waiting)
+    await wait_for(functools.partial(all_bound, admin, namespace, 1), what="the first pod bound")
+    hard = {f"requests.{names.GPU_MILLI_TOTAL}": "2000"}
+    quota = {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "gpus"}, "spec": {"hard": hard}}
+    await admin.create(f"/api/v1/namespaces/{namespace}/resourcequotas", quota)
+    await asyncio.sleep(1)  # the extender's informer takes the quota up
+    await admin.patch(f"/api/v1/nodes/{node}", {"metadata": {"labels": {"later": "yes"}}})
+
+    async def refused() -> str:
+        pod = await admin.get(f"/api/v1/namespaces/{namespace}/pods/waits")
+        conditions: list[Json] = pod["status"].get("conditions") or []
+        text = " ".join(str(c.get("message") or "") for c in conditions if c["type"] == "PodScheduled")
+        return text if "ResourceQuota" in text else ""
+
+    message = await wait_for(refused, what="the quota's refusal on the pod")
+    assert f"namespace {namespace}: ResourceQuota gpus allows 2000 milli-GPU" in message
+    assert "its placed pods hold 1500 and this pod asks 600" in message
+    hard[f"requests.{names.GPU_MILLI_TOTAL}"] = "4000"
+    current = await admin.get(f"/api/v1/namespaces/{namespace}/resourcequotas/gpus")
+    current["spec"]["hard"] = hard
+    await admin.replace(f"/api/v1/namespaces/{namespace}/resourcequotas/gpus", current)
+    await asyncio.sleep(1)
+    await admin.patch(f"/api/v1/nodes/{node}", {"metadata": {"labels": {"later": "again"}}})
+    await admin.patch(f"/api/v1/nodes/{node}", {"metadata": {"labels": {"later": "yes"}}})  # a node event requeues it
+    await wait_for(functools.partial(all_bound, admin, namespace, 2), what="the waiting pod bound")
