@@ -147,6 +147,12 @@ async def test_kubeshares_sharepods_run_unchanged(
             await admin.delete(f"{paths.NAMESPACES}/{extra}")
 
 
+async def _filled(admin: client.KubeClient, path: str) -> Json | None:
+    """The hand-off ConfigMap once the extender has written it (the fake kubelet does not wait for it)."""
+    found = await get_or_none(admin, path)
+    return found if found is not None and found.get("data") else None
+
+
 async def _replay_sharepods(admin: client.KubeClient, plane: controlplane.ControlPlane, spaces: list[str]) -> None:
     first, *gpuid = spaces
     await kubectl(plane, "apply", "-n", first, "-f", str(MANIFESTS / "kubeshare" / "sharepod.yaml"))
@@ -168,7 +174,8 @@ async def _replay_sharepods(admin: client.KubeClient, plane: controlplane.Contro
         limits = pod["spec"]["containers"][0]["resources"]["limits"]
         assert (limits[names.GPU_MILLI], limits[names.GPU_MEMORY]) == ("500", "1024")
         assert pod["metadata"]["annotations"][names.LIMIT_MILLI] == "1000"
-        handoff = await admin.get(paths.configmap(space, pod["metadata"]["annotations"][names.HANDOFF]))
+        where = paths.configmap(space, pod["metadata"]["annotations"][names.HANDOFF])
+        handoff = await wait_for(functools.partial(_filled, admin, where), what=f"hand-off {where}")
         assert handoff["data"]["cuda.CUDA_DEVICE_SM_LIMIT"] == "100"  # the limit: 1.0 of the GPU
         assert handoff["data"]["cuda.CUDA_DEVICE_MEMORY_LIMIT"] == "1024m"
         assert handoff["data"]["cuda.NVIDIA_VISIBLE_DEVICES"] == shares[space]["status"]["BoundDeviceID"]
