@@ -80,10 +80,7 @@ def mirror_spec(source: DeviceShareGroup) -> groups.GroupSpec:
 
 
 def owner(source: DeviceShareGroup) -> wire.OwnerReference:
-    meta = source.metadata
-    return wire.OwnerReference(
-        api_version=f"{GROUP}/{VERSION}", kind="SharedDeviceGroup", name=meta.name, uid=meta.uid, controller=True
-    )
+    return wire.controller_reference(f"{GROUP}/{VERSION}", "SharedDeviceGroup", source.metadata)
 
 
 def mirrors(mirror: groups.SharedDeviceGroup, source: DeviceShareGroup) -> bool:

@@ -59,12 +59,6 @@ class SharePod(wire.Message, kw_only=True, frozen=True):
     status: Status = msgspec.field(default_factory=Status)
 
 
-def owner_reference(share: SharePod) -> dict[str, Any]:
-    meta = share.metadata
-    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "SharePod", "name": meta.name, "uid": meta.uid,
-            "controller": True}  # fmt: skip
-
-
 def pod_for(share: SharePod) -> dict[str, Any]:
     """The Pod a SharePod describes (see the module docstring)."""
     meta = share.metadata
@@ -77,7 +71,7 @@ def pod_for(share: SharePod) -> dict[str, Any]:
             "namespace": meta.namespace,
             "labels": {**meta.labels, LABEL: meta.uid},
             "annotations": annotations,
-            "ownerReferences": [owner_reference(share)],
+            "ownerReferences": [wire.encode(wire.controller_reference(f"{GROUP}/{VERSION}", "SharePod", meta))],
         },
         "spec": copy.deepcopy(share.spec),
     }

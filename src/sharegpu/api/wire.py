@@ -54,6 +54,12 @@ class ObjectMeta(Message, kw_only=True, frozen=True):
     finalizers: list[str] = []
 
 
+def controller_reference(api_version: str, kind: str, owner: ObjectMeta) -> OwnerReference:
+    """The reference an object makes to the object that controls it (the garbage collector deletes
+    it with its owner)."""
+    return OwnerReference(api_version=api_version, kind=kind, name=owner.name, uid=owner.uid, controller=True)
+
+
 class ListMeta(Message, kw_only=True, frozen=True):
     resource_version: str = ""
     continue_: str = msgspec.field(default="", name="continue")

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 from sharegpu.api import groups, names, paths, pods, resources, wire
+from sharegpu.controller import inventory
 from sharegpu.kube import client, errors, informer, reconcile
 from sharegpu.kube import events as kube_events
 
@@ -45,7 +46,13 @@ def _unschedulable(pod: wire.Pod) -> str:
 
 class GroupReconciler:
     def __init__(
-        self, api: client.KubeApi, recorder: kube_events.Recorder, clock: Callable[[], float], *, image: str
+        self,
+        api: client.KubeApi,
+        recorder: kube_events.Recorder,
+        clock: Callable[[], float],
+        ids: inventory.GpuIds,
+        *,
+        image: str,
     ) -> None:
         self.api = api
         self.recorder = recorder
@@ -53,8 +60,7 @@ class GroupReconciler:
         self.image = image
         self.groups: dict[str, groups.SharedDeviceGroup] = {}
         self.pods: dict[str, wire.Pod] = {}
-        self.uuids: dict[str, dict[str, int]] = {}
-        """node -> GPU UUID -> index, from the Devices."""
+        self.ids = ids
         self.labelled: set[tuple[str, str]] = set()
         self.handoffs: dict[tuple[str, str], str] = {}
         """(namespace, ConfigMap) -> the devices this process last wrote there."""
@@ -68,13 +74,6 @@ class GroupReconciler:
 
     def on_pod(self, kind: str, pod: wire.Pod) -> None:
         informer.remember(self.pods, kind, pod)
-        self.loop.wake()
-
-    def on_device(self, kind: str, device: wire.Device) -> None:
-        if kind == "DELETED":
-            self.uuids.pop(device.metadata.name, None)
-        else:
-            self.uuids[device.metadata.name] = {str(g.uuid): g.index for g in device.spec.gpus if g.uuid}
         self.loop.wake()
 
     # ----------------------------------------------------------------- the pass
@@ -149,7 +148,7 @@ class GroupReconciler:
         reason, message = "", ""
         if holder is not None and holder.spec.node_name:
             reported = [u for u in holder.metadata.annotations.get(names.GPU_UUID, "").split(",") if u]
-            indexes = self.uuids.get(holder.spec.node_name, {})
+            indexes = self.ids.indexes(holder.spec.node_name)
             if len(reported) == group.spec.gpus and all(u in indexes for u in reported):
                 phase, node = groups.PHASE_BOUND, holder.spec.node_name
                 devices = sorted((groups.GroupDevice(index=indexes[u], uuid=u) for u in reported),

@@ -37,7 +37,7 @@ from sharegpu.api import deviceshare as api_deviceshare
 from sharegpu.api import groups as api_groups
 from sharegpu.api import lifetimes, names, paths, resources, wire
 from sharegpu.api import sharepods as api_sharepods
-from sharegpu.controller import budgets, deviceshare, groups, sharepods
+from sharegpu.controller import budgets, deviceshare, groups, inventory, sharepods
 from sharegpu.core import errors
 from sharegpu.kube import client, informer, leader, reconcile
 from sharegpu.kube import events as kube_events
@@ -78,7 +78,8 @@ class Controller:
         self.identity = options.identity or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(2)}"
         self.recorder = kube_events.Recorder(api, names.CONTROLLER, self.identity, clock)
         self.budgets = budgets.BudgetReconciler(api, self.recorder, clock, write_every=options.write_every)
-        self.groups = groups.GroupReconciler(api, self.recorder, clock, image=options.image)
+        self.ids = inventory.GpuIds()
+        self.groups = groups.GroupReconciler(api, self.recorder, clock, self.ids, image=options.image)
         unknown = sorted(options.compat - set(resources.COMPAT))
         if unknown:
             raise errors.InvalidRequestError(f"compat: unknown {', '.join(unknown)} (known: "
@@ -87,7 +88,7 @@ class Controller:
             deviceshare.MirrorReconciler(api, self.recorder, clock) if "deviceshare" in options.compat else None
         )
         self.sharepods = (
-            sharepods.SharePodReconciler(api, self.recorder, clock) if "kubeshare" in options.compat else None
+            sharepods.SharePodReconciler(api, self.recorder, clock, self.ids) if "kubeshare" in options.compat else None
         )
         self.elector: leader.LeaderElector | leader.Solo = leader.Solo()
         if options.leader_elect:
@@ -129,9 +130,10 @@ class Controller:
 
     def _on_device(self, kind: str, device: wire.Device) -> None:
         self.budgets.on_device(kind, device)
-        self.groups.on_device(kind, device)
+        self.ids.on_device(kind, device)
+        self.groups.loop.wake()
         if self.sharepods is not None:
-            self.sharepods.on_device(kind, device)
+            self.sharepods.loop.wake()
 
     def _on_group(self, kind: str, group: api_groups.SharedDeviceGroup) -> None:
         self.groups.on_group(kind, group)

@@ -18,6 +18,7 @@ import logging
 from collections.abc import Callable
 
 from sharegpu.api import paths, resources, sharepods, wire
+from sharegpu.controller import inventory
 from sharegpu.kube import client, errors, informer, reconcile
 from sharegpu.kube import events as kube_events
 
@@ -26,7 +27,9 @@ RETRY = 30.0
 
 
 class SharePodReconciler:
-    def __init__(self, api: client.KubeApi, recorder: kube_events.Recorder, clock: Callable[[], float]) -> None:
+    def __init__(
+        self, api: client.KubeApi, recorder: kube_events.Recorder, clock: Callable[[], float], ids: inventory.GpuIds
+    ) -> None:
         self.api = api
         self.recorder = recorder
         self.clock = clock
@@ -36,8 +39,7 @@ class SharePodReconciler:
         self.others: dict[str, float] = {}
         """namespace/name of SharePods whose name a Pod they did not make holds (found by a 409), and
         when that was found: tried again after `RETRY` seconds (that Pod carries no label to watch)."""
-        self.uuids: dict[str, dict[int, str]] = {}
-        """node -> GPU index -> UUID, from the Devices."""
+        self.ids = ids
         self.loop = reconcile.Loop("sharepods", self.reconcile)
 
     def on_share(self, kind: str, share: sharepods.SharePod) -> None:
@@ -48,16 +50,9 @@ class SharePodReconciler:
         informer.remember(self.pods, kind, pod)
         self.loop.wake()
 
-    def on_device(self, kind: str, device: wire.Device) -> None:
-        if kind == "DELETED":
-            self.uuids.pop(device.metadata.name, None)
-        else:
-            self.uuids[device.metadata.name] = {g.index: str(g.uuid) for g in device.spec.gpus if g.uuid}
-        self.loop.wake()
-
     def devices(self, pod: sharepods.MadePod) -> str:
-        known = self.uuids.get(pod.spec.node_name, {})
-        return ",".join(known.get(i, f"{pod.spec.node_name}/{i}") for i in sharepods.gpu_indexes(pod))
+        node = pod.spec.node_name
+        return ",".join(self.ids.uuid(node, i) or f"{node}/{i}" for i in sharepods.gpu_indexes(pod))
 
     async def reconcile(self) -> None:
         for key, share in list(self.shares.items()):
