@@ -199,3 +199,58 @@ def test_a_groups_holder_is_charged_to_the_groups_namespace() -> None:
     )  # fmt: skip
     life = lifetimes.lifetime(holder)
     assert life is not None and life.namespace == "team" and life.whole_gpus == 2
+
+
+# ----------------------------------------------------------------- cluster budgets: which namespaces
+
+
+def selector(labels: dict[str, str] | None = None, *expressions: tuple[str, str, list[str]]) -> wire.LabelSelector:
+    return wire.LabelSelector(
+        match_labels=labels or {},
+        match_expressions=[wire.SelectorRequirement(key=k, operator=op, values=v) for k, op, v in expressions],  # type: ignore[arg-type]
+    )
+
+
+def test_a_label_selector_reads_as_kubernetes_reads_it() -> None:
+    team = {"team": "vision", "tier": "prod"}
+    assert wire.selects(selector(), {})  # empty: everything
+    assert wire.selects(selector({"team": "vision"}), team)
+    assert not wire.selects(selector({"team": "speech"}), team)
+    assert wire.selects(selector(None, ("tier", "In", ["prod", "dev"])), team)
+    assert not wire.selects(selector(None, ("tier", "In", ["dev"])), team)
+    assert not wire.selects(selector(None, ("tier", "In", ["prod"])), {})
+    assert wire.selects(selector(None, ("tier", "NotIn", ["dev"])), team)
+    assert wire.selects(selector(None, ("tier", "NotIn", ["dev"])), {})  # absent: not in
+    assert not wire.selects(selector(None, ("tier", "NotIn", ["prod"])), team)
+    assert wire.selects(selector(None, ("team", "Exists", [])), team)
+    assert not wire.selects(selector(None, ("team", "DoesNotExist", [])), team)
+    assert not wire.selects(selector({"team": "vision"}, ("tier", "DoesNotExist", [])), team)  # all must hold
+
+
+def test_a_malformed_selector_is_named_and_selects_nothing() -> None:
+    empty_in = selector(None, ("tier", "In", []))
+    assert wire.selector_problem(empty_in) == "matchExpressions[0] (tier In) needs values"
+    assert not wire.selects(empty_in, {"tier": "x"})
+    exists_with = selector(None, ("tier", "NotIn", ["a"]), ("team", "Exists", ["x"]))
+    assert wire.selector_problem(exists_with) == "matchExpressions[1] (team Exists) takes no values"
+    assert not wire.selects(exists_with, {"team": "x"})
+    assert wire.selector_problem(selector({"a": "b"}, ("c", "Exists", []))) is None
+
+
+def test_a_cluster_budget_covers_the_namespaces_it_selects_and_names_itself() -> None:
+    cluster = budgets.ClusterGPUBudget(
+        metadata=wire.ObjectMeta(name="research"),
+        spec=budgets.ClusterBudgetSpec(
+            gpu_hours=5, period_start=wire.timestamp(T0), namespace_selector=selector({"org": "research"})
+        ),
+        status=budgets.BudgetStatus(used_gpu_seconds=9000, period_start="s", period_end="e"),
+    )
+    assert budgets.covers(cluster, "a", {"org": "research"})
+    assert not budgets.covers(cluster, "b", {"org": "sales"})
+    own = make()
+    assert budgets.covers(own, "ns", {}) and not budgets.covers(own, "other", {"org": "research"})
+    assert budgets.summary(cluster) == "ClusterGPUBudget research: 2.50 of 5 GPU-hours used in the period s to e"
+    assert budgets.summary(own).startswith("GPUBudget ns/b: ")
+    # Its books are kept as a namespaced budget's are: one pool over the pods given.
+    books = budgets.account(cluster, [held("a", 1000, T0), held("b", 500, T0)], [], T0 + HOUR)
+    assert books.status.used_gpu_seconds == 1500 * HOUR // 1000

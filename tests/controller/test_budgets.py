@@ -195,3 +195,72 @@ async def test_budget_use_and_leadership_are_on_metrics(env: Env) -> None:
     )
     assert text == 10 * HOUR
     assert controller.metrics.registry.get_sample_value("sharegpu_controller_leader") == 1
+
+
+# ----------------------------------------------------------------- cluster budgets
+
+
+def cluster_budget(name: str = "research", selector: Json | None = None, **spec: Any) -> Json:
+    return {
+        "apiVersion": resources.CLUSTER_GPU_BUDGET.api_version,
+        "kind": resources.CLUSTER_GPU_BUDGET.kind,
+        "metadata": {"name": name},
+        "spec": {"gpuHours": 10, "periodStart": "2026-11-01T00:00:00Z", "namespaceSelector": selector or {}, **spec},
+    }
+
+
+def namespace(name: str, **labels: str) -> Json:
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}}
+
+
+def cluster_status(env: Env, name: str = "research") -> budgets.BudgetStatus:
+    stored = env.server.get_object(resources.CLUSTER_GPU_BUDGET.path(None, name))
+    assert stored is not None
+    return wire.convert(stored, budgets.ClusterGPUBudget).status
+
+
+async def test_a_cluster_budget_pools_the_namespaces_it_selects_and_follows_their_labels(env: Env) -> None:
+    for name, org in (("vision", "research"), ("speech", "research"), ("shop", "sales")):
+        await env.add(namespace(name, org=org), paths.NAMESPACES)
+        await env.add(gpu_pod("p", [(0, 500, 0)], namespace=name), paths.pods(name))
+    await env.add(
+        cluster_budget(selector={"matchLabels": {"org": "research"}}, gpuHours=1, whenExhausted="Deny"),
+        resources.CLUSTER_GPU_BUDGET.path(),
+    )
+    controller = await env.start()
+    env.clock.now = T0 + HOUR
+    await env.pass_(controller)
+    status = cluster_status(env)
+    assert status.used_gpu_seconds == 2 * HOUR // 2  # vision and speech at half a GPU; not shop
+    assert [c.pod for c in status.top_consumers] == ["speech/p", "vision/p"]
+    assert status.state == "Exhausted"
+    exhausted = env.server.list_objects(paths.events("default"))  # cluster-scoped: events in default
+    assert [(e["reason"], e["involvedObject"]["kind"], e["involvedObject"]["name"]) for e in exhausted] == [
+        ("BudgetExhausted", "ClusterGPUBudget", "research")
+    ]
+    assert "ClusterGPUBudget research: 1.00 of 1 GPU-hours" in exhausted[0]["message"]
+    # speech leaves the organisation: what it used stays counted, nothing more is added.
+    await env.api.patch(paths.namespace("speech"), {"metadata": {"labels": {"org": "sales"}}})
+    env.clock.now = T0 + 2 * HOUR
+    await env.pass_(controller)
+    status = cluster_status(env)
+    assert [p.pod for p in status.accounting.pods] == ["vision/p"]
+    assert status.accounting.settled_milli_gpu_seconds == 500 * HOUR
+    assert status.used_gpu_seconds == HOUR // 2 + HOUR  # speech: its first hour; vision: two
+    labels = {"namespace": "", "budget": "research"}
+    assert controller.metrics.registry.get_sample_value("sharegpu_budget_used_gpu_seconds", labels) == 1.5 * HOUR
+
+
+async def test_a_cluster_budget_with_a_malformed_selector_covers_nothing_and_says_why(env: Env) -> None:
+    await env.add(namespace("vision", org="research"), paths.NAMESPACES)
+    await env.add(gpu_pod("p", [(0, 1000, 0)], namespace="vision"), paths.pods("vision"))
+    bad = {"matchExpressions": [{"key": "org", "operator": "In", "values": []}]}
+    await env.add(cluster_budget(selector=bad), resources.CLUSTER_GPU_BUDGET.path())
+    controller = await env.start()
+    env.clock.now = T0 + HOUR
+    await env.pass_(controller)
+    await env.pass_(controller)
+    assert cluster_status(env).used_gpu_seconds == 0
+    warned = [e for e in env.server.list_objects(paths.events("default")) if e["reason"] == "InvalidSelector"]
+    assert len(warned) == 1  # once, not once per pass
+    assert warned[0]["message"].startswith("spec.namespaceSelector: matchExpressions[0] (org In) needs values")

@@ -229,3 +229,57 @@ async def test_an_exhausted_demote_budget_gives_new_gpu_pods_the_demotion_class(
     assert new["spec"]["priorityClassName"] == "sharegpu-over-budget"
     assert new["spec"]["priority"] == -1000
     assert f"GPUBudget {namespace}/team" in new["metadata"]["annotations"][names.DEMOTED]
+
+
+async def test_a_cluster_budget_pools_the_namespaces_it_selects_and_refuses_in_each_of_them(
+    admin: client.KubeClient,
+    namespace: str,
+    webhook: RunningWebhook,  # noqa: F811
+    controllers: Controllers,
+) -> None:
+    org = f"org-{namespace}"
+    other = f"{namespace}-b"
+    name = f"pool-{namespace}"
+    made = [other, f"{namespace}-new", f"{namespace}-out"]
+    await admin.patch(paths.namespace(namespace), {"metadata": {"labels": {"org": org}}})
+    await admin.create(paths.NAMESPACES, {"apiVersion": "v1", "kind": "Namespace",
+                                          "metadata": {"name": other, "labels": {"org": org}}})  # fmt: skip
+    body = budget_body(name, "", whenExhausted="Deny", namespaceSelector={"matchLabels": {"org": org}})
+    body["kind"], body["apiVersion"] = resources.CLUSTER_GPU_BUDGET.kind, resources.CLUSTER_GPU_BUDGET.api_version
+    del body["metadata"]["namespace"]
+    await admin.create(resources.CLUSTER_GPU_BUDGET.path(), body)
+    try:
+        # Half an hour of a whole GPU in each namespace: 3600 GPU-seconds of the pool's 3600.
+        await bound_long_ago(admin, namespace, "one", 1800)
+        await bound_long_ago(admin, other, "two", 1800)
+        await controllers.start()
+        await controllers.pass_()
+        stored = await admin.get(resources.CLUSTER_GPU_BUDGET.path(None, name))
+        status = wire.convert(stored, budgets.ClusterGPUBudget).status
+        assert status.used_gpu_seconds == pytest.approx(3600, rel=0.01)
+        assert sorted(c.pod for c in status.top_consumers) == sorted([f"{namespace}/one", f"{other}/two"])
+        assert status.state == "Exhausted"
+        exhausted = [e for e in await events(admin, "default", "BudgetExhausted")
+                     if e["involvedObject"]["name"] == name]  # fmt: skip
+        assert len(exhausted) == 1 and exhausted[0]["involvedObject"]["kind"] == "ClusterGPUBudget"
+
+        async def webhook_knows() -> bool:
+            return any(b.status.state == "Exhausted" for b in webhook.policy.cluster_budgets)
+
+        await wait_for(webhook_knows, what="the webhook to see the exhausted cluster budget")
+        # Refused in each namespace the selector picks, a namespace created with the label a moment
+        # ago included; admitted in one it does not pick.
+        await admin.create(paths.NAMESPACES, {"apiVersion": "v1", "kind": "Namespace",
+                                              "metadata": {"name": made[1], "labels": {"org": org}}})  # fmt: skip
+        for where in (namespace, other, made[1]):
+            with pytest.raises(kube_errors.KubeError) as refused:
+                await admin.create(paths.pods(where), gpu_pod("c", where, milli=100))
+            assert f"ClusterGPUBudget {name}: 1.00 of 1 GPU-hours used" in str(refused.value)
+        await admin.create(paths.NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": made[2]}})
+        await admin.create(paths.pods(made[2]), gpu_pod("c", made[2], milli=100))
+    finally:
+        await admin.delete(resources.CLUSTER_GPU_BUDGET.path(None, name))
+        for ns in made:
+            with contextlib.suppress(kube_errors.NotFoundError):
+                await admin.request("DELETE", f"{paths.pods(ns)}", params={"gracePeriodSeconds": 0})
+                await admin.delete(paths.namespace(ns))

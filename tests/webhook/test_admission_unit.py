@@ -9,8 +9,9 @@ import msgspec
 import orjson
 
 from sharegpu.api import admission as messages
-from sharegpu.api import budgets, groups, names, wire
-from sharegpu.webhook import admission
+from sharegpu.api import budgets, groups, names, paths, wire
+from sharegpu.kube import client, fake
+from sharegpu.webhook import admission, server
 
 Json = dict[str, Any]
 POLICY = admission.Policy(system_users=frozenset({"sharegpu-extender"}))
@@ -204,6 +205,60 @@ def test_an_exhausted_demote_budget_moves_new_gpu_pods_to_its_priority_class() -
 def test_an_allow_budget_only_reports() -> None:
     out = applied(gpu_pod(), admission.mutate(review(gpu_pod()), with_budgets(exhausted("Allow"))))
     assert "priorityClassName" not in out["spec"]
+
+
+def cluster_exhausted(action: str, org: str = "research") -> budgets.ClusterGPUBudget:
+    return budgets.ClusterGPUBudget(
+        metadata=wire.ObjectMeta(name="research"),
+        spec=budgets.ClusterBudgetSpec(
+            gpu_hours=20, when_exhausted=action,  # type: ignore[arg-type]
+            namespace_selector=wire.LabelSelector(match_labels={"org": org}),
+        ),
+        status=exhausted(action).status,
+    )  # fmt: skip
+
+
+def namespace(name: str, **labels: str) -> wire.Namespace:
+    return wire.Namespace(metadata=wire.ObjectMeta(name=name, labels=labels))
+
+
+async def test_a_cluster_budget_governs_the_namespaces_its_selector_picks_as_their_labels_change() -> None:
+    hook = server.Webhook(POLICY)
+    hook.on_namespace("ADDED", namespace("ns", org="research"))
+    hook.on_namespace("ADDED", namespace("other", org="sales"))
+    hook.on_cluster_budget("ADDED", cluster_exhausted("Deny"))
+
+    def allowed(ns: str) -> bool:
+        body = review(gpu_pod())
+        body["request"]["namespace"] = ns
+        return bool(answer_of(server.handle_review("mutate", body, hook.policy))["response"]["allowed"])
+
+    refused = answer_of(server.handle_review("mutate", review(gpu_pod()), hook.policy))["response"]
+    assert "ClusterGPUBudget research: 20.00 of 20 GPU-hours used" in refused["status"]["message"]
+    assert allowed("other")
+    hook.on_namespace("MODIFIED", namespace("ns", org="sales"))
+    assert allowed("ns")
+    hook.on_namespace("MODIFIED", namespace("other", org="research"))
+    assert not allowed("other")
+    hook.on_cluster_budget("DELETED", cluster_exhausted("Deny"))
+    assert allowed("other") and hook.policy.namespace_labels == {}  # labels kept only while needed
+
+
+async def test_a_pod_of_a_namespace_not_seen_yet_is_judged_with_its_labels_read_from_the_api() -> None:
+    api = fake.FakeApiServer()
+    api.put_object(paths.NAMESPACES, {"metadata": {"name": "new", "labels": {"org": "research"}}})
+    hook = server.Webhook(POLICY)
+    hook.kube = client.KubeClient(api)
+    hook.on_cluster_budget("ADDED", cluster_exhausted("Deny"))
+    body = review(gpu_pod())
+    body["request"]["namespace"] = "new"
+    await hook._learn_namespace(body)
+    assert not answer_of(server.handle_review("mutate", body, hook.policy))["response"]["allowed"]
+    # A namespace the API does not know (or cannot say): judged without labels, not crashed.
+    body["request"]["namespace"] = "missing"
+    await hook._learn_namespace(body)
+    assert answer_of(server.handle_review("mutate", body, hook.policy))["response"]["allowed"]
+    await hook.kube.close()
 
 
 def group(namespace: str = "ns", name: str = "g", allowed: tuple[str, ...] = ()) -> groups.SharedDeviceGroup:

@@ -1,13 +1,16 @@
-"""The GPUBudget resource: GPU time a namespace may use per period, and what happens beyond it.
+"""The GPU-time budgets: GPU time namespaces may use per period, and what happens beyond it.
 
-A GPUBudget lives in the namespace it governs. Usage is GPU-seconds weighted by the share held: a
-pod holding 500 milli-GPU (or half a GPU's memory, whichever is larger) on each of 2 GPUs for an
-hour uses 3,600 GPU-seconds. The controller computes it from pod lifetimes in the API and writes
-the status; the webhook reads the status to demote or refuse new GPU pods.
+A GPUBudget lives in the namespace it governs; a ClusterGPUBudget (cluster-scoped) governs every
+namespace its `namespaceSelector` selects, together: their pods draw on one pool. Usage is
+GPU-seconds weighted by the share held: a pod holding 500 milli-GPU (or half a GPU's memory,
+whichever is larger) on each of 2 GPUs for an hour uses 3,600 GPU-seconds. The controller computes it from pod
+lifetimes in the API and writes the status; the webhook reads the status to demote or refuse new GPU
+pods.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Annotated, Final, Literal
 
@@ -42,6 +45,15 @@ class BudgetSpec(wire.Message, kw_only=True, frozen=True):
     demote_priority_class: Annotated[str, Meta(description="The PriorityClass of demoted pods.")] = (
         "sharegpu-over-budget"
     )
+
+
+class ClusterBudgetSpec(BudgetSpec, kw_only=True, frozen=True):
+    """A budget shared by every namespace the selector selects (their use adds up)."""
+
+    namespace_selector: Annotated[
+        wire.LabelSelector,
+        Meta(description="The namespaces whose GPU pods draw on this budget, by their labels; {}: every namespace."),
+    ]
 
 
 class Consumer(wire.Message, kw_only=True, frozen=True):
@@ -87,6 +99,31 @@ class GPUBudget(wire.Message, kw_only=True, frozen=True):
     status: BudgetStatus = msgspec.field(default_factory=BudgetStatus)
 
 
+class ClusterGPUBudget(wire.Message, kw_only=True, frozen=True):
+    api_version: str = ""
+    kind: str = ""
+    metadata: wire.ObjectMeta = msgspec.field(default_factory=wire.ObjectMeta)
+    spec: ClusterBudgetSpec
+    status: BudgetStatus = msgspec.field(default_factory=BudgetStatus)
+
+
+AnyBudget = GPUBudget | ClusterGPUBudget
+
+
+def covers(item: AnyBudget, namespace: str, labels: Mapping[str, str]) -> bool:
+    """Whether the budget governs the namespace (`labels`: the namespace's labels)."""
+    if isinstance(item, GPUBudget):
+        return item.metadata.namespace == namespace
+    return wire.selects(item.spec.namespace_selector, labels)
+
+
+def title(item: AnyBudget) -> str:
+    """How messages name the budget: `GPUBudget team-a/quarterly`, `ClusterGPUBudget research`."""
+    if isinstance(item, GPUBudget):
+        return f"GPUBudget {item.metadata.namespace}/{item.metadata.name}"
+    return f"ClusterGPUBudget {item.metadata.name}"
+
+
 LIMIT_TOP: Final = 10
 """How many consumers the status lists."""
 
@@ -118,23 +155,24 @@ def limit_seconds(spec: BudgetSpec) -> int:
     return spec.gpu_hours * 3600
 
 
-def anchor(item: GPUBudget) -> int:
+def anchor(item: AnyBudget) -> int:
     """Where the budget's periods are counted from: spec.periodStart, else its creation."""
     return wire.seconds(item.spec.period_start or item.metadata.creation_timestamp or "")
 
 
-def summary(item: GPUBudget) -> str:
+def summary(item: AnyBudget) -> str:
     """The budget's standing in one line, for events and admission refusals."""
     status, spec = item.status, item.spec
     used_hours = status.used_gpu_seconds / 3600
     return (
-        f"GPUBudget {item.metadata.namespace}/{item.metadata.name}: {used_hours:.2f} of {spec.gpu_hours} GPU-hours "
+        f"{title(item)}: {used_hours:.2f} of {spec.gpu_hours} GPU-hours "
         f"used in the period {status.period_start} to {status.period_end}"
     )
 
 
-def account(item: GPUBudget, present: list[Held], gone: list[Held], now: int) -> Books:
-    """The budget's status at `now` from its previous status (its books) and the pods of its namespace.
+def account(item: AnyBudget, present: list[Held], gone: list[Held], now: int) -> Books:
+    """The budget's status at `now` from its previous status (its books) and the pods of the
+    namespaces it covers.
 
     `present`: pods in the API now; `gone`: pods the controller saw deleted. A pod's use is added to
     `settled` exactly once, when it leaves the status's pod list: with its use up to its end if the

@@ -24,6 +24,15 @@ class Subject:
     uid: str
 
 
+CLUSTER_EVENTS = "default"
+"""Where events about cluster-scoped objects live (as Kubernetes' own recorders put them)."""
+
+
+def namespace_of(subject: Subject) -> str:
+    """The namespace an event about the subject is written in."""
+    return subject.namespace or CLUSTER_EVENTS
+
+
 def name(subject: Subject, reason: str, decision: str) -> str:
     """A stable event name: the subject's name (cut to fit) and a digest of what was decided."""
     digest = hashlib.sha256(f"{subject.uid}\0{reason}\0{decision}".encode()).hexdigest()[:16]
@@ -45,7 +54,7 @@ def event(
     return {
         "apiVersion": "v1",
         "kind": "Event",
-        "metadata": {"name": name(subject, reason, decision), "namespace": subject.namespace},
+        "metadata": {"name": name(subject, reason, decision), "namespace": namespace_of(subject)},
         "involvedObject": {
             "apiVersion": subject.api_version,
             "kind": subject.kind,

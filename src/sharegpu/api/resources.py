@@ -165,7 +165,24 @@ GPU_BUDGET: Final = CustomResource(
     ),
 )
 
-GENERATED: Final = (SHARED_DEVICE_GROUP, GPU_BUDGET)
+CLUSTER_GPU_BUDGET: Final = CustomResource(
+    group=names.DOMAIN,
+    version=names.API_VERSION,
+    kind="ClusterGPUBudget",
+    plural="clustergpubudgets",
+    singular="clustergpubudget",
+    scope="Cluster",
+    spec=budgets.ClusterBudgetSpec,
+    status=budgets.BudgetStatus,
+    description=(
+        "GPU time that the namespaces a selector picks may use together per period, weighted by the share held, "
+        "and what happens beyond it."
+    ),
+    short_names=("cgpub",),
+    columns=GPU_BUDGET.columns,
+)
+
+GENERATED: Final = (SHARED_DEVICE_GROUP, GPU_BUDGET, CLUSTER_GPU_BUDGET)
 """The resources whose definitions are generated here (the Device resource's is still written by
 hand in deploy/crds)."""
 
@@ -217,6 +234,11 @@ SHAREPOD: Final = CustomResource(
 COMPAT: Final = {"deviceshare": (DEVICESHARE_GROUP,), "kubeshare": (SHAREPOD,)}
 """Other systems' resources that sharegpu can serve (`sharegpu crds --compat NAME`; the controller's
 `--compat NAME` reconciles them). Optional: a cluster installs only those its users need."""
+
+
+def budget_resource(item: budgets.AnyBudget) -> CustomResource:
+    """The resource a budget is an object of."""
+    return GPU_BUDGET if isinstance(item, budgets.GPUBudget) else CLUSTER_GPU_BUDGET
 
 
 def render(resource: CustomResource) -> str:

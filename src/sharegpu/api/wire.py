@@ -13,9 +13,11 @@ writes is exactly what the others read.
 from __future__ import annotations
 
 import datetime
-from typing import Any, Generic, TypeVar
+from collections.abc import Mapping
+from typing import Annotated, Any, Generic, Literal, TypeVar
 
 import msgspec
+from msgspec import Meta
 
 from sharegpu.core import errors
 
@@ -224,6 +226,61 @@ class Node(Message, kw_only=True, frozen=True):
     metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
     spec: NodeSpec = msgspec.field(default_factory=NodeSpec)
     status: NodeStatus = msgspec.field(default_factory=NodeStatus)
+
+
+class Namespace(Message, kw_only=True, frozen=True):
+    metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
+
+
+# ----------------------------------------------------------------- label selectors
+
+
+class SelectorRequirement(Message, kw_only=True, frozen=True):
+    """One requirement of a label selector (metav1.LabelSelectorRequirement)."""
+
+    key: Annotated[str, Meta(min_length=1, max_length=317)]
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
+    values: list[str] = []
+
+
+class LabelSelector(Message, kw_only=True, frozen=True):
+    """A label selector (metav1.LabelSelector): every `matchLabels` pair and every requirement must
+    hold; an empty selector selects everything."""
+
+    match_labels: dict[str, str] = {}
+    match_expressions: list[SelectorRequirement] = []
+
+
+def selector_problem(selector: LabelSelector) -> str | None:
+    """Why the API would refuse this selector (In/NotIn need values, Exists/DoesNotExist take
+    none); None if it is well formed."""
+    for number, requirement in enumerate(selector.match_expressions):
+        wants_values = requirement.operator in ("In", "NotIn")
+        if wants_values and not requirement.values:
+            return f"matchExpressions[{number}] ({requirement.key} {requirement.operator}) needs values"
+        if not wants_values and requirement.values:
+            return f"matchExpressions[{number}] ({requirement.key} {requirement.operator}) takes no values"
+    return None
+
+
+def selects(selector: LabelSelector, labels: Mapping[str, str]) -> bool:
+    """Whether `labels` satisfy the selector (as Kubernetes reads one; malformed requirements, see
+    `selector_problem`, select nothing)."""
+    if selector_problem(selector) is not None:
+        return False
+    if any(labels.get(k) != v for k, v in selector.match_labels.items()):
+        return False
+    for requirement in selector.match_expressions:
+        present = requirement.key in labels
+        if requirement.operator == "Exists" and not present:
+            return False
+        if requirement.operator == "DoesNotExist" and present:
+            return False
+        if requirement.operator == "In" and (not present or labels[requirement.key] not in requirement.values):
+            return False
+        if requirement.operator == "NotIn" and present and labels[requirement.key] in requirement.values:
+            return False
+    return True
 
 
 # ----------------------------------------------------------------- sharegpu's Device resource

@@ -1,4 +1,6 @@
-"""The budget reconciler: each GPUBudget's usage from the lifetimes of its namespace's GPU pods.
+"""The budget reconciler: each budget's usage from the lifetimes of the GPU pods of the namespaces
+it covers (a GPUBudget its own; a ClusterGPUBudget those its namespace selector picks, by the labels
+the namespace informer keeps).
 
 It keeps, from its informers, every bound GPU pod's `api.lifetimes.Lifetime`, the pods it saw go
 (with the time they went), and each node's GPU memory (a pod's weight counts its memory share). A
@@ -16,6 +18,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+
+import msgspec
 
 from sharegpu.api import budgets, lifetimes, resources, wire
 from sharegpu.core import budget, units
@@ -53,7 +57,10 @@ class BudgetReconciler:
         self.gone: dict[str, tuple[lifetimes.Lifetime, int]] = {}
         """uid -> (lifetime, when it went) for pods seen deleted."""
         self.memory: dict[str, dict[int, int]] = {}
-        self.budgets: dict[str, budgets.GPUBudget] = {}
+        self.namespaces: dict[str, dict[str, str]] = {}
+        """namespace -> its labels (what cluster budgets select by)."""
+        self.budgets: dict[str, budgets.AnyBudget] = {}
+        """Both kinds, by `wire.key` (`namespace/name` for GPUBudgets, `name` for cluster ones)."""
         self.loop = reconcile.Loop("budgets", self.reconcile)
         self.writes = 0
         self.conflicts = 0
@@ -80,9 +87,24 @@ class BudgetReconciler:
         else:
             self.memory[device.metadata.name] = device_memory(device)
 
-    def on_budget(self, kind: str, item: budgets.GPUBudget) -> None:
+    def on_budget(self, kind: str, item: budgets.AnyBudget) -> None:
         informer.remember(self.budgets, kind, item)
         self.loop.wake()
+
+    def on_namespace(self, kind: str, namespace: wire.Namespace) -> None:
+        name = namespace.metadata.name
+        if kind == "DELETED":
+            self.namespaces.pop(name, None)
+        elif self.namespaces.get(name) != namespace.metadata.labels:
+            self.namespaces[name] = dict(namespace.metadata.labels)
+            if any(isinstance(b, budgets.ClusterGPUBudget) for b in self.budgets.values()):
+                self.loop.wake()
+
+    def covered(self, item: budgets.AnyBudget) -> set[str]:
+        """The namespaces whose pods the budget counts."""
+        if isinstance(item, budgets.GPUBudget):
+            return {item.metadata.namespace}
+        return {ns for ns, labels in self.namespaces.items() if budgets.covers(item, ns, labels)}
 
     # ----------------------------------------------------------------- holdings
 
@@ -110,9 +132,13 @@ class BudgetReconciler:
 
     async def reconcile(self) -> None:
         now = int(self.clock())
-        holdings = self.held({b.metadata.namespace for b in self.budgets.values()})
+        covered = {key: self.covered(item) for key, item in self.budgets.items()}
+        holdings = self.held(set().union(*covered.values()))
         for key, item in list(self.budgets.items()):
-            present, gone = holdings[item.metadata.namespace]
+            if isinstance(item, budgets.ClusterGPUBudget):
+                await self._check_selector(item)
+            present = [h for ns in sorted(covered[key]) for h in holdings[ns][0]]
+            gone = [h for ns in sorted(covered[key]) for h in holdings[ns][1]]
             try:
                 books = budgets.account(item, present, gone, now)
             except Exception as exc:  # a budget the code cannot account must not stop the others
@@ -129,7 +155,7 @@ class BudgetReconciler:
                     self.budgets.pop(key, None)
                 except errors.KubeError as exc:  # one budget that cannot be written must not stop the others
                     log.warning("budget %s: could not write its status: %s", key, exc)
-        self._forget(now)
+        self._forget(now, covered)
 
     def _worth_writing(self, old: budgets.BudgetStatus, new: budgets.BudgetStatus, now: int) -> bool:
         if old.period_start != new.period_start or old.state != new.state:
@@ -143,17 +169,29 @@ class BudgetReconciler:
         moving = old.used_gpu_seconds != new.used_gpu_seconds
         return moving and now - wire.seconds(old.accounting.accounted_at) >= self.write_every
 
-    async def _write(self, item: budgets.GPUBudget, status: budgets.BudgetStatus) -> None:
+    async def _write(self, item: budgets.AnyBudget, status: budgets.BudgetStatus) -> None:
         meta = item.metadata
-        stored = await self.api.replace(*resources.GPU_BUDGET.status_update(meta, item.spec, status))
+        stored = await self.api.replace(*resources.budget_resource(item).status_update(meta, item.spec, status))
         self.writes += 1
         # Until the watch brings it, the next pass must start from what was just written.
-        self.budgets[wire.key(meta)] = wire.convert(stored, budgets.GPUBudget)
+        self.budgets[wire.key(meta)] = wire.convert(stored, type(item))
 
-    async def _record(self, item: budgets.GPUBudget, crossing: budgets.Crossing, status: budgets.BudgetStatus) -> None:
+    async def _check_selector(self, item: budgets.ClusterGPUBudget) -> None:
+        """A selector the API would refuse selects nothing: say so once, as a Warning event."""
+        problem = wire.selector_problem(item.spec.namespace_selector)
+        if problem is None:
+            return
+        subject = resources.CLUSTER_GPU_BUDGET.subject(item.metadata)
+        message = f"spec.namespaceSelector: {problem}; the budget covers no namespace until it is fixed"
+        try:
+            await self.recorder.record(subject, "InvalidSelector", message, decision=problem, kind="Warning")
+        except errors.KubeError as exc:
+            log.warning("budget %s: could not record InvalidSelector: %s", wire.key(item.metadata), exc)
+
+    async def _record(self, item: budgets.AnyBudget, crossing: budgets.Crossing, status: budgets.BudgetStatus) -> None:
         meta = item.metadata
-        subject = resources.GPU_BUDGET.subject(meta)
-        shown = budgets.GPUBudget(metadata=meta, spec=item.spec, status=status)
+        subject = resources.budget_resource(item).subject(meta)
+        shown = msgspec.structs.replace(item, status=status)
         try:
             await self.recorder.record(
                 subject, crossing.reason, f"{crossing.message} ({budgets.summary(shown)})",
@@ -162,12 +200,13 @@ class BudgetReconciler:
         except errors.KubeError as exc:
             log.warning("budget %s: could not record %s: %s", wire.key(meta), crossing.reason, exc)
 
-    def _forget(self, now: int) -> None:
-        """Drop gone pods that every budget of their namespace has settled (wrote after they went,
-        no longer listing them), that no budget covers, or that went long ago."""
+    def _forget(self, now: int, covered: dict[str, set[str]]) -> None:
+        """Drop gone pods that every budget covering their namespace has settled (wrote after they
+        went, no longer listing them), that no budget covers, or that went long ago."""
         books: dict[str, list[budgets.Accounting]] = {}
-        for item in self.budgets.values():
-            books.setdefault(item.metadata.namespace, []).append(item.status.accounting)
+        for key, item in self.budgets.items():
+            for namespace in covered.get(key, ()):
+                books.setdefault(namespace, []).append(item.status.accounting)
         for uid, (life, end) in list(self.gone.items()):
             mine = books.get(life.namespace, [])
             settled = all(

@@ -1,15 +1,15 @@
 """`sharegpu controller`: the reconcilers of sharegpu's own resources, and their life cycle.
 
-Every replica runs the informers (pods as `api.lifetimes.TimedPod`, Devices, GPUBudgets,
-SharedDeviceGroups and the pods labelled with a group; with `--compat`, the deviceshare.io groups
-or KubeShare's SharePods and their Pods), so a
-standby's picture of the cluster is as current as the leader's; only the holder of the
-`sharegpu-controller` Lease reconciles (writes statuses, records events). Reconcilers: budgets
-(`controller.budgets`), shared device groups (`controller.groups`), and where enabled the
-deviceshare.io mirror (`controller.deviceshare`) and SharePods (`controller.sharepods`). A new leader acts on what
-its informers listed from the API (the books in each budget's status included), never on anything
-its predecessor held in memory. The hand-off and reservation reconcilers stay in the extender, next
-to the ledger they follow (docs/architecture.md says why).
+Every replica runs the informers (pods as `api.lifetimes.TimedPod`, Devices, GPUBudgets and
+ClusterGPUBudgets, Namespaces (their labels), SharedDeviceGroups and the pods labelled with a group;
+with `--compat`, the deviceshare.io groups or KubeShare's SharePods and their Pods), so a standby's
+picture of the cluster is as current as the leader's; only the holder of the `sharegpu-controller`
+Lease reconciles (writes statuses, records events). Reconcilers: budgets (`controller.budgets`),
+shared device groups (`controller.groups`), and where enabled the deviceshare.io mirror
+(`controller.deviceshare`) and SharePods (`controller.sharepods`). A new leader acts on what its
+informers listed from the API (the books in each budget's status included), never on anything its
+predecessor held in memory. The hand-off and reservation reconcilers stay in the extender, next to
+the ledger they follow (docs/architecture.md says why).
 
 Health on one port: /healthz, /readyz (every informer listed and watching, credentials accepted),
 /metrics and /debug/budgets.
@@ -103,6 +103,13 @@ class Controller:
             informer.Informer(
                 api, resources.GPU_BUDGET.path(), api_budgets.GPUBudget, informer.identity, self.budgets.on_budget,
                 name="gpubudgets",
+            ),
+            informer.Informer(
+                api, resources.CLUSTER_GPU_BUDGET.path(), api_budgets.ClusterGPUBudget, informer.identity,
+                self.budgets.on_budget, name="clustergpubudgets",
+            ),
+            informer.Informer(
+                api, paths.NAMESPACES, wire.Namespace, informer.identity, self.budgets.on_namespace, name="namespaces"
             ),
             informer.Informer(
                 api, resources.SHARED_DEVICE_GROUP.path(), api_groups.SharedDeviceGroup, informer.identity,

@@ -30,7 +30,7 @@ class Recorder:
             instance=self.instance, now=wire.timestamp(self.clock()),
         )  # fmt: skip
         try:
-            await self.api.create(paths.events(subject.namespace), body)
+            await self.api.create(paths.events(events.namespace_of(subject)), body)
         except errors.ConflictError as exc:
             if not exc.already_exists:
                 raise

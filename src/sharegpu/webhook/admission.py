@@ -42,6 +42,16 @@ class Policy:
     """GPU pods addressed to these schedulers (or to none) are scheduled by sharegpu instead."""
     budgets: Mapping[str, tuple[api_budgets.GPUBudget, ...]] = dataclasses.field(default_factory=dict)
     """Per namespace, its GPUBudgets as the controller last wrote them."""
+    cluster_budgets: tuple[api_budgets.ClusterGPUBudget, ...] = ()
+    namespace_labels: Mapping[str, Mapping[str, str]] = dataclasses.field(default_factory=dict)
+    """Each namespace's labels (what cluster budgets select by); kept only while there are some."""
+
+    def budgets_of(self, namespace: str) -> list[api_budgets.AnyBudget]:
+        """The budgets that govern the namespace: its own, and the cluster budgets that select it."""
+        labels = self.namespace_labels.get(namespace, {})
+        cluster = [b for b in self.cluster_budgets if api_budgets.covers(b, namespace, labels)]
+        return [*self.budgets.get(namespace, ()), *cluster]
+
     priority_classes: Mapping[str, PriorityClass] = dataclasses.field(default_factory=dict)
     groups: Mapping[str, api_groups.SharedDeviceGroup] = dataclasses.field(default_factory=dict)
     """SharedDeviceGroups by namespace/name, as the webhook last saw them."""
@@ -215,9 +225,9 @@ def validate_group_deletion(body: Any, members: list[str]) -> Answer:
 
 
 def _apply_budgets(namespace: str, spec: Json, notes: Json, policy: Policy, audit: list[str]) -> str | None:
-    """The namespace's exhausted GPUBudgets: a Deny budget refuses the pod (returns why); a Demote
+    """The exhausted budgets governing the namespace: a Deny budget refuses the pod (returns why); a Demote
     budget moves it to its demotion PriorityClass, unless it is already at or below it."""
-    exhausted = [b for b in policy.budgets.get(namespace, ()) if b.status.state == api_budgets.EXHAUSTED]
+    exhausted = [b for b in policy.budgets_of(namespace) if b.status.state == api_budgets.EXHAUSTED]
     for item in exhausted:
         if item.spec.when_exhausted == "Deny":
             return (

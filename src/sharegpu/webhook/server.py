@@ -2,11 +2,12 @@
 
 Endpoints: POST /mutate/pods, /validate/pods, /validate/devices (AdmissionReview v1), GET /healthz
 and /readyz. TLS comes from a certificate and key that are re-read when they change
-(`serving.tls.ReloadingTls`), so a renewed certificate is served from the next connection on. With
-a kubeconfig, the webhook follows the Device inventory (largest GPU memory, models) for its checks,
-the GPUBudgets (an exhausted one refuses or demotes new GPU pods) and the PriorityClasses (what a
-demoted pod must carry); /readyz is false until those informers have listed, and again whenever one
-cannot watch.
+(`serving.tls.ReloadingTls`), so a renewed certificate is served from the next connection on. With a
+kubeconfig, the webhook follows the Device inventory (largest GPU memory, models) for its checks,
+the GPUBudgets and ClusterGPUBudgets (an exhausted one refuses or demotes new GPU pods; cluster ones
+by the labels of the namespaces, which it also follows, and asks for a namespace it has not seen
+yet) and the PriorityClasses (what a demoted pod must carry); /readyz is false until those informers
+have listed, and again whenever one cannot watch.
 
 Malformed bodies never crash the server: anything that is not a JSON AdmissionReview gets a 400
 with a message; a review that cannot be judged is refused (never allowed).
@@ -41,6 +42,8 @@ class Webhook:
         self.policy = policy
         self.devices: dict[str, wire.Device] = {}
         self.budgets: dict[str, budgets.GPUBudget] = {}
+        self.cluster_budgets: dict[str, budgets.ClusterGPUBudget] = {}
+        self.namespaces: dict[str, dict[str, str]] = {}
         self.priority_classes: dict[str, admission.PriorityClass] = {}
         self.groups: dict[str, groups.SharedDeviceGroup] = {}
         self.informers: list[informer.Informer[Any, Any]] = []
@@ -54,6 +57,10 @@ class Webhook:
                               name="webhook-devices"),
             informer.Informer(kube, resources.GPU_BUDGET.path(), budgets.GPUBudget, informer.identity,
                               self.on_budget, name="webhook-gpubudgets"),
+            informer.Informer(kube, resources.CLUSTER_GPU_BUDGET.path(), budgets.ClusterGPUBudget,
+                              informer.identity, self.on_cluster_budget, name="webhook-clustergpubudgets"),
+            informer.Informer(kube, paths.NAMESPACES, wire.Namespace, informer.identity, self.on_namespace,
+                              name="webhook-namespaces"),
             informer.Informer(kube, paths.PRIORITY_CLASSES, wire.PriorityClass, informer.identity,
                               self.on_priority_class, name="webhook-priorityclasses"),
             informer.Informer(kube, resources.SHARED_DEVICE_GROUP.path(), groups.SharedDeviceGroup,
@@ -86,6 +93,8 @@ class Webhook:
                 return web.json_response({"error": f"malformed JSON: {exc}"}, status=400)
             except web.HTTPRequestEntityTooLarge:
                 return web.json_response({"error": "request body too large"}, status=413)
+            if kind == "mutate":
+                await self._learn_namespace(body)
             answer = handle_review(kind, body, self.policy)
             return web.Response(body=messages.encode(answer), content_type="application/json")
 
@@ -132,6 +141,45 @@ class Webhook:
             by_namespace.setdefault(found.metadata.namespace, []).append(found)
         grouped = {ns: tuple(items) for ns, items in by_namespace.items()}
         self.policy = dataclasses.replace(self.policy, budgets=grouped)
+
+    def on_cluster_budget(self, kind: str, item: budgets.ClusterGPUBudget) -> None:
+        informer.remember(self.cluster_budgets, kind, item)
+        self._share_namespaces()
+
+    def on_namespace(self, kind: str, item: wire.Namespace) -> None:
+        name = item.metadata.name
+        if kind == "DELETED":
+            self.namespaces.pop(name, None)
+        elif self.namespaces.get(name) != item.metadata.labels:
+            self.namespaces[name] = dict(item.metadata.labels)
+        else:
+            return
+        if self.cluster_budgets:
+            self._share_namespaces()
+
+    def _share_namespaces(self) -> None:
+        """Give the policy the cluster budgets, and the namespaces' labels while any exist (a copy per
+        change: the policy is a value the handlers read between awaits)."""
+        labels = {ns: dict(v) for ns, v in self.namespaces.items()} if self.cluster_budgets else {}
+        self.policy = dataclasses.replace(
+            self.policy, cluster_budgets=tuple(self.cluster_budgets.values()), namespace_labels=labels
+        )
+
+    async def _learn_namespace(self, body: Any) -> None:
+        """Before judging a pod of a namespace the informer has not brought yet (created a moment ago),
+        read its labels from the API, so no cluster budget misses it."""
+        if not self.cluster_budgets or self.kube is None or not isinstance(body, dict):
+            return
+        request = body.get("request")
+        namespace = request.get("namespace") if isinstance(request, dict) else None
+        if not isinstance(namespace, str) or not namespace or namespace in self.namespaces:
+            return
+        try:
+            found = wire.convert(await self.kube.get(paths.namespace(namespace)), wire.Namespace)
+        except errors.SharegpuError as exc:  # judged without its labels; the informer brings them soon
+            log.warning("namespace %s: could not read its labels: %s", namespace, exc)
+            return
+        self.on_namespace("ADDED", found)
 
     def on_priority_class(self, kind: str, item: wire.PriorityClass) -> None:
         if kind == "DELETED":
