@@ -1,8 +1,11 @@
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from sharegpu.agent import reserve
+from sharegpu.api import names
 from sharegpu.core import errors
 
 
@@ -23,3 +26,17 @@ def test_one_gpu_uuid_is_reported() -> None:
 def test_anything_but_one_uuid_is_refused(value: str, message: str) -> None:
     with pytest.raises(errors.InvalidInputError, match=message):
         reserve.visible_gpu({"NVIDIA_VISIBLE_DEVICES": value})
+
+
+async def test_a_share_groups_holder_reports_nothing_and_only_holds(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("POD_NAME", "holder")
+    monkeypatch.setenv("POD_NAMESPACE", "sharegpu-system")
+    monkeypatch.setenv(names.ROLE_ENV, names.ROLE_GROUP_SHARE)
+    monkeypatch.delenv("NVIDIA_VISIBLE_DEVICES", raising=False)
+    # No API to reach (the kubeconfig does not exist) and no GPU in the environment: a whole-GPU
+    # holder would fail at once; this one holds until cancelled.
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(reserve.main("/nonexistent/kubeconfig"), timeout=0.2)
+    monkeypatch.setenv(names.ROLE_ENV, names.ROLE_GROUP_HOLDER)
+    with pytest.raises(errors.SharegpuError):
+        await asyncio.wait_for(reserve.main("/nonexistent/kubeconfig"), timeout=5)

@@ -84,3 +84,73 @@ async def test_a_group_binds_from_its_holder_and_admits_only_its_namespaces(
     assert node is not None and groups.node_label("team", "g") not in node["metadata"].get("labels", {})
     remaining = server.get_object(resources.SHARED_DEVICE_GROUP.path("team", "g"))
     assert remaining is None or not remaining["metadata"].get("finalizers")
+
+
+async def test_a_share_group_holds_a_share_of_each_gpu_and_hands_its_members_the_limits(
+    env: tuple[fake.FakeApiServer, runtime.Controller],
+) -> None:
+    server, controller = env
+    body = {"metadata": {"name": "s", "namespace": "team"},
+            "spec": {"gpus": 2, "share": {"milli": 300}, "bindEagerly": True}}  # fmt: skip
+    server.put_object(resources.SHARED_DEVICE_GROUP.path("team"), body)
+    await passes(controller, server)
+    holder_path = paths.pod(names.SYSTEM_NAMESPACE, groups.holder_name("team", "s"))
+    holder = server.get_object(holder_path)
+    assert holder is not None, "bindEagerly: a holder at once"
+    container = holder["spec"]["containers"][0]
+    assert container["resources"]["limits"] == {
+        names.GPU: "2",
+        names.GPU_MILLI: "300",
+        "cpu": "10m",
+        "memory": "32Mi",
+    }  # sharegpu's resources, no device-plugin GPU
+    assert {"name": names.ROLE_ENV, "value": names.ROLE_GROUP_SHARE} in container["env"]
+    notes = holder["metadata"]["annotations"]
+    assert notes[names.MEMORY_PERMILLE] == "300"  # no memoryMiB: the same share of the memory
+    source = notes[names.HANDOFF]
+    assert source == groups.holder_handoff_name("team", "s")
+    # Bound by kube-scheduler and the extender, but no hand-off yet: not Bound.
+    holder["spec"]["nodeName"] = "n0"
+    await controller.api.replace(holder_path, holder)
+    await passes(controller, server)
+    stored = server.get_object(resources.SHARED_DEVICE_GROUP.path("team", "s"))
+    assert stored is not None
+    waiting = wire.convert(stored, groups.SharedDeviceGroup).status
+    assert waiting.phase == "Pending" and waiting.conditions[0].reason == "Starting"
+    # The extender writes the holder's hand-off (its own format: per container, per device).
+    device = server.get_object(paths.device("n0"))
+    assert device is not None
+    uuids = [g["uuid"] for g in device["spec"]["gpus"]]
+    written = {
+        "reserve.NVIDIA_VISIBLE_DEVICES": ",".join(uuids), "reserve.CUDA_DEVICE_SM_LIMIT": "30",
+        "reserve.CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "30", "reserve.CUDA_DEVICE_MEMORY_LIMIT_0": "4915m",
+        "reserve.CUDA_DEVICE_MEMORY_LIMIT_1": "4915m", "reserve.CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=4915M,1=4915M",
+    }  # fmt: skip
+    server.put_object(paths.configmaps(names.SYSTEM_NAMESPACE), {
+        "metadata": {"name": source, "labels": {names.LABEL_ROLE: names.ROLE_HANDOFF}}, "data": written,
+    })  # fmt: skip
+    await passes(controller, server)
+    stored = server.get_object(resources.SHARED_DEVICE_GROUP.path("team", "s"))
+    assert stored is not None
+    group = wire.convert(stored, groups.SharedDeviceGroup)
+    assert group.status.phase == "Bound" and [d.uuid for d in group.status.devices] == uuids
+    assert group.status.conditions[0].message == "holds 300 milli-GPU and 30% of the memory of each of 2 GPU(s) of n0"
+    handed = server.get_object(paths.configmap("team", groups.handoff_name("team", "s")))
+    assert handed is not None and handed["data"] == {
+        "NVIDIA_VISIBLE_DEVICES": ",".join(uuids), "CUDA_DEVICE_SM_LIMIT": "30",
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "30", "CUDA_DEVICE_MEMORY_LIMIT": "4915m",
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=4915M,1=4915M",
+    }  # fmt: skip
+
+
+def test_a_share_holders_hand_off_becomes_one_set_of_member_variables() -> None:
+    assert groups.member_handoff({}) is None
+    assert groups.member_handoff({"other.NVIDIA_VISIBLE_DEVICES": "GPU-a"}) is None  # not the holder's container
+    mixed = {"reserve.NVIDIA_VISIBLE_DEVICES": "GPU-a,GPU-b", "reserve.CUDA_DEVICE_SM_LIMIT": "50",
+             "reserve.CUDA_DEVICE_MEMORY_LIMIT_0": "12000m", "reserve.CUDA_DEVICE_MEMORY_LIMIT_1": "8000m"}  # fmt: skip
+    # GPUs of two sizes on one node: every member limited to the smaller share (never beyond either).
+    assert groups.member_handoff(mixed) == {
+        "NVIDIA_VISIBLE_DEVICES": "GPU-a,GPU-b",
+        "CUDA_DEVICE_SM_LIMIT": "50",
+        "CUDA_DEVICE_MEMORY_LIMIT": "8000m",
+    }

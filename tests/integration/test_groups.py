@@ -60,6 +60,18 @@ async def group_of(kube: client.KubeClient, namespace: str, name: str) -> groups
     return wire.convert(found, groups.SharedDeviceGroup) if found is not None else None
 
 
+async def diagnosed(kube: client.KubeClient, namespace: str, name: str, predicate: Any, what: str) -> Any:
+    """wait_for, and on a timeout the group's status and its holder pod's in the failure."""
+    try:
+        return await wait_for(predicate, what=what)
+    except AssertionError as exc:
+        found = await group_of(kube, namespace, name)
+        holder = await get_or_none(kube, paths.pod(names.SYSTEM_NAMESPACE, groups.holder_name(namespace, name)))
+        shown = {k: (holder or {}).get(k) for k in ("spec", "status")}
+        shown["annotations"] = ((holder or {}).get("metadata") or {}).get("annotations")
+        raise AssertionError(f"{exc}\ngroup status: {found and wire.encode(found.status)}\nholder: {shown}") from None
+
+
 async def test_a_group_binds_holds_its_gpus_for_its_members_and_goes_only_without_them(
     admin: client.KubeClient,
     harness: fakecluster.FakeCluster,
@@ -90,7 +102,7 @@ async def test_a_group_binds_holds_its_gpus_for_its_members_and_goes_only_withou
         ok = found is not None and found.status.phase == "Bound" and len(found.status.member_pods) == 3
         return found if ok else None
 
-    group = await wait_for(bound, what="group a bound with 3 members")
+    group = await diagnosed(admin, namespace, "a", bound, "group a bound with 3 members")
     assert group.status.node_name == target
     assert [d.index for d in group.status.devices] == [0, 1]
     uuids = ",".join(d.uuid for d in group.status.devices)
@@ -107,8 +119,9 @@ async def test_a_group_binds_holds_its_gpus_for_its_members_and_goes_only_withou
     for pod in running:
         assert pod["spec"]["nodeName"] == target
         env = pod["spec"]["containers"][0]["env"]
-        assert env == [{"name": "NVIDIA_VISIBLE_DEVICES", "valueFrom": {"configMapKeyRef": {
-            "name": groups.handoff_name(namespace, "a"), "key": "NVIDIA_VISIBLE_DEVICES"}}}]  # fmt: skip
+        assert env[0] == {"name": "NVIDIA_VISIBLE_DEVICES", "valueFrom": {"configMapKeyRef": {
+            "name": groups.handoff_name(namespace, "a"), "key": "NVIDIA_VISIBLE_DEVICES"}}}  # fmt: skip
+        assert [e["name"] for e in env[1:]] == list(groups.LIMITS)  # optional: a whole-GPU group sets none
     node = await admin.get(paths.node(target))
     assert node["metadata"]["labels"][groups.node_label(namespace, "a")] == "true"
 
@@ -206,3 +219,95 @@ async def test_binpack_and_spread_decide_a_groups_node(
     for name in ("packed", "spread"):
         await admin.delete(resources.SHARED_DEVICE_GROUP.path(namespace, name))
         await wait_for(functools.partial(_gone, admin, namespace, name), what=f"group {name} deleted")
+
+
+async def test_a_share_group_holds_a_share_of_its_gpu_and_its_members_run_within_it(
+    admin: client.KubeClient,
+    harness: fakecluster.FakeCluster,
+    extender: stack.ExtenderProcess,
+    namespace: str,
+    nodes: Any,
+    webhook: RunningWebhook,  # noqa: F811
+    controller: runtime.Controller,
+) -> None:
+    """A group of 400 milli-GPU and 4096 MiB of one GPU: its two members run on its node with the
+    group's GPU and its limits; a 600-milli pod still fits beside it on that GPU, one more does not
+    until the group is gone."""
+    await nodes(1, gpus=1, memory=16384)
+    test_nodes = {"sharegpu.io/test": namespace}
+    share = {"milli": 400, "memoryMiB": 4096}
+    await admin.create(resources.SHARED_DEVICE_GROUP.path(namespace), group_body("s", namespace, 1, test_nodes,
+                                                                                 share=share))  # fmt: skip
+
+    async def known() -> bool:
+        return f"{namespace}/s" in webhook.policy.groups
+
+    await wait_for(known, what="the webhook to know the group")
+    for i in range(2):
+        await admin.create(paths.pods(namespace), member(f"m{i}", namespace, "s"))
+
+    async def bound() -> groups.SharedDeviceGroup | None:
+        found = await group_of(admin, namespace, "s")
+        ok = found is not None and found.status.phase == "Bound" and len(found.status.member_pods) == 2
+        return found if ok else None
+
+    group = await diagnosed(admin, namespace, "s", bound, "share group bound with 2 members")
+    assert len(group.status.devices) == 1
+    assert group.status.conditions[0].message.startswith("holds 400 milli-GPU and 4096 MiB of each of 1 GPU(s)")
+    holder = await admin.get(paths.pod(names.SYSTEM_NAMESPACE, groups.holder_name(namespace, "s")))
+    assert names.NVIDIA_GPU not in holder["spec"]["containers"][0]["resources"]["limits"]
+    assert holder["metadata"]["annotations"][names.ALLOCATION]  # placed by the extender like a sharing pod
+
+    async def members_running() -> list[Json] | None:
+        listed = [await admin.get(paths.pod(namespace, f"m{i}")) for i in range(2)]
+        return listed if all(p["status"].get("phase") == "Running" for p in listed) else None
+
+    running = await wait_for(members_running, what="the members running")
+    assert {p["spec"]["nodeName"] for p in running} == {group.status.node_name}
+    handoff = await admin.get(paths.configmap(namespace, groups.handoff_name(namespace, "s")))
+    assert handoff["data"] == {
+        "NVIDIA_VISIBLE_DEVICES": group.status.devices[0].uuid,
+        "CUDA_DEVICE_SM_LIMIT": "40",
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "40",
+        "CUDA_DEVICE_MEMORY_LIMIT": "4096m",
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=4096M",
+    }
+
+    # The rest of the GPU is for others: 600 milli fits beside the group, 100 more does not.
+    for name, milli in (("beside", 600), ("more", 100)):
+        pod = gpu_pod(name, namespace, milli=milli)
+        pod["spec"]["nodeSelector"] = test_nodes
+        await admin.create(paths.pods(namespace), pod)
+
+    async def beside_running() -> bool:
+        found = await admin.get(paths.pod(namespace, "beside"))
+        return bool(found["status"].get("phase") == "Running")
+
+    await wait_for(beside_running, what="the 600-milli pod running beside the group")
+
+    async def more_refused() -> Json | None:
+        found = await admin.get(paths.pod(namespace, "more"))
+        conditions = (found.get("status") or {}).get("conditions") or []
+        refused = any(c["type"] == "PodScheduled" and c["status"] == "False" for c in conditions)
+        return found if refused else None
+
+    more = await wait_for(more_refused, what="the 100-milli pod found no room")
+    assert more["spec"].get("nodeName") is None
+
+    # Members gone, group deleted: its share is freed and the waiting pod runs.
+    for i in range(2):
+        await admin.delete(paths.pod(namespace, f"m{i}"), grace_period=0)
+
+    async def no_members() -> bool:
+        found = await group_of(admin, namespace, "s")
+        return found is not None and found.status.member_pods == []
+
+    await wait_for(no_members, what="the group without members")
+    await admin.delete(resources.SHARED_DEVICE_GROUP.path(namespace, "s"))
+    await wait_for(functools.partial(_gone, admin, namespace, "s"), what="the group deleted")
+
+    async def more_placed() -> bool:
+        found = await admin.get(paths.pod(namespace, "more"))
+        return bool(found["spec"].get("nodeName"))
+
+    await wait_for(more_placed, what="the waiting pod placed on the freed share")

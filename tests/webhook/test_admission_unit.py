@@ -302,10 +302,25 @@ def test_a_member_selects_its_groups_node_and_reads_its_devices_from_the_groups_
     assert out["metadata"]["labels"] == {names.LABEL_GROUP_NAMESPACE: "ns", names.LABEL_GROUP_NAME: "g"}
     assert out["spec"]["nodeSelector"] == {groups.node_label("ns", "g"): "true"}
     assert out["spec"]["schedulerName"] == names.SCHEDULER_NAME
-    reference = {"configMapKeyRef": {"name": groups.handoff_name("ns", "g"), "key": "NVIDIA_VISIBLE_DEVICES"}}
+    source = groups.handoff_name("ns", "g")
+    reference = {"configMapKeyRef": {"name": source, "key": "NVIDIA_VISIBLE_DEVICES"}}
+    limits = [
+        {"name": v, "valueFrom": {"configMapKeyRef": {"name": source, "key": v, "optional": True}}}
+        for v in ("CUDA_DEVICE_SM_LIMIT", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "CUDA_DEVICE_MEMORY_LIMIT",
+                  "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT")
+    ]  # fmt: skip
     for container in out["spec"]["containers"] + out["spec"]["initContainers"]:
-        assert container["env"] == [{"name": "NVIDIA_VISIBLE_DEVICES", "valueFrom": reference}]
+        # The devices are required (the container waits for them); a share group's limits optional.
+        assert container["env"] == [{"name": "NVIDIA_VISIBLE_DEVICES", "valueFrom": reference}, *limits]
     assert admission.validate(review(out), policy).response.allowed
+    # A limit of the author's own in place of the group's is refused.
+    lifted = {**out, "spec": {**out["spec"], "containers": [dict(out["spec"]["containers"][0])]}}
+    lifted["spec"]["containers"][0]["env"] = [
+        *out["spec"]["containers"][0]["env"][:1],
+        {"name": "CUDA_DEVICE_SM_LIMIT", "value": "100"},
+    ]
+    refused = admission.validate(review(lifted), policy).response
+    assert not refused.allowed and refused.status is not None and "CUDA_DEVICE_SM_LIMIT" in refused.status.message
     # Forging the labels, or reading another group's devices, is refused.
     forged = {**out, "metadata": {**out["metadata"], "annotations": {}}}
     assert not admission.validate(review(forged), policy).response.allowed

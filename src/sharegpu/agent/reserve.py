@@ -3,6 +3,8 @@
 The NVIDIA device plugin gives the reservation pod one physical GPU and says which in
 NVIDIA_VISIBLE_DEVICES. The pod reports that UUID in its own annotation (`sharegpu.io/gpu-uuid`) so
 the hand-off loop can give it to the pods sharing the GPU, then holds the GPU until it is deleted.
+A group's holder reports the several GPUs it was given; one that holds a share of each (placed and
+handed off like a sharing pod) has nothing to report and only holds.
 """
 
 from __future__ import annotations
@@ -57,7 +59,8 @@ async def main(kubeconfig: str | None = None) -> None:
     name = os.environ.get("POD_NAME", "")
     if not namespace or not name:
         raise errors.InvalidInputError("POD_NAME and POD_NAMESPACE must be set (downward API)")
-    async with client.KubeClient.connect(kubeconfig) as kube:
-        holder = os.environ.get(names.ROLE_ENV, "") == names.ROLE_GROUP_HOLDER
-        await report(kube, namespace, name, os.environ, several=holder)
+    role = os.environ.get(names.ROLE_ENV, "")
+    if role != names.ROLE_GROUP_SHARE:  # a share group's holder has no GPU of its own to report
+        async with client.KubeClient.connect(kubeconfig) as kube:
+            await report(kube, namespace, name, os.environ, several=role == names.ROLE_GROUP_HOLDER)
     await asyncio.Event().wait()  # hold the GPU until the pod is deleted

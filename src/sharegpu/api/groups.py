@@ -1,7 +1,8 @@
 """The SharedDeviceGroup resource: a named set of GPUs on one node that many pods join.
 
-A group holds `gpus` GPUs of one node (whole, or a share of each) through reservation pods; a pod
-joins it with the annotation `sharegpu.io/device-group: <name>` and sees exactly the group's devices.
+A group holds `gpus` GPUs of one node (whole, or a share of each) through its holder pod; a pod
+joins it with the annotation `sharegpu.io/device-group: <name>` and sees exactly the group's devices
+(and, for a share, the share's limits).
 These types are what the controller and the extender read and write, and the CRD's schema is
 generated from them (`api.resources`), so the API server refuses what the code would not read.
 """
@@ -14,7 +15,7 @@ from typing import Annotated, Any, Final, Literal
 import msgspec
 from msgspec import Meta
 
-from sharegpu.api import names, pods, wire
+from sharegpu.api import handoff, names, pods, wire
 from sharegpu.core import errors
 
 PHASE_PENDING: Final = "Pending"
@@ -30,9 +31,9 @@ class Share(wire.Message, kw_only=True, frozen=True):
     """A share of each of the group's GPUs instead of whole ones."""
 
     milli: Annotated[int, Meta(ge=1, le=1000, description="Compute per GPU, in milli-GPU.")]
-    memory_mib: Annotated[int, Meta(ge=0, description="Memory per GPU in MiB; 0: in proportion to milli.")] = (
-        msgspec.field(default=0, name="memoryMiB")
-    )
+    memory_mib: Annotated[
+        int, Meta(ge=0, le=1 << 30, description="Memory per GPU in MiB; 0: the same share of each GPU's memory.")
+    ] = msgspec.field(default=0, name="memoryMiB")
 
 
 class Members(wire.Message, kw_only=True, frozen=True):
@@ -98,7 +99,13 @@ class SharedDeviceGroup(wire.Message, kw_only=True, frozen=True):
 
 BOUND: Final = "true"
 """The value of a group's node label on the node it is bound to."""
-VISIBLE_DEVICES: Final = "NVIDIA_VISIBLE_DEVICES"
+VISIBLE_DEVICES: Final = handoff.VISIBLE_DEVICES
+LIMITS: Final = (handoff.SM_LIMIT, handoff.MPS_THREADS, handoff.MEMORY_LIMIT, handoff.MPS_MEMORY)
+"""What a share group's members are limited by (the share of each GPU): the keys of the group's
+hand-off ConfigMap besides NVIDIA_VISIBLE_DEVICES, read as optional env references (a whole-GPU
+group writes none of them)."""
+MEMBER_VARIABLES: Final = (VISIBLE_DEVICES, *LIMITS)
+"""Every variable a member reads from the group's hand-off ConfigMap, under its own name as key."""
 
 
 def _digest(namespace: str, name: str) -> str:
@@ -124,6 +131,37 @@ def holder_name(namespace: str, name: str) -> str:
 def handoff_name(namespace: str, name: str) -> str:
     """The ConfigMap (in each member's namespace) whose NVIDIA_VISIBLE_DEVICES the members read."""
     return _object_name("sharegpu-group-", namespace, name)
+
+
+def holder_handoff_name(namespace: str, name: str) -> str:
+    """The hand-off ConfigMap (in sharegpu-system) the extender writes for a share group's holder."""
+    return _object_name(names.HANDOFF_PREFIX + "group-", namespace, name)
+
+
+def member_env(container: dict[str, Any], namespace: str, name: str) -> None:
+    """Make a member's container read the group's devices (required: it waits for them) and limits
+    (optional) from the group's hand-off ConfigMap; whatever the author set for them is replaced."""
+    source = handoff_name(namespace, name)
+    env = [e for e in container.get("env") or [] if e.get("name") not in MEMBER_VARIABLES]
+    for variable in MEMBER_VARIABLES:
+        ref = {"name": source, "key": variable, **({} if variable == VISIBLE_DEVICES else {"optional": True})}
+        env.append({"name": variable, "valueFrom": {"configMapKeyRef": ref}})
+    container["env"] = env
+
+
+def member_handoff(holder: dict[str, str]) -> dict[str, str] | None:
+    """The group's hand-off data from its share holder's (the extender's `<container>.<VARIABLE>`
+    keys): the same devices and limits, a single memory limit for every GPU (the smallest of the
+    holder's, which are equal unless the node mixes GPU models). None until the devices are there."""
+    mine = {k.split(".", 1)[1]: v for k, v in holder.items() if k.startswith(f"{pods.RESERVE_CONTAINER}.")}
+    if not mine.get(VISIBLE_DEVICES):
+        return None
+    copied: tuple[str, ...] = (VISIBLE_DEVICES, handoff.SM_LIMIT, handoff.MPS_THREADS, handoff.MPS_MEMORY)
+    out: dict[str, str] = {k: mine[k] for k in copied if k in mine}
+    memory = [v for k, v in mine.items() if k == handoff.MEMORY_LIMIT or k.startswith(f"{handoff.MEMORY_LIMIT}_")]
+    if memory:
+        out[handoff.MEMORY_LIMIT] = min(memory, key=lambda v: int(v.rstrip("m")))
+    return out
 
 
 def group_labels(namespace: str, name: str) -> dict[str, str]:
@@ -182,11 +220,19 @@ def may_join(group: SharedDeviceGroup, namespace: str) -> bool:
 
 
 def holder_pod(group: SharedDeviceGroup, image: str, node: str = "") -> dict[str, Any]:
-    """The pod that holds the group's GPUs: whole GPUs (`nvidia.com/gpu`), placed by sharegpu with the
-    group's node selector, models and strategy; `node` pins it (a bound group never moves)."""
+    """The pod that holds the group's GPUs, placed by sharegpu with the group's node selector, models
+    and strategy; `node` pins it (a bound group never moves). Whole GPUs: `nvidia.com/gpu`, the
+    device plugin's GPUs, which it reports. A share: sharegpu's resources, held like a sharing pod's
+    (reservation pods, a hand-off ConfigMap the extender writes, named in its annotation)."""
     meta, spec = group.metadata, group.spec
     annotations = {names.MODELS: ",".join(spec.models)} if spec.models else {}
     annotations[names.PLACEMENT] = spec.scheduling_strategy
+    share, role = None, names.ROLE_GROUP_HOLDER
+    if spec.share is not None:
+        share, role = (spec.share.milli, spec.share.memory_mib), names.ROLE_GROUP_SHARE
+        annotations[names.HANDOFF] = holder_handoff_name(meta.namespace, meta.name)
+        if not spec.share.memory_mib:
+            annotations[names.MEMORY_PERMILLE] = str(spec.share.milli)
     body: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -201,7 +247,7 @@ def holder_pod(group: SharedDeviceGroup, image: str, node: str = "") -> dict[str
             "nodeSelector": dict(spec.node_selector),
             "priorityClassName": "system-cluster-critical",
             "terminationGracePeriodSeconds": 5,
-            "containers": [pods.reserve_container(image, spec.gpus, role=names.ROLE_GROUP_HOLDER)],
+            "containers": [pods.reserve_container(image, spec.gpus, role=role, share=share)],
         },
     }
     if node:

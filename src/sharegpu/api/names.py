@@ -78,7 +78,11 @@ LABEL_ROLE: Final = f"{DOMAIN}/role"
 ROLE_RESERVATION: Final = "reservation"
 ROLE_HANDOFF: Final = "handoff"
 ROLE_GROUP_HOLDER: Final = "group-holder"
-"""The pod that holds a SharedDeviceGroup's GPUs (whole, `nvidia.com/gpu: N`) on its node."""
+"""The pod that holds a SharedDeviceGroup's GPUs on its node (whole, `nvidia.com/gpu: N`, or a share
+of each through sharegpu's resources)."""
+ROLE_GROUP_SHARE: Final = "group-share-holder"
+"""In the container of a group's holder pod that holds a share of each GPU (sharegpu's own
+resources, placed and handed off like a sharing pod): nothing to report, it only holds."""
 ROLE_ENV: Final = "SHAREGPU_ROLE"
 """In the container of sharegpu's GPU-holding pods: which kind of pod it runs in (`sharegpu reserve` reads it)."""
 ROLE_GROUP_HANDOFF: Final = "group-handoff"

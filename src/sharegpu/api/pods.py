@@ -10,7 +10,7 @@ memory of the decoded object, and none of the re-parsing).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from sharegpu.api import names, quantity, wire
 from sharegpu.core import allocation, errors, requests, units
@@ -276,10 +276,16 @@ def record(pod: wire.Pod, previous: Record | None = None) -> Record:
     )
 
 
-def reserve_container(image: str, gpus: int, role: str = "") -> dict[str, Any]:
+RESERVE_CONTAINER: Final = "reserve"
+"""The container of sharegpu's own GPU-holding pods (its hand-off keys start with this name)."""
+
+
+def reserve_container(image: str, gpus: int, role: str = "", share: tuple[int, int] | None = None) -> dict[str, Any]:
     """The container of sharegpu's own GPU-holding pods (a reservation pod holds one GPU, a group's
     holder several): it runs `sharegpu reserve`, which reports the GPUs the device plugin gave it and
-    holds them; `role` tells it which kind of pod it is in."""
+    holds them; `role` tells it which kind of pod it is in. With `share` (milli-GPU, memory MiB; 0:
+    none given) it asks for that share of each of `gpus` GPUs through sharegpu's resources instead,
+    and only holds (the extender's hand-off says which GPUs)."""
     env: list[dict[str, Any]] = [
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
@@ -287,8 +293,14 @@ def reserve_container(image: str, gpus: int, role: str = "") -> dict[str, Any]:
     if role:
         env.append({"name": names.ROLE_ENV, "value": role})
     limits = {names.NVIDIA_GPU: str(gpus), "cpu": "10m", "memory": "32Mi"}
+    if share is not None:
+        milli, memory = share
+        del limits[names.NVIDIA_GPU]
+        limits |= {names.GPU: str(gpus), names.GPU_MILLI: str(milli)}
+        if memory:
+            limits[names.GPU_MEMORY] = str(memory)
     return {
-        "name": "reserve",
+        "name": RESERVE_CONTAINER,
         "image": image,
         "command": ["sharegpu", "reserve"],
         "env": env,

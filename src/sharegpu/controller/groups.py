@@ -1,12 +1,15 @@
 """The group reconciler: binds each SharedDeviceGroup to GPUs of one node and keeps it there.
 
-A group holds its GPUs through a holder pod (`api.groups.holder_pod`: `nvidia.com/gpu: N`, placed by
-sharegpu like any whole-GPU pod, so the extender's ledger keeps every other pod off those GPUs and
-no two groups can hold the same one). The holder is created when the first member waits (or at
-once with `bindEagerly`); once it is bound and has reported the UUIDs the device plugin gave it, the
-group is Bound to that node for good: the node gets the group's label (which the members select, so
-they can only run there) and each namespace with members gets the hand-off ConfigMap with the
-group's NVIDIA_VISIBLE_DEVICES. A holder that is lost is recreated pinned to the group's node.
+A group holds its GPUs through a holder pod (`api.groups.holder_pod`), placed by sharegpu like any
+GPU pod, so the extender's ledger keeps every other pod off what it holds and no two groups can
+hold the same GPU: whole GPUs (`nvidia.com/gpu: N`, whose UUIDs the holder reports), or with
+`spec.share` a share of each of N GPUs (sharegpu's resources; the extender writes the holder's
+hand-off ConfigMap in sharegpu-system, which this reconciler follows). The holder is created when
+the first member waits (or at once with `bindEagerly`); once it is bound and its GPUs are known,
+the group is Bound to that node for good: the node gets the group's label (which the members
+select, so they can only run there) and each namespace with members gets the group's hand-off
+ConfigMap: NVIDIA_VISIBLE_DEVICES, and for a share its limits. A holder that is lost is recreated
+pinned to the group's node.
 
 Deletion: the webhook refuses to delete a group with live members; the group's finalizer keeps it
 until this reconciler has removed the holder, the node label and the ConfigMaps.
@@ -37,6 +40,10 @@ def _group_of(pod: wire.Pod) -> tuple[str, str] | None:
     return (namespace, name) if namespace and name else None
 
 
+def _memory(share: groups.Share) -> str:
+    return f"{share.memory_mib} MiB" if share.memory_mib else f"{share.milli / 10:g}% of the memory"
+
+
 def _unschedulable(pod: wire.Pod) -> str:
     for condition in pod.status.conditions:
         if condition.type == "PodScheduled" and condition.status == "False":
@@ -62,8 +69,10 @@ class GroupReconciler:
         self.pods: dict[str, wire.Pod] = {}
         self.ids = ids
         self.labelled: set[tuple[str, str]] = set()
-        self.handoffs: dict[tuple[str, str], str] = {}
-        """(namespace, ConfigMap) -> the devices this process last wrote there."""
+        self.handoffs: dict[tuple[str, str], dict[str, str]] = {}
+        """(namespace, ConfigMap) -> what this process last wrote there."""
+        self.holder_handoffs: dict[str, dict[str, str]] = {}
+        """Share holders' hand-off ConfigMaps (by name, in sharegpu-system): what the extender wrote."""
         self.loop = reconcile.Loop("groups", self.reconcile)
 
     # ----------------------------------------------------------------- informer handlers
@@ -74,6 +83,13 @@ class GroupReconciler:
 
     def on_pod(self, kind: str, pod: wire.Pod) -> None:
         informer.remember(self.pods, kind, pod)
+        self.loop.wake()
+
+    def on_holder_handoff(self, kind: str, configmap: wire.ConfigMap) -> None:
+        if kind == "DELETED":
+            self.holder_handoffs.pop(configmap.metadata.name, None)
+        else:
+            self.holder_handoffs[configmap.metadata.name] = dict(configmap.data)
         self.loop.wake()
 
     # ----------------------------------------------------------------- the pass
@@ -127,12 +143,13 @@ class GroupReconciler:
         new = self._status(group, holder, members)
         if new.phase == groups.PHASE_BOUND:
             await self._label_node(new.node_name, groups.node_label(meta.namespace, meta.name))
-            visible = ",".join(d.uuid for d in new.devices)
+            data = self._member_data(group, holder, new)
             # Only namespaces the group admits get its devices (a pod admitted before the webhook knew
             # the group cannot borrow them from a namespace the group does not list).
             admitted = {p.metadata.namespace for p in members if groups.may_join(group, p.metadata.namespace)}
             for namespace in sorted({meta.namespace} | admitted):
-                await self._write_handoff(group, namespace, visible)
+                if data is not None:
+                    await self._write_handoff(group, namespace, data)
         if new != status:
             await self._write_status(group, new)
         if new.phase == groups.PHASE_BOUND and not bound:
@@ -147,7 +164,7 @@ class GroupReconciler:
         phase, node, devices = old.phase, old.node_name, list(old.devices)
         reason, message = "", ""
         if holder is not None and holder.spec.node_name:
-            reported = [u for u in holder.metadata.annotations.get(names.GPU_UUID, "").split(",") if u]
+            reported = [u for u in self._reported(group, holder).split(",") if u]
             indexes = self.ids.indexes(holder.spec.node_name)
             if len(reported) == group.spec.gpus and all(u in indexes for u in reported):
                 phase, node = groups.PHASE_BOUND, holder.spec.node_name
@@ -160,7 +177,9 @@ class GroupReconciler:
         elif not node:
             reason, message = "NoMembers", "binds when its first member is created (or set bindEagerly)"
         if phase == groups.PHASE_BOUND:
-            reason, message = "Bound", f"holds {len(devices)} GPU(s) of {node}"
+            share = group.spec.share
+            held = "" if share is None else f"{share.milli} milli-GPU and {_memory(share)} of each of "
+            reason, message = "Bound", f"holds {held}{len(devices)} GPU(s) of {node}"
         stamp = wire.timestamp(self.clock())
         value: Literal["True", "False"] = "True" if phase == groups.PHASE_BOUND else "False"
         before = next((c for c in old.conditions if c.type == "Bound"), None)
@@ -178,6 +197,25 @@ class GroupReconciler:
             observed_generation=group.metadata.generation,
         )
 
+    def _reported(self, group: groups.SharedDeviceGroup, holder: wire.Pod) -> str:
+        """The UUIDs the holder's GPUs have: reported by the holder itself (whole GPUs), or written
+        into its hand-off by the extender (a share)."""
+        if group.spec.share is None:
+            return holder.metadata.annotations.get(names.GPU_UUID, "")
+        data = self.holder_handoffs.get(holder.metadata.annotations.get(names.HANDOFF, ""), {})
+        return (groups.member_handoff(data) or {}).get(groups.VISIBLE_DEVICES, "")
+
+    def _member_data(
+        self, group: groups.SharedDeviceGroup, holder: wire.Pod | None, status: groups.GroupStatus
+    ) -> dict[str, str] | None:
+        """What the group's hand-off ConfigMaps hold; None while a share's limits are not known (a
+        lost holder being replaced: what was written stays)."""
+        if group.spec.share is None:
+            return {groups.VISIBLE_DEVICES: ",".join(d.uuid for d in status.devices)}
+        if holder is None:
+            return None
+        return groups.member_handoff(self.holder_handoffs.get(holder.metadata.annotations.get(names.HANDOFF, ""), {}))
+
     # ----------------------------------------------------------------- writes
 
     async def _create_holder(self, group: groups.SharedDeviceGroup, node: str) -> None:
@@ -194,9 +232,9 @@ class GroupReconciler:
         await self.api.patch(paths.node(node), {"metadata": {"labels": {label: groups.BOUND}}})
         self.labelled.add((node, label))
 
-    async def _write_handoff(self, group: groups.SharedDeviceGroup, namespace: str, visible: str) -> None:
+    async def _write_handoff(self, group: groups.SharedDeviceGroup, namespace: str, data: dict[str, str]) -> None:
         name = groups.handoff_name(group.metadata.namespace, group.metadata.name)
-        if self.handoffs.get((namespace, name)) == visible:
+        if self.handoffs.get((namespace, name)) == data:
             return
         body: Json = {
             "apiVersion": "v1",
@@ -207,15 +245,17 @@ class GroupReconciler:
                 "labels": {names.LABEL_ROLE: names.ROLE_GROUP_HANDOFF,
                            **groups.group_labels(group.metadata.namespace, group.metadata.name)},
             },
-            "data": {groups.VISIBLE_DEVICES: visible},
+            "data": data,
         }  # fmt: skip
         try:
             await self.api.create(paths.configmaps(namespace), body)
         except errors.ConflictError as exc:
             if not exc.already_exists:
                 raise
-            await self.api.patch(paths.configmap(namespace, name), {"data": body["data"]})
-        self.handoffs[(namespace, name)] = visible
+            # A merge patch: keys no longer written are removed (null), the others replaced.
+            gone = {k: None for k in groups.MEMBER_VARIABLES if k not in data}
+            await self.api.patch(paths.configmap(namespace, name), {"data": {**gone, **data}})
+        self.handoffs[(namespace, name)] = dict(data)
 
     async def _write_status(self, group: groups.SharedDeviceGroup, status: groups.GroupStatus) -> None:
         meta = group.metadata

@@ -119,6 +119,11 @@ class Controller:
                 api, paths.PODS, wire.Pod, informer.identity, self.groups.on_pod, name="group-pods",
                 params={"labelSelector": names.LABEL_GROUP_NAME},
             ),
+            informer.Informer(
+                api, paths.configmaps(names.SYSTEM_NAMESPACE), wire.ConfigMap, informer.identity,
+                self.groups.on_holder_handoff, name="holder-handoffs",
+                params={"labelSelector": f"{names.LABEL_ROLE}={names.ROLE_HANDOFF}"},
+            ),
         ]  # fmt: skip
         if self.mirrors is not None:
             self.informers.append(informer.Informer(

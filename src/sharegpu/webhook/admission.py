@@ -178,7 +178,8 @@ def _join(
 ) -> str | None:
     """Make the pod a member of its SharedDeviceGroup: labelled with the group, selecting the group's
     node label (it runs only where the group is bound, and waits until it is), and every container
-    reading NVIDIA_VISIBLE_DEVICES from the group's hand-off ConfigMap. Returns why not, if not."""
+    reading NVIDIA_VISIBLE_DEVICES (and a share group's limits) from the group's hand-off ConfigMap.
+    Returns why not, if not."""
     group_namespace, group_name = joined
     if parsed.demand.count:
         return (
@@ -195,11 +196,8 @@ def _join(
     metadata.setdefault("labels", {}).update(api_groups.group_labels(group_namespace, group_name))
     spec = obj.setdefault("spec", {})
     spec.setdefault("nodeSelector", {})[api_groups.node_label(group_namespace, group_name)] = api_groups.BOUND
-    source = api_groups.handoff_name(group_namespace, group_name)
-    reference = {"configMapKeyRef": {"name": source, "key": api_groups.VISIBLE_DEVICES}}
     for container in list(spec.get("initContainers") or []) + list(spec.get("containers") or []):
-        env = [e for e in container.get("env") or [] if e.get("name") != api_groups.VISIBLE_DEVICES]
-        container["env"] = [*env, {"name": api_groups.VISIBLE_DEVICES, "valueFrom": reference}]
+        api_groups.member_env(container, group_namespace, group_name)
     state = "" if group is not None else " (not found yet: the pod waits until it exists and binds)"
     audit.append(f"pod: member of SharedDeviceGroup {group_namespace}/{group_name}{state}")
     return None
@@ -386,8 +384,8 @@ def guard(pod: wire.Pod, old: wire.Pod | None) -> str | None:
         for env in container.env:
             ref = env.value_from.config_map_key_ref if env.value_from is not None else None
             if (
-                group_source is not None and env.name == api_groups.VISIBLE_DEVICES and ref is not None
-                and ref.name == group_source and ref.key == api_groups.VISIBLE_DEVICES
+                group_source is not None and env.name in api_groups.MEMBER_VARIABLES and ref is not None
+                and ref.name == group_source and ref.key == env.name
             ):  # fmt: skip
                 continue
             if handoff.is_protected(env.name) and not handoff.is_reference(env, own, container.name):
