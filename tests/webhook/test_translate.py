@@ -181,6 +181,16 @@ def test_kai_can_name_the_container_that_gets_the_gpu() -> None:
         translate.translate(pod({}, {"gpu-fraction": "0.5", "gpu-fraction-container-name": "nope"}))
 
 
+def test_a_share_stated_in_both_kubeshare_and_kai_annotations_is_refused() -> None:
+    both = {"kubeshare/gpu_request": "0.5", "gpu-fraction": "0.25"}
+    with pytest.raises(errors.InvalidRequestError, match=r"KubeShare's annotations \(kubeshare/gpu_request\) and in "
+                       r"KAI's \(gpu-fraction\): keep one"):  # fmt: skip
+        translate.translate(pod({}, both))
+    for one in ({"kubeshare/gpu_request": "0.5"}, {"gpu-fraction": "0.25"}):
+        out, _ = translate.translate(pod({}, one))
+        assert out["spec"]["containers"][0]["resources"]["limits"][names.GPU_MILLI] in ("500", "250")
+
+
 MODELS = frozenset({"NVIDIA A100-SXM4-80GB", "NVIDIA A100-PCIE-40GB", "Tesla T4", "NVIDIA H100 80GB HBM3"})
 
 

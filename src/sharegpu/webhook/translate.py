@@ -394,6 +394,13 @@ def translate(pod: Json, models: frozenset[str] = frozenset()) -> tuple[Json, li
     if kubeshare:
         share, limit = _kubeshare(notes)
         asks = KUBESHARE_REQUEST in notes or KUBESHARE_MEMORY in notes
+        kai = [k for k in KAI_KEYS if k in notes]
+        if asks and kai:
+            theirs = [k for k in (KUBESHARE_REQUEST, KUBESHARE_MEMORY) if k in notes]
+            raise errors.InvalidRequestError(
+                f"the pod states its GPU share twice, in KubeShare's annotations ({', '.join(theirs)}) and in KAI's "
+                f"({', '.join(kai)}): keep one"
+            )
         if asks:
             target = _annotated_target(
                 containers, "KubeShare annotations", "a KubeShare pod needs at least one container"
