@@ -98,7 +98,10 @@ async def test_the_shared_device_group_quick_start_runs_unchanged(
     inventory = await admin.get(paths.device(node))
     assert visible == [g["uuid"] for g in inventory["spec"]["gpus"]][:2]
     source = {"configMapKeyRef": {"name": groups.handoff_name(namespace, "my-group"), "key": "NVIDIA_VISIBLE_DEVICES"}}
-    assert pod["spec"]["containers"][0]["env"] == [{"name": "NVIDIA_VISIBLE_DEVICES", "valueFrom": source}]
+    env = pod["spec"]["containers"][0]["env"]
+    assert env[0] == {"name": "NVIDIA_VISIBLE_DEVICES", "valueFrom": source}
+    assert [e["name"] for e in env[1:]] == list(groups.LIMITS)  # a whole-GPU group writes none of them
+    assert set(handoff["data"]) == {"NVIDIA_VISIBLE_DEVICES"}
 
     # As the project's README shows it: NAME PHASE NODE AGE (the short name and the qualified one).
     for resource in ("shareddevicegroups", "shareddevicegroups.deviceshare.io"):
