@@ -384,6 +384,41 @@ def reserve(
         raise _fail(exc) from None
 
 
+@app.command()
+def agent(
+    node: Annotated[str, typer.Option(help="This node's name (in a DaemonSet: the downward API's spec.nodeName).")],
+    fake_nvml: Annotated[
+        Path | None, typer.Option(help="Read GPUs from this file instead of NVML (docs/agent.md: its format).")
+    ] = None,
+    kubeconfig: Annotated[str | None, typer.Option(help="kubeconfig file (default: in-cluster).")] = None,
+    interval: Annotated[float, typer.Option(help="Seconds between inventory passes.", min=0.5)] = 10.0,
+) -> None:
+    """Run the node agent: publish this node's GPUs (NVML, or --fake-nvml) as its Device resource."""
+    from sharegpu.agent import fakenvml, nvml
+    from sharegpu.agent import runtime as agent_runtime
+    from sharegpu.kube import client as kube_client
+
+    _logging("INFO")
+    source: agent_runtime.Source
+    try:
+        source = fakenvml.FakeNvml(fake_nvml).open() if fake_nvml is not None else nvml.Nvml().open()
+    except errors.SharegpuError as exc:
+        raise _fail(exc) from None
+
+    async def main() -> None:
+        async with kube_client.KubeClient.connect(kubeconfig) as api:
+            await agent_runtime.run(api, node, source, interval=interval)
+
+    try:
+        asyncio.run(main())
+    except KeyboardInterrupt:
+        pass
+    except errors.SharegpuError as exc:
+        raise _fail(exc) from None
+    finally:
+        source.close()
+
+
 DEFAULT_WEBHOOK_NAMES = (
     "sharegpu-webhook",
     "sharegpu-webhook.sharegpu-system",

@@ -294,6 +294,10 @@ class GpuSpec(Message, kw_only=True, frozen=True):
     healthy: bool = True
     numa_node: int = 0
     pcie_switch: int | None = None
+    minor: int | None = None
+    mig: bool = False
+    reason: str = ""
+    """Why the GPU is unhealthy (an XID, an NVML error, gone while pods hold it)."""
 
 
 class DeviceSpec(Message, kw_only=True, frozen=True):

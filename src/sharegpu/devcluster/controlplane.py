@@ -55,6 +55,7 @@ IDENTITIES = (
     Identity("sharegpu-extender", "extender-token"),
     Identity("sharegpu-webhook", "webhook-token"),
     Identity("sharegpu-controller", "controller-token"),
+    Identity("sharegpu-agent", "agent-token"),
     Identity("sharegpu-harness", "harness-token", ("system:masters",)),
     Identity("alice", "alice-token", ("tenants",)),
     Identity("bob", "bob-token", ("tenants",)),

@@ -48,6 +48,7 @@ COMPONENT_USERS = {
     "sharegpu-extender": "sharegpu-extender",
     "sharegpu-webhook": "sharegpu-webhook",
     "sharegpu-controller": "sharegpu-controller",
+    "sharegpu-agent": "sharegpu-agent",
     "sharegpu-scheduler": "system:kube-scheduler",
 }
 """ServiceAccount of the chart -> the token user that plays it on the local control plane."""

@@ -3,7 +3,7 @@
 It keeps the semantics sharegpu relies on, not the whole API: objects by path with uid,
 resourceVersion (one counter for everything, as etcd's revision) and creationTimestamp (distinct and
 increasing, one second apart, so creation order is never a tie); paged lists
-(limit/continue) with equality label selectors; watches that replay events after a resourceVersion,
+(limit/continue) with equality label and field selectors; watches that replay events after a resourceVersion,
 end after timeoutSeconds with a bookmark, and answer 410 for versions older than the last
 compaction; create (409 AlreadyExists, generateName), get, replace (409 on a stale
 resourceVersion), merge, strategic (treated as merge) and JSON patches, delete with uid and
@@ -94,15 +94,37 @@ def _merge(target: Any, patch: Any) -> Any:
     return result
 
 
+FIELD = "field:"
+"""Prefix of field-selector keys in a parsed selector (`spec.nodeName=n0` -> `field:spec.nodeName`)."""
+
+
+def _field(obj: Json, path: str) -> str:
+    value: Any = obj
+    for part in path.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    return "" if value is None else str(value)
+
+
 def _selected(obj: Json, selector: Mapping[str, str]) -> bool:
     labels = (obj.get("metadata") or {}).get("labels") or {}
     for key, want in selector.items():
-        if key.endswith("!"):
+        if key.startswith(FIELD):
+            negated = key.endswith("!")
+            found = _field(obj, key[len(FIELD) :].rstrip("!"))
+            if (found == want) == negated:
+                return False
+        elif key.endswith("!"):
             if labels.get(key[:-1]) == want:
                 return False
         elif (want == "" and key not in labels) or (want != "" and labels.get(key) != want):
             return False
     return True
+
+
+def _selectors(params: Mapping[str, str]) -> dict[str, str]:
+    """The label selector and the field selector (equality only) of a list or watch, as one."""
+    fields = {FIELD + k: v for k, v in _parse_selector(params.get("fieldSelector", "")).items()}
+    return {**_parse_selector(params.get("labelSelector", "")), **fields}
 
 
 def _parse_selector(text: str) -> dict[str, str]:
@@ -366,7 +388,7 @@ class FakeApiServer:
         raise _AnswerError(405, "MethodNotAllowed", method)
 
     def _list(self, collection: str, namespace: str, params: Mapping[str, str]) -> Json:
-        selector = _parse_selector(params.get("labelSelector", ""))
+        selector = _selectors(params)
         keys = sorted(
             k for k in self.objects
             if k[0] == collection and (not namespace or k[1] == namespace) and _selected(self.objects[k], selector)
@@ -507,7 +529,7 @@ class FakeApiServer:
         collection, namespace, name, _ = self._route(request.path)
         if name is not None:
             raise _AnswerError(405, "MethodNotAllowed", "watch a collection")
-        watch = _Watch(collection, namespace or None, _parse_selector(request.params.get("labelSelector", "")))
+        watch = _Watch(collection, namespace or None, _selectors(request.params))
         version_text = request.params.get("resourceVersion", "")
         if version_text in ("", "0"):
             for key, obj in sorted(self.objects.items()):

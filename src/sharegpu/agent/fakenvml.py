@@ -1,0 +1,213 @@
+"""A fake NVML, configured from a file and re-read when the file changes: GPUs, topology, processes,
+injected faults and XID events, for nodes (and tests) without a GPU. It implements the same roles
+as `agent.nvml.Nvml` (`Discovery`, `Health`, `Processes`), so the agent runs unchanged on it.
+
+The file (YAML or JSON; docs/agent.md shows a full one):
+
+    gpus:                       # in index order
+      - uuid: GPU-0a1b...       # required, unique
+        model: NVIDIA A100-SXM4-80GB
+        memoryMiB: 81920
+        minor: 0                # default: the index
+        numaNode: 0
+        pcieSwitch: 0           # GPUs with the same value share a PCIe switch; absent: none
+        mig: false
+    nvlinks: [{a: 0, b: 1, count: 12}]
+    processes: [{pid: 4242, gpu: 0, usedMiB: 2048}]
+    faults:
+      library: false            # true: NVML cannot be loaded at all (open() fails)
+      unreadable: [1]           # indexes of GPUs NVML reports errors for
+    xids: [{gpu: 1, code: 79}]  # each delivered once, in order; append to inject more
+
+A malformed file is refused with the field that is wrong (`FakeNvmlError`); a change that breaks a
+file the agent already runs on keeps the last good configuration and logs why.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Annotated
+
+import msgspec
+import yaml
+from msgspec import Meta
+
+from sharegpu.agent import nvml
+from sharegpu.core import errors
+
+log = logging.getLogger(__name__)
+
+
+class FakeNvmlError(errors.InvalidInputError):
+    """The fake NVML's file is unreadable or malformed."""
+
+
+class _Message(msgspec.Struct, rename="camel", kw_only=True, frozen=True, forbid_unknown_fields=True):
+    pass
+
+
+class FakeGpu(_Message, kw_only=True, frozen=True):
+    uuid: Annotated[str, Meta(min_length=1)]
+    model: Annotated[str, Meta(min_length=1)] = "NVIDIA A100-SXM4-80GB"
+    memory_mib: Annotated[int, Meta(ge=1)] = msgspec.field(default=81920, name="memoryMiB")
+    minor: Annotated[int, Meta(ge=0)] | None = None
+    numa_node: Annotated[int, Meta(ge=0)] = 0
+    pcie_switch: Annotated[int, Meta(ge=0)] | None = None
+    mig: bool = False
+
+
+class FakeLink(_Message, kw_only=True, frozen=True):
+    a: Annotated[int, Meta(ge=0)]
+    b: Annotated[int, Meta(ge=0)]
+    count: Annotated[int, Meta(ge=1, le=18)] = 1
+
+
+class FakeProcess(_Message, kw_only=True, frozen=True):
+    pid: Annotated[int, Meta(ge=1)]
+    gpu: Annotated[int, Meta(ge=0)]
+    used_mib: Annotated[int, Meta(ge=0)] = msgspec.field(default=0, name="usedMiB")
+
+
+class Faults(_Message, kw_only=True, frozen=True):
+    library: bool = False
+    unreadable: list[int] = []
+
+
+class FakeXid(_Message, kw_only=True, frozen=True):
+    gpu: Annotated[int, Meta(ge=0)]
+    code: Annotated[int, Meta(ge=1)]
+
+
+class FakeConfig(_Message, kw_only=True, frozen=True):
+    gpus: list[FakeGpu] = []
+    nvlinks: list[FakeLink] = []
+    processes: list[FakeProcess] = []
+    faults: Faults = msgspec.field(default_factory=Faults)
+    xids: list[FakeXid] = []
+
+
+def parse(text: str, source: str = "the fake NVML file") -> FakeConfig:
+    """The configuration in `text`; FakeNvmlError naming what is wrong."""
+    try:
+        raw = yaml.safe_load(text) or {}
+        config = msgspec.convert(raw, FakeConfig)
+    except yaml.YAMLError as exc:
+        raise FakeNvmlError(f"{source}: not YAML: {exc}") from None
+    except msgspec.ValidationError as exc:
+        raise FakeNvmlError(f"{source}: {exc}") from None
+    count = len(config.gpus)
+    uuids = [g.uuid for g in config.gpus]
+    if len(set(uuids)) != count:
+        raise FakeNvmlError(f"{source}: GPU UUIDs must be unique")
+    checks = [
+        *((f"nvlinks[{i}]", (link.a, link.b)) for i, link in enumerate(config.nvlinks)),
+        *((f"processes[{i}]", (p.gpu,)) for i, p in enumerate(config.processes)),
+        *((f"xids[{i}]", (x.gpu,)) for i, x in enumerate(config.xids)),
+        *((f"faults.unreadable[{i}]", (g,)) for i, g in enumerate(config.faults.unreadable)),
+    ]
+    for where, indexes in checks:
+        wrong = [i for i in indexes if i >= count]
+        if wrong:
+            raise FakeNvmlError(f"{source}: {where} names GPU {wrong[0]}, but there are {count} GPU(s)")
+    for i, link in enumerate(config.nvlinks):
+        if link.a == link.b:
+            raise FakeNvmlError(f"{source}: nvlinks[{i}] links GPU {link.a} to itself")
+    return config
+
+
+class FakeNvml:
+    """`Discovery`, `Health` and `Processes` from a file, re-read when its modification time changes."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.config = FakeConfig()
+        self.stamp: float | None = None
+        self.delivered = 0
+        """How many of the file's XIDs were handed out."""
+
+    def open(self) -> FakeNvml:
+        self.config = self._read()
+        if self.config.faults.library:
+            raise nvml.NvmlUnavailableError(f"NVML cannot be loaded here (fault injected by {self.path})")
+        if not self.config.gpus:
+            raise nvml.NvmlUnavailableError(f"NVML sees no GPU on this node ({self.path} lists none)")
+        return self
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+    def _read(self) -> FakeConfig:
+        try:
+            stamp = self.path.stat().st_mtime_ns
+            text = self.path.read_text()
+        except OSError as exc:
+            raise FakeNvmlError(f"cannot read the fake NVML file {self.path}: {exc.strerror}") from None
+        self.stamp = stamp
+        return parse(text, str(self.path))
+
+    def refresh(self) -> bool:
+        """Re-read the file if it changed; True if the configuration changed. A broken change keeps
+        the last good configuration."""
+        try:
+            stamp = self.path.stat().st_mtime_ns
+        except OSError:
+            return False
+        if stamp == self.stamp:
+            return False
+        try:
+            fresh = self._read()
+        except FakeNvmlError as exc:
+            log.warning("%s; keeping the previous configuration", exc)
+            return False
+        changed = fresh != self.config
+        self.delivered = min(self.delivered, len(fresh.xids))  # a shorter list: new entries from its end
+        self.config = fresh
+        return changed
+
+    # ----------------------------------------------------------------- Discovery
+
+    def gpus(self) -> list[nvml.Gpu]:
+        return [
+            nvml.Gpu(
+                index=i, uuid=g.uuid, minor=g.minor if g.minor is not None else i, model=g.model,
+                memory_mib=g.memory_mib, numa_node=g.numa_node, pcie_switch=g.pcie_switch, mig=g.mig,
+            )
+            for i, g in enumerate(self.config.gpus)
+        ]  # fmt: skip
+
+    def links(self) -> list[nvml.Link]:
+        gpus = self.config.gpus
+        counts: dict[tuple[int, int], int] = {}
+        for link in self.config.nvlinks:
+            pair = (min(link.a, link.b), max(link.a, link.b))
+            counts[pair] = counts.get(pair, 0) + link.count
+        out = []
+        for a in range(len(gpus)):
+            for b in range(a + 1, len(gpus)):
+                switch = gpus[a].pcie_switch
+                same_switch = switch is not None and switch == gpus[b].pcie_switch
+                same_numa = gpus[a].numa_node == gpus[b].numa_node
+                out.append(nvml.Link(a, b, counts.get((a, b), 0), same_switch, same_numa))
+        return out
+
+    # ----------------------------------------------------------------- Health
+
+    def xid_events(self, timeout_ms: int) -> list[nvml.Xid]:
+        deadline = time.monotonic() + timeout_ms / 1000
+        while True:
+            self.refresh()
+            pending = self.config.xids[self.delivered :]
+            if pending or time.monotonic() >= deadline:
+                self.delivered += len(pending)
+                return [nvml.Xid(self.config.gpus[x.gpu].uuid, x.code) for x in pending]
+            time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+
+    def unreadable(self) -> set[str]:
+        return {self.config.gpus[i].uuid for i in self.config.faults.unreadable}
+
+    # ----------------------------------------------------------------- Processes
+
+    def running(self) -> list[nvml.GpuProcess]:
+        return [nvml.GpuProcess(p.pid, self.config.gpus[p.gpu].uuid, p.used_mib) for p in self.config.processes]

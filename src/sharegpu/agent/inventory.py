@@ -1,0 +1,126 @@
+"""The node's Device resource from what NVML reports: pure, no I/O.
+
+- Indexes are stable by UUID: a GPU keeps the index the Device gave it before (allocations name
+  GPUs by index, and NVML renumbers the GPUs behind one that fell off the bus); a new GPU takes its
+  NVML index if free, else the lowest free one.
+- A GPU with a critical XID, or that NVML cannot read, is marked unhealthy with the reason.
+- A GPU gone from NVML is dropped, unless pods still hold it: then it stays, unhealthy, "gone".
+- PCIe switches: NVML's common-ancestor levels group GPUs (the smallest index of a group names it).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Final
+
+import msgspec
+
+from sharegpu.agent import nvml
+from sharegpu.api import names, wire
+from sharegpu.core import allocation, errors, units
+
+GONE: Final = "gone from NVML while pods hold it"
+MODEL_LABEL: Final = f"{names.DOMAIN}/gpu-model"
+COUNT_LABEL: Final = f"{names.DOMAIN}/gpu-count"
+
+
+def switches(count: int, links: Sequence[nvml.Link]) -> dict[int, int]:
+    """NVML index -> its PCIe switch group (the smallest index behind the same switch)."""
+    group = list(range(count))
+
+    def root(i: int) -> int:
+        while group[i] != i:
+            i = group[i]
+        return i
+
+    for link in links:
+        if link.same_switch:
+            a, b = root(link.a), root(link.b)
+            group[max(a, b)] = min(a, b)
+    roots = {i: root(i) for i in range(count)}
+    shared = {r for r in roots.values() if list(roots.values()).count(r) > 1}
+    return {i: r for i, r in roots.items() if r in shared}
+
+
+def device_spec(
+    gpus: Sequence[nvml.Gpu],
+    links: Sequence[nvml.Link],
+    unhealthy: Mapping[str, str],
+    previous: wire.DeviceSpec | None,
+    held: set[str],
+) -> wire.DeviceSpec:
+    """The Device spec (see the module docstring). `unhealthy`: UUID -> why; `held`: UUIDs pods hold."""
+    before = {g.uuid: g for g in previous.gpus} if previous is not None else {}
+    taken: set[int] = set()
+    index_of: dict[str, int] = {}
+    for gpu in gpus:  # known GPUs keep their index
+        known = before.get(gpu.uuid)
+        if known is not None and known.index not in taken:
+            index_of[gpu.uuid] = known.index
+            taken.add(known.index)
+    kept = [g for u, g in before.items() if u not in {x.uuid for x in gpus} and u in held and g.index not in taken]
+    taken.update(g.index for g in kept)
+    for gpu in gpus:
+        if gpu.uuid not in index_of:
+            index = gpu.index if gpu.index not in taken else min(set(range(len(gpus) + len(kept) + 1)) - taken)
+            index_of[gpu.uuid] = index
+            taken.add(index)
+    group = switches(len(gpus), links)
+    out = [
+        wire.GpuSpec(
+            index=index_of[g.uuid], uuid=g.uuid, model=g.model, memory_mib=g.memory_mib,
+            healthy=g.uuid not in unhealthy, numa_node=g.numa_node,
+            pcie_switch=g.pcie_switch if g.pcie_switch is not None else _switch(group, g.index, index_of, gpus),
+            minor=g.minor, mig=g.mig, reason=unhealthy.get(g.uuid, ""),
+        )
+        for g in gpus
+    ]  # fmt: skip
+    out += [msgspec.structs.replace(g, healthy=False, reason=GONE) for g in kept]
+    out.sort(key=lambda g: g.index)
+    nvlinks = sorted(
+        tuple(sorted((index_of[gpus[link.a].uuid], index_of[gpus[link.b].uuid]))) for link in links if link.nvlinks
+    )
+    return wire.DeviceSpec(gpus=out, nvlinks=[(a, b) for a, b in nvlinks])
+
+
+def _switch(
+    group: Mapping[int, int], nvml_index: int, index_of: Mapping[str, int], gpus: Sequence[nvml.Gpu]
+) -> int | None:
+    root = group.get(nvml_index)
+    return None if root is None else index_of[gpus[root].uuid]
+
+
+_LABEL_VALUE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def node_labels(spec: wire.DeviceSpec) -> dict[str, str | None]:
+    """The node's GPU labels: its model (the most common, as a label value) and GPU count; None
+    (remove) when it has none."""
+    if not spec.gpus:
+        return {MODEL_LABEL: None, COUNT_LABEL: None}
+    models = [g.model for g in spec.gpus]
+    model = max(sorted(set(models)), key=models.count)
+    value = _LABEL_VALUE.sub("-", model).strip("-_.")[:63].rstrip("-_.")
+    return {MODEL_LABEL: value or None, COUNT_LABEL: str(len(spec.gpus))}
+
+
+def held_uuids(pods: Sequence[wire.Pod], spec: wire.DeviceSpec | None) -> set[str]:
+    """The UUIDs the node's live pods hold: reported by GPU-holding pods (reservations, group
+    holders), or named by index in sharing pods' allocations (through the Device's indexes)."""
+    by_index = {g.index: g.uuid for g in spec.gpus} if spec is not None else {}
+    out: set[str] = set()
+    for pod in pods:
+        if pod.status.phase in ("Succeeded", "Failed"):
+            continue
+        notes = pod.metadata.annotations
+        out.update(u for u in notes.get(names.GPU_UUID, "").split(",") if u)
+        text = notes.get(names.ALLOCATION)
+        if not text:
+            continue
+        try:
+            alloc = allocation.Allocation.from_json(text, pod=units.pod_key(pod.metadata.namespace, pod.metadata.name))
+        except errors.InvalidInputError:
+            continue  # not one of ours to judge: the extender's reconcilers deal with it
+        out.update(by_index[d.index] for c in alloc.containers for d in c.devices if d.index in by_index)
+    return out

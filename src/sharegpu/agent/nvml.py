@@ -1,0 +1,244 @@
+"""What the agent asks of NVML, behind narrow Protocols, and the implementation on nvidia-ml-py.
+
+Three roles, each its own Protocol, so a reader depends only on what it uses and the fake
+(`agent.fakenvml`) can stand in for any of them:
+
+- `Discovery`: the GPUs (UUID, index, minor number, model, memory, NUMA node, PCIe switch, MIG mode)
+  and the links between every pair (NVLink count, same PCIe switch, same NUMA node);
+- `Health`: XID events and the GPUs NVML can no longer read;
+- `Processes`: the processes running on each GPU, with the memory they use.
+
+`Nvml` implements all three with nvidia-ml-py (its module is `pynvml`; the package of that name is
+a different shim). The library is loaded on `open()`: a node without the driver gets
+`NvmlUnavailableError` with a message saying so, never a traceback from ctypes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from sharegpu.core import errors
+
+
+class NvmlUnavailableError(errors.SharegpuError):
+    """No NVML here: no driver, no library, or no GPU."""
+
+
+@dataclass(frozen=True, slots=True)
+class Gpu:
+    index: int
+    uuid: str
+    minor: int
+    model: str
+    memory_mib: int
+    numa_node: int = 0
+    pcie_switch: int | None = None
+    """An identifier shared by the GPUs behind one PCIe switch; None if not known."""
+    mig: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Link:
+    """How two GPUs (by index, a < b) are connected."""
+
+    a: int
+    b: int
+    nvlinks: int = 0
+    same_switch: bool = False
+    same_numa: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Xid:
+    """An XID event: an error the driver reported for a GPU."""
+
+    uuid: str
+    code: int
+
+
+@dataclass(frozen=True, slots=True)
+class GpuProcess:
+    pid: int
+    uuid: str
+    """The GPU it runs on."""
+    used_mib: int
+
+
+CRITICAL_XIDS = frozenset({48, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120})
+"""XIDs after which a GPU is unhealthy until it is reset (double-bit ECC, fallen off the bus, NVLink
+and GSP errors, uncontained ECC); others (a program's own fault, e.g. 13, 31, 43, 45) are not the
+GPU's fault."""
+
+
+class Discovery(Protocol):
+    def gpus(self) -> list[Gpu]: ...
+
+    def links(self) -> list[Link]: ...
+
+
+class Health(Protocol):
+    def xid_events(self, timeout_ms: int) -> list[Xid]:
+        """The XID events since the last call, waiting up to `timeout_ms` for one."""
+        ...
+
+    def unreadable(self) -> set[str]:
+        """UUIDs of GPUs NVML reports errors for (lost, needs reset)."""
+        ...
+
+
+class Processes(Protocol):
+    def running(self) -> list[GpuProcess]: ...
+
+
+class Nvml:
+    """nvidia-ml-py behind `Discovery`, `Health` and `Processes` (one handle set, opened once)."""
+
+    def __init__(self) -> None:
+        self.lib: Any = None
+        self.handles: list[Any] = []
+        self.events: Any = None
+
+    def open(self) -> Nvml:
+        try:
+            self.lib = importlib.import_module("pynvml")
+        except ImportError as exc:
+            raise NvmlUnavailableError(f"nvidia-ml-py is not installed ({exc})") from None
+        try:
+            self.lib.nvmlInit()
+        except self.lib.NVMLError as exc:
+            raise NvmlUnavailableError(
+                f"NVML cannot be loaded here ({exc}): no NVIDIA driver on this node? (--fake-nvml FILE runs "
+                "without one)"
+            ) from None
+        count = self.lib.nvmlDeviceGetCount()
+        if count == 0:
+            raise NvmlUnavailableError("NVML sees no GPU on this node")
+        self.handles = [self.lib.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+        return self
+
+    def close(self) -> None:
+        if self.lib is not None:
+            with contextlib.suppress(Exception):
+                if self.events is not None:
+                    self.lib.nvmlEventSetFree(self.events)
+                self.lib.nvmlShutdown()
+
+    # ----------------------------------------------------------------- Discovery
+
+    def gpus(self) -> list[Gpu]:
+        return [self._gpu(i, h) for i, h in enumerate(self.handles)]
+
+    def _gpu(self, index: int, handle: Any) -> Gpu:
+        lib = self.lib
+        bus = _text(lib.nvmlDeviceGetPciInfo(handle).busId)
+        mig = False
+        with contextlib.suppress(lib.NVMLError):  # not supported before Ampere
+            mig = lib.nvmlDeviceGetMigMode(handle)[0] == lib.NVML_DEVICE_MIG_ENABLE
+        return Gpu(
+            index=index,
+            uuid=_text(lib.nvmlDeviceGetUUID(handle)),
+            minor=int(lib.nvmlDeviceGetMinorNumber(handle)),
+            model=_text(lib.nvmlDeviceGetName(handle)),
+            memory_mib=int(lib.nvmlDeviceGetMemoryInfo(handle).total) // (1 << 20),
+            numa_node=_numa_node(bus),
+            pcie_switch=None,
+            mig=mig,
+        )
+
+    def links(self) -> list[Link]:
+        lib = self.lib
+        buses = [_text(lib.nvmlDeviceGetPciInfo(h).busId).lower() for h in self.handles]
+        nvlinks = [self._nvlink_peers(h, buses) for h in self.handles]
+        out = []
+        for a, ha in enumerate(self.handles):
+            for b in range(a + 1, len(self.handles)):
+                level = None
+                with contextlib.suppress(lib.NVMLError):
+                    level = lib.nvmlDeviceGetTopologyCommonAncestor(ha, self.handles[b])
+                same_switch = level in (
+                    lib.NVML_TOPOLOGY_INTERNAL,
+                    lib.NVML_TOPOLOGY_SINGLE,
+                    lib.NVML_TOPOLOGY_MULTIPLE,
+                )
+                same_numa = same_switch or level in (lib.NVML_TOPOLOGY_HOSTBRIDGE, lib.NVML_TOPOLOGY_NODE)
+                out.append(Link(a, b, nvlinks[a].count(b), same_switch, same_numa))
+        return out
+
+    def _nvlink_peers(self, handle: Any, buses: Sequence[str]) -> list[int]:
+        """The peer GPU of each active NVLink of a GPU (by index; links to switches or CPUs left out)."""
+        lib = self.lib
+        peers = []
+        for link in range(lib.NVML_NVLINK_MAX_LINKS):
+            try:
+                if lib.nvmlDeviceGetNvLinkState(handle, link) != lib.NVML_FEATURE_ENABLED:
+                    continue
+                remote = _text(lib.nvmlDeviceGetNvLinkRemotePciInfo(handle, link).busId).lower()
+            except lib.NVMLError:
+                continue
+            if remote in buses:
+                peers.append(buses.index(remote))
+        return peers
+
+    # ----------------------------------------------------------------- Health
+
+    def xid_events(self, timeout_ms: int) -> list[Xid]:
+        lib = self.lib
+        if self.events is None:
+            self.events = lib.nvmlEventSetCreate()
+            for handle in self.handles:
+                with contextlib.suppress(lib.NVMLError):  # not every GPU supports every event
+                    lib.nvmlDeviceRegisterEvents(handle, lib.nvmlEventTypeXidCriticalError, self.events)
+        found: list[Xid] = []
+        wait = timeout_ms
+        while True:
+            try:
+                data = lib.nvmlEventSetWait_v2(self.events, wait)
+            except lib.NVMLError_Timeout:
+                return found
+            found.append(Xid(_text(lib.nvmlDeviceGetUUID(data.device)), int(data.eventData)))
+            wait = 0
+
+    def unreadable(self) -> set[str]:
+        lib = self.lib
+        lost = set()
+        for handle in self.handles:
+            try:
+                lib.nvmlDeviceGetMemoryInfo(handle)
+            except lib.NVMLError:
+                with contextlib.suppress(lib.NVMLError):
+                    lost.add(_text(lib.nvmlDeviceGetUUID(handle)))
+        return lost
+
+    # ----------------------------------------------------------------- Processes
+
+    def running(self) -> list[GpuProcess]:
+        lib = self.lib
+        out = []
+        for handle in self.handles:
+            uuid = _text(lib.nvmlDeviceGetUUID(handle))
+            with contextlib.suppress(lib.NVMLError):
+                for proc in lib.nvmlDeviceGetComputeRunningProcesses(handle):
+                    used = proc.usedGpuMemory or 0  # None where the driver cannot say (e.g. in a VM)
+                    out.append(GpuProcess(int(proc.pid), uuid, int(used) // (1 << 20)))
+        return out
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _numa_node(bus_id: str) -> int:
+    """The NUMA node of a PCI device, from sysfs (NVML's own call needs a newer driver); 0 if unknown."""
+    address = bus_id.lower()
+    if len(address.split(":")[0]) == 8:  # NVML pads the domain to 8 digits, sysfs to 4
+        address = address[4:]
+    try:
+        value = int(Path(f"/sys/bus/pci/devices/{address}/numa_node").read_text().strip())
+    except (OSError, ValueError):
+        return 0
+    return max(value, 0)

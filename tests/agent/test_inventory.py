@@ -1,0 +1,122 @@
+"""The agent's inventory: the fake NVML's file, and the Device spec built from what NVML says."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from sharegpu.agent import fakenvml, inventory, nvml
+from sharegpu.api import names, wire
+from sharegpu.core import allocation, units
+
+FILE = """
+gpus:
+  - {uuid: GPU-0, model: NVIDIA A100-SXM4-80GB, memoryMiB: 81920, pcieSwitch: 0}
+  - {uuid: GPU-1, model: NVIDIA A100-SXM4-80GB, memoryMiB: 81920, pcieSwitch: 0}
+  - {uuid: GPU-2, model: NVIDIA A100-SXM4-80GB, memoryMiB: 81920, numaNode: 1}
+nvlinks: [{a: 0, b: 1, count: 12}]
+processes: [{pid: 42, gpu: 2, usedMiB: 2048}]
+"""
+
+
+def write(path: Path, text: str) -> None:
+    path.write_text(text)
+    stamp = path.stat().st_mtime_ns + 1_000_000_000  # a new modification time, however fast the test
+    os.utime(path, ns=(stamp, stamp))
+
+
+def test_the_fake_reads_its_file_and_derives_the_topology(tmp_path: Path) -> None:
+    path = tmp_path / "nvml.yaml"
+    write(path, FILE)
+    fake = fakenvml.FakeNvml(path).open()
+    assert [(g.index, g.uuid, g.minor, g.pcie_switch, g.numa_node) for g in fake.gpus()] == [
+        (0, "GPU-0", 0, 0, 0), (1, "GPU-1", 1, 0, 0), (2, "GPU-2", 2, None, 1)
+    ]  # fmt: skip
+    assert fake.links() == [
+        nvml.Link(0, 1, 12, True, True), nvml.Link(0, 2, 0, False, False), nvml.Link(1, 2, 0, False, False)
+    ]  # fmt: skip
+    assert fake.running() == [nvml.GpuProcess(42, "GPU-2", 2048)]
+    assert fake.xid_events(0) == [] and fake.unreadable() == set()
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("gpus: [{uuid: a, memoryMiB: -1}]", "Expected `int` >= 1 - at `$.gpus[0].memoryMiB`"),
+        ("gpus: [{uuid: a}, {uuid: a}]", "GPU UUIDs must be unique"),
+        ("gpus: [{uuid: a}]\nnvlinks: [{a: 0, b: 3}]", "nvlinks[0] names GPU 3, but there are 1 GPU(s)"),
+        ("gpus: [{uuid: a}]\nxids: [{gpu: 1, code: 79}]", "xids[0] names GPU 1"),
+        ("gpus: [{uuid: a, colour: red}]", "Object contains unknown field `colour`"),
+        ("gpus: [", "not YAML"),
+    ],
+)
+def test_a_malformed_file_is_refused_naming_what_is_wrong(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "nvml.yaml"
+    write(path, text)
+    with pytest.raises(fakenvml.FakeNvmlError) as refused:
+        fakenvml.FakeNvml(path).open()
+    assert message in str(refused.value) and str(path) in str(refused.value)
+
+
+def test_changes_while_running_faults_and_xids_delivered_once(tmp_path: Path) -> None:
+    path = tmp_path / "nvml.yaml"
+    write(path, FILE)
+    fake = fakenvml.FakeNvml(path).open()
+    write(path, FILE + "faults: {unreadable: [1]}\nxids: [{gpu: 0, code: 79}]\n")
+    assert fake.refresh()
+    assert fake.unreadable() == {"GPU-1"}
+    assert fake.xid_events(0) == [nvml.Xid("GPU-0", 79)]
+    assert fake.xid_events(0) == []  # once
+    write(path, FILE + "faults: {unreadable: [1]}\nxids: [{gpu: 0, code: 79}, {gpu: 2, code: 13}]\n")
+    assert fake.xid_events(100) == [nvml.Xid("GPU-2", 13)]
+    write(path, "gpus: [{uuid: a, memoryMiB: 0}]")  # broken: the last good configuration stays
+    assert not fake.refresh() and len(fake.gpus()) == 3
+    write(path, "gpus: []\nfaults: {library: true}\n")
+    with pytest.raises(nvml.NvmlUnavailableError, match="NVML cannot be loaded here"):
+        fakenvml.FakeNvml(path).open()
+
+
+def gpus(*uuids: str) -> list[nvml.Gpu]:
+    return [nvml.Gpu(index=i, uuid=u, minor=i, model="NVIDIA A100-SXM4-80GB", memory_mib=81920)
+            for i, u in enumerate(uuids)]  # fmt: skip
+
+
+def test_a_device_spec_keeps_indexes_by_uuid_and_a_held_gpu_that_vanished() -> None:
+    first = inventory.device_spec(gpus("A", "B", "C", "D"), [], {}, None, set())
+    assert [(g.index, g.uuid, g.healthy) for g in first.gpus] == [(0, "A", True), (1, "B", True), (2, "C", True),
+                                                                  (3, "D", True)]  # fmt: skip
+    # B falls off the bus: NVML renumbers C and D to 1 and 2; pods still hold B.
+    second = inventory.device_spec(gpus("A", "C", "D"), [], {}, first, {"B"})
+    assert [(g.index, g.uuid, g.healthy, g.reason) for g in second.gpus] == [
+        (0, "A", True, ""), (1, "B", False, inventory.GONE), (2, "C", True, ""), (3, "D", True, "")
+    ]  # fmt: skip
+    # Once nothing holds it, it is dropped; a new GPU takes a free index.
+    third = inventory.device_spec(gpus("A", "C", "D", "E"), [], {"C": "XID 79"}, second, set())
+    assert [(g.index, g.uuid, g.healthy, g.reason) for g in third.gpus] == [
+        (0, "A", True, ""), (1, "E", True, ""), (2, "C", False, "XID 79"), (3, "D", True, "")
+    ]  # fmt: skip
+
+
+def test_switches_come_from_nvmls_common_ancestors_and_nvlinks_are_pairs() -> None:
+    links = [nvml.Link(0, 1, 0, True, True), nvml.Link(1, 2, 0, True, True), nvml.Link(2, 3, 4, False, True),
+             nvml.Link(0, 3, 0, False, False)]  # fmt: skip
+    spec = inventory.device_spec(gpus("A", "B", "C", "D"), links, {}, None, set())
+    assert [g.pcie_switch for g in spec.gpus] == [0, 0, 0, None]
+    assert spec.nvlinks == [(2, 3)]
+
+
+def test_node_labels_and_the_gpus_pods_hold() -> None:
+    spec = inventory.device_spec(gpus("A", "B"), [], {}, None, set())
+    assert inventory.node_labels(spec) == {inventory.MODEL_LABEL: "NVIDIA-A100-SXM4-80GB", inventory.COUNT_LABEL: "2"}
+    assert inventory.node_labels(wire.DeviceSpec()) == {inventory.MODEL_LABEL: None, inventory.COUNT_LABEL: None}
+    grant = allocation.DeviceGrant(1, 500, 0, 500)
+    alloc = allocation.Allocation(units.pod_key("ns", "s"), units.NodeName("n0"),
+                                  (allocation.ContainerAllocation("main", (grant,)),))  # fmt: skip
+    pods = [
+        wire.Pod(metadata=wire.ObjectMeta(name="s", namespace="ns", annotations={names.ALLOCATION: alloc.to_json()})),
+        wire.Pod(metadata=wire.ObjectMeta(name="r", namespace="x", annotations={names.GPU_UUID: "A"})),
+        wire.Pod(metadata=wire.ObjectMeta(name="bad", namespace="x", annotations={names.ALLOCATION: "{"})),
+    ]
+    assert inventory.held_uuids(pods, spec) == {"A", "B"}

@@ -1,0 +1,70 @@
+"""The agent over the fake API server and the fake NVML: the Device appears owned by its node,
+follows the file (a GPU unhealthy by XID or NVML error, a GPU gone while held), and the node's
+labels follow."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from sharegpu.agent import fakenvml, inventory
+from sharegpu.agent import runtime as agent_runtime
+from sharegpu.api import names, paths, wire
+from sharegpu.kube import client, fake
+from tests.agent.test_inventory import FILE, write
+from tests.extender.conftest import settle
+
+
+async def one_pass(agent: agent_runtime.Agent, server: fake.FakeApiServer) -> wire.Device:
+    await settle(server)
+    await agent.reconcile()
+    stored = server.get_object(paths.device("n0"))
+    assert stored is not None
+    return wire.convert(stored, wire.Device)
+
+
+async def test_the_agent_publishes_and_keeps_its_nodes_device(tmp_path: Path) -> None:
+    server = fake.FakeApiServer()
+    node = server.put_object(paths.NODES, {"metadata": {"name": "n0"}})
+    path = tmp_path / "nvml.yaml"
+    write(path, FILE)
+    agent = agent_runtime.Agent(client.KubeClient(server), "n0", fakenvml.FakeNvml(path).open(), interval=3600)
+    await agent.start()
+    try:
+        device = await one_pass(agent, server)
+        assert [g.uuid for g in device.spec.gpus] == ["GPU-0", "GPU-1", "GPU-2"]
+        assert device.spec.nvlinks == [(0, 1)] and device.spec.gpus[0].pcie_switch == 0
+        assert [(r.kind, r.name, r.uid) for r in device.metadata.owner_references] == [
+            ("Node", "n0", node["metadata"]["uid"])
+        ]
+        labels = (server.get_object(paths.node("n0")) or {})["metadata"]["labels"]
+        assert labels[inventory.COUNT_LABEL] == "3" and labels[inventory.MODEL_LABEL] == "NVIDIA-A100-SXM4-80GB"
+        version = device.metadata.resource_version
+        assert (await one_pass(agent, server)).metadata.resource_version == version  # nothing changed: no write
+
+        # A pod holds GPU-2 (a reservation reported it); GPU-1 cannot be read; GPU-2 leaves NVML.
+        server.put_object(paths.pods("sharegpu-system"), {
+            "metadata": {"name": "r", "annotations": {names.GPU_UUID: "GPU-2"}}, "spec": {"nodeName": "n0"},
+        })  # fmt: skip
+        server.put_object(paths.pods("other"), {
+            "metadata": {"name": "elsewhere", "annotations": {names.GPU_UUID: "GPU-0"}}, "spec": {"nodeName": "n1"},
+        })  # fmt: skip
+        write(path, FILE.replace("  - {uuid: GPU-2, model: NVIDIA A100-SXM4-80GB, memoryMiB: 81920, numaNode: 1}\n", "")
+              .replace("processes: [{pid: 42, gpu: 2, usedMiB: 2048}]", "faults: {unreadable: [1]}"))  # fmt: skip
+        device = await one_pass(agent, server)
+        assert [(g.uuid, g.healthy, g.reason) for g in device.spec.gpus] == [
+            ("GPU-0", True, ""), ("GPU-1", False, "NVML cannot read it"), ("GPU-2", False, inventory.GONE)
+        ]  # fmt: skip
+
+        # A critical XID on GPU-0 marks it for good (the XID task wakes the loop).
+        write(path, FILE + "xids: [{gpu: 0, code: 79}]\n")
+        for _ in range(100):
+            if "GPU-0" in agent.xids:
+                break
+            await asyncio.sleep(0.05)
+        device = await one_pass(agent, server)
+        assert [(g.uuid, g.healthy, g.reason) for g in device.spec.gpus] == [
+            ("GPU-0", False, "XID 79"), ("GPU-1", True, ""), ("GPU-2", True, "")
+        ]  # fmt: skip
+    finally:
+        await agent.stop()
