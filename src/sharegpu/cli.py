@@ -390,13 +390,14 @@ def agent(
     fake_nvml: Annotated[
         Path | None, typer.Option(help="Read GPUs from this file instead of NVML (docs/agent.md: its format).")
     ] = None,
-    kubeconfig: Annotated[str | None, typer.Option(help="kubeconfig file (default: in-cluster).")] = None,
+    kubeconfig: Annotated[
+        str | None, typer.Option(help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config, or in-cluster).")
+    ] = None,
     interval: Annotated[float, typer.Option(help="Seconds between inventory passes.", min=0.5)] = 10.0,
 ) -> None:
     """Run the node agent: publish this node's GPUs (NVML, or --fake-nvml) as its Device resource."""
     from sharegpu.agent import fakenvml, nvml
     from sharegpu.agent import runtime as agent_runtime
-    from sharegpu.kube import client as kube_client
 
     _logging("INFO")
     source: agent_runtime.Source
@@ -405,12 +406,8 @@ def agent(
     except errors.SharegpuError as exc:
         raise _fail(exc) from None
 
-    async def main() -> None:
-        async with kube_client.KubeClient.connect(kubeconfig) as api:
-            await agent_runtime.run(api, node, source, interval=interval)
-
     try:
-        asyncio.run(main())
+        _serve(agent_runtime.serve(kubeconfig, node, source, interval=interval))
     except KeyboardInterrupt:
         pass
     except errors.SharegpuError as exc:

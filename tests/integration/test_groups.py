@@ -72,6 +72,46 @@ async def diagnosed(kube: client.KubeClient, namespace: str, name: str, predicat
         raise AssertionError(f"{exc}\ngroup status: {found and wire.encode(found.status)}\nholder: {shown}") from None
 
 
+async def webhook_knows(hook: RunningWebhook, namespace: str, name: str) -> None:
+    async def known() -> bool:
+        return f"{namespace}/{name}" in hook.policy.groups
+
+    await wait_for(known, what=f"the webhook to know group {name}")
+
+
+async def bound_with(kube: client.KubeClient, namespace: str, name: str, members: int) -> groups.SharedDeviceGroup:
+    """The group once it is Bound and lists `members` member pods."""
+
+    async def bound() -> groups.SharedDeviceGroup | None:
+        found = await group_of(kube, namespace, name)
+        ok = found is not None and found.status.phase == "Bound" and len(found.status.member_pods) == members
+        return found if ok else None
+
+    found: groups.SharedDeviceGroup = await diagnosed(
+        kube, namespace, name, bound, f"group {name} bound with {members} members"
+    )
+    return found
+
+
+async def members_running(kube: client.KubeClient, namespace: str, count: int) -> list[Json]:
+    """The member pods m0..m<count-1>, once all of them run."""
+
+    async def running() -> list[Json] | None:
+        listed = [await kube.get(paths.pod(namespace, f"m{i}")) for i in range(count)]
+        return listed if all(p["status"].get("phase") == "Running" for p in listed) else None
+
+    found: list[Json] = await wait_for(running, what="the members running")
+    return found
+
+
+async def without_members(kube: client.KubeClient, namespace: str, name: str) -> None:
+    async def empty() -> bool:
+        found = await group_of(kube, namespace, name)
+        return found is not None and found.status.member_pods == []
+
+    await wait_for(empty, what=f"group {name} without members")
+
+
 async def test_a_group_binds_holds_its_gpus_for_its_members_and_goes_only_without_them(
     admin: client.KubeClient,
     harness: fakecluster.FakeCluster,
@@ -88,32 +128,20 @@ async def test_a_group_binds_holds_its_gpus_for_its_members_and_goes_only_withou
     pool = {**test_nodes, "pool": "a"}
     await admin.create(resources.SHARED_DEVICE_GROUP.path(namespace), group_body("a", namespace, 2, pool))
 
-    async def known() -> bool:
-        return f"{namespace}/a" in webhook.policy.groups
-
-    await wait_for(known, what="the webhook to know the group")
+    await webhook_knows(webhook, namespace, "a")
     unbound = await group_of(admin, namespace, "a")
     assert unbound is not None and unbound.status.phase == "Pending"  # binds when its first member arrives
     for i in range(3):
         await admin.create(paths.pods(namespace), member(f"m{i}", namespace, "a"))
 
-    async def bound() -> groups.SharedDeviceGroup | None:
-        found = await group_of(admin, namespace, "a")
-        ok = found is not None and found.status.phase == "Bound" and len(found.status.member_pods) == 3
-        return found if ok else None
-
-    group = await diagnosed(admin, namespace, "a", bound, "group a bound with 3 members")
+    group = await bound_with(admin, namespace, "a", 3)
     assert group.status.node_name == target
     assert [d.index for d in group.status.devices] == [0, 1]
     uuids = ",".join(d.uuid for d in group.status.devices)
     assert group.metadata.finalizers == [names.GROUP_FINALIZER]
     assert group.status.conditions[0].type == "Bound" and group.status.conditions[0].status == "True"
 
-    async def members_running() -> list[Json] | None:
-        listed = [await admin.get(paths.pod(namespace, f"m{i}")) for i in range(3)]
-        return listed if all(p["status"].get("phase") == "Running" for p in listed) else None
-
-    running = await wait_for(members_running, what="the members running")
+    running = await members_running(admin, namespace, 3)
     handoff = await admin.get(paths.configmap(namespace, groups.handoff_name(namespace, "a")))
     assert handoff["data"] == {"NVIDIA_VISIBLE_DEVICES": uuids}
     for pod in running:
@@ -152,11 +180,7 @@ async def test_a_group_binds_holds_its_gpus_for_its_members_and_goes_only_withou
     for i in range(3):
         await admin.delete(paths.pod(namespace, f"m{i}"), grace_period=0)
 
-    async def no_members() -> bool:
-        found = await group_of(admin, namespace, "a")
-        return found is not None and found.status.member_pods == []
-
-    await wait_for(no_members, what="group a without members")
+    await without_members(admin, namespace, "a")
     await admin.delete(resources.SHARED_DEVICE_GROUP.path(namespace, "a"), missing_ok=False)
 
     async def a_gone() -> bool:
@@ -239,30 +263,18 @@ async def test_a_share_group_holds_a_share_of_its_gpu_and_its_members_run_within
     await admin.create(resources.SHARED_DEVICE_GROUP.path(namespace), group_body("s", namespace, 1, test_nodes,
                                                                                  share=share))  # fmt: skip
 
-    async def known() -> bool:
-        return f"{namespace}/s" in webhook.policy.groups
-
-    await wait_for(known, what="the webhook to know the group")
+    await webhook_knows(webhook, namespace, "s")
     for i in range(2):
         await admin.create(paths.pods(namespace), member(f"m{i}", namespace, "s"))
 
-    async def bound() -> groups.SharedDeviceGroup | None:
-        found = await group_of(admin, namespace, "s")
-        ok = found is not None and found.status.phase == "Bound" and len(found.status.member_pods) == 2
-        return found if ok else None
-
-    group = await diagnosed(admin, namespace, "s", bound, "share group bound with 2 members")
+    group = await bound_with(admin, namespace, "s", 2)
     assert len(group.status.devices) == 1
     assert group.status.conditions[0].message.startswith("holds 400 milli-GPU and 4096 MiB of each of 1 GPU(s)")
     holder = await admin.get(paths.pod(names.SYSTEM_NAMESPACE, groups.holder_name(namespace, "s")))
     assert names.NVIDIA_GPU not in holder["spec"]["containers"][0]["resources"]["limits"]
     assert holder["metadata"]["annotations"][names.ALLOCATION]  # placed by the extender like a sharing pod
 
-    async def members_running() -> list[Json] | None:
-        listed = [await admin.get(paths.pod(namespace, f"m{i}")) for i in range(2)]
-        return listed if all(p["status"].get("phase") == "Running" for p in listed) else None
-
-    running = await wait_for(members_running, what="the members running")
+    running = await members_running(admin, namespace, 2)
     assert {p["spec"]["nodeName"] for p in running} == {group.status.node_name}
     handoff = await admin.get(paths.configmap(namespace, groups.handoff_name(namespace, "s")))
     assert handoff["data"] == {
@@ -298,11 +310,7 @@ async def test_a_share_group_holds_a_share_of_its_gpu_and_its_members_run_within
     for i in range(2):
         await admin.delete(paths.pod(namespace, f"m{i}"), grace_period=0)
 
-    async def no_members() -> bool:
-        found = await group_of(admin, namespace, "s")
-        return found is not None and found.status.member_pods == []
-
-    await wait_for(no_members, what="the group without members")
+    await without_members(admin, namespace, "s")
     await admin.delete(resources.SHARED_DEVICE_GROUP.path(namespace, "s"))
     await wait_for(functools.partial(_gone, admin, namespace, "s"), what="the group deleted")
 

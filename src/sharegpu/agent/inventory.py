@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Final
 
@@ -39,8 +40,8 @@ def switches(count: int, links: Sequence[nvml.Link]) -> dict[int, int]:
             a, b = root(link.a), root(link.b)
             group[max(a, b)] = min(a, b)
     roots = {i: root(i) for i in range(count)}
-    shared = {r for r in roots.values() if list(roots.values()).count(r) > 1}
-    return {i: r for i, r in roots.items() if r in shared}
+    sizes = Counter(roots.values())
+    return {i: r for i, r in roots.items() if sizes[r] > 1}
 
 
 def device_spec(
@@ -59,7 +60,8 @@ def device_spec(
         if known is not None and known.index not in taken:
             index_of[gpu.uuid] = known.index
             taken.add(known.index)
-    kept = [g for u, g in before.items() if u not in {x.uuid for x in gpus} and u in held and g.index not in taken]
+    seen = {g.uuid for g in gpus}
+    kept = [g for u, g in before.items() if u not in seen and u in held and g.index not in taken]
     taken.update(g.index for g in kept)
     for gpu in gpus:
         if gpu.uuid not in index_of:

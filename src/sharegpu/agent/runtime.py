@@ -19,7 +19,8 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from sharegpu.agent import inventory, nvml
-from sharegpu.api import names, paths, wire
+from sharegpu.api import devices as api_devices
+from sharegpu.api import paths, wire
 from sharegpu.kube import client, errors, informer, reconcile
 
 log = logging.getLogger(__name__)
@@ -87,8 +88,7 @@ class Agent:
         if current is None:
             await self._create(spec)
         elif current.spec != spec:
-            body = {**wire.encode(current), "apiVersion": _API_VERSION, "kind": names.DEVICE_KIND,
-                    "spec": wire.encode(spec)}  # fmt: skip
+            body = wire.encode(api_devices.published(current.metadata, spec))
             await self.api.replace(paths.device(self.node), body)
             log.info("Device %s updated: %d GPU(s)", self.node, len(spec.gpus))
         self.written = spec
@@ -112,20 +112,17 @@ class Agent:
     async def _create(self, spec: wire.DeviceSpec) -> None:
         node = await self.api.get(paths.node(self.node))
         owner = wire.OwnerReference(api_version="v1", kind="Node", name=self.node, uid=node["metadata"]["uid"])
-        device = wire.Device(metadata=wire.ObjectMeta(name=self.node, owner_references=[owner]), spec=spec)
-        body = {**wire.encode(device), "apiVersion": _API_VERSION, "kind": names.DEVICE_KIND}
-        await self.api.create(paths.DEVICES, body)
+        device = api_devices.published(wire.ObjectMeta(name=self.node, owner_references=[owner]), spec)
+        await self.api.create(paths.DEVICES, wire.encode(device))
         log.info("Device %s created: %d GPU(s)", self.node, len(spec.gpus))
 
 
-_API_VERSION = f"{names.DEVICE_GROUP}/{names.DEVICE_VERSION}"
-
-
-async def run(api: client.KubeApi, node: str, source: Source, *, interval: float = 10.0) -> None:
+async def serve(kubeconfig: str | None, node: str, source: Source, *, interval: float = 10.0) -> None:
     """Run the agent until cancelled."""
-    agent = Agent(api, node, source, interval=interval)
-    try:
-        await agent.start()
-        await asyncio.Event().wait()
-    finally:
-        await agent.stop()
+    async with client.KubeClient.connect(kubeconfig) as api:
+        agent = Agent(api, node, source, interval=interval)
+        try:
+            await agent.start()
+            await asyncio.Event().wait()
+        finally:
+            await agent.stop()

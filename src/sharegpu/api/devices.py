@@ -10,6 +10,7 @@ two cannot disagree on a field name.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Final
 
 from sharegpu.api import names, quantity, wire
 from sharegpu.core import devices, errors, units
@@ -72,11 +73,17 @@ def inventory(device: wire.Device, node: NodeFacts | None) -> devices.NodeInvent
         raise errors.InvalidInventoryError(f"Device {device.metadata.name}: {exc}") from None
 
 
+API_VERSION: Final = f"{names.DEVICE_GROUP}/{names.DEVICE_VERSION}"
+
+
+def published(metadata: wire.ObjectMeta, spec: wire.DeviceSpec) -> wire.Device:
+    """A Device as it is written to the API (apiVersion and kind set)."""
+    return wire.Device(api_version=API_VERSION, kind=names.DEVICE_KIND, metadata=metadata, spec=spec)
+
+
 def device(node: devices.NodeInventory) -> wire.Device:
     """The Device resource describing `node`'s GPUs (what the node agent publishes)."""
-    return wire.Device(
-        api_version=f"{names.DEVICE_GROUP}/{names.DEVICE_VERSION}",
-        kind=names.DEVICE_KIND,
+    return published(
         metadata=wire.ObjectMeta(name=node.name),
         spec=wire.DeviceSpec(
             gpus=[

@@ -92,13 +92,9 @@ class BudgetReconciler:
         self.loop.wake()
 
     def on_namespace(self, kind: str, namespace: wire.Namespace) -> None:
-        name = namespace.metadata.name
-        if kind == "DELETED":
-            self.namespaces.pop(name, None)
-        elif self.namespaces.get(name) != namespace.metadata.labels:
-            self.namespaces[name] = dict(namespace.metadata.labels)
-            if any(isinstance(b, budgets.ClusterGPUBudget) for b in self.budgets.values()):
-                self.loop.wake()
+        relabelled = informer.remember_labels(self.namespaces, kind, namespace) and kind != "DELETED"
+        if relabelled and any(isinstance(b, budgets.ClusterGPUBudget) for b in self.budgets.values()):
+            self.loop.wake()
 
     def covered(self, item: budgets.AnyBudget) -> set[str]:
         """The namespaces whose pods the budget counts."""

@@ -197,13 +197,19 @@ class GroupReconciler:
             observed_generation=group.metadata.generation,
         )
 
+    def _share_handoff(self, holder: wire.Pod | None) -> dict[str, str] | None:
+        """A share holder's hand-off as its members read it (`api.groups.member_handoff`); None
+        until the extender has written it."""
+        if holder is None:
+            return None
+        return groups.member_handoff(self.holder_handoffs.get(holder.metadata.annotations.get(names.HANDOFF, ""), {}))
+
     def _reported(self, group: groups.SharedDeviceGroup, holder: wire.Pod) -> str:
         """The UUIDs the holder's GPUs have: reported by the holder itself (whole GPUs), or written
         into its hand-off by the extender (a share)."""
         if group.spec.share is None:
             return holder.metadata.annotations.get(names.GPU_UUID, "")
-        data = self.holder_handoffs.get(holder.metadata.annotations.get(names.HANDOFF, ""), {})
-        return (groups.member_handoff(data) or {}).get(groups.VISIBLE_DEVICES, "")
+        return (self._share_handoff(holder) or {}).get(groups.VISIBLE_DEVICES, "")
 
     def _member_data(
         self, group: groups.SharedDeviceGroup, holder: wire.Pod | None, status: groups.GroupStatus
@@ -212,9 +218,7 @@ class GroupReconciler:
         lost holder being replaced: what was written stays)."""
         if group.spec.share is None:
             return {groups.VISIBLE_DEVICES: ",".join(d.uuid for d in status.devices)}
-        if holder is None:
-            return None
-        return groups.member_handoff(self.holder_handoffs.get(holder.metadata.annotations.get(names.HANDOFF, ""), {}))
+        return self._share_handoff(holder)
 
     # ----------------------------------------------------------------- writes
 

@@ -57,6 +57,18 @@ def remember(store: dict[str, W], kind: str, obj: W) -> None:
         store[key] = obj
 
 
+def remember_labels(store: dict[str, dict[str, str]], kind: str, obj: W) -> bool:
+    """Apply one event to a map of each object's labels, keyed by `wire.key`; True if it changed
+    (what a reader that selects objects by their labels, as of namespaces, needs to know)."""
+    key = wire.key(obj.metadata)
+    if kind == "DELETED":
+        return store.pop(key, None) is not None
+    if store.get(key) == obj.metadata.labels:
+        return False
+    store[key] = dict(obj.metadata.labels)
+    return True
+
+
 def identity(obj: W, previous: object | None) -> W:
     """`convert` for informers that keep the wire object itself."""
     return obj

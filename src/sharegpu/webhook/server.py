@@ -147,14 +147,7 @@ class Webhook:
         self._share_namespaces()
 
     def on_namespace(self, kind: str, item: wire.Namespace) -> None:
-        name = item.metadata.name
-        if kind == "DELETED":
-            self.namespaces.pop(name, None)
-        elif self.namespaces.get(name) != item.metadata.labels:
-            self.namespaces[name] = dict(item.metadata.labels)
-        else:
-            return
-        if self.cluster_budgets:
+        if informer.remember_labels(self.namespaces, kind, item) and self.cluster_budgets:
             self._share_namespaces()
 
     def _share_namespaces(self) -> None:
