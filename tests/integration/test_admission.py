@@ -286,6 +286,43 @@ async def test_inconsistent_device_resources_are_refused(admin: client.KubeClien
     assert "indices must be 0..n-1" in refused.value.message
 
 
+def _visible(container: Json) -> list[Json]:
+    return [e for e in container.get("env") or [] if e["name"] == "NVIDIA_VISIBLE_DEVICES"]
+
+
+async def test_containers_given_no_gpu_see_none(
+    admin: client.KubeClient, webhook: RunningWebhook, namespace: str
+) -> None:
+    """CUDA images set NVIDIA_VISIBLE_DEVICES=all: the container runtime would show every GPU of the node to
+    a container that asked for none. Stored pods: every such container (init too) reads void; a sharing
+    container its hand-off; a whole-GPU container nothing (the device plugin's value must win)."""
+    cpu = bare_pod("cpu-only", {"cpu": "100m"})
+    cpu["spec"]["initContainers"] = [{"name": "setup", "image": "busybox"}]
+    cpu["spec"]["containers"][0]["env"] = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]
+    sharing = bare_pod("sharing", {"sharegpu.io/gpu": "1", "sharegpu.io/gpu-milli": "300"})
+    sharing["spec"]["containers"].append({"name": "sidecar", "image": "busybox"})
+    whole = bare_pod("whole", {"nvidia.com/gpu": "1"})
+    whole["spec"]["containers"].append({"name": "logs", "image": "busybox"})
+    for manifest in (cpu, sharing, whole):
+        await admin.create(f"/api/v1/namespaces/{namespace}/pods", manifest)
+    void = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}]
+    stored = await admin.get(f"/api/v1/namespaces/{namespace}/pods/cpu-only")
+    assert [_visible(c) for c in stored["spec"]["initContainers"] + stored["spec"]["containers"]] == [void, void]
+    assert "NVIDIA_VISIBLE_DEVICES all -> void" in stored["metadata"]["annotations"][names.TRANSLATED]
+    stored = await admin.get(f"/api/v1/namespaces/{namespace}/pods/sharing")
+    main, sidecar = stored["spec"]["containers"]
+    assert _visible(main)[0]["valueFrom"]["configMapKeyRef"]["name"] == stored["metadata"]["annotations"][names.HANDOFF]
+    assert _visible(sidecar) == void
+    stored = await admin.get(f"/api/v1/namespaces/{namespace}/pods/whole")
+    train, logs = stored["spec"]["containers"]
+    assert _visible(train) == [] and _visible(logs) == void
+    left = bare_pod("left-alone-cpu", {"cpu": "100m"})
+    await admin.create(f"/api/v1/namespaces/{names.SYSTEM_NAMESPACE}/pods", left)
+    stored = await admin.get(f"/api/v1/namespaces/{names.SYSTEM_NAMESPACE}/pods/left-alone-cpu")
+    assert _visible(stored["spec"]["containers"][0]) == [], "skipped namespaces are not touched"
+    await admin.delete(f"/api/v1/namespaces/{names.SYSTEM_NAMESPACE}/pods/left-alone-cpu", grace_period=0)
+
+
 async def test_multi_container_pods_get_a_hand_off_per_gpu_container(
     admin: client.KubeClient, webhook: RunningWebhook, namespace: str
 ) -> None:

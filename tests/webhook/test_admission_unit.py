@@ -61,10 +61,55 @@ def test_a_user_cannot_choose_the_hand_off_configmap() -> None:
     assert admission.validate(review(out), POLICY).response.allowed
 
 
-def test_cpu_only_pods_are_left_as_they_are() -> None:
-    pod = {"metadata": {"name": "c"}, "spec": {"containers": [{"name": "main", "resources": {"limits": {"cpu": "1"}}}]}}
-    answer = admission.mutate(review(pod), POLICY)
-    assert applied(pod, answer) == pod
+def visible(container: Json) -> list[Json]:
+    return [e for e in container.get("env") or [] if e["name"] == "NVIDIA_VISIBLE_DEVICES"]
+
+
+VOID = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}]
+
+
+def test_cpu_only_pods_see_no_gpu_and_are_otherwise_left_as_they_are() -> None:
+    pod = {"metadata": {"name": "c"}, "spec": {
+        "initContainers": [{"name": "init", "env": [{"name": "A", "value": "1"}]}],
+        "containers": [{"name": "main", "resources": {"limits": {"cpu": "1"}}}],
+    }}  # fmt: skip
+    out = applied(pod, admission.mutate(review(pod), POLICY))
+    assert out["spec"]["initContainers"][0]["env"] == [{"name": "A", "value": "1"}, *VOID]
+    assert visible(out["spec"]["containers"][0]) == VOID
+    out["spec"]["initContainers"][0]["env"].pop()
+    del out["spec"]["containers"][0]["env"]
+    assert out == pod, "nothing else changes, no empty annotations"
+    assert admission.validate(review(applied(pod, admission.mutate(review(pod), POLICY))), POLICY).response.allowed
+    again = applied(pod, admission.mutate(review(pod), POLICY))
+    assert applied(again, admission.mutate(review(again), POLICY)) == again, "reinvocation changes nothing"
+
+
+def test_an_author_s_gpu_visibility_on_a_container_given_no_gpu_is_replaced_and_said() -> None:
+    pod = {"metadata": {"name": "c"}, "spec": {"containers": [
+        {"name": "main", "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]},
+    ]}}  # fmt: skip
+    out = applied(pod, admission.mutate(review(pod), POLICY))
+    assert visible(out["spec"]["containers"][0]) == VOID
+    assert "container main: NVIDIA_VISIBLE_DEVICES all -> void" in out["metadata"]["annotations"][names.TRANSLATED]
+    assert not admission.validate(review(pod), POLICY).response.allowed, "unmutated, 'all' is still refused"
+
+
+def test_a_sharing_pod_s_sidecar_sees_no_gpu_and_a_whole_gpu_container_keeps_the_device_plugin_s() -> None:
+    pod = sharing_pod()
+    pod["spec"]["containers"].append({"name": "sidecar"})
+    out = applied(pod, admission.mutate(review(pod), POLICY))
+    main, sidecar = out["spec"]["containers"]
+    assert [e["valueFrom"]["configMapKeyRef"]["key"] for e in visible(main)] == ["main.NVIDIA_VISIBLE_DEVICES"]
+    assert visible(sidecar) == VOID
+    assert admission.validate(review(out), POLICY).response.allowed
+    whole = {"metadata": {"name": "w"}, "spec": {"containers": [
+        {"name": "train", "resources": {"limits": {"nvidia.com/gpu": "1"}}}, {"name": "log"},
+    ]}}  # fmt: skip
+    train, log = applied(whole, admission.mutate(review(whole), POLICY))["spec"]["containers"]
+    assert visible(train) == [] and visible(log) == VOID
+    mirror = {"metadata": {"name": "m", "annotations": {admission.MIRROR: "x"}}}
+    mirror["spec"] = {"containers": [{"name": "a"}]}
+    assert visible(applied(mirror, admission.mutate(review(mirror), POLICY))["spec"]["containers"][0]) == []
 
 
 def gpu_pod(spec: Json | None = None) -> Json:

@@ -31,6 +31,10 @@ SM_LIMIT: Final = "CUDA_DEVICE_SM_LIMIT"
 MEMORY_LIMIT: Final = "CUDA_DEVICE_MEMORY_LIMIT"
 MPS_THREADS: Final = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
 MPS_MEMORY: Final = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
+NO_GPU: Final = "void"
+"""NVIDIA_VISIBLE_DEVICES of a container sharegpu gives no GPU: the NVIDIA container runtime then
+mounts no GPU into it (CUDA base images set "all", which would otherwise expose every GPU of the
+node to a pod that asked for none)."""
 REQUIRED: Final = frozenset({VISIBLE_DEVICES})
 """Variables a container cannot start without; the limits are optional references."""
 
@@ -50,6 +54,22 @@ PROTECTED: Final = frozenset(
 
 def is_protected(variable: str) -> bool:
     return variable in PROTECTED or variable.startswith(f"{MEMORY_LIMIT}_")
+
+
+def no_gpu(container: dict[str, Any]) -> bool:
+    """Make a container see no GPU (`NO_GPU`), replacing what its author set; whether it changed."""
+    env = list(container.get("env") or [])
+    kept = [e for e in env if e.get("name") != VISIBLE_DEVICES]
+    kept.append({"name": VISIBLE_DEVICES, "value": NO_GPU})
+    if kept == env:
+        return False
+    container["env"] = kept
+    return True
+
+
+def hides_gpus(env: wire.EnvVar) -> bool:
+    """Whether `env` is the literal NVIDIA_VISIBLE_DEVICES=void (it only takes GPUs away)."""
+    return env.name == VISIBLE_DEVICES and env.value == NO_GPU and env.value_from is None
 
 
 def variables(gpu_count: int, limits_memory: bool) -> tuple[str, ...]:

@@ -129,6 +129,23 @@ def _write_totals(obj: Json, parsed: requests.PodRequest) -> None:
             table.update(totals)
 
 
+def _hide_gpus(obj: Json, parsed: requests.PodRequest, audit: list[str]) -> None:
+    """Every container sharegpu gives no GPU (init containers too) sees none: NVIDIA_VISIBLE_DEVICES=void,
+    whatever its image or author set (an author's other value is replaced and said in the audit). A
+    static pod's mirror is left alone: the kubelet runs the node's manifest, not this object."""
+    if MIRROR in (obj.get("metadata") or {}).get("annotations", {}):
+        return
+    for container, request in _paired(obj, parsed):
+        if request.gpu is not None:
+            continue  # sharing: the hand-off; whole GPUs: the device plugin's value must win
+        before = [e.get("value") for e in container.get("env") or [] if e.get("name") == handoff.VISIBLE_DEVICES]
+        if handoff.no_gpu(container) and before and before != [handoff.NO_GPU]:
+            shown = ", ".join(str(v) if v is not None else "(from a reference)" for v in before)
+            audit.append(
+                f"container {request.name}: {handoff.VISIBLE_DEVICES} {shown} -> {handoff.NO_GPU} (it is given no GPU)"
+            )
+
+
 def _handoff_wired(pod: wire.Pod, parsed: requests.PodRequest) -> bool:
     """Every GPU container already reads NVIDIA_VISIBLE_DEVICES from the pod's annotated hand-off."""
     own = pod.metadata.annotations.get(names.HANDOFF)
@@ -281,8 +298,15 @@ def mutate(body: Any, policy: Policy) -> Answer:
             notes = out["metadata"].setdefault("annotations", {})
             notes[names.TRANSLATED] = "; ".join(audit)
             return messages.allow(uid, patch=_patch(original, out), audit={"translated": "; ".join(audit)})
+        _hide_gpus(out, parsed, audit)
         if parsed.demand.count == 0:
-            return messages.allow(uid, patch=_patch(original, out) if audit else None)
+            metadata = out.setdefault("metadata", {})
+            if audit:
+                metadata.setdefault("annotations", {})[names.TRANSLATED] = "; ".join(audit)
+            elif not metadata.get("annotations") and "annotations" not in original.get("metadata", {}):
+                metadata.pop("annotations", None)
+            patch = _patch(original, out)
+            return messages.allow(uid, patch=patch or None, audit={"translated": "; ".join(audit)} if audit else None)
         notes = out.setdefault("metadata", {}).setdefault("annotations", {})
         if not _is_system(request, policy) and not _handoff_wired(pod, parsed):
             # Users never choose the hand-off ConfigMap: a fresh one is set below for sharing pods. (A pod
@@ -388,7 +412,10 @@ def guard(pod: wire.Pod, old: wire.Pod | None) -> str | None:
                 and ref.name == group_source and ref.key == env.name
             ):  # fmt: skip
                 continue
-            if handoff.is_protected(env.name) and not handoff.is_reference(env, own, container.name):
+            if (
+                handoff.is_protected(env.name) and not handoff.is_reference(env, own, container.name)
+                and not handoff.hides_gpus(env)
+            ):  # fmt: skip
                 return f"container {container.name}: {env.name} is set by sharegpu only"
             if ref is not None and ref.name.startswith(names.HANDOFF_PREFIX) and ref.name != own:
                 return f"container {container.name}: ConfigMap {ref.name} is another pod's GPU hand-off"
