@@ -107,7 +107,7 @@ def test_a_sharing_pod_s_sidecar_sees_no_gpu_and_a_whole_gpu_container_keeps_the
     ]}}  # fmt: skip
     train, log = applied(whole, admission.mutate(review(whole), POLICY))["spec"]["containers"]
     assert visible(train) == [] and visible(log) == VOID
-    mirror = {"metadata": {"name": "m", "annotations": {admission.MIRROR: "x"}}}
+    mirror: Json = {"metadata": {"name": "m", "annotations": {admission.MIRROR: "x"}}}
     mirror["spec"] = {"containers": [{"name": "a"}]}
     assert visible(applied(mirror, admission.mutate(review(mirror), POLICY))["spec"]["containers"][0]) == []
 
