@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sharegpu.api import handoff, wire
-from sharegpu.core import allocation, units
+from sharegpu.core import allocation, devices, units
 
 
 def _alloc(*containers: tuple[str, tuple[allocation.DeviceGrant, ...]]) -> allocation.Allocation:
@@ -18,13 +18,28 @@ def _alloc(*containers: tuple[str, tuple[allocation.DeviceGrant, ...]]) -> alloc
 
 def test_one_container_one_gpu_gets_hami_and_mps_limits() -> None:
     alloc = _alloc(("main", (allocation.DeviceGrant(index=1, milli=300, memory_mib=4096, limit_milli=600),)))
-    assert handoff.data(alloc, {1: "GPU-b"}) == {
+    assert handoff.data(alloc, {1: "GPU-b"}, handoff.EVERY_LIMIT) == {
         "main.NVIDIA_VISIBLE_DEVICES": "GPU-b",
         "main.CUDA_DEVICE_SM_LIMIT": "60",
         "main.CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "60",
         "main.CUDA_DEVICE_MEMORY_LIMIT": "4096m",
         "main.CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=4096M",
+        "main.SHAREGPU_MPS_GPU": "GPU-b",
     }
+
+
+def test_the_hand_off_holds_the_limits_the_node_enforces_and_no_others() -> None:
+    alloc = _alloc(("main", (allocation.DeviceGrant(index=0, milli=300, memory_mib=4096, limit_milli=300),)))
+    uuid = {0: "GPU-a"}
+    assert handoff.data(alloc, uuid, handoff.Enforcement()) == {"main.NVIDIA_VISIBLE_DEVICES": "GPU-a"}
+    hami = handoff.data(alloc, uuid, handoff.Enforcement(hami_core=True))
+    assert set(hami) == {"main.NVIDIA_VISIBLE_DEVICES", "main.CUDA_DEVICE_SM_LIMIT", "main.CUDA_DEVICE_MEMORY_LIMIT"}
+    mps = handoff.data(alloc, uuid, handoff.Enforcement(mps=True))
+    assert not any("CUDA_DEVICE_" in k for k in mps) and mps["main.CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "30"
+    offered = frozenset({devices.Isolation.MPS, devices.Isolation.HAMI_CORE})
+    assert handoff.Enforcement.of(offered, None) == handoff.Enforcement(hami_core=True), "not wired: no MPS"
+    assert handoff.Enforcement.of(offered, devices.Isolation.MPS) == handoff.EVERY_LIMIT
+    assert handoff.Enforcement.of(frozenset(), devices.Isolation.MPS) == handoff.Enforcement()
 
 
 def test_several_gpus_and_containers_and_no_memory_limit() -> None:
@@ -32,7 +47,7 @@ def test_several_gpus_and_containers_and_no_memory_limit() -> None:
         ("a", (allocation.DeviceGrant(0, 250, 1000, 250), allocation.DeviceGrant(2, 250, 2000, 250))),
         ("b", (allocation.DeviceGrant(0, 100, 0, 100),)),
     )
-    data = handoff.data(alloc, {0: "GPU-x", 2: "GPU-z"})
+    data = handoff.data(alloc, {0: "GPU-x", 2: "GPU-z"}, handoff.EVERY_LIMIT)
     assert data["a.NVIDIA_VISIBLE_DEVICES"] == "GPU-x,GPU-z"
     assert data["a.CUDA_DEVICE_MEMORY_LIMIT_0"] == "1000m"
     assert data["a.CUDA_DEVICE_MEMORY_LIMIT_1"] == "2000m"
@@ -44,10 +59,12 @@ def test_several_gpus_and_containers_and_no_memory_limit() -> None:
 @pytest.mark.parametrize(("count", "memory"), [(1, False), (1, True), (3, True), (2, False)])
 def test_the_keys_written_are_the_keys_referenced(count: int, memory: bool) -> None:
     grants = tuple(allocation.DeviceGrant(i, 200, 512 if memory else 0, 400) for i in range(count))
-    written = set(handoff.data(_alloc(("main", grants)), {i: f"GPU-{i}" for i in range(count)}))
-    references = [handoff.reference("cm", "main", v) for v in handoff.variables(count, memory)]
+    uuids = {i: f"GPU-{i}" for i in range(count)}
+    written = set(handoff.data(_alloc(("main", grants)), uuids, handoff.Enforcement(hami_core=True)))
+    mps = set(handoff.data(_alloc(("main", grants)), uuids, handoff.EVERY_LIMIT)) - written
+    references = [handoff.reference("cm", "main", v) for v in handoff.variables(count, memory, mps=count == 1)]
     read = {r["valueFrom"]["configMapKeyRef"]["key"] for r in references}
-    assert written == read
+    assert written | mps == read, "every key written is read; with every limit, every key read is written"
     for ref in references:
         env = wire.convert(ref, wire.EnvVar)
         assert handoff.is_reference(env, "cm", "main")

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
-from sharegpu.core import allocation, fit, ledger, requests, status, units
+from sharegpu.core import allocation, devices, fit, ledger, requests, status, units
 from tests.conftest import book, node, pod
 
 ALL = np.array([0, 1], dtype=np.int64)
@@ -151,3 +153,19 @@ def test_diagnose_names_the_first_shortfall_of_every_node() -> None:
     # the classification agrees with evaluate: NONE exactly where the demand fits
     feasible = fit.evaluate(b.state, demand, rows).feasible
     assert ((found.shortfall == fit.Shortfall.NONE) == feasible).all()
+
+
+def test_a_demanded_isolation_mode_is_found_only_on_nodes_that_offer_it() -> None:
+    mps = dataclasses.replace(node("mps", 2), isolation=frozenset({devices.Isolation.MPS}))
+    b = book(node("plain", 2), mps)
+    demand = requests.GpuDemand(count=1, milli=300, isolation=devices.Isolation.MPS)
+    assert fit.evaluate(b.state, demand, ALL).feasible.tolist() == [False, True]
+    assert fit.evaluate(b.state, dataclasses.replace(demand, isolation=None), ALL).feasible.tolist() == [True, True]
+    diagnosis = fit.diagnose(b.state, demand, np.array([0]))
+    assert diagnosis.shortfall.tolist() == [fit.Shortfall.ISOLATION]
+    assert not fit.Shortfall.ISOLATION.resolvable, "preempting pods never brings an isolation mode"
+    verdict = fit.explain_node(b.state, demand, 0)
+    assert verdict.code is status.Code.UNSCHEDULABLE_AND_UNRESOLVABLE
+    assert [r.resource for r in verdict.reasons] == [status.Resource.ISOLATION]
+    assert "isolation mps not offered (offers: none)" in verdict.reasons[0].detail
+    assert fit.explain_node(b.state, demand, 1).ok

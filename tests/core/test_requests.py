@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from sharegpu.core import errors, requests, units
+from sharegpu.core import devices, errors, requests, units
 
 
 @pytest.mark.parametrize(
@@ -109,3 +109,19 @@ def test_cotenancy_labels_are_checked() -> None:
         requests.CoTenancy(affinity="")
     assert requests.CoTenancy().empty
     assert not requests.CoTenancy(exclusion="x").empty
+
+
+def test_an_isolation_demand_needs_a_shared_gpu_and_mps_one_gpu_per_container() -> None:
+    mps = devices.Isolation.MPS
+
+    def make(gpu: requests.GpuRequest | None, isolation: devices.Isolation) -> requests.PodRequest:
+        return requests.PodRequest(units.PodKey("ns/p"), (requests.ContainerRequest("main", gpu),), isolation=isolation)
+
+    assert make(requests.GpuRequest(count=1, milli=300), mps).demand.isolation is mps
+    with pytest.raises(errors.InvalidRequestError, match="demands isolation mps but asks for no GPU"):
+        make(None, mps)
+    with pytest.raises(errors.InvalidRequestError, match="a pod of whole GPUs shares none"):
+        make(requests.GpuRequest(count=1), devices.Isolation.HAMI_CORE)
+    with pytest.raises(errors.InvalidRequestError, match="a process reaches only one"):
+        make(requests.GpuRequest(count=2, milli=300), mps)
+    assert make(requests.GpuRequest(count=2, milli=300), devices.Isolation.HAMI_CORE).demand.count == 2

@@ -94,6 +94,24 @@ async def test_wrong_models_are_unresolvable_and_malformed_requests_say_why(harn
     assert verdict.failed_and_unresolvable == verdict.failed_nodes
 
 
+async def test_a_pod_demanding_an_isolation_mode_goes_only_where_it_is_offered(harness: Callable[..., Any]) -> None:
+    h: Harness = await harness(nodes=2)
+    pod = await h.create(gpu_pod("mps", milli=300, annotations={names.ISOLATION: "mps"}))
+    verdict = h.extender.scheduling.filter(h.args(pod))
+    assert set(verdict.failed_and_unresolvable) == {"n0", "n1"}
+    assert set(verdict.failed_nodes.values()) == {"sharegpu: isolation mps not offered on the node"}
+    device = h.server.get_object(paths.device("n1"))
+    assert device is not None
+    device["spec"]["isolation"] = ["hami-core", "mps"]
+    h.server.remove_object(paths.device("n1"))
+    h.server.put_object(paths.DEVICES, device)
+    await settle(h.server)
+    assert await h.schedule(pod) == "n1"
+    typo = gpu_pod("typo", milli=300, annotations={names.ISOLATION: "mpss"})
+    verdict = h.extender.scheduling.filter(protocol.Args.of(wire.convert(typo, wire.Pod), ["n0"]))
+    assert "unknown isolation mode 'mpss' (known: none, hami-core, mps, mig)" in verdict.failed_nodes["n0"]
+
+
 async def test_a_failed_binding_forgets_the_assumption_once(harness: Callable[..., Any]) -> None:
     h: Harness = await harness(nodes=1)
     await h.create(gpu_pod("a", milli=600))

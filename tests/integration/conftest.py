@@ -6,6 +6,7 @@ cluster harness. Each test gets a fresh namespace and its own nodes (pods select
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import signal
 import time
 import uuid
@@ -91,7 +92,9 @@ async def nodes(harness: fakecluster.FakeCluster, namespace: str) -> Callable[..
         memory: int = 16384,
         cpu: int = 32000,
         nvlink_all: bool = False,
+        isolation: frozenset[devices.Isolation] = frozenset({devices.Isolation.HAMI_CORE}),
     ) -> list[str]:
+        """Nodes offer HAMi-core unless told otherwise (their hand-offs then carry its limits)."""
         made = []
         for _ in range(count):
             name = f"{namespace}-{model.lower()}-{uuid.uuid4().hex[:5]}"
@@ -104,7 +107,7 @@ async def nodes(harness: fakecluster.FakeCluster, namespace: str) -> Callable[..
                 memory_mib=256 * 1024,
                 nvlink_all=nvlink_all,
             )
-            made.append(inventory)
+            made.append(dataclasses.replace(inventory, isolation=isolation))
         await harness.add_nodes(made)
         await asyncio.gather(
             *(

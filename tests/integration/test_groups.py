@@ -280,10 +280,8 @@ async def test_a_share_group_holds_a_share_of_its_gpu_and_its_members_run_within
     assert handoff["data"] == {
         "NVIDIA_VISIBLE_DEVICES": group.status.devices[0].uuid,
         "CUDA_DEVICE_SM_LIMIT": "40",
-        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "40",
         "CUDA_DEVICE_MEMORY_LIMIT": "4096m",
-        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=4096M",
-    }
+    }, "the node offers HAMi-core, not MPS: its limits only"
 
     # The rest of the GPU is for others: 600 milli fits beside the group, 100 more does not.
     for name, milli in (("beside", 600), ("more", 100)):

@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 
 from sharegpu.api import names
-from sharegpu.core import allocation, units
+from sharegpu.core import allocation, devices, units
 from sharegpu.devcluster.stack import ExtenderProcess
 from sharegpu.kube import client
 from tests.integration.conftest import consistent, get_or_none, gpu_pod, wait_for
@@ -392,3 +392,33 @@ async def test_a_quota_lowered_after_admission_still_holds_at_placement(
     await admin.patch(f"/api/v1/nodes/{node}", {"metadata": {"labels": {"later": "again"}}})
     await admin.patch(f"/api/v1/nodes/{node}", {"metadata": {"labels": {"later": "yes"}}})  # a node event requeues it
     await wait_for(functools.partial(all_bound, admin, namespace, 2), what="the waiting pod bound")
+
+
+async def test_isolation_demands_place_only_where_offered_and_hand_offs_match_the_node(
+    admin: client.KubeClient, extender: ExtenderProcess, nodes: Callable[..., Any], namespace: str
+) -> None:
+    """A pod demanding MPS lands on the node that runs MPS daemons, and its hand-off carries MPS's limits and
+    its GPU's daemon; a pod on a node that enforces nothing gets its GPU and no limit variable at all."""
+    (plain,) = await nodes(1, gpus=1, isolation=frozenset())
+    (mps,) = await nodes(1, gpus=1, isolation=frozenset({devices.Isolation.MPS}))
+    demanding = gpu_pod("mps", namespace, milli=300, memory=1024,
+                        annotations={names.HANDOFF: "handoff-mps", names.ISOLATION: "mps"})  # fmt: skip
+    pinned = gpu_pod("plain", namespace, milli=300, memory=1024, annotations={names.HANDOFF: "handoff-plain"})
+    pinned["spec"]["nodeSelector"] = {"kubernetes.io/hostname": plain}
+    for pod in (demanding, pinned):
+        await admin.create(f"/api/v1/namespaces/{namespace}/pods", pod)
+    await wait_for(lambda: all_bound(admin, namespace, 2), what="pods bound")
+    assert (await admin.get(f"/api/v1/namespaces/{namespace}/pods/mps"))["spec"]["nodeName"] == mps
+
+    async def data(name: str) -> dict[str, str] | None:
+        found = await get_or_none(admin, f"/api/v1/namespaces/{namespace}/configmaps/{name}")
+        return dict(found["data"]) if found is not None else None
+
+    wired = await wait_for(lambda: data("handoff-mps"), what="MPS pod's hand-off")
+    uuid = wired["main.NVIDIA_VISIBLE_DEVICES"]
+    assert wired == {
+        "main.NVIDIA_VISIBLE_DEVICES": uuid, "main.CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "30",
+        "main.CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=1024M", "main.SHAREGPU_MPS_GPU": uuid,
+    }  # fmt: skip
+    bare = await wait_for(lambda: data("handoff-plain"), what="plain pod's hand-off")
+    assert list(bare) == ["main.NVIDIA_VISIBLE_DEVICES"]

@@ -399,3 +399,36 @@ def test_a_group_with_live_members_cannot_be_deleted() -> None:
         "sharegpu: SharedDeviceGroup ns/g still has 2 member pod(s): ns/m0, ns/m1; delete them first"
     )
     assert admission.validate_group_deletion(body, []).response.allowed
+
+
+def test_a_pod_demanding_mps_is_wired_to_its_gpu_s_mps_directory() -> None:
+    pod = sharing_pod({names.ISOLATION: "mps"})
+    out = applied(pod, admission.mutate(review(pod), POLICY))
+    cm = out["metadata"]["annotations"][names.HANDOFF]
+    main = out["spec"]["containers"][0]
+    env = {e["name"]: e for e in main["env"]}
+    assert env["SHAREGPU_MPS_GPU"]["valueFrom"]["configMapKeyRef"] == {
+        "name": cm, "key": "main.SHAREGPU_MPS_GPU", "optional": False,
+    }, "required: the mount's subPathExpr needs it"  # fmt: skip
+    assert env["CUDA_MPS_PIPE_DIRECTORY"]["value"] == "/run/sharegpu/mps/pipe"
+    assert main["volumeMounts"] == [
+        {"name": "sharegpu-mps", "mountPath": "/run/sharegpu/mps", "subPathExpr": "$(SHAREGPU_MPS_GPU)"}
+    ]
+    assert out["spec"]["volumes"] == [
+        {"name": "sharegpu-mps", "hostPath": {"path": "/run/sharegpu/mps", "type": "Directory"}}
+    ]
+    assert admission.validate(review(out), POLICY).response.allowed
+    assert applied(out, admission.mutate(review(out), POLICY)) == out, "reinvocation changes nothing"
+    plain = applied(sharing_pod(), admission.mutate(review(sharing_pod()), POLICY))
+    assert "volumes" not in plain["spec"], "no hostPath for pods that do not demand MPS"
+
+
+def test_an_unknown_or_misplaced_isolation_demand_is_refused_naming_it() -> None:
+    for notes, message in [
+        ({names.ISOLATION: "mpss"}, "unknown isolation mode 'mpss' (known: none, hami-core, mps, mig)"),
+    ]:
+        answer = answer_of(admission.mutate(review(sharing_pod(notes)), POLICY))["response"]
+        assert not answer["allowed"] and message in answer["status"]["message"]
+    cpu = {"metadata": {"name": "c", "annotations": {names.ISOLATION: "mps"}}, "spec": {"containers": [{"name": "m"}]}}
+    answer = answer_of(admission.mutate(review(cpu), POLICY))["response"]
+    assert not answer["allowed"] and "demands isolation mps but asks for no GPU" in answer["status"]["message"]

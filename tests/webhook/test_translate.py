@@ -152,7 +152,7 @@ def test_a_share_of_memory_alone_may_use_the_whole_gpus_compute(limits: dict[str
     gpu = request.containers[0].gpu
     assert gpu is not None and gpu.milli == 1 and gpu.limit == 1000
     alloc = allocation.build(request, units.NodeName("n"), (0,), [16384], [units.GpuUuid("GPU-0")])
-    env = handoff.values(alloc.containers[0].devices, {0: "GPU-0"})
+    env = handoff.values(alloc.containers[0].devices, {0: "GPU-0"}, handoff.EVERY_LIMIT)
     assert env[handoff.SM_LIMIT] == "100" and env[handoff.MPS_THREADS] == "100"
     assert any(names.LIMIT_MILLI in line for line in audit)
 

@@ -68,9 +68,24 @@ def inventory(device: wire.Device, node: NodeFacts | None) -> devices.NodeInvent
             memory_mib=units.MiB(node.memory_mib if node else 0),
             gpus=found,
             nvlinks=links,
+            isolation=isolation_modes(device),
         )
     except errors.InvalidInputError as exc:
         raise errors.InvalidInventoryError(f"Device {device.metadata.name}: {exc}") from None
+
+
+def isolation_modes(device: wire.Device) -> frozenset[devices.Isolation]:
+    """The isolation modes a Device says its node offers; an unknown one is an invalid inventory."""
+    modes = set()
+    for position, text in enumerate(device.spec.isolation):
+        try:
+            modes.add(devices.Isolation(text))
+        except ValueError:
+            known = ", ".join(m.value for m in devices.Isolation)
+            raise errors.InvalidInventoryError(
+                f"Device {device.metadata.name}: spec.isolation[{position}]: unknown mode {text!r} (known: {known})"
+            ) from None
+    return frozenset(modes)
 
 
 API_VERSION: Final = f"{names.DEVICE_GROUP}/{names.DEVICE_VERSION}"
@@ -99,5 +114,6 @@ def device(node: devices.NodeInventory) -> wire.Device:
                 for g in node.gpus
             ],
             nvlinks=sorted(node.nvlinks),
+            isolation=sorted(m.value for m in node.isolation),
         ),
     )

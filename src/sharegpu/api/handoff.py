@@ -11,26 +11,39 @@ not exist yet). Per container, keys `<container>.<VARIABLE>`:
   CUDA_DEVICE_MEMORY_LIMIT (MiB with suffix "m"; per device as CUDA_DEVICE_MEMORY_LIMIT_<i> when a
   container has several GPUs);
 - NVIDIA MPS limits: CUDA_MPS_ACTIVE_THREAD_PERCENTAGE and CUDA_MPS_PINNED_DEVICE_MEM_LIMIT
-  ("0=4096M,1=4096M").
+  ("0=4096M,1=4096M"), and SHAREGPU_MPS_GPU (the UUID whose MPS directory the container mounts).
 
-`variables` says which keys a container reads; the webhook adds exactly those env references
-(`reference`), and the extender writes exactly those keys (`values`), both from this one function.
+`variables` says which keys a container may read; the webhook adds exactly those env references
+(`reference`; all but NVIDIA_VISIBLE_DEVICES optional), and the extender writes those of them that
+the pod's node enforces (`values`, by `Enforcement`): HAMi-core's limits only where the node has the
+library, MPS's only where it runs MPS daemons and the pod was wired to them at admission (it
+demanded isolation mps: `mps_wiring`). A limit the node cannot apply is not written at all.
 """
 
 from __future__ import annotations
 
 import secrets
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Final
 
 from sharegpu.api import names, wire
-from sharegpu.core import allocation, units
+from sharegpu.core import allocation, devices, units
 
 VISIBLE_DEVICES: Final = "NVIDIA_VISIBLE_DEVICES"
 SM_LIMIT: Final = "CUDA_DEVICE_SM_LIMIT"
 MEMORY_LIMIT: Final = "CUDA_DEVICE_MEMORY_LIMIT"
 MPS_THREADS: Final = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
 MPS_MEMORY: Final = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
+MPS_GPU: Final = "SHAREGPU_MPS_GPU"
+"""The GPU whose MPS directory a container mounts (the volume mount's subPathExpr reads it)."""
+MPS_PIPE: Final = "CUDA_MPS_PIPE_DIRECTORY"
+MPS_LOG: Final = "CUDA_MPS_LOG_DIRECTORY"
+MPS_VOLUME: Final = "sharegpu-mps"
+MPS_HOST_ROOT: Final = "/run/sharegpu/mps"
+"""On the node: one directory per GPU UUID, holding `pipe/` and `log/` of its MPS control daemon."""
+MPS_MOUNT: Final = "/run/sharegpu/mps"
+"""In a container: its GPU's directory (`<MPS_HOST_ROOT>/<uuid>` through subPathExpr)."""
 NO_GPU: Final = "void"
 """NVIDIA_VISIBLE_DEVICES of a container sharegpu gives no GPU: the NVIDIA container runtime then
 mounts no GPU into it (CUDA base images set "all", which would otherwise expose every GPU of the
@@ -45,6 +58,7 @@ PROTECTED: Final = frozenset(
         MEMORY_LIMIT,
         MPS_THREADS,
         MPS_MEMORY,
+        MPS_GPU,
         "NVIDIA_DRIVER_CAPABILITIES",
         "CUDA_VISIBLE_DEVICES",
     }
@@ -72,13 +86,62 @@ def hides_gpus(env: wire.EnvVar) -> bool:
     return env.name == VISIBLE_DEVICES and env.value == NO_GPU and env.value_from is None
 
 
-def variables(gpu_count: int, limits_memory: bool) -> tuple[str, ...]:
-    """The hand-off variables of a container with `gpu_count` shared GPUs."""
+def variables(gpu_count: int, limits_memory: bool, mps: bool = False) -> tuple[str, ...]:
+    """The hand-off variables a container with `gpu_count` shared GPUs may read (`mps`: it is wired to
+    its GPU's MPS daemon, and reads which one; that reference is required)."""
     out = [VISIBLE_DEVICES, SM_LIMIT, MPS_THREADS]
     if limits_memory:
         out += [MEMORY_LIMIT] if gpu_count == 1 else [f"{MEMORY_LIMIT}_{i}" for i in range(gpu_count)]
         out.append(MPS_MEMORY)
+    if mps:
+        out.append(MPS_GPU)
     return tuple(out)
+
+
+@dataclass(frozen=True, slots=True)
+class Enforcement:
+    """Which limits a pod's node applies, so the hand-off holds those and no others."""
+
+    hami_core: bool = False
+    """The node has HAMi-core's library: CUDA_DEVICE_SM_LIMIT and CUDA_DEVICE_MEMORY_LIMIT*."""
+    mps: bool = False
+    """The node runs MPS daemons and the pod is wired to them: CUDA_MPS_* and SHAREGPU_MPS_GPU."""
+
+    @classmethod
+    def of(cls, offered: frozenset[devices.Isolation], demanded: devices.Isolation | None) -> Enforcement:
+        return cls(
+            hami_core=devices.Isolation.HAMI_CORE in offered,
+            mps=devices.Isolation.MPS in offered and demanded is devices.Isolation.MPS,
+        )
+
+
+EVERY_LIMIT: Final = Enforcement(hami_core=True, mps=True)
+
+
+def mps_wiring(container: dict[str, Any], configmap: str) -> None:
+    """Wire a container to the MPS daemon of the GPU it will get: the node's per-GPU directory mounted
+    at `MPS_MOUNT` through subPathExpr $(SHAREGPU_MPS_GPU) (a required hand-off reference: the
+    container waits for its GPU), and the MPS client's directories pointing there."""
+    name = container.get("name", "")
+    env = [e for e in container.get("env") or [] if e.get("name") not in (MPS_GPU, MPS_PIPE, MPS_LOG)]
+    ref = reference(configmap, name, MPS_GPU)
+    ref["valueFrom"]["configMapKeyRef"]["optional"] = False
+    env += [ref, {"name": MPS_PIPE, "value": f"{MPS_MOUNT}/pipe"}, {"name": MPS_LOG, "value": f"{MPS_MOUNT}/log"}]
+    container["env"] = env
+    mounts = [m for m in container.get("volumeMounts") or [] if m.get("name") != MPS_VOLUME]
+    mounts.append({"name": MPS_VOLUME, "mountPath": MPS_MOUNT, "subPathExpr": f"$({MPS_GPU})"})
+    container["volumeMounts"] = mounts
+
+
+def mps_directory(uuid: str) -> str:
+    """A GPU's directory under `MPS_HOST_ROOT` (one path component: an old-style MIG UUID's slashes
+    become underscores)."""
+    return uuid.replace("/", "_")
+
+
+def mps_volume() -> dict[str, Any]:
+    """The pod volume `mps_wiring` mounts: the node's MPS directories (created by the agent)."""
+    return {"name": MPS_VOLUME, "hostPath": {"path": MPS_HOST_ROOT, "type": "Directory"}}
 
 
 def key(container: str, variable: str) -> str:
@@ -111,32 +174,34 @@ def is_reference(env: wire.EnvVar, configmap: str | None, container: str) -> boo
     return configmap is not None and ref is not None and ref.name == configmap and ref.key == key(container, env.name)
 
 
-def values(grants: Sequence[allocation.DeviceGrant], uuid_of: dict[int, str]) -> dict[str, str]:
-    """The variables of one container from its grants (`uuid_of`: GPU index -> UUID)."""
+def values(grants: Sequence[allocation.DeviceGrant], uuid_of: dict[int, str], enforce: Enforcement) -> dict[str, str]:
+    """The variables of one container from its grants (`uuid_of`: GPU index -> UUID), with the limits
+    its node enforces (`enforce`)."""
     limits_memory = any(g.memory_mib for g in grants)
-    wanted = variables(len(grants), limits_memory)
     percent = max(1, max((g.limit_milli for g in grants), default=units.MILLI_PER_GPU) * 100 // units.MILLI_PER_GPU)
-    env = {
-        VISIBLE_DEVICES: ",".join(uuid_of[g.index] for g in grants),
-        SM_LIMIT: str(percent),
-        MPS_THREADS: str(percent),
-    }
-    if limits_memory:
-        if len(grants) == 1:
+    env = {VISIBLE_DEVICES: ",".join(uuid_of[g.index] for g in grants)}
+    if enforce.hami_core:
+        env[SM_LIMIT] = str(percent)
+        if limits_memory and len(grants) == 1:
             env[MEMORY_LIMIT] = f"{grants[0].memory_mib}m"
-        else:
+        elif limits_memory:
             for position, grant in enumerate(grants):
                 env[f"{MEMORY_LIMIT}_{position}"] = f"{grant.memory_mib}m"
-        env[MPS_MEMORY] = ",".join(f"{position}={grant.memory_mib}M" for position, grant in enumerate(grants))
-    assert set(env) == set(wanted), "hand-off values and variables disagree"
+    if enforce.mps:
+        env[MPS_THREADS] = str(percent)
+        if limits_memory:
+            env[MPS_MEMORY] = ",".join(f"{position}={grant.memory_mib}M" for position, grant in enumerate(grants))
+        if len(grants) == 1:  # one daemon per GPU: a process reaches one (several GPUs are refused at admission)
+            env[MPS_GPU] = mps_directory(uuid_of[grants[0].index])
+    assert set(env) <= set(variables(len(grants), limits_memory, mps=True)), "hand-off values and variables disagree"
     return env
 
 
-def data(alloc: allocation.Allocation, uuid_of: dict[int, str]) -> dict[str, str]:
+def data(alloc: allocation.Allocation, uuid_of: dict[int, str], enforce: Enforcement) -> dict[str, str]:
     """The hand-off ConfigMap's data for a pod's allocation: `<container>.<VARIABLE>` keys."""
     out: dict[str, str] = {}
     for container in alloc.containers:
-        for variable, value in values(container.devices, uuid_of).items():
+        for variable, value in values(container.devices, uuid_of, enforce).items():
             out[key(container.name, variable)] = value
     return out
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from sharegpu.api import names, quantity, wire
-from sharegpu.core import allocation, errors, requests, units
+from sharegpu.core import allocation, devices, errors, requests, units
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
@@ -117,6 +117,7 @@ REQUEST_ANNOTATIONS = (
     names.ANTI_AFFINITY,
     names.EXCLUSION,
     names.GROUP,
+    names.ISOLATION,
 )
 """The annotations `request` reads. With the containers' resources, which the API server never lets
 change, they are all a pod's request depends on."""
@@ -145,8 +146,20 @@ def request(pod: wire.Pod, host: tuple[int, int] | None = None) -> requests.PodR
         made.append(requests.ContainerRequest(container.name, gpu, init=init))
     cpu, memory = host if host is not None else host_request(pod)
     return requests.PodRequest(
-        key=pod_key, containers=tuple(made), cpu_milli=cpu, memory_mib=memory, cotenancy=cotenancy(notes)
-    )
+        key=pod_key, containers=tuple(made), cpu_milli=cpu, memory_mib=memory, cotenancy=cotenancy(notes),
+        isolation=isolation(notes.get(names.ISOLATION), f"pod {pod_key}: annotation {names.ISOLATION}"),
+    )  # fmt: skip
+
+
+def isolation(text: str | None, where: str) -> devices.Isolation | None:
+    """An isolation mode by its name (None or "none": no demand); InvalidRequestError naming `where`."""
+    if text is None or text.strip() in ("", "none"):
+        return None
+    try:
+        return devices.Isolation(text.strip())
+    except ValueError:
+        known = ", ".join(["none", *(m.value for m in devices.Isolation)])
+        raise errors.InvalidRequestError(f"{where}: unknown isolation mode {text!r} (known: {known})") from None
 
 
 def allocation_of(pod: wire.Pod) -> allocation.Allocation | None:

@@ -37,6 +37,7 @@ RESOURCE_NAMES: Final = {
     status.Resource.GPU_MODEL: names.MODELS,
     status.Resource.GPU_HEALTH: "gpu health",
     status.Resource.COTENANCY: "co-tenancy",
+    status.Resource.ISOLATION: names.ISOLATION,
 }
 """The name a user knows each `core.status.Resource` by."""
 
@@ -100,6 +101,8 @@ def _text(kind: fit.Shortfall, demand: requests.GpuDemand, rows: np.ndarray, d: 
     models = "/".join(sorted(demand.models))
     if kind is fit.Shortfall.TOO_FEW_GPUS:
         return f"node has fewer than {n} GPUs"
+    if kind is fit.Shortfall.ISOLATION:
+        return f"isolation {demand.isolation.value if demand.isolation else ''} not offered on the node"
     if kind is fit.Shortfall.MODEL:
         return f"no GPU of model {models}" if n == 1 else f"fewer than {n} GPUs of model {models}"
     if kind is fit.Shortfall.UNHEALTHY:

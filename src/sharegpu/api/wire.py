@@ -300,9 +300,22 @@ class GpuSpec(Message, kw_only=True, frozen=True):
     """Why the GPU is unhealthy (an XID, an NVML error, gone while pods hold it)."""
 
 
+class MpsDaemon(Message, kw_only=True, frozen=True):
+    """The state of one GPU's MPS control daemon, as the agent's supervisor reports it."""
+
+    uuid: str
+    running: bool = False
+    restarts: int = 0
+    problem: str = ""
+
+
 class DeviceSpec(Message, kw_only=True, frozen=True):
     gpus: list[GpuSpec] = []
     nvlinks: list[tuple[int, int]] = []
+    isolation: list[str] = []
+    """The isolation modes the node offers (`core.devices.Isolation` values)."""
+    mps: list[MpsDaemon] = []
+    """Per GPU its MPS control daemon, on nodes that run them."""
 
 
 class Device(Message, kw_only=True, frozen=True):

@@ -26,6 +26,25 @@ class Link(enum.IntEnum):
     """A direct NVLink connection (NV#)."""
 
 
+class Isolation(enum.Enum):
+    """A way a node can enforce the shares of the pods on a GPU (beyond telling them their GPU):
+    HAMi-core's CUDA interception library, NVIDIA MPS (a control daemon per GPU), or MIG partitions.
+    What each guarantees is in docs/isolation.md."""
+
+    HAMI_CORE = "hami-core"
+    MPS = "mps"
+    MIG = "mig"
+
+    @property
+    def bit(self) -> int:
+        return 1 << list(Isolation).index(self)
+
+
+def isolation_bits(modes: frozenset[Isolation]) -> int:
+    """The modes as a bit mask (`Isolation.bit`)."""
+    return sum(mode.bit for mode in modes)
+
+
 @dataclass(frozen=True, slots=True)
 class GpuDevice:
     """One physical GPU as the inventory reports it."""
@@ -62,6 +81,8 @@ class NodeInventory:
     gpus: tuple[GpuDevice, ...] = ()
     nvlinks: frozenset[tuple[int, int]] = field(default_factory=frozenset)
     """Unordered pairs of GPU indices joined by NVLink, stored with the smaller index first."""
+    isolation: frozenset[Isolation] = field(default_factory=frozenset)
+    """The isolation modes the node offers (its agent reports them)."""
 
     def __post_init__(self) -> None:
         if not self.name:

@@ -38,9 +38,22 @@ def model_mask(state: fleet.FleetState, demand: requests.GpuDemand, rows: fleet.
     return np.isin(state.model_id[rows], wanted)
 
 
+def isolation_mask(
+    state: fleet.FleetState, demand: requests.GpuDemand, rows: fleet.IntArray | slice
+) -> fleet.BoolArray:
+    """(rows,) bool: the node offers the isolation mode the demand asks for (every node when none)."""
+    offered = state.isolation[rows]
+    if demand.isolation is None:
+        return np.ones(offered.shape, dtype=np.bool_)
+    found: fleet.BoolArray = (offered & demand.isolation.bit) != 0
+    return found
+
+
 def eligible_gpus(state: fleet.FleetState, demand: requests.GpuDemand, rows: fleet.IntArray | slice) -> fleet.BoolArray:
     """(rows, width) bool: the GPU can host one unit (one GPU's worth) of `demand`."""
     ok = state.present[rows] & state.healthy[rows]
+    if demand.isolation is not None:
+        ok &= isolation_mask(state, demand, rows)[:, None]
     if demand.models:
         ok &= model_mask(state, demand, rows)
     if demand.whole:
@@ -83,6 +96,11 @@ def explain_node(state: fleet.FleetState, demand: requests.GpuDemand, row: int) 
     if int(eligible.sum()) >= demand.count and not reasons:
         return status.SUCCESS
     unresolvable = bool(state.gpu_count[row] < demand.count)
+    if demand.isolation is not None and not isolation_mask(state, demand, one)[0]:
+        offered = ", ".join(sorted(m.value for m in state.inventories[row].isolation)) or "none"
+        detail = f"isolation {demand.isolation.value} not offered (offers: {offered})"
+        reasons.append(status.Reason(R.ISOLATION, 1, 0, 0, name, detail=detail))
+        return status.Status(status.Code.UNSCHEDULABLE_AND_UNRESOLVABLE, f"pod does not fit on {name}", tuple(reasons))
     models = model_mask(state, demand, one)[0]
     rules = state.cotenancy_ok(demand.cotenancy, one)[0]
     need_memory = int(state.memory_need(demand, one)[0].max()) if state.width else 0
@@ -160,11 +178,13 @@ class Shortfall(enum.IntEnum):
     """Enough compute, too little free GPU memory."""
     COTENANCY = 8
     """Room on enough GPUs, but the co-tenancy rules of the pod or of their tenants forbid sharing."""
+    ISOLATION = 9
+    """The node does not offer the isolation mode the pod demands."""
 
     @property
     def resolvable(self) -> bool:
         """Whether freeing something on the node (preemption) could ever help."""
-        return self not in (Shortfall.TOO_FEW_GPUS, Shortfall.MODEL, Shortfall.UNHEALTHY)
+        return self not in (Shortfall.TOO_FEW_GPUS, Shortfall.ISOLATION, Shortfall.MODEL, Shortfall.UNHEALTHY)
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,7 +222,8 @@ def diagnose(state: fleet.FleetState, demand: requests.GpuDemand, rows: fleet.In
     if need:
         present = state.present[rows]
         mark(Shortfall.TOO_FEW_GPUS, state.gpu_count[rows] < need, state.gpu_count[rows])
-        modelled = present & model_mask(state, demand, rows)
+        mark(Shortfall.ISOLATION, ~isolation_mask(state, demand, rows))
+        modelled = present & model_mask(state, demand, rows) & isolation_mask(state, demand, rows)[:, None]
         mark(Shortfall.MODEL, modelled.sum(axis=1) < need, modelled.sum(axis=1))
         healthy = modelled & state.healthy[rows]
         mark(Shortfall.UNHEALTHY, healthy.sum(axis=1) < need, healthy.sum(axis=1))

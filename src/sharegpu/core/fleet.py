@@ -41,6 +41,8 @@ class FleetState:
         self.cpu_capacity: IntArray = np.array([node.cpu_milli for node in nodes], dtype=np.int64)
         self.mem_capacity: IntArray = np.array([node.memory_mib for node in nodes], dtype=np.int64)
         self.gpu_count: IntArray = np.array([node.gpu_count for node in nodes], dtype=np.int64)
+        self.isolation: IntArray = np.array([devices.isolation_bits(node.isolation) for node in nodes], dtype=np.int64)
+        """Per node the isolation modes it offers (`devices.Isolation.bit`)."""
         self.present: BoolArray = np.zeros((n, g), dtype=np.bool_)
         self.healthy: BoolArray = np.zeros((n, g), dtype=np.bool_)
         self.gmem_capacity: IntArray = np.zeros((n, g), dtype=np.int64)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sharegpu.core import errors, units
+from sharegpu.core import devices, errors, units
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +122,8 @@ class GpuDemand:
     cpu_milli: int = 0
     host_memory_mib: int = 0
     cotenancy: CoTenancy = NO_RULES
+    isolation: devices.Isolation | None = None
+    """The isolation mode the pod demands: only nodes that offer it take the pod."""
 
     @property
     def whole(self) -> bool:
@@ -146,6 +148,7 @@ class PodRequest:
     cpu_milli: int = 0
     memory_mib: int = 0
     cotenancy: CoTenancy = NO_RULES
+    isolation: devices.Isolation | None = None
     demand: GpuDemand = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -164,6 +167,10 @@ def _pod_demand(pod: PodRequest) -> GpuDemand:
     init = [c.gpu for c in pod.containers if c.gpu is not None and c.init]
     rules = pod.cotenancy
     if not app and not init:
+        if pod.isolation is not None:
+            raise errors.InvalidRequestError(
+                f"pod {pod.key}: it demands isolation {pod.isolation.value} but asks for no GPU"
+            )
         return GpuDemand(cpu_milli=pod.cpu_milli, host_memory_mib=pod.memory_mib, cotenancy=rules)
     kinds = {g.whole for g in app + init}
     if len(kinds) > 1:
@@ -175,6 +182,11 @@ def _pod_demand(pod: PodRequest) -> GpuDemand:
         if rules.group is not None:
             raise errors.InvalidRequestError(
                 f"pod {pod.key}: whole GPUs cannot join GPU group {rules.group!r}; a group shares one GPU"
+            )
+        if pod.isolation is not None:
+            raise errors.InvalidRequestError(
+                f"pod {pod.key}: it demands isolation {pod.isolation.value}, which is about sharing a GPU; a pod of "
+                "whole GPUs shares none (remove the demand, or ask for a share)"
             )
         count = max(sum(g.count for g in app), max((g.count for g in init), default=0))
         return GpuDemand(
@@ -194,6 +206,11 @@ def _pod_demand(pod: PodRequest) -> GpuDemand:
     if any(g.memory_permille for g in app + init) and any(g.memory_mib for g in app + init):
         raise errors.InvalidRequestError(
             f"pod {pod.key}: containers mix GPU memory in MiB with GPU memory ratios; use one form"
+        )
+    if pod.isolation is devices.Isolation.MPS and counts != {1}:
+        raise errors.InvalidRequestError(
+            f"pod {pod.key}: isolation mps gives each shared GPU its own MPS daemon and a process reaches only one; "
+            "ask for one shared GPU per container"
         )
     if rules.group is not None and counts != {1}:
         raise errors.InvalidRequestError(f"pod {pod.key}: GPU group {rules.group!r} shares one GPU; ask for one GPU")
@@ -218,6 +235,7 @@ def _pod_demand(pod: PodRequest) -> GpuDemand:
         cpu_milli=pod.cpu_milli,
         host_memory_mib=pod.memory_mib,
         cotenancy=rules,
+        isolation=pod.isolation,
     )
 
 

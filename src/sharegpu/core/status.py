@@ -25,6 +25,7 @@ class Resource(enum.Enum):
     GPU_MODEL = "gpu-model"
     GPU_HEALTH = "gpu-health"
     COTENANCY = "co-tenancy"
+    ISOLATION = "isolation"
 
 
 class Code(enum.Enum):

@@ -54,14 +54,16 @@ class DeviceRecord:
     gpus: tuple[devices.GpuDevice, ...]
     nvlinks: frozenset[tuple[int, int]]
     problem: str | None = None
+    isolation: frozenset[devices.Isolation] = frozenset()
 
 
 def device_record(device: wire.Device, previous: DeviceRecord | None = None) -> DeviceRecord:
     try:
         found, links = api_devices.gpus(device)
+        modes = api_devices.isolation_modes(device)
     except errors.InvalidInputError as exc:
         return DeviceRecord(device.metadata.name, (), frozenset(), str(exc))
-    return DeviceRecord(device.metadata.name, found, links)
+    return DeviceRecord(device.metadata.name, found, links, isolation=modes)
 
 
 def node_record(node: wire.Node, previous: api_devices.NodeFacts | None = None) -> api_devices.NodeFacts:
@@ -127,6 +129,7 @@ class ClusterCache:
                         units.MiB(node.memory_mib),
                         device.gpus,
                         device.nvlinks,
+                        device.isolation,
                     )
                 )
             except errors.InvalidInputError as exc:

@@ -2,7 +2,8 @@
 
 For every bound pod that names a hand-off ConfigMap (the webhook set the name at admission) and
 whose shared GPUs are all held by reservation pods that reported their UUIDs, the ConfigMap must
-hold `api.handoff.data` for the pod's allocation, and be owned by the pod (so it goes when the pod
+hold `api.handoff.data` for the pod's allocation (with the limits its node enforces: the isolation
+modes of its Device), and be owned by the pod (so it goes when the pod
 goes). This reconciler writes it, on the leader only, and only when what the API shows differs from
 what it should be: it watches the hand-off ConfigMaps themselves, so a new leader after a failover,
 or a restarted one, rewrites nothing that is already right.
@@ -113,7 +114,10 @@ class HandoffReconciler:
             if held is None or held.reservation is None or not held.reservation.uuid:
                 return None
             uuid_of[slot] = held.reservation.uuid
-        return handoff.data(alloc, uuid_of)
+        device = self.cache.devices.get(record.node)
+        demanded = record.request.demand.isolation if record.request is not None else None
+        enforce = handoff.Enforcement.of(device.isolation if device is not None else frozenset(), demanded)
+        return handoff.data(alloc, uuid_of, enforce)
 
     async def reconcile(self) -> None:
         for claim, record in self.owners().items():

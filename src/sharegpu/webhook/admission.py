@@ -23,7 +23,7 @@ from sharegpu.api import devices as api_devices
 from sharegpu.api import groups as api_groups
 from sharegpu.api import handoff, names, pods, quantity, wire
 from sharegpu.api import quotas as api_quotas
-from sharegpu.core import errors, requests
+from sharegpu.core import devices, errors, requests
 from sharegpu.webhook import translate
 
 Json = dict[str, Any]
@@ -89,9 +89,11 @@ def _paired(obj: Json, parsed: requests.PodRequest) -> list[tuple[Json, requests
 
 def _add_handoff(obj: Json, parsed: requests.PodRequest) -> None:
     """Give a sharing pod its hand-off ConfigMap (a fresh name: no pod name or UID exists yet) and the
-    env references its GPU containers read."""
+    env references its GPU containers read; a pod that demands isolation mps also its GPU's MPS
+    directory (`api.handoff.mps_wiring`)."""
     name = handoff.new_name()
     obj["metadata"].setdefault("annotations", {})[names.HANDOFF] = name
+    mps = parsed.demand.isolation is devices.Isolation.MPS
     for container, request in _paired(obj, parsed):
         gpu = request.gpu
         if gpu is None or gpu.whole:
@@ -99,6 +101,11 @@ def _add_handoff(obj: Json, parsed: requests.PodRequest) -> None:
         env = container.setdefault("env", [])
         for variable in handoff.variables(gpu.count, bool(gpu.memory_mib or gpu.memory_permille)):
             env.append(handoff.reference(name, request.name, variable))
+        if mps:
+            handoff.mps_wiring(container, name)
+    if mps:
+        volumes = [v for v in obj["spec"].get("volumes") or [] if v.get("name") != handoff.MPS_VOLUME]
+        obj["spec"]["volumes"] = [*volumes, handoff.mps_volume()]
 
 
 def quota_totals(request: requests.ContainerRequest) -> dict[str, str]:
