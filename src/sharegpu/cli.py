@@ -394,20 +394,42 @@ def agent(
         str | None, typer.Option(help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config, or in-cluster).")
     ] = None,
     interval: Annotated[float, typer.Option(help="Seconds between inventory passes.", min=0.5)] = 10.0,
+    mps: Annotated[
+        bool, typer.Option("--mps", help="Run and supervise an MPS control daemon per GPU (isolation mode mps).")
+    ] = False,
+    mps_binary: Annotated[str, typer.Option(help="The MPS control daemon to run (a name on PATH or a path).")] = (
+        "nvidia-cuda-mps-control"
+    ),
+    mps_root: Annotated[
+        Path, typer.Option(help="Host folder of the daemons' pipe and log folders (pods mount it).")
+    ] = Path("/run/sharegpu/mps"),
+    hami_core_library: Annotated[
+        str, typer.Option(help="HAMi-core's library: the node offers hami-core while it exists ('' : never).")
+    ] = "/usr/local/vgpu/libvgpu.so",
+    host: Annotated[str, typer.Option(help="Address of /healthz, /readyz and /metrics.")] = "0.0.0.0",
+    health_port: Annotated[int, typer.Option(help="Port of /healthz, /readyz and /metrics (0: none).")] = 9403,
 ) -> None:
-    """Run the node agent: publish this node's GPUs (NVML, or --fake-nvml) as its Device resource."""
+    """Run the node agent: publish this node's GPUs (NVML, or --fake-nvml) and the isolation it offers as
+    its Device resource; with --mps, run an MPS control daemon per GPU."""
     from sharegpu.agent import fakenvml, nvml
+    from sharegpu.agent import mps as agent_mps
     from sharegpu.agent import runtime as agent_runtime
 
     _logging("INFO")
+    if not 0 <= health_port <= 65535:
+        raise _fail(UsageError(f"--health-port must be 0..65535, got {health_port}"))
     source: agent_runtime.Source
     try:
         source = fakenvml.FakeNvml(fake_nvml).open() if fake_nvml is not None else nvml.Nvml().open()
     except errors.SharegpuError as exc:
         raise _fail(exc) from None
-
+    options = agent_runtime.Options(
+        interval=interval, hami_core_library=Path(hami_core_library) if hami_core_library else None
+    )
+    supervisor = agent_mps.Supervisor(mps_binary, agent_mps.Layout(mps_root)) if mps else None
+    address = (host, health_port) if health_port else None
     try:
-        _serve(agent_runtime.serve(kubeconfig, node, source, interval=interval))
+        _serve(agent_runtime.serve(kubeconfig, node, source, options, supervisor=supervisor, health_address=address))
     except KeyboardInterrupt:
         pass
     except errors.SharegpuError as exc:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from sharegpu.agent import fakenvml, inventory, nvml
@@ -109,8 +110,16 @@ def test_switches_come_from_nvmls_common_ancestors_and_nvlinks_are_pairs() -> No
 
 def test_node_labels_and_the_gpus_pods_hold() -> None:
     spec = inventory.device_spec(gpus("A", "B"), [], {}, None, set())
-    assert inventory.node_labels(spec) == {inventory.MODEL_LABEL: "NVIDIA-A100-SXM4-80GB", inventory.COUNT_LABEL: "2"}
-    assert inventory.node_labels(wire.DeviceSpec()) == {inventory.MODEL_LABEL: None, inventory.COUNT_LABEL: None}
+    no_modes = {"sharegpu.io/isolation-hami-core": None, "sharegpu.io/isolation-mps": None,
+                "sharegpu.io/isolation-mig": None}  # fmt: skip
+    assert inventory.node_labels(spec) == {
+        inventory.MODEL_LABEL: "NVIDIA-A100-SXM4-80GB", inventory.COUNT_LABEL: "2", **no_modes
+    }  # fmt: skip
+    assert inventory.node_labels(wire.DeviceSpec()) == {
+        inventory.MODEL_LABEL: None, inventory.COUNT_LABEL: None, **no_modes
+    }  # fmt: skip
+    offered = msgspec.structs.replace(spec, isolation=["mps"])
+    assert inventory.node_labels(offered)["sharegpu.io/isolation-mps"] == "true"
     grant = allocation.DeviceGrant(1, 500, 0, 500)
     alloc = allocation.Allocation(units.pod_key("ns", "s"), units.NodeName("n0"),
                                   (allocation.ContainerAllocation("main", (grant,)),))  # fmt: skip

@@ -5,12 +5,17 @@ labels follow."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 from pathlib import Path
 
-from sharegpu.agent import fakenvml, inventory
+import prometheus_client
+
+from sharegpu.agent import fakenvml, inventory, mps
 from sharegpu.agent import runtime as agent_runtime
 from sharegpu.api import names, paths, wire
 from sharegpu.kube import client, fake
+from tests.agent.fake_mps_daemon import write_fake_daemon
 from tests.agent.test_inventory import FILE, write
 from tests.extender.conftest import settle
 
@@ -28,7 +33,9 @@ async def test_the_agent_publishes_and_keeps_its_nodes_device(tmp_path: Path) ->
     node = server.put_object(paths.NODES, {"metadata": {"name": "n0"}})
     path = tmp_path / "nvml.yaml"
     write(path, FILE)
-    agent = agent_runtime.Agent(client.KubeClient(server), "n0", fakenvml.FakeNvml(path).open(), interval=3600)
+    agent = agent_runtime.Agent(
+        client.KubeClient(server), "n0", fakenvml.FakeNvml(path).open(), agent_runtime.Options(interval=3600)
+    )
     await agent.start()
     try:
         device = await one_pass(agent, server)
@@ -68,3 +75,62 @@ async def test_the_agent_publishes_and_keeps_its_nodes_device(tmp_path: Path) ->
         ]  # fmt: skip
     finally:
         await agent.stop()
+
+
+async def test_the_agent_reports_the_isolation_it_offers_and_runs_mps_daemons(tmp_path: Path) -> None:
+    server = fake.FakeApiServer()
+    server.put_object(paths.NODES, {"metadata": {"name": "n0"}})
+    path = tmp_path / "nvml.yaml"
+    write(path, FILE)
+    library = tmp_path / "libvgpu.so"
+    clock = [100.0]
+    supervisor = mps.Supervisor(write_fake_daemon(tmp_path), mps.Layout(tmp_path / "mps"), backoff=mps.Backoff(0.05))
+    options = agent_runtime.Options(interval=3600, hami_core_library=library)
+    agent = agent_runtime.Agent(
+        client.KubeClient(server), "n0", fakenvml.FakeNvml(path).open(), options, supervisor=supervisor,
+        clock=lambda: clock[0],
+    )  # fmt: skip
+    assert not agent.readiness()[0], "not ready before the first pass"
+    await agent.start()
+    try:
+        device = await one_pass(agent, server)
+        assert device.spec.isolation == ["mps"], "no HAMi-core library yet; every GPU's daemon runs"
+        assert [(d.uuid, d.running) for d in device.spec.mps] == [("GPU-0", True), ("GPU-1", True), ("GPU-2", True)]
+        library.write_bytes(b"")
+        device = await one_pass(agent, server)
+        assert device.spec.isolation == ["hami-core", "mps"]
+        labels = (server.get_object(paths.node("n0")) or {})["metadata"]["labels"]
+        assert labels["sharegpu.io/isolation-mps"] == labels["sharegpu.io/isolation-hami-core"] == "true"
+        assert agent.readiness()[0]
+
+        # A daemon killed: restarted by the supervisor, and the Device says so.
+        pid = supervisor.status()["GPU-1"].pid
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        for _ in range(200):
+            state = supervisor.status()["GPU-1"]
+            if state.running and state.pid != pid:
+                break
+            await asyncio.sleep(0.02)
+        device = await one_pass(agent, server)
+        assert [d.restarts for d in device.spec.mps if d.uuid == "GPU-1"] == [1]
+        text = prometheus_client.generate_latest(agent.metrics.registry).decode()
+        assert 'sharegpu_agent_mps_daemon_restarts_total{gpu="GPU-1"} 1.0' in text
+        assert 'sharegpu_agent_isolation{mode="mps"} 1.0' in text
+
+        # Gone from the node's offer when the library goes; readiness lapses when passes stop succeeding.
+        library.unlink()
+        assert (await one_pass(agent, server)).spec.isolation == ["mps"]
+        clock[0] += 3 * 3600 + 60
+        assert agent.readiness() == (False, {**agent.readiness()[1], "lastPassOk": False})
+    finally:
+        await agent.stop()
+    assert all(s.pid is None or not _alive(s.pid) for s in supervisor.status().values())
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True

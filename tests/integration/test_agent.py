@@ -23,7 +23,7 @@ async def test_the_agent_publishes_its_nodes_device_and_follows_an_xid(
     path = tmp_path / "nvml.yaml"
     write(path, FILE)
     kube = stack.kube_for(control_plane, "sharegpu-agent")
-    agent = agent_runtime.Agent(kube, name, fakenvml.FakeNvml(path).open(), interval=0.5)
+    agent = agent_runtime.Agent(kube, name, fakenvml.FakeNvml(path).open(), agent_runtime.Options(interval=0.5))
     await agent.start()
     try:
 

