@@ -601,9 +601,10 @@ def devcluster(
             )
             for i in range(nodes)
         ]
-        await whole.harness.add_nodes(fleet)
+        nvml_files = await whole.add_gpu_nodes(fleet)
         console = _console()
         console.print(f"[bold]sharegpu devcluster[/bold]: {nodes} nodes x {gpus} {model}")
+        console.print(f"  agents: one per node; edit its fake NVML file in {nvml_files} (docs/agent.md)")
         console.print(f"  export KUBECONFIG={whole.plane.kubeconfig('admin')}")
         console.print(f"  extender: {whole.extender.health_url}/debug/nodes   logs: {folder / 'logs'}")
         if whole.controller is not None:

@@ -129,3 +129,15 @@ def test_node_labels_and_the_gpus_pods_hold() -> None:
         wire.Pod(metadata=wire.ObjectMeta(name="bad", namespace="x", annotations={names.ALLOCATION: "{"})),
     ]
     assert inventory.held_uuids(pods, spec) == {"A", "B"}
+
+
+def test_a_nodes_inventory_becomes_a_fake_nvml_file_that_reads_back_the_same() -> None:
+    from sharegpu.core import devices
+
+    node = devices.uniform_node("n", gpu_count=4, model="A100", gpu_memory_mib=40960, cpu_milli=1, memory_mib=1,
+                                nvlink_all=True)  # fmt: skip
+    fake = fakenvml.parse(fakenvml.describe(node))
+    assert [(g.uuid, g.model, g.memory_mib, g.numa_node, g.pcie_switch) for g in fake.gpus] == [
+        (g.uuid, g.model, g.memory_mib, g.numa_node, g.pcie_switch) for g in node.gpus
+    ]
+    assert {(link.a, link.b) for link in fake.nvlinks} == set(node.nvlinks)

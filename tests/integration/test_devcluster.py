@@ -1,6 +1,7 @@
-"""`sharegpu devcluster` as a newcomer runs it: the whole stack comes up, survives a pod near the
-API's size limit, and Ctrl-C stops every process it started (once, a dead informer's exception
-crashed the shutdown and left etcd, kube-apiserver, kube-scheduler and the extender running)."""
+"""`sharegpu devcluster` as a newcomer runs it: the whole stack comes up (each fake node's Device
+written by its own agent), survives a pod near the API's size limit, and Ctrl-C stops every process
+it started (once, a dead informer's exception crashed the shutdown and left etcd, kube-apiserver,
+kube-scheduler and the extender running)."""
 
 from __future__ import annotations
 
@@ -81,6 +82,19 @@ async def test_devcluster_runs_a_pod_and_stops_everything_on_ctrl_c(tmp_path: Pa
             for name in ("first", "koord"):
                 await wait_for(functools.partial(bound, name), timeout=60, what=f"pod {name} with its hand-off")
                 await kube.delete(paths.pod("try", name), grace_period=0)
+
+            # The node's agent wrote its Device (owned by the Node) from its fake NVML file, and follows it.
+            device = await kube.get(paths.device("gpu-node-0"))
+            assert [r["kind"] for r in device["metadata"]["ownerReferences"]] == ["Node"]
+            assert device["spec"]["isolation"] == ["hami-core"]
+            nvml = folder / "nvml" / "gpu-node-0.yaml"
+            nvml.write_text(nvml.read_text() + "faults: {unreadable: [1]}\n")
+
+            async def unhealthy() -> bool:
+                gpus = (await kube.get(paths.device("gpu-node-0")))["spec"]["gpus"]
+                return [g.get("healthy", True) for g in gpus] == [True, False]
+
+            await wait_for(unhealthy, timeout=30, what="GPU 1 unhealthy in the agent's Device")
         assert survivors(folder), "the devcluster's processes are running"
         process.send_signal(signal.SIGINT)
         assert await asyncio.to_thread(process.wait, 60) == 0

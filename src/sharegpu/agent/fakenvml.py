@@ -35,7 +35,7 @@ import yaml
 from msgspec import Meta
 
 from sharegpu.agent import nvml
-from sharegpu.core import errors
+from sharegpu.core import devices, errors
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +86,21 @@ class FakeConfig(_Message, kw_only=True, frozen=True):
     processes: list[FakeProcess] = []
     faults: Faults = msgspec.field(default_factory=Faults)
     xids: list[FakeXid] = []
+
+
+def describe(node: devices.NodeInventory) -> str:
+    """The fake NVML file of a node's inventory (its GPUs in index order, its NVLinks): what
+    `sharegpu devcluster` gives each fake node's agent."""
+    config = FakeConfig(
+        gpus=[
+            FakeGpu(uuid=g.uuid, model=g.model, memory_mib=g.memory_mib, numa_node=g.numa_node,
+                    pcie_switch=g.pcie_switch)
+            for g in node.gpus
+        ],
+        nvlinks=[FakeLink(a=a, b=b, count=1) for a, b in sorted(node.nvlinks)],
+    )  # fmt: skip
+    text: str = yaml.safe_dump(msgspec.to_builtins(config), sort_keys=False)
+    return text
 
 
 def parse(text: str, source: str = "the fake NVML file") -> FakeConfig:

@@ -39,7 +39,9 @@ class FakeCluster:
 
     # ----------------------------------------------------------------- nodes
 
-    async def add_node(self, node: devices.NodeInventory, pods_per_node: int = 250) -> None:
+    async def add_node(self, node: devices.NodeInventory, pods_per_node: int = 250, *, publish: bool = True) -> None:
+        """A Ready node with the inventory's CPU, memory and GPUs; its Device written here unless
+        `publish` is False (then the node's agent writes it)."""
         body = {
             "apiVersion": "v1",
             "kind": "Node",
@@ -67,7 +69,8 @@ class FakeCluster:
         )
         # No node controller runs to lift the not-ready taint the API server added at creation.
         await self.kube.patch(paths.node(node.name), {"spec": {"taints": None}})
-        await self.publish(node)
+        if publish:
+            await self.publish(node)
         self.inventory[node.name] = node
         self.held.setdefault(node.name, {})
 
@@ -83,12 +86,12 @@ class FakeCluster:
             device["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
             await self.kube.replace(paths.device(node.name), device)
 
-    async def add_nodes(self, nodes: list[devices.NodeInventory], parallel: int = 16) -> None:
+    async def add_nodes(self, nodes: list[devices.NodeInventory], parallel: int = 16, *, publish: bool = True) -> None:
         limit = asyncio.Semaphore(parallel)
 
         async def one(node: devices.NodeInventory) -> None:
             async with limit:
-                await self.add_node(node)
+                await self.add_node(node, publish=publish)
 
         await asyncio.gather(*(one(n) for n in nodes))
 

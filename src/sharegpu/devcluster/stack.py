@@ -24,8 +24,10 @@ from typing import Any
 import aiohttp
 import yaml
 
+from sharegpu.agent import runtime as agent_runtime
 from sharegpu.api import names, paths
-from sharegpu.devcluster import controlplane, fakecluster
+from sharegpu.core import devices
+from sharegpu.devcluster import agents, controlplane, fakecluster
 from sharegpu.kube import client, credentials, transport
 from sharegpu.kube import errors as kube_errors
 from sharegpu.serving import certs
@@ -349,6 +351,25 @@ class Stack:
         self.extender: ExtenderProcess | None = None
         self.admin: client.KubeClient | None = None
         self.harness: fakecluster.FakeCluster | None = None
+        self.agents: agents.NodeAgents | None = None
+        self.agent_api: client.KubeClient | None = None
+
+    async def add_gpu_nodes(self, nodes: list[devices.NodeInventory]) -> Path:
+        """Fake nodes whose Devices their own agents write (one per node, on a fake NVML file in the
+        folder this returns). The nodes offer HAMi-core (a stand-in library file)."""
+        assert self.harness is not None, "start() first"
+        folder = self.plane.workdir / "nvml"
+        if self.agents is None:
+            library = self.plane.workdir / "hami-core" / "libvgpu.so"
+            library.parent.mkdir(parents=True, exist_ok=True)
+            library.write_bytes(b"")  # a stand-in: no GPU here to limit
+            self.agent_api = kube_for(self.plane, "sharegpu-agent", connections=32)
+            interval = max(10.0, len(nodes) / 20)
+            options = agent_runtime.Options(interval=interval, hami_core_library=library)
+            self.agents = agents.NodeAgents(self.agent_api, folder, options)
+        await self.harness.add_nodes(nodes, publish=False)
+        await self.agents.add(nodes)
+        return folder
 
     async def start(self, harness: bool = True) -> None:
         try:
@@ -380,6 +401,12 @@ class Stack:
     async def stop(self) -> None:
         """Stop everything, whatever state each part is in (a part that failed must not keep the
         others running)."""
+        with contextlib.suppress(Exception):
+            if self.agents is not None:
+                await self.agents.stop()
+        with contextlib.suppress(Exception):
+            if self.agent_api is not None:
+                await self.agent_api.close()
         with contextlib.suppress(Exception):
             if self.harness is not None:
                 await self.harness.stop()
