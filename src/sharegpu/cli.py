@@ -406,12 +406,28 @@ def agent(
     hami_core_library: Annotated[
         str, typer.Option(help="HAMi-core's library: the node offers hami-core while it exists ('' : never).")
     ] = "/usr/local/vgpu/libvgpu.so",
+    on_violation: Annotated[
+        str,
+        typer.Option(
+            help="When a pod uses more GPU memory than allocated, or a GPU it was not given: "
+            "report (an event), kill (its processes) or evict (the pod)."
+        ),
+    ] = "report",
+    slack_mib: Annotated[
+        int, typer.Option(help="MiB a pod may exceed its GPU memory by before it violates.", min=0)
+    ] = 0,
+    proc: Annotated[Path, typer.Option(help="The node's /proc (the agent needs the host's PID namespace).")] = Path(
+        "/proc"
+    ),
+    kubelet_socket: Annotated[
+        str, typer.Option(help="The kubelet's PodResources socket, for drift repair ('': not checked).")
+    ] = "/var/lib/kubelet/pod-resources/kubelet.sock",
     host: Annotated[str, typer.Option(help="Address of /healthz, /readyz and /metrics.")] = "0.0.0.0",
     health_port: Annotated[int, typer.Option(help="Port of /healthz, /readyz and /metrics (0: none).")] = 9403,
 ) -> None:
     """Run the node agent: publish this node's GPUs (NVML, or --fake-nvml) and the isolation it offers as
     its Device resource; with --mps, run an MPS control daemon per GPU."""
-    from sharegpu.agent import fakenvml, nvml
+    from sharegpu.agent import fakenvml, nvml, podresources, watchdog
     from sharegpu.agent import mps as agent_mps
     from sharegpu.agent import runtime as agent_runtime
 
@@ -420,16 +436,20 @@ def agent(
         raise _fail(UsageError(f"--health-port must be 0..65535, got {health_port}"))
     source: agent_runtime.Source
     try:
+        action = watchdog.Action.parse(on_violation)
         source = fakenvml.FakeNvml(fake_nvml).open() if fake_nvml is not None else nvml.Nvml().open()
     except errors.SharegpuError as exc:
         raise _fail(exc) from None
     options = agent_runtime.Options(
-        interval=interval, hami_core_library=Path(hami_core_library) if hami_core_library else None
-    )
+        interval=interval, hami_core_library=Path(hami_core_library) if hami_core_library else None,
+        on_violation=action, proc=proc, slack_mib=slack_mib,
+    )  # fmt: skip
     supervisor = agent_mps.Supervisor(mps_binary, agent_mps.Layout(mps_root)) if mps else None
+    kubelet = podresources.KubeletPodResources(Path(kubelet_socket), 5.0) if kubelet_socket else None
     address = (host, health_port) if health_port else None
     try:
-        _serve(agent_runtime.serve(kubeconfig, node, source, options, supervisor=supervisor, health_address=address))
+        _serve(agent_runtime.serve(kubeconfig, node, source, options, supervisor=supervisor, kubelet=kubelet,
+                                   health_address=address))  # fmt: skip
     except KeyboardInterrupt:
         pass
     except errors.SharegpuError as exc:

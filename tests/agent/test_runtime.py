@@ -7,13 +7,15 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import tempfile
 from pathlib import Path
 
 import prometheus_client
 
-from sharegpu.agent import fakenvml, inventory, mps
+from sharegpu.agent import fakekubelet, fakenvml, inventory, mps, podresources, watchdog
 from sharegpu.agent import runtime as agent_runtime
 from sharegpu.api import names, paths, wire
+from sharegpu.core import allocation, units
 from sharegpu.kube import client, fake
 from tests.agent.fake_mps_daemon import write_fake_daemon
 from tests.agent.test_inventory import FILE, write
@@ -134,3 +136,73 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+async def test_the_agent_kills_a_process_over_its_pods_memory_and_corrects_a_reported_uuid(tmp_path: Path) -> None:
+    """Usage watchdog and drift repair in one pass: a sharing pod's process uses 4096 MiB of GPU-0 against
+    1024 allocated (killed, with an event), and a reservation pod reported GPU-1 although the kubelet's
+    PodResources API says it got GPU-0 (corrected, with an event)."""
+    server = fake.FakeApiServer()
+    server.put_object(paths.NODES, {"metadata": {"name": "n0"}})
+    grant = allocation.DeviceGrant(index=0, milli=300, memory_mib=1024, limit_milli=300)
+    placed = allocation.Allocation(
+        units.PodKey("ns/p"), units.NodeName("n0"), (allocation.ContainerAllocation("main", (grant,)),)
+    )
+    sharing = server.put_object(paths.pods("ns"), {
+        "metadata": {"name": "p", "annotations": {names.ALLOCATION: placed.to_json()}},
+        "spec": {"nodeName": "n0", "containers": [{"name": "main"}]}, "status": {"phase": "Running"},
+    })  # fmt: skip
+    role = {names.LABEL_ROLE: names.ROLE_RESERVATION, names.LABEL_NODE: "n0", names.LABEL_SLOT: "0"}
+    reserve = {"name": "reserve", "resources": {"limits": {names.NVIDIA_GPU: "1"}}}
+    server.put_object(paths.pods(names.SYSTEM_NAMESPACE), {
+        "metadata": {"name": "r", "annotations": {names.GPU_UUID: "GPU-1"}, "labels": role},
+        "spec": {"nodeName": "n0", "containers": [reserve]}, "status": {"phase": "Running"},
+    })  # fmt: skip
+    victim = await asyncio.create_subprocess_exec("sleep", "60")
+    uid = sharing["metadata"]["uid"].replace("-", "_")
+    proc = tmp_path / "proc"
+    (proc / str(victim.pid)).mkdir(parents=True)
+    scope = f"kubepods-burstable-pod{uid}.slice/cri-containerd-{'a' * 64}.scope"
+    (proc / str(victim.pid) / "cgroup").write_text(f"0::/kubepods.slice/kubepods-burstable.slice/{scope}\n")
+    path = tmp_path / "nvml.yaml"
+    write(path, FILE.replace("processes: [{pid: 42, gpu: 2, usedMiB: 2048}]",
+                             f"processes: [{{pid: {victim.pid}, gpu: 0, usedMiB: 4096}}]"))  # fmt: skip
+    socket = Path(tempfile.mkdtemp(dir="/tmp")) / "k.sock"
+    kubelet = fakekubelet.FakeKubelet(socket)
+    kubelet.set_devices(names.SYSTEM_NAMESPACE, "r", "reserve", names.NVIDIA_GPU, ["GPU-0"])
+    await kubelet.start()
+    lister = podresources.KubeletPodResources(socket, 2.0)
+    options = agent_runtime.Options(interval=3600, on_violation=watchdog.Action.KILL, proc=proc)
+    agent = agent_runtime.Agent(
+        client.KubeClient(server), "n0", fakenvml.FakeNvml(path).open(), options, kubelet=lister
+    )
+    await agent.start()
+    try:
+        await one_pass(agent, server)
+        assert await asyncio.wait_for(victim.wait(), 5) == -signal.SIGKILL
+        reserved = server.get_object(paths.pod(names.SYSTEM_NAMESPACE, "r")) or {}
+        assert reserved["metadata"]["annotations"][names.GPU_UUID] == "GPU-0"
+        reasons = {e["reason"]: e["message"] for e in server.list_objects("/api/v1/events")}
+        assert f"killed process(es) {victim.pid}" in reasons["GPUProcessKilled"]
+        assert "uses 4096 MiB" in reasons["GPUProcessKilled"] and "1024 MiB" in reasons["GPUProcessKilled"]
+        assert "reported GPU-1 but the kubelet gave it GPU-0" in reasons["GPUAssignmentDrift"]
+        text = prometheus_client.generate_latest(agent.metrics.registry).decode()
+        assert 'sharegpu_agent_actions_total{action="kill"} 1.0' in text
+        assert "sharegpu_agent_drift_repairs_total 1.0" in text
+        assert 'sharegpu_pod_gpu_memory_used_mib{namespace="ns",pod="p",uuid="GPU-0"} 4096.0' in text
+
+        # The kubelet restarts: its socket vanishes; the agent waits, stays ready, says why, and goes on.
+        await kubelet.stop()
+        await one_pass(agent, server)
+        ready, detail = agent.readiness()
+        assert ready and str(socket) in detail["kubelet"]
+        await kubelet.start()
+        await one_pass(agent, server)
+        assert "kubelet" not in agent.readiness()[1]
+    finally:
+        await agent.stop()
+        await lister.close()
+        await kubelet.stop()
+        if victim.returncode is None:
+            victim.kill()
+            await victim.wait()

@@ -1,18 +1,24 @@
 """The node agent on the real API server, with its own least RBAC (deploy/rbac/agent.yaml) and a
-fake NVML: the Device appears owned by its Node, follows an XID, and the node gets its GPU labels."""
+fake NVML: the Device appears owned by its Node, follows an XID, and the node gets its GPU labels;
+the extender (with kube-scheduler) keeps off a GPU the agent marks unhealthy; a pod over its GPU
+memory is evicted; a reservation's misreported GPU is corrected from the kubelet's PodResources API
+(a fake kubelet on a unix socket), across a kubelet restart."""
 
 from __future__ import annotations
 
+import asyncio
+import tempfile
 import uuid
 from pathlib import Path
 
-from sharegpu.agent import fakenvml, inventory
+from sharegpu.agent import fakekubelet, fakenvml, inventory, podresources, watchdog
 from sharegpu.agent import runtime as agent_runtime
-from sharegpu.api import paths, wire
-from sharegpu.devcluster import controlplane, stack
+from sharegpu.api import names, paths, wire
+from sharegpu.core import allocation, devices, units
+from sharegpu.devcluster import controlplane, fakecluster, stack
 from sharegpu.kube import client
 from tests.agent.test_inventory import FILE, write
-from tests.integration.conftest import get_or_none, wait_for
+from tests.integration.conftest import get_or_none, gpu_pod, wait_for
 
 
 async def test_the_agent_publishes_its_nodes_device_and_follows_an_xid(
@@ -48,4 +54,127 @@ async def test_the_agent_publishes_its_nodes_device_and_follows_an_xid(
         await agent.stop()
         await kube.close()
         await admin.delete(paths.device(name))
+        await admin.delete(paths.node(name))
+
+
+async def test_the_extender_places_nothing_on_a_gpu_the_agent_marks_unhealthy(
+    admin: client.KubeClient,
+    control_plane: controlplane.ControlPlane,
+    harness: fakecluster.FakeCluster,
+    extender: stack.ExtenderProcess,
+    namespace: str,
+    tmp_path: Path,
+) -> None:
+    """The agent (not the harness) writes the node's Device; GPU 0 cannot be read, GPU 1 is taken by a
+    whole-GPU pod: the next pod waits with the reason, and runs once the agent sees GPU 0 healthy again."""
+    inventory_ = devices.uniform_node(f"{namespace}-agent", gpu_count=2, model="T4", gpu_memory_mib=16384,
+                                      cpu_milli=32000, memory_mib=256 * 1024)  # fmt: skip
+    await harness.add_node(inventory_, publish=False)
+    await admin.patch(paths.node(inventory_.name), {"metadata": {"labels": {"sharegpu.io/test": namespace}}})
+    path = tmp_path / "nvml.yaml"
+    path.write_text(fakenvml.describe(inventory_) + "faults: {unreadable: [0]}\n")
+    kube = stack.kube_for(control_plane, "sharegpu-agent")
+    agent = agent_runtime.Agent(
+        kube, inventory_.name, fakenvml.FakeNvml(path).open(), agent_runtime.Options(interval=0.5)
+    )
+    await agent.start()
+    try:
+        await admin.create(paths.pods(namespace), gpu_pod("first", namespace, nvidia=1))
+        await wait_for(lambda: _bound(admin, namespace, "first"), what="first pod placed on the healthy GPU")
+        await admin.create(paths.pods(namespace), gpu_pod("second", namespace, nvidia=1))
+
+        async def refused() -> str:
+            pod = await admin.get(paths.pod(namespace, "second"))
+            conditions = (pod.get("status") or {}).get("conditions") or []
+            return next((c.get("message", "") for c in conditions if c["type"] == "PodScheduled"), "")
+
+        message = await wait_for(refused, what="second pod refused")
+        assert "no healthy GPU" in message or "no entirely free GPU" in message, message
+        path.write_text(fakenvml.describe(inventory_))
+        await wait_for(lambda: _bound(admin, namespace, "second"), timeout=90, what="second pod placed once healed")
+    finally:
+        await agent.stop()
+        await kube.close()
+
+
+async def _bound(kube: client.KubeClient, namespace: str, name: str) -> bool:
+    return bool((await kube.get(paths.pod(namespace, name)))["spec"].get("nodeName"))
+
+
+async def test_a_memory_violation_evicts_the_pod_and_a_misreported_gpu_is_corrected(
+    admin: client.KubeClient, control_plane: controlplane.ControlPlane, system: None, namespace: str, tmp_path: Path
+) -> None:
+    """With the agent's own RBAC on the real API server: a sharing pod using 4096 MiB of its 1024 is
+    evicted (Eviction API) with a Warning event; a reservation pod that reported GPU-2 while the kubelet's
+    PodResources API says GPU-1 is corrected, with an event; a kubelet restart is waited out."""
+    name = f"agent-{uuid.uuid4().hex[:8]}"
+    await admin.create(paths.NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
+    grant = allocation.DeviceGrant(index=0, milli=300, memory_mib=1024, limit_milli=300)
+    placed = allocation.Allocation(
+        units.PodKey(f"{namespace}/p"), units.NodeName(name), (allocation.ContainerAllocation("main", (grant,)),)
+    )
+    container = {"name": "main", "image": "busybox"}
+    sharing = await admin.create(paths.pods(namespace), {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "p", "annotations": {names.ALLOCATION: placed.to_json()}},
+        "spec": {"nodeName": name, "containers": [container]},
+    })  # fmt: skip
+    reserve = {"name": "reserve", "image": "busybox", "resources": {"limits": {names.NVIDIA_GPU: "1"}}}
+    for slot, reported in ((0, "GPU-0"), (1, "GPU-2")):  # slot 1's device plugin really gave it GPU-1
+        role = {names.LABEL_ROLE: names.ROLE_RESERVATION, names.LABEL_NODE: name, names.LABEL_SLOT: str(slot)}
+        await admin.create(paths.pods(namespace), {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": f"r{slot}", "annotations": {names.GPU_UUID: reported}, "labels": role},
+            "spec": {"nodeName": name, "containers": [reserve]},
+        })  # fmt: skip
+        await admin.patch(f"{paths.pod(namespace, f'r{slot}')}/status", {"status": {"phase": "Running"}})
+    proc = tmp_path / "proc"
+    (proc / "4242").mkdir(parents=True)
+    uid = sharing["metadata"]["uid"]
+    (proc / "4242" / "cgroup").write_text(f"0::/kubepods/burstable/pod{uid}/{'b' * 64}\n")
+    path = tmp_path / "nvml.yaml"
+    write(
+        path,
+        FILE.replace(
+            "processes: [{pid: 42, gpu: 2, usedMiB: 2048}]", "processes: [{pid: 4242, gpu: 0, usedMiB: 4096}]"
+        ),
+    )
+    socket = Path(tempfile.mkdtemp(dir="/tmp")) / "k.sock"
+    kubelet = fakekubelet.FakeKubelet(socket, allocatable_api=False)  # as a 1.20 kubelet
+    kubelet.set_devices(namespace, "r0", "reserve", names.NVIDIA_GPU, ["GPU-0"])
+    kubelet.set_devices(namespace, "r1", "reserve", names.NVIDIA_GPU, ["GPU-1"])
+    await kubelet.start()
+    lister = podresources.KubeletPodResources(socket, 2.0)
+    kube = stack.kube_for(control_plane, "sharegpu-agent")
+    options = agent_runtime.Options(interval=0.5, on_violation=watchdog.Action.EVICT, proc=proc)
+    agent = agent_runtime.Agent(kube, name, fakenvml.FakeNvml(path).open(), options, kubelet=lister)
+    await kubelet.stop()  # the kubelet restarts while the agent starts: it waits, then checks
+    await agent.start()
+    try:
+        await asyncio.sleep(1.5)
+        assert str(socket) in agent.readiness()[1].get("kubelet", "")
+        await kubelet.start()
+
+        async def corrected() -> bool:
+            pod = await admin.get(paths.pod(namespace, "r1"))
+            return bool(pod["metadata"]["annotations"][names.GPU_UUID] == "GPU-1")
+
+        await wait_for(corrected, what="the reservation's UUID corrected to the kubelet's")
+
+        async def evicted() -> bool:
+            found = await get_or_none(admin, paths.pod(namespace, "p"))
+            return found is None or bool(found["metadata"].get("deletionTimestamp"))
+
+        await wait_for(evicted, what="the pod over its GPU memory evicted")
+        found, _ = await admin.list_all(paths.events(namespace))
+        reasons = {e["reason"]: e["message"] for e in found}
+        evicted_because = reasons["GPUPodEvicted"]
+        assert "uses 4096 MiB" in evicted_because and "1024 MiB" in evicted_because, evicted_because
+        assert "the pod was evicted" in evicted_because
+        assert "reported GPU-2 but the kubelet gave it GPU-1" in reasons["GPUAssignmentDrift"]
+    finally:
+        await agent.stop()
+        await lister.close()
+        await kubelet.stop()
+        await kube.close()
         await admin.delete(paths.node(name))

@@ -11,6 +11,17 @@ pass starts from theirs). Node labels for the model and the GPU count follow.
 A GPU with a critical XID stays unhealthy while this agent runs (a GPU needs a reset to recover;
 after it, restart the agent); one NVML cannot read is unhealthy while that lasts.
 
+Usage watchdog (`agent.watchdog`): each pass maps NVML's GPU processes to pods through their cgroups
+(`agent.cgroups`, under `Options.proc`), compares each pod's memory on each GPU with its allocation,
+and on a violation records a Warning event on the pod and acts as configured (`--on-violation`:
+report; kill the offending processes, their owner checked again just before; evict the pod through
+the Eviction API). Per-pod and per-GPU usage are on /metrics.
+
+Drift repair (`agent.drift`, with a kubelet): the kubelet's PodResources API says which GPUs each
+container really got; a mismatch with what the API records gets a Warning event and a metric, and a
+reservation pod's reported UUID is corrected. While the kubelet's socket is gone (a kubelet restart)
+the check waits and says so on /readyz's detail; the agent stays ready.
+
 Isolation: the node offers `hami-core` while HAMi-core's library file is on the node, `mps` while
 the MPS supervisor (`--mps`) has a daemon running for every healthy GPU, `mig` when a GPU has MIG
 mode on. Each pass hands the healthy GPUs to the supervisor first, so a restarted daemon shows in the
@@ -22,6 +33,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import signal
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -33,17 +46,19 @@ import prometheus_client
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from sharegpu.agent import inventory, mps, nvml
+from sharegpu.agent import cgroups, drift, inventory, mps, nvml, podresources, watchdog
 from sharegpu.api import devices as api_devices
-from sharegpu.api import paths, wire
+from sharegpu.api import events, names, paths, wire
 from sharegpu.core import devices
+from sharegpu.core import errors as core_errors
 from sharegpu.kube import client, errors, informer, reconcile
+from sharegpu.kube import events as kube_events
 from sharegpu.serving import health
 
 log = logging.getLogger(__name__)
 
 
-class Source(nvml.Discovery, nvml.Health, Protocol):
+class Source(nvml.Discovery, nvml.Health, nvml.Processes, Protocol):
     """What the inventory reads: NVML or the fake."""
 
     def close(self) -> None: ...
@@ -59,6 +74,13 @@ class Options:
     """Seconds between passes (a critical XID starts one at once)."""
     hami_core_library: Path | None = HAMI_CORE_LIBRARY
     """The node offers hami-core while this file exists; None: never."""
+    on_violation: watchdog.Action = watchdog.Action.REPORT
+    proc: Path = Path("/proc")
+    """Where the node's processes are seen (the agent runs with the host's PID namespace)."""
+    slack_mib: int = 0
+    """How far a pod may exceed its GPU memory before it violates."""
+    drift_grace: float = 60.0
+    """Seconds a pod may run before the kubelet must list the GPUs the API says it holds."""
 
 
 class Agent:
@@ -70,7 +92,9 @@ class Agent:
         options: Options = Options(),
         *,
         supervisor: mps.Supervisor | None = None,
+        kubelet: podresources.PodResources | None = None,
         clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self.api = api
         self.node = node
@@ -80,7 +104,17 @@ class Agent:
         self.supervisor = supervisor
         """Runs one MPS control daemon per healthy GPU (MPS mode); None: no MPS on this node."""
         self.clock = clock
+        self.wall = wall
+        self.kubelet = kubelet
+        """The kubelet's PodResources API (drift repair); None: not checked."""
+        self.kubelet_problem = ""
         self.last_success: float | None = None
+        self.watchdog = watchdog.Watchdog()
+        self.usage = watchdog.Assessment((), (), ())
+        self.drift = drift.DriftTracker()
+        self.killed = 0
+        self.evicted = 0
+        self.events = kube_events.Recorder(api, "sharegpu-agent", node, wall)
         self.metrics = _Metrics(self)
         self.pods: dict[str, wire.Pod] = {}
         self.xids: dict[str, str] = {}
@@ -143,7 +177,133 @@ class Agent:
         if labels != self.labels:
             await self.api.patch(paths.node(self.node), {"metadata": {"labels": labels}})
             self.labels = labels
+        assigned = await self._assigned()
+        settled = await self._repair_drift(assigned, spec) if assigned is not None else True
+        await self._watch_usage(spec, assigned, act=settled)
         self.last_success = self.clock()
+
+    # ----------------------------------------------------------------- usage watchdog
+
+    def _live(self) -> dict[str, wire.Pod]:
+        """The node's pods that may hold GPUs now, by UID."""
+        return {
+            p.metadata.uid: p for p in self.pods.values()
+            if p.status.phase not in ("Succeeded", "Failed") and p.metadata.uid
+        }  # fmt: skip
+
+    async def _assigned(self) -> list[podresources.Assigned] | None:
+        if self.kubelet is None:
+            return None
+        try:
+            found = await self.kubelet.assigned()
+        except podresources.PodResourcesError as exc:
+            if str(exc) != self.kubelet_problem:
+                log.warning("drift check waits: %s", exc)
+            self.kubelet_problem = str(exc)
+            return None
+        if self.kubelet_problem:
+            log.info("the kubelet's PodResources API answers again")
+        self.kubelet_problem = ""
+        return found
+
+    async def _watch_usage(
+        self, spec: wire.DeviceSpec, assigned: list[podresources.Assigned] | None, *, act: bool
+    ) -> None:
+        """Assess the node's GPU use; act on violations only when `act` (not while a reservation's
+        reported GPU is being corrected: which GPU a sharing pod was given depends on it)."""
+        processes, owners = await asyncio.to_thread(self._processes)
+        given: dict[str, set[str]] = {}
+        for row in assigned or []:
+            if row.resource == names.NVIDIA_GPU:
+                given.setdefault(f"{row.namespace}/{row.pod}", set()).update(row.device_ids)
+        self.usage = watchdog.assess(
+            processes, owners.get, self._live(), spec, assigned=given if assigned is not None else None,
+            slack_mib=self.options.slack_mib,
+        )  # fmt: skip
+        if not act:
+            return
+        for step in self.watchdog.decide(self.usage, self.options.on_violation):
+            await self._act(step)
+
+    def _processes(self) -> tuple[list[nvml.GpuProcess], dict[int, cgroups.Owner | None]]:
+        processes = self.source.running()
+        return processes, {p.pid: cgroups.read_owner(p.pid, self.options.proc) for p in processes}
+
+    async def _act(self, act: watchdog.Act) -> None:
+        violation = act.violation
+        pod = violation.pod
+        subject = events.Subject("v1", "Pod", pod.namespace, pod.name, pod.uid)
+        decision = f"{violation.kind.value}/{violation.uuid}/{self.watchdog.passes}"
+        if act.what is watchdog.Action.REPORT:
+            reason = "GPUMemoryExceeded" if violation.kind is watchdog.Kind.OVER_MEMORY else "GPUNotAllocated"
+            await self._record(subject, reason, violation.message, decision)
+        elif act.what is watchdog.Action.KILL:
+            killed = await asyncio.to_thread(self._kill, act.pids, pod.uid)
+            self.killed += len(killed)
+            shown = ", ".join(map(str, killed)) or "none (gone meanwhile)"
+            await self._record(
+                subject, "GPUProcessKilled", f"{violation.message}; killed process(es) {shown}", decision
+            )
+        else:
+            body = {"apiVersion": "policy/v1beta1", "kind": "Eviction",
+                    "metadata": {"name": pod.name, "namespace": pod.namespace}}  # fmt: skip
+            try:
+                await self.api.create(paths.eviction(pod.namespace, pod.name), body)
+            except (errors.NotFoundError, errors.ConflictError):
+                return  # gone already, or changed: the next pass sees
+            except errors.KubeError as exc:  # e.g. 429: a disruption budget refuses it now
+                log.warning("evicting %s/%s: %s", pod.namespace, pod.name, exc)
+                return
+            self.evicted += 1
+            await self._record(subject, "GPUPodEvicted", f"{violation.message}; the pod was evicted", decision)
+
+    def _kill(self, pids: tuple[int, ...], uid: str) -> list[int]:
+        """SIGKILL each process that still belongs to the pod (a pid may have been reused meanwhile)."""
+        done = []
+        for pid in pids:
+            owner = cgroups.read_owner(pid, self.options.proc)
+            if owner is None or owner.pod_uid != uid:
+                continue
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError) as exc:
+                log.warning("killing process %d: %s", pid, exc)
+                continue
+            done.append(pid)
+        return done
+
+    async def _record(self, subject: events.Subject, reason: str, message: str, decision: str) -> None:
+        try:
+            await self.events.record(subject, reason, message, decision=decision, kind="Warning")
+        except core_errors.SharegpuError as exc:
+            log.warning("event %s on %s/%s not recorded: %s", reason, subject.namespace, subject.name, exc)
+
+    # ----------------------------------------------------------------- drift repair
+
+    async def _repair_drift(self, assigned: list[podresources.Assigned], spec: wire.DeviceSpec) -> bool:
+        """Report and repair what the kubelet and the API disagree on; False while a reservation pod's
+        reported GPU is wrong (this pass corrects it; the pods' view follows by the next)."""
+        live = {wire.key(p.metadata): p for p in self._live().values()}
+        mismatches = drift.check(assigned, live, spec, now=self.wall(), grace=self.options.drift_grace)
+        changes = self.drift.observe(mismatches)
+        for found in changes.new:
+            namespace, name = found.pod.split("/", 1)
+            pod = live.get(found.pod)
+            subject = events.Subject("v1", "Pod", namespace, name, pod.metadata.uid if pod else "")
+            await self._record(subject, "GPUAssignmentDrift", found.message, f"{found.kind.value}/{found.kubelet}")
+        done = []
+        for repair in drift.repairs(mismatches):
+            try:
+                await self.api.patch(repair.path, repair.body)
+            except errors.NotFoundError:
+                continue
+            except errors.KubeError as exc:
+                log.warning("correcting %s: %s", repair.pod, exc)
+                continue
+            log.info("%s: reported GPU corrected to %s (the kubelet's assignment)", repair.pod, repair.uuid)
+            done.append(repair)
+        self.drift.repaired(done)
+        return not any(m.kind is drift.Kind.RESERVATION_UUID for m in mismatches)
 
     async def _isolation(self, spec: wire.DeviceSpec, gpus: list[nvml.Gpu]) -> wire.DeviceSpec:
         """`spec` with the isolation modes the node offers now and its MPS daemons' state."""
@@ -173,7 +333,10 @@ class Agent:
         fresh = self.last_success is not None and self.clock() - self.last_success <= 3 * self.interval + 5
         refused = self.api.refused
         ready = self.pod_informer.ready and fresh and not refused
-        return ready, {"informer": self.pod_informer.status(), "lastPassOk": fresh, "credentialsRefused": refused}
+        detail = {"informer": self.pod_informer.status(), "lastPassOk": fresh, "credentialsRefused": refused}
+        if self.kubelet_problem:
+            detail["kubelet"] = self.kubelet_problem
+        return ready, detail
 
     def _read(self) -> tuple[list[nvml.Gpu], list[nvml.Link], set[str]]:
         refresh: Callable[[], object] | None = getattr(self.source, "refresh", None)
@@ -224,6 +387,30 @@ class _Metrics(Collector):
         passes.add_metric(["ok"], loop.completed - loop.failures)
         passes.add_metric(["failed"], loop.failures)
         yield from (gpus, modes, up, restarts, passes)
+        families: dict[str, GaugeMetricFamily] = {}
+        for sample in self.agent.usage.samples():
+            series = sample.series
+            family = families.setdefault(
+                series.name, GaugeMetricFamily(series.name, series.help, labels=list(series.labels))
+            )
+            family.add_metric(list(sample.labels), sample.value)
+        yield from families.values()
+        violations = GaugeMetricFamily(
+            "sharegpu_agent_violations", "Pods over their GPU allocation now, by kind", labels=["kind"]
+        )
+        for kind in watchdog.Kind:
+            violations.add_metric([kind.value], sum(1 for v in self.agent.usage.violations if v.kind is kind))
+        actions = CounterMetricFamily("sharegpu_agent_actions", "Processes killed and pods evicted", labels=["action"])
+        actions.add_metric(["kill"], self.agent.killed)
+        actions.add_metric(["evict"], self.agent.evicted)
+        drifted = GaugeMetricFamily(
+            "sharegpu_agent_drift", "Mismatches between the kubelet's and the API's GPUs, by kind", labels=["kind"]
+        )
+        for drift_kind, count in self.agent.drift.counts().items():
+            drifted.add_metric([drift_kind.value], count)
+        repaired = CounterMetricFamily("sharegpu_agent_drift_repairs", "Reported GPU UUIDs corrected")
+        repaired.add_metric([], self.agent.drift.repairs_done)
+        yield from (violations, actions, drifted, repaired)
 
 
 async def serve(
@@ -233,11 +420,12 @@ async def serve(
     options: Options = Options(),
     *,
     supervisor: mps.Supervisor | None = None,
+    kubelet: podresources.KubeletPodResources | None = None,
     health_address: tuple[str, int] | None = None,
 ) -> None:
     """Run the agent until cancelled (with /healthz, /readyz and /metrics on `health_address`)."""
     async with client.KubeClient.connect(kubeconfig) as api:
-        agent = Agent(api, node, source, options, supervisor=supervisor)
+        agent = Agent(api, node, source, options, supervisor=supervisor, kubelet=kubelet)
         server = health.HealthServer(agent.readiness, agent.metrics.registry)
         try:
             if health_address is not None:
@@ -247,3 +435,5 @@ async def serve(
         finally:
             await agent.stop()
             await server.stop()
+            if kubelet is not None:
+                await kubelet.close()

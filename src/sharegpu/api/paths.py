@@ -36,6 +36,11 @@ def pod(namespace: str, name: str) -> str:
     return f"{NAMESPACES}/{namespace}/pods/{name}"
 
 
+def eviction(namespace: str, name: str) -> str:
+    """The pod's eviction subresource (an Eviction POSTed there honours PodDisruptionBudgets)."""
+    return f"{pod(namespace, name)}/eviction"
+
+
 def binding(namespace: str, name: str) -> str:
     return f"{pod(namespace, name)}/binding"
 

@@ -429,7 +429,7 @@ class FakeApiServer:
         key = (collection, namespace, meta["name"])
         if key in self.objects:
             raise _AnswerError(409, "AlreadyExists", f'{collection.split("|")[1]} "{meta["name"]}" already exists')
-        meta["uid"] = f"uid-{next(self._uids)}"
+        meta["uid"] = str(uuid.UUID(int=next(self._uids)))  # the form the API server gives (cgroups name pods by it)
         meta["creationTimestamp"] = self._now()
         meta.pop("resourceVersion", None)
         meta.pop("deletionTimestamp", None)

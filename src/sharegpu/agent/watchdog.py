@@ -1,0 +1,452 @@
+"""The GPU usage watchdog's decisions: who uses which GPU memory, who breaks their grant, what to do.
+
+Pure, no I/O. Each pass the agent's runtime reads NVML's process list, finds the pod behind each
+process from its cgroup (`agent.cgroups`) and calls `assess` with the node's live pods and its Device
+spec; `Watchdog.decide` turns the assessment into the `Act`s the runtime then carries out (events,
+kills, evictions). What `assess` answers:
+
+- `Usage`, per pod and GPU it runs processes on: the memory they use there and the memory the pod
+  was given there (`allocated_mib`; None where it asked for no memory limit);
+- `GpuTotal`, per GPU: the memory every process on it uses, split into the given pods', the node's
+  own (processes in no pod: system services, the driver's persistence daemon, MPS servers; and
+  those of the pods in `exempt`, the agent's own) and that of pods not given (just deleted, or
+  another node's static pod), plus the SM utilisation where the caller read it;
+- `Violation`s: a pod over its memory on a GPU (OVER_MEMORY), or on a GPU it was not given
+  (UNALLOCATED_GPU: a CPU-only pod that sees every GPU, a sharing pod on another GPU than its own);
+  only pods given to `assess` can violate;
+- `Assessment.samples()`: the values of the /metrics gauges (`SERIES`).
+
+What a pod was given on a GPU, its grant:
+
+- A sharing pod (an allocation of shares): on each GPU index of its allocation, the memory
+  `Allocation.gpu_usage` says it holds there; no limit (None) where one of its grants there has no
+  memory (it asked for compute only). An index is a slot: its physical GPU is the one the
+  reservation pod of that index reported (the Device's GPU of that index while none has).
+- Whole GPUs from the device plugin (`nvidia.com/gpu`: whole-GPU pods, reservation pods, a group's
+  holder): each GPU's whole memory, on the GPUs the kubelet says it gave the pod (`assigned`, from
+  its PodResources API) or the pod reported (`sharegpu.io/gpu-uuid`). While neither is known, on
+  whichever GPU it uses: the device plugin chose them, and a container sees no others.
+- A member of a SharedDeviceGroup: what the group's holder pod holds (each member is limited to the
+  group's share on its own, docs/groups.md). Not judged (None) while the holder is not on the node.
+- A pod whose allocation annotation is malformed: not judged (None).
+- Any other pod (one that asked for no GPU): nothing, 0 on every GPU.
+
+The `Watchdog` reports every new violation, and under KILL or EVICT acts on it once; a violation
+that outlives the act (the process did not die, another took its place, the eviction was refused)
+is acted on again after `retry_after` passes, and one that clears and comes back is new again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+from collections.abc import Callable, Collection, Mapping, Sequence, Set
+from dataclasses import dataclass
+from typing import Final
+
+from sharegpu.agent import cgroups, nvml
+from sharegpu.api import names, quantity, wire
+from sharegpu.api import pods as api_pods
+from sharegpu.core import errors, units
+
+
+class Kind(enum.Enum):
+    OVER_MEMORY = "over-memory"
+    """More memory on a GPU than the pod was given there."""
+    UNALLOCATED_GPU = "unallocated-gpu"
+    """A GPU the pod was not given at all."""
+
+
+class Action(enum.Enum):
+    """What the watchdog does about a violation (the agent's `--on-violation`); every new one is
+    reported whatever the action."""
+
+    REPORT = "report"
+    KILL = "kill"
+    """Kill the pod's processes on the GPU: the fewest, largest first, that bring it back within its grant."""
+    EVICT = "evict"
+
+    @classmethod
+    def parse(cls, text: str) -> Action:
+        try:
+            return cls(text.strip().lower())
+        except ValueError:
+            valid = ", ".join(action.value for action in cls)
+            raise errors.InvalidInputError(f"--on-violation: unknown action {text!r} (valid: {valid})") from None
+
+
+@dataclass(frozen=True, slots=True)
+class PodRef:
+    namespace: str
+    name: str
+    uid: str
+
+    @property
+    def key(self) -> units.PodKey:
+        return units.pod_key(self.namespace, self.name)
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """What one pod's processes use on one GPU, and what the pod was given there."""
+
+    pod: PodRef
+    uuid: str
+    index: int | None
+    """The GPU's index in the Device; None for a GPU the Device does not list."""
+    used_mib: int
+    allocated_mib: int | None
+    """None: no memory limit there (or the pod is not judged); 0: the GPU was not given to it."""
+    processes: tuple[tuple[int, int], ...]
+    """(pid, MiB), by pid."""
+
+    @property
+    def pids(self) -> tuple[int, ...]:
+        return tuple(pid for pid, _ in self.processes)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuTotal:
+    """One GPU's memory in use, by whom: `used_mib` = `pods_mib` + `node_mib` + `unknown_mib`."""
+
+    uuid: str
+    index: int | None
+    memory_mib: int | None
+    """Its memory, from the Device; None if the Device does not list it."""
+    used_mib: int
+    pods_mib: int
+    """Used by processes of the given pods."""
+    node_mib: int
+    """Used by processes in no pod, or in an exempt one."""
+    unknown_mib: int
+    """Used by processes of pods that were not given."""
+    sm_percent: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Violation:
+    kind: Kind
+    pod: PodRef
+    uuid: str
+    index: int | None
+    used_mib: int
+    allocated_mib: int
+    """0 for UNALLOCATED_GPU."""
+    pids: tuple[int, ...]
+    """The pod's processes on the GPU, largest user first."""
+    kill: tuple[int, ...]
+    """The fewest of `pids`, from the first, whose end brings the pod back within its grant (all for
+    UNALLOCATED_GPU)."""
+    message: str
+
+    @property
+    def key(self) -> tuple[str, str, Kind]:
+        """The same violation in successive passes has the same key."""
+        return self.pod.uid, self.uuid, self.kind
+
+
+@dataclass(frozen=True, slots=True)
+class Series:
+    """A gauge family of /metrics: its name, help and label names."""
+
+    name: str
+    help: str
+    labels: tuple[str, ...]
+
+
+POD_USED: Final = Series(
+    "sharegpu_pod_gpu_memory_used_mib", "GPU memory the processes of a pod use on a GPU, in MiB",
+    ("namespace", "pod", "uuid"),
+)  # fmt: skip
+POD_ALLOCATED: Final = Series(
+    "sharegpu_pod_gpu_memory_allocated_mib",
+    "GPU memory a pod was given on a GPU it uses, in MiB (absent where it has no memory limit)",
+    ("namespace", "pod", "uuid"),
+)
+GPU_USED: Final = Series(
+    "sharegpu_gpu_memory_used_mib", "GPU memory all processes on a GPU use, in pods or not, in MiB", ("uuid", "index")
+)
+GPU_SM: Final = Series("sharegpu_gpu_sm_utilization_percent", "SM utilisation of a GPU, in percent", ("uuid", "index"))
+SERIES: Final = (POD_USED, POD_ALLOCATED, GPU_USED, GPU_SM)
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One gauge's value: label values in the order of `series.labels`."""
+
+    series: Series
+    labels: tuple[str, ...]
+    value: int
+
+
+@dataclass(frozen=True, slots=True)
+class Assessment:
+    usages: tuple[Usage, ...]
+    """By pod, then GPU index."""
+    gpus: tuple[GpuTotal, ...]
+    """Every GPU of the Device and every other GPU a process runs on, by index."""
+    violations: tuple[Violation, ...]
+    """In the order of `usages`."""
+
+    def samples(self) -> list[Sample]:
+        """The gauges' values for this pass; a label set absent from them is stale (its pod or GPU is gone)."""
+        out: list[Sample] = []
+        for usage in self.usages:
+            labels = (usage.pod.namespace, usage.pod.name, usage.uuid)
+            out.append(Sample(POD_USED, labels, usage.used_mib))
+            if usage.allocated_mib is not None:
+                out.append(Sample(POD_ALLOCATED, labels, usage.allocated_mib))
+        for gpu in self.gpus:
+            gpu_labels = (gpu.uuid, "" if gpu.index is None else str(gpu.index))
+            out.append(Sample(GPU_USED, gpu_labels, gpu.used_mib))
+            if gpu.sm_percent is not None:
+                out.append(Sample(GPU_SM, gpu_labels, gpu.sm_percent))
+        return out
+
+
+def assess(
+    processes: Sequence[nvml.GpuProcess],
+    owner: Callable[[int], cgroups.Owner | None],
+    pods: Mapping[str, wire.Pod],
+    device: wire.DeviceSpec,
+    *,
+    assigned: Mapping[str, Collection[str]] | None = None,
+    exempt: Set[str] = frozenset(),
+    slack_mib: int = 0,
+    sm_percent: Mapping[str, int] | None = None,
+) -> Assessment:
+    """One pass's `Assessment` (see the module docstring).
+
+    `owner`: pid -> the pod and container it runs in (asked once per pid); `pods`: the node's live
+    pods by UID; `assigned`: `namespace/name` -> the GPU UUIDs the kubelet gave the pod through the
+    device plugin, where known; `exempt`: UIDs of pods whose processes count as the node's own (the
+    agent's: its MPS servers); `slack_mib`: how far a pod may exceed its memory before it violates
+    (NVML counts each process's CUDA context, which a limit enforced inside the process may not);
+    `sm_percent`: UUID -> SM utilisation, where read.
+    """
+    index_of = {gpu.uuid: gpu.index for gpu in device.gpus}
+    grants = _Grants(pods, device, assigned or {})
+    owners: dict[int, cgroups.Owner | None] = {}
+    tallies: dict[str, list[int]] = {gpu.uuid: [0, 0, 0] for gpu in device.gpus}
+    by_pod: dict[tuple[str, str], dict[int, int]] = {}
+    for process in processes:
+        if process.pid not in owners:
+            owners[process.pid] = owner(process.pid)
+        found = owners[process.pid]
+        tally = tallies.setdefault(process.uuid, [0, 0, 0])
+        if found is None or found.pod_uid in exempt:
+            tally[1] += process.used_mib
+        elif found.pod_uid not in pods:
+            tally[2] += process.used_mib
+        else:
+            tally[0] += process.used_mib
+            used = by_pod.setdefault((found.pod_uid, process.uuid), {})
+            used[process.pid] = used.get(process.pid, 0) + process.used_mib
+
+    usages = []
+    for (uid, uuid), used in by_pod.items():
+        meta = pods[uid].metadata
+        usages.append(
+            Usage(
+                pod=PodRef(meta.namespace, meta.name, uid), uuid=uuid, index=index_of.get(uuid),
+                used_mib=sum(used.values()), allocated_mib=grants.of(uid).allocated(uuid, grants.capacity),
+                processes=tuple(sorted(used.items())),
+            )
+        )  # fmt: skip
+    usages.sort(key=lambda u: (u.pod.namespace, u.pod.name, u.pod.uid, _gpu_order(u.index, u.uuid)))
+    violations = [v for v in (_violation(u, slack_mib) for u in usages) if v is not None]
+    sm = sm_percent or {}
+    gpus = sorted(
+        (
+            GpuTotal(
+                uuid=uuid, index=index_of.get(uuid), memory_mib=grants.capacity.get(uuid), used_mib=sum(tally),
+                pods_mib=tally[0], node_mib=tally[1], unknown_mib=tally[2], sm_percent=sm.get(uuid),
+            )
+            for uuid, tally in tallies.items()
+        ),
+        key=lambda g: _gpu_order(g.index, g.uuid),
+    )  # fmt: skip
+    return Assessment(tuple(usages), tuple(gpus), tuple(violations))
+
+
+def _gpu_order(index: int | None, uuid: str) -> tuple[bool, int, str]:
+    return index is None, index or 0, uuid
+
+
+def _violation(usage: Usage, slack_mib: int) -> Violation | None:
+    allocated = usage.allocated_mib
+    if allocated is None:
+        return None
+    largest = sorted(usage.processes, key=lambda p: (-p[1], p[0]))
+    pids = tuple(pid for pid, _ in largest)
+    pod, used = usage.pod, usage.used_mib
+    gpu = f"GPU {usage.uuid}" + ("" if usage.index is None else f" (index {usage.index})")
+    if allocated == 0:
+        message = f"pod {pod.key} uses {gpu}, which sharegpu did not give it ({used} MiB)"
+        return Violation(Kind.UNALLOCATED_GPU, pod, usage.uuid, usage.index, used, 0, pids, pids, message)
+    if used <= allocated + slack_mib:
+        return None
+    kill: list[int] = []
+    left = used
+    for pid, mib in largest:
+        if left <= allocated + slack_mib:
+            break
+        kill.append(pid)
+        left -= mib
+    message = f"pod {pod.key} uses {used} MiB of {gpu}; it was allocated {allocated} MiB"
+    return Violation(Kind.OVER_MEMORY, pod, usage.uuid, usage.index, used, allocated, pids, tuple(kill), message)
+
+
+@dataclass(frozen=True, slots=True)
+class _Grant:
+    """What one pod was given: memory per GPU UUID (None: no limit there); `unnamed`: whole GPUs
+    whose UUIDs are not known, so any GPU it uses counts as one; `judged`: False for a pod whose
+    grant cannot be told."""
+
+    memory: Mapping[str, int | None]
+    unnamed: bool = False
+    judged: bool = True
+
+    def allocated(self, uuid: str, capacity: Mapping[str, int]) -> int | None:
+        if not self.judged:
+            return None
+        if uuid in self.memory:
+            return self.memory[uuid]
+        return capacity.get(uuid) if self.unnamed else 0
+
+
+_UNJUDGED: Final = _Grant({}, judged=False)
+
+
+class _Grants:
+    """The grants of the node's pods (module docstring), each worked out when first asked for."""
+
+    def __init__(
+        self, pods: Mapping[str, wire.Pod], device: wire.DeviceSpec, assigned: Mapping[str, Collection[str]]
+    ) -> None:
+        self.pods = pods
+        self.assigned = assigned
+        self.capacity = {gpu.uuid: gpu.memory_mib for gpu in device.gpus}
+        self.by_index = {gpu.index: gpu.uuid for gpu in device.gpus}
+        self.reserved: dict[int, set[str]] = {}
+        """GPU index -> the UUIDs its reservation pods hold."""
+        self.holders: dict[tuple[str, str], str] = {}
+        """(namespace, name) of a SharedDeviceGroup -> the UID of its holder pod."""
+        for uid, pod in pods.items():
+            labels = pod.metadata.labels
+            if api_pods.is_reservation(pod):
+                with contextlib.suppress(ValueError):
+                    self.reserved.setdefault(int(labels.get(names.LABEL_SLOT, "")), set()).update(self._named(pod))
+            elif labels.get(names.LABEL_ROLE) == names.ROLE_GROUP_HOLDER and (group := _group(labels)) is not None:
+                self.holders[group] = uid
+        self.grants: dict[str, _Grant] = {}
+
+    def of(self, uid: str) -> _Grant:
+        found = self.grants.get(uid)
+        if found is None:
+            found = self.grants[uid] = self._grant(self.pods[uid])
+        return found
+
+    def _grant(self, pod: wire.Pod) -> _Grant:
+        labels = pod.metadata.labels
+        group = _group(labels)
+        if names.LABEL_ROLE not in labels and group is not None:
+            holder = self.holders.get(group)
+            return _UNJUDGED if holder is None else self.of(holder)
+        try:
+            alloc = api_pods.allocation_of(pod)
+        except errors.InvalidInputError:
+            return _UNJUDGED
+        memory: dict[str, int | None] = {}
+        whole = _device_plugin_gpus(pod)
+        if alloc is not None and alloc.exclusive:
+            whole = True
+        elif alloc is not None:
+            for index, (_, mib) in alloc.gpu_usage().items():
+                limited = all(g.memory_mib for c in alloc.containers for g in c.devices if g.index == index)
+                slot = self.reserved.get(index) or ({self.by_index[index]} if index in self.by_index else set())
+                memory.update(dict.fromkeys(slot, mib if limited else None))
+        if not whole:
+            return _Grant(memory)
+        named = self._named(pod)
+        memory.update({uuid: self.capacity.get(uuid) for uuid in named})
+        return _Grant(memory, unnamed=not named)
+
+    def _named(self, pod: wire.Pod) -> set[str]:
+        """The UUIDs of the device plugin's GPUs known to be the pod's: the kubelet's word and the pod's report."""
+        meta = pod.metadata
+        reported = {u.strip() for u in meta.annotations.get(names.GPU_UUID, "").split(",") if u.strip()}
+        return reported | set(self.assigned.get(units.pod_key(meta.namespace, meta.name), ()))
+
+
+def _group(labels: Mapping[str, str]) -> tuple[str, str] | None:
+    namespace, name = labels.get(names.LABEL_GROUP_NAMESPACE), labels.get(names.LABEL_GROUP_NAME)
+    return None if namespace is None or name is None else (namespace, name)
+
+
+def _device_plugin_gpus(pod: wire.Pod) -> bool:
+    """Whether a container of the pod asks the device plugin for whole GPUs (`nvidia.com/gpu`)."""
+    for _, container in api_pods.containers(pod):
+        value = container.resources.merged().get(names.NVIDIA_GPU)
+        if value is not None:
+            with contextlib.suppress(errors.InvalidInputError):
+                if quantity.integer(value, names.NVIDIA_GPU, 0, units.MAX_GPUS_PER_NODE) > 0:
+                    return True
+    return False
+
+
+@dataclass(frozen=True, slots=True)
+class Act:
+    """One thing the runtime is to do about a violation."""
+
+    what: Action
+    violation: Violation
+    pids: tuple[int, ...] = ()
+    """KILL: the processes to kill (read this pass: the runtime checks each one's owner again first)."""
+    pod: PodRef | None = None
+    """EVICT: the pod to evict."""
+    repeat: bool = False
+    """The violation outlived an earlier act on it."""
+
+
+class Watchdog:
+    """Turns successive assessments into acts: each violation is reported when it appears and acted
+    on once, again every `retry_after` passes while it lasts, and as new after it clears. A pod is
+    evicted at most once per `retry_after` passes, however many GPUs it violates on."""
+
+    def __init__(self, retry_after: int = 3) -> None:
+        if retry_after < 1:
+            raise errors.InvalidInputError(f"retry_after must be at least 1 pass, got {retry_after}")
+        self.retry_after = retry_after
+        self.passes = 0
+        self.acted: dict[tuple[str, str, Kind], int] = {}
+        """The ongoing violations, by key -> the pass they were last acted on."""
+        self.evicted: dict[str, int] = {}
+        """UID of a violating pod -> the pass it was last evicted in."""
+
+    def decide(self, assessment: Assessment, action: Action) -> list[Act]:
+        self.passes += 1
+        now = self.passes
+        current = {v.key: v for v in assessment.violations}
+        violating = {v.pod.uid for v in assessment.violations}
+        self.acted = {key: at for key, at in self.acted.items() if key in current}
+        self.evicted = {uid: at for uid, at in self.evicted.items() if uid in violating}
+        acts: list[Act] = []
+        for key, violation in current.items():
+            last = self.acted.get(key)
+            if last is None:
+                acts.append(Act(Action.REPORT, violation))
+            elif action is Action.REPORT or now - last < self.retry_after:
+                continue
+            self.acted[key] = now
+            repeat = last is not None
+            if action is Action.KILL:
+                acts.append(Act(Action.KILL, violation, pids=violation.kill, repeat=repeat))
+            elif action is Action.EVICT and self._may_evict(violation.pod.uid, now):
+                self.evicted[violation.pod.uid] = now
+                acts.append(Act(Action.EVICT, violation, pod=violation.pod, repeat=repeat))
+        return acts
+
+    def _may_evict(self, uid: str, now: int) -> bool:
+        last = self.evicted.get(uid)
+        return last is None or now - last >= self.retry_after
