@@ -19,6 +19,7 @@ from sharegpu.core import allocation, units
 from sharegpu.kube import client, fake
 from tests.agent.fake_mps_daemon import write_fake_daemon
 from tests.agent.test_inventory import FILE, write
+from tests.agent.test_mps import gone
 from tests.extender.conftest import settle
 
 
@@ -127,15 +128,7 @@ async def test_the_agent_reports_the_isolation_it_offers_and_runs_mps_daemons(tm
         assert agent.readiness() == (False, {**agent.readiness()[1], "lastPassOk": False})
     finally:
         await agent.stop()
-    assert all(s.pid is None or not _alive(s.pid) for s in supervisor.status().values())
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
+    assert all(s.pid is None or gone(s.pid) for s in supervisor.status().values())
 
 
 async def test_the_agent_kills_a_process_over_its_pods_memory_and_corrects_a_reported_uuid(tmp_path: Path) -> None:

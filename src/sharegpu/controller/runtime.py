@@ -41,6 +41,7 @@ from sharegpu.controller import budgets, deviceshare, groups, inventory, sharepo
 from sharegpu.core import errors
 from sharegpu.kube import client, informer, leader, reconcile
 from sharegpu.kube import events as kube_events
+from sharegpu.serving import health
 
 log = logging.getLogger(__name__)
 
@@ -182,27 +183,14 @@ class Controller:
         await informer.cancel(reversed(self.tasks))
 
     def app(self) -> web.Application:
-        app = web.Application()
-
-        async def healthz(_: web.Request) -> web.Response:
-            return web.Response(text="ok")
-
-        async def readyz(_: web.Request) -> web.Response:
-            ready, detail = self.readiness()
-            return web.Response(text="ok") if ready else web.json_response({"ready": False, **detail}, status=503)
-
-        async def metrics(_: web.Request) -> web.Response:
-            body = prometheus_client.generate_latest(self.metrics.registry)
-            return web.Response(body=body, content_type="text/plain", charset="utf-8")
+        """/healthz, /readyz and /metrics (`serving.health`) and /debug/budgets."""
+        app = health.HealthServer(self.readiness, self.metrics.registry).app()
 
         async def debug_budgets(_: web.Request) -> web.Response:
             shown = {key: wire.encode(item.status) for key, item in sorted(self.budgets.budgets.items())}
             return web.json_response({"leader": self.elector.is_leader, "budgets": shown,
                                       "gonePods": len(self.budgets.gone), "writes": self.budgets.writes})  # fmt: skip
 
-        app.router.add_get("/healthz", healthz)
-        app.router.add_get("/readyz", readyz)
-        app.router.add_get("/metrics", metrics)
         app.router.add_get("/debug/budgets", debug_budgets)
         return app
 
