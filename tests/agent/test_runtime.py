@@ -163,6 +163,7 @@ async def test_the_agent_kills_a_process_over_its_pods_memory_and_corrects_a_rep
     socket = Path(tempfile.mkdtemp(dir="/tmp")) / "k.sock"
     kubelet = fakekubelet.FakeKubelet(socket)
     kubelet.set_devices(names.SYSTEM_NAMESPACE, "r", "reserve", names.NVIDIA_GPU, ["GPU-0"])
+    kubelet.set_allocatable(names.NVIDIA_GPU, ["0", "1", "GPU-9"])  # indexes, and a GPU NVML does not know
     await kubelet.start()
     lister = podresources.KubeletPodResources(socket, 2.0)
     options = agent_runtime.Options(interval=3600, on_violation=watchdog.Action.KILL, proc=proc)
@@ -183,6 +184,8 @@ async def test_the_agent_kills_a_process_over_its_pods_memory_and_corrects_a_rep
         assert 'sharegpu_agent_actions_total{action="kill"} 1.0' in text
         assert "sharegpu_agent_drift_repairs_total 1.0" in text
         assert 'sharegpu_pod_gpu_memory_used_mib{namespace="ns",pod="p",uuid="GPU-0"} 4096.0' in text
+        assert (agent.unadvertised, agent.unknown_allocatable) == (("GPU-2",), ("GPU-9",))
+        assert 'sharegpu_agent_drift{kind="unadvertised_gpu"} 1.0' in text
 
         # The kubelet restarts: its socket vanishes; the agent waits, stays ready, says why, and goes on.
         await kubelet.stop()

@@ -108,6 +108,10 @@ class Agent:
         self.kubelet = kubelet
         """The kubelet's PodResources API (drift repair); None: not checked."""
         self.kubelet_problem = ""
+        self.unadvertised: tuple[str, ...] = ()
+        """Healthy GPUs of the Device the kubelet cannot allocate (its device plugin does not offer them)."""
+        self.unknown_allocatable: tuple[str, ...] = ()
+        """Device IDs the kubelet can allocate that name no GPU of the Device."""
         self.last_success: float | None = None
         self.watchdog = watchdog.Watchdog()
         self.usage = watchdog.Assessment((), (), ())
@@ -179,6 +183,8 @@ class Agent:
             self.labels = labels
         assigned = await self._assigned()
         settled = await self._repair_drift(assigned, spec) if assigned is not None else True
+        if assigned is not None:
+            await self._compare_allocatable(spec)
         await self._watch_usage(spec, assigned, act=settled)
         self.last_success = self.clock()
 
@@ -205,6 +211,26 @@ class Agent:
             log.info("the kubelet's PodResources API answers again")
         self.kubelet_problem = ""
         return found
+
+    async def _compare_allocatable(self, spec: wire.DeviceSpec) -> None:
+        """What the device plugin offers (GetAllocatableResources, kubelets 1.21 and later) against the
+        Device: a healthy GPU it does not offer can never be given to a whole-GPU or reservation pod."""
+        assert self.kubelet is not None
+        try:
+            offered = await self.kubelet.allocatable()
+        except podresources.PodResourcesError:
+            return  # said by `_assigned` already
+        if offered is None:
+            return
+        by_index = {str(g.index): g.uuid for g in spec.gpus}
+        ids = {by_index.get(i, i) for i in offered.get(names.NVIDIA_GPU, ())}
+        known = {g.uuid for g in spec.gpus}
+        unadvertised = tuple(sorted(g.uuid for g in spec.gpus if g.healthy and g.uuid not in ids))
+        unknown = tuple(sorted(ids - known))
+        if (unadvertised, unknown) != (self.unadvertised, self.unknown_allocatable) and (unadvertised or unknown):
+            log.warning("the kubelet's %s: healthy GPUs not offered: %s; offered but not in the Device: %s",
+                        names.NVIDIA_GPU, ", ".join(unadvertised) or "none", ", ".join(unknown) or "none")  # fmt: skip
+        self.unadvertised, self.unknown_allocatable = unadvertised, unknown
 
     async def _watch_usage(
         self, spec: wire.DeviceSpec, assigned: list[podresources.Assigned] | None, *, act: bool
@@ -408,6 +434,8 @@ class _Metrics(Collector):
         )
         for drift_kind, count in self.agent.drift.counts().items():
             drifted.add_metric([drift_kind.value], count)
+        drifted.add_metric(["unadvertised_gpu"], len(self.agent.unadvertised))
+        drifted.add_metric(["unknown_allocatable"], len(self.agent.unknown_allocatable))
         repaired = CounterMetricFamily("sharegpu_agent_drift_repairs", "Reported GPU UUIDs corrected")
         repaired.add_metric([], self.agent.drift.repairs_done)
         yield from (violations, actions, drifted, repaired)
