@@ -136,7 +136,7 @@ def check(
 ) -> list[Mismatch]:
     """Every mismatch of one pass (see the module docstring), sorted by pod, container and kind.
     `pods`: by `namespace/name`; `now`: seconds since the epoch; `grace`: seconds (MISSING)."""
-    ids = _Ids(spec)
+    ids = DeviceIds(spec)
     given: dict[units.PodKey, dict[str, tuple[tuple[str, ...], bool]]] = {}
     listed: set[units.PodKey] = set()
     found: list[Mismatch] = []
@@ -220,8 +220,10 @@ class DriftTracker:
         return {kind: found[kind] for kind in Kind}
 
 
-class _Ids:
-    """The node's Device as a translator of the device plugin's IDs."""
+class DeviceIds:
+    """The node's Device as a translator of the device plugin's IDs (UUIDs, or indexes with
+    DEVICE_ID_STRATEGY=index): what the drift check, the watchdog and the allocatable comparison read
+    the kubelet's answers through."""
 
     def __init__(self, spec: wire.DeviceSpec) -> None:
         self.uuids = {g.uuid for g in spec.gpus}
@@ -262,7 +264,7 @@ class _Record:
         return self.recorded.get(container, ())
 
 
-def _record(pod: wire.Pod, ids: _Ids) -> _Record | None:
+def _record(pod: wire.Pod, ids: DeviceIds) -> _Record | None:
     """The pod's record; None for a pod that holds no GPU through the kubelet by sharegpu's account
     (or whose allocation cannot be read: the extender's reconcilers deal with it)."""
     if api_pods.is_reservation(pod):

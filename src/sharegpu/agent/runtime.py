@@ -181,11 +181,14 @@ class Agent:
         if labels != self.labels:
             await self.api.patch(paths.node(self.node), {"metadata": {"labels": labels}})
             self.labels = labels
+        live = self._live()
+        ids = drift.DeviceIds(spec)
         assigned = await self._assigned()
-        settled = await self._repair_drift(assigned, spec) if assigned is not None else True
+        settled = True
         if assigned is not None:
-            await self._compare_allocatable(spec)
-        await self._watch_usage(spec, assigned, act=settled)
+            settled = await self._repair_drift(assigned, live, spec)
+            await self._compare_allocatable(spec, ids)
+        await self._watch_usage(spec, live, ids, assigned, act=settled)
         self.last_success = self.clock()
 
     # ----------------------------------------------------------------- usage watchdog
@@ -212,7 +215,7 @@ class Agent:
         self.kubelet_problem = ""
         return found
 
-    async def _compare_allocatable(self, spec: wire.DeviceSpec) -> None:
+    async def _compare_allocatable(self, spec: wire.DeviceSpec, ids: drift.DeviceIds) -> None:
         """What the device plugin offers (GetAllocatableResources, kubelets 1.21 and later) against the
         Device: a healthy GPU it does not offer can never be given to a whole-GPU or reservation pod."""
         assert self.kubelet is not None
@@ -222,18 +225,21 @@ class Agent:
             return  # said by `_assigned` already
         if offered is None:
             return
-        by_index = {str(g.index): g.uuid for g in spec.gpus}
-        ids = {by_index.get(i, i) for i in offered.get(names.NVIDIA_GPU, ())}
-        known = {g.uuid for g in spec.gpus}
-        unadvertised = tuple(sorted(g.uuid for g in spec.gpus if g.healthy and g.uuid not in ids))
-        unknown = tuple(sorted(ids - known))
+        uuids, unknown = ids.resolve(offered.get(names.NVIDIA_GPU, ()))
+        unadvertised = tuple(sorted(g.uuid for g in spec.gpus if g.healthy and g.uuid not in uuids))
         if (unadvertised, unknown) != (self.unadvertised, self.unknown_allocatable) and (unadvertised or unknown):
             log.warning("the kubelet's %s: healthy GPUs not offered: %s; offered but not in the Device: %s",
                         names.NVIDIA_GPU, ", ".join(unadvertised) or "none", ", ".join(unknown) or "none")  # fmt: skip
         self.unadvertised, self.unknown_allocatable = unadvertised, unknown
 
     async def _watch_usage(
-        self, spec: wire.DeviceSpec, assigned: list[podresources.Assigned] | None, *, act: bool
+        self,
+        spec: wire.DeviceSpec,
+        live: dict[str, wire.Pod],
+        ids: drift.DeviceIds,
+        assigned: list[podresources.Assigned] | None,
+        *,
+        act: bool,
     ) -> None:
         """Assess the node's GPU use; act on violations only when `act` (not while a reservation's
         reported GPU is being corrected: which GPU a sharing pod was given depends on it)."""
@@ -243,7 +249,7 @@ class Agent:
             if row.resource == names.NVIDIA_GPU:
                 given.setdefault(f"{row.namespace}/{row.pod}", set()).update(row.device_ids)
         self.usage = watchdog.assess(
-            processes, owners.get, self._live(), spec, assigned=given if assigned is not None else None,
+            processes, owners.get, live, spec, assigned=given if assigned is not None else None,
             slack_mib=self.options.slack_mib,
         )  # fmt: skip
         if not act:
@@ -306,10 +312,12 @@ class Agent:
 
     # ----------------------------------------------------------------- drift repair
 
-    async def _repair_drift(self, assigned: list[podresources.Assigned], spec: wire.DeviceSpec) -> bool:
+    async def _repair_drift(
+        self, assigned: list[podresources.Assigned], live_by_uid: dict[str, wire.Pod], spec: wire.DeviceSpec
+    ) -> bool:
         """Report and repair what the kubelet and the API disagree on; False while a reservation pod's
         reported GPU is wrong (this pass corrects it; the pods' view follows by the next)."""
-        live = {wire.key(p.metadata): p for p in self._live().values()}
+        live = {wire.key(p.metadata): p for p in live_by_uid.values()}
         mismatches = drift.check(assigned, live, spec, now=self.wall(), grace=self.options.drift_grace)
         changes = self.drift.observe(mismatches)
         for found in changes.new:
@@ -348,7 +356,7 @@ class Agent:
                 wire.MpsDaemon(uuid=s.uuid, running=s.running, restarts=s.restarts, problem=s.problem)
                 for s in states.values()
             ]
-            if healthy and all(states[u].running for u in healthy if u in states) and healthy <= set(states):
+            if healthy and all(u in states and states[u].running for u in healthy):
                 offered.add(devices.Isolation.MPS)
         modes = sorted(m.value for m in offered)
         return msgspec.structs.replace(spec, isolation=modes, mps=daemons)
