@@ -202,3 +202,43 @@ async def test_the_agent_kills_a_process_over_its_pods_memory_and_corrects_a_rep
         if victim.returncode is None:
             victim.kill()
             await victim.wait()
+
+
+async def test_the_watchdog_reads_the_kubelets_index_ids_as_the_gpus_they_name(tmp_path: Path) -> None:
+    """With DEVICE_ID_STRATEGY=index the kubelet lists "0", not GPU-0: a whole-GPU pod using the GPU it was
+    given is no violation (read as a UUID it was "a GPU sharegpu did not give it")."""
+    server = fake.FakeApiServer()
+    server.put_object(paths.NODES, {"metadata": {"name": "n0"}})
+    whole = server.put_object(paths.pods("ns"), {
+        "metadata": {"name": "w"},
+        "spec": {"nodeName": "n0", "containers": [{"name": "main", "resources": {"limits": {names.NVIDIA_GPU: "1"}}}]},
+        "status": {"phase": "Running"},
+    })  # fmt: skip
+    proc = tmp_path / "proc" / "4242"
+    proc.mkdir(parents=True)
+    (proc / "cgroup").write_text(f"0::/kubepods/pod{whole['metadata']['uid']}/{'c' * 64}\n")
+    path = tmp_path / "nvml.yaml"
+    write(
+        path,
+        FILE.replace(
+            "processes: [{pid: 42, gpu: 2, usedMiB: 2048}]", "processes: [{pid: 4242, gpu: 0, usedMiB: 2048}]"
+        ),
+    )
+    socket = Path(tempfile.mkdtemp(dir="/tmp")) / "k.sock"
+    kubelet = fakekubelet.FakeKubelet(socket)
+    kubelet.set_devices("ns", "w", "main", names.NVIDIA_GPU, ["0"])
+    await kubelet.start()
+    lister = podresources.KubeletPodResources(socket, 2.0)
+    options = agent_runtime.Options(interval=3600, proc=tmp_path / "proc")
+    agent = agent_runtime.Agent(
+        client.KubeClient(server), "n0", fakenvml.FakeNvml(path).open(), options, kubelet=lister
+    )
+    await agent.start()
+    try:
+        await one_pass(agent, server)
+        assert [u.used_mib for u in agent.usage.usages] == [2048], "the pod's use is seen"
+        assert agent.usage.violations == ()
+    finally:
+        await agent.stop()
+        await lister.close()
+        await kubelet.stop()

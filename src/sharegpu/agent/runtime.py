@@ -246,8 +246,8 @@ class Agent:
         processes, owners = await asyncio.to_thread(self._processes)
         given: dict[str, set[str]] = {}
         for row in assigned or []:
-            if row.resource == names.NVIDIA_GPU:
-                given.setdefault(f"{row.namespace}/{row.pod}", set()).update(row.device_ids)
+            if row.resource == names.NVIDIA_GPU:  # as UUIDs, whichever ID strategy the device plugin uses
+                given.setdefault(f"{row.namespace}/{row.pod}", set()).update(ids.resolve(row.device_ids)[0])
         self.usage = watchdog.assess(
             processes, owners.get, live, spec, assigned=given if assigned is not None else None,
             slack_mib=self.options.slack_mib,
