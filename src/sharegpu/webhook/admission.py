@@ -307,11 +307,8 @@ def mutate(body: Any, policy: Policy) -> Answer:
             return messages.allow(uid, patch=_patch(original, out), audit={"translated": "; ".join(audit)})
         _hide_gpus(out, parsed, audit)
         if parsed.demand.count == 0:
-            metadata = out.setdefault("metadata", {})
             if audit:
-                metadata.setdefault("annotations", {})[names.TRANSLATED] = "; ".join(audit)
-            elif not metadata.get("annotations") and "annotations" not in original.get("metadata", {}):
-                metadata.pop("annotations", None)
+                out["metadata"].setdefault("annotations", {})[names.TRANSLATED] = "; ".join(audit)
             patch = _patch(original, out)
             return messages.allow(uid, patch=patch or None, audit={"translated": "; ".join(audit)} if audit else None)
         notes = out.setdefault("metadata", {}).setdefault("annotations", {})

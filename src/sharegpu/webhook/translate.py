@@ -442,6 +442,8 @@ def translate(pod: Json, models: frozenset[str] = frozenset()) -> tuple[Json, li
         if len(permille) > 1:
             raise errors.InvalidRequestError("containers of one pod ask for different GPU memory ratios")
         notes[names.MEMORY_PERMILLE] = str(permille.pop())
+    if not notes and "annotations" not in (pod.get("metadata") or {}):
+        del meta["annotations"]  # nothing added: the canonical pod is the author's, no empty map
     return out, audit
 
 
