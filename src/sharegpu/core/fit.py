@@ -222,8 +222,9 @@ def diagnose(state: fleet.FleetState, demand: requests.GpuDemand, rows: fleet.In
     if need:
         present = state.present[rows]
         mark(Shortfall.TOO_FEW_GPUS, state.gpu_count[rows] < need, state.gpu_count[rows])
-        mark(Shortfall.ISOLATION, ~isolation_mask(state, demand, rows))
-        modelled = present & model_mask(state, demand, rows) & isolation_mask(state, demand, rows)[:, None]
+        offered = isolation_mask(state, demand, rows)
+        mark(Shortfall.ISOLATION, ~offered)
+        modelled = present & model_mask(state, demand, rows) & offered[:, None]
         mark(Shortfall.MODEL, modelled.sum(axis=1) < need, modelled.sum(axis=1))
         healthy = modelled & state.healthy[rows]
         mark(Shortfall.UNHEALTHY, healthy.sum(axis=1) < need, healthy.sum(axis=1))
