@@ -406,6 +406,9 @@ def agent(
     hami_core_library: Annotated[
         str, typer.Option(help="HAMi-core's library: the node offers hami-core while it exists ('' : never).")
     ] = "/usr/local/vgpu/libvgpu.so",
+    hami_core_dir: Annotated[
+        Path, typer.Option(help="Host folder the library is installed in for containers (the webhook mounts it).")
+    ] = Path("/run/sharegpu/hami-core"),
     on_violation: Annotated[
         str,
         typer.Option(
@@ -442,7 +445,7 @@ def agent(
         raise _fail(exc) from None
     options = agent_runtime.Options(
         interval=interval, hami_core_library=Path(hami_core_library) if hami_core_library else None,
-        on_violation=action, proc=proc, slack_mib=slack_mib,
+        hami_core_dir=hami_core_dir, on_violation=action, proc=proc, slack_mib=slack_mib,
     )  # fmt: skip
     supervisor = agent_mps.Supervisor(mps_binary, agent_mps.Layout(mps_root)) if mps else None
     kubelet = podresources.KubeletPodResources(Path(kubelet_socket), 5.0) if kubelet_socket else None

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import prometheus_client
 
-from sharegpu.agent import fakekubelet, fakenvml, inventory, mps, podresources, watchdog
+from sharegpu.agent import fakekubelet, fakenvml, hamicore, inventory, mps, podresources, watchdog
 from sharegpu.agent import runtime as agent_runtime
 from sharegpu.api import names, paths, wire
 from sharegpu.core import allocation, units
@@ -88,7 +88,8 @@ async def test_the_agent_reports_the_isolation_it_offers_and_runs_mps_daemons(tm
     library = tmp_path / "libvgpu.so"
     clock = [100.0]
     supervisor = mps.Supervisor(write_fake_daemon(tmp_path), mps.Layout(tmp_path / "mps"), backoff=mps.Backoff(0.05))
-    options = agent_runtime.Options(interval=3600, hami_core_library=library)
+    installed = tmp_path / "installed"
+    options = agent_runtime.Options(interval=3600, hami_core_library=library, hami_core_dir=installed)
     agent = agent_runtime.Agent(
         client.KubeClient(server), "n0", fakenvml.FakeNvml(path).open(), options, supervisor=supervisor,
         clock=lambda: clock[0],
@@ -99,9 +100,10 @@ async def test_the_agent_reports_the_isolation_it_offers_and_runs_mps_daemons(tm
         device = await one_pass(agent, server)
         assert device.spec.isolation == ["mps"], "no HAMi-core library yet; every GPU's daemon runs"
         assert [(d.uuid, d.running) for d in device.spec.mps] == [("GPU-0", True), ("GPU-1", True), ("GPU-2", True)]
-        library.write_bytes(b"")
+        library.write_bytes(b"\x7fELF v1")
         device = await one_pass(agent, server)
         assert device.spec.isolation == ["hami-core", "mps"]
+        assert (installed / hamicore.LIBRARY_NAME).read_bytes() == b"\x7fELF v1", "installed for containers"
         labels = (server.get_object(paths.node("n0")) or {})["metadata"]["labels"]
         assert labels["sharegpu.io/isolation-mps"] == labels["sharegpu.io/isolation-hami-core"] == "true"
         assert agent.readiness()[0]

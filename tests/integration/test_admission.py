@@ -323,6 +323,27 @@ async def test_containers_given_no_gpu_see_none(
     await admin.delete(f"/api/v1/namespaces/{names.SYSTEM_NAMESPACE}/pods/left-alone-cpu", grace_period=0)
 
 
+async def test_a_pod_demanding_hami_core_preloads_it_and_the_api_server_stores_the_wiring(
+    admin: client.KubeClient, webhook: RunningWebhook, namespace: str
+) -> None:
+    """The stored pod reads SHAREGPU_PRELOAD from its hand-off before LD_PRELOAD composes it with the
+    author's library, and mounts the node's HAMi-core folder read-only (a hostPath the API accepts)."""
+    manifest = bare_pod("hami", {"sharegpu.io/gpu": "1", "sharegpu.io/gpu-milli": "300"})
+    manifest["metadata"]["annotations"] = {names.ISOLATION: "hami-core"}
+    manifest["spec"]["containers"][0]["env"] = [{"name": "LD_PRELOAD", "value": "/lib/libjemalloc.so"}]
+    await admin.create(f"/api/v1/namespaces/{namespace}/pods", manifest)
+    stored = await admin.get(f"/api/v1/namespaces/{namespace}/pods/hami")
+    (main,) = stored["spec"]["containers"]
+    order = [e["name"] for e in main["env"]]
+    assert order[-1] == "LD_PRELOAD" and order.index("SHAREGPU_PRELOAD") < order.index("LD_PRELOAD")
+    assert main["env"][-1]["value"] == "$(SHAREGPU_PRELOAD) /lib/libjemalloc.so"
+    assert main["volumeMounts"][-1] == {"name": "sharegpu-hami-core", "mountPath": "/run/sharegpu/hami-core",
+                                        "readOnly": True}  # fmt: skip
+    assert {"name": "sharegpu-hami-core", "hostPath": {"path": "/run/sharegpu/hami-core", "type": "Directory"}} in (
+        stored["spec"]["volumes"]
+    )
+
+
 async def test_multi_container_pods_get_a_hand_off_per_gpu_container(
     admin: client.KubeClient, webhook: RunningWebhook, namespace: str
 ) -> None:

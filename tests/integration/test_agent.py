@@ -22,8 +22,10 @@ from tests.integration.conftest import get_or_none, gpu_pod, wait_for
 
 
 async def test_the_agent_publishes_its_nodes_device_and_follows_an_xid(
-    admin: client.KubeClient, control_plane: controlplane.ControlPlane, system: None, tmp_path: Path
+    admin: client.KubeClient, control_plane: controlplane.ControlPlane, system: None, namespace: str, tmp_path: Path
 ) -> None:
+    """The Device follows the fake NVML file: an XID, a new NVLink, a GPU that vanishes while a pod holds
+    it (kept, marked), and is dropped once nothing holds it."""
     name = f"agent-{uuid.uuid4().hex[:8]}"
     node = await admin.create(paths.NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
     path = tmp_path / "nvml.yaml"
@@ -50,6 +52,39 @@ async def test_the_agent_publishes_its_nodes_device_and_follows_an_xid(
             return found is not None and not found.spec.gpus[1].healthy and found.spec.gpus[1].reason == "XID 79"
 
         await wait_for(marked, what="GPU 1 marked unhealthy")
+
+        write(
+            path, FILE.replace("nvlinks: [{a: 0, b: 1, count: 12}]", "nvlinks: [{a: 0, b: 1, count: 12}, {a: 1, b: 2}]")
+        )
+
+        async def linked() -> bool:
+            found = await published()
+            return found is not None and sorted(tuple(p) for p in found.spec.nvlinks) == [(0, 1), (1, 2)]
+
+        await wait_for(linked, what="the new NVLink in the Device's topology")
+
+        holder = {names.LABEL_ROLE: names.ROLE_RESERVATION, names.LABEL_NODE: name, names.LABEL_SLOT: "0"}
+        await admin.create(paths.pods(namespace), {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "holder", "annotations": {names.GPU_UUID: "GPU-2"}, "labels": holder},
+            "spec": {"nodeName": name, "containers": [{"name": "reserve", "image": "busybox"}]},
+        })  # fmt: skip
+        write(path, FILE.split("  - {uuid: GPU-2")[0] + "nvlinks: [{a: 0, b: 1, count: 12}]\n")
+
+        async def kept_marked() -> wire.GpuSpec | None:
+            found = await published()
+            gone = [g for g in found.spec.gpus if g.uuid == "GPU-2"] if found is not None else []
+            return gone[0] if gone and not gone[0].healthy else None
+
+        vanished = await wait_for(kept_marked, what="the vanished GPU kept and marked while a pod holds it")
+        assert vanished.reason == inventory.GONE and vanished.index == 2
+        await admin.delete(paths.pod(namespace, "holder"), grace_period=0)
+
+        async def dropped() -> bool:
+            found = await published()
+            return found is not None and [g.uuid for g in found.spec.gpus] == ["GPU-0", "GPU-1"]
+
+        await wait_for(dropped, what="the vanished GPU dropped once nothing holds it")
     finally:
         await agent.stop()
         await kube.close()

@@ -398,17 +398,22 @@ async def test_isolation_demands_place_only_where_offered_and_hand_offs_match_th
     admin: client.KubeClient, extender: ExtenderProcess, nodes: Callable[..., Any], namespace: str
 ) -> None:
     """A pod demanding MPS lands on the node that runs MPS daemons, and its hand-off carries MPS's limits and
-    its GPU's daemon; a pod on a node that enforces nothing gets its GPU and no limit variable at all."""
+    its GPU's daemon; one demanding HAMi-core lands where the library is and is told to preload it; a pod
+    on a node that enforces nothing gets its GPU and no limit variable at all (and nothing to preload)."""
     (plain,) = await nodes(1, gpus=1, isolation=frozenset())
     (mps,) = await nodes(1, gpus=1, isolation=frozenset({devices.Isolation.MPS}))
+    (hami,) = await nodes(1, gpus=1, isolation=frozenset({devices.Isolation.HAMI_CORE}))
     demanding = gpu_pod("mps", namespace, milli=300, memory=1024,
                         annotations={names.HANDOFF: "handoff-mps", names.ISOLATION: "mps"})  # fmt: skip
+    preloading = gpu_pod("hami", namespace, milli=300, memory=1024,
+                         annotations={names.HANDOFF: "handoff-hami", names.ISOLATION: "hami-core"})  # fmt: skip
     pinned = gpu_pod("plain", namespace, milli=300, memory=1024, annotations={names.HANDOFF: "handoff-plain"})
     pinned["spec"]["nodeSelector"] = {"kubernetes.io/hostname": plain}
-    for pod in (demanding, pinned):
+    for pod in (demanding, preloading, pinned):
         await admin.create(f"/api/v1/namespaces/{namespace}/pods", pod)
-    await wait_for(lambda: all_bound(admin, namespace, 2), what="pods bound")
+    await wait_for(lambda: all_bound(admin, namespace, 3), what="pods bound")
     assert (await admin.get(f"/api/v1/namespaces/{namespace}/pods/mps"))["spec"]["nodeName"] == mps
+    assert (await admin.get(f"/api/v1/namespaces/{namespace}/pods/hami"))["spec"]["nodeName"] == hami
 
     async def data(name: str) -> dict[str, str] | None:
         found = await get_or_none(admin, f"/api/v1/namespaces/{namespace}/configmaps/{name}")
@@ -419,6 +424,12 @@ async def test_isolation_demands_place_only_where_offered_and_hand_offs_match_th
     assert wired == {
         "main.NVIDIA_VISIBLE_DEVICES": uuid, "main.CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "30",
         "main.CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=1024M", "main.SHAREGPU_MPS_GPU": uuid,
+        "main.SHAREGPU_PRELOAD": "",
+    }  # fmt: skip
+    preloaded = await wait_for(lambda: data("handoff-hami"), what="HAMi-core pod's hand-off")
+    assert preloaded == {
+        "main.NVIDIA_VISIBLE_DEVICES": preloaded["main.NVIDIA_VISIBLE_DEVICES"], "main.CUDA_DEVICE_SM_LIMIT": "30",
+        "main.CUDA_DEVICE_MEMORY_LIMIT": "1024m", "main.SHAREGPU_PRELOAD": "/run/sharegpu/hami-core/libvgpu.so",
     }  # fmt: skip
     bare = await wait_for(lambda: data("handoff-plain"), what="plain pod's hand-off")
-    assert list(bare) == ["main.NVIDIA_VISIBLE_DEVICES"]
+    assert bare == {"main.NVIDIA_VISIBLE_DEVICES": bare["main.NVIDIA_VISIBLE_DEVICES"], "main.SHAREGPU_PRELOAD": ""}

@@ -112,6 +112,38 @@ def test_a_sharing_pod_s_sidecar_sees_no_gpu_and_a_whole_gpu_container_keeps_the
     assert visible(applied(mirror, admission.mutate(review(mirror), POLICY))["spec"]["containers"][0]) == []
 
 
+def test_a_sharing_container_preloads_hami_core_before_its_authors_library() -> None:
+    pod = sharing_pod({names.ISOLATION: "hami-core"})
+    pod["spec"]["containers"][0]["env"] = [{"name": "LD_PRELOAD", "value": "/lib/libjemalloc.so"}]
+    pod["spec"]["containers"].append({"name": "sidecar", "env": [{"name": "LD_PRELOAD", "value": "/lib/x.so"}]})
+    out = applied(pod, admission.mutate(review(pod), POLICY))
+    main, sidecar = out["spec"]["containers"]
+    names_ = [e["name"] for e in main["env"]]
+    assert main["env"][-1] == {"name": "LD_PRELOAD", "value": "$(SHAREGPU_PRELOAD) /lib/libjemalloc.so"}
+    assert names_.index("SHAREGPU_PRELOAD") < names_.index("LD_PRELOAD"), "defined before LD_PRELOAD reads it"
+    cm = out["metadata"]["annotations"][names.HANDOFF]
+    assert (
+        main["env"][names_.index("SHAREGPU_PRELOAD")]["valueFrom"]["configMapKeyRef"]["key"] == "main.SHAREGPU_PRELOAD"
+    )
+    assert cm == main["env"][names_.index("SHAREGPU_PRELOAD")]["valueFrom"]["configMapKeyRef"]["name"]
+    assert {"name": "LD_PRELOAD", "value": "/lib/x.so"} in sidecar["env"], "a container given no GPU keeps its own"
+    assert "volumeMounts" not in sidecar
+    assert (
+        "LD_PRELOAD /lib/libjemalloc.so preloaded after HAMi-core" in out["metadata"]["annotations"][names.TRANSLATED]
+    )
+    assert admission.validate(review(out), POLICY).response.allowed
+    forged = sharing_pod()
+    forged["spec"]["containers"][0]["env"] = [{"name": "SHAREGPU_PRELOAD", "value": ""}]
+    wired = applied(forged, admission.mutate(review(forged), POLICY))
+    assert [e["name"] for e in wired["spec"]["containers"][0]["env"]].count("SHAREGPU_PRELOAD") == 1
+    refused = admission.validate(review(forged), POLICY).response
+    assert (
+        not refused.allowed
+        and refused.status is not None
+        and "SHAREGPU_PRELOAD is set by sharegpu only" in (refused.status.message)
+    )
+
+
 def gpu_pod(spec: Json | None = None) -> Json:
     body = sharing_pod()
     body["spec"].update(spec or {})

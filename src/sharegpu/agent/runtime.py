@@ -22,7 +22,8 @@ container really got; a mismatch with what the API records gets a Warning event 
 reservation pod's reported UUID is corrected. While the kubelet's socket is gone (a kubelet restart)
 the check waits and says so on /readyz's detail; the agent stays ready.
 
-Isolation: the node offers `hami-core` while HAMi-core's library file is on the node, `mps` while
+Isolation: the node offers `hami-core` while HAMi-core's library file is on the node and installed
+where sharing containers preload it (`agent.hamicore`), `mps` while
 the MPS supervisor (`--mps`) has a daemon running for every healthy GPU, `mig` when a GPU has MIG
 mode on. Each pass hands the healthy GPUs to the supervisor first, so a restarted daemon shows in the
 same pass. /readyz is ok once the pod informer listed, the last pass succeeded, and the API accepts
@@ -46,9 +47,9 @@ import prometheus_client
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from sharegpu.agent import cgroups, drift, inventory, mps, nvml, podresources, watchdog
+from sharegpu.agent import cgroups, drift, hamicore, inventory, mps, nvml, podresources, watchdog
 from sharegpu.api import devices as api_devices
-from sharegpu.api import events, names, paths, wire
+from sharegpu.api import events, handoff, names, paths, wire
 from sharegpu.core import devices
 from sharegpu.core import errors as core_errors
 from sharegpu.kube import client, errors, informer, reconcile
@@ -73,7 +74,9 @@ class Options:
     interval: float = 10.0
     """Seconds between passes (a critical XID starts one at once)."""
     hami_core_library: Path | None = HAMI_CORE_LIBRARY
-    """The node offers hami-core while this file exists; None: never."""
+    """The node offers hami-core while this file exists (and is installed); None: never."""
+    hami_core_dir: Path = Path(handoff.HAMI_HOST_DIR)
+    """Where the library is installed for containers (the webhook mounts this host folder)."""
     on_violation: watchdog.Action = watchdog.Action.REPORT
     proc: Path = Path("/proc")
     """Where the node's processes are seen (the agent runs with the host's PID namespace)."""
@@ -343,8 +346,13 @@ class Agent:
         """`spec` with the isolation modes the node offers now and its MPS daemons' state."""
         offered: set[devices.Isolation] = set()
         library = self.options.hami_core_library
-        if library is not None and await asyncio.to_thread(library.is_file):
-            offered.add(devices.Isolation.HAMI_CORE)
+        if library is not None:
+            try:
+                if await asyncio.to_thread(hamicore.install, library, self.options.hami_core_dir):
+                    offered.add(devices.Isolation.HAMI_CORE)
+            except OSError as exc:
+                log.error("HAMi-core's library %s cannot be installed in %s (hami-core not offered): %s",
+                          library, self.options.hami_core_dir, exc)  # fmt: skip
         if any(g.mig for g in gpus):
             offered.add(devices.Isolation.MIG)
         daemons: list[wire.MpsDaemon] = []

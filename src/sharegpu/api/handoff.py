@@ -10,14 +10,20 @@ not exist yet). Per container, keys `<container>.<VARIABLE>`:
 - HAMi-core limits: CUDA_DEVICE_SM_LIMIT (percent of the GPU's compute, from the burst limit) and
   CUDA_DEVICE_MEMORY_LIMIT (MiB with suffix "m"; per device as CUDA_DEVICE_MEMORY_LIMIT_<i> when a
   container has several GPUs);
+- SHAREGPU_PRELOAD: HAMI_LIBRARY where the node has HAMi-core's library (the agent installs it in
+  `HAMI_HOST_DIR`), else empty; always written. For a pod that demands isolation hami-core the
+  webhook makes each GPU container's LD_PRELOAD read it first (`preload_wiring`, keeping what the
+  author preloads) and mounts the node's directory read-only, so the limits below take effect in every
+  process of the container (other pods get the limits; an image must bring HAMi-core to apply them);
 - NVIDIA MPS limits: CUDA_MPS_ACTIVE_THREAD_PERCENTAGE and CUDA_MPS_PINNED_DEVICE_MEM_LIMIT
   ("0=4096M,1=4096M"), and SHAREGPU_MPS_GPU (the UUID whose MPS directory the container mounts).
 
 `variables` says which keys a container may read; the webhook adds exactly those env references
 (`reference`; all but NVIDIA_VISIBLE_DEVICES optional), and the extender writes those of them that
 the pod's node enforces (`values`, by `Enforcement`): HAMi-core's limits only where the node has the
-library, MPS's only where it runs MPS daemons and the pod was wired to them at admission (it
-demanded isolation mps: `mps_wiring`). A limit the node cannot apply is not written at all.
+library (and the pod did not demand mps), MPS's only where it runs MPS daemons and the pod was wired
+to them at admission (it demanded isolation mps: `mps_wiring`). A limit the node cannot apply is not
+written at all.
 """
 
 from __future__ import annotations
@@ -44,6 +50,17 @@ MPS_HOST_ROOT: Final = "/run/sharegpu/mps"
 """On the node: one directory per GPU UUID, holding `pipe/` and `log/` of its MPS control daemon."""
 MPS_MOUNT: Final = "/run/sharegpu/mps"
 """In a container: its GPU's directory (`<MPS_HOST_ROOT>/<uuid>` through subPathExpr)."""
+PRELOAD: Final = "SHAREGPU_PRELOAD"
+"""The library a container preloads (HAMI_LIBRARY, or empty where the node has no HAMi-core)."""
+LD_PRELOAD: Final = "LD_PRELOAD"
+AUTHOR_PRELOAD: Final = "SHAREGPU_AUTHOR_LD_PRELOAD"
+"""An author's LD_PRELOAD read from a source (valueFrom), renamed so LD_PRELOAD can compose it."""
+HAMI_VOLUME: Final = "sharegpu-hami-core"
+HAMI_HOST_DIR: Final = "/run/sharegpu/hami-core"
+"""On the node: where the agent installs HAMi-core's library for containers to preload."""
+HAMI_MOUNT: Final = "/run/sharegpu/hami-core"
+HAMI_LIBRARY: Final = f"{HAMI_MOUNT}/libvgpu.so"
+"""The library's path in a container (`HAMI_HOST_DIR` mounted read-only at `HAMI_MOUNT`)."""
 NO_GPU: Final = "void"
 """NVIDIA_VISIBLE_DEVICES of a container sharegpu gives no GPU: the NVIDIA container runtime then
 mounts no GPU into it (CUDA base images set "all", which would otherwise expose every GPU of the
@@ -59,6 +76,7 @@ PROTECTED: Final = frozenset(
         MPS_THREADS,
         MPS_MEMORY,
         MPS_GPU,
+        PRELOAD,
         "NVIDIA_DRIVER_CAPABILITIES",
         "CUDA_VISIBLE_DEVICES",
     }
@@ -86,10 +104,13 @@ def hides_gpus(env: wire.EnvVar) -> bool:
     return env.name == VISIBLE_DEVICES and env.value == NO_GPU and env.value_from is None
 
 
-def variables(gpu_count: int, limits_memory: bool, mps: bool = False) -> tuple[str, ...]:
+def variables(gpu_count: int, limits_memory: bool, mps: bool = False, preload: bool = False) -> tuple[str, ...]:
     """The hand-off variables a container with `gpu_count` shared GPUs may read (`mps`: it is wired to
-    its GPU's MPS daemon, and reads which one; that reference is required)."""
+    its GPU's MPS daemon, and reads which one; that reference is required; `preload`: it preloads
+    what SHAREGPU_PRELOAD names)."""
     out = [VISIBLE_DEVICES, SM_LIMIT, MPS_THREADS]
+    if preload:
+        out.append(PRELOAD)
     if limits_memory:
         out += [MEMORY_LIMIT] if gpu_count == 1 else [f"{MEMORY_LIMIT}_{i}" for i in range(gpu_count)]
         out.append(MPS_MEMORY)
@@ -103,14 +124,15 @@ class Enforcement:
     """Which limits a pod's node applies, so the hand-off holds those and no others."""
 
     hami_core: bool = False
-    """The node has HAMi-core's library: CUDA_DEVICE_SM_LIMIT and CUDA_DEVICE_MEMORY_LIMIT*."""
+    """The node has HAMi-core's library (and the pod demanded no other mode): SHAREGPU_PRELOAD names
+    it, CUDA_DEVICE_SM_LIMIT and CUDA_DEVICE_MEMORY_LIMIT* are its limits."""
     mps: bool = False
     """The node runs MPS daemons and the pod is wired to them: CUDA_MPS_* and SHAREGPU_MPS_GPU."""
 
     @classmethod
     def of(cls, offered: frozenset[devices.Isolation], demanded: devices.Isolation | None) -> Enforcement:
         return cls(
-            hami_core=devices.Isolation.HAMI_CORE in offered,
+            hami_core=devices.Isolation.HAMI_CORE in offered and demanded in (None, devices.Isolation.HAMI_CORE),
             mps=devices.Isolation.MPS in offered and demanded is devices.Isolation.MPS,
         )
 
@@ -131,6 +153,46 @@ def mps_wiring(container: dict[str, Any], configmap: str) -> None:
     mounts = [m for m in container.get("volumeMounts") or [] if m.get("name") != MPS_VOLUME]
     mounts.append({"name": MPS_VOLUME, "mountPath": MPS_MOUNT, "subPathExpr": f"$({MPS_GPU})"})
     container["volumeMounts"] = mounts
+
+
+def preload_wiring(container: dict[str, Any]) -> str | None:
+    """Make a container preload what SHAREGPU_PRELOAD names (its hand-off reference must come earlier
+    in `env`), before anything its author preloads, and mount the node's HAMi-core directory read-only.
+    LD_PRELOAD goes last in `env` so the references it reads are defined; returns the author's
+    LD_PRELOAD when it changed shape (for the audit note)."""
+    env = list(container.get("env") or [])
+    author = next((e for e in env if e.get("name") == LD_PRELOAD), None)
+    kept = [e for e in env if e.get("name") != LD_PRELOAD]
+    ours = f"$({PRELOAD})"
+    noted: str | None = None
+    if author is not None and "valueFrom" in author:
+        kept = [e for e in kept if e.get("name") != AUTHOR_PRELOAD]
+        kept.append({**author, "name": AUTHOR_PRELOAD})
+        rest, noted = f"$({AUTHOR_PRELOAD})", f"valueFrom (now {AUTHOR_PRELOAD})"
+    else:
+        rest = str((author or {}).get("value") or "")
+        if rest.split(" ", 1)[0] == ours:  # wired already (the webhook invoked again)
+            rest = rest[len(ours) :].strip()
+        elif rest:
+            noted = rest
+    kept.append({"name": LD_PRELOAD, "value": f"{ours} {rest}".strip()})
+    container["env"] = kept
+    mounts = [m for m in container.get("volumeMounts") or [] if m.get("name") != HAMI_VOLUME]
+    mounts.append({"name": HAMI_VOLUME, "mountPath": HAMI_MOUNT, "readOnly": True})
+    container["volumeMounts"] = mounts
+    return noted
+
+
+def hami_volume() -> dict[str, Any]:
+    """The pod volume `preload_wiring` mounts: the node's installed library (a pod that demands
+    hami-core is placed only where the agent installed it)."""
+    return {"name": HAMI_VOLUME, "hostPath": {"path": HAMI_HOST_DIR, "type": "Directory"}}
+
+
+def with_volume(spec: dict[str, Any], volume: dict[str, Any]) -> None:
+    """Add (or replace) a pod volume by name."""
+    kept = [v for v in spec.get("volumes") or [] if v.get("name") != volume["name"]]
+    spec["volumes"] = [*kept, volume]
 
 
 def mps_directory(uuid: str) -> str:
@@ -179,8 +241,9 @@ def values(grants: Sequence[allocation.DeviceGrant], uuid_of: dict[int, str], en
     its node enforces (`enforce`)."""
     limits_memory = any(g.memory_mib for g in grants)
     percent = max(1, max((g.limit_milli for g in grants), default=units.MILLI_PER_GPU) * 100 // units.MILLI_PER_GPU)
-    env = {VISIBLE_DEVICES: ",".join(uuid_of[g.index] for g in grants)}
+    env = {VISIBLE_DEVICES: ",".join(uuid_of[g.index] for g in grants), PRELOAD: ""}
     if enforce.hami_core:
+        env[PRELOAD] = HAMI_LIBRARY
         env[SM_LIMIT] = str(percent)
         if limits_memory and len(grants) == 1:
             env[MEMORY_LIMIT] = f"{grants[0].memory_mib}m"
@@ -193,7 +256,8 @@ def values(grants: Sequence[allocation.DeviceGrant], uuid_of: dict[int, str], en
             env[MPS_MEMORY] = ",".join(f"{position}={grant.memory_mib}M" for position, grant in enumerate(grants))
         if len(grants) == 1:  # one daemon per GPU: a process reaches one (several GPUs are refused at admission)
             env[MPS_GPU] = mps_directory(uuid_of[grants[0].index])
-    assert set(env) <= set(variables(len(grants), limits_memory, mps=True)), "hand-off values and variables disagree"
+    every = variables(len(grants), limits_memory, mps=True, preload=True)
+    assert set(env) <= set(every), "hand-off values and variables disagree"
     return env
 
 

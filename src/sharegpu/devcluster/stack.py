@@ -365,7 +365,9 @@ class Stack:
             library.write_bytes(b"")  # a stand-in: no GPU here to limit
             self.agent_api = kube_for(self.plane, "sharegpu-agent", connections=32)
             interval = max(10.0, len(nodes) / 20)
-            options = agent_runtime.Options(interval=interval, hami_core_library=library)
+            options = agent_runtime.Options(
+                interval=interval, hami_core_library=library, hami_core_dir=self.plane.workdir / "hami-core-installed"
+            )
             self.agents = agents.NodeAgents(self.agent_api, folder, options)
         await self.harness.add_nodes(nodes, publish=False)
         await self.agents.add(nodes)

@@ -87,25 +87,32 @@ def _paired(obj: Json, parsed: requests.PodRequest) -> list[tuple[Json, requests
     return list(zip(manifests, parsed.containers, strict=True))
 
 
-def _add_handoff(obj: Json, parsed: requests.PodRequest) -> None:
+def _add_handoff(obj: Json, parsed: requests.PodRequest, audit: list[str]) -> None:
     """Give a sharing pod its hand-off ConfigMap (a fresh name: no pod name or UID exists yet) and the
-    env references its GPU containers read; a pod that demands isolation mps also its GPU's MPS
-    directory (`api.handoff.mps_wiring`)."""
+    env references its GPU containers read; a pod that demands isolation hami-core also preloads the
+    node's library (`api.handoff.preload_wiring`), one that demands mps is wired to its GPU's MPS
+    directory (`api.handoff.mps_wiring`). Both mount a hostPath, so only pods that ask get them."""
     name = handoff.new_name()
     obj["metadata"].setdefault("annotations", {})[names.HANDOFF] = name
     mps = parsed.demand.isolation is devices.Isolation.MPS
+    preload = parsed.demand.isolation is devices.Isolation.HAMI_CORE
     for container, request in _paired(obj, parsed):
         gpu = request.gpu
         if gpu is None or gpu.whole:
             continue
         env = container.setdefault("env", [])
-        for variable in handoff.variables(gpu.count, bool(gpu.memory_mib or gpu.memory_permille)):
+        for variable in handoff.variables(gpu.count, bool(gpu.memory_mib or gpu.memory_permille), preload=preload):
             env.append(handoff.reference(name, request.name, variable))
+        if preload:
+            author = handoff.preload_wiring(container)
+            if author is not None:
+                audit.append(f"container {request.name}: {handoff.LD_PRELOAD} {author} preloaded after HAMi-core's")
         if mps:
             handoff.mps_wiring(container, name)
+    if preload:
+        handoff.with_volume(obj["spec"], handoff.hami_volume())
     if mps:
-        volumes = [v for v in obj["spec"].get("volumes") or [] if v.get("name") != handoff.MPS_VOLUME]
-        obj["spec"]["volumes"] = [*volumes, handoff.mps_volume()]
+        handoff.with_volume(obj["spec"], handoff.mps_volume())
 
 
 def quota_totals(request: requests.ContainerRequest) -> dict[str, str]:
@@ -324,7 +331,7 @@ def mutate(body: Any, policy: Policy) -> Answer:
             if refusal is not None:
                 return messages.deny(uid, f"sharegpu: {refusal}", code=403)
         if parsed.demand.sharing and names.HANDOFF not in notes:
-            _add_handoff(out, parsed)
+            _add_handoff(out, parsed, audit)
         _write_totals(out, parsed)
         if audit:
             notes[names.TRANSLATED] = "; ".join(audit)
