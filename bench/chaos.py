@@ -110,7 +110,7 @@ class Chaos:
         await stack.install(self.api)
         account = {"name": "sharegpu-extender", "namespace": names.SYSTEM_NAMESPACE}
         await stack.apply(self.api, {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": account})
-        for doc in stack.manifests("rbac/extender.yaml"):  # bound to the ServiceAccount, as the chart binds them
+        for doc in stack.manifests("files/rbac/extender.yaml"):  # bound to the ServiceAccount, as the chart binds them
             doc["metadata"]["name"] += "-sa"
             if doc["kind"].endswith("Binding"):
                 doc["roleRef"]["name"] += "-sa"

@@ -112,14 +112,14 @@ def test_fixed_pairs_become_arrays_of_two() -> None:
     assert found == {"type": "array", "minItems": 2, "maxItems": 2, "items": {"type": "integer"}}
 
 
-SHIPPED = [("crds", r) for r in resources.GENERATED] + [
+SHIPPED = [("helm/sharegpu/crds", r) for r in resources.GENERATED] + [
     (f"compat/{name}", r) for name, items in resources.COMPAT.items() for r in items
 ]
 
 
 @pytest.mark.parametrize(("folder", "resource"), SHIPPED, ids=lambda v: v if isinstance(v, str) else v.name)
 def test_deploy_holds_the_generated_definitions(folder: str, resource: resources.CustomResource) -> None:
-    """The chart and the local stack install deploy/crds (and deploy/compat/NAME): it must be what the
+    """The chart and the local stack install the chart's crds/ (and deploy/compat/NAME): it must be what the
     code generates (`sharegpu crds [--compat NAME] --out DIR` rewrites it)."""
     shipped = Path(controlplane.data_path("deploy")) / folder / resources.file_name(resource)
     assert shipped.read_text() == resources.render(resource)

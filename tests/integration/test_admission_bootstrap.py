@@ -1,6 +1,6 @@
 """`sharegpu webhook --bootstrap`: makes its CA and a certificate for the names it is reached by,
 writes the CA bundle into its own webhook configurations with only the permissions of
-deploy/rbac/webhook.yaml, and the API server then calls it by DNS name and verifies that name."""
+deploy/helm/sharegpu/files/rbac/webhook.yaml, and the API server then calls it by DNS name and verifies that name."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The node agent on the real API server, with its own least RBAC (deploy/rbac/agent.yaml) and a
+"""The node agent on the real API server, with its own least RBAC (deploy/helm/sharegpu/files/rbac/agent.yaml) and a
 fake NVML: the Device appears owned by its Node, follows an XID, and the node gets its GPU labels;
 the extender (with kube-scheduler) keeps off a GPU the agent marks unhealthy; a pod over its GPU
 memory is evicted; a reservation's misreported GPU is corrected from the kubelet's PodResources API

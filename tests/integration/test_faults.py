@@ -101,7 +101,7 @@ async def test_a_rotated_service_account_token_is_read_again_and_readyz_tells_th
     account = {"name": "sharegpu-extender", "namespace": names.SYSTEM_NAMESPACE}
     await stack.apply(admin, {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": account})
     suffix = uuid.uuid4().hex[:6]
-    for doc in stack.manifests("rbac/extender.yaml"):  # bound to the ServiceAccount, as the chart binds them
+    for doc in stack.manifests("files/rbac/extender.yaml"):  # bound to the ServiceAccount, as the chart binds them
         doc["metadata"]["name"] += f"-sa-{suffix}"
         if doc["kind"].endswith("Binding"):
             doc["roleRef"]["name"] = doc["roleRef"]["name"] + f"-sa-{suffix}"

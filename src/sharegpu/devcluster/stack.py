@@ -3,7 +3,7 @@ the benchmarks and `sharegpu devcluster`.
 
 Starts the control plane, installs the project's CRDs and RBAC (bound to each component's own
 identity, so RBAC is exercised for real), runs the extender as its own process and kube-scheduler
-with the project's scheduler configuration (deploy/scheduler, placeholders filled), and optionally
+with the project's scheduler configuration (the chart's files/scheduler, placeholders filled), and optionally
 the fake-cluster harness. kube-scheduler reaches the extender over HTTPS with a client certificate,
 as in production: the stack makes a small PKI for that link (`ExtenderPki`).
 """
@@ -35,6 +35,9 @@ from sharegpu.webhook import config as webhook_config
 
 Json = dict[str, Any]
 DEPLOY = controlplane.data_path("deploy")
+CHART = DEPLOY / "helm" / "sharegpu"
+"""The Helm chart: its crds/ and files/ (RBAC, PriorityClasses, scheduler configurations) are the one
+copy of those manifests; the local stack applies the same files."""
 
 _PATHS = {
     "CustomResourceDefinition": "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
@@ -82,20 +85,21 @@ def kube_for(plane: controlplane.ControlPlane, user: str, connections: int = 64)
     return client.KubeClient(transport.AiohttpTransport(creds, connections=connections), creds)
 
 
-def manifests(relative: str) -> list[Json]:
-    """The documents of a shipped manifest (`crds/*.yaml`, `rbac/extender.yaml`, ...), in order."""
+def manifests(relative: str, root: Path = CHART) -> list[Json]:
+    """The documents of a shipped manifest under the chart (`crds/*.yaml`, `files/rbac/extender.yaml`,
+    ...; `root=DEPLOY` for `compat/NAME/*.yaml`), in order."""
     docs: list[Json] = []
-    for path in sorted(DEPLOY.glob(relative)):
+    for path in sorted(root.glob(relative)):
         docs.extend(doc for doc in yaml.safe_load_all(path.read_text()) if doc)
     return docs
 
 
 async def install(kube: client.KubeApi, compat: tuple[str, ...] = ()) -> None:
-    """Namespace, CRDs, RBAC and PriorityClasses from deploy/ (and the compatibility resources named,
+    """Namespace, CRDs, RBAC and PriorityClasses from the chart (and the compatibility resources named,
     from deploy/compat/NAME), then wait until every custom resource is served."""
     await apply(kube, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": names.SYSTEM_NAMESPACE}})
     served = []
-    crds = [*manifests("crds/*.yaml"), *(d for name in compat for d in manifests(f"compat/{name}/*.yaml"))]
+    crds = [*manifests("crds/*.yaml"), *(d for name in compat for d in manifests(f"compat/{name}/*.yaml", DEPLOY))]
     for doc in crds:
         if doc["kind"] != "CustomResourceDefinition":
             await apply(kube, as_user(doc))
@@ -103,9 +107,9 @@ async def install(kube: client.KubeApi, compat: tuple[str, ...] = ()) -> None:
         await apply(kube, doc)
         spec = doc["spec"]
         served += [paths.custom(spec["group"], v["name"], spec["names"]["plural"]) for v in spec["versions"]]
-    for doc in manifests("rbac/*.yaml"):
+    for doc in manifests("files/rbac/*.yaml"):
         await apply(kube, as_user(doc))
-    for doc in manifests("priority/*.yaml"):
+    for doc in manifests("files/priority/*.yaml"):
         await apply(kube, doc)
     deadline = time.monotonic() + 30
     while served and time.monotonic() < deadline:
@@ -240,8 +244,8 @@ def scheduler_config(
     leader_elect: bool = False,
     lease: tuple[float, float, float] = (15.0, 10.0, 2.0),
 ) -> Path:
-    """deploy/scheduler/scheduler-config.v1beta1.yaml with its placeholders filled in."""
-    text = (DEPLOY / "scheduler" / "scheduler-config.v1beta1.yaml").read_text()
+    """The chart's files/scheduler/scheduler-config.v1beta1.yaml with its placeholders filled in."""
+    text = (CHART / "files" / "scheduler" / "scheduler-config.v1beta1.yaml").read_text()
     for key, value in {
         "${KUBECONFIG}": str(plane.kubeconfig("system:kube-scheduler")),
         "${EXTENDER_URL}": extender.url,

@@ -271,7 +271,7 @@ def _apply_budgets(namespace: str, spec: Json, notes: Json, policy: Policy, audi
         if demoted is None:
             return (
                 f"{api_budgets.summary(item)}: the budget is used up and demotes new GPU pods to PriorityClass "
-                f"{name}, which does not exist (create it: deploy/priority/)"
+                f"{name}, which does not exist (create it: deploy/helm/sharegpu/files/priority/)"
             )
         current = spec.get("priority")
         if isinstance(current, int) and current <= demoted.value:
