@@ -1,0 +1,196 @@
+"""The Helm chart, rendered by the pinned helm (scripts/tools) for the Kubernetes versions it supports:
+lint clean; the kube-scheduler configuration in the API each version serves, using only fields that
+version's types have (tests/data/scheduler-config, from the upstream types); the webhook
+configurations as the webhook itself registers them; values checked by the schema."""
+
+from __future__ import annotations
+
+import base64
+import functools
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from sharegpu.api import names
+from sharegpu.devcluster import stack
+from sharegpu.webhook import config
+
+ROOT = Path(__file__).resolve().parents[1]
+FIELDS = Path(__file__).parent / "data" / "scheduler-config"
+VERSIONS = {"1.20.2": "v1beta1", "1.25.0": "v1", "1.30.0": "v1", "1.34.0": "v1"}
+Json = dict[str, Any]
+
+
+@functools.cache
+def helm() -> str:
+    return subprocess.run([ROOT / "scripts" / "tools"], check=True, capture_output=True, text=True).stdout.strip()
+
+
+def run_helm(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([helm(), *args], capture_output=True, text=True, check=False)
+
+
+@functools.cache
+def render(version: str, *settings: str) -> list[Json]:
+    args = ["template", "sharegpu", str(stack.CHART), "-n", names.SYSTEM_NAMESPACE, "--kube-version", version]
+    for setting in settings:
+        args += ["--set", setting]
+    done = run_helm(*args)
+    assert done.returncode == 0, done.stderr
+    return [d for d in yaml.safe_load_all(done.stdout) if d]
+
+
+def one(docs: list[Json], kind: str, name: str) -> Json:
+    (found,) = [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name]
+    return found
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_lint_is_clean_for_each_version(version: str) -> None:
+    done = run_helm("lint", str(stack.CHART), "-n", names.SYSTEM_NAMESPACE, "--kube-version", version)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "WARNING" not in done.stdout and "ERROR" not in done.stdout, done.stdout
+
+
+def _unknown_fields(value: Any, type_name: str, types: dict[str, Any], at: str) -> list[str]:
+    """Paths in `value` that `type_name` (from the upstream field lists) does not have."""
+    fields = types[type_name]
+    out: list[str] = []
+    for key, item in value.items():
+        where = f"{at}.{key}"
+        if key not in fields:
+            out.append(where)
+            continue
+        kind = fields[key]
+        if isinstance(kind, list):
+            out += [p for i, e in enumerate(item) for p in _unknown_fields(e, kind[0], types, f"{where}[{i}]")]
+        elif kind not in ("scalar", "any", "map"):
+            out += _unknown_fields(item, kind, types, where)
+    return out
+
+
+@pytest.mark.parametrize(("version", "api"), VERSIONS.items())
+def test_the_scheduler_configuration_is_the_api_the_version_serves_with_only_its_fields(version: str, api: str) -> None:
+    docs = render(version)
+    configuration = yaml.safe_load(one(docs, "ConfigMap", "sharegpu-scheduler")["data"]["config.yaml"])
+    reference = yaml.safe_load((FIELDS / f"{api}.yaml").read_text())
+    assert configuration["apiVersion"] == reference["apiVersion"] == f"kubescheduler.config.k8s.io/{api}"
+    assert _unknown_fields(configuration, reference["root"], reference["types"], "$") == []
+    assert "${" not in yaml.safe_dump(configuration), "every placeholder filled"
+    (profile,) = configuration["profiles"]
+    assert profile["schedulerName"] == names.SCHEDULER_NAME
+    (extender,) = configuration["extenders"]
+    assert extender["urlPrefix"] == "https://127.0.0.1:8888" and extender["tlsConfig"]["caFile"].endswith("ca.crt")
+    assert configuration["leaderElection"]["resourceNamespace"] == names.SYSTEM_NAMESPACE
+    scheduler = one(docs, "Deployment", "sharegpu-scheduler")["spec"]["template"]["spec"]["containers"][0]
+    assert scheduler["image"] == f"registry.k8s.io/kube-scheduler:v{version}"
+
+
+def test_a_newer_cluster_gets_the_newer_api_and_policy_v1() -> None:
+    assert (
+        yaml.safe_load(one(render("1.23.4"), "ConfigMap", "sharegpu-scheduler")["data"]["config.yaml"])["apiVersion"]
+        == "kubescheduler.config.k8s.io/v1beta3"
+    )
+    assert {d["apiVersion"] for d in render("1.20.2") if d["kind"] == "PodDisruptionBudget"} == {"policy/v1beta1"}
+    assert {d["apiVersion"] for d in render("1.25.0") if d["kind"] == "PodDisruptionBudget"} == {"policy/v1"}
+    eks = render("1.30.2-eks-1234")  # a provider's suffix: the image tag is the plain version
+    image = one(eks, "Deployment", "sharegpu-scheduler")["spec"]["template"]["spec"]["containers"][0]["image"]
+    assert image == "registry.k8s.io/kube-scheduler:v1.30.2"
+
+
+def _hooks(doc: Json) -> dict[str, Json]:
+    return {h["name"]: h for h in doc["webhooks"]}
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_the_webhook_configurations_are_the_webhooks_own_plus_the_charts_guards(version: str) -> None:
+    docs = render(version)
+    service = {"namespace": names.SYSTEM_NAMESPACE, "name": "sharegpu-webhook", "port": 443}
+    bundle = base64.b64decode(one(docs, "Secret", "sharegpu-webhook-tls")["data"]["ca.crt"])
+    expected = config.configurations(service, bundle)
+    for want, kind in zip(expected, ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"), strict=True):
+        got = _hooks(one(docs, kind, config.NAME))
+        assert set(got) == set(_hooks(want))
+        for name, hook in _hooks(want).items():
+            rendered = dict(got[name])
+            conditions = rendered.pop("matchConditions", None)
+            assert (conditions is not None) == (version >= "1.28" and "devices" not in name and "groups" not in name)
+            selector = rendered.get("namespaceSelector")
+            if selector is not None:  # the chart also skips kube-system and its own namespace by name
+                by_name = selector["matchExpressions"].pop()
+                assert by_name == {"key": "kubernetes.io/metadata.name", "operator": "NotIn",
+                                   "values": ["kube-system", names.SYSTEM_NAMESPACE]}  # fmt: skip
+            assert rendered == hook, name
+    args = one(docs, "Deployment", "sharegpu-webhook")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert f"--system-user=system:serviceaccount:{names.SYSTEM_NAMESPACE}:sharegpu-extender" in args
+
+
+def test_the_webhook_does_not_take_the_cluster_down() -> None:
+    docs = render("1.30.0")
+    assert one(docs, "Deployment", "sharegpu-webhook")["spec"]["replicas"] == 2
+    budget = one(docs, "PodDisruptionBudget", "sharegpu-webhook")["spec"]
+    assert budget["minAvailable"] == 1
+    (condition,) = _hooks(one(docs, "MutatingWebhookConfiguration", "sharegpu"))["pods.mutate.sharegpu.io"][
+        "matchConditions"
+    ]
+    for word in ("gpu", "vcuda", "NVIDIA_", "envFrom", "sharegpu.io/", "initContainers"):
+        assert word in condition["expression"], word
+    off = render("1.30.0", "webhook.matchConditions=false")
+    assert (
+        "matchConditions" not in _hooks(one(off, "MutatingWebhookConfiguration", "sharegpu"))["pods.mutate.sharegpu.io"]
+    )
+
+
+def test_cert_manager_is_used_when_its_api_is_served() -> None:
+    done = run_helm("template", "s", str(stack.CHART), "-n", names.SYSTEM_NAMESPACE, "--api-versions",
+                    "cert-manager.io/v1")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    docs = [d for d in yaml.safe_load_all(done.stdout) if d]
+    certificate = one(docs, "Certificate", "sharegpu-webhook")
+    assert "sharegpu-webhook.sharegpu-system.svc" in certificate["spec"]["dnsNames"]
+    mutating = one(docs, "MutatingWebhookConfiguration", "sharegpu")
+    assert mutating["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == "sharegpu-system/sharegpu-webhook"
+    assert "caBundle" not in mutating["webhooks"][0]["clientConfig"]
+    assert not [d for d in docs if d["kind"] == "Secret" and d["metadata"]["name"] == "sharegpu-webhook-tls"]
+
+
+def test_every_component_has_its_own_service_account_and_the_shipped_rbac() -> None:
+    docs = render("1.20.2")
+    accounts = {d["metadata"]["name"] for d in docs if d["kind"] == "ServiceAccount"}
+    assert accounts == {f"sharegpu-{c}" for c in ("scheduler", "extender", "webhook", "controller", "agent")}
+    shipped = stack.manifests("files/rbac/*.yaml")
+    rendered = [d for d in docs if d["kind"] in ("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")]
+    key = lambda d: (d["kind"], d["metadata"].get("namespace", ""), d["metadata"]["name"])  # noqa: E731
+    assert sorted(rendered, key=key) == sorted(shipped, key=key)
+    workloads = {d["metadata"]["name"]: d["spec"]["template"]["spec"]["serviceAccountName"]
+                 for d in docs if d["kind"] in ("Deployment", "DaemonSet")}  # fmt: skip
+    assert workloads == {"sharegpu-scheduler": "sharegpu-scheduler", "sharegpu-webhook": "sharegpu-webhook",
+                         "sharegpu-controller": "sharegpu-controller", "sharegpu-agent": "sharegpu-agent"}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["--set", "agent.onViolation=shoot"],
+            "at '/agent/onViolation': value must be one of 'report', 'kill', 'evict'",
+        ),
+        (["--set", "webhook.bogus=1"], "at '/webhook': additional properties 'bogus' not allowed"),
+        (["--set", "scheduler.leaderElection.leaseDuration=soon"], "/scheduler/leaderElection/leaseDuration"),
+        (["--set", "controller.compat={volcano}"], "/controller/compat/0"),
+    ],
+)
+def test_bad_values_are_refused_naming_the_value(args: list[str], message: str) -> None:
+    done = run_helm("template", "s", str(stack.CHART), "-n", names.SYSTEM_NAMESPACE, *args)
+    assert done.returncode != 0 and message in done.stderr, done.stderr
+
+
+def test_another_namespace_is_refused_with_the_reason() -> None:
+    done = run_helm("template", "s", str(stack.CHART), "-n", "default")
+    assert done.returncode != 0
+    assert 'install sharegpu into the namespace sharegpu-system (helm install -n sharegpu-system), not "default"' in (
+        done.stderr
+    )
