@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ssl
 import uuid
 from collections.abc import AsyncIterator
@@ -13,7 +14,7 @@ import pytest
 
 from sharegpu.api import names, paths, pods, quantity, wire
 from sharegpu.devcluster import controlplane, stack
-from sharegpu.kube import client
+from sharegpu.kube import client, credentials, transport
 from sharegpu.kube import errors as kube_errors
 from sharegpu.serving import certs
 from sharegpu.webhook import admission, server
@@ -284,6 +285,67 @@ async def test_inconsistent_device_resources_are_refused(admin: client.KubeClien
     with pytest.raises(kube_errors.ApiError) as refused:
         await admin.create(paths.DEVICES, bad)
     assert "indices must be 0..n-1" in refused.value.message
+
+
+async def test_a_node_agent_writes_only_its_own_nodes_device(
+    admin: client.KubeClient, control_plane: controlplane.ControlPlane, webhook: RunningWebhook
+) -> None:
+    """The agent's ServiceAccount with the agent's ClusterRole, and a token bound to its pod on node A
+    (TokenRequest, as a projected token is): it may write Device A, and is refused Device B with the
+    reason, though RBAC lets it write Devices."""
+    suffix = uuid.uuid4().hex[:6]
+    here, there = f"agent-a-{suffix}", f"agent-b-{suffix}"
+    for node in (here, there):
+        await admin.create(paths.NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}})
+    account = "sharegpu-agent"
+    with contextlib.suppress(kube_errors.ConflictError):
+        await admin.create(f"/api/v1/namespaces/{names.SYSTEM_NAMESPACE}/serviceaccounts",
+                           {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": account}})  # fmt: skip
+    binding = f"{account}-bound-{suffix}"
+    await admin.create("/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": binding},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": account},
+        "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": names.SYSTEM_NAMESPACE}],
+    })  # fmt: skip
+    pod = await admin.create(paths.pods(names.SYSTEM_NAMESPACE), {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"agent-{suffix}"},
+        "spec": {"nodeName": here, "serviceAccountName": account, "containers": [{"name": "agent", "image": "x"}]},
+    })  # fmt: skip
+    issued = await admin.create(
+        f"/api/v1/namespaces/{names.SYSTEM_NAMESPACE}/serviceaccounts/{account}/token",
+        {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": 600,
+         "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": pod["metadata"]["name"],
+                            "uid": pod["metadata"]["uid"]}}},
+    )  # fmt: skip
+    assert control_plane.bundle is not None
+    creds = credentials.static(
+        control_plane.url, token=issued["status"]["token"], ca_file=str(control_plane.bundle.ca_cert)
+    )
+    agent = client.KubeClient(transport.AiohttpTransport(creds), creds)
+
+    def device(node: str) -> Json:
+        return {
+            "apiVersion": "sharegpu.io/v1alpha1",
+            "kind": "Device",
+            "metadata": {"name": node},
+            "spec": {"gpus": []},
+        }
+
+    try:
+        await agent.create(paths.DEVICES, device(here))
+        with pytest.raises(kube_errors.ApiError) as refused:
+            await agent.create(paths.DEVICES, device(there))
+        assert refused.value.status == 403
+        assert f"the node agent on {here} may write only Device {here}, not {there}" in refused.value.message
+        await admin.create(paths.DEVICES, device(there))  # anyone else: RBAC decides
+    finally:
+        await agent.close()
+        for node in (here, there):
+            with contextlib.suppress(kube_errors.NotFoundError):
+                await admin.delete(paths.device(node))
+            await admin.delete(paths.node(node))
+        await admin.delete(paths.pod(names.SYSTEM_NAMESPACE, pod["metadata"]["name"]), grace_period=0)
+        await admin.delete(f"/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/{binding}")
 
 
 def _visible(container: Json) -> list[Json]:

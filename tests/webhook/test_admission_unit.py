@@ -464,3 +464,30 @@ def test_an_unknown_or_misplaced_isolation_demand_is_refused_naming_it() -> None
     cpu = {"metadata": {"name": "c", "annotations": {names.ISOLATION: "mps"}}, "spec": {"containers": [{"name": "m"}]}}
     answer = answer_of(admission.mutate(review(cpu), POLICY))["response"]
     assert not answer["allowed"] and "demands isolation mps but asks for no GPU" in answer["status"]["message"]
+
+
+def device_review(node: str, user: Json) -> Json:
+    device = {"apiVersion": "sharegpu.io/v1alpha1", "kind": "Device", "metadata": {"name": node}, "spec": {"gpus": []}}
+    return {"request": {"uid": "d1", "operation": "UPDATE", "name": node, "userInfo": user, "object": device}}
+
+
+AGENT = "system:serviceaccount:sharegpu-system:sharegpu-agent"
+
+
+def test_a_node_agent_writes_only_its_own_nodes_device() -> None:
+    bound = {"username": AGENT, "extra": {"authentication.kubernetes.io/pod-name": ["sharegpu-agent-x7"]}}
+    request = messages.review(device_review("n1", bound)).request
+    assert admission.device_writer(request, POLICY) == ("sharegpu-system", "sharegpu-agent-x7"), "its pod, looked up"
+    newer = {**bound, "extra": {**bound["extra"], "authentication.kubernetes.io/node-name": ["n1"]}}
+    assert admission.device_writer(messages.review(device_review("n1", newer)).request, POLICY) == "n1"
+    assert admission.device_writer(messages.review(device_review("n1", {"username": AGENT})).request, POLICY) == ""
+    other = messages.review(device_review("n1", {"username": "alice"})).request
+    assert admission.device_writer(other, POLICY) is None, "not an agent: RBAC decides"
+
+    assert admission.validate_device(device_review("n1", bound), POLICY, "n1").response.allowed
+    refused = admission.validate_device(device_review("n2", bound), POLICY, "n1").response
+    assert not refused.allowed and refused.status is not None and refused.status.code == 403
+    assert refused.status.message == "sharegpu: the node agent on n1 may write only Device n1, not n2"
+    unbound = admission.validate_device(device_review("n1", {"username": AGENT}), POLICY, "").response
+    assert not unbound.allowed and unbound.status is not None and "names no pod or node" in unbound.status.message
+    assert admission.validate_device(device_review("n2", {"username": "alice"}), POLICY).response.allowed

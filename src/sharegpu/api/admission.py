@@ -18,9 +18,30 @@ from sharegpu.api import wire
 API_VERSION: Final = "admission.k8s.io/v1"
 
 
+POD_NAME: Final = "authentication.kubernetes.io/pod-name"
+"""UserInfo extra of a service-account token bound to a pod (TokenRequest; projected tokens)."""
+NODE_NAME: Final = "authentication.kubernetes.io/node-name"
+"""UserInfo extra naming the bound pod's node (Kubernetes 1.30 and later)."""
+SERVICE_ACCOUNT_PREFIX: Final = "system:serviceaccount:"
+
+
 class UserInfo(wire.Message, kw_only=True, frozen=True):
     username: str = ""
     groups: tuple[str, ...] = ()
+    extra: dict[str, list[str]] = msgspec.field(default_factory=dict)
+
+    def one(self, key: str) -> str | None:
+        """An extra's single value (None when absent or not single)."""
+        values = self.extra.get(key) or []
+        return values[0] if len(values) == 1 else None
+
+    def bound_pod(self) -> tuple[str, str] | None:
+        """(namespace, name) of the pod a service-account token is bound to; None for other tokens."""
+        pod = self.one(POD_NAME)
+        if pod is None or not self.username.startswith(SERVICE_ACCOUNT_PREFIX):
+            return None
+        namespace = self.username.removeprefix(SERVICE_ACCOUNT_PREFIX).split(":", 1)[0]
+        return namespace, pod
 
 
 class Request(wire.Message, kw_only=True, frozen=True):

@@ -34,6 +34,8 @@ Answer = messages.ReviewResponse
 class Policy:
     system_users: frozenset[str] = frozenset({f"system:serviceaccount:{names.SYSTEM_NAMESPACE}:sharegpu-extender"})
     skip_namespaces: frozenset[str] = frozenset({"kube-system", names.SYSTEM_NAMESPACE})
+    agent_users: frozenset[str] = frozenset({f"system:serviceaccount:{names.SYSTEM_NAMESPACE}:sharegpu-agent"})
+    """Node agents: each may write only its own node's Device (the node its token's pod runs on)."""
     largest_gpu_memory_mib: int | None = None
     """The largest GPU memory in the cluster's inventory; None until the inventory is known."""
     largest_gpu_model: str = ""
@@ -442,14 +444,44 @@ def guard(pod: wire.Pod, old: wire.Pod | None) -> str | None:
     return None
 
 
-def validate_device(body: Any, policy: Policy) -> Answer:
-    """Device resources (the node agent writes them) must describe a consistent inventory."""
+def device_writer(request: messages.Request, policy: Policy) -> tuple[str, str] | str | None:
+    """Who writes a Device: None for anyone but a node agent (RBAC decides); a node agent's node
+    name when its token names one (1.30+), else the (namespace, name) of the pod its token is bound to,
+    whose node the caller looks up; "" for an agent whose token names neither."""
+    user = request.user_info
+    if user.username not in policy.agent_users:
+        return None
+    node = user.one(messages.NODE_NAME)
+    if node is not None:
+        return node
+    return user.bound_pod() or ""
+
+
+def validate_device(body: Any, policy: Policy, writer_node: str | None = None) -> Answer:
+    """Device resources (the node agent writes them) must describe a consistent inventory, and a node
+    agent may write only its own node's (`writer_node`, from `device_writer`; as the kubelet's
+    NodeRestriction limits kubelets to their own Node)."""
     uid = ""
     try:
         request = messages.review(body).request
         uid = request.uid
         if request.operation not in ("CREATE", "UPDATE"):
             return messages.allow(uid)
+        if request.user_info.username in policy.agent_users:
+            if not writer_node:
+                return messages.deny(
+                    uid,
+                    f"sharegpu: {request.user_info.username} may write only its own node's Device, and its token "
+                    "names no pod or node (give the agent a projected service-account token bound to its pod)",
+                    code=403,
+                )
+            if writer_node != request.name:
+                return messages.deny(
+                    uid,
+                    f"sharegpu: the node agent on {writer_node} may write only Device {writer_node}, "
+                    f"not {request.name}",
+                    code=403,
+                )
         device = wire.convert(copy.deepcopy(_object(request)), wire.Device)
         api_devices.inventory(device, None)
         return messages.allow(uid)

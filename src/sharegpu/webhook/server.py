@@ -28,6 +28,7 @@ from sharegpu.api import admission as messages
 from sharegpu.api import budgets, groups, paths, resources, wire
 from sharegpu.core import errors
 from sharegpu.kube import client, informer
+from sharegpu.kube import errors as kube_errors
 from sharegpu.serving import tls
 from sharegpu.webhook import admission
 
@@ -71,7 +72,7 @@ class Webhook:
         app = web.Application(client_max_size=MAX_BODY)
         app.router.add_post("/mutate/pods", self._handler("mutate"))
         app.router.add_post("/validate/pods", self._handler("validate"))
-        app.router.add_post("/validate/devices", self._handler("devices"))
+        app.router.add_post("/validate/devices", self.validate_device)
         app.router.add_post("/validate/groups", self.validate_group)
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/readyz", self.readyz)
@@ -122,6 +123,32 @@ class Webhook:
             uid = str((body.get("request") or {}).get("uid", "")) if isinstance(body, dict) else ""
             answer = messages.deny(uid, f"sharegpu: could not list the group's members: {exc}", code=500)
         return web.Response(body=messages.encode(answer), content_type="application/json")
+
+    async def validate_device(self, request: web.Request) -> web.Response:
+        """A Device write: consistent, and a node agent's only for its own node (the node of the pod
+        its token is bound to, asked of the API when the token does not name the node itself)."""
+        try:
+            body = orjson.loads(await request.read())
+        except orjson.JSONDecodeError as exc:
+            return web.json_response({"error": f"malformed JSON: {exc}"}, status=400)
+        try:
+            writer = admission.device_writer(messages.review(body).request, self.policy)
+            node = await self._node_of(writer) if isinstance(writer, tuple) else writer
+            answer = admission.validate_device(body, self.policy, node)
+        except Exception as exc:  # never allow what could not be judged
+            log.exception("device review failed")
+            uid = str((body.get("request") or {}).get("uid", "")) if isinstance(body, dict) else ""
+            answer = messages.deny(uid, f"sharegpu: could not judge the Device write: {exc}", code=500)
+        return web.Response(body=messages.encode(answer), content_type="application/json")
+
+    async def _node_of(self, pod: tuple[str, str]) -> str:
+        if self.kube is None:
+            raise errors.InvalidInputError("the webhook runs without a kubeconfig: it cannot find the agent's node")
+        try:
+            found = await self.kube.get(paths.pod(*pod))
+        except kube_errors.NotFoundError:
+            return ""
+        return str((found.get("spec") or {}).get("nodeName") or "")
 
     async def _members(self, namespace: str, name: str) -> list[str]:
         if self.kube is None:
