@@ -475,10 +475,11 @@ AGENT = "system:serviceaccount:sharegpu-system:sharegpu-agent"
 
 
 def test_a_node_agent_writes_only_its_own_nodes_device() -> None:
-    bound = {"username": AGENT, "extra": {"authentication.kubernetes.io/pod-name": ["sharegpu-agent-x7"]}}
+    extra = {"authentication.kubernetes.io/pod-name": ["sharegpu-agent-x7"]}
+    bound: Json = {"username": AGENT, "extra": extra}
     request = messages.review(device_review("n1", bound)).request
     assert admission.device_writer(request, POLICY) == ("sharegpu-system", "sharegpu-agent-x7"), "its pod, looked up"
-    newer = {**bound, "extra": {**bound["extra"], "authentication.kubernetes.io/node-name": ["n1"]}}
+    newer: Json = {**bound, "extra": {**extra, "authentication.kubernetes.io/node-name": ["n1"]}}
     assert admission.device_writer(messages.review(device_review("n1", newer)).request, POLICY) == "n1"
     assert admission.device_writer(messages.review(device_review("n1", {"username": AGENT})).request, POLICY) == ""
     other = messages.review(device_review("n1", {"username": "alice"})).request
