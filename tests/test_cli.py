@@ -1,18 +1,33 @@
-"""The command line as a user runs it: the main job, outputs, and one-line errors with exit code 2."""
+"""The command line as a user runs it: the main job, outputs, one-line errors with exit code 2, help
+that shows every default and choice, the version, shell completion, and the two log formats."""
 
 from __future__ import annotations
 
+import importlib.metadata
+import io
 import json
+import logging
+import os
+import re
+import shutil
 import subprocess
 import sys
+import tomllib
+from collections.abc import Iterator
 from pathlib import Path
+from typing import get_args
 
 import pytest
+import typer.core
+import typer.main
 from typer.testing import CliRunner
 
+import sharegpu
 from sharegpu import cli
 
 runner = CliRunner()
+REPO = Path(__file__).resolve().parent.parent
+COMMANDS = ("simulate", "crds", "policies", "extender", "controller", "reserve", "agent", "webhook", "devcluster")
 
 
 def test_simulate_with_no_arguments_runs_the_embedded_workload() -> None:
@@ -60,10 +75,12 @@ def test_dynamic_mode_reports_waits() -> None:
         (["-p", "nope"], "unknown policy 'nope'"),
         (["--seeds", "9-3"], "range 9-3 goes backwards"),
         (["--seeds", "x"], "'x' is not a number"),
-        (["--mode", "sideways"], "--mode must be static or dynamic"),
+        (["--mode", "sideways"], "Invalid value for '--mode': 'sideways' is not one of 'static', 'dynamic'."),
         (["--tune", "0"], "--tune must be in (0, 10]"),
         (["--pods", "p.csv"], "--nodes and --pods go together"),
         (["--plot", "out.svg"], "--plot must name a .png file"),
+        (["--bogus"], "No such option: --bogus"),
+        (["--seeds"], "Option '--seeds' requires an argument."),
     ],
 )
 def test_bad_input_is_one_line_and_exit_code_2(args: list[str], message: str) -> None:
@@ -92,28 +109,194 @@ def test_policies_lists_every_policy() -> None:
         assert name in result.output
 
 
-def test_logs_are_json_lines() -> None:
-    import io
-    import logging
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
 
-    stream = io.StringIO()
-    handler = logging.StreamHandler(stream)
-    handler.setFormatter(cli.JsonFormatter())
-    log = logging.getLogger("sharegpu.test-json")
-    log.addHandler(handler)
-    log.propagate = False
+
+@pytest.fixture
+def root_logger() -> Iterator[logging.Logger]:
+    """The root logger, with the handlers and level it had put back afterwards (cli._logging replaces them)."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield root
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
+def _log_through(stream: io.StringIO, log_format: cli.LogFormat) -> None:
+    cli._logging("info", log_format, stream)
+    log = logging.getLogger("test-cli.logs")
+    log.debug("below the level")
+    log.warning('a "quoted" message with\nnewline')
     try:
-        log.warning('a "quoted" message with\\nnewline')
-        try:
-            raise ValueError("boom")
-        except ValueError:
-            log.exception("failed")
-    finally:
-        log.removeHandler(handler)
-    lines = [json.loads(line) for line in stream.getvalue().splitlines() if line.startswith("{")]
-    assert lines[0]["message"] == 'a "quoted" message with\\nnewline'
-    assert lines[0]["level"] == "WARNING"
+        raise ValueError("boom")
+    except ValueError:
+        log.exception("failed")
+
+
+@pytest.mark.parametrize(("log_format", "stream"), [("json", _Terminal()), ("auto", io.StringIO())])
+def test_logs_are_json_lines(root_logger: logging.Logger, log_format: cli.LogFormat, stream: io.StringIO) -> None:
+    """JSON when asked, and by default when stderr is no terminal (a pod's log, a file, a pipe)."""
+    _log_through(stream, log_format)
+    lines = [json.loads(line) for line in stream.getvalue().splitlines()]  # every line is one object
+    assert [line["message"] for line in lines] == ['a "quoted" message with\nnewline', "failed"]
+    assert lines[0]["level"] == "WARNING" and lines[0]["logger"] == "test-cli.logs"
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[+-]\d{4}", lines[0]["time"])
     assert "ValueError: boom" in lines[1]["error"]
+
+
+@pytest.mark.parametrize(("log_format", "stream"), [("text", io.StringIO()), ("auto", _Terminal())])
+def test_logs_are_plain_lines_for_a_person(
+    root_logger: logging.Logger, log_format: cli.LogFormat, stream: io.StringIO
+) -> None:
+    """Text when asked, and by default when stderr is a terminal."""
+    _log_through(stream, log_format)
+    first, continued, second, *traceback = stream.getvalue().splitlines()
+    stamp = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d"
+    assert re.fullmatch(stamp + r' WARNING test-cli\.logs: a "quoted" message with', first)
+    assert continued == "newline"
+    assert re.fullmatch(stamp + r" ERROR   test-cli\.logs: failed", second)
+    assert traceback[0] == "Traceback (most recent call last):" and traceback[-1] == "ValueError: boom"
+
+
+def test_every_component_offers_both_log_formats() -> None:
+    for command in ("extender", "controller", "webhook", "agent", "reserve"):
+        text = _help(command)
+        assert "--log-format <auto|json|text>" in text and "[default: auto]" in text, command
+        assert "--log-level <debug|info|warning|error>" in text and "[default: info]" in text, command
+
+
+def _help(*args: str) -> str:
+    """The help of a command, drawn wide, with the table's borders and line breaks taken out."""
+    result = runner.invoke(cli.app, [*args, "--help"], env={"COLUMNS": "400"})
+    assert result.exit_code == 0, result.output
+    return " ".join(re.sub(r"[│╭╮╰╯─]", " ", result.output).split())
+
+
+def test_simulate_help_shows_the_policy_default() -> None:
+    text = _help("simulate")
+    policy = "--policy -p <names> Policies, comma-separated or repeated (see `sharegpu policies`)."
+    assert f"{policy} [default: random,bestfit,fgd,fgd-used]" in text
+    assert "repeated ." not in text
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_help_shows_every_option_text_and_default(command: str) -> None:
+    """Every option's help text comes through whole (none is eaten as rich markup, as `[a,b]` was), and
+    every default shows in the one place people look, `[default: ...]`, never in the prose."""
+    group = typer.main.get_command(cli.app)
+    assert isinstance(group, typer.core.TyperGroup)
+    text = _help(command)
+    for param in group.commands[command].params:
+        help_text = getattr(param, "help", None)
+        if not help_text or param.name == "help":
+            continue
+        assert " ".join(help_text.split()) in text, param.name
+        assert "default:" not in help_text.lower(), f"{param.name}: give the default with show_default"
+        show_default = getattr(param, "show_default", None)
+        if isinstance(show_default, str):
+            assert f"[default: ({show_default})]" in text, param.name
+        elif isinstance(param.default, list):
+            assert f"[default: {', '.join(map(str, param.default))}]" in text, param.name
+        elif param.default not in (None, "", False) and not isinstance(param.default, bool):
+            assert f"[default: {param.default}]" in text, param.name
+
+
+def test_choices_show_in_help() -> None:
+    assert "--mode <static|dynamic>" in _help("simulate")
+    assert "--on-violation <report|kill|evict>" in _help("agent")
+    for command in ("controller", "devcluster", "crds"):
+        assert "--compat <list[deviceshare|kubeshare]>" in _help(command)
+
+
+def test_choices_spelled_in_the_cli_match_their_definitions() -> None:
+    """The CLI spells some choices itself so that it loads without the modules that define them."""
+    from sharegpu.agent import watchdog
+    from sharegpu.api import resources
+
+    assert [c.value for c in cli.Compat] == list(resources.COMPAT)
+    assert list(get_args(cli.ViolationAction)) == [a.value for a in watchdog.Action]
+
+
+def test_version_is_the_installed_packages() -> None:
+    result = runner.invoke(cli.app, ["--version"])
+    assert result.exit_code == 0
+    installed = importlib.metadata.version("sharegpu")
+    assert result.output == f"sharegpu {installed}\n"
+    declared = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    assert installed == declared == sharegpu.__version__
+
+
+def test_help_offers_completion_and_the_version() -> None:
+    text = _help()
+    for option in ("--version", "--install-completion", "--show-completion"):
+        assert option in text
+
+
+@pytest.mark.parametrize(
+    ("shell", "registers"),
+    [
+        ("bash", "complete -o default -F _sharegpu_completion sharegpu"),
+        ("zsh", "compdef _sharegpu_completion sharegpu"),
+        ("fish", "complete --command sharegpu"),
+    ],
+)
+def test_show_completion_prints_the_shells_script(monkeypatch: pytest.MonkeyPatch, shell: str, registers: str) -> None:
+    # Typer's own switch: the shell is given rather than detected from the process tree.
+    monkeypatch.setenv("_TYPER_COMPLETE_TEST_DISABLE_SHELL_DETECTION", "1")
+    result = runner.invoke(cli.app, ["--show-completion", shell])
+    assert result.exit_code == 0, result.output
+    assert registers in result.output
+    assert "_SHAREGPU_COMPLETE=complete_" in result.output
+
+
+@pytest.mark.parametrize(
+    ("words", "expected"),
+    [
+        ("sharegpu ext", ["extender"]),
+        ("sharegpu simulate --mode ", ["static", "dynamic"]),
+        ("sharegpu simulate -p random,f", ["random,fgd", "random,fgd-used"]),
+        ("sharegpu extender --log-level ", ["debug", "info", "warning", "error"]),
+        ("sharegpu extender --policy fgd", ["fgd", "fgd-used"]),
+        ("sharegpu agent --on-violation ", ["report", "kill", "evict"]),
+        ("sharegpu crds --compat ", ["deviceshare", "kubeshare"]),
+    ],
+)
+def test_completion_offers_commands_and_choices(words: str, expected: list[str]) -> None:
+    env = {"_SHAREGPU_COMPLETE": "complete_bash", "COMP_WORDS": words, "COMP_CWORD": str(len(words.split(" ")) - 1)}
+    result = runner.invoke(cli.app, [], env=env)
+    assert result.exit_code == 0, result.output
+    assert result.output.split() == expected
+
+
+def test_bash_completes_with_the_installed_script(tmp_path: Path) -> None:
+    """The script `--show-completion bash` prints, sourced into a real bash, completes a choice."""
+    bash = shutil.which("bash")
+    script = Path(sys.executable).parent / "sharegpu"
+    if bash is None or not script.is_file():
+        pytest.skip("needs bash and the installed `sharegpu` script")
+    env = {**os.environ, "PATH": f"{script.parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    env["_TYPER_COMPLETE_TEST_DISABLE_SHELL_DETECTION"] = "1"
+    completion = tmp_path / "sharegpu.bash"
+    shown = subprocess.run(
+        [str(script), "--show-completion", "bash"], capture_output=True, text=True, env=env, timeout=60, check=True
+    )
+    completion.write_text(shown.stdout)
+    probe = (
+        f"source {completion}\n"
+        'COMP_WORDS=(sharegpu simulate --mode ""); COMP_CWORD=3\n'
+        "_sharegpu_completion sharegpu\n"
+        'printf "%s\\n" "${COMPREPLY[@]}"\n'
+    )
+    done = subprocess.run(
+        [bash, "--norc", "-c", probe], capture_output=True, text=True, env=env, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["static", "dynamic"]
+
+
+COMPAT_REFUSED = "Invalid value for '--compat': 'volcano' is not one of 'deviceshare', 'kubeshare'."
 
 
 @pytest.mark.parametrize(
@@ -124,7 +307,12 @@ def test_logs_are_json_lines() -> None:
         (["extender", "--client-ca", "/absent.crt"], "--client-ca needs --tls-cert and --tls-key"),
         (["extender", "--tls-cert", "/a.crt", "--tls-key", "/a.key"], "/a.crt: no such file"),
         (["extender", "--lease-duration", "5", "--renew-deadline", "6"], "leader election needs"),
-        (["extender", "--log-level", "LOUD"], "--log-level must be DEBUG, INFO, WARNING or ERROR"),
+        (
+            ["extender", "--log-level", "LOUD"],
+            "Invalid value for '--log-level': 'LOUD' is not one of 'debug', 'info', 'warning', 'error'.",
+        ),
+        (["extender", "--log-format", "xml"], "Invalid value for '--log-format': 'xml' is not one of 'auto',"),
+        (["extender", "--log-level", "WARNING", "--policy", "nope"], "unknown policy 'nope'"),  # any case
         (["webhook"], "give --cert and --key, or --bootstrap FOLDER"),
         (
             ["webhook", "--cert", "c", "--key", "k", "--dns-name", "x"],
@@ -137,9 +325,16 @@ def test_logs_are_json_lines() -> None:
         ),
         (["webhook", "--bootstrap", "/tmp/b", "--ip-address", "not-an-ip"], "'not-an-ip' is not an IP address"),
         (["devcluster", "--policy", "nope"], "unknown policy 'nope'"),
-        (["devcluster", "--compat", "volcano"], "--compat volcano: known: deviceshare, kubeshare"),
-        (["controller", "--compat", "volcano"], "--compat volcano: known: deviceshare, kubeshare"),
-        (["crds", "--compat", "volcano"], "--compat volcano: known: deviceshare, kubeshare"),
+        (["devcluster", "--compat", "volcano"], COMPAT_REFUSED),
+        (["controller", "--compat", "volcano"], COMPAT_REFUSED),
+        (["crds", "--compat", "volcano"], COMPAT_REFUSED),
+        (
+            ["agent", "--node", "n", "--on-violation", "shoot"],
+            "Invalid value for '--on-violation': 'shoot' is not one of 'report', 'kill', 'evict'.",
+        ),
+        (["agent"], "Missing option '--node'."),
+        (["nope"], "No such command 'nope'."),
+        (["--bogus"], "No such option: --bogus"),
     ],
 )
 def test_component_options_are_checked_before_anything_starts(args: list[str], message: str) -> None:

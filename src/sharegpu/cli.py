@@ -1,46 +1,130 @@
 """The `sharegpu` command line.
 
 `sharegpu simulate` replays a workload through the placement core (the embedded synthetic one by
-default, or openb CSV files) and prints a summary table per trace and policy. Bad input (missing
-file, malformed row, unknown policy, bad seed list) prints one line `sharegpu: error: ...` and exits
-with status 2.
+default, or openb CSV files) and prints a summary table per trace and policy; the other commands run
+the components (one image holds them all: see the Dockerfile). Bad input (missing file, malformed
+row, unknown policy, bad seed list, and click's own usage errors: an unknown option, a value that is
+not one of an option's choices) prints one line `sharegpu: error: ...` and exits with status 2.
+
+The components log to stderr, one JSON object per line for log collectors, or one plain line per
+record for a person (`--log-format`; `auto`, the default, picks text when stderr is a terminal, so a
+pod's logs stay JSON). `sharegpu --version` prints the installed version; `--install-completion`
+installs shell completion (option names, and the choices of options that have them).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import enum
+import importlib.metadata
 import logging
 import shlex
 import signal
 import sys
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterator
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal, TextIO
 
 import orjson
 import typer
+import typer.core
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+# Typer vendors click: its context and usage errors are only reachable here (typer is pinned in pyproject.toml).
+from typer._click.core import Context as ClickContext
+from typer._click.exceptions import NoArgsIsHelpError
+from typer._click.exceptions import UsageError as ClickUsageError
+
 from sharegpu.core import errors, policies
 from sharegpu.sim import report, runner
 
-app = typer.Typer(
-    name="sharegpu",
-    help="Share NVIDIA GPUs between Kubernetes pods: placement, simulation and inspection.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-)
-
 DEFAULT_POLICIES = "random,bestfit,fgd,fgd-used"
+_DEFAULT_POLICY_LIST = [DEFAULT_POLICIES]  # `simulate --policy`'s default: never changed
 EXIT_BAD_INPUT = 2
 
 
 class UsageError(errors.InvalidInputError):
     """A command-line value that cannot be used."""
+
+
+class Compat(enum.StrEnum):
+    """Other systems' resources sharegpu can serve (`--compat`): the keys of `api.resources.COMPAT`,
+    spelled here so that the command line loads without the wire vocabulary (a test keeps them equal)."""
+
+    DEVICESHARE = "deviceshare"
+    KUBESHARE = "kubeshare"
+
+
+LogLevel = Literal["debug", "info", "warning", "error"]
+LogFormat = Literal["auto", "json", "text"]
+ViolationAction = Literal["report", "kill", "evict"]
+"""The agent's `--on-violation`: the values of `agent.watchdog.Action` (a test keeps them equal)."""
+
+
+class _Commands(typer.core.TyperGroup):
+    """The command group: click's own usage errors (an unknown option or command, a value that is not
+    one of an option's choices, a missing value) are reported as every other bad input is, in one line
+    `sharegpu: error: ...` with exit status 2, rather than in a box of several lines."""
+
+    def make_context(
+        self, info_name: str | None, args: list[str], parent: ClickContext | None = None, **extra: Any
+    ) -> ClickContext:
+        with _one_line_usage_errors():
+            return super().make_context(info_name, args, parent, **extra)
+
+    def invoke(self, ctx: ClickContext) -> Any:
+        with _one_line_usage_errors():
+            return super().invoke(ctx)
+
+
+@contextlib.contextmanager
+def _one_line_usage_errors() -> Iterator[None]:
+    try:
+        yield
+    except NoArgsIsHelpError:
+        raise  # `sharegpu` alone prints the help
+    except ClickUsageError as exc:
+        # Typer validates choices with pydantic, whose messages start with "Value error, ".
+        raise _fail(UsageError(exc.format_message().replace(": Value error, ", ": ", 1))) from None
+
+
+app = typer.Typer(
+    name="sharegpu",
+    cls=_Commands,
+    help="Share NVIDIA GPUs between Kubernetes pods: placement, simulation and inspection.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+
+
+def _print_version(wanted: bool) -> None:
+    if wanted:
+        typer.echo(f"sharegpu {importlib.metadata.version('sharegpu')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_print_version, is_eager=True, help="Print the version and exit."),
+    ] = False,
+) -> None:
+    pass
+
+
+def _complete_policy(incomplete: str) -> list[str]:
+    return [name for name in policies.REGISTRY if name.startswith(incomplete)]
+
+
+def _complete_policies(incomplete: str) -> list[str]:
+    """Completes the last name of a comma-separated list."""
+    done, comma, last = incomplete.rpartition(",")
+    return [done + comma + name for name in _complete_policy(last)]
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -79,20 +163,29 @@ def simulate(
     nodes: Annotated[
         Path | None, typer.Option("--nodes", help="openb node CSV (sn,cpu_milli,memory_mib,gpu,model).")
     ] = None,
-    pods: Annotated[list[Path] | None, typer.Option("--pods", help="openb pod CSV; repeat for several traces.")] = None,
-    policy: Annotated[
-        list[str] | None,
-        typer.Option("--policy", "-p", help=f"Policies, comma-separated or repeated [{DEFAULT_POLICIES}]."),
+    pods: Annotated[
+        list[Path] | None, typer.Option("--pods", metavar="<path>", help="openb pod CSV; repeat for several traces.")
     ] = None,
+    policy: Annotated[
+        list[str],
+        typer.Option(
+            "--policy",
+            "-p",
+            metavar="<names>",
+            help="Policies, comma-separated or repeated (see `sharegpu policies`).",
+            autocompletion=_complete_policies,
+        ),
+    ] = _DEFAULT_POLICY_LIST,
     seeds: Annotated[str, typer.Option("--seeds", help="Seeds: 42, 42,45 or 42-51.")] = "42-51",
     tune: Annotated[float, typer.Option("--tune", help="Static mode: arrive until this x GPU capacity.")] = 1.3,
     mode: Annotated[
-        str, typer.Option("--mode", help="static (the paper's method) or dynamic (arrive and leave).")
+        Literal["static", "dynamic"],
+        typer.Option("--mode", help="static (the paper's method) or dynamic (arrive and leave)."),
     ] = "static",
     time_scale: Annotated[
         float, typer.Option("--time-scale", help="Dynamic mode: arrivals this many times faster (run times unchanged).")
     ] = 1.0,
-    jobs: Annotated[int, typer.Option("--jobs", "-j", help="Worker processes (default: all cores).")] = 0,
+    jobs: Annotated[int, typer.Option("--jobs", "-j", help="Worker processes; 0: one per core.")] = 0,
     plot: Annotated[Path | None, typer.Option("--plot", help="Write allocation curves to this PNG.")] = None,
     json_path: Annotated[Path | None, typer.Option("--json", help="Write every run and the summary as JSON.")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
@@ -102,8 +195,6 @@ def simulate(
     try:
         if (nodes is None) != (not pods):
             raise UsageError("--nodes and --pods go together (give both, or neither for the synthetic workload)")
-        if mode not in ("static", "dynamic"):
-            raise UsageError(f"--mode must be static or dynamic, got {mode!r}")
         if not 0 < tune <= 10:
             raise UsageError(f"--tune must be in (0, 10], got {tune}")
         if not 0 < time_scale <= 1e6:
@@ -112,7 +203,7 @@ def simulate(
             raise UsageError(f"--jobs must be >= 0, got {jobs}")
         if plot is not None and plot.suffix.lower() != ".png":
             raise UsageError(f"--plot must name a .png file, got {plot}")
-        chosen = parse_policies(policy or [DEFAULT_POLICIES])
+        chosen = parse_policies(policy)
         seed_list = parse_seeds(seeds)
         if nodes is None or not pods:
             sources = [runner.Source(runner.SYNTHETIC)]
@@ -204,8 +295,8 @@ def crds(
         Path | None, typer.Option(help="Write one file per resource into this directory instead of printing.")
     ] = None,
     compat: Annotated[
-        list[str] | None,
-        typer.Option(help="Instead, another system's resources that sharegpu serves: deviceshare, kubeshare."),
+        list[Compat] | None,
+        typer.Option(help="Instead, another system's resources that sharegpu serves (repeat)."),
     ] = None,
 ) -> None:
     """Print sharegpu's generated CustomResourceDefinitions (YAML), or write them into a directory."""
@@ -213,10 +304,7 @@ def crds(
 
     chosen: list[resources.CustomResource] = list(resources.GENERATED)
     if compat:
-        unknown = sorted(set(compat) - set(resources.COMPAT))
-        if unknown:
-            raise _fail(UsageError(f"--compat {', '.join(unknown)}: known: {', '.join(sorted(resources.COMPAT))}"))
-        chosen = [r for name in compat for r in resources.COMPAT[name]]
+        chosen = [r for name in compat for r in resources.COMPAT[name.value]]
     if out is None:
         sys.stdout.write("---\n".join(resources.render(r) for r in chosen))
         return
@@ -241,7 +329,18 @@ LeaseDuration = Annotated[float, typer.Option(help="Leader election: seconds a L
 RenewDeadline = Annotated[float, typer.Option(help="Leader election: seconds to renew before stepping down.")]
 RetryPeriod = Annotated[float, typer.Option(help="Leader election: seconds between attempts.")]
 Identity = Annotated[
-    str, typer.Option(help="Leader election: this replica's name (default: host, pid and a random suffix).")
+    str, typer.Option(help="Leader election: this replica's name.", show_default="host, pid and a random suffix")
+]
+Kubeconfig = Annotated[
+    str | None, typer.Option(help="kubeconfig file.", show_default="$KUBECONFIG, ~/.kube/config, or in-cluster")
+]
+LogLevelOption = Annotated[LogLevel, typer.Option(case_sensitive=False, help="The least severe records logged.")]
+LogFormatOption = Annotated[
+    LogFormat,
+    typer.Option(
+        help="Logs on stderr: json (one object per line, for log collectors), text (one line for a person), "
+        "or auto: text when stderr is a terminal, else json."
+    ),
 ]
 
 
@@ -252,20 +351,22 @@ def _check_election(lease_duration: float, renew_deadline: float, retry_period: 
 
 @app.command()
 def extender(
-    kubeconfig: Annotated[
-        str | None, typer.Option(help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config, or in-cluster).")
-    ] = None,
+    kubeconfig: Kubeconfig = None,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "0.0.0.0",
     port: Annotated[int, typer.Option(help="Port of filter/prioritize/bind (kube-scheduler calls it).")] = 8888,
     health_port: Annotated[int, typer.Option(help="Port of /healthz, /readyz, /metrics and /debug.")] = 8889,
-    policy: Annotated[str, typer.Option(help="Placement policy (see `sharegpu policies`).")] = "fgd-used",
+    policy: Annotated[
+        str, typer.Option(help="Placement policy (see `sharegpu policies`).", autocompletion=_complete_policy)
+    ] = "fgd-used",
     image: Annotated[
         str, typer.Option(help="Image of reservation pods (runs `sharegpu reserve`).")
     ] = "sharegpu:latest",
     narrow: Annotated[bool, typer.Option(help="Filter answers only the chosen node.")] = True,
     shapes_from: Annotated[
         Path | None,
-        typer.Option(help="openb pod CSV whose popular shapes FGD assumes (default: learn them from the cluster)."),
+        typer.Option(
+            help="openb pod CSV whose popular shapes FGD assumes.", show_default="learned from the cluster's pods"
+        ),
     ] = None,
     tls_cert: Annotated[Path | None, typer.Option(help="Serving certificate for the scheduler port (PEM).")] = None,
     tls_key: Annotated[Path | None, typer.Option(help="Serving key (PEM).")] = None,
@@ -285,13 +386,14 @@ def extender(
     assume_ttl: Annotated[
         float, typer.Option(help="Seconds before an assumed placement whose binding never shows up is checked.")
     ] = 30.0,
-    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
+    log_level: LogLevelOption = "info",
+    log_format: LogFormatOption = "auto",
 ) -> None:
     """Run the kube-scheduler extender (filter, prioritize, bind) and its reconcilers."""
     from sharegpu.extender import runtime
     from sharegpu.sim import trace
 
-    _logging(log_level)
+    _logging(log_level, log_format)
     try:
         policies.check(policy)
         if (tls_cert is None) != (tls_key is None):
@@ -321,9 +423,7 @@ def extender(
 
 @app.command()
 def controller(
-    kubeconfig: Annotated[
-        str | None, typer.Option(help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config, or in-cluster).")
-    ] = None,
+    kubeconfig: Kubeconfig = None,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "0.0.0.0",
     health_port: Annotated[int, typer.Option(help="Port of /healthz, /readyz, /metrics and /debug.")] = 8890,
     leader_elect: Annotated[
@@ -340,29 +440,26 @@ def controller(
         "sharegpu:latest"
     ),
     compat: Annotated[
-        list[str] | None,
-        typer.Option(help="Serve another system's resources too (their CRDs installed): deviceshare, kubeshare."),
+        list[Compat] | None,
+        typer.Option(help="Serve another system's resources too (their CRDs installed; repeat)."),
     ] = None,
-    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
+    log_level: LogLevelOption = "info",
+    log_format: LogFormatOption = "auto",
 ) -> None:
     """Run the controller: GPU-time budgets, shared device groups, and other systems' resources (--compat)."""
-    from sharegpu.api import resources
     from sharegpu.controller import runtime
 
-    _logging(log_level)
+    _logging(log_level, log_format)
     try:
         _check_election(lease_duration, renew_deadline, retry_period)
         if write_every <= 0:
             raise UsageError(f"--write-every must be > 0, got {write_every}")
-        unknown = sorted(set(compat or ()) - set(resources.COMPAT))
-        if unknown:
-            raise UsageError(f"--compat {', '.join(unknown)}: known: {', '.join(sorted(resources.COMPAT))}")
     except errors.SharegpuError as exc:
         raise _fail(exc) from None
     options = runtime.Options(
         kubeconfig=kubeconfig, host=host, health_port=health_port, leader_elect=leader_elect,
         lease_duration=lease_duration, renew_deadline=renew_deadline, retry_period=retry_period,
-        identity=identity, write_every=write_every, image=image, compat=frozenset(compat or ()),
+        identity=identity, write_every=write_every, image=image, compat=frozenset(c.value for c in compat or ()),
     )  # fmt: skip
     try:
         _serve(runtime.serve(options))
@@ -372,12 +469,14 @@ def controller(
 
 @app.command()
 def reserve(
-    kubeconfig: Annotated[str | None, typer.Option(help="kubeconfig file (default: in-cluster).")] = None,
+    kubeconfig: Annotated[str | None, typer.Option(help="kubeconfig file.", show_default="in-cluster")] = None,
+    log_level: LogLevelOption = "info",
+    log_format: LogFormatOption = "auto",
 ) -> None:
     """Run inside a reservation pod: report the GPU the device plugin gave it, then hold it."""
     from sharegpu.agent import reserve as reserve_mod
 
-    _logging("INFO")
+    _logging(log_level, log_format)
     try:
         asyncio.run(reserve_mod.main(kubeconfig))
     except errors.InvalidInputError as exc:
@@ -390,9 +489,7 @@ def agent(
     fake_nvml: Annotated[
         Path | None, typer.Option(help="Read GPUs from this file instead of NVML (docs/agent.md: its format).")
     ] = None,
-    kubeconfig: Annotated[
-        str | None, typer.Option(help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config, or in-cluster).")
-    ] = None,
+    kubeconfig: Kubeconfig = None,
     interval: Annotated[float, typer.Option(help="Seconds between inventory passes.", min=0.5)] = 10.0,
     mps: Annotated[
         bool, typer.Option("--mps", help="Run and supervise an MPS control daemon per GPU (isolation mode mps).")
@@ -404,16 +501,17 @@ def agent(
         Path, typer.Option(help="Host folder of the daemons' pipe and log folders (pods mount it).")
     ] = Path("/run/sharegpu/mps"),
     hami_core_library: Annotated[
-        str, typer.Option(help="HAMi-core's library: the node offers hami-core while it exists ('' : never).")
+        str, typer.Option(help="HAMi-core's library: the node offers hami-core while it exists ('': never).")
     ] = "/usr/local/vgpu/libvgpu.so",
     hami_core_dir: Annotated[
         Path, typer.Option(help="Host folder the library is installed in for containers (the webhook mounts it).")
     ] = Path("/run/sharegpu/hami-core"),
     on_violation: Annotated[
-        str,
+        ViolationAction,
         typer.Option(
+            case_sensitive=False,
             help="When a pod uses more GPU memory than allocated, or a GPU it was not given: "
-            "report (an event), kill (its processes) or evict (the pod)."
+            "report (an event), kill (its processes) or evict (the pod).",
         ),
     ] = "report",
     slack_mib: Annotated[
@@ -427,14 +525,18 @@ def agent(
     ] = "/var/lib/kubelet/pod-resources/kubelet.sock",
     host: Annotated[str, typer.Option(help="Address of /healthz, /readyz and /metrics.")] = "0.0.0.0",
     health_port: Annotated[int, typer.Option(help="Port of /healthz, /readyz and /metrics (0: none).")] = 9403,
+    log_level: LogLevelOption = "info",
+    log_format: LogFormatOption = "auto",
 ) -> None:
-    """Run the node agent: publish this node's GPUs (NVML, or --fake-nvml) and the isolation it offers as
-    its Device resource; with --mps, run an MPS control daemon per GPU."""
+    """Run the node agent: publish this node's GPUs and the isolation it offers as its Device resource.
+
+    The GPUs come from NVML, or from the file --fake-nvml names; with --mps the agent runs an MPS
+    control daemon per GPU."""
     from sharegpu.agent import fakenvml, nvml, podresources, watchdog
     from sharegpu.agent import mps as agent_mps
     from sharegpu.agent import runtime as agent_runtime
 
-    _logging("INFO")
+    _logging(log_level, log_format)
     if not 0 <= health_port <= 65535:
         raise _fail(UsageError(f"--health-port must be 0..65535, got {health_port}"))
     source: agent_runtime.Source
@@ -484,14 +586,20 @@ def webhook(
     dns_name: Annotated[
         list[str] | None,
         typer.Option(
-            help="With --bootstrap: a DNS name the API server reaches the webhook by (repeat); default: "
-            "the sharegpu-webhook Service's names."
+            help="With --bootstrap: a DNS name the API server reaches the webhook by (repeat).",
+            show_default="the sharegpu-webhook Service's names, unless --ip-address is given",
         ),
     ] = None,
     ip_address: Annotated[
         list[str] | None, typer.Option(help="With --bootstrap: an IP address the API server reaches it by (repeat).")
     ] = None,
-    kubeconfig: Annotated[str | None, typer.Option(help="kubeconfig (Device inventory, bootstrap).")] = None,
+    kubeconfig: Annotated[
+        str | None,
+        typer.Option(
+            help="kubeconfig (Device inventory, bootstrap).",
+            show_default="$KUBECONFIG, ~/.kube/config, or in-cluster",
+        ),
+    ] = None,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "0.0.0.0",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8443,
     system_user: Annotated[
@@ -501,11 +609,12 @@ def webhook(
     take_over: Annotated[
         list[str] | None,
         typer.Option(
-            help="Schedulers whose GPU pods sharegpu schedules instead (repeat); default: "
-            "default-scheduler and the GPU schedulers sharegpu replaces (docs/admission.md)."
+            help="Schedulers whose GPU pods sharegpu schedules instead (repeat).",
+            show_default="default-scheduler and the GPU schedulers sharegpu replaces: docs/admission.md",
         ),
     ] = None,
-    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
+    log_level: LogLevelOption = "info",
+    log_format: LogFormatOption = "auto",
 ) -> None:
     """Run the admission webhook: translate GPU requests, add the hand-off, validate, guard."""
     import ipaddress
@@ -517,7 +626,7 @@ def webhook(
     from sharegpu.webhook import config as webhook_config
     from sharegpu.webhook import server as webhook_server
 
-    _logging(log_level)
+    _logging(log_level, log_format)
     policy = admission.Policy()
     if system_user:
         policy = dataclasses.replace(policy, system_users=frozenset(system_user))
@@ -575,36 +684,35 @@ def devcluster(
     gpus: Annotated[int, typer.Option(help="GPUs per node.")] = 4,
     model: Annotated[str, typer.Option(help="GPU model of every node.")] = "A100",
     gpu_memory: Annotated[int, typer.Option(help="GPU memory in MiB.")] = 81920,
-    policy: Annotated[str, typer.Option(help="Placement policy of the extender.")] = "fgd-used",
-    workdir: Annotated[Path | None, typer.Option(help="Where to keep state and logs (default: a temp dir).")] = None,
+    policy: Annotated[
+        str, typer.Option(help="Placement policy of the extender.", autocompletion=_complete_policy)
+    ] = "fgd-used",
+    workdir: Annotated[
+        Path | None, typer.Option(help="Where to keep state and logs.", show_default="a new temporary folder")
+    ] = None,
     webhook: Annotated[
         bool, typer.Option(help="Run the admission webhook too (translates other systems' GPU requests).")
     ] = True,
     controller: Annotated[bool, typer.Option(help="Run the controller too (GPU-time budgets).")] = True,
     compat: Annotated[
-        list[str] | None,
-        typer.Option(
-            help="Serve another system's resources too (CRDs installed, controller told): deviceshare, kubeshare."
-        ),
+        list[Compat] | None,
+        typer.Option(help="Serve another system's resources too (CRDs installed, controller told; repeat)."),
     ] = None,
 ) -> None:
-    """Run the whole stack on this machine: a real control plane, the extender, kube-scheduler, the
-    admission webhook, the controller and fake GPU nodes, until Ctrl-C. Prints the kubeconfig to use
-    with kubectl."""
+    """Run the whole stack on this machine until Ctrl-C, and print the kubeconfig to use with kubectl.
+
+    The stack: a real control plane, the extender, kube-scheduler, the admission webhook, the
+    controller, and fake GPU nodes with an agent each."""
     import tempfile
 
-    from sharegpu.api import resources
     from sharegpu.core import devices
     from sharegpu.devcluster import stack
 
-    _logging("WARNING")
+    _logging("warning")
     if not 1 <= nodes <= 5000 or not 1 <= gpus <= 63:
         raise _fail(UsageError("--nodes must be 1..5000 and --gpus 1..63"))
     try:
         policies.check(policy)
-        unknown = sorted(set(compat or ()) - set(resources.COMPAT))
-        if unknown:
-            raise UsageError(f"--compat {', '.join(unknown)}: known: {', '.join(sorted(resources.COMPAT))}")
     except errors.SharegpuError as exc:
         raise _fail(exc) from None
     folder = workdir or Path(tempfile.mkdtemp(prefix="sharegpu-devcluster-"))
@@ -646,7 +754,9 @@ def devcluster(
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        whole = stack.Stack(folder, policy, webhook=webhook, controller=controller, compat=tuple(compat or ()))
+        whole = stack.Stack(
+            folder, policy, webhook=webhook, controller=controller, compat=tuple(c.value for c in compat or ())
+        )
         starting = asyncio.create_task(bring_up(whole))
         waiting = asyncio.create_task(stop.wait())
         try:
@@ -681,12 +791,27 @@ class JsonFormatter(logging.Formatter):
         return orjson.dumps(entry).decode()
 
 
-def _logging(level: str) -> None:
-    if level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
-        raise _fail(UsageError(f"--log-level must be DEBUG, INFO, WARNING or ERROR, got {level!r}"))
-    handler = logging.StreamHandler()
-    handler.setFormatter(JsonFormatter())
+class TextFormatter(logging.Formatter):
+    """One plain line per record for a person at a terminal: time, level, logger, message (and the
+    traceback below it when there is one)."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)-7s %(name)s: %(message)s", "%Y-%m-%d %H:%M:%S")
+
+
+def _logging(level: LogLevel, log_format: LogFormat = "auto", stream: TextIO | None = None) -> None:
+    """Logs on `stream` (stderr), replacing any handler set before (a test may call it repeatedly)."""
+    handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
+    text = log_format == "text" or (log_format == "auto" and _is_terminal(handler.stream))
+    handler.setFormatter(TextFormatter() if text else JsonFormatter())
     logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
+
+
+def _is_terminal(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # no isatty, or a closed stream
+        return False
 
 
 def _serve(main: Coroutine[Any, Any, None]) -> None:
