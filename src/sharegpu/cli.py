@@ -606,6 +606,13 @@ def webhook(
         list[str] | None, typer.Option(help="Users allowed to set what only sharegpu may set (repeat).")
     ] = None,
     skip_namespace: Annotated[list[str] | None, typer.Option(help="Namespaces left alone (repeat).")] = None,
+    agent_user: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Node agents' users: each may write only its own node's Device (repeat).",
+            show_default="system:serviceaccount:sharegpu-system:sharegpu-agent",
+        ),
+    ] = None,
     take_over: Annotated[
         list[str] | None,
         typer.Option(
@@ -632,6 +639,8 @@ def webhook(
         policy = dataclasses.replace(policy, system_users=frozenset(system_user))
     if skip_namespace:
         policy = dataclasses.replace(policy, skip_namespaces=frozenset(skip_namespace))
+    if agent_user:
+        policy = dataclasses.replace(policy, agent_users=frozenset(agent_user))
     if take_over:
         policy = dataclasses.replace(policy, take_over=frozenset(take_over))
     dns_names = tuple(dns_name or (() if ip_address else DEFAULT_WEBHOOK_NAMES))
