@@ -1,0 +1,283 @@
+"""The `kubectl sharegpu` command line: `inspect`, `explain POD`, `groups`, `budgets`.
+
+kubectl runs `kubectl-sharegpu` from PATH with the arguments that follow `kubectl sharegpu`, so each
+command takes the connection options itself: `--kubeconfig` (default $KUBECONFIG, then
+~/.kube/config, then in-cluster), `--context`, `--request-timeout`. Credentials are the project's
+own (`kube.credentials`: tokens, client certificates, exec plugins), as every component loads them.
+
+Errors are one line on stderr, `kubectl sharegpu: error: ...`, and the exit status says whose they
+are: 2 for what the command line asked (a bad `-o`, an unreadable kubeconfig, an unknown context or
+policy), 1 for what the cluster answered (no such pod, the API server unreachable or refusing us,
+sharegpu's resources not installed). Each command reads what it needs once and runs one event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Annotated, TypeVar
+
+import typer
+import yaml
+from rich.console import Console, RenderableType
+
+from sharegpu.core import errors, policies
+from sharegpu.kube import client, credentials, transport
+from sharegpu.kube import errors as kube_errors
+from sharegpu.kubectl import read, render, views
+
+PROG = "kubectl sharegpu"
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+OUTPUTS = ("wide", "json")
+
+T = TypeVar("T")
+Connect = Callable[[str | None, str | None, float], client.KubeClient]
+
+
+class UsageError(errors.InvalidInputError):
+    """Something on the command line that cannot be used (exit status 2)."""
+
+
+class Failure(errors.SharegpuError):
+    """The cluster's answer makes the command fail (exit status 1)."""
+
+
+def connect(kubeconfig: str | None, context: str | None, timeout: float) -> client.KubeClient:
+    """A client with the project's credentials (kubeconfig given, $KUBECONFIG, ~/.kube/config, in-cluster)."""
+    creds = credentials.load(kubeconfig, context)
+    return client.KubeClient(transport.AiohttpTransport(creds, connections=8), creds, timeout=timeout)
+
+
+def default_namespace(kubeconfig: str | None, context: str | None) -> str:
+    """The namespace of the kubeconfig's context (as kubectl uses it), else `default`."""
+    path = credentials.locate(kubeconfig)
+    try:
+        doc = yaml.safe_load(path.read_text()) if path is not None else None
+    except (OSError, yaml.YAMLError):
+        return "default"  # the credential loader reports what is wrong with the file
+    if not isinstance(doc, dict):
+        return "default"
+    chosen = context or doc.get("current-context")
+    for item in doc.get("contexts") or []:
+        if isinstance(item, dict) and item.get("name") == chosen and isinstance(item.get("context"), dict):
+            return str(item["context"].get("namespace") or "default")
+    return "default"
+
+
+def check_output(output: str | None, allowed: tuple[str, ...] = OUTPUTS) -> str:
+    if output is None or output in allowed:
+        return output or ""
+    raise UsageError(f"-o {output}: unknown output format; use {' or '.join(allowed)} (default: a table)")
+
+
+def _line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _console() -> Console:
+    console = Console()
+    return console if console.is_terminal else Console(width=200)
+
+
+Kubeconfig = Annotated[
+    str | None, typer.Option("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config, in-cluster).")
+]
+Context = Annotated[str | None, typer.Option("--context", help="The kubeconfig context to use (default: current).")]
+Timeout = Annotated[float, typer.Option("--request-timeout", help="Seconds to wait for each API request.", min=0.1)]
+Output = Annotated[str | None, typer.Option("--output", "-o", help="wide or json (default: a table).")]
+
+
+def make_app(connector: Connect = connect) -> typer.Typer:
+    """The command line, talking to the API through `connector` (tests hand in the fake API server)."""
+    app = typer.Typer(
+        name=PROG,
+        help="sharegpu's view of the cluster: GPUs and who holds them, why a pod is pending, groups, budgets.",
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+    )
+
+    def run(
+        kubeconfig: str | None, context: str | None, timeout: float, work: Callable[[client.KubeApi], Awaitable[T]]
+    ) -> T:
+        """Connect, do `work`, close; every error becomes one line and an exit status."""
+
+        async def session() -> T:
+            api = connector(kubeconfig, context, timeout)
+            try:
+                return await work(api)
+            except kube_errors.TransportError as exc:
+                auth = api.auth
+                where = f" at {auth.server}" if isinstance(auth, credentials.Credentials) else ""
+                raise Failure(f"cannot reach the API server{where}: {_line(exc)}") from None
+            finally:
+                await api.close()
+
+        try:
+            return asyncio.run(session())
+        except errors.InvalidInputError as exc:
+            typer.echo(f"{PROG}: error: {_line(exc)}", err=True)
+            raise typer.Exit(EXIT_USAGE) from None
+        except kube_errors.UnauthorizedError:
+            typer.echo(f"{PROG}: error: the API server refused the credentials (401 Unauthorized)", err=True)
+            raise typer.Exit(EXIT_FAILURE) from None
+        except kube_errors.ApiError as exc:
+            typer.echo(f"{PROG}: error: {exc.status} {exc.reason}: {exc.message or exc.path}", err=True)
+            raise typer.Exit(EXIT_FAILURE) from None
+        except errors.SharegpuError as exc:
+            typer.echo(f"{PROG}: error: {_line(exc)}", err=True)
+            raise typer.Exit(EXIT_FAILURE) from None
+
+    def usage(exc: errors.SharegpuError) -> typer.Exit:
+        typer.echo(f"{PROG}: error: {_line(exc)}", err=True)
+        return typer.Exit(EXIT_USAGE)
+
+    def show(renderable: RenderableType) -> None:
+        console = _console()
+        if console.is_terminal:
+            console.print(renderable, highlight=False)
+            return
+        with console.capture() as captured:  # a pipe gets whole lines, without the tables' padding
+            console.print(renderable, highlight=False, soft_wrap=True)
+        typer.echo("\n".join(line.rstrip() for line in captured.get().splitlines()))
+
+    @app.command()
+    def inspect(
+        nodes: Annotated[list[str] | None, typer.Argument(help="Only these nodes (default: every GPU node).")] = None,
+        selector: Annotated[
+            str, typer.Option("--selector", "-l", help="Only nodes with these labels (a label selector).")
+        ] = "",
+        output: Output = None,
+        kubeconfig: Kubeconfig = None,
+        context: Context = None,
+        request_timeout: Timeout = 10.0,
+    ) -> None:
+        """Per node and GPU: model, memory, compute and memory held and free, and which pods hold them."""
+        try:
+            chosen = check_output(output)
+        except UsageError as exc:
+            raise usage(exc) from None
+
+        async def work(api: client.KubeApi) -> views.Inventory:
+            listing = await read.cluster(api, selector, quotas=False)
+            found = views.inventory(views.cluster(listing), nodes or ())
+            unknown = sorted(set(nodes or ()) - {n.name for n in found.nodes} - {n for n, _ in found.ignored})
+            if unknown:
+                raise Failure(f"no GPU node named {', '.join(unknown)}")
+            return found
+
+        result = run(kubeconfig, context, request_timeout, work)
+        if chosen == "json":
+            typer.echo(render.dumps(render.inventory_json(result)), nl=False)
+        elif not result.nodes and not result.ignored:
+            typer.echo("No GPU nodes (no node has both a Node and a Device resource).")
+        else:
+            show(render.inventory_table(result, wide=chosen == "wide"))
+
+    @app.command()
+    def explain(
+        pod: Annotated[str, typer.Argument(help="The pod (NAME, or NAMESPACE/NAME).")],
+        namespace: Annotated[
+            str | None, typer.Option("--namespace", "-n", help="Its namespace (default: the context's).")
+        ] = None,
+        policy: Annotated[
+            str, typer.Option("--policy", help="The extender's placement policy (for the node it would choose).")
+        ] = "fgd-used",
+        detail: Annotated[
+            int, typer.Option("--detail", help="Nodes to explain GPU by GPU (closest to fitting first).", min=0)
+        ] = views.DETAIL_NODES,
+        output: Output = None,
+        kubeconfig: Kubeconfig = None,
+        context: Context = None,
+        request_timeout: Timeout = 10.0,
+    ) -> None:
+        """Why a pod is pending (or where it runs): node by node and GPU by GPU, from the extender's own filter."""
+        try:
+            chosen = check_output(output, ("json",))
+            policies.check(policy)
+            space, _, name = pod.rpartition("/")
+            if not name or "/" in space:
+                raise UsageError(f"{pod!r}: give the pod as NAME or NAMESPACE/NAME")
+        except errors.SharegpuError as exc:
+            raise usage(exc) from None
+        space = space or namespace or default_namespace(kubeconfig, context)
+
+        async def work(api: client.KubeApi) -> views.Explanation:
+            try:
+                found, node_selector = await read.pod(api, space, name)
+            except kube_errors.NotFoundError:
+                raise Failure(f"pod {space}/{name} not found") from None
+            listing = await read.cluster(api)
+            return views.explain(views.cluster(listing, policy), found, node_selector, detail=detail)
+
+        result = run(kubeconfig, context, request_timeout, work)
+        if chosen == "json":
+            typer.echo(render.dumps(render.explanation_json(result)), nl=False)
+        else:
+            show(render.explanation_text(result))
+
+    @app.command()
+    def groups(
+        namespace: Annotated[
+            str | None, typer.Option("--namespace", "-n", help="Only this namespace (default: all).")
+        ] = None,
+        output: Output = None,
+        kubeconfig: Kubeconfig = None,
+        context: Context = None,
+        request_timeout: Timeout = 10.0,
+    ) -> None:
+        """SharedDeviceGroups: phase, node, devices and members."""
+        try:
+            chosen = check_output(output)
+        except UsageError as exc:
+            raise usage(exc) from None
+
+        async def work(api: client.KubeApi) -> list[views.GroupView]:
+            return views.group_views(await read.groups(api, namespace))
+
+        result = run(kubeconfig, context, request_timeout, work)
+        if chosen == "json":
+            typer.echo(render.dumps(render.groups_json(result)), nl=False)
+        else:
+            show(render.groups_table(result, wide=chosen == "wide"))
+
+    @app.command()
+    def budgets(
+        namespace: Annotated[
+            str | None, typer.Option("--namespace", "-n", help="Only what governs this namespace (default: all).")
+        ] = None,
+        output: Output = None,
+        kubeconfig: Kubeconfig = None,
+        context: Context = None,
+        request_timeout: Timeout = 10.0,
+    ) -> None:
+        """GPU-time budgets and GPU quotas per namespace, with usage bars."""
+        try:
+            chosen = check_output(output)
+        except UsageError as exc:
+            raise usage(exc) from None
+
+        async def work(api: client.KubeApi) -> tuple[list[views.BudgetView], list[views.QuotaView]]:
+            (items, labels), listing = await asyncio.gather(read.budgets(api, namespace), read.quotas(api))
+            return views.budget_views(items, labels), views.quota_views(views.cluster(listing), namespace)
+
+        found, quotas = run(kubeconfig, context, request_timeout, work)
+        if chosen == "json":
+            typer.echo(render.dumps(render.budgets_json(found, quotas)), nl=False)
+        else:
+            show(render.budgets_tables(found, quotas, wide=chosen == "wide"))
+
+    return app
+
+
+app = make_app()
+
+
+def main() -> None:
+    # The extender's cache logs the nodes it leaves out; the commands say so in their output instead.
+    logging.getLogger("sharegpu").addHandler(logging.NullHandler())
+    app(prog_name=PROG, args=sys.argv[1:])

@@ -1,0 +1,531 @@
+"""What the plugin's commands show, assembled from typed API objects without I/O.
+
+The cluster is rebuilt exactly as the extender rebuilds it after a start: Nodes, Devices and pods
+go through the extender's own record functions into its `ClusterCache` (fleet arrays, ledger,
+placer), ResourceQuotas into its `QuotaGuard`. `inventory` then reads the ledger (who holds what,
+GPU by GPU); `explain` asks the filter the extender runs (`core.fit.evaluate`, `diagnose`,
+`explain_node`), words the answer with `api.reasons` (the FailedScheduling texts and the GPU-by-GPU
+detail of the extender's /debug/pods), checks the namespace's quotas with the extender's guard, and
+asks the placer which node and GPUs the extender would choose. So the plugin's answer is the
+extender's answer for the same cluster state; the only difference is the state itself (the
+extender may hold a decision whose binding is still on its way).
+
+Every view is a frozen value; `render` turns them into tables, text or JSON.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from sharegpu.api import budgets as api_budgets
+from sharegpu.api import groups as api_groups
+from sharegpu.api import names, pods, reasons, wire
+from sharegpu.api import quotas as api_quotas
+from sharegpu.core import allocation, errors, fit, requests, units
+from sharegpu.extender import cache as cache_mod
+from sharegpu.extender import quotas as quotas_mod
+
+DETAIL_NODES = 20
+"""Nodes explained GPU by GPU by default (the closest to fitting first), as the extender's /debug/pods does."""
+
+NO_INVENTORY = "NO_INVENTORY"
+"""The shortfall name of a candidate node the fleet does not hold (no Device, or not ready)."""
+
+
+# ----------------------------------------------------------------- the cluster
+
+
+@dataclass(frozen=True, slots=True)
+class Listing:
+    """What the plugin read from the API: one list of each kind the extender watches."""
+
+    nodes: tuple[wire.Node, ...]
+    devices: tuple[wire.Device, ...]
+    pods: tuple[wire.Pod, ...]
+    quotas: tuple[api_quotas.ResourceQuota, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Cluster:
+    """The extender's cache and quota guard over a listing, and what the cache does not keep."""
+
+    cache: cache_mod.ClusterCache
+    quota: quotas_mod.QuotaGuard
+    labels: Mapping[str, Mapping[str, str]]
+    """Node name -> its labels."""
+    gpu_reasons: Mapping[tuple[str, int], str]
+    """(node, GPU index) -> why the Device says the GPU is unhealthy."""
+
+
+def cluster(listing: Listing, policy: str = "fgd-used") -> Cluster:
+    """The extender's view of the listed cluster (its cache rebuilt from the lists, as after a start)."""
+    cache = cache_mod.ClusterCache(policy)
+    guard = quotas_mod.QuotaGuard(cache)
+    for node in listing.nodes:
+        cache.on_node("ADDED", cache_mod.node_record(node))
+    for device in listing.devices:
+        cache.on_device("ADDED", cache_mod.device_record(device))
+    for pod in listing.pods:
+        cache.on_pod("ADDED", pods.record(pod))
+    for quota in listing.quotas:
+        guard.on_quota("ADDED", quota)
+    cache.rebuild()
+    gpu_reasons = {
+        (d.metadata.name, g.index): g.reason for d in listing.devices for g in d.spec.gpus if g.reason and not g.healthy
+    }
+    labels = {n.metadata.name: dict(n.metadata.labels) for n in listing.nodes}
+    return Cluster(cache, guard, labels, gpu_reasons)
+
+
+# ----------------------------------------------------------------- inspect
+
+
+@dataclass(frozen=True, slots=True)
+class Holder:
+    """One pod's share of one GPU."""
+
+    pod: str
+    milli: int
+    memory_mib: int
+    phase: str
+    """The ledger's phase: Added (bound) or Assumed."""
+
+
+@dataclass(frozen=True, slots=True)
+class GpuView:
+    index: int
+    uuid: str
+    model: str
+    healthy: bool
+    reason: str
+    milli_capacity: int
+    milli_free: int
+    memory_capacity: int
+    memory_free: int
+    holders: tuple[Holder, ...]
+    reservation: str | None
+    """The reservation pod holding the GPU for its sharers (None: none)."""
+    reservation_uuid: str | None
+
+    @property
+    def milli_used(self) -> int:
+        return self.milli_capacity - self.milli_free
+
+    @property
+    def memory_used(self) -> int:
+        return self.memory_capacity - self.memory_free
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    name: str
+    cpu_capacity: int
+    cpu_free: int
+    memory_capacity: int
+    memory_free: int
+    gpus: tuple[GpuView, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Totals:
+    gpus: int
+    milli_capacity: int
+    milli_used: int
+    memory_capacity: int
+    memory_used: int
+    whole_free: int
+    """GPUs nobody holds any of."""
+
+
+@dataclass(frozen=True, slots=True)
+class Inventory:
+    nodes: tuple[NodeView, ...]
+    ignored: tuple[tuple[str, str], ...]
+    """(node, why) for every Device the fleet leaves out."""
+    conflicts: int
+    """Bound pods whose allocations the ledger refused (the API and the ledger disagree)."""
+
+    def totals(self) -> Totals:
+        gpus = [g for n in self.nodes for g in n.gpus]
+        return Totals(
+            gpus=len(gpus),
+            milli_capacity=sum(g.milli_capacity for g in gpus),
+            milli_used=sum(g.milli_used for g in gpus),
+            memory_capacity=sum(g.memory_capacity for g in gpus),
+            memory_used=sum(g.memory_used for g in gpus),
+            whole_free=sum(1 for g in gpus if g.healthy and not g.holders),
+        )
+
+
+def inventory(view: Cluster, only: Sequence[str] = ()) -> Inventory:
+    """Per node and GPU: capacity, what is used and free, and who holds what (the ledger's entries)."""
+    cache = view.cache
+    state = cache.state
+    holders: dict[tuple[str, int], list[Holder]] = {}
+    for key, entry in cache.ledger.entries():
+        for index, (milli, memory) in entry.alloc.gpu_usage().items():
+            holders.setdefault((entry.alloc.node, index), []).append(Holder(str(key), milli, memory, entry.phase.value))
+    reservations: dict[tuple[str, int], pods.Record] = {}
+    for record in cache.live_reservations():
+        slot = record.reservation
+        assert slot is not None
+        known = reservations.get((slot.node, slot.index))
+        if known is None or (known.reservation is not None and not known.reservation.uuid and slot.uuid):
+            reservations[(slot.node, slot.index)] = record
+    wanted = set(only)
+    nodes = []
+    for row, name in enumerate(state.names):
+        if wanted and name not in wanted:
+            continue
+        inventory_ = state.inventories[row]
+        gpus = []
+        for gpu in inventory_.gpus:
+            i = gpu.index
+            held = reservations.get((name, i))
+            slot = held.reservation if held is not None else None
+            gpus.append(
+                GpuView(
+                    index=i,
+                    uuid=str(gpu.uuid),
+                    model=gpu.model,
+                    healthy=bool(state.healthy[row, i]),
+                    reason=view.gpu_reasons.get((name, i), ""),
+                    milli_capacity=int(state.milli_capacity[row, i]),
+                    milli_free=int(state.milli_free[row, i]),
+                    memory_capacity=int(state.gmem_capacity[row, i]),
+                    memory_free=int(state.gmem_free[row, i]),
+                    holders=tuple(sorted(holders.get((name, i), []), key=lambda h: h.pod)),
+                    reservation=str(held.key) if held is not None else None,
+                    reservation_uuid=slot.uuid if slot is not None else None,
+                )
+            )
+        nodes.append(
+            NodeView(
+                name=name,
+                cpu_capacity=int(state.cpu_capacity[row]),
+                cpu_free=int(state.cpu_free[row]),
+                memory_capacity=int(state.mem_capacity[row]),
+                memory_free=int(state.mem_free[row]),
+                gpus=tuple(gpus),
+            )
+        )
+    ignored = []
+    for device_name, device in sorted(cache.devices.items()):
+        if wanted and device_name not in wanted:
+            continue
+        facts = cache.nodes.get(device_name)
+        if device.problem is not None:
+            ignored.append((device_name, device.problem))
+        elif facts is None:
+            ignored.append((device_name, "the Device has no Node"))
+        elif not facts.schedulable:
+            ignored.append((device_name, "the node is not ready or is cordoned"))
+        elif state.row(device_name) is None:
+            ignored.append((device_name, "the Device does not describe a usable inventory"))
+    return Inventory(tuple(nodes), tuple(ignored), cache.counters.conflicts)
+
+
+# ----------------------------------------------------------------- explain
+
+
+@dataclass(frozen=True, slots=True)
+class NodeVerdict:
+    """One candidate node for a pending pod."""
+
+    node: str
+    fits: bool
+    shortfall: str
+    """A `core.fit.Shortfall` name (NONE where it fits), or NO_INVENTORY."""
+    reason: str
+    """The extender's text for this node in the pod's FailedScheduling event ("" where it fits)."""
+    gpus: tuple[str, ...]
+    """GPU by GPU, as the extender's /debug/pods words it (only for the closest nodes)."""
+    eligible: tuple[int, ...]
+    """Where it fits: the GPUs that can host the pod."""
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    node: str
+    gpus: tuple[int, ...]
+    policy: str
+
+
+@dataclass(frozen=True, slots=True)
+class Explanation:
+    pod: str
+    phase: str
+    scheduler_name: str
+    node: str
+    """The node the pod is bound to ("" while pending)."""
+    outcome: str
+    """bound, fits, unschedulable, quota, invalid, no-gpu, reservation or finished."""
+    asks: str
+    """The request in words ("" when it asks for no GPU or cannot be read)."""
+    problem: str
+    """Why the request cannot be read, or why the pod may not be placed (quota)."""
+    scheduled: tuple[str, str, str] | None
+    """The pod's PodScheduled condition: (status, reason, message)."""
+    group: str
+    """The SharedDeviceGroup the pod joins (namespace/name), if any."""
+    selector: Mapping[str, str]
+    candidates: int
+    left_out: int
+    """Nodes the pod's nodeSelector leaves out."""
+    message: str
+    """What the extender's filter would answer now over the candidates, in kube-scheduler's words."""
+    choice: Choice | None
+    nodes: tuple[NodeVerdict, ...]
+    allocation: allocation.Allocation | None
+
+
+def describe(request: requests.PodRequest) -> str:
+    """A pod's GPU request in words (what placement works with: the pod-level demand)."""
+    d = request.demand
+    if d.count == 0:
+        gpu = "no GPU"
+    elif d.whole:
+        gpu = f"{d.count} whole GPU{'s' if d.count > 1 else ''}"
+    else:
+        gpu = f"{d.count} GPU{'s' if d.count > 1 else ''} x {d.milli} milli-GPU"
+    parts = [gpu]
+    if d.memory_mib and not d.whole:
+        parts.append(f"{d.memory_mib} MiB GPU memory each")
+    if d.memory_permille and not d.whole:
+        parts.append(f"{d.memory_permille / 10:g}% of each GPU's memory")
+    if d.models:
+        parts.append("model " + "/".join(sorted(d.models)))
+    rules = d.cotenancy
+    for label, value in (
+        ("affinity", rules.affinity),
+        ("anti-affinity", rules.anti_affinity),
+        ("exclusion", rules.exclusion),
+        ("group", rules.group),
+    ):
+        if value is not None:
+            parts.append(f"{label} {value!r}")
+    if d.isolation is not None:
+        parts.append(f"isolation {d.isolation.value}")
+    if d.cpu_milli or d.host_memory_mib:
+        parts.append(f"host cpu {d.cpu_milli}m, memory {d.host_memory_mib} MiB")
+    return "; ".join(parts)
+
+
+def _scheduled(pod: wire.Pod) -> tuple[str, str, str] | None:
+    for condition in pod.status.conditions:
+        if condition.type == "PodScheduled":
+            return condition.status, condition.reason, condition.message
+    return None
+
+
+def _group(pod: wire.Pod) -> str:
+    try:
+        joined = api_groups.membership(pod.metadata.annotations, pod.metadata.namespace)
+    except errors.InvalidInputError:
+        return ""
+    return f"{joined[0]}/{joined[1]}" if joined else ""
+
+
+def explain(
+    view: Cluster, pod: wire.Pod, node_selector: Mapping[str, str] | None = None, *, detail: int = DETAIL_NODES
+) -> Explanation:
+    """Why `pod` is pending (or where it is), node by node and GPU by GPU, from the extender's filter.
+
+    The candidates are the nodes kube-scheduler would offer the extender as far as the pod's
+    nodeSelector goes (its other filters, taints and required affinity, are kube-scheduler's and
+    not repeated here); among them, the nodes the fleet does not hold get the extender's "no GPU
+    inventory" text, as in a filter answer."""
+    record = pods.record(pod)
+    selector = dict(node_selector or {})
+    scheduled = _scheduled(pod)
+
+    base = Explanation(
+        pod=str(record.key), phase=record.phase or "Pending", scheduler_name=record.scheduler, node=record.node,
+        outcome="", asks=describe(record.request) if record.request else "", problem="", scheduled=scheduled,
+        group=_group(pod), selector=selector, candidates=0, left_out=0, message="", choice=None, nodes=(),
+        allocation=record.allocation,
+    )  # fmt: skip
+    if record.reservation is not None:
+        slot = record.reservation
+        return dataclasses.replace(
+            base, outcome="reservation", problem=f"sharegpu's reservation pod for GPU {slot.index} of {slot.node}"
+        )
+    if record.terminal:
+        return dataclasses.replace(base, outcome="finished")
+    if record.node:
+        return dataclasses.replace(base, outcome="bound")
+    if not record.gpu:
+        return dataclasses.replace(base, outcome="no-gpu")
+    if record.request is None:
+        text = reasons.invalid(["-"], record.problem or "unreadable")
+        return dataclasses.replace(base, outcome="invalid", problem=text.unresolvable["-"])
+    request = record.request
+    demand = request.demand
+    cache = view.cache
+    state = cache.state
+    names_ = sorted(n for n in cache.nodes if all(view.labels.get(n, {}).get(k) == v for k, v in selector.items()))
+    left_out = len(cache.nodes) - len(names_)
+    known = [n for n in names_ if state.row(n) is not None]
+    missing = [n for n in names_ if state.row(n) is None]
+    rows = np.array([state.row(n) for n in known], dtype=np.int64)
+    feasible = fit.evaluate(state, demand, rows).feasible
+    diagnosis = fit.diagnose(state, demand, rows)
+    failed = reasons.failures(known, diagnosis, demand, missing)
+    texts = {**failed.resolvable, **failed.unresolvable}
+    refusal = view.quota.refusal(record.key, request)
+    choice = None
+    if feasible.any():
+        chooser = cache.placer_for(pod.metadata.annotations.get(names.PLACEMENT))
+        decision = chooser.decide(demand, rows)
+        if decision.node is not None:
+            choice = Choice(decision.node, tuple(decision.gpus), chooser.policy.name)
+        message = f"{int(feasible.sum())} of {len(names_)} nodes fit"
+    else:
+        message = failed.message(len(names_)) if names_ else "no node matches the pod's nodeSelector"
+    shortfall, usable = diagnosis.shortfall.tolist(), diagnosis.usable.tolist()
+    order = sorted(range(len(known)), key=lambda i: (shortfall[i] != 0, -shortfall[i], -usable[i], known[i]))
+    verdicts = []
+    for rank, position in enumerate(order):
+        row = int(rows[position])
+        fits = bool(feasible[position])
+        lines: tuple[str, ...] = ()
+        eligible: tuple[int, ...] = ()
+        if fits:
+            mask = fit.eligible_gpus(state, demand, rows[position : position + 1])[0]
+            eligible = tuple(int(i) for i in np.flatnonzero(mask))
+        elif rank < detail:
+            lines = tuple(reasons.detail(fit.explain_node(state, demand, row)))
+        kind = fit.Shortfall(shortfall[position]).name
+        verdicts.append(NodeVerdict(known[position], fits, kind, texts.get(known[position], ""), lines, eligible))
+    verdicts += [NodeVerdict(n, False, NO_INVENTORY, texts[n], (), ()) for n in missing]
+    outcome = "quota" if refusal is not None else ("fits" if feasible.any() else "unschedulable")
+    return dataclasses.replace(
+        base, outcome=outcome, problem=refusal or "", candidates=len(names_), left_out=left_out, message=message,
+        choice=choice, nodes=tuple(verdicts),
+    )  # fmt: skip
+
+
+# ----------------------------------------------------------------- groups
+
+
+@dataclass(frozen=True, slots=True)
+class GroupView:
+    namespace: str
+    name: str
+    phase: str
+    node: str
+    gpus: int
+    share: str
+    """"whole GPUs", or the share of each GPU."""
+    strategy: str
+    devices: tuple[tuple[int, str], ...]
+    """(index, UUID) of each GPU the group holds."""
+    members: tuple[str, ...]
+    message: str
+    """The latest condition's message that is not True (why a group is not bound), else ""."""
+
+
+def group_views(items: Sequence[api_groups.SharedDeviceGroup]) -> list[GroupView]:
+    out = []
+    for item in sorted(items, key=lambda g: (g.metadata.namespace, g.metadata.name)):
+        spec, status = item.spec, item.status
+        if spec.share is None:
+            share = "whole GPUs"
+        else:
+            memory = f"{spec.share.memory_mib} MiB" if spec.share.memory_mib else f"{spec.share.milli / 10:g}% memory"
+            share = f"{spec.share.milli} milli-GPU, {memory}"
+        troubled = [c.message or c.reason for c in status.conditions if c.status != "True" and (c.message or c.reason)]
+        out.append(
+            GroupView(
+                namespace=item.metadata.namespace,
+                name=item.metadata.name,
+                phase=status.phase,
+                node=status.node_name,
+                gpus=spec.gpus,
+                share=share,
+                strategy=spec.scheduling_strategy,
+                devices=tuple((d.index, d.uuid) for d in status.devices),
+                members=tuple(sorted(status.member_pods)),
+                message=troubled[-1] if troubled else "",
+            )
+        )
+    return out
+
+
+# ----------------------------------------------------------------- budgets and quotas
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetView:
+    kind: str
+    namespace: str
+    """The GPUBudget's namespace ("" for a ClusterGPUBudget)."""
+    name: str
+    covers: tuple[str, ...]
+    """The namespaces a ClusterGPUBudget selects now (a GPUBudget: its own)."""
+    state: str
+    used_seconds: int
+    limit_seconds: int
+    period_start: str
+    period_end: str
+    when_exhausted: str
+    top: tuple[tuple[str, int], ...]
+    """(pod, GPU-seconds) of the largest consumers."""
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaView:
+    namespace: str
+    name: str
+    resource: str
+    held: int
+    """What the namespace's placed pods hold, as the extender counts it at placement."""
+    hard: int
+
+
+def budget_views(
+    items: Sequence[api_budgets.AnyBudget], namespaces: Mapping[str, Mapping[str, str]]
+) -> list[BudgetView]:
+    """Every budget with its standing; `namespaces`: name -> labels (for what a cluster budget selects)."""
+    out = []
+    for item in items:
+        status, spec = item.status, item.spec
+        covers = tuple(sorted(n for n, labels in namespaces.items() if api_budgets.covers(item, n, labels)))
+        if isinstance(item, api_budgets.GPUBudget):
+            covers = (item.metadata.namespace,)
+        out.append(
+            BudgetView(
+                kind=type(item).__name__,
+                namespace=item.metadata.namespace if isinstance(item, api_budgets.GPUBudget) else "",
+                name=item.metadata.name,
+                covers=covers,
+                state=status.state,
+                used_seconds=status.used_gpu_seconds,
+                limit_seconds=status.limit_gpu_seconds or api_budgets.limit_seconds(spec),
+                period_start=status.period_start,
+                period_end=status.period_end,
+                when_exhausted=spec.when_exhausted,
+                top=tuple((c.pod, c.gpu_seconds) for c in status.top_consumers),
+            )
+        )
+    out.sort(key=lambda b: (b.namespace == "", b.namespace, b.name))
+    return out
+
+
+def quota_views(view: Cluster, namespace: str | None = None) -> list[QuotaView]:
+    """Every ResourceQuota that limits sharegpu's totals, with what the extender counts against it."""
+    out = []
+    for ns, limits in sorted(view.quota.limits.items()):
+        if namespace is not None and ns != namespace:
+            continue
+        milli, memory = view.quota.held(ns, units.pod_key(ns, ""))
+        for name, limit in sorted(limits.items()):
+            if limit.milli is not None:
+                out.append(QuotaView(ns, name, names.GPU_MILLI_TOTAL, milli, limit.milli))
+            if limit.memory_mib is not None:
+                out.append(QuotaView(ns, name, names.GPU_MEMORY_TOTAL, memory, limit.memory_mib))
+    return out

@@ -1,0 +1,195 @@
+"""The command line: output formats, the kubeconfig's namespace, and one-line errors with the right
+exit status (2: the command line; 1: the cluster's answer)."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import socket
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from sharegpu.api import names, paths, resources
+from sharegpu.kube import client, fake
+from sharegpu.kubectl import app
+from tests.extender.conftest import add_node, gpu_pod
+
+runner = CliRunner()
+Json = dict[str, Any]
+
+
+def bound(name: str, node: str, index: int, milli: int, namespace: str = "ns") -> Json:
+    pod = gpu_pod(name, milli=milli, namespace=namespace)
+    pod["spec"]["nodeName"] = node
+    pod["status"] = {"phase": "Running"}
+    grant = {"index": index, "uuid": f"GPU-{node}-{index}", "milli": milli, "limitMilli": milli, "memoryMiB": 0}
+    pod["metadata"]["annotations"][names.ALLOCATION] = orjson.dumps(
+        {"version": 1, "node": node, "exclusive": False, "containers": [{"name": "main", "devices": [grant]}]}
+    ).decode()
+    return pod
+
+
+@pytest.fixture
+def server() -> fake.FakeApiServer:
+    made = fake.FakeApiServer()
+    add_node(made, "n0", gpus=2)
+    made.put_object(paths.pods("ns"), bound("a", "n0", 0, 600))
+    made.put_object(paths.pods("ns"), bound("b", "n0", 1, 700))
+    pending = gpu_pod("big", milli=500)
+    pending["status"] = {
+        "phase": "Pending",
+        "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/1 ..."}],
+    }
+    made.put_object(paths.pods("ns"), pending)
+    made.put_object(paths.pods("team"), gpu_pod("small", milli=200, namespace="team"))
+    return made
+
+
+def on(server: fake.FakeApiServer) -> Any:
+    """The command line talking to `server`; records how it was asked to connect."""
+    asked: list[tuple[str | None, str | None, float]] = []
+
+    def connect(kubeconfig: str | None, context: str | None, timeout: float) -> client.KubeClient:
+        asked.append((kubeconfig, context, timeout))
+        return client.KubeClient(server)
+
+    command = app.make_app(connect)
+    command.asked = asked  # type: ignore[attr-defined]
+    return command
+
+
+def test_inspect_prints_a_table_and_stable_json(server: fake.FakeApiServer) -> None:
+    command = on(server)
+    result = runner.invoke(command, ["inspect"])
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert lines[0].split() == ["NODE", "GPU", "MODEL", "COMPUTE", "(m)", "FREE", "MEMORY", "(MiB)", "FREE", "PODS"]
+    assert lines[1].split() == ["n0", "0", "T4", "600/1000", "400", "0/16384", "16384", "ns/a"]
+    assert lines[2].split() == ["1", "T4", "700/1000", "300", "0/16384", "16384", "ns/b"]
+    assert "1300/2000 milli-GPU allocated (65%)" in result.stdout
+
+    result = runner.invoke(command, ["inspect", "-o", "json", "--request-timeout", "3", "--context", "c"])
+    assert result.exit_code == 0, result.output
+    document = orjson.loads(result.stdout)
+    assert document["kind"] == "GPUInventory" and document["version"] == 1
+    gpus = document["nodes"][0]["gpus"]
+    assert [(g["index"], [p["pod"] for p in g["pods"]], g["milli"]["free"]) for g in gpus] == [
+        (0, ["ns/a"], 400),
+        (1, ["ns/b"], 300),
+    ]
+    assert command.asked[-1] == (None, "c", 3.0)
+
+    wide = runner.invoke(command, ["inspect", "n0", "-o", "wide"])
+    assert wide.exit_code == 0 and "ns/a 600m 0Mi" in wide.stdout and "GPU-n0-1" in wide.stdout
+    assert runner.invoke(command, ["inspect", "-l", "zone=b"]).stdout.startswith("No GPU nodes")
+
+
+def test_explain_reads_the_pod_in_the_namespace_asked_for(server: fake.FakeApiServer, tmp_path: Path) -> None:
+    command = on(server)
+    result = runner.invoke(command, ["explain", "big", "-n", "ns"])
+    assert result.exit_code == 0, result.output
+    assert "Pod ns/big: Pending" in result.stdout
+    assert "PodScheduled=False Unschedulable: 0/1 ..." in result.stdout
+    assert "0/1 nodes are available: 1 sharegpu: no GPU with 500 milli-GPU free (largest free: 400)." in result.stdout
+    assert "n0/gpu0: sharegpu.io/gpu-milli requested 500, free 400 of 1000" in result.stdout
+
+    result = runner.invoke(command, ["explain", "team/small", "-o", "json"])
+    document = orjson.loads(result.stdout)
+    assert (document["pod"], document["outcome"], document["choice"]["node"]) == ("team/small", "fits", "n0")
+
+    kubeconfig = tmp_path / "config"
+    kubeconfig.write_text(
+        yaml.safe_dump({"current-context": "t", "contexts": [{"name": "t", "context": {"namespace": "team"}}]})
+    )
+    result = runner.invoke(command, ["explain", "small", "--kubeconfig", str(kubeconfig)])
+    assert result.exit_code == 0 and "Pod team/small" in result.stdout, result.output
+    assert command.asked[-1][0] == str(kubeconfig)
+
+
+def test_the_kubeconfig_context_names_the_default_namespace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "config"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "current-context": "a",
+                "contexts": [{"name": "a", "context": {"namespace": "team-a"}}, {"name": "b", "context": {}}],
+            }
+        )
+    )
+    assert app.default_namespace(str(path), None) == "team-a"
+    assert app.default_namespace(str(path), "b") == "default"
+    monkeypatch.setenv("KUBECONFIG", str(path))
+    assert app.default_namespace(None, None) == "team-a"
+    assert app.default_namespace(str(tmp_path / "missing"), None) == "default"
+
+
+def one_line_error(result: Any, code: int) -> str:
+    assert result.exit_code == code, (result.exit_code, result.output)
+    assert result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("kubectl sharegpu: error: "), result.stderr
+    return str(lines[0].removeprefix("kubectl sharegpu: error: "))
+
+
+def test_errors_are_one_line_with_the_right_exit_status(server: fake.FakeApiServer, tmp_path: Path) -> None:
+    command = on(server)
+    assert one_line_error(runner.invoke(command, ["explain", "nope", "-n", "ns"]), 1) == "pod ns/nope not found"
+    assert one_line_error(runner.invoke(command, ["inspect", "-o", "yaml"]), 2) == (
+        "-o yaml: unknown output format; use wide or json (default: a table)"
+    )
+    assert one_line_error(runner.invoke(command, ["explain", "big", "-o", "wide"]), 2).startswith("-o wide:")
+    assert one_line_error(runner.invoke(command, ["explain", "a/b/c"]), 2).startswith("'a/b/c': give the pod as")
+    assert one_line_error(runner.invoke(command, ["explain", "big", "--policy", "best"]), 2).startswith(
+        "unknown policy"
+    )
+    assert one_line_error(runner.invoke(command, ["inspect", "n7"]), 1) == "no GPU node named n7"
+
+    server.fail(404, path=resources.SHARED_DEVICE_GROUP.path())
+    assert one_line_error(runner.invoke(command, ["groups"]), 1) == (
+        "the API server does not serve shareddevicegroups.sharegpu.io (is sharegpu installed in this cluster?)"
+    )
+    server.fail(403, path=paths.NODES, reason="Forbidden")
+    assert one_line_error(runner.invoke(command, ["inspect"]), 1) == "403 Forbidden: injected 403"
+    locked = fake.FakeApiServer(tokens={"secret"})
+    assert one_line_error(runner.invoke(on(locked), ["budgets"]), 1) == (
+        "the API server refused the credentials (401 Unauthorized)"
+    )
+
+
+def test_connection_errors_name_the_kubeconfig_or_the_api_server(tmp_path: Path) -> None:
+    command = app.make_app()  # the real credentials and transport
+    missing = tmp_path / "nope.yaml"
+    assert one_line_error(runner.invoke(command, ["inspect", "--kubeconfig", str(missing)]), 2) == (
+        f"kubeconfig {missing}: No such file or directory"
+    )
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    config = tmp_path / "config"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "current-context": "here",
+                "clusters": [{"name": "c", "cluster": {"server": f"http://127.0.0.1:{port}"}}],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+                "contexts": [{"name": "here", "context": {"cluster": "c", "user": "u"}}],
+            }
+        )
+    )
+    text = one_line_error(runner.invoke(command, ["inspect", "--kubeconfig", str(config)]), 1)
+    assert text.startswith(f"cannot reach the API server at http://127.0.0.1:{port}: GET /api/v1/"), text
+    text = one_line_error(runner.invoke(command, ["groups", "--kubeconfig", str(config), "--context", "there"]), 2)
+    assert text == f"{config}: no context named 'there'"
+
+
+def test_the_console_script_and_help() -> None:
+    (script,) = importlib.metadata.entry_points(group="console_scripts", name="kubectl-sharegpu")
+    assert script.value == "sharegpu.kubectl.app:main"
+    result = runner.invoke(app.app, ["--help"])
+    assert result.exit_code == 0
+    for command in ("inspect", "explain", "groups", "budgets"):
+        assert command in result.stdout
