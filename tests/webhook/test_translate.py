@@ -29,6 +29,9 @@ ROWS = [
     # (format, limits, annotations, canonical GPU limits, canonical annotations)
     ("sharegpu", {names.GPU: "1", names.GPU_MILLI: "300"}, {}, {names.GPU: "1", names.GPU_MILLI: "300"}, {}),
     ("nvidia whole", {"nvidia.com/gpu": "2"}, {}, {"nvidia.com/gpu": "2"}, {}),
+    # Whole GPUs asked the sharegpu way go to the device plugin (no hand-off would give them a GPU).
+    ("sharegpu whole", {names.GPU: "2"}, {}, {"nvidia.com/gpu": "2"}, {}),
+    ("sharegpu whole, all the compute", {names.GPU: "1", names.GPU_MILLI: "1000"}, {}, {"nvidia.com/gpu": "1"}, {}),
     ("koordinator core+ratio", {"koordinator.sh/gpu-core": "50", "koordinator.sh/gpu-memory-ratio": "50"}, {},
      {names.GPU_MILLI: "500"}, {names.MEMORY_PERMILLE: "500"}),
     ("koordinator core+bytes", {"koordinator.sh/gpu-core": "25", "koordinator.sh/gpu-memory": "8Gi"}, {},

@@ -318,6 +318,21 @@ def _resources(container: Json) -> tuple[Json, Json]:
     return resources["limits"], resources["requests"]
 
 
+def _whole_sharegpu(res: dict[str, Any]) -> _Share | None:
+    """sharegpu.io/gpu: N with no share of compute (gpu-milli absent or 1000) and no memory: N whole
+    GPUs, which the device plugin hands over (nvidia.com/gpu); None for a share."""
+    if names.GPU not in res or names.GPU_MEMORY in res:
+        return None
+    if names.GPU_MILLI in res and quantity.integer(res[names.GPU_MILLI], names.GPU_MILLI, 1, units.MILLI_PER_GPU) != (
+        units.MILLI_PER_GPU
+    ):
+        return None
+    share = _Share()
+    share.count = quantity.integer(res[names.GPU], names.GPU, 0, units.MAX_GPUS_PER_NODE)
+    share.whole = True
+    return share if share.count else None
+
+
 def _write(container: Json, share: _Share) -> str:
     """Replace the container's GPU resources by the canonical ones; returns what was written."""
     limits, requests = _resources(container)
@@ -362,7 +377,8 @@ def translate(pod: Json, models: frozenset[str] = frozenset()) -> tuple[Json, li
         name = container.get("name") or f"#{position}"
         formats = _formats_in(res)
         hami = "hami" in formats
-        if formats == ["sharegpu"] and names.GPU_MILLI in res:
+        whole = _whole_sharegpu(res) if formats == ["sharegpu"] else None
+        if formats == ["sharegpu"] and names.GPU_MILLI in res and whole is None:
             with_compute.append(name)
         if len(formats) > 1:
             raise errors.InvalidRequestError(
@@ -374,6 +390,8 @@ def translate(pod: Json, models: frozenset[str] = frozenset()) -> tuple[Json, li
                 if found is None:
                     continue  # a count of whole GPUs: the device plugin's own protocol
                 share, before = found, f"{names.NVIDIA_GPU}={res[names.NVIDIA_GPU]} (percent of a GPU)"
+            elif whole is not None:
+                share, before = whole, ", ".join(f"{k}={res[k]}" for k in (names.GPU, names.GPU_MILLI) if k in res)
             elif not formats or formats == ["sharegpu"]:
                 continue
             else:
