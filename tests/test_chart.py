@@ -136,7 +136,7 @@ def test_the_webhook_does_not_take_the_cluster_down() -> None:
     (condition,) = _hooks(one(docs, "MutatingWebhookConfiguration", "sharegpu"))["pods.mutate.sharegpu.io"][
         "matchConditions"
     ]
-    for word in ("gpu", "vcuda", "NVIDIA_", "envFrom", "sharegpu.io/", "initContainers"):
+    for word in ("gpu", "vcuda", "NVIDIA_", "envFrom", "sharegpu.io/", "initContainers", "kubeshare/", "'gpu-'"):
         assert word in condition["expression"], word
     off = render("1.30.0", "webhook.matchConditions=false")
     assert (
@@ -160,7 +160,9 @@ def test_cert_manager_is_used_when_its_api_is_served() -> None:
 def test_every_component_has_its_own_service_account_and_the_shipped_rbac() -> None:
     docs = render("1.20.2")
     accounts = {d["metadata"]["name"] for d in docs if d["kind"] == "ServiceAccount"}
-    assert accounts == {f"sharegpu-{c}" for c in ("scheduler", "extender", "webhook", "controller", "agent")}
+    components = ("scheduler", "extender", "webhook", "controller", "agent", "reserve")
+    assert accounts == {f"sharegpu-{c}" for c in components}
+    assert names.RESERVE_ACCOUNT in accounts, "the account sharegpu's GPU-holding pods run as"
     shipped = stack.manifests("files/rbac/*.yaml")
     rendered = [d for d in docs if d["kind"] in ("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")]
     key = lambda d: (d["kind"], d["metadata"].get("namespace", ""), d["metadata"]["name"])  # noqa: E731
@@ -194,3 +196,43 @@ def test_another_namespace_is_refused_with_the_reason() -> None:
     assert 'install sharegpu into the namespace sharegpu-system (helm install -n sharegpu-system), not "default"' in (
         done.stderr
     )
+
+
+def test_every_component_is_annotated_for_scraping_on_the_port_that_serves_its_metrics() -> None:
+    docs = render("1.30.0")
+    for name, port, scheme in (
+        ("sharegpu-scheduler", "health", None),
+        ("sharegpu-controller", "health", None),
+        ("sharegpu-agent", "health", None),
+        ("sharegpu-webhook", "https", "https"),
+    ):
+        kind = "DaemonSet" if name == "sharegpu-agent" else "Deployment"
+        template = one(docs, kind, name)["spec"]["template"]
+        notes = template["metadata"]["annotations"]
+        ports = {p["name"]: p["containerPort"] for c in template["spec"]["containers"] for p in c.get("ports", [])}
+        assert notes["prometheus.io/scrape"] == "true" and notes["prometheus.io/path"] == "/metrics", name
+        assert notes["prometheus.io/port"] == str(ports[port]), name
+        assert notes.get("prometheus.io/scheme") == scheme, name
+    quiet = render("1.30.0", "metrics.podAnnotations=false")
+    template = one(quiet, "Deployment", "sharegpu-controller")["spec"]["template"]
+    assert "annotations" not in template["metadata"]
+
+
+def test_a_pod_monitor_only_where_the_prometheus_operator_is_and_asked_for() -> None:
+    assert not [d for d in render("1.30.0") if d["kind"] == "PodMonitor"], "off by default"
+    args = ["template", "s", str(stack.CHART), "-n", names.SYSTEM_NAMESPACE, "--set", "metrics.podMonitor.enabled=true"]
+    refused = run_helm(*args)
+    assert refused.returncode != 0 and "monitoring.coreos.com/v1 PodMonitor" in refused.stderr
+    done = run_helm(*args, "--set", "metrics.podMonitor.labels.release=prom",
+                    "--api-versions", "monitoring.coreos.com/v1/PodMonitor")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    monitor = one([d for d in yaml.safe_load_all(done.stdout) if d], "PodMonitor", "sharegpu")
+    assert monitor["metadata"]["labels"]["release"] == "prom"
+    endpoints = {e["port"]: e for e in monitor["spec"]["podMetricsEndpoints"]}
+    assert set(endpoints) == {"health", "https"}
+    assert all(e["honorLabels"] and e["path"] == "/metrics" for e in endpoints.values())
+    assert endpoints["https"]["scheme"] == "https"
+    assert endpoints["https"]["tlsConfig"]["ca"] == {"secret": {"name": "sharegpu-webhook-tls", "key": "ca.crt"}}
+    bad = run_helm("template", "s", str(stack.CHART), "-n", names.SYSTEM_NAMESPACE,
+                   "--set", "metrics.podMonitor.interval=often")  # fmt: skip
+    assert bad.returncode != 0 and "/metrics/podMonitor/interval" in bad.stderr

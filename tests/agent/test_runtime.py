@@ -120,7 +120,7 @@ async def test_the_agent_reports_the_isolation_it_offers_and_runs_mps_daemons(tm
         device = await one_pass(agent, server)
         assert [d.restarts for d in device.spec.mps if d.uuid == "GPU-1"] == [1]
         text = prometheus_client.generate_latest(agent.metrics.registry).decode()
-        assert 'sharegpu_agent_mps_daemon_restarts_total{gpu="GPU-1"} 1.0' in text
+        assert 'sharegpu_agent_mps_daemon_restarts_total{uuid="GPU-1"} 1.0' in text
         assert 'sharegpu_agent_isolation{mode="mps"} 1.0' in text
 
         # Gone from the node's offer when the library goes; readiness lapses when passes stop succeeding.

@@ -195,6 +195,15 @@ async def test_budget_use_and_leadership_are_on_metrics(env: Env) -> None:
     )
     assert text == 10 * HOUR
     assert controller.metrics.registry.get_sample_value("sharegpu_controller_leader") == 1
+    states = {
+        state: controller.metrics.registry.get_sample_value(
+            "sharegpu_budget_state", {"namespace": "team", "budget": "b", "state": state}
+        )
+        for state in ("Within", "Warning", "Exhausted")
+    }
+    assert states == {"Within": 1, "Warning": 0, "Exhausted": 0}
+    informer = {"informer": "pods"}
+    assert controller.metrics.registry.get_sample_value("sharegpu_controller_informer_ready", informer) == 1
 
 
 # ----------------------------------------------------------------- cluster budgets

@@ -10,7 +10,9 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
+from prometheus_client import parser
 
 from sharegpu.api import names, paths, pods, quantity, wire
 from sharegpu.devcluster import controlplane, stack
@@ -503,3 +505,31 @@ async def test_a_resource_quota_counts_every_gpu_of_a_share(
     await admin.create(paths.pods(namespace), bare_pod("fits", {names.GPU_MILLI: "500", names.GPU_MEMORY: "2000"}))
     with pytest.raises(kube_errors.ForbiddenError, match=r"exceeded quota: gpus"):
         await admin.create(paths.pods(namespace), bare_pod("one-more", {names.GPU_MILLI: "1"}))
+
+
+async def test_admissions_through_the_api_server_are_counted_on_metrics(
+    admin: client.KubeClient, webhook: RunningWebhook, namespace: str
+) -> None:
+    async def counted() -> dict[tuple[str, str], float]:
+        context = ssl.create_default_context(cadata=certs.pem(webhook.ca_cert).decode())
+        async with aiohttp.ClientSession() as session, session.get(f"{webhook.url}/metrics", ssl=context) as got:
+            assert got.status == 200
+            text = await got.text()
+        return {
+            (s.labels["kind"], s.labels["outcome"]): s.value
+            for family in parser.text_string_to_metric_families(text)
+            for s in family.samples
+            if s.name == "sharegpu_webhook_admissions_total"
+        }
+
+    before = await counted()
+    await admin.create(paths.pods(namespace), bare_pod("counted", {"aliyun.com/gpu-mem": "1"}))
+    with pytest.raises(kube_errors.ApiError):
+        await admin.create(paths.pods(namespace), bare_pod("refused", {names.GPU: "1", names.GPU_MILLI: "1001"}))
+    after = await counted()
+
+    def more(kind: str, outcome: str) -> float:
+        return after.get((kind, outcome), 0) - before.get((kind, outcome), 0)
+
+    assert more("mutate", "allowed") >= 1 and more("validate", "allowed") >= 1, (before, after)
+    assert more("mutate", "denied") + more("validate", "denied") >= 1, (before, after)

@@ -30,6 +30,7 @@ ALLOWED: dict[str, list[Check]] = {
                    ("create", "", "configmaps", "team", "", ""), ("patch", "", "nodes", "", "n1", "")],
     "agent": [("create", "sharegpu.io", "devices", "", "", ""), ("update", "sharegpu.io", "devices", "", "n1", ""),
               ("patch", "", "nodes", "", "n1", ""), ("create", "", "pods", "team", "p", "eviction")],
+    "reserve": [("patch", "", "pods", SYSTEM, "sharegpu-reserve-n1-0", ""), ("get", "", "pods", SYSTEM, "r", "")],
 }  # fmt: skip
 REFUSED: dict[str, list[Check]] = {
     "scheduler": [("get", "", "secrets", SYSTEM, "", ""), ("update", "coordination.k8s.io", "leases", SYSTEM,
@@ -44,6 +45,8 @@ REFUSED: dict[str, list[Check]] = {
     "agent": [("delete", "sharegpu.io", "devices", "", "n1", ""), ("create", "", "pods", "team", "", "binding"),
               ("get", "", "secrets", SYSTEM, "", ""), ("delete", "", "pods", "team", "p", ""),
               ("update", "", "nodes", "", "n1", "")],
+    "reserve": [("patch", "", "pods", "team", "p", ""), ("delete", "", "pods", SYSTEM, "r", ""),
+                ("get", "", "secrets", SYSTEM, "", ""), ("list", "", "pods", "", "", "")],
 }  # fmt: skip
 
 

@@ -121,8 +121,8 @@ async def test_the_lease_holder_dies_and_the_other_takes_over_without_repeating_
     assert await metric(survivor, "sharegpu_extender_leader", "") == 0.0
     await sharing(admin, ["a1", "a2", "a3"])  # 600 milli each: three shared GPUs
     before = await wait_for(lambda: settled(admin, 3), timeout=90, what="three pods with hand-off and reservation")
-    assert await metric(survivor, "sharegpu_reservation_pods_total", 'action="created"') == 0.0
-    assert await metric(survivor, "sharegpu_handoff_writes_total", 'action="created"') == 0.0
+    assert await metric(survivor, "sharegpu_extender_reservation_pods_total", 'action="created"') == 0.0
+    assert await metric(survivor, "sharegpu_extender_handoff_writes_total", 'action="created"') == 0.0
 
     killed = time.monotonic()
     leader.extender.kill()  # SIGKILL: no clean release of the Lease
@@ -141,7 +141,7 @@ async def test_the_lease_holder_dies_and_the_other_takes_over_without_repeating_
         assert after["handoffs"][name] == version, f"{name} was written again"
     assert set(before["reservations"]) <= set(after["reservations"]), "no reservation was replaced"
     assert len(after["reservations"]) == 6, after["reservations"]
-    assert await metric(survivor, "sharegpu_handoff_writes_total", 'action="created"') == 3.0
-    assert await metric(survivor, "sharegpu_handoff_writes_total", 'action="updated"') == 0.0
-    assert await metric(survivor, "sharegpu_reservation_pods_total", 'action="created"') == 3.0
+    assert await metric(survivor, "sharegpu_extender_handoff_writes_total", 'action="created"') == 3.0
+    assert await metric(survivor, "sharegpu_extender_handoff_writes_total", 'action="updated"') == 0.0
+    assert await metric(survivor, "sharegpu_extender_reservation_pods_total", 'action="created"') == 3.0
     await asyncio.sleep(0)

@@ -10,6 +10,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from prometheus_client import parser
 
 from sharegpu.api import names
 from sharegpu.core import allocation, devices, units
@@ -240,7 +241,12 @@ async def test_whole_gpu_pods_of_other_schedulers_are_counted(
     await wait_for(unschedulable, what="the sharing pod to find no room")
 
 
-async def test_metrics_and_health_endpoints(extender: ExtenderProcess) -> None:
+async def test_metrics_and_health_endpoints(
+    admin: client.KubeClient, extender: ExtenderProcess, nodes: Callable[..., Any], namespace: str
+) -> None:
+    (node,) = await nodes(1, gpus=1)
+    await admin.create(f"/api/v1/namespaces/{namespace}/pods", gpu_pod("measured", namespace, milli=400))
+    await wait_for(lambda: all_bound(admin, namespace, 1), what="the pod bound")
     async with aiohttp.ClientSession() as session:
         async with session.get(f"{extender.health_url}/healthz") as response:
             assert response.status == 200
@@ -248,8 +254,17 @@ async def test_metrics_and_health_endpoints(extender: ExtenderProcess) -> None:
             assert response.status == 200
         async with session.get(f"{extender.health_url}/metrics") as response:
             text = await response.text()
-        assert "sharegpu_extender_latency_seconds_bucket" in text
+        assert "sharegpu_extender_request_duration_seconds_bucket" in text
         assert 'sharegpu_extender_binds_total{outcome="bound"}' in text
+        assert "sharegpu_extender_scheduling_latency_seconds_count" in text
+        samples = {
+            (s.name, s.labels.get("node"), s.labels.get("gpu")): s.value
+            for family in parser.text_string_to_metric_families(text)
+            for s in family.samples
+        }
+        assert samples["sharegpu_gpu_compute_allocated_milli", node, "0"] == 400
+        assert samples["sharegpu_gpu_holders", node, "0"] == 1
+        assert "# TYPE sharegpu_pending_gpu_pods gauge" in text
         async with session.get(f"{extender.health_url}/debug/nodes") as response:
             counters = (await response.json())["counters"]
         assert counters["rebuilds"] >= 1

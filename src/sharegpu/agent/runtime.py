@@ -417,9 +417,9 @@ class _Metrics(Collector):
         modes = GaugeMetricFamily("sharegpu_agent_isolation", "1 for each isolation mode offered", labels=["mode"])
         for mode in devices.Isolation:
             modes.add_metric([mode.value], 1 if mode.value in spec.isolation else 0)
-        up = GaugeMetricFamily("sharegpu_agent_mps_daemon_up", "1 while the GPU's MPS daemon runs", labels=["gpu"])
+        up = GaugeMetricFamily("sharegpu_agent_mps_daemon_up", "1 while the GPU's MPS daemon runs", labels=["uuid"])
         restarts = CounterMetricFamily(
-            "sharegpu_agent_mps_daemon_restarts", "Restarts of the GPU's MPS daemon", labels=["gpu"]
+            "sharegpu_agent_mps_daemon_restarts", "Restarts of the GPU's MPS daemon", labels=["uuid"]
         )
         for daemon in spec.mps:
             up.add_metric([daemon.uuid], 1 if daemon.running else 0)
@@ -429,13 +429,9 @@ class _Metrics(Collector):
         passes.add_metric(["ok"], loop.completed - loop.failures)
         passes.add_metric(["failed"], loop.failures)
         yield from (gpus, modes, up, restarts, passes)
-        families: dict[str, GaugeMetricFamily] = {}
+        families = {s.name: GaugeMetricFamily(s.name, s.help, labels=list(s.labels)) for s in watchdog.SERIES}
         for sample in self.agent.usage.samples():
-            series = sample.series
-            family = families.setdefault(
-                series.name, GaugeMetricFamily(series.name, series.help, labels=list(series.labels))
-            )
-            family.add_metric(list(sample.labels), sample.value)
+            families[sample.series.name].add_metric(list(sample.labels), sample.value)
         yield from families.values()
         violations = GaugeMetricFamily(
             "sharegpu_agent_violations", "Pods over their GPU allocation now, by kind", labels=["kind"]

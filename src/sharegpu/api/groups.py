@@ -244,6 +244,7 @@ def holder_pod(group: SharedDeviceGroup, image: str, node: str = "") -> dict[str
         },
         "spec": {
             "schedulerName": names.SCHEDULER_NAME,
+            "serviceAccountName": names.RESERVE_ACCOUNT,
             "nodeSelector": dict(spec.node_selector),
             "priorityClassName": "system-cluster-critical",
             "terminationGracePeriodSeconds": 5,

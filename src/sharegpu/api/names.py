@@ -86,6 +86,9 @@ ROLE_GROUP_SHARE: Final = "group-share-holder"
 """In the container of a group's holder pod that holds a share of each GPU (sharegpu's own
 resources, placed and handed off like a sharing pod): nothing to report, it only holds."""
 ROLE_ENV: Final = "SHAREGPU_ROLE"
+RESERVE_ACCOUNT: Final = "sharegpu-reserve"
+"""The ServiceAccount of sharegpu's GPU-holding pods (reservations, group holders): `sharegpu reserve`
+reports the GPUs it got on its own pod (the chart's files/rbac/reserve.yaml)."""
 """In the container of sharegpu's GPU-holding pods: which kind of pod it runs in (`sharegpu reserve` reads it)."""
 ROLE_GROUP_HANDOFF: Final = "group-handoff"
 """The ConfigMap that tells a group's members its GPUs (in each namespace that has members)."""

@@ -196,7 +196,8 @@ class Controller:
 
 
 class _Metrics(Collector):
-    """Per budget its use and limit (read from the books at each scrape), and leadership."""
+    """Per budget its use, limit and state (read from the books at each scrape), leadership, and the
+    informers' readiness."""
 
     def __init__(self, controller: Controller) -> None:
         self.registry = prometheus_client.CollectorRegistry()
@@ -204,19 +205,26 @@ class _Metrics(Collector):
         self.registry.register(self)
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        used = GaugeMetricFamily(
-            "sharegpu_budget_used_gpu_seconds", "GPU-seconds used this period", labels=["namespace", "budget"]
-        )
-        limit = GaugeMetricFamily(
-            "sharegpu_budget_limit_gpu_seconds", "GPU-seconds per period", labels=["namespace", "budget"]
+        labels = ["namespace", "budget"]
+        used = GaugeMetricFamily("sharegpu_budget_used_gpu_seconds", "GPU-seconds used this period", labels=labels)
+        limit = GaugeMetricFamily("sharegpu_budget_limit_gpu_seconds", "GPU-seconds per period", labels=labels)
+        state = GaugeMetricFamily(
+            "sharegpu_budget_state", "1 for the budget's state (Within, Warning, Exhausted)", labels=[*labels, "state"]
         )
         for item in self.controller.budgets.budgets.values():
-            labels = [item.metadata.namespace, item.metadata.name]
-            used.add_metric(labels, item.status.used_gpu_seconds)
-            limit.add_metric(labels, api_budgets.limit_seconds(item.spec))
+            values = [item.metadata.namespace, item.metadata.name]
+            used.add_metric(values, item.status.used_gpu_seconds)
+            limit.add_metric(values, api_budgets.limit_seconds(item.spec))
+            for name in (api_budgets.WITHIN, api_budgets.WARNING, api_budgets.EXHAUSTED):
+                state.add_metric([*values, name], 1 if item.status.state == name else 0)
         leading = GaugeMetricFamily("sharegpu_controller_leader", "1 while this replica reconciles")
         leading.add_metric([], 1 if self.controller.elector.is_leader else 0)
-        yield from (used, limit, leading)
+        ready = GaugeMetricFamily(
+            "sharegpu_controller_informer_ready", "1 while an informer is synced and watching", labels=["informer"]
+        )
+        for found in self.controller.informers:
+            ready.add_metric([found.name], 1 if found.ready else 0)
+        yield from (used, limit, state, leading, ready)
 
 
 async def serve(options: Options, started: asyncio.Event | None = None) -> None:

@@ -99,6 +99,8 @@ class ClusterCache:
         self.reservations: dict[units.PodKey, pods.Record] = {}
         self.handoff_pods: set[units.PodKey] = set()
         """Pods that name a hand-off ConfigMap (the only ones the hand-off reconciler looks at)."""
+        self.pending: set[units.PodKey] = set()
+        """Pods that ask for a GPU and are not bound yet (nor finished, nor being deleted)."""
         self.assumed: dict[units.PodKey, allocation.Allocation] = {}
         self.counters = Counters()
         self._dirty = True
@@ -262,6 +264,7 @@ class ClusterCache:
         if kind == "DELETED":
             self.pods.pop(key, None)
             self.handoff_pods.discard(key)
+            self.pending.discard(key)
             if key in self.assumed:
                 self.forget(key)
             elif not self._dirty and self._ledger is not None and key in self._ledger:
@@ -270,6 +273,10 @@ class ClusterCache:
         self.pods[key] = record
         if record.handoff:
             self.handoff_pods.add(key)
+        if record.gpu and not record.node and not record.terminal and not record.deleting:
+            self.pending.add(key)
+        else:
+            self.pending.discard(key)
         if not self._dirty:
             self._account(record)
 

@@ -1,14 +1,33 @@
-"""The extender's Prometheus metrics, in its own registry (one set per process)."""
+"""The extender's Prometheus metrics, in its own registry (one set per process).
+
+Two kinds. What the extender does (decisions, binds, request durations, scheduling latency,
+reservation and hand-off writes) is counted as it happens, in prometheus_client's own counters and
+histograms. What the cluster holds (per node and GPU: capacity, allocation, holders; per namespace:
+allocation, ResourceQuota limits, pending GPU pods) is read from the cache when Prometheus scrapes,
+never maintained per event: `refresh` takes a `View` in the event loop (copies of the fleet arrays
+and references to immutable records, cheap), and the families are built from it afterwards,
+off the event loop when served (`scrape`), so a scrape of thousands of GPUs does not hold up filter
+and bind. docs/metrics.md lists every metric.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+import asyncio
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import prometheus_client
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from sharegpu.core import allocation
+from sharegpu.api import quotas as api_quotas
+from sharegpu.core import allocation, devices, fleet, units
+from sharegpu.extender import cache as cache_mod
+from sharegpu.extender import quotas as quotas_mod
+
+REQUEST_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+SCHEDULING_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
 
 
 class Metrics:
@@ -19,11 +38,17 @@ class Metrics:
             "sharegpu_extender_decisions", "Filter decisions by outcome", ["verb", "outcome"], registry=r
         )
         self.latency = prometheus_client.Histogram(
-            "sharegpu_extender_latency_seconds",
-            "Handler latency",
+            "sharegpu_extender_request_duration_seconds",
+            "Time to answer one filter, prioritize or bind call of kube-scheduler",
             ["verb"],
             registry=r,
-            buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
+            buckets=REQUEST_BUCKETS,
+        )
+        self.scheduling = prometheus_client.Histogram(
+            "sharegpu_extender_scheduling_latency_seconds",
+            "From a pod's first filter on this replica to its binding (waiting for room included)",
+            registry=r,
+            buckets=SCHEDULING_BUCKETS,
         )
         self.binds = prometheus_client.Counter("sharegpu_extender_binds", "Bind results", ["outcome"], registry=r)
         self.expired = prometheus_client.Counter(
@@ -32,10 +57,10 @@ class Metrics:
             registry=r,
         )
         self.reservations = prometheus_client.Counter(
-            "sharegpu_reservation_pods", "Reservation pods created and deleted", ["action"], registry=r
+            "sharegpu_extender_reservation_pods", "Reservation pods created and deleted", ["action"], registry=r
         )
         self.handoffs = prometheus_client.Counter(
-            "sharegpu_handoff_writes", "Hand-off ConfigMaps written", ["action"], registry=r
+            "sharegpu_extender_handoff_writes", "Hand-off ConfigMaps written", ["action"], registry=r
         )
         self.leader = prometheus_client.Gauge(
             "sharegpu_extender_leader", "1 while this replica runs the background reconcilers", registry=r
@@ -43,37 +68,159 @@ class Metrics:
         self.ready = prometheus_client.Gauge(
             "sharegpu_extender_informer_ready", "1 while an informer is synced and watching", ["informer"], registry=r
         )
+        self.cluster = _Cluster()
+        self.registry.register(self.cluster)
+        self._source: Callable[[], View | None] = lambda: None
 
-    def count_usage(self, source: Callable[[], Iterable[allocation.Allocation]]) -> None:
-        """Per namespace, the GPU compute and memory its pods hold (or are reserved), read from
-        `source` at each scrape: a pod of 3 GPUs at 500 milli counts 1500."""
-        self.registry.register(_NamespaceUsage(source))
+    def report(self, source: Callable[[], View | None]) -> None:
+        """Report the cluster `source` returns at each scrape (None: nothing yet, e.g. before the
+        cache is built)."""
+        self._source = source
+
+    def refresh(self) -> None:
+        """Take the cluster's figures for the next exposition (in the event loop: the cache is not
+        thread-safe)."""
+        self.cluster.view = self._source()
 
     def exposition(self) -> bytes:
+        self.refresh()
         return prometheus_client.generate_latest(self.registry)
 
+    async def scrape(self) -> bytes:
+        """The exposition, formatted in a worker thread from a view taken here."""
+        self.refresh()
+        return await asyncio.to_thread(prometheus_client.generate_latest, self.registry)
 
-class _NamespaceUsage(Collector):
-    def __init__(self, source: Callable[[], Iterable[allocation.Allocation]]) -> None:
-        self.source = source
+
+@dataclass(frozen=True, slots=True)
+class View:
+    """The cluster as one scrape reports it: nothing in it changes after it is taken."""
+
+    inventories: tuple[devices.NodeInventory, ...]
+    """The nodes sharegpu places on (Ready, schedulable, with a valid Device), in fleet row order."""
+    milli_used: fleet.IntArray
+    memory_used: fleet.IntArray
+    holders: fleet.IntArray
+    """Per fleet row and GPU index: pods holding a share or the whole GPU (assumed ones included)."""
+    allocations: tuple[allocation.Allocation, ...]
+    pending: tuple[str, ...]
+    """The namespace of each pod that asks for a GPU and is not bound yet."""
+    quotas: tuple[tuple[str, api_quotas.Limit], ...]
+    """(namespace, limit) of each ResourceQuota that limits sharegpu's totals."""
+
+
+def view(cache: cache_mod.ClusterCache, quota: quotas_mod.QuotaGuard | None) -> View:
+    """What the cache holds now (rebuilding the fleet first if the inventory changed, as a filter would)."""
+    state = cache.state
+    limits = quota.limits if quota is not None else {}
+    return View(
+        inventories=state.inventories,
+        milli_used=state.milli_capacity - state.milli_free,
+        memory_used=state.gmem_capacity - state.gmem_free,
+        holders=state.tenants.copy(),
+        allocations=tuple(cache.ledger.allocations()),
+        pending=tuple(str(key).split("/", 1)[0] for key in cache.pending),
+        quotas=tuple((ns, item) for ns, found in sorted(limits.items()) for _, item in sorted(found.items())),
+    )
+
+
+class _Cluster(Collector):
+    """Families over the latest `View` (present, without samples, before the first one)."""
+
+    def __init__(self) -> None:
+        self.view: View | None = None
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        milli = GaugeMetricFamily(
-            "sharegpu_namespace_gpu_milli",
-            "GPU compute held per namespace (milli-GPU, every GPU)",
-            labels=["namespace"],
+        gpu = ["node", "gpu"]
+        info = GaugeMetricFamily(
+            "sharegpu_gpu_info", "1 per GPU sharegpu places on, with its UUID and model", labels=[*gpu, "uuid", "model"]
         )
-        memory = GaugeMetricFamily(
-            "sharegpu_namespace_gpu_memory_mib", "GPU memory held per namespace (MiB, every GPU)", labels=["namespace"]
+        healthy = GaugeMetricFamily("sharegpu_gpu_healthy", "1 while the GPU is healthy (its Device says)", labels=gpu)
+        milli_capacity = GaugeMetricFamily(
+            "sharegpu_gpu_compute_capacity_milli", "GPU compute, in milli-GPU (1000 per GPU)", labels=gpu
         )
-        totals: dict[str, list[int]] = {}
-        for alloc in self.source():
-            found = totals.setdefault(str(alloc.pod).split("/", 1)[0], [0, 0])
-            for used_milli, used_memory in alloc.gpu_usage().values():
-                found[0] += used_milli
-                found[1] += used_memory
-        for namespace, (used_milli, used_memory) in sorted(totals.items()):
-            milli.add_metric([namespace], used_milli)
-            memory.add_metric([namespace], used_memory)
-        yield milli
-        yield memory
+        milli_used = GaugeMetricFamily(
+            "sharegpu_gpu_compute_allocated_milli",
+            "GPU compute allocated to pods (bound or assumed), in milli-GPU",
+            labels=gpu,
+        )
+        memory_capacity = GaugeMetricFamily("sharegpu_gpu_memory_capacity_mib", "GPU memory, in MiB", labels=gpu)
+        memory_used = GaugeMetricFamily(
+            "sharegpu_gpu_memory_allocated_mib", "GPU memory allocated to pods (bound or assumed), in MiB", labels=gpu
+        )
+        holders = GaugeMetricFamily(
+            "sharegpu_gpu_holders", "Pods holding a share or the whole of the GPU (bound or assumed)", labels=gpu
+        )
+        ns = ["namespace"]
+        ns_milli = GaugeMetricFamily(
+            "sharegpu_namespace_gpu_compute_allocated_milli",
+            "GPU compute the namespace's pods hold (bound or assumed), in milli-GPU over every GPU",
+            labels=ns,
+        )
+        ns_memory = GaugeMetricFamily(
+            "sharegpu_namespace_gpu_memory_allocated_mib",
+            "GPU memory the namespace's pods hold (bound or assumed), in MiB over every GPU",
+            labels=ns,
+        )
+        quota_milli = GaugeMetricFamily(
+            "sharegpu_namespace_gpu_compute_quota_milli",
+            "A ResourceQuota's limit on the namespace's GPU compute total, in milli-GPU",
+            labels=[*ns, "quota"],
+        )
+        quota_memory = GaugeMetricFamily(
+            "sharegpu_namespace_gpu_memory_quota_mib",
+            "A ResourceQuota's limit on the namespace's GPU memory total, in MiB",
+            labels=[*ns, "quota"],
+        )
+        pending = GaugeMetricFamily(
+            "sharegpu_pending_gpu_pods", "Pods that ask for a GPU and are not bound to a node yet", labels=ns
+        )
+        found = self.view
+        if found is not None:
+            _per_gpu(found, info, healthy, milli_capacity, milli_used, memory_capacity, memory_used, holders)
+            totals: dict[str, list[int]] = {}
+            for alloc in found.allocations:
+                summed = totals.setdefault(str(alloc.pod).split("/", 1)[0], [0, 0])
+                for milli, memory in alloc.gpu_usage().values():
+                    summed[0] += milli
+                    summed[1] += memory
+            for namespace, (milli, memory) in sorted(totals.items()):
+                ns_milli.add_metric([namespace], milli)
+                ns_memory.add_metric([namespace], memory)
+            for namespace, limit in found.quotas:
+                if limit.milli is not None:
+                    quota_milli.add_metric([namespace, limit.name], limit.milli)
+                if limit.memory_mib is not None:
+                    quota_memory.add_metric([namespace, limit.name], limit.memory_mib)
+            for namespace, count in sorted(Counter(found.pending).items()):
+                pending.add_metric([namespace], count)
+        yield from (info, healthy, milli_capacity, milli_used, memory_capacity, memory_used, holders)
+        yield from (ns_milli, ns_memory, quota_milli, quota_memory, pending)
+
+
+def _per_gpu(
+    found: View,
+    info: GaugeMetricFamily,
+    healthy: GaugeMetricFamily,
+    milli_capacity: GaugeMetricFamily,
+    milli_used: GaugeMetricFamily,
+    memory_capacity: GaugeMetricFamily,
+    memory_used: GaugeMetricFamily,
+    holders: GaugeMetricFamily,
+) -> None:
+    for row, node in enumerate(found.inventories):
+        if not node.gpus:
+            continue
+        width = len(node.gpus)
+        used = found.milli_used[row, :width].tolist()
+        memory = found.memory_used[row, :width].tolist()
+        tenants = found.holders[row, :width].tolist()
+        for gpu in node.gpus:
+            labels = [str(node.name), str(gpu.index)]
+            info.add_metric([*labels, str(gpu.uuid), gpu.model], 1)
+            healthy.add_metric(labels, 1 if gpu.healthy else 0)
+            milli_capacity.add_metric(labels, units.MILLI_PER_GPU)
+            milli_used.add_metric(labels, used[gpu.index])
+            memory_capacity.add_metric(labels, gpu.memory_mib)
+            memory_used.add_metric(labels, memory[gpu.index])
+            holders.add_metric(labels, tenants[gpu.index])

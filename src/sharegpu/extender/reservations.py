@@ -175,6 +175,7 @@ def reservation_pod(name: str, node: str, slot: int, image: str) -> dict[str, An
         },
         "spec": {
             "nodeName": node,
+            "serviceAccountName": names.RESERVE_ACCOUNT,
             "priorityClassName": "system-node-critical",
             "tolerations": [{"operator": "Exists"}],
             "terminationGracePeriodSeconds": 5,

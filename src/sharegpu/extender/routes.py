@@ -96,7 +96,7 @@ def operations(runtime: Runtime) -> web.Application:
         return _json({"ready": False, **detail}, status=503)
 
     async def prometheus(_: web.Request) -> web.Response:
-        return web.Response(body=runtime.metrics.exposition(), content_type="text/plain", charset="utf-8")
+        return web.Response(body=await runtime.metrics.scrape(), content_type="text/plain", charset="utf-8")
 
     async def debug_nodes(_: web.Request) -> web.Response:
         counters = dataclasses.asdict(runtime.cache.counters)

@@ -70,8 +70,8 @@ class Extender:
         self.options = options
         self.metrics = metrics_mod.Metrics()
         self.cache = cache_mod.ClusterCache(options.policy, clock=clock, shapes=options.shapes)
-        self.metrics.count_usage(self.cache.allocations)
         self.quota = quotas_mod.QuotaGuard(self.cache)
+        self.metrics.report(lambda: metrics_mod.view(self.cache, self.quota) if self.startup else None)
         self.scheduling = scheduling.SchedulingService(
             self.cache, api, self.metrics, narrow=options.narrow, assume_ttl=options.assume_ttl, clock=clock,
             quota=self.quota,

@@ -48,6 +48,9 @@ FLOOR = protocol.MAX_SCORE // 2
 REQUESTS = 256
 """Parsed requests kept for the pods of the current scheduling cycles."""
 
+FIRST_FILTERS = 8192
+"""Pods whose first filter time is kept for the scheduling latency (the oldest go first)."""
+
 
 @dataclass(frozen=True, slots=True)
 class Candidates:
@@ -141,6 +144,8 @@ class SchedulingService:
         """Candidate lists seen lately, newest first."""
         self.reserved: dict[units.PodKey, str] = {}
         """Pods whose filter reserved the node it chose (pod -> UID), until their bind."""
+        self.first_filtered: OrderedDict[units.PodKey, tuple[str, float]] = OrderedDict()
+        """Pod -> (UID, when this replica first filtered it), until its bind: the scheduling latency."""
 
     # ----------------------------------------------------------------- filter
 
@@ -187,6 +192,7 @@ class SchedulingService:
 
     def filter(self, args: protocol.Args) -> protocol.FilterResult:
         key = pods.key(args.pod)
+        self._first_filter(key, args.pod.metadata.uid)
         if key not in self.binding:
             self.cache.forget(key)  # filtered again: an earlier reservation of this pod is void
         try:
@@ -233,6 +239,15 @@ class SchedulingService:
         fits = [names_[r] for r in rows[feasible].tolist()]
         self._remember_outcome(key, len(fits), None, "")
         return protocol.FilterResult(node_names=fits)
+
+    def _first_filter(self, key: units.PodKey, uid: str) -> None:
+        seen = self.first_filtered.get(key)
+        if seen is not None and seen[0] == uid:
+            return
+        self.first_filtered[key] = (uid, self.clock())
+        self.first_filtered.move_to_end(key)
+        while len(self.first_filtered) > FIRST_FILTERS:
+            self.first_filtered.popitem(last=False)
 
     def _placer(self, pod: wire.Pod) -> placer.Placer:
         notes: dict[str, str] = pod.metadata.annotations
@@ -368,6 +383,9 @@ class SchedulingService:
         finally:
             self.binding.discard(key)
         self.metrics.binds.labels("bound").inc()
+        first = self.first_filtered.pop(key, None)
+        if first is not None and first[0] == record.uid:
+            self.metrics.scheduling.observe(max(0.0, self.clock() - first[1]))
         return protocol.BindingResult()
 
     def _bind_failed(self, outcome: str, message: str) -> protocol.BindingResult:
@@ -383,6 +401,7 @@ class SchedulingService:
         forgotten = 0
         for key in [k for k in self.reserved if k not in self.cache.assumed]:
             del self.reserved[key]  # the reservation was resolved (bound, forgotten, pod gone)
+        self._forget_first_filters()
         for key in self.cache.stale_assumptions(self.assume_ttl):
             if key in self.binding:
                 continue
@@ -408,6 +427,16 @@ class SchedulingService:
                 self.metrics.expired.inc()
                 log.warning("pod %s: assumed %.0f s ago and never bound; forgotten", key, self.assume_ttl)
         return forgotten
+
+    def _forget_first_filters(self) -> None:
+        """Drop the first filter times of pods that went, were replaced or were bound elsewhere (after
+        `assume_ttl`: a pod filtered before its watch event arrived is not gone)."""
+        now = self.clock()
+        for key, (uid, at) in list(self.first_filtered.items()):
+            record = self.cache.record(key)
+            gone = record is None or record.uid != uid or bool(record.node) or record.terminal
+            if gone and now - at > self.assume_ttl:
+                del self.first_filtered[key]
 
     async def run_expiry(self, every: float = 5.0) -> None:
         while True:

@@ -1,7 +1,8 @@
 """`sharegpu webhook`: the HTTPS admission server.
 
-Endpoints: POST /mutate/pods, /validate/pods, /validate/devices (AdmissionReview v1), GET /healthz
-and /readyz. TLS comes from a certificate and key that are re-read when they change
+Endpoints: POST /mutate/pods, /validate/pods, /validate/devices, /validate/groups (AdmissionReview
+v1), GET /healthz, /readyz and /metrics (admissions by kind and outcome, their durations, informer
+readiness: docs/metrics.md). TLS comes from a certificate and key that are re-read when they change
 (`serving.tls.ReloadingTls`), so a renewed certificate is served from the next connection on. With a
 kubeconfig, the webhook follows the Device inventory (largest GPU memory, models) for its checks,
 the GPUBudgets and ClusterGPUBudgets (an exhausted one refuses or demotes new GPU pods; cluster ones
@@ -18,11 +19,16 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import time
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import orjson
+import prometheus_client
 from aiohttp import web
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from sharegpu.api import admission as messages
 from sharegpu.api import budgets, groups, paths, resources, wire
@@ -34,6 +40,49 @@ from sharegpu.webhook import admission
 
 log = logging.getLogger(__name__)
 MAX_BODY = 8 * 1024 * 1024
+Handler = Callable[[web.Request], Awaitable[web.Response]]
+Judge = Callable[[web.Request], Awaitable[messages.ReviewResponse | web.Response]]
+"""A review's answer, or the HTTP error for a body that is not one."""
+
+
+class Metrics(Collector):
+    """The webhook's registry: admissions counted as they are answered, informer readiness read at
+    each scrape."""
+
+    def __init__(self, hook: Webhook) -> None:
+        self.hook = hook
+        self.registry = prometheus_client.CollectorRegistry()
+        self.admissions = prometheus_client.Counter(
+            "sharegpu_webhook_admissions",
+            "Admission reviews answered, by kind (mutate, validate, devices, groups) and outcome "
+            "(allowed; denied; error: the body was no review, or it could not be judged)",
+            ["kind", "outcome"],
+            registry=self.registry,
+        )
+        self.duration = prometheus_client.Histogram(
+            "sharegpu_webhook_admission_duration_seconds",
+            "Time to answer one admission review, by kind",
+            ["kind"],
+            registry=self.registry,
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 2.5),
+        )
+        self.registry.register(self)
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        ready = GaugeMetricFamily(
+            "sharegpu_webhook_informer_ready", "1 while an informer is synced and watching", labels=["informer"]
+        )
+        for item in self.hook.informers:
+            ready.add_metric([item.name], 1 if item.ready else 0)
+        yield ready
+
+
+def outcome(answer: messages.ReviewResponse) -> str:
+    """allowed; denied (a refusal); or error (refused because it could not be judged: a 500)."""
+    response = answer.response
+    if response.allowed:
+        return "allowed"
+    return "error" if response.status is not None and response.status.code >= 500 else "denied"
 
 
 class Webhook:
@@ -49,6 +98,7 @@ class Webhook:
         self.groups: dict[str, groups.SharedDeviceGroup] = {}
         self.informers: list[informer.Informer[Any, Any]] = []
         self.kube: client.KubeApi | None = None
+        self.metrics = Metrics(self)
 
     def follow(self, kube: client.KubeApi) -> None:
         """Follow the Devices, GPUBudgets, PriorityClasses and SharedDeviceGroups the decisions depend on."""
@@ -70,13 +120,35 @@ class Webhook:
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=MAX_BODY)
-        app.router.add_post("/mutate/pods", self._handler("mutate"))
-        app.router.add_post("/validate/pods", self._handler("validate"))
-        app.router.add_post("/validate/devices", self.validate_device)
-        app.router.add_post("/validate/groups", self.validate_group)
+        app.router.add_post("/mutate/pods", self._counted("mutate", self._handler("mutate")))
+        app.router.add_post("/validate/pods", self._counted("validate", self._handler("validate")))
+        app.router.add_post("/validate/devices", self._counted("devices", self.validate_device))
+        app.router.add_post("/validate/groups", self._counted("groups", self.validate_group))
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/readyz", self.readyz)
+        app.router.add_get("/metrics", self.prometheus)
         return app
+
+    def _counted(self, kind: str, judge: Judge) -> Handler:
+        """The route of `judge`: its answer encoded, counted by outcome and timed (a body that is not
+        a review is an error: the API server refuses the request, as for a review not judged)."""
+
+        async def counted(request: web.Request) -> web.Response:
+            started = time.perf_counter()
+            reply = await judge(request)
+            found = "error"
+            if isinstance(reply, messages.ReviewResponse):
+                found = outcome(reply)
+                reply = web.Response(body=messages.encode(reply), content_type="application/json")
+            self.metrics.admissions.labels(kind, found).inc()
+            self.metrics.duration.labels(kind).observe(time.perf_counter() - started)
+            return reply
+
+        return counted
+
+    async def prometheus(self, _: web.Request) -> web.Response:
+        body = prometheus_client.generate_latest(self.metrics.registry)
+        return web.Response(body=body, content_type="text/plain", charset="utf-8")
 
     async def healthz(self, _: web.Request) -> web.Response:
         return web.Response(text="ok")
@@ -86,8 +158,8 @@ class Webhook:
             return web.Response(text="ok")
         return web.json_response({i.name: i.status() for i in self.informers}, status=503)
 
-    def _handler(self, kind: str) -> Any:
-        async def handle(request: web.Request) -> web.Response:
+    def _handler(self, kind: str) -> Judge:
+        async def handle(request: web.Request) -> messages.ReviewResponse | web.Response:
             try:
                 body = orjson.loads(await request.read())
             except orjson.JSONDecodeError as exc:
@@ -96,8 +168,7 @@ class Webhook:
                 return web.json_response({"error": "request body too large"}, status=413)
             if kind == "mutate":
                 await self._learn_namespace(body)
-            answer = handle_review(kind, body, self.policy)
-            return web.Response(body=messages.encode(answer), content_type="application/json")
+            return handle_review(kind, body, self.policy)
 
         return handle
 
@@ -106,7 +177,7 @@ class Webhook:
         gpus = [(g.model, g.memory_mib) for d in self.devices.values() for g in d.spec.gpus]
         self.policy = admission.with_inventory(self.policy, gpus)
 
-    async def validate_group(self, request: web.Request) -> web.Response:
+    async def validate_group(self, request: web.Request) -> messages.ReviewResponse | web.Response:
         """A group's deletion: refused while live pods are its members (asked of the API, not a cache)."""
         try:
             body = orjson.loads(await request.read())
@@ -122,9 +193,9 @@ class Webhook:
             log.exception("group deletion review failed")
             uid = str((body.get("request") or {}).get("uid", "")) if isinstance(body, dict) else ""
             answer = messages.deny(uid, f"sharegpu: could not list the group's members: {exc}", code=500)
-        return web.Response(body=messages.encode(answer), content_type="application/json")
+        return answer
 
-    async def validate_device(self, request: web.Request) -> web.Response:
+    async def validate_device(self, request: web.Request) -> messages.ReviewResponse | web.Response:
         """A Device write: consistent, and a node agent's only for its own node (the node of the pod
         its token is bound to, asked of the API when the token does not name the node itself)."""
         try:
@@ -139,7 +210,7 @@ class Webhook:
             log.exception("device review failed")
             uid = str((body.get("request") or {}).get("uid", "")) if isinstance(body, dict) else ""
             answer = messages.deny(uid, f"sharegpu: could not judge the Device write: {exc}", code=500)
-        return web.Response(body=messages.encode(answer), content_type="application/json")
+        return answer
 
     async def _node_of(self, pod: tuple[str, str]) -> str:
         if self.kube is None:
@@ -255,4 +326,4 @@ async def serve(
             await kube.close()
 
 
-__all__ = ["Webhook", "handle_review", "serve"]
+__all__ = ["Metrics", "Webhook", "handle_review", "outcome", "serve"]

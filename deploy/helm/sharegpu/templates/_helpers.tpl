@@ -54,3 +54,15 @@ capabilities: {drop: [ALL]}
 {{- $source := .Values.webhook.certificates.source -}}
 {{- if or (eq $source "cert-manager") (and (eq $source "auto") (.Capabilities.APIVersions.Has "cert-manager.io/v1")) -}}true{{- end -}}
 {{- end -}}
+
+{{/* prometheus.io annotations for a pod whose /metrics is on `port` (with metrics.podAnnotations). */}}
+{{- define "sharegpu.scrapeAnnotations" -}}
+{{- if .root.Values.metrics.podAnnotations -}}
+prometheus.io/scrape: "true"
+prometheus.io/port: {{ .port | quote }}
+prometheus.io/path: /metrics
+{{- if .https }}
+prometheus.io/scheme: https
+{{- end }}
+{{- end -}}
+{{- end -}}
