@@ -299,14 +299,20 @@ def crds(
         typer.Option(help="Instead, another system's resources that sharegpu serves (repeat)."),
     ] = None,
 ) -> None:
-    """Print sharegpu's generated CustomResourceDefinitions (YAML), or write them into a directory."""
+    """Print every sharegpu CustomResourceDefinition (YAML: the generated ones and the Device's, which
+    the chart holds as written), or write the generated ones into a directory."""
     from sharegpu.api import resources
 
     chosen: list[resources.CustomResource] = list(resources.GENERATED)
     if compat:
         chosen = [r for name in compat for r in resources.COMPAT[name.value]]
     if out is None:
-        sys.stdout.write("---\n".join(resources.render(r) for r in chosen))
+        texts = [resources.render(r) for r in chosen]
+        if not compat:
+            from sharegpu.devcluster import stack
+
+            texts.append((stack.CHART / "crds" / "devices.sharegpu.io.yaml").read_text())
+        sys.stdout.write("---\n".join(texts))
         return
     if not out.is_dir():
         raise _fail(UsageError(f"--out {out}: not a directory"))
