@@ -1,7 +1,8 @@
 """The chart's 1.20 rendering against the real API server (1.20): every object is accepted (kubectl
 apply with a server-side dry run: schema, defaulting, validation and admission, nothing stored, so
 the other tests' webhook registration is left alone), and the kube-scheduler configuration it
-renders starts a real kube-scheduler that schedules a GPU pod through the extender."""
+renders starts a real kube-scheduler that schedules a GPU pod (submitted with kubectl) through the
+extender."""
 
 from __future__ import annotations
 
@@ -71,7 +72,9 @@ async def test_the_rendered_scheduler_configuration_runs_and_places_a_gpu_pod(
         await nodes(1, gpus=1)  # type: ignore[operator]
         pod = gpu_pod("through-the-chart", namespace, milli=300, annotations={names.HANDOFF: "handoff-chart"})
         pod["spec"]["schedulerName"] = f"chart-{namespace}"
-        await admin.create(paths.pods(namespace), pod)
+        submitted = tmp_path / "pod.yaml"
+        submitted.write_text(yaml.safe_dump(pod))
+        await kubectl(control_plane, "apply", "-n", namespace, "-f", str(submitted))  # as a user would
 
         async def placed() -> dict[str, str] | None:
             found = await admin.get(paths.pod(namespace, "through-the-chart"))
