@@ -164,9 +164,9 @@ POD_ALLOCATED: Final = Series(
     ("namespace", "pod", "uuid"),
 )
 GPU_USED: Final = Series(
-    "sharegpu_gpu_memory_used_mib", "GPU memory all processes on a GPU use, in pods or not, in MiB", ("uuid", "index")
+    "sharegpu_gpu_memory_used_mib", "GPU memory all processes on a GPU use, in pods or not, in MiB", ("uuid", "gpu")
 )
-GPU_SM: Final = Series("sharegpu_gpu_sm_utilization_percent", "SM utilisation of a GPU, in percent", ("uuid", "index"))
+GPU_SM: Final = Series("sharegpu_gpu_sm_utilization_percent", "SM utilisation of a GPU, in percent", ("uuid", "gpu"))
 SERIES: Final = (POD_USED, POD_ALLOCATED, GPU_USED, GPU_SM)
 
 
