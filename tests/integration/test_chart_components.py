@@ -1,0 +1,225 @@
+"""The chart's 1.20 rendering, run: every sharegpu component started as a process on the host with
+exactly the arguments its Deployment or DaemonSet renders (the pod's mounts pointed at files holding
+the rendered Secrets, its ports at free ones, a kubeconfig in place of the in-cluster account), and
+kube-scheduler from the rendered configuration calling that extender with the rendered certificates.
+A GPU pod submitted with kubectl is placed and gets its hand-off; the webhook answers a review over
+TLS with the rendered certificate (checked against the rendered CA by the Service's DNS name); the
+agent publishes its node's Device; the controller becomes ready."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import signal
+import ssl
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import yaml
+
+from sharegpu.agent import fakenvml
+from sharegpu.api import names, paths
+from sharegpu.core import devices
+from sharegpu.devcluster import controlplane, fakecluster, stack
+from sharegpu.kube import client
+from tests.integration.conftest import get_or_none, gpu_pod, wait_for
+from tests.integration.test_compat import kubectl
+from tests.test_chart import one, render
+
+Json = dict[str, Any]
+MOUNTS = {"/etc/sharegpu/extender-tls": "sharegpu-extender-tls", "/etc/sharegpu/webhook-tls": "sharegpu-webhook-tls"}
+
+
+def container(docs: list[Json], kind: str, name: str, index: int = 0) -> Json:
+    found: Json = one(docs, kind, name)["spec"]["template"]["spec"]["containers"][index]
+    return found
+
+
+class Processes:
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.running: list[tuple[str, subprocess.Popen[bytes]]] = []
+
+    def start(self, name: str, argv: list[str]) -> None:
+        with (self.folder / f"{name}.log").open("ab") as log:
+            process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.running.append((name, process))
+
+    def log(self, name: str) -> str:
+        return (self.folder / f"{name}.log").read_text()[-3000:]
+
+    def check(self) -> None:
+        for name, process in self.running:
+            assert process.poll() is None, f"{name} exited:\n{self.log(name)}"
+
+    def stop(self) -> None:
+        for _, process in self.running:
+            if process.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    process.send_signal(signal.SIGTERM)
+        for _, process in self.running:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(15)
+            if process.poll() is None:
+                process.kill()
+
+
+@pytest.fixture
+def processes(tmp_path: Path) -> Iterator[Processes]:
+    running = Processes(tmp_path)
+    yield running
+    running.stop()
+
+
+def sharegpu(args: list[str]) -> list[str]:
+    return [sys.executable, "-m", "sharegpu", *args]
+
+
+async def ready(url: str, what: str, processes: Processes, ssl_context: ssl.SSLContext | bool = True,
+                hostname: str | None = None) -> None:  # fmt: skip
+    deadline = time.monotonic() + 60
+    async with aiohttp.ClientSession() as session:
+        while time.monotonic() < deadline:
+            processes.check()
+            with contextlib.suppress(aiohttp.ClientError):
+                async with session.get(url, ssl=ssl_context, server_hostname=hostname) as response:
+                    if response.status == 200:
+                        return
+            await asyncio.sleep(0.2)
+    raise AssertionError(f"{what} not ready in time:\n{processes.log(what)}")
+
+
+async def test_the_rendered_components_run_and_place_a_gpu_pod(
+    admin: client.KubeClient,
+    control_plane: controlplane.ControlPlane,
+    harness: fakecluster.FakeCluster,
+    extender: stack.ExtenderProcess,
+    namespace: str,
+    processes: Processes,
+    tmp_path: Path,
+) -> None:
+    docs = render("1.20.2")
+    mounts: dict[str, str] = {}
+    for mount, secret in MOUNTS.items():
+        folder = tmp_path / secret
+        folder.mkdir()
+        for key, value in one(docs, "Secret", secret)["data"].items():
+            (folder / key).write_bytes(base64.b64decode(value))
+        mounts[mount] = str(folder)
+
+    def localize(args: list[str], **values: str) -> list[str]:
+        """The rendered arguments with the pod's mount paths and variables replaced."""
+        out = []
+        for arg in args:
+            local = arg
+            for mount, folder in mounts.items():
+                local = local.replace(mount, folder)
+            for key, value in values.items():
+                local = local.replace(f"$({key})", value)
+            out.append(local)
+        return out
+
+    # The extender, beside the scheduler: its rendered arguments; loopback and free ports.
+    port, health = controlplane.free_port(), controlplane.free_port()
+    rendered = container(docs, "Deployment", "sharegpu-scheduler", 1)["args"]
+    assert "--host=0.0.0.0" in rendered and "--leader-elect" in rendered
+    processes.start("extender", sharegpu([
+        *localize(rendered), "--host=127.0.0.1", f"--port={port}", f"--health-port={health}",
+        "--kubeconfig", str(control_plane.kubeconfig("sharegpu-extender")),
+    ]))  # fmt: skip
+    await ready(f"http://127.0.0.1:{health}/readyz", "extender", processes)
+
+    # kube-scheduler from the rendered configuration, calling that extender with the rendered PKI.
+    configuration = yaml.safe_load(one(docs, "ConfigMap", "sharegpu-scheduler")["data"]["config.yaml"])
+    text = yaml.safe_dump(configuration)
+    for mount, local in mounts.items():
+        text = text.replace(mount, local)
+    configuration = yaml.safe_load(text.replace("https://127.0.0.1:8888", f"https://127.0.0.1:{port}"))
+    configuration["clientConnection"]["kubeconfig"] = str(control_plane.kubeconfig("admin"))
+    configuration["healthzBindAddress"] = configuration["metricsBindAddress"] = f"127.0.0.1:{controlplane.free_port()}"
+    configuration["leaderElection"]["resourceName"] = f"chart-{namespace}"
+    (profile,) = configuration["profiles"]
+    profile["schedulerName"] = f"chart-{namespace}"  # the test stack's scheduler serves the chart's name
+    path = tmp_path / "scheduler.yaml"
+    path.write_text(yaml.safe_dump(configuration))
+    processes.start("kube-scheduler", [str(control_plane.bin_dir / "kube-scheduler"), f"--config={path}",
+                                       "--port=0", "--secure-port=0"])  # fmt: skip
+
+    # The webhook and the controller with their rendered arguments.
+    hook_port = controlplane.free_port()
+    processes.start("webhook", sharegpu([
+        *localize(container(docs, "Deployment", "sharegpu-webhook")["args"]), "--host=127.0.0.1",
+        f"--port={hook_port}", "--kubeconfig", str(control_plane.kubeconfig("sharegpu-webhook")),
+    ]))  # fmt: skip
+    controller_health = controlplane.free_port()
+    processes.start("controller", sharegpu([
+        *localize(container(docs, "Deployment", "sharegpu-controller")["args"]), "--host=127.0.0.1",
+        f"--health-port={controller_health}", "--kubeconfig", str(control_plane.kubeconfig("sharegpu-controller")),
+    ]))  # fmt: skip
+
+    # The agent on a new fake GPU node, with its rendered arguments and a fake NVML.
+    node = devices.uniform_node(f"{namespace}-chart", gpu_count=2, model="A100", gpu_memory_mib=40960,
+                                cpu_milli=32000, memory_mib=256 * 1024)  # fmt: skip
+    await harness.add_node(node, publish=False)
+    await admin.patch(paths.node(node.name), {"metadata": {"labels": {"sharegpu.io/test": namespace}}})
+    nvml = tmp_path / "nvml.yaml"
+    nvml.write_text(fakenvml.describe(node))
+    agent_health = controlplane.free_port()
+    rendered = container(docs, "DaemonSet", "sharegpu-agent")["args"]
+    processes.start("agent", sharegpu([
+        *localize(rendered, NODE_NAME=node.name), "--fake-nvml", str(nvml), "--kubelet-socket", "",
+        "--host=127.0.0.1", f"--health-port={agent_health}", "--hami-core-dir", str(tmp_path / "hami"),
+        "--kubeconfig", str(control_plane.kubeconfig("sharegpu-agent")),
+    ]))  # fmt: skip
+
+    ca = ssl.create_default_context(cafile=str(tmp_path / "sharegpu-webhook-tls" / "ca.crt"))
+    service = f"sharegpu-webhook.{names.SYSTEM_NAMESPACE}.svc"
+    await ready(f"https://127.0.0.1:{hook_port}/readyz", "webhook", processes, ca, service)
+    await ready(f"http://127.0.0.1:{controller_health}/readyz", "controller", processes)
+    await ready(f"http://127.0.0.1:{agent_health}/readyz", "agent", processes)
+
+    async def published() -> bool:
+        found = await get_or_none(admin, paths.device(node.name))
+        return found is not None and len(found["spec"]["gpus"]) == 2
+
+    await wait_for(published, what="the agent's Device")
+
+    # A GPU pod, submitted with kubectl, placed by the rendered scheduler and extender.
+    pod = gpu_pod("rendered", namespace, milli=300, annotations={names.HANDOFF: f"handoff-{uuid.uuid4().hex[:6]}"})
+    pod["spec"]["schedulerName"] = f"chart-{namespace}"
+    submitted = tmp_path / "pod.yaml"
+    submitted.write_text(yaml.safe_dump(pod))
+    await kubectl(control_plane, "apply", "-n", namespace, "-f", str(submitted))
+
+    async def handed_off() -> dict[str, str] | None:
+        found = await admin.get(paths.pod(namespace, "rendered"))
+        if found["spec"].get("nodeName") != node.name:
+            return None
+        handoff = await get_or_none(admin, paths.configmap(namespace, pod["metadata"]["annotations"][names.HANDOFF]))
+        return dict(handoff.get("data") or {}) or None if handoff is not None else None
+
+    try:
+        data = await wait_for(handed_off, timeout=60, what="the pod placed on the agent's node with its hand-off")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{processes.log('kube-scheduler')}\n{processes.log('extender')}") from None
+    assert data["main.NVIDIA_VISIBLE_DEVICES"].startswith(f"GPU-{node.name}-")
+
+    # The webhook answers a review over TLS, by the Service's name, with the rendered certificate.
+    review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+        "uid": "u1", "operation": "CREATE", "namespace": namespace, "userInfo": {"username": "alice"},
+        "object": {"metadata": {"name": "p"}, "spec": {"containers": [
+            {"name": "main", "resources": {"limits": {"koordinator.sh/gpu-core": "30"}}}]}}}}  # fmt: skip
+    url = f"https://127.0.0.1:{hook_port}/mutate/pods"
+    async with aiohttp.ClientSession() as session, session.post(url, json=review, ssl=ca,
+                                                                server_hostname=service) as response:  # fmt: skip
+        answer = await response.json()
+    assert answer["response"]["allowed"] and answer["response"]["patch"], answer
+    processes.check()
