@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -72,11 +72,21 @@ class Processes:
                 process.kill()
 
 
+IDENTITY = "chart-components-test"
+"""Leader-election identity of this test's extender and controller: the Leases they took are freed
+after them (a stopped process leaves its Lease held until it expires, which later tests would wait out)."""
+
+
 @pytest.fixture
-def processes(tmp_path: Path) -> Iterator[Processes]:
+async def processes(admin: client.KubeClient, tmp_path: Path) -> AsyncIterator[Processes]:
     running = Processes(tmp_path)
     yield running
     running.stop()
+    for lease in (names.EXTENDER_LEASE, names.CONTROLLER_LEASE):
+        path = f"/apis/coordination.k8s.io/v1/namespaces/{names.SYSTEM_NAMESPACE}/leases/{lease}"
+        found = await get_or_none(admin, path)
+        if found is not None and found["spec"].get("holderIdentity") == IDENTITY:
+            await admin.delete(path)
 
 
 def sharegpu(args: list[str]) -> list[str]:
@@ -133,7 +143,7 @@ async def test_the_rendered_components_run_and_place_a_gpu_pod(
     assert "--host=0.0.0.0" in rendered and "--leader-elect" in rendered
     processes.start("extender", sharegpu([
         *localize(rendered), "--host=127.0.0.1", f"--port={port}", f"--health-port={health}",
-        "--kubeconfig", str(control_plane.kubeconfig("sharegpu-extender")),
+        "--kubeconfig", str(control_plane.kubeconfig("sharegpu-extender")), f"--identity={IDENTITY}",
     ]))  # fmt: skip
     await ready(f"http://127.0.0.1:{health}/readyz", "extender", processes)
 
@@ -163,6 +173,7 @@ async def test_the_rendered_components_run_and_place_a_gpu_pod(
     processes.start("controller", sharegpu([
         *localize(container(docs, "Deployment", "sharegpu-controller")["args"]), "--host=127.0.0.1",
         f"--health-port={controller_health}", "--kubeconfig", str(control_plane.kubeconfig("sharegpu-controller")),
+        f"--identity={IDENTITY}",
     ]))  # fmt: skip
 
     # The agent on a new fake GPU node, with its rendered arguments and a fake NVML.
