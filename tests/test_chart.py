@@ -236,3 +236,18 @@ def test_a_pod_monitor_only_where_the_prometheus_operator_is_and_asked_for() -> 
     bad = run_helm("template", "s", str(stack.CHART), "-n", names.SYSTEM_NAMESPACE,
                    "--set", "metrics.podMonitor.interval=often")  # fmt: skip
     assert bad.returncode != 0 and "/metrics/podMonitor/interval" in bad.stderr
+
+
+def test_the_webhooks_own_bootstrap_is_one_replica_writing_its_ca_into_the_configurations() -> None:
+    done = run_helm("template", "s", str(stack.CHART), "-n", names.SYSTEM_NAMESPACE,
+                    "--set", "webhook.certificates.source=bootstrap")  # fmt: skip
+    assert done.returncode != 0 and "set webhook.replicas=1" in done.stderr, done.stderr
+    docs = render("1.30.0", "webhook.certificates.source=bootstrap", "webhook.replicas=1")
+    spec = one(docs, "Deployment", "sharegpu-webhook")["spec"]["template"]["spec"]
+    assert "--bootstrap=/etc/sharegpu/webhook-tls" in spec["containers"][0]["args"]
+    assert {"name": "tls", "emptyDir": {}} in spec["volumes"]
+    assert not [d for d in docs if d["kind"] in ("Secret", "Certificate") and "webhook" in d["metadata"]["name"]]
+    assert all(
+        "caBundle" not in h["clientConfig"] for h in one(docs, "ValidatingWebhookConfiguration", "sharegpu")["webhooks"]
+    )
+    assert not [d for d in docs if d["kind"] == "PodDisruptionBudget" and d["metadata"]["name"] == "sharegpu-webhook"]
