@@ -136,6 +136,13 @@ def make_app(connector: Connect = connect) -> typer.Typer:
         typer.echo(f"{PROG}: error: {_line(exc)}", err=True)
         return typer.Exit(EXIT_USAGE)
 
+    def output_format(output: str | None) -> str:
+        """`check_output`, a wrong value ending the command as a usage error."""
+        try:
+            return check_output(output)
+        except UsageError as exc:
+            raise usage(exc) from None
+
     def show(renderable: RenderableType) -> None:
         console = _console()
         if console.is_terminal:
@@ -157,10 +164,7 @@ def make_app(connector: Connect = connect) -> typer.Typer:
         request_timeout: Timeout = 10.0,
     ) -> None:
         """Per node and GPU: model, memory, compute and memory held and free, and which pods hold them."""
-        try:
-            chosen = check_output(output)
-        except UsageError as exc:
-            raise usage(exc) from None
+        chosen = output_format(output)
 
         async def work(api: client.KubeApi) -> views.Inventory:
             listing = await read.cluster(api, selector, quotas=False)
@@ -231,10 +235,7 @@ def make_app(connector: Connect = connect) -> typer.Typer:
         request_timeout: Timeout = 10.0,
     ) -> None:
         """SharedDeviceGroups: phase, node, devices and members."""
-        try:
-            chosen = check_output(output)
-        except UsageError as exc:
-            raise usage(exc) from None
+        chosen = output_format(output)
 
         async def work(api: client.KubeApi) -> list[views.GroupView]:
             return views.group_views(await read.groups(api, namespace))
@@ -256,10 +257,7 @@ def make_app(connector: Connect = connect) -> typer.Typer:
         request_timeout: Timeout = 10.0,
     ) -> None:
         """GPU-time budgets and GPU quotas per namespace, with usage bars."""
-        try:
-            chosen = check_output(output)
-        except UsageError as exc:
-            raise usage(exc) from None
+        chosen = output_format(output)
 
         async def work(api: client.KubeApi) -> tuple[list[views.BudgetView], list[views.QuotaView]]:
             (items, labels), listing = await asyncio.gather(read.budgets(api, namespace), read.quotas(api))

@@ -177,40 +177,44 @@ class Webhook:
         gpus = [(g.model, g.memory_mib) for d in self.devices.values() for g in d.spec.gpus]
         self.policy = admission.with_inventory(self.policy, gpus)
 
-    async def validate_group(self, request: web.Request) -> messages.ReviewResponse | web.Response:
-        """A group's deletion: refused while live pods are its members (asked of the API, not a cache)."""
+    async def _asking_the_api(
+        self, request: web.Request, failed: str, judge: Callable[[Any], Awaitable[messages.ReviewResponse]]
+    ) -> messages.ReviewResponse | web.Response:
+        """A review whose judgement asks the API: `judge(body)`, or a refusal saying it `failed` and
+        why (never allow what could not be judged)."""
         try:
             body = orjson.loads(await request.read())
         except orjson.JSONDecodeError as exc:
             return web.json_response({"error": f"malformed JSON: {exc}"}, status=400)
         try:
+            return await judge(body)
+        except Exception as exc:
+            log.exception("review failed: %s", failed)
+            uid = str((body.get("request") or {}).get("uid", "")) if isinstance(body, dict) else ""
+            return messages.deny(uid, f"sharegpu: {failed}: {exc}", code=500)
+
+    async def validate_group(self, request: web.Request) -> messages.ReviewResponse | web.Response:
+        """A group's deletion: refused while live pods are its members (asked of the API, not a cache)."""
+
+        async def judge(body: Any) -> messages.ReviewResponse:
             review = messages.review(body).request
             members: list[str] = []
             if review.operation == "DELETE":
                 members = await self._members(review.namespace, review.name)
-            answer = admission.validate_group_deletion(body, members)
-        except Exception as exc:  # never allow what could not be judged
-            log.exception("group deletion review failed")
-            uid = str((body.get("request") or {}).get("uid", "")) if isinstance(body, dict) else ""
-            answer = messages.deny(uid, f"sharegpu: could not list the group's members: {exc}", code=500)
-        return answer
+            return admission.validate_group_deletion(body, members)
+
+        return await self._asking_the_api(request, "could not list the group's members", judge)
 
     async def validate_device(self, request: web.Request) -> messages.ReviewResponse | web.Response:
         """A Device write: consistent, and a node agent's only for its own node (the node of the pod
         its token is bound to, asked of the API when the token does not name the node itself)."""
-        try:
-            body = orjson.loads(await request.read())
-        except orjson.JSONDecodeError as exc:
-            return web.json_response({"error": f"malformed JSON: {exc}"}, status=400)
-        try:
+
+        async def judge(body: Any) -> messages.ReviewResponse:
             writer = admission.device_writer(messages.review(body).request, self.policy)
             node = await self._node_of(writer) if isinstance(writer, tuple) else writer
-            answer = admission.validate_device(body, self.policy, node)
-        except Exception as exc:  # never allow what could not be judged
-            log.exception("device review failed")
-            uid = str((body.get("request") or {}).get("uid", "")) if isinstance(body, dict) else ""
-            answer = messages.deny(uid, f"sharegpu: could not judge the Device write: {exc}", code=500)
-        return answer
+            return admission.validate_device(body, self.policy, node)
+
+        return await self._asking_the_api(request, "could not judge the Device write", judge)
 
     async def _node_of(self, pod: tuple[str, str]) -> str:
         if self.kube is None:
