@@ -20,6 +20,7 @@ import dataclasses
 import enum
 import importlib.metadata
 import logging
+import os
 import shlex
 import signal
 import sys
@@ -287,6 +288,74 @@ def _table(summaries: list[report.Summary], mode: str) -> Table:
     for s in summaries:
         table.add_row(s.trace, s.policy, str(s.seeds), str(s.unallocated), str(s.frag), str(s.failed), str(s.wall))
     return table
+
+
+@app.command()
+def bound(
+    nodes: Annotated[
+        Path | None, typer.Option("--nodes", help="openb node CSV (sn,cpu_milli,memory_mib,gpu,model).")
+    ] = None,
+    pods: Annotated[
+        list[Path] | None, typer.Option("--pods", metavar="<path>", help="openb pod CSV; repeat for several traces.")
+    ] = None,
+    seeds: Annotated[str, typer.Option("--seeds", help="Seeds: 42, 42,45 or 42-51.")] = "42",
+    tune: Annotated[float, typer.Option("--tune", help="Arrive until this x GPU capacity (as simulate).")] = 1.3,
+    time_limit: Annotated[
+        float, typer.Option("--time-limit", help="Seconds per run; the bound stays proven (looser) when it is hit.")
+    ] = 900.0,
+    jobs: Annotated[int, typer.Option("--jobs", "-j", help="Worker processes; 0: one per core.")] = 1,
+    json_path: Annotated[Path | None, typer.Option("--json", help="Write every run as JSON.")] = None,
+) -> None:
+    """The limit of static placement: a proven lower bound on the unallocated GPU % at arrived = 100% that
+    no placement can beat (even one that knows every arrival), and an offline heuristic's figure."""
+    from sharegpu.sim import bound as limit
+
+    console = _console()
+    try:
+        if (nodes is None) != (not pods):
+            raise UsageError("--nodes and --pods go together (give both, or neither for the synthetic workload)")
+        if not 0 < tune <= 10:
+            raise UsageError(f"--tune must be in (0, 10], got {tune}")
+        if not 0 < time_limit <= 86_400:
+            raise UsageError(f"--time-limit must be in (0, 86400] seconds, got {time_limit}")
+        if jobs < 0:
+            raise UsageError(f"--jobs must be >= 0, got {jobs}")
+        seed_list = parse_seeds(seeds)
+        if nodes is None or not pods:
+            sources = [runner.Source(runner.SYNTHETIC)]
+        else:
+            sources = [runner.Source(_label(p), str(nodes), str(p)) for p in pods]
+        runner.validate_sources(sources)
+        specs = [limit.BoundSpec(source, seed, tune, time_limit) for source in sources for seed in seed_list]
+        with console.status(f"bounding {len(specs)} run(s)"):
+            runs = limit.execute_all(specs, jobs or os.cpu_count() or 1)
+    except errors.SharegpuError as exc:
+        raise _fail(exc) from None
+    table = Table(
+        title="The limit at arrived = 100%",
+        caption="bound: no placement leaves less unallocated; heuristic: achieved by a placer that knows the future",
+    )
+    for column in ("trace", "seed", "bound %", "heuristic %", "largest-first best fit %", "exact", "seconds"):
+        table.add_column(column, justify="left" if column == "trace" else "right")
+    for run in runs:
+        table.add_row(
+            run.trace,
+            str(run.seed),
+            f"{run.lower_bound_unallocated_pct:.2f}",
+            f"{run.offline_heuristic_unallocated_pct:.2f}",
+            f"{run.best_fit_unallocated_pct:.2f}",
+            "yes" if run.exact else "no",
+            f"{run.solve_seconds:.1f}",
+        )
+    console.print(table)
+    if json_path is not None:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        document = {
+            "command": shlex.join(["sharegpu", *sys.argv[1:]]),
+            "runs": [dataclasses.asdict(run) for run in runs],
+        }
+        json_path.write_bytes(orjson.dumps(document, option=orjson.OPT_INDENT_2))
+        console.print(f"wrote {json_path}")
 
 
 @app.command()

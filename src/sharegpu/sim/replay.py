@@ -125,19 +125,25 @@ def replay_static(
     )
 
 
-def unallocated_at_100(arrived: np.ndarray, allocated: np.ndarray, capacity: int) -> float:
-    """100 - mean allocated % over the arrivals whose arrived % rounds to 100 (the paper's figure).
+def window(arrived: np.ndarray, capacity: int) -> np.ndarray:
+    """Indices of the arrivals the headline figure averages over: arrived % rounds to 100.
 
     Small clusters: one big pod can jump over the whole [99.5, 100.5) window; then the first arrival
-    at or past 100% is used. NaN if the workload never reaches capacity.
+    at or past 100% is used. Empty if the workload never reaches capacity.
     """
-    arrived_pct = np.round(arrived / capacity * 100)
-    allocated_pct = np.round(allocated / capacity * 100, 2)
-    at_100 = allocated_pct[arrived_pct == 100]
-    if not len(at_100):
-        crossed = np.flatnonzero(arrived >= capacity)
-        at_100 = allocated_pct[crossed[:1]]
-    return float(100 - at_100.mean()) if len(at_100) else float("nan")
+    picks = np.flatnonzero(np.round(arrived / capacity * 100) == 100)
+    if not len(picks):
+        picks = np.flatnonzero(arrived >= capacity)[:1]
+    return picks
+
+
+def unallocated_at_100(arrived: np.ndarray, allocated: np.ndarray, capacity: int) -> float:
+    """100 - mean allocated % (rounded to 0.01) over the `window` arrivals (the paper's figure); NaN if
+    the workload never reaches capacity."""
+    picks = window(arrived, capacity)
+    if not len(picks):
+        return float("nan")
+    return float(100 - np.round(allocated[picks] / capacity * 100, 2).mean())
 
 
 class VirtualClock:

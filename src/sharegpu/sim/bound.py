@@ -1,0 +1,574 @@
+"""The limit of static placement: a proven lower bound on the unallocated GPU %, and an offline heuristic.
+
+The question: for one arrival sequence (the paper's method, `replay.build_workload`), how little GPU
+compute could *any* placement leave unallocated at arrived = 100%, even one that knows every arrival
+in advance? The relaxation bounded here: a placer that sees the whole sequence, places pods in arrival
+order where they will stay, and may reject **any** pod, including one that would fit (the method itself
+rejects only pods that fit nowhere, so every policy's run is one of the outcomes considered; CPU-only
+pods, which allocate no GPU, are rejected outright). Such a placer's allocation after arrival i is the
+GPU compute of the pods it keeps among the first i, and everything it keeps must fit on the cluster at
+once, so
+
+    allocated_i <= OPT(end)    for every arrival i of the window (arrived % rounding to 100),
+
+where OPT(end) is the most GPU compute that any set of pods from the sequence up to the window's last
+arrival can occupy on the cluster together (pods never leave). The figure's lower bound follows by
+the metric's own arithmetic (`replay.window`): 100 - mean(round(min(OPT, arrived_i) / capacity, 2%)).
+
+OPT is a multi-resource packing problem: per node host CPU, host memory and GPUs; a sharing pod
+takes part of one GPU (the compute of a GPU's sharing pods at most 1000 milli), a pod of k whole GPUs
+takes k untouched GPUs of one node, `gpu_spec` restricts models. It is solved as a *node pattern*
+model with pods aggregated by shape (CPU, memory, GPU count, milli, models) and nodes by type (GPU
+count, model, CPU, memory): a pattern is a multiset of shapes one node of a type can hold; choose how
+many nodes of each type use each pattern, at most the type's node count, using no shape more often
+than it arrived, maximising GPU compute.
+
+- **Small instances** (every type's patterns enumerable): all patterns are listed and the integer
+  model is solved exactly with HiGHS (`scipy.optimize.milp`): the bound *is* the optimum.
+- **Otherwise** (openb): column generation on the LP relaxation. The pricing problem, per node type,
+  is a small integer program (shape counts, plus GPU fill patterns: maximal multisets of sharing
+  milli values that fit one GPU), solved by HiGHS. At every iteration the Lagrangian bound
+  `sum_s n_s pi_s + sum_t N_t max(0, best reduced value_t)` (duals pi of the shape rows, clipped to
+  >= 0; the pricing's own dual bound when it stops early) is a valid upper bound on OPT for any
+  multipliers, so the figure stays proven even under a time limit; at convergence it equals the LP
+  value. Finally the integer model over the generated patterns gives a packing that is achievable.
+
+The offline heuristic brackets the limit from the other side: largest GPU request first, best fit
+(the paper's BestFit node score, tightest GPU), rejecting what does not fit; its allocation after
+each arrival counts the kept pods that have arrived, as a clairvoyant in-order placer would see it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import optimize, sparse
+
+from sharegpu.core import devices, errors, fleet, ledger, placer, policies, units
+from sharegpu.sim import replay, runner, trace
+
+_MILLI = units.MILLI_PER_GPU
+ENUMERATION_PODS = 48
+"""Instances with at most this many GPU pods are tried for the exact (enumerated) model..."""
+ENUMERATION_LIMIT = 20_000
+"""...which gives up beyond this many node patterns in all."""
+
+
+@contextlib.contextmanager
+def _native_stdout_silenced() -> Iterator[None]:
+    """HiGHS 1.12 (inside scipy 1.17) prints a debug line from C++ straight to file descriptor 1 while
+    it solves integer programs; it would land in the middle of the CLI's table or JSON on stdout. The
+    descriptor is pointed at /dev/null for the solve (Python's own sys.stdout is flushed first)."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 1)
+        yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+        os.close(devnull)
+
+
+def _milp(
+    objective: np.ndarray,
+    constraints: optimize.LinearConstraint,
+    bounds: optimize.Bounds,
+    time_limit: float,
+    gap: float,
+) -> optimize.OptimizeResult:
+    """Minimise `objective` over integers within `bounds` and `constraints` (HiGHS)."""
+    with _native_stdout_silenced():
+        return optimize.milp(
+            objective,
+            constraints=constraints,
+            integrality=np.ones(len(objective), dtype=np.int64),
+            bounds=bounds,
+            options={"time_limit": time_limit, "mip_rel_gap": gap},
+        )
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class PodShape:
+    cpu_milli: int
+    memory_mib: int
+    count: int
+    milli: int
+    models: tuple[str, ...] = ()
+
+    @property
+    def value(self) -> int:
+        return self.count * self.milli
+
+    @property
+    def sharing(self) -> bool:
+        return self.milli < _MILLI
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class NodeType:
+    gpu_count: int
+    model: str
+    cpu_milli: int
+    memory_mib: int
+
+    def admits(self, shape: PodShape) -> bool:
+        return (
+            shape.count <= self.gpu_count
+            and shape.cpu_milli <= self.cpu_milli
+            and shape.memory_mib <= self.memory_mib
+            and (not shape.models or self.model in shape.models)
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Instance:
+    """Pods aggregated by shape, nodes by type."""
+
+    shapes: tuple[PodShape, ...]
+    demand: tuple[int, ...]
+    """Pods of each shape."""
+    types: tuple[NodeType, ...]
+    supply: tuple[int, ...]
+    """Nodes of each type."""
+
+    @classmethod
+    def of(cls, nodes: Sequence[devices.NodeInventory], pods: Sequence[trace.TracePod]) -> Instance:
+        type_count: Counter[NodeType] = Counter()
+        for node in nodes:
+            if not node.gpus:
+                continue
+            models = {gpu.model for gpu in node.gpus}
+            if len(models) != 1:
+                raise errors.InvalidInputError(f"bound: node {node.name} mixes GPU models {sorted(models)}")
+            type_count[NodeType(node.gpu_count, models.pop(), node.cpu_milli, node.memory_mib)] += 1
+        shape_count: Counter[PodShape] = Counter(
+            PodShape(p.cpu_milli, p.memory_mib, p.num_gpu, p.gpu_milli, tuple(sorted(p.models)))
+            for p in pods
+            if p.num_gpu
+        )
+        types = tuple(sorted(type_count))
+        usable = sorted(s for s in shape_count if any(t.admits(s) for t in types))
+        return cls(tuple(usable), tuple(shape_count[s] for s in usable), types, tuple(type_count[t] for t in types))
+
+
+def node_holds(node: NodeType, shapes: Sequence[PodShape]) -> bool:
+    """Whether one node of type `node` can hold all of `shapes` at once (exact, for small sets)."""
+    if not all(node.admits(s) for s in shapes):
+        return False
+    if sum(s.cpu_milli for s in shapes) > node.cpu_milli or sum(s.memory_mib for s in shapes) > node.memory_mib:
+        return False
+    bins = node.gpu_count - sum(s.count for s in shapes if not s.sharing)
+    if bins < 0:
+        return False
+    items = sorted((s.milli for s in shapes if s.sharing), reverse=True)
+    if sum(items) > bins * _MILLI:
+        return False
+    return _pack(items, [0] * bins)
+
+
+def _pack(items: list[int], loads: list[int]) -> bool:
+    if not items:
+        return True
+    first, rest = items[0], items[1:]
+    tried: set[int] = set()
+    for i, load in enumerate(loads):
+        if load in tried or load + first > _MILLI:
+            continue
+        tried.add(load)
+        loads[i] += first
+        if _pack(rest, loads):
+            loads[i] -= first
+            return True
+        loads[i] -= first
+    return False
+
+
+def gpu_fills(values: Sequence[int]) -> list[tuple[int, ...]]:
+    """Maximal multisets of the sharing milli `values` that fit one GPU, as counts per value."""
+    ordered = sorted(set(values))
+    fills: list[tuple[int, ...]] = []
+    counts = [0] * len(ordered)
+
+    def extend(start: int, room: int) -> None:
+        grew = False
+        for j in range(start, len(ordered)):
+            if ordered[j] <= room:
+                grew = True
+                counts[j] += 1
+                extend(j, room - ordered[j])
+                counts[j] -= 1
+        if not grew and not any(v <= room for v in ordered):
+            fills.append(tuple(counts))
+
+    extend(0, _MILLI)
+    return [tuple(f[ordered.index(v)] for v in sorted(set(values))) for f in fills]
+
+
+@dataclass(frozen=True, slots=True)
+class Solution:
+    bound_milli: int
+    """Proven: no set of these pods that fits together occupies more GPU compute."""
+    found_milli: int
+    """Achieved by a packing found (the integer model over the patterns known)."""
+    kept: tuple[int, ...]
+    """Pods of each shape the found packing keeps."""
+    exact: bool
+    """All patterns enumerated and the integer model solved to optimality."""
+    iterations: int
+    seconds: float
+
+
+class _Patterns:
+    """Columns of the master problem: (type index, counts per shape)."""
+
+    def __init__(self, instance: Instance) -> None:
+        self.instance = instance
+        self.types: list[int] = []
+        self.counts: list[np.ndarray] = []
+        self.seen: set[tuple[int, bytes]] = set()
+        self.values = np.array([s.value for s in instance.shapes], dtype=np.int64)
+
+    def add(self, type_index: int, counts: np.ndarray) -> bool:
+        key = (type_index, counts.astype(np.int64).tobytes())
+        if key in self.seen or not counts.any():
+            return False
+        self.seen.add(key)
+        self.types.append(type_index)
+        self.counts.append(counts.astype(np.int64))
+        return True
+
+    def matrix(self) -> tuple[np.ndarray, sparse.csr_array]:
+        """Objective values and the constraint rows (types first, then shapes) of every column."""
+        n_types = len(self.instance.types)
+        columns = len(self.counts)
+        values = np.array([int(c @ self.values) for c in self.counts], dtype=np.float64)
+        type_rows = sparse.csr_array(
+            (np.ones(columns), (np.array(self.types), np.arange(columns))), shape=(n_types, columns)
+        )
+        shape_rows = sparse.csr_array(np.stack(self.counts, axis=1).astype(np.float64)) if columns else None
+        stacked = sparse.vstack([type_rows, shape_rows]) if shape_rows is not None else type_rows
+        return values, sparse.csr_array(stacked)
+
+
+def _enumerate(instance: Instance, limit: int) -> list[tuple[int, np.ndarray]] | None:
+    """Every non-empty pattern of every type, or None when there are more than `limit`."""
+    found: list[tuple[int, np.ndarray]] = []
+    for t, node in enumerate(instance.types):
+        admitted = [i for i, s in enumerate(instance.shapes) if node.admits(s)]
+        counts = np.zeros(len(instance.shapes), dtype=np.int64)
+        # Depth-first over multisets (shapes in index order), pruning as soon as a node cannot hold one.
+        stack: list[tuple[int, list[PodShape]]] = [(0, [])]
+        while stack:
+            position, chosen = stack.pop()
+            counts[:] = 0
+            for shape in chosen:
+                counts[instance.shapes.index(shape)] += 1
+            for k in range(position, len(admitted)):
+                i = admitted[k]
+                if counts[i] >= instance.demand[i]:
+                    continue
+                candidate = [*chosen, instance.shapes[i]]
+                if node_holds(node, candidate):
+                    grown = counts.copy()
+                    grown[i] += 1
+                    found.append((t, grown))
+                    if len(found) > limit:
+                        return None
+                    stack.append((k, candidate))
+    return found
+
+
+def solve(
+    instance: Instance, *, time_limit: float = 600.0, seed_columns: Sequence[tuple[int, np.ndarray]] = ()
+) -> Solution:
+    """The most GPU compute these pods can occupy together: a proven bound and a packing found."""
+    started = time.perf_counter()
+    n_shapes = len(instance.shapes)
+    demand = np.array(instance.demand, dtype=np.float64)
+    supply = np.array(instance.supply, dtype=np.float64)
+    if not n_shapes:
+        return Solution(0, 0, (), True, 0, time.perf_counter() - started)
+    patterns = _Patterns(instance)
+    listed = _enumerate(instance, ENUMERATION_LIMIT) if sum(instance.demand) <= ENUMERATION_PODS else None
+    if listed is not None:
+        for t, column in listed:
+            patterns.add(t, column)
+        found, kept, optimal = _integer_master(patterns, instance, time_limit)
+        return Solution(found, found, kept, optimal, 0, time.perf_counter() - started)
+    for t, column in seed_columns:
+        patterns.add(t, column)
+    for t, node in enumerate(instance.types):  # one pattern per admitted shape, so every row has a column
+        for i, shape in enumerate(instance.shapes):
+            if node.admits(shape):
+                single = np.zeros(n_shapes, dtype=np.int64)
+                single[i] = 1
+                patterns.add(t, single)
+    best_bound = math.inf
+    iterations = 0
+    pricers = [_Pricer(instance, t) for t in range(len(instance.types))]
+    while True:
+        iterations += 1
+        values, rows = patterns.matrix()
+        lp = optimize.linprog(
+            -values, A_ub=rows.toarray(), b_ub=np.concatenate([supply, demand]), bounds=(0, None), method="highs"
+        )
+        if lp.status != 0:
+            raise errors.SharegpuError(f"bound: the LP master failed ({lp.message})")
+        duals = -np.asarray(lp.ineqlin.marginals)
+        node_price = np.maximum(duals[: len(supply)], 0.0)
+        shape_price = np.maximum(duals[len(supply) :], 0.0)
+        lp_value = -float(lp.fun or 0.0)
+        remaining = time_limit - (time.perf_counter() - started)
+        lagrangian = float(demand @ shape_price)
+        added = 0
+        for t, pricer in enumerate(pricers):
+            counts, best, ceiling = pricer.price(shape_price, max(remaining / len(pricers), 1.0))
+            lagrangian += supply[t] * max(ceiling, 0.0)
+            if counts is not None and best - node_price[t] > 1e-6 * max(1.0, best) and patterns.add(t, counts):
+                added += 1
+        best_bound = min(best_bound, lagrangian)
+        converged = added == 0 or best_bound - lp_value < 0.5
+        if converged or time.perf_counter() - started > time_limit:
+            if added == 0:
+                best_bound = min(best_bound, lp_value)
+            break
+    found, kept, _ = _integer_master(
+        patterns, instance, min(max(time_limit - (time.perf_counter() - started), 10.0), 60.0)
+    )
+    bound = math.floor(best_bound * (1 + 1e-9) + 1e-6)
+    return Solution(max(bound, found), found, kept, False, iterations, time.perf_counter() - started)
+
+
+class _Pricer:
+    """The pricing problem of one node type: the pattern with the best total reduced value."""
+
+    def __init__(self, instance: Instance, t: int) -> None:
+        self.node = instance.types[t]
+        self.shapes = instance.shapes
+        self.admitted = np.array([self.node.admits(s) for s in instance.shapes], dtype=np.bool_)
+        self.demand = np.array(instance.demand, dtype=np.int64)
+        self.values = np.array([s.value for s in instance.shapes], dtype=np.float64)
+        self._fills: dict[tuple[int, ...], list[tuple[int, ...]]] = {}
+
+    def fills(self, values: tuple[int, ...]) -> list[tuple[int, ...]]:
+        if values not in self._fills:
+            self._fills[values] = gpu_fills(values)
+        return self._fills[values]
+
+    def price(self, shape_price: np.ndarray, time_limit: float) -> tuple[np.ndarray | None, float, float]:
+        """(counts per shape or None, best value found, proven ceiling of the best value)."""
+        gain = self.values - shape_price
+        chosen = np.flatnonzero(self.admitted & (gain > 1e-9))
+        if not len(chosen):
+            return None, 0.0, 0.0
+        node = self.node
+        shapes = [self.shapes[i] for i in chosen]
+        milli_values = tuple(sorted({s.milli for s in shapes if s.sharing}))
+        fills = self.fills(milli_values) if milli_values else []
+        n, q = len(shapes), len(fills)
+        c = np.concatenate([-gain[chosen], np.zeros(q)])
+        rows = [
+            np.concatenate([[s.cpu_milli for s in shapes], np.zeros(q)]),
+            np.concatenate([[s.memory_mib for s in shapes], np.zeros(q)]),
+            np.concatenate([[0 if s.sharing else s.count for s in shapes], np.ones(q)]),
+        ]
+        upper = [node.cpu_milli, node.memory_mib, node.gpu_count]
+        for j, value in enumerate(milli_values):
+            rows.append(
+                np.concatenate(
+                    [[1.0 if s.sharing and s.milli == value else 0.0 for s in shapes], [-f[j] for f in fills]]
+                )
+            )
+            upper.append(0)
+        per_node = [
+            min(
+                int(self.demand[i]),
+                node.gpu_count // s.count if not s.sharing else node.gpu_count * (_MILLI // s.milli),
+                node.cpu_milli // s.cpu_milli if s.cpu_milli else 1 << 30,
+                node.memory_mib // s.memory_mib if s.memory_mib else 1 << 30,
+            )
+            for i, s in zip(chosen, shapes, strict=True)
+        ]
+        result = _milp(
+            c,
+            optimize.LinearConstraint(np.array(rows), -np.inf, np.array(upper, dtype=np.float64)),
+            optimize.Bounds(np.zeros(n + q), np.array(per_node + [node.gpu_count] * q, dtype=np.float64)),
+            time_limit,
+            1e-9,
+        )
+        if result.x is None:
+            raise errors.SharegpuError(f"bound: pricing for {node} failed ({result.message})")
+        counts = np.zeros(len(self.shapes), dtype=np.int64)
+        counts[chosen] = np.round(result.x[:n]).astype(np.int64)
+        best = -float(result.fun)
+        dual = getattr(result, "mip_dual_bound", None)
+        ceiling = -float(dual) if dual is not None and np.isfinite(dual) else best
+        return counts, best, max(best, ceiling)
+
+
+def _integer_master(patterns: _Patterns, instance: Instance, time_limit: float) -> tuple[int, tuple[int, ...], bool]:
+    """The best integer choice of the known patterns: (GPU milli, pods kept per shape, proven optimal)."""
+    values, rows = patterns.matrix()
+    upper = np.concatenate([np.array(instance.supply, float), np.array(instance.demand, float)])
+    result = _milp(
+        -values,
+        optimize.LinearConstraint(rows, -np.inf, upper),
+        optimize.Bounds(np.zeros(len(values)), np.full(len(values), np.inf)),
+        time_limit,
+        0.0,
+    )
+    if result.x is None:
+        return 0, tuple(0 for _ in instance.shapes), False
+    use = np.round(result.x).astype(np.int64)
+    kept = np.zeros(len(instance.shapes), dtype=np.int64)
+    for count, column in zip(use.tolist(), patterns.counts, strict=True):
+        if count:
+            kept += count * column
+    return int(kept @ patterns.values), tuple(int(k) for k in kept), bool(result.status == 0)
+
+
+# --------------------------------------------------------------------------- the figure for a run
+
+
+@dataclass(frozen=True, slots=True)
+class BoundRun:
+    trace: str
+    seed: int
+    lower_bound_unallocated_pct: float
+    """Proven: no placement of this arrival sequence leaves less unallocated at arrived = 100%."""
+    offline_heuristic_unallocated_pct: float
+    """Achieved by a placer that knows the future: the better of the integer packing over the patterns
+    column generation found and largest-first best fit."""
+    best_fit_unallocated_pct: float
+    """Largest-first best fit alone."""
+    exact: bool
+    """The bound is the optimum itself (all node patterns enumerated, integer model solved)."""
+    solve_seconds: float
+
+
+def offline_heuristic(
+    nodes: Sequence[devices.NodeInventory], pods: Sequence[trace.TracePod]
+) -> tuple[np.ndarray, list[tuple[int, np.ndarray]]]:
+    """Largest GPU request first, best fit: which pods it keeps, and each node's content as a pattern.
+
+    Returns the kept mask (aligned with `pods`) and, per GPU node, (type index, counts per shape)
+    for the instance `Instance.of(nodes, pods)`.
+    """
+    instance = Instance.of(nodes, pods)
+    shape_index = {s: i for i, s in enumerate(instance.shapes)}
+    type_index = {t: i for i, t in enumerate(instance.types)}
+    state = fleet.FleetState(list(nodes))
+    book = ledger.Ledger(state)
+    chooser = placer.Placer(state, policies.make("bestfit"))
+    order = sorted(
+        (i for i, p in enumerate(pods) if p.num_gpu),
+        key=lambda i: (-pods[i].gpu_milli_total, -pods[i].cpu_milli, -pods[i].memory_mib, i),
+    )
+    kept = np.zeros(len(pods), dtype=np.bool_)
+    content: dict[int, np.ndarray] = {}
+    for i in order:
+        pod = pods[i]
+        decision = chooser.place(book, pod.request(f"{pod.name}#{i}"))
+        if not decision.status.ok:
+            continue
+        kept[i] = True
+        shape = PodShape(pod.cpu_milli, pod.memory_mib, pod.num_gpu, pod.gpu_milli, tuple(sorted(pod.models)))
+        counts = content.setdefault(decision.row, np.zeros(len(instance.shapes), dtype=np.int64))
+        counts[shape_index[shape]] += 1
+    node = list(nodes)
+    columns = []
+    for row, counts in content.items():
+        inv = node[row]
+        columns.append((type_index[NodeType(inv.gpu_count, inv.gpus[0].model, inv.cpu_milli, inv.memory_mib)], counts))
+    return kept, columns
+
+
+def _figure(arrived: np.ndarray, allocated: np.ndarray, capacity: int) -> float:
+    picks = replay.window(arrived, capacity)
+    return float(100 - np.round(allocated[picks] / capacity * 100, 2).mean())
+
+
+def _earliest(pods: Sequence[trace.TracePod], instance: Instance, kept: Sequence[int]) -> np.ndarray:
+    """Keep, of each shape, the pods that arrive first (as many as `kept` says)."""
+    left = dict(zip(instance.shapes, kept, strict=True))
+    mask = np.zeros(len(pods), dtype=np.bool_)
+    for i, p in enumerate(pods):
+        if not p.num_gpu:
+            continue
+        shape = PodShape(p.cpu_milli, p.memory_mib, p.num_gpu, p.gpu_milli, tuple(sorted(p.models)))
+        if left.get(shape, 0) > 0:
+            left[shape] -= 1
+            mask[i] = True
+    return mask
+
+
+def bound_run(
+    nodes: Sequence[devices.NodeInventory],
+    workload: replay.Workload,
+    trace_name: str,
+    seed: int,
+    *,
+    time_limit: float = 600.0,
+) -> BoundRun:
+    """The bound and the offline heuristic for one arrival sequence, in the metric's own terms."""
+    capacity = sum(node.gpu_count for node in nodes) * _MILLI
+    requested = np.array([p.gpu_milli_total for p in workload.pods], dtype=np.int64)
+    arrived = np.cumsum(requested)
+    picks = replay.window(arrived, capacity)
+    if not len(picks):
+        raise errors.InvalidInputError(f"bound: the {trace_name} workload never reaches the cluster's capacity")
+    prefix = list(workload.pods[: int(picks.max()) + 1])
+    started = time.perf_counter()
+    heuristic_kept, columns = offline_heuristic(nodes, prefix)
+    instance = Instance.of(nodes, prefix)
+    solution = solve(instance, time_limit=time_limit, seed_columns=columns)
+    seconds = time.perf_counter() - started
+    n = len(prefix)
+    ceiling = np.minimum(arrived[:n], solution.bound_milli)
+    heuristic = np.cumsum(np.where(heuristic_kept, requested[:n], 0))
+    found = np.cumsum(np.where(_earliest(prefix, instance, solution.kept), requested[:n], 0))
+    best_fit = _figure(arrived[:n], heuristic, capacity)
+    return BoundRun(
+        trace=trace_name,
+        seed=seed,
+        lower_bound_unallocated_pct=round(_figure(arrived[:n], ceiling, capacity), 4),
+        offline_heuristic_unallocated_pct=round(min(best_fit, _figure(arrived[:n], found, capacity)), 4),
+        best_fit_unallocated_pct=round(best_fit, 4),
+        exact=solution.exact,
+        solve_seconds=round(seconds, 2),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class BoundSpec:
+    source: runner.Source
+    seed: int
+    tune: float = 1.3
+    time_limit: float = 900.0
+
+
+def execute(spec: BoundSpec) -> BoundRun:
+    """One (trace, seed): the workload the simulator would replay, bounded."""
+    nodes, pods = runner.load_source(spec.source)
+    capacity = sum(node.gpu_count for node in nodes) * _MILLI
+    workload = replay.build_workload(pods.pods, capacity, len(nodes), spec.tune, spec.seed)
+    return bound_run(nodes, workload, spec.source.label, spec.seed, time_limit=spec.time_limit)
+
+
+def execute_all(specs: Sequence[BoundSpec], jobs: int = 1) -> list[BoundRun]:
+    """Every spec, in worker processes when `jobs` > 1; results in the order of `specs`."""
+    if jobs <= 1 or len(specs) <= 1:
+        return [execute(spec) for spec in specs]
+    with ProcessPoolExecutor(max_workers=min(jobs, len(specs))) as pool:
+        return list(pool.map(execute, specs))
