@@ -164,7 +164,15 @@ def _keeper(found: list[pods.Record]) -> pods.Record:
 
 
 def reservation_pod(name: str, node: str, slot: int, image: str) -> dict[str, Any]:
-    """The reservation pod that holds GPU `slot` of `node` and reports its UUID (`sharegpu reserve`)."""
+    """The reservation pod that holds GPU `slot` of `node` and reports its UUID (`sharegpu reserve`).
+
+    It requests the GPU only, no CPU or memory (its small limits stay): it is created after its
+    sharers were placed, and nothing placed them with room for it. A request would make
+    kube-scheduler see less room on the node than the extender and the simulator do (it counts
+    every bound pod; the ledger leaves reservations out), and could get it refused by the kubelet
+    on a node whose CPU or memory its sharers filled."""
+    container = pods.reserve_container(image, 1)
+    container["resources"]["requests"] = {names.NVIDIA_GPU: "1", "cpu": "0", "memory": "0"}
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -179,6 +187,6 @@ def reservation_pod(name: str, node: str, slot: int, image: str) -> dict[str, An
             "priorityClassName": "system-node-critical",
             "tolerations": [{"operator": "Exists"}],
             "terminationGracePeriodSeconds": 5,
-            "containers": [pods.reserve_container(image, 1)],
+            "containers": [container],
         },
     }
