@@ -186,6 +186,13 @@ def simulate(
     time_scale: Annotated[
         float, typer.Option("--time-scale", help="Dynamic mode: arrivals this many times faster (run times unchanged).")
     ] = 1.0,
+    defrag_budget: Annotated[
+        int,
+        typer.Option(
+            "--defrag-budget",
+            help="Dynamic mode: defragment, moving at most this many running pods per hour (0: off).",
+        ),
+    ] = 0,
     jobs: Annotated[int, typer.Option("--jobs", "-j", help="Worker processes; 0: one per core.")] = 0,
     plot: Annotated[Path | None, typer.Option("--plot", help="Write allocation curves to this PNG.")] = None,
     json_path: Annotated[Path | None, typer.Option("--json", help="Write every run and the summary as JSON.")] = None,
@@ -202,6 +209,10 @@ def simulate(
             raise UsageError(f"--time-scale must be in (0, 1000000], got {time_scale}")
         if jobs < 0:
             raise UsageError(f"--jobs must be >= 0, got {jobs}")
+        if defrag_budget < 0:
+            raise UsageError(f"--defrag-budget must be >= 0, got {defrag_budget}")
+        if defrag_budget and mode != "dynamic":
+            raise UsageError("--defrag-budget needs --mode dynamic (static arrivals never leave, nothing is recreated)")
         if plot is not None and plot.suffix.lower() != ".png":
             raise UsageError(f"--plot must name a .png file, got {plot}")
         chosen = parse_policies(policy)
@@ -218,7 +229,12 @@ def simulate(
     except errors.SharegpuError as exc:
         raise _fail(exc) from None
 
-    specs = [runner.RunSpec(s, p, seed, tune, mode, time_scale) for s in sources for p in chosen for seed in seed_list]
+    specs = [
+        runner.RunSpec(s, p, seed, tune, mode, time_scale, defrag_budget)
+        for s in sources
+        for p in chosen
+        for seed in seed_list
+    ]
     with Progress(
         TextColumn("[bold]simulating"),
         BarColumn(),
@@ -236,7 +252,7 @@ def simulate(
 
         results = runner.run_all(specs, jobs or None, done)
 
-    console.print(_table(report.summarise(results), mode))
+    console.print(_table(report.summarise(results), mode, defrag=defrag_budget > 0))
     if json_path is not None:
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_bytes(report.to_json(results, shlex.join(["sharegpu", *sys.argv[1:]])))
@@ -256,26 +272,23 @@ def _label(path: Path) -> str:
     return stem.removeprefix("openb_pod_list_")
 
 
-def _table(summaries: list[report.Summary], mode: str) -> Table:
+def _table(summaries: list[report.Summary], mode: str, defrag: bool = False) -> Table:
     if mode == "dynamic":
         table = Table(
             title="Dynamic replay (mean±sd over seeds)",
-            caption="alloc %: time-weighted allocated GPU % while pods arrive; waits in seconds",
+            caption="alloc %: time-weighted allocated GPU % while pods arrive; waits in seconds"
+            + ("; evictions: running pods the defragmenter moved" if defrag else ""),
         )
-        columns = ["trace", "policy", "seeds", "alloc %", "wait p50", "wait p99", "never placed", "s/run"]
+        columns = ["trace", "policy", "seeds", "alloc %", "wait p50", "wait p99", "never placed"]
+        columns += ["evictions", "s/run"] if defrag else ["s/run"]
         for c in columns:
             table.add_column(c, justify="left" if c in ("trace", "policy") else "right")
         for s in summaries:
-            table.add_row(
-                s.trace,
-                s.policy,
-                str(s.seeds),
-                str(s.mean_allocated),
-                str(s.wait_p50),
-                str(s.wait_p99),
-                str(s.failed),
-                str(s.wall),
-            )
+            cells = [s.trace, s.policy, str(s.seeds), str(s.mean_allocated), str(s.wait_p50), str(s.wait_p99)]
+            cells.append(str(s.failed))
+            if defrag:
+                cells.append(str(s.evictions))
+            table.add_row(*cells, str(s.wall))
         return table
     table = Table(
         title="Static arrivals (mean±sd over seeds)",
@@ -326,9 +339,21 @@ def bound(
         else:
             sources = [runner.Source(_label(p), str(nodes), str(p)) for p in pods]
         runner.validate_sources(sources)
-        specs = [limit.BoundSpec(source, seed, tune, time_limit) for source in sources for seed in seed_list]
+        # Seed by seed across the traces, so a table cut short still covers every trace.
+        specs = [limit.BoundSpec(source, seed, tune, time_limit) for seed in seed_list for source in sources]
+    except errors.SharegpuError as exc:
+        raise _fail(exc) from None
+    command = shlex.join(["sharegpu", *sys.argv[1:]])
+
+    def save(runs: list[limit.BoundRun]) -> None:
+        if json_path is not None:
+            json_path.parent.mkdir(parents=True, exist_ok=True)
+            document = {"command": command, "runs": [dataclasses.asdict(run) for run in runs]}
+            json_path.write_bytes(orjson.dumps(document, option=orjson.OPT_INDENT_2))
+
+    try:
         with console.status(f"bounding {len(specs)} run(s)"):
-            runs = limit.execute_all(specs, jobs or os.cpu_count() or 1)
+            runs = limit.execute_all(specs, jobs or os.cpu_count() or 1, save)
     except errors.SharegpuError as exc:
         raise _fail(exc) from None
     table = Table(
@@ -349,12 +374,6 @@ def bound(
         )
     console.print(table)
     if json_path is not None:
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        document = {
-            "command": shlex.join(["sharegpu", *sys.argv[1:]]),
-            "runs": [dataclasses.asdict(run) for run in runs],
-        }
-        json_path.write_bytes(orjson.dumps(document, option=orjson.OPT_INDENT_2))
         console.print(f"wrote {json_path}")
 
 
@@ -518,10 +537,26 @@ def controller(
         list[Compat] | None,
         typer.Option(help="Serve another system's resources too (their CRDs installed; repeat)."),
     ] = None,
+    defrag: Annotated[
+        bool,
+        typer.Option(
+            "--defrag",
+            help="Defragment: evict (Eviction API) the fewest pods that a controller recreates elsewhere so that "
+            "pending GPU pods fit (docs/defrag.md).",
+        ),
+    ] = False,
+    defrag_dry_run: Annotated[
+        bool,
+        typer.Option("--defrag-dry-run", help="Run the defragmenter but only report its plans (log, events, metrics)."),
+    ] = False,
+    defrag_budget_per_hour: Annotated[
+        int, typer.Option("--defrag-budget-per-hour", help="The most evictions the defragmenter makes in any hour.")
+    ] = 10,
     log_level: LogLevelOption = "info",
     log_format: LogFormatOption = "auto",
 ) -> None:
-    """Run the controller: GPU-time budgets, shared device groups, and other systems' resources (--compat)."""
+    """Run the controller: GPU-time budgets, shared device groups, other systems' resources (--compat), and the
+    defragmenter (--defrag)."""
     from sharegpu.controller import runtime
 
     _logging(log_level, log_format)
@@ -529,17 +564,82 @@ def controller(
         _check_election(lease_duration, renew_deadline, retry_period)
         if write_every <= 0:
             raise UsageError(f"--write-every must be > 0, got {write_every}")
+        if defrag_budget_per_hour < 0:
+            raise UsageError(f"--defrag-budget-per-hour must be >= 0, got {defrag_budget_per_hour}")
+        if defrag and defrag_dry_run:
+            raise UsageError("--defrag evicts and --defrag-dry-run only reports: give one of them")
     except errors.SharegpuError as exc:
         raise _fail(exc) from None
     options = runtime.Options(
         kubeconfig=kubeconfig, host=host, health_port=health_port, leader_elect=leader_elect,
         lease_duration=lease_duration, renew_deadline=renew_deadline, retry_period=retry_period,
         identity=identity, write_every=write_every, image=image, compat=frozenset(c.value for c in compat or ()),
+        defrag=defrag, defrag_dry_run=defrag_dry_run, defrag_budget_per_hour=defrag_budget_per_hour,
     )  # fmt: skip
     try:
         _serve(runtime.serve(options))
     except errors.SharegpuError as exc:
         raise _fail(exc) from None
+
+
+@app.command("defrag")
+def defrag_plan(
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run/--no-dry-run",
+            help="Print the plan and evict nothing (the only mode here: the controller evicts, with --defrag).",
+        ),
+    ] = True,
+    budget: Annotated[
+        int, typer.Option("--budget", help="Evictions the plan may use (as the controller's hourly budget).")
+    ] = 10,
+    output: Annotated[Literal["text", "json"], typer.Option("--output", "-o", help="text or json.")] = "text",
+    kubeconfig: Kubeconfig = None,
+    request_timeout: Annotated[float, typer.Option("--request-timeout", help="Seconds per API request.")] = 30.0,
+) -> None:
+    """Plan the fewest evictions that let pending GPU pods fit, and print the plan and its gain (evicts nothing)."""
+    from sharegpu.controller import defrag as defrag_mod
+    from sharegpu.kube import client, credentials, transport
+    from sharegpu.kube import errors as kube_errors
+
+    try:
+        if not dry_run:
+            raise UsageError("sharegpu defrag only plans (--dry-run); run the controller with --defrag to evict")
+        if budget < 0:
+            raise UsageError(f"--budget must be >= 0, got {budget}")
+        if request_timeout <= 0:
+            raise UsageError(f"--request-timeout must be > 0, got {request_timeout}")
+        creds = credentials.load(kubeconfig)
+    except errors.SharegpuError as exc:
+        raise _fail(exc) from None
+
+    async def work() -> dict[str, Any]:
+        api = client.KubeClient(transport.AiohttpTransport(creds, connections=4), creds, timeout=request_timeout)
+        try:
+            found = await defrag_mod.snapshot(api)
+        finally:
+            await api.close()
+        result = defrag_mod.plan(found, budget)
+        return {"lines": defrag_mod.describe(result, budget), "json": defrag_mod.to_json(result, budget)}
+
+    try:
+        shown = asyncio.run(work())
+    except kube_errors.KubeError as exc:
+        typer.echo(
+            f"sharegpu: error: reading the cluster: {_first_line(exc)}",
+            err=True,
+        )
+        raise typer.Exit(1) from None
+    if output == "json":
+        typer.echo(orjson.dumps(shown["json"], option=orjson.OPT_INDENT_2).decode())
+    else:
+        typer.echo("\n".join(shown["lines"]))
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 @app.command()

@@ -46,7 +46,7 @@ import os
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
@@ -152,14 +152,20 @@ class Instance:
             if len(models) != 1:
                 raise errors.InvalidInputError(f"bound: node {node.name} mixes GPU models {sorted(models)}")
             type_count[NodeType(node.gpu_count, models.pop(), node.cpu_milli, node.memory_mib)] += 1
-        shape_count: Counter[PodShape] = Counter(
-            PodShape(p.cpu_milli, p.memory_mib, p.num_gpu, p.gpu_milli, tuple(sorted(p.models)))
-            for p in pods
-            if p.num_gpu
-        )
+        shape_count: Counter[PodShape] = Counter(_shape_of(p) for p in pods if p.num_gpu)
         types = tuple(sorted(type_count))
         usable = sorted(s for s in shape_count if any(t.admits(s) for t in types))
         return cls(tuple(usable), tuple(shape_count[s] for s in usable), types, tuple(type_count[t] for t in types))
+
+    def restricted(self, pods: Sequence[trace.TracePod]) -> Instance:
+        """The same shapes and nodes with the demand of `pods` (a prefix of the pods this was made of),
+        so patterns found for one stay valid columns for the other."""
+        count = Counter(_shape_of(p) for p in pods if p.num_gpu)
+        return Instance(self.shapes, tuple(count[s] for s in self.shapes), self.types, self.supply)
+
+
+def _shape_of(pod: trace.TracePod) -> PodShape:
+    return PodShape(pod.cpu_milli, pod.memory_mib, pod.num_gpu, pod.gpu_milli, tuple(sorted(pod.models)))
 
 
 def node_holds(node: NodeType, shapes: Sequence[PodShape]) -> bool:
@@ -227,6 +233,8 @@ class Solution:
     """All patterns enumerated and the integer model solved to optimality."""
     iterations: int
     seconds: float
+    columns: tuple[tuple[int, np.ndarray], ...] = ()
+    """The node patterns known at the end (type index, pods per shape): seeds for a related instance."""
 
 
 class _Patterns:
@@ -247,6 +255,9 @@ class _Patterns:
         self.types.append(type_index)
         self.counts.append(counts.astype(np.int64))
         return True
+
+    def columns(self) -> tuple[tuple[int, np.ndarray], ...]:
+        return tuple(zip(self.types, self.counts, strict=True))
 
     def matrix(self) -> tuple[np.ndarray, sparse.csr_array]:
         """Objective values and the constraint rows (types first, then shapes) of every column."""
@@ -290,9 +301,14 @@ def _enumerate(instance: Instance, limit: int) -> list[tuple[int, np.ndarray]] |
 
 
 def solve(
-    instance: Instance, *, time_limit: float = 600.0, seed_columns: Sequence[tuple[int, np.ndarray]] = ()
+    instance: Instance,
+    *,
+    time_limit: float = 900.0,
+    seed_columns: Sequence[tuple[int, np.ndarray]] = (),
+    pack: bool = True,
 ) -> Solution:
-    """The most GPU compute these pods can occupy together: a proven bound and a packing found."""
+    """The most GPU compute these pods can occupy together: a proven bound and (with `pack`, or when
+    exact) a packing found."""
     started = time.perf_counter()
     n_shapes = len(instance.shapes)
     demand = np.array(instance.demand, dtype=np.float64)
@@ -305,7 +321,7 @@ def solve(
         for t, column in listed:
             patterns.add(t, column)
         found, kept, optimal = _integer_master(patterns, instance, time_limit)
-        return Solution(found, found, kept, optimal, 0, time.perf_counter() - started)
+        return Solution(found, found, kept, optimal, 0, time.perf_counter() - started, patterns.columns())
     for t, column in seed_columns:
         patterns.add(t, column)
     for t, node in enumerate(instance.types):  # one pattern per admitted shape, so every row has a column
@@ -315,9 +331,10 @@ def solve(
                 single[i] = 1
                 patterns.add(t, single)
     best_bound = math.inf
+    center: np.ndarray | None = None  # the shape prices of the best Lagrangian bound so far
     iterations = 0
     pricers = [_Pricer(instance, t) for t in range(len(instance.types))]
-    while True:
+    while time.perf_counter() - started < time_limit:
         iterations += 1
         values, rows = patterns.matrix()
         lp = optimize.linprog(
@@ -327,27 +344,39 @@ def solve(
             raise errors.SharegpuError(f"bound: the LP master failed ({lp.message})")
         duals = -np.asarray(lp.ineqlin.marginals)
         node_price = np.maximum(duals[: len(supply)], 0.0)
-        shape_price = np.maximum(duals[len(supply) :], 0.0)
+        lp_price = np.maximum(duals[len(supply) :], 0.0)
         lp_value = -float(lp.fun or 0.0)
-        remaining = time_limit - (time.perf_counter() - started)
-        lagrangian = float(demand @ shape_price)
         added = 0
-        for t, pricer in enumerate(pricers):
-            counts, best, ceiling = pricer.price(shape_price, max(remaining / len(pricers), 1.0))
-            lagrangian += supply[t] * max(ceiling, 0.0)
-            if counts is not None and best - node_price[t] > 1e-6 * max(1.0, best) and patterns.add(t, counts):
-                added += 1
-        best_bound = min(best_bound, lagrangian)
-        converged = added == 0 or best_bound - lp_value < 0.5
-        if converged or time.perf_counter() - started > time_limit:
-            if added == 0:
-                best_bound = min(best_bound, lp_value)
+        # Stabilised pricing (Wentges): price halfway between the LP duals and the best multipliers
+        # so far, which damps the duals' oscillation; when that finds nothing the LP duals are tried.
+        tries = [lp_price] if center is None else [0.5 * (center + lp_price), lp_price]
+        for shape_price in tries:
+            remaining = time_limit - (time.perf_counter() - started)
+            lagrangian = float(demand @ shape_price)
+            for t, pricer in enumerate(pricers):
+                counts, _, ceiling = pricer.price(shape_price, max(remaining / len(pricers), 1.0))
+                lagrangian += supply[t] * max(ceiling, 0.0)
+                if counts is None:
+                    continue
+                reduced = float(counts @ (pricer.values - lp_price)) - node_price[t]
+                if reduced > 1e-6 * max(1.0, lp_value / max(supply.sum(), 1.0)) and patterns.add(t, counts):
+                    added += 1
+            if lagrangian < best_bound:
+                best_bound, center = lagrangian, shape_price
+            if added:
+                break
+        if not added:  # the LP duals price out: the LP optimum is the bound
+            best_bound = min(best_bound, lp_value)
             break
-    found, kept, _ = _integer_master(
-        patterns, instance, min(max(time_limit - (time.perf_counter() - started), 10.0), 60.0)
-    )
+        if best_bound - lp_value < 0.5:
+            break
+    found, kept = 0, tuple(0 for _ in instance.shapes)
+    if pack:
+        left = min(max(time_limit - (time.perf_counter() - started), 10.0), 60.0)
+        found, kept, _ = _integer_master(patterns, instance, left)
     bound = math.floor(best_bound * (1 + 1e-9) + 1e-6)
-    return Solution(max(bound, found), found, kept, False, iterations, time.perf_counter() - started)
+    seconds = time.perf_counter() - started
+    return Solution(max(bound, found), found, kept, False, iterations, seconds, patterns.columns())
 
 
 class _Pricer:
@@ -513,29 +542,50 @@ def _earliest(pods: Sequence[trace.TracePod], instance: Instance, kept: Sequence
     return mask
 
 
+WINDOW_POINTS = 5
+"""Prefixes inside the window solved for their own bound (each window arrival uses the nearest one
+at or after it); more points tighten the figure by at most 1 / points of the window's width."""
+
+
 def bound_run(
     nodes: Sequence[devices.NodeInventory],
     workload: replay.Workload,
     trace_name: str,
     seed: int,
     *,
-    time_limit: float = 600.0,
+    time_limit: float = 900.0,
 ) -> BoundRun:
-    """The bound and the offline heuristic for one arrival sequence, in the metric's own terms."""
+    """The bound and the offline heuristic for one arrival sequence, in the metric's own terms.
+
+    Arrival i of the window can hold at most OPT(prefix up to i), and OPT only grows with the prefix;
+    so a few prefixes inside the window are solved (the last one first; each later solve starts
+    from every pattern found so far) and each window arrival is bounded by the first solved prefix
+    at or after it (and by what has arrived)."""
     capacity = sum(node.gpu_count for node in nodes) * _MILLI
     requested = np.array([p.gpu_milli_total for p in workload.pods], dtype=np.int64)
     arrived = np.cumsum(requested)
     picks = replay.window(arrived, capacity)
     if not len(picks):
         raise errors.InvalidInputError(f"bound: the {trace_name} workload never reaches the cluster's capacity")
-    prefix = list(workload.pods[: int(picks.max()) + 1])
+    end = int(picks.max())
+    prefix = list(workload.pods[: end + 1])
+    n = len(prefix)
     started = time.perf_counter()
     heuristic_kept, columns = offline_heuristic(nodes, prefix)
     instance = Instance.of(nodes, prefix)
     solution = solve(instance, time_limit=time_limit, seed_columns=columns)
-    seconds = time.perf_counter() - started
-    n = len(prefix)
+    points = sorted({int(picks[int(k)]) for k in np.linspace(0, len(picks) - 1, WINDOW_POINTS).round()})
+    ceiling_at = {end: solution.bound_milli}
+    known = list(solution.columns)
+    for point in reversed(points[:-1]):
+        left = max(time_limit - (time.perf_counter() - started), 10.0)
+        partial = solve(instance.restricted(prefix[: point + 1]), time_limit=left, seed_columns=known, pack=False)
+        ceiling_at[point] = partial.bound_milli
+        known = list(partial.columns)
     ceiling = np.minimum(arrived[:n], solution.bound_milli)
+    for i in picks.tolist():
+        ceiling[i] = min(int(arrived[i]), ceiling_at[min(p for p in ceiling_at if p >= i)])
+    seconds = time.perf_counter() - started
     heuristic = np.cumsum(np.where(heuristic_kept, requested[:n], 0))
     found = np.cumsum(np.where(_earliest(prefix, instance, solution.kept), requested[:n], 0))
     best_fit = _figure(arrived[:n], heuristic, capacity)
@@ -566,9 +616,21 @@ def execute(spec: BoundSpec) -> BoundRun:
     return bound_run(nodes, workload, spec.source.label, spec.seed, time_limit=spec.time_limit)
 
 
-def execute_all(specs: Sequence[BoundSpec], jobs: int = 1) -> list[BoundRun]:
-    """Every spec, in worker processes when `jobs` > 1; results in the order of `specs`."""
+def execute_all(
+    specs: Sequence[BoundSpec], jobs: int = 1, on_done: Callable[[list[BoundRun]], None] | None = None
+) -> list[BoundRun]:
+    """Every spec, in worker processes when `jobs` > 1; results in the order of `specs`. `on_done` sees
+    the runs finished so far (in order) after each one, so a long table can be saved as it grows."""
+    finished: list[BoundRun] = []
     if jobs <= 1 or len(specs) <= 1:
-        return [execute(spec) for spec in specs]
+        for spec in specs:
+            finished.append(execute(spec))
+            if on_done:
+                on_done(finished)
+        return finished
     with ProcessPoolExecutor(max_workers=min(jobs, len(specs))) as pool:
-        return list(pool.map(execute, specs))
+        for run in pool.map(execute, specs):
+            finished.append(run)
+            if on_done:
+                on_done(finished)
+    return finished
