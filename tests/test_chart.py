@@ -251,3 +251,17 @@ def test_the_webhooks_own_bootstrap_is_one_replica_writing_its_ca_into_the_confi
         "caBundle" not in h["clientConfig"] for h in one(docs, "ValidatingWebhookConfiguration", "sharegpu")["webhooks"]
     )
     assert not [d for d in docs if d["kind"] == "PodDisruptionBudget" and d["metadata"]["name"] == "sharegpu-webhook"]
+
+
+def test_the_defragmenter_is_off_unless_asked_and_then_gets_its_flags() -> None:
+    def args(*settings: str) -> list[str]:
+        template = one(render("1.20.2", *settings), "Deployment", "sharegpu-controller")["spec"]["template"]
+        found: list[str] = template["spec"]["containers"][0]["args"]
+        return [a for a in found if a.startswith("--defrag")]
+
+    assert args() == []
+    assert args("controller.defrag.enabled=true") == ["--defrag", "--defrag-budget-per-hour=10"]
+    assert args("controller.defrag.dryRun=true", "controller.defrag.budgetPerHour=3") == [
+        "--defrag-dry-run",
+        "--defrag-budget-per-hour=3",
+    ]

@@ -24,10 +24,13 @@ from typer.testing import CliRunner
 
 import sharegpu
 from sharegpu import cli
+from sharegpu.core import policies
 
 runner = CliRunner()
 REPO = Path(__file__).resolve().parent.parent
-COMMANDS = ("simulate", "crds", "policies", "extender", "controller", "reserve", "agent", "webhook", "devcluster")
+COMMANDS = (
+    "simulate", "crds", "policies", "extender", "controller", "reserve", "agent", "webhook", "devcluster", "defrag",
+)  # fmt: skip
 
 
 def test_simulate_with_no_arguments_runs_the_embedded_workload() -> None:
@@ -81,6 +84,8 @@ def test_dynamic_mode_reports_waits() -> None:
         (["--plot", "out.svg"], "--plot must name a .png file"),
         (["--bogus"], "No such option: --bogus"),
         (["--seeds"], "Option '--seeds' requires an argument."),
+        (["--defrag-budget", "5"], "--defrag-budget needs --mode dynamic"),
+        (["--mode", "dynamic", "--defrag-budget", "-1"], "--defrag-budget must be >= 0"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_code_2(args: list[str], message: str) -> None:
@@ -107,6 +112,19 @@ def test_policies_lists_every_policy() -> None:
     assert result.exit_code == 0
     for name in ("random", "dotprod", "clustering", "packing", "bestfit", "fgd", "binpack", "spread", "topology"):
         assert name in result.output
+    assert f"the extender's default policy: {policies.DEFAULT}" in result.output
+
+
+def test_simulate_takes_default_as_the_extenders_policy(tmp_path: Path) -> None:
+    nodes = tmp_path / "nodes.csv"
+    nodes.write_text("sn,cpu_milli,memory_mib,gpu,model\nn1,8000,8000,2,T4\n")
+    pods = tmp_path / "pods.csv"
+    pods.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli\np1,10,10,1,500\np2,10,10,1,700\np3,10,10,1,1000\n")
+    out = tmp_path / "runs.json"
+    args = ["simulate", "--nodes", str(nodes), "--pods", str(pods), "-p", "fgd,default", "--seeds", "1", "-j", "1"]
+    result = runner.invoke(cli.app, [*args, "--json", str(out), "-q"])
+    assert result.exit_code == 0, result.output
+    assert sorted({run["policy"] for run in json.loads(out.read_text())["runs"]}) == sorted({"fgd", policies.DEFAULT})
 
 
 class _Terminal(io.StringIO):
@@ -356,3 +374,25 @@ def test_crds_prints_the_compatibility_definitions_only_when_asked() -> None:
     assert both.exit_code == 0, both.output
     names = [line.split(": ")[1] for line in both.output.splitlines() if line.startswith("  name: ")]
     assert names == ["shareddevicegroups.deviceshare.io", "sharepods.kubeshare.nthu"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--no-dry-run"], "sharegpu defrag only plans (--dry-run); run the controller with --defrag to evict"),
+        (["--budget", "-1"], "--budget must be >= 0"),
+        (["--kubeconfig", "/nonexistent/kubeconfig"], "/nonexistent/kubeconfig"),
+        (["--output", "yaml"], "'yaml' is not one of 'text', 'json'"),
+    ],
+)
+def test_defrag_refuses_bad_input_in_one_line(args: list[str], message: str) -> None:
+    result = runner.invoke(cli.app, ["defrag", *args])
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("sharegpu: error: ") and message in lines[0], lines
+
+
+def test_controller_refuses_defrag_and_its_dry_run_together() -> None:
+    result = runner.invoke(cli.app, ["controller", "--defrag", "--defrag-dry-run"])
+    assert result.exit_code == 2
+    assert "--defrag evicts and --defrag-dry-run only reports: give one of them" in result.output

@@ -119,7 +119,7 @@ def _root(
 
 
 def _complete_policy(incomplete: str) -> list[str]:
-    return [name for name in policies.REGISTRY if name.startswith(incomplete)]
+    return [name for name in [*policies.REGISTRY, *policies.ALIASES] if name.startswith(incomplete)]
 
 
 def _complete_policies(incomplete: str) -> list[str]:
@@ -416,6 +416,8 @@ def list_policies() -> None:
     table.add_column("what it does")
     for name in policies.REGISTRY:
         table.add_row(name, policies.REGISTRY[name].summary)
+    for alias, name in policies.ALIASES.items():
+        table.add_row(alias, f"the extender's default policy: {name}")
     _console().print(table)
 
 
@@ -451,7 +453,7 @@ def extender(
     health_port: Annotated[int, typer.Option(help="Port of /healthz, /readyz, /metrics and /debug.")] = 8889,
     policy: Annotated[
         str, typer.Option(help="Placement policy (see `sharegpu policies`).", autocompletion=_complete_policy)
-    ] = "fgd-used",
+    ] = policies.DEFAULT,
     image: Annotated[
         str, typer.Option(help="Image of reservation pods (runs `sharegpu reserve`).")
     ] = "sharegpu:latest",
@@ -870,7 +872,7 @@ def devcluster(
     gpu_memory: Annotated[int, typer.Option(help="GPU memory in MiB.")] = 81920,
     policy: Annotated[
         str, typer.Option(help="Placement policy of the extender.", autocompletion=_complete_policy)
-    ] = "fgd-used",
+    ] = policies.DEFAULT,
     workdir: Annotated[
         Path | None, typer.Option(help="Where to keep state and logs.", show_default="a new temporary folder")
     ] = None,

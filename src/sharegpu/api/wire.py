@@ -185,6 +185,8 @@ class PodSpec(Message, kw_only=True, frozen=True):
     volumes: list[Volume] = []
     affinity: Affinity | None = None
     topology_spread_constraints: list[TopologySpreadConstraint] = []
+    priority: int | None = None
+    """Resolved from the pod's PriorityClass by the API server's admission (None: no priority set)."""
 
 
 class PodCondition(Message, kw_only=True, frozen=True):
@@ -352,6 +354,30 @@ class PriorityClass(Message, kw_only=True, frozen=True):
     metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
     value: int = 0
     preemption_policy: str = ""
+
+
+# ----------------------------------------------------------------- disruption budgets
+
+
+class PodDisruptionBudgetSpec(Message, kw_only=True, frozen=True):
+    selector: LabelSelector | None = None
+    min_available: int | str | None = None
+    max_unavailable: int | str | None = None
+
+
+class PodDisruptionBudgetStatus(Message, kw_only=True, frozen=True):
+    disruptions_allowed: int = 0
+    """Computed by kube-controller-manager's disruption controller; the Eviction API refuses (429)
+    an eviction it would take below zero."""
+    observed_generation: int = 0
+
+
+class PodDisruptionBudget(Message, kw_only=True, frozen=True):
+    """policy/v1beta1 (Kubernetes 1.20) and policy/v1 (1.21 and later) read alike for these fields."""
+
+    metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
+    spec: PodDisruptionBudgetSpec = msgspec.field(default_factory=PodDisruptionBudgetSpec)
+    status: PodDisruptionBudgetStatus = msgspec.field(default_factory=PodDisruptionBudgetStatus)
 
 
 # ----------------------------------------------------------------- helpers

@@ -6,7 +6,8 @@ with `--compat`, the deviceshare.io groups or KubeShare's SharePods and their Po
 picture of the cluster is as current as the leader's; only the holder of the `sharegpu-controller`
 Lease reconciles (writes statuses, records events). Reconcilers: budgets (`controller.budgets`),
 shared device groups (`controller.groups`), and where enabled the deviceshare.io mirror
-(`controller.deviceshare`) and SharePods (`controller.sharepods`). A new leader acts on what its
+(`controller.deviceshare`), SharePods (`controller.sharepods`) and the defragmenter
+(`controller.defrag`, with its own informers: pods, Nodes, PodDisruptionBudgets). A new leader acts on what its
 informers listed from the API (the books in each budget's status included), never on anything its
 predecessor held in memory. The hand-off and reservation reconcilers stay in the extender, next to
 the ledger they follow (docs/architecture.md says why).
@@ -29,7 +30,7 @@ from typing import Any
 
 import prometheus_client
 from aiohttp import web
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from sharegpu.api import budgets as api_budgets
@@ -37,7 +38,7 @@ from sharegpu.api import deviceshare as api_deviceshare
 from sharegpu.api import groups as api_groups
 from sharegpu.api import lifetimes, names, paths, resources, wire
 from sharegpu.api import sharepods as api_sharepods
-from sharegpu.controller import budgets, deviceshare, groups, inventory, sharepods
+from sharegpu.controller import budgets, defrag, deviceshare, groups, inventory, sharepods
 from sharegpu.core import errors
 from sharegpu.kube import client, informer, leader, reconcile
 from sharegpu.kube import events as kube_events
@@ -64,6 +65,12 @@ class Options:
     """Image of the group holder pods (runs `sharegpu reserve`)."""
     compat: frozenset[str] = frozenset()
     """Other systems' resources to serve (`api.resources.COMPAT`): their CRDs must be installed."""
+    defrag: bool = False
+    """Run the defragmenter and let it evict (through the Eviction API)."""
+    defrag_dry_run: bool = False
+    """Run the defragmenter, reporting its plans (log, events, metrics) without evicting."""
+    defrag_budget_per_hour: int = 10
+    """Evictions the defragmenter may make in any hour."""
 
 
 def _lifetime(pod: lifetimes.TimedPod, previous: lifetimes.Lifetime | None) -> lifetimes.Lifetime | None:
@@ -91,6 +98,11 @@ class Controller:
         self.sharepods = (
             sharepods.SharePodReconciler(api, self.recorder, clock, self.ids) if "kubeshare" in options.compat else None
         )
+        self.defrag = (
+            defrag.DefragReconciler(api, self.recorder, clock, evict=options.defrag,
+                                    budget_per_hour=options.defrag_budget_per_hour)
+            if options.defrag or options.defrag_dry_run else None
+        )  # fmt: skip
         self.elector: leader.LeaderElector | leader.Solo = leader.Solo()
         if options.leader_elect:
             self.elector = leader.LeaderElector(
@@ -147,6 +159,8 @@ class Controller:
         self.groups.loop.wake()
         if self.sharepods is not None:
             self.sharepods.loop.wake()
+        if self.defrag is not None:
+            self.defrag.on_device(kind, device)
 
     def _on_group(self, kind: str, group: api_groups.SharedDeviceGroup) -> None:
         self.groups.on_group(kind, group)
@@ -155,7 +169,7 @@ class Controller:
 
     def loops(self) -> list[reconcile.Loop]:
         """The reconcilers' loops (the compatibility ones only where enabled)."""
-        optional = [r.loop for r in (self.mirrors, self.sharepods) if r is not None]
+        optional = [r.loop for r in (self.mirrors, self.sharepods, self.defrag) if r is not None]
         return [self.budgets.loop, self.groups.loop, *optional]
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:
@@ -165,6 +179,10 @@ class Controller:
 
     async def start(self) -> None:
         """Start the informers and wait for their first lists; then campaign and reconcile."""
+        if self.defrag is not None and not any(i.name == "poddisruptionbudgets" for i in self.informers):
+            # Which policy/ version serves PodDisruptionBudgets and Evictions depends on the cluster's.
+            self.defrag.policy, self.defrag.eviction_api = await defrag.api_versions(self.api)
+            self.informers += self.defrag.informers()
         self.tasks = [asyncio.create_task(i.run(), name=f"informer-{i.name}") for i in self.informers]
         await asyncio.gather(*(i.synced.wait() for i in self.informers))
 
@@ -204,7 +222,7 @@ class _Metrics(Collector):
         self.controller = controller
         self.registry.register(self)
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         labels = ["namespace", "budget"]
         used = GaugeMetricFamily("sharegpu_budget_used_gpu_seconds", "GPU-seconds used this period", labels=labels)
         limit = GaugeMetricFamily("sharegpu_budget_limit_gpu_seconds", "GPU-seconds per period", labels=labels)
@@ -225,6 +243,31 @@ class _Metrics(Collector):
         for found in self.controller.informers:
             ready.add_metric([found.name], 1 if found.ready else 0)
         yield from (used, limit, state, leading, ready)
+        defragmenter = self.controller.defrag
+        if defragmenter is not None:
+            c = defragmenter.counters
+            for name, help_text, value in (
+                ("sharegpu_defrag_pending_pods", "Pending GPU pods the defragmenter's last pass planned for",
+                 c.pending),
+                ("sharegpu_defrag_planned_evictions", "Evictions in the defragmenter's last plan",
+                 c.planned_evictions),
+                ("sharegpu_defrag_planned_gain_milli_gpu", "GPU compute (milli-GPU) of the pending pods the last "
+                 "plan lets in", c.planned_gain_milli),
+                ("sharegpu_defrag_budget_left", "Evictions left in the defragmenter's hourly budget",
+                 defragmenter.allowance()),
+            ):  # fmt: skip
+                gauge = GaugeMetricFamily(name, help_text)
+                gauge.add_metric([], value)
+                yield gauge
+            for name, help_text, value in (
+                ("sharegpu_defrag_evictions", "Evictions the defragmenter made (the API server accepted)",
+                 c.evictions),
+                ("sharegpu_defrag_evictions_refused", "Evictions the API server refused (a disruption budget)",
+                 c.refused),
+            ):  # fmt: skip
+                counter = CounterMetricFamily(name, help_text)
+                counter.add_metric([], value)
+                yield counter
 
 
 async def serve(options: Options, started: asyncio.Event | None = None) -> None:

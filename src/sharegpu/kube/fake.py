@@ -9,7 +9,10 @@ compaction; create (409 AlreadyExists, generateName), get, replace (409 on a sta
 resourceVersion), merge, strategic (treated as merge) and JSON patches, delete with uid and
 resourceVersion preconditions (409) and a grace period for pods (deletionTimestamp, then gone when
 deleted again with grace 0 or `finish_deletions()`), pods/binding (409 when already bound; the
-binding's annotations land on the pod) and status subresources.
+binding's annotations land on the pod), pods/eviction (429 when a PodDisruptionBudget of the pod's
+namespace that selects it by `matchLabels` has `status.disruptionsAllowed` below 1, as the API server
+answers; otherwise the budget's allowance goes down by one and the pod is deleted gracefully) and
+status subresources.
 
 Faults are injected explicitly: `fail(status, ...)` answers the next matching requests with an error
 (429 with Retry-After, 409, 500, ...), `expire_watches()` sends 410 to every open watch and compacts
@@ -73,7 +76,7 @@ class _Watch:
 _KIND = {
     "pods": "Pod", "nodes": "Node", "configmaps": "ConfigMap", "namespaces": "Namespace", "events": "Event",
     "leases": "Lease", "devices": "Device", "bindings": "Binding", "secrets": "Secret",
-    "serviceaccounts": "ServiceAccount",
+    "serviceaccounts": "ServiceAccount", "poddisruptionbudgets": "PodDisruptionBudget",
 }  # fmt: skip
 
 
@@ -349,6 +352,8 @@ class FakeApiServer:
         key = (collection, namespace, name)
         if method == "POST" and sub == "binding":
             return 201, self._bind(key, body)
+        if method == "POST" and sub == "eviction" and collection == "/api/v1|pods":
+            return 201, self._evict(key)
         current = self.objects.get(key)
         if current is None:
             raise _AnswerError(404, "NotFound", f'{collection.split("|")[1]} "{name}" not found')
@@ -465,6 +470,29 @@ class FakeApiServer:
         annotations = ((body or {}).get("metadata") or {}).get("annotations") or {}
         patch = {"spec": {"nodeName": target}, "metadata": {"annotations": annotations}}
         self._update(key, _merge(pod, patch), keep=pod)
+        return {"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 201}
+
+    def _evict(self, key: Key) -> Json:
+        pod = self.objects.get(key)
+        if pod is None:
+            raise _AnswerError(404, "NotFound", f'pods "{key[2]}" not found')
+        labels = pod["metadata"].get("labels") or {}
+        budgets = [
+            k for k, obj in sorted(self.objects.items())
+            if k[0].startswith("/apis/policy/") and k[0].endswith("|poddisruptionbudgets") and k[1] == key[1]
+            and all(labels.get(n) == v for n, v in
+                    (((obj.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}).items())
+        ]  # fmt: skip
+        for budget in budgets:
+            if int((self.objects[budget].get("status") or {}).get("disruptionsAllowed", 0)) < 1:
+                message = "Cannot evict pod as it would violate the pod's disruption budget."
+                raise _AnswerError(429, "TooManyRequests", message)
+        for budget in budgets:
+            current = self.objects[budget]
+            status = dict(current.get("status") or {})
+            status["disruptionsAllowed"] = int(status.get("disruptionsAllowed", 0)) - 1
+            self._update(budget, {**current, "status": status}, keep=current)
+        self._delete(key, pod, {})
         return {"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 201}
 
     def _delete(self, key: Key, current: Json, options: Json) -> Json:

@@ -10,20 +10,32 @@ a FIFO queue when nothing fits (retried whenever something leaves), run for thei
 and leave; a time scale compresses arrivals to raise the load. It reports allocation over time and
 waiting times, which is what a real cluster sees.
 
+Dynamic mode can also defragment (`defrag_budget_per_hour`): when pods wait, the defragmenter's
+planner (`core.defrag`, the code the controller runs) moves running pods out of their way, within a
+number of evictions per hour of virtual time; every simulated pod counts as movable (a controller
+would recreate it) and all have the same priority.
+
 Both modes drive the real `Placer` and `Ledger`: the very code the extender runs.
 """
 
 from __future__ import annotations
 
 import heapq
+import itertools
 import time
 from collections import deque
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from sharegpu.core import devices, fleet, frag, ledger, placer, policies, units
+from sharegpu.core import defrag, devices, fleet, frag, ledger, placer, policies, units
 from sharegpu.sim import trace
+
+DEFRAG_LOOKAHEAD = 8
+"""Dynamic mode with defragmentation: waiting pods (in queue order) the planner is asked about at once."""
+DEFRAG_EVERY = 60.0
+"""Virtual seconds between two planning passes (the controller also plans on a period, not per event)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +187,10 @@ class DynamicResult:
     """Pods still waiting when the last placed pod had left (they fit nowhere, even on an idle node)."""
     pods: int
     wall_seconds: float
+    evictions: int = 0
+    """Running pods the defragmenter moved (0 when it is off)."""
+    eviction_times: tuple[float, ...] = ()
+    """When each of them was moved (seconds since the first arrival)."""
 
     @property
     def wait_p50(self) -> float:
@@ -183,6 +199,30 @@ class DynamicResult:
     @property
     def wait_p99(self) -> float:
         return float(np.percentile(self.waits, 99)) if len(self.waits) else 0.0
+
+
+class _Movable(Mapping[units.PodKey, defrag.Tenant]):
+    """Every running simulated pod as the planner sees it: movable, priority 0 (built when asked)."""
+
+    def __init__(self, book: ledger.Ledger, timed: list[trace.TracePod]) -> None:
+        self.book = book
+        self.timed = timed
+        self.known: dict[units.PodKey, defrag.Tenant] = {}
+
+    def __getitem__(self, key: units.PodKey) -> defrag.Tenant:
+        found = self.known.get(key)
+        if found is None:
+            if key not in self.book:
+                raise KeyError(key)
+            request = self.timed[int(key.rpartition("#")[2])].request(key)
+            found = self.known[key] = defrag.Tenant(request, movable=True)
+        return found
+
+    def __iter__(self) -> Iterator[units.PodKey]:
+        return (key for key, _ in self.book.entries())
+
+    def __len__(self) -> int:
+        return len(self.book)
 
 
 @dataclass(order=True)
@@ -199,6 +239,8 @@ def replay_dynamic(
     policy: policies.Policy,
     seed: int,
     time_scale: float = 1.0,
+    *,
+    defrag_budget_per_hour: int = 0,
 ) -> DynamicResult:
     """Arrivals and departures on virtual time, with a FIFO queue for pods that do not fit.
 
@@ -206,9 +248,16 @@ def replay_dynamic(
     the offered load without changing run times), runs for its recorded duration (deletion minus
     creation time) once placed, and leaves. A pod that fits nowhere waits; the queue is retried
     whenever a pod leaves. Pods still waiting when the last pod has left were never placed.
+
+    With `defrag_budget_per_hour` > 0, after every event at which pods wait the planner is asked
+    for moves that let the first `DEFRAG_LOOKAHEAD` of them in; a move evicts its victims (each
+    placed again at once where the plan put it, its run time going on) and places the waiting pod,
+    and at most that many evictions happen in any hour of virtual time.
     """
     if time_scale <= 0:
         raise ValueError(f"time_scale must be > 0, got {time_scale}")
+    if defrag_budget_per_hour < 0:
+        raise ValueError(f"defrag_budget_per_hour must be >= 0, got {defrag_budget_per_hour}")
     started = time.perf_counter()
     timed = [p for p in pods if p.creation_time is not None and p.deletion_time is not None]
     if not timed:
@@ -249,6 +298,48 @@ def replay_dynamic(
         seq += 1
         return True
 
+    evicted_at: deque[float] = deque()
+    """Virtual times of the evictions of the last hour."""
+    evictions = 0
+    eviction_times: list[float] = []
+    planned_at = -DEFRAG_EVERY
+    tenants = _Movable(book, timed)
+
+    def defragment(waiting: deque[int]) -> deque[int]:
+        """Plan for the first waiting pods and apply the moves; the pods still waiting."""
+        nonlocal seq, allocated_milli, evictions, planned_at
+        if clock.now < planned_at + DEFRAG_EVERY:
+            return waiting
+        while evicted_at and evicted_at[0] <= clock.now - 3600.0:
+            evicted_at.popleft()
+        allowance = defrag_budget_per_hour - len(evicted_at)
+        if allowance <= 0:
+            return waiting
+        planned_at = clock.now
+        heads = list(itertools.islice(waiting, DEFRAG_LOOKAHEAD))
+        pending = [defrag.Pending(timed[i].request(f"{timed[i].name}#{i}")) for i in heads]
+        plan = defrag.plan(book, chooser, tenants, pending, defrag.Limits(allowance))
+        done: set[int] = set()
+        for move in plan.moves:
+            for victim in move.victims:
+                book.remove(victim.pod)
+                evicted_at.append(clock.now)
+                eviction_times.append(clock.now - origin)
+                evictions += 1
+            index = int(move.pod.rpartition("#")[2])
+            result = book.add(move.placed)
+            assert result.ok, result
+            for victim in move.victims:
+                result = book.add(victim.after)
+                assert result.ok, result
+            placed_at[index] = clock.now
+            waits.append(clock.now - arrival[index])
+            allocated_milli += timed[index].gpu_milli_total
+            heapq.heappush(events, _Event(clock.now + duration[index], 0, seq, index))
+            seq += 1
+            done.add(index)
+        return deque(i for i in waiting if i not in done) if done else waiting
+
     while events:
         event = heapq.heappop(events)
         clock.advance_to(event.at)
@@ -275,6 +366,8 @@ def replay_dynamic(
                     no_room.add(shape)
                     still.append(waiting)
             queue = still
+        if defrag_budget_per_hour and queue:
+            queue = defragment(queue)
         times.append(clock.now - origin)
         allocated.append(allocated_milli / capacity * 100)
         queued.append(len(queue))
@@ -294,4 +387,6 @@ def replay_dynamic(
         never_placed=len(timed) - len(waits),
         pods=len(timed),
         wall_seconds=time.perf_counter() - started,
+        evictions=evictions,
+        eviction_times=tuple(eviction_times),
     )

@@ -47,6 +47,8 @@ class Summary:
     wait_p99: Stat
     failed: Stat
     wall: Stat
+    evictions: Stat
+    """Dynamic mode: pods the defragmenter moved (n = 0 in static mode)."""
 
 
 def summarise(results: Sequence[runner.RunResult]) -> list[Summary]:
@@ -66,6 +68,7 @@ def summarise(results: Sequence[runner.RunResult]) -> list[Summary]:
             wait_p99=stat([r.wait_p99_seconds for r in runs]),
             failed=stat([float(r.failed) for r in runs]),
             wall=stat([r.wall_seconds for r in runs]),
+            evictions=stat([None if r.evictions is None else float(r.evictions) for r in runs]),
         )
         for (trace, policy, mode), runs in groups.items()
     ]
@@ -79,7 +82,7 @@ def to_json(results: Sequence[runner.RunResult], command: str) -> bytes:
     summaries = []
     for s in summarise(results):
         item: dict[str, Any] = {"trace": s.trace, "policy": s.policy, "mode": s.mode, "seeds": s.seeds}
-        for name in ("unallocated", "frag", "mean_allocated", "wait_p50", "wait_p99", "failed", "wall"):
+        for name in ("unallocated", "frag", "mean_allocated", "wait_p50", "wait_p99", "failed", "wall", "evictions"):
             value: Stat = getattr(s, name)
             item[name] = {"mean": _finite(value.mean), "sd": _finite(value.sd)}
         summaries.append(item)

@@ -41,6 +41,8 @@ class RunSpec:
     mode: str = "static"
     time_scale: float = 1.0
     """Dynamic mode: arrivals come this many times faster than in the trace (run times unchanged)."""
+    defrag_budget: int = 0
+    """Dynamic mode: evictions per hour of virtual time the defragmenter may make (0: it is off)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +60,8 @@ class RunResult:
     mean_allocated_gpu_pct: float | None = None
     wait_p50_seconds: float | None = None
     wait_p99_seconds: float | None = None
+    evictions: int | None = None
+    """Dynamic mode: running pods the defragmenter moved."""
     curve_x: list[float] = field(default_factory=list)
     """Static: arrived GPU % of capacity; dynamic: hours since the first arrival."""
     curve_y: list[float] = field(default_factory=list)
@@ -88,7 +92,9 @@ def execute(spec: RunSpec) -> RunResult:
     shapes = _shapes(spec.source)
     policy = policies.make(spec.policy, shapes)
     if spec.mode == "dynamic":
-        dyn = replay.replay_dynamic(nodes, pods.pods, policy, spec.seed, spec.time_scale)
+        dyn = replay.replay_dynamic(
+            nodes, pods.pods, policy, spec.seed, spec.time_scale, defrag_budget_per_hour=spec.defrag_budget
+        )
         x, y = _downsample(dyn.times / 3600.0, dyn.allocated_pct)
         return RunResult(
             trace=spec.source.label,
@@ -102,6 +108,7 @@ def execute(spec: RunSpec) -> RunResult:
             mean_allocated_gpu_pct=round(dyn.mean_allocated_pct, 4),
             wait_p50_seconds=round(dyn.wait_p50, 1),
             wait_p99_seconds=round(dyn.wait_p99, 1),
+            evictions=dyn.evictions,
             curve_x=x,
             curve_y=y,
         )

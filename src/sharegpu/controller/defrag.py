@@ -1,0 +1,426 @@
+"""The defragmenter in the cluster: plan moves for pending GPU pods, and evict through the Eviction API.
+
+What it reads (informers, on every replica): Nodes (allocatable CPU and memory, readiness), Devices
+(the GPUs), every pod (`PodFacts`: the `api.pods.Record` placement uses, its controller owner, its
+priority, its labels, whether kube-scheduler found it Unschedulable) and PodDisruptionBudgets
+(`policy/v1beta1` on Kubernetes 1.20, `policy/v1` from 1.21). From those, each pass rebuilds the
+fleet as the extender does after a start (GPU allocations from the pods' allocation annotations,
+host CPU and memory of every other bound pod) and asks the planner (`core.defrag.plan`) for moves
+that let the pending pods in. The PodDisruptionBudgets give each group's allowance
+(`status.disruptionsAllowed`, kept by kube-controller-manager); the hourly budget is counted here.
+
+Safety rules on top of the planner's: only a pod whose controller owner recreates it elsewhere is
+ever a victim (not one without an owner, not a DaemonSet's or a Node's, nothing in sharegpu-system);
+only pods kube-scheduler marked Unschedulable are planned for, and a pod that had a move is left
+alone for `cooldown` seconds (its victims are leaving, the scheduler needs a moment).
+
+Dry run (`evict=False`) reports each plan (a log line, a `DefragPlanned` event on the pending pod,
+the gauges on /metrics) and evicts nothing. Evicting (`evict=True`) POSTs an Eviction per victim
+(`policy/v1beta1` before Kubernetes 1.22, `policy/v1` after): the API server checks the
+PodDisruptionBudgets again, and a refusal (429) ends that move; the next pass plans again from what
+the informers then show. The defragmenter never deletes a pod itself.
+
+Runs on the controller's Lease holder only, in the event loop; handlers and passes never interleave.
+The hourly count of evictions lives in memory: a new leader starts with the full budget.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sharegpu.api import devices as api_devices
+from sharegpu.api import events, names, paths, pods, wire
+from sharegpu.core import allocation, defrag, devices, errors, fleet, ledger, placer, policies, units
+from sharegpu.kube import client, informer, reconcile
+from sharegpu.kube import errors as kube_errors
+from sharegpu.kube import events as kube_events
+
+log = logging.getLogger(__name__)
+
+NOT_RECREATED_ELSEWHERE = frozenset({"DaemonSet", "Node"})
+"""Controller owners whose pods come back on the same node (a DaemonSet's) or not at all (a static
+pod's mirror, owned by its Node): moving them frees nothing."""
+PLACEMENT_POLICY = "bestfit"
+"""The policy the planner places with to prove every victim fits elsewhere (it needs no pod shapes;
+the extender decides again, with its own policy, when the victim is recreated)."""
+HOUR = 3600.0
+
+
+@dataclass(frozen=True, slots=True)
+class PodFacts:
+    """A pod as the defragmenter needs it (built once per watch event)."""
+
+    record: pods.Record
+    owner: str
+    """`Kind/name` of its controller owner; "" when it has none."""
+    owner_kind: str
+    priority: int
+    labels: Mapping[str, str]
+    unschedulable: bool
+    """kube-scheduler's PodScheduled condition is False with reason Unschedulable."""
+
+    @property
+    def namespace(self) -> str:
+        return self.record.key.partition("/")[0]
+
+    @property
+    def movable(self) -> bool:
+        return (
+            bool(self.owner)
+            and self.owner_kind not in NOT_RECREATED_ELSEWHERE
+            and (self.namespace != names.SYSTEM_NAMESPACE)
+        )
+
+    @property
+    def pending(self) -> bool:
+        r = self.record
+        return (
+            self.unschedulable and r.request is not None and r.request.demand.count > 0 and not r.node
+            and not r.terminal and not r.deleting and r.scheduler == names.SCHEDULER_NAME
+        )  # fmt: skip
+
+
+def facts(pod: wire.Pod, previous: PodFacts | None = None) -> PodFacts:
+    owner = next((o for o in pod.metadata.owner_references if o.controller), None)
+    unschedulable = any(
+        c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable" for c in pod.status.conditions
+    )
+    return PodFacts(
+        record=pods.record(pod, previous.record if previous is not None else None),
+        owner=f"{owner.kind}/{owner.name}" if owner is not None else "",
+        owner_kind=owner.kind if owner is not None else "",
+        priority=pod.spec.priority or 0,
+        labels=dict(pod.metadata.labels),
+        unschedulable=unschedulable,
+    )
+
+
+# ----------------------------------------------------------------- the planner's inputs, from API objects
+
+
+@dataclass(frozen=True, slots=True)
+class Inputs:
+    book: ledger.Ledger
+    chooser: placer.Placer
+    tenants: Mapping[units.PodKey, defrag.Tenant]
+    pending: tuple[defrag.Pending, ...]
+    allowances: Mapping[str, int]
+    """Per PodDisruptionBudget (`namespace/name`), the disruptions it allows now."""
+
+
+def inputs(
+    nodes: Iterable[api_devices.NodeFacts],
+    devices_: Iterable[wire.Device],
+    pod_facts: Iterable[PodFacts],
+    budgets: Iterable[wire.PodDisruptionBudget],
+    *,
+    skip: frozenset[units.PodKey] = frozenset(),
+) -> Inputs:
+    """The fleet and the planner's inputs from what the API holds; pods in `skip` are not planned for."""
+    ready = {n.name: n for n in nodes if n.schedulable}
+    inventories: list[devices.NodeInventory] = []
+    for device in sorted(devices_, key=lambda d: d.metadata.name):
+        node = ready.get(device.metadata.name)
+        if node is None:
+            continue
+        try:
+            inventories.append(api_devices.inventory(device, node))
+        except errors.InvalidInputError as exc:
+            log.warning("defrag: ignoring node %s: %s", device.metadata.name, exc)
+    state = fleet.FleetState(inventories)
+    book = ledger.Ledger(state)
+    chooser = placer.Placer(state, policies.make(PLACEMENT_POLICY))
+    groups = {wire.key(b.metadata): b for b in budgets}
+    allocations: list[allocation.Allocation] = []
+    tenants: dict[units.PodKey, defrag.Tenant] = {}
+    pending: list[defrag.Pending] = []
+    for item in pod_facts:
+        r = item.record
+        if item.pending and r.key not in skip and r.request is not None:
+            pending.append(defrag.Pending(r.request, item.priority))
+        if not r.live or state.row(r.node) is None:
+            continue
+        alloc = r.allocation if r.allocation is not None and r.allocation.node == r.node else None
+        if alloc is None:  # host CPU and memory only (GPUs of other schedulers are not counted)
+            alloc = allocation.Allocation(r.key, units.NodeName(r.node), cpu_milli=r.cpu_milli, memory_mib=r.memory_mib)
+        allocations.append(alloc)
+        if r.request is not None and alloc.gpu_usage():
+            covering = tuple(
+                key for key, b in groups.items()
+                if b.metadata.namespace == item.namespace and _selects(b, item.labels)
+            )  # fmt: skip
+            tenants[r.key] = defrag.Tenant(r.request, item.movable, item.priority, covering, item.owner)
+    for alloc, result in zip(allocations, book.load(allocations), strict=True):
+        if not result.ok:
+            log.warning("defrag: pod %s does not fit the ledger: %s", alloc.pod, result.message)
+    allowances = {key: b.status.disruptions_allowed for key, b in groups.items()}
+    return Inputs(book, chooser, tenants, tuple(pending), allowances)
+
+
+def _selects(budget: wire.PodDisruptionBudget, labels: Mapping[str, str]) -> bool:
+    """Whether the budget covers a pod with `labels`. No selector: none; an empty one: every pod of
+    the namespace (policy/v1's reading, the stricter one)."""
+    selector = budget.spec.selector
+    return selector is not None and wire.selects(selector, labels)
+
+
+def plan(found: Inputs, evictions: int) -> defrag.Plan:
+    return defrag.plan(
+        found.book, found.chooser, found.tenants, found.pending, defrag.Limits(evictions, found.allowances)
+    )
+
+
+# ----------------------------------------------------------------- words for people
+
+
+def victim_text(victim: defrag.Victim) -> str:
+    gpus = ",".join(f"gpu{i} {m}m" for i, (m, _) in victim.before.gpu_usage().items())
+    owner = f", {victim.owner}" if victim.owner else ""
+    return f"{victim.pod} ({victim.before.node} {gpus}{owner})"
+
+
+def describe(result: defrag.Plan, evictions: int) -> list[str]:
+    """The plan in lines: each move, then the pending pods without one, then the totals."""
+    lines = []
+    for move in result.moves:
+        gpus = ",".join(f"gpu{i}" for i in move.placed.gpu_indices)
+        lines.append(f"{move.pod}: to {move.placed.node} {gpus} ({move.gain_milli} milli-GPU), evicting:")
+        lines.extend(f"  {victim_text(v)} -> fits on {v.after.node}" for v in move.victims)
+    lines.extend(f"{s.pod}: no move ({s.why.value}: {s.detail})" for s in result.skipped)
+    lines.append(
+        f"plan: {result.evictions} eviction(s) of {evictions} allowed, gain {result.gain_milli} milli-GPU "
+        f"placed for {len(result.moves)} pending pod(s)"
+    )
+    return lines
+
+
+def to_json(result: defrag.Plan, evictions: int) -> dict[str, Any]:
+    def alloc(a: allocation.Allocation) -> dict[str, Any]:
+        return {"node": a.node, "gpus": [{"index": i, "milli": m} for i, (m, _) in a.gpu_usage().items()]}
+
+    return {
+        "moves": [
+            {"pod": m.pod, "to": alloc(m.placed), "gainMilli": m.gain_milli,
+             "victims": [{"pod": v.pod, "owner": v.owner, "from": alloc(v.before), "fitsOn": v.after.node}
+                         for v in m.victims]}
+            for m in result.moves
+        ],
+        "skipped": [{"pod": s.pod, "reason": s.why.value, "detail": s.detail} for s in result.skipped],
+        "evictions": result.evictions,
+        "evictionsAllowed": evictions,
+        "gainMilli": result.gain_milli,
+    }  # fmt: skip
+
+
+# ----------------------------------------------------------------- reading the cluster once (the CLI)
+
+
+async def api_versions(api: client.KubeApi) -> tuple[str, str]:
+    """(PodDisruptionBudget version, Eviction apiVersion) the API server serves: policy/v1 budgets
+    from Kubernetes 1.21 and policy/v1 Evictions from 1.22; policy/v1beta1 before (and when the
+    version cannot be read)."""
+    try:
+        body = await api.get(paths.VERSION)
+    except kube_errors.KubeError:
+        return "v1beta1", "policy/v1beta1"
+    digits = "".join(ch for ch in str(body.get("minor", "0")) if ch.isdigit())
+    minor = int(digits or 0)
+    return ("v1" if minor >= 21 else "v1beta1"), ("policy/v1" if minor >= 22 else "policy/v1beta1")
+
+
+async def snapshot(api: client.KubeApi, *, skip: frozenset[units.PodKey] = frozenset()) -> Inputs:
+    """Nodes, Devices, pods and PodDisruptionBudgets, listed once, as the planner's inputs."""
+    version, _ = await api_versions(api)
+    (nodes, _), (found, _), (listed, _), (budgets, _) = await asyncio.gather(
+        api.list_of(paths.NODES, wire.Node),
+        api.list_of(paths.DEVICES, wire.Device),
+        api.list_of(paths.PODS, wire.Pod),
+        api.list_of(paths.pod_disruption_budgets(version), wire.PodDisruptionBudget),
+    )
+    return inputs([api_devices.node_facts(n) for n in nodes], found, [facts(p) for p in listed], budgets, skip=skip)
+
+
+# ----------------------------------------------------------------- the reconciler
+
+
+@dataclass
+class Counters:
+    passes: int = 0
+    planned_evictions: int = 0
+    """Evictions of the last plan."""
+    planned_gain_milli: int = 0
+    pending: int = 0
+    """Pending pods the last pass planned for."""
+    evictions: int = 0
+    """Evictions the API server accepted."""
+    refused: int = 0
+    """Evictions the API server refused (a disruption budget: 429)."""
+
+
+class DefragReconciler:
+    def __init__(
+        self,
+        api: client.KubeApi,
+        recorder: kube_events.Recorder,
+        clock: Callable[[], float] = time.time,
+        *,
+        evict: bool = False,
+        budget_per_hour: int = 10,
+        cooldown: float = 60.0,
+        policy: str = "v1beta1",
+        eviction_api: str = "policy/v1beta1",
+    ) -> None:
+        if budget_per_hour < 0:
+            raise errors.InvalidInputError(
+                f"the defragmenter's budget must be >= 0 evictions per hour, got {budget_per_hour}"
+            )
+        self.api = api
+        self.recorder = recorder
+        self.clock = clock
+        self.evict = evict
+        self.budget_per_hour = budget_per_hour
+        self.cooldown = cooldown
+        self.policy = policy
+        self.eviction_api = eviction_api
+        self.nodes: dict[str, api_devices.NodeFacts] = {}
+        self.devices: dict[str, wire.Device] = {}
+        self.pods: dict[units.PodKey, PodFacts] = {}
+        self.budgets: dict[str, wire.PodDisruptionBudget] = {}
+        self.evicted_at: deque[float] = deque()
+        self.moved_for: dict[units.PodKey, float] = {}
+        """Pending pods that had a move, and when."""
+        self.counters = Counters()
+        self.last_plan: defrag.Plan | None = None
+        self.loop = reconcile.Loop("defrag", self.reconcile)
+
+    def informers(self) -> list[informer.Informer[Any, Any]]:
+        """Its own informers: pods (as `PodFacts`), Nodes and PodDisruptionBudgets (Devices come
+        from the controller's informer, through `on_device`)."""
+        return [
+            informer.Informer(self.api, paths.PODS, wire.Pod, facts, self.on_pod, name="defrag-pods"),
+            informer.Informer(self.api, paths.NODES, wire.Node, _node_facts, self.on_node,
+                              name="defrag-nodes"),
+            informer.Informer(self.api, paths.pod_disruption_budgets(self.policy), wire.PodDisruptionBudget,
+                              informer.identity, self.on_budget, name="poddisruptionbudgets"),
+        ]  # fmt: skip
+
+    # ----------------------------------------------------------------- informer handlers
+
+    def on_pod(self, kind: str, item: PodFacts) -> None:
+        if kind == "DELETED":
+            self.pods.pop(item.record.key, None)
+            self.moved_for.pop(item.record.key, None)
+        else:
+            self.pods[item.record.key] = item
+        if item.pending:
+            self.loop.wake()
+
+    def on_node(self, kind: str, node: api_devices.NodeFacts) -> None:
+        if kind == "DELETED":
+            self.nodes.pop(node.name, None)
+        else:
+            self.nodes[node.name] = node
+
+    def on_device(self, kind: str, device: wire.Device) -> None:
+        if kind == "DELETED":
+            self.devices.pop(device.metadata.name, None)
+        else:
+            self.devices[device.metadata.name] = device
+
+    def on_budget(self, kind: str, budget: wire.PodDisruptionBudget) -> None:
+        informer.remember(self.budgets, kind, budget)
+
+    # ----------------------------------------------------------------- a pass
+
+    def allowance(self) -> int:
+        """Evictions left in the last hour's budget."""
+        now = self.clock()
+        while self.evicted_at and self.evicted_at[0] <= now - HOUR:
+            self.evicted_at.popleft()
+        return max(0, self.budget_per_hour - len(self.evicted_at))
+
+    async def reconcile(self) -> None:
+        now = self.clock()
+        self.moved_for = {k: at for k, at in self.moved_for.items() if now - at < self.cooldown}
+        if not any(p.pending and p.record.key not in self.moved_for for p in self.pods.values()):
+            self.counters.pending = 0
+            return
+        self.counters.passes += 1
+        found = inputs(
+            self.nodes.values(), self.devices.values(), self.pods.values(), self.budgets.values(),
+            skip=frozenset(self.moved_for),
+        )  # fmt: skip
+        allowed = self.allowance()
+        result = plan(found, allowed)
+        self.last_plan = result
+        self.counters.pending = len(found.pending)
+        self.counters.planned_evictions = result.evictions
+        self.counters.planned_gain_milli = result.gain_milli
+        if not result.moves:
+            return
+        for line in describe(result, allowed):
+            log.info("defrag%s: %s", "" if self.evict else " (dry run)", line)
+        for move in result.moves:
+            if self.evict:
+                await self._carry_out(move)
+            else:
+                await self._report(move)
+
+    async def _report(self, move: defrag.Move) -> None:
+        item = self.pods.get(move.pod)
+        if item is None:
+            return
+        victims = ", ".join(victim_text(v) for v in move.victims)
+        message = f"dry run: evicting {victims} would let this pod fit on {move.placed.node}"
+        decision = "|".join(sorted(v.pod for v in move.victims))
+        await self.recorder.record(_subject(item), "DefragPlanned", message, decision=decision)
+
+    async def _carry_out(self, move: defrag.Move) -> None:
+        """Evict the move's victims, one by one; a refusal ends the move (the next pass plans again)."""
+        done = []
+        for victim in move.victims:
+            item = self.pods.get(victim.pod)
+            if item is None:
+                continue
+            namespace, _, name = victim.pod.partition("/")
+            body = {"apiVersion": self.eviction_api, "kind": "Eviction",
+                    "metadata": {"name": name, "namespace": namespace},
+                    "deleteOptions": {"preconditions": {"uid": item.record.uid}}}  # fmt: skip
+            try:
+                await self.api.create(paths.eviction(namespace, name), body)
+            except kube_errors.NotFoundError:
+                continue  # gone meanwhile: its room is free anyway
+            except (kube_errors.BusyError, kube_errors.ConflictError) as exc:
+                self.counters.refused += 1
+                log.warning(
+                    "defrag: eviction of %s refused (%s %s); planning again", victim.pod, exc.status, exc.reason
+                )
+                break
+            self.evicted_at.append(self.clock())
+            self.counters.evictions += 1
+            done.append(victim)
+            message = f"evicted to make room for {move.pod} on {move.placed.node}; {victim.owner} recreates it"
+            await self.recorder.record(_subject(item), "DefragEvicted", message, decision=move.pod)
+        if not done:
+            return
+        self.moved_for[move.pod] = self.clock()
+        pending = self.pods.get(move.pod)
+        if pending is not None:
+            message = f"evicted {', '.join(victim_text(v) for v in done)} so that this pod fits on {move.placed.node}"
+            await self.recorder.record(_subject(pending), "DefragMoved", message,
+                                       decision="|".join(sorted(v.pod for v in done)))  # fmt: skip
+
+
+def _node_facts(node: wire.Node, previous: api_devices.NodeFacts | None) -> api_devices.NodeFacts:
+    return api_devices.node_facts(node)
+
+
+def _subject(item: PodFacts) -> events.Subject:
+    namespace, _, name = item.record.key.partition("/")
+    return events.Subject("v1", "Pod", namespace, name, item.record.uid)

@@ -1,0 +1,193 @@
+"""The defragmenter over the fake API server: a fragmented two-node cluster with a pending whole-GPU
+pod; it evicts (Eviction API) the one pod a PodDisruptionBudget allows, reports only in a dry run,
+stops at a refusal, keeps its hourly budget, and never plans for pods without an owner."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any
+
+import orjson
+import pytest
+
+from sharegpu.api import names, paths
+from sharegpu.controller import defrag, runtime
+from sharegpu.core import defrag as core_defrag
+from sharegpu.kube import client, fake
+from sharegpu.kube import errors as kube_errors
+from tests.controller.test_budgets import Clock
+from tests.extender.conftest import add_node, gpu_pod, settle
+
+Json = dict[str, Any]
+NS = "team"
+PDB = paths.pod_disruption_budgets("v1beta1", NS)
+
+
+def running(name: str, node: str, milli: int, *, owner: bool = True) -> Json:
+    """A pod of a ReplicaSet (or of no one) bound to `node`'s GPU 0 with `milli`."""
+    grant = {"index": 0, "uuid": f"GPU-{node}-0", "milli": milli, "limitMilli": milli, "memoryMiB": 0}
+    alloc = {"version": 1, "node": node, "exclusive": False,
+             "containers": [{"name": "main", "init": False, "devices": [grant]}]}  # fmt: skip
+    body = gpu_pod(name, milli=milli, namespace=NS, annotations={names.ALLOCATION: orjson.dumps(alloc).decode()},
+                   spec={"nodeName": node})  # fmt: skip
+    body["metadata"]["labels"] = {"app": name}
+    if owner:
+        body["metadata"]["ownerReferences"] = [
+            {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": name, "uid": f"rs-{name}", "controller": True}
+        ]
+    body["status"] = {"phase": "Running"}
+    return body
+
+
+def pending(name: str) -> Json:
+    body = gpu_pod(name, milli=None, namespace=NS)
+    body["status"] = {"phase": "Pending", "conditions": [
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/2 nodes"}]}  # fmt: skip
+    return body
+
+
+def budget(name: str, app: str, allowed: int) -> Json:
+    return {"metadata": {"name": name, "namespace": NS},
+            "spec": {"selector": {"matchLabels": {"app": app}}, "maxUnavailable": 0},
+            "status": {"disruptionsAllowed": allowed}}  # fmt: skip
+
+
+Start = Callable[..., Coroutine[Any, Any, tuple[fake.FakeApiServer, runtime.Controller]]]
+
+
+@pytest.fixture
+async def start() -> AsyncIterator[Start]:
+    """Two 1-GPU nodes, `a` (300) on n0 and `b` (300) on n1, `p` pending for a whole GPU, a PDB that
+    allows no disruption of `b`; then a controller with the given options."""
+    made: list[runtime.Controller] = []
+
+    async def make(
+        *, owners: bool = True, refuse: bool = False, **options: Any
+    ) -> tuple[fake.FakeApiServer, runtime.Controller]:
+        server = fake.FakeApiServer()
+        if refuse:  # the API server refuses the first eviction of `a` (its budget changed meanwhile)
+            server.fail(429, method="POST", path=paths.eviction(NS, "a"), reason="TooManyRequests")
+        add_node(server, "n0", gpus=1)
+        add_node(server, "n1", gpus=1)
+        server.put_object(paths.pods(NS), running("a", "n0", 300, owner=owners))
+        server.put_object(paths.pods(NS), running("b", "n1", 300, owner=owners))
+        server.put_object(paths.pods(NS), pending("p"))
+        server.put_object(PDB, budget("keep-b", "b", 0))
+        controller = runtime.Controller(
+            client.KubeClient(server), runtime.Options(leader_elect=False, tick=3600, **options), Clock()
+        )
+        await controller.start()
+        made.append(controller)
+        await settle(server)
+        return server, controller
+
+    yield make
+    for controller in made:
+        await controller.stop()
+
+
+def events(server: fake.FakeApiServer, reason: str) -> list[Json]:
+    return [e for e in server.list_objects(paths.events(NS)) if e["reason"] == reason]
+
+
+def evictions(server: fake.FakeApiServer) -> list[str]:
+    return [path for method, path in server.requests if method == "POST" and path.endswith("/eviction")]
+
+
+async def test_it_evicts_the_pod_the_disruption_budget_allows_and_then_waits(start: Start) -> None:
+    server, controller = await start(defrag=True, defrag_budget_per_hour=5)
+    reconciler = controller.defrag
+    assert reconciler is not None  # its first pass ran at start
+    await reconciler.reconcile()
+    await settle(server)
+    assert evictions(server) == [paths.eviction(NS, "a")]
+    gone = server.get_object(paths.pod(NS, "a"))
+    assert gone is not None and gone["metadata"].get("deletionTimestamp"), "evicted: deleted gracefully"
+    kept = server.get_object(paths.pod(NS, "b"))
+    assert kept is not None and not kept["metadata"].get("deletionTimestamp")
+    assert reconciler.counters.evictions == 1 and reconciler.allowance() == 4
+    (evicted,) = events(server, "DefragEvicted")
+    assert evicted["involvedObject"]["name"] == "a" and "ReplicaSet/a recreates it" in evicted["message"]
+    (moved,) = events(server, "DefragMoved")
+    assert moved["involvedObject"]["name"] == "p" and "fits on n0" in moved["message"]
+    registry = controller.metrics.registry
+    assert registry.get_sample_value("sharegpu_defrag_evictions_total") == 1
+    assert registry.get_sample_value("sharegpu_defrag_planned_gain_milli_gpu") == 1000
+    # The next pass: `a` is leaving and `p` has just had its move; nothing more is evicted.
+    await reconciler.reconcile()
+    controller.defrag.clock.now += 120  # type: ignore[union-attr]  # past the cool-down: p now fits on n0
+    await reconciler.reconcile()
+    assert evictions(server) == [paths.eviction(NS, "a")]
+    assert reconciler.last_plan is not None and reconciler.last_plan.skipped[0].why is core_defrag.Why.FITS
+
+
+async def test_a_dry_run_reports_the_plan_and_evicts_nothing(start: Start) -> None:
+    server, controller = await start(defrag_dry_run=True)
+    assert controller.defrag is not None
+    await controller.defrag.reconcile()
+    await settle(server)
+    assert evictions(server) == []
+    (planned,) = events(server, "DefragPlanned")
+    assert planned["involvedObject"]["name"] == "p"
+    assert "team/a (n0 gpu0 300m, ReplicaSet/a)" in planned["message"] and "fit on n0" in planned["message"]
+    assert controller.metrics.registry.get_sample_value("sharegpu_defrag_planned_evictions") == 1
+    await controller.defrag.reconcile()
+    await settle(server)
+    assert len(events(server, "DefragPlanned")) == 1, "the same plan is one event"
+
+
+async def test_a_refused_eviction_ends_the_move_and_the_next_pass_plans_again(start: Start) -> None:
+    server, controller = await start(defrag=True, refuse=True)  # its first pass runs at once
+    reconciler = controller.defrag
+    assert reconciler is not None
+    assert reconciler.counters.refused == 1 and reconciler.counters.evictions == 0
+    pod = server.get_object(paths.pod(NS, "a"))
+    assert pod is not None and not pod["metadata"].get("deletionTimestamp")
+    assert controller.metrics.registry.get_sample_value("sharegpu_defrag_evictions_refused_total") == 1
+    await reconciler.reconcile()  # no cool-down after a refusal: it plans again at once
+    await settle(server)
+    assert reconciler.counters.evictions == 1
+
+
+async def test_the_hourly_budget_and_pods_without_owner(start: Start) -> None:
+    server, controller = await start(defrag=True, defrag_budget_per_hour=0)
+    assert controller.defrag is not None
+    await controller.defrag.reconcile()
+    assert evictions(server) == []
+    assert controller.defrag.last_plan is not None
+    assert [s.why for s in controller.defrag.last_plan.skipped] == [core_defrag.Why.BUDGET]
+    server, controller = await start(defrag=True, owners=False)
+    assert controller.defrag is not None
+    await controller.defrag.reconcile()
+    assert evictions(server) == []
+    assert controller.defrag.last_plan is not None
+    assert [s.why for s in controller.defrag.last_plan.skipped] == [core_defrag.Why.NO_SAFE_MOVE]
+
+
+async def test_the_fake_eviction_api_honours_disruption_budgets() -> None:
+    server = fake.FakeApiServer()
+    server.put_object(paths.pods(NS), running("b", "n1", 300))
+    server.put_object(PDB, budget("keep-b", "b", 0))
+    api = client.KubeClient(server)
+    body = {"apiVersion": "policy/v1beta1", "kind": "Eviction", "metadata": {"name": "b", "namespace": NS}}
+    with pytest.raises(kube_errors.BusyError):
+        await api.create(paths.eviction(NS, "b"), body)
+    server.put_object(PDB, budget("allow-b", "b", 1))
+    with pytest.raises(kube_errors.BusyError):  # every budget that selects the pod must allow it
+        await api.create(paths.eviction(NS, "b"), body)
+    server.remove_object(paths.pod_disruption_budgets("v1beta1", NS) + "/keep-b")
+    await api.create(paths.eviction(NS, "b"), body)
+    allowing = server.get_object(paths.pod_disruption_budgets("v1beta1", NS) + "/allow-b")
+    assert allowing is not None and allowing["status"]["disruptionsAllowed"] == 0
+
+
+def test_pod_facts_read_owner_priority_and_the_scheduler_verdict() -> None:
+    from sharegpu.api import wire
+
+    facts = defrag.facts(wire.convert({**pending("p"), "spec": {**pending("p")["spec"], "priority": 7}}, wire.Pod))
+    assert facts.pending and facts.priority == 7 and not facts.movable
+    bound = defrag.facts(wire.convert(running("a", "n0", 300), wire.Pod))
+    assert bound.movable and bound.owner == "ReplicaSet/a" and not bound.pending
+    daemon = running("d", "n0", 300)
+    daemon["metadata"]["ownerReferences"][0]["kind"] = "DaemonSet"
+    assert not defrag.facts(wire.convert(daemon, wire.Pod)).movable
