@@ -34,7 +34,7 @@ from sharegpu.sim import replay, trace
 
 Json = dict[str, Any]
 HERE = Path(__file__).resolve().parent
-POLICY = "fgd-used"
+POLICY = policies.DEFAULT
 
 
 def manifest(pod: trace.TracePod, name: str, namespace: str) -> Json:

@@ -202,3 +202,10 @@ def test_fgd_used_breaks_ties_toward_nodes_already_in_use() -> None:
     cpu_pod = pod("ns/cpu", cpu_milli=1000)
     assert _decide("fgd", b, cpu_pod).node == "empty", "plain FGD ties go to the node priority"
     assert _decide("fgd-used", b, cpu_pod).node == "used"
+
+
+def test_default_names_the_extenders_policy_wherever_a_policy_is_named() -> None:
+    assert policies.check("default") == policies.DEFAULT
+    assert type(policies.make("default", (frag.WeightedShape(frag.Shape(0, 500, 1), 1.0),))).name == policies.DEFAULT
+    with pytest.raises(errors.UnknownPolicyError, match=r"choose from: .*, default"):
+        policies.check("defaults")

@@ -485,6 +485,9 @@ REGISTRY: dict[str, type[Policy]] = {
     )
 }
 PAPER_POLICIES = ("random", "dotprod", "clustering", "packing", "bestfit", "fgd")
+DEFAULT = "fgd-used"
+"""The extender's policy unless told otherwise; the name `default` stands for it wherever a policy is named."""
+ALIASES = {"default": DEFAULT}
 
 
 def names() -> list[str]:
@@ -492,9 +495,12 @@ def names() -> list[str]:
 
 
 def check(name: str) -> str:
-    """`name` if a policy of that name is registered; UnknownPolicyError naming the choices if not."""
+    """The registered policy `name` stands for (`default`: the extender's default); UnknownPolicyError
+    naming the choices if none."""
+    name = ALIASES.get(name, name)
     if name not in REGISTRY:
-        raise errors.UnknownPolicyError(f"unknown policy {name!r}; choose from: {', '.join(REGISTRY)}")
+        choices = ", ".join([*REGISTRY, *ALIASES])
+        raise errors.UnknownPolicyError(f"unknown policy {name!r}; choose from: {choices}")
     return name
 
 

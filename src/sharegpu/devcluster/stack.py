@@ -26,7 +26,7 @@ import yaml
 
 from sharegpu.agent import runtime as agent_runtime
 from sharegpu.api import names, paths
-from sharegpu.core import devices
+from sharegpu.core import devices, policies
 from sharegpu.devcluster import agents, controlplane, fakecluster
 from sharegpu.kube import client, credentials, transport
 from sharegpu.kube import errors as kube_errors
@@ -190,7 +190,7 @@ class ExtenderProcess(_ComponentProcess):
     def __init__(
         self,
         plane: controlplane.ControlPlane,
-        policy: str = "fgd-used",
+        policy: str = policies.DEFAULT,
         *extra: str,
         pki: ExtenderPki | None = None,
         kubeconfig: Path | None = None,
@@ -337,7 +337,7 @@ class Stack:
     def __init__(
         self,
         workdir: Path,
-        policy: str = "fgd-used",
+        policy: str = policies.DEFAULT,
         extender_args: tuple[str, ...] = (),
         *,
         webhook: bool = False,

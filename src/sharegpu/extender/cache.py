@@ -85,7 +85,7 @@ class Counters:
 class ClusterCache:
     def __init__(
         self,
-        policy: str = "fgd-used",
+        policy: str = policies.DEFAULT,
         clock: Callable[[], float] = time.monotonic,
         shapes: tuple[frag.WeightedShape, ...] | None = None,
     ) -> None:

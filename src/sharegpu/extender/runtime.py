@@ -26,7 +26,7 @@ from aiohttp import web
 
 from sharegpu.api import names, paths, pods, wire
 from sharegpu.api import quotas as api_quotas
-from sharegpu.core import frag
+from sharegpu.core import frag, policies
 from sharegpu.extender import cache as cache_mod
 from sharegpu.extender import handoff as handoff_mod
 from sharegpu.extender import metrics as metrics_mod
@@ -45,7 +45,7 @@ class Options:
     host: str = "0.0.0.0"
     port: int = 8888
     health_port: int = 8889
-    policy: str = "fgd-used"
+    policy: str = policies.DEFAULT
     image: str = "sharegpu:latest"
     narrow: bool = True
     shapes: tuple[frag.WeightedShape, ...] | None = None

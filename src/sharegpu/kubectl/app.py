@@ -190,7 +190,7 @@ def make_app(connector: Connect = connect) -> typer.Typer:
         ] = None,
         policy: Annotated[
             str, typer.Option("--policy", help="The extender's placement policy (for the node it would choose).")
-        ] = "fgd-used",
+        ] = policies.DEFAULT,
         detail: Annotated[
             int, typer.Option("--detail", help="Nodes to explain GPU by GPU (closest to fitting first).", min=0)
         ] = views.DETAIL_NODES,

@@ -25,7 +25,7 @@ from sharegpu.api import budgets as api_budgets
 from sharegpu.api import groups as api_groups
 from sharegpu.api import names, pods, reasons, wire
 from sharegpu.api import quotas as api_quotas
-from sharegpu.core import allocation, errors, fit, requests, units
+from sharegpu.core import allocation, errors, fit, policies, requests, units
 from sharegpu.extender import cache as cache_mod
 from sharegpu.extender import quotas as quotas_mod
 
@@ -61,7 +61,7 @@ class Cluster:
     """(node, GPU index) -> why the Device says the GPU is unhealthy."""
 
 
-def cluster(listing: Listing, policy: str = "fgd-used") -> Cluster:
+def cluster(listing: Listing, policy: str = policies.DEFAULT) -> Cluster:
     """The extender's view of the listed cluster (its cache rebuilt from the lists, as after a start)."""
     cache = cache_mod.ClusterCache(policy)
     guard = quotas_mod.QuotaGuard(cache)
