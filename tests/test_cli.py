@@ -43,7 +43,7 @@ def test_simulate_with_no_arguments_runs_the_embedded_workload() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "Static arrivals" in done.stdout
-    for policy in ("random", "bestfit", "fgd", "fgd-used"):
+    for policy in ("random", "bestfit", "fgd", "fgd-balance"):
         assert f"│ {policy} " in done.stdout
 
 
@@ -195,7 +195,7 @@ def _help(*args: str) -> str:
 def test_simulate_help_shows_the_policy_default() -> None:
     text = _help("simulate")
     policy = "--policy -p <names> Policies, comma-separated or repeated (see `sharegpu policies`)."
-    assert f"{policy} [default: random,bestfit,fgd,fgd-used]" in text
+    assert f"{policy} [default: random,bestfit,fgd,fgd-balance]" in text
     assert "repeated ." not in text
 
 
@@ -274,9 +274,9 @@ def test_show_completion_prints_the_shells_script(monkeypatch: pytest.MonkeyPatc
     [
         ("sharegpu ext", ["extender"]),
         ("sharegpu simulate --mode ", ["static", "dynamic"]),
-        ("sharegpu simulate -p random,f", ["random,fgd", "random,fgd-used"]),
+        ("sharegpu simulate -p random,f", ["random,fgd", "random,fgd-used", "random,fgd-balance"]),
         ("sharegpu extender --log-level ", ["debug", "info", "warning", "error"]),
-        ("sharegpu extender --policy fgd", ["fgd", "fgd-used"]),
+        ("sharegpu extender --policy fgd", ["fgd", "fgd-used", "fgd-balance"]),
         ("sharegpu agent --on-violation ", ["report", "kill", "evict"]),
         ("sharegpu crds --compat ", ["deviceshare", "kubeshare"]),
     ],

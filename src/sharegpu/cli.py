@@ -43,7 +43,7 @@ from typer._click.exceptions import UsageError as ClickUsageError
 from sharegpu.core import errors, policies
 from sharegpu.sim import report, runner
 
-DEFAULT_POLICIES = "random,bestfit,fgd,fgd-used"
+DEFAULT_POLICIES = "random,bestfit,fgd,fgd-balance"
 _DEFAULT_POLICY_LIST = [DEFAULT_POLICIES]  # `simulate --policy`'s default: never changed
 EXIT_BAD_INPUT = 2
 

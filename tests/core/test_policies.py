@@ -42,12 +42,15 @@ def test_frag_counts_too_small_gpus_and_unfit_shapes() -> None:
     milli=st.integers(1, 1000),
     cpu=st.integers(0, 40000),
     takes=st.integers(1, 3),
+    rho=st.sampled_from([0.0, 4.0, 11.0]),
 )
-def test_frag_after_matches_recomputing_the_node(free: list[list[int]], milli: int, cpu: int, takes: int) -> None:
+def test_frag_after_matches_recomputing_the_node(
+    free: list[list[int]], milli: int, cpu: int, takes: int, rho: float
+) -> None:
     state = fleet.FleetState([node(f"n{i}", 4) for i in range(len(free))])
     for row, values in enumerate(free):
         _set_free(state, row, values)
-    model = frag.FragModel(state, SHAPES)
+    model = frag.FragModel(state, SHAPES, cpu_per_milli=rho)
     rows = np.arange(len(free), dtype=np.int64)
     model.current(rows)
     cpu_after = state.cpu_free[rows] - cpu
@@ -174,7 +177,9 @@ SHAPES_DRAWN = st.sampled_from(
 
 @settings(max_examples=25, deadline=None)
 @given(
-    name=st.sampled_from(["bestfit", "fgd", "fgd-used", "packing", "clustering", "dotprod", "binpack", "spread"]),
+    name=st.sampled_from(
+        ["bestfit", "fgd", "fgd-used", "fgd-balance", "packing", "clustering", "dotprod", "binpack", "spread"]
+    ),
     steps=st.lists(st.tuples(SHAPES_DRAWN, st.booleans()), min_size=5, max_size=40),
 )
 def test_cached_decisions_equal_fresh_decisions(name: str, steps: list[tuple[dict[str, object], bool]]) -> None:
@@ -209,3 +214,54 @@ def test_default_names_the_extenders_policy_wherever_a_policy_is_named() -> None
     assert type(policies.make("default", (frag.WeightedShape(frag.Shape(0, 500, 1), 1.0),))).name == policies.DEFAULT
     with pytest.raises(errors.UnknownPolicyError, match=r"choose from: .*, default"):
         policies.check("defaults")
+
+
+def test_the_cpu_term_counts_gpu_compute_the_nodes_cpu_cannot_feed() -> None:
+    state = fleet.FleetState([node("n", 4, cpu=8000)])
+    _set_free(state, 0, [1000, 1000, 0, 0])
+    rows = np.array([0])
+    plain = frag.FragModel(state, SHAPES).frag(rows, state.cpu_free[rows], state.milli_free[rows])[0]
+    balanced = frag.FragModel(state, SHAPES, cpu_per_milli=10.0)
+    # 2000 milli free, 8000 CPU free feeds 800 of it at 10 CPU-milli per GPU-milli: 1200 stranded.
+    assert balanced.frag(rows, state.cpu_free[rows], state.milli_free[rows])[0] == pytest.approx(plain + 1200)
+    assert frag.cpu_per_gpu_milli(
+        (frag.WeightedShape(frag.Shape(4000, 500, 1), 0.5), frag.WeightedShape(frag.Shape(8000, 1000, 2), 0.5))
+    ) == pytest.approx((0.5 * 4000 + 0.5 * 8000) / (0.5 * 500 + 0.5 * 2000))
+
+
+def test_fgd_balance_sends_cpu_heavy_pods_to_cpu_rich_nodes() -> None:
+    shapes = (frag.WeightedShape(frag.Shape(4000, 1000, 1), 1.0),)  # 4 cores per GPU
+    # Same GPUs; "lean" has 4 cores per GPU, "rich" 16. The lean node comes first in node priority.
+    b = book(node("lean", 4, cpu=16000), node("rich", 4, cpu=64000))
+    # 12 cores for one GPU: on "lean" the typical shape still fits once more (FGD sees no difference),
+    # but two of its three GPUs left would have no CPU to run on.
+    heavy = pod("ns/heavy", count=1, milli=1000, cpu_milli=12000)
+
+    def decide(name: str) -> placer.Decision:
+        return placer.Placer(b.state, policies.make(name, shapes), priority=np.array([0, 1])).decide(heavy.demand)
+
+    assert decide("fgd").node == "lean", "FGD alone does not see the CPU it strands"
+    assert decide("fgd-balance").node == "rich"
+
+
+def test_fgd_balance_leaves_scarce_models_to_the_pods_restricted_to_them() -> None:
+    shapes = (
+        frag.WeightedShape(frag.Shape(0, 1000, 1), 0.4),
+        frag.WeightedShape(frag.Shape(0, 1000, 1, ("V100",)), 0.3),
+        frag.WeightedShape(frag.Shape(0, 1000, 1, ("T4",)), 0.3),
+    )
+    b = book(node("v", 2, "V100"), node("t", 6, "T4"))
+    state = b.state
+    pressure = policies.model_pressure(state, shapes)
+    v100 = state.model_ids_for(frozenset({"V100"}))[0]
+    t4 = state.model_ids_for(frozenset({"T4"}))[0]
+    # 30% of the volume may use only V100 (a quarter of the GPUs), 30% only T4 (three quarters).
+    assert pressure[v100] == pytest.approx(0.3 / 0.25)
+    assert pressure[t4] == pytest.approx(0.3 / 0.75)
+    anywhere = pod("ns/any", count=1, milli=1000)
+
+    def decide(name: str) -> placer.Decision:
+        return placer.Placer(state, policies.make(name, shapes), priority=np.array([0, 1])).decide(anywhere.demand)
+
+    assert decide("fgd").node == "v"
+    assert decide("fgd-balance").node == "t"

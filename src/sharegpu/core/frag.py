@@ -64,17 +64,29 @@ def typical_shapes(shapes: Iterable[Shape], coverage: float = 0.95) -> tuple[Wei
     return tuple(WeightedShape(shape, count / running) for shape, count in chosen)
 
 
+def cpu_per_gpu_milli(shapes: tuple[WeightedShape, ...]) -> float:
+    """The workload's host CPU (milli-cores) per milli-GPU, popularity-weighted over its GPU shapes."""
+    cpu = sum(s.weight * s.shape.cpu_milli for s in shapes if s.shape.count)
+    gpu = sum(s.weight * s.shape.milli * s.shape.count for s in shapes if s.shape.count)
+    return cpu / gpu if gpu > 0 else 0.0
+
+
 class FragModel:
     """Fragmentation of the nodes of one fleet with respect to a set of typical shapes.
 
     Per-node aggregates (GPUs able to host each shape, compute stranded below each shape) depend
     only on the node's own state, so `current` caches them per node version; hypothetical states
     ("after this pod lands there") are evaluated as deltas of those aggregates (`frag_after`).
+
+    With `cpu_per_milli` (rho > 0) a node's fragmentation also counts the GPU compute its free CPU
+    cannot feed: `max(0, free milli - free CPU / rho)`, what pods of the workload's average CPU
+    intensity could not use because the node's CPU runs out first. The paper's FGD leaves it out.
     """
 
-    def __init__(self, state: fleet.FleetState, shapes: tuple[WeightedShape, ...]) -> None:
+    def __init__(self, state: fleet.FleetState, shapes: tuple[WeightedShape, ...], cpu_per_milli: float = 0.0) -> None:
         self.state = state
         self.shapes = shapes
+        self.cpu_per_milli = cpu_per_milli
         self.cpu: fleet.IntArray = np.array([s.shape.cpu_milli for s in shapes], dtype=np.int64)
         self.milli: fleet.IntArray = np.array([s.shape.milli for s in shapes], dtype=np.int64)
         self.count: fleet.IntArray = np.array([s.shape.count for s in shapes], dtype=np.int64)
@@ -108,7 +120,10 @@ class FragModel:
     ) -> FloatArray:
         fits = (count_ok >= self.count) & (cpu_free[:, None] >= self.cpu) & self.wants_gpu
         amount = np.where(fits, below, total[:, None])
-        return np.asarray(amount @ self.weight, dtype=np.float64)
+        expected = np.asarray(amount @ self.weight, dtype=np.float64)
+        if self.cpu_per_milli > 0:
+            expected += np.maximum(0.0, total - cpu_free / self.cpu_per_milli)
+        return expected
 
     def frag(self, rows: fleet.IntArray, cpu_free: fleet.IntArray, milli_free: fleet.IntArray) -> FloatArray:
         """(n,) expected fragmentation of nodes `rows` in the given (possibly hypothetical) state."""
