@@ -10,12 +10,12 @@ from typing import Any
 import orjson
 import pytest
 
-from sharegpu.api import names, paths
+from sharegpu.api import names, paths, wire
 from sharegpu.controller import defrag, runtime
 from sharegpu.core import defrag as core_defrag
 from sharegpu.kube import client, fake
 from sharegpu.kube import errors as kube_errors
-from tests.controller.test_budgets import Clock
+from tests.controller.test_budgets import T0, Clock
 from tests.extender.conftest import add_node, gpu_pod, settle
 
 Json = dict[str, Any]
@@ -62,9 +62,11 @@ async def start() -> AsyncIterator[Start]:
     made: list[runtime.Controller] = []
 
     async def make(
-        *, owners: bool = True, refuse: bool = False, **options: Any
+        *, owners: bool = True, refuse: bool = False, before: tuple[Json, ...] = (), **options: Any
     ) -> tuple[fake.FakeApiServer, runtime.Controller]:
         server = fake.FakeApiServer()
+        for event in before:
+            server.put_object(paths.events(NS), event)
         if refuse:  # the API server refuses the first eviction of `a` (its budget changed meanwhile)
             server.fail(429, method="POST", path=paths.eviction(NS, "a"), reason="TooManyRequests")
         add_node(server, "n0", gpus=1)
@@ -162,6 +164,32 @@ async def test_the_hourly_budget_and_pods_without_owner(start: Start) -> None:
     assert evictions(server) == []
     assert controller.defrag.last_plan is not None
     assert [s.why for s in controller.defrag.last_plan.skipped] == [core_defrag.Why.NO_SAFE_MOVE]
+
+
+def evicted_event(name: str, seconds_ago: int, component: str = names.CONTROLLER) -> Json:
+    """A DefragEvicted Event as an earlier controller (or another component) left it."""
+    return {"metadata": {"name": name, "namespace": NS}, "reason": defrag.EVICTED, "type": "Normal",
+            "involvedObject": {"kind": "Pod", "namespace": NS, "name": name}, "source": {"component": component},
+            "lastTimestamp": wire.timestamp(T0 - seconds_ago), "count": 1}  # fmt: skip
+
+
+async def test_a_new_controller_inherits_the_hourly_budget_from_the_events(start: Start) -> None:
+    """Two evictions by the previous leader 10 and 50 minutes ago use up a budget of 2; one 70 minutes
+    ago and one another component reported do not count."""
+    earlier = (
+        evicted_event("x", 600), evicted_event("y", 3000), evicted_event("z", 4200),
+        evicted_event("w", 60, component="someone-else"),
+    )  # fmt: skip
+    server, controller = await start(defrag=True, defrag_budget_per_hour=2, before=earlier)
+    reconciler = controller.defrag
+    assert reconciler is not None and reconciler.recalled
+    assert evictions(server) == []
+    assert reconciler.last_plan is not None
+    assert [s.why for s in reconciler.last_plan.skipped] == [core_defrag.Why.BUDGET]
+    reconciler.clock.now += 600  # type: ignore[attr-defined]  # the eviction 50 minutes ago leaves the window
+    await reconciler.reconcile()
+    await settle(server)
+    assert evictions(server) == [paths.eviction(NS, "a")]
 
 
 async def test_the_fake_eviction_api_honours_disruption_budgets() -> None:

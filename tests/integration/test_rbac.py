@@ -29,7 +29,7 @@ ALLOWED: dict[str, list[Check]] = {
     "controller": [("update", "sharegpu.io", "gpubudgets", "team", "", "status"),
                    ("create", "", "configmaps", "team", "", ""), ("patch", "", "nodes", "", "n1", ""),
                    ("list", "", "nodes", "", "", ""), ("create", "", "pods", "team", "p", "eviction"),
-                   ("watch", "policy", "poddisruptionbudgets", "", "", "")],
+                   ("watch", "policy", "poddisruptionbudgets", "", "", ""), ("list", "", "events", "", "", "")],
     "agent": [("create", "sharegpu.io", "devices", "", "", ""), ("update", "sharegpu.io", "devices", "", "n1", ""),
               ("patch", "", "nodes", "", "n1", ""), ("create", "", "pods", "team", "p", "eviction")],
     "reserve": [("patch", "", "pods", SYSTEM, "sharegpu-reserve-n1-0", ""), ("get", "", "pods", SYSTEM, "r", "")],

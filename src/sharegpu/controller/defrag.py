@@ -50,6 +50,9 @@ PLACEMENT_POLICY = "bestfit"
 """The policy the planner places with to prove every victim fits elsewhere (it needs no pod shapes;
 the extender decides again, with its own policy, when the victim is recreated)."""
 HOUR = 3600.0
+EVICTED = "DefragEvicted"
+"""The reason of the Event on each evicted pod; the hourly budget is recalled from them."""
+EVENTS = "/api/v1/events"
 
 
 @dataclass(frozen=True, slots=True)
@@ -296,6 +299,9 @@ class DefragReconciler:
         self.moved_for: dict[units.PodKey, float] = {}
         """Pending pods that had a move, and when."""
         self.counters = Counters()
+        self.recalled = False
+        """The evictions of the last hour were read back from the API's Events (once, before the
+        first eviction this process makes: a new leader inherits its predecessor's hourly budget)."""
         self.last_plan: defrag.Plan | None = None
         self.loop = reconcile.Loop("defrag", self.reconcile)
 
@@ -345,6 +351,29 @@ class DefragReconciler:
             self.evicted_at.popleft()
         return max(0, self.budget_per_hour - len(self.evicted_at))
 
+    async def recall(self) -> None:
+        """Count the evictions sharegpu made in the last hour from their `DefragEvicted` Events (the
+        API server keeps Events for an hour by default, the budget's window), so that a restarted or
+        newly elected controller does not start with a full budget. Unreadable events count as none
+        recalled and are tried again on the next pass."""
+        listing = await self.api.get(EVENTS, fieldSelector=f"reason={EVICTED}")
+        now = self.clock()
+        recalled = []
+        for item in listing.get("items") or []:
+            if (item.get("source") or {}).get("component") != self.recorder.component:
+                continue
+            try:
+                at = float(wire.seconds(str(item.get("lastTimestamp") or item.get("eventTime") or "")))
+            except errors.InvalidInputError:
+                continue
+            if now - HOUR < at <= now:
+                recalled += [at] * max(1, int(item.get("count") or 1))
+        merged = sorted([*self.evicted_at, *recalled])
+        self.evicted_at = deque(merged)
+        self.recalled = True
+        if recalled:
+            log.info("defrag: %d eviction(s) of the last hour recalled from Events", len(recalled))
+
     async def reconcile(self) -> None:
         now = self.clock()
         self.moved_for = {k: at for k, at in self.moved_for.items() if now - at < self.cooldown}
@@ -356,6 +385,12 @@ class DefragReconciler:
             self.nodes.values(), self.devices.values(), self.pods.values(), self.budgets.values(),
             skip=frozenset(self.moved_for),
         )  # fmt: skip
+        if self.evict and not self.recalled:
+            try:
+                await self.recall()
+            except kube_errors.KubeError as exc:
+                log.warning("defrag: cannot read the last hour's evictions (%s); not evicting this pass", exc)
+                return
         allowed = self.allowance()
         result = plan(found, allowed)
         self.last_plan = result
@@ -406,7 +441,7 @@ class DefragReconciler:
             self.counters.evictions += 1
             done.append(victim)
             message = f"evicted to make room for {move.pod} on {move.placed.node}; {victim.owner} recreates it"
-            await self.recorder.record(_subject(item), "DefragEvicted", message, decision=move.pod)
+            await self.recorder.record(_subject(item), EVICTED, message, decision=move.pod)
         if not done:
             return
         self.moved_for[move.pod] = self.clock()
