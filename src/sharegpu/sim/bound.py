@@ -53,7 +53,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import optimize, sparse
 
-from sharegpu.core import devices, errors, fleet, ledger, placer, policies, units
+from sharegpu.core import devices, errors, fleet, frag, ledger, placer, policies, units
 from sharegpu.sim import replay, runner, trace
 
 _MILLI = units.MILLI_PER_GPU
@@ -494,31 +494,39 @@ def offline_heuristic(
     Returns the kept mask (aligned with `pods`) and, per GPU node, (type index, counts per shape)
     for the instance `Instance.of(nodes, pods)`.
     """
+    order = sorted(
+        (i for i, p in enumerate(pods) if p.num_gpu),
+        key=lambda i: (-pods[i].gpu_milli_total, -pods[i].cpu_milli, -pods[i].memory_mib, i),
+    )
+    return _placed(nodes, pods, order, policies.make("bestfit"))
+
+
+def _placed(
+    nodes: Sequence[devices.NodeInventory],
+    pods: Sequence[trace.TracePod],
+    order: Sequence[int],
+    policy: policies.Policy,
+) -> tuple[np.ndarray, list[tuple[int, np.ndarray]]]:
+    """Place `pods` in `order` with `policy`: the kept mask and each used node's content as a pattern."""
     instance = Instance.of(nodes, pods)
     shape_index = {s: i for i, s in enumerate(instance.shapes)}
     type_index = {t: i for i, t in enumerate(instance.types)}
     state = fleet.FleetState(list(nodes))
     book = ledger.Ledger(state)
-    chooser = placer.Placer(state, policies.make("bestfit"))
-    order = sorted(
-        (i for i, p in enumerate(pods) if p.num_gpu),
-        key=lambda i: (-pods[i].gpu_milli_total, -pods[i].cpu_milli, -pods[i].memory_mib, i),
-    )
+    chooser = placer.Placer(state, policy)
     kept = np.zeros(len(pods), dtype=np.bool_)
     content: dict[int, np.ndarray] = {}
     for i in order:
         pod = pods[i]
         decision = chooser.place(book, pod.request(f"{pod.name}#{i}"))
-        if not decision.status.ok:
+        if not decision.status.ok or not pod.num_gpu:
             continue
         kept[i] = True
-        shape = PodShape(pod.cpu_milli, pod.memory_mib, pod.num_gpu, pod.gpu_milli, tuple(sorted(pod.models)))
         counts = content.setdefault(decision.row, np.zeros(len(instance.shapes), dtype=np.int64))
-        counts[shape_index[shape]] += 1
-    node = list(nodes)
+        counts[shape_index[_shape_of(pod)]] += 1
     columns = []
     for row, counts in content.items():
-        inv = node[row]
+        inv = nodes[row]
         columns.append((type_index[NodeType(inv.gpu_count, inv.gpus[0].model, inv.cpu_milli, inv.memory_mib)], counts))
     return kept, columns
 
@@ -572,8 +580,11 @@ def bound_run(
     n = len(prefix)
     started = time.perf_counter()
     heuristic_kept, columns = offline_heuristic(nodes, prefix)
+    # The extender's default policy in arrival order gives the column generation a good start.
+    shapes = frag.typical_shapes(p.shape for p in prefix)
+    _, online = _placed(nodes, prefix, range(len(prefix)), policies.make(policies.DEFAULT, shapes))
     instance = Instance.of(nodes, prefix)
-    solution = solve(instance, time_limit=time_limit, seed_columns=columns)
+    solution = solve(instance, time_limit=time_limit, seed_columns=[*columns, *online])
     points = sorted({int(picks[int(k)]) for k in np.linspace(0, len(picks) - 1, WINDOW_POINTS).round()})
     ceiling_at = {end: solution.bound_milli}
     known = list(solution.columns)
