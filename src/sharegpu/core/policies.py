@@ -8,7 +8,8 @@ cache their answers per node version.
 
 The paper baselines follow the FGD paper's public simulator (see docs/simulation.md):
 random, dotprod, clustering, packing, bestfit, fgd. Kubernetes-style policies: binpack and spread
-at node and device level, and topology-aware choice for multi-GPU pods. `fgd-used` is our own.
+at node and device level, and topology-aware choice for multi-GPU pods. `fgd-used` and `fgd-balance`
+(the default) are our own.
 """
 
 from __future__ import annotations
