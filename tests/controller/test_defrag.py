@@ -39,8 +39,8 @@ def running(name: str, node: str, milli: int, *, owner: bool = True) -> Json:
     return body
 
 
-def pending(name: str) -> Json:
-    body = gpu_pod(name, milli=None, namespace=NS)
+def pending(name: str, spec: Json | None = None) -> Json:
+    body = gpu_pod(name, milli=None, namespace=NS, spec=spec)
     body["status"] = {"phase": "Pending", "conditions": [
         {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/2 nodes"}]}  # fmt: skip
     return body
@@ -62,7 +62,12 @@ async def start() -> AsyncIterator[Start]:
     made: list[runtime.Controller] = []
 
     async def make(
-        *, owners: bool = True, refuse: bool = False, before: tuple[Json, ...] = (), **options: Any
+        *,
+        owners: bool = True,
+        refuse: bool = False,
+        before: tuple[Json, ...] = (),
+        pending_spec: Json | None = None,
+        **options: Any,
     ) -> tuple[fake.FakeApiServer, runtime.Controller]:
         server = fake.FakeApiServer()
         for event in before:
@@ -73,7 +78,7 @@ async def start() -> AsyncIterator[Start]:
         add_node(server, "n1", gpus=1)
         server.put_object(paths.pods(NS), running("a", "n0", 300, owner=owners))
         server.put_object(paths.pods(NS), running("b", "n1", 300, owner=owners))
-        server.put_object(paths.pods(NS), pending("p"))
+        server.put_object(paths.pods(NS), pending("p", pending_spec))
         server.put_object(PDB, budget("keep-b", "b", 0))
         controller = runtime.Controller(
             client.KubeClient(server), runtime.Options(leader_elect=False, tick=3600, **options), Clock()
@@ -163,6 +168,18 @@ async def test_the_hourly_budget_and_pods_without_owner(start: Start) -> None:
     await controller.defrag.reconcile()
     assert evictions(server) == []
     assert controller.defrag.last_plan is not None
+    assert [s.why for s in controller.defrag.last_plan.skipped] == [core_defrag.Why.NO_SAFE_MOVE]
+
+
+async def test_the_pending_pods_node_affinity_is_kept(start: Start) -> None:
+    """`p` may only run on n1 (required node affinity); there only `b` could move, and its budget
+    forbids it: so nothing is evicted, though moving `a` would free n0."""
+    only_n1 = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]}
+    affinity = {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [only_n1]}}}}  # fmt: skip
+    server, controller = await start(defrag=True, pending_spec=affinity)
+    assert controller.defrag is not None and controller.defrag.last_plan is not None
+    assert evictions(server) == []
     assert [s.why for s in controller.defrag.last_plan.skipped] == [core_defrag.Why.NO_SAFE_MOVE]
 
 

@@ -235,3 +235,30 @@ def test_any_plan_is_safe(
     assert book.state.same_usage(book.state.recount(book.allocations()))
     assert np.all(book.state.milli_free >= 0)
     assert len(set(victims(plan))) == plan.evictions
+
+
+def test_the_pending_pods_and_the_victims_own_node_constraints_are_kept() -> None:
+    # Both nodes fragmented alike; the pending pod may only go to "b" (its nodeSelector), and the
+    # victim on "b" only to "b" or "c" (its affinity), where "c" is full: so it must stay on "b".
+    def build() -> Cluster:
+        return (
+            Cluster(node("a", gpus=2), node("b", gpus=2), node("c", gpus=1))
+            .run("ns/a0", "a", (0,), 300).run("ns/a1", "a", (1,), 300)
+            .run("ns/b0", "b", (0,), 300).run("ns/b1", "b", (1,), 300)
+            .run("ns/c0", "c", (0,), 1000)
+        )  # fmt: skip
+
+    p = pod("ns/p", count=1)
+    plan = build().plan(defrag.Pending(p, nodes=frozenset({"b"})))
+    (move,) = plan.moves
+    assert move.placed.node == "b" and move.victims[0].after.node == "b"
+    # On "c" its one GPU would have to be cleared, and that whole-GPU pod fits nowhere else.
+    assert build().plan(defrag.Pending(p, nodes=frozenset({"c"}))).skipped[0].why is defrag.Why.NO_SAFE_MOVE
+    none = build().plan(defrag.Pending(p, nodes=frozenset()))
+    assert none.skipped[0].why is defrag.Why.SHORTAGE and "nodeSelector" in none.skipped[0].detail
+    cluster = build()
+    for key in ("ns/b0", "ns/b1"):
+        cluster.tenants[units.PodKey(key)] = defrag.Tenant(
+            cluster.tenants[units.PodKey(key)].request, True, nodes=frozenset({"c"})
+        )
+    assert not cluster.plan(defrag.Pending(p, nodes=frozenset({"b"}))).moves, "its victims have nowhere to go"

@@ -113,7 +113,9 @@ async def test_the_controller_evicts_the_pod_the_budget_allows_and_the_pending_p
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    (move,) = [i for i, line in enumerate(lines) if line.startswith(f"{namespace}/p: to {first}")]
+    moves = [i for i, line in enumerate(lines) if line.startswith(f"{namespace}/p: to {first}")]
+    assert len(moves) == 1, done.stdout
+    (move,) = moves
     assert lines[move + 1].strip().startswith(f"{namespace}/{a['metadata']['name']} ({first} gpu0 300m, ReplicaSet/a)")
     assert lines[move + 1].endswith(f"-> fits on {second}")
     assert "gain" in lines[-1]

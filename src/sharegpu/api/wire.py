@@ -159,8 +159,37 @@ class PreferredTerm(Message, kw_only=True, frozen=True):
     weight: int = 0
 
 
+class NodeSelectorRequirement(Message, kw_only=True, frozen=True):
+    key: str = ""
+    operator: str = ""
+    values: list[str] = []
+
+
+class NodeSelectorTerm(Message, kw_only=True, frozen=True):
+    match_expressions: list[NodeSelectorRequirement] = []
+    match_fields: list[NodeSelectorRequirement] = []
+
+
+class NodeSelector(Message, kw_only=True, frozen=True):
+    node_selector_terms: list[NodeSelectorTerm] = []
+
+
 class NodeAffinity(Message, kw_only=True, frozen=True):
     preferred_during_scheduling_ignored_during_execution: list[PreferredTerm] = []
+    required_during_scheduling_ignored_during_execution: NodeSelector | None = None
+
+
+class Toleration(Message, kw_only=True, frozen=True):
+    key: str = ""
+    operator: str = ""
+    value: str = ""
+    effect: str = ""
+
+
+class Taint(Message, kw_only=True, frozen=True):
+    key: str = ""
+    value: str = ""
+    effect: str = ""
 
 
 class PodAffinity(Message, kw_only=True, frozen=True):
@@ -184,6 +213,8 @@ class PodSpec(Message, kw_only=True, frozen=True):
     init_containers: list[Container] = []
     volumes: list[Volume] = []
     affinity: Affinity | None = None
+    node_selector: dict[str, str] = {}
+    tolerations: list[Toleration] = []
     topology_spread_constraints: list[TopologySpreadConstraint] = []
     priority: int | None = None
     """Resolved from the pod's PriorityClass by the API server's admission (None: no priority set)."""
@@ -217,6 +248,7 @@ class NodeCondition(Message, kw_only=True, frozen=True):
 
 class NodeSpec(Message, kw_only=True, frozen=True):
     unschedulable: bool = False
+    taints: list[Taint] = []
 
 
 class NodeStatus(Message, kw_only=True, frozen=True):

@@ -34,8 +34,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from sharegpu.api import constraints, events, names, paths, pods, wire
 from sharegpu.api import devices as api_devices
-from sharegpu.api import events, names, paths, pods, wire
 from sharegpu.core import allocation, defrag, devices, errors, fleet, ledger, placer, policies, units
 from sharegpu.kube import client, informer, reconcile
 from sharegpu.kube import errors as kube_errors
@@ -67,6 +67,8 @@ class PodFacts:
     labels: Mapping[str, str]
     unschedulable: bool
     """kube-scheduler's PodScheduled condition is False with reason Unschedulable."""
+    terms: constraints.PodTerms
+    """Its nodeSelector, required node affinity and tolerations."""
 
     @property
     def namespace(self) -> str:
@@ -101,10 +103,30 @@ def facts(pod: wire.Pod, previous: PodFacts | None = None) -> PodFacts:
         priority=pod.spec.priority or 0,
         labels=dict(pod.metadata.labels),
         unschedulable=unschedulable,
+        terms=constraints.PodTerms.of(pod.spec),
     )
 
 
 # ----------------------------------------------------------------- the planner's inputs, from API objects
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    """A Node as the planner needs it: room and readiness, and what pods' constraints look at."""
+
+    facts: api_devices.NodeFacts
+    terms: constraints.NodeTerms
+
+
+def node_view(node: wire.Node, previous: NodeView | None = None) -> NodeView:
+    return NodeView(api_devices.node_facts(node), constraints.NodeTerms.of(node))
+
+
+def _allowed(terms: constraints.PodTerms, nodes: Mapping[str, NodeView]) -> frozenset[str] | None:
+    """The nodes a pod's constraints let it run on (None when it has none)."""
+    if terms.unconstrained and not any(n.terms.taints for n in nodes.values()):
+        return None
+    return frozenset(name for name, n in nodes.items() if terms.allows(n.terms))
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,7 +140,7 @@ class Inputs:
 
 
 def inputs(
-    nodes: Iterable[api_devices.NodeFacts],
+    nodes: Iterable[NodeView],
     devices_: Iterable[wire.Device],
     pod_facts: Iterable[PodFacts],
     budgets: Iterable[wire.PodDisruptionBudget],
@@ -126,14 +148,14 @@ def inputs(
     skip: frozenset[units.PodKey] = frozenset(),
 ) -> Inputs:
     """The fleet and the planner's inputs from what the API holds; pods in `skip` are not planned for."""
-    ready = {n.name: n for n in nodes if n.schedulable}
+    ready = {n.facts.name: n for n in nodes if n.facts.schedulable}
     inventories: list[devices.NodeInventory] = []
     for device in sorted(devices_, key=lambda d: d.metadata.name):
-        node = ready.get(device.metadata.name)
-        if node is None:
+        view = ready.get(device.metadata.name)
+        if view is None:
             continue
         try:
-            inventories.append(api_devices.inventory(device, node))
+            inventories.append(api_devices.inventory(device, view.facts))
         except errors.InvalidInputError as exc:
             log.warning("defrag: ignoring node %s: %s", device.metadata.name, exc)
     state = fleet.FleetState(inventories)
@@ -146,7 +168,7 @@ def inputs(
     for item in pod_facts:
         r = item.record
         if item.pending and r.key not in skip and r.request is not None:
-            pending.append(defrag.Pending(r.request, item.priority))
+            pending.append(defrag.Pending(r.request, item.priority, _allowed(item.terms, ready)))
         if not r.live or state.row(r.node) is None:
             continue
         alloc = r.allocation if r.allocation is not None and r.allocation.node == r.node else None
@@ -158,7 +180,8 @@ def inputs(
                 key for key, b in groups.items()
                 if b.metadata.namespace == item.namespace and _selects(b, item.labels)
             )  # fmt: skip
-            tenants[r.key] = defrag.Tenant(r.request, item.movable, item.priority, covering, item.owner)
+            allowed = _allowed(item.terms, ready)
+            tenants[r.key] = defrag.Tenant(r.request, item.movable, item.priority, covering, item.owner, allowed)
     for alloc, result in zip(allocations, book.load(allocations), strict=True):
         if not result.ok:
             log.warning("defrag: pod %s does not fit the ledger: %s", alloc.pod, result.message)
@@ -246,7 +269,7 @@ async def snapshot(api: client.KubeApi, *, skip: frozenset[units.PodKey] = froze
         api.list_of(paths.PODS, wire.Pod),
         api.list_of(paths.pod_disruption_budgets(version), wire.PodDisruptionBudget),
     )
-    return inputs([api_devices.node_facts(n) for n in nodes], found, [facts(p) for p in listed], budgets, skip=skip)
+    return inputs([node_view(n) for n in nodes], found, [facts(p) for p in listed], budgets, skip=skip)
 
 
 # ----------------------------------------------------------------- the reconciler
@@ -291,7 +314,7 @@ class DefragReconciler:
         self.cooldown = cooldown
         self.policy = policy
         self.eviction_api = eviction_api
-        self.nodes: dict[str, api_devices.NodeFacts] = {}
+        self.nodes: dict[str, NodeView] = {}
         self.devices: dict[str, wire.Device] = {}
         self.pods: dict[units.PodKey, PodFacts] = {}
         self.budgets: dict[str, wire.PodDisruptionBudget] = {}
@@ -310,8 +333,7 @@ class DefragReconciler:
         from the controller's informer, through `on_device`)."""
         return [
             informer.Informer(self.api, paths.PODS, wire.Pod, facts, self.on_pod, name="defrag-pods"),
-            informer.Informer(self.api, paths.NODES, wire.Node, _node_facts, self.on_node,
-                              name="defrag-nodes"),
+            informer.Informer(self.api, paths.NODES, wire.Node, node_view, self.on_node, name="defrag-nodes"),
             informer.Informer(self.api, paths.pod_disruption_budgets(self.policy), wire.PodDisruptionBudget,
                               informer.identity, self.on_budget, name="poddisruptionbudgets"),
         ]  # fmt: skip
@@ -327,11 +349,11 @@ class DefragReconciler:
         if item.pending:
             self.loop.wake()
 
-    def on_node(self, kind: str, node: api_devices.NodeFacts) -> None:
+    def on_node(self, kind: str, node: NodeView) -> None:
         if kind == "DELETED":
-            self.nodes.pop(node.name, None)
+            self.nodes.pop(node.facts.name, None)
         else:
-            self.nodes[node.name] = node
+            self.nodes[node.facts.name] = node
 
     def on_device(self, kind: str, device: wire.Device) -> None:
         if kind == "DELETED":
@@ -450,10 +472,6 @@ class DefragReconciler:
             message = f"evicted {', '.join(victim_text(v) for v in done)} so that this pod fits on {move.placed.node}"
             await self.recorder.record(_subject(pending), "DefragMoved", message,
                                        decision="|".join(sorted(v.pod for v in done)))  # fmt: skip
-
-
-def _node_facts(node: wire.Node, previous: api_devices.NodeFacts | None) -> api_devices.NodeFacts:
-    return api_devices.node_facts(node)
 
 
 def _subject(item: PodFacts) -> events.Subject:

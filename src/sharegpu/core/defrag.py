@@ -66,12 +66,16 @@ class Tenant:
     """The disruption groups (PodDisruptionBudgets) that cover it."""
     owner: str = ""
     """Who recreates it, for people (e.g. `ReplicaSet/web-5d8`)."""
+    nodes: frozenset[str] | None = None
+    """The nodes its own constraints (nodeSelector, node affinity, taints) let it run on; None: any."""
 
 
 @dataclass(frozen=True, slots=True)
 class Pending:
     request: requests.PodRequest
     priority: int = 0
+    nodes: frozenset[str] | None = None
+    """The nodes its own constraints (nodeSelector, node affinity, taints) let it run on; None: any."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,13 +206,14 @@ def plan(
         for item in sorted(pending, key=lambda p: -p.priority):
             request = item.request
             demand = request.demand
-            decision = chooser.decide(demand)
+            rows = _rows(book.state, item.nodes)
+            decision = chooser.decide(demand, None if item.nodes is None else rows)
             if decision.status.ok:
                 # The scheduler will place it here; later pods are planned around it.
                 trial.assume(chooser.allocation_for(request, decision))
                 skipped.append(Skip(request.key, Why.FITS, f"fits on {decision.node} as things stand"))
                 continue
-            short = _shortage(book.state, demand)
+            short = _shortage(book.state, demand, rows)
             if short is not None:
                 skipped.append(Skip(request.key, Why.SHORTAGE, short))
                 continue
@@ -228,7 +233,7 @@ def plan(
                     and bool(entry.alloc.gpu_usage())
                 )
 
-            candidates = _candidates(book, chooser, demand, usable)
+            candidates = _candidates(book, chooser, demand, usable, rows)
             move = None
             for candidate in candidates[:MAX_TRIALS]:
                 victims = [tenants[k] for k in candidate.victims]
@@ -255,13 +260,24 @@ def plan(
     return Plan(tuple(moves), tuple(skipped))
 
 
-def _shortage(state: fleet.FleetState, demand: requests.GpuDemand) -> str | None:
-    """Why no move can help, or None: free compute of the usable GPUs, in total, below the demand."""
+def _rows(state: fleet.FleetState, nodes: frozenset[str] | None) -> fleet.IntArray:
+    """The rows of `nodes` (every row for None), in row order."""
+    if nodes is None:
+        return np.arange(len(state), dtype=np.int64)
+    found = sorted(row for name in nodes if (row := state.row(name)) is not None)
+    return np.array(found, dtype=np.int64)
+
+
+def _shortage(state: fleet.FleetState, demand: requests.GpuDemand, rows: fleet.IntArray) -> str | None:
+    """Why no move can help, or None: no node the pod may run on (`rows`), or less free compute in
+    total on the GPUs it may use (on any node: victims may move anywhere) than it asks."""
     if demand.count == 0:
         return "it asks for no GPU"
-    rows = np.arange(len(state), dtype=np.int64)
-    usable = state.present & state.healthy & fit.model_mask(state, demand, rows)
-    usable &= fit.isolation_mask(state, demand, rows)[:, None]
+    if not len(rows):
+        return "no node its nodeSelector, node affinity and tolerations allow has GPUs sharegpu manages"
+    every = np.arange(len(state), dtype=np.int64)
+    usable = state.present & state.healthy & fit.model_mask(state, demand, every)
+    usable &= fit.isolation_mask(state, demand, every)[:, None]
     big_enough = state.gpu_count >= demand.count
     free = int(state.milli_free[usable & big_enough[:, None]].sum())
     need = demand.gpu_milli_total
@@ -275,9 +291,10 @@ def _candidates(
     chooser: placer.Placer,
     demand: requests.GpuDemand,
     usable: Usable,
+    allowed: fleet.IntArray,
 ) -> list[_Candidate]:
-    """Per node the cheapest victims that make it fit (capacity only; the trial checks the rest),
-    cheapest node first."""
+    """Per node of `allowed` rows the cheapest victims that make it fit (capacity only; the trial
+    checks the rest), cheapest node first."""
     state = book.state
     on: dict[tuple[int, int], list[ledger.Entry]] = {}
     for _, entry in book.entries():
@@ -291,7 +308,9 @@ def _candidates(
     static &= fit.isolation_mask(state, demand, rows)[:, None]
     need_memory = state.memory_need(demand, rows)
     out: list[_Candidate] = []
-    for row in np.flatnonzero(static.sum(axis=1) >= demand.count).tolist():
+    permitted = np.zeros(len(state), dtype=np.bool_)
+    permitted[allowed] = True
+    for row in np.flatnonzero((static.sum(axis=1) >= demand.count) & permitted).tolist():
         options: list[tuple[int, int, tuple[ledger.Entry, ...]]] = []
         for index in np.flatnonzero(static[row]).tolist():
             entries = on.get((row, index), [])
@@ -377,7 +396,7 @@ def _try(
     victims = []
     for alloc in sorted(before, key=lambda a: (-a.gpu_milli_total, a.pod)):
         tenant = tenants[alloc.pod]
-        again = chooser.decide(tenant.request.demand)
+        again = chooser.decide(tenant.request.demand, None if tenant.nodes is None else _rows(book.state, tenant.nodes))
         after = chooser.allocation_for(tenant.request, again) if again.status.ok else None
         if after is None or not trial.assume(after):
             trial.rollback(start)
