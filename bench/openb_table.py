@@ -64,8 +64,7 @@ def markdown(
     policies: list[str],
     traces: list[str],
     seeds: int,
-    command: str,
-    wall: float,
+    made: str,
     bounds: list[dict[str, object]],
 ) -> str:
     figures: dict[tuple[str, str], list[float]] = {}
@@ -100,9 +99,8 @@ def markdown(
             ]
             ratios.append(f"{statistics.fmean(per_trace):.3f}" if per_trace else "-")
         lines.append("| *mean of per-trace ratios to fgd* | " + " | ".join([*ratios, *([""] * len(extra))]) + " |")
-    made = f"Made by `{command}` in {wall / 60:.1f} minutes on this 2-core machine"
     if bounds:
-        made += " (bound and heuristic: `sharegpu bound`, see below)"
+        made += "; bound and offline heuristic by `sharegpu bound` (see below)"
     return (
         f"Unallocated GPU % at arrived = 100%, ours as mean±sd over {seeds} seeds, the paper's mean in "
         f"parentheses where it published one. {made}.\n\n" + "\n".join(lines)
@@ -115,10 +113,15 @@ def main() -> int:
     parser.add_argument("--seeds", default="42-51")
     parser.add_argument("--policies", default=",".join((*PAPER_POLICIES, "fgd-used", "fgd-balance")))
     parser.add_argument("--traces", default=",".join(TRACES))
-    parser.add_argument("--bound-json", type=Path, help="runs of `sharegpu bound --json` to add as columns")
+    parser.add_argument(
+        "--bound-json", type=Path, action="append", help="runs of `sharegpu bound --json` to add as columns (repeat)"
+    )
     parser.add_argument("--jobs", type=int, default=0, help="worker processes (0: one per core)")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--no-docs", action="store_true", help="print the table only; leave docs/ alone")
+    parser.add_argument(
+        "--from-json", type=Path, help="make the table from the runs an earlier --json wrote instead of running"
+    )
     args = parser.parse_args()
     seeds = cli.parse_seeds(args.seeds)
     policies = cli.parse_policies([args.policies])
@@ -128,7 +131,7 @@ def main() -> int:
         return 2
     traces = args.traces.split(",")
     sources = [runner.Source(t, str(nodes), str(args.openb / f"openb_pod_list_{t}.csv")) for t in traces]
-    bounds = json.loads(args.bound_json.read_text())["runs"] if args.bound_json else []
+    bounds = [run for path in args.bound_json or [] for run in json.loads(path.read_text())["runs"]]
     specs = [runner.RunSpec(s, p, seed) for s in sources for p in policies for seed in seeds]
     started = time.perf_counter()
     done = 0
@@ -142,10 +145,16 @@ def main() -> int:
             flush=True,
         )
 
-    results = runner.run_all(specs, args.jobs or None, progress)
-    wall = time.perf_counter() - started
-    command = "python bench/openb_table.py " + shlex.join(sys.argv[1:])
-    table = markdown(results, policies, traces, len(seeds), command.strip(), wall, bounds)
+    command = ("python bench/openb_table.py " + shlex.join(sys.argv[1:])).strip()
+    if args.from_json:
+        earlier = json.loads(args.from_json.read_text())
+        results = [runner.RunResult(**run) for run in earlier["runs"]]
+        minutes = sum(r.wall_seconds for r in results) / 60
+        made = f"Runs made by `{earlier['command']}` ({minutes:.0f} minutes of runs), rendered by `{command}`"
+    else:
+        results = runner.run_all(specs, args.jobs or None, progress)
+        made = f"Made by `{command}` in {(time.perf_counter() - started) / 60:.1f} minutes on this 2-core machine"
+    table = markdown(results, policies, traces, len(seeds), made, bounds)
     print(table)
     if args.json:
         args.json.write_bytes(report.to_json(results, command))
