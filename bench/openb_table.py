@@ -131,7 +131,9 @@ def main() -> int:
         return 2
     traces = args.traces.split(",")
     sources = [runner.Source(t, str(nodes), str(args.openb / f"openb_pod_list_{t}.csv")) for t in traces]
-    bounds = [run for path in args.bound_json or [] for run in json.loads(path.read_text())["runs"]]
+    # One run per (trace, seed), however many files hold it.
+    found = {(r["trace"], r["seed"]): r for path in args.bound_json or [] for r in json.loads(path.read_text())["runs"]}
+    bounds = list(found.values())
     specs = [runner.RunSpec(s, p, seed) for s in sources for p in policies for seed in seeds]
     started = time.perf_counter()
     done = 0
