@@ -217,11 +217,7 @@ def simulate(
             raise UsageError(f"--plot must name a .png file, got {plot}")
         chosen = parse_policies(policy)
         seed_list = parse_seeds(seeds)
-        if nodes is None or not pods:
-            sources = [runner.Source(runner.SYNTHETIC)]
-        else:
-            sources = [runner.Source(_label(p), str(nodes), str(p)) for p in pods]
-        runner.validate_sources(sources)
+        sources = _sources(nodes, pods)
         if mode == "dynamic":
             for source in sources:
                 if not runner.load_source(source)[1].timed:
@@ -260,6 +256,17 @@ def simulate(
     if plot is not None:
         report.plot(results, plot)
         console.print(f"wrote {plot}")
+
+
+def _sources(nodes: Path | None, pods: list[Path] | None) -> list[runner.Source]:
+    """The traces to replay (the embedded synthetic workload when no files are named), every file
+    read once here so that a bad one fails before any worker starts."""
+    if nodes is None or not pods:
+        sources = [runner.Source(runner.SYNTHETIC)]
+    else:
+        sources = [runner.Source(_label(p), str(nodes), str(p)) for p in pods]
+    runner.validate_sources(sources)
+    return sources
 
 
 def _console() -> Console:
@@ -334,11 +341,7 @@ def bound(
         if jobs < 0:
             raise UsageError(f"--jobs must be >= 0, got {jobs}")
         seed_list = parse_seeds(seeds)
-        if nodes is None or not pods:
-            sources = [runner.Source(runner.SYNTHETIC)]
-        else:
-            sources = [runner.Source(_label(p), str(nodes), str(p)) for p in pods]
-        runner.validate_sources(sources)
+        sources = _sources(nodes, pods)
         # Seed by seed across the traces, so a table cut short still covers every trace.
         specs = [limit.BoundSpec(source, seed, tune, time_limit) for seed in seed_list for source in sources]
     except errors.SharegpuError as exc:

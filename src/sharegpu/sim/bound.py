@@ -487,28 +487,29 @@ class BoundRun:
 
 
 def offline_heuristic(
-    nodes: Sequence[devices.NodeInventory], pods: Sequence[trace.TracePod]
+    nodes: Sequence[devices.NodeInventory], pods: Sequence[trace.TracePod], instance: Instance | None = None
 ) -> tuple[np.ndarray, list[tuple[int, np.ndarray]]]:
     """Largest GPU request first, best fit: which pods it keeps, and each node's content as a pattern.
 
     Returns the kept mask (aligned with `pods`) and, per GPU node, (type index, counts per shape)
-    for the instance `Instance.of(nodes, pods)`.
+    for `instance` (default: `Instance.of(nodes, pods)`).
     """
     order = sorted(
         (i for i, p in enumerate(pods) if p.num_gpu),
         key=lambda i: (-pods[i].gpu_milli_total, -pods[i].cpu_milli, -pods[i].memory_mib, i),
     )
-    return _placed(nodes, pods, order, policies.make("bestfit"))
+    return _placed(instance or Instance.of(nodes, pods), nodes, pods, order, policies.make("bestfit"))
 
 
 def _placed(
+    instance: Instance,
     nodes: Sequence[devices.NodeInventory],
     pods: Sequence[trace.TracePod],
     order: Sequence[int],
     policy: policies.Policy,
 ) -> tuple[np.ndarray, list[tuple[int, np.ndarray]]]:
-    """Place `pods` in `order` with `policy`: the kept mask and each used node's content as a pattern."""
-    instance = Instance.of(nodes, pods)
+    """Place `pods` in `order` with `policy`: the kept mask and each used node's content as a pattern
+    of `instance` (made of these nodes and pods)."""
     shape_index = {s: i for i, s in enumerate(instance.shapes)}
     type_index = {t: i for i, t in enumerate(instance.types)}
     state = fleet.FleetState(list(nodes))
@@ -531,11 +532,6 @@ def _placed(
     return kept, columns
 
 
-def _figure(arrived: np.ndarray, allocated: np.ndarray, capacity: int) -> float:
-    picks = replay.window(arrived, capacity)
-    return float(100 - np.round(allocated[picks] / capacity * 100, 2).mean())
-
-
 def _earliest(pods: Sequence[trace.TracePod], instance: Instance, kept: Sequence[int]) -> np.ndarray:
     """Keep, of each shape, the pods that arrive first (as many as `kept` says)."""
     left = dict(zip(instance.shapes, kept, strict=True))
@@ -543,7 +539,7 @@ def _earliest(pods: Sequence[trace.TracePod], instance: Instance, kept: Sequence
     for i, p in enumerate(pods):
         if not p.num_gpu:
             continue
-        shape = PodShape(p.cpu_milli, p.memory_mib, p.num_gpu, p.gpu_milli, tuple(sorted(p.models)))
+        shape = _shape_of(p)
         if left.get(shape, 0) > 0:
             left[shape] -= 1
             mask[i] = True
@@ -579,11 +575,11 @@ def bound_run(
     prefix = list(workload.pods[: end + 1])
     n = len(prefix)
     started = time.perf_counter()
-    heuristic_kept, columns = offline_heuristic(nodes, prefix)
+    instance = Instance.of(nodes, prefix)
+    heuristic_kept, columns = offline_heuristic(nodes, prefix, instance)
     # The extender's default policy in arrival order gives the column generation a good start.
     shapes = frag.typical_shapes(p.shape for p in prefix)
-    _, online = _placed(nodes, prefix, range(len(prefix)), policies.make(policies.DEFAULT, shapes))
-    instance = Instance.of(nodes, prefix)
+    _, online = _placed(instance, nodes, prefix, range(len(prefix)), policies.make(policies.DEFAULT, shapes))
     solution = solve(instance, time_limit=time_limit, seed_columns=[*columns, *online])
     points = sorted({int(picks[int(k)]) for k in np.linspace(0, len(picks) - 1, WINDOW_POINTS).round()})
     ceiling_at = {end: solution.bound_milli}
@@ -599,12 +595,13 @@ def bound_run(
     seconds = time.perf_counter() - started
     heuristic = np.cumsum(np.where(heuristic_kept, requested[:n], 0))
     found = np.cumsum(np.where(_earliest(prefix, instance, solution.kept), requested[:n], 0))
-    best_fit = _figure(arrived[:n], heuristic, capacity)
+    best_fit = replay.unallocated_at_100(arrived[:n], heuristic, capacity)
+    packed = replay.unallocated_at_100(arrived[:n], found, capacity)
     return BoundRun(
         trace=trace_name,
         seed=seed,
-        lower_bound_unallocated_pct=round(_figure(arrived[:n], ceiling, capacity), 4),
-        offline_heuristic_unallocated_pct=round(min(best_fit, _figure(arrived[:n], found, capacity)), 4),
+        lower_bound_unallocated_pct=round(replay.unallocated_at_100(arrived[:n], ceiling, capacity), 4),
+        offline_heuristic_unallocated_pct=round(min(best_fit, packed), 4),
         best_fit_unallocated_pct=round(best_fit, 4),
         exact=solution.exact,
         solve_seconds=round(seconds, 2),
