@@ -80,3 +80,10 @@ def test_taints_keep_off_pods_that_do_not_tolerate_them() -> None:
     assert not pod({"tolerations": [{**equal, "effect": "NoExecute"}]}).allows(tainted)
     assert pod({"tolerations": [{"key": "gpu", "operator": "Exists"}]}).allows(tainted)
     assert pod({"tolerations": [{"operator": "Exists"}]}).allows(tainted)  # tolerates everything
+
+
+def test_pods_with_the_same_constraints_share_a_key() -> None:
+    spec = {"nodeSelector": {"zone": "a"}, "tolerations": [{"key": "gpu", "operator": "Exists"}]}
+    assert pod(spec).key == pod(dict(spec)).key
+    assert pod(spec).key != pod({**spec, "nodeSelector": {"zone": "b"}}).key
+    assert pod(spec).key != pod({"nodeSelector": {"zone": "a"}}).key

@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+import msgspec
+
 from sharegpu.api import wire
 
 BLOCKING_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
@@ -44,6 +46,11 @@ class PodTerms:
         affinity = spec.affinity.node_affinity if spec.affinity is not None else None
         required = affinity.required_during_scheduling_ignored_during_execution if affinity is not None else None
         return cls(dict(spec.node_selector), required, tuple(spec.tolerations))
+
+    @property
+    def key(self) -> bytes:
+        """Equal for pods with the same constraints (the pods of one controller share theirs)."""
+        return msgspec.json.encode((sorted(self.selector.items()), self.required, self.tolerations))
 
     @property
     def unconstrained(self) -> bool:

@@ -122,11 +122,23 @@ def node_view(node: wire.Node, previous: NodeView | None = None) -> NodeView:
     return NodeView(api_devices.node_facts(node), constraints.NodeTerms.of(node))
 
 
-def _allowed(terms: constraints.PodTerms, nodes: Mapping[str, NodeView]) -> frozenset[str] | None:
-    """The nodes a pod's constraints let it run on (None when it has none)."""
-    if terms.unconstrained and not any(n.terms.taints for n in nodes.values()):
-        return None
-    return frozenset(name for name, n in nodes.items() if terms.allows(n.terms))
+class _Reach:
+    """The nodes pods' constraints let them run on: None (any) when a pod has none and no node is
+    tainted; otherwise worked out once per distinct set of constraints, not once per pod."""
+
+    def __init__(self, nodes: Mapping[str, NodeView]) -> None:
+        self.nodes = nodes
+        self.tainted = any(n.terms.taints for n in nodes.values())
+        self.known: dict[bytes, frozenset[str]] = {}
+
+    def __call__(self, terms: constraints.PodTerms) -> frozenset[str] | None:
+        if terms.unconstrained and not self.tainted:
+            return None
+        key = terms.key
+        found = self.known.get(key)
+        if found is None:
+            found = self.known[key] = frozenset(name for name, n in self.nodes.items() if terms.allows(n.terms))
+        return found
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +161,7 @@ def inputs(
 ) -> Inputs:
     """The fleet and the planner's inputs from what the API holds; pods in `skip` are not planned for."""
     ready = {n.facts.name: n for n in nodes if n.facts.schedulable}
+    reach = _Reach(ready)
     inventories: list[devices.NodeInventory] = []
     for device in sorted(devices_, key=lambda d: d.metadata.name):
         view = ready.get(device.metadata.name)
@@ -168,7 +181,7 @@ def inputs(
     for item in pod_facts:
         r = item.record
         if item.pending and r.key not in skip and r.request is not None:
-            pending.append(defrag.Pending(r.request, item.priority, _allowed(item.terms, ready)))
+            pending.append(defrag.Pending(r.request, item.priority, reach(item.terms)))
         if not r.live or state.row(r.node) is None:
             continue
         alloc = r.allocation if r.allocation is not None and r.allocation.node == r.node else None
@@ -180,7 +193,7 @@ def inputs(
                 key for key, b in groups.items()
                 if b.metadata.namespace == item.namespace and _selects(b, item.labels)
             )  # fmt: skip
-            allowed = _allowed(item.terms, ready)
+            allowed = reach(item.terms)
             tenants[r.key] = defrag.Tenant(r.request, item.movable, item.priority, covering, item.owner, allowed)
     for alloc, result in zip(allocations, book.load(allocations), strict=True):
         if not result.ok:
