@@ -22,8 +22,8 @@ from tests.extender.conftest import Harness, gpu_pod
 async def test_verbs_decode_typed_bodies_and_refuse_malformed_ones(harness: Callable[..., Any]) -> None:
     h: Harness = await harness(nodes=2)
     pod = await h.create(gpu_pod("a", milli=300))
-    app = routes.verbs(h.extender.scheduling, h.extender.metrics)
-    async with test_utils.TestClient(test_utils.TestServer(app)) as http:
+    verbs = routes.Verbs(h.extender.scheduling, h.extender.metrics)
+    async with test_utils.TestClient(test_utils.TestServer(verbs.app())) as http:
         response = await http.post("/filter", json={"Pod": pod, "NodeNames": ["n0", "n1"]})
         body = await response.json()
         assert response.status == 200 and len(body["NodeNames"]) == 1
@@ -36,6 +36,13 @@ async def test_verbs_decode_typed_bodies_and_refuse_malformed_ones(harness: Call
             json={"PodName": "a", "PodNamespace": "ns", "PodUID": pod["metadata"]["uid"], "Node": body["NodeNames"][0]},
         )
         assert (await response.json()) == {}, "an empty Error: bound"
+    # the same function answers HTTP/2 (serving.http2), where no router stands in front of it
+    missing = await verbs("POST", "/unbind", b"{}")
+    assert missing.status == 404 and b"no such verb: /unbind" in missing.body
+    wrong = await verbs("GET", "/filter", b"")
+    assert wrong.status == 405 and b"/filter takes POST, not GET" in wrong.body
+    malformed = await verbs("POST", "/prioritize?x=1", b"[]")
+    assert malformed.status == 400 and b"malformed Args" in malformed.body
 
 
 async def test_operations_tell_readiness_and_explain_pending_pods(harness: Callable[..., Any]) -> None:

@@ -50,6 +50,12 @@ class Metrics:
             registry=r,
             buckets=SCHEDULING_BUCKETS,
         )
+        self.connections = prometheus_client.Counter(
+            "sharegpu_extender_connections",
+            "Connections accepted on the scheduler port, by protocol (h2: one per kube-scheduler, kept)",
+            ["protocol"],
+            registry=r,
+        )
         self.binds = prometheus_client.Counter("sharegpu_extender_binds", "Bind results", ["outcome"], registry=r)
         self.expired = prometheus_client.Counter(
             "sharegpu_extender_assumptions_expired",
@@ -76,6 +82,9 @@ class Metrics:
         """Report the cluster `source` returns at each scrape (None: nothing yet, e.g. before the
         cache is built)."""
         self._source = source
+
+    def connection(self, protocol: str) -> None:
+        self.connections.labels(protocol).inc()
 
     def refresh(self) -> None:
         """Take the cluster's figures for the next exposition (in the event loop: the cache is not

@@ -2,9 +2,10 @@
 
 Two applications on two listeners:
 
-- `verbs`: POST /filter, /prioritize, /bind for kube-scheduler. Served over TLS that requires a
+- `Verbs`: POST /filter, /prioritize, /bind for kube-scheduler. Served over TLS that requires a
   client certificate from the scheduler's CA when the extender is given one (the production
-  setting): nobody else in the cluster can then ask it to bind a pod.
+  setting): nobody else in the cluster can then ask it to bind a pod. Over TLS the listener speaks
+  HTTP/2 as well as HTTP/1.1 (ALPN), so kube-scheduler sends every call over one connection.
 - `operations`: GET /healthz, /readyz (every informer synced and watching, the API accepting our
   credentials), /metrics (Prometheus), /debug/nodes (per node and GPU: capacity, used, free, who
   holds what), /debug/pods/{namespace}/{name} (the last filter verdict for a pod and, GPU by GPU,
@@ -31,6 +32,7 @@ from sharegpu.core import errors, fit, units
 from sharegpu.extender import cache as cache_mod
 from sharegpu.extender import metrics as metrics_mod
 from sharegpu.extender import scheduling
+from sharegpu.serving import http2
 
 MAX_BODY = 64 * 1024 * 1024
 DETAIL_NODES = 20
@@ -53,34 +55,55 @@ def _json(body: Any, status: int = 200) -> web.Response:
     return web.Response(body=msgspec.json.encode(body), status=status, content_type="application/json")
 
 
-def verbs(service: scheduling.SchedulingService, metrics: metrics_mod.Metrics) -> web.Application:
-    app = web.Application(client_max_size=MAX_BODY)
+class Verbs:
+    """POST /filter, /prioritize and /bind: a body in, a reply out, the same over HTTP/1.1 (`app`,
+    aiohttp) and HTTP/2 (`serving.http2`, which kube-scheduler uses where TLS offers it)."""
 
-    def route(
-        verb: str, kind: type[Any], handle: Callable[[Any], Awaitable[Any]]
-    ) -> Callable[[web.Request], Awaitable[web.Response]]:
+    def __init__(self, service: scheduling.SchedulingService, metrics: metrics_mod.Metrics) -> None:
+        async def filter_(args: protocol.Args) -> protocol.FilterResult:
+            return service.filter(args)
+
+        async def prioritize(args: protocol.Args) -> list[protocol.HostPriority]:
+            return service.prioritize(args)
+
+        self._metrics = metrics
+        self._routes: dict[str, tuple[str, type[Any], Callable[[Any], Awaitable[Any]]]] = {
+            "/filter": ("filter", protocol.Args, filter_),
+            "/prioritize": ("prioritize", protocol.Args, prioritize),
+            "/bind": ("bind", protocol.BindingArgs, service.bind),
+        }
+
+    async def __call__(self, method: str, path: str, body: bytes) -> http2.Reply:
+        route = self._routes.get(path.partition("?")[0])
+        if route is None:
+            return _reply({"Error": f"no such verb: {path}"}, status=404)
+        if method != "POST":
+            return _reply({"Error": f"{path} takes POST, not {method}"}, status=405)
+        verb, kind, handle = route
+        started = time.perf_counter()
+        try:
+            args = wire.decode(body, kind)
+        except errors.InvalidInputError as exc:
+            return _reply({"Error": str(exc)}, status=400)
+        answer = await handle(args)
+        self._metrics.latency.labels(verb).observe(time.perf_counter() - started)
+        return http2.Reply(200, protocol.ENCODER.encode(answer))
+
+    def app(self) -> web.Application:
+        """The verbs as an aiohttp application (HTTP/1.1)."""
+        app = web.Application(client_max_size=MAX_BODY)
+
         async def serve(request: web.Request) -> web.Response:
-            started = time.perf_counter()
-            try:
-                args = wire.decode(await request.read(), kind)
-            except errors.InvalidInputError as exc:
-                return _json({"Error": str(exc)}, status=400)
-            answer = await handle(args)
-            metrics.latency.labels(verb).observe(time.perf_counter() - started)
-            return web.Response(body=protocol.ENCODER.encode(answer), content_type="application/json")
+            reply = await self(request.method, request.path, await request.read())
+            return web.Response(body=reply.body, status=reply.status, content_type=reply.content_type)
 
-        return serve
+        for path in self._routes:
+            app.router.add_post(path, serve)
+        return app
 
-    async def filter_(args: protocol.Args) -> protocol.FilterResult:
-        return service.filter(args)
 
-    async def prioritize(args: protocol.Args) -> list[protocol.HostPriority]:
-        return service.prioritize(args)
-
-    app.router.add_post("/filter", route("filter", protocol.Args, filter_))
-    app.router.add_post("/prioritize", route("prioritize", protocol.Args, prioritize))
-    app.router.add_post("/bind", route("bind", protocol.BindingArgs, service.bind))
-    return app
+def _reply(body: Any, status: int) -> http2.Reply:
+    return http2.Reply(status, msgspec.json.encode(body))
 
 
 def operations(runtime: Runtime) -> web.Application:

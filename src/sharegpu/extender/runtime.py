@@ -34,7 +34,7 @@ from sharegpu.extender import quotas as quotas_mod
 from sharegpu.extender import reservations as reservations_mod
 from sharegpu.extender import routes, scheduling
 from sharegpu.kube import client, informer, leader
-from sharegpu.serving import tls
+from sharegpu.serving import http2, tls
 
 log = logging.getLogger(__name__)
 
@@ -180,22 +180,28 @@ async def serve(options: Options, started: asyncio.Event | None = None) -> None:
     extender = Extender(api, options)
     context = None
     if options.tls_cert is not None and options.tls_key is not None:
-        context = tls.ReloadingTls(options.tls_cert, options.tls_key, options.client_ca).context
+        context = tls.ReloadingTls(options.tls_cert, options.tls_key, options.client_ca, alpn=http2.ALPN).context
     elif options.client_ca is not None:
         raise ValueError("--client-ca needs --tls-cert and --tls-key")
     else:
         log.warning("serving filter/prioritize/bind over plain HTTP: anyone who can reach the port can bind pods")
+    verbs = routes.Verbs(extender.scheduling, extender.metrics)
     runners = [
-        web.AppRunner(routes.verbs(extender.scheduling, extender.metrics), access_log=None),
+        web.AppRunner(verbs.app(), access_log=None),
         web.AppRunner(routes.operations(extender), access_log=None),
     ]
+    connections = http2.Connections(verbs, routes.MAX_BODY, extender.metrics.connection)
+    server: asyncio.Server | None = None
     try:
         for runner in runners:
             await runner.setup()
         health = web.TCPSite(runners[1], options.host, options.health_port)
         await health.start()
         await extender.start()
-        await web.TCPSite(runners[0], options.host, options.port, ssl_context=context).start()
+        assert runners[0].server is not None  # set up above
+        server = await asyncio.get_running_loop().create_server(
+            connections.factory(runners[0].server), options.host, options.port, ssl=context
+        )
         log.info(
             "sharegpu extender: verbs on %s:%d (%s), health on %s:%d, policy %s",
             options.host, options.port, "mutual TLS" if options.client_ca else ("TLS" if context else "http"),
@@ -205,6 +211,9 @@ async def serve(options: Options, started: asyncio.Event | None = None) -> None:
             started.set()
         await asyncio.Event().wait()
     finally:
+        if server is not None:
+            server.close()
+        connections.close()
         await extender.stop()
         for runner in runners:
             await runner.cleanup()
