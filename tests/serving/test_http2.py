@@ -102,6 +102,7 @@ class H2Client:
         self.ended: dict[int, asyncio.Event] = {}
         self.reset: set[int] = set()
         self.senders: list[asyncio.Task[None]] = []
+        self.goaway = False
         self.pump = asyncio.create_task(self._read())
         writer.write(self.conn.data_to_send())
 
@@ -148,6 +149,8 @@ class H2Client:
                 elif isinstance(event, h2.events.StreamEnded):
                     assert event.stream_id is not None
                     self.ended[event.stream_id].set()
+                elif isinstance(event, h2.events.ConnectionTerminated):
+                    self.goaway = True
                 elif isinstance(event, h2.events.StreamReset):
                     assert event.stream_id is not None
                     self.reset.add(event.stream_id)
@@ -271,6 +274,7 @@ async def test_garbage_closes_the_connection_and_close_ends_open_ones(listener: 
     assert len(listener.connections.open) == 1
     listener.connections.close()
     await asyncio.wait_for(client.pump, 5)  # the server closed: the client reads EOF
+    assert client.goaway, "the server said GOAWAY before closing"
     await client.close()
     for _ in range(100):
         if not listener.connections.open:
@@ -297,3 +301,41 @@ def test_the_switch_works_under_uvloop(pki: dict[str, Path]) -> None:
     thread.start()
     thread.join(30)
     assert outcome == [(200, b"x" * 100000), {"h2": 1}]
+
+
+class RecordingTransport(asyncio.Transport):
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes: list[bytes] = []
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        self.writes.append(bytes(data))
+
+    def is_closing(self) -> bool:
+        return False
+
+
+async def test_a_request_and_its_reply_cost_one_write() -> None:
+    """Each write to a local socket wakes the reader (on a busy machine that costs the writer more
+    than the bytes do): the window update for a request and a reply produced in the same turn of the
+    event loop leave together."""
+    server = http2.H2Protocol(echo, max_body=1 << 20)
+    transport = RecordingTransport()
+    server.connection_made(transport)
+    client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    client.initiate_connection()
+    client.receive_data(b"".join(transport.writes))  # the server's settings
+    transport.writes.clear()
+    stream = client.get_next_available_stream_id()
+    client.send_headers(stream, [(":method", "POST"), (":path", "/filter"), (":scheme", "https"), (":authority", "x")])
+    for part in range(3):  # 40,000 bytes in frames of at most 16 KiB
+        client.send_data(stream, bytes(16_000 if part < 2 else 8_000), end_stream=part == 2)
+    server.data_received(client.data_to_send())
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert len(transport.writes) == 1
+    events = client.receive_data(transport.writes[0])
+    kinds = [type(e).__name__ for e in events]
+    assert "ResponseReceived" in kinds and "StreamEnded" in kinds
+    body = b"".join(e.data for e in events if isinstance(e, h2.events.DataReceived) and e.data is not None)
+    assert body == b"POST /filter 40000"
