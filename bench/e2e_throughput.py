@@ -7,7 +7,7 @@ filter, prioritize and bind through the extender, reservation pods included). Pr
 both and their ratio, and where the CPU went: per process (kube-scheduler, kube-apiserver, etcd,
 the extender, this process with its fake kubelets) its CPU milliseconds per pod in each phase (read
 from /proc: on a machine with few cores every process competes for the same CPU, so these
-say what the ratio is made of).
+say what the ratio is made of), and how many connections kube-scheduler opened to the extender.
 
     python bench/e2e_throughput.py --nodes 1000 --pods 2000 [--runs 3] [--json PATH]
 """
@@ -24,6 +24,9 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+import aiohttp
+from prometheus_client import parser
 
 from sharegpu.api import names, paths, wire
 from sharegpu.core import devices
@@ -88,6 +91,20 @@ async def measured(
 def show(title: str, rate: float, cpu: dict[str, float]) -> None:
     parts = ", ".join(f"{name} {ms:.1f}" for name, ms in cpu.items() if ms >= 0.05)
     print(f"{title} {rate:7.1f} pods/s; CPU ms per pod: {parts} (total {sum(cpu.values()):.1f})")
+
+
+async def extender_connections(whole: stack.Stack) -> dict[str, int]:
+    """Connections the extender accepted on its scheduler port, by protocol (one kept h2 connection
+    means no TLS handshake per call)."""
+    assert whole.extender is not None
+    async with aiohttp.ClientSession() as session, session.get(f"{whole.extender.health_url}/metrics") as response:
+        text = await response.text()
+    return {
+        sample.labels["protocol"]: int(sample.value)
+        for family in parser.text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "sharegpu_extender_connections_total"
+    }
 
 
 async def schedule(kube: client.KubeClient, namespace: str, pods: list[Json], timeout: float) -> float:
@@ -168,6 +185,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 args.timeout,
             )
             show("sharing pods (through the extender):", sharing, sharing_cpu)
+            connections = await extender_connections(whole)
+            print(f"connections the extender accepted from kube-scheduler, by protocol: {connections}")
         finally:
             await whole.stop()
     return {
@@ -175,6 +194,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "extender_pods_per_second": round(sharing, 2),
         "ratio": round(sharing / plain, 3),
         "cpu_ms_per_pod": {"plain": plain_cpu, "sharing": sharing_cpu},
+        "extender_connections": connections,
     }
 
 
