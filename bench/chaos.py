@@ -9,7 +9,7 @@ several times at random moments: 429 with Retry-After, 409 on bindings, 5xx, wat
 watches expired (410), a 1.2 MiB pod, a rotated and revoked token, SIGKILL of the extender, a
 restart of kube-apiserver and a restart of etcd.
 
-    python bench/chaos.py --nodes 50 --pods 600 [--seed 1] [--json PATH]
+    python bench/chaos.py --nodes 50 --pods 600 [--seed 1] [--json PATH] [--logs DIR]
 
 Writes {"faults_injected", "overcommits", "double_allocations", "leaked_reservations",
 "stuck_pods", "lost_pods"} (target: at least 20 faults, every other figure 0), plus what each
@@ -31,6 +31,7 @@ import argparse
 import asyncio
 import json
 import random
+import shutil
 import signal
 import sys
 import tempfile
@@ -348,6 +349,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             result = await chaos.verdict(idle_wait=10)
         finally:
             await chaos.stop()
+            if args.logs is not None:  # every component's log, to read what happened after a bad verdict
+                args.logs.mkdir(parents=True, exist_ok=True)
+                for log in (Path(tmp) / "logs").glob("*.log"):
+                    shutil.copy(log, args.logs / log.name)
     result["seconds"] = round(time.perf_counter() - started, 1)
     return result
 
@@ -358,6 +363,7 @@ def main() -> int:
     parser.add_argument("--pods", type=int, default=600)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--logs", type=Path, help="copy every component's log into this folder at the end")
     args = parser.parse_args()
     result = asyncio.run(run(args))
     print(json.dumps({k: v for k, v in result.items() if k != "details"}, indent=2))

@@ -89,6 +89,28 @@ async def test_rotated_client_certificates_open_new_connections(tmp_path: Path) 
     assert (await creds.tls()).generation == tls.generation + 1
 
 
+async def test_a_new_token_keeps_the_connections(tmp_path: Path) -> None:
+    """The kubelet rewrites the token file about hourly: that must not open new connections (and
+    so drop every watch open on the old ones); a new CA must."""
+    ca = trustme.CA()
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.crt"))
+    token = tmp_path / "token"
+    token.write_text("first")
+    clock = Clock()
+    config = kubeconfig(
+        tmp_path, {"tokenFile": "token"}, {"server": "https://127.0.0.1:6443", "certificate-authority": "ca.crt"}
+    )
+    creds = credentials.Credentials(lambda: credentials.parse_kubeconfig(config), clock=clock)
+    tls = await creds.tls()
+    touch_later(token, "second")
+    clock.now += 2
+    assert await creds.authorization() == "Bearer second"
+    assert await creds.tls() is tls, "same TLS material, same generation"
+    touch_later(tmp_path / "ca.crt", trustme.CA().cert_pem.bytes().decode())
+    clock.now += 2
+    assert (await creds.tls()).generation == tls.generation + 1
+
+
 async def test_inline_data_and_tls_server_name(tmp_path: Path) -> None:
     ca = trustme.CA()
     leaf = ca.issue_cert("bob")

@@ -8,7 +8,8 @@ plugins hand out tokens that expire. So nothing here is read once: `Credentials.
 the token file, the CA, the client certificate and key) and re-reads them if so; exec tokens are
 fetched again before they expire; and `refresh()`, called by the client after a 401, forces all of
 that at once. The TLS material carries a `generation` that changes whenever the certificates do, so
-the transport knows to open new connections.
+the transport knows to open new connections; a new token alone keeps the generation (and so the
+connections, with the watches open on them).
 
 Supported: kubeconfig `server`, `certificate-authority(-data)`, `insecure-skip-tls-verify`,
 `tls-server-name`, `token`, `tokenFile`, `client-certificate(-data)`, `client-key(-data)`, `exec`
@@ -98,6 +99,14 @@ class _State:
     temporary: list[str] = field(default_factory=list)
 
 
+def _tls_inputs(state: _State) -> tuple[object, ...]:
+    """Everything the TLS context is made from (settings, and the stamps of its files)."""
+    s = state.settings
+    files = tuple(state.stamps.get(f) for f in (s.ca_file, s.cert_file, s.key_file) if f)
+    return (s.server, s.ca_file, s.ca_data, s.insecure, s.server_name, s.cert_file, s.key_file,
+            s.cert_data, s.key_data, s.exec_plugin, files)  # fmt: skip
+
+
 def _stamp(path: str) -> tuple[int, int, int]:
     try:
         st = os.stat(path)
@@ -144,6 +153,13 @@ class Credentials:
         old = self._state
         self._state = self._load()
         self.reloads += 1
+        if old.tls is not None and _tls_inputs(old) == _tls_inputs(self._state):
+            # A new token alone (the kubelet's hourly rotation) keeps the TLS material, and so the
+            # transport's connections and every watch open on them.
+            self._state.tls = old.tls
+            self._state.exec_cert = old.exec_cert
+            self._state.temporary = old.temporary
+            return
         for path in old.temporary:
             Path(path).unlink(missing_ok=True)
 

@@ -8,10 +8,12 @@ benchmarks use in its place, as httpx's MockTransport stands in for the network.
 Watch streams are read as raw chunks and cut into lines here (`lines`), with no limit but
 `MAX_LINE`: aiohttp's own line reader refuses lines over its buffer (512 KiB), and one pod with a
 large env value, well inside the API server's 1.5 MiB object limit, used to kill a watch that way.
+And a streamed answer whose connection goes away always ends (see `_AiohttpStream`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import io
 from collections.abc import AsyncIterator, Mapping
@@ -23,6 +25,8 @@ import aiohttp
 from sharegpu.kube import credentials, errors
 
 LARGE_BODY: Final = 512 * 1024
+STREAM_CHECK: Final = 1.0
+"""Seconds between checks that a streamed answer still has its connection (`_AiohttpStream`)."""
 MAX_LINE: Final = 64 * 1024 * 1024
 """Longest watch line accepted: far above any object the API server stores (etcd's limit is 1.5 MiB)."""
 
@@ -104,28 +108,53 @@ def _payload(body: bytes | None) -> bytes | io.BytesIO | None:
 
 
 class _AiohttpStream:
-    def __init__(self, response: aiohttp.ClientResponse) -> None:
+    """A streamed answer, watched over: aiohttp can lose the end of a streamed body. When a
+    connection is closed from our side (the connection pool closed because the certificates
+    changed, or anything else that calls the protocol's close), the protocol forgets the response's
+    reader without telling it, and the read waits for ever (its sock_read timeout goes with the
+    connection). A watch that waits for ever is a cache that goes stale while /readyz says ok, so
+    a guard checks every `check_every` seconds that the connection is still there and ends the
+    read with an error when it is not (the informer then resumes from the last version it saw)."""
+
+    def __init__(self, response: aiohttp.ClientResponse, check_every: float) -> None:
         self.status = response.status
         self.headers: Mapping[str, str] = response.headers
         self._response = response
+        self._check_every = check_every
 
     async def read(self) -> bytes:
         return await self._response.read()
 
     async def chunks(self) -> AsyncIterator[bytes]:
+        guard = asyncio.create_task(self._guard(), name="stream-guard")
         try:
             async for chunk in self._response.content.iter_any():
                 yield chunk
-        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+        except (TimeoutError, aiohttp.ClientError, OSError, RuntimeError) as exc:
+            # RuntimeError: aiohttp's "Connection closed." when the connection went between two reads
             raise errors.TransportError(f"watch stream broke: {type(exc).__name__}: {exc}") from exc
+        finally:
+            guard.cancel()
+
+    async def _guard(self) -> None:
+        content = self._response.content
+        while not content.is_eof() and content.exception() is None:
+            await asyncio.sleep(self._check_every)
+            connection = self._response.connection
+            lost = connection is None or connection.transport is None
+            if lost and not content.is_eof() and content.exception() is None:
+                content.set_exception(aiohttp.ClientConnectionError("the connection closed before the stream ended"))
 
 
 class AiohttpTransport:
     """Requests over aiohttp, with TLS from `creds` (new connections whenever the certificates change)."""
 
-    def __init__(self, creds: credentials.Credentials, *, connections: int = 64) -> None:
+    def __init__(
+        self, creds: credentials.Credentials, *, connections: int = 64, stream_check: float = STREAM_CHECK
+    ) -> None:
         self.credentials = creds
         self._connections = connections
+        self._stream_check = stream_check
         self._session: aiohttp.ClientSession | None = None
         self._generation = -1
         self._server_name: str | None = None
@@ -184,7 +213,7 @@ class AiohttpTransport:
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=idle_timeout)
         try:
             async with self._request(session, request, timeout, body=False) as response:
-                yield _AiohttpStream(response)
+                yield _AiohttpStream(response, self._stream_check)
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             raise errors.TransportError(f"WATCH {request.path}: {type(exc).__name__}: {exc}") from exc
 
