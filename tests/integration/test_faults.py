@@ -92,12 +92,11 @@ async def mint_token(admin: client.KubeClient, secret: str) -> str:
     return str(answer["status"]["token"])
 
 
-async def test_a_rotated_service_account_token_is_read_again_and_readyz_tells_the_truth(
-    admin: client.KubeClient, control_plane: controlplane.ControlPlane, extender: ExtenderProcess, tmp_path: Path
-) -> None:
-    """The extender runs as its ServiceAccount with a token file, as the kubelet projects it. The
-    token dies (its bound Secret is deleted): /readyz says so. The kubelet writes a new one: the
-    extender reads it without a restart and is ready again."""
+async def service_account_replica(
+    admin: client.KubeClient, control_plane: controlplane.ControlPlane, tmp_path: Path
+) -> tuple[ExtenderProcess, Path, str]:
+    """An extender replica that runs as its ServiceAccount with a token file, as the kubelet projects
+    it (RBAC bound as the chart binds it); with the token file and the suffix of its names."""
     account = {"name": "sharegpu-extender", "namespace": names.SYSTEM_NAMESPACE}
     await stack.apply(admin, {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": account})
     suffix = uuid.uuid4().hex[:6]
@@ -128,6 +127,15 @@ async def test_a_rotated_service_account_token_is_read_again_and_readyz_tells_th
         control_plane, "fgd-used", "--lease-duration", "3", "--renew-deadline", "2", "--retry-period", "0.5",
         kubeconfig=kubeconfig,
     )  # fmt: skip
+    return replica, token_file, suffix
+
+
+async def test_a_rotated_service_account_token_is_read_again_and_readyz_tells_the_truth(
+    admin: client.KubeClient, control_plane: controlplane.ControlPlane, extender: ExtenderProcess, tmp_path: Path
+) -> None:
+    """The token dies (its bound Secret is deleted): /readyz says so. The kubelet writes a new one:
+    the extender reads it without a restart and is ready again."""
+    replica, token_file, suffix = await service_account_replica(admin, control_plane, tmp_path)
     replica.start()
     try:
         await replica.wait_ready()
@@ -143,6 +151,39 @@ async def test_a_rotated_service_account_token_is_read_again_and_readyz_tells_th
         token_file.write_text(await mint_token(admin, f"token-b-{suffix}"))
         await wait_for(lambda: ready(replica), timeout=30, what="/readyz true with the rotated token")
         assert replica.process is not None and replica.process.pid == pid and replica.process.poll() is None
+    finally:
+        replica.kill()
+
+
+async def test_the_watches_keep_delivering_across_a_token_rotation(
+    admin: client.KubeClient,
+    control_plane: controlplane.ControlPlane,
+    extender: ExtenderProcess,
+    nodes: Callable[..., Any],
+    tmp_path: Path,
+) -> None:
+    """The kubelet's routine rotation: a new token in the file while the old one still works. The
+    replica's open watches must go on delivering (they once stalled silently: the new token made
+    the transport replace its connection pool, and aiohttp left the readers of the closed
+    connections waiting for ever while /readyz said ok)."""
+    replica, token_file, suffix = await service_account_replica(admin, control_plane, tmp_path)
+    replica.start()
+    try:
+        await replica.wait_ready()
+        body = await replica.get("/debug/informers")
+        resumes = {name: state["resumes"] for name, state in body["informers"].items()}
+        token_file.write_text(await mint_token(admin, f"token-b-{suffix}"))
+        await asyncio.sleep(3)  # read again within a second; the lease renewals use it at once
+        (node,) = await nodes(1, gpus=1)
+
+        async def seen() -> bool:
+            return node in {n["node"] for n in await replica.debug_nodes()}
+
+        await wait_for(seen, timeout=20, what="the node created after the rotation in the replica's cache")
+        body = await replica.get("/debug/informers")
+        assert {name: state["resumes"] for name, state in body["informers"].items()} == resumes, (
+            "the watches were not even interrupted"
+        )
     finally:
         replica.kill()
 
