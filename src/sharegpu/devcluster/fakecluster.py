@@ -23,6 +23,8 @@ from sharegpu.kube import errors as kube_errors
 
 Json = dict[str, Any]
 log = logging.getLogger(__name__)
+RETRY = 0.5
+"""Seconds before a pod whose handling met a temporary API error is handled again."""
 
 
 class FakeCluster:
@@ -120,6 +122,9 @@ class FakeCluster:
             pod = await self._queue.get()
             try:
                 await self._handle(pod)
+            except kube_errors.TemporaryError as exc:  # the API server restarting: try again, as a kubelet would
+                log.debug("harness: %s; trying %s again", exc, pods.key(pod))
+                asyncio.get_running_loop().call_later(RETRY, self._queue.put_nowait, pod)
             except errors.SharegpuError as exc:
                 log.debug("harness: %s", exc)
             except Exception:
@@ -147,10 +152,12 @@ class FakeCluster:
                 await self.kube.patch(f"{path}/status", {"status": failed})
                 return
             self.held[node][key] = free[:wanted]
-            holder = meta.labels.get(names.LABEL_ROLE) == names.ROLE_GROUP_HOLDER
-            if pods.is_reservation(pod) or holder:
-                visible = {"NVIDIA_VISIBLE_DEVICES": ",".join(free[:wanted])}
-                await reserve.report(self.kube, meta.namespace, meta.name, visible, several=holder)
+        holder = meta.labels.get(names.LABEL_ROLE) == names.ROLE_GROUP_HOLDER
+        if wanted and (pods.is_reservation(pod) or holder) and not meta.annotations.get(names.GPU_UUID):
+            # reported on every try until it succeeds: a report lost to an API server restart must
+            # not leave a running reservation that never names its GPU
+            visible = {"NVIDIA_VISIBLE_DEVICES": ",".join(self.held[node][key])}
+            await reserve.report(self.kube, meta.namespace, meta.name, visible, several=holder)
         # As the kubelet: a strategic merge keeps the PodScheduled condition (the binding's time,
         # which GPU-time budgets count from) and adds the start time.
         running = {"phase": "Running", "startTime": _now(), "conditions": [{"type": "Ready", "status": "True"}]}
