@@ -12,11 +12,12 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 
 from sharegpu.api import names, paths
 from sharegpu.core import errors
 from sharegpu.kube import client
+from sharegpu.kube import errors as kube_errors
 
 _UUID = re.compile(r"^(GPU|MIG)-[A-Za-z0-9][A-Za-z0-9/._-]*$")
 
@@ -54,6 +55,27 @@ async def report(
     return uuid
 
 
+async def report_until_done(
+    kube: client.KubeApi,
+    namespace: str,
+    name: str,
+    env: Mapping[str, str],
+    *,
+    several: bool = False,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+) -> str:
+    """`report`, tried again after temporary API errors (an API server restarting as the pod starts)
+    with backoff from 0.5 s up to 8 s: the sharers' hand-offs wait for this report, and a container
+    that exits instead waits out the kubelet's crash-loop backoff. Other errors are raised."""
+    wait = 0.5
+    while True:
+        try:
+            return await report(kube, namespace, name, env, several=several)
+        except kube_errors.TemporaryError:
+            await sleep(wait)
+            wait = min(wait * 2, 8.0)
+
+
 async def main(kubeconfig: str | None = None) -> None:
     namespace = os.environ.get("POD_NAMESPACE", "")
     name = os.environ.get("POD_NAME", "")
@@ -62,5 +84,5 @@ async def main(kubeconfig: str | None = None) -> None:
     role = os.environ.get(names.ROLE_ENV, "")
     if role != names.ROLE_GROUP_SHARE:  # a share group's holder has no GPU of its own to report
         async with client.KubeClient.connect(kubeconfig) as kube:
-            await report(kube, namespace, name, os.environ, several=role == names.ROLE_GROUP_HOLDER)
+            await report_until_done(kube, namespace, name, os.environ, several=role == names.ROLE_GROUP_HOLDER)
     await asyncio.Event().wait()  # hold the GPU until the pod is deleted
