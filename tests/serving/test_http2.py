@@ -48,15 +48,16 @@ async def echo(method: str, path: str, body: bytes) -> http2.Reply:
 
 
 class Listener:
-    def __init__(self, connections: http2.Connections, server: asyncio.Server, runner: web.AppRunner) -> None:
-        self.connections = connections
-        self.server = server
+    """The served port and its HTTP/1.1 runner (closed together)."""
+
+    def __init__(self, served: http2.Listener, runner: web.AppRunner) -> None:
+        self.connections = served.connections
+        self.served = served
         self.runner = runner
-        self.port: int = server.sockets[0].getsockname()[1]
+        self.port = served.port
 
     async def close(self) -> None:
-        self.server.close()
-        self.connections.close()
+        self.served.close()
         await self.runner.cleanup()
 
 
@@ -71,13 +72,9 @@ async def listen(pki: dict[str, Path], handler: Handler, max_body: int = 4 << 20
     app.router.add_route("*", "/{tail:.*}", serve)
     runner = web.AppRunner(app)
     await runner.setup()
-    connections = http2.Connections(handler, max_body)
-    assert runner.server is not None
     context = tls.ReloadingTls(pki["cert"], pki["key"], alpn=http2.ALPN).context
-    server = await asyncio.get_running_loop().create_server(
-        connections.factory(runner.server), "127.0.0.1", 0, ssl=context
-    )
-    return Listener(connections, server, runner)
+    served = await http2.listen(runner, http2.Connections(handler, max_body), "127.0.0.1", 0, context)
+    return Listener(served, runner)
 
 
 @pytest.fixture

@@ -191,17 +191,14 @@ async def serve(options: Options, started: asyncio.Event | None = None) -> None:
         web.AppRunner(routes.operations(extender), access_log=None),
     ]
     connections = http2.Connections(verbs, routes.MAX_BODY, extender.metrics.connection)
-    server: asyncio.Server | None = None
+    listener: http2.Listener | None = None
     try:
         for runner in runners:
             await runner.setup()
         health = web.TCPSite(runners[1], options.host, options.health_port)
         await health.start()
         await extender.start()
-        assert runners[0].server is not None  # set up above
-        server = await asyncio.get_running_loop().create_server(
-            connections.factory(runners[0].server), options.host, options.port, ssl=context
-        )
+        listener = await http2.listen(runners[0], connections, options.host, options.port, context)
         log.info(
             "sharegpu extender: verbs on %s:%d (%s), health on %s:%d, policy %s",
             options.host, options.port, "mutual TLS" if options.client_ca else ("TLS" if context else "http"),
@@ -211,9 +208,8 @@ async def serve(options: Options, started: asyncio.Event | None = None) -> None:
             started.set()
         await asyncio.Event().wait()
     finally:
-        if server is not None:
-            server.close()
-        connections.close()
+        if listener is not None:
+            listener.close()
         await extender.stop()
         for runner in runners:
             await runner.cleanup()

@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import ssl as ssl_
 import typing
 from collections.abc import Awaitable, Callable
 
@@ -34,6 +35,7 @@ import h2.errors
 import h2.events
 import h2.exceptions
 import h2.settings
+from aiohttp import web
 
 log = logging.getLogger(__name__)
 
@@ -283,3 +285,28 @@ class Connections:
     def close(self) -> None:
         for connection in list(self.open):
             connection.close()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Listener:
+    """One listening port: HTTP/2 served by `connections`, HTTP/1.1 by an aiohttp runner."""
+
+    server: asyncio.Server
+    connections: Connections
+
+    @property
+    def port(self) -> int:
+        return int(self.server.sockets[0].getsockname()[1])
+
+    def close(self) -> None:
+        self.server.close()
+        self.connections.close()
+
+
+async def listen(
+    runner: web.BaseRunner, connections: Connections, host: str, port: int, ssl: ssl_.SSLContext | None
+) -> Listener:
+    """Listen on `host`:`port` (TLS when `ssl` is given, offering `ALPN`); `runner` must be set up."""
+    assert runner.server is not None, "set the runner up first"
+    server = await asyncio.get_running_loop().create_server(connections.factory(runner.server), host, port, ssl=ssl)
+    return Listener(server, connections)
