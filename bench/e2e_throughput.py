@@ -25,9 +25,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-from prometheus_client import parser
-
 from sharegpu.api import names, paths, wire
 from sharegpu.core import devices
 from sharegpu.devcluster import stack
@@ -91,20 +88,6 @@ async def measured(
 def show(title: str, rate: float, cpu: dict[str, float]) -> None:
     parts = ", ".join(f"{name} {ms:.1f}" for name, ms in cpu.items() if ms >= 0.05)
     print(f"{title} {rate:7.1f} pods/s; CPU ms per pod: {parts} (total {sum(cpu.values()):.1f})")
-
-
-async def extender_connections(whole: stack.Stack) -> dict[str, int]:
-    """Connections the extender accepted on its scheduler port, by protocol (one kept h2 connection
-    means no TLS handshake per call)."""
-    assert whole.extender is not None
-    async with aiohttp.ClientSession() as session, session.get(f"{whole.extender.health_url}/metrics") as response:
-        text = await response.text()
-    return {
-        sample.labels["protocol"]: int(sample.value)
-        for family in parser.text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == "sharegpu_extender_connections_total"
-    }
 
 
 async def schedule(kube: client.KubeClient, namespace: str, pods: list[Json], timeout: float) -> float:
@@ -185,7 +168,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 args.timeout,
             )
             show("sharing pods (through the extender):", sharing, sharing_cpu)
-            connections = await extender_connections(whole)
+            assert whole.extender is not None
+            connections = await whole.extender.connections()
             print(f"connections the extender accepted from kube-scheduler, by protocol: {connections}")
         finally:
             await whole.stop()

@@ -241,18 +241,6 @@ async def test_whole_gpu_pods_of_other_schedulers_are_counted(
     await wait_for(unschedulable, what="the sharing pod to find no room")
 
 
-async def connections(session: aiohttp.ClientSession, extender: ExtenderProcess) -> dict[str, float]:
-    """Connections the extender accepted on its scheduler port, by protocol."""
-    async with session.get(f"{extender.health_url}/metrics") as response:
-        text = await response.text()
-    return {
-        s.labels["protocol"]: s.value
-        for family in parser.text_string_to_metric_families(text)
-        for s in family.samples
-        if s.name == "sharegpu_extender_connections_total"
-    }
-
-
 async def test_metrics_and_health_endpoints(
     admin: client.KubeClient, extender: ExtenderProcess, nodes: Callable[..., Any], namespace: str
 ) -> None:
@@ -277,12 +265,12 @@ async def test_metrics_and_health_endpoints(
         assert samples["sharegpu_gpu_compute_allocated_milli", node, "0"] == 400
         assert samples["sharegpu_gpu_holders", node, "0"] == 1
         assert "# TYPE sharegpu_pending_gpu_pods gauge" in text
-        before = await connections(session, extender)
+        before = await extender.connections()
         assert before.get("h2", 0) >= 1, f"kube-scheduler calls the extender over HTTP/2: {before}"
         for i in range(5):
             await admin.create(f"/api/v1/namespaces/{namespace}/pods", gpu_pod(f"more-{i}", namespace, milli=100))
         await wait_for(lambda: all_bound(admin, namespace, 6), what="five more pods bound")
-        after = await connections(session, extender)
+        after = await extender.connections()
         assert after.get("h2") == before.get("h2"), f"one kept connection, no handshake per call: {after}"
         async with session.get(f"{extender.health_url}/debug/nodes") as response:
             counters = (await response.json())["counters"]

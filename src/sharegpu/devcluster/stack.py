@@ -23,6 +23,7 @@ from typing import Any
 
 import aiohttp
 import yaml
+from prometheus_client import parser
 
 from sharegpu.agent import runtime as agent_runtime
 from sharegpu.api import names, paths
@@ -230,6 +231,17 @@ class ExtenderProcess(_ComponentProcess):
     async def get(self, path: str) -> Any:
         async with aiohttp.ClientSession() as session, session.get(f"{self.health_url}{path}") as response:
             return await response.json()
+
+    async def connections(self) -> dict[str, int]:
+        """Connections accepted on the scheduler port so far, by protocol (from /metrics)."""
+        async with aiohttp.ClientSession() as session, session.get(f"{self.health_url}/metrics") as response:
+            text = await response.text()
+        return {
+            sample.labels["protocol"]: int(sample.value)
+            for family in parser.text_string_to_metric_families(text)
+            for sample in family.samples
+            if sample.name == "sharegpu_extender_connections_total"
+        }
 
     async def debug_nodes(self) -> list[Json]:
         body = await self.get("/debug/nodes")
