@@ -138,12 +138,14 @@ class _AiohttpStream:
 
     async def _guard(self) -> None:
         content = self._response.content
-        while not content.is_eof() and content.exception() is None:
+        while True:
             await asyncio.sleep(self._check_every)
+            if content.is_eof() or content.exception() is not None:
+                return  # ended, or already failed: the reader has been told
             connection = self._response.connection
-            lost = connection is None or connection.transport is None
-            if lost and not content.is_eof() and content.exception() is None:
+            if connection is None or connection.transport is None:
                 content.set_exception(aiohttp.ClientConnectionError("the connection closed before the stream ended"))
+                return
 
 
 class AiohttpTransport:
