@@ -126,7 +126,9 @@ async def harness() -> AsyncIterator[Callable[..., Any]]:
         server.put_object(paths.NAMESPACES, {"metadata": {"name": names.SYSTEM_NAMESPACE}})
         clock = Clock()
         extender = runtime.Extender(
-            client.KubeClient(server), runtime.Options(leader_elect=False, reservation_idle=0.0, **options), clock=clock
+            client.KubeClient(server),
+            runtime.Options(leader_elect=False, reservation_idle=0.0, pace=0.01, **options),
+            clock=clock,
         )
         await extender.start()
         started.append(extender)

@@ -61,6 +61,8 @@ class Options:
     """Seconds between status writes of a budget whose usage moves (state changes are written at once)."""
     tick: float = 5.0
     """Seconds between passes when nothing wakes the reconcilers."""
+    pace: float = 0.25
+    """Seconds a reconciler rests after a pass, so that a burst of changes costs one pass."""
     image: str = "sharegpu:latest"
     """Image of the group holder pods (runs `sharegpu reserve`)."""
     compat: frozenset[str] = frozenset()
@@ -190,7 +192,7 @@ class Controller:
             loops = self.loops()
             for loop in loops:
                 loop.wake()  # the first pass at once, on what the informers listed
-            return [loop.run(tick=self.options.tick) for loop in loops]
+            return [loop.run(tick=self.options.tick, pace=self.options.pace) for loop in loops]
 
         self.tasks += [
             asyncio.create_task(self.elector.run(), name="leader-election"),

@@ -60,6 +60,8 @@ class Options:
     identity: str = ""
     assume_ttl: float = 30.0
     reservation_idle: float = 3.0
+    pace: float = 0.25
+    """Seconds a reconciler rests after a pass, so that a burst of changes costs one pass."""
 
 
 class Extender:
@@ -162,7 +164,7 @@ class Extender:
         log.info("cache built: lists %.2f s, then %.2f s to build", listed - started, built - listed)
 
         def background() -> list[Awaitable[None]]:
-            return [self.reservations.run(), self.handoffs.run()]
+            return [self.reservations.run(pace=self.options.pace), self.handoffs.run(pace=self.options.pace)]
 
         self.tasks += [
             asyncio.create_task(self.elector.run(), name="leader-election"),
