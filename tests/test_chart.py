@@ -7,12 +7,17 @@ from __future__ import annotations
 
 import base64
 import functools
+import socket
+import ssl
 import subprocess
+import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives.asymmetric import ec
 
 from sharegpu.api import names
 from sharegpu.devcluster import stack
@@ -142,6 +147,56 @@ def test_the_webhook_does_not_take_the_cluster_down() -> None:
     assert (
         "matchConditions" not in _hooks(one(off, "MutatingWebhookConfiguration", "sharegpu"))["pods.mutate.sharegpu.io"]
     )
+
+
+def _handshake(secret: Json, tmp: Path, server_name: str, mutual: bool) -> str:
+    """A TLS handshake between two contexts built from a rendered Secret (the client checking the
+    server's name); the name the server's certificate was verified for."""
+    for key in ("ca.crt", "tls.crt", "tls.key"):
+        (tmp / key).write_bytes(base64.b64decode(secret["data"][key]))
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server.load_cert_chain(tmp / "tls.crt", tmp / "tls.key")
+    client = ssl.create_default_context(cafile=str(tmp / "ca.crt"))
+    if mutual:
+        server.load_verify_locations(tmp / "ca.crt")
+        server.verify_mode = ssl.CERT_REQUIRED
+        client.load_cert_chain(tmp / "tls.crt", tmp / "tls.key")
+    left, right = socket.socketpair()
+    failures: list[BaseException] = []
+
+    def serve() -> None:
+        try:
+            with server.wrap_socket(left, server_side=True) as tls:
+                tls.recv(1)
+        except (ssl.SSLError, OSError) as exc:
+            failures.append(exc)
+
+    thread = threading.Thread(target=serve)
+    thread.start()
+    try:
+        with client.wrap_socket(right, server_hostname=server_name) as tls:
+            tls.sendall(b"x")
+            peer = tls.getpeercert()
+    finally:
+        thread.join(5)
+    assert not failures, failures
+    assert peer is not None
+    return str(peer["subject"])
+
+
+def test_the_generated_certificates_are_p256_and_work_by_the_names_their_clients_use(tmp_path: Path) -> None:
+    docs = render("1.30.0")
+    extender, webhook = one(docs, "Secret", "sharegpu-extender-tls"), one(docs, "Secret", "sharegpu-webhook-tls")
+    for secret in (extender, webhook):
+        for key in ("ca.crt", "tls.crt"):
+            public = x509.load_pem_x509_certificate(base64.b64decode(secret["data"][key])).public_key()
+            assert isinstance(public, ec.EllipticCurvePublicKey) and public.curve.name == "secp256r1", key
+    # kube-scheduler calls https://127.0.0.1:8888 with the same pair as its client certificate.
+    assert "sharegpu-extender" in _handshake(extender, tmp_path, "127.0.0.1", mutual=True)
+    # The API server calls the webhook through its Service, by the Service's DNS name.
+    assert "sharegpu-webhook" in _handshake(webhook, tmp_path, f"sharegpu-webhook.{names.SYSTEM_NAMESPACE}.svc", False)
+    with pytest.raises(ssl.SSLCertVerificationError, match="match"):
+        _handshake(webhook, tmp_path, "sharegpu-webhook.elsewhere.svc", mutual=False)
 
 
 def test_cert_manager_is_used_when_its_api_is_served() -> None:
