@@ -6,6 +6,8 @@ import dataclasses
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sharegpu.core import allocation, devices, fit, ledger, requests, status, units
 from tests.conftest import book, node, pod
@@ -169,3 +171,74 @@ def test_a_demanded_isolation_mode_is_found_only_on_nodes_that_offer_it() -> Non
     assert [r.resource for r in verdict.reasons] == [status.Resource.ISOLATION]
     assert "isolation mps not offered (offers: none)" in verdict.reasons[0].detail
     assert fit.explain_node(b.state, demand, 1).ok
+
+
+LABEL = st.sampled_from([None, "x", "y"])
+MODELS = st.sampled_from([frozenset(), frozenset({"T4"}), frozenset({"A100"}), frozenset({"T4", "A100"})])
+
+
+@st.composite
+def demands(draw: st.DrawFn) -> requests.GpuDemand:
+    count = draw(st.integers(0, 3))
+    whole = draw(st.booleans())
+    return requests.GpuDemand(
+        count=count,
+        milli=units.MILLI_PER_GPU if whole else draw(st.integers(1, 999)),
+        memory_mib=0 if whole else draw(st.integers(0, 20000)),
+        memory_permille=0 if whole else draw(st.sampled_from([0, 100, 500])),
+        models=draw(MODELS),
+        cpu_milli=draw(st.integers(0, 40000)),
+        host_memory_mib=draw(st.integers(0, 140000)),
+        cotenancy=requests.CoTenancy(affinity=draw(LABEL), anti_affinity=draw(LABEL), exclusion=draw(LABEL)),
+    )
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2), st.integers(0, 3), st.integers(1, 1000), LABEL, LABEL), max_size=10),
+       demands(), st.integers(0, 999), st.integers(0, 3), st.integers(0, 8000), st.integers(0, 400),
+       st.integers(0, 20000), st.integers(0, 50000))  # fmt: skip
+def test_a_demand_that_needs_at_least_another_fits_nowhere_the_other_does_not(
+    tenants: list[tuple[int, int, int, str | None, str | None]],
+    smaller: requests.GpuDemand,
+    milli: int,
+    count: int,
+    memory: int,
+    permille: int,
+    cpu: int,
+    host: int,
+) -> None:
+    b = book(node("t4", 4, "T4", memory=16000), node("a100", 2, "A100", memory=80000), node("one", 1, "T4"))
+    names = ["t4", "a100", "one"]
+    for i, (row, gpu, used, affinity, exclusion) in enumerate(tenants):
+        if gpu < int(b.state.gpu_count[row]) and used <= int(b.state.milli_free[row, gpu]):
+            rules = requests.CoTenancy(affinity=affinity, exclusion=exclusion)
+            grant = allocation.DeviceGrant(gpu, used, 0, used)
+            b.assume(allocation.Allocation(units.PodKey(f"ns/t{i}"), units.NodeName(names[row]),
+                     (allocation.ContainerAllocation("m", (grant,)),), cotenancy=rules))  # fmt: skip
+    larger = dataclasses.replace(
+        smaller,
+        count=smaller.count + count,
+        milli=smaller.milli if smaller.whole else min(999, smaller.milli + milli),
+        memory_mib=smaller.memory_mib + (0 if smaller.whole else memory),
+        memory_permille=smaller.memory_permille + (0 if smaller.whole else permille),
+        cpu_milli=smaller.cpu_milli + cpu,
+        host_memory_mib=smaller.host_memory_mib + host,
+    )
+    assert larger.needs_at_least(smaller)
+    rows = np.arange(3, dtype=np.int64)
+    fits_larger = fit.evaluate(b.state, larger, rows).feasible
+    fits_smaller = fit.evaluate(b.state, smaller, rows).feasible
+    assert not (fits_larger & ~fits_smaller).any()
+    other_kind = dataclasses.replace(larger, milli=500 if larger.whole else units.MILLI_PER_GPU)
+    assert not other_kind.needs_at_least(smaller), "a whole-GPU demand and a shared one are not compared"
+    assert not dataclasses.replace(larger, models=frozenset({"H100"})).needs_at_least(smaller)
+
+
+def test_the_model_mask_is_membership_and_padding_is_no_model() -> None:
+    b = book(node("t4", 4, "T4"), node("a100", 2, "A100"), node("none", 0))
+    state = b.state
+    for models in (set(), {"T4"}, {"A100"}, {"T4", "A100"}, {"H100"}, {"T4", "H100"}):
+        expected = np.isin(state.model_id, state.model_ids_for(models)) & state.present
+        np.testing.assert_array_equal(state.model_mask(models, slice(None)), expected)
+        rows = np.array([2, 0], dtype=np.int64)
+        np.testing.assert_array_equal(state.model_mask(models, rows), expected[rows])

@@ -1,9 +1,13 @@
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from sharegpu.core import policies
+from sharegpu.core import policies, requests
 from sharegpu.sim import replay, runner, synthetic, trace
 
 
@@ -77,3 +81,44 @@ def test_runner_runs_in_processes_and_keeps_order() -> None:
     assert [(r.policy, r.seed) for r in results] == [("bestfit", 1), ("bestfit", 2), ("random", 1), ("random", 2)]
     serial = runner.run_all(specs[:1], jobs=1)
     assert serial[0].unallocated_gpu_pct_at_arrived_100 == results[0].unallocated_gpu_pct_at_arrived_100
+
+
+SIZES = st.tuples(st.integers(1, 2), st.sampled_from([250, 500, 700, 1000]), st.integers(0, 4))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(SIZES, max_size=40), st.lists(st.integers(0, 1000), min_size=2, max_size=4), st.integers(0, 6),
+       st.sets(st.integers(0, 39)))  # fmt: skip
+def test_a_retry_places_exactly_what_trying_every_pod_in_order_would(
+    sizes: list[tuple[int, int, int]], free: list[int], cpu: int, done: set[int]
+) -> None:
+    """The waiting queue passes over pods that cannot fit (they need at least as much as one that
+    did not) and stops trying a demand once it failed: the outcome is that of offering every pod."""
+    demand = [requests.GpuDemand(count=c, milli=m, cpu_milli=k) for c, m, k in sizes]
+
+    def room() -> Callable[[int], bool]:
+        milli, cores, tried = list(free), [cpu], []
+
+        def place(index: int) -> bool:
+            d = demand[index]
+            tried.append(index)
+            gpus = [g for g, f in enumerate(milli) if (f == 1000 if d.whole else f >= d.milli)][: d.count]
+            if len(gpus) < d.count or d.cpu_milli > cores[0]:
+                return False
+            for g in gpus:
+                milli[g] -= d.milli
+            cores[0] -= d.cpu_milli
+            return True
+
+        return place
+
+    waiting = replay.Waiting(lambda index: demand[index])
+    for index in range(len(sizes)):
+        waiting.append(index)
+    waiting.discard({i for i in done if i < len(sizes)})
+    left = [i for i in range(len(sizes)) if i not in done]
+    assert list(waiting) == left and len(waiting) == len(left)
+    every = room()
+    expected = [i for i in left if not every(i)]
+    waiting.retry(room())
+    assert list(waiting) == expected and len(waiting) == len(expected)

@@ -34,8 +34,7 @@ class Fit:
 def model_mask(state: fleet.FleetState, demand: requests.GpuDemand, rows: fleet.IntArray | slice) -> fleet.BoolArray:
     if not demand.models:
         return state.present[rows]
-    wanted = state.model_ids_for(demand.models)
-    return np.isin(state.model_id[rows], wanted)
+    return state.model_mask(demand.models, rows)
 
 
 def isolation_mask(

@@ -58,6 +58,7 @@ class FleetState:
         self.milli_capacity: IntArray = np.where(self.present, units.MILLI_PER_GPU, 0).astype(np.int64)
         self.version: IntArray = np.zeros(n, dtype=np.int64)
         self._tag_ids: dict[str, int] = {}
+        self._model_tables: dict[frozenset[str], BoolArray] = {}
         self._reset_usage()
 
     # ----------------------------------------------------------------- construction helpers
@@ -98,6 +99,18 @@ class FleetState:
     def model_ids_for(self, models: Iterable[str]) -> list[int]:
         """Ids of the named models that exist in this fleet (unknown names match no GPU)."""
         return [self._model_index[m] for m in models if m in self._model_index]
+
+    def model_mask(self, models: Iterable[str], rows: IntArray | slice) -> BoolArray:
+        """(rows, width) bool: the GPU is one of `models` (padding never is). A lookup in a table per
+        set of models, made once (the fleet's models are fixed): several times faster than np.isin."""
+        wanted = frozenset(models)
+        table = self._model_tables.get(wanted)
+        if table is None:
+            table = np.zeros(len(self.model_names) + 1, dtype=np.bool_)  # the last entry: id -1, no GPU
+            table[self.model_ids_for(wanted)] = True
+            self._model_tables[wanted] = table
+        found: BoolArray = table[self.model_id[rows]]
+        return found
 
     def tag_id(self, label: str | None) -> int:
         """Integer id of a co-tenancy label (0 for none); ids are stable for the fleet's life."""

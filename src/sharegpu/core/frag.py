@@ -97,7 +97,7 @@ class FragModel:
         model_ok = np.repeat(state.present[:, :, None], k, axis=2)
         for j, item in enumerate(shapes):
             if item.shape.models:
-                model_ok[:, :, j] &= np.isin(state.model_id, state.model_ids_for(item.shape.models))
+                model_ok[:, :, j] &= state.model_mask(item.shape.models, slice(None))
         self.model_ok: fleet.BoolArray = model_ok
         self._count_ok: fleet.IntArray = np.zeros((n, k), dtype=np.int64)
         self._below: fleet.IntArray = np.zeros((n, k), dtype=np.int64)

@@ -138,6 +138,23 @@ class GpuDemand:
         """A fractional pod that shares one GPU with others."""
         return self.count >= 1 and not self.whole
 
+    def needs_at_least(self, other: GpuDemand) -> bool:
+        """This demand asks for at least as much of every quantity as `other`, under the same kind
+        (whole or shared), models, co-tenancy rules and isolation. The filter is monotone in each
+        quantity, so wherever `other` does not fit, this does not either."""
+        return (
+            self.whole == other.whole
+            and self.models == other.models
+            and self.cotenancy == other.cotenancy
+            and self.isolation == other.isolation
+            and self.count >= other.count
+            and self.milli >= other.milli
+            and self.memory_mib >= other.memory_mib
+            and self.memory_permille >= other.memory_permille
+            and self.cpu_milli >= other.cpu_milli
+            and self.host_memory_mib >= other.host_memory_mib
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class PodRequest:

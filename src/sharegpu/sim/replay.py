@@ -20,16 +20,17 @@ Both modes drive the real `Placer` and `Ledger`: the very code the extender runs
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import time
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from sharegpu.core import defrag, devices, fleet, frag, ledger, placer, policies, units
+from sharegpu.core import defrag, devices, fleet, frag, ledger, placer, policies, requests, units
 from sharegpu.sim import trace
 
 DEFRAG_LOOKAHEAD = 8
@@ -225,6 +226,62 @@ class _Movable(Mapping[units.PodKey, defrag.Tenant]):
         return len(self.book)
 
 
+class Waiting:
+    """The pods that fit nowhere, first come first served, kept per demand: a retry tries each
+    demand's first pod in turn (in arrival order across demands) and drops a demand once it cannot
+    fit, so its cost follows the number of distinct demands waiting, not the number of pods."""
+
+    def __init__(self, demand_of: Callable[[int], requests.GpuDemand]) -> None:
+        self.demand_of = demand_of
+        self.by_demand: dict[requests.GpuDemand, deque[tuple[int, int]]] = {}
+        """Demand -> its waiting pods as (position in the queue, pod index), in order."""
+        self.size = 0
+        self.next_position = 0
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __iter__(self) -> Iterator[int]:
+        """The waiting pods in the order they joined."""
+        return (index for _, index in heapq.merge(*self.by_demand.values()))
+
+    def append(self, index: int) -> None:
+        self.by_demand.setdefault(self.demand_of(index), deque()).append((self.next_position, index))
+        self.next_position += 1
+        self.size += 1
+
+    def discard(self, done: set[int]) -> None:
+        """Forget the pods of `done` (placed by other means)."""
+        for index in done:
+            demand = self.demand_of(index)
+            pods = self.by_demand[demand]
+            pods.remove(next(p for p in pods if p[1] == index))
+            if not pods:
+                del self.by_demand[demand]
+            self.size -= 1
+
+    def retry(self, place: Callable[[int], bool]) -> None:
+        """Offer the pods in order to `place`, passing over those that need at least as much as one
+        that did not fit (a placement only takes room away)."""
+        heads = [(pods[0][0], demand) for demand, pods in self.by_demand.items()]
+        heapq.heapify(heads)  # positions are unique: demands are never compared
+        no_room: list[requests.GpuDemand] = []
+        while heads:
+            _, demand = heapq.heappop(heads)
+            if any(demand.needs_at_least(other) for other in no_room):
+                continue
+            pods = self.by_demand[demand]
+            if not place(pods[0][1]):
+                no_room.append(demand)
+                continue
+            pods.popleft()
+            self.size -= 1
+            if pods:
+                heapq.heappush(heads, (pods[0][0], demand))
+            else:
+                del self.by_demand[demand]
+
+
 @dataclass(order=True)
 class _Event:
     at: float
@@ -275,7 +332,6 @@ def replay_dynamic(
     events: list[_Event] = [_Event(arrival[i], 1, i, i) for i in range(len(timed))]
     heapq.heapify(events)
     seq = len(events)
-    queue: deque[int] = deque()
     waits: list[float] = []
     placed_at: dict[int, float] = {}
     times: list[float] = []
@@ -283,10 +339,21 @@ def replay_dynamic(
     queued: list[int] = []
     allocated_milli = 0
 
+    made: dict[int, requests.PodRequest] = {}
+    """The requests of the pods that arrived and have not left (made once: a waiting pod is tried often)."""
+
+    def request_of(index: int) -> requests.PodRequest:
+        found = made.get(index)
+        if found is None:
+            found = made[index] = timed[index].request(f"{timed[index].name}#{index}")
+        return found
+
+    queue = Waiting(lambda index: request_of(index).demand)
+
     def try_place(index: int, rows: fleet.IntArray | None = None) -> bool:
         nonlocal seq, allocated_milli
         pod = timed[index]
-        request = pod.request(f"{pod.name}#{index}")
+        request = request_of(index)
         decision = chooser.place(book, request, rows)
         if not decision.status.ok:
             return False
@@ -305,19 +372,19 @@ def replay_dynamic(
     planned_at = -DEFRAG_EVERY
     tenants = _Movable(book, timed)
 
-    def defragment(waiting: deque[int]) -> deque[int]:
-        """Plan for the first waiting pods and apply the moves; the pods still waiting."""
+    def defragment(waiting: Waiting) -> None:
+        """Plan for the first waiting pods and apply the moves (the pods moved in leave `waiting`)."""
         nonlocal seq, allocated_milli, evictions, planned_at
         if clock.now < planned_at + DEFRAG_EVERY:
-            return waiting
+            return
         while evicted_at and evicted_at[0] <= clock.now - 3600.0:
             evicted_at.popleft()
         allowance = defrag_budget_per_hour - len(evicted_at)
         if allowance <= 0:
-            return waiting
+            return
         planned_at = clock.now
         heads = list(itertools.islice(waiting, DEFRAG_LOOKAHEAD))
-        pending = [defrag.Pending(timed[i].request(f"{timed[i].name}#{i}")) for i in heads]
+        pending = [defrag.Pending(request_of(i)) for i in heads]
         plan = defrag.plan(book, chooser, tenants, pending, defrag.Limits(allowance))
         done: set[int] = set()
         for move in plan.moves:
@@ -338,7 +405,7 @@ def replay_dynamic(
             heapq.heappush(events, _Event(clock.now + duration[index], 0, seq, index))
             seq += 1
             done.add(index)
-        return deque(i for i in waiting if i not in done) if done else waiting
+        waiting.discard(done)
 
     while events:
         event = heapq.heappop(events)
@@ -355,19 +422,12 @@ def replay_dynamic(
             book.remove(key)
             allocated_milli -= pod.gpu_milli_total
             del placed_at[event.index]
+            del made[event.index]
             # Only the freed node gained room, and every queued pod fitted nowhere when last tried:
-            # retry them in FIFO order on that node alone, once per distinct shape.
-            still: deque[int] = deque()
-            no_room: set[tuple[frag.Shape, int]] = set()
-            while queue:
-                waiting = queue.popleft()
-                shape = (timed[waiting].shape, timed[waiting].memory_mib)
-                if shape in no_room or not try_place(waiting, freed):
-                    no_room.add(shape)
-                    still.append(waiting)
-            queue = still
+            # retry them in FIFO order on that node alone.
+            queue.retry(functools.partial(try_place, rows=freed))
         if defrag_budget_per_hour and queue:
-            queue = defragment(queue)
+            defragment(queue)
         times.append(clock.now - origin)
         allocated.append(allocated_milli / capacity * 100)
         queued.append(len(queue))
