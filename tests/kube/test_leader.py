@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from sharegpu.kube import client, errors, fake, informer, leader, transport
 
@@ -48,11 +48,15 @@ async def running(*electors: leader.LeaderElector) -> AsyncIterator[list[asyncio
         await informer.cancel(tasks)
 
 
-async def watch_leaders(electors: list[leader.LeaderElector], seconds: float) -> int:
-    """The most electors that led at the same moment during `seconds`."""
+async def watch_leaders(
+    electors: list[leader.LeaderElector], seconds: float, until: Callable[[], bool] = lambda: False
+) -> int:
+    """The most electors that led at the same moment during `seconds` (or until `until()` holds)."""
     most = 0
     for _ in range(int(seconds / 0.01)):
         most = max(most, sum(e.is_leader for e in electors))
+        if until():
+            break
         await asyncio.sleep(0.01)
     return most
 
@@ -84,7 +88,7 @@ async def test_a_partitioned_leader_steps_down_before_another_takes_over() -> No
         await asyncio.wait_for(a.leading.wait(), 2)
         await asyncio.sleep(0.2)
         link.cut = True
-        most = await watch_leaders([a, b], 1.5)
+        most = await watch_leaders([a, b], 1.5, until=lambda: b.is_leader)
         assert most == 1, "never two leaders at once"
         assert b.is_leader and not a.is_leader
 
