@@ -262,3 +262,55 @@ def test_the_pending_pods_and_the_victims_own_node_constraints_are_kept() -> Non
             cluster.tenants[units.PodKey(key)].request, True, nodes=frozenset({"c"})
         )
     assert not cluster.plan(defrag.Pending(p, nodes=frozenset({"b"}))).moves, "its victims have nowhere to go"
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    layout=st.lists(st.tuples(st.integers(0, 5), st.sampled_from([(0,), (1,), (2,), (0, 1), (1, 2), (0, 1, 2)]),
+                              SHARES, st.booleans()), max_size=24),
+    wanted=st.sampled_from([(1, 1000), (2, 1000), (3, 1000), (1, 800), (1, 500), (2, 600), (1, 200)]),
+    limit=st.integers(1, 4),
+)  # fmt: skip
+def test_the_bounded_search_finds_the_same_cheapest_candidates_as_searching_every_node(
+    layout: list[tuple[int, tuple[int, ...], int, bool]], wanted: tuple[int, int], limit: int
+) -> None:
+    """Nodes are visited from the lowest bound on their cost and the search stops early: what it
+    returns must be what a search of every node would put first (multi-GPU tenants included, one of
+    which frees several GPUs at once)."""
+    cluster = Cluster(*(node(f"n{i}", gpus=3) for i in range(6)))
+    for i, (where, gpus, milli, movable) in enumerate(layout):
+        row = cluster.state.row_of[f"n{where}"]
+        share = 1000 if len(gpus) > 1 else milli
+        if (cluster.state.milli_free[row, list(gpus)] < share).any():
+            continue
+        cluster.run(f"ns/r{i}", f"n{where}", gpus, share, movable=movable)
+    demand = pod("ns/p", count=wanted[0], milli=wanted[1]).demand
+
+    def usable(key: units.PodKey, entry: ledger.Entry) -> bool:
+        return cluster.tenants[key].movable
+
+    every = np.arange(6, dtype=np.int64)
+    trial = defrag._Trial(cluster.book)
+    bounded = defrag._candidates(trial, cluster.chooser, demand, usable, every, limit, {}, 0)
+    exhaustive = defrag._candidates(trial, cluster.chooser, demand, usable, every, 10**6, {}, 0)
+    assert bounded == exhaustive[:limit]
+    assert [c.cost for c in exhaustive] == sorted(c.cost for c in exhaustive)
+
+
+def test_a_node_lacking_more_is_still_searched_when_it_may_be_cheaper() -> None:
+    """n1 lacks only 50 milli but its smallest tenant is 150; n0 lacks 100 and has a tenant of exactly
+    100. The search visits n1 first (its bound is lower) and must still look at n0."""
+    cluster = Cluster(node("n0", gpus=3), node("n1", gpus=3))
+    for name in ("n0", "n1"):
+        for index in (1, 2):
+            cluster.run(f"ns/full-{name}-{index}", name, (index,), 1000, movable=False)
+    cluster.run("ns/small", "n0", (0,), 100).run("ns/a", "n0", (0,), 300).run("ns/b", "n0", (0,), 200)
+    cluster.run("ns/c", "n1", (0,), 150).run("ns/d", "n1", (0,), 400)
+    demand = pod("ns/p", count=1, milli=500).demand
+    every = np.arange(2, dtype=np.int64)
+    (first,) = defrag._candidates(
+        defrag._Trial(cluster.book), cluster.chooser, demand, lambda k, e: True, every, 1, {}, 0
+    )
+    assert (first.row, first.victims, first.cost[:2]) == (0, ("ns/small",), (1, 100))
+    plan = cluster.plan(pod("ns/p", count=1, milli=500), evictions=1)
+    assert victims(plan) == ["ns/small"] and plan.moves[0].placed.node == "n0"

@@ -32,6 +32,7 @@ tried and put back carries the clock's time as its `since`). Like the ledger it 
 
 from __future__ import annotations
 
+import bisect
 import enum
 import itertools
 from collections import Counter
@@ -159,21 +160,43 @@ class _Candidate:
     victims: tuple[units.PodKey, ...]
 
 
+_Memo = dict[tuple[requests.GpuDemand, int, int], tuple[int, "_Candidate | None"]]
+"""(demand, pending pod's priority, row) -> (the row's version, its candidate) within one plan: a
+node that did not change is not searched again for the next pending pod of the same demand."""
+
+
 class _Trial:
-    """The ledger changes of a plan, undone in reverse order at the end."""
+    """The ledger changes of a plan, undone in reverse order at the end, and which pods are on each
+    node meanwhile (indexed once per plan, then kept up to date by the changes themselves)."""
 
     def __init__(self, book: ledger.Ledger) -> None:
         self.book = book
         self.undo: list[tuple[str, allocation.Allocation]] = []
+        self.on_row: dict[int, dict[units.PodKey, None]] = {}
+        """Row -> its pods, in the ledger's order (a dict, not a set: ties between victims are broken
+        the same way on every run)."""
+        for key, entry in book.entries():
+            self._index(entry.alloc, key, add=True)
+
+    def _index(self, alloc: allocation.Allocation, key: units.PodKey, add: bool) -> None:
+        row = self.book.state.row_of.get(alloc.node)
+        if row is None:
+            return
+        if add:
+            self.on_row.setdefault(row, {})[key] = None
+        else:
+            self.on_row[row].pop(key, None)
 
     def remove(self, alloc: allocation.Allocation) -> None:
         result = self.book.remove(alloc.pod)
         assert result.ok, result
+        self._index(alloc, alloc.pod, add=False)
         self.undo.append(("removed", alloc))
 
     def assume(self, alloc: allocation.Allocation) -> bool:
         if not self.book.assume(alloc).ok:
             return False
+        self._index(alloc, alloc.pod, add=True)
         self.undo.append(("assumed", alloc))
         return True
 
@@ -185,6 +208,17 @@ class _Trial:
             what, alloc = self.undo.pop()
             result = self.book.forget(alloc.pod) if what == "assumed" else self.book.add(alloc)
             assert result.ok, result
+            self._index(alloc, alloc.pod, add=what == "removed")
+
+    def tenants(self, row: int) -> dict[int, list[ledger.Entry]]:
+        """GPU index -> the ledger entries of the pods using it, on node `row`."""
+        on: dict[int, list[ledger.Entry]] = {}
+        for key in self.on_row.get(row, ()):
+            entry = self.book.get(key)
+            assert entry is not None, key
+            for index in entry.alloc.gpu_usage():
+                on.setdefault(index, []).append(entry)
+        return on
 
 
 def plan(
@@ -202,6 +236,7 @@ def plan(
     moved: set[units.PodKey] = set()
     moves: list[Move] = []
     skipped: list[Skip] = []
+    memo: _Memo = {}
     try:
         for item in sorted(pending, key=lambda p: -p.priority):
             request = item.request
@@ -233,9 +268,9 @@ def plan(
                     and bool(entry.alloc.gpu_usage())
                 )
 
-            candidates = _candidates(book, chooser, demand, usable, rows)
+            candidates = _candidates(trial, chooser, demand, usable, rows, MAX_TRIALS, memo, item.priority)
             move = None
-            for candidate in candidates[:MAX_TRIALS]:
+            for candidate in candidates:
                 victims = [tenants[k] for k in candidate.victims]
                 needs = Counter(g for t in victims for g in t.groups)
                 if len(victims) > budget or any(allowed[g] < n for g, n in needs.items()):
@@ -244,6 +279,8 @@ def plan(
                 if move is not None:
                     budget -= len(victims)
                     allowed.subtract(needs)
+                    if needs:  # tenants of these groups anywhere may no longer be victims
+                        memo.clear()
                     moved.update(candidate.victims)
                     moved.add(request.key)
                     break
@@ -287,53 +324,91 @@ def _shortage(state: fleet.FleetState, demand: requests.GpuDemand, rows: fleet.I
 
 
 def _candidates(
-    book: ledger.Ledger,
+    trial: _Trial,
     chooser: placer.Placer,
     demand: requests.GpuDemand,
     usable: Usable,
     allowed: fleet.IntArray,
+    limit: int,
+    memo: _Memo,
+    priority_of_pod: int,
 ) -> list[_Candidate]:
-    """Per node of `allowed` rows the cheapest victims that make it fit (capacity only; the trial
-    checks the rest), cheapest node first."""
-    state = book.state
-    on: dict[tuple[int, int], list[ledger.Entry]] = {}
-    for _, entry in book.entries():
-        row = state.row_of.get(entry.alloc.node)
-        if row is None:
-            continue
-        for index in entry.alloc.gpu_usage():
-            on.setdefault((row, index), []).append(entry)
+    """The `limit` cheapest candidates: per node of `allowed` rows the cheapest victims that make it
+    fit (capacity only; the trial checks the rest), cheapest node first (then the lower row).
+
+    Finding a node's victims is work per tenant, so nodes are visited from the lowest bound on their
+    cost, computed for every node at once: the compute its `count` GPUs lacking least lack must be
+    moved. Once the
+    next node's bound is above the `limit`-th cheapest found, no node left can be among them. (One
+    victim may span several GPUs, so the bound on victims is only "one, if any GPU lacks room".)"""
+    state = trial.book.state
     rows = np.arange(len(state), dtype=np.int64)
     static = state.present & state.healthy & fit.model_mask(state, demand, rows)
     static &= fit.isolation_mask(state, demand, rows)[:, None]
     need_memory = state.memory_need(demand, rows)
-    out: list[_Candidate] = []
     permitted = np.zeros(len(state), dtype=np.bool_)
     permitted[allowed] = True
-    for row in np.flatnonzero((static.sum(axis=1) >= demand.count) & permitted).tolist():
-        options: list[tuple[int, int, tuple[ledger.Entry, ...]]] = []
-        for index in np.flatnonzero(static[row]).tolist():
-            entries = on.get((row, index), [])
-            chosen = _clear(state, demand, row, index, entries, int(need_memory[row, index]), usable)
-            if chosen is not None:
-                options.append((len(chosen), sum(e.alloc.gpu_milli_total for e in chosen), chosen))
-        if len(options) < demand.count:
-            continue
-        options.sort(key=lambda o: (o[0], o[1]))
-        victims: dict[units.PodKey, ledger.Entry] = {}
-        for _, _, chosen in options[: demand.count]:
-            victims.update((e.alloc.pod, e) for e in chosen)
-        if not victims:
-            continue  # it fits by capacity already; something else (co-tenancy) keeps it off
-        cpu = int(state.cpu_free[row]) + sum(e.alloc.cpu_milli for e in victims.values())
-        mem = int(state.mem_free[row]) + sum(e.alloc.memory_mib for e in victims.values())
-        if cpu < demand.cpu_milli or mem < demand.host_memory_mib:
-            continue
-        moved = sum(e.alloc.gpu_milli_total for e in victims.values())
-        cost = (len(victims), moved, int(chooser.priority[row]))
-        out.append(_Candidate(cost, row, tuple(sorted(victims))))
-    out.sort(key=lambda c: c.cost)
-    return out
+    visit = np.flatnonzero((static.sum(axis=1) >= demand.count) & permitted)
+    if demand.whole:
+        lacking = state.milli_capacity[visit] - state.milli_free[visit]
+    else:
+        lacking = np.maximum(demand.milli - state.milli_free[visit], 0)
+    lacking = np.where(static[visit], lacking, np.iinfo(np.int64).max // (state.width + 1))
+    cheapest: fleet.IntArray = np.sort(np.asarray(lacking, dtype=np.int64), axis=1)[:, : demand.count]
+    bound_victims = np.asarray((cheapest > 0).any(axis=1), dtype=np.int64)
+    bound_moved: fleet.IntArray = np.sum(cheapest, axis=1, dtype=np.int64)
+    priority = chooser.priority[visit]
+    order = np.lexsort((visit, priority, bound_moved, bound_victims))
+    found: list[tuple[tuple[int, int, int], int, _Candidate]] = []
+    for at in order.tolist():
+        row = int(visit[at])
+        if len(found) >= limit:
+            bound = ((int(bound_victims[at]), int(bound_moved[at]), int(priority[at])), row)
+            if bound > found[limit - 1][:2]:
+                break
+        version = int(state.version[row])
+        known = memo.get((demand, priority_of_pod, row))
+        if known is not None and known[0] == version:
+            candidate = known[1]
+        else:
+            candidate = _node_candidate(trial, chooser, demand, usable, row, static[row], need_memory[row])
+            memo[demand, priority_of_pod, row] = (version, candidate)
+        if candidate is not None:
+            bisect.insort(found, (candidate.cost, row, candidate), key=lambda f: f[:2])
+    return [c for _, _, c in found[:limit]]
+
+
+def _node_candidate(
+    trial: _Trial,
+    chooser: placer.Placer,
+    demand: requests.GpuDemand,
+    usable: Usable,
+    row: int,
+    static: fleet.BoolArray,
+    need_memory: fleet.IntArray,
+) -> _Candidate | None:
+    """The cheapest victims on node `row` that make it fit the demand, or None if none can."""
+    state = trial.book.state
+    on = trial.tenants(row)
+    options: list[tuple[int, int, tuple[ledger.Entry, ...]]] = []
+    for index in np.flatnonzero(static).tolist():
+        chosen = _clear(state, demand, row, index, on.get(index, []), int(need_memory[index]), usable)
+        if chosen is not None:
+            options.append((len(chosen), sum(e.alloc.gpu_milli_total for e in chosen), chosen))
+    if len(options) < demand.count:
+        return None
+    options.sort(key=lambda o: (o[0], o[1]))
+    victims: dict[units.PodKey, ledger.Entry] = {}
+    for _, _, chosen in options[: demand.count]:
+        victims.update((e.alloc.pod, e) for e in chosen)
+    if not victims:
+        return None  # it fits by capacity already; something else (co-tenancy) keeps it off
+    cpu = int(state.cpu_free[row]) + sum(e.alloc.cpu_milli for e in victims.values())
+    mem = int(state.mem_free[row]) + sum(e.alloc.memory_mib for e in victims.values())
+    if cpu < demand.cpu_milli or mem < demand.host_memory_mib:
+        return None
+    moved = sum(e.alloc.gpu_milli_total for e in victims.values())
+    return _Candidate((len(victims), moved, int(chooser.priority[row])), row, tuple(sorted(victims)))
 
 
 def _clear(
