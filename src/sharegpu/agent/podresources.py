@@ -107,7 +107,14 @@ class KubeletPodResources:
             )
         if self._channel is None:
             self._channel = grpc.aio.insecure_channel(
-                f"unix://{self.socket_path}", options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
+                f"unix://{self.socket_path}",
+                options=[
+                    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                    # A channel of its own connections: with gRPC's shared pool, the new channel made
+                    # after a kubelet restart could reuse the old connection's reconnect backoff and
+                    # fail at once although the new kubelet already listens.
+                    ("grpc.use_local_subchannel_pool", 1),
+                ],
             )
         call = self._channel.unary_unary(
             f"/{SERVICE}/{method}",
