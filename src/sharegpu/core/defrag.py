@@ -338,9 +338,9 @@ def _candidates(
 
     Finding a node's victims is work per tenant, so nodes are visited from the lowest bound on their
     cost, computed for every node at once: the compute its `count` GPUs lacking least lack must be
-    moved. Once the
-    next node's bound is above the `limit`-th cheapest found, no node left can be among them. (One
-    victim may span several GPUs, so the bound on victims is only "one, if any GPU lacks room".)"""
+    moved. Once the next node's bound is above the `limit`-th cheapest found, no node left can be
+    among them. (One victim may span several GPUs, so the bound on victims is only "one, if any GPU
+    lacks room".)"""
     state = trial.book.state
     rows = np.arange(len(state), dtype=np.int64)
     static = state.present & state.healthy & fit.model_mask(state, demand, rows)
@@ -359,12 +359,12 @@ def _candidates(
     bound_moved: fleet.IntArray = np.sum(cheapest, axis=1, dtype=np.int64)
     priority = chooser.priority[visit]
     order = np.lexsort((visit, priority, bound_moved, bound_victims))
-    found: list[tuple[tuple[int, int, int], int, _Candidate]] = []
+    found: list[_Candidate] = []
     for at in order.tolist():
         row = int(visit[at])
         if len(found) >= limit:
             bound = ((int(bound_victims[at]), int(bound_moved[at]), int(priority[at])), row)
-            if bound > found[limit - 1][:2]:
+            if bound > _rank(found[limit - 1]):
                 break
         version = int(state.version[row])
         known = memo.get((demand, priority_of_pod, row))
@@ -374,8 +374,13 @@ def _candidates(
             candidate = _node_candidate(trial, chooser, demand, usable, row, static[row], need_memory[row])
             memo[demand, priority_of_pod, row] = (version, candidate)
         if candidate is not None:
-            bisect.insort(found, (candidate.cost, row, candidate), key=lambda f: f[:2])
-    return [c for _, _, c in found[:limit]]
+            bisect.insort(found, candidate, key=_rank)
+    return found[:limit]
+
+
+def _rank(candidate: _Candidate) -> tuple[tuple[int, int, int], int]:
+    """The order candidates are tried in: cheapest first, then the lower row."""
+    return candidate.cost, candidate.row
 
 
 def _node_candidate(
