@@ -2,9 +2,13 @@
 
 Starts the local control plane (scripts/build-controlplane), the extender and kube-scheduler with the
 project's configuration, creates N fake nodes with 8 GPUs each, then schedules the same number of
-pods twice on them: plain pods (no GPU: kube-scheduler alone) and sharing pods (fractional GPUs:
-filter, prioritize and bind through the extender, reservation pods included). Prints pods/s for
-both and their ratio, and where the CPU went: per process (kube-scheduler, kube-apiserver, etcd,
+pods three times on them: plain pods (no GPU: kube-scheduler alone), token pods (kube-scheduler
+alone, each pod asking for one unit of an extended resource that every node advertises and the
+extender does not manage: what any pod with an extended resource costs kube-scheduler, an
+`nvidia.com/gpu` pod under a stock scheduler included) and sharing pods (fractional GPUs: filter,
+prioritize and bind through the extender, reservation pods included). Prints pods/s for each, the
+issue's ratio (sharing to plain) and sharing to token pods (what sharegpu adds beyond having an
+extended resource at all), and where the CPU went: per process (kube-scheduler, kube-apiserver, etcd,
 the extender, this process with its fake kubelets) its CPU milliseconds per pod in each phase (read
 from /proc: on a machine with few cores every process competes for the same CPU, so these
 say what the ratio is made of), and how many connections kube-scheduler opened to the extender.
@@ -53,6 +57,30 @@ def sharing_pod(name: str, namespace: str, milli: int) -> Json:
     limits.update({names.GPU_MILLI: str(milli)})
     body["spec"]["containers"][0]["resources"]["requests"] = dict(limits)
     return body
+
+
+TOKEN = "bench.sharegpu.io/token"
+"""The extended resource of the token pods: advertised by every node, unknown to the extender."""
+
+
+def token_pod(name: str, namespace: str) -> Json:
+    body = plain_pod(name, namespace)
+    resources = body["spec"]["containers"][0]["resources"]
+    resources["limits"] = {**resources["limits"], TOKEN: "1"}
+    resources["requests"] = dict(resources["limits"])
+    return body
+
+
+async def advertise_tokens(kube: client.KubeClient, nodes: list[str], parallel: int = 32) -> None:
+    """Every node advertises 1000 tokens (what a device plugin does for its resource)."""
+    limit = asyncio.Semaphore(parallel)
+    tokens = {TOKEN: "1000"}
+
+    async def one(node: str) -> None:
+        async with limit:
+            await kube.patch(f"{paths.node(node)}/status", {"status": {"capacity": tokens, "allocatable": tokens}})
+
+    await asyncio.gather(*(one(n) for n in nodes))
 
 
 def cpu_seconds(pid: int) -> float:
@@ -133,10 +161,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         try:
             assert whole.harness is not None and whole.admin is not None
             started = time.perf_counter()
+            nodes = [f"bench-{i:04d}" for i in range(args.nodes)]
             await whole.harness.add_nodes(
                 [
                     devices.uniform_node(
-                        f"bench-{i:04d}",
+                        name,
                         gpu_count=8,
                         model="A100",
                         gpu_memory_mib=81920,
@@ -144,10 +173,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                         memory_mib=1 << 20,
                         nvlink_all=True,
                     )
-                    for i in range(args.nodes)
+                    for name in nodes
                 ],
                 parallel=32,
             )
+            await advertise_tokens(whole.admin, nodes)
             print(f"{args.nodes} fake nodes with 8 GPUs each ready in {time.perf_counter() - started:.1f} s")
             await asyncio.sleep(3)  # let kube-scheduler's and the extender's caches see every node
             plain, plain_cpu = await measured(
@@ -157,6 +187,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 args.timeout,
             )
             show("plain pods (kube-scheduler alone):  ", plain, plain_cpu)
+            token, token_cpu = await measured(
+                whole,
+                "bench-token",
+                [token_pod(f"token-{i}", "bench-token") for i in range(args.pods)],
+                args.timeout,
+            )
+            show("token pods (kube-scheduler alone):  ", token, token_cpu)
             rng = random.Random(3)
             sharing, sharing_cpu = await measured(
                 whole,
@@ -175,9 +212,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             await whole.stop()
     return {
         "plain_pods_per_second": round(plain, 2),
+        "token_pods_per_second": round(token, 2),
         "extender_pods_per_second": round(sharing, 2),
         "ratio": round(sharing / plain, 3),
-        "cpu_ms_per_pod": {"plain": plain_cpu, "sharing": sharing_cpu},
+        "ratio_to_token": round(sharing / token, 3),
+        "cpu_ms_per_pod": {"plain": plain_cpu, "token": token_cpu, "sharing": sharing_cpu},
         "extender_connections": connections,
     }
 
@@ -195,11 +234,13 @@ def main() -> int:
         if args.runs > 1:
             print(f"-- run {i + 1} of {args.runs}")
         runs.append(asyncio.run(run(args)))
-        print(f"ratio extender/plain: {runs[-1]['ratio']:.3f}")
+        print(f"ratio extender/plain: {runs[-1]['ratio']:.3f}; extender/token: {runs[-1]['ratio_to_token']:.3f}")
     result = sorted(runs, key=lambda r: float(r["ratio"]))[len(runs) // 2]
     if args.runs > 1:
         result = {**result, "runs": runs}
         print(f"median ratio of {args.runs} runs: {result['ratio']:.3f} ({', '.join(str(r['ratio']) for r in runs)})")
+        to_token = sorted(float(r["ratio_to_token"]) for r in runs)[len(runs) // 2]
+        print(f"median extender/token ratio: {to_token:.3f} ({', '.join(str(r['ratio_to_token']) for r in runs)})")
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
     return 0
