@@ -4,6 +4,9 @@ stops at a refusal, keeps its hourly budget, and never plans for pods without an
 
 from __future__ import annotations
 
+import asyncio
+import itertools
+import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
@@ -13,8 +16,9 @@ import pytest
 from sharegpu.api import names, paths, wire
 from sharegpu.controller import defrag, runtime
 from sharegpu.core import defrag as core_defrag
-from sharegpu.kube import client, fake
+from sharegpu.kube import client, fake, reconcile
 from sharegpu.kube import errors as kube_errors
+from tests.conftest import eventually
 from tests.controller.test_budgets import T0, Clock
 from tests.extender.conftest import add_node, gpu_pod, settle
 
@@ -86,6 +90,10 @@ async def start() -> AsyncIterator[Start]:
         await controller.start()
         made.append(controller)
         await settle(server)
+        reconciler = controller.defrag
+        if reconciler is not None:  # its first pass plans in a worker thread
+            await eventually(lambda: reconciler.loop.completed >= 1, "the defragmenter's first pass")
+            await settle(server)
         return server, controller
 
     yield make
@@ -181,6 +189,83 @@ async def test_the_pending_pods_node_affinity_is_kept(start: Start) -> None:
     assert controller.defrag is not None and controller.defrag.last_plan is not None
     assert evictions(server) == []
     assert [s.why for s in controller.defrag.last_plan.skipped] == [core_defrag.Why.NO_SAFE_MOVE]
+
+
+async def test_a_pass_plans_again_only_when_something_changed(start: Start) -> None:
+    """Pods pending because nothing can help them cost one plan, not one every pass; any informer
+    event, or the cool-down of a move ending, brings a new plan."""
+    server, controller = await start(defrag_dry_run=True)
+    reconciler = controller.defrag
+    assert reconciler is not None
+    planned = reconciler.counters.passes
+    assert planned >= 1
+    for _ in range(3):
+        await reconciler.reconcile()
+    assert reconciler.counters.passes == planned, "nothing changed: no new plan"
+    server.put_object(paths.pods(NS), running("c", "n1", 100))
+    await settle(server)
+    await reconciler.reconcile()
+    assert reconciler.counters.passes == planned + 1
+    assert reconciler.last_plan is not None and reconciler.last_plan.moves
+    assert reconciler.loop.rest_factor == defrag.REST_FACTOR > 0
+
+
+async def test_the_plan_is_worked_out_off_the_event_loop(start: Start, monkeypatch: pytest.MonkeyPatch) -> None:
+    """While a slow plan is worked out, the event loop goes on (it renews the Lease and feeds the
+    informers): a task beside it keeps ticking."""
+    server, controller = await start(defrag_dry_run=True)
+    reconciler = controller.defrag
+    assert reconciler is not None
+    original = defrag.plan
+
+    def slow(found: defrag.Inputs, evictions: int) -> core_defrag.Plan:
+        time.sleep(0.3)
+        return original(found, evictions)
+
+    monkeypatch.setattr(defrag, "plan", slow)
+    ticks = 0
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.01)
+            ticks += 1
+
+    ticker = asyncio.create_task(tick())
+    server.put_object(paths.pods(NS), running("c", "n1", 100))  # something changed: a new plan
+    await settle(server)
+    ticks = 0
+    started = time.monotonic()
+    await reconciler.reconcile()
+    took = time.monotonic() - started
+    ticker.cancel()
+    assert took >= 0.3 and reconciler.counters.passes >= 2
+    assert ticks >= 10, f"the event loop ticked {ticks} times in {took:.2f} s of planning"
+
+
+async def test_a_loop_rests_in_proportion_to_its_pass() -> None:
+    """A loop with heavy passes rests `rest_factor` times as long as a pass took, however often it
+    is woken: the defragmenter takes at most a fifth of the time for planning."""
+    starts: list[float] = []
+
+    async def heavy() -> None:
+        starts.append(time.monotonic())
+        await asyncio.sleep(0.05)
+
+    loop = reconcile.Loop("heavy", heavy, rest_factor=4.0)
+    runner = asyncio.create_task(loop.run(tick=0.01, pace=0.01))
+    waker = asyncio.create_task(wake_often(loop))
+    await eventually(lambda: len(starts) >= 3, "three passes")
+    runner.cancel()
+    waker.cancel()
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
+    assert all(gap >= 0.05 * 5 for gap in gaps), gaps
+
+
+async def wake_often(loop: reconcile.Loop) -> None:
+    while True:
+        loop.wake()
+        await asyncio.sleep(0.005)
 
 
 def evicted_event(name: str, seconds_ago: int, component: str = names.CONTROLLER) -> Json:

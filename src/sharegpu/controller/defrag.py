@@ -20,8 +20,16 @@ the gauges on /metrics) and evicts nothing. Evicting (`evict=True`) POSTs an Evi
 PodDisruptionBudgets again, and a refusal (429) ends that move; the next pass plans again from what
 the informers then show. The defragmenter never deletes a pod itself.
 
-Runs on the controller's Lease holder only, in the event loop; handlers and passes never interleave.
-The hourly count of evictions lives in memory: a new leader starts with the full budget.
+Runs on the controller's Lease holder only. The informers' handlers and the pass's bookkeeping run
+in the event loop; the plan itself (rebuilding the fleet and searching for moves: seconds at tens of
+thousands of pods) runs in a worker thread over a snapshot of the informers' values, which are
+frozen, so meanwhile the loop keeps renewing the Lease, answering /readyz and feeding every
+informer. A pass plans only when something it depends on changed since the last plan (an informer
+event, the hour's allowance, a cool-down ending, an eviction made or refused): pods that stay
+pending because the cluster is full cost nothing after the first plan. Its loop rests
+`REST_FACTOR` times as long as a pass took, so a busy cluster that changes all the time gets a
+plan at most every so often, not back to back. A new leader recalls the hour's evictions from
+their Events (`recall`).
 """
 
 from __future__ import annotations
@@ -53,6 +61,9 @@ HOUR = 3600.0
 EVICTED = "DefragEvicted"
 """The reason of the Event on each evicted pod; the hourly budget is recalled from them."""
 EVENTS = "/api/v1/events"
+REST_FACTOR = 4.0
+"""The defragmenter's loop rests this many times as long as its last pass took (at most a fifth
+of a core for planning, however often it is woken)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -339,7 +350,11 @@ class DefragReconciler:
         """The evictions of the last hour were read back from the API's Events (once, before the
         first eviction this process makes: a new leader inherits its predecessor's hourly budget)."""
         self.last_plan: defrag.Plan | None = None
-        self.loop = reconcile.Loop("defrag", self.reconcile)
+        self.changes = 0
+        """Informer events seen (any of them may change the plan)."""
+        self._planned: tuple[object, ...] | None = None
+        """What the last plan depended on (`_basis`); the same again: no new plan."""
+        self.loop = reconcile.Loop("defrag", self.reconcile, rest_factor=REST_FACTOR)
 
     def informers(self) -> list[informer.Informer[Any, Any]]:
         """Its own informers: pods (as `PodFacts`), Nodes and PodDisruptionBudgets (Devices come
@@ -354,6 +369,7 @@ class DefragReconciler:
     # ----------------------------------------------------------------- informer handlers
 
     def on_pod(self, kind: str, item: PodFacts) -> None:
+        self.changes += 1
         if kind == "DELETED":
             self.pods.pop(item.record.key, None)
             self.moved_for.pop(item.record.key, None)
@@ -363,18 +379,21 @@ class DefragReconciler:
             self.loop.wake()
 
     def on_node(self, kind: str, node: NodeView) -> None:
+        self.changes += 1
         if kind == "DELETED":
             self.nodes.pop(node.facts.name, None)
         else:
             self.nodes[node.facts.name] = node
 
     def on_device(self, kind: str, device: wire.Device) -> None:
+        self.changes += 1
         if kind == "DELETED":
             self.devices.pop(device.metadata.name, None)
         else:
             self.devices[device.metadata.name] = device
 
     def on_budget(self, kind: str, budget: wire.PodDisruptionBudget) -> None:
+        self.changes += 1
         informer.remember(self.budgets, kind, budget)
 
     # ----------------------------------------------------------------- a pass
@@ -415,11 +434,6 @@ class DefragReconciler:
         if not any(p.pending and p.record.key not in self.moved_for for p in self.pods.values()):
             self.counters.pending = 0
             return
-        self.counters.passes += 1
-        found = inputs(
-            self.nodes.values(), self.devices.values(), self.pods.values(), self.budgets.values(),
-            skip=frozenset(self.moved_for),
-        )  # fmt: skip
         if self.evict and not self.recalled:
             try:
                 await self.recall()
@@ -427,7 +441,15 @@ class DefragReconciler:
                 log.warning("defrag: cannot read the last hour's evictions (%s); not evicting this pass", exc)
                 return
         allowed = self.allowance()
-        result = plan(found, allowed)
+        basis = self._basis(allowed)
+        if basis == self._planned:
+            return  # nothing the plan depends on changed: it would be the same plan
+        self.counters.passes += 1
+        found, result = await asyncio.to_thread(
+            _work_out, list(self.nodes.values()), list(self.devices.values()), list(self.pods.values()),
+            list(self.budgets.values()), frozenset(self.moved_for), allowed,
+        )  # fmt: skip
+        self._planned = basis
         self.last_plan = result
         self.counters.pending = len(found.pending)
         self.counters.planned_evictions = result.evictions
@@ -441,6 +463,10 @@ class DefragReconciler:
                 await self._carry_out(move)
             else:
                 await self._report(move)
+
+    def _basis(self, allowed: int) -> tuple[object, ...]:
+        """What a plan depends on besides the informers' values: the same basis, the same plan."""
+        return (self.changes, allowed, frozenset(self.moved_for), self.counters.evictions, self.counters.refused)
 
     async def _report(self, move: defrag.Move) -> None:
         item = self.pods.get(move.pod)
@@ -485,6 +511,19 @@ class DefragReconciler:
             message = f"evicted {', '.join(victim_text(v) for v in done)} so that this pod fits on {move.placed.node}"
             await self.recorder.record(_subject(pending), "DefragMoved", message,
                                        decision="|".join(sorted(v.pod for v in done)))  # fmt: skip
+
+
+def _work_out(
+    nodes: list[NodeView],
+    devices_: list[wire.Device],
+    pod_facts: list[PodFacts],
+    budgets: list[wire.PodDisruptionBudget],
+    skip: frozenset[units.PodKey],
+    allowed: int,
+) -> tuple[Inputs, defrag.Plan]:
+    """The planner's inputs and its plan (in a worker thread: it reads only the frozen values given)."""
+    found = inputs(nodes, devices_, pod_facts, budgets, skip=skip)
+    return found, plan(found, allowed)
 
 
 def _subject(item: PodFacts) -> events.Subject:
