@@ -61,6 +61,22 @@ def test_a_user_cannot_choose_the_hand_off_configmap() -> None:
     assert admission.validate(review(out), POLICY).response.allowed
 
 
+def test_a_refusal_names_the_pod_as_the_api_server_will_store_it() -> None:
+    """At creation the pod's namespace comes from the request (kubectl run leaves it out of the
+    object) and a pod made from generateName has no name yet: the message names both anyway."""
+    bad = {"spec": {"containers": [{"name": "c", "resources": {"limits": {names.GPU_MILLI: "1500"}}}]}}
+    named = {**bad, "metadata": {"name": "bad"}}
+    response = answer_of(admission.mutate(review(named), POLICY))["response"]
+    message = response["status"]["message"]
+    assert not response["allowed"]
+    assert "pod ns/bad, container c: sharegpu.io/gpu-milli must be an integer in 1..1000" in message
+    generated = {**bad, "metadata": {"generateName": "web-"}}
+    response = answer_of(admission.mutate(review(generated), POLICY))["response"]
+    assert "pod ns/web-*, container c:" in response["status"]["message"]
+    ok = sharing_pod()
+    assert "namespace" not in applied(ok, admission.mutate(review(ok), POLICY))["metadata"], "nothing added"
+
+
 def visible(container: Json) -> list[Json]:
     return [e for e in container.get("env") or [] if e["name"] == "NVIDIA_VISIBLE_DEVICES"]
 

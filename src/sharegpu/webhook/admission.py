@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import jsonpatch
+import msgspec
 
 from sharegpu.api import admission as messages
 from sharegpu.api import budgets as api_budgets
@@ -74,8 +75,17 @@ def _object(request: messages.Request, old: bool = False) -> Json:
     return obj
 
 
-def _typed(obj: Json) -> wire.Pod:
-    return wire.convert(obj, wire.Pod)
+def _typed(obj: Json, request: messages.Request) -> wire.Pod:
+    """The pod as typed, named as the API server will store it: at creation its namespace comes from
+    the request's URL and is often absent from the object (kubectl run), and a pod made from
+    `generateName` has no name yet. Messages then name `namespace/name` (or `namespace/prefix*`)."""
+    pod = wire.convert(obj, wire.Pod)
+    meta = pod.metadata
+    name = meta.name or request.name or (f"{meta.generate_name}*" if meta.generate_name else "")
+    if meta.namespace and name == meta.name:
+        return pod
+    named = msgspec.structs.replace(meta, namespace=meta.namespace or request.namespace, name=name)
+    return msgspec.structs.replace(pod, metadata=named)
 
 
 def _is_system(request: messages.Request, policy: Policy) -> bool:
@@ -302,7 +312,7 @@ def mutate(body: Any, policy: Policy) -> Answer:
             return messages.allow(uid)
         original = _object(request)
         out, audit = translate.translate(original, policy.models)
-        pod = _typed(out)
+        pod = _typed(out, request)
         parsed = pods.request(pod)
         joined = api_groups.membership(pod.metadata.annotations, request.namespace)
         if joined is not None:
@@ -352,9 +362,9 @@ def validate(body: Any, policy: Policy) -> Answer:
         uid = request.uid
         if request.namespace in policy.skip_namespaces or request.operation not in ("CREATE", "UPDATE"):
             return messages.allow(uid)
-        pod = _typed(_object(request))
+        pod = _typed(_object(request), request)
         if not _is_system(request, policy):
-            old = _typed(_object(request, old=True)) if request.operation == "UPDATE" else None
+            old = _typed(_object(request, old=True), request) if request.operation == "UPDATE" else None
             problem = guard(pod, old)
             if problem:
                 return messages.deny(uid, f"sharegpu: {problem}", code=403)
