@@ -16,7 +16,7 @@ from prometheus_client import parser
 
 from sharegpu.api import names, paths, pods, quantity, wire
 from sharegpu.devcluster import controlplane, stack
-from sharegpu.kube import client, credentials, transport
+from sharegpu.kube import client, credentials, informer, transport
 from sharegpu.kube import errors as kube_errors
 from sharegpu.serving import certs
 from sharegpu.webhook import admission, server
@@ -77,7 +77,7 @@ async def webhook(
     await asyncio.sleep(1.5)  # the API server picks up new webhook configurations asynchronously
     yield hook
     await webhook_config.uninstall(admin)
-    task.cancel()
+    await informer.cancel([task])  # and wait: its shutdown closes its listener and its API client
     await asyncio.gather(task, return_exceptions=True)
 
 
