@@ -26,6 +26,7 @@ import random
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -113,6 +114,17 @@ async def measured(
     return rate, {name: round(ms, 2) for name, ms in sorted(spent.items(), key=lambda kv: -kv[1])}
 
 
+async def phase(
+    whole: stack.Stack, args: argparse.Namespace, title: str, kind: str, make: Callable[[str, str], Json]
+) -> tuple[float, dict[str, float]]:
+    """Schedule `args.pods` pods made by `make` in namespace bench-`kind`; print and return the figures."""
+    namespace = f"bench-{kind}"
+    pods = [make(f"{kind}-{i}", namespace) for i in range(args.pods)]
+    rate, cpu = await measured(whole, namespace, pods, args.timeout)
+    show(title, rate, cpu)
+    return rate, cpu
+
+
 def show(title: str, rate: float, cpu: dict[str, float]) -> None:
     parts = ", ".join(f"{name} {ms:.1f}" for name, ms in cpu.items() if ms >= 0.05)
     print(f"{title} {rate:7.1f} pods/s; CPU ms per pod: {parts} (total {sum(cpu.values()):.1f})")
@@ -180,31 +192,14 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             await advertise_tokens(whole.admin, nodes)
             print(f"{args.nodes} fake nodes with 8 GPUs each ready in {time.perf_counter() - started:.1f} s")
             await asyncio.sleep(3)  # let kube-scheduler's and the extender's caches see every node
-            plain, plain_cpu = await measured(
-                whole,
-                "bench-plain",
-                [plain_pod(f"plain-{i}", "bench-plain") for i in range(args.pods)],
-                args.timeout,
-            )
-            show("plain pods (kube-scheduler alone):  ", plain, plain_cpu)
-            token, token_cpu = await measured(
-                whole,
-                "bench-token",
-                [token_pod(f"token-{i}", "bench-token") for i in range(args.pods)],
-                args.timeout,
-            )
-            show("token pods (kube-scheduler alone):  ", token, token_cpu)
+            plain, plain_cpu = await phase(whole, args, "plain pods (kube-scheduler alone):  ", "plain", plain_pod)
+            token, token_cpu = await phase(whole, args, "token pods (kube-scheduler alone):  ", "token", token_pod)
             rng = random.Random(3)
-            sharing, sharing_cpu = await measured(
-                whole,
-                "bench-sharing",
-                [
-                    sharing_pod(f"share-{i}", "bench-sharing", rng.choice([100, 200, 250, 300, 500]))
-                    for i in range(args.pods)
-                ],
-                args.timeout,
-            )
-            show("sharing pods (through the extender):", sharing, sharing_cpu)
+
+            def shared(name: str, namespace: str) -> Json:
+                return sharing_pod(name, namespace, rng.choice([100, 200, 250, 300, 500]))
+
+            sharing, sharing_cpu = await phase(whole, args, "sharing pods (through the extender):", "sharing", shared)
             assert whole.extender is not None
             connections = await whole.extender.connections()
             print(f"connections the extender accepted from kube-scheduler, by protocol: {connections}")

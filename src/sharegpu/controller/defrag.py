@@ -465,7 +465,8 @@ class DefragReconciler:
                 await self._report(move)
 
     def _basis(self, allowed: int) -> tuple[object, ...]:
-        """What a plan depends on besides the informers' values: the same basis, the same plan."""
+        """Everything a plan depends on (the informer events seen, the evictions allowed now, the
+        cool-downs, the evictions made and refused): the same basis, the same plan."""
         return (self.changes, allowed, frozenset(self.moved_for), self.counters.evictions, self.counters.refused)
 
     async def _report(self, move: defrag.Move) -> None:
