@@ -1,8 +1,9 @@
 """The defragmenter's pass at scale, and what it does to the controller's event loop.
 
-Builds a `controller.defrag.DefragReconciler` (dry run, no API calls) over N nodes with 8 GPUs each,
-fills every GPU but a few with running pods of 300 to 700 milli-GPU (owned by ReplicaSets, so all are
-movable), and marks a few pods of 700 milli pending and Unschedulable. Then it runs the
+Builds a `controller.defrag.DefragReconciler` (dry run, over the in-process fake API server) fed
+N nodes with 8 GPUs each, fills each GPU with running pods of 300 to 700 milli-GPU drawn at random
+until the next one drawn does not fit (owned by ReplicaSets, so all are movable), and marks a few
+pods of 700 milli pending and Unschedulable. Then it runs the
 reconciler's own loop for `--seconds` with a heartbeat task beside it that wakes every 10 ms, and
 reports: passes run and planned, the seconds per planning pass, and the longest the heartbeat
 waited (how long the controller's event loop, which also renews its Lease, answers /readyz and
