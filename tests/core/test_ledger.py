@@ -1,4 +1,5 @@
-"""The ledger never over-commits a GPU, whatever the order of calls (Hypothesis stateful test)."""
+"""The ledger's decisions never over-commit a GPU, whatever the order of calls; the facts it is given
+are always counted, and exactly the GPUs they over-commit are blocked (Hypothesis stateful test)."""
 
 from __future__ import annotations
 
@@ -47,6 +48,37 @@ def allocations(draw: st.DrawFn) -> allocation.Allocation:
     )
 
 
+def violations(book: ledger.Ledger) -> set[tuple[str, int]]:
+    """GPUs whose tenants break a rule, judged from the whole set of tenants (in no order): compute or
+    memory over capacity, a whole GPU shared, mixed affinity or group labels, two exclusion labels,
+    an anti-affinity label twice."""
+    per_gpu: dict[tuple[str, int], list[allocation.Allocation]] = {}
+    for alloc in book.allocations():
+        for index in alloc.gpu_usage():
+            per_gpu.setdefault((alloc.node, index), []).append(alloc)
+    broken = set()
+    for (node_name, index), tenants in per_gpu.items():
+        milli = sum(t.gpu_usage()[index][0] for t in tenants)
+        memory = sum(t.gpu_usage()[index][1] for t in tenants)
+        anti = [t.cotenancy.anti_affinity for t in tenants if t.cotenancy.anti_affinity]
+        if (
+            milli > 1000
+            or memory > GPU_MEMORY[node_name][index]
+            or (len(tenants) > 1 and any(t.exclusive for t in tenants))
+            or len({t.cotenancy.affinity for t in tenants}) > 1
+            or len({t.cotenancy.group for t in tenants}) > 1
+            or len({t.cotenancy.exclusion for t in tenants} - {None}) > 1
+            or len(anti) != len(set(anti))
+        ):
+            broken.add((node_name, index))
+    return broken
+
+
+def blocked(book: ledger.Ledger) -> set[tuple[str, int]]:
+    state = book.state
+    return {(state.names[r], int(i)) for r, i in np.argwhere(state.blocked).tolist()}
+
+
 class LedgerMachine(RuleBasedStateMachine):
     pods = Bundle("pods")
 
@@ -58,17 +90,26 @@ class LedgerMachine(RuleBasedStateMachine):
     @rule(target=pods, alloc=allocations())
     def assume(self, alloc: allocation.Allocation) -> units.PodKey:
         known = alloc.pod in self.book
+        before, closed = violations(self.book), blocked(self.book)
         result = self.book.assume(alloc)
         if known:
             assert result.code is status.Code.CONFLICT
+        if result.ok:
+            assert violations(self.book) <= before, "a decision never over-commits a GPU"
+            assert not {(alloc.node, i) for i in alloc.gpu_usage()} & closed, "nothing new on a blocked GPU"
+        else:
+            assert self.book.get(alloc.pod) is None or known, "a refused assumption changes nothing"
         return alloc.pod
 
     @rule(target=pods, alloc=allocations())
     def add(self, alloc: allocation.Allocation) -> units.PodKey:
-        before = self.book.get(alloc.pod)
         result = self.book.add(alloc)
-        if not result.ok:
-            assert self.book.get(alloc.pod) == before, "a refused add must change nothing"
+        entry = self.book.get(alloc.pod)
+        assert entry is not None and entry.alloc == alloc, "a fact from the API server is always counted"
+        assert entry.phase is ledger.Phase.ADDED
+        landed = {(alloc.node, i) for i in alloc.gpu_usage()}
+        if not result.ok and landed & violations(self.book):
+            assert landed & blocked(self.book), "a pod that over-commits blocks the GPU it landed on"
         return alloc.pod
 
     @rule(pod=pods)
@@ -87,31 +128,29 @@ class LedgerMachine(RuleBasedStateMachine):
         assert pod not in self.book
 
     @invariant()
-    def never_over_committed(self) -> None:
-        s = self.state
-        assert (s.milli_free >= 0).all() and (s.gmem_free >= 0).all()
-        assert (s.cpu_free >= 0).all() and (s.mem_free >= 0).all()
-        assert (s.milli_free <= s.milli_capacity).all()
+    def every_over_committed_gpu_is_blocked(self) -> None:
+        broken = violations(self.book)
+        assert broken <= blocked(self.book)
+        assert broken <= {(o.node, o.index) for o in self.book.overcommitted()}
+
+    @invariant()
+    def a_node_whose_tenants_fit_blocks_nothing(self) -> None:
+        broken_nodes = {n for n, _ in violations(self.book)}
+        for name in ("a", "b"):
+            groups = [
+                (a.cotenancy.group, i)
+                for a in self.book.allocations()
+                if a.node == name and a.cotenancy.group
+                for i in a.gpu_usage()
+            ]
+            spread = any(len({i for g, i in groups if g == label}) > 1 for label, _ in groups)  # also blocked
+            if name not in broken_nodes and not spread:
+                assert not {i for n, i in blocked(self.book) if n == name}, f"node {name} fits but is blocked"
 
     @invariant()
     def free_is_derived_from_the_allocations(self) -> None:
         assert self.state.same_usage(self.state.recount(self.book.allocations()))
-
-    @invariant()
-    def cotenancy_rules_hold(self) -> None:
-        per_gpu: dict[tuple[str, int], list[allocation.Allocation]] = {}
-        for alloc in self.book.allocations():
-            for index in alloc.gpu_usage():
-                per_gpu.setdefault((alloc.node, index), []).append(alloc)
-        for tenants in per_gpu.values():
-            if len(tenants) < 2:
-                continue
-            assert not any(t.exclusive for t in tenants)
-            assert len({t.cotenancy.affinity for t in tenants}) == 1
-            assert len({t.cotenancy.group for t in tenants}) == 1
-            assert len({t.cotenancy.exclusion for t in tenants} - {None}) <= 1
-            anti = [t.cotenancy.anti_affinity for t in tenants if t.cotenancy.anti_affinity]
-            assert len(anti) == len(set(anti))
+        assert (self.state.milli_free <= self.state.milli_capacity).all()
 
 
 LedgerMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)

@@ -38,6 +38,7 @@ RESOURCE_NAMES: Final = {
     status.Resource.GPU_HEALTH: "gpu health",
     status.Resource.COTENANCY: "co-tenancy",
     status.Resource.ISOLATION: names.ISOLATION,
+    status.Resource.OVERCOMMITTED: "over-commit",
 }
 """The name a user knows each `core.status.Resource` by."""
 
@@ -107,6 +108,9 @@ def _text(kind: fit.Shortfall, demand: requests.GpuDemand, rows: np.ndarray, d: 
         return f"no GPU of model {models}" if n == 1 else f"fewer than {n} GPUs of model {models}"
     if kind is fit.Shortfall.UNHEALTHY:
         return "no healthy GPU" if n == 1 else f"fewer than {n} healthy GPUs"
+    if kind is fit.Shortfall.OVERCOMMITTED:
+        what = "GPU" if n == 1 else f"{n} GPUs"
+        return f"no {what} free of over-commit (an over-committed GPU takes no new pod until repaired)"
     if kind is fit.Shortfall.HOST_CPU:
         return f"insufficient cpu ({demand.cpu_milli}m requested)"
     if kind is fit.Shortfall.HOST_MEMORY:

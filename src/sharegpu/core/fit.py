@@ -50,7 +50,7 @@ def isolation_mask(
 
 def eligible_gpus(state: fleet.FleetState, demand: requests.GpuDemand, rows: fleet.IntArray | slice) -> fleet.BoolArray:
     """(rows, width) bool: the GPU can host one unit (one GPU's worth) of `demand`."""
-    ok = state.present[rows] & state.healthy[rows]
+    ok = state.present[rows] & state.healthy[rows] & ~state.blocked[rows]
     if demand.isolation is not None:
         ok &= isolation_mask(state, demand, rows)[:, None]
     if demand.models:
@@ -117,6 +117,10 @@ def explain_node(state: fleet.FleetState, demand: requests.GpuDemand, row: int) 
         if not state.healthy[row, index]:
             reasons.append(status.Reason(R.GPU_HEALTH, 1, 0, 1, name, index, detail="GPU is unhealthy"))
             continue
+        if state.blocked[row, index]:
+            detail = "its tenants do not fit on it together; it takes no new pod until they do"
+            reasons.append(status.Reason(R.OVERCOMMITTED, 1, 0, 1, name, index, detail=detail))
+            continue
         wanted = demand.milli if not demand.whole else units.MILLI_PER_GPU
         if free < wanted or (demand.whole and state.tenants[row, index] > 0):
             detail = "a whole GPU must be entirely free" if demand.whole else ""
@@ -179,6 +183,9 @@ class Shortfall(enum.IntEnum):
     """Room on enough GPUs, but the co-tenancy rules of the pod or of their tenants forbid sharing."""
     ISOLATION = 9
     """The node does not offer the isolation mode the pod demands."""
+    OVERCOMMITTED = 10
+    """Enough healthy GPUs of an allowed model, but too few of them free of over-commit (the
+    ledger blocks a GPU whose tenants do not fit on it together until they do)."""
 
     @property
     def resolvable(self) -> bool:
@@ -227,6 +234,8 @@ def diagnose(state: fleet.FleetState, demand: requests.GpuDemand, rows: fleet.In
         mark(Shortfall.MODEL, modelled.sum(axis=1) < need, modelled.sum(axis=1))
         healthy = modelled & state.healthy[rows]
         mark(Shortfall.UNHEALTHY, healthy.sum(axis=1) < need, healthy.sum(axis=1))
+        healthy &= ~state.blocked[rows]
+        mark(Shortfall.OVERCOMMITTED, healthy.sum(axis=1) < need, healthy.sum(axis=1))
     mark(Shortfall.HOST_CPU, state.cpu_free[rows] < demand.cpu_milli)
     mark(Shortfall.HOST_MEMORY, state.mem_free[rows] < demand.host_memory_mib)
     if need:

@@ -8,6 +8,9 @@ ledger's contents; `recount` rebuilds them from scratch to check that.
 Every change to a node bumps `version[row]`: placement caches per-node results by version, so a
 decision touches only the nodes that changed since the same request shape was last seen.
 
+`blocked` marks GPUs that take no new tenant: the ledger sets it on a GPU whose tenants, as the API
+server shows them, do not fit on it together (an over-commit some fault let through), until they do.
+
 Not thread-safe: one owner (the ledger) mutates it; async callers serialise through the owner.
 """
 
@@ -87,6 +90,8 @@ class FleetState:
         self.anti_affinity: dict[int, IntArray] = {}
         self.node_shapes: list[Counter[tuple[int, int]]] = [Counter() for _ in range(n)]
         """Per node: how many pods of each (per-GPU milli, GPU count) shape it holds."""
+        self.blocked: BoolArray = np.zeros((n, g), dtype=np.bool_)
+        """Per GPU: over-committed, so it takes no new tenant (set by the ledger)."""
 
     # ----------------------------------------------------------------- lookups
 
@@ -204,6 +209,21 @@ class FleetState:
                 counts[row, index] += sign
         self.version[row] += 1
 
+    def retag(self, row: int, allocs: Iterable[allocation.Allocation]) -> None:
+        """Set the co-tenancy labels of node `row`'s GPUs from its tenants `allocs` (the counts stay:
+        they are sums). Needed after an over-commit: a GPU whose tenants carried different labels
+        keeps the label of whichever changed last, which may be one that has left since."""
+        marks = (self.affinity_tag, self.exclusion_tag, self.group_tag)
+        for tags in marks:
+            tags[row] = 0
+        for alloc in allocs:
+            rules = alloc.cotenancy
+            for index in alloc.gpu_usage():
+                for tags, label in zip(marks, (rules.affinity, rules.exclusion, rules.group), strict=True):
+                    if label is not None:
+                        tags[row, index] = self.tag_id(label)
+        self.version[row] += 1
+
     def _mark(self, tags: IntArray, counts: IntArray, row: int, index: int, label: str | None, sign: int) -> None:
         if label is None:
             return
@@ -212,31 +232,40 @@ class FleetState:
 
     def check(self, alloc: allocation.Allocation) -> list[str]:
         """Why `alloc` cannot be added on top of the current state (empty when it can)."""
+        return [text for _, text in self.problems(alloc)]
+
+    def problems(self, alloc: allocation.Allocation) -> list[tuple[int | None, str]]:
+        """Why `alloc` cannot be added on top of the current state, each with the GPU index it is
+        about (None: the node as a whole). Empty when it can."""
         row = self.row_of.get(alloc.node)
         if row is None:
-            return [f"node {alloc.node} is not in the inventory"]
-        problems: list[str] = []
+            return [(None, f"node {alloc.node} is not in the inventory")]
+        problems: list[tuple[int | None, str]] = []
         if alloc.cpu_milli > self.cpu_free[row]:
-            problems.append(f"cpu: requested {alloc.cpu_milli}m, free {self.cpu_free[row]}m")
+            problems.append((None, f"cpu: requested {alloc.cpu_milli}m, free {self.cpu_free[row]}m"))
         if alloc.memory_mib > self.mem_free[row]:
-            problems.append(f"memory: requested {alloc.memory_mib} MiB, free {self.mem_free[row]} MiB")
+            problems.append((None, f"memory: requested {alloc.memory_mib} MiB, free {self.mem_free[row]} MiB"))
         usage = alloc.gpu_usage()
         if alloc.cotenancy.group is not None and (alloc.exclusive or len(usage) > 1):
-            problems.append(f"GPU group {alloc.cotenancy.group!r} shares one GPU; whole or several GPUs cannot join it")
+            text = f"GPU group {alloc.cotenancy.group!r} shares one GPU; whole or several GPUs cannot join it"
+            problems.append((None, text))
         rules_ok = self.cotenancy_ok(alloc.cotenancy, np.array([row]))[0]
         for index, (milli, memory) in usage.items():
             where = f"{alloc.node}/gpu{index}"
             if index >= self.width or not self.present[row, index]:
-                problems.append(f"{where} does not exist")
+                problems.append((index, f"{where} does not exist"))
                 continue
+            if self.blocked[row, index]:
+                problems.append((index, f"{where} is over-committed: it takes no new tenant until its tenants fit"))
             if milli > self.milli_free[row, index]:
-                problems.append(f"{where}: compute requested {milli}, free {self.milli_free[row, index]}")
+                problems.append((index, f"{where}: compute requested {milli}, free {self.milli_free[row, index]}"))
             if memory > self.gmem_free[row, index]:
-                problems.append(f"{where}: memory requested {memory} MiB, free {self.gmem_free[row, index]} MiB")
+                text = f"{where}: memory requested {memory} MiB, free {self.gmem_free[row, index]} MiB"
+                problems.append((index, text))
             if alloc.exclusive and self.tenants[row, index] > 0:
-                problems.append(f"{where}: a whole GPU was asked for but it has tenants")
+                problems.append((index, f"{where}: a whole GPU was asked for but it has tenants"))
             if not alloc.exclusive and not rules_ok[index]:
-                problems.append(f"{where}: co-tenancy rules of its tenants forbid this pod")
+                problems.append((index, f"{where}: co-tenancy rules of its tenants forbid this pod"))
         return problems
 
     def recount(self, allocations: Iterable[allocation.Allocation]) -> FleetState:
@@ -251,6 +280,8 @@ class FleetState:
         return fresh
 
     def same_usage(self, other: FleetState) -> bool:
+        """Whether both hold the same usage. The labels of a blocked GPU are left out: its tenants
+        may carry several, and which one the single mark shows depends on the order they came in."""
         pairs = [
             (self.cpu_free, other.cpu_free),
             (self.mem_free, other.mem_free),
@@ -258,8 +289,12 @@ class FleetState:
             (self.gmem_free, other.gmem_free),
             (self.tenants, other.tenants),
             (self.exclusive, other.exclusive),
+        ]
+        clear = ~(self.blocked | other.blocked)
+        labelled = [
             (self.affinity_tag, other.affinity_tag),
             (self.exclusion_tag, other.exclusion_tag),
             (self.group_tag, other.group_tag),
         ]
-        return all(np.array_equal(a, b) for a, b in pairs)
+        same = all(np.array_equal(a, b) for a, b in pairs)
+        return same and all(np.array_equal(a[clear], b[clear]) for a, b in labelled)

@@ -3,9 +3,18 @@
 Its life cycle follows kube-scheduler's cache: a decision is *assumed* at once (so the next decision
 sees it), then either *added* when the API server confirms the binding, or *forgotten* when binding
 fails. Confirmed allocations are *removed* when the pod goes. Every call answers with a
-`status.Status`; none of them can over-commit a GPU, whatever the order of calls: an allocation that
-would exceed a GPU's free compute or memory, or break its tenants' co-tenancy rules, is refused and
-leaves the state untouched.
+`status.Status`.
+
+A decision never over-commits a GPU, whatever the order of calls: `assume` refuses an allocation
+that would exceed a GPU's free compute or memory, break its tenants' co-tenancy rules or land on a
+blocked GPU, and leaves the state untouched. A fact is never refused: `add` and `load` record what
+the API server shows, and the API server is the truth. When a bound pod does not fit (a fault let a
+second decision through, or another scheduler wrote the binding), it is counted all the same, the
+answer is a Conflict that says why, and every GPU of its node whose tenants no longer fit together
+is *over-committed*: blocked in the fleet state (no new tenant, so nothing more lands there) and
+listed by `overcommitted` until its tenants fit again (one leaves), which each change on the node
+re-checks. Leaving the pod out instead would make the books show room the GPU does not have, and
+the next decision would fill it.
 
 Assumed entries carry the time they were assumed (from the injected clock) so an owner can expire
 ones whose confirmation never came (`assumed_before`).
@@ -39,11 +48,35 @@ class Entry:
     since: float
 
 
+@dataclass(frozen=True, slots=True)
+class Overcommit:
+    """A GPU whose tenants, as the ledger holds them, do not fit on it together."""
+
+    node: units.NodeName
+    index: int
+    pods: tuple[units.PodKey, ...]
+    """Every tenant, in the order the ledger took them in (the last ones are those that did not fit)."""
+    milli_used: int
+    milli_capacity: int
+    memory_used: int
+    memory_capacity: int
+    problems: tuple[str, ...]
+    """What breaks, tenant by tenant as they were taken in."""
+
+    @property
+    def where(self) -> str:
+        return f"{self.node}/gpu{self.index}"
+
+
 class Ledger:
     def __init__(self, state: fleet.FleetState, clock: Clock | None = None) -> None:
         self.state = state
         self._clock: Clock = clock or (lambda: 0.0)
         self._entries: dict[units.PodKey, Entry] = {}
+        self._flagged: dict[int, set[units.PodKey]] = {}
+        """Rows with an over-committed GPU -> the pods on that node (kept only for those rows)."""
+        self._problems: dict[tuple[int, int], tuple[str, ...]] = {}
+        """(row, GPU index) -> why it is over-committed."""
 
     # ----------------------------------------------------------------- queries
 
@@ -84,8 +117,9 @@ class Ledger:
         """Confirm an allocation seen on the API server.
 
         An assumed pod with the same allocation becomes Added. An assumed pod whose allocation differs
-        is replaced by the API's version (the API server is the truth). An unknown pod is added if it
-        fits; if it does not (the state disagrees with the API), nothing changes and a Conflict says why.
+        is replaced by the API's version (the API server is the truth). An unknown pod is added. A pod
+        that does not fit is added all the same, with a Conflict that says why; the GPUs its node can
+        no longer hold together are over-committed from then on (see the module docstring).
         """
         entry = self._entries.get(alloc.pod)
         if entry is not None:
@@ -95,25 +129,20 @@ class Ledger:
                 self._entries[alloc.pod] = Entry(alloc, Phase.ADDED, entry.since)
                 return status.SUCCESS
             self._drop(alloc.pod, entry)
-            result = self._insert(alloc, Phase.ADDED)
-            if not result.ok:  # put the old entry back exactly as it was: a failed call changes nothing
-                self.state.apply(entry.alloc, +1)
-                self._entries[alloc.pod] = entry
-            return result
-        return self._insert(alloc, Phase.ADDED)
+        return self._insert(alloc, Phase.ADDED, force=True)
 
     def load(self, allocs: Sequence[allocation.Allocation]) -> list[status.Status]:
         """Confirm many allocations at once (a rebuild after a restart): the same outcome as `add`
         for each in order, much faster. When they all fit together, the ones without co-tenancy
         rules are applied in one vectorised step and the others added one by one; if anything at
-        all does not fit, everything is undone and `add` runs in order, which refuses exactly what
-        sequential adds would."""
+        all does not fit, everything is undone and `add` runs in order, which counts the pods that do
+        not fit and flags their GPUs exactly as sequential adds would."""
         if not allocs:
             return []
         state = self.state
         fresh = len({a.pod for a in allocs}) == len(allocs) and not any(a.pod in self._entries for a in allocs)
         simple = [a for a in allocs if a.cotenancy.empty and a.node in state.row_of]
-        if not fresh or not simple:
+        if not fresh or not simple or self._flagged:  # over-committed nodes re-check each pod they take in
             return [self.add(a) for a in allocs]
         before = self._snapshot()
         grants = self._bulk(simple, +1)
@@ -129,6 +158,10 @@ class Ledger:
                 entry = self._entries.pop(alloc.pod, None)
                 if entry is not None and alloc.pod not in chosen:
                     state.apply(entry.alloc, -1)
+            for row in self._flagged:  # none was flagged before this call
+                state.blocked[row] = False
+            self._flagged.clear()
+            self._problems.clear()
             self._bulk(simple, -1)
         elif grants is not None:
             self._bulk(simple, -1)
@@ -203,6 +236,30 @@ class Ledger:
         self._drop(pod, entry)
         return status.SUCCESS
 
+    def overcommitted(self) -> list[Overcommit]:
+        """Every over-committed GPU, by node and index."""
+        state = self.state
+        found = []
+        for (row, index), problems in sorted(self._problems.items()):
+            node = state.names[row]
+            tenants = sorted(
+                (self._entries[k] for k in self._flagged[row] if index in self._entries[k].alloc.gpu_usage()),
+                key=lambda e: (e.since, e.alloc.pod),
+            )
+            found.append(
+                Overcommit(
+                    node=node,
+                    index=index,
+                    pods=tuple(e.alloc.pod for e in tenants),
+                    milli_used=int(state.milli_capacity[row, index] - state.milli_free[row, index]),
+                    milli_capacity=int(state.milli_capacity[row, index]),
+                    memory_used=int(state.gmem_capacity[row, index] - state.gmem_free[row, index]),
+                    memory_capacity=int(state.gmem_capacity[row, index]),
+                    problems=problems,
+                )
+            )
+        return found
+
     def assumed_before(self, ttl_seconds: float) -> list[units.PodKey]:
         """Assumptions at least `ttl_seconds` old that were never confirmed. Only a query: the owner
         decides (the extender first asks the API whether the binding happened after all)."""
@@ -211,14 +268,66 @@ class Ledger:
 
     # ----------------------------------------------------------------- internals
 
-    def _insert(self, alloc: allocation.Allocation, phase: Phase) -> status.Status:
-        problems = self.state.check(alloc)
-        if problems:
-            return status.conflict(f"pod {alloc.pod} does not fit on {alloc.node}: " + "; ".join(problems))
-        self.state.apply(alloc, +1)
+    def _insert(self, alloc: allocation.Allocation, phase: Phase, *, force: bool = False) -> status.Status:
+        """Take `alloc` in if it fits; with `force` (a fact from the API server) also when it does not,
+        as long as its node and GPUs exist, and then re-check which GPUs of the node are over-committed."""
+        state = self.state
+        problems = state.problems(alloc)
+        if problems and (not force or not _countable(state, alloc)):
+            return status.conflict(
+                f"pod {alloc.pod} does not fit on {alloc.node}: " + "; ".join(text for _, text in problems)
+            )
+        state.apply(alloc, +1)
         self._entries[alloc.pod] = Entry(alloc, phase, self._clock())
+        row = state.row_of[alloc.node]
+        if problems and any(index is not None for index, _ in problems) and row not in self._flagged:
+            self._flagged[row] = {k for k, e in self._entries.items() if e.alloc.node == alloc.node}
+        elif row in self._flagged:
+            self._flagged[row].add(alloc.pod)
+        if row in self._flagged:
+            self._recheck(row)
+        if problems:
+            return status.conflict(
+                f"pod {alloc.pod} is bound to {alloc.node} but does not fit there; counted all the same: "
+                + "; ".join(text for _, text in problems)
+            )
         return status.SUCCESS
 
     def _drop(self, pod: units.PodKey, entry: Entry) -> None:
         self.state.apply(entry.alloc, -1)
         del self._entries[pod]
+        row = self.state.row_of[entry.alloc.node]
+        if row in self._flagged:
+            self._flagged[row].discard(pod)
+            self._recheck(row)
+
+    def _recheck(self, row: int) -> None:
+        """Which GPUs of node `row` are over-committed: its pods taken in again one by one on an empty
+        copy of the node, oldest first; a GPU where one of them does not fit is. Blocks exactly those."""
+        state = self.state
+        scratch = fleet.FleetState([state.inventories[row]])
+        broken: dict[int, list[str]] = {}
+        tenants = sorted((self._entries[k] for k in self._flagged[row]), key=lambda e: (e.since, e.alloc.pod))
+        for entry in tenants:
+            for index, text in scratch.problems(entry.alloc):
+                if index is not None:
+                    broken.setdefault(index, []).append(f"pod {entry.alloc.pod}: {text}")
+            scratch.apply(entry.alloc, +1)
+        state.blocked[row] = False
+        state.blocked[row, list(broken)] = True
+        state.retag(row, (entry.alloc for entry in tenants))  # bumps the node's version
+        for index in range(state.width):
+            if index in broken:
+                self._problems[(row, index)] = tuple(broken[index])
+            else:
+                self._problems.pop((row, index), None)
+        if not broken:
+            del self._flagged[row]
+
+
+def _countable(state: fleet.FleetState, alloc: allocation.Allocation) -> bool:
+    """Whether the state can hold `alloc` at all, fitting or not: its node and GPUs exist."""
+    row = state.row_of.get(alloc.node)
+    return row is not None and all(
+        index < state.width and bool(state.present[row, index]) for index in alloc.gpu_usage()
+    )

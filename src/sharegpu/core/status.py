@@ -26,6 +26,8 @@ class Resource(enum.Enum):
     GPU_HEALTH = "gpu-health"
     COTENANCY = "co-tenancy"
     ISOLATION = "isolation"
+    OVERCOMMITTED = "gpu-overcommitted"
+    """The GPU's tenants do not fit on it together; it takes no new one until they do."""
 
 
 class Code(enum.Enum):

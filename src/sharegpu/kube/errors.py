@@ -15,11 +15,18 @@
 
 Callers catch the class they can act on (`ConflictError`, `TemporaryError`); nothing matches
 message text. The original aiohttp or OS error stays attached as the cause.
+
+A write that raised did not necessarily fail: `outcome` says what is known of it. The server
+refused it (any 4xx: it answered with a Status, 429 included, since throttling answers before the
+handler runs), or it never left this process (the connection could not be made): REFUSED, nothing
+changed. The connection was lost after the request went out, the answer timed out, or anything on
+the way answered 5xx: UNKNOWN, the write may have been applied, and only a later read can say.
 """
 
 from __future__ import annotations
 
 import contextlib
+import enum
 from collections.abc import Mapping
 
 import msgspec
@@ -92,11 +99,35 @@ class BusyError(ApiError, TemporaryError):
 
 
 class TransportError(TemporaryError):
-    """No usable answer: the connection was refused, reset or cut, or it timed out."""
+    """No usable answer: the connection was refused, reset or cut, or it timed out.
 
-    def __init__(self, message: str) -> None:
+    `sent`: the request may have reached the server (False only when the connection was never
+    made, so the server cannot have seen it)."""
+
+    def __init__(self, message: str, *, sent: bool = True) -> None:
         super().__init__(message)
         self.retry_after = None
+        self.sent = sent
+
+
+class Outcome(enum.Enum):
+    """What a write did, as far as its answer tells."""
+
+    DONE = "done"
+    REFUSED = "refused"
+    """Not applied: the server said no, or never saw the request."""
+    UNKNOWN = "unknown"
+    """Maybe applied: the answer was lost or came from something on the way (5xx)."""
+
+
+def outcome(exc: BaseException) -> Outcome:
+    """What a write that raised `exc` did (see the module docstring). Anything that is not a known
+    refusal is UNKNOWN: a cancelled or crashed caller may have sent the request already."""
+    if isinstance(exc, TransportError):
+        return Outcome.UNKNOWN if exc.sent else Outcome.REFUSED
+    if isinstance(exc, ApiError):
+        return Outcome.UNKNOWN if exc.status >= 500 else Outcome.REFUSED
+    return Outcome.UNKNOWN
 
 
 _BY_STATUS: dict[int, type[ApiError]] = {

@@ -15,9 +15,12 @@ answers; otherwise the budget's allowance goes down by one and the pod is delete
 status subresources.
 
 Faults are injected explicitly: `fail(status, ...)` answers the next matching requests with an error
-(429 with Retry-After, 409, 500, ...), `expire_watches()` sends 410 to every open watch and compacts
-history so resuming is impossible, `cut_watches()` drops their connections, and `tokens` makes
-requests without one of them answer 401. Every request is logged in `requests`.
+(429 with Retry-After, 409, 500, ...), instead of carrying them out or, with `after_commit`, after
+carrying them out (a 5xx from something on the way back); `lose(...)` gives them no answer at all
+(the connection breaks after the request was sent), after carrying them out by default;
+`expire_watches()` sends 410 to every open watch and compacts history so resuming is impossible,
+`cut_watches()` drops their connections, and `tokens` makes requests without one of them answer
+401. Every request is logged in `requests`.
 
 Single event loop, no locks: every method runs to completion between awaits.
 """
@@ -45,15 +48,22 @@ Key = tuple[str, str, str]
 """(collection, namespace, name); collection is e.g. "/api/v1|pods" or "/apis/sharegpu.io/v1alpha1|devices"."""
 
 
+LOST = 0
+"""A fault's status for "no answer": the connection broke after the request was sent."""
+
+
 @dataclass
 class Fault:
     status: int
+    """The answer's status, or LOST."""
     method: str | None = None
     path: str | None = None
     """Matches when the request path starts with this."""
     times: int = 1
     retry_after: int | None = None
     reason: str = ""
+    after_commit: bool = False
+    """Carry the request out first, then answer with the fault instead of its own answer."""
 
 
 @dataclass
@@ -201,9 +211,19 @@ class FakeApiServer:
         times: int = 1,
         retry_after: int | None = None,
         reason: str = "",
+        after_commit: bool = False,
     ) -> None:
-        """Answer the next `times` matching requests with `status`."""
-        self.faults.append(Fault(status, method, path, times, retry_after, reason))
+        """Answer the next `times` matching requests with `status` (method "WATCH" for watches):
+        instead of carrying them out, or after it with `after_commit`."""
+        self.faults.append(Fault(status, method, path, times, retry_after, reason, after_commit))
+
+    def lose(
+        self, *, method: str | None = None, path: str | None = None, times: int = 1, after_commit: bool = True
+    ) -> None:
+        """Give the next `times` matching requests no answer (a TransportError that says the request
+        was sent): carried out first with `after_commit` (the answer was lost on its way back), not
+        at all otherwise (the request was lost on its way in)."""
+        self.faults.append(Fault(LOST, method, path, times, after_commit=after_commit))
 
     def expire_watches(self) -> None:
         """Every open watch gets 410 Gone, and history is compacted so no one can resume from it."""
@@ -257,18 +277,37 @@ class FakeApiServer:
         await asyncio.sleep(0)
         self.requests.append((request.method, request.path))
         try:
-            self._check(request)
-            status, body = self._handle(request)
-            return transport.Response(status, orjson.dumps(body))
-        except _AnswerError as answer:
-            return self._error(answer)
+            self._authorize(request)
+            fault = self._fault_for(request)
+            if fault is not None and not fault.after_commit:
+                return self._answer_fault(request, fault)
+            try:
+                status, body = self._handle(request)
+                answer = transport.Response(status, orjson.dumps(body))
+            except _AnswerError as refused:
+                answer = self._error(refused)
+            return answer if fault is None else self._answer_fault(request, fault)
+        except _AnswerError as refused:
+            return self._error(refused)
+
+    def _answer_fault(self, request: transport.Request, fault: Fault) -> transport.Response:
+        if fault.status == LOST:
+            raise errors.TransportError(f"{request.method} {request.path}: the answer was lost (fake)")
+        reason = fault.reason or "Injected"
+        return self._error(_AnswerError(fault.status, reason, f"injected {fault.status}", fault.retry_after))
 
     @contextlib.asynccontextmanager
     async def stream(self, request: transport.Request, idle_timeout: float) -> AsyncIterator[transport.Stream]:
         await asyncio.sleep(0)
         self.requests.append(("WATCH", request.path))
         try:
-            self._check(request)
+            self._authorize(request)
+            fault = self._fault_for(request)
+            if fault is not None:
+                if fault.status == LOST:
+                    raise errors.TransportError(f"WATCH {request.path}: the connection broke (fake)")
+                reason = fault.reason or "Injected"
+                raise _AnswerError(fault.status, reason, f"injected {fault.status}", fault.retry_after)
             watch = self._open_watch(request)
         except _AnswerError as answer:
             response = self._error(answer)
@@ -303,11 +342,14 @@ class FakeApiServer:
             headers["Retry-After"] = str(answer.retry_after)
         return transport.Response(answer.status, orjson.dumps(body), headers)
 
-    def _check(self, request: transport.Request) -> None:
+    def _authorize(self, request: transport.Request) -> None:
         if self.tokens is not None:
             token = (request.authorization or "").removeprefix("Bearer ")
             if token not in self.tokens:
                 raise _AnswerError(401, "Unauthorized", "Unauthorized")
+
+    def _fault_for(self, request: transport.Request) -> Fault | None:
+        """The fault the request meets (one use of it taken), or None."""
         method = "WATCH" if request.params.get("watch") else request.method
         for fault in self.faults:
             if (fault.method is None or fault.method == method) and (
@@ -316,8 +358,8 @@ class FakeApiServer:
                 fault.times -= 1
                 if fault.times <= 0:
                     self.faults.remove(fault)
-                reason = fault.reason or "Injected"
-                raise _AnswerError(fault.status, reason, f"injected {fault.status}", fault.retry_after)
+                return fault
+        return None
 
     @staticmethod
     def _route(path: str) -> tuple[str, str, str | None, str | None]:

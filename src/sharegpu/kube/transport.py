@@ -148,6 +148,13 @@ class _AiohttpStream:
                 return
 
 
+def _unsent(exc: BaseException) -> bool:
+    """Whether the request certainly never reached the server: the connection could not be made
+    (refused, unreachable, TLS handshake failed, connect timeout). A request written to a kept
+    connection that then turned out dead counts as sent: the server may have read it."""
+    return isinstance(exc, aiohttp.ClientConnectorError | aiohttp.ConnectionTimeoutError)
+
+
 CLEANUP_CLOSED = bool(getattr(aiohttp.connector, "NEEDS_CLEANUP_CLOSED", False))
 """Track TLS connections aiohttp has closed (idle ones, those the server asked to close) until
 their shutdown ends, and abort them when it has not after two seconds or when the client closes.
@@ -219,7 +226,9 @@ class AiohttpTransport:
             async with self._request(session, request, aiohttp.ClientTimeout(total=timeout), body=True) as response:
                 return Response(response.status, await response.read(), response.headers)
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-            raise errors.TransportError(f"{request.method} {request.path}: {type(exc).__name__}: {exc}") from exc
+            raise errors.TransportError(
+                f"{request.method} {request.path}: {type(exc).__name__}: {exc}", sent=not _unsent(exc)
+            ) from exc
 
     @contextlib.asynccontextmanager
     async def stream(self, request: Request, idle_timeout: float) -> AsyncIterator[Stream]:
