@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import pytest
 
 from sharegpu.api import extender as protocol
 from sharegpu.api import names, paths, pods, reasons, wire
@@ -112,17 +113,99 @@ async def test_a_pod_demanding_an_isolation_mode_goes_only_where_it_is_offered(h
     assert "unknown isolation mode 'mpss' (known: none, hami-core, mps, mig)" in verdict.failed_nodes["n0"]
 
 
-async def test_a_failed_binding_forgets_the_assumption_once(harness: Callable[..., Any]) -> None:
+async def test_a_refused_binding_forgets_the_assumption_once(harness: Callable[..., Any]) -> None:
     h: Harness = await harness(nodes=1)
     await h.create(gpu_pod("a", milli=600))
     meta = h.server.get_object(paths.pod("ns", "a"))["metadata"]  # type: ignore[index]
-    h.server.fail(500, method="POST", path=paths.binding("ns", "a"))
+    h.server.fail(409, method="POST", path=paths.binding("ns", "a"))
     args = protocol.BindingArgs(pod_name="a", pod_namespace="ns", pod_uid=meta["uid"], node="n0")
     result = await h.extender.scheduling.bind(args)
     assert "binding ns/a to n0 failed" in result.error
     assert units.PodKey("ns/a") not in h.extender.cache.ledger
+    assert not h.extender.scheduling.unsure
     assert int(h.extender.cache.state.milli_free.sum()) == 2000, "nothing leaked"
     assert (await h.extender.scheduling.bind(args)).error == ""
+
+
+def _late_watches(h: Harness) -> None:
+    """The watch shows nothing for now (the API server's watch cache lags after its restart)."""
+    h.server.cut_watches()
+    h.server.fail(503, method="WATCH", times=10_000)
+
+
+async def _bind(h: Harness, name: str, node: str = "n0") -> protocol.BindingResult:
+    meta = h.server.get_object(paths.pod("ns", name))["metadata"]  # type: ignore[index]
+    args = protocol.BindingArgs(pod_name=name, pod_namespace="ns", pod_uid=meta["uid"], node=node)
+    return await h.extender.scheduling.bind(args)
+
+
+@pytest.mark.parametrize("fault", ["lost", "5xx"])
+async def test_a_binding_whose_answer_was_lost_keeps_its_room_until_it_is_read_back(
+    harness: Callable[..., Any], fault: str
+) -> None:
+    """The API server commits the binding and the answer never arrives (or a proxy answers 503): the
+    pod is bound, so its share must stay in the books and nothing else may be placed in its room."""
+    h: Harness = await harness(nodes=1, gpus=1)
+    await h.create(gpu_pod("a", milli=600))
+    second = await h.create(gpu_pod("b", milli=600))
+    _late_watches(h)
+    if fault == "lost":
+        h.server.lose(method="POST", path=paths.binding("ns", "a"))
+    else:
+        h.server.fail(503, method="POST", path=paths.binding("ns", "a"), after_commit=True)
+    result = await _bind(h, "a")
+    stored = h.server.get_object(paths.pod("ns", "a"))
+    assert stored is not None and stored["spec"]["nodeName"] == "n0", "the binding did happen"
+    cache = h.extender.cache
+    verdict = h.extender.scheduling.filter(h.args(second))
+    assert verdict.node_names == [], "nothing is placed in the room of a binding that may have happened"
+    assert int(cache.state.milli_free[0, 0]) == 400, "its share is still held"
+    assert "outcome unknown" in result.error
+    again = h.extender.scheduling.filter(h.args(await h.create(gpu_pod("a2", milli=300))))
+    assert again.node_names == ["n0"], "the rest of the GPU is still usable"
+    assert await h.extender.scheduling.settle(units.PodKey("ns/a")) is True
+    entry = cache.ledger.get(units.PodKey("ns/a"))
+    assert entry is not None and entry.phase.value == "Added", "confirmed from the API"
+    assert not h.extender.scheduling.unsure
+    h.server.faults.clear()
+
+
+async def test_a_binding_lost_on_its_way_in_is_read_back_then_written_again(harness: Callable[..., Any]) -> None:
+    h: Harness = await harness(nodes=1, gpus=1, assume_ttl=30.0)
+    pod = await h.create(gpu_pod("a", milli=600))
+    second = await h.create(gpu_pod("b", milli=600))
+    h.server.lose(method="POST", path=paths.binding("ns", "a"), after_commit=False)
+    assert "outcome unknown" in (await _bind(h, "a")).error
+    service = h.extender.scheduling
+    assert service.filter(h.args(pod)).node_names == ["n0"], "offered only the node it holds"
+    assert service.filter(h.args(pod, ["n9"])).failed_nodes == {"n9": scheduling.UNSURE_MESSAGE}
+    assert service.filter(h.args(second)).node_names == []
+    assert await service.settle(units.PodKey("ns/a")) is None, "unbound, but too soon to believe it"
+    h.clock.now += 60
+    assert await service.expire() == 0, "expiry leaves unknown bindings to the read-back"
+    assert units.PodKey("ns/a") in h.extender.cache.assumed
+    service.settle_after = 0.05
+    h.clock.now -= 60  # the bind waits out the rest of the settle time on its own
+    result = await _bind(h, "a")
+    assert result.error == "", "read back as not done, then written"
+    stored = h.server.get_object(paths.pod("ns", "a"))
+    assert stored is not None and stored["spec"]["nodeName"] == "n0"
+    await settle(h.server)
+    entry = h.extender.cache.ledger.get(units.PodKey("ns/a"))
+    assert entry is not None and entry.phase.value == "Added" and int(h.extender.cache.state.milli_free[0, 0]) == 400
+
+
+async def test_an_unknown_binding_of_a_pod_that_went_is_forgotten(harness: Callable[..., Any]) -> None:
+    h: Harness = await harness(nodes=1, gpus=1)
+    await h.create(gpu_pod("a", milli=600))
+    _late_watches(h)
+    h.server.lose(method="POST", path=paths.binding("ns", "a"), after_commit=False)
+    assert "outcome unknown" in (await _bind(h, "a")).error
+    h.server.remove_object(paths.pod("ns", "a"))
+    await h.extender.scheduling.settle_all()
+    assert not h.extender.scheduling.unsure
+    assert int(h.extender.cache.state.milli_free[0, 0]) == 1000
+    h.server.faults.clear()
 
 
 async def test_a_bind_whose_caller_gives_up_still_completes(harness: Callable[..., Any]) -> None:

@@ -57,6 +57,12 @@ class Metrics:
             registry=r,
         )
         self.binds = prometheus_client.Counter("sharegpu_extender_binds", "Bind results", ["outcome"], registry=r)
+        self.unknown = prometheus_client.Counter(
+            "sharegpu_extender_unknown_writes",
+            "Writes whose answer was lost, once read back: by write and by what the read found",
+            ["write", "found"],
+            registry=r,
+        )
         self.expired = prometheus_client.Counter(
             "sharegpu_extender_assumptions_expired",
             "Assumed placements forgotten because no binding followed",

@@ -14,9 +14,18 @@ FailedAndUnresolvableNodes too, so newer schedulers skip pointless preemption.
 Bind re-checks the pod on the chosen node, *assumes* the allocation in the ledger (so concurrent
 decisions see it at once) and writes one pods/binding whose annotations carry the allocation: the
 binding and the record are one atomic write. The write runs shielded: if kube-scheduler gives up
-on the HTTP call, the binding still completes or fails for real, and any failure forgets the
-assumption exactly once. Assumptions whose confirmation never arrives are checked against the API
-and resolved after `assume_ttl` (`expire`).
+on the HTTP call, the binding still completes or fails for real. Its outcome is one of three
+(`kube.errors.outcome`): done (the watch confirms the assumption), refused (a 4xx the API server
+stated, a 409 included, or a request that never left: the assumption is forgotten, exactly once),
+or unknown (the answer was lost after the request went out, or a 5xx came back from anything on
+the way: the binding may have happened). An unknown binding keeps its assumption, so nothing else
+is placed in its room, until the truth is read (`settle`): the pod seen bound, by the watch or a
+read, confirms it (with the allocation the API shows); the pod seen unbound by a read made at
+least `settle_after` seconds after the attempt, or gone, forgets it. Meanwhile filter offers the
+pod only the node it holds, and its next bind reads the API first (waiting out `settle_after`
+if it must) and then either reports the pod bound or writes the binding again.
+Assumptions whose confirmation never arrives are checked against the API and resolved after
+`assume_ttl` (`expire`).
 """
 
 from __future__ import annotations
@@ -113,6 +122,13 @@ class Outcome:
     """The nodes kube-scheduler offered, kept when none fitted (the explain tool looks at those)."""
 
 
+SETTLE_AFTER = 3.0
+"""Seconds after a binding whose answer was lost before a read showing the pod unbound is believed:
+a request the API server was still carrying out when the connection broke has landed by then."""
+
+UNSURE_MESSAGE = "sharegpu: the outcome of this pod's last binding is being read back"
+
+
 class SchedulingService:
     def __init__(
         self,
@@ -122,6 +138,7 @@ class SchedulingService:
         *,
         narrow: bool = True,
         assume_ttl: float = 30.0,
+        settle_after: float = SETTLE_AFTER,
         clock: Callable[[], float] = time.monotonic,
         remember: int = 512,
         quota: quotas_mod.QuotaGuard | None = None,
@@ -134,8 +151,12 @@ class SchedulingService:
         self.narrow = narrow
         self.assume_ttl = assume_ttl
         self.clock = clock
+        self.settle_after = settle_after
         self.binding: set[units.PodKey] = set()
         """Pods whose binding is being written right now."""
+        self.unsure: dict[units.PodKey, float] = {}
+        """Pods whose binding may or may not have happened (its answer was lost) -> when the attempt
+        ended. Their assumption is held until `settle` reads the truth."""
         self.outcomes: OrderedDict[units.PodKey, Outcome] = OrderedDict()
         self._remember = remember
         self._requests: OrderedDict[tuple[str, tuple[str | None, ...]], requests.PodRequest] = OrderedDict()
@@ -193,6 +214,8 @@ class SchedulingService:
     def filter(self, args: protocol.Args) -> protocol.FilterResult:
         key = pods.key(args.pod)
         self._first_filter(key, args.pod.metadata.uid)
+        if key in self.unsure:
+            return self._filter_unsure(key, args)
         if key not in self.binding:
             self.cache.forget(key)  # filtered again: an earlier reservation of this pod is void
         try:
@@ -239,6 +262,18 @@ class SchedulingService:
         fits = [names_[r] for r in rows[feasible].tolist()]
         self._remember_outcome(key, len(fits), None, "")
         return protocol.FilterResult(node_names=fits)
+
+    def _filter_unsure(self, key: units.PodKey, args: protocol.Args) -> protocol.FilterResult:
+        """A pod whose last binding may have happened: only the node its held allocation is on (the
+        bind that follows reads the API before it writes anything), or no node while that one is not
+        a candidate."""
+        held = self.cache.assumed.get(key)
+        sent = self._candidates(args).names()
+        if held is not None and held.node in sent:
+            self._remember_outcome(key, 1, held.node, "")
+            return protocol.FilterResult(node_names=[held.node])
+        self._remember_outcome(key, 0, None, UNSURE_MESSAGE, tuple(sent))
+        return protocol.FilterResult(failed_nodes=dict.fromkeys(sent, UNSURE_MESSAGE))
 
     def _first_filter(self, key: units.PodKey, uid: str) -> None:
         seen = self.first_filtered.get(key)
@@ -335,6 +370,13 @@ class SchedulingService:
 
     async def _bind(self, args: protocol.BindingArgs) -> protocol.BindingResult:
         key = units.pod_key(args.pod_namespace, args.pod_name)
+        if key in self.unsure and key not in self.binding:
+            settled = await self.settle(key, wait=True)
+            if settled is None:
+                return self._bind_failed("error", f"pod {key}: the outcome of its last binding cannot be read yet")
+            if settled:
+                bound = self.cache.record(key)
+                return self._bind_failed("error", f"pod {key} is already bound to {bound.node if bound else 'a node'}")
         record = self.cache.record(key)
         if record is None or (args.pod_uid and record.uid != args.pod_uid):
             try:
@@ -376,9 +418,14 @@ class SchedulingService:
         try:
             await self.api.create(paths.binding(args.pod_namespace, args.pod_name), _binding(key, args, alloc))
         except BaseException as exc:
-            self.cache.forget(key)
-            if isinstance(exc, errors.SharegpuError | OSError):
+            if kube_errors.outcome(exc) is kube_errors.Outcome.REFUSED:
+                self.cache.forget(key)
                 return self._bind_failed("error", f"binding {key} to {args.node} failed: {exc}")
+            self.unsure[key] = self.clock()  # it may have happened: the assumption holds its room
+            log.warning("binding %s to %s: outcome unknown (%s); holding its allocation until it is read back",
+                        key, args.node, exc)  # fmt: skip
+            if isinstance(exc, errors.SharegpuError | OSError):
+                return self._bind_failed("unknown", f"binding {key} to {args.node}: outcome unknown: {exc}")
             raise
         finally:
             self.binding.discard(key)
@@ -392,18 +439,72 @@ class SchedulingService:
         self.metrics.binds.labels(outcome).inc()
         return protocol.BindingResult(error=message)
 
+    # ----------------------------------------------------------------- unknown outcomes
+
+    async def settle(self, key: units.PodKey, *, wait: bool = False) -> bool | None:
+        """Read back a binding whose outcome is unknown. True: the pod is bound (the ledger now holds
+        the allocation the API shows); False: it is not, and will not be (the assumption is forgotten);
+        None: cannot say yet (too soon after the attempt, or the API cannot be read). With `wait`,
+        waits out `settle_after` instead of answering None for being too soon."""
+        attempted = self.unsure.get(key)
+        if attempted is None:
+            return None
+        waited = False
+        while True:
+            if key not in self.unsure or key not in self.cache.assumed:  # settled meanwhile, or the watch
+                self.unsure.pop(key, None)  # confirmed it, or the pod went
+                record = self.cache.record(key)
+                return record is not None and bool(record.node)
+            namespace, name = key.split("/", 1)
+            try:
+                found = await self.api.get(paths.pod(namespace, name))
+                pod = wire.convert(found, wire.Pod)
+            except kube_errors.NotFoundError:
+                pod = None
+            except errors.SharegpuError as exc:
+                log.warning("cannot read back the binding of %s: %s", key, exc)
+                return None
+            if key not in self.unsure or key not in self.cache.assumed:
+                continue  # settled meanwhile (by the watch, or another caller)
+            if pod is not None and pod.spec.node_name:
+                del self.unsure[key]
+                shown = pods.allocation_of(pod)
+                if shown is not None and shown.node == pod.spec.node_name:
+                    self.cache.confirm(shown)  # the API's allocation, whatever the ledger assumed
+                else:
+                    self.cache.forget(key)  # bound without sharegpu's record: the watch accounts for it
+                self.metrics.unknown.labels("binding", "done").inc()
+                log.warning("pod %s: the binding whose answer was lost happened (on %s)", key, pod.spec.node_name)
+                return True
+            if pod is None or waited or self.clock() - attempted >= self.settle_after:
+                del self.unsure[key]
+                self.cache.forget(key)
+                self.metrics.unknown.labels("binding", "not-done").inc()
+                log.warning("pod %s: the binding whose answer was lost did not happen; its room is free again", key)
+                return False
+            if not wait:
+                return None
+            await asyncio.sleep(max(0.0, self.settle_after - (self.clock() - attempted)))
+            waited = True
+
+    async def settle_all(self) -> None:
+        """Read back every binding whose outcome is still unknown (and not being written again)."""
+        for key in list(self.unsure):
+            if key in self.unsure and key not in self.binding:
+                await self.settle(key)
+
     # ----------------------------------------------------------------- stale assumptions
 
     async def expire(self) -> int:
         """Resolve assumptions older than `assume_ttl` that no bind is writing: confirmed if the API
         shows the pod bound with that allocation (the watch is late), forgotten otherwise. Returns
-        how many were forgotten."""
+        how many were forgotten. Unknown bindings are left to `settle`."""
         forgotten = 0
         for key in [k for k in self.reserved if k not in self.cache.assumed]:
             del self.reserved[key]  # the reservation was resolved (bound, forgotten, pod gone)
         self._forget_first_filters()
         for key in self.cache.stale_assumptions(self.assume_ttl):
-            if key in self.binding:
+            if key in self.binding or key in self.unsure:
                 continue
             namespace, name = key.split("/", 1)
             alloc = self.cache.assumed.get(key)
@@ -438,13 +539,20 @@ class SchedulingService:
             if gone and now - at > self.assume_ttl:
                 del self.first_filtered[key]
 
-    async def run_expiry(self, every: float = 5.0) -> None:
+    async def run_expiry(self, every: float = 5.0, settle_every: float = 1.0) -> None:
+        """Read back unknown bindings every `settle_every` seconds, and expire stale assumptions
+        every `every` seconds."""
+        waited = 0.0
         while True:
-            await asyncio.sleep(every)
+            await asyncio.sleep(settle_every)
+            waited += settle_every
             try:
-                await self.expire()
+                await self.settle_all()
+                if waited >= every:
+                    waited = 0.0
+                    await self.expire()
             except Exception:
-                log.exception("expiring assumptions failed")
+                log.exception("resolving assumptions failed")
 
 
 def _same_gpus(a: allocation.Allocation, b: allocation.Allocation) -> bool:
