@@ -1,6 +1,8 @@
 """A proxy between one component and the API server that throws, on demand, the faults real
 clusters throw at clients: 429 with Retry-After, 409, 5xx, watch connections cut, watches expired
-with a 410 ERROR event. Everything else passes through unchanged (credentials included), so the
+with a 410 ERROR event, and answers lost after the API server carried the request out (the
+connection closed with no answer, or a 5xx instead of the answer, as a load balancer or a restarting
+API server gives). Everything else passes through unchanged (credentials included), so the
 component talks to the real API server and meets the faults on its own wire.
 
 The component's kubeconfig points at `FaultProxy.url` (plain HTTP on loopback); the proxy speaks
@@ -22,6 +24,10 @@ from aiohttp import web
 FORWARDED = ("Authorization", "Content-Type", "Accept")
 
 
+LOST = 0
+"""A fault's status for "no answer": the connection is closed instead."""
+
+
 @dataclass
 class _Fault:
     status: int
@@ -29,6 +35,8 @@ class _Fault:
     method: str | None
     path: str | None
     retry_after: int | None
+    after_commit: bool = False
+    """Forward the request first (the API server carries it out), then answer with the fault."""
 
 
 class FaultProxy:
@@ -77,10 +85,21 @@ class FaultProxy:
         method: str | None = None,
         path: str | None = None,
         retry_after: int | None = None,
+        after_commit: bool = False,
     ) -> None:
-        """Answer the next `times` matching requests (method "WATCH" for watches) with `status`."""
-        self._faults.append(_Fault(status, times, method, path, retry_after))
-        self._count(f"http-{status}")
+        """Answer the next `times` matching requests (method "WATCH" for watches) with `status`:
+        instead of forwarding them, or after forwarding them with `after_commit`."""
+        self._faults.append(_Fault(status, times, method, path, retry_after, after_commit))
+        self._count(f"http-{status}" + ("-after-commit" if after_commit else ""))
+
+    def lose(self, times: int = 1, *, method: str | None = None, path: str | None = None) -> None:
+        """Forward the next `times` matching requests, then close their connections without an answer."""
+        self._faults.append(_Fault(LOST, times, method, path, None, after_commit=True))
+        self._count("answer-lost-after-commit")
+
+    def clear(self) -> None:
+        """Drop every fault not yet thrown."""
+        self._faults.clear()
 
     def cut_watches(self, count: bool = True) -> int:
         """Drop every open watch connection, as a network fault or a restarting server would."""
@@ -124,16 +143,8 @@ class FaultProxy:
         self.requests += 1
         watch = request.query.get("watch") in ("1", "true")
         fault = self._matching_fault("WATCH" if watch else request.method, request.path)
-        if fault is not None:
-            reason = "TooManyRequests" if fault.status == 429 else "Chaos"
-            body: dict[str, Any] = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": fault.status,
-                                    "reason": reason, "message": "injected by chaos"}  # fmt: skip
-            headers = {"Retry-After": str(fault.retry_after)} if fault.retry_after is not None else {}
-            if fault.retry_after is not None:
-                body["details"] = {"retryAfterSeconds": fault.retry_after}
-            return web.Response(
-                status=fault.status, body=orjson.dumps(body), content_type="application/json", headers=headers
-            )
+        if fault is not None and not fault.after_commit:
+            return self._answer(request, fault)
         headers = {k: request.headers[k] for k in FORWARDED if k in request.headers}
         data = await request.read() if request.can_read_body else None
         url = f"{self.upstream}{request.path_qs}"
@@ -146,6 +157,9 @@ class FaultProxy:
             body = {"kind": "Status", "code": 503, "reason": "ServiceUnavailable", "message": f"upstream: {exc}"}
             return web.Response(status=503, body=orjson.dumps(body), content_type="application/json")
         async with upstream:
+            if fault is not None:
+                await upstream.read()  # carried out: now the answer goes astray
+                return self._answer(request, fault)
             if not watch or upstream.status >= 400:
                 return web.Response(status=upstream.status, body=await upstream.read(),
                                     content_type=upstream.content_type or "application/json")  # fmt: skip
@@ -162,6 +176,22 @@ class FaultProxy:
             finally:
                 self._watches.pop(key, None)
             return response
+
+    @staticmethod
+    def _answer(request: web.Request, fault: _Fault) -> web.StreamResponse:
+        if fault.status == LOST:
+            if request.transport is not None:
+                request.transport.close()
+            raise asyncio.CancelledError  # aiohttp ends the handler quietly; the client sees the connection go
+        reason = "TooManyRequests" if fault.status == 429 else "Chaos"
+        body: dict[str, Any] = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": fault.status,
+                                "reason": reason, "message": "injected by chaos"}  # fmt: skip
+        headers = {"Retry-After": str(fault.retry_after)} if fault.retry_after is not None else {}
+        if fault.retry_after is not None:
+            body["details"] = {"retryAfterSeconds": fault.retry_after}
+        return web.Response(
+            status=fault.status, body=orjson.dumps(body), content_type="application/json", headers=headers
+        )
 
 
 async def until(predicate: Any, timeout: float, every: float = 0.5) -> bool:

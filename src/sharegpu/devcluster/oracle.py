@@ -3,9 +3,9 @@
 Used by the integration suite and by `bench/chaos.py`. It trusts nothing a component keeps in
 memory: from the Devices, the bound pods and their allocation annotations, and the reservation pods
 it checks that no GPU is over-committed (compute or memory), that no GPU held whole is also held by
-anyone else, that every bound GPU pod of the sharegpu scheduler carries one allocation naming its
-node, that every shared GPU is held by exactly one live reservation pod, and that no reservation
-holds a GPU nobody shares.
+anyone else, that every bound GPU pod of the sharegpu scheduler (or carrying its allocation,
+whoever bound it) carries one allocation naming its node, that every shared GPU is held by exactly
+one live reservation pod, and that no reservation holds a GPU nobody shares.
 """
 
 from __future__ import annotations
@@ -65,7 +65,8 @@ async def inspect(kube: client.KubeApi, *, nodes: set[str] | None = None) -> Fin
             if record.reservation is not None and record.live:
                 reservations[(record.reservation.node, record.reservation.index)].append(key)
             continue
-        if pods.is_terminal(pod) or pod.spec.scheduler_name != names.SCHEDULER_NAME or not pods.wants_gpu(pod):
+        ours = pod.spec.scheduler_name == names.SCHEDULER_NAME or names.ALLOCATION in pod.metadata.annotations
+        if pods.is_terminal(pod) or not ours or not pods.wants_gpu(pod):
             continue
         found.bound += 1
         text = pod.metadata.annotations.get(names.ALLOCATION)
