@@ -137,6 +137,39 @@ async def fill(h: Harness, millis: list[int]) -> None:
         await h.schedule(await h.create(gpu_pod(f"fill-{i}", milli=milli)))
 
 
+async def test_inventory_marks_an_overcommitted_gpu_and_explain_says_it_takes_no_pod(
+    placed: Callable[..., Any],
+) -> None:
+    """Two pods the API shows bound to one GPU that cannot hold both (written past the extender):
+    the plugin, rebuilding the extender's ledger, counts both and names the GPU over-committed."""
+    h: Harness = await placed(nodes=1, gpus=2)
+    for name in ("x", "y"):
+        body = gpu_pod(name, milli=700)
+        alloc = allocation.Allocation(
+            units.PodKey(f"ns/{name}"),
+            units.NodeName("n0"),
+            (allocation.ContainerAllocation("main", (allocation.DeviceGrant(1, 700, 0, 700),)),),
+        )
+        body["metadata"]["annotations"][names.ALLOCATION] = alloc.to_json()
+        body["spec"]["nodeName"] = "n0"
+        h.server.put_object(paths.pods("ns"), body)
+    await h.create(gpu_pod("probe", milli=100))
+    cluster = await snapshot(h)
+    inventory = views.inventory(cluster)
+    ((node, gpu),) = inventory.overcommitted()
+    assert (node, gpu.index, gpu.milli_used) == ("n0", 1, 1400)
+    assert {x.pod for x in gpu.holders} == {"ns/x", "ns/y"}, "both are counted"
+    assert "compute requested 700, free 300" in " ".join(gpu.overcommitted)
+    table = render.plain(render.inventory_table(inventory))
+    assert "1400/1000 OVER-COMMITTED" in row_of(table, "n0", 1)
+    assert "over-committed: n0/gpu1" in table
+    document = orjson.loads(render.dumps(render.inventory_json(inventory)))
+    assert document["nodes"][0]["gpus"][1]["overcommitted"] and not document["nodes"][0]["gpus"][0]["overcommitted"]
+    found, selector = await read.pod(h.api, "ns", "probe")
+    explained = views.explain(cluster, found, selector)
+    assert explained.choice is not None and explained.choice.gpus == (0,), "never the over-committed GPU"
+
+
 async def test_explain_gives_the_extenders_own_reasons_for_a_pod_that_fits_nowhere(placed: Callable[..., Any]) -> None:
     h: Harness = await placed(nodes=2, gpus=2)
     await fill(h, [600, 700, 550, 650])

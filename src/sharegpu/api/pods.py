@@ -213,6 +213,8 @@ class Record:
     """Set for reservation pods."""
     cpu_milli: int
     memory_mib: int
+    owned: bool = False
+    """A controller owns it (a ReplicaSet, Job, StatefulSet...): deleted, it is made again."""
 
     @property
     def terminal(self) -> bool:
@@ -286,7 +288,25 @@ def record(pod: wire.Pod, previous: Record | None = None) -> Record:
         reservation=slot,
         cpu_milli=cpu,
         memory_mib=memory,
+        owned=any(ref.controller for ref in meta.owner_references),
     )
+
+
+def eviction_api(minor: int) -> str:
+    """The Eviction apiVersion a Kubernetes 1.`minor` API server serves: policy/v1 from 1.22."""
+    return "policy/v1" if minor >= 22 else "policy/v1beta1"
+
+
+def eviction(pod: units.PodKey, uid: str, api_version: str) -> dict[str, Any]:
+    """An Eviction of `pod` (POSTed to `paths.eviction`: the API server honours its disruption
+    budgets), only if it is still the pod with `uid` (not one made again under its name)."""
+    namespace, _, name = pod.partition("/")
+    return {
+        "apiVersion": api_version,
+        "kind": "Eviction",
+        "metadata": {"name": name, "namespace": namespace},
+        "deleteOptions": {"preconditions": {"uid": uid}},
+    }
 
 
 RESERVE_CONTAINER: Final = "reserve"

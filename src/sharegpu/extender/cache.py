@@ -73,7 +73,8 @@ def node_record(node: wire.Node, previous: api_devices.NodeFacts | None = None) 
 @dataclass
 class Counters:
     conflicts: int = 0
-    """Bound pods whose allocation the ledger refused (the API and the ledger disagree)."""
+    """Bound pods that did not fit the ledger when they came (the API and the ledger disagreed; the
+    ledger counted them all the same, and blocks the GPUs they over-commit)."""
     invalid: int = 0
     """Pods with an unreadable allocation annotation."""
     rebuilds: int = 0
@@ -386,6 +387,7 @@ class ClusterCache:
     def summary(self, holder_of: Callable[[str, int], pods.Record | None] | None = None) -> list[dict[str, object]]:
         """Per node and GPU: capacity, used, free, and who holds what (the debug endpoint)."""
         state = self.state
+        overcommitted = {(o.node, o.index): o.problems for o in self.ledger.overcommitted()}
         holders: dict[tuple[str, int], list[dict[str, object]]] = {}
         for key, entry in self.ledger.entries():
             for index, (milli, memory) in entry.alloc.gpu_usage().items():
@@ -414,6 +416,7 @@ class ClusterCache:
                             "free": int(state.gmem_free[row, index]),
                         },
                         "holders": holders.get((name, index), []),
+                        "overcommitted": list(overcommitted.get((name, index), ())),
                         "reservation": None
                         if held is None or held.reservation is None
                         else {"pod": held.key, "uuid": held.reservation.uuid},

@@ -63,6 +63,12 @@ class Metrics:
             ["write", "found"],
             registry=r,
         )
+        self.repairs = prometheus_client.Counter(
+            "sharegpu_extender_overcommit_repairs",
+            "Repair passes over over-committed GPUs, by what they did (evicted, refused, unknown, waiting)",
+            ["action"],
+            registry=r,
+        )
         self.expired = prometheus_client.Counter(
             "sharegpu_extender_assumptions_expired",
             "Assumed placements forgotten because no binding followed",
@@ -122,6 +128,8 @@ class View:
     """The namespace of each pod that asks for a GPU and is not bound yet."""
     quotas: tuple[tuple[str, api_quotas.Limit], ...]
     """(namespace, limit) of each ResourceQuota that limits sharegpu's totals."""
+    overcommitted: tuple[tuple[str, int, int], ...] = ()
+    """(node, GPU index, tenants) of each over-committed GPU."""
 
 
 def view(cache: cache_mod.ClusterCache, quota: quotas_mod.QuotaGuard | None) -> View:
@@ -136,6 +144,7 @@ def view(cache: cache_mod.ClusterCache, quota: quotas_mod.QuotaGuard | None) -> 
         allocations=tuple(cache.ledger.allocations()),
         pending=tuple(str(key).split("/", 1)[0] for key in cache.pending),
         quotas=tuple((ns, item) for ns, found in sorted(limits.items()) for _, item in sorted(found.items())),
+        overcommitted=tuple((g.node, g.index, len(g.pods)) for g in cache.ledger.overcommitted()),
     )
 
 
@@ -190,8 +199,16 @@ class _Cluster(Collector):
         pending = GaugeMetricFamily(
             "sharegpu_pending_gpu_pods", "Pods that ask for a GPU and are not bound to a node yet", labels=ns
         )
+        overcommitted = GaugeMetricFamily(
+            "sharegpu_gpu_overcommitted",
+            "Tenants of a GPU whose tenants do not fit on it together (present only for such GPUs; nothing more "
+            "is placed there until it is repaired)",
+            labels=gpu,
+        )
         found = self.view
         if found is not None:
+            for node, index, count in found.overcommitted:
+                overcommitted.add_metric([node, str(index)], count)
             _per_gpu(found, info, healthy, milli_capacity, milli_used, memory_capacity, memory_used, holders)
             totals: dict[str, list[int]] = {}
             for alloc in found.allocations:
@@ -209,7 +226,7 @@ class _Cluster(Collector):
                     quota_memory.add_metric([namespace, limit.name], limit.memory_mib)
             for namespace, count in sorted(Counter(found.pending).items()):
                 pending.add_metric([namespace], count)
-        yield from (info, healthy, milli_capacity, milli_used, memory_capacity, memory_used, holders)
+        yield from (info, healthy, milli_capacity, milli_used, memory_capacity, memory_used, holders, overcommitted)
         yield from (ns_milli, ns_memory, quota_milli, quota_memory, pending)
 
 

@@ -1,11 +1,11 @@
 """`sharegpu extender`: the parts wired together, and their life cycle.
 
 Informers (Nodes, Devices, Pods, hand-off ConfigMaps) feed the cluster cache and wake the
-reconcilers. The scheduling service answers kube-scheduler on every replica. The reservation and
-hand-off reconcilers run only while this replica holds the `sharegpu-extender` Lease (with
-`leader_elect` off, a single replica always holds it). Stale assumptions are resolved every few
-seconds. The process is ready once every informer has listed; `/readyz` stays honest afterwards
-(see `readiness`).
+reconcilers. The scheduling service answers kube-scheduler on every replica. The reservation,
+hand-off and over-commit reconcilers run only while this replica holds the `sharegpu-extender`
+Lease (with `leader_elect` off, a single replica always holds it). Bindings whose outcome is
+unknown are read back every second, stale assumptions resolved every few seconds. The process
+is ready once every informer has listed; `/readyz` stays honest afterwards (see `readiness`).
 """
 
 from __future__ import annotations
@@ -30,10 +30,12 @@ from sharegpu.core import frag, policies
 from sharegpu.extender import cache as cache_mod
 from sharegpu.extender import handoff as handoff_mod
 from sharegpu.extender import metrics as metrics_mod
+from sharegpu.extender import overcommit as overcommit_mod
 from sharegpu.extender import quotas as quotas_mod
 from sharegpu.extender import reservations as reservations_mod
 from sharegpu.extender import routes, scheduling
 from sharegpu.kube import client, informer, leader
+from sharegpu.kube import events as kube_events
 from sharegpu.serving import http2, tls
 
 log = logging.getLogger(__name__)
@@ -83,6 +85,8 @@ class Extender:
         )
         self.handoffs = handoff_mod.HandoffReconciler(self.cache, self.reservations.holder, api, self.metrics)
         identity = options.identity or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(2)}"
+        recorder = kube_events.Recorder(api, "sharegpu-extender", identity, time.time)
+        self.overcommit = overcommit_mod.OvercommitReconciler(self.cache, api, recorder, self.metrics, clock=clock)
         self.elector: leader.LeaderElector | leader.Solo = (
             leader.LeaderElector(
                 api,
@@ -133,6 +137,7 @@ class Extender:
             handler(kind, obj)
             self.reservations.wake()
             self.handoffs.wake()
+            self.overcommit.wake()
 
         return changed
 
@@ -164,7 +169,11 @@ class Extender:
         log.info("cache built: lists %.2f s, then %.2f s to build", listed - started, built - listed)
 
         def background() -> list[Awaitable[None]]:
-            return [self.reservations.run(pace=self.options.pace), self.handoffs.run(pace=self.options.pace)]
+            return [
+                self.reservations.run(pace=self.options.pace),
+                self.handoffs.run(pace=self.options.pace),
+                self.overcommit.run(pace=self.options.pace),
+            ]
 
         self.tasks += [
             asyncio.create_task(self.elector.run(), name="leader-election"),

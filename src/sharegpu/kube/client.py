@@ -220,9 +220,7 @@ class KubeClient:
 
     async def version(self) -> tuple[int, int]:
         """The API server's (major, minor) version, e.g. (1, 20)."""
-        body = await self.get(paths.VERSION)
-        digits = "".join(ch for ch in str(body.get("minor", "0")) if ch.isdigit())
-        return int(str(body.get("major", "1")) or 1), int(digits or 0)
+        return await server_version(self)
 
     # ----------------------------------------------------------------- lists and watches
 
@@ -325,6 +323,13 @@ class KubeClient:
                         obj = None
                     yield event.type, obj, version
                 return
+
+
+async def server_version(api: KubeApi) -> tuple[int, int]:
+    """The API server's (major, minor) version, e.g. (1, 20) (minor "37+" reads as 37)."""
+    body = await api.get(paths.VERSION)
+    digits = "".join(ch for ch in str(body.get("minor", "0")) if ch.isdigit())
+    return int(str(body.get("major", "1")) or 1), int(digits or 0)
 
 
 class _Versioned(msgspec.Struct):

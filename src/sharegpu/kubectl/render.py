@@ -85,6 +85,7 @@ def inventory_json(inventory: views.Inventory) -> Json:
                         "reservation": None
                         if gpu.reservation is None
                         else {"pod": gpu.reservation, "uuid": gpu.reservation_uuid},
+                        "overcommitted": list(gpu.overcommitted),
                     }
                     for gpu in node.gpus
                 ],
@@ -131,7 +132,10 @@ def inventory_table(inventory: views.Inventory, wide: bool = False) -> Renderabl
                 node.name if position == 0 else "",
                 str(gpu.index),
                 Text(model, style="" if gpu.healthy else "red"),
-                Text(f"{gpu.milli_used}/{gpu.milli_capacity}", style=_share_style(gpu.milli_used, gpu.milli_capacity)),
+                Text(
+                    f"{gpu.milli_used}/{gpu.milli_capacity}" + (" OVER-COMMITTED" if gpu.overcommitted else ""),
+                    style="bold red" if gpu.overcommitted else _share_style(gpu.milli_used, gpu.milli_capacity),
+                ),
                 str(gpu.milli_free),
                 f"{gpu.memory_used}/{gpu.memory_capacity}",
                 str(gpu.memory_free),
@@ -157,9 +161,13 @@ def inventory_notes(inventory: views.Inventory) -> list[Text]:
         )
     ]
     lines += [Text(f"left out: {name}: {why}", style="yellow") for name, why in inventory.ignored]
-    if inventory.conflicts:
+    for node, gpu in inventory.overcommitted():
         lines.append(
-            Text(f"{inventory.conflicts} bound pod(s) conflict with the others' allocations (see the extender's log)")
+            Text(
+                f"over-committed: {node}/gpu{gpu.index} ({'; '.join(gpu.overcommitted)}): sharegpu places nothing "
+                "more on it until its tenants fit (docs/extender.md: repair)",
+                style="bold red",
+            )
         )
     return lines
 

@@ -110,6 +110,8 @@ class GpuView:
     reservation: str | None
     """The reservation pod holding the GPU for its sharers (None: none)."""
     reservation_uuid: str | None
+    overcommitted: tuple[str, ...] = ()
+    """Why the GPU's tenants do not fit on it together (empty: they do)."""
 
     @property
     def milli_used(self) -> int:
@@ -147,7 +149,11 @@ class Inventory:
     ignored: tuple[tuple[str, str], ...]
     """(node, why) for every Device the fleet leaves out."""
     conflicts: int
-    """Bound pods whose allocations the ledger refused (the API and the ledger disagree)."""
+    """Bound pods that did not fit the others' allocations when the ledger took them in."""
+
+    def overcommitted(self) -> list[tuple[str, GpuView]]:
+        """(node, GPU) of every over-committed GPU."""
+        return [(n.name, g) for n in self.nodes for g in n.gpus if g.overcommitted]
 
     def totals(self) -> Totals:
         gpus = [g for n in self.nodes for g in n.gpus]
@@ -165,6 +171,7 @@ def inventory(view: Cluster, only: Sequence[str] = ()) -> Inventory:
     """Per node and GPU: capacity, what is used and free, and who holds what (the ledger's entries)."""
     cache = view.cache
     state = cache.state
+    overcommitted = {(o.node, o.index): o.problems for o in cache.ledger.overcommitted()}
     holders: dict[tuple[str, int], list[Holder]] = {}
     for key, entry in cache.ledger.entries():
         for index, (milli, memory) in entry.alloc.gpu_usage().items():
@@ -201,6 +208,7 @@ def inventory(view: Cluster, only: Sequence[str] = ()) -> Inventory:
                     holders=tuple(sorted(holders.get((name, i), []), key=lambda h: h.pod)),
                     reservation=str(held.key) if held is not None else None,
                     reservation_uuid=slot.uuid if slot is not None else None,
+                    overcommitted=overcommitted.get((name, i), ()),
                 )
             )
         nodes.append(

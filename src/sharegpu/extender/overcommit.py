@@ -1,0 +1,168 @@
+"""The over-commit reconciler: says which GPUs the API server shows over-committed, and repairs them.
+
+The API server is the truth. When it shows bound pods that together do not fit a GPU (a fault let a
+second decision through; a pod bound with sharegpu's allocation by something else), the ledger
+counts every one of them and blocks the GPU: nothing more is placed there (`core.ledger`). This
+reconciler, on the Lease holder only, makes the over-commit visible and ends it:
+
+- **Report.** A Warning event `GPUOvercommitted` on every pod of the GPU (once per pod and GPU),
+  a log line (once per set of tenants), and the GPU in `sharegpu_gpu_overcommitted` (the metrics read the ledger),
+  in /debug/nodes and in `kubectl sharegpu inspect`.
+- **Repair policy.** Of the GPU's tenants that have not started (phase Pending) and whose controller
+  makes them again when they go (a ReplicaSet's, a Job's...), the newest (by creation time) is
+  evicted through the Eviction API (its disruption budgets honoured, only if it is still the pod with
+  that UID), with a Warning event `GPUOvercommitEvicted`; its owner makes it again and sharegpu places
+  the new pod where it fits. One tenant at a time per GPU: the next pass waits until the evicted pod
+  has gone, and evicts again only if the rest still do not fit. When no tenant qualifies (all have
+  started, or none has an owner), nothing is evicted: a running workload is never killed for a
+  fault, and a pod without an owner would be lost. The GPU stays blocked and reported until a
+  tenant leaves by itself.
+- **Outcomes.** An eviction refused (429 from a disruption budget, 409 for a pod made again) or whose
+  answer was lost is tried again after `retry` seconds if the pod is still there and still the
+  newest candidate; the watch shows an eviction that did happen (the pod being deleted). Events are
+  named by their decision, so a lost answer costs one more write, never a second event.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from sharegpu.api import events, paths, pods
+from sharegpu.core import errors, ledger, units
+from sharegpu.extender import cache as cache_mod
+from sharegpu.extender import metrics as metrics_mod
+from sharegpu.kube import client, reconcile
+from sharegpu.kube import errors as kube_errors
+from sharegpu.kube import events as kube_events
+
+log = logging.getLogger(__name__)
+
+RETRY = 10.0
+"""Seconds before an eviction of the same pod is tried again."""
+
+REPAIR = (
+    "sharegpu places nothing more on it; repair: the newest tenant that has not started and has an owner "
+    "is evicted, otherwise it waits for a tenant to leave"
+)
+
+
+class OvercommitReconciler:
+    def __init__(
+        self,
+        cache: cache_mod.ClusterCache,
+        api: client.KubeApi,
+        recorder: kube_events.Recorder,
+        metrics: metrics_mod.Metrics,
+        *,
+        retry: float = RETRY,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.cache = cache
+        self.api = api
+        self.recorder = recorder
+        self.metrics = metrics
+        self.retry = retry
+        self.clock = clock
+        self.eviction_api: str | None = None
+        """The Eviction apiVersion the API server serves (read once, at the first eviction)."""
+        self.tried: dict[units.PodKey, float] = {}
+        """Pods an eviction was sent for -> when (until they are gone)."""
+        self.said: set[tuple[str, str]] = set()
+        """(pod UID, decision) of the events recorded."""
+        self.logged: set[str] = set()
+        """GPUs with their tenants, as logged."""
+        self.waiting: set[str] = set()
+        """GPUs with their tenants, none of which may be evicted (said once)."""
+        self.loop = reconcile.Loop("overcommit", self.reconcile)
+
+    def wake(self) -> None:
+        self.loop.wake()
+
+    async def run(self, tick: float = 2.0, pace: float = 0.25) -> None:
+        await self.loop.run(tick, pace)
+
+    async def reconcile(self) -> None:
+        found = self.cache.ledger.overcommitted()
+        for gpu in found:
+            await self._report(gpu)
+            await self._repair(gpu)
+        for key in [k for k in self.tried if self.cache.record(k) is None]:
+            del self.tried[key]
+
+    def describe(self, gpu: ledger.Overcommit) -> str:
+        return (
+            f"{gpu.where} is over-committed: {gpu.milli_used} of {gpu.milli_capacity} milli-GPU and "
+            f"{gpu.memory_used} of {gpu.memory_capacity} MiB allocated to {', '.join(gpu.pods)}"
+        )
+
+    async def _report(self, gpu: ledger.Overcommit) -> None:
+        tenants = f"{gpu.where}|{'|'.join(sorted(gpu.pods))}"
+        if tenants not in self.logged:
+            self.logged.add(tenants)
+            log.error("%s (%s)", self.describe(gpu), "; ".join(gpu.problems))
+        decision = gpu.where  # one event per pod and GPU, whoever joins later
+        message = f"{self.describe(gpu)}; {REPAIR}"
+        for key in gpu.pods:
+            record = self.cache.record(key)
+            if record is None or (record.uid, decision) in self.said:
+                continue
+            if await self._event(record, "GPUOvercommitted", message, decision):
+                self.said.add((record.uid, decision))
+
+    async def _event(self, record: pods.Record, reason: str, message: str, decision: str) -> bool:
+        namespace, _, name = record.key.partition("/")
+        subject = events.Subject("v1", "Pod", namespace, name, record.uid)
+        try:
+            await self.recorder.record(subject, reason, message, decision=decision, kind="Warning")
+        except errors.SharegpuError as exc:  # named by the decision: the next pass writes it again, or finds it
+            log.warning("event %s on %s: %s", reason, record.key, exc)
+            return False
+        return True
+
+    async def _repair(self, gpu: ledger.Overcommit) -> None:
+        tenants = [self.cache.record(key) for key in gpu.pods]
+        if any(r is None or r.deleting or r.terminal for r in tenants):
+            return  # one is leaving: the ledger checks the GPU again when it has gone
+        candidates = [
+            r for r in tenants
+            if r is not None and r.node == gpu.node and r.owned and r.phase == "Pending"
+        ]  # fmt: skip
+        if not candidates:
+            episode = f"{gpu.where}|{'|'.join(sorted(gpu.pods))}"
+            if episode not in self.waiting:
+                self.waiting.add(episode)
+                self.metrics.repairs.labels("waiting").inc()
+                log.warning("repairing %s: no tenant may be evicted (all started, or without an owner): waiting "
+                            "for one to leave", gpu.where)  # fmt: skip
+            return
+        victim = max(candidates, key=lambda r: (r.created, r.key))
+        now = self.clock()
+        last = self.tried.get(victim.key)
+        if last is not None and now - last < self.retry:
+            return
+        self.tried[victim.key] = now
+        if self.eviction_api is None:
+            try:
+                _, minor = await client.server_version(self.api)
+            except errors.SharegpuError as exc:
+                log.warning("repairing %s: cannot read the API server's version: %s", gpu.where, exc)
+                return
+            self.eviction_api = pods.eviction_api(minor)
+        namespace, _, name = victim.key.partition("/")
+        try:
+            body = pods.eviction(victim.key, victim.uid, self.eviction_api)
+            await self.api.create(paths.eviction(namespace, name), body)
+        except kube_errors.NotFoundError:
+            return  # gone meanwhile
+        except errors.SharegpuError as exc:
+            outcome = kube_errors.outcome(exc)
+            self.metrics.repairs.labels(outcome.value).inc()
+            log.warning("repairing %s: evicting %s: %s (%s; tried again in %.0f s)",
+                        gpu.where, victim.key, exc, outcome.value, self.retry)  # fmt: skip
+            return
+        self.metrics.repairs.labels("evicted").inc()
+        log.warning("repairing %s: evicted %s (the newest tenant that has not started)", gpu.where, victim.key)
+        message = f"evicted to repair: {self.describe(gpu)}; its owner makes it again and sharegpu places it"
+        await self._event(victim, "GPUOvercommitEvicted", message, f"{gpu.where}|evict")
