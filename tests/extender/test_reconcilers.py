@@ -121,6 +121,66 @@ async def test_a_lost_reservation_is_replaced_with_backoff(harness: Callable[...
     await eventually(lambda: ("n0", 0) not in reconciler.backoff, "a reported UUID resets the backoff")
 
 
+def creations(h: Harness) -> int:
+    return sum(1 for m, p in h.server.requests if m == "POST" and p == paths.pods(SYSTEM))
+
+
+async def passes(h: Harness, count: int = 5) -> None:
+    for _ in range(count):
+        h.extender.reservations.wake()
+        await settle(h.server)
+
+
+async def test_a_reservation_created_with_its_answer_lost_is_not_created_twice(harness: Callable[..., Any]) -> None:
+    """The creation happened, its answer was lost and the watch lags: the GPU must not get a second one."""
+    h: Harness = await harness(nodes=1, gpus=1)
+    pod = await h.create(gpu_pod("a", milli=300))
+    h.server.cut_watches()
+    h.server.fail(503, method="WATCH", times=10_000)
+    h.server.lose(method="POST", path=paths.pods(SYSTEM))
+    await h.schedule(pod)
+    await eventually(lambda: creations(h) == 1, "the creation sent")
+    for step in range(6):  # past every backoff, and past the read-back: it exists
+        h.clock.now += 1 + step
+        await passes(h)
+    assert creations(h) == 1 and len(reservations_in(h)) == 1, "one reservation, not two"
+    assert not h.extender.reservations.unsure, "read back: it exists"
+    h.server.faults.clear()
+
+
+async def test_a_reservation_lost_on_its_way_in_is_made_again_after_reading_back(
+    harness: Callable[..., Any],
+) -> None:
+    h: Harness = await harness(nodes=1, gpus=1)
+    h.server.lose(method="POST", path=paths.pods(SYSTEM), after_commit=False)
+    await h.schedule(await h.create(gpu_pod("a", milli=300)))
+    await eventually(lambda: creations(h) == 1, "the creation sent")
+    h.clock.now += 1  # past the first backoff
+    await passes(h)
+    assert creations(h) == 1, "pending: it may exist"
+    h.clock.now += 3
+    await eventually(lambda: len(reservations_in(h)) == 1 and creations(h) == 2, "read back as missing, made again")
+
+
+async def test_a_reservation_whose_deletion_answer_was_lost_is_handed_to_nobody_and_deleted_again(
+    harness: Callable[..., Any],
+) -> None:
+    h: Harness = await harness(nodes=1, gpus=1)
+    reconciler = h.extender.reservations
+    await h.schedule(await h.create(gpu_pod("a", milli=300)))
+    await eventually(lambda: len(reservations_in(h)) == 1, "a reservation")
+    await report_uuids(h)
+    name = reservations_in(h)[0]["metadata"]["name"]
+    h.server.lose(method="DELETE", path=paths.pod(SYSTEM, name), after_commit=False)
+    await h.api.delete(paths.pod("ns", "a"), grace_period=0)  # idle now: deleted (reservation_idle 0)
+    await eventually(lambda: not h.server.faults, "the deletion sent, its answer lost")
+    await passes(h)
+    assert reservations_in(h), "not deleted: it was lost on its way in"
+    assert reconciler.holder("n0", 0) is None, "a reservation being retired is handed to nobody"
+    h.clock.now += reconciler.settle
+    await eventually(lambda: not reservations_in(h), "deleted again")
+
+
 async def test_duplicates_are_cut_to_the_one_that_reported(harness: Callable[..., Any]) -> None:
     h: Harness = await harness(nodes=1, gpus=1)
     await h.schedule(await h.create(gpu_pod("a", milli=300)))

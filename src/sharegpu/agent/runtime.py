@@ -50,7 +50,8 @@ from prometheus_client.registry import Collector
 from sharegpu.agent import cgroups, drift, hamicore, inventory, mps, nvml, podresources, watchdog
 from sharegpu.api import devices as api_devices
 from sharegpu.api import events, handoff, names, paths, wire
-from sharegpu.core import devices
+from sharegpu.api import pods as api_pods
+from sharegpu.core import devices, units
 from sharegpu.core import errors as core_errors
 from sharegpu.kube import client, errors, informer, reconcile
 from sharegpu.kube import events as kube_events
@@ -121,6 +122,8 @@ class Agent:
         self.drift = drift.DriftTracker()
         self.killed = 0
         self.evicted = 0
+        self.eviction_api: str | None = None
+        """The Eviction apiVersion the API server serves (read at the first eviction)."""
         self.events = kube_events.Recorder(api, "sharegpu-agent", node, wall)
         self.metrics = _Metrics(self)
         self.pods: dict[str, wire.Pod] = {}
@@ -280,14 +283,15 @@ class Agent:
                 subject, "GPUProcessKilled", f"{violation.message}; killed process(es) {shown}", decision
             )
         else:
-            body = {"apiVersion": "policy/v1beta1", "kind": "Eviction",
-                    "metadata": {"name": pod.name, "namespace": pod.namespace}}  # fmt: skip
             try:
+                if self.eviction_api is None:
+                    self.eviction_api = api_pods.eviction_api((await client.server_version(self.api))[1])
+                body = api_pods.eviction(units.pod_key(pod.namespace, pod.name), pod.uid, self.eviction_api)
                 await self.api.create(paths.eviction(pod.namespace, pod.name), body)
             except (errors.NotFoundError, errors.ConflictError):
-                return  # gone already, or changed: the next pass sees
-            except errors.KubeError as exc:  # e.g. 429: a disruption budget refuses it now
-                log.warning("evicting %s/%s: %s", pod.namespace, pod.name, exc)
+                return  # gone already, or made again under its name: the next pass sees
+            except errors.KubeError as exc:  # 429: a disruption budget refuses it now; unknown: the watch tells
+                log.warning("evicting %s/%s (%s): %s", pod.namespace, pod.name, errors.outcome(exc).value, exc)
                 return
             self.evicted += 1
             await self._record(subject, "GPUPodEvicted", f"{violation.message}; the pod was evicted", decision)

@@ -18,6 +18,12 @@ watch shows, and:
 
 Reservations this process created but the watch has not shown yet are remembered (`pending`), so a
 pass never creates a second one for the same GPU.
+
+Writes whose answer was lost (`kube.errors.outcome` UNKNOWN) count as done until read back: a
+creation is pending like one that succeeded (the watch shows the pod, or a read `settle` seconds
+later finds it missing and the GPU gets a new one, its backoff applying); a deletion leaves the
+pod retiring, never handed out, and is sent again (conditionally on the UID, so it cannot touch a
+pod made since) if the pod is still there and not being deleted `settle` seconds later.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from sharegpu.core import errors, units
 from sharegpu.extender import cache as cache_mod
 from sharegpu.extender import metrics as metrics_mod
 from sharegpu.kube import client
+from sharegpu.kube import errors as kube_errors
 from sharegpu.kube import reconcile as loops
 
 log = logging.getLogger(__name__)
@@ -56,6 +63,7 @@ class ReservationReconciler:
         image: str = "sharegpu:latest",
         idle: float = 3.0,
         pending_timeout: float = 30.0,
+        settle: float = 3.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.cache = cache
@@ -64,10 +72,15 @@ class ReservationReconciler:
         self.image = image
         self.idle = idle
         self.pending_timeout = pending_timeout
+        self.settle = settle
         self.clock = clock
         self.retiring: set[units.PodKey] = set()
         self.pending: dict[Slot, tuple[str, float]] = {}
         """Created by us, not yet seen: GPU -> (pod name, when)."""
+        self.unsure: set[Slot] = set()
+        """Pending creations whose answer was lost (read back after `settle`)."""
+        self.deleting: dict[units.PodKey, tuple[str, float]] = {}
+        """Deletions whose answer was lost: pod -> (why, when sent)."""
         self.backoff: dict[Slot, Backoff] = {}
         self.idle_since: dict[Slot, float] = {}
         self.loop = loops.Loop("reservations", self.reconcile)
@@ -96,8 +109,13 @@ class ReservationReconciler:
         now = self.clock()
         by_slot: dict[Slot, list[pods.Record]] = {}
         self.retiring &= set(self.cache.reservations)
+        for key in self.deleting.keys() - self.retiring:
+            del self.deleting[key]
         for record in list(self.cache.reservations.values()):
             slot = record.reservation
+            unsure = self.deleting.get(record.key)
+            if unsure is not None and not record.deleting and now - unsure[1] >= self.settle:
+                await self._delete(record, unsure[0], now)  # the lost deletion did not happen: again
             if slot is None or record.deleting or record.key in self.retiring:
                 continue
             if record.terminal:
@@ -109,6 +127,9 @@ class ReservationReconciler:
             name, since = self.pending[where]
             if name in seen or now - since > self.pending_timeout:
                 del self.pending[where]  # seen in whatever state: from now on the watch tells
+                self.unsure.discard(where)
+            elif where in self.unsure and now - since >= self.settle:
+                await self._read_back(where, name)
         shared = self.cache.shared_slots()
         for where, found in by_slot.items():
             keep = _keeper(found)
@@ -139,19 +160,42 @@ class ReservationReconciler:
         try:
             await self.api.create(paths.pods(names.SYSTEM_NAMESPACE), reservation_pod(name, node, slot, self.image))
         except errors.SharegpuError as exc:
-            log.warning("creating the reservation of %s/gpu%d failed: %s", node, slot, exc)
-            return
+            if kube_errors.outcome(exc) is kube_errors.Outcome.REFUSED:
+                log.warning("creating the reservation of %s/gpu%d failed: %s", node, slot, exc)
+                return
+            log.warning("creating the reservation %s of %s/gpu%d: outcome unknown (%s); pending until read back",
+                        name, node, slot, exc)  # fmt: skip
+            self.unsure.add(where)
         self.pending[where] = (name, now)
         self.metrics.reservations.labels("created").inc()
         if backoff.attempts:
             log.warning("GPU %d of %s lost its reservation pod; created %s", slot, node, name)
 
+    async def _read_back(self, where: Slot, name: str) -> None:
+        """A creation whose answer was lost and that the watch has not shown: read it; gone, the GPU
+        gets a new reservation (its backoff applying)."""
+        try:
+            await self.api.get(paths.pod(names.SYSTEM_NAMESPACE, name))
+        except kube_errors.NotFoundError:
+            del self.pending[where]
+            self.unsure.discard(where)
+            log.warning("the reservation %s of %s/gpu%d was not created after all", name, *where)
+        except errors.SharegpuError as exc:
+            log.warning("reading back the reservation %s: %s", name, exc)
+        else:
+            self.unsure.discard(where)  # it exists: the watch will show it
+
     async def _delete(self, record: pods.Record, why: str, now: float) -> None:
         namespace, name = record.key.split("/", 1)
         self.retiring.add(record.key)
+        self.deleting.pop(record.key, None)
         try:
             await self.api.delete(paths.pod(namespace, name), preconditions={"uid": record.uid})
         except errors.SharegpuError as exc:
+            if kube_errors.outcome(exc) is kube_errors.Outcome.UNKNOWN:
+                self.deleting[record.key] = (why, now)  # still retiring: handed to nobody
+                log.warning("deleting reservation %s (%s): outcome unknown (%s)", record.key, why, exc)
+                return
             self.retiring.discard(record.key)
             log.warning("deleting reservation %s (%s) failed: %s", record.key, why, exc)
             return
