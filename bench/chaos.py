@@ -7,13 +7,16 @@ through a fault proxy (`sharegpu.devcluster.faults`). Churn creates and deletes 
 hand-off ConfigMap, as the webhook would give them), whole-GPU pods and two-GPU pods. Faults, each
 several times at random moments: 429 with Retry-After, 409 on bindings, 5xx, watch connections cut,
 watches expired (410), a 1.2 MiB pod, a rotated and revoked token, SIGKILL of the extender, a
-restart of kube-apiserver and a restart of etcd.
+restart of kube-apiserver and a restart of etcd; and writes the API server carried out whose answer
+was lost: bindings answered by a closed connection or by a 503, and any creation or deletion
+(reservation pods, hand-off ConfigMaps) answered by a closed connection.
 
-    python bench/chaos.py --nodes 50 --pods 600 [--seed 1] [--json PATH] [--logs DIR]
+    python bench/chaos.py --nodes 50 --pods 600 [--seeds 1-20] [--json PATH] [--logs DIR]
 
-Writes {"faults_injected", "overcommits", "double_allocations", "leaked_reservations",
-"stuck_pods", "lost_pods"} (target: at least 20 faults, every other figure 0), plus what each
-count is made of.
+Each seed is one run on a fresh stack. Writes {"runs": [{"seed", "faults_injected", "overcommits",
+"double_allocations", "leaked_reservations", "stuck_pods", "lost_pods", "faults", "details", ...}],
+"all_zero"} (target: at least 20 faults per run, every other figure 0 on every seed). The exit
+status is 1 when any seed found a problem.
 
 - overcommits / double_allocations: GPUs over capacity, or held whole and shared, at any check
   during the churn or after it (double_allocations also counts two live reservation pods on one GPU);
@@ -190,6 +193,12 @@ class Chaos:
             proxy.fail(409, times=2, method="POST", path="/api/v1/namespaces/")
         elif kind == "5xx":
             proxy.fail(self.rng.choice([500, 503]), times=4)
+        elif kind == "binding-answer-lost":
+            proxy.lose(times=2, method="POST", ending="/binding")
+        elif kind == "binding-503-after-commit":
+            proxy.fail(503, times=2, method="POST", ending="/binding", after_commit=True)
+        elif kind == "write-answer-lost":
+            proxy.lose(times=3, method=self.rng.choice(["POST", "DELETE"]), path="/api/v1/namespaces/")
         elif kind == "watch-cut":
             proxy.cut_watches()
         elif kind == "watch-expired":
@@ -228,7 +237,8 @@ class Chaos:
 
     async def churn(self, total: int) -> None:
         kinds = ["429", "409", "5xx", "watch-cut", "watch-expired", "big-object", "token", "kill-extender",
-                 "kube-apiserver", "etcd"]  # fmt: skip
+                 "kube-apiserver", "etcd", "binding-answer-lost", "binding-503-after-commit",
+                 "write-answer-lost"]  # fmt: skip
         plan = [k for k in kinds for _ in range(2)] + self.rng.sample(kinds, 4)
         self.rng.shuffle(plan)
         at = sorted(self.rng.sample(range(10, total - 10), len(plan)))
@@ -336,8 +346,8 @@ class Chaos:
         }
 
 
-async def run(args: argparse.Namespace) -> dict[str, Any]:
-    rng = random.Random(args.seed)
+async def run(args: argparse.Namespace, seed: int) -> dict[str, Any]:
+    rng = random.Random(seed)
     with tempfile.TemporaryDirectory(prefix="sharegpu-chaos-") as tmp:
         chaos = Chaos(Path(tmp), args.nodes, rng)
         started = time.perf_counter()
@@ -350,29 +360,65 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         finally:
             await chaos.stop()
             if args.logs is not None:  # every component's log, to read what happened after a bad verdict
-                args.logs.mkdir(parents=True, exist_ok=True)
+                folder = args.logs / f"seed-{seed}"
+                folder.mkdir(parents=True, exist_ok=True)
                 for log in (Path(tmp) / "logs").glob("*.log"):
-                    shutil.copy(log, args.logs / log.name)
+                    shutil.copy(log, folder / log.name)
     result["seconds"] = round(time.perf_counter() - started, 1)
-    return result
+    return {"seed": seed, **result}
+
+
+COUNTS = ("overcommits", "double_allocations", "leaked_reservations", "stuck_pods", "lost_pods")
+
+
+def seeds(text: str) -> list[int]:
+    """ "1-20", "3", "1,4,7-9" -> the seeds."""
+    found: list[int] = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        first, _, last = part.partition("-")
+        try:
+            low, high = int(first), int(last or first)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"--seeds: {part!r} is not a seed or a range like 1-20") from None
+        if high < low:
+            raise argparse.ArgumentTypeError(f"--seeds: {part!r} runs backwards")
+        found.extend(range(low, high + 1))
+    if not found:
+        raise argparse.ArgumentTypeError("--seeds: no seed given")
+    return found
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", type=int, default=50)
     parser.add_argument("--pods", type=int, default=600)
-    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--seeds", type=seeds, default=[1], help="seeds to run, e.g. 1-20 (default 1)")
+    parser.add_argument("--seed", type=int, help="one seed (the same as --seeds N)")
     parser.add_argument("--json", type=Path)
-    parser.add_argument("--logs", type=Path, help="copy every component's log into this folder at the end")
+    parser.add_argument("--logs", type=Path, help="copy every component's log into DIR/seed-N at the end of each run")
     args = parser.parse_args()
-    result = asyncio.run(run(args))
-    print(json.dumps({k: v for k, v in result.items() if k != "details"}, indent=2))
-    problems = {k: v for k, v in result["details"].items() if v}
-    if problems:
-        print("details:", json.dumps(problems, indent=2))
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2))
-    return 0
+    chosen = [args.seed] if args.seed is not None else args.seeds
+    runs = []
+    for seed in chosen:
+        print(f"== seed {seed}", flush=True)
+        result = asyncio.run(run(args, seed))
+        runs.append(result)
+        print(json.dumps({k: v for k, v in result.items() if k != "details"}, indent=2), flush=True)
+        problems = {k: v for k, v in result["details"].items() if v}
+        if problems:
+            print("details:", json.dumps(problems, indent=2), flush=True)
+        if args.json:  # written after every seed: a long run that is stopped keeps what it found
+            args.json.write_text(json.dumps({"runs": runs, "all_zero": all_zero(runs)}, indent=2))
+    print(f"{'seed':>5} {'faults':>7} " + " ".join(f"{c:>19}" for c in COUNTS) + f" {'s':>6}")
+    for r in runs:
+        print(f"{r['seed']:>5} {r['faults_injected']:>7} " + " ".join(f"{r[c]:>19}" for c in COUNTS)
+              + f" {r['seconds']:>6}")  # fmt: skip
+    print(f"all zero on every seed: {all_zero(runs)}")
+    return 0 if all_zero(runs) else 1
+
+
+def all_zero(runs: list[dict[str, Any]]) -> bool:
+    return all(r[c] == 0 for r in runs for c in COUNTS)
 
 
 if __name__ == "__main__":

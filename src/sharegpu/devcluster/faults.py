@@ -37,6 +37,15 @@ class _Fault:
     retry_after: int | None
     after_commit: bool = False
     """Forward the request first (the API server carries it out), then answer with the fault."""
+    ending: str | None = None
+    """Matches only paths that end with this (e.g. "/binding")."""
+
+    def matches(self, method: str, path: str) -> bool:
+        return (
+            (self.method is None or self.method == method)
+            and (self.path is None or path.startswith(self.path))
+            and (self.ending is None or path.endswith(self.ending))
+        )
 
 
 class FaultProxy:
@@ -86,15 +95,18 @@ class FaultProxy:
         path: str | None = None,
         retry_after: int | None = None,
         after_commit: bool = False,
+        ending: str | None = None,
     ) -> None:
         """Answer the next `times` matching requests (method "WATCH" for watches) with `status`:
         instead of forwarding them, or after forwarding them with `after_commit`."""
-        self._faults.append(_Fault(status, times, method, path, retry_after, after_commit))
+        self._faults.append(_Fault(status, times, method, path, retry_after, after_commit, ending))
         self._count(f"http-{status}" + ("-after-commit" if after_commit else ""))
 
-    def lose(self, times: int = 1, *, method: str | None = None, path: str | None = None) -> None:
+    def lose(
+        self, times: int = 1, *, method: str | None = None, path: str | None = None, ending: str | None = None
+    ) -> None:
         """Forward the next `times` matching requests, then close their connections without an answer."""
-        self._faults.append(_Fault(LOST, times, method, path, None, after_commit=True))
+        self._faults.append(_Fault(LOST, times, method, path, None, after_commit=True, ending=ending))
         self._count("answer-lost-after-commit")
 
     def clear(self) -> None:
@@ -129,7 +141,7 @@ class FaultProxy:
 
     def _matching_fault(self, method: str, path: str) -> _Fault | None:
         for fault in self._faults:
-            if (fault.method is None or fault.method == method) and (fault.path is None or path.startswith(fault.path)):
+            if fault.matches(method, path):
                 fault.remaining -= 1
                 if fault.remaining <= 0:
                     self._faults.remove(fault)

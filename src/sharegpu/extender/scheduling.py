@@ -452,9 +452,11 @@ class SchedulingService:
         waited = False
         while True:
             if key not in self.unsure or key not in self.cache.assumed:  # settled meanwhile, or the watch
-                self.unsure.pop(key, None)  # confirmed it, or the pod went
-                record = self.cache.record(key)
-                return record is not None and bool(record.node)
+                record = self.cache.record(key)  # confirmed it, or the pod went
+                bound = record is not None and bool(record.node)
+                if self.unsure.pop(key, None) is not None:
+                    self.metrics.unknown.labels("binding", "done" if bound else "not-done").inc()
+                return bound
             namespace, name = key.split("/", 1)
             try:
                 found = await self.api.get(paths.pod(namespace, name))
