@@ -70,11 +70,11 @@ class OvercommitReconciler:
         self.tried: dict[units.PodKey, float] = {}
         """Pods an eviction was sent for -> when (until they are gone)."""
         self.said: set[tuple[str, str]] = set()
-        """(pod UID, decision) of the events recorded."""
+        """(pod UID, GPU) of the GPUOvercommitted events recorded."""
         self.logged: set[str] = set()
-        """GPUs with their tenants, as logged."""
+        """Episodes (`_episode`) logged."""
         self.waiting: set[str] = set()
-        """GPUs with their tenants, none of which may be evicted (said once)."""
+        """Episodes none of whose tenants may be evicted (said once)."""
         self.loop = reconcile.Loop("overcommit", self.reconcile)
 
     def wake(self) -> None:
@@ -90,6 +90,12 @@ class OvercommitReconciler:
             await self._repair(gpu)
         for key in [k for k in self.tried if self.cache.record(k) is None]:
             del self.tried[key]
+        # What was said of GPUs that are fine again is forgotten (said again, should they not be).
+        current = {gpu.where for gpu in found}
+        self.said = {(uid, where) for uid, where in self.said if where in current}
+        episodes = {_episode(gpu) for gpu in found}
+        self.logged &= episodes
+        self.waiting &= episodes
 
     def describe(self, gpu: ledger.Overcommit) -> str:
         return (
@@ -98,9 +104,8 @@ class OvercommitReconciler:
         )
 
     async def _report(self, gpu: ledger.Overcommit) -> None:
-        tenants = f"{gpu.where}|{'|'.join(sorted(gpu.pods))}"
-        if tenants not in self.logged:
-            self.logged.add(tenants)
+        if _episode(gpu) not in self.logged:
+            self.logged.add(_episode(gpu))
             log.error("%s (%s)", self.describe(gpu), "; ".join(gpu.problems))
         decision = gpu.where  # one event per pod and GPU, whoever joins later
         message = f"{self.describe(gpu)}; {REPAIR}"
@@ -130,9 +135,8 @@ class OvercommitReconciler:
             if r is not None and r.node == gpu.node and r.owned and r.phase == "Pending"
         ]  # fmt: skip
         if not candidates:
-            episode = f"{gpu.where}|{'|'.join(sorted(gpu.pods))}"
-            if episode not in self.waiting:
-                self.waiting.add(episode)
+            if _episode(gpu) not in self.waiting:
+                self.waiting.add(_episode(gpu))
                 self.metrics.repairs.labels("waiting").inc()
                 log.warning("repairing %s: no tenant may be evicted (all started, or without an owner): waiting "
                             "for one to leave", gpu.where)  # fmt: skip
@@ -166,3 +170,8 @@ class OvercommitReconciler:
         log.warning("repairing %s: evicted %s (the newest tenant that has not started)", gpu.where, victim.key)
         message = f"evicted to repair: {self.describe(gpu)}; its owner makes it again and sharegpu places it"
         await self._event(victim, "GPUOvercommitEvicted", message, f"{gpu.where}|evict")
+
+
+def _episode(gpu: ledger.Overcommit) -> str:
+    """One over-commit as it stands: the GPU and its tenants (a tenant more or less is another)."""
+    return f"{gpu.where}|{'|'.join(sorted(gpu.pods))}"
