@@ -1,12 +1,15 @@
 """A write whose answer is lost may have happened: the real API server commits a binding, and the
 answer never reaches the extender (the connection closes) or a 503 comes back in its place. The
 extender must hold the pod's share until it reads the truth back, and place nothing in its room.
+And when the API does show a GPU over-committed, the extender counts every pod, blocks the GPU,
+says so and repairs it.
 
-The extender replica here reaches the API server through the fault proxy, and this test plays
-kube-scheduler (its pods name no scheduler that runs), so the order of events is the test's."""
+The extender replica of the first test reaches the API server through the fault proxy, and the tests
+play kube-scheduler (their pods name no scheduler that runs), so the order of events is theirs."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import ssl
 from collections.abc import AsyncIterator, Callable
@@ -16,8 +19,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from sharegpu.api import paths
-from sharegpu.devcluster import controlplane, faults
+from sharegpu.api import names, paths
+from sharegpu.core import allocation, units
+from sharegpu.devcluster import controlplane, fakecluster, faults
 from sharegpu.devcluster.stack import ExtenderProcess
 from sharegpu.kube import client
 from tests.integration.conftest import consistent, gpu_pod, wait_for
@@ -126,3 +130,71 @@ async def test_a_committed_binding_whose_answer_was_lost_is_confirmed_not_forgot
     assert await scheduler.filter(made["second"], node) == []
     proxy.clear()
     await consistent(admin, [node])
+
+
+async def test_an_overcommitted_gpu_is_counted_reported_and_repaired_by_evicting_the_newest(
+    admin: client.KubeClient,
+    extender: ExtenderProcess,
+    harness: fakecluster.FakeCluster,
+    nodes: Callable[..., Any],
+    namespace: str,
+) -> None:
+    """Two pods bound past the extender (as another scheduler could) to one GPU that cannot hold both:
+    the extender counts both, blocks the GPU, puts a Warning on each, and evicts the newer (it has an
+    owner and has not started) through the real Eviction API with its own RBAC."""
+    (node,) = await nodes(1, gpus=1)
+    played = harness.inventory.pop(node)  # no kubelet here for now: the pods stay Pending
+    try:
+        await overcommit_and_repair(admin, extender, node, namespace)
+    finally:
+        harness.inventory[node] = played  # the harness finishes what is left (the reservation's deletion)
+
+
+async def overcommit_and_repair(admin: client.KubeClient, extender: ExtenderProcess, node: str, namespace: str) -> None:
+    owner = await admin.create(
+        paths.configmaps(namespace), {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "owner"}}
+    )
+    reference = {"apiVersion": "v1", "kind": "ConfigMap", "name": "owner", "uid": owner["metadata"]["uid"],
+                 "controller": True}  # fmt: skip
+    for name in ("older", "newer"):
+        body = gpu_pod(name, namespace, milli=600)
+        body["spec"]["schedulerName"] = MANUAL
+        body["spec"]["terminationGracePeriodSeconds"] = 30  # an eviction leaves it terminating: no kubelet ends it
+        body["metadata"]["ownerReferences"] = [reference]
+        await admin.create(paths.pods(namespace), body)
+        alloc = allocation.Allocation(
+            units.pod_key(namespace, name),
+            units.NodeName(node),
+            (allocation.ContainerAllocation("main", (allocation.DeviceGrant(0, 600, 0, 600),)),),
+        )
+        binding = {"apiVersion": "v1", "kind": "Binding",
+                   "metadata": {"name": name, "annotations": {names.ALLOCATION: alloc.to_json()}},
+                   "target": {"apiVersion": "v1", "kind": "Node", "name": node}}  # fmt: skip
+        await admin.create(paths.binding(namespace, name), binding)
+        await asyncio.sleep(1.1)  # creation times a second apart: "newer" is the newer
+
+    async def evicted() -> bool:
+        pod = await admin.get(paths.pod(namespace, "newer"))
+        return bool(pod["metadata"].get("deletionTimestamp"))
+
+    await wait_for(evicted, timeout=30, what="the newer tenant evicted")
+    older = await admin.get(paths.pod(namespace, "older"))
+    assert not older["metadata"].get("deletionTimestamp"), "only one is evicted"
+    gpu = await used_and_gpu(extender, node)
+    assert gpu["milli"]["used"] == 1200 and gpu["overcommitted"], "both counted while the evicted one is still there"
+    found, _ = await admin.list_all(paths.events(namespace))
+    said = sorted((e["reason"], e["involvedObject"]["name"]) for e in found if e["reason"].startswith("GPUOvercommit"))
+    assert said == [("GPUOvercommitEvicted", "newer"), ("GPUOvercommitted", "newer"), ("GPUOvercommitted", "older")]
+    await admin.delete(paths.pod(namespace, "newer"), grace_period=0)  # the kubelet finishes the eviction
+
+    async def repaired() -> bool:
+        gpu = await used_and_gpu(extender, node)
+        return gpu["milli"]["used"] == 600 and not gpu["overcommitted"]
+
+    await wait_for(repaired, timeout=30, what="the GPU repaired")
+
+
+async def used_and_gpu(replica: ExtenderProcess, node: str) -> Json:
+    summary = {n["node"]: n for n in await replica.debug_nodes()}
+    gpu: Json = summary[node]["gpus"][0]
+    return gpu
