@@ -6,7 +6,6 @@ whose answer was lost."""
 from __future__ import annotations
 
 import asyncio
-import json
 import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -14,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from sharegpu.api import paths
-from sharegpu.kube import client, credentials, errors, fake, transport
+from sharegpu.kube import client, errors, fake, transport
+from tests.kube.conftest import local_credentials
 
 
 def pod(name: str) -> dict[str, object]:
@@ -81,17 +81,6 @@ async def test_the_fake_loses_a_watch_connection() -> None:
             pass
 
 
-def _credentials(tmp_path: Path, port: int) -> credentials.Credentials:
-    config = tmp_path / f"config-{port}"
-    config.write_text(json.dumps({
-        "apiVersion": "v1", "kind": "Config", "current-context": "c",
-        "clusters": [{"name": "c", "cluster": {"server": f"http://127.0.0.1:{port}"}}],
-        "users": [{"name": "u", "user": {"token": "t"}}],
-        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
-    }))  # fmt: skip
-    return credentials.Credentials(lambda: credentials.parse_kubeconfig(config))
-
-
 @pytest.fixture
 async def hangup_server() -> AsyncIterator[int]:
     """A server that reads a request and closes the connection without answering."""
@@ -114,7 +103,7 @@ async def test_the_real_transport_tells_an_unsent_request_from_a_lost_answer(
         closed = probe.getsockname()[1]
     request = transport.Request("POST", "/api/v1/namespaces/ns/pods", body=b"{}")
     for port, sent in ((closed, False), (hangup_server, True)):
-        link = transport.AiohttpTransport(_credentials(tmp_path, port))
+        link = transport.AiohttpTransport(local_credentials(tmp_path, port))
         try:
             with pytest.raises(errors.TransportError) as caught:
                 await link.send(request, timeout=5)

@@ -4,13 +4,13 @@ connection is closed from our side (as when the certificates change and the pool
 from __future__ import annotations
 
 import asyncio
-import json
 from pathlib import Path
 
 import pytest
 from aiohttp import web
 
-from sharegpu.kube import credentials, errors, transport
+from sharegpu.kube import errors, transport
+from tests.kube.conftest import local_credentials
 
 
 async def test_a_stream_whose_connection_is_closed_under_it_ends_with_an_error(tmp_path: Path) -> None:
@@ -28,14 +28,7 @@ async def test_a_stream_whose_connection_is_closed_under_it_ends_with_an_error(t
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    config = tmp_path / "config"
-    config.write_text(json.dumps({
-        "apiVersion": "v1", "kind": "Config", "current-context": "c",
-        "clusters": [{"name": "c", "cluster": {"server": f"http://127.0.0.1:{port}"}}],
-        "users": [{"name": "u", "user": {"token": "t"}}],
-        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
-    }))  # fmt: skip
-    creds = credentials.Credentials(lambda: credentials.parse_kubeconfig(config))
+    creds = local_credentials(tmp_path, port)
     moving = transport.AiohttpTransport(creds, stream_check=0.05)
     received = 0
     try:
