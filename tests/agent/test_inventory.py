@@ -113,11 +113,14 @@ def test_node_labels_and_the_gpus_pods_hold() -> None:
     no_modes = {"sharegpu.io/isolation-hami-core": None, "sharegpu.io/isolation-mps": None,
                 "sharegpu.io/isolation-mig": None}  # fmt: skip
     assert inventory.node_labels(spec) == {
-        inventory.MODEL_LABEL: "NVIDIA-A100-SXM4-80GB", inventory.COUNT_LABEL: "2", **no_modes
+        inventory.MODEL_LABEL: "NVIDIA-A100-SXM4-80GB", inventory.COUNT_LABEL: "2", inventory.HEALTHY_LABEL: "2",
+        **no_modes,
     }  # fmt: skip
     assert inventory.node_labels(wire.DeviceSpec()) == {
-        inventory.MODEL_LABEL: None, inventory.COUNT_LABEL: None, **no_modes
+        inventory.MODEL_LABEL: None, inventory.COUNT_LABEL: None, inventory.HEALTHY_LABEL: None, **no_modes
     }  # fmt: skip
+    sick = inventory.device_spec(gpus("A", "B"), [], {"B": "XID 79"}, None, set())
+    assert inventory.node_labels(sick)[inventory.HEALTHY_LABEL] == "1", "a GPU's health changes the Node"
     offered = msgspec.structs.replace(spec, isolation=["mps"])
     assert inventory.node_labels(offered)["sharegpu.io/isolation-mps"] == "true"
     grant = allocation.DeviceGrant(1, 500, 0, 500)

@@ -1,10 +1,10 @@
-"""The chart's 1.20 rendering, run: every sharegpu component started as a process on the host with
-exactly the arguments its Deployment or DaemonSet renders (the pod's mounts pointed at files holding
-the rendered Secrets, its ports at free ones, a kubeconfig in place of the in-cluster account), and
-kube-scheduler from the rendered configuration calling that extender with the rendered certificates.
-A GPU pod submitted with kubectl is placed and gets its hand-off; the webhook answers a review over
-TLS with the rendered certificate (checked against the rendered CA by the Service's DNS name); the
-agent publishes its node's Device; the controller becomes ready."""
+"""The chart's rendering for the control plane's version, run: every sharegpu component started as a
+process on the host with exactly the arguments its Deployment or DaemonSet renders (the pod's mounts
+pointed at files holding the rendered Secrets, its ports at free ones, a kubeconfig in place of the
+in-cluster account), and kube-scheduler from the rendered configuration calling that extender with
+the rendered certificates. A GPU pod submitted with kubectl is placed and gets its hand-off; the
+webhook answers a review over TLS with the rendered certificate (checked against the rendered CA by
+the Service's DNS name); the agent publishes its node's Device; the controller becomes ready."""
 
 from __future__ import annotations
 
@@ -116,7 +116,7 @@ async def test_the_rendered_components_run_and_place_a_gpu_pod(
     processes: Processes,
     tmp_path: Path,
 ) -> None:
-    docs = render("1.20.2")
+    docs = render(control_plane.version)
     mounts: dict[str, str] = {}
     for mount, secret in MOUNTS.items():
         folder = tmp_path / secret
@@ -154,14 +154,17 @@ async def test_the_rendered_components_run_and_place_a_gpu_pod(
         text = text.replace(mount, local)
     configuration = yaml.safe_load(text.replace("https://127.0.0.1:8888", f"https://127.0.0.1:{port}"))
     configuration["clientConnection"]["kubeconfig"] = str(control_plane.kubeconfig("admin"))
-    configuration["healthzBindAddress"] = configuration["metricsBindAddress"] = f"127.0.0.1:{controlplane.free_port()}"
+    if "healthzBindAddress" in configuration:  # v1beta1 only; later versions serve them by flags
+        configuration["healthzBindAddress"] = configuration["metricsBindAddress"] = (
+            f"127.0.0.1:{controlplane.free_port()}"
+        )
     configuration["leaderElection"]["resourceName"] = f"chart-{namespace}"
     (profile,) = configuration["profiles"]
     profile["schedulerName"] = f"chart-{namespace}"  # the test stack's scheduler serves the chart's name
     path = tmp_path / "scheduler.yaml"
     path.write_text(yaml.safe_dump(configuration))
     processes.start("kube-scheduler", [str(control_plane.bin_dir / "kube-scheduler"), f"--config={path}",
-                                       "--port=0", "--secure-port=0"])  # fmt: skip
+                                       *control_plane.insecure_port_off(), "--secure-port=0"])  # fmt: skip
 
     # The webhook and the controller with their rendered arguments.
     hook_port = controlplane.free_port()

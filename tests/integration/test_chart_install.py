@@ -1,6 +1,7 @@
-"""The chart's 1.20 rendering against the real API server (1.20): every object is accepted (kubectl
-apply with a server-side dry run: schema, defaulting, validation and admission, nothing stored, so
-the other tests' webhook registration is left alone). test_chart_components.py runs what it renders."""
+"""The chart's rendering for the control plane's version against its real API server: every object
+is accepted (kubectl apply with a server-side dry run: schema, defaulting, validation and admission,
+nothing stored, so the other tests' webhook registration is left alone). test_chart_components.py
+runs what it renders."""
 
 from __future__ import annotations
 
@@ -12,13 +13,11 @@ from sharegpu.devcluster import controlplane
 from tests.integration.test_compat import kubectl
 from tests.test_chart import render
 
-CHART_DOCS = "1.20.2"
 
-
-async def test_every_object_of_the_1_20_rendering_is_accepted(
+async def test_every_object_of_the_rendering_is_accepted(
     control_plane: controlplane.ControlPlane, system: None, tmp_path: Path
 ) -> None:
-    docs = render(CHART_DOCS)
+    docs = render(control_plane.version)
     manifest = tmp_path / "sharegpu.yaml"
     manifest.write_text(yaml.safe_dump_all(docs))
     _, out = await kubectl(control_plane, "apply", "--dry-run=server", "-f", str(manifest))

@@ -88,7 +88,8 @@ async def test_the_shared_device_group_quick_start_runs_unchanged(
 
     async def shown() -> Json | None:
         found = await get_or_none(admin, resources.DEVICESHARE_GROUP.path(namespace, "my-group"))
-        done = found is not None and found.get("status", {}).get("allocatedPods") == ["my-pod"]
+        status = (found or {}).get("status") or {}
+        done = status.get("allocatedPods") == ["my-pod"] and status.get("phase") == "Bound"
         return found if done else None
 
     group = await wait_for(shown, what="the deviceshare.io group's status")

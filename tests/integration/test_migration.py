@@ -159,8 +159,10 @@ async def test_tkestacks_examples_are_refused_by_kubernetes_and_run_once_quoted(
     for name, held in (("readme-share.yaml", Held(1, 500, 7680)), ("readme-whole.yaml", Held(2))):
         original = MANIFESTS / "tkestack" / name
         code, text = await kubectl(control_plane, "apply", "-n", namespace, "-f", str(original), ok=False)
-        # kubectl itself refuses the numeric annotation; the API server refuses the numeric command.
-        assert code != 0 and ("annotations of type string" in text or "Container.Command: []string" in text), text
+        # kubectl itself refuses the numeric annotation; the API server refuses the numeric command
+        # (1.20 says `Container.Command: []string`, later releases `containers.command of type string`).
+        refusals = ("annotations of type string", "Container.Command: []string", "containers.command of type string")
+        assert code != 0 and any(r in text for r in refusals), text
         quoted = tmp_path / name
         fixed = original.read_text().replace("- 10\n", '- "10"\n').replace("limit: 50\n", 'limit: "50"\n')
         quoted.write_text(fixed)

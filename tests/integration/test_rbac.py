@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from sharegpu.api import names
+from sharegpu.devcluster import controlplane
 from sharegpu.kube import client
 from tests.test_chart import render
 
@@ -54,12 +55,14 @@ REFUSED: dict[str, list[Check]] = {
 
 
 @pytest.fixture(scope="module")
-async def bound(admin: client.KubeClient, system: None) -> AsyncIterator[None]:
+async def bound(
+    admin: client.KubeClient, control_plane: controlplane.ControlPlane, system: None
+) -> AsyncIterator[None]:
     """The chart's bindings, under their own names, to the chart's ServiceAccounts (the local stack
     binds the same roles to token users; the roles are the chart's)."""
     suffix = uuid.uuid4().hex[:6]
     made: list[str] = []
-    for doc in render("1.20.2"):
+    for doc in render(control_plane.version):
         if doc["kind"] not in ("ClusterRoleBinding", "RoleBinding"):
             continue
         body = copy.deepcopy(doc)

@@ -24,6 +24,11 @@ from sharegpu.core import allocation, devices, errors, units
 GONE: Final = "gone from NVML while pods hold it"
 MODEL_LABEL: Final = f"{names.DOMAIN}/gpu-model"
 COUNT_LABEL: Final = f"{names.DOMAIN}/gpu-count"
+HEALTHY_LABEL: Final = f"{names.DOMAIN}/gpu-healthy"
+"""How many of the node's GPUs are healthy. Besides telling people, its change is a Node update
+kube-scheduler sees: a pod the extender turned away waits in kube-scheduler's queue for a cluster
+event (up to five minutes without one, from 1.27), and a GPU that heals changes nothing else
+kube-scheduler watches (the Device is sharegpu's own resource)."""
 
 
 def switches(count: int, links: Sequence[nvml.Link]) -> dict[int, int]:
@@ -102,18 +107,20 @@ def isolation_label(mode: devices.Isolation) -> str:
 
 
 def node_labels(spec: wire.DeviceSpec) -> dict[str, str | None]:
-    """The node's GPU labels: its model (the most common, as a label value), GPU count, and one per
-    isolation mode it offers; None (remove) for what it does not have."""
+    """The node's GPU labels: its model (the most common, as a label value), GPU count, healthy GPU
+    count (`HEALTHY_LABEL`), and one per isolation mode it offers; None (remove) for what it does not
+    have."""
     offered = set(spec.isolation)
     modes: dict[str, str | None] = {
         isolation_label(m): "true" if m.value in offered else None for m in devices.Isolation
     }
     if not spec.gpus:
-        return {MODEL_LABEL: None, COUNT_LABEL: None, **modes}
+        return {MODEL_LABEL: None, COUNT_LABEL: None, HEALTHY_LABEL: None, **modes}
     models = [g.model for g in spec.gpus]
     model = max(sorted(set(models)), key=models.count)
     value = _LABEL_VALUE.sub("-", model).strip("-_.")[:63].rstrip("-_.")
-    return {MODEL_LABEL: value or None, COUNT_LABEL: str(len(spec.gpus)), **modes}
+    healthy = str(sum(1 for g in spec.gpus if g.healthy))
+    return {MODEL_LABEL: value or None, COUNT_LABEL: str(len(spec.gpus)), HEALTHY_LABEL: healthy, **modes}
 
 
 def held_uuids(pods: Sequence[wire.Pod], spec: wire.DeviceSpec | None) -> set[str]:

@@ -1,5 +1,6 @@
 """A real Kubernetes control plane on loopback: etcd, kube-apiserver, kube-controller-manager and
-kube-scheduler v1.20.2, built by `scripts/build-controlplane` and started here as child processes.
+kube-scheduler of the version `k8s_version()` names, built by `scripts/build-controlplane` and
+started here as child processes.
 
 Every component gets its own identity (static tokens) so RBAC is exercised for real: `admin` is in
 system:masters; the scheduler runs as system:kube-scheduler; sharegpu components run as their own
@@ -26,7 +27,19 @@ from pathlib import Path
 
 from sharegpu.serving import certs
 
-K8S_VERSION = "1.20.2"
+DEFAULT_VERSION = "1.20.2"
+"""The Kubernetes release the suite runs on unless SHAREGPU_K8S_VERSION names another."""
+
+
+def k8s_version() -> str:
+    return os.environ.get("SHAREGPU_K8S_VERSION") or DEFAULT_VERSION
+
+
+def minor_of(version: str) -> int:
+    """1 in "1.20.2" -> 20."""
+    return int(version.split(".")[1])
+
+
 REPO_ROOT = Path(__file__).resolve().parents[3]
 _PACKAGED = Path(__file__).resolve().parents[1] / "_data"
 
@@ -68,18 +81,19 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def binaries(build: bool = True) -> Path:
+def binaries(build: bool = True, version: str | None = None) -> Path:
     """The folder with the control plane binaries, building them if needed (minutes, once)."""
     explicit = os.environ.get("SHAREGPU_K8S_BIN")
     if explicit:
         return Path(explicit)
+    version = version or k8s_version()
     script = data_path("scripts/build-controlplane")
     if not script.is_file():
         raise ControlPlaneError(f"{script} not found; set SHAREGPU_K8S_BIN to a folder with the binaries")
     if not build:
-        cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "sharegpu" / f"k8s-v{K8S_VERSION}"
+        cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "sharegpu" / f"k8s-v{version}"
         return cache / "bin"
-    done = subprocess.run(["bash", str(script)], capture_output=True, text=True, check=False)
+    done = subprocess.run(["bash", str(script), version], capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise ControlPlaneError(f"building the control plane failed:\n{done.stderr[-3000:]}")
     return Path(done.stdout.strip().splitlines()[-1])
@@ -94,6 +108,12 @@ class ControlPlane:
     argv: dict[str, list[str]] = field(default_factory=dict)
     port: int = 0
     bundle: certs.Bundle | None = None
+    version: str = field(default_factory=k8s_version)
+    """The Kubernetes release of the binaries (their flags differ between releases)."""
+
+    @property
+    def minor(self) -> int:
+        return minor_of(self.version)
 
     # ----------------------------------------------------------------- addresses and credentials
 
@@ -144,10 +164,11 @@ class ControlPlane:
         tokens = self.workdir / "tokens.csv"
         tokens.write_text("".join(f'{i.token},{i.user},{i.user},"{",".join(i.groups)}"\n' for i in self.identities))
         etcd_port, peer_port = free_port(), free_port()
+        built = self.bin_dir / "etcd"  # built beside Kubernetes; the 1.20 recipe uses Debian's
         self._spawn(
             "etcd",
             [
-                "etcd",
+                str(built) if built.exists() else "etcd",
                 "--data-dir",
                 str(self.workdir / "etcd"),
                 "--listen-client-urls",
@@ -196,7 +217,7 @@ class ControlPlane:
                 str(self.bin_dir / "kube-controller-manager"),
                 f"--kubeconfig={self.kubeconfig('system:kube-controller-manager')}",
                 "--leader-elect=false",
-                "--port=0",
+                *self.insecure_port_off(),
                 "--secure-port=0",
                 "--controllers=*,-nodelifecycle,-serviceaccount-token",
                 f"--service-account-private-key-file={b.sa_key}",
@@ -211,8 +232,13 @@ class ControlPlane:
     def start_scheduler(self, config: Path, name: str = "kube-scheduler") -> None:
         self._spawn(
             name,
-            [str(self.bin_dir / "kube-scheduler"), f"--config={config}", "--port=0", "--secure-port=0", "--v=1"],
-        )
+            [str(self.bin_dir / "kube-scheduler"), f"--config={config}", *self.insecure_port_off(), "--secure-port=0",
+             "--v=1"],
+        )  # fmt: skip
+
+    def insecure_port_off(self) -> list[str]:
+        """The insecure port is off by a flag until 1.23, and gone (with its flag) after."""
+        return ["--port=0"] if self.minor < 24 else []
 
     def stop_process(self, name: str, sig: int = signal.SIGTERM) -> None:
         process = self.processes.pop(name, None)

@@ -256,8 +256,10 @@ def scheduler_config(
     leader_elect: bool = False,
     lease: tuple[float, float, float] = (15.0, 10.0, 2.0),
 ) -> Path:
-    """The chart's files/scheduler/scheduler-config.v1beta1.yaml with its placeholders filled in."""
-    text = (CHART / "files" / "scheduler" / "scheduler-config.v1beta1.yaml").read_text()
+    """The chart's scheduler configuration for the plane's version (files/scheduler: `v1` from 1.25,
+    `v1beta1` on 1.20), with its placeholders filled in."""
+    api = "v1" if plane.minor >= 25 else "v1beta1"
+    text = (CHART / "files" / "scheduler" / f"scheduler-config.{api}.yaml").read_text()
     for key, value in {
         "${KUBECONFIG}": str(plane.kubeconfig("system:kube-scheduler")),
         "${EXTENDER_URL}": extender.url,
