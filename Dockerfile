@@ -25,11 +25,13 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
 WORKDIR /src
 # What the wheel is built from: hatchling (pinned in [build-system]) runs hatch_build.py, which
 # generates the protobuf code with grpcio-tools (pinned in [tool.hatch.build.hooks.custom]); the
-# manifests and the control-plane build script are packaged as data (force-include in pyproject.toml).
+# manifests, the control-plane build script and its Go modules are packaged as data (force-include in
+# pyproject.toml).
 COPY pyproject.toml hatch_build.py README.md ./
 COPY src ./src
 COPY deploy ./deploy
 COPY scripts/build-controlplane ./scripts/build-controlplane
+COPY controlplane ./controlplane
 RUN pip wheel --no-deps --wheel-dir /dist .
 
 # The runtime environment: the wheel and its pinned runtime dependencies only (no [dev] extra, no pip).
