@@ -25,7 +25,8 @@ from sharegpu.webhook import config
 
 ROOT = Path(__file__).resolve().parents[1]
 FIELDS = Path(__file__).parent / "data" / "scheduler-config"
-VERSIONS = {"1.20.2": "v1beta1", "1.25.0": "v1", "1.30.0": "v1", "1.34.0": "v1"}
+VERSIONS = ("1.32.2", "1.34.0", "1.37.2")
+"""The two ends of the range the chart admits (both run in the integration suite), and one between."""
 Json = dict[str, Any]
 
 
@@ -77,12 +78,12 @@ def _unknown_fields(value: Any, type_name: str, types: dict[str, Any], at: str) 
     return out
 
 
-@pytest.mark.parametrize(("version", "api"), VERSIONS.items())
-def test_the_scheduler_configuration_is_the_api_the_version_serves_with_only_its_fields(version: str, api: str) -> None:
+@pytest.mark.parametrize("version", VERSIONS)
+def test_the_scheduler_configuration_is_v1_with_only_its_fields(version: str) -> None:
     docs = render(version)
     configuration = yaml.safe_load(one(docs, "ConfigMap", "sharegpu-scheduler")["data"]["config.yaml"])
-    reference = yaml.safe_load((FIELDS / f"{api}.yaml").read_text())
-    assert configuration["apiVersion"] == reference["apiVersion"] == f"kubescheduler.config.k8s.io/{api}"
+    reference = yaml.safe_load((FIELDS / "v1.yaml").read_text())
+    assert configuration["apiVersion"] == reference["apiVersion"] == "kubescheduler.config.k8s.io/v1"
     assert _unknown_fields(configuration, reference["root"], reference["types"], "$") == []
     assert "${" not in yaml.safe_dump(configuration), "every placeholder filled"
     (profile,) = configuration["profiles"]
@@ -94,16 +95,13 @@ def test_the_scheduler_configuration_is_the_api_the_version_serves_with_only_its
     assert scheduler["image"] == f"registry.k8s.io/kube-scheduler:v{version}"
 
 
-def test_a_newer_cluster_gets_the_newer_api_and_policy_v1() -> None:
-    assert (
-        yaml.safe_load(one(render("1.23.4"), "ConfigMap", "sharegpu-scheduler")["data"]["config.yaml"])["apiVersion"]
-        == "kubescheduler.config.k8s.io/v1beta3"
-    )
-    assert {d["apiVersion"] for d in render("1.20.2") if d["kind"] == "PodDisruptionBudget"} == {"policy/v1beta1"}
-    assert {d["apiVersion"] for d in render("1.25.0") if d["kind"] == "PodDisruptionBudget"} == {"policy/v1"}
-    eks = render("1.30.2-eks-1234")  # a provider's suffix: the image tag is the plain version
+def test_budgets_are_policy_v1_and_an_older_cluster_is_refused() -> None:
+    assert {d["apiVersion"] for d in render("1.32.2") if d["kind"] == "PodDisruptionBudget"} == {"policy/v1"}
+    eks = render("1.33.2-eks-1234")  # a provider's suffix: the image tag is the plain version
     image = one(eks, "Deployment", "sharegpu-scheduler")["spec"]["template"]["spec"]["containers"][0]["image"]
-    assert image == "registry.k8s.io/kube-scheduler:v1.30.2"
+    assert image == "registry.k8s.io/kube-scheduler:v1.33.2"
+    done = run_helm("template", "s", str(stack.CHART), "-n", names.SYSTEM_NAMESPACE, "--kube-version", "1.31.9")
+    assert done.returncode != 0 and "kubeVersion" in done.stderr and ">=1.32.0-0" in done.stderr, done.stderr
 
 
 def _hooks(doc: Json) -> dict[str, Json]:
@@ -122,7 +120,7 @@ def test_the_webhook_configurations_are_the_webhooks_own_plus_the_charts_guards(
         for name, hook in _hooks(want).items():
             rendered = dict(got[name])
             conditions = rendered.pop("matchConditions", None)
-            assert (conditions is not None) == (version >= "1.28" and "devices" not in name and "groups" not in name)
+            assert (conditions is not None) == ("devices" not in name and "groups" not in name)
             selector = rendered.get("namespaceSelector")
             if selector is not None:  # the chart also skips kube-system and its own namespace by name
                 by_name = selector["matchExpressions"].pop()
@@ -134,7 +132,7 @@ def test_the_webhook_configurations_are_the_webhooks_own_plus_the_charts_guards(
 
 
 def test_the_webhook_does_not_take_the_cluster_down() -> None:
-    docs = render("1.30.0")
+    docs = render("1.34.0")
     assert one(docs, "Deployment", "sharegpu-webhook")["spec"]["replicas"] == 2
     budget = one(docs, "PodDisruptionBudget", "sharegpu-webhook")["spec"]
     assert budget["minAvailable"] == 1
@@ -143,7 +141,7 @@ def test_the_webhook_does_not_take_the_cluster_down() -> None:
     ]
     for word in ("gpu", "vcuda", "NVIDIA_", "envFrom", "sharegpu.io/", "initContainers", "kubeshare/", "'gpu-'"):
         assert word in condition["expression"], word
-    off = render("1.30.0", "webhook.matchConditions=false")
+    off = render("1.34.0", "webhook.matchConditions=false")
     assert (
         "matchConditions" not in _hooks(one(off, "MutatingWebhookConfiguration", "sharegpu"))["pods.mutate.sharegpu.io"]
     )
@@ -185,7 +183,7 @@ def _handshake(secret: Json, tmp: Path, server_name: str, mutual: bool) -> str:
 
 
 def test_the_generated_certificates_are_p256_and_work_by_the_names_their_clients_use(tmp_path: Path) -> None:
-    docs = render("1.30.0")
+    docs = render("1.34.0")
     extender, webhook = one(docs, "Secret", "sharegpu-extender-tls"), one(docs, "Secret", "sharegpu-webhook-tls")
     for secret in (extender, webhook):
         for key in ("ca.crt", "tls.crt"):
@@ -213,7 +211,7 @@ def test_cert_manager_is_used_when_its_api_is_served() -> None:
 
 
 def test_every_component_has_its_own_service_account_and_the_shipped_rbac() -> None:
-    docs = render("1.20.2")
+    docs = render("1.32.2")
     accounts = {d["metadata"]["name"] for d in docs if d["kind"] == "ServiceAccount"}
     components = ("scheduler", "extender", "webhook", "controller", "agent", "reserve")
     assert accounts == {f"sharegpu-{c}" for c in components}
@@ -254,7 +252,7 @@ def test_another_namespace_is_refused_with_the_reason() -> None:
 
 
 def test_every_component_is_annotated_for_scraping_on_the_port_that_serves_its_metrics() -> None:
-    docs = render("1.30.0")
+    docs = render("1.34.0")
     for name, port, scheme in (
         ("sharegpu-scheduler", "health", None),
         ("sharegpu-controller", "health", None),
@@ -268,13 +266,13 @@ def test_every_component_is_annotated_for_scraping_on_the_port_that_serves_its_m
         assert notes["prometheus.io/scrape"] == "true" and notes["prometheus.io/path"] == "/metrics", name
         assert notes["prometheus.io/port"] == str(ports[port]), name
         assert notes.get("prometheus.io/scheme") == scheme, name
-    quiet = render("1.30.0", "metrics.podAnnotations=false")
+    quiet = render("1.34.0", "metrics.podAnnotations=false")
     template = one(quiet, "Deployment", "sharegpu-controller")["spec"]["template"]
     assert "annotations" not in template["metadata"]
 
 
 def test_a_pod_monitor_only_where_the_prometheus_operator_is_and_asked_for() -> None:
-    assert not [d for d in render("1.30.0") if d["kind"] == "PodMonitor"], "off by default"
+    assert not [d for d in render("1.34.0") if d["kind"] == "PodMonitor"], "off by default"
     args = ["template", "s", str(stack.CHART), "-n", names.SYSTEM_NAMESPACE, "--set", "metrics.podMonitor.enabled=true"]
     refused = run_helm(*args)
     assert refused.returncode != 0 and "monitoring.coreos.com/v1 PodMonitor" in refused.stderr
@@ -297,7 +295,7 @@ def test_the_webhooks_own_bootstrap_is_one_replica_writing_its_ca_into_the_confi
     done = run_helm("template", "s", str(stack.CHART), "-n", names.SYSTEM_NAMESPACE,
                     "--set", "webhook.certificates.source=bootstrap")  # fmt: skip
     assert done.returncode != 0 and "set webhook.replicas=1" in done.stderr, done.stderr
-    docs = render("1.30.0", "webhook.certificates.source=bootstrap", "webhook.replicas=1")
+    docs = render("1.34.0", "webhook.certificates.source=bootstrap", "webhook.replicas=1")
     spec = one(docs, "Deployment", "sharegpu-webhook")["spec"]["template"]["spec"]
     assert "--bootstrap=/etc/sharegpu/webhook-tls" in spec["containers"][0]["args"]
     assert {"name": "tls", "emptyDir": {}} in spec["volumes"]
@@ -310,7 +308,7 @@ def test_the_webhooks_own_bootstrap_is_one_replica_writing_its_ca_into_the_confi
 
 def test_the_defragmenter_is_off_unless_asked_and_then_gets_its_flags() -> None:
     def args(*settings: str) -> list[str]:
-        template = one(render("1.20.2", *settings), "Deployment", "sharegpu-controller")["spec"]["template"]
+        template = one(render("1.32.2", *settings), "Deployment", "sharegpu-controller")["spec"]["template"]
         found: list[str] = template["spec"]["containers"][0]["args"]
         return [a for a in found if a.startswith("--defrag")]
 

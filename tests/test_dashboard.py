@@ -194,14 +194,14 @@ def test_the_dashboard_reads_its_data_source_from_a_variable() -> None:
 
 
 def test_the_chart_ships_the_dashboard_for_grafanas_sidecar() -> None:
-    for version in ("1.20.2", "1.30.0"):
+    for version in ("1.32.2", "1.37.2"):
         configmap = one(render(version), "ConfigMap", "sharegpu-dashboard")
         assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
         assert configmap["metadata"]["namespace"] == "sharegpu-system"
         assert json.loads(configmap["data"]["sharegpu.json"]) == dashboard()
-    moved = render("1.30.0", "dashboards.namespace=monitoring", "dashboards.annotations.grafana_folder=GPUs")
+    moved = render("1.34.0", "dashboards.namespace=monitoring", "dashboards.annotations.grafana_folder=GPUs")
     configmap = one(moved, "ConfigMap", "sharegpu-dashboard")
     assert configmap["metadata"]["namespace"] == "monitoring"
     assert configmap["metadata"]["annotations"] == {"grafana_folder": "GPUs"}
-    off = render("1.30.0", "dashboards.enabled=false")
+    off = render("1.34.0", "dashboards.enabled=false")
     assert not [d for d in off if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "sharegpu-dashboard"]

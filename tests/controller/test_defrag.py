@@ -24,7 +24,7 @@ from tests.extender.conftest import add_node, gpu_pod, settle
 
 Json = dict[str, Any]
 NS = "team"
-PDB = paths.pod_disruption_budgets("v1beta1", NS)
+PDB = paths.pod_disruption_budgets(NS)
 
 
 def running(name: str, node: str, milli: int, *, owner: bool = True) -> Json:
@@ -299,15 +299,15 @@ async def test_the_fake_eviction_api_honours_disruption_budgets() -> None:
     server.put_object(paths.pods(NS), running("b", "n1", 300))
     server.put_object(PDB, budget("keep-b", "b", 0))
     api = client.KubeClient(server)
-    body = {"apiVersion": "policy/v1beta1", "kind": "Eviction", "metadata": {"name": "b", "namespace": NS}}
+    body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": "b", "namespace": NS}}
     with pytest.raises(kube_errors.BusyError):
         await api.create(paths.eviction(NS, "b"), body)
     server.put_object(PDB, budget("allow-b", "b", 1))
     with pytest.raises(kube_errors.BusyError):  # every budget that selects the pod must allow it
         await api.create(paths.eviction(NS, "b"), body)
-    server.remove_object(paths.pod_disruption_budgets("v1beta1", NS) + "/keep-b")
+    server.remove_object(paths.pod_disruption_budgets(NS) + "/keep-b")
     await api.create(paths.eviction(NS, "b"), body)
-    allowing = server.get_object(paths.pod_disruption_budgets("v1beta1", NS) + "/allow-b")
+    allowing = server.get_object(paths.pod_disruption_budgets(NS) + "/allow-b")
     assert allowing is not None and allowing["status"]["disruptionsAllowed"] == 0
 
 

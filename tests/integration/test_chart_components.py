@@ -154,17 +154,13 @@ async def test_the_rendered_components_run_and_place_a_gpu_pod(
         text = text.replace(mount, local)
     configuration = yaml.safe_load(text.replace("https://127.0.0.1:8888", f"https://127.0.0.1:{port}"))
     configuration["clientConnection"]["kubeconfig"] = str(control_plane.kubeconfig("admin"))
-    if "healthzBindAddress" in configuration:  # v1beta1 only; later versions serve them by flags
-        configuration["healthzBindAddress"] = configuration["metricsBindAddress"] = (
-            f"127.0.0.1:{controlplane.free_port()}"
-        )
     configuration["leaderElection"]["resourceName"] = f"chart-{namespace}"
     (profile,) = configuration["profiles"]
     profile["schedulerName"] = f"chart-{namespace}"  # the test stack's scheduler serves the chart's name
     path = tmp_path / "scheduler.yaml"
     path.write_text(yaml.safe_dump(configuration))
     processes.start("kube-scheduler", [str(control_plane.bin_dir / "kube-scheduler"), f"--config={path}",
-                                       *control_plane.insecure_port_off(), "--secure-port=0"])  # fmt: skip
+                                       "--secure-port=0"])  # fmt: skip
 
     # The webhook and the controller with their rendered arguments.
     hook_port = controlplane.free_port()

@@ -85,14 +85,13 @@ async def test_the_controller_evicts_the_pod_the_budget_allows_and_the_pending_p
     b = await wait_for(lambda: running_on(admin, namespace, "b"), what="b running")
     assert b["spec"]["nodeName"] == second
     await cordon(admin, first, False)
-    version = "v1" if control_plane.minor >= 21 else "v1beta1"
-    budget = {"apiVersion": f"policy/{version}", "kind": "PodDisruptionBudget",
+    budget = {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
               "metadata": {"name": "keep-b", "namespace": namespace},
               "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"app": "b"}}}}  # fmt: skip
-    await admin.create(paths.pod_disruption_budgets(version, namespace), budget)
+    await admin.create(paths.pod_disruption_budgets(namespace), budget)
 
     async def observed() -> bool:
-        found = await admin.get(f"{paths.pod_disruption_budgets(version, namespace)}/keep-b")
+        found = await admin.get(f"{paths.pod_disruption_budgets(namespace)}/keep-b")
         return bool((found.get("status") or {}).get("observedGeneration"))
 
     await wait_for(observed, what="the disruption controller to see the budget")

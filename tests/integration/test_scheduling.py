@@ -245,6 +245,7 @@ async def test_metrics_and_health_endpoints(
     admin: client.KubeClient, extender: ExtenderProcess, nodes: Callable[..., Any], namespace: str
 ) -> None:
     (node,) = await nodes(1, gpus=1)
+    conflicts = (await extender.get("/debug/nodes"))["counters"]["conflicts"]  # other tests make some on purpose
     await admin.create(f"/api/v1/namespaces/{namespace}/pods", gpu_pod("measured", namespace, milli=400))
     await wait_for(lambda: all_bound(admin, namespace, 1), what="the pod bound")
     async with aiohttp.ClientSession() as session:
@@ -275,7 +276,7 @@ async def test_metrics_and_health_endpoints(
         async with session.get(f"{extender.health_url}/debug/nodes") as response:
             counters = (await response.json())["counters"]
         assert counters["rebuilds"] >= 1
-        assert counters["conflicts"] == 0, "the ledger never disagreed with the API server"
+        assert counters["conflicts"] == conflicts, "the ledger did not disagree with the API server meanwhile"
         async with session.post(f"{extender.health_url}/bind", json={}) as response:
             assert response.status == 404, "the health port serves no scheduling verbs"
 

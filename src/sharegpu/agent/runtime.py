@@ -122,8 +122,6 @@ class Agent:
         self.drift = drift.DriftTracker()
         self.killed = 0
         self.evicted = 0
-        self.eviction_api: str | None = None
-        """The Eviction apiVersion the API server serves (read at the first eviction)."""
         self.events = kube_events.Recorder(api, "sharegpu-agent", node, wall)
         self.metrics = _Metrics(self)
         self.pods: dict[str, wire.Pod] = {}
@@ -284,9 +282,7 @@ class Agent:
             )
         else:
             try:
-                if self.eviction_api is None:
-                    self.eviction_api = api_pods.eviction_api((await client.server_version(self.api))[1])
-                body = api_pods.eviction(units.pod_key(pod.namespace, pod.name), pod.uid, self.eviction_api)
+                body = api_pods.eviction(units.pod_key(pod.namespace, pod.name), pod.uid)
                 await self.api.create(paths.eviction(pod.namespace, pod.name), body)
             except (errors.NotFoundError, errors.ConflictError):
                 return  # gone already, or made again under its name: the next pass sees

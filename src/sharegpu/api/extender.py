@@ -5,9 +5,9 @@ NodeNames} and answers {NodeNames, FailedNodes, FailedAndUnresolvableNodes, Erro
 answers [{Host, Score}] with scores 0..10; bind gets {PodName, PodNamespace, PodUID, Node} and
 answers {Error}.
 
-FailedAndUnresolvableNodes exists from Kubernetes 1.21 on; older schedulers ignore the key. A node
-that nothing can help is therefore put in both maps: 1.20 reads FailedNodes, and newer schedulers
-let FailedAndUnresolvableNodes take precedence (so they skip preemption on it).
+A node that nothing can help is put in FailedAndUnresolvableNodes (kube-scheduler then skips
+preemption on it) and in FailedNodes too: kube-scheduler lets the first map take precedence, and a
+reader of FailedNodes alone (a log, an older tool) still sees every node that failed.
 """
 
 from __future__ import annotations

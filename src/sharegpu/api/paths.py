@@ -41,10 +41,9 @@ def eviction(namespace: str, name: str) -> str:
     return f"{pod(namespace, name)}/eviction"
 
 
-def pod_disruption_budgets(version: str, namespace: str | None = None) -> str:
-    """PodDisruptionBudgets of API version `version` (`v1beta1` on Kubernetes 1.20, `v1` from 1.21),
-    of every namespace or one."""
-    base = f"/apis/policy/{version}"
+def pod_disruption_budgets(namespace: str | None = None) -> str:
+    """PodDisruptionBudgets (policy/v1), of every namespace or one."""
+    base = "/apis/policy/v1"
     return f"{base}/namespaces/{namespace}/poddisruptionbudgets" if namespace else f"{base}/poddisruptionbudgets"
 
 

@@ -292,17 +292,12 @@ def record(pod: wire.Pod, previous: Record | None = None) -> Record:
     )
 
 
-def eviction_api(minor: int) -> str:
-    """The Eviction apiVersion a Kubernetes 1.`minor` API server serves: policy/v1 from 1.22."""
-    return "policy/v1" if minor >= 22 else "policy/v1beta1"
-
-
-def eviction(pod: units.PodKey, uid: str, api_version: str) -> dict[str, Any]:
-    """An Eviction of `pod` (POSTed to `paths.eviction`: the API server honours its disruption
-    budgets), only if it is still the pod with `uid` (not one made again under its name)."""
+def eviction(pod: units.PodKey, uid: str) -> dict[str, Any]:
+    """An Eviction (policy/v1) of `pod`, POSTed to `paths.eviction`: the API server honours its
+    disruption budgets. Only if it is still the pod with `uid` (not one made again under its name)."""
     namespace, _, name = pod.partition("/")
     return {
-        "apiVersion": api_version,
+        "apiVersion": "policy/v1",
         "kind": "Eviction",
         "metadata": {"name": name, "namespace": namespace},
         "deleteOptions": {"preconditions": {"uid": uid}},

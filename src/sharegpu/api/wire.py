@@ -405,7 +405,7 @@ class PodDisruptionBudgetStatus(Message, kw_only=True, frozen=True):
 
 
 class PodDisruptionBudget(Message, kw_only=True, frozen=True):
-    """policy/v1beta1 (Kubernetes 1.20) and policy/v1 (1.21 and later) read alike for these fields."""
+    """policy/v1."""
 
     metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
     spec: PodDisruptionBudgetSpec = msgspec.field(default_factory=PodDisruptionBudgetSpec)

@@ -3,7 +3,7 @@
 What it reads (informers, on every replica): Nodes (allocatable CPU and memory, readiness), Devices
 (the GPUs), every pod (`PodFacts`: the `api.pods.Record` placement uses, its controller owner, its
 priority, its labels, whether kube-scheduler found it Unschedulable) and PodDisruptionBudgets
-(`policy/v1beta1` on Kubernetes 1.20, `policy/v1` from 1.21). From those, each pass rebuilds the
+(`policy/v1`). From those, each pass rebuilds the
 fleet as the extender does after a start (GPU allocations from the pods' allocation annotations,
 host CPU and memory of every other bound pod) and asks the planner (`core.defrag.plan`) for moves
 that let the pending pods in. The PodDisruptionBudgets give each group's allowance
@@ -15,8 +15,8 @@ only pods kube-scheduler marked Unschedulable are planned for, and a pod that ha
 alone for `cooldown` seconds (its victims are leaving, the scheduler needs a moment).
 
 Dry run (`evict=False`) reports each plan (a log line, a `DefragPlanned` event on the pending pod,
-the gauges on /metrics) and evicts nothing. Evicting (`evict=True`) POSTs an Eviction per victim
-(`policy/v1beta1` before Kubernetes 1.22, `policy/v1` after): the API server checks the
+the gauges on /metrics) and evicts nothing. Evicting (`evict=True`) POSTs an Eviction (`policy/v1`)
+per victim: the API server checks the
 PodDisruptionBudgets again, and a refusal (429) ends that move; the next pass plans again from what
 the informers then show. The defragmenter never deletes a pod itself.
 
@@ -271,25 +271,13 @@ def to_json(result: defrag.Plan, evictions: int) -> dict[str, Any]:
 # ----------------------------------------------------------------- reading the cluster once (the CLI)
 
 
-async def api_versions(api: client.KubeApi) -> tuple[str, str]:
-    """(PodDisruptionBudget version, Eviction apiVersion) the API server serves: policy/v1 budgets
-    from Kubernetes 1.21 and policy/v1 Evictions from 1.22; policy/v1beta1 before (and when the
-    version cannot be read)."""
-    try:
-        _, minor = await client.server_version(api)
-    except kube_errors.KubeError:
-        return "v1beta1", "policy/v1beta1"
-    return ("v1" if minor >= 21 else "v1beta1"), pods.eviction_api(minor)
-
-
 async def snapshot(api: client.KubeApi, *, skip: frozenset[units.PodKey] = frozenset()) -> Inputs:
     """Nodes, Devices, pods and PodDisruptionBudgets, listed once, as the planner's inputs."""
-    version, _ = await api_versions(api)
     (nodes, _), (found, _), (listed, _), (budgets, _) = await asyncio.gather(
         api.list_of(paths.NODES, wire.Node),
         api.list_of(paths.DEVICES, wire.Device),
         api.list_of(paths.PODS, wire.Pod),
-        api.list_of(paths.pod_disruption_budgets(version), wire.PodDisruptionBudget),
+        api.list_of(paths.pod_disruption_budgets(), wire.PodDisruptionBudget),
     )
     return inputs([node_view(n) for n in nodes], found, [facts(p) for p in listed], budgets, skip=skip)
 
@@ -323,8 +311,6 @@ class DefragReconciler:
         evict: bool = False,
         budget_per_hour: int = 10,
         cooldown: float = 60.0,
-        policy: str = "v1beta1",
-        eviction_api: str = "policy/v1beta1",
     ) -> None:
         if budget_per_hour < 0:
             raise errors.InvalidInputError(
@@ -336,8 +322,6 @@ class DefragReconciler:
         self.evict = evict
         self.budget_per_hour = budget_per_hour
         self.cooldown = cooldown
-        self.policy = policy
-        self.eviction_api = eviction_api
         self.nodes: dict[str, NodeView] = {}
         self.devices: dict[str, wire.Device] = {}
         self.pods: dict[units.PodKey, PodFacts] = {}
@@ -362,7 +346,7 @@ class DefragReconciler:
         return [
             informer.Informer(self.api, paths.PODS, wire.Pod, facts, self.on_pod, name="defrag-pods"),
             informer.Informer(self.api, paths.NODES, wire.Node, node_view, self.on_node, name="defrag-nodes"),
-            informer.Informer(self.api, paths.pod_disruption_budgets(self.policy), wire.PodDisruptionBudget,
+            informer.Informer(self.api, paths.pod_disruption_budgets(), wire.PodDisruptionBudget,
                               informer.identity, self.on_budget, name="poddisruptionbudgets"),
         ]  # fmt: skip
 
@@ -486,7 +470,7 @@ class DefragReconciler:
             if item is None:
                 continue
             namespace, _, name = victim.pod.partition("/")
-            body = pods.eviction(victim.pod, item.record.uid, self.eviction_api)
+            body = pods.eviction(victim.pod, item.record.uid)
             try:
                 await self.api.create(paths.eviction(namespace, name), body)
             except kube_errors.NotFoundError:

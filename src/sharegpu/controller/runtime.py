@@ -182,8 +182,6 @@ class Controller:
     async def start(self) -> None:
         """Start the informers and wait for their first lists; then campaign and reconcile."""
         if self.defrag is not None and not any(i.name == "poddisruptionbudgets" for i in self.informers):
-            # Which policy/ version serves PodDisruptionBudgets and Evictions depends on the cluster's.
-            self.defrag.policy, self.defrag.eviction_api = await defrag.api_versions(self.api)
             self.informers += self.defrag.informers()
         self.tasks = [asyncio.create_task(i.run(), name=f"informer-{i.name}") for i in self.informers]
         await asyncio.gather(*(i.synced.wait() for i in self.informers))

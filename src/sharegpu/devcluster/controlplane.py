@@ -27,8 +27,10 @@ from pathlib import Path
 
 from sharegpu.serving import certs
 
-DEFAULT_VERSION = "1.20.2"
+DEFAULT_VERSION = "1.37.2"
 """The Kubernetes release the suite runs on unless SHAREGPU_K8S_VERSION names another."""
+OLDEST_VERSION = "1.32.2"
+"""The oldest release the chart admits; scripts/test runs part of the suite on it too."""
 
 
 def k8s_version() -> str:
@@ -164,11 +166,10 @@ class ControlPlane:
         tokens = self.workdir / "tokens.csv"
         tokens.write_text("".join(f'{i.token},{i.user},{i.user},"{",".join(i.groups)}"\n' for i in self.identities))
         etcd_port, peer_port = free_port(), free_port()
-        built = self.bin_dir / "etcd"  # built beside Kubernetes; the 1.20 recipe uses Debian's
         self._spawn(
             "etcd",
             [
-                str(built) if built.exists() else "etcd",
+                str(self.bin_dir / "etcd"),
                 "--data-dir",
                 str(self.workdir / "etcd"),
                 "--listen-client-urls",
@@ -217,7 +218,6 @@ class ControlPlane:
                 str(self.bin_dir / "kube-controller-manager"),
                 f"--kubeconfig={self.kubeconfig('system:kube-controller-manager')}",
                 "--leader-elect=false",
-                *self.insecure_port_off(),
                 "--secure-port=0",
                 "--controllers=*,-nodelifecycle,-serviceaccount-token",
                 f"--service-account-private-key-file={b.sa_key}",
@@ -232,13 +232,8 @@ class ControlPlane:
     def start_scheduler(self, config: Path, name: str = "kube-scheduler") -> None:
         self._spawn(
             name,
-            [str(self.bin_dir / "kube-scheduler"), f"--config={config}", *self.insecure_port_off(), "--secure-port=0",
-             "--v=1"],
-        )  # fmt: skip
-
-    def insecure_port_off(self) -> list[str]:
-        """The insecure port is off by a flag until 1.23, and gone (with its flag) after."""
-        return ["--port=0"] if self.minor < 24 else []
+            [str(self.bin_dir / "kube-scheduler"), f"--config={config}", "--secure-port=0", "--v=1"],
+        )
 
     def stop_process(self, name: str, sig: int = signal.SIGTERM) -> None:
         process = self.processes.pop(name, None)

@@ -256,18 +256,14 @@ def scheduler_config(
     leader_elect: bool = False,
     lease: tuple[float, float, float] = (15.0, 10.0, 2.0),
 ) -> Path:
-    """The chart's scheduler configuration for the plane's version (files/scheduler: `v1` from 1.25,
-    `v1beta1` on 1.20), with its placeholders filled in."""
-    api = "v1" if plane.minor >= 25 else "v1beta1"
-    text = (CHART / "files" / "scheduler" / f"scheduler-config.{api}.yaml").read_text()
+    """The chart's files/scheduler/scheduler-config.yaml with its placeholders filled in."""
+    text = (CHART / "files" / "scheduler" / "scheduler-config.yaml").read_text()
     for key, value in {
         "${KUBECONFIG}": str(plane.kubeconfig("system:kube-scheduler")),
         "${EXTENDER_URL}": extender.url,
         "${EXTENDER_CLIENT_CERT}": str(extender.pki.client_cert),
         "${EXTENDER_CLIENT_KEY}": str(extender.pki.client_key),
         "${EXTENDER_CA}": str(extender.pki.ca),
-        "${HEALTHZ_ADDRESS}": f"127.0.0.1:{controlplane.free_port()}",
-        "${METRICS_ADDRESS}": f"127.0.0.1:{controlplane.free_port()}",
         "${LEADER_ELECT}": "true" if leader_elect else "false",
         "${LEASE_DURATION}": f"{lease[0]:g}s",
         "${RENEW_DEADLINE}": f"{lease[1]:g}s",

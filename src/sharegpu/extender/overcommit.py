@@ -65,8 +65,6 @@ class OvercommitReconciler:
         self.metrics = metrics
         self.retry = retry
         self.clock = clock
-        self.eviction_api: str | None = None
-        """The Eviction apiVersion the API server serves (read once, at the first eviction)."""
         self.tried: dict[units.PodKey, float] = {}
         """Pods an eviction was sent for -> when (until they are gone)."""
         self.said: set[tuple[str, str]] = set()
@@ -147,16 +145,9 @@ class OvercommitReconciler:
         if last is not None and now - last < self.retry:
             return
         self.tried[victim.key] = now
-        if self.eviction_api is None:
-            try:
-                _, minor = await client.server_version(self.api)
-            except errors.SharegpuError as exc:
-                log.warning("repairing %s: cannot read the API server's version: %s", gpu.where, exc)
-                return
-            self.eviction_api = pods.eviction_api(minor)
         namespace, _, name = victim.key.partition("/")
         try:
-            body = pods.eviction(victim.key, victim.uid, self.eviction_api)
+            body = pods.eviction(victim.key, victim.uid)
             await self.api.create(paths.eviction(namespace, name), body)
         except kube_errors.NotFoundError:
             return  # gone meanwhile

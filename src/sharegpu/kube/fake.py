@@ -186,7 +186,7 @@ class _FakeStream:
 class FakeApiServer:
     """See the module docstring."""
 
-    def __init__(self, *, tokens: set[str] | None = None, history: int = 10_000, minor: int = 20) -> None:
+    def __init__(self, *, tokens: set[str] | None = None, history: int = 10_000, minor: int = 37) -> None:
         self.minor = minor
         """The Kubernetes minor version /version reports."""
         self.objects: dict[Key, Json] = {}

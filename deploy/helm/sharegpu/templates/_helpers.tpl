@@ -27,15 +27,6 @@ app.kubernetes.io/component: {{ . }}
 {{- regexFind "^v?[0-9]+\\.[0-9]+\\.[0-9]+" .Capabilities.KubeVersion.Version | trimPrefix "v" -}}
 {{- end -}}
 
-{{/* kube-scheduler's configuration API for the cluster's version. */}}
-{{- define "sharegpu.schedulerConfigVersion" -}}
-{{- $v := include "sharegpu.kubeVersion" . -}}
-{{- if semverCompare "<1.23.0" $v -}}v1beta1
-{{- else if semverCompare "<1.25.0" $v -}}v1beta3
-{{- else -}}v1
-{{- end -}}
-{{- end -}}
-
 {{- define "sharegpu.podSecurity" -}}
 runAsNonRoot: true
 runAsUser: 65532
