@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import ssl
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -12,7 +13,7 @@ import aiohttp
 import pytest
 from prometheus_client import parser
 
-from sharegpu.api import names
+from sharegpu.api import names, paths
 from sharegpu.core import allocation, devices, units
 from sharegpu.devcluster.stack import ExtenderProcess
 from sharegpu.kube import client
@@ -103,6 +104,37 @@ async def test_a_pod_that_fits_nowhere_gets_a_short_event_and_the_detail_on_debu
                 line.startswith(f"{node}/gpu{gpu}: sharegpu.io/gpu-milli requested 800, free ") for line in detail
             )
     assert sum(len(line) for line in detail) > 1024, "the GPU-by-GPU text would not have fitted in an event"
+
+
+REQUEUE_LIMIT = 60.0
+"""Seconds a turned-away pod may take to land once its GPU frees. kube-scheduler (1.27 and later)
+keeps such a pod until a cluster event it watches, or five minutes; the pod's backoff is at most
+10 s. bench/requeue.py measures the delay."""
+
+
+async def test_a_pod_turned_away_lands_once_a_gpu_frees_not_after_the_five_minute_flush(
+    admin: client.KubeClient, extender: ExtenderProcess, nodes: Callable[..., Any], namespace: str
+) -> None:
+    """The extender's refusal carries no queueing hint: the pod waits for any event kube-scheduler
+    watches. A bound GPU pod deleted is one (an assigned pod's deletion), so the waiting pod lands."""
+    (node,) = await nodes(1, gpus=1)
+    await admin.create(paths.pods(namespace), gpu_pod("holder", namespace, milli=700))
+    await wait_for(lambda: _bound(admin, namespace, "holder"), what="the holder bound")
+    await admin.create(paths.pods(namespace), gpu_pod("waiting", namespace, milli=700))
+
+    async def refused() -> bool:
+        pod = await admin.get(paths.pod(namespace, "waiting"))
+        conditions = (pod.get("status") or {}).get("conditions") or []
+        return any(c["type"] == "PodScheduled" and c["status"] == "False" for c in conditions)
+
+    await wait_for(refused, what="the second pod turned away")
+    await asyncio.sleep(12)  # past its backoff: it sits among the unschedulable pods, waiting for an event
+    freed = time.monotonic()
+    await admin.delete(paths.pod(namespace, "holder"), grace_period=0)
+    await wait_for(lambda: _bound(admin, namespace, "waiting"), timeout=REQUEUE_LIMIT, what="the waiting pod bound")
+    assert time.monotonic() - freed < REQUEUE_LIMIT
+    pod = await admin.get(paths.pod(namespace, "waiting"))
+    assert pod["spec"]["nodeName"] == node
 
 
 async def test_deleting_pods_frees_shares_and_reservation_pods(
