@@ -176,7 +176,7 @@ async def test_the_rendered_components_run_and_place_a_gpu_pod(
     ]))  # fmt: skip
 
     # The agent on a new fake GPU node, with its rendered arguments and a fake NVML.
-    node = devices.uniform_node(f"{namespace}-chart", gpu_count=2, model="A100", gpu_memory_mib=40960,
+    node = devices.uniform_node(f"{namespace}-chart", gpu_count=4, model="A100", gpu_memory_mib=40960,
                                 cpu_milli=32000, memory_mib=256 * 1024)  # fmt: skip
     await harness.add_node(node, publish=False)
     await admin.patch(paths.node(node.name), {"metadata": {"labels": {"sharegpu.io/test": namespace}}})
@@ -198,29 +198,40 @@ async def test_the_rendered_components_run_and_place_a_gpu_pod(
 
     async def published() -> bool:
         found = await get_or_none(admin, paths.device(node.name))
-        return found is not None and len(found["spec"]["gpus"]) == 2
+        return found is not None and len(found["spec"]["gpus"]) == 4
 
     await wait_for(published, what="the agent's Device")
 
-    # A GPU pod, submitted with kubectl, placed by the rendered scheduler and extender.
-    pod = gpu_pod("rendered", namespace, milli=300, annotations={names.HANDOFF: f"handoff-{uuid.uuid4().hex[:6]}"})
-    pod["spec"]["schedulerName"] = f"chart-{namespace}"
-    submitted = tmp_path / "pod.yaml"
-    submitted.write_text(yaml.safe_dump(pod))
+    # GPU pods, submitted with kubectl, placed by the rendered scheduler and extender: a share, a whole
+    # GPU and a share of two GPUs.
+    def handoff() -> dict[str, str]:
+        return {names.HANDOFF: f"handoff-{uuid.uuid4().hex[:6]}"}
+
+    sharing = gpu_pod("rendered", namespace, milli=300, annotations=handoff())
+    whole = gpu_pod("whole", namespace, nvidia=1)
+    multi = gpu_pod("multi", namespace, milli=400, count=2, annotations=handoff())
+    for pod in (sharing, whole, multi):
+        pod["spec"]["schedulerName"] = f"chart-{namespace}"
+    submitted = tmp_path / "pods.yaml"
+    submitted.write_text(yaml.safe_dump_all([sharing, whole, multi]))
     await kubectl(control_plane, "apply", "-n", namespace, "-f", str(submitted))
 
-    async def handed_off() -> dict[str, str] | None:
-        found = await admin.get(paths.pod(namespace, "rendered"))
+    async def handed_off(pod: Json) -> dict[str, str] | None:
+        found = await admin.get(paths.pod(namespace, pod["metadata"]["name"]))
         if found["spec"].get("nodeName") != node.name:
             return None
         handoff = await get_or_none(admin, paths.configmap(namespace, pod["metadata"]["annotations"][names.HANDOFF]))
         return dict(handoff.get("data") or {}) or None if handoff is not None else None
 
     try:
-        data = await wait_for(handed_off, timeout=60, what="the pod placed on the agent's node with its hand-off")
+        data = await wait_for(lambda: handed_off(sharing), timeout=60, what="the share placed with its hand-off")
+        spread = await wait_for(lambda: handed_off(multi), timeout=60, what="the two-GPU share with its hand-off")
+        await wait_for(lambda: _on(admin, namespace, "whole", node.name), timeout=60, what="the whole GPU pod placed")
     except AssertionError as exc:
         raise AssertionError(f"{exc}\n{processes.log('kube-scheduler')}\n{processes.log('extender')}") from None
     assert data["main.NVIDIA_VISIBLE_DEVICES"].startswith(f"GPU-{node.name}-")
+    two = spread["main.NVIDIA_VISIBLE_DEVICES"].split(",")
+    assert len(set(two)) == 2 and all(u.startswith(f"GPU-{node.name}-") for u in two), two
 
     # The webhook answers a review over TLS, by the Service's name, with the rendered certificate.
     review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
@@ -233,3 +244,7 @@ async def test_the_rendered_components_run_and_place_a_gpu_pod(
         answer = await response.json()
     assert answer["response"]["allowed"] and answer["response"]["patch"], answer
     processes.check()
+
+
+async def _on(admin: client.KubeClient, namespace: str, name: str, node: str) -> bool:
+    return bool((await admin.get(paths.pod(namespace, name)))["spec"].get("nodeName") == node)
