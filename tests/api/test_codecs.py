@@ -5,6 +5,7 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import Any
 
+import msgspec
 import pytest
 
 from sharegpu.api import devices as api_devices
@@ -76,6 +77,66 @@ def test_whole_gpus_through_the_device_plugin() -> None:
 def test_init_containers_count_for_host_resources() -> None:
     pod = _pod({"cpu": "500m", "memory": "64Mi"}, init={"cpu": "2", "memory": "32Mi"})
     assert pods.host_request(pod) == (2000, 64)
+
+
+def _container(name: str, limits: dict[str, str], restart: str = "") -> dict[str, Any]:
+    made: dict[str, Any] = {"name": name, "resources": {"limits": limits, "requests": limits}}
+    return {**made, "restartPolicy": restart} if restart else made
+
+
+def test_native_sidecars_add_to_the_app_containers_and_run_beside_later_init_containers() -> None:
+    """A sidecar (an init container with restartPolicy Always) runs beside the app containers: its CPU,
+    memory and GPU share add to theirs. A regular init container after it runs beside it."""
+    spec = {
+        "initContainers": [
+            _container("log", {"cpu": "1", "memory": "100Mi", names.GPU_MILLI: "200"}, "Always"),
+            _container("setup", {"cpu": "3", "memory": "50Mi"}),
+        ],
+        "containers": [_container("main", {"cpu": "500m", "memory": "64Mi", names.GPU_MILLI: "300"})],
+    }
+    pod = wire.convert({"metadata": {"name": "p", "namespace": "ns"}, "spec": spec}, wire.Pod)
+    # running: 1 + 0.5 CPU, 164 MiB; the setup container beside the sidecar: 3 + 1 CPU, 150 MiB.
+    assert pods.host_request(pod) == (4000, 164)
+    demand = pods.request(pod).demand
+    assert (demand.count, demand.milli) == (1, 500), "the sidecar's share adds to the app container's"
+    plain = {**spec, "initContainers": [_container("log", {"cpu": "1", names.GPU_MILLI: "200"})]}
+    before = pods.request(wire.convert({"metadata": {"name": "p", "namespace": "ns"}, "spec": plain}, wire.Pod))
+    assert before.demand.milli == 300, "a regular init container's share is done before the app's starts"
+
+
+def test_pod_level_resources_replace_the_containers_total() -> None:
+    spec = {"resources": {"requests": {"cpu": "8", "memory": "1Gi"}},
+            "containers": [_container("main", {"cpu": "500m", "memory": "64Mi"})]}  # fmt: skip
+    pod = wire.convert({"metadata": {"name": "p", "namespace": "ns"}, "spec": spec}, wire.Pod)
+    assert pods.host_request(pod) == (8000, 1024)
+
+
+def test_a_resize_counts_the_larger_of_the_spec_and_what_the_kubelet_holds() -> None:
+    def resized(spec_cpu: str, allocated: str) -> wire.Pod:
+        body = {
+            "metadata": {"name": "p", "namespace": "ns"},
+            "spec": {"containers": [_container("main", {"cpu": spec_cpu, "memory": "64Mi"})]},
+            "status": {"containerStatuses": [{"name": "main", "allocatedResources": {"cpu": allocated},
+                                              "resources": {"requests": {"cpu": allocated}}}]},
+        }  # fmt: skip
+        return wire.convert(body, wire.Pod)
+
+    assert pods.host_request(resized("2", "1")) == (2000, 64), "growing counts at once"
+    assert pods.host_request(resized("1", "2")) == (2000, 64), "shrinking counts once the kubelet has done it"
+    assert pods.host_request(resized("1", "1")) == (1000, 64)
+    first = pods.record(resized("1", "2"))
+    again = pods.record(resized("1", "1"), first)
+    assert (first.cpu_milli, again.cpu_milli) == (2000, 1000), "a record follows the resize"
+
+    def bound(pod: wire.Pod) -> wire.Pod:
+        grant = '{"version":1,"node":"n0","containers":[{"name":"main","devices":[]}]}'
+        meta = msgspec.structs.replace(pod.metadata, annotations={names.ALLOCATION: grant})
+        return msgspec.structs.replace(pod, metadata=meta, spec=msgspec.structs.replace(pod.spec, node_name="n0"))
+
+    held = pods.record(bound(resized("1", "2")))
+    after = pods.record(bound(resized("1", "1")), held)
+    assert held.allocation is not None and after.allocation is not None
+    assert (held.allocation.cpu_milli, after.allocation.cpu_milli) == (2000, 1000), "the ledger's CPU follows"
 
 
 @pytest.mark.parametrize(

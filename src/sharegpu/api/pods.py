@@ -22,9 +22,21 @@ def key(pod: wire.Pod) -> units.PodKey:
     return units.pod_key(pod.metadata.namespace, pod.metadata.name)
 
 
+SIDECAR: Final = "Always"
+"""The restartPolicy that makes an init container a native sidecar (GA in Kubernetes 1.33): it starts
+before the app containers and runs beside them, so what it asks for adds to theirs."""
+
+
+def is_sidecar(container: wire.Container) -> bool:
+    return container.restart_policy == SIDECAR
+
+
 def containers(pod: wire.Pod) -> list[tuple[bool, wire.Container]]:
-    """(is an init container, container) for every container, init containers first."""
-    return [(True, c) for c in pod.spec.init_containers] + [(False, c) for c in pod.spec.containers]
+    """(runs before the app containers and is done when they start, container) for every container,
+    init containers first. A native sidecar is an init container that runs beside the app containers:
+    it counts as one of them (False)."""
+    made = [(not is_sidecar(c), c) for c in pod.spec.init_containers]
+    return made + [(False, c) for c in pod.spec.containers]
 
 
 def wants_gpu(pod: wire.Pod) -> bool:
@@ -51,18 +63,44 @@ def has_soft_preferences(pod: wire.Pod) -> bool:
 
 
 def host_request(pod: wire.Pod) -> tuple[int, int]:
-    """(milli-CPU, MiB) the pod requests: the larger of its app containers' sum and its largest init container."""
+    """(milli-CPU, MiB) the pod holds on its node, as kube-scheduler counts it:
+
+    - per container, its request (its limit when it states none), or, while an in-place resize is
+      under way, the larger of that and what the kubelet reports allocated: growing counts at once,
+      shrinking only once the kubelet has done it;
+    - the app containers and native sidecars add up; a regular init container runs alone, beside the
+      sidecars declared before it; the pod needs the largest of those;
+    - pod-level resources (spec.resources.requests) replace the total where they are set."""
+    reported = {s.name: s for s in (*pod.status.container_statuses, *pod.status.init_container_statuses)}
 
     def one(container: wire.Container) -> tuple[int, int]:
         req, lim = container.resources.requests, container.resources.limits
-        return quantity.milli_cpu(req.get("cpu", lim.get("cpu", 0))), quantity.mebibytes(
-            req.get("memory", lim.get("memory", 0))
-        )
+        cpu = quantity.milli_cpu(req.get("cpu", lim.get("cpu", 0)))
+        memory = quantity.mebibytes(req.get("memory", lim.get("memory", 0)))
+        status = reported.get(container.name)
+        if status is not None:
+            for held in (status.allocated_resources, status.resources.requests if status.resources else {}):
+                cpu = max(cpu, quantity.milli_cpu(held.get("cpu", 0)))
+                memory = max(memory, quantity.mebibytes(held.get("memory", 0)))
+        return cpu, memory
 
-    apps = [one(c) for c in pod.spec.containers]
-    inits = [one(c) for c in pod.spec.init_containers]
-    cpu = max(sum(a[0] for a in apps), max((i[0] for i in inits), default=0))
-    memory = max(sum(a[1] for a in apps), max((i[1] for i in inits), default=0))
+    running = [one(c) for c in pod.spec.containers]
+    beside: list[tuple[int, int]] = []
+    alone: list[tuple[int, int]] = []
+    for container in pod.spec.init_containers:
+        need = one(container)
+        if is_sidecar(container):
+            beside.append(need)
+        else:
+            alone.append((need[0] + sum(s[0] for s in beside), need[1] + sum(s[1] for s in beside)))
+    running += beside
+    cpu = max(sum(r[0] for r in running), max((a[0] for a in alone), default=0))
+    memory = max(sum(r[1] for r in running), max((a[1] for a in alone), default=0))
+    pod_level = pod.spec.resources.requests if pod.spec.resources is not None else {}
+    if "cpu" in pod_level:
+        cpu = quantity.milli_cpu(pod_level["cpu"])
+    if "memory" in pod_level:
+        memory = quantity.mebibytes(pod_level["memory"])
     return cpu, memory
 
 
@@ -119,8 +157,9 @@ REQUEST_ANNOTATIONS = (
     names.GROUP,
     names.ISOLATION,
 )
-"""The annotations `request` reads. With the containers' resources, which the API server never lets
-change, they are all a pod's request depends on."""
+"""The annotations `request` reads. With the containers' resources (of which only CPU and memory
+may change, by an in-place resize: `record` compares them too), they are all a pod's request
+depends on."""
 
 _NO_REQUEST_NOTES: tuple[str | None, ...] = (None,) * len(REQUEST_ANNOTATIONS)
 
@@ -251,8 +290,14 @@ def record(pod: wire.Pod, previous: Record | None = None) -> Record:
     parsed: requests.PodRequest | None = None
     problem: str | None = None
     inputs = request_notes(notes) if gpu else _NO_REQUEST_NOTES
+    same_host = previous is not None and (previous.cpu_milli, previous.memory_mib) == (cpu, memory)
     if gpu:
-        if previous is not None and previous.request is not None and previous.same_request(meta.uid, inputs):
+        if (
+            previous is not None
+            and previous.request is not None
+            and previous.same_request(meta.uid, inputs)
+            and same_host
+        ):
             parsed = previous.request  # every update after the first: status, binding, annotations
         else:
             try:
@@ -262,8 +307,8 @@ def record(pod: wire.Pod, previous: Record | None = None) -> Record:
     text = notes.get(names.ALLOCATION)
     alloc: allocation.Allocation | None = None
     if text:
-        if previous is not None and previous.allocation_text == text and previous.allocation is not None:
-            alloc = previous.allocation
+        if previous is not None and previous.allocation_text == text and previous.allocation is not None and same_host:
+            alloc = previous.allocation  # CPU and memory may change by an in-place resize: then parsed again
         else:
             try:
                 alloc = allocation.Allocation.from_json(text, pod=pod_key, cpu_milli=cpu, memory_mib=memory)

@@ -153,6 +153,8 @@ class Container(Message, kw_only=True, frozen=True):
     resources: ResourceRequirements = msgspec.field(default_factory=ResourceRequirements)
     env: list[EnvVar] = []
     env_from: list[EnvFromSource] = []
+    restart_policy: str = ""
+    """"Always" on an init container: a native sidecar, which runs beside the app containers."""
 
 
 class PreferredTerm(Message, kw_only=True, frozen=True):
@@ -218,6 +220,9 @@ class PodSpec(Message, kw_only=True, frozen=True):
     topology_spread_constraints: list[TopologySpreadConstraint] = []
     priority: int | None = None
     """Resolved from the pod's PriorityClass by the API server's admission (None: no priority set)."""
+    resources: ResourceRequirements | None = None
+    """Pod-level CPU and memory (Kubernetes 1.34+, beta and on by default): they replace the
+    containers' total in scheduling."""
 
 
 class PodCondition(Message, kw_only=True, frozen=True):
@@ -227,9 +232,20 @@ class PodCondition(Message, kw_only=True, frozen=True):
     message: str = ""
 
 
+class ContainerStatus(Message, kw_only=True, frozen=True):
+    """What the kubelet reports of a container's resources (they differ from the spec while an
+    in-place resize is under way)."""
+
+    name: str = ""
+    allocated_resources: dict[str, Quantity] = {}
+    resources: ResourceRequirements | None = None
+
+
 class PodStatus(Message, kw_only=True, frozen=True):
     phase: str = ""
     conditions: list[PodCondition] = []
+    container_statuses: list[ContainerStatus] = []
+    init_container_statuses: list[ContainerStatus] = []
 
 
 class Pod(Message, kw_only=True, frozen=True):
