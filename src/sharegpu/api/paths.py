@@ -13,7 +13,6 @@ CONFIGMAPS: Final = "/api/v1/configmaps"
 RESOURCE_QUOTAS: Final = "/api/v1/resourcequotas"
 DEVICES: Final = f"/apis/{names.DEVICE_GROUP}/{names.DEVICE_VERSION}/{names.DEVICE_PLURAL}"
 PRIORITY_CLASSES: Final = "/apis/scheduling.k8s.io/v1/priorityclasses"
-VERSION: Final = "/version"
 
 
 def node(name: str) -> str:

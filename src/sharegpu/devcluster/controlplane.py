@@ -37,11 +37,6 @@ def k8s_version() -> str:
     return os.environ.get("SHAREGPU_K8S_VERSION") or DEFAULT_VERSION
 
 
-def minor_of(version: str) -> int:
-    """1 in "1.20.2" -> 20."""
-    return int(version.split(".")[1])
-
-
 REPO_ROOT = Path(__file__).resolve().parents[3]
 _PACKAGED = Path(__file__).resolve().parents[1] / "_data"
 
@@ -111,11 +106,7 @@ class ControlPlane:
     port: int = 0
     bundle: certs.Bundle | None = None
     version: str = field(default_factory=k8s_version)
-    """The Kubernetes release of the binaries (their flags differ between releases)."""
-
-    @property
-    def minor(self) -> int:
-        return minor_of(self.version)
+    """The Kubernetes release of the binaries (the chart is rendered for it)."""
 
     # ----------------------------------------------------------------- addresses and credentials
 

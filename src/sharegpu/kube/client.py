@@ -17,7 +17,7 @@ from typing import Any, Final, Protocol, TypeVar
 import msgspec
 import orjson
 
-from sharegpu.api import paths, wire
+from sharegpu.api import wire
 from sharegpu.kube import credentials, errors, transport
 
 Json = dict[str, Any]
@@ -218,10 +218,6 @@ class KubeClient:
                 return None
             raise
 
-    async def version(self) -> tuple[int, int]:
-        """The API server's (major, minor) version, e.g. (1, 20)."""
-        return await server_version(self)
-
     # ----------------------------------------------------------------- lists and watches
 
     async def list_of(
@@ -323,13 +319,6 @@ class KubeClient:
                         obj = None
                     yield event.type, obj, version
                 return
-
-
-async def server_version(api: KubeApi) -> tuple[int, int]:
-    """The API server's (major, minor) version, e.g. (1, 20) (minor "37+" reads as 37)."""
-    body = await api.get(paths.VERSION)
-    digits = "".join(ch for ch in str(body.get("minor", "0")) if ch.isdigit())
-    return int(str(body.get("major", "1")) or 1), int(digits or 0)
 
 
 class _Versioned(msgspec.Struct):

@@ -8,7 +8,7 @@ end after timeoutSeconds with a bookmark, and answer 410 for versions older than
 compaction; create (409 AlreadyExists, generateName), get, replace (409 on a stale
 resourceVersion), merge, strategic (treated as merge) and JSON patches, delete with uid and
 resourceVersion preconditions (409) and a grace period for pods (deletionTimestamp, then gone when
-deleted again with grace 0 or `finish_deletions()`), /version (1.`minor`), pods/binding (409 when already bound; the
+deleted again with grace 0 or `finish_deletions()`), pods/binding (409 when already bound; the
 binding's annotations land on the pod), pods/eviction (429 when a PodDisruptionBudget of the pod's
 namespace that selects it by `matchLabels` has `status.disruptionsAllowed` below 1, as the API server
 answers; otherwise the budget's allowance goes down by one and the pod is deleted gracefully) and
@@ -186,9 +186,7 @@ class _FakeStream:
 class FakeApiServer:
     """See the module docstring."""
 
-    def __init__(self, *, tokens: set[str] | None = None, history: int = 10_000, minor: int = 37) -> None:
-        self.minor = minor
-        """The Kubernetes minor version /version reports."""
+    def __init__(self, *, tokens: set[str] | None = None, history: int = 10_000) -> None:
         self.objects: dict[Key, Json] = {}
         self.version = 0
         self.compacted = 0
@@ -384,8 +382,6 @@ class FakeApiServer:
         return collection, namespace, name, sub
 
     def _handle(self, request: transport.Request) -> tuple[int, Json]:
-        if request.path.rstrip("/") == "/version" and request.method == "GET":
-            return 200, {"major": "1", "minor": str(self.minor), "gitVersion": f"v1.{self.minor}.0"}
         collection, namespace, name, sub = self._route(request.path)
         body = orjson.loads(request.body) if request.body else None
         method = request.method
