@@ -22,9 +22,9 @@ status is 1 when any seed found a problem.
   during the churn or after it (double_allocations also counts two live reservation pods on one GPU);
 - leaked_reservations: reservation pods for GPUs nobody shares, once the churn is over and the
   reservation idle time has passed;
-- stuck_pods: pods still pending at the end although the cluster has room for them (judged by the
-  placement core over what the API holds), bound pods without a valid allocation, and bound
-  sharing pods whose hand-off ConfigMap never got their GPU;
+- stuck_pods: pods still pending at the end (after up to SETTLE seconds more) although the cluster
+  has room for them (judged by the placement core over what the API holds), bound pods without a
+  valid allocation, and bound sharing pods whose hand-off ConfigMap never got their GPU;
 - lost_pods: pods the churn created and did not delete that are gone.
 """
 
@@ -54,6 +54,10 @@ from sharegpu.kube import errors as kube_errors
 
 Json = dict[str, Any]
 NS = "chaos"
+SETTLE = 60
+"""Seconds pending pods that fit may take to be placed once the churn is over, before they count as
+stuck: after an API server restart, kube-scheduler 1.37's informers can back off for up to 30 s
+(seen: requests refused as forbidden for a moment after the restart, while RBAC loads)."""
 
 
 def pod_body(rng: random.Random, name: str) -> Json:
@@ -314,6 +318,11 @@ class Chaos:
             found = await self.observe()
         assert found is not None
         stuck = await self.pending_that_fit()
+        for _ in range(SETTLE):  # kube-scheduler's informers may be backing off after the last fault
+            if not stuck:
+                break
+            await asyncio.sleep(1)
+            stuck = await self.pending_that_fit()
         stuck += [f"no valid allocation: {x}" for x in found.missing_allocations]
         maps, _ = await self.api.list_all(paths.configmaps(NS))
         filled = {c["metadata"]["name"] for c in maps}
