@@ -308,6 +308,18 @@ class Chaos:
                 stuck.append(record.key)
         return stuck
 
+    async def reservations(self) -> dict[tuple[str, int], str]:
+        """(node, GPU) -> its live reservation pods and what they reported (for the details)."""
+        found, _ = await self.api.list_of(paths.pods(names.SYSTEM_NAMESPACE), wire.Pod)
+        out: dict[tuple[str, int], list[str]] = {}
+        for pod in found:
+            record = pods.record(pod)
+            slot = record.reservation
+            if slot is not None and record.live:
+                state = f"{record.phase}, UUID {slot.uuid or 'not reported'}"
+                out.setdefault((slot.node, slot.index), []).append(f"{record.key.split('/')[1]}: {state}")
+        return {k: "; ".join(v) for k, v in out.items()}
+
     async def verdict(self, idle_wait: float) -> dict[str, Any]:
         await asyncio.sleep(idle_wait)
         found = await self.observe()
@@ -327,11 +339,19 @@ class Chaos:
         maps, _ = await self.api.list_all(paths.configmaps(NS))
         filled = {c["metadata"]["name"] for c in maps}
         pod_list, _ = await self.api.list_of(paths.pods(NS), wire.Pod)
+        held = await self.reservations()
         for pod in pod_list:
             record = pods.record(pod)
-            shared = record.allocation is not None and not record.allocation.exclusive
-            if record.live and record.handoff and shared and record.handoff not in filled:
-                stuck.append(f"hand-off never filled: {record.key}")
+            alloc = record.allocation
+            if (
+                record.live
+                and record.handoff
+                and alloc is not None
+                and not alloc.exclusive
+                and record.handoff not in filled
+            ):
+                gpus = ", ".join(f"gpu{i} {held.get((alloc.node, i), 'unheld')}" for i in alloc.gpu_indices)
+                stuck.append(f"hand-off never filled: {record.key} on {alloc.node} ({gpus})")
         alive = {p.metadata.name for p in pod_list}
         lost = sorted((self.created - self.deleted) - alive)
         return {

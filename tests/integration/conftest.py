@@ -174,6 +174,15 @@ async def wait_for(predicate: Callable[[], Any], timeout: float = 60, every: flo
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what or predicate}: last {last!r}")
 
 
+async def refusal(kube: client.KubeClient, namespace: str, name: str) -> str | None:
+    """Why kube-scheduler turned the pod away (its PodScheduled=False message), or None while it has not."""
+    pod = await kube.get(f"/api/v1/namespaces/{namespace}/pods/{name}")
+    for condition in (pod.get("status") or {}).get("conditions") or []:
+        if condition["type"] == "PodScheduled" and condition["status"] == "False":
+            return str(condition.get("message", ""))
+    return None
+
+
 async def get_or_none(kube: client.KubeClient, path: str) -> Json | None:
     """The object at `path`, or None while it does not exist (yet)."""
     try:

@@ -18,7 +18,7 @@ from sharegpu.core import allocation, devices, units
 from sharegpu.devcluster import controlplane, fakecluster, stack
 from sharegpu.kube import client
 from tests.agent.test_inventory import FILE, write
-from tests.integration.conftest import get_or_none, gpu_pod, wait_for
+from tests.integration.conftest import get_or_none, gpu_pod, refusal, wait_for
 
 
 async def test_the_agent_publishes_its_nodes_device_and_follows_an_xid(
@@ -118,12 +118,7 @@ async def test_the_extender_places_nothing_on_a_gpu_the_agent_marks_unhealthy(
         await wait_for(lambda: _bound(admin, namespace, "first"), what="first pod placed on the healthy GPU")
         await admin.create(paths.pods(namespace), gpu_pod("second", namespace, nvidia=1))
 
-        async def refused() -> str:
-            pod = await admin.get(paths.pod(namespace, "second"))
-            conditions = (pod.get("status") or {}).get("conditions") or []
-            return next((c.get("message", "") for c in conditions if c["type"] == "PodScheduled"), "")
-
-        message = await wait_for(refused, what="second pod refused")
+        message = await wait_for(lambda: refusal(admin, namespace, "second"), what="second pod refused")
         assert "no healthy GPU" in message or "no entirely free GPU" in message, message
         path.write_text(fakenvml.describe(inventory_))
         await wait_for(lambda: _bound(admin, namespace, "second"), timeout=90, what="second pod placed once healed")

@@ -12,7 +12,7 @@ from typing import Any
 from sharegpu.api import paths
 from sharegpu.devcluster.stack import ExtenderProcess
 from sharegpu.kube import client
-from tests.integration.conftest import gpu_pod, wait_for
+from tests.integration.conftest import gpu_pod, refusal, wait_for
 
 Json = dict[str, Any]
 
@@ -48,12 +48,8 @@ async def test_a_native_sidecars_share_adds_to_the_app_containers(
     await wait_for(held, what="800 milli held: the sidecar's 400 beside the app's 400")
     await admin.create(paths.pods(namespace), gpu_pod("late", namespace, milli=300))
 
-    async def refused() -> str:
-        found = await admin.get(paths.pod(namespace, "late"))
-        conditions = (found.get("status") or {}).get("conditions") or []
-        return next((c.get("message", "") for c in conditions if c["type"] == "PodScheduled"), "")
-
-    assert "no GPU with 300 milli-GPU free" in await wait_for(refused, what="the late pod turned away")
+    message = await wait_for(lambda: refusal(admin, namespace, "late"), what="the late pod turned away")
+    assert "no GPU with 300 milli-GPU free" in message
 
 
 async def test_pod_level_resources_and_an_in_place_resize_move_the_nodes_free_cpu(

@@ -17,7 +17,7 @@ from sharegpu.api import names, paths
 from sharegpu.core import allocation, devices, units
 from sharegpu.devcluster.stack import ExtenderProcess
 from sharegpu.kube import client
-from tests.integration.conftest import consistent, get_or_none, gpu_pod, wait_for
+from tests.integration.conftest import consistent, get_or_none, gpu_pod, refusal, wait_for
 
 Json = dict[str, Any]
 
@@ -122,12 +122,7 @@ async def test_a_pod_turned_away_lands_once_a_gpu_frees_not_after_the_five_minut
     await wait_for(lambda: _bound(admin, namespace, "holder"), what="the holder bound")
     await admin.create(paths.pods(namespace), gpu_pod("waiting", namespace, milli=700))
 
-    async def refused() -> bool:
-        pod = await admin.get(paths.pod(namespace, "waiting"))
-        conditions = (pod.get("status") or {}).get("conditions") or []
-        return any(c["type"] == "PodScheduled" and c["status"] == "False" for c in conditions)
-
-    await wait_for(refused, what="the second pod turned away")
+    await wait_for(lambda: refusal(admin, namespace, "waiting"), what="the second pod turned away")
     await asyncio.sleep(12)  # past its backoff: it sits among the unschedulable pods, waiting for an event
     freed = time.monotonic()
     await admin.delete(paths.pod(namespace, "holder"), grace_period=0)
