@@ -461,6 +461,9 @@ def extender(
         str, typer.Option(help="Image of reservation pods (runs `sharegpu reserve`).")
     ] = "sharegpu:latest",
     narrow: Annotated[bool, typer.Option(help="Filter answers only the chosen node.")] = True,
+    preemption: Annotated[
+        bool, typer.Option(help="A GPU pod that fits nowhere preempts GPU pods of lower priority.")
+    ] = True,
     shapes_from: Annotated[
         Path | None,
         typer.Option(
@@ -513,6 +516,7 @@ def extender(
         narrow=narrow, shapes=shapes, tls_cert=tls_cert, tls_key=tls_key, client_ca=client_ca,
         leader_elect=leader_elect, lease_duration=lease_duration, renew_deadline=renew_deadline,
         retry_period=retry_period, reservation_idle=reservation_idle, assume_ttl=assume_ttl, identity=identity,
+        preemption=preemption,
     )  # fmt: skip
     try:
         _serve(runtime.serve(options))

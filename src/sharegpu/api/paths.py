@@ -35,6 +35,10 @@ def pod(namespace: str, name: str) -> str:
     return f"{NAMESPACES}/{namespace}/pods/{name}"
 
 
+def pod_status(namespace: str, name: str) -> str:
+    return f"{pod(namespace, name)}/status"
+
+
 def eviction(namespace: str, name: str) -> str:
     """The pod's eviction subresource (an Eviction POSTed there honours PodDisruptionBudgets)."""
     return f"{pod(namespace, name)}/eviction"

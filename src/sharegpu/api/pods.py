@@ -16,6 +16,8 @@ from sharegpu.api import names, quantity, wire
 from sharegpu.core import allocation, devices, errors, requests, units
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+NEVER: Final = "Never"
+"""The preemption policy of a pod that never preempts others."""
 
 
 def key(pod: wire.Pod) -> units.PodKey:
@@ -254,6 +256,10 @@ class Record:
     memory_mib: int
     owned: bool = False
     """A controller owns it (a ReplicaSet, Job, StatefulSet...): deleted, it is made again."""
+    priority: int = 0
+    """Its priority (0 when none is set): a pod may preempt only pods of a lower one."""
+    preempts: bool = True
+    """Its preemption policy lets it preempt others (not `Never`)."""
 
     @property
     def terminal(self) -> bool:
@@ -334,6 +340,8 @@ def record(pod: wire.Pod, previous: Record | None = None) -> Record:
         cpu_milli=cpu,
         memory_mib=memory,
         owned=any(ref.controller for ref in meta.owner_references),
+        priority=pod.spec.priority or 0,
+        preempts=pod.spec.preemption_policy != NEVER,
     )
 
 
@@ -347,6 +355,32 @@ def eviction(pod: units.PodKey, uid: str) -> dict[str, Any]:
         "metadata": {"name": name, "namespace": namespace},
         "deleteOptions": {"preconditions": {"uid": uid}},
     }
+
+
+DISRUPTION_TARGET: Final = "DisruptionTarget"
+"""The condition kube-scheduler and the kubelet put on a pod that is about to be deleted for a reason
+of the cluster's (preemption, eviction), so that its controller and its Job's failure policy know."""
+PREEMPTED: Final = "PreemptionByScheduler"
+"""The `DisruptionTarget` reason of a pod a scheduler preempts (the value kube-scheduler writes)."""
+
+
+def preempted(message: str, now: str) -> dict[str, Any]:
+    """A strategic-merge patch of a pod's status saying it is being preempted (`DISRUPTION_TARGET`;
+    conditions merge by type, so the pod's other conditions stay)."""
+    condition = {
+        "type": DISRUPTION_TARGET,
+        "status": "True",
+        "reason": PREEMPTED,
+        "message": message,
+        "lastTransitionTime": now,
+    }
+    return {"status": {"conditions": [condition]}}
+
+
+def nominated(node: str) -> dict[str, Any]:
+    """A merge patch of a pending pod's status naming the node room is being made on for it (what
+    `kubectl get pod -o wide` shows as NOMINATED NODE, and what kube-scheduler tries first)."""
+    return {"status": {"nominatedNodeName": node}}
 
 
 RESERVE_CONTAINER: Final = "reserve"

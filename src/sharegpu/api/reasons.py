@@ -39,6 +39,7 @@ RESOURCE_NAMES: Final = {
     status.Resource.COTENANCY: "co-tenancy",
     status.Resource.ISOLATION: names.ISOLATION,
     status.Resource.OVERCOMMITTED: "over-commit",
+    status.Resource.HELD: "preemption",
 }
 """The name a user knows each `core.status.Resource` by."""
 
@@ -111,6 +112,9 @@ def _text(kind: fit.Shortfall, demand: requests.GpuDemand, rows: np.ndarray, d: 
     if kind is fit.Shortfall.OVERCOMMITTED:
         what = "GPU" if n == 1 else f"{n} GPUs"
         return f"no {what} free of over-commit (an over-committed GPU takes no new pod until repaired)"
+    if kind is fit.Shortfall.HELD:
+        what = "GPU" if n == 1 else f"{n} GPUs"
+        return f"no {what} free of preemption (GPUs kept for a higher-priority pod that preempted their tenants)"
     if kind is fit.Shortfall.HOST_CPU:
         return f"insufficient cpu ({demand.cpu_milli}m requested)"
     if kind is fit.Shortfall.HOST_MEMORY:
@@ -181,6 +185,18 @@ def failures(
         text = texts[k]
         for position in groups[k].tolist():
             target[node_names[position]] = text
+    return Failures(resolvable, unresolvable)
+
+
+def preempting(failed: Failures, node: str, victims: int, leaving: int) -> Failures:
+    """The same failures, with the node a pod preempts on saying so."""
+    parts = []
+    if victims:
+        parts.append(f"preempting {victims} lower-priority {_plural(victims, 'pod', 'pods')} here")
+    if leaving:
+        parts.append(f"waiting for {leaving} {_plural(leaving, 'pod', 'pods')} leaving")
+    resolvable = {**failed.resolvable, node: PREFIX + " and ".join(parts)}
+    unresolvable = {name: text for name, text in failed.unresolvable.items() if name != node}
     return Failures(resolvable, unresolvable)
 
 

@@ -220,6 +220,8 @@ class PodSpec(Message, kw_only=True, frozen=True):
     topology_spread_constraints: list[TopologySpreadConstraint] = []
     priority: int | None = None
     """Resolved from the pod's PriorityClass by the API server's admission (None: no priority set)."""
+    preemption_policy: str = ""
+    """PreemptLowerPriority (the default) or Never, from the PriorityClass like `priority`."""
     resources: ResourceRequirements | None = None
     """Pod-level CPU and memory (Kubernetes 1.34+, beta and on by default): they replace the
     containers' total in scheduling."""

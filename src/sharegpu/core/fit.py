@@ -50,7 +50,8 @@ def isolation_mask(
 
 def eligible_gpus(state: fleet.FleetState, demand: requests.GpuDemand, rows: fleet.IntArray | slice) -> fleet.BoolArray:
     """(rows, width) bool: the GPU can host one unit (one GPU's worth) of `demand`."""
-    ok = state.present[rows] & state.healthy[rows] & ~state.blocked[rows]
+    free: fleet.BoolArray = state.held[rows] == 0
+    ok = state.present[rows] & state.healthy[rows] & ~state.blocked[rows] & free
     if demand.isolation is not None:
         ok &= isolation_mask(state, demand, rows)[:, None]
     if demand.models:
@@ -121,6 +122,10 @@ def explain_node(state: fleet.FleetState, demand: requests.GpuDemand, row: int) 
             detail = "its tenants do not fit on it together; it takes no new pod until they do"
             reasons.append(status.Reason(R.OVERCOMMITTED, 1, 0, 1, name, index, detail=detail))
             continue
+        if state.held[row, index]:
+            detail = "kept for a pod that preempted its tenants, until that pod is placed"
+            reasons.append(status.Reason(R.HELD, 1, 0, 1, name, index, detail=detail))
+            continue
         wanted = demand.milli if not demand.whole else units.MILLI_PER_GPU
         if free < wanted or (demand.whole and state.tenants[row, index] > 0):
             detail = "a whole GPU must be entirely free" if demand.whole else ""
@@ -186,11 +191,19 @@ class Shortfall(enum.IntEnum):
     OVERCOMMITTED = 10
     """Enough healthy GPUs of an allowed model, but too few of them free of over-commit (the
     ledger blocks a GPU whose tenants do not fit on it together until they do)."""
+    HELD = 11
+    """Enough GPUs otherwise, but too few of them not kept for a pod that preempted their tenants."""
 
     @property
     def resolvable(self) -> bool:
         """Whether freeing something on the node (preemption) could ever help."""
-        return self not in (Shortfall.TOO_FEW_GPUS, Shortfall.ISOLATION, Shortfall.MODEL, Shortfall.UNHEALTHY)
+        return self not in (
+            Shortfall.TOO_FEW_GPUS,
+            Shortfall.ISOLATION,
+            Shortfall.MODEL,
+            Shortfall.UNHEALTHY,
+            Shortfall.HELD,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,6 +249,8 @@ def diagnose(state: fleet.FleetState, demand: requests.GpuDemand, rows: fleet.In
         mark(Shortfall.UNHEALTHY, healthy.sum(axis=1) < need, healthy.sum(axis=1))
         healthy &= ~state.blocked[rows]
         mark(Shortfall.OVERCOMMITTED, healthy.sum(axis=1) < need, healthy.sum(axis=1))
+        healthy &= state.held[rows] == 0
+        mark(Shortfall.HELD, healthy.sum(axis=1) < need, healthy.sum(axis=1))
     mark(Shortfall.HOST_CPU, state.cpu_free[rows] < demand.cpu_milli)
     mark(Shortfall.HOST_MEMORY, state.mem_free[rows] < demand.host_memory_mib)
     if need:

@@ -10,6 +10,8 @@ decision touches only the nodes that changed since the same request shape was la
 
 `blocked` marks GPUs that take no new tenant: the ledger sets it on a GPU whose tenants, as the API
 server shows them, do not fit on it together (an over-commit some fault let through), until they do.
+`held` marks GPUs kept for a pod that preempted their tenants (`hold`): no other pod is placed there
+until its owner lets go.
 
 Not thread-safe: one owner (the ledger) mutates it; async callers serialise through the owner.
 """
@@ -92,6 +94,8 @@ class FleetState:
         """Per node: how many pods of each (per-GPU milli, GPU count) shape it holds."""
         self.blocked: BoolArray = np.zeros((n, g), dtype=np.bool_)
         """Per GPU: over-committed, so it takes no new tenant (set by the ledger)."""
+        self.held: IntArray = np.zeros((n, g), dtype=np.int64)
+        """Per GPU: how many preempting pods keep it for themselves (`hold`); placement skips it."""
 
     # ----------------------------------------------------------------- lookups
 
@@ -207,6 +211,13 @@ class FleetState:
                 if counts is None:
                     counts = self.anti_affinity[tag] = np.zeros(self.present.shape, dtype=np.int64)
                 counts[row, index] += sign
+        self.version[row] += 1
+
+    def hold(self, row: int, indices: Iterable[int], sign: int) -> None:
+        """Keep GPUs `indices` of node `row` from placement (+1), or let them go (-1)."""
+        chosen = list(indices)
+        self.held[row, chosen] += sign
+        assert (self.held[row, chosen] >= 0).all(), f"{self.names[row]}: GPUs {chosen} were not held"
         self.version[row] += 1
 
     def retag(self, row: int, allocs: Iterable[allocation.Allocation]) -> None:

@@ -28,6 +28,8 @@ class Resource(enum.Enum):
     ISOLATION = "isolation"
     OVERCOMMITTED = "gpu-overcommitted"
     """The GPU's tenants do not fit on it together; it takes no new one until they do."""
+    HELD = "gpu-held"
+    """The GPU is kept for a pod that preempted its tenants."""
 
 
 class Code(enum.Enum):

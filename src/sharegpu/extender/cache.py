@@ -103,6 +103,8 @@ class ClusterCache:
         self.pending: set[units.PodKey] = set()
         """Pods that ask for a GPU and are not bound yet (nor finished, nor being deleted)."""
         self.assumed: dict[units.PodKey, allocation.Allocation] = {}
+        self.holds: dict[units.PodKey, tuple[str, tuple[int, ...]]] = {}
+        """Pods that preempted others -> the node and GPUs kept for them (`hold`)."""
         self.counters = Counters()
         self._dirty = True
         self._state: fleet.FleetState | None = None
@@ -170,6 +172,8 @@ class ClusterCache:
                 log.error("pod %s on %s conflicts with the ledger: %s", record.key, record.node, result.message)
         for record in rest:
             self._account(record)
+        for node, gpus in self.holds.values():
+            self._hold(state, node, gpus, +1)
         for key, alloc in list(self.assumed.items()):
             if key in self._ledger:
                 continue
@@ -340,6 +344,32 @@ class ClusterCache:
         return allocation.build(request, units.NodeName(node), chosen, [int(m) for m in state.gmem_capacity[row]])
 
     # ----------------------------------------------------------------- decisions
+
+    def hold(self, key: units.PodKey, node: str, gpus: tuple[int, ...]) -> None:
+        """Keep GPUs of `node` for pod `key` (it preempted their tenants): no other pod is placed on
+        them until `release`. Kept across rebuilds while the node has them."""
+        self.release(key)
+        state = self.state  # rebuilt first if it must be: the rebuild re-applies the other holds
+        self.holds[key] = (node, gpus)
+        self._hold(state, node, gpus, +1)
+
+    def release(self, key: units.PodKey) -> bool:
+        """Let go of what `hold` kept for `key`: True if there was something."""
+        found = self.holds.pop(key, None)
+        if found is None:
+            return False
+        if not self._dirty and self._state is not None:
+            self._hold(self._state, *found, -1)
+        return True
+
+    @staticmethod
+    def _hold(state: fleet.FleetState, node: str, gpus: tuple[int, ...], sign: int) -> None:
+        row = state.row(node)
+        if row is None:
+            return
+        present = [i for i in gpus if i < state.width and state.present[row, i]]
+        if present:
+            state.hold(row, present, sign)
 
     def assume(self, alloc: allocation.Allocation) -> bool:
         result = self.ledger.assume(alloc)

@@ -63,6 +63,21 @@ class Metrics:
             ["write", "found"],
             registry=r,
         )
+        self.preemptions = prometheus_client.Counter(
+            "sharegpu_extender_preemptions",
+            "Preemption nominations, by what happened (nominated; then placed, freed, bound, gone, replaced, expired)",
+            ["outcome"],
+            registry=r,
+        )
+        self.preempted = prometheus_client.Counter(
+            "sharegpu_extender_preempted_pods", "Pods chosen as victims of a preemption", registry=r
+        )
+        self.preempted_deletions = prometheus_client.Counter(
+            "sharegpu_extender_preemption_deletions",
+            "Deletions of preempted pods, by outcome (done, refused, unknown)",
+            ["outcome"],
+            registry=r,
+        )
         self.repairs = prometheus_client.Counter(
             "sharegpu_extender_overcommit_repairs",
             "Repair passes over over-committed GPUs, by what they did (evicted, refused, unknown, waiting)",

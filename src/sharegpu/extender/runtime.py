@@ -31,9 +31,9 @@ from sharegpu.extender import cache as cache_mod
 from sharegpu.extender import handoff as handoff_mod
 from sharegpu.extender import metrics as metrics_mod
 from sharegpu.extender import overcommit as overcommit_mod
+from sharegpu.extender import preemption, routes, scheduling
 from sharegpu.extender import quotas as quotas_mod
 from sharegpu.extender import reservations as reservations_mod
-from sharegpu.extender import routes, scheduling
 from sharegpu.kube import client, informer, leader
 from sharegpu.kube import events as kube_events
 from sharegpu.serving import http2, tls
@@ -64,6 +64,8 @@ class Options:
     reservation_idle: float = 3.0
     pace: float = 0.25
     """Seconds a reconciler rests after a pass, so that a burst of changes costs one pass."""
+    preemption: bool = True
+    """A GPU pod that fits nowhere preempts lower-priority GPU pods (`extender.preemption`)."""
 
 
 class Extender:
@@ -76,16 +78,19 @@ class Extender:
         self.cache = cache_mod.ClusterCache(options.policy, clock=clock, shapes=options.shapes)
         self.quota = quotas_mod.QuotaGuard(self.cache)
         self.metrics.report(lambda: metrics_mod.view(self.cache, self.quota) if self.startup else None)
+        identity = options.identity or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(2)}"
+        recorder = kube_events.Recorder(api, "sharegpu-extender", identity, time.time)
+        self.preemptor = (
+            preemption.Preemptor(self.cache, api, recorder, self.metrics, clock=clock) if options.preemption else None
+        )
         self.scheduling = scheduling.SchedulingService(
             self.cache, api, self.metrics, narrow=options.narrow, assume_ttl=options.assume_ttl, clock=clock,
-            quota=self.quota,
+            quota=self.quota, preemptor=self.preemptor,
         )  # fmt: skip
         self.reservations = reservations_mod.ReservationReconciler(
             self.cache, api, self.metrics, image=options.image, idle=options.reservation_idle, clock=clock
         )
         self.handoffs = handoff_mod.HandoffReconciler(self.cache, self.reservations.holder, api, self.metrics)
-        identity = options.identity or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(2)}"
-        recorder = kube_events.Recorder(api, "sharegpu-extender", identity, time.time)
         self.overcommit = overcommit_mod.OvercommitReconciler(self.cache, api, recorder, self.metrics, clock=clock)
         self.elector: leader.LeaderElector | leader.Solo = (
             leader.LeaderElector(
@@ -138,6 +143,8 @@ class Extender:
             self.reservations.wake()
             self.handoffs.wake()
             self.overcommit.wake()
+            if self.preemptor is not None and self.preemptor.nominations:
+                self.preemptor.wake()
 
         return changed
 
@@ -180,6 +187,8 @@ class Extender:
             asyncio.create_task(leader.run_while_leading(self.elector, background), name="reconcilers"),
             asyncio.create_task(self.scheduling.run_expiry(), name="assumption-expiry"),
         ]
+        if self.preemptor is not None:  # on every replica: its own filter nominated the pods
+            self.tasks.append(asyncio.create_task(self.preemptor.run(), name="preemption"))
 
     async def stop(self) -> None:
         await informer.cancel(reversed(self.tasks))

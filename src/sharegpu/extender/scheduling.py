@@ -43,7 +43,7 @@ from sharegpu.api import extender as protocol
 from sharegpu.api import names, paths, pods, reasons, wire
 from sharegpu.core import allocation, errors, fit, placer, requests, units
 from sharegpu.extender import cache as cache_mod
-from sharegpu.extender import lookup
+from sharegpu.extender import lookup, preemption
 from sharegpu.extender import metrics as metrics_mod
 from sharegpu.extender import quotas as quotas_mod
 from sharegpu.kube import client
@@ -142,8 +142,11 @@ class SchedulingService:
         clock: Callable[[], float] = time.monotonic,
         remember: int = 512,
         quota: quotas_mod.QuotaGuard | None = None,
+        preemptor: preemption.Preemptor | None = None,
     ) -> None:
         self.cache = cache
+        self.preemptor = preemptor
+        """Preempts lower-priority pods for a pod that fits nowhere; None: no preemption."""
         self.quota = quota
         """Checks the namespace's ResourceQuotas on sharegpu's totals; None: not checked."""
         self.api = api
@@ -218,6 +221,12 @@ class SchedulingService:
             return self._filter_unsure(key, args)
         if key not in self.binding:
             self.cache.forget(key)  # filtered again: an earlier reservation of this pod is void
+        waiting = self.preemptor.waiting(key, args.pod.metadata.uid) if self.preemptor is not None else None
+        if waiting is not None:
+            self.metrics.decisions.labels("filter", "preempting").inc()
+            sent = self._candidates(args).names()
+            self._remember_outcome(key, 0, None, waiting, tuple(sent))
+            return protocol.FilterResult(failed_nodes=dict.fromkeys(sent, waiting))
         try:
             request = self._request(args.pod)
         except errors.InvalidInputError as exc:
@@ -248,7 +257,10 @@ class SchedulingService:
             diagnosis = fit.diagnose(self.cache.state, demand, rows)
             sent, known, missing = offered.split()
             failed = reasons.failures(known, diagnosis, demand, missing)
-            self.metrics.decisions.labels("filter", "unschedulable").inc()
+            plan = self.preemptor.consider(args.pod, request, rows, diagnosis) if self.preemptor is not None else None
+            if plan is not None:
+                failed = reasons.preempting(failed, plan.node, len(plan.victims), len(plan.leaving))
+            self.metrics.decisions.labels("filter", "unschedulable" if plan is None else "preempting").inc()
             self._remember_outcome(key, 0, None, failed.message(len(offered)), tuple(sent))
             return protocol.FilterResult(
                 failed_nodes={**failed.resolvable, **failed.unresolvable},

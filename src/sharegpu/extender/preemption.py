@@ -1,0 +1,334 @@
+"""Preemption for GPU pods: a pod that fits nowhere takes the GPUs of lower-priority pods.
+
+kube-scheduler's preemption cannot see GPU shares, so the sharegpu profile turns it off and the
+extender preempts instead, from its filter (docs/extender.md, "Preemption"):
+
+- **Plan.** When a pod fits on no candidate node, may preempt (its preemption policy is not `Never`)
+  and asks for GPUs, `core.victims` works out per candidate node the fewest lower-priority GPU
+  pods whose leaving makes it fit, GPU by GPU, and picks the plan that hurts least. Only nodes
+  kube-scheduler offered are considered (they passed its own checks: taints, affinity, CPU).
+- **Nominate and hold.** The pod is *nominated* on that node: the GPUs it will take are held for it
+  (`ClusterCache.hold`), so no other pod is placed there while the victims leave, and its status
+  names the node (`nominatedNodeName`). Filter answers the pod "waiting for N preempted pods"
+  meanwhile; it preempts nothing more.
+- **Victims.** Each gets the `DisruptionTarget` condition (reason `PreemptionByScheduler`), an event
+  `Preempted`, and is deleted with its own grace period, only if it is still the pod with that UID.
+  A deletion refused or whose answer was lost is sent again after `retry` seconds while the pod is
+  still there and not yet being deleted.
+- **Placed.** Once every victim has gone, the hold ends and the GPUs are assumed for the pod at
+  once, in the same step, so nothing else takes them before its next filter (kube-scheduler tries
+  it again when the victims' deletions arrive). The assumption is the ordinary one of filter: its
+  bind confirms it, or it expires.
+- **Ends.** A nomination also ends when the pod is gone, bound or replaced, or after `patience`
+  seconds (victims that never leave): the hold is released and the pod may plan again.
+
+Nominations live in this process only. After a restart (or on a new leader) the victims are already
+being deleted: the plan counts pods being deleted as gone, so the pod waits for them again instead
+of preempting more.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from sharegpu.api import events, paths, pods, wire
+from sharegpu.core import allocation, errors, fit, requests, units, victims
+from sharegpu.extender import cache as cache_mod
+from sharegpu.extender import metrics as metrics_mod
+from sharegpu.kube import client
+from sharegpu.kube import errors as kube_errors
+from sharegpu.kube import events as kube_events
+
+log = logging.getLogger(__name__)
+
+RETRY = 3.0
+"""Seconds before a victim's deletion is sent again (refused, or its answer lost)."""
+
+PATIENCE = 300.0
+"""Seconds a nomination waits for its victims to leave before it is given up."""
+
+
+@dataclass(slots=True)
+class Nomination:
+    pod: units.PodKey
+    uid: str
+    priority: int
+    request: requests.PodRequest
+    plan: victims.Plan
+    victims: dict[units.PodKey, str]
+    """Victims (and pods already leaving) -> their UIDs, until they have gone."""
+    since: float
+    sent: dict[units.PodKey, float] = field(default_factory=dict)
+    """Victims whose deletion was sent -> when."""
+    told: set[units.PodKey] = field(default_factory=set)
+    """Victims told by an event."""
+    announced: bool = False
+
+
+class Preemptor:
+    def __init__(
+        self,
+        cache: cache_mod.ClusterCache,
+        api: client.KubeApi,
+        recorder: kube_events.Recorder,
+        metrics: metrics_mod.Metrics,
+        *,
+        retry: float = RETRY,
+        patience: float = PATIENCE,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.cache = cache
+        self.api = api
+        self.recorder = recorder
+        self.metrics = metrics
+        self.retry = retry
+        self.patience = patience
+        self.clock = clock
+        self.nominations: dict[units.PodKey, Nomination] = {}
+        self._wake = asyncio.Event()
+
+    # ----------------------------------------------------------------- from filter (no I/O)
+
+    def waiting(self, key: units.PodKey, uid: str) -> str | None:
+        """For a pod's filter: what it waits for while its victims leave, or None (no nomination, or
+        its victims have gone: then the hold is released and the pod is placed as usual)."""
+        nomination = self.nominations.get(key)
+        if nomination is None:
+            return None
+        if nomination.uid != uid:
+            self._end(nomination, "replaced")
+            return None
+        left = self._remaining(nomination)
+        if left:
+            return f"sharegpu: waiting for {len(left)} preempted {_pods(len(left))} to leave {nomination.plan.node}"
+        self._end(nomination, "placed")
+        return None
+
+    def consider(
+        self, pod: wire.Pod, request: requests.PodRequest, rows: np.ndarray, diagnosis: fit.Diagnosis
+    ) -> victims.Plan | None:
+        """A pod that fits on none of `rows` (fleet rows, aligned with `diagnosis`): nominate it where
+        preempting hurts least, if anywhere. The writes follow in `run`."""
+        demand = request.demand
+        key = pods.key(pod)
+        priority = pod.spec.priority or 0
+        if demand.count == 0 or pod.spec.preemption_policy == pods.NEVER or not pod.metadata.uid:
+            return None
+        resolvable = [
+            int(row)
+            for row, kind in zip(rows.tolist(), diagnosis.shortfall.tolist(), strict=True)
+            if fit.Shortfall(kind).resolvable
+        ]
+        if not resolvable:
+            return None
+        state = self.cache.state
+        tenants = self._tenants(set(resolvable))
+        plans = [
+            plan
+            for row in resolvable
+            if any(t.leaving or (t.preemptible and t.priority < priority) for t in tenants.get(row, ()))
+            and (plan := victims.on_node(state, row, tenants[row], demand, priority)) is not None
+        ]
+        chosen = victims.best(plans, self.cache.placer.priority)
+        if chosen is None:
+            return None
+        leave = {k: self._uid(k) for k in (*chosen.victims, *chosen.leaving)}
+        nomination = Nomination(key, pod.metadata.uid, priority, request, chosen, leave, self.clock())
+        self.nominations[key] = nomination
+        self.cache.hold(key, chosen.node, chosen.gpus)
+        self.metrics.preemptions.labels("nominated").inc()
+        self.metrics.preempted.inc(len(chosen.victims))
+        log.info(
+            "pod %s (priority %d) nominated on %s GPUs %s: preempting %s%s",
+            key, priority, chosen.node, list(chosen.gpus), ", ".join(chosen.victims) or "nothing",
+            f"; waiting for {', '.join(chosen.leaving)}" if chosen.leaving else "",
+        )  # fmt: skip
+        self._wake.set()
+        return chosen
+
+    def _uid(self, key: units.PodKey) -> str:
+        record = self.cache.record(key)
+        return record.uid if record is not None else ""
+
+    def _tenants(self, rows: set[int]) -> dict[int, list[victims.Tenant]]:
+        """The ledger's pods on those rows as preemption sees them."""
+        state = self.cache.state
+        found: dict[int, list[victims.Tenant]] = {}
+        for key, entry in self.cache.ledger.entries():
+            row = state.row(entry.alloc.node)
+            if row is None or row not in rows:
+                continue
+            record = self.cache.record(key)
+            bound = record is not None and record.node == entry.alloc.node
+            found.setdefault(row, []).append(
+                victims.Tenant(
+                    alloc=entry.alloc,
+                    priority=record.priority if record is not None else 0,
+                    created=record.created if record is not None else "",
+                    preemptible=bound and key not in self.nominations,
+                    leaving=bound and record is not None and record.deleting,
+                )
+            )
+        return found
+
+    def _remaining(self, nomination: Nomination) -> list[units.PodKey]:
+        """Its victims still holding their GPUs (the ledger counts a pod until it has gone)."""
+        left = []
+        for key, uid in nomination.victims.items():
+            record = self.cache.record(key)
+            if record is not None and record.uid == uid and not record.terminal and key in self.cache.ledger:
+                left.append(key)
+        return left
+
+    def _end(self, nomination: Nomination, why: str) -> None:
+        self.nominations.pop(nomination.pod, None)
+        self.cache.release(nomination.pod)
+        self.metrics.preemptions.labels(why).inc()
+        log.info("nomination of %s on %s ended: %s", nomination.pod, nomination.plan.node, why)
+
+    # ----------------------------------------------------------------- the writes
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def run(self, tick: float = 1.0) -> None:
+        """Carry out nominations: woken by a new one, and every `tick` seconds for the rest."""
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), tick)
+            self._wake.clear()
+            try:
+                await self.reconcile()
+            except errors.SharegpuError as exc:
+                log.warning("preemption pass failed: %s", exc)
+
+    async def reconcile(self) -> None:
+        """One pass over every nomination: announce new ones, delete victims, end finished ones."""
+        now = self.clock()
+        for nomination in list(self.nominations.values()):
+            record = self.cache.record(nomination.pod)
+            if record is None or record.uid != nomination.uid or record.deleting or record.terminal:
+                self._end(nomination, "gone")
+                continue
+            if record.node:
+                self._end(nomination, "bound")
+                continue
+            left = self._remaining(nomination)
+            if not left:
+                self._place(nomination)
+                continue
+            if now - nomination.since >= self.patience:
+                log.warning("pod %s: %s still on %s after %.0f s; the nomination is given up",
+                            nomination.pod, ", ".join(left), nomination.plan.node, self.patience)  # fmt: skip
+                self._end(nomination, "expired")
+                continue
+            if not nomination.announced:
+                nomination.announced = await self._announce(nomination)
+            for key in left:
+                victim = self.cache.record(key)
+                if victim is None or victim.deleting or key not in nomination.plan.victims:
+                    continue
+                sent = nomination.sent.get(key)
+                if sent is None or now - sent >= self.retry:
+                    nomination.sent[key] = now
+                    await self._delete(nomination, victim)
+
+    def _place(self, nomination: Nomination) -> None:
+        """The victims have gone: the held GPUs become the pod's assumption in one step."""
+        self.nominations.pop(nomination.pod, None)
+        self.cache.release(nomination.pod)
+        plan = nomination.plan
+        state = self.cache.state
+        row = state.row(plan.node)
+        placed = False
+        if row is not None:
+            inventory = state.inventories[row]
+            alloc = allocation.build(
+                nomination.request,
+                plan.node,
+                plan.gpus,
+                [gpu.memory_mib for gpu in inventory.gpus],
+                [gpu.uuid for gpu in inventory.gpus] if inventory.gpus else None,
+            )
+            placed = nomination.pod not in self.cache.ledger and self.cache.assume(alloc)
+        self.metrics.preemptions.labels("placed" if placed else "freed").inc()
+        log.info("pod %s: its victims on %s have gone; %s", nomination.pod, plan.node,
+                 "its GPUs are assumed for it" if placed else "the room is free for its next try")  # fmt: skip
+
+    async def _announce(self, nomination: Nomination) -> bool:
+        """The pod's nominated node in its status, and an event saying what it preempts."""
+        namespace, _, name = nomination.pod.partition("/")
+        plan = nomination.plan
+        try:
+            await self.api.patch(paths.pod_status(namespace, name), pods.nominated(plan.node))
+        except errors.SharegpuError as exc:
+            log.warning("pod %s: cannot name its nominated node: %s", nomination.pod, exc)
+        what = ", ".join(plan.victims) or "nothing more"
+        message = f"preempting {what} on {plan.node} for GPUs {list(plan.gpus)}"
+        if plan.leaving:
+            message += f" (also waiting for {', '.join(plan.leaving)}, already leaving)"
+        subject = events.Subject("v1", "Pod", namespace, name, nomination.uid)
+        try:
+            await self.recorder.record(subject, "Preempting", message, decision=f"preempt|{plan.node}")
+        except errors.SharegpuError as exc:
+            log.warning("event Preempting on %s: %s", nomination.pod, exc)
+            return False
+        return True
+
+    async def _delete(self, nomination: Nomination, victim: pods.Record) -> None:
+        namespace, _, name = victim.key.partition("/")
+        message = (
+            f"sharegpu-scheduler: preempted by {nomination.pod} (priority {nomination.priority}) to free its "
+            f"GPU share on {nomination.plan.node}"
+        )
+        now = wire.timestamp(self.recorder.clock())
+        try:
+            await self.api.patch(
+                paths.pod_status(namespace, name), pods.preempted(message, now), content_type=client.STRATEGIC_PATCH
+            )
+        except kube_errors.NotFoundError:
+            return
+        except errors.SharegpuError as exc:
+            log.warning("pod %s: cannot mark it preempted: %s", victim.key, exc)
+        try:
+            await self.api.delete(paths.pod(namespace, name), preconditions={"uid": victim.uid})
+        except errors.SharegpuError as exc:
+            outcome = kube_errors.outcome(exc)
+            self.metrics.preempted_deletions.labels(outcome.value).inc()
+            log.warning("preempting %s for %s: %s (%s; sent again in %.0f s if it is still there)",
+                        victim.key, nomination.pod, exc, outcome.value, self.retry)  # fmt: skip
+            return
+        self.metrics.preempted_deletions.labels("done").inc()
+        log.info("preempted %s on %s for %s", victim.key, nomination.plan.node, nomination.pod)
+        if victim.key not in nomination.told:
+            subject = events.Subject("v1", "Pod", namespace, name, victim.uid)
+            try:
+                await self.recorder.record(subject, "Preempted", message, decision=f"preempted|{nomination.uid}")
+                nomination.told.add(victim.key)
+            except errors.SharegpuError as exc:
+                log.warning("event Preempted on %s: %s", victim.key, exc)
+
+    def describe(self) -> list[dict[str, object]]:
+        """The nominations now (for /debug)."""
+        return [
+            {
+                "pod": n.pod,
+                "node": n.plan.node,
+                "gpus": list(n.plan.gpus),
+                "victims": list(n.plan.victims),
+                "waiting_for": self._remaining(n),
+                "age_seconds": round(self.clock() - n.since, 1),
+            }
+            for n in self.nominations.values()
+        ]
+
+
+def _pods(n: int) -> str:
+    return "pod" if n == 1 else "pods"
