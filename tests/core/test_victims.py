@@ -1,0 +1,120 @@
+"""Preemption GPU by GPU: the fewest lower-priority tenants whose leaving makes a pod fit, the least
+important of them, never a pod of equal or higher priority, and the plan that hurts least across nodes."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from sharegpu.core import allocation, fit, fleet, requests, units, victims
+from tests.conftest import node
+
+
+def tenant(
+    name: str, milli: int, priority: int, *, where: str = "a", index: int = 0, leaving: bool = False, created: str = ""
+) -> victims.Tenant:
+    whole = milli == 1000
+    alloc = allocation.Allocation(
+        pod=units.PodKey(f"ns/{name}"),
+        node=units.NodeName(where),
+        containers=(allocation.ContainerAllocation("main", (allocation.DeviceGrant(index, milli, 0, milli),)),),
+        cpu_milli=100,
+        memory_mib=64,
+        exclusive=whole,
+    )
+    return victims.Tenant(alloc, priority, created=created, leaving=leaving)
+
+
+def share(milli: int, count: int = 1) -> requests.GpuDemand:
+    return requests.GpuDemand(count=count, milli=milli, cpu_milli=100, host_memory_mib=64)
+
+
+def state_of(*names: str, gpus: int = 1) -> fleet.FleetState:
+    return fleet.FleetState([node(n, gpus) for n in names])
+
+
+def names(keys: tuple[units.PodKey, ...]) -> list[str]:
+    return [k.split("/")[1] for k in keys]
+
+
+def test_only_lower_priority_pods_go_and_only_as_many_as_needed() -> None:
+    state = state_of("a")
+    tenants = [tenant("low1", 300, 0), tenant("low2", 300, 0), tenant("high", 300, 10)]
+    plan = victims.on_node(state, 0, tenants, share(600), priority=5)
+    assert plan is not None
+    assert sorted(names(plan.victims)) == ["low1", "low2"], "high outranks the pod: it stays"
+    assert plan.gpus == (0,) and plan.cost == (0, 0, 2)
+
+
+def test_the_most_important_are_reprieved_first() -> None:
+    state = state_of("a")
+    tenants = [tenant("p1", 300, 1), tenant("p3", 300, 3), tenant("p2", 300, 2)]
+    plan = victims.on_node(state, 0, tenants, share(400), priority=100)
+    assert plan is not None and names(plan.victims) == ["p1"], "one pod frees enough: the least important"
+
+
+def test_of_equals_the_newer_goes() -> None:
+    state = state_of("a")
+    tenants = [
+        tenant("old", 500, 1, created="2026-01-01T00:00:00Z"),
+        tenant("new", 500, 1, created="2026-01-02T00:00:00Z"),
+    ]
+    plan = victims.on_node(state, 0, tenants, share(500), priority=2)
+    assert plan is not None and names(plan.victims) == ["new"]
+
+
+def test_no_plan_where_preempting_cannot_help() -> None:
+    state = state_of("a")
+    assert victims.on_node(state, 0, [tenant("same", 800, 5)], share(500), priority=5) is None, "equal priority stays"
+    assert victims.on_node(state, 0, [tenant("low", 100, 0), tenant("high", 800, 9)], share(500), priority=5) is None
+    assert victims.on_node(state, 0, [], share(500), priority=5) is None
+
+
+def test_pods_already_leaving_count_as_gone_and_cost_nothing() -> None:
+    state = state_of("a")
+    tenants = [tenant("going", 800, 0, leaving=True), tenant("low", 200, 0)]
+    plan = victims.on_node(state, 0, tenants, share(800), priority=5)
+    assert plan is not None and plan.victims == () and names(plan.leaving) == ["going"]
+    assert plan.cost < victims.on_node(state, 0, [tenant("low", 900, 0)], share(800), priority=5).cost  # type: ignore[union-attr]
+
+
+def test_a_whole_gpu_is_freed_where_that_takes_the_fewest_pods() -> None:
+    state = state_of("a", gpus=2)
+    tenants = [tenant("x", 300, 0, index=0), tenant("y", 300, 0, index=0), tenant("z", 300, 0, index=1)]
+    plan = victims.on_node(state, 0, tenants, share(1000), priority=5)
+    assert plan is not None and names(plan.victims) == ["z"] and plan.gpus == (1,)
+
+
+def test_held_and_blocked_gpus_stay_out_of_the_plan() -> None:
+    state = state_of("a", gpus=2)
+    state.hold(0, [1], +1)
+    tenants = [tenant("x", 300, 0, index=0), tenant("y", 300, 0, index=0), tenant("z", 300, 0, index=1)]
+    plan = victims.on_node(state, 0, tenants, share(1000), priority=5)
+    assert plan is not None and sorted(names(plan.victims)) == ["x", "y"] and plan.gpus == (0,)
+    state.blocked[0, 0] = True
+    assert victims.on_node(state, 0, tenants, share(1000), priority=5) is None
+
+
+def test_the_plan_that_hurts_least_wins_across_nodes() -> None:
+    state = state_of("a", "b", "c")
+    plans = [
+        victims.on_node(state, 0, [tenant("a1", 900, 5, where="a")], share(500), priority=9),
+        victims.on_node(state, 1, [tenant(f"b{i}", 300, 1, where="b") for i in range(3)], share(600), priority=9),
+        victims.on_node(state, 2, [tenant("c1", 900, 1, where="c")], share(500), priority=9),
+    ]
+    found = [p for p in plans if p is not None]
+    assert len(found) == 3
+    best = victims.best(found, np.arange(3))
+    assert best is not None and best.node == "c", "lowest priority, then fewest pods"
+    assert victims.best(found[:2], np.arange(3)).node == "b"  # type: ignore[union-attr]
+    assert victims.best([], np.arange(3)) is None
+
+
+def test_holding_a_gpu_keeps_placement_off_it() -> None:
+    state = state_of("a", gpus=2)
+    rows = np.array([0])
+    assert fit.eligible_gpus(state, share(500), rows)[0].tolist() == [True, True]
+    state.hold(0, [0], +1)
+    assert fit.eligible_gpus(state, share(500), rows)[0].tolist() == [False, True]
+    assert fit.diagnose(state, share(500, count=2), rows).shortfall[0] == fit.Shortfall.HELD
+    state.hold(0, [0], -1)
+    assert fit.eligible_gpus(state, share(500), rows)[0].tolist() == [True, True]
