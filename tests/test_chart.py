@@ -318,3 +318,16 @@ def test_the_defragmenter_is_off_unless_asked_and_then_gets_its_flags() -> None:
         "--defrag-dry-run",
         "--defrag-budget-per-hour=3",
     ]
+
+
+def test_the_extender_preempts_unless_told_not_to() -> None:
+    def args(*settings: str) -> list[str]:
+        template = one(render("1.37.2", *settings), "Deployment", "sharegpu-scheduler")["spec"]["template"]
+        (extender,) = [c for c in template["spec"]["containers"] if c["name"] == "extender"]
+        found: list[str] = extender["args"]
+        return [a for a in found if "preemption" in a]
+
+    assert args() == []
+    assert args("extender.preemption=false") == ["--no-preemption"]
+    done = run_helm("template", "s", str(stack.CHART), "-n", names.SYSTEM_NAMESPACE, "--set", "extender.preemption=1")
+    assert done.returncode != 0 and "/extender/preemption" in done.stderr, done.stderr

@@ -66,6 +66,8 @@ async def test_a_high_priority_pod_preempts_the_fewest_and_gets_their_gpu(harnes
     waiting = h.extender.scheduling.filter(h.args(high))
     assert "waiting for 1 preempted pod to leave n0" in waiting.failed_nodes["n0"]
     assert not overcommitted(h)
+    (shown,) = preemptor.describe()
+    assert shown["pod"] == "ns/high" and shown["gpus"] == [0] and shown["waiting_for"] == ["ns/low2"]
 
     h.server.finish_deletions()  # the kubelet stops the victim
     await settle(h.server)

@@ -8,8 +8,9 @@ Two applications on two listeners:
   HTTP/2 as well as HTTP/1.1 (ALPN), so kube-scheduler sends every call over one connection.
 - `operations`: GET /healthz, /readyz (every informer synced and watching, the API accepting our
   credentials), /metrics (Prometheus), /debug/nodes (per node and GPU: capacity, used, free, who
-  holds what), /debug/pods/{namespace}/{name} (the last filter verdict for a pod and, GPU by GPU,
-  why it does not fit now), /debug/informers.
+  holds what; the pods nominated by preemption and what they wait for),
+  /debug/pods/{namespace}/{name} (the last filter verdict for a pod and, GPU by GPU, why it does not
+  fit now), /debug/informers.
 
 Bodies are decoded into the typed messages of `api.extender`; a malformed body gets a 400 naming
 the problem and never reaches the scheduling service.
@@ -123,7 +124,9 @@ def operations(runtime: Runtime) -> web.Application:
 
     async def debug_nodes(_: web.Request) -> web.Response:
         counters = dataclasses.asdict(runtime.cache.counters)
-        return _json({"nodes": runtime.cache.summary(runtime.holder), "counters": counters})
+        preemptor = runtime.scheduling.preemptor
+        nominations = preemptor.describe() if preemptor is not None else []
+        return _json({"nodes": runtime.cache.summary(runtime.holder), "counters": counters, "nominations": nominations})
 
     async def debug_informers(_: web.Request) -> web.Response:
         return _json(runtime.readiness()[1])
