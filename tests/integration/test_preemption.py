@@ -5,6 +5,7 @@ says `preemptionPolicy: Never` preempts nothing."""
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -66,7 +67,7 @@ async def test_a_high_priority_pod_preempts_lower_priority_shares_and_takes_thei
     pods_path = f"/api/v1/namespaces/{namespace}/pods"
     for name in ("low-a", "low-b"):
         await admin.create(pods_path, with_class(gpu_pod(name, namespace, milli=400), classes["low"]))
-        await wait_for(lambda n=name: _bound(admin, namespace, n), what=f"{name} bound")
+        await wait_for(functools.partial(_bound, admin, namespace, name), what=f"{name} bound")
     await admin.create(pods_path, with_class(gpu_pod("high", namespace, milli=600), classes["high"]))
 
     async def placed() -> Json | None:
