@@ -74,6 +74,7 @@ def test_pods_already_leaving_count_as_gone_and_cost_nothing() -> None:
     tenants = [tenant("going", 800, 0, leaving=True), tenant("low", 200, 0)]
     plan = victims.on_node(state, 0, tenants, share(800), priority=5)
     assert plan is not None and plan.victims == () and names(plan.leaving) == ["going"]
+    assert victims.on_node(state, 0, tenants, share(800), priority=0) is None, "only for a pod that could preempt it"
     assert plan.cost < victims.on_node(state, 0, [tenant("low", 900, 0)], share(800), priority=5).cost  # type: ignore[union-attr]
 
 

@@ -72,7 +72,9 @@ async def test_a_high_priority_pod_preempts_the_fewest_and_gets_their_gpu(harnes
     h.server.finish_deletions()  # the kubelet stops the victim
     await settle(h.server)
     await preemptor.reconcile()
+    await settle(h.server)
     assert preemptor.nominations == {} and not h.extender.cache.state.held.any()
+    assert not stored(h, "high")["status"].get("nominatedNodeName"), "cleared: kube-scheduler tries it again"
     assert h.extender.scheduling.filter(h.args(sneak)).node_names == [], "assumed for high at once"
     assert await h.schedule(high) == "n0"
     assert not overcommitted(h)

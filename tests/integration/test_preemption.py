@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from sharegpu.api import names
-from sharegpu.devcluster import oracle
+from sharegpu.core import allocation, units
+from sharegpu.devcluster import fakecluster, oracle
 from sharegpu.devcluster.stack import ExtenderProcess
 from sharegpu.kube import client
 from tests.integration.conftest import consistent, gpu_pod, refusal, wait_for
@@ -109,3 +110,62 @@ async def test_a_pod_that_may_not_preempt_waits(
 async def _bound(kube: client.KubeClient, namespace: str, name: str) -> bool:
     pod = await kube.get(f"/api/v1/namespaces/{namespace}/pods/{name}")
     return bool(pod["spec"].get("nodeName")) and names.ALLOCATION in pod["metadata"].get("annotations", {})
+
+
+async def test_victims_that_take_time_to_stop_keep_their_gpu_for_the_pod_that_preempted_them(
+    admin: client.KubeClient,
+    harness: fakecluster.FakeCluster,
+    extender: ExtenderProcess,
+    nodes: Callable[..., Any],
+    namespace: str,
+    classes: dict[str, str],
+) -> None:
+    """Two GPUs, two 500-milli pods on each: a whole-GPU pod needs the two of one GPU to go. They stop
+    slowly, one after 2 s and one after 5 s (played by the harness): a low pod that would fit in the
+    room the first one leaves does not land there, and once both have gone the whole-GPU pod does."""
+    (node,) = await nodes(1, gpus=2)
+    for i in range(4):
+        harness.linger[f"{namespace}/low-{i}"] = 2.0 if i % 2 == 0 else 5.0
+    pods_path = f"/api/v1/namespaces/{namespace}/pods"
+    for i in range(4):
+        body = with_class(gpu_pod(f"low-{i}", namespace, milli=500), classes["low"])
+        body["spec"]["terminationGracePeriodSeconds"] = 30
+        await admin.create(pods_path, body)
+        await wait_for(functools.partial(_bound, admin, namespace, f"low-{i}"), what=f"low-{i} bound")
+    before = {n: _gpus(p) for n, p in (await pods_by_name(admin, namespace)).items()}
+    await admin.create(pods_path, with_class(gpu_pod("whole", namespace, milli=1000), classes["high"]))
+
+    async def terminating() -> list[str]:
+        found = await pods_by_name(admin, namespace)
+        return sorted(n for n, p in found.items() if p["metadata"].get("deletionTimestamp"))
+
+    going = await wait_for(terminating, what="victims being deleted")
+    assert len(going) == 2 and len({before[n] for n in going}) == 1, (going, before)
+    (freed,) = {before[n] for n in going}
+    assert (await admin.get(f"{pods_path}/whole"))["status"].get("nominatedNodeName") == node
+
+    async def one_left() -> bool:
+        found = await pods_by_name(admin, namespace)
+        return sum(n in found for n in going) == 1
+
+    await wait_for(one_left, what="the first victim stopped")
+    # 500 milli-GPU of the GPU being freed is free now: a 400 pod would fit there, but it is held.
+    await admin.create(pods_path, with_class(gpu_pod("late", namespace, milli=400), classes["low"]))
+    await wait_for(lambda: refusal(admin, namespace, "late"), what="late turned away")
+
+    async def placed() -> dict[str, Json] | None:
+        await never_overcommitted(admin, node)
+        found = await pods_by_name(admin, namespace)
+        assert not found["late"]["spec"].get("nodeName"), "late took the room being freed for whole"
+        return found if found["whole"]["spec"].get("nodeName") else None
+
+    found = await wait_for(placed, timeout=30, what="whole bound")
+    assert set(going).isdisjoint(found), "both victims have stopped"
+    assert _gpus(found["whole"]) == freed
+    assert not found["late"]["spec"].get("nodeName"), "the low pod still has no room"
+    await consistent(admin, [node])
+
+
+def _gpus(pod: Json) -> tuple[int, ...]:
+    text = pod["metadata"]["annotations"][names.ALLOCATION]
+    return tuple(sorted(allocation.Allocation.from_json(text, pod=units.PodKey("x/y")).gpu_usage()))

@@ -377,9 +377,10 @@ def preempted(message: str, now: str) -> dict[str, Any]:
     return {"status": {"conditions": [condition]}}
 
 
-def nominated(node: str) -> dict[str, Any]:
+def nominated(node: str | None) -> dict[str, Any]:
     """A merge patch of a pending pod's status naming the node room is being made on for it (what
-    `kubectl get pod -o wide` shows as NOMINATED NODE, and what kube-scheduler tries first)."""
+    `kubectl get pod -o wide` shows as NOMINATED NODE, and what kube-scheduler tries first); None
+    clears it."""
     return {"status": {"nominatedNodeName": node}}
 
 

@@ -7,8 +7,9 @@ other tenants stay, and so do the node's blocked and held GPUs. If the pod does 
 preemption cannot help there. Otherwise the tenants are put back one by one, the most important
 first (higher priority, then the older), and each one that would keep the pod out is taken off
 again: those are the victims. It is kube-scheduler's own reprieve, over GPUs instead of node totals.
-Tenants already leaving (being deleted) count as gone and cost nothing: a pod waits for them rather
-than preempting anything more.
+Tenants of lower priority already leaving (being deleted) count as gone and cost nothing: a pod
+waits for them rather than preempting anything more (a pod of equal or lower priority waits for them
+as any pod does, without a plan).
 
 Across nodes (`best`) the plan that hurts least wins: the lowest highest victim priority, then the
 lowest sum of victim priorities, then the fewest victims, then the node the policy ranks first.
@@ -35,7 +36,7 @@ class Tenant:
     preemptible: bool = True
     """It may be preempted at all (bound, not one of sharegpu's own pods)."""
     leaving: bool = False
-    """Being deleted already: counted as gone."""
+    """Being deleted already: counted as gone for a pod of higher priority."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +77,7 @@ def on_node(
     candidates: list[Tenant] = []
     leaving: list[units.PodKey] = []
     for tenant in tenants:
-        if tenant.leaving:
+        if tenant.leaving and tenant.priority < priority:
             leaving.append(tenant.alloc.pod)
         elif tenant.preemptible and tenant.priority < priority and tenant.alloc.gpu_usage():
             candidates.append(tenant)

@@ -1,7 +1,7 @@
 """A fake GPU cluster on a real API server: nodes with a chosen GPU inventory, and a harness that
-plays the kubelet (bound pods run; deletions complete) and the NVIDIA device plugin (reservation and
-whole-GPU pods are given free GPU UUIDs of their node, and reservation pods then run the real
-`sharegpu reserve` logic with that environment).
+plays the kubelet (bound pods run; deletions complete, at once or after their `linger`) and the
+NVIDIA device plugin (reservation and whole-GPU pods are given free GPU UUIDs of their node, and
+reservation pods then run the real `sharegpu reserve` logic with that environment).
 
 The harness works from its own informer over all pods; per pod it acts at most once per state, on a
 small pool of workers, and errors are logged and retried by the next event for that pod.
@@ -38,6 +38,10 @@ class FakeCluster:
             kube, paths.PODS, wire.Pod, informer.identity, self._on_pod, name="harness-pods"
         )
         self.running = 0
+        self.linger: dict[str, float] = {}
+        """Pod key or namespace -> seconds a deleted pod goes on terminating before it stops (a slow
+        workload); others stop at once."""
+        self._stopping: set[asyncio.Task[None]] = set()
 
     # ----------------------------------------------------------------- nodes
 
@@ -105,7 +109,7 @@ class FakeCluster:
         await self.informer.synced.wait()
 
     async def stop(self) -> None:
-        await informer.cancel(self._tasks)
+        await informer.cancel([*self._tasks, *self._stopping])
 
     def _on_pod(self, kind: str, pod: wire.Pod) -> None:
         node = pod.spec.node_name
@@ -138,7 +142,13 @@ class FakeCluster:
         if meta.deletion_timestamp or pods.is_terminal(pod):
             self.held.get(node, {}).pop(key, None)
             if meta.deletion_timestamp:
-                await self.kube.delete(path, grace_period=0)
+                delay = self.linger.get(key, self.linger.get(meta.namespace, 0.0))
+                if delay:
+                    task = asyncio.create_task(self._stop_later(path, delay))
+                    self._stopping.add(task)
+                    task.add_done_callback(self._stopping.discard)
+                else:
+                    await self.kube.delete(path, grace_period=0)
             return
         if pod.status.phase != "Pending":
             return
@@ -163,6 +173,13 @@ class FakeCluster:
         running = {"phase": "Running", "startTime": _now(), "conditions": [{"type": "Ready", "status": "True"}]}
         await self.kube.patch(f"{path}/status", {"status": running}, client.STRATEGIC_PATCH)
         self.running += 1
+
+    async def _stop_later(self, path: str, delay: float) -> None:
+        await asyncio.sleep(delay)
+        try:
+            await self.kube.delete(path, grace_period=0)
+        except errors.SharegpuError as exc:
+            log.debug("harness: stopping %s: %s", path, exc)
 
 
 def _now() -> str:

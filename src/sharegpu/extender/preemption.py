@@ -16,9 +16,10 @@ extender preempts instead, from its filter (docs/extender.md, "Preemption"):
   A deletion refused or whose answer was lost is sent again after `retry` seconds while the pod is
   still there and not yet being deleted.
 - **Placed.** Once every victim has gone, the hold ends and the GPUs are assumed for the pod at
-  once, in the same step, so nothing else takes them before its next filter (kube-scheduler tries
-  it again when the victims' deletions arrive). The assumption is the ordinary one of filter: its
-  bind confirms it, or it expires.
+  once, in the same step, so nothing else takes them before its next filter. The assumption is the
+  ordinary one of filter: its bind confirms it, or it expires. The pod's nominated node is then
+  cleared: a change to the pod makes kube-scheduler try it again at once, even when the victims'
+  deletions reached kube-scheduler before this cache and its last try was still told to wait.
 - **Ends.** A nomination also ends when the pod is gone, bound or replaced, or after `patience`
   seconds (victims that never leave): the hold is released and the pod may plan again.
 
@@ -223,6 +224,7 @@ class Preemptor:
             left = self._remaining(nomination)
             if not left:
                 self._place(nomination)
+                await self._nudge(nomination)
                 continue
             if now - nomination.since >= self.patience:
                 log.warning("pod %s: %s still on %s after %.0f s; the nomination is given up",
@@ -261,6 +263,17 @@ class Preemptor:
         self.metrics.preemptions.labels("placed" if placed else "freed").inc()
         log.info("pod %s: its victims on %s have gone; %s", nomination.pod, plan.node,
                  "its GPUs are assumed for it" if placed else "the room is free for its next try")  # fmt: skip
+
+    async def _nudge(self, nomination: Nomination) -> None:
+        """Make kube-scheduler try the pod now: any change to a pod it turned away requeues it, and
+        the victims' deletions may have reached it before they reached this cache (its last try then
+        found the room still taken, and nothing else would wake it for up to five minutes). The
+        change: its nominated node is cleared, the room now being held for it as an assumption."""
+        namespace, _, name = nomination.pod.partition("/")
+        try:
+            await self.api.patch(paths.pod_status(namespace, name), pods.nominated(None))
+        except errors.SharegpuError as exc:
+            log.warning("pod %s: cannot clear its nominated node: %s", nomination.pod, exc)
 
     async def _announce(self, nomination: Nomination) -> bool:
         """The pod's nominated node in its status, and an event saying what it preempts."""
