@@ -113,7 +113,7 @@ async def test_a_lost_deletion_is_sent_again(harness: Callable[..., Any]) -> Non
     await preemptor.reconcile()
     await settle(h.server)
     assert all(stored(h, n)["metadata"].get("deletionTimestamp") for n in ("low1", "low2"))
-    assert reasons(h, "low1") == ["Preempted"], "told once, when it was deleted"
+    assert reasons(h, "low1") == ["Preempted"], "told once"
     h.server.finish_deletions()
     await settle(h.server)
     assert await h.schedule(high) == "n0"

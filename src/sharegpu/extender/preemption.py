@@ -11,10 +11,11 @@ extender preempts instead, from its filter (docs/extender.md, "Preemption"):
   (`ClusterCache.hold`), so no other pod is placed there while the victims leave, and its status
   names the node (`nominatedNodeName`). Filter answers the pod "waiting for N preempted pods"
   meanwhile; it preempts nothing more.
-- **Victims.** Each gets the `DisruptionTarget` condition (reason `PreemptionByScheduler`), an event
-  `Preempted`, and is deleted with its own grace period, only if it is still the pod with that UID.
-  A deletion refused or whose answer was lost is sent again after `retry` seconds while the pod is
-  still there and not yet being deleted.
+- **Victims.** Each gets the `DisruptionTarget` condition (reason `PreemptionByScheduler`), then an
+  event `Preempted` (written before the deletion, so a victim is never gone unexplained), and is
+  deleted with its own grace period, only if it is still the pod with that UID. A deletion refused
+  or whose answer was lost is sent again after `retry` seconds while the pod is still there and not
+  yet being deleted.
 - **Placed.** Once every victim has gone, the hold ends and the GPUs are assumed for the pod at
   once, in the same step, so nothing else takes them before its next filter. The assumption is the
   ordinary one of filter: its bind confirms it, or it expires. The pod's nominated node is then
@@ -24,8 +25,8 @@ extender preempts instead, from its filter (docs/extender.md, "Preemption"):
   seconds (victims that never leave): the hold is released and the pod may plan again.
 
 Nominations live in this process only. After a restart (or on a new leader) the victims are already
-being deleted: the plan counts pods being deleted as gone, so the pod waits for them again instead
-of preempting more.
+being deleted: the plan counts lower-priority pods being deleted as gone, so the pod waits for them
+again instead of preempting more.
 """
 
 from __future__ import annotations
@@ -296,6 +297,7 @@ class Preemptor:
         return True
 
     async def _delete(self, nomination: Nomination, victim: pods.Record) -> None:
+        """Mark the victim (condition, then event, once), then delete it if it is still that pod."""
         namespace, _, name = victim.key.partition("/")
         message = (
             f"sharegpu-scheduler: preempted by {nomination.pod} (priority {nomination.priority}) to free its "
@@ -310,6 +312,13 @@ class Preemptor:
             return
         except errors.SharegpuError as exc:
             log.warning("pod %s: cannot mark it preempted: %s", victim.key, exc)
+        if victim.key not in nomination.told:
+            subject = events.Subject("v1", "Pod", namespace, name, victim.uid)
+            try:
+                await self.recorder.record(subject, "Preempted", message, decision=f"preempted|{nomination.uid}")
+                nomination.told.add(victim.key)
+            except errors.SharegpuError as exc:
+                log.warning("event Preempted on %s: %s", victim.key, exc)
         try:
             await self.api.delete(paths.pod(namespace, name), preconditions={"uid": victim.uid})
         except errors.SharegpuError as exc:
@@ -320,13 +329,6 @@ class Preemptor:
             return
         self.metrics.preempted_deletions.labels("done").inc()
         log.info("preempted %s on %s for %s", victim.key, nomination.plan.node, nomination.pod)
-        if victim.key not in nomination.told:
-            subject = events.Subject("v1", "Pod", namespace, name, victim.uid)
-            try:
-                await self.recorder.record(subject, "Preempted", message, decision=f"preempted|{nomination.uid}")
-                nomination.told.add(victim.key)
-            except errors.SharegpuError as exc:
-                log.warning("event Preempted on %s: %s", victim.key, exc)
 
     def describe(self) -> list[dict[str, object]]:
         """The nominations now (for /debug)."""
