@@ -9,12 +9,15 @@ several times at random moments: 429 with Retry-After, 409 on bindings, 5xx, wat
 watches expired (410), a 1.2 MiB pod, a rotated and revoked token, SIGKILL of the extender, a
 restart of kube-apiserver and a restart of etcd; and writes the API server carried out whose answer
 was lost: bindings answered by a closed connection or by a 503, and any creation or deletion
-(reservation pods, hand-off ConfigMaps) answered by a closed connection.
+(reservation pods, hand-off ConfigMaps) answered by a closed connection. Pods have a low priority,
+and 15% a high one: when the cluster fills up, those preempt low pods (the extender's preemption
+runs under the same faults).
 
     python bench/chaos.py --nodes 50 --pods 600 [--seeds 1-20] [--json PATH] [--logs DIR]
 
 Each seed is one run on a fresh stack. Writes {"runs": [{"seed", "faults_injected", "overcommits",
-"double_allocations", "leaked_reservations", "stuck_pods", "lost_pods", "faults", "details", ...}],
+"double_allocations", "leaked_reservations", "stuck_pods", "lost_pods", "wrong_preemptions",
+"preempted", "faults", "details", ...}],
 "all_zero"} (target: at least 20 faults per run, every other figure 0 on every seed). The exit
 status is 1 when any seed found a problem.
 
@@ -25,7 +28,10 @@ status is 1 when any seed found a problem.
 - stuck_pods: pods still pending at the end (after up to SETTLE seconds more) although the cluster
   has room for them (judged by the placement core over what the API holds), bound pods without a
   valid allocation, and bound sharing pods whose hand-off ConfigMap never got their GPU;
-- lost_pods: pods the churn created and did not delete that are gone.
+- lost_pods: pods the churn created and did not delete that are gone, unless an event says they
+  were preempted;
+- wrong_preemptions: preempted pods of the high priority (nothing outranks them).
+"preempted" (not a problem) counts the pods preempted.
 """
 
 from __future__ import annotations
@@ -60,8 +66,18 @@ stuck: after an API server restart, kube-scheduler 1.37's informers can back off
 (seen: requests refused as forbidden for a moment after the restart, while RBAC loads)."""
 
 
+CLASSES = {"chaos-low": 100, "chaos-high": 1000}
+"""PriorityClasses of the churn's pods."""
+HIGH = 0.15
+"""Share of pods with the high priority."""
+DELETE_SHARE = 0.35
+"""Chance that a pod is deleted after each creation (once 40 are live): the cluster fills up in the
+last third of the churn, so pods wait and the high-priority ones preempt."""
+
+
 def pod_body(rng: random.Random, name: str) -> Json:
     kind = rng.random()
+    priority = "chaos-high" if rng.random() < HIGH else "chaos-low"
     limits: dict[str, str] = {"cpu": "100m", "memory": "64Mi"}
     notes: dict[str, str] = {}
     if kind < 0.7:
@@ -78,6 +94,7 @@ def pod_body(rng: random.Random, name: str) -> Json:
         "metadata": {"name": name, "namespace": NS, "annotations": notes},
         "spec": {
             "schedulerName": names.SCHEDULER_NAME,
+            "priorityClassName": priority,
             "terminationGracePeriodSeconds": 0,
             "containers": [{"name": "main", "image": "busybox", "resources": {"limits": limits, "requests": limits}}],
         },
@@ -98,6 +115,7 @@ class Chaos:
         self.secret = ""
         self.faults: dict[str, int] = {}
         self.created: set[str] = set()
+        self.high: set[str] = set()
         self.deleted: set[str] = set()
         self.overcommits: set[str] = set()
         self.doubles: set[str] = set()
@@ -149,6 +167,10 @@ class Chaos:
             ]
         )
         await self.api.create(paths.NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
+        for name, value in CLASSES.items():
+            body = {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": name},
+                    "value": value}  # fmt: skip
+            await self.api.create("/apis/scheduling.k8s.io/v1/priorityclasses", body)
 
     async def stop(self) -> None:
         """Stop everything, whatever failed (a broken part must not keep the others running)."""
@@ -252,9 +274,11 @@ class Chaos:
             body = pod_body(self.rng, name)
             await self.guarded(lambda body=body: self.api.create(paths.pods(NS), body))
             self.created.add(name)
+            if body["spec"]["priorityClassName"] == "chaos-high":
+                self.high.add(name)
             serial += 1
             live = sorted(self.created - self.deleted)
-            if len(live) > 40 and self.rng.random() < 0.5:
+            if len(live) > 40 and self.rng.random() < DELETE_SHARE:
                 victim = self.rng.choice(live)
                 await self.guarded(lambda victim=victim: self.api.delete(paths.pod(NS, victim), grace_period=0))
                 self.deleted.add(victim)
@@ -353,7 +377,10 @@ class Chaos:
                 gpus = ", ".join(f"gpu{i} {held.get((alloc.node, i), 'unheld')}" for i in alloc.gpu_indices)
                 stuck.append(f"hand-off never filled: {record.key} on {alloc.node} ({gpus})")
         alive = {p.metadata.name for p in pod_list}
-        lost = sorted((self.created - self.deleted) - alive)
+        told, _ = await self.api.list_all(paths.events(NS))
+        preempted = {e["involvedObject"]["name"] for e in told if e.get("reason") == "Preempted"}
+        lost = sorted((self.created - self.deleted - preempted) - alive)
+        wrong = sorted(preempted & self.high)
         return {
             "faults_injected": sum(self.faults.values()),
             "overcommits": len(self.overcommits),
@@ -361,6 +388,8 @@ class Chaos:
             "leaked_reservations": len(found.leaked_reservations),
             "stuck_pods": len(stuck),
             "lost_pods": len(lost),
+            "wrong_preemptions": len(wrong),
+            "preempted": len(preempted),
             "faults": dict(sorted(self.faults.items())),
             "details": {
                 "overcommits": sorted(self.overcommits)[:20],
@@ -369,6 +398,7 @@ class Chaos:
                 "unheld_shared_gpus": found.unheld[:20],
                 "stuck_pods": stuck[:20],
                 "lost_pods": lost[:20],
+                "wrong_preemptions": wrong[:20],
             },
             "pods_created": len(self.created),
             "pods_bound_at_end": found.bound,
@@ -397,7 +427,7 @@ async def run(args: argparse.Namespace, seed: int) -> dict[str, Any]:
     return {"seed": seed, **result}
 
 
-COUNTS = ("overcommits", "double_allocations", "leaked_reservations", "stuck_pods", "lost_pods")
+COUNTS = ("overcommits", "double_allocations", "leaked_reservations", "stuck_pods", "lost_pods", "wrong_preemptions")
 
 
 def seeds(text: str) -> list[int]:

@@ -103,10 +103,17 @@ async def test_a_lost_deletion_is_sent_again(harness: Callable[..., Any]) -> Non
     assert preemptor is not None
     h.server.fail(503, method="DELETE", path=paths.pod("ns", "low1"))
     h.server.lose(method="DELETE", path=paths.pod("ns", "low2"), after_commit=False)
+    h.server.fail(409, method="POST", path=paths.events("ns"), times=3)  # no event written, no deletion sent
     assert "preempting 2 lower-priority pods here" in h.extender.scheduling.filter(h.args(high)).failed_nodes["n0"]
     await preemptor.reconcile()
     await settle(h.server)
     assert not any(stored(h, n)["metadata"].get("deletionTimestamp") for n in ("low1", "low2"))
+    assert reasons(h, "low1") == [] and reasons(h, "low2") == [], "the events were refused"
+    h.clock.now += preemptor.retry
+    await preemptor.reconcile()
+    await settle(h.server)
+    assert reasons(h, "low1") == ["Preempted"] and reasons(h, "low2") == ["Preempted"]
+    assert not any(stored(h, n)["metadata"].get("deletionTimestamp") for n in ("low1", "low2")), "lost and 503"
     await preemptor.reconcile()
     assert not any(stored(h, n)["metadata"].get("deletionTimestamp") for n in ("low1", "low2")), "not before retry"
     h.clock.now += preemptor.retry

@@ -74,7 +74,7 @@ class Metrics:
         )
         self.preempted_deletions = prometheus_client.Counter(
             "sharegpu_extender_preemption_deletions",
-            "Deletions of preempted pods, by outcome (done, refused, unknown)",
+            "Deletions of preempted pods, by outcome (done, refused, unknown; untold: not sent, its event failed)",
             ["outcome"],
             registry=r,
         )

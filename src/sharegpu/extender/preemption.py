@@ -12,10 +12,10 @@ extender preempts instead, from its filter (docs/extender.md, "Preemption"):
   names the node (`nominatedNodeName`). Filter answers the pod "waiting for N preempted pods"
   meanwhile; it preempts nothing more.
 - **Victims.** Each gets the `DisruptionTarget` condition (reason `PreemptionByScheduler`), then an
-  event `Preempted` (written before the deletion, so a victim is never gone unexplained), and is
-  deleted with its own grace period, only if it is still the pod with that UID. A deletion refused
-  or whose answer was lost is sent again after `retry` seconds while the pod is still there and not
-  yet being deleted.
+  event `Preempted` (written before the deletion, which waits for it: a victim is never gone
+  unexplained), and is deleted with its own grace period, only if it is still the pod with that
+  UID. A deletion refused or whose answer was lost, or not sent because the event could not be
+  written, is tried again after `retry` seconds while the pod is still there and not being deleted.
 - **Placed.** Once every victim has gone, the hold ends and the GPUs are assumed for the pod at
   once, in the same step, so nothing else takes them before its next filter. The assumption is the
   ordinary one of filter: its bind confirms it, or it expires. The pod's nominated node is then
@@ -95,6 +95,8 @@ class Preemptor:
         self.clock = clock
         self.nominations: dict[units.PodKey, Nomination] = {}
         self._wake = asyncio.Event()
+        self._passing = asyncio.Lock()
+        """One pass at a time (the loop's and a caller's)."""
 
     # ----------------------------------------------------------------- from filter (no I/O)
 
@@ -213,8 +215,14 @@ class Preemptor:
 
     async def reconcile(self) -> None:
         """One pass over every nomination: announce new ones, delete victims, end finished ones."""
+        async with self._passing:
+            await self._pass()
+
+    async def _pass(self) -> None:
         now = self.clock()
         for nomination in list(self.nominations.values()):
+            if self.nominations.get(nomination.pod) is not nomination:
+                continue  # ended by the pod's filter while this pass awaited a write
             record = self.cache.record(nomination.pod)
             if record is None or record.uid != nomination.uid or record.deleting or record.terminal:
                 self._end(nomination, "gone")
@@ -297,7 +305,8 @@ class Preemptor:
         return True
 
     async def _delete(self, nomination: Nomination, victim: pods.Record) -> None:
-        """Mark the victim (condition, then event, once), then delete it if it is still that pod."""
+        """Mark the victim (condition, then event, once), then delete it if it is still that pod. No
+        event, no deletion: the next try writes it first."""
         namespace, _, name = victim.key.partition("/")
         message = (
             f"sharegpu-scheduler: preempted by {nomination.pod} (priority {nomination.priority}) to free its "
@@ -318,7 +327,10 @@ class Preemptor:
                 await self.recorder.record(subject, "Preempted", message, decision=f"preempted|{nomination.uid}")
                 nomination.told.add(victim.key)
             except errors.SharegpuError as exc:
-                log.warning("event Preempted on %s: %s", victim.key, exc)
+                self.metrics.preempted_deletions.labels("untold").inc()
+                log.warning("event Preempted on %s: %s (not deleted; tried again in %.0f s)", victim.key, exc,
+                            self.retry)  # fmt: skip
+                return
         try:
             await self.api.delete(paths.pod(namespace, name), preconditions={"uid": victim.uid})
         except errors.SharegpuError as exc:
