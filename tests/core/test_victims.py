@@ -119,3 +119,10 @@ def test_holding_a_gpu_keeps_placement_off_it() -> None:
     assert fit.diagnose(state, share(500, count=2), rows).shortfall[0] == fit.Shortfall.HELD
     state.hold(0, [0], -1)
     assert fit.eligible_gpus(state, share(500), rows)[0].tolist() == [True, True]
+
+
+def test_a_node_narrower_than_the_fleet_is_planned_on_its_own_gpus() -> None:
+    state = fleet.FleetState([node("a", 2), node("b", 4)])
+    state.hold(0, [1], +1)
+    plan = victims.on_node(state, 0, [tenant("x", 600, 0, index=0)], share(500), priority=5)
+    assert plan is not None and names(plan.victims) == ["x"] and plan.gpus == (0,)

@@ -72,8 +72,9 @@ def on_node(
     """The fewest victims on node `row` for a pod of `priority` asking `demand`; None if preempting
     there cannot make it fit (or nothing there may be preempted)."""
     scratch = fleet.FleetState([state.inventories[row]])
-    scratch.blocked[0] = state.blocked[row]
-    scratch.held[0] = state.held[row]
+    width = scratch.width  # the fleet's rows are padded to its widest node
+    scratch.blocked[0] = state.blocked[row, :width]
+    scratch.held[0] = state.held[row, :width]
     candidates: list[Tenant] = []
     leaving: list[units.PodKey] = []
     for tenant in tenants:
