@@ -103,6 +103,9 @@ class ClusterCache:
         self.pending: set[units.PodKey] = set()
         """Pods that ask for a GPU and are not bound yet (nor finished, nor being deleted)."""
         self.assumed: dict[units.PodKey, allocation.Allocation] = {}
+        self.freed_at = 0.0
+        """When (by `clock`) room last appeared: a placed pod gone or finished, an assumption
+        forgotten, a hold released, a node or Device changed."""
         self.holds: dict[units.PodKey, tuple[str, tuple[int, ...]]] = {}
         """Pods that preempted others -> the node and GPUs kept for them (`hold`)."""
         self.counters = Counters()
@@ -247,6 +250,7 @@ class ClusterCache:
         self.nodes[node.name] = node
         if old != node:
             self._dirty = True
+            self.freed_at = self.clock()
 
     def on_device(self, kind: str, device: DeviceRecord) -> None:
         if kind == "DELETED":
@@ -256,6 +260,7 @@ class ClusterCache:
             self.devices[device.name] = device
             if old == device:
                 return
+            self.freed_at = self.clock()
         self._dirty = True
 
     def on_pod(self, kind: str, record: pods.Record) -> None:
@@ -274,6 +279,7 @@ class ClusterCache:
                 self.forget(key)
             elif not self._dirty and self._ledger is not None and key in self._ledger:
                 self._ledger.remove(key)
+                self.freed_at = self.clock()
             return
         self.pods[key] = record
         if record.handoff:
@@ -295,6 +301,7 @@ class ClusterCache:
             if key in book and (node or key not in self.assumed):
                 book.remove(key)
                 self.assumed.pop(key, None)
+                self.freed_at = self.clock()
             return
         if record.problem is not None and record.allocation_text:
             self.counters.invalid += 1
@@ -360,6 +367,7 @@ class ClusterCache:
             return False
         if not self._dirty and self._state is not None:
             self._hold(self._state, *found, -1)
+        self.freed_at = self.clock()
         return True
 
     @staticmethod
@@ -382,6 +390,7 @@ class ClusterCache:
         if self.assumed.pop(key, None) is None:
             return False
         self.ledger.forget(key)
+        self.freed_at = self.clock()
         return True
 
     def confirm(self, alloc: allocation.Allocation) -> bool:

@@ -78,6 +78,13 @@ class Metrics:
             ["outcome"],
             registry=r,
         )
+        self.requeues = prometheus_client.Counter(
+            "sharegpu_extender_requeues",
+            "Pods kube-scheduler was asked to try again because room appeared after they were turned away, "
+            "by outcome (nudged, failed)",
+            ["outcome"],
+            registry=r,
+        )
         self.repairs = prometheus_client.Counter(
             "sharegpu_extender_overcommit_repairs",
             "Repair passes over over-committed GPUs, by what they did (evicted, refused, unknown, waiting)",

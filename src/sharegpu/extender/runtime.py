@@ -31,7 +31,7 @@ from sharegpu.extender import cache as cache_mod
 from sharegpu.extender import handoff as handoff_mod
 from sharegpu.extender import metrics as metrics_mod
 from sharegpu.extender import overcommit as overcommit_mod
-from sharegpu.extender import preemption, routes, scheduling
+from sharegpu.extender import preemption, requeue, routes, scheduling
 from sharegpu.extender import quotas as quotas_mod
 from sharegpu.extender import reservations as reservations_mod
 from sharegpu.kube import client, informer, leader
@@ -87,6 +87,7 @@ class Extender:
             self.cache, api, self.metrics, narrow=options.narrow, assume_ttl=options.assume_ttl, clock=clock,
             quota=self.quota, preemptor=self.preemptor,
         )  # fmt: skip
+        self.requeuer = requeue.Requeuer(self.cache, self.scheduling, api, self.metrics, clock=clock)
         self.reservations = reservations_mod.ReservationReconciler(
             self.cache, api, self.metrics, image=options.image, idle=options.reservation_idle, clock=clock
         )
@@ -187,6 +188,7 @@ class Extender:
             asyncio.create_task(leader.run_while_leading(self.elector, background), name="reconcilers"),
             asyncio.create_task(self.scheduling.run_expiry(), name="assumption-expiry"),
         ]
+        self.tasks.append(asyncio.create_task(self.requeuer.run(), name="requeue"))  # every replica: its own refusals
         if self.preemptor is not None:  # on every replica: its own filter nominated the pods
             self.tasks.append(asyncio.create_task(self.preemptor.run(), name="preemption"))
 

@@ -120,6 +120,9 @@ class Outcome:
     message: str
     candidates: tuple[str, ...] = ()
     """The nodes kube-scheduler offered, kept when none fitted (the explain tool looks at those)."""
+    short: bool = False
+    """Turned away for want of GPU room (not a malformed request, a quota, a binding being read
+    back or a preemption under way): room appearing later may let it in (`requeue`)."""
 
 
 SETTLE_AFTER = 3.0
@@ -261,7 +264,7 @@ class SchedulingService:
             if plan is not None:
                 failed = reasons.preempting(failed, plan.node, len(plan.victims), len(plan.leaving))
             self.metrics.decisions.labels("filter", "unschedulable" if plan is None else "preempting").inc()
-            self._remember_outcome(key, 0, None, failed.message(len(offered)), tuple(sent))
+            self._remember_outcome(key, 0, None, failed.message(len(offered)), tuple(sent), short=plan is None)
             return protocol.FilterResult(
                 failed_nodes={**failed.resolvable, **failed.unresolvable},
                 failed_and_unresolvable=failed.unresolvable,
@@ -340,9 +343,16 @@ class SchedulingService:
         return protocol.FilterResult(node_names=[decision.node])
 
     def _remember_outcome(
-        self, key: units.PodKey, feasible: int, chosen: str | None, message: str, candidates: tuple[str, ...] = ()
+        self,
+        key: units.PodKey,
+        feasible: int,
+        chosen: str | None,
+        message: str,
+        candidates: tuple[str, ...] = (),
+        *,
+        short: bool = False,
     ) -> None:
-        self.outcomes[key] = Outcome(key, self.clock(), feasible, chosen, message, candidates)
+        self.outcomes[key] = Outcome(key, self.clock(), feasible, chosen, message, candidates, short)
         self.outcomes.move_to_end(key)
         while len(self.outcomes) > self._remember:
             self.outcomes.popitem(last=False)

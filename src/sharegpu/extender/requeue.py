@@ -1,0 +1,139 @@
+"""The requeuer: asks kube-scheduler to try a pod again when room appeared after it was turned away.
+
+kube-scheduler keeps a pod the extender turned away among its unschedulable pods until a cluster
+event it watches (a pod deleted, a node changed), then tries it again. Its watches and the
+extender's are separate: when the event reaches kube-scheduler first, its new try meets the
+extender's cache from before the event, is turned away again, and nothing else wakes the pod for up
+to five minutes. Under faults the extender's view can lag by seconds (a broken watch resumes after
+a backoff), which the chaos benchmark showed: the last pods of a churn left pending with room for
+them.
+
+So when room appeared in the cache (`ClusterCache.freed_at`) after a pod's last refusal for want of
+GPU room, and kube-scheduler has not tried it again within `grace` seconds, and the pod fits now on
+one of the nodes kube-scheduler offered it last time, the pod's status gets the condition
+`sharegpu.io/RoomFreed`: a change to the pod, which kube-scheduler answers by trying it again. Once
+per refusal (a later refusal may be nudged again), and at most every `every` seconds per pod.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, Final
+
+import numpy as np
+
+from sharegpu.api import names, paths, wire
+from sharegpu.core import errors, requests, units
+from sharegpu.extender import cache as cache_mod
+from sharegpu.extender import metrics as metrics_mod
+from sharegpu.extender import scheduling
+from sharegpu.kube import client
+
+log = logging.getLogger(__name__)
+
+CONDITION: Final = f"{names.DOMAIN}/RoomFreed"
+"""The pod condition whose change makes kube-scheduler try the pod again."""
+GRACE = 2.0
+"""Seconds kube-scheduler gets to try the pod again by itself once room has appeared."""
+EVERY = 30.0
+"""Seconds at least between two nudges of one pod."""
+
+
+def room_freed(node: str, now: str) -> dict[str, Any]:
+    """A strategic-merge patch of a pod's status: room for it appeared on `node` (conditions merge by
+    type, so the pod's others stay)."""
+    condition = {
+        "type": CONDITION,
+        "status": "True",
+        "reason": "RoomFreed",
+        "message": f"room for this pod appeared on {node} after sharegpu turned it away; kube-scheduler "
+        "is asked to try it again",
+        "lastTransitionTime": now,
+    }
+    return {"status": {"conditions": [condition]}}
+
+
+class Requeuer:
+    def __init__(
+        self,
+        cache: cache_mod.ClusterCache,
+        service: scheduling.SchedulingService,
+        api: client.KubeApi,
+        metrics: metrics_mod.Metrics,
+        *,
+        grace: float = GRACE,
+        every: float = EVERY,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.cache = cache
+        self.service = service
+        self.api = api
+        self.metrics = metrics
+        self.grace = grace
+        self.every = every
+        self.clock = clock
+        self.wall = wall
+        self.nudged: dict[units.PodKey, float] = {}
+        """Pods nudged -> when (by `clock`)."""
+
+    async def run(self, tick: float = 1.0) -> None:
+        while True:
+            await asyncio.sleep(tick)
+            with contextlib.suppress(errors.SharegpuError):
+                await self.reconcile()
+
+    def due(self) -> list[tuple[units.PodKey, str]]:
+        """Pods to nudge now, each with a node it fits on."""
+        now = self.clock()
+        freed = self.cache.freed_at
+        if now - freed < self.grace:
+            return []
+        found = []
+        for key, outcome in list(self.service.outcomes.items()):
+            if not outcome.short or outcome.at >= freed:
+                continue  # not turned away for room, or tried again since room appeared
+            last = self.nudged.get(key)
+            if last is not None and (last >= outcome.at or now - last < self.every):
+                continue
+            record = self.cache.record(key)
+            if record is None or record.node or record.deleting or record.terminal or record.request is None:
+                continue
+            node = self._fits(record.request.demand, outcome.candidates)
+            if node is not None:
+                found.append((key, node))
+        return found
+
+    def _fits(self, demand: requests.GpuDemand, candidates: tuple[str, ...]) -> str | None:
+        """A node among `candidates` the demand fits on now (whatever the policy: fitting is the same)."""
+        state = self.cache.state
+        rows = np.array([r for r in (state.row(n) for n in candidates) if r is not None], dtype=np.int64)
+        if not len(rows):
+            return None
+        _, feasible, *_ = self.cache.placer.evaluate(demand, rows)
+        fitting = rows[feasible]
+        return state.names[int(fitting[0])] if len(fitting) else None
+
+    async def reconcile(self) -> None:
+        for key, node in self.due():
+            self.nudged[key] = self.clock()
+            namespace, _, name = key.partition("/")
+            try:
+                await self.api.patch(
+                    paths.pod_status(namespace, name),
+                    room_freed(node, wire.timestamp(self.wall())),
+                    content_type=client.STRATEGIC_PATCH,
+                )
+            except errors.SharegpuError as exc:
+                self.metrics.requeues.labels("failed").inc()
+                log.warning("pod %s: cannot ask kube-scheduler to try it again: %s", key, exc)
+                continue
+            self.metrics.requeues.labels("nudged").inc()
+            log.info("pod %s: room appeared on %s after it was turned away; kube-scheduler asked to retry", key, node)
+        live = self.service.outcomes
+        for key in [k for k in self.nudged if k not in live]:
+            del self.nudged[key]

@@ -1,0 +1,68 @@
+"""The requeuer: a pod turned away for want of room, when room appears on a node it was offered and
+kube-scheduler has not tried it again, gets a status condition that makes kube-scheduler try it
+again; not before the grace, not twice for one refusal, and not when it still does not fit."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from sharegpu.api import paths
+from sharegpu.extender import requeue
+from sharegpu.kube import client
+from tests.extender.conftest import Harness, gpu_pod, settle
+
+Json = dict[str, Any]
+
+
+def conditions(h: Harness, name: str) -> list[Json]:
+    pod = h.server.get_object(paths.pod("ns", name))
+    assert pod is not None
+    return [c for c in (pod.get("status") or {}).get("conditions") or [] if c["type"] == requeue.CONDITION]
+
+
+def nudges(h: Harness) -> float:
+    value: float = h.extender.metrics.requeues.labels("nudged")._value.get()
+    return value
+
+
+async def turned_away(h: Harness, holder_milli: int, waiting_milli: int) -> None:
+    await h.schedule(await h.create(gpu_pod("holder", milli=holder_milli)))
+    waiting = await h.create(gpu_pod("waiting", milli=waiting_milli))
+    assert h.extender.scheduling.filter(h.args(waiting)).node_names == []
+
+
+async def free_holder(h: Harness) -> None:
+    await client.KubeClient(h.server).delete(paths.pod("ns", "holder"), grace_period=0)
+    await settle(h.server)
+
+
+async def test_room_after_a_refusal_asks_kube_scheduler_to_try_again_once(harness: Callable[..., Any]) -> None:
+    h: Harness = await harness(nodes=1, gpus=1)
+    await turned_away(h, 800, 500)
+    requeuer = h.extender.requeuer
+    await requeuer.reconcile()
+    assert conditions(h, "waiting") == [], "no room yet"
+    h.clock.now += 1
+    await free_holder(h)
+    await requeuer.reconcile()
+    assert conditions(h, "waiting") == [], "kube-scheduler gets the grace to try it by itself"
+    h.clock.now += requeue.GRACE
+    await requeuer.reconcile()
+    await settle(h.server)
+    (condition,) = conditions(h, "waiting")
+    assert condition["status"] == "True" and "n0" in condition["message"]
+    h.clock.now += requeue.GRACE
+    await requeuer.reconcile()
+    assert nudges(h) == 1, "once per refusal"
+
+
+async def test_no_nudge_when_the_room_is_too_small(harness: Callable[..., Any]) -> None:
+    h: Harness = await harness(nodes=1, gpus=1)
+    await h.schedule(await h.create(gpu_pod("big", milli=700)))
+    await turned_away(h, 200, 900)  # the holder's 200 freed still leaves 300
+    h.clock.now += 1
+    await free_holder(h)
+    h.clock.now += requeue.GRACE
+    await h.extender.requeuer.reconcile()
+    assert conditions(h, "waiting") == [] and nudges(h) == 0
