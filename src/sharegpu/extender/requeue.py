@@ -24,7 +24,6 @@ import time
 from collections.abc import Callable
 from typing import Any, Final
 
-import numpy as np
 
 from sharegpu.api import names, paths, wire
 from sharegpu.core import errors, requests, units
@@ -80,6 +79,10 @@ class Requeuer:
         self.wall = wall
         self.nudged: dict[units.PodKey, float] = {}
         """Pods nudged -> when (by `clock`)."""
+        self.checked: dict[units.PodKey, float] = {}
+        """Pods -> the `freed_at` they were last looked at for."""
+        self._offered: dict[units.PodKey, tuple[float, frozenset[str]]] = {}
+        """Pods -> (the refusal's time, the nodes offered then)."""
 
     async def run(self, tick: float = 1.0) -> None:
         while True:
@@ -88,35 +91,43 @@ class Requeuer:
                 await self.reconcile()
 
     def due(self) -> list[tuple[units.PodKey, str]]:
-        """Pods to nudge now, each with a node it fits on."""
+        """Pods to nudge now, each with a node it fits on. A pod is looked at once per appearance of
+        room (nothing else makes room), over the fleet's cached per-shape fit, so a pass stays cheap
+        with hundreds of pods waiting and thousands of nodes offered."""
         now = self.clock()
         freed = self.cache.freed_at
         if now - freed < self.grace:
             return []
         found = []
         for key, outcome in list(self.service.outcomes.items()):
-            if not outcome.short or outcome.at >= freed:
-                continue  # not turned away for room, or tried again since room appeared
+            if not outcome.short or outcome.at >= freed or self.checked.get(key) == freed:
+                continue  # not turned away for room, tried again since room appeared, or looked at already
             last = self.nudged.get(key)
             if last is not None and (last >= outcome.at or now - last < self.every):
                 continue
+            self.checked[key] = freed
             record = self.cache.record(key)
             if record is None or record.node or record.deleting or record.terminal or record.request is None:
                 continue
-            node = self._fits(record.request.demand, outcome.candidates)
+            node = self._fits(key, record.request.demand, outcome)
             if node is not None:
                 found.append((key, node))
         return found
 
-    def _fits(self, demand: requests.GpuDemand, candidates: tuple[str, ...]) -> str | None:
-        """A node among `candidates` the demand fits on now (whatever the policy: fitting is the same)."""
+    def _fits(self, key: units.PodKey, demand: requests.GpuDemand, outcome: scheduling.Outcome) -> str | None:
+        """A node kube-scheduler offered the pod that the demand fits on now (fitting is the same
+        under every policy)."""
+        offered = self._offered.get(key)
+        if offered is None or offered[0] != outcome.at:
+            offered = (outcome.at, frozenset(outcome.candidates))
+            self._offered[key] = offered
         state = self.cache.state
-        rows = np.array([r for r in (state.row(n) for n in candidates) if r is not None], dtype=np.int64)
-        if not len(rows):
-            return None
-        _, feasible, *_ = self.cache.placer.evaluate(demand, rows)
-        fitting = rows[feasible]
-        return state.names[int(fitting[0])] if len(fitting) else None
+        rows, feasible, *_ = self.cache.placer.evaluate(demand)
+        for row in rows[feasible].tolist():
+            name = state.names[row]
+            if name in offered[1]:
+                return name
+        return None
 
     async def reconcile(self) -> None:
         for key, node in self.due():
@@ -135,5 +146,6 @@ class Requeuer:
             self.metrics.requeues.labels("nudged").inc()
             log.info("pod %s: room appeared on %s after it was turned away; kube-scheduler asked to retry", key, node)
         live = self.service.outcomes
-        for key in [k for k in self.nudged if k not in live]:
-            del self.nudged[key]
+        for kept in (self.nudged, self.checked, self._offered):
+            for key in [k for k in kept if k not in live]:
+                del kept[key]
