@@ -24,7 +24,6 @@ import time
 from collections.abc import Callable
 from typing import Any, Final
 
-
 from sharegpu.api import names, paths, wire
 from sharegpu.core import errors, requests, units
 from sharegpu.extender import cache as cache_mod
