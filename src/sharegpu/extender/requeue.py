@@ -122,8 +122,9 @@ class Requeuer:
             self._offered[key] = offered
         state = self.cache.state
         rows, feasible, *_ = self.cache.placer.evaluate(demand)
-        for row in rows[feasible].tolist():
-            name = state.names[row]
+        fitting: list[int] = rows[feasible].tolist()
+        for row in fitting:
+            name: str = state.names[row]
             if name in offered[1]:
                 return name
         return None
