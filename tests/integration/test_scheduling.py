@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
 import ssl
 import time
@@ -16,7 +15,6 @@ from prometheus_client import parser
 
 from sharegpu.api import names, paths
 from sharegpu.core import allocation, devices, units
-from sharegpu.devcluster import fakecluster
 from sharegpu.devcluster.stack import ExtenderProcess
 from sharegpu.kube import client
 from tests.integration.conftest import consistent, get_or_none, gpu_pod, refusal, wait_for
@@ -485,41 +483,3 @@ async def test_isolation_demands_place_only_where_offered_and_hand_offs_match_th
     }  # fmt: skip
     bare = await wait_for(lambda: data("handoff-plain"), what="plain pod's hand-off")
     assert bare == {"main.NVIDIA_VISIBLE_DEVICES": bare["main.NVIDIA_VISIBLE_DEVICES"], "main.SHAREGPU_PRELOAD": ""}
-
-
-async def test_room_kube_scheduler_cannot_see_appear_gets_the_pod_tried_again(
-    admin: client.KubeClient,
-    harness: fakecluster.FakeCluster,
-    extender: ExtenderProcess,
-    nodes: Callable[..., Any],
-    namespace: str,
-) -> None:
-    """A GPU heals in its Device only (no node label changes with it, so kube-scheduler gets no event):
-    the pod it turned away is placed within seconds anyway, because the extender's requeuer asks
-    kube-scheduler to try it again; otherwise it would wait up to five minutes."""
-    (node,) = await nodes(1, gpus=1)
-    healthy = harness.inventory[node]
-    sick = dataclasses.replace(healthy, gpus=tuple(dataclasses.replace(g, healthy=False) for g in healthy.gpus))
-    await harness.publish(sick)
-    await wait_for(lambda: _device_unhealthy(admin, node), what="the Device saying the GPU is unhealthy")
-    await admin.create(f"/api/v1/namespaces/{namespace}/pods", gpu_pod("patient", namespace, milli=500))
-    message = await wait_for(lambda: refusal(admin, namespace, "patient"), what="patient turned away")
-    assert "healthy" in message, message
-    await asyncio.sleep(3)  # past kube-scheduler's first backoff: only an event would bring it back now
-    healed = time.monotonic()
-    await harness.publish(healthy)
-    pod = await wait_for(lambda: _bound_pod(admin, namespace, "patient"), timeout=30, what="patient bound")
-    took = time.monotonic() - healed
-    conditions = {c["type"]: c for c in pod["status"].get("conditions", [])}
-    assert "sharegpu.io/RoomFreed" in conditions, conditions
-    assert took < 15, f"bound {took:.1f} s after the GPU healed"
-
-
-async def _device_unhealthy(kube: client.KubeClient, node: str) -> bool:
-    device = await kube.get(paths.device(node))
-    return any(not g.get("healthy", True) for g in device.get("spec", {}).get("gpus", []))
-
-
-async def _bound_pod(kube: client.KubeClient, namespace: str, name: str) -> Json | None:
-    pod = await kube.get(f"/api/v1/namespaces/{namespace}/pods/{name}")
-    return pod if pod["spec"].get("nodeName") else None
