@@ -3,8 +3,7 @@
 kube-scheduler's preemption cannot see GPU shares, so the sharegpu profile turns it off and the
 extender preempts instead, from its filter (docs/extender.md, "Preemption"):
 
-- **Plan.** When a pod fits on no candidate node, may preempt (its preemption policy is not `Never`;
-  not a SharedDeviceGroup's holder, whose system priority is there to keep it, not to take room)
+- **Plan.** When a pod fits on no candidate node, may preempt (its preemption policy is not `Never`)
   and asks for GPUs, `core.victims` works out per candidate node the fewest lower-priority GPU
   pods whose leaving makes it fit, GPU by GPU, and picks the plan that hurts least. Only nodes
   kube-scheduler offered are considered (they passed its own checks: taints, affinity, CPU).
@@ -41,7 +40,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from sharegpu.api import events, names, paths, pods, wire
+from sharegpu.api import events, paths, pods, wire
 from sharegpu.core import allocation, errors, fit, requests, units, victims
 from sharegpu.extender import cache as cache_mod
 from sharegpu.extender import metrics as metrics_mod
@@ -126,8 +125,6 @@ class Preemptor:
         priority = pod.spec.priority or 0
         if demand.count == 0 or pod.spec.preemption_policy == pods.NEVER or not pod.metadata.uid:
             return None
-        if pod.metadata.labels.get(names.LABEL_ROLE) == names.ROLE_GROUP_HOLDER:
-            return None  # its priority keeps it from being preempted; it waits for room like the group would
         resolvable = [
             int(row)
             for row, kind in zip(rows.tolist(), diagnosis.shortfall.tolist(), strict=True)
