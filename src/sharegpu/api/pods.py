@@ -364,17 +364,16 @@ PREEMPTED: Final = "PreemptionByScheduler"
 """The `DisruptionTarget` reason of a pod a scheduler preempts (the value kube-scheduler writes)."""
 
 
+def condition(kind: str, reason: str, message: str, now: str) -> dict[str, Any]:
+    """A strategic-merge patch of a pod's status setting one condition (True) of type `kind`;
+    conditions merge by type, so the pod's other conditions stay."""
+    found = {"type": kind, "status": "True", "reason": reason, "message": message, "lastTransitionTime": now}
+    return {"status": {"conditions": [found]}}
+
+
 def preempted(message: str, now: str) -> dict[str, Any]:
-    """A strategic-merge patch of a pod's status saying it is being preempted (`DISRUPTION_TARGET`;
-    conditions merge by type, so the pod's other conditions stay)."""
-    condition = {
-        "type": DISRUPTION_TARGET,
-        "status": "True",
-        "reason": PREEMPTED,
-        "message": message,
-        "lastTransitionTime": now,
-    }
-    return {"status": {"conditions": [condition]}}
+    """The status patch saying a pod is being preempted (`DISRUPTION_TARGET`)."""
+    return condition(DISRUPTION_TARGET, PREEMPTED, message, now)
 
 
 def nominated(node: str | None) -> dict[str, Any]:

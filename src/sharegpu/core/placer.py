@@ -167,11 +167,15 @@ class Placer:
 
     def allocation_for(self, pod: requests.PodRequest, decision: Decision) -> allocation.Allocation:
         assert decision.node is not None, "allocation_for needs a successful decision"
-        node = self.state.inventories[decision.row]
+        return self.allocation_on(pod, decision.row, decision.gpus)
+
+    def allocation_on(self, pod: requests.PodRequest, row: int, gpus: tuple[int, ...]) -> allocation.Allocation:
+        """The pod's allocation on GPUs `gpus` of node `row` (chosen here, or by a preemption plan)."""
+        node = self.state.inventories[row]
         return allocation.build(
             pod,
-            decision.node,
-            decision.gpus,
+            node.name,
+            gpus,
             [gpu.memory_mib for gpu in node.gpus],
             [gpu.uuid for gpu in node.gpus] if node.gpus else None,
         )

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from sharegpu.api import events, paths, pods, wire
-from sharegpu.core import allocation, errors, fit, requests, units, victims
+from sharegpu.core import errors, fit, requests, units, victims
 from sharegpu.extender import cache as cache_mod
 from sharegpu.extender import metrics as metrics_mod
 from sharegpu.kube import client
@@ -256,18 +256,10 @@ class Preemptor:
         self.nominations.pop(nomination.pod, None)
         self.cache.release(nomination.pod)
         plan = nomination.plan
-        state = self.cache.state
-        row = state.row(plan.node)
+        row = self.cache.state.row(plan.node)
         placed = False
         if row is not None:
-            inventory = state.inventories[row]
-            alloc = allocation.build(
-                nomination.request,
-                plan.node,
-                plan.gpus,
-                [gpu.memory_mib for gpu in inventory.gpus],
-                [gpu.uuid for gpu in inventory.gpus] if inventory.gpus else None,
-            )
+            alloc = self.cache.placer.allocation_on(nomination.request, row, plan.gpus)
             placed = nomination.pod not in self.cache.ledger and self.cache.assume(alloc)
         self.metrics.preemptions.labels("placed" if placed else "freed").inc()
         log.info("pod %s: its victims on %s have gone; %s", nomination.pod, plan.node,

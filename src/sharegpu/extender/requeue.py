@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Final
 
-from sharegpu.api import names, paths, wire
+from sharegpu.api import names, paths, pods, wire
 from sharegpu.core import errors, requests, units
 from sharegpu.extender import cache as cache_mod
 from sharegpu.extender import metrics as metrics_mod
@@ -42,17 +42,11 @@ EVERY = 30.0
 
 
 def room_freed(node: str, now: str) -> dict[str, Any]:
-    """A strategic-merge patch of a pod's status: room for it appeared on `node` (conditions merge by
-    type, so the pod's others stay)."""
-    condition = {
-        "type": CONDITION,
-        "status": "True",
-        "reason": "RoomFreed",
-        "message": f"room for this pod appeared on {node} after sharegpu turned it away; kube-scheduler "
-        "is asked to try it again",
-        "lastTransitionTime": now,
-    }
-    return {"status": {"conditions": [condition]}}
+    """The status patch saying room for the pod appeared on `node` (`CONDITION`)."""
+    message = (
+        f"room for this pod appeared on {node} after sharegpu turned it away; kube-scheduler is asked to try it again"
+    )
+    return pods.condition(CONDITION, "RoomFreed", message, now)
 
 
 class Requeuer:
