@@ -164,6 +164,17 @@ def test_logs_are_json_lines(root_logger: logging.Logger, log_format: cli.LogFor
     assert "ValueError: boom" in lines[1]["error"]
 
 
+def test_a_record_about_a_gpu_says_which_in_json(root_logger: logging.Logger) -> None:
+    """The MPS daemons' lines, relayed by the agent, carry their GPU's UUID as a field of their own."""
+    stream = io.StringIO()
+    cli._logging("info", "json", stream)
+    logging.getLogger("sharegpu.agent.mps.daemon").info("Server started", extra={"gpu": "GPU-a1"})
+    logging.getLogger("test-cli.logs").info("about no GPU")
+    first, second = (json.loads(line) for line in stream.getvalue().splitlines())
+    assert (first["message"], first["gpu"], first["logger"]) == ("Server started", "GPU-a1", "sharegpu.agent.mps.daemon")
+    assert "gpu" not in second
+
+
 @pytest.mark.parametrize(("log_format", "stream"), [("text", io.StringIO()), ("auto", _Terminal())])
 def test_logs_are_plain_lines_for_a_person(
     root_logger: logging.Logger, log_format: cli.LogFormat, stream: io.StringIO

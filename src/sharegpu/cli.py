@@ -970,7 +970,8 @@ def devcluster(
 
 
 class JsonFormatter(logging.Formatter):
-    """One JSON object per line: time, level, logger, message (and the traceback when there is one)."""
+    """One JSON object per line: time, level, logger, message, the GPU a record is about when it names
+    one (`extra={"gpu": uuid}`, as the MPS daemons' relayed lines do), and the traceback when there is one."""
 
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, object] = {
@@ -979,6 +980,9 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": record.getMessage(),
         }
+        gpu = getattr(record, "gpu", None)
+        if isinstance(gpu, str):
+            entry["gpu"] = gpu
         if record.exc_info:
             entry["error"] = self.formatException(record.exc_info)
         return orjson.dumps(entry).decode()

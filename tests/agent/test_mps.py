@@ -1,6 +1,8 @@
-"""The MPS supervisor over a fake control daemon: one daemon per GPU with its own directories and
-environment, restarted with backoff when it dies, stopped when its GPU leaves, and nothing left
-running after `stop`."""
+"""The MPS supervisor over a fake control daemon that behaves as the real one was seen to (a server
+for its first client, left running on SIGTERM, ended by `quit`): one daemon per GPU with its own
+directories and environment, restarted with backoff when it dies (its server going with it), stopped
+through its control pipe when its GPU leaves, what a previous agent left ended before a start, the
+daemons' output relayed as log records, and nothing left running after `stop`."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import logging
 import os
 import signal
 import stat
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -20,7 +23,7 @@ import pytest
 from sharegpu.agent import mps
 from sharegpu.api import handoff
 from sharegpu.core import errors
-from tests.agent.fake_mps_daemon import started, write_fake_daemon
+from tests.agent.fake_mps_daemon import connect, servers, started, write_fake_daemon
 
 FAST = mps.Backoff(first=0.05, most=0.4, settled=30.0)
 
@@ -33,16 +36,18 @@ async def until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
 
 
 def gone(pid: int) -> bool:
+    """Whether the process has exited (a zombie nobody reaped yet has)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
         return True
-    return False
+    return state in ("Z", "X")
 
 
 def waits(caplog: pytest.LogCaptureFixture) -> list[float]:
     """The restart delays the supervisor logged (and nothing else warned: no child reaped behind asyncio's back)."""
     assert {r.name for r in caplog.records} <= {mps.__name__}
+    caplog.records[:] = [r for r in caplog.records if " in " in r.getMessage()]  # not "ending ... left"
     return [float(r.getMessage().rsplit(" in ", 1)[1].removesuffix(" s")) for r in caplog.records]
 
 
@@ -131,7 +136,7 @@ async def test_one_daemon_per_gpu_with_its_environment_and_directories(tmp_path:
     assert supervisor.status() == {}
     for status in statuses.values():
         assert status.pid is not None and gone(status.pid)
-        assert not (layout.pipe(status.uuid) / "control").exists()  # it quit on SIGTERM
+        assert not (layout.pipe(status.uuid) / "control").exists()  # it was told to quit, and did
 
 
 async def test_a_killed_daemon_is_restarted(tmp_path: Path) -> None:
@@ -221,9 +226,10 @@ async def test_a_missing_binary_is_reported_and_retried(tmp_path: Path) -> None:
 async def test_a_daemon_that_ignores_sigterm_is_killed_after_the_grace_period(tmp_path: Path) -> None:
     ready = tmp_path / "ready"
     binary = tmp_path / "stubborn"
-    binary.write_text(
-        f"#!{sys.executable}\nimport pathlib, signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
-        f"pathlib.Path({str(ready)!r}).touch()\nwhile True:\n    time.sleep(1)\n"
+    binary.write_text(  # as a client (no -f) it cannot reach the daemon; as the daemon it ignores SIGTERM
+        f"#!{sys.executable}\nimport pathlib, signal, sys, time\nif sys.argv[1:] != ['-f']:\n    sys.exit(1)\n"
+        f"signal.signal(signal.SIGTERM, signal.SIG_IGN)\npathlib.Path({str(ready)!r}).touch()\n"
+        "while True:\n    time.sleep(1)\n"
     )
     binary.chmod(0o755)
     supervisor = mps.Supervisor(binary, mps.Layout(tmp_path / "mps"), backoff=FAST, grace=0.2)
@@ -241,3 +247,170 @@ async def test_ensure_refuses_a_bad_uuid_before_changing_anything(tmp_path: Path
     with pytest.raises(errors.InvalidInputError):
         await supervisor.ensure({"GPU-a", "../x"})
     assert supervisor.status() == {}
+
+
+# ---------------------------------------------------------------- the lifecycle (issue 27)
+
+
+def previous_agent(binary: Path, layout: mps.Layout, uuid: str) -> int:
+    """A daemon as a previous agent left it: started through a parent that is gone (so not this
+    test's child), on the GPU's directories; its pid."""
+    for folder in (layout.gpu(uuid), layout.pipe(uuid), layout.log(uuid)):
+        folder.mkdir(parents=True, exist_ok=True)
+    before = len(started(layout.log(uuid)))
+    launch = "import subprocess, sys; subprocess.Popen(sys.argv[1:], start_new_session=True, stdout=subprocess.DEVNULL)"
+    subprocess.run(
+        [sys.executable, "-c", launch, str(binary), "-f"], env={**os.environ, **layout.daemon_env(uuid)}, check=True
+    )
+    deadline = time.monotonic() + 5
+    while len(started(layout.log(uuid))) == before:
+        assert time.monotonic() < deadline, "the previous agent's daemon did not start"
+        time.sleep(0.01)
+    return started(layout.log(uuid))[-1].pid
+
+
+async def test_stop_ends_the_server_the_daemon_started_for_its_first_client(tmp_path: Path) -> None:
+    layout = mps.Layout(tmp_path / "mps")
+    supervisor = mps.Supervisor(write_fake_daemon(tmp_path / "bin"), layout, backoff=FAST, proc=Path("/proc"))
+    await supervisor.ensure({"GPU-a"})
+    try:
+        await until((layout.pipe("GPU-a") / "control").exists)
+        daemon = pid(supervisor, "GPU-a")
+        connect(layout.pipe("GPU-a"))
+        await until(lambda: len(servers(layout.log("GPU-a"))) == 1)
+        [server] = servers(layout.log("GPU-a"))
+        await until(lambda: mps.tied(Path("/proc"), layout, "GPU-a") == sorted([daemon, server]))
+    finally:
+        began = time.monotonic()
+        await supervisor.stop()
+    assert time.monotonic() - began < supervisor.grace, "quit ended both: nothing had to be killed"
+    assert gone(daemon)
+    await until(lambda: gone(server), timeout=2.0)
+    assert mps.tied(Path("/proc"), layout, "GPU-a") == []
+
+
+async def test_sigterm_alone_would_leave_the_server_running(tmp_path: Path) -> None:
+    """What the fake does, as the real daemon did on the H200: the reason stop sends `quit`."""
+    layout = mps.Layout(tmp_path / "mps")
+    daemon = previous_agent(write_fake_daemon(tmp_path / "bin"), layout, "GPU-a")
+    try:
+        await until((layout.pipe("GPU-a") / "control").exists)
+        connect(layout.pipe("GPU-a"))
+        await until(lambda: len(servers(layout.log("GPU-a"))) == 1)
+        [server] = servers(layout.log("GPU-a"))
+        os.kill(daemon, signal.SIGTERM)
+        await until(lambda: mps.tied(Path("/proc"), layout, "GPU-a") == [server])
+        assert not gone(server)
+    finally:
+        for each in mps.tied(Path("/proc"), layout, "GPU-a"):
+            os.kill(each, signal.SIGKILL)
+
+
+async def test_a_daemon_that_dies_takes_its_server_with_it_before_the_restart(tmp_path: Path) -> None:
+    layout = mps.Layout(tmp_path / "mps")
+    supervisor = mps.Supervisor(write_fake_daemon(tmp_path / "bin"), layout, backoff=FAST)
+    await supervisor.ensure({"GPU-a"})
+    try:
+        await until((layout.pipe("GPU-a") / "control").exists)
+        first = pid(supervisor, "GPU-a")
+        connect(layout.pipe("GPU-a"))
+        await until(lambda: len(servers(layout.log("GPU-a"))) == 1)
+        [server] = servers(layout.log("GPU-a"))
+        os.kill(first, signal.SIGTERM)  # it exits and leaves the server, as the real one does
+        await until(lambda: len(started(layout.log("GPU-a"))) == 2 and running(supervisor, "GPU-a"))
+        assert gone(server), "the orphaned server was ended before the new daemon started"
+        assert mps.tied(Path("/proc"), layout, "GPU-a") == [pid(supervisor, "GPU-a")]
+    finally:
+        await supervisor.stop()
+    assert mps.tied(Path("/proc"), layout, "GPU-a") == []
+
+
+async def test_what_a_previous_agent_left_is_ended_before_a_new_daemon_starts(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    layout = mps.Layout(tmp_path / "mps")
+    binary = write_fake_daemon(tmp_path / "bin")
+    old = previous_agent(binary, layout, "GPU-a")
+    await until((layout.pipe("GPU-a") / "control").exists)
+    connect(layout.pipe("GPU-a"))
+    await until(lambda: len(servers(layout.log("GPU-a"))) == 1)
+    [old_server] = servers(layout.log("GPU-a"))
+    caplog.set_level(logging.WARNING, logger=mps.__name__)
+    supervisor = mps.Supervisor(binary, layout, backoff=FAST)
+    await supervisor.ensure({"GPU-a"})
+    try:
+        await until(lambda: len(started(layout.log("GPU-a"))) == 2 and running(supervisor, "GPU-a"))
+        new = pid(supervisor, "GPU-a")
+        assert new != old
+        await until(lambda: mps.tied(Path("/proc"), layout, "GPU-a") == [new])
+        assert not mps.tied(Path("/proc"), layout, "GPU-a").count(old_server)
+        [ended] = [r.getMessage() for r in caplog.records if "previous agent" in r.getMessage()]
+        pids = ", ".join(map(str, sorted([old, old_server])))
+        assert ended == f"MPS on GPU-a: ending 2 process(es) a previous agent left: {pids}"
+    finally:
+        await supervisor.stop()
+    assert mps.tied(Path("/proc"), layout, "GPU-a") == []
+
+
+async def test_a_server_left_without_its_daemon_is_killed_before_a_start(tmp_path: Path) -> None:
+    layout = mps.Layout(tmp_path / "mps")
+    binary = write_fake_daemon(tmp_path / "bin")
+    old = previous_agent(binary, layout, "GPU-a")
+    await until((layout.pipe("GPU-a") / "control").exists)
+    connect(layout.pipe("GPU-a"))
+    await until(lambda: len(servers(layout.log("GPU-a"))) == 1)
+    [old_server] = servers(layout.log("GPU-a"))
+    os.kill(old, signal.SIGTERM)  # an old agent stopped it with SIGTERM: the server stays, nobody listens
+    await until(lambda: mps.tied(Path("/proc"), layout, "GPU-a") == [old_server])
+    supervisor = mps.Supervisor(binary, layout, backoff=FAST, grace=0.3)
+    await supervisor.ensure({"GPU-a"})
+    try:
+        await until(lambda: running(supervisor, "GPU-a"))
+        assert mps.tied(Path("/proc"), layout, "GPU-a") == [pid(supervisor, "GPU-a")]
+    finally:
+        await supervisor.stop()
+
+
+async def test_the_daemons_output_is_relayed_as_log_records_naming_the_gpu(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger=mps.daemon_log.name)
+    layout = mps.Layout(tmp_path / "mps")
+    supervisor = mps.Supervisor(write_fake_daemon(tmp_path / "bin"), layout, backoff=FAST)
+    await supervisor.ensure({"GPU-a"})
+    try:
+        await until((layout.pipe("GPU-a") / "control").exists)
+        connect(layout.pipe("GPU-a"))
+        await until(lambda: len(servers(layout.log("GPU-a"))) == 1)
+    finally:
+        await supervisor.stop()
+    relayed = [(r.getMessage(), getattr(r, "gpu", None)) for r in caplog.records if r.name == mps.daemon_log.name]
+    assert relayed == [
+        ("[fake] control daemon started for GPU-a", "GPU-a"),
+        ("[fake] starting a server for the first client", "GPU-a"),
+        ("[fake] quitting", "GPU-a"),
+    ]
+
+
+def test_tied_finds_daemons_and_servers_by_their_directories_and_never_a_client(tmp_path: Path) -> None:
+    proc = tmp_path / "proc"
+    layout = mps.Layout(tmp_path / "mps")
+
+    def process(pid: int, comm: str, env: dict[str, str], files: tuple[str, ...] = ()) -> None:
+        entry = proc / str(pid)
+        (entry / "fd").mkdir(parents=True)
+        (entry / "comm").write_text(comm + "\n")
+        (entry / "environ").write_bytes(b"".join(f"{k}={v}".encode() + b"\0" for k, v in env.items()))
+        for n, target in enumerate(files):
+            (entry / "fd" / str(n)).symlink_to(target)
+
+    pipe = {"CUDA_MPS_PIPE_DIRECTORY": str(layout.pipe("GPU-a"))}
+    process(10, "nvidia-cuda-mps", pipe)  # a daemon of GPU-a
+    process(11, "nvidia-cuda-mps", {}, (str(layout.log("GPU-a") / "server.log"),))  # its server, env cleared
+    process(12, "python3", pipe)  # a client with the same variable: never
+    process(13, "nvidia-cuda-mps", {"CUDA_MPS_PIPE_DIRECTORY": str(layout.pipe("GPU-b"))})  # another GPU
+    process(14, "nvidia-cuda-mps", {}, (str(tmp_path / "mps" / "GPU-ab" / "log"),))  # a prefix, not the folder
+    (proc / "self").mkdir()
+    assert mps.tied(proc, layout, "GPU-a") == [10, 11]
+    assert mps.tied(proc, layout, "GPU-b") == [13]
+    assert mps.tied(tmp_path / "absent", layout, "GPU-a") == []

@@ -11,8 +11,17 @@ one daemon, so it uses MPS on one GPU.
 set match the GPUs it is given (the caller leaves out unhealthy ones), a watcher task per GPU
 restarts its daemon when it exits, with exponential `Backoff`, and `status` reports each as a
 `Status` value. A binary that cannot be found is reported and retried the same way, never raised.
-`stop` asks each daemon to quit (SIGTERM), and after a grace period kills its process group (the
-daemon and what it started).
+
+The lifecycle, as the real daemon was seen to behave (driver 580): it starts an
+`nvidia-cuda-mps-server` for its first client and, on SIGTERM, exits at once leaving that server
+running with its GPU context. So a daemon is stopped through its control pipe: `quit` sent by the
+same program in client mode (the server ends, then the daemon), then, after `grace`, SIGKILL to
+what is left (the daemon's process group, and every MPS process still tied to the GPU's
+directories). The same end awaits a daemon that dies by itself (its server goes with it before
+the restart), and, before a GPU's first start, whatever a previous agent left on its directories
+(`tied`: MPS processes found in `/proc` by their pipe directory or the files they hold open).
+Each daemon's output is read by the supervisor and logged line by line (logger
+`sharegpu.agent.mps.daemon`, with the GPU's UUID as `gpu`).
 """
 
 from __future__ import annotations
@@ -25,7 +34,7 @@ import re
 import shutil
 import signal
 import time
-from collections.abc import Callable, Set
+from collections.abc import Callable, Iterator, Set
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -34,12 +43,17 @@ from sharegpu.api import handoff
 from sharegpu.core import errors
 
 log = logging.getLogger(__name__)
+daemon_log = logging.getLogger(f"{__name__}.daemon")
+"""The daemons' own output, one record per line, with the GPU's UUID as the record's `gpu`."""
 
 BINARY: Final = "nvidia-cuda-mps-control"
 VISIBLE_DEVICES: Final = "CUDA_VISIBLE_DEVICES"
 ROOT: Final = Path(handoff.MPS_HOST_ROOT)
 """Where the daemons' directories live on the host."""
 MODE: Final = 0o755
+PROCESS_NAME: Final = "nvidia-cuda-mps"
+"""What `/proc/<pid>/comm` says of the control daemon and the server alike (15 characters kept)."""
+QUIT: Final = "quit"
 
 _UUID = re.compile(r"^(GPU|MIG)-[A-Za-z0-9][A-Za-z0-9/._-]*$")
 
@@ -107,6 +121,47 @@ class Status:
     """Why it is not running ("" while it runs)."""
 
 
+def tied(proc: Path, layout: Layout, uuid: str) -> list[int]:
+    """The MPS processes (control daemons and servers) that belong to `uuid`'s directories: named
+    `PROCESS_NAME`, with CUDA_MPS_PIPE_DIRECTORY set to its pipe directory or a file open under its
+    folder. Clients are never among them (their name is their own program's); a process that ends
+    while it is read is left out."""
+    folder = str(layout.gpu(uuid))
+    pipe = f"{handoff.MPS_PIPE}={layout.pipe(uuid)}".encode()
+    found = []
+    for entry in _processes(proc):
+        try:
+            if not (entry / "comm").read_text().startswith(PROCESS_NAME):
+                continue
+            if pipe in (entry / "environ").read_bytes().split(b"\0") or any(
+                target == folder or target.startswith(folder + os.sep) for target in _open_files(entry)
+            ):
+                found.append(int(entry.name))
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+    return sorted(found)
+
+
+def _processes(proc: Path) -> Iterator[Path]:
+    try:
+        entries = list(proc.iterdir())
+    except OSError:
+        return
+    for entry in entries:
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            yield entry
+
+
+def _open_files(entry: Path) -> Iterator[str]:
+    try:
+        fds = list((entry / "fd").iterdir())
+    except (FileNotFoundError, PermissionError):
+        return
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            yield os.readlink(fd)
+
+
 def describe_exit(code: int) -> str:
     if code >= 0:
         return f"exited with status {code}"
@@ -123,6 +178,7 @@ class _Daemon:
     def __init__(self, uuid: str) -> None:
         self.uuid = uuid
         self.process: asyncio.subprocess.Process | None = None
+        self.relay: asyncio.Task[None] | None = None
         self.starts = 0
         self.last_exit: int | None = None
         self.since: float | None = None
@@ -144,7 +200,8 @@ class _Daemon:
 
 
 class Supervisor:
-    """Runs one MPS control daemon per GPU it is asked for, and keeps them running."""
+    """Runs one MPS control daemon per GPU it is asked for, keeps them running, and ends each with
+    everything it started."""
 
     def __init__(
         self,
@@ -153,13 +210,16 @@ class Supervisor:
         *,
         backoff: Backoff = Backoff(),
         grace: float = 5.0,
+        proc: Path = Path("/proc"),
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.binary = binary
         self.layout = layout
         self.backoff = backoff
         self.grace = grace
-        """Seconds a daemon has to quit after SIGTERM before its process group is killed."""
+        """Seconds a daemon and its server have to quit before what is left is killed."""
+        self.proc = proc
+        """Where the node's processes are seen (to find a daemon's server and what a previous agent left)."""
         self.clock = clock
         self._daemons: dict[str, _Daemon] = {}
         self._lock = asyncio.Lock()
@@ -183,7 +243,7 @@ class Supervisor:
                 daemon.task = asyncio.create_task(self._watch(daemon), name=f"mps-{uuid}")
 
     async def stop(self) -> None:
-        """Stop every daemon and its watcher; returns once all have exited and been reaped."""
+        """Stop every daemon, its server and its watcher; returns once all have exited."""
         async with self._lock:
             gone = list(self._daemons.values())
             self._daemons.clear()
@@ -192,10 +252,18 @@ class Supervisor:
     # ------------------------------------------------------------------ one GPU
 
     async def _watch(self, daemon: _Daemon) -> None:
+        left = await asyncio.to_thread(tied, self.proc, self.layout, daemon.uuid)
+        if left:
+            log.warning("MPS on %s: ending %d process(es) a previous agent left: %s",
+                        daemon.uuid, len(left), ", ".join(map(str, left)))  # fmt: skip
+            await self._end(daemon.uuid, None, ask=True)
         failures = 0
         while True:
             began, starts = self.clock(), daemon.starts
             problem = await self._run(daemon)
+            if daemon.process is not None:  # it ran: what it started goes with it
+                await self._end(daemon.uuid, daemon.process, ask=False)
+                await self._close_relay(daemon)
             if self.clock() - began >= self.backoff.settled:
                 failures = 0
             delay = self.backoff.delay(failures)
@@ -207,24 +275,34 @@ class Supervisor:
 
     async def _run(self, daemon: _Daemon) -> str:
         """Start the daemon and wait for it to exit; why it is not running."""
+        daemon.process = None
         executable = locate(self.binary)
         if executable is None:
             if os.sep in str(self.binary):
                 return f"binary {self.binary} is missing or not executable"
             return f"binary {self.binary} not found on PATH"
+        # The output goes through a pipe of our own, not asyncio's: the server inherits it, and a
+        # process whose asyncio pipes are still held elsewhere is never reported as exited.
+        reading, writing = os.pipe()
         try:
             self._prepare(daemon.uuid)
             process = await asyncio.create_subprocess_exec(
                 executable, "-f",
                 env={**os.environ, **self.layout.daemon_env(daemon.uuid)},
                 stdin=asyncio.subprocess.DEVNULL,
+                stdout=writing,
+                stderr=asyncio.subprocess.STDOUT,
                 start_new_session=True,
             )  # fmt: skip
         except OSError as error:
+            os.close(reading)
             return f"cannot start {self.binary}: {error}"
+        finally:
+            os.close(writing)
         daemon.process = process
         daemon.since = self.clock()
         daemon.starts += 1
+        daemon.relay = asyncio.create_task(_relay(daemon.uuid, reading), name=f"mps-log-{daemon.uuid}")
         log.info("MPS daemon for %s started: pid %d", daemon.uuid, process.pid)
         daemon.last_exit = await process.wait()
         return describe_exit(daemon.last_exit)
@@ -237,24 +315,112 @@ class Supervisor:
             path.chmod(MODE)  # mkdir's mode is masked by the umask
 
     async def _halt(self, daemon: _Daemon) -> None:
-        """End the watcher, then the daemon: SIGTERM, and after `grace` SIGKILL to its process group."""
+        """End the watcher, then the daemon and its server."""
         if daemon.task is not None:
             daemon.task.cancel()
             [ended] = await asyncio.gather(daemon.task, return_exceptions=True)
             if isinstance(ended, Exception):
                 log.error("MPS watcher for %s had failed", daemon.uuid, exc_info=ended)
         process = daemon.process
-        if process is None or process.returncode is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            # Not process.terminate(): Popen polls first, and may reap the child asyncio waits for.
-            os.kill(process.pid, signal.SIGTERM)
+        if process is not None and process.returncode is None:
+            await self._end(daemon.uuid, process, ask=True)
+            log.info("MPS daemon for %s stopped (%s)", daemon.uuid, describe_exit(process.returncode or 0))
+        elif await asyncio.to_thread(tied, self.proc, self.layout, daemon.uuid):
+            await self._end(daemon.uuid, None, ask=False)  # stopped while ending a daemon that had died
+        await self._close_relay(daemon)
+
+    async def _end(self, uuid: str, process: asyncio.subprocess.Process | None, *, ask: bool) -> None:
+        """End the GPU's daemon (`process`, when this supervisor started it) and every MPS process
+        tied to its directories: `quit` through the control pipe when `ask` (SIGTERM to the daemon
+        if that cannot be sent), SIGTERM to what is left when not; after `grace`, SIGKILL to the
+        daemon's process group and to whatever is still tied."""
+
+        def alive() -> bool:
+            return process is not None and process.returncode is None
+
+        asked = ask and await self._quit(uuid)
+        if process is not None and alive() and not asked:
+            with contextlib.suppress(ProcessLookupError):
+                # Not process.terminate(): Popen polls first, and may reap the child asyncio waits for.
+                os.kill(process.pid, signal.SIGTERM)
+        if not ask:
+            for pid in await asyncio.to_thread(tied, self.proc, self.layout, uuid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + self.grace
+        left = await asyncio.to_thread(tied, self.proc, self.layout, uuid)
+        while (alive() or left) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+            left = await asyncio.to_thread(tied, self.proc, self.layout, uuid)
+        if alive() or left:
+            log.warning("MPS on %s: %s still running %g s after being asked to end: killing it",
+                        uuid, ", ".join(map(str, left)) or "the daemon", self.grace)  # fmt: skip
+            if process is not None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(process.pid, signal.SIGKILL)
+            for pid in left:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        if process is not None:
+            await process.wait()
+
+    async def _quit(self, uuid: str) -> bool:
+        """Send `quit` to the GPU's daemon through its control pipe (the control program in client
+        mode); whether it was delivered."""
+        executable = locate(self.binary)
+        if executable is None or not (self.layout.pipe(uuid) / "control").exists():
+            return False
+        try:
+            client = await asyncio.create_subprocess_exec(
+                executable,
+                env={**os.environ, **self.layout.daemon_env(uuid)},
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+                start_new_session=True,
+            )
+        except OSError as error:
+            log.warning("MPS on %s: cannot run %s to send quit: %s", uuid, self.binary, error)
+            return False
         try:
             async with asyncio.timeout(self.grace):
-                code = await process.wait()
+                said, _ = await client.communicate(f"{QUIT}\n".encode())
         except TimeoutError:
-            log.warning("MPS daemon for %s ignored SIGTERM for %g s: killing it", daemon.uuid, self.grace)
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            code = await process.wait()
-        log.info("MPS daemon for %s stopped (%s)", daemon.uuid, describe_exit(code))
+                os.killpg(client.pid, signal.SIGKILL)
+            await client.wait()
+            log.warning("MPS on %s: quit was not taken within %g s", uuid, self.grace)
+            return False
+        text = said.decode(errors="replace").strip()
+        if client.returncode != 0:
+            log.warning("MPS on %s: quit refused (%s): %s", uuid, describe_exit(client.returncode or 0), text)
+            return False
+        return True
+
+    @staticmethod
+    async def _close_relay(daemon: _Daemon) -> None:
+        """Let the daemon's log relay read to the end (everything that held its pipe is gone by now)."""
+        relay, daemon.relay = daemon.relay, None
+        if relay is None:
+            return
+        try:
+            async with asyncio.timeout(1.0):
+                await asyncio.shield(relay)
+        except TimeoutError:
+            relay.cancel()
+            await asyncio.gather(relay, return_exceptions=True)
+
+
+async def _relay(uuid: str, fd: int) -> None:
+    """Log each line the daemon writes (to the pipe whose reading end is `fd`, closed at the end) as
+    the agent's own record with the GPU's UUID."""
+    loop = asyncio.get_running_loop()
+    stream = asyncio.StreamReader()
+    transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(stream), os.fdopen(fd, "rb", 0))
+    try:
+        while line := await stream.readline():
+            text = line.decode(errors="replace").rstrip()
+            if text:
+                daemon_log.info("%s", text, extra={"gpu": uuid})
+    finally:
+        transport.close()
