@@ -171,7 +171,11 @@ def test_a_record_about_a_gpu_says_which_in_json(root_logger: logging.Logger) ->
     logging.getLogger("sharegpu.agent.mps.daemon").info("Server started", extra={"gpu": "GPU-a1"})
     logging.getLogger("test-cli.logs").info("about no GPU")
     first, second = (json.loads(line) for line in stream.getvalue().splitlines())
-    assert (first["message"], first["gpu"], first["logger"]) == ("Server started", "GPU-a1", "sharegpu.agent.mps.daemon")
+    assert (first["message"], first["gpu"], first["logger"]) == (
+        "Server started",
+        "GPU-a1",
+        "sharegpu.agent.mps.daemon",
+    )
     assert "gpu" not in second
 
 

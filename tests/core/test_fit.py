@@ -173,6 +173,36 @@ def test_a_demanded_isolation_mode_is_found_only_on_nodes_that_offer_it() -> Non
     assert fit.explain_node(b.state, demand, 1).ok
 
 
+def test_a_compute_guarantee_needs_the_mode_to_enforce_compute_on_the_node() -> None:
+    hami, mps = devices.Isolation.HAMI_CORE, devices.Isolation.MPS
+    memory_only = dataclasses.replace(node("memory-only", 2), isolation=frozenset({hami, mps}),
+                                      compute_isolation=frozenset({mps}))  # fmt: skip
+    measured = dataclasses.replace(
+        node("measured", 2), isolation=frozenset({hami}), compute_isolation=frozenset({hami})
+    )
+    unoffered = dataclasses.replace(node("unoffered", 2), compute_isolation=frozenset({hami}))  # says, but offers not
+    b = book(memory_only, measured, unoffered)
+    demand = requests.GpuDemand(count=1, milli=300, isolation=hami, compute=True)
+    three = np.arange(3)
+    assert fit.evaluate(b.state, demand, three).feasible.tolist() == [False, True, False]
+    assert fit.evaluate(b.state, dataclasses.replace(demand, compute=False), three).feasible.tolist() == [
+        True,
+        True,
+        False,
+    ]
+    assert fit.evaluate(b.state, dataclasses.replace(demand, isolation=mps), three).feasible.tolist() == [
+        True,
+        False,
+        False,
+    ]
+    assert fit.diagnose(b.state, demand, np.array([0])).shortfall.tolist() == [fit.Shortfall.ISOLATION]
+    verdict = fit.explain_node(b.state, demand, 0)
+    assert verdict.code is status.Code.UNSCHEDULABLE_AND_UNRESOLVABLE
+    assert verdict.reasons[0].detail == "isolation hami-core does not enforce compute there (enforcing it: mps)"
+    assert fit.explain_node(b.state, demand, 2).reasons[0].detail == "isolation hami-core not offered (offers: none)"
+    assert not dataclasses.replace(demand, compute=False).needs_at_least(demand)
+
+
 LABEL = st.sampled_from([None, "x", "y"])
 MODELS = st.sampled_from([frozenset(), frozenset({"T4"}), frozenset({"A100"}), frozenset({"T4", "A100"})])
 

@@ -125,3 +125,12 @@ def test_an_isolation_demand_needs_a_shared_gpu_and_mps_one_gpu_per_container() 
     with pytest.raises(errors.InvalidRequestError, match="a process reaches only one"):
         make(requests.GpuRequest(count=2, milli=300), mps)
     assert make(requests.GpuRequest(count=2, milli=300), devices.Isolation.HAMI_CORE).demand.count == 2
+
+
+def test_a_compute_guarantee_needs_an_isolation_mode() -> None:
+    gpu = (requests.ContainerRequest("main", requests.GpuRequest(count=1, milli=300)),)
+    key = units.PodKey("ns/p")
+    guaranteed = requests.PodRequest(key, gpu, isolation=devices.Isolation.MPS, compute=True)
+    assert guaranteed.demand.compute and guaranteed.demand.isolation is devices.Isolation.MPS
+    with pytest.raises(errors.InvalidRequestError, match="a compute guarantee needs an isolation mode that enforces"):
+        requests.PodRequest(key, gpu, compute=True)

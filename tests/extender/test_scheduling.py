@@ -113,6 +113,24 @@ async def test_a_pod_demanding_an_isolation_mode_goes_only_where_it_is_offered(h
     assert "unknown isolation mode 'mpss' (known: none, hami-core, mps, mig)" in verdict.failed_nodes["n0"]
 
 
+async def test_a_compute_guarantee_goes_only_where_the_mode_enforces_compute(harness: Callable[..., Any]) -> None:
+    h: Harness = await harness(nodes=2)
+    notes = {names.ISOLATION: "hami-core", names.COMPUTE_GUARANTEE: "true"}
+    pod = await h.create(gpu_pod("sure", milli=300, annotations=notes))
+    for name, compute in (("n0", False), ("n1", True)):
+        device = h.server.get_object(paths.device(name))
+        assert device is not None
+        device["spec"]["isolation"] = ["hami-core"]
+        device["spec"]["enforcement"] = [{"mode": "hami-core", "offered": True, "memory": True, "compute": compute}]
+        h.server.remove_object(paths.device(name))
+        h.server.put_object(paths.DEVICES, device)
+    await settle(h.server)
+    verdict = h.extender.scheduling.filter(h.args(pod, ["n0"]))
+    reason = "sharegpu: isolation hami-core enforcing compute not offered on the node"
+    assert verdict.failed_and_unresolvable == {"n0": reason}
+    assert await h.schedule(pod) == "n1"
+
+
 async def test_a_refused_binding_forgets_the_assumption_once(harness: Callable[..., Any]) -> None:
     h: Harness = await harness(nodes=1)
     await h.create(gpu_pod("a", milli=600))

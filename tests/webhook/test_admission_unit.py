@@ -474,6 +474,11 @@ def test_a_pod_demanding_mps_is_wired_to_its_gpu_s_mps_directory() -> None:
 def test_an_unknown_or_misplaced_isolation_demand_is_refused_naming_it() -> None:
     for notes, message in [
         ({names.ISOLATION: "mpss"}, "unknown isolation mode 'mpss' (known: none, hami-core, mps, mig)"),
+        ({names.COMPUTE_GUARANTEE: "true"}, "a compute guarantee needs an isolation mode that enforces compute"),
+        (
+            {names.COMPUTE_GUARANTEE: "yes", names.ISOLATION: "mps"},
+            "annotation sharegpu.io/compute-guarantee: 'yes' is neither true nor false",
+        ),
     ]:
         answer = answer_of(admission.mutate(review(sharing_pod(notes)), POLICY))["response"]
         assert not answer["allowed"] and message in answer["status"]["message"]

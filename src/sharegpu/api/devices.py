@@ -69,6 +69,7 @@ def inventory(device: wire.Device, node: NodeFacts | None) -> devices.NodeInvent
             gpus=found,
             nvlinks=links,
             isolation=isolation_modes(device),
+            compute_isolation=compute_modes(device),
         )
     except errors.InvalidInputError as exc:
         raise errors.InvalidInventoryError(f"Device {device.metadata.name}: {exc}") from None
@@ -76,16 +77,28 @@ def inventory(device: wire.Device, node: NodeFacts | None) -> devices.NodeInvent
 
 def isolation_modes(device: wire.Device) -> frozenset[devices.Isolation]:
     """The isolation modes a Device says its node offers; an unknown one is an invalid inventory."""
-    modes = set()
-    for position, text in enumerate(device.spec.isolation):
-        try:
-            modes.add(devices.Isolation(text))
-        except ValueError:
-            known = ", ".join(m.value for m in devices.Isolation)
-            raise errors.InvalidInventoryError(
-                f"Device {device.metadata.name}: spec.isolation[{position}]: unknown mode {text!r} (known: {known})"
-            ) from None
-    return frozenset(modes)
+    return frozenset(
+        _mode(device, f"spec.isolation[{position}]", text) for position, text in enumerate(device.spec.isolation)
+    )
+
+
+def compute_modes(device: wire.Device) -> frozenset[devices.Isolation]:
+    """The modes a Device says are offered and enforce a pod's compute share (`spec.enforcement`)."""
+    return frozenset(
+        _mode(device, f"spec.enforcement[{position}].mode", entry.mode)
+        for position, entry in enumerate(device.spec.enforcement)
+        if entry.offered and entry.compute
+    )
+
+
+def _mode(device: wire.Device, where: str, text: str) -> devices.Isolation:
+    try:
+        return devices.Isolation(text)
+    except ValueError:
+        known = ", ".join(m.value for m in devices.Isolation)
+        raise errors.InvalidInventoryError(
+            f"Device {device.metadata.name}: {where}: unknown mode {text!r} (known: {known})"
+        ) from None
 
 
 API_VERSION: Final = f"{names.DEVICE_GROUP}/{names.DEVICE_VERSION}"
@@ -115,5 +128,9 @@ def device(node: devices.NodeInventory) -> wire.Device:
             ],
             nvlinks=sorted(node.nvlinks),
             isolation=sorted(m.value for m in node.isolation),
+            enforcement=[
+                wire.ModeEnforcement(mode=m.value, offered=True, memory=True, compute=m in node.compute_isolation)
+                for m in sorted(node.isolation, key=lambda m: m.value)
+            ],
         ),
     )

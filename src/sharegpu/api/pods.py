@@ -158,6 +158,7 @@ REQUEST_ANNOTATIONS = (
     names.EXCLUSION,
     names.GROUP,
     names.ISOLATION,
+    names.COMPUTE_GUARANTEE,
 )
 """The annotations `request` reads. With the containers' resources (of which only CPU and memory
 may change, by an in-place resize: `record` compares them too), they are all a pod's request
@@ -189,7 +190,17 @@ def request(pod: wire.Pod, host: tuple[int, int] | None = None) -> requests.PodR
     return requests.PodRequest(
         key=pod_key, containers=tuple(made), cpu_milli=cpu, memory_mib=memory, cotenancy=cotenancy(notes),
         isolation=isolation(notes.get(names.ISOLATION), f"pod {pod_key}: annotation {names.ISOLATION}"),
+        compute=flag(notes.get(names.COMPUTE_GUARANTEE), f"pod {pod_key}: annotation {names.COMPUTE_GUARANTEE}"),
     )  # fmt: skip
+
+
+def flag(text: str | None, where: str) -> bool:
+    """A "true"/"false" annotation (absent: false); InvalidRequestError naming `where` otherwise."""
+    if text is None or text.strip().lower() == "false":
+        return False
+    if text.strip().lower() == "true":
+        return True
+    raise errors.InvalidRequestError(f"{where}: {text!r} is neither true nor false")
 
 
 def isolation(text: str | None, where: str) -> devices.Isolation | None:

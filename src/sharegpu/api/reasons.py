@@ -104,7 +104,10 @@ def _text(kind: fit.Shortfall, demand: requests.GpuDemand, rows: np.ndarray, d: 
     if kind is fit.Shortfall.TOO_FEW_GPUS:
         return f"node has fewer than {n} GPUs"
     if kind is fit.Shortfall.ISOLATION:
-        return f"isolation {demand.isolation.value if demand.isolation else ''} not offered on the node"
+        mode = demand.isolation.value if demand.isolation else ""
+        if demand.compute:
+            return f"isolation {mode} enforcing compute not offered on the node"
+        return f"isolation {mode} not offered on the node"
     if kind is fit.Shortfall.MODEL:
         return f"no GPU of model {models}" if n == 1 else f"fewer than {n} GPUs of model {models}"
     if kind is fit.Shortfall.UNHEALTHY:

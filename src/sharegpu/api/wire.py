@@ -359,6 +359,28 @@ class MpsDaemon(Message, kw_only=True, frozen=True):
     running: bool = False
     restarts: int = 0
     problem: str = ""
+    proven: bool = False
+    """A probe client of this daemon was held to a memory limit (the node offers mps only while every
+    healthy GPU's daemon is running and proven)."""
+
+
+class ModeEnforcement(Message, kw_only=True, frozen=True):
+    """What one isolation mode enforces on the node, as its agent found it (docs/isolation.md)."""
+
+    mode: str
+    """A `core.devices.Isolation` value."""
+    offered: bool = False
+    memory: bool = False
+    """A pod's GPU memory limit holds: proven on this node by a probe (mig: by the hardware)."""
+    compute: bool = False
+    """A pod's compute share holds (mps: the thread percentage; mig: the hardware; hami-core: only
+    where the operator measured that its library enforces it, `--hami-core-enforces-compute`)."""
+    subject: str = ""
+    """What was proven: the library's digest, the daemons' pids."""
+    proven_at: str = ""
+    """When the proof was made (RFC 3339)."""
+    reason: str = ""
+    """Why the mode is not offered, or what of it was not proven."""
 
 
 class DeviceSpec(Message, kw_only=True, frozen=True):
@@ -368,6 +390,8 @@ class DeviceSpec(Message, kw_only=True, frozen=True):
     """The isolation modes the node offers (`core.devices.Isolation` values)."""
     mps: list[MpsDaemon] = []
     """Per GPU its MPS control daemon, on nodes that run them."""
+    enforcement: list[ModeEnforcement] = []
+    """Per isolation mode the node could offer: whether it does, and what it was seen to enforce."""
 
 
 class Device(Message, kw_only=True, frozen=True):

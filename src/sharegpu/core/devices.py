@@ -83,6 +83,8 @@ class NodeInventory:
     """Unordered pairs of GPU indices joined by NVLink, stored with the smaller index first."""
     isolation: frozenset[Isolation] = field(default_factory=frozenset)
     """The isolation modes the node offers (its agent reports them)."""
+    compute_isolation: frozenset[Isolation] = field(default_factory=frozenset)
+    """Those of `isolation` that hold a pod to its compute share there (its agent reports them)."""
 
     def __post_init__(self) -> None:
         if not self.name:

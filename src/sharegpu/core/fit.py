@@ -40,8 +40,9 @@ def model_mask(state: fleet.FleetState, demand: requests.GpuDemand, rows: fleet.
 def isolation_mask(
     state: fleet.FleetState, demand: requests.GpuDemand, rows: fleet.IntArray | slice
 ) -> fleet.BoolArray:
-    """(rows,) bool: the node offers the isolation mode the demand asks for (every node when none)."""
-    offered = state.isolation[rows]
+    """(rows,) bool: the node offers the isolation mode the demand asks for, enforcing compute there
+    when the demand has a compute guarantee (every node when it demands none)."""
+    offered = state.compute_isolation[rows] if demand.compute else state.isolation[rows]
     if demand.isolation is None:
         return np.ones(offered.shape, dtype=np.bool_)
     found: fleet.BoolArray = (offered & demand.isolation.bit) != 0
@@ -97,8 +98,12 @@ def explain_node(state: fleet.FleetState, demand: requests.GpuDemand, row: int) 
         return status.SUCCESS
     unresolvable = bool(state.gpu_count[row] < demand.count)
     if demand.isolation is not None and not isolation_mask(state, demand, one)[0]:
-        offered = ", ".join(sorted(m.value for m in state.inventories[row].isolation)) or "none"
+        node = state.inventories[row]
+        offered = ", ".join(sorted(m.value for m in node.isolation)) or "none"
         detail = f"isolation {demand.isolation.value} not offered (offers: {offered})"
+        if demand.compute and demand.isolation in node.isolation:
+            enforcing = ", ".join(sorted(m.value for m in node.compute_isolation & node.isolation)) or "none"
+            detail = f"isolation {demand.isolation.value} does not enforce compute there (enforcing it: {enforcing})"
         reasons.append(status.Reason(R.ISOLATION, 1, 0, 0, name, detail=detail))
         return status.Status(status.Code.UNSCHEDULABLE_AND_UNRESOLVABLE, f"pod does not fit on {name}", tuple(reasons))
     models = model_mask(state, demand, one)[0]

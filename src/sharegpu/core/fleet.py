@@ -48,6 +48,10 @@ class FleetState:
         self.gpu_count: IntArray = np.array([node.gpu_count for node in nodes], dtype=np.int64)
         self.isolation: IntArray = np.array([devices.isolation_bits(node.isolation) for node in nodes], dtype=np.int64)
         """Per node the isolation modes it offers (`devices.Isolation.bit`)."""
+        self.compute_isolation: IntArray = np.array(
+            [devices.isolation_bits(node.compute_isolation & node.isolation) for node in nodes], dtype=np.int64
+        )
+        """Per node the offered modes that enforce a pod's compute share there."""
         self.present: BoolArray = np.zeros((n, g), dtype=np.bool_)
         self.healthy: BoolArray = np.zeros((n, g), dtype=np.bool_)
         self.gmem_capacity: IntArray = np.zeros((n, g), dtype=np.int64)

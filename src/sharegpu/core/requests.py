@@ -124,6 +124,8 @@ class GpuDemand:
     cotenancy: CoTenancy = NO_RULES
     isolation: devices.Isolation | None = None
     """The isolation mode the pod demands: only nodes that offer it take the pod."""
+    compute: bool = False
+    """The pod demands its compute share enforced: only nodes where its isolation mode does take it."""
 
     @property
     def whole(self) -> bool:
@@ -147,6 +149,7 @@ class GpuDemand:
             and self.models == other.models
             and self.cotenancy == other.cotenancy
             and self.isolation == other.isolation
+            and self.compute == other.compute
             and self.count >= other.count
             and self.milli >= other.milli
             and self.memory_mib >= other.memory_mib
@@ -166,6 +169,8 @@ class PodRequest:
     memory_mib: int = 0
     cotenancy: CoTenancy = NO_RULES
     isolation: devices.Isolation | None = None
+    compute: bool = False
+    """A compute guarantee: its isolation mode must enforce its compute share where it runs."""
     demand: GpuDemand = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -183,6 +188,11 @@ def _pod_demand(pod: PodRequest) -> GpuDemand:
     app = [c.gpu for c in pod.containers if c.gpu is not None and not c.init]
     init = [c.gpu for c in pod.containers if c.gpu is not None and c.init]
     rules = pod.cotenancy
+    if pod.compute and pod.isolation is None:
+        raise errors.InvalidRequestError(
+            f"pod {pod.key}: a compute guarantee needs an isolation mode that enforces compute: demand mps or mig "
+            "(or hami-core, where a node's agent says its library enforces compute)"
+        )
     if not app and not init:
         if pod.isolation is not None:
             raise errors.InvalidRequestError(
@@ -253,6 +263,7 @@ def _pod_demand(pod: PodRequest) -> GpuDemand:
         host_memory_mib=pod.memory_mib,
         cotenancy=rules,
         isolation=pod.isolation,
+        compute=pod.compute,
     )
 
 

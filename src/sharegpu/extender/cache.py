@@ -55,15 +55,17 @@ class DeviceRecord:
     nvlinks: frozenset[tuple[int, int]]
     problem: str | None = None
     isolation: frozenset[devices.Isolation] = frozenset()
+    compute_isolation: frozenset[devices.Isolation] = frozenset()
 
 
 def device_record(device: wire.Device, previous: DeviceRecord | None = None) -> DeviceRecord:
     try:
         found, links = api_devices.gpus(device)
         modes = api_devices.isolation_modes(device)
+        compute = api_devices.compute_modes(device)
     except errors.InvalidInputError as exc:
         return DeviceRecord(device.metadata.name, (), frozenset(), str(exc))
-    return DeviceRecord(device.metadata.name, found, links, isolation=modes)
+    return DeviceRecord(device.metadata.name, found, links, isolation=modes, compute_isolation=compute)
 
 
 def node_record(node: wire.Node, previous: api_devices.NodeFacts | None = None) -> api_devices.NodeFacts:
@@ -138,6 +140,7 @@ class ClusterCache:
                         device.gpus,
                         device.nvlinks,
                         device.isolation,
+                        device.compute_isolation,
                     )
                 )
             except errors.InvalidInputError as exc:
