@@ -331,3 +331,18 @@ def test_the_extender_preempts_unless_told_not_to() -> None:
     assert args("extender.preemption=false") == ["--no-preemption"]
     done = run_helm("template", "s", str(stack.CHART), "-n", names.SYSTEM_NAMESPACE, "--set", "extender.preemption=1")
     assert done.returncode != 0 and "/extender/preemption" in done.stderr, done.stderr
+
+
+def test_the_agent_probes_its_isolation_modes_unless_told_not_to() -> None:
+    def agent(*settings: str) -> tuple[list[str], str]:
+        template = one(render("1.37.2", *settings), "DaemonSet", "sharegpu-agent")["spec"]["template"]
+        (container,) = template["spec"]["containers"]
+        flags = [a for a in container["args"] if "probe" in a or "compute" in a]
+        [capabilities] = [e["value"] for e in container["env"] if e["name"] == "NVIDIA_DRIVER_CAPABILITIES"]
+        return flags, capabilities
+
+    assert agent() == ([], "compute,utility"), "the probe loads libcuda: the runtime must mount it"
+    assert agent("agent.isolationProbe=false") == (["--no-isolation-probe"], "utility")
+    assert agent("agent.hamiCoreLibrary=", "agent.mps=false") == ([], "utility"), "nothing to probe"
+    assert agent("agent.hamiCoreEnforcesCompute=true")[0] == ["--hami-core-enforces-compute"]
+    assert agent("agent.isolationProbe=false", "agent.mps=true")[1] == "compute,utility"

@@ -690,6 +690,26 @@ def agent(
     hami_core_dir: Annotated[
         Path, typer.Option(help="Host folder the library is installed in for containers (the webhook mounts it).")
     ] = Path("/run/sharegpu/hami-core"),
+    hami_core_enforces_compute: Annotated[
+        bool,
+        typer.Option(
+            "--hami-core-enforces-compute",
+            help="Say that this node's HAMi-core enforces compute shares (only where scripts/gpu-check measured it).",
+        ),
+    ] = False,
+    isolation_probe: Annotated[
+        bool,
+        typer.Option(
+            help="Offer hami-core and mps only after a probe proved here that they enforce a memory limit "
+            "(off, or with --fake-nvml: offered unproven, and the Device says so)."
+        ),
+    ] = True,
+    probe_libcuda: Annotated[
+        str, typer.Option(help="The driver library the probe loads (a name the loader finds, or a path).")
+    ] = "libcuda.so.1",
+    probe_dir: Annotated[
+        Path, typer.Option(help="A writable folder of the probe's own (its HAMi-core accounting file).")
+    ] = Path("/run/sharegpu/probe"),
     on_violation: Annotated[
         ViolationAction,
         typer.Option(
@@ -716,7 +736,7 @@ def agent(
 
     The GPUs come from NVML, or from the file --fake-nvml names; with --mps the agent runs an MPS
     control daemon per GPU."""
-    from sharegpu.agent import fakenvml, nvml, podresources, watchdog
+    from sharegpu.agent import fakenvml, nvml, podresources, proof, watchdog
     from sharegpu.agent import mps as agent_mps
     from sharegpu.agent import runtime as agent_runtime
 
@@ -732,19 +752,81 @@ def agent(
     options = agent_runtime.Options(
         interval=interval, hami_core_library=Path(hami_core_library) if hami_core_library else None,
         hami_core_dir=hami_core_dir, on_violation=action, proc=proc, slack_mib=slack_mib,
+        hami_core_compute=hami_core_enforces_compute,
     )  # fmt: skip
-    supervisor = agent_mps.Supervisor(mps_binary, agent_mps.Layout(mps_root)) if mps else None
+    supervisor = agent_mps.Supervisor(mps_binary, agent_mps.Layout(mps_root), proc=proc) if mps else None
+    # A fake NVML has no GPU to probe: its modes are offered unproven.
+    prover = proof.Prover(probe_dir, libcuda=probe_libcuda) if isolation_probe and fake_nvml is None else None
     kubelet = podresources.KubeletPodResources(Path(kubelet_socket), 5.0) if kubelet_socket else None
     address = (host, health_port) if health_port else None
     try:
         _serve(agent_runtime.serve(kubeconfig, node, source, options, supervisor=supervisor, kubelet=kubelet,
-                                   health_address=address))  # fmt: skip
+                                   prover=prover, health_address=address))  # fmt: skip
     except KeyboardInterrupt:
         pass
     except errors.SharegpuError as exc:
         raise _fail(exc) from None
     finally:
         source.close()
+
+
+@app.command("gpu-check")
+def gpu_check(
+    gpu: Annotated[int, typer.Option(help="Index of the GPU to check (as nvidia-smi numbers them).", min=0)] = 0,
+    hami_core_library: Annotated[
+        Path | None,
+        typer.Option(help="Also check HAMi-core's limits with this library (the operator's own libvgpu.so)."),
+    ] = None,
+    mps_control: Annotated[str, typer.Option(help="The MPS control daemon to run (a name on PATH or a path).")] = (
+        "nvidia-cuda-mps-control"
+    ),
+    seconds: Annotated[int, typer.Option(help="Seconds each compute measurement runs.", min=5)] = 6,
+    json_path: Annotated[Path | None, typer.Option("--json", help="Also write the results to this JSON file.")] = None,
+    libcuda: Annotated[str, typer.Option(help="The driver's CUDA library (a path or a soname).")] = "libcuda.so.1",
+) -> None:
+    """Check on this GPU machine what sharegpu's node side relies on: NVML, MPS's limits, HAMi-core's.
+
+    Needs the driver and nvidia-smi, no CUDA toolkit; about a minute. Exit status 1 when a check FAILed.
+    """
+    from rich.markup import escape
+
+    from sharegpu.agent import gpucheck, nvml
+
+    try:
+        inventory = nvml.Nvml().open()
+    except errors.SharegpuError as exc:
+        raise _fail(exc) from None
+    options = gpucheck.Options(gpu=gpu, seconds=seconds, hami_core_library=hami_core_library)
+    parts = gpucheck.real_parts(
+        inventory, libcuda=libcuda, mps_control=mps_control, progress=lambda text: typer.echo(f"... {text}", err=True)
+    )
+    try:
+        report = asyncio.run(gpucheck.check(parts, options))
+    except errors.SharegpuError as exc:
+        raise _fail(exc) from None
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+    finally:
+        inventory.close()
+    shown = report.gpu
+    title = (
+        f"sharegpu gpu-check: GPU {shown.index} {shown.model} {shown.uuid}, driver {shown.driver}, CUDA {shown.cuda}"
+    )
+    table = Table(title=escape(title))
+    for column in ("check", "GPU", "result", "figures", "detail"):
+        table.add_column(column, overflow="fold")
+    colour = {"PASS": "green", "FAIL": "red", "SKIP": "yellow"}
+    for name, where, result, figures, detail in gpucheck.rows(report):
+        table.add_row(name, where, f"[{colour[result]}]{result}[/]", escape(figures), escape(detail))
+    console = _console()
+    console.print(table)
+    if json_path is not None:
+        try:
+            json_path.write_bytes(orjson.dumps(gpucheck.to_json(report), option=orjson.OPT_INDENT_2))
+        except OSError as exc:
+            raise _fail(exc) from None
+        console.print(f"wrote {json_path}")
+    raise typer.Exit(report.exit_status())
 
 
 DEFAULT_WEBHOOK_NAMES = (

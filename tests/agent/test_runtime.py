@@ -8,22 +8,43 @@ import asyncio
 import os
 import signal
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import prometheus_client
 
-from sharegpu.agent import fakekubelet, fakenvml, hamicore, inventory, mps, podresources, watchdog
+from sharegpu.agent import cudaprobe, fakekubelet, fakenvml, hamicore, inventory, mps, podresources, proof, watchdog
 from sharegpu.agent import runtime as agent_runtime
 from sharegpu.api import names, paths, wire
 from sharegpu.core import allocation, units
 from sharegpu.kube import client, fake
+from tests.agent import cudastubs
 from tests.agent.fake_mps_daemon import write_fake_daemon
 from tests.agent.test_inventory import FILE, write
 from tests.agent.test_mps import gone
 from tests.extender.conftest import settle
 
 
+def write_bytes(path: Path, data: bytes) -> None:
+    """Replace a file with a new modification time, however fast the test."""
+    path.write_bytes(data)
+    stamp = path.stat().st_mtime_ns + 1_000_000_000
+    os.utime(path, ns=(stamp, stamp))
+
+
+async def first_pass(agent: agent_runtime.Agent) -> None:
+    """The pass `start` began (with probes, it takes a while) has ended: the test's own passes run alone."""
+    for _ in range(1000):
+        if agent.loop.completed:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the agent's first pass did not end")
+
+
 async def one_pass(agent: agent_runtime.Agent, server: fake.FakeApiServer) -> wire.Device:
+    if agent.tasks:  # started: its own first pass ends before this one begins
+        await first_pass(agent)
     await settle(server)
     await agent.reconcile()
     stored = server.get_object(paths.device("n0"))
@@ -80,7 +101,23 @@ async def test_the_agent_publishes_and_keeps_its_nodes_device(tmp_path: Path) ->
         await agent.stop()
 
 
-async def test_the_agent_reports_the_isolation_it_offers_and_runs_mps_daemons(tmp_path: Path) -> None:
+async def daemons_running(supervisor: mps.Supervisor, count: int) -> None:
+    for _ in range(500):
+        states = supervisor.status().values()
+        if len(states) == count and all(s.running for s in states):
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"MPS daemons not running: {supervisor.status()}")
+
+
+def enforcement(device: wire.Device, mode: str) -> wire.ModeEnforcement:
+    [entry] = [e for e in device.spec.enforcement if e.mode == mode]
+    return entry
+
+
+async def test_the_agent_offers_each_mode_once_a_probe_proved_it_and_runs_mps_daemons(
+    tmp_path: Path, stubs: cudastubs.Stubs
+) -> None:
     server = fake.FakeApiServer()
     server.put_object(paths.NODES, {"metadata": {"name": "n0"}})
     path = tmp_path / "nvml.yaml"
@@ -88,27 +125,45 @@ async def test_the_agent_reports_the_isolation_it_offers_and_runs_mps_daemons(tm
     library = tmp_path / "libvgpu.so"
     clock = [100.0]
     supervisor = mps.Supervisor(write_fake_daemon(tmp_path), mps.Layout(tmp_path / "mps"), backoff=mps.Backoff(0.05))
+    prover = proof.Prover(tmp_path / "scratch", libcuda=str(stubs.libcuda), wall=lambda: 1_800_000_000.0)
     installed = tmp_path / "installed"
     options = agent_runtime.Options(interval=3600, hami_core_library=library, hami_core_dir=installed)
     agent = agent_runtime.Agent(
         client.KubeClient(server), "n0", fakenvml.FakeNvml(path).open(), options, supervisor=supervisor,
-        clock=lambda: clock[0],
+        prover=prover, clock=lambda: clock[0],
     )  # fmt: skip
     assert not agent.readiness()[0], "not ready before the first pass"
     await agent.start()
     try:
+        await daemons_running(supervisor, 3)
         device = await one_pass(agent, server)
-        assert device.spec.isolation == ["mps"], "no HAMi-core library yet; every GPU's daemon runs"
-        assert [(d.uuid, d.running) for d in device.spec.mps] == [("GPU-0", True), ("GPU-1", True), ("GPU-2", True)]
-        library.write_bytes(b"\x7fELF v1")
+        assert device.spec.isolation == ["mps"], "no HAMi-core library yet; every GPU's daemon runs, proven"
+        assert [(d.uuid, d.running, d.proven) for d in device.spec.mps] == [
+            ("GPU-0", True, True), ("GPU-1", True, True), ("GPU-2", True, True)
+        ]  # fmt: skip
+        entry = enforcement(device, "mps")
+        assert (entry.offered, entry.memory, entry.compute, entry.proven_at) == (
+            True,
+            True,
+            True,
+            "2027-01-15T08:00:00Z",
+        )
+        assert entry.subject.startswith("GPU-0 daemon pid ")
+        assert enforcement(device, "hami-core").reason == f"no library at {library}"
+        assert enforcement(device, "mig").reason == "no GPU in MIG mode"
+        library.write_bytes(stubs.enforcing.read_bytes())
         device = await one_pass(agent, server)
         assert device.spec.isolation == ["hami-core", "mps"]
-        assert (installed / hamicore.LIBRARY_NAME).read_bytes() == b"\x7fELF v1", "installed for containers"
+        hami = enforcement(device, "hami-core")
+        assert (hami.offered, hami.memory, hami.compute) == (True, True, False)
+        assert hami.reason == "compute shares are not enforced (docs/isolation.md)"
+        assert hami.subject.startswith("sha256:") and len(hami.subject) == len("sha256:") + 16
+        assert (installed / hamicore.LIBRARY_NAME).read_bytes() == stubs.enforcing.read_bytes()
         labels = (server.get_object(paths.node("n0")) or {})["metadata"]["labels"]
         assert labels["sharegpu.io/isolation-mps"] == labels["sharegpu.io/isolation-hami-core"] == "true"
         assert agent.readiness()[0]
 
-        # A daemon killed: restarted by the supervisor, and the Device says so.
+        # A daemon killed: restarted by the supervisor, probed again, and the Device says so.
         pid = supervisor.status()["GPU-1"].pid
         assert pid is not None
         os.kill(pid, signal.SIGKILL)
@@ -118,10 +173,13 @@ async def test_the_agent_reports_the_isolation_it_offers_and_runs_mps_daemons(tm
                 break
             await asyncio.sleep(0.02)
         device = await one_pass(agent, server)
-        assert [d.restarts for d in device.spec.mps if d.uuid == "GPU-1"] == [1]
+        assert [(d.restarts, d.proven) for d in device.spec.mps if d.uuid == "GPU-1"] == [(1, True)]
+        assert f"GPU-1 daemon pid {supervisor.status()['GPU-1'].pid}" in enforcement(device, "mps").subject
         text = prometheus_client.generate_latest(agent.metrics.registry).decode()
         assert 'sharegpu_agent_mps_daemon_restarts_total{uuid="GPU-1"} 1.0' in text
         assert 'sharegpu_agent_isolation{mode="mps"} 1.0' in text
+        assert 'sharegpu_agent_isolation_proven{mode="hami-core"} 1.0' in text
+        assert 'sharegpu_agent_isolation_probes_total{mode="mps",outcome="proven"} 4.0' in text
 
         # Gone from the node's offer when the library goes; readiness lapses when passes stop succeeding.
         library.unlink()
@@ -131,6 +189,83 @@ async def test_the_agent_reports_the_isolation_it_offers_and_runs_mps_daemons(tm
     finally:
         await agent.stop()
     assert all(s.pid is None or gone(s.pid) for s in supervisor.status().values())
+
+
+async def test_a_library_that_enforces_nothing_is_not_offered_and_says_why(
+    tmp_path: Path, stubs: cudastubs.Stubs
+) -> None:
+    server = fake.FakeApiServer()
+    server.put_object(paths.NODES, {"metadata": {"name": "n0"}})
+    path = tmp_path / "nvml.yaml"
+    write(path, FILE)
+    library = tmp_path / "libvgpu.so"
+    library.write_bytes(stubs.hidden.read_bytes())  # built with hidden symbols: it limits nothing
+    installed = tmp_path / "installed"
+    options = agent_runtime.Options(interval=3600, hami_core_library=library, hami_core_dir=installed)
+    prover = proof.Prover(tmp_path / "scratch", libcuda=str(stubs.libcuda))
+    agent = agent_runtime.Agent(client.KubeClient(server), "n0", fakenvml.FakeNvml(path).open(), options, prover=prover)
+    await agent.start()
+    try:
+        device = await one_pass(agent, server)
+        assert device.spec.isolation == []
+        hami = enforcement(device, "hami-core")
+        assert (hami.offered, hami.memory) == (False, False)
+        copy = installed / hamicore.LIBRARY_NAME
+        assert hami.reason.startswith(f"HAMi-core at {copy} did not enforce a 1024 MiB limit: 3 of 3 allocations")
+        [event] = [e for e in server.list_objects("/api/v1/events") if e["reason"] == "IsolationNotProven"]
+        assert event["type"] == "Warning" and event["involvedObject"]["kind"] == "Node"
+        assert event["message"].startswith("isolation hami-core not offered: HAMi-core at ")
+        await one_pass(agent, server)
+        assert len([e for e in server.list_objects("/api/v1/events") if e["reason"] == "IsolationNotProven"]) == 1
+        text = prometheus_client.generate_latest(agent.metrics.registry).decode()
+        assert 'sharegpu_agent_isolation_probes_total{mode="hami-core",outcome="failed"} 1.0' in text, "not again"
+        assert 'sharegpu_agent_isolation_proven{mode="hami-core"} 0.0' in text
+
+        # The operator installs a working build: a new digest, probed at once, offered.
+        write_bytes(library, stubs.enforcing.read_bytes())
+        device = await one_pass(agent, server)
+        assert device.spec.isolation == ["hami-core"] and enforcement(device, "hami-core").memory
+    finally:
+        await agent.stop()
+
+
+async def test_no_probe_takes_memory_a_pod_was_promised(tmp_path: Path, stubs: cudastubs.Stubs) -> None:
+    server = fake.FakeApiServer()
+    server.put_object(paths.NODES, {"metadata": {"name": "n0"}})
+    grants = [allocation.DeviceGrant(index=i, milli=900, memory_mib=79000, limit_milli=900) for i in range(3)]
+    for index, grant in enumerate(grants):
+        placed = allocation.Allocation(
+            units.PodKey(f"ns/p{index}"), units.NodeName("n0"), (allocation.ContainerAllocation("main", (grant,)),)
+        )
+        server.put_object(paths.pods("ns"), {
+            "metadata": {"name": f"p{index}", "annotations": {names.ALLOCATION: placed.to_json()}},
+            "spec": {"nodeName": "n0", "containers": [{"name": "main"}]}, "status": {"phase": "Running"},
+        })  # fmt: skip
+    path = tmp_path / "nvml.yaml"
+    write(path, FILE)
+    library = tmp_path / "libvgpu.so"
+    library.write_bytes(stubs.enforcing.read_bytes())
+    options = agent_runtime.Options(interval=3600, hami_core_library=library, hami_core_dir=tmp_path / "installed")
+    probed: list[str] = []
+
+    async def run(env: Mapping[str, str], **kwargs: Any) -> tuple[cudaprobe.Finding, ...]:
+        probed.append(env["CUDA_VISIBLE_DEVICES"])
+        return await cudaprobe.run(env, **kwargs)
+
+    prover = proof.Prover(tmp_path / "scratch", run=run, libcuda=str(stubs.libcuda))
+    agent = agent_runtime.Agent(client.KubeClient(server), "n0", fakenvml.FakeNvml(path).open(), options, prover=prover)
+    await agent.start()
+    try:
+        device = await one_pass(agent, server)
+        assert probed == [] and device.spec.isolation == []
+        hami = enforcement(device, "hami-core")
+        assert hami.reason.startswith("not probed: waiting for a GPU with 4096 MiB that no pod was promised")
+        assert not [e for e in server.list_objects("/api/v1/events") if e["reason"] == "IsolationNotProven"]
+        server.remove_object(paths.pod("ns", "p1"))  # GPU-1 has room again
+        device = await one_pass(agent, server)
+        assert probed == ["GPU-1"] and device.spec.isolation == ["hami-core"]
+    finally:
+        await agent.stop()
 
 
 async def test_the_agent_kills_a_process_over_its_pods_memory_and_corrects_a_reported_uuid(tmp_path: Path) -> None:

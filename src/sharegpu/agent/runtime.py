@@ -22,12 +22,17 @@ container really got; a mismatch with what the API records gets a Warning event 
 reservation pod's reported UUID is corrected. While the kubelet's socket is gone (a kubelet restart)
 the check waits and says so on /readyz's detail; the agent stays ready.
 
-Isolation: the node offers `hami-core` while HAMi-core's library file is on the node and installed
-where sharing containers preload it (`agent.hamicore`), `mps` while
-the MPS supervisor (`--mps`) has a daemon running for every healthy GPU, `mig` when a GPU has MIG
-mode on. Each pass hands the healthy GPUs to the supervisor first, so a restarted daemon shows in the
-same pass. /readyz is ok once the pod informer listed, the last pass succeeded, and the API accepts
-the agent's credentials.
+Isolation: the node offers `hami-core` while HAMi-core's library file is on the node, installed
+where sharing containers preload it (`agent.hamicore`) and proven to enforce a memory limit by a
+probe of the installed copy (`agent.proof`); `mps` while the MPS supervisor (`--mps`) has a daemon
+running, and proven, for every healthy GPU; `mig` when a GPU has MIG mode on. Without a prover
+(probing off: a fake NVML has no GPU to probe) a mode is offered unproven and the Device says so.
+The Device's `enforcement` says per mode whether it is offered, what it enforces (memory: proven;
+compute: `proof.COMPUTE`, or for hami-core `--hami-core-enforces-compute`) and why not; a failed
+proof is also a Warning event on the Node (`IsolationNotProven`) and a metric. Each pass hands the
+healthy GPUs to the supervisor first, so a restarted daemon shows (and is probed) in the same pass.
+/readyz is ok once the pod informer listed, the last pass succeeded, and the API accepts the
+agent's credentials.
 """
 
 from __future__ import annotations
@@ -47,7 +52,7 @@ import prometheus_client
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from sharegpu.agent import cgroups, drift, hamicore, inventory, mps, nvml, podresources, watchdog
+from sharegpu.agent import cgroups, drift, hamicore, inventory, mps, nvml, podresources, proof, watchdog
 from sharegpu.api import devices as api_devices
 from sharegpu.api import events, handoff, names, paths, wire
 from sharegpu.api import pods as api_pods
@@ -85,6 +90,8 @@ class Options:
     """How far a pod may exceed its GPU memory before it violates."""
     drift_grace: float = 60.0
     """Seconds a pod may run before the kubelet must list the GPUs the API says it holds."""
+    hami_core_compute: bool = False
+    """The operator measured (scripts/gpu-check) that this node's HAMi-core enforces compute shares."""
 
 
 class Agent:
@@ -97,6 +104,7 @@ class Agent:
         *,
         supervisor: mps.Supervisor | None = None,
         kubelet: podresources.PodResources | None = None,
+        prover: proof.Prover | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
     ) -> None:
@@ -111,6 +119,11 @@ class Agent:
         self.wall = wall
         self.kubelet = kubelet
         """The kubelet's PodResources API (drift repair); None: not checked."""
+        self.prover = prover
+        """Proves each isolation mode before it is offered; None: modes are offered unproven."""
+        self.announced: set[tuple[str, str, str]] = set()
+        """(mode, subject, reason) of the failed proofs told in a Warning event."""
+        self.node_uid = ""
         self.kubelet_problem = ""
         self.unadvertised: tuple[str, ...] = ()
         """Healthy GPUs of the Device the kubelet cannot allocate (its device plugin does not offer them)."""
@@ -343,31 +356,116 @@ class Agent:
         return not any(m.kind is drift.Kind.RESERVATION_UUID for m in mismatches)
 
     async def _isolation(self, spec: wire.DeviceSpec, gpus: list[nvml.Gpu]) -> wire.DeviceSpec:
-        """`spec` with the isolation modes the node offers now and its MPS daemons' state."""
-        offered: set[devices.Isolation] = set()
+        """`spec` with the isolation modes the node offers now, what each enforces, and its MPS daemons."""
+        promised = watchdog.promised(self._live(), spec)
+        room = {g.uuid: g.memory_mib - promised.get(g.uuid, 0) for g in spec.gpus if g.healthy}
+        hami = await self._hami_core(room)
+        mps_entry, daemons = await self._mps(room)
+        mig = any(g.mig for g in gpus)
+        no_mig = "" if mig else "no GPU in MIG mode"
+        entries = sorted([hami, mps_entry, _entry(devices.Isolation.MIG, mig, reason=no_mig)], key=lambda e: e.mode)
+        for entry in entries:
+            if not entry.offered and self._failed(entry):
+                await self._not_proven(entry)
+        modes = [e.mode for e in entries if e.offered]
+        return msgspec.structs.replace(spec, isolation=modes, mps=daemons, enforcement=entries)
+
+    async def _hami_core(self, room: dict[str, int]) -> wire.ModeEnforcement:
+        mode = devices.Isolation.HAMI_CORE
+        compute = self.options.hami_core_compute
         library = self.options.hami_core_library
-        if library is not None:
-            try:
-                if await asyncio.to_thread(hamicore.install, library, self.options.hami_core_dir):
-                    offered.add(devices.Isolation.HAMI_CORE)
-            except OSError as exc:
-                log.error("HAMi-core's library %s cannot be installed in %s (hami-core not offered): %s",
-                          library, self.options.hami_core_dir, exc)  # fmt: skip
-        if any(g.mig for g in gpus):
-            offered.add(devices.Isolation.MIG)
-        daemons: list[wire.MpsDaemon] = []
-        if self.supervisor is not None:
-            healthy = {g.uuid for g in spec.gpus if g.healthy}
-            await self.supervisor.ensure(healthy)
-            states = self.supervisor.status()
-            daemons = [
-                wire.MpsDaemon(uuid=s.uuid, running=s.running, restarts=s.restarts, problem=s.problem)
-                for s in states.values()
-            ]
-            if healthy and all(u in states and states[u].running for u in healthy):
-                offered.add(devices.Isolation.MPS)
-        modes = sorted(m.value for m in offered)
-        return msgspec.structs.replace(spec, isolation=modes, mps=daemons)
+        if library is None:
+            return _entry(mode, False, compute=compute, reason="no library configured (--hami-core-library '')")
+        try:
+            if not await asyncio.to_thread(hamicore.install, library, self.options.hami_core_dir):
+                return _entry(mode, False, compute=compute, reason=f"no library at {library}")
+        except OSError as exc:
+            log.error("HAMi-core's library %s cannot be installed in %s (hami-core not offered): %s",
+                      library, self.options.hami_core_dir, exc)  # fmt: skip
+            return _entry(mode, False, compute=compute, reason=f"{library} cannot be installed: {exc}")
+        unenforced = "" if compute else "compute shares are not enforced (docs/isolation.md)"
+        if self.prover is None:
+            return _entry(mode, True, compute=compute, reason=_join("not proven: probing is off", unenforced))
+        found = await self.prover.hami(self.options.hami_core_dir / hamicore.LIBRARY_NAME, room)
+        return _entry(
+            mode, found.proven, memory=found.proven, compute=compute, subject=found.subject,
+            at=found.at, reason=_join(found.reason, unenforced),
+        )  # fmt: skip
+
+    async def _mps(self, room: dict[str, int]) -> tuple[wire.ModeEnforcement, list[wire.MpsDaemon]]:
+        mode = devices.Isolation.MPS
+        if self.supervisor is None:
+            return _entry(mode, False, compute=True, reason="no MPS daemons (the agent runs without --mps)"), []
+        await self.supervisor.ensure(set(room))
+        states = self.supervisor.status()
+        layout = self.supervisor.layout
+        prover = self.prover
+
+        async def proven(state: mps.Status) -> proof.Proof | None:
+            if prover is None or not state.running or state.pid is None:
+                return None
+            return await prover.mps(
+                state.uuid, state.pid, layout.pipe(state.uuid), layout.log(state.uuid), room.get(state.uuid, 0)
+            )
+
+        found = dict(zip(states, await asyncio.gather(*(proven(s) for s in states.values())), strict=True))
+        if prover is not None:
+            prover.forget(set(room))
+        daemons = []
+        problems = []
+        for uuid, state in states.items():
+            made = found[uuid]
+            problem = state.problem or (made.reason if made is not None and not made.proven else "")
+            daemons.append(wire.MpsDaemon(uuid=uuid, running=state.running, restarts=state.restarts,
+                                          problem=problem, proven=made is not None and made.proven))  # fmt: skip
+            if problem:
+                problems.append(f"{uuid}: {problem}")
+        missing = sorted(set(room) - set(states))
+        problems += [f"{uuid}: no daemon" for uuid in missing]
+        running = bool(room) and not missing and all(states[u].running for u in room)
+        proofs = [found[u] for u in sorted(room) if u in found]
+        every = running and prover is not None and all(p is not None and p.proven for p in proofs)
+        offered = every or (running and prover is None)
+        reason = "; ".join(problems) if problems else ("" if room else "no healthy GPU")
+        if prover is None and offered:
+            reason = "not proven: probing is off"
+        subject = ", ".join(f"{uuid} {p.subject}" for uuid, p in zip(sorted(room), proofs, strict=False) if p)
+        times = [p.at for p in proofs if p is not None and p.at is not None]
+        return (
+            _entry(mode, offered, memory=every, compute=True, subject=subject,
+                   at=max(times) if every and times else None, reason=reason),
+            daemons,
+        )  # fmt: skip
+
+    def _failed(self, entry: wire.ModeEnforcement) -> bool:
+        """Whether a probe failed for what the entry is about (not: waiting for one, or not configured)."""
+        if self.prover is None:
+            return False
+        if entry.mode == devices.Isolation.HAMI_CORE.value:
+            known = self.prover.hami_core
+            return known is not None and known.subject == entry.subject and known.state is proof.State.FAILED
+        if entry.mode == devices.Isolation.MPS.value:
+            return any(p.state is proof.State.FAILED for p in self.prover.daemons.values())
+        return False
+
+    async def _not_proven(self, entry: wire.ModeEnforcement) -> None:
+        """A Warning event on the Node, once per (mode, subject, reason)."""
+        told = (entry.mode, entry.subject, entry.reason)
+        if told in self.announced:
+            return
+        log.warning("isolation %s not offered: %s", entry.mode, entry.reason)
+        try:
+            if not self.node_uid:
+                self.node_uid = (await self.api.get(paths.node(self.node)))["metadata"]["uid"]
+        except errors.KubeError as exc:
+            log.warning("event IsolationNotProven not recorded: %s", exc)
+            return
+        subject = events.Subject("v1", "Node", "", self.node, self.node_uid)
+        decision = f"{entry.mode}/{entry.subject}"
+        await self._record(
+            subject, "IsolationNotProven", f"isolation {entry.mode} not offered: {entry.reason}", decision
+        )
+        self.announced.add(told)
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:
         """Ready once the pod informer listed, the last pass succeeded (within three intervals) and the
@@ -400,6 +498,33 @@ class Agent:
         log.info("Device %s created: %d GPU(s)", self.node, len(spec.gpus))
 
 
+def _entry(
+    mode: devices.Isolation,
+    offered: bool,
+    *,
+    memory: bool | None = None,
+    compute: bool | None = None,
+    subject: str = "",
+    at: float | None = None,
+    reason: str = "",
+) -> wire.ModeEnforcement:
+    """One mode's line in the Device's `enforcement` (`memory`: proven, by default as `offered`;
+    `compute`: by default what `proof.COMPUTE` says of the mode)."""
+    return wire.ModeEnforcement(
+        mode=mode.value,
+        offered=offered,
+        memory=offered if memory is None else memory,
+        compute=proof.COMPUTE[mode] if compute is None else compute,
+        subject=subject,
+        proven_at=wire.timestamp(at) if at is not None else "",
+        reason=reason,
+    )
+
+
+def _join(*parts: str) -> str:
+    return "; ".join(p for p in parts if p)
+
+
 class _Metrics(Collector):
     """What the agent knows, read at each scrape: GPUs by health, the isolation modes offered, the MPS
     daemons (up, restarts), and the agent's passes."""
@@ -417,6 +542,16 @@ class _Metrics(Collector):
         modes = GaugeMetricFamily("sharegpu_agent_isolation", "1 for each isolation mode offered", labels=["mode"])
         for mode in devices.Isolation:
             modes.add_metric([mode.value], 1 if mode.value in spec.isolation else 0)
+        proven = GaugeMetricFamily(
+            "sharegpu_agent_isolation_proven", "1 for each mode whose memory limit a probe proved here", labels=["mode"]
+        )
+        for entry in spec.enforcement:
+            proven.add_metric([entry.mode], 1 if entry.memory else 0)
+        probes = CounterMetricFamily(
+            "sharegpu_agent_isolation_probes", "Probes of the isolation modes, by outcome", labels=["mode", "outcome"]
+        )
+        for (mode_name, outcome), count in sorted((self.agent.prover.probes if self.agent.prover else {}).items()):
+            probes.add_metric([mode_name, outcome], count)
         up = GaugeMetricFamily("sharegpu_agent_mps_daemon_up", "1 while the GPU's MPS daemon runs", labels=["uuid"])
         restarts = CounterMetricFamily(
             "sharegpu_agent_mps_daemon_restarts", "Restarts of the GPU's MPS daemon", labels=["uuid"]
@@ -428,7 +563,7 @@ class _Metrics(Collector):
         loop = self.agent.loop
         passes.add_metric(["ok"], loop.completed - loop.failures)
         passes.add_metric(["failed"], loop.failures)
-        yield from (gpus, modes, up, restarts, passes)
+        yield from (gpus, modes, proven, probes, up, restarts, passes)
         families = {s.name: GaugeMetricFamily(s.name, s.help, labels=list(s.labels)) for s in watchdog.SERIES}
         for sample in self.agent.usage.samples():
             families[sample.series.name].add_metric(list(sample.labels), sample.value)
@@ -461,11 +596,12 @@ async def serve(
     *,
     supervisor: mps.Supervisor | None = None,
     kubelet: podresources.KubeletPodResources | None = None,
+    prover: proof.Prover | None = None,
     health_address: tuple[str, int] | None = None,
 ) -> None:
     """Run the agent until cancelled (with /healthz, /readyz and /metrics on `health_address`)."""
     async with client.KubeClient.connect(kubeconfig) as api:
-        agent = Agent(api, node, source, options, supervisor=supervisor, kubelet=kubelet)
+        agent = Agent(api, node, source, options, supervisor=supervisor, kubelet=kubelet, prover=prover)
         server = health.HealthServer(agent.readiness, agent.metrics.registry)
         try:
             if health_address is not None:

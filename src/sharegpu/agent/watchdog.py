@@ -297,6 +297,26 @@ def _violation(usage: Usage, slack_mib: int) -> Violation | None:
     return Violation(Kind.OVER_MEMORY, pod, usage.uuid, usage.index, used, allocated, pids, tuple(kill), message)
 
 
+def promised(pods: Mapping[str, wire.Pod], device: wire.DeviceSpec) -> dict[str, int]:
+    """GPU UUID -> MiB of it the node's live pods (by UID) were promised: their grants, a grant with no
+    memory limit or a whole GPU counting all of it. Reservation pods count nothing (the sharing pods
+    on their GPU do), a group's members nothing (their holder does), a pod whose grant cannot be
+    told nothing."""
+    grants = _Grants(pods, device, {})
+    out = dict.fromkeys(grants.capacity, 0)
+    for uid, pod in pods.items():
+        labels = pod.metadata.labels
+        if api_pods.is_reservation(pod) or (names.LABEL_ROLE not in labels and _group(labels) is not None):
+            continue
+        grant = grants.of(uid)
+        if not grant.judged:
+            continue
+        for uuid, capacity in grants.capacity.items():
+            given = grant.allocated(uuid, grants.capacity)
+            out[uuid] += capacity if given is None else given
+    return {uuid: min(mib, grants.capacity[uuid]) for uuid, mib in out.items()}
+
+
 @dataclass(frozen=True, slots=True)
 class _Grant:
     """What one pod was given: memory per GPU UUID (None: no limit there); `unnamed`: whole GPUs
