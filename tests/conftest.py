@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from sharegpu.core import devices, fleet, ledger, requests
+from tests.agent import cudastubs
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -21,6 +22,12 @@ def openb_dir() -> Path | None:
         if candidate and (Path(candidate) / "openb_node_list_gpu_node.csv").is_file():
             return Path(candidate)
     return None
+
+
+@pytest.fixture(scope="session")
+def stubs(tmp_path_factory: pytest.TempPathFactory) -> cudastubs.Stubs:
+    """The C stand-ins for libcuda and HAMi-core (tests/agent/stubs/), built once per session."""
+    return cudastubs.build(tmp_path_factory.mktemp("cudastubs"))
 
 
 @pytest.fixture

@@ -11,14 +11,17 @@ import tempfile
 import uuid
 from pathlib import Path
 
-from sharegpu.agent import fakekubelet, fakenvml, inventory, podresources, watchdog
+from sharegpu.agent import fakekubelet, fakenvml, inventory, mps, podresources, proof, watchdog
 from sharegpu.agent import runtime as agent_runtime
 from sharegpu.api import names, paths, wire
 from sharegpu.core import allocation, devices, units
 from sharegpu.devcluster import controlplane, fakecluster, stack
 from sharegpu.kube import client
+from tests.agent import cudastubs
+from tests.agent.fake_mps_daemon import write_fake_daemon
 from tests.agent.test_inventory import FILE, write
-from tests.integration.conftest import get_or_none, gpu_pod, refusal, wait_for
+from tests.agent.test_runtime import write_bytes
+from tests.integration.conftest import Json, get_or_none, gpu_pod, refusal, wait_for
 
 
 async def test_the_agent_publishes_its_nodes_device_and_follows_an_xid(
@@ -208,3 +211,67 @@ async def test_a_memory_violation_evicts_the_pod_and_a_misreported_gpu_is_correc
         await kubelet.stop()
         await kube.close()
         await admin.delete(paths.node(name))
+
+
+async def test_the_device_on_the_api_server_says_what_each_mode_was_proven_to_enforce(
+    admin: client.KubeClient, control_plane: controlplane.ControlPlane, system: None, tmp_path: Path,
+    stubs: cudastubs.Stubs,
+) -> None:  # fmt: skip
+    """With the agent's own RBAC: a HAMi-core library that enforces nothing is not offered, the stored
+    Device keeps the reason (the CRD's schema holds spec.enforcement and spec.mps[].proven), and the
+    Node gets a Warning event; a working build is then proven and offered, as are the MPS daemons."""
+    name = f"proof-{uuid.uuid4().hex[:8]}"
+    node = await admin.create(paths.NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
+    path = tmp_path / "nvml.yaml"
+    write(path, FILE)
+    library = tmp_path / "libvgpu.so"
+    library.write_bytes(stubs.hidden.read_bytes())
+    supervisor = mps.Supervisor(write_fake_daemon(tmp_path / "bin"), mps.Layout(tmp_path / "mps"))
+    options = agent_runtime.Options(interval=0.5, hami_core_library=library, hami_core_dir=tmp_path / "installed")
+    kube = stack.kube_for(control_plane, "sharegpu-agent")
+    prover = proof.Prover(tmp_path / "scratch", libcuda=str(stubs.libcuda))
+    agent = agent_runtime.Agent(
+        kube, name, fakenvml.FakeNvml(path).open(), options, supervisor=supervisor, prover=prover
+    )
+    await agent.start()
+    try:
+
+        async def stored() -> wire.Device | None:
+            found = await get_or_none(admin, paths.device(name))
+            device = wire.convert(found, wire.Device) if found is not None else None
+            return device if device is not None and device.spec.enforcement else None
+
+        async def refused() -> wire.Device | None:
+            device = await stored()
+            return device if device is not None and device.spec.isolation == ["mps"] else None
+
+        device = await wait_for(refused, what="mps offered, hami-core refused")
+        [hami] = [e for e in device.spec.enforcement if e.mode == "hami-core"]
+        assert not hami.offered and not hami.memory and hami.subject.startswith("sha256:")
+        assert "did not enforce a 1024 MiB limit: 3 of 3 allocations above it succeeded" in hami.reason
+        [daemons] = [e for e in device.spec.enforcement if e.mode == "mps"]
+        assert daemons.offered and daemons.memory and daemons.compute and daemons.proven_at
+        assert [(d.uuid, d.running, d.proven) for d in device.spec.mps] == [
+            ("GPU-0", True, True), ("GPU-1", True, True), ("GPU-2", True, True)
+        ]  # fmt: skip
+
+        async def warned() -> list[Json]:
+            found = await admin.get(paths.events("default"), fieldSelector=f"involvedObject.name={name}")
+            return [e for e in found["items"] if e["reason"] == "IsolationNotProven"]
+
+        [event] = await wait_for(warned, what="the IsolationNotProven event on the Node")
+        assert event["type"] == "Warning" and event["involvedObject"]["uid"] == node["metadata"]["uid"]
+        assert event["message"].startswith("isolation hami-core not offered: HAMi-core at ")
+
+        write_bytes(library, stubs.enforcing.read_bytes())
+
+        async def offered() -> wire.Device | None:
+            device = await stored()
+            return device if device is not None and device.spec.isolation == ["hami-core", "mps"] else None
+
+        device = await wait_for(offered, what="the working build proven and offered")
+        [hami] = [e for e in device.spec.enforcement if e.mode == "hami-core"]
+        assert hami.memory and not hami.compute and "compute shares are not enforced" in hami.reason
+    finally:
+        await agent.stop()
+    assert mps.tied(Path("/proc"), supervisor.layout, "GPU-0") == []
