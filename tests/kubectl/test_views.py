@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 
 from sharegpu.api import names, paths, reasons, resources
-from sharegpu.core import allocation, requests, units
+from sharegpu.core import allocation, devices, requests, units
 from sharegpu.extender import routes
 from sharegpu.kubectl import read, render, views
 from tests.extender.conftest import Harness, gpu_pod, settle
@@ -411,3 +411,14 @@ def test_a_request_in_words() -> None:
         "3 GPUs x 100 milli-GPU; 12.5% of each GPU's memory"
     )
     assert describe(requests.simple_pod("d")) == "no GPU"
+
+
+def test_a_request_in_words_names_its_isolation_and_compute_guarantee() -> None:
+    gpu = (requests.ContainerRequest("main", requests.GpuRequest(count=1, milli=300, memory_mib=2048)),)
+    key = units.PodKey("ns/p")
+    assert views.describe(requests.PodRequest(key, gpu, isolation=devices.Isolation.MPS, compute=True)) == (
+        "1 GPU x 300 milli-GPU; 2048 MiB GPU memory each; isolation mps enforcing compute"
+    )
+    assert views.describe(requests.PodRequest(key, gpu, isolation=devices.Isolation.HAMI_CORE)) == (
+        "1 GPU x 300 milli-GPU; 2048 MiB GPU memory each; isolation hami-core"
+    )

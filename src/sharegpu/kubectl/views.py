@@ -317,7 +317,7 @@ def describe(request: requests.PodRequest) -> str:
         if value is not None:
             parts.append(f"{label} {value!r}")
     if d.isolation is not None:
-        parts.append(f"isolation {d.isolation.value}")
+        parts.append(f"isolation {d.isolation.value}" + (" enforcing compute" if d.compute else ""))
     if d.cpu_milli or d.host_memory_mib:
         parts.append(f"host cpu {d.cpu_milli}m, memory {d.host_memory_mib} MiB")
     return "; ".join(parts)
