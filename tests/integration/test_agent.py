@@ -274,4 +274,5 @@ async def test_the_device_on_the_api_server_says_what_each_mode_was_proven_to_en
         assert hami.memory and not hami.compute and "compute shares are not enforced" in hami.reason
     finally:
         await agent.stop()
+        await kube.close()
     assert mps.tied(Path("/proc"), supervisor.layout, "GPU-0") == []
