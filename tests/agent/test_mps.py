@@ -62,6 +62,12 @@ def pid(supervisor: mps.Supervisor, uuid: str) -> int:
     return value
 
 
+async def running_pid(supervisor: mps.Supervisor, uuid: str) -> int:
+    """The daemon's pid once the supervisor has it (its child may act before the supervisor resumes)."""
+    await until(lambda: running(supervisor, uuid))
+    return pid(supervisor, uuid)
+
+
 # ---------------------------------------------------------------- the pure part
 
 
@@ -145,7 +151,7 @@ async def test_a_killed_daemon_is_restarted(tmp_path: Path) -> None:
     await supervisor.ensure({"GPU-a"})
     try:
         await until((layout.pipe("GPU-a") / "control").exists)
-        first = pid(supervisor, "GPU-a")
+        first = await running_pid(supervisor, "GPU-a")
         os.kill(first, signal.SIGKILL)
         await until(lambda: len(started(layout.log("GPU-a"))) == 2 and running(supervisor, "GPU-a"))
         status = supervisor.status()["GPU-a"]
@@ -195,7 +201,7 @@ async def test_a_gpu_left_out_has_its_daemon_stopped(tmp_path: Path) -> None:
     await supervisor.ensure({"GPU-a", "GPU-b"})
     try:
         await until(lambda: all((layout.pipe(u) / "control").exists() for u in ("GPU-a", "GPU-b")))
-        kept, dropped = pid(supervisor, "GPU-a"), pid(supervisor, "GPU-b")
+        kept, dropped = await running_pid(supervisor, "GPU-a"), await running_pid(supervisor, "GPU-b")
         await supervisor.ensure({"GPU-a"})
         assert list(supervisor.status()) == ["GPU-a"] and pid(supervisor, "GPU-a") == kept
         assert gone(dropped) and not (layout.pipe("GPU-b") / "control").exists()
@@ -235,7 +241,7 @@ async def test_a_daemon_that_ignores_sigterm_is_killed_after_the_grace_period(tm
     supervisor = mps.Supervisor(binary, mps.Layout(tmp_path / "mps"), backoff=FAST, grace=0.2)
     await supervisor.ensure({"GPU-a"})
     await until(ready.exists)
-    daemon = pid(supervisor, "GPU-a")
+    daemon = await running_pid(supervisor, "GPU-a")
     began = time.monotonic()
     await supervisor.stop()
     assert time.monotonic() - began >= 0.2
@@ -275,7 +281,7 @@ async def test_stop_ends_the_server_the_daemon_started_for_its_first_client(tmp_
     await supervisor.ensure({"GPU-a"})
     try:
         await until((layout.pipe("GPU-a") / "control").exists)
-        daemon = pid(supervisor, "GPU-a")
+        daemon = await running_pid(supervisor, "GPU-a")
         connect(layout.pipe("GPU-a"))
         await until(lambda: len(servers(layout.log("GPU-a"))) == 1)
         [server] = servers(layout.log("GPU-a"))
@@ -312,7 +318,7 @@ async def test_a_daemon_that_dies_takes_its_server_with_it_before_the_restart(tm
     await supervisor.ensure({"GPU-a"})
     try:
         await until((layout.pipe("GPU-a") / "control").exists)
-        first = pid(supervisor, "GPU-a")
+        first = await running_pid(supervisor, "GPU-a")
         connect(layout.pipe("GPU-a"))
         await until(lambda: len(servers(layout.log("GPU-a"))) == 1)
         [server] = servers(layout.log("GPU-a"))
