@@ -186,7 +186,7 @@ async def test_a_driver_without_cugetprocaddress_is_probed_through_dlsym_alone(
 async def test_a_driver_that_cannot_be_loaded_is_a_failure_not_an_error(tmp_path: Path) -> None:
     findings = await cudaprobe.run(plain_env(), limit_mib=LIMIT, libcuda=str(tmp_path / "libcuda.so.1"))
     [only] = findings
-    assert only.lookup == "dlsym" and only.error.startswith("cannot load libcuda: ")
+    assert only.lookup == "dlsym" and only.error.startswith(f"cannot load {tmp_path / 'libcuda.so.1'}: ")
     assert not cudaprobe.judge_hami(findings, Path("/x.so"), LIMIT).proven
 
 

@@ -25,7 +25,7 @@ import typer.main
 from typer.testing import CliRunner
 
 from sharegpu import cli
-from sharegpu.agent import cudaburn, cudaprobe, gpucheck, mps, nvml
+from sharegpu.agent import cudaburn, cudachild, cudaprobe, gpucheck, mps, nvml
 from sharegpu.agent.gpucheck import Burn, Check, Result
 from sharegpu.api import handoff
 from tests.agent.fake_mps_daemon import write_fake_daemon
@@ -429,7 +429,7 @@ async def test_children_that_fail_make_failed_checks(gpu: FakeGpu, daemon: Path)
         raise gpucheck.ChildError("nvidia-smi not found on PATH")
 
     def no_cuda() -> int:
-        raise cudaburn.CudaError("cannot load libcuda.so.1")
+        raise cudachild.DriverError("cannot load libcuda.so.1")
 
     failing = dataclasses.replace(parts(gpu, daemon), smi=no_smi, cuda_version=no_cuda, burn=broken)
     report = await gpucheck.check(failing, gpucheck.Options(seconds=5))

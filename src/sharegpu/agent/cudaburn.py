@@ -14,8 +14,9 @@ arrives on stdin, so that several children can start together.
 killed (for a check that NVML lists the process with its memory).
 
 It runs on device 0 of whatever CUDA_VISIBLE_DEVICES shows it, in whatever environment it is given
-(an MPS client's, or one that preloads HAMi-core), so it imports nothing but the standard library.
-A failed driver call prints one line on stderr and exits with status 1.
+(an MPS client's, or one that preloads HAMi-core), so it imports nothing but the standard library and
+`cudachild`, whose `Driver` makes its driver calls (through dlsym, as ctypes looks names up). A failed
+driver call prints one line on stderr and exits with status 1.
 """
 
 from __future__ import annotations
@@ -23,13 +24,14 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
-import os
 import signal
 import struct
 import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Final
+
+from sharegpu.agent import cudachild
 
 MIB: Final = 1 << 20
 ITERATIONS: Final = 4096
@@ -103,87 +105,25 @@ finite), their sum stored at the thread's index so that nothing is optimised awa
 
 _VOID_P: Final = ctypes.c_void_p
 _PROTOTYPES: Final[dict[str, tuple[Any, ...]]] = {
-    "cuInit": (ctypes.c_uint,),
-    "cuDriverGetVersion": (ctypes.POINTER(ctypes.c_int),),
-    "cuDeviceGet": (ctypes.POINTER(ctypes.c_int), ctypes.c_int),
+    **cudachild.PROTOTYPES,
     "cuDeviceGetAttribute": (ctypes.POINTER(ctypes.c_int), ctypes.c_int, ctypes.c_int),
-    "cuDevicePrimaryCtxRetain": (ctypes.POINTER(_VOID_P), ctypes.c_int),
-    "cuCtxSetCurrent": (_VOID_P,),
-    "cuMemAlloc_v2": (ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t),
     "cuModuleLoadData": (ctypes.POINTER(_VOID_P), ctypes.c_char_p),
     "cuModuleGetFunction": (ctypes.POINTER(_VOID_P), _VOID_P, ctypes.c_char_p),
     # function, grid x y z, block x y z, shared memory bytes, stream, kernel parameters, extra
     "cuLaunchKernel": (_VOID_P, *[ctypes.c_uint] * 7, _VOID_P, ctypes.POINTER(_VOID_P), ctypes.POINTER(_VOID_P)),
     "cuCtxSynchronize": (),
-    "cuGetErrorString": (ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)),
 }
-"""The parameters of each driver call used (each returns a CUresult, an int)."""
+"""The parameters of each driver call used: cudachild's, and the kernel's (each returns a CUresult, an int)."""
 
 
-class CudaError(Exception):
-    """A driver call failed, or libcuda could not be loaded (the message says which)."""
-
-
-class Driver:
-    """libcuda's calls with their prototypes; `call` raises CudaError on a non-zero CUresult."""
-
-    def __init__(self, libcuda: str) -> None:
-        try:
-            self.library = ctypes.CDLL(libcuda, mode=os.RTLD_NOW | os.RTLD_GLOBAL)
-        except OSError as error:
-            raise CudaError(f"cannot load {libcuda}: {error}") from None
-        self._functions: dict[str, Callable[..., int]] = {}
-
-    def _function(self, name: str) -> Callable[..., int]:
-        if name not in self._functions:
-            try:
-                function = self.library[name]
-            except AttributeError:
-                raise CudaError(f"libcuda has no {name}") from None
-            function.restype = ctypes.c_int
-            function.argtypes = list(_PROTOTYPES[name])
-            self._functions[name] = function
-        return self._functions[name]
-
-    def call(self, name: str, *arguments: Any) -> None:
-        code = int(self._function(name)(*arguments))
-        if code != 0:
-            raise CudaError(f"{name} returned {code}{self._describe(code)}")
-
-    def _describe(self, code: int) -> str:
-        text = ctypes.c_char_p()
-        try:
-            if int(self._function("cuGetErrorString")(code, ctypes.byref(text))) == 0 and text.value:
-                return f" ({text.value.decode(errors='replace')})"
-        except CudaError:
-            pass
-        return ""
-
-    def version(self) -> int:
-        """cuDriverGetVersion: the CUDA version the driver supports, e.g. 12080 for 12.8."""
-        value = ctypes.c_int(0)
-        self.call("cuDriverGetVersion", ctypes.byref(value))
-        return value.value
-
-    def device_zero(self) -> int:
-        """cuInit, then device 0's primary context made current; returns the device."""
-        self.call("cuInit", 0)
-        device = ctypes.c_int(0)
-        self.call("cuDeviceGet", ctypes.byref(device), 0)
-        context = _VOID_P()
-        self.call("cuDevicePrimaryCtxRetain", ctypes.byref(context), device)
-        self.call("cuCtxSetCurrent", context)
-        return device.value
-
-    def allocate(self, size: int) -> int:
-        pointer = ctypes.c_uint64(0)
-        self.call("cuMemAlloc_v2", ctypes.byref(pointer), size)
-        return pointer.value
+def _driver(libcuda: str) -> cudachild.Driver:
+    """The driver behind `libcuda`, its calls looked up by dlsym; raises cudachild.DriverError."""
+    return cudachild.Driver(cudachild.DLSYM, cudachild.by_dlsym(cudachild.load(libcuda)), _PROTOTYPES)
 
 
 def driver_version(libcuda: str = "libcuda.so.1") -> int:
     """The CUDA version of the driver behind `libcuda` (cuDriverGetVersion; needs no cuInit)."""
-    return Driver(libcuda).version()
+    return _driver(libcuda).version()
 
 
 def version_text(version: int) -> str:
@@ -208,7 +148,7 @@ def rate(started: float, finished: Sequence[float]) -> float:
 class Burner:
     """The kernel loaded on device 0, with an output buffer for every thread of one launch."""
 
-    def __init__(self, driver: Driver, iterations: int = ITERATIONS) -> None:
+    def __init__(self, driver: cudachild.Driver, iterations: int = ITERATIONS) -> None:
         self.driver = driver
         device = driver.device_zero()
         sms = ctypes.c_int(0)
@@ -249,7 +189,7 @@ def _print(value: dict[str, Any]) -> None:
 
 
 def _burn(libcuda: str, seconds: float, wait: bool) -> int:
-    burner = Burner(Driver(libcuda))
+    burner = Burner(_driver(libcuda))
     burner.launch()  # the first launch pays for loading; the run measures the steady state
     if wait:
         _print({"ready": True, "sms": burner.sms})
@@ -260,7 +200,7 @@ def _burn(libcuda: str, seconds: float, wait: bool) -> int:
 
 
 def _hold(libcuda: str, mib: int) -> int:
-    driver = Driver(libcuda)
+    driver = _driver(libcuda)
     driver.device_zero()
     driver.allocate(mib * MIB)
     _print({"held_mib": mib})
@@ -296,7 +236,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if arguments.hold_mib is not None:
             return _hold(arguments.libcuda, int(arguments.hold_mib))
         return _burn(arguments.libcuda, float(arguments.seconds), arguments.wait)
-    except CudaError as error:
+    except cudachild.DriverError as error:
         sys.stderr.write(f"cudaburn: {error}\n")
         return 1
 

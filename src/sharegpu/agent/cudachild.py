@@ -25,11 +25,12 @@ otherwise (argparse's status 2).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import json
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 from sharegpu.core import errors
@@ -42,8 +43,9 @@ DEFAULT_FLAGS: Final = 0
 DLSYM: Final = "dlsym"
 GETPROCADDRESS: Final = "getprocaddress"
 
-_PROTOTYPES: Final[dict[str, tuple[Any, ...]]] = {
+PROTOTYPES: Final[Mapping[str, tuple[Any, ...]]] = {
     "cuInit": (ctypes.c_uint,),
+    "cuDriverGetVersion": (ctypes.POINTER(ctypes.c_int),),
     "cuDeviceGet": (ctypes.POINTER(ctypes.c_int), ctypes.c_int),
     "cuDevicePrimaryCtxRetain": (ctypes.POINTER(ctypes.c_void_p), ctypes.c_int),
     "cuCtxSetCurrent": (ctypes.c_void_p,),
@@ -51,8 +53,10 @@ _PROTOTYPES: Final[dict[str, tuple[Any, ...]]] = {
     "cuMemAlloc": (ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t),
     "cuMemFree": (ctypes.c_uint64,),
     "cuDevicePrimaryCtxRelease": (ctypes.c_int,),
+    "cuGetErrorString": (ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)),
 }
-"""Each call's parameters by base name (each returns a CUresult, an int)."""
+"""Each call's parameters by base name (each returns a CUresult, an int): those `Driver` itself makes.
+A caller that makes others passes a table that adds them."""
 
 _EXPORTED: Final[dict[str, tuple[str, ...]]] = {
     "cuMemGetInfo": ("cuMemGetInfo_v2",),
@@ -69,6 +73,14 @@ class DriverError(errors.SharegpuError):
 
 Resolve = Callable[[str], tuple[str, int]]
 """Base name -> (the name found, its address); raises DriverError."""
+
+
+def load(libcuda: str) -> ctypes.CDLL:
+    """The driver's library, its symbols resolved now and visible to libraries loaded after it."""
+    try:
+        return ctypes.CDLL(libcuda, mode=os.RTLD_NOW | os.RTLD_GLOBAL)
+    except OSError as error:
+        raise DriverError(f"cannot load {libcuda}: {error}") from None
 
 
 def by_dlsym(library: ctypes.CDLL) -> Resolve:
@@ -123,17 +135,19 @@ def _proc_address(lookup: Any, name: str) -> Resolve:
 
 
 class Driver:
-    """The driver's calls as one lookup found them; `call` raises DriverError on a non-zero CUresult."""
+    """The driver's calls as one lookup found them, with the parameters `prototypes` gives each base
+    name; `call` raises DriverError on a non-zero CUresult."""
 
-    def __init__(self, lookup: str, resolve: Resolve) -> None:
+    def __init__(self, lookup: str, resolve: Resolve, prototypes: Mapping[str, tuple[Any, ...]] = PROTOTYPES) -> None:
         self.lookup = lookup
         self._resolve = resolve
+        self._prototypes = prototypes
         self._functions: dict[str, tuple[str, Callable[..., int]]] = {}
 
     def _function(self, base: str) -> tuple[str, Callable[..., int]]:
         if base not in self._functions:
             name, address = self._resolve(base)
-            prototype = ctypes.CFUNCTYPE(ctypes.c_int, *_PROTOTYPES[base])
+            prototype = ctypes.CFUNCTYPE(ctypes.c_int, *self._prototypes[base])
             self._functions[base] = name, prototype(address)
         return self._functions[base]
 
@@ -143,10 +157,48 @@ class Driver:
         return int(function(*arguments))
 
     def call(self, base: str, *arguments: Any) -> None:
+        """One call; a non-zero CUresult raises DriverError, with cuGetErrorString's text where it has one."""
         name, function = self._function(base)
         code = int(function(*arguments))
         if code != 0:
-            raise DriverError(f"{name} returned {code}")
+            raise DriverError(f"{name} returned {code}{self._describe(code)}")
+
+    def _describe(self, code: int) -> str:
+        text = ctypes.c_char_p()
+        try:
+            if self.status("cuGetErrorString", code, ctypes.byref(text)) == 0 and text.value:
+                return f" ({text.value.decode(errors='replace')})"
+        except DriverError:
+            pass
+        return ""
+
+    def version(self) -> int:
+        """cuDriverGetVersion: the CUDA version the driver supports, e.g. 12080 for 12.8 (needs no cuInit)."""
+        value = ctypes.c_int(0)
+        self.call("cuDriverGetVersion", ctypes.byref(value))
+        return value.value
+
+    def device_zero(self) -> int:
+        """cuInit, then device 0's primary context retained and made current; returns the device. A
+        context that cannot be made current is released again before the error is raised."""
+        self.call("cuInit", 0)
+        device = ctypes.c_int(0)
+        self.call("cuDeviceGet", ctypes.byref(device), 0)
+        context = ctypes.c_void_p()
+        self.call("cuDevicePrimaryCtxRetain", ctypes.byref(context), device)
+        try:
+            self.call("cuCtxSetCurrent", context)
+        except DriverError:
+            with contextlib.suppress(DriverError):
+                self.call("cuDevicePrimaryCtxRelease", device)
+            raise
+        return device.value
+
+    def allocate(self, size: int) -> int:
+        """cuMemAlloc of `size` bytes; the device pointer."""
+        pointer = ctypes.c_uint64(0)
+        self.call("cuMemAlloc", ctypes.byref(pointer), size)
+        return pointer.value
 
     def allocates(self, mib: int) -> bool:
         """Whether an allocation of `mib` MiB succeeds (it is freed at once)."""
@@ -169,14 +221,9 @@ def check(driver: Driver, limit_mib: int, attempts: int) -> dict[str, Any]:
         "error": "",
     }
     try:
-        driver.call("cuInit", 0)
-        device = ctypes.c_int(0)
-        driver.call("cuDeviceGet", ctypes.byref(device), 0)
-        context = ctypes.c_void_p()
-        driver.call("cuDevicePrimaryCtxRetain", ctypes.byref(context), device)
+        device = driver.device_zero()
         failure: DriverError | None = None
         try:
-            driver.call("cuCtxSetCurrent", context)
             free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
             driver.call("cuMemGetInfo", ctypes.byref(free), ctypes.byref(total))
             result["total_mib"] = total.value // MIB
@@ -199,9 +246,9 @@ def check(driver: Driver, limit_mib: int, attempts: int) -> dict[str, Any]:
 def probe(libcuda: str, limit_mib: int, attempts: int) -> dict[str, Any]:
     """The JSON object the child prints."""
     try:
-        library = ctypes.CDLL(libcuda, mode=os.RTLD_NOW | os.RTLD_GLOBAL)
-    except OSError as error:
-        failed = check(Driver(DLSYM, _cannot_load(libcuda, error)), limit_mib, attempts)
+        library = load(libcuda)
+    except DriverError as error:
+        failed = check(Driver(DLSYM, _failing(error)), limit_mib, attempts)
         return {"results": [failed], "unavailable": []}
     results = [check(Driver(DLSYM, by_dlsym(library)), limit_mib, attempts)]
     unavailable = []
@@ -213,9 +260,11 @@ def probe(libcuda: str, limit_mib: int, attempts: int) -> dict[str, Any]:
     return {"results": results, "unavailable": unavailable}
 
 
-def _cannot_load(libcuda: str, error: OSError) -> Resolve:
+def _failing(error: DriverError) -> Resolve:
+    """A resolution that finds nothing, raising `error` (why there is no library to look in)."""
+
     def resolve(base: str) -> tuple[str, int]:
-        raise DriverError(f"cannot load libcuda: {error}")
+        raise error
 
     return resolve
 
