@@ -95,8 +95,8 @@ def build(nodes: int, pending: int, seed: int) -> defrag.DefragReconciler:
     count = 0
     for n in range(nodes):
         name = f"node-{n:05d}"
-        reconciler.on_node("ADDED", defrag.node_view(node(name)))
-        reconciler.on_device("ADDED", device(name))
+        reconciler.on_node(wire.EventType.ADDED, defrag.node_view(node(name)))
+        reconciler.on_device(wire.EventType.ADDED, device(name))
         for g in range(GPUS):
             free = 1000
             while free >= 300:
@@ -104,10 +104,10 @@ def build(nodes: int, pending: int, seed: int) -> defrag.DefragReconciler:
                 if milli > free:
                     break
                 free -= milli
-                reconciler.on_pod("ADDED", defrag.facts(pod(f"p{count}", milli, name, g)))
+                reconciler.on_pod(wire.EventType.ADDED, defrag.facts(pod(f"p{count}", milli, name, g)))
                 count += 1
     for i in range(pending):
-        reconciler.on_pod("ADDED", defrag.facts(pod(f"pending-{i}", 700)))
+        reconciler.on_pod(wire.EventType.ADDED, defrag.facts(pod(f"pending-{i}", 700)))
     return reconciler
 
 
@@ -138,7 +138,7 @@ async def measure(reconciler: defrag.DefragReconciler, seconds: float, churn: fl
         running = [item for item in reconciler.pods.values() if item.record.node]
         for item in itertools.cycle(running):
             await asyncio.sleep(1 / churn)
-            reconciler.on_pod("MODIFIED", item)
+            reconciler.on_pod(wire.EventType.MODIFIED, item)
 
     tasks = [asyncio.create_task(reconciler.loop.run()), asyncio.create_task(heartbeat())]
     if churn > 0:

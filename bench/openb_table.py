@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from sharegpu import cli
+from sharegpu.core.policies import PAPER_POLICIES
 from sharegpu.sim import report, runner
 
 HERE = Path(__file__).resolve().parent
@@ -42,7 +43,6 @@ PAPER = {
     "cpu100": (12.56, 8.27, 7.58, 7.50, 6.74, 4.79),
     "cpu200": (16.97, 12.54, 10.33, 10.02, 7.85, 5.18),
 }
-PAPER_POLICIES = ("random", "dotprod", "clustering", "packing", "bestfit", "fgd")
 TRACES = (
     *PAPER,
     "gpushare20",

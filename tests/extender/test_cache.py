@@ -40,30 +40,32 @@ def share(key: str, node_name: str, index: int, milli: int) -> allocation.Alloca
 def built(*nodes: str) -> cache_mod.ClusterCache:
     view = cache_mod.ClusterCache("bestfit")
     for name in nodes:
-        view.on_node("ADDED", node(name))
-        view.on_device("ADDED", device(name))
+        view.on_node(wire.EventType.ADDED, node(name))
+        view.on_device(wire.EventType.ADDED, device(name))
     view.rebuild()
     return view
 
 
 def test_only_ready_nodes_with_a_valid_device_are_placed_on() -> None:
     view = built("a", "b")
-    view.on_node("MODIFIED", node("b", ready=False))
+    view.on_node(wire.EventType.MODIFIED, node("b", ready=False))
     broken = wire.convert({"metadata": {"name": "c"}, "spec": {"gpus": [{"index": 1, "uuid": "x", "model": "T4",
                                                                           "memoryMiB": 1}]}}, wire.Device)  # fmt: skip
-    view.on_node("ADDED", node("c"))
-    view.on_device("ADDED", cache_mod.device_record(broken))
+    view.on_node(wire.EventType.ADDED, node("c"))
+    view.on_device(wire.EventType.ADDED, cache_mod.device_record(broken))
     assert view.state.names == ("a",)
     assert view.counters.ignored_nodes == ["c"]
 
 
 def test_foreign_whole_gpu_pods_take_free_gpus_and_unreadable_allocations_are_counted() -> None:
     view = built("a")
-    view.on_pod("ADDED", pod("foreign", {names.NVIDIA_GPU: "1"}, node_name="a"))
+    view.on_pod(wire.EventType.ADDED, pod("foreign", {names.NVIDIA_GPU: "1"}, node_name="a"))
     assert int(view.state.exclusive[0].sum()) == 1
-    view.on_pod("ADDED", pod("garbled", {names.GPU: "1", names.GPU_MILLI: "300"}, "a", {names.ALLOCATION: "{nope"}))
+    view.on_pod(
+        wire.EventType.ADDED, pod("garbled", {names.GPU: "1", names.GPU_MILLI: "300"}, "a", {names.ALLOCATION: "{nope"})
+    )
     assert view.counters.invalid == 1
-    view.on_pod("MODIFIED", pod("foreign", {names.NVIDIA_GPU: "1"}, node_name="a", phase="Succeeded"))
+    view.on_pod(wire.EventType.MODIFIED, pod("foreign", {names.NVIDIA_GPU: "1"}, node_name="a", phase="Succeeded"))
     assert int(view.state.exclusive[0].sum()) == 0, "a finished pod releases its GPU"
 
 
@@ -71,7 +73,7 @@ def test_assumptions_survive_rebuilds_and_are_forgotten_once() -> None:
     view = built("a")
     alloc = share("ns/p", "a", 0, 600)
     assert view.assume(alloc)
-    view.on_node("MODIFIED", api_devices.NodeFacts("a", True, 64000, 131072))  # the inventory changes
+    view.on_node(wire.EventType.MODIFIED, api_devices.NodeFacts("a", True, 64000, 131072))  # the inventory changes
     assert int(view.state.milli_free[0, 0]) == 400, "the assumption is re-applied on the new arrays"
     assert view.forget(units.PodKey("ns/p"))
     assert not view.forget(units.PodKey("ns/p")), "exactly once"
@@ -83,16 +85,16 @@ def test_the_watch_confirms_an_assumption_and_a_deletion_releases_it() -> None:
     alloc = share("ns/p", "a", 1, 250)
     assert view.assume(alloc)
     confirmed = pod("p", {names.GPU: "1", names.GPU_MILLI: "250"}, "a", {names.ALLOCATION: alloc.to_json()})
-    view.on_pod("MODIFIED", confirmed)
+    view.on_pod(wire.EventType.MODIFIED, confirmed)
     entry = view.ledger.get(units.PodKey("ns/p"))
     assert entry is not None and entry.phase.value == "Added" and not view.assumed
     assert view.shared_slots() == {("a", 1)}
-    view.on_pod("DELETED", confirmed)
+    view.on_pod(wire.EventType.DELETED, confirmed)
     assert units.PodKey("ns/p") not in view.ledger and view.shared_slots() == set()
 
 
 def test_an_assumed_pod_deleted_before_its_binding_is_forgotten() -> None:
     view = built("a")
     assert view.assume(share("ns/p", "a", 0, 500))
-    view.on_pod("DELETED", pod("p", {names.GPU: "1", names.GPU_MILLI: "500"}))
+    view.on_pod(wire.EventType.DELETED, pod("p", {names.GPU: "1", names.GPU_MILLI: "500"}))
     assert not view.assumed and int(view.state.milli_free[0, 0]) == 1000

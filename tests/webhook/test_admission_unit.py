@@ -317,9 +317,9 @@ def namespace(name: str, **labels: str) -> wire.Namespace:
 
 async def test_a_cluster_budget_governs_the_namespaces_its_selector_picks_as_their_labels_change() -> None:
     hook = server.Webhook(POLICY)
-    hook.on_namespace("ADDED", namespace("ns", org="research"))
-    hook.on_namespace("ADDED", namespace("other", org="sales"))
-    hook.on_cluster_budget("ADDED", cluster_exhausted("Deny"))
+    hook.on_namespace(wire.EventType.ADDED, namespace("ns", org="research"))
+    hook.on_namespace(wire.EventType.ADDED, namespace("other", org="sales"))
+    hook.on_cluster_budget(wire.EventType.ADDED, cluster_exhausted("Deny"))
 
     def allowed(ns: str) -> bool:
         body = review(gpu_pod())
@@ -329,11 +329,11 @@ async def test_a_cluster_budget_governs_the_namespaces_its_selector_picks_as_the
     refused = answer_of(server.handle_review("mutate", review(gpu_pod()), hook.policy))["response"]
     assert "ClusterGPUBudget research: 20.00 of 20 GPU-hours used" in refused["status"]["message"]
     assert allowed("other")
-    hook.on_namespace("MODIFIED", namespace("ns", org="sales"))
+    hook.on_namespace(wire.EventType.MODIFIED, namespace("ns", org="sales"))
     assert allowed("ns")
-    hook.on_namespace("MODIFIED", namespace("other", org="research"))
+    hook.on_namespace(wire.EventType.MODIFIED, namespace("other", org="research"))
     assert not allowed("other")
-    hook.on_cluster_budget("DELETED", cluster_exhausted("Deny"))
+    hook.on_cluster_budget(wire.EventType.DELETED, cluster_exhausted("Deny"))
     assert allowed("other") and hook.policy.namespace_labels == {}  # labels kept only while needed
 
 
@@ -342,7 +342,7 @@ async def test_a_pod_of_a_namespace_not_seen_yet_is_judged_with_its_labels_read_
     api.put_object(paths.NAMESPACES, {"metadata": {"name": "new", "labels": {"org": "research"}}})
     hook = server.Webhook(POLICY)
     hook.kube = client.KubeClient(api)
-    hook.on_cluster_budget("ADDED", cluster_exhausted("Deny"))
+    hook.on_cluster_budget(wire.EventType.ADDED, cluster_exhausted("Deny"))
     body = review(gpu_pod())
     body["request"]["namespace"] = "new"
     await hook._learn_namespace(body)

@@ -149,7 +149,7 @@ class Agent:
         )  # fmt: skip
         self.tasks: list[asyncio.Task[None]] = []
 
-    def _on_pod(self, kind: str, pod: wire.Pod) -> None:
+    def _on_pod(self, kind: wire.EventType, pod: wire.Pod) -> None:
         informer.remember(self.pods, kind, pod)
 
     async def start(self) -> None:
@@ -281,7 +281,7 @@ class Agent:
     async def _act(self, act: watchdog.Act) -> None:
         violation = act.violation
         pod = violation.pod
-        subject = events.Subject("v1", "Pod", pod.namespace, pod.name, pod.uid)
+        subject = events.pod(pod.namespace, pod.name, pod.uid)
         decision = f"{violation.kind.value}/{violation.uuid}/{self.watchdog.passes}"
         if act.what is watchdog.Action.REPORT:
             reason = "GPUMemoryExceeded" if violation.kind is watchdog.Kind.OVER_MEMORY else "GPUNotAllocated"
@@ -339,7 +339,7 @@ class Agent:
         for found in changes.new:
             namespace, name = found.pod.split("/", 1)
             pod = live.get(found.pod)
-            subject = events.Subject("v1", "Pod", namespace, name, pod.metadata.uid if pod else "")
+            subject = events.pod(namespace, name, pod.metadata.uid if pod else "")
             await self._record(subject, "GPUAssignmentDrift", found.message, f"{found.kind.value}/{found.kubelet}")
         done = []
         for repair in drift.repairs(mismatches):
@@ -460,7 +460,7 @@ class Agent:
         except errors.KubeError as exc:
             log.warning("event IsolationNotProven not recorded: %s", exc)
             return
-        subject = events.Subject("v1", "Node", "", self.node, self.node_uid)
+        subject = events.node(self.node, self.node_uid)
         decision = f"{entry.mode}/{entry.subject}"
         await self._record(
             subject, "IsolationNotProven", f"isolation {entry.mode} not offered: {entry.reason}", decision

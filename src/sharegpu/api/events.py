@@ -24,6 +24,16 @@ class Subject:
     uid: str
 
 
+def pod(namespace: str, name: str, uid: str) -> Subject:
+    """A Pod as an event's subject."""
+    return Subject("v1", "Pod", namespace, name, uid)
+
+
+def node(name: str, uid: str) -> Subject:
+    """A Node as an event's subject (cluster-scoped: its events live in `CLUSTER_EVENTS`)."""
+    return Subject("v1", "Node", "", name, uid)
+
+
 CLUSTER_EVENTS = "default"
 """Where events about cluster-scoped objects live (as Kubernetes' own recorders put them)."""
 

@@ -13,6 +13,7 @@ writes is exactly what the others read.
 from __future__ import annotations
 
 import datetime
+import enum
 from collections.abc import Mapping
 from typing import Annotated, Any, Generic, Literal, TypeVar
 
@@ -89,6 +90,16 @@ class Status(Message, kw_only=True, frozen=True):
     reason: str = ""
     code: int = 0
     details: StatusDetails = msgspec.field(default_factory=StatusDetails)
+
+
+class EventType(enum.StrEnum):
+    """The type of a watch event (`WatchEvent.type`), as informers hand them to their handlers."""
+
+    ADDED = "ADDED"
+    MODIFIED = "MODIFIED"
+    DELETED = "DELETED"
+    BOOKMARK = "BOOKMARK"
+    ERROR = "ERROR"
 
 
 class WatchEvent(Message, kw_only=True, frozen=True):

@@ -67,11 +67,11 @@ class BudgetReconciler:
 
     # ----------------------------------------------------------------- informer handlers
 
-    def on_pod(self, kind: str, life: lifetimes.Lifetime | None) -> None:
+    def on_pod(self, kind: wire.EventType, life: lifetimes.Lifetime | None) -> None:
         if life is None:
             return
         now = int(self.clock())
-        if kind == "DELETED":
+        if kind == wire.EventType.DELETED:
             self.lifetimes.pop(life.uid, None)
             went = self.finished.pop(life.uid, now)
             self.gone[life.uid] = (life, life.end if life.end is not None else min(went, now))
@@ -81,18 +81,18 @@ class BudgetReconciler:
                 self.finished.setdefault(life.uid, now)
         self.loop.wake()
 
-    def on_device(self, kind: str, device: wire.Device) -> None:
-        if kind == "DELETED":
+    def on_device(self, kind: wire.EventType, device: wire.Device) -> None:
+        if kind == wire.EventType.DELETED:
             self.memory.pop(device.metadata.name, None)
         else:
             self.memory[device.metadata.name] = device_memory(device)
 
-    def on_budget(self, kind: str, item: budgets.AnyBudget) -> None:
+    def on_budget(self, kind: wire.EventType, item: budgets.AnyBudget) -> None:
         informer.remember(self.budgets, kind, item)
         self.loop.wake()
 
-    def on_namespace(self, kind: str, namespace: wire.Namespace) -> None:
-        relabelled = informer.remember_labels(self.namespaces, kind, namespace) and kind != "DELETED"
+    def on_namespace(self, kind: wire.EventType, namespace: wire.Namespace) -> None:
+        relabelled = informer.remember_labels(self.namespaces, kind, namespace) and kind != wire.EventType.DELETED
         if relabelled and any(isinstance(b, budgets.ClusterGPUBudget) for b in self.budgets.values()):
             self.loop.wake()
 

@@ -352,9 +352,9 @@ class DefragReconciler:
 
     # ----------------------------------------------------------------- informer handlers
 
-    def on_pod(self, kind: str, item: PodFacts) -> None:
+    def on_pod(self, kind: wire.EventType, item: PodFacts) -> None:
         self.changes += 1
-        if kind == "DELETED":
+        if kind == wire.EventType.DELETED:
             self.pods.pop(item.record.key, None)
             self.moved_for.pop(item.record.key, None)
         else:
@@ -362,21 +362,21 @@ class DefragReconciler:
         if item.pending:
             self.loop.wake()
 
-    def on_node(self, kind: str, node: NodeView) -> None:
+    def on_node(self, kind: wire.EventType, node: NodeView) -> None:
         self.changes += 1
-        if kind == "DELETED":
+        if kind == wire.EventType.DELETED:
             self.nodes.pop(node.facts.name, None)
         else:
             self.nodes[node.facts.name] = node
 
-    def on_device(self, kind: str, device: wire.Device) -> None:
+    def on_device(self, kind: wire.EventType, device: wire.Device) -> None:
         self.changes += 1
-        if kind == "DELETED":
+        if kind == wire.EventType.DELETED:
             self.devices.pop(device.metadata.name, None)
         else:
             self.devices[device.metadata.name] = device
 
-    def on_budget(self, kind: str, budget: wire.PodDisruptionBudget) -> None:
+    def on_budget(self, kind: wire.EventType, budget: wire.PodDisruptionBudget) -> None:
         self.changes += 1
         informer.remember(self.budgets, kind, budget)
 
@@ -514,4 +514,4 @@ def _work_out(
 
 def _subject(item: PodFacts) -> events.Subject:
     namespace, _, name = item.record.key.partition("/")
-    return events.Subject("v1", "Pod", namespace, name, item.record.uid)
+    return events.pod(namespace, name, item.record.uid)

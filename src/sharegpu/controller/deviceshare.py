@@ -34,11 +34,11 @@ class MirrorReconciler:
         self.groups: dict[str, groups.SharedDeviceGroup] = {}
         self.loop = reconcile.Loop("deviceshare", self.reconcile)
 
-    def on_source(self, kind: str, source: deviceshare.DeviceShareGroup) -> None:
+    def on_source(self, kind: wire.EventType, source: deviceshare.DeviceShareGroup) -> None:
         informer.remember(self.sources, kind, source)
         self.loop.wake()
 
-    def on_group(self, kind: str, group: groups.SharedDeviceGroup) -> None:
+    def on_group(self, kind: wire.EventType, group: groups.SharedDeviceGroup) -> None:
         informer.remember(self.groups, kind, group)
         self.loop.wake()
 

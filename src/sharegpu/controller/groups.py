@@ -77,16 +77,16 @@ class GroupReconciler:
 
     # ----------------------------------------------------------------- informer handlers
 
-    def on_group(self, kind: str, group: groups.SharedDeviceGroup) -> None:
+    def on_group(self, kind: wire.EventType, group: groups.SharedDeviceGroup) -> None:
         informer.remember(self.groups, kind, group)
         self.loop.wake()
 
-    def on_pod(self, kind: str, pod: wire.Pod) -> None:
+    def on_pod(self, kind: wire.EventType, pod: wire.Pod) -> None:
         informer.remember(self.pods, kind, pod)
         self.loop.wake()
 
-    def on_holder_handoff(self, kind: str, configmap: wire.ConfigMap) -> None:
-        if kind == "DELETED":
+    def on_holder_handoff(self, kind: wire.EventType, configmap: wire.ConfigMap) -> None:
+        if kind == wire.EventType.DELETED:
             self.holder_handoffs.pop(configmap.metadata.name, None)
         else:
             self.holder_handoffs[configmap.metadata.name] = dict(configmap.data)

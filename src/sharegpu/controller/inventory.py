@@ -12,8 +12,8 @@ class GpuIds:
         self.by_node: dict[str, dict[int, str]] = {}
         """node -> GPU index -> UUID (GPUs whose UUID is known)."""
 
-    def on_device(self, kind: str, device: wire.Device) -> None:
-        if kind == "DELETED":
+    def on_device(self, kind: wire.EventType, device: wire.Device) -> None:
+        if kind == wire.EventType.DELETED:
             self.by_node.pop(device.metadata.name, None)
         else:
             self.by_node[device.metadata.name] = {g.index: str(g.uuid) for g in device.spec.gpus if g.uuid}

@@ -155,7 +155,7 @@ class Controller:
         self.metrics = _Metrics(self)
         self.tasks: list[asyncio.Task[None]] = []
 
-    def _on_device(self, kind: str, device: wire.Device) -> None:
+    def _on_device(self, kind: wire.EventType, device: wire.Device) -> None:
         self.budgets.on_device(kind, device)
         self.ids.on_device(kind, device)
         self.groups.loop.wake()
@@ -164,7 +164,7 @@ class Controller:
         if self.defrag is not None:
             self.defrag.on_device(kind, device)
 
-    def _on_group(self, kind: str, group: api_groups.SharedDeviceGroup) -> None:
+    def _on_group(self, kind: wire.EventType, group: api_groups.SharedDeviceGroup) -> None:
         self.groups.on_group(kind, group)
         if self.mirrors is not None:
             self.mirrors.on_group(kind, group)

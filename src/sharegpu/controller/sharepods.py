@@ -42,11 +42,11 @@ class SharePodReconciler:
         self.ids = ids
         self.loop = reconcile.Loop("sharepods", self.reconcile)
 
-    def on_share(self, kind: str, share: sharepods.SharePod) -> None:
+    def on_share(self, kind: wire.EventType, share: sharepods.SharePod) -> None:
         informer.remember(self.shares, kind, share)
         self.loop.wake()
 
-    def on_pod(self, kind: str, pod: sharepods.MadePod) -> None:
+    def on_pod(self, kind: wire.EventType, pod: sharepods.MadePod) -> None:
         informer.remember(self.pods, kind, pod)
         self.loop.wake()
 

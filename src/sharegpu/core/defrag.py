@@ -112,10 +112,6 @@ class Move:
     def gain_milli(self) -> int:
         return self.placed.gpu_milli_total
 
-    @property
-    def moved_milli(self) -> int:
-        return sum(v.milli for v in self.victims)
-
 
 class Why(enum.Enum):
     """Why no move was planned for a pending pod."""

@@ -562,6 +562,7 @@ REGISTRY: dict[str, type[Policy]] = {
     )
 }
 PAPER_POLICIES = ("random", "dotprod", "clustering", "packing", "bestfit", "fgd")
+"""The policies the openb paper compares, in its tables' order (bench/openb_table.py prints them beside ours)."""
 DEFAULT = "fgd-balance"
 """The extender's policy unless told otherwise; the name `default` stands for it wherever a policy is named."""
 ALIASES = {"default": DEFAULT}

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import Final, NewType
 
-MilliGpu = NewType("MilliGpu", int)
 MiB = NewType("MiB", int)
 MilliCpu = NewType("MilliCpu", int)
 

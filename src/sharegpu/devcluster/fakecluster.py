@@ -111,11 +111,11 @@ class FakeCluster:
     async def stop(self) -> None:
         await informer.cancel([*self._tasks, *self._stopping])
 
-    def _on_pod(self, kind: str, pod: wire.Pod) -> None:
+    def _on_pod(self, kind: wire.EventType, pod: wire.Pod) -> None:
         node = pod.spec.node_name
         if not node or node not in self.inventory:
             return
-        if kind == "DELETED":
+        if kind == wire.EventType.DELETED:
             self.held.get(node, {}).pop(pods.key(pod), None)
             return
         if pod.metadata.deletion_timestamp or pod.status.phase == "Pending" or pods.is_terminal(pod):

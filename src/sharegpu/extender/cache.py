@@ -244,9 +244,9 @@ class ClusterCache:
 
     # ----------------------------------------------------------------- informer handlers
 
-    def on_node(self, kind: str, node: api_devices.NodeFacts) -> None:
+    def on_node(self, kind: wire.EventType, node: api_devices.NodeFacts) -> None:
         old = self.nodes.get(node.name)
-        if kind == "DELETED":
+        if kind == wire.EventType.DELETED:
             self.nodes.pop(node.name, None)
             self._dirty = True
             return
@@ -255,8 +255,8 @@ class ClusterCache:
             self._dirty = True
             self.freed_at = self.clock()
 
-    def on_device(self, kind: str, device: DeviceRecord) -> None:
-        if kind == "DELETED":
+    def on_device(self, kind: wire.EventType, device: DeviceRecord) -> None:
+        if kind == wire.EventType.DELETED:
             self.devices.pop(device.name, None)
         else:
             old = self.devices.get(device.name)
@@ -266,15 +266,15 @@ class ClusterCache:
             self.freed_at = self.clock()
         self._dirty = True
 
-    def on_pod(self, kind: str, record: pods.Record) -> None:
+    def on_pod(self, kind: wire.EventType, record: pods.Record) -> None:
         key = record.key
         if record.reservation is not None:
-            if kind == "DELETED":
+            if kind == wire.EventType.DELETED:
                 self.reservations.pop(key, None)
             else:
                 self.reservations[key] = record
             return
-        if kind == "DELETED":
+        if kind == wire.EventType.DELETED:
             self.pods.pop(key, None)
             self.handoff_pods.discard(key)
             self.pending.discard(key)
@@ -409,14 +409,6 @@ class ClusterCache:
 
     def record(self, key: units.PodKey) -> pods.Record | None:
         return self.pods.get(key)
-
-    def sharers(self, node: str, slot: int) -> int:
-        """Pods holding a share (not a whole GPU) of (node, slot), assumed ones included."""
-        state = self.state
-        row = state.row(node)
-        if row is None or slot >= state.width:
-            return 0
-        return int(state.tenants[row, slot] - state.exclusive[row, slot])
 
     def shared_slots(self) -> set[tuple[str, int]]:
         """Every (node, GPU index) that some pod holds a share of, assumed ones included."""

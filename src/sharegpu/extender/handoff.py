@@ -67,9 +67,9 @@ class HandoffReconciler:
         self.loop = loops.Loop("hand-off", self.reconcile)
         self._warned: set[tuple[Claim, units.PodKey]] = set()
 
-    def on_configmap(self, kind: str, record: ConfigMapRecord) -> None:
+    def on_configmap(self, kind: wire.EventType, record: ConfigMapRecord) -> None:
         claim = (record.namespace, record.name)
-        if kind == "DELETED":
+        if kind == wire.EventType.DELETED:
             self.configmaps.pop(claim, None)
         else:
             self.configmaps[claim] = record

@@ -116,7 +116,7 @@ class OvercommitReconciler:
 
     async def _event(self, record: pods.Record, reason: str, message: str, decision: str) -> bool:
         namespace, _, name = record.key.partition("/")
-        subject = events.Subject("v1", "Pod", namespace, name, record.uid)
+        subject = events.pod(namespace, name, record.uid)
         try:
             await self.recorder.record(subject, reason, message, decision=decision, kind="Warning")
         except errors.SharegpuError as exc:  # named by the decision: the next pass writes it again, or finds it

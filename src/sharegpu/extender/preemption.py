@@ -288,7 +288,7 @@ class Preemptor:
         message = f"preempting {what} on {plan.node} for GPUs {list(plan.gpus)}"
         if plan.leaving:
             message += f" (also waiting for {', '.join(plan.leaving)}, already leaving)"
-        subject = events.Subject("v1", "Pod", namespace, name, nomination.uid)
+        subject = events.pod(namespace, name, nomination.uid)
         try:
             await self.recorder.record(subject, "Preempting", message, decision=f"preempt|{plan.node}")
         except errors.SharegpuError as exc:
@@ -314,7 +314,7 @@ class Preemptor:
         except errors.SharegpuError as exc:
             log.warning("pod %s: cannot mark it preempted: %s", victim.key, exc)
         if victim.key not in nomination.told:
-            subject = events.Subject("v1", "Pod", namespace, name, victim.uid)
+            subject = events.pod(namespace, name, victim.uid)
             try:
                 await self.recorder.record(subject, "Preempted", message, decision=f"preempted|{nomination.uid}")
                 nomination.told.add(victim.key)

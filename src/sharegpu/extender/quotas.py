@@ -14,7 +14,7 @@ Handlers run in the event loop, like the cache's.
 
 from __future__ import annotations
 
-from sharegpu.api import quotas
+from sharegpu.api import quotas, wire
 from sharegpu.core import requests, units
 from sharegpu.extender import cache as cache_mod
 
@@ -25,9 +25,9 @@ class QuotaGuard:
         self.limits: dict[str, dict[str, quotas.Limit]] = {}
         """namespace -> ResourceQuota name -> its limits on the totals (only quotas that set some)."""
 
-    def on_quota(self, kind: str, quota: quotas.ResourceQuota) -> None:
+    def on_quota(self, kind: wire.EventType, quota: quotas.ResourceQuota) -> None:
         meta = quota.metadata
-        found = quotas.limit(quota) if kind != "DELETED" else None
+        found = quotas.limit(quota) if kind != wire.EventType.DELETED else None
         in_namespace = self.limits.setdefault(meta.namespace, {})
         if found is None:
             in_namespace.pop(meta.name, None)

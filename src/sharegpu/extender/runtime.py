@@ -138,8 +138,8 @@ class Extender:
         self.startup: dict[str, float] = {}
         """Seconds the first lists took, and the cache build after the last page arrived."""
 
-    def _changed(self, handler: Callable[[str, Any], None]) -> Callable[[str, Any], None]:
-        def changed(kind: str, obj: Any) -> None:
+    def _changed(self, handler: Callable[[wire.EventType, Any], None]) -> Callable[[wire.EventType, Any], None]:
+        def changed(kind: wire.EventType, obj: Any) -> None:
             handler(kind, obj)
             self.reservations.wake()
             self.handoffs.wake()

@@ -31,6 +31,7 @@ Assumptions whose confirmation never arrives are checked against the API and res
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 import time
 from collections import OrderedDict
@@ -128,6 +129,23 @@ class Outcome:
 SETTLE_AFTER = 3.0
 """Seconds after a binding whose answer was lost before a read showing the pod unbound is believed:
 a request the API server was still carrying out when the connection broke has landed by then."""
+
+
+class BindOutcome(enum.StrEnum):
+    """How a bind ended, as the `outcome` label of `sharegpu_extender_binds_total` counts it."""
+
+    BOUND = "bound"
+    ERROR = "error"
+    """Refused before or by the API: the pod is gone, replaced, bound already, or the write failed."""
+    INVALID = "invalid"
+    """The pod's request is malformed."""
+    UNSCHEDULABLE = "unschedulable"
+    """It no longer fits the node (the cluster changed since filter)."""
+    CONFLICT = "conflict"
+    """Its allocation conflicts with the ledger."""
+    UNKNOWN = "unknown"
+    """The write's answer was lost; the allocation is held until it is read back."""
+
 
 UNSURE_MESSAGE = "sharegpu: the outcome of this pod's last binding is being read back"
 
@@ -395,69 +413,75 @@ class SchedulingService:
         if key in self.unsure and key not in self.binding:
             settled = await self.settle(key, wait=True)
             if settled is None:
-                return self._bind_failed("error", f"pod {key}: the outcome of its last binding cannot be read yet")
+                return self._bind_failed(
+                    BindOutcome.ERROR, f"pod {key}: the outcome of its last binding cannot be read yet"
+                )
             if settled:
                 bound = self.cache.record(key)
-                return self._bind_failed("error", f"pod {key} is already bound to {bound.node if bound else 'a node'}")
+                return self._bind_failed(
+                    BindOutcome.ERROR, f"pod {key} is already bound to {bound.node if bound else 'a node'}"
+                )
         record = self.cache.record(key)
         if record is None or (args.pod_uid and record.uid != args.pod_uid):
             try:
                 found = await self.api.get(paths.pod(args.pod_namespace, args.pod_name))
                 record = pods.record(wire.convert(found, wire.Pod))
             except errors.SharegpuError as exc:
-                return self._bind_failed("error", f"cannot read pod {key}: {exc}")
+                return self._bind_failed(BindOutcome.ERROR, f"cannot read pod {key}: {exc}")
             if args.pod_uid and record.uid != args.pod_uid:
-                return self._bind_failed("error", f"pod {key} was replaced (uid {record.uid}, expected {args.pod_uid})")
+                return self._bind_failed(
+                    BindOutcome.ERROR, f"pod {key} was replaced (uid {record.uid}, expected {args.pod_uid})"
+                )
         if record.node:
-            return self._bind_failed("error", f"pod {key} is already bound to {record.node}")
+            return self._bind_failed(BindOutcome.ERROR, f"pod {key} is already bound to {record.node}")
         if record.problem is not None:
-            return self._bind_failed("invalid", record.problem)
+            return self._bind_failed(BindOutcome.INVALID, record.problem)
         request = record.request or requests.PodRequest(
             key=key, cpu_milli=record.cpu_milli, memory_mib=record.memory_mib
         )
         state = self.cache.state
         row = state.row(args.node)
         if row is None:
-            return self._bind_failed("error", f"node {args.node} has no sharegpu inventory")
+            return self._bind_failed(BindOutcome.ERROR, f"node {args.node} has no sharegpu inventory")
         if key in self.binding:
-            return self._bind_failed("error", f"pod {key} is being bound")
+            return self._bind_failed(BindOutcome.ERROR, f"pod {key} is being bound")
         held = self.cache.assumed.get(key) if self.reserved.pop(key, None) == record.uid else None
         if held is not None and held.node == args.node:
             alloc = held  # reserved by this pod's filter: the ledger holds it already
         else:
             self.cache.forget(key)  # a reservation for another node (or another pod of that name) is void
             if key in self.cache.ledger:
-                return self._bind_failed("error", f"pod {key} is already placed")
+                return self._bind_failed(BindOutcome.ERROR, f"pod {key} is already placed")
             demand = request.demand
             decision = self.cache.placer.decide(demand, np.array([row], dtype=np.int64))
             if not decision.status.ok:
                 verdict = fit.explain_node(state, demand, row)
-                return self._bind_failed("unschedulable", reasons.refused_bind(key, args.node, verdict))
+                return self._bind_failed(BindOutcome.UNSCHEDULABLE, reasons.refused_bind(key, args.node, verdict))
             alloc = self.cache.placer.allocation_for(request, decision)
             if not self.cache.assume(alloc):
-                return self._bind_failed("conflict", f"pod {key}: the allocation conflicts with the ledger")
+                return self._bind_failed(BindOutcome.CONFLICT, f"pod {key}: the allocation conflicts with the ledger")
         self.binding.add(key)
         try:
             await self.api.create(paths.binding(args.pod_namespace, args.pod_name), _binding(key, args, alloc))
         except BaseException as exc:
             if kube_errors.outcome(exc) is kube_errors.Outcome.REFUSED:
                 self.cache.forget(key)
-                return self._bind_failed("error", f"binding {key} to {args.node} failed: {exc}")
+                return self._bind_failed(BindOutcome.ERROR, f"binding {key} to {args.node} failed: {exc}")
             self.unsure[key] = self.clock()  # it may have happened: the assumption holds its room
             log.warning("binding %s to %s: outcome unknown (%s); holding its allocation until it is read back",
                         key, args.node, exc)  # fmt: skip
             if isinstance(exc, errors.SharegpuError | OSError):
-                return self._bind_failed("unknown", f"binding {key} to {args.node}: outcome unknown: {exc}")
+                return self._bind_failed(BindOutcome.UNKNOWN, f"binding {key} to {args.node}: outcome unknown: {exc}")
             raise
         finally:
             self.binding.discard(key)
-        self.metrics.binds.labels("bound").inc()
+        self.metrics.binds.labels(BindOutcome.BOUND).inc()
         first = self.first_filtered.pop(key, None)
         if first is not None and first[0] == record.uid:
             self.metrics.scheduling.observe(max(0.0, self.clock() - first[1]))
         return protocol.BindingResult()
 
-    def _bind_failed(self, outcome: str, message: str) -> protocol.BindingResult:
+    def _bind_failed(self, outcome: BindOutcome, message: str) -> protocol.BindingResult:
         self.metrics.binds.labels(outcome).inc()
         return protocol.BindingResult(error=message)
 

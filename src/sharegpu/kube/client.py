@@ -310,7 +310,7 @@ class KubeClient:
                     if event.type == "ERROR":
                         raise errors.from_watch_status(_STATUS.decode(event.object), path)
                     version = _resource_version(event.object)
-                    if event.type == "BOOKMARK":
+                    if event.type == wire.EventType.BOOKMARK:
                         yield event.type, None, version
                         continue
                     try:

@@ -41,7 +41,8 @@ from typing import Any
 import jsonpatch
 import orjson
 
-from sharegpu.kube import errors, transport
+from sharegpu.api import wire
+from sharegpu.kube import client, errors, transport
 
 Json = dict[str, Any]
 Key = tuple[str, str, str]
@@ -411,7 +412,7 @@ class FakeApiServer:
                         409, "Conflict", "the object has been modified; please apply your changes to the latest version"
                     )
                 candidate = body
-            elif request.content_type == "application/json-patch+json":
+            elif request.content_type == client.JSON_PATCH:
                 try:
                     candidate = jsonpatch.apply_patch(current, body)
                 except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as exc:
@@ -482,7 +483,7 @@ class FakeApiServer:
         meta.pop("deletionTimestamp", None)
         self._stamp(obj, collection.split("|")[1])
         self.objects[key] = obj
-        self._emit(collection, namespace, "ADDED", obj)
+        self._emit(collection, namespace, wire.EventType.ADDED, obj)
         return copy.deepcopy(obj)
 
     def _update(self, key: Key, obj: Json, keep: Json) -> Json:
@@ -497,7 +498,7 @@ class FakeApiServer:
             return self._remove(key)
         self._stamp(obj, key[0].split("|")[1])
         self.objects[key] = obj
-        self._emit(key[0], key[1], "MODIFIED", obj)
+        self._emit(key[0], key[1], wire.EventType.MODIFIED, obj)
         return copy.deepcopy(obj)
 
     def _bind(self, key: Key, body: Any) -> Json:
@@ -554,7 +555,7 @@ class FakeApiServer:
                 marked["metadata"]["deletionTimestamp"] = self._now()
                 self._stamp(marked, key[0].split("|")[1])
                 self.objects[key] = marked
-                self._emit(key[0], key[1], "MODIFIED", marked)
+                self._emit(key[0], key[1], wire.EventType.MODIFIED, marked)
                 return copy.deepcopy(marked)
             return copy.deepcopy(current)
         grace = options.get("gracePeriodSeconds")
@@ -564,7 +565,7 @@ class FakeApiServer:
                 marked["metadata"]["deletionTimestamp"] = self._now()
                 self._stamp(marked, "pods")
                 self.objects[key] = marked
-                self._emit(key[0], key[1], "MODIFIED", marked)
+                self._emit(key[0], key[1], wire.EventType.MODIFIED, marked)
                 return copy.deepcopy(marked)
             return copy.deepcopy(current)
         return self._remove(key)
@@ -572,10 +573,10 @@ class FakeApiServer:
     def _remove(self, key: Key) -> Json:
         obj = self.objects.pop(key)
         self._stamp(obj, key[0].split("|")[1])
-        self._emit(key[0], key[1], "DELETED", obj)
+        self._emit(key[0], key[1], wire.EventType.DELETED, obj)
         return copy.deepcopy(obj)
 
-    def _emit(self, collection: str, namespace: str, kind: str, obj: Json) -> None:
+    def _emit(self, collection: str, namespace: str, kind: wire.EventType, obj: Json) -> None:
         event = _Event(self.version, collection, namespace, kind, copy.deepcopy(obj))
         self.log.append(event)
         if len(self.log) > self.history:
@@ -604,7 +605,7 @@ class FakeApiServer:
         if version_text in ("", "0"):
             for key, obj in sorted(self.objects.items()):
                 if key[0] == collection and (not namespace or key[1] == namespace) and _selected(obj, watch.selector):
-                    watch.queue.put_nowait(orjson.dumps({"type": "ADDED", "object": obj}) + b"\n")
+                    watch.queue.put_nowait(orjson.dumps({"type": wire.EventType.ADDED, "object": obj}) + b"\n")
         else:
             since = int(version_text)
             if since < self.compacted:
@@ -618,7 +619,7 @@ class FakeApiServer:
     def _end_watch(self, watch: _Watch) -> None:
         """A watch's timeoutSeconds passed: a bookmark with the current version, then the end."""
         if watch in self.watches:
-            bookmark = {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": str(self.version)}}}
+            bookmark = {"type": wire.EventType.BOOKMARK, "object": {"metadata": {"resourceVersion": str(self.version)}}}
             watch.queue.put_nowait(orjson.dumps(bookmark) + b"\n")
             watch.queue.put_nowait(None)
             self.watches.remove(watch)

@@ -44,24 +44,24 @@ class HasMeta(Protocol):
 
 W = TypeVar("W", bound=HasMeta)
 T = TypeVar("T")
-Handler = Callable[[str, T], None]
+Handler = Callable[[wire.EventType, T], None]
 Convert = Callable[[W, T | None], T]
 
 
-def remember(store: dict[str, W], kind: str, obj: W) -> None:
+def remember(store: dict[str, W], kind: wire.EventType, obj: W) -> None:
     """Apply one event to a copy keyed by `wire.key`: DELETED removes the object, any other stores it."""
     key = wire.key(obj.metadata)
-    if kind == "DELETED":
+    if kind == wire.EventType.DELETED:
         store.pop(key, None)
     else:
         store[key] = obj
 
 
-def remember_labels(store: dict[str, dict[str, str]], kind: str, obj: W) -> bool:
+def remember_labels(store: dict[str, dict[str, str]], kind: wire.EventType, obj: W) -> bool:
     """Apply one event to a map of each object's labels, keyed by `wire.key`; True if it changed
     (what a reader that selects objects by their labels, as of namespaces, needs to know)."""
     key = wire.key(obj.metadata)
-    if kind == "DELETED":
+    if kind == wire.EventType.DELETED:
         return store.pop(key, None) is not None
     if store.get(key) == obj.metadata.labels:
         return False
@@ -208,15 +208,15 @@ class Informer(Generic[W, T]):
         self.listed_at = self.clock()
         self.lists += 1
         for key in [k for k in self.store if k not in fresh]:
-            self._deliver("DELETED", key, None, self.store.pop(key))
+            self._deliver(wire.EventType.DELETED, key, None, self.store.pop(key))
         for key, (uid, record) in fresh.items():
             old = self.store.get(key)
             if old is not None and self._uids.get(key) != uid:
-                self._deliver("DELETED", key, None, self.store.pop(key))
+                self._deliver(wire.EventType.DELETED, key, None, self.store.pop(key))
                 old = None
             self.store[key] = record
             self._uids[key] = uid
-            self._deliver("ADDED" if old is None else "MODIFIED", key, None, record)
+            self._deliver(wire.EventType.ADDED if old is None else wire.EventType.MODIFIED, key, None, record)
         self.resource_version = version
         self._needs_list = False
         self._healthy()
@@ -237,20 +237,20 @@ class Informer(Generic[W, T]):
                 self._failing_since = None
                 if version:
                     self.resource_version = version
-                if kind == "BOOKMARK":
+                if kind == wire.EventType.BOOKMARK:
                     continue
                 if obj is None:
                     self.undecodable += 1
                     log.error("informer %s: an object in a %s event could not be decoded; skipped", self.name, kind)
                     continue
                 key = wire.key(obj.metadata)
-                if kind == "DELETED":
+                if kind == wire.EventType.DELETED:
                     old = self.store.pop(key, None)
                     self._uids.pop(key, None)
                     if old is not None:
-                        self._deliver("DELETED", key, None, old)
+                        self._deliver(wire.EventType.DELETED, key, None, old)
                 else:
-                    self._apply(kind, key, obj)
+                    self._apply(wire.EventType(kind), key, obj)
         finally:
             self._watching = False
             with contextlib.suppress(Exception):
@@ -258,7 +258,7 @@ class Informer(Generic[W, T]):
         self._failing_since = None  # the server ended the watch normally (its timeout)
         self.resumes += 1
 
-    def _apply(self, kind: str, key: str, obj: W) -> None:
+    def _apply(self, kind: wire.EventType, key: str, obj: W) -> None:
         try:
             record = self.convert(obj, self.store.get(key))
         except Exception:
@@ -269,8 +269,8 @@ class Informer(Generic[W, T]):
         self._uids[key] = obj.metadata.uid
         self._deliver(kind, key, obj, record)
 
-    def _deliver(self, kind: str, key: str, obj: W | None, record: T) -> None:
-        if kind == "DELETED":
+    def _deliver(self, kind: wire.EventType, key: str, obj: W | None, record: T) -> None:
+        if kind == wire.EventType.DELETED:
             self._uids.pop(key, None)
         try:
             self.handler(kind, record)

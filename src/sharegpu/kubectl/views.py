@@ -66,13 +66,13 @@ def cluster(listing: Listing, policy: str = policies.DEFAULT) -> Cluster:
     cache = cache_mod.ClusterCache(policy)
     guard = quotas_mod.QuotaGuard(cache)
     for node in listing.nodes:
-        cache.on_node("ADDED", cache_mod.node_record(node))
+        cache.on_node(wire.EventType.ADDED, cache_mod.node_record(node))
     for device in listing.devices:
-        cache.on_device("ADDED", cache_mod.device_record(device))
+        cache.on_device(wire.EventType.ADDED, cache_mod.device_record(device))
     for pod in listing.pods:
-        cache.on_pod("ADDED", pods.record(pod))
+        cache.on_pod(wire.EventType.ADDED, pods.record(pod))
     for quota in listing.quotas:
-        guard.on_quota("ADDED", quota)
+        guard.on_quota(wire.EventType.ADDED, quota)
     cache.rebuild()
     gpu_reasons = {
         (d.metadata.name, g.index): g.reason for d in listing.devices for g in d.spec.gpus if g.reason and not g.healthy

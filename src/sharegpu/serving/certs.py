@@ -205,12 +205,3 @@ def make_bundle(folder: Path) -> Bundle:
         0o644,
     )
     return bundle
-
-
-def load_ca(bundle: Bundle) -> tuple[x509.Certificate, Key]:
-    """The bundle's CA certificate and key (to issue more certificates from it)."""
-    cert = x509.load_pem_x509_certificate(bundle.ca_cert.read_bytes())
-    key = serialization.load_pem_private_key(bundle.ca_key.read_bytes(), password=None)
-    if not isinstance(key, ec.EllipticCurvePrivateKey):
-        raise errors.InvalidInputError(f"{bundle.ca_key} is not an EC key")
-    return cert, key

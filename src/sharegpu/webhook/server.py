@@ -172,7 +172,7 @@ class Webhook:
 
         return handle
 
-    def on_device(self, kind: str, device: wire.Device) -> None:
+    def on_device(self, kind: wire.EventType, device: wire.Device) -> None:
         informer.remember(self.devices, kind, device)
         gpus = [(g.model, g.memory_mib) for d in self.devices.values() for g in d.spec.gpus]
         self.policy = admission.with_inventory(self.policy, gpus)
@@ -232,11 +232,11 @@ class Webhook:
         members = (wire.convert(item, wire.Pod) for item in listed.get("items") or [])
         return sorted(wire.key(p.metadata) for p in members if groups.live_member(p))
 
-    def on_group(self, kind: str, item: groups.SharedDeviceGroup) -> None:
+    def on_group(self, kind: wire.EventType, item: groups.SharedDeviceGroup) -> None:
         informer.remember(self.groups, kind, item)
         self.policy = dataclasses.replace(self.policy, groups=dict(self.groups))
 
-    def on_budget(self, kind: str, item: budgets.GPUBudget) -> None:
+    def on_budget(self, kind: wire.EventType, item: budgets.GPUBudget) -> None:
         informer.remember(self.budgets, kind, item)
         by_namespace: dict[str, list[budgets.GPUBudget]] = {}
         for found in self.budgets.values():
@@ -244,11 +244,11 @@ class Webhook:
         grouped = {ns: tuple(items) for ns, items in by_namespace.items()}
         self.policy = dataclasses.replace(self.policy, budgets=grouped)
 
-    def on_cluster_budget(self, kind: str, item: budgets.ClusterGPUBudget) -> None:
+    def on_cluster_budget(self, kind: wire.EventType, item: budgets.ClusterGPUBudget) -> None:
         informer.remember(self.cluster_budgets, kind, item)
         self._share_namespaces()
 
-    def on_namespace(self, kind: str, item: wire.Namespace) -> None:
+    def on_namespace(self, kind: wire.EventType, item: wire.Namespace) -> None:
         if informer.remember_labels(self.namespaces, kind, item) and self.cluster_budgets:
             self._share_namespaces()
 
@@ -274,10 +274,10 @@ class Webhook:
         except errors.SharegpuError as exc:  # judged without its labels; the informer brings them soon
             log.warning("namespace %s: could not read its labels: %s", namespace, exc)
             return
-        self.on_namespace("ADDED", found)
+        self.on_namespace(wire.EventType.ADDED, found)
 
-    def on_priority_class(self, kind: str, item: wire.PriorityClass) -> None:
-        if kind == "DELETED":
+    def on_priority_class(self, kind: wire.EventType, item: wire.PriorityClass) -> None:
+        if kind == wire.EventType.DELETED:
             self.priority_classes.pop(item.metadata.name, None)
         else:
             policy = item.preemption_policy or "PreemptLowerPriority"
