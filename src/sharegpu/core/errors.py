@@ -41,3 +41,10 @@ class UnknownPolicyError(SharegpuError, KeyError):
 
     def __str__(self) -> str:  # KeyError quotes its argument; we want the plain sentence.
         return str(self.args[0]) if self.args else "unknown policy"
+
+
+def first_line(exc: BaseException) -> str:
+    """What a one-line error report shows of `exc`: the first line of its message, or the name of its
+    type when it has no message (the command lines' `...: error: ...`)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

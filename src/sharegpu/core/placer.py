@@ -34,6 +34,22 @@ class Decision:
     feasible_nodes: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class Evaluation:
+    """Per candidate node (`rows`, indices into the fleet): whether the demand fits, the policy's
+    score and tiebreak, and the GPUs it would take there (a bit mask)."""
+
+    rows: IntArray
+    feasible: fleet.BoolArray
+    score: IntArray
+    choice: IntArray
+    tiebreak: IntArray
+
+    def with_feasible(self, feasible: fleet.BoolArray) -> Evaluation:
+        """The same, with some nodes ruled out (a caller trying candidates one after another)."""
+        return Evaluation(self.rows, feasible, self.score, self.choice, self.tiebreak)
+
+
 @dataclass(slots=True)
 class _Cached:
     version: IntArray
@@ -67,9 +83,7 @@ class Placer:
 
     # ----------------------------------------------------------------- scoring
 
-    def evaluate(
-        self, demand: requests.GpuDemand, rows: IntArray | None = None
-    ) -> tuple[IntArray, fleet.BoolArray, IntArray, IntArray, IntArray]:
+    def evaluate(self, demand: requests.GpuDemand, rows: IntArray | None = None) -> Evaluation:
         """For `rows` (default: all nodes): feasible, score, GPU choice mask and tiebreak per node.
 
         For all nodes the arrays may be the placer's own cache: read them, do not modify them, and
@@ -98,19 +112,17 @@ class Placer:
         else:
             stale = rows[entry.version[rows] != self.state.version[rows]]
         if len(stale):
-            _, feasible, score, choice, tiebreak = self._compute(demand, stale)
-            entry.feasible[stale] = feasible
-            entry.score[stale] = score
-            entry.choice[stale] = choice
-            entry.tiebreak[stale] = tiebreak
+            fresh = self._compute(demand, stale)
+            entry.feasible[stale] = fresh.feasible
+            entry.score[stale] = fresh.score
+            entry.choice[stale] = fresh.choice
+            entry.tiebreak[stale] = fresh.tiebreak
             entry.version[stale] = self.state.version[stale]
         if everyone:
-            return rows, entry.feasible, entry.score, entry.choice, entry.tiebreak
-        return rows, entry.feasible[rows], entry.score[rows], entry.choice[rows], entry.tiebreak[rows]
+            return Evaluation(rows, entry.feasible, entry.score, entry.choice, entry.tiebreak)
+        return Evaluation(rows, entry.feasible[rows], entry.score[rows], entry.choice[rows], entry.tiebreak[rows])
 
-    def _compute(
-        self, demand: requests.GpuDemand, rows: IntArray
-    ) -> tuple[IntArray, fleet.BoolArray, IntArray, IntArray, IntArray]:
+    def _compute(self, demand: requests.GpuDemand, rows: IntArray) -> Evaluation:
         result = fit.evaluate(self.state, demand, rows)
         n = len(rows)
         score = np.zeros(n, dtype=np.int64)
@@ -123,23 +135,18 @@ class Placer:
             choice[ok] = scores.choice
             if scores.tiebreak is not None:
                 tiebreak[ok] = scores.tiebreak
-        return rows, result.feasible, score, choice, tiebreak
+        return Evaluation(rows, result.feasible, score, choice, tiebreak)
 
     # ----------------------------------------------------------------- deciding
 
     def decide(self, demand: requests.GpuDemand, rows: IntArray | None = None) -> Decision:
-        return self.choose(demand, *self.evaluate(demand, rows))
+        return self.choose(demand, self.evaluate(demand, rows))
 
-    def choose(
-        self,
-        demand: requests.GpuDemand,
-        rows: IntArray,
-        feasible: fleet.BoolArray,
-        score: IntArray,
-        choice: IntArray,
-        tiebreak: IntArray,
-    ) -> Decision:
+    def choose(self, demand: requests.GpuDemand, evaluation: Evaluation) -> Decision:
         """The decision from an `evaluate` result (callers that also need the scores evaluate once)."""
+        rows, feasible, score, choice, tiebreak = (
+            evaluation.rows, evaluation.feasible, evaluation.score, evaluation.choice, evaluation.tiebreak
+        )  # fmt: skip
         ok = np.flatnonzero(feasible)
         if not len(ok):
             return Decision(status.unschedulable(f"no node fits among {len(rows)} candidate(s)"))

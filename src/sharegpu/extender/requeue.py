@@ -115,8 +115,8 @@ class Requeuer:
             offered = (outcome.at, frozenset(outcome.candidates))
             self._offered[key] = offered
         state = self.cache.state
-        rows, feasible, *_ = self.cache.placer.evaluate(demand)
-        fitting: list[int] = rows[feasible].tolist()
+        evaluation = self.cache.placer.evaluate(demand)
+        fitting: list[int] = evaluation.rows[evaluation.feasible].tolist()
         for row in fitting:
             name: str = state.names[row]
             if name in offered[1]:

@@ -273,7 +273,7 @@ class SchedulingService:
         offered = self._candidates(args)
         rows = offered.rows
         evaluation = chooser.evaluate(demand, rows)
-        feasible = evaluation[1]
+        feasible = evaluation.feasible
         if not feasible.any():
             diagnosis = fit.diagnose(self.cache.state, demand, rows)
             sent, known, missing = offered.split()
@@ -288,7 +288,7 @@ class SchedulingService:
                 failed_and_unresolvable=failed.unresolvable,
             )
         if narrow:
-            decision = chooser.choose(demand, *evaluation)
+            decision = chooser.choose(demand, evaluation)
             return self._chosen(key, args.pod, request, decision, int(feasible.sum()))
         self.metrics.decisions.labels("filter", "feasible").inc()
         names_ = self.cache.state.names
@@ -334,13 +334,14 @@ class SchedulingService:
         full path words the reasons) or when the text is not a plain list of names."""
         if not lookup.plain_names(text):
             return None
-        rows, feasible, score, choice, tiebreak = chooser.evaluate(demand)
-        count = int(feasible.sum())
+        evaluation = chooser.evaluate(demand)
+        count = int(evaluation.feasible.sum())
         if not count:
             return None
-        feasible = feasible.copy()
+        feasible = evaluation.feasible.copy()
+        trying = evaluation.with_feasible(feasible)
         for _ in range(min(QUICK_TRIES, count)):
-            decision = chooser.choose(demand, rows, feasible, score, choice, tiebreak)
+            decision = chooser.choose(demand, trying)
             assert decision.node is not None and decision.row is not None
             if lookup.mentions(text, decision.node):
                 return decision, count
@@ -391,8 +392,8 @@ class SchedulingService:
         rows = offered.rows
         chooser = self._placer(args.pod)
         evaluation = chooser.evaluate(request.demand, rows)
-        _, feasible, score, *_ = evaluation
-        decision = chooser.choose(request.demand, *evaluation) if feasible.any() else None
+        feasible, score = evaluation.feasible, evaluation.score
+        decision = chooser.choose(request.demand, evaluation) if feasible.any() else None
         top = protocol.MAX_SCORE
         span = top - 1 - FLOOR
         scores = {
