@@ -33,7 +33,7 @@ async def test_create_get_patch_delete_and_conflicts() -> None:
     with pytest.raises(errors.ConflictError) as stale_write:
         await kube.replace(paths.pod("ns", "a"), stale)
     assert not stale_write.value.already_exists
-    with pytest.raises(errors.ConflictError, match="Precondition failed"):
+    with pytest.raises(errors.ConflictError, match="the UID in the precondition"):
         await kube.delete(paths.pod("ns", "a"), preconditions={"uid": "someone-else"})
     assert await kube.delete(paths.pod("ns", "a")) is not None
     assert await kube.delete(paths.pod("ns", "a")) is None

@@ -2,17 +2,19 @@
 
 It keeps the semantics sharegpu relies on, not the whole API: objects by path with uid,
 resourceVersion (one counter for everything, as etcd's revision) and creationTimestamp (distinct and
-increasing, one second apart, so creation order is never a tie); paged lists
-(limit/continue) with equality label and field selectors; watches that replay events after a resourceVersion,
-end after timeoutSeconds with a bookmark, and answer 410 for versions older than the last
-compaction; create (409 AlreadyExists, generateName), get, replace (409 on a stale
+increasing, one second apart, so creation order is never a tie); paged lists (limit/continue) with
+label selectors (equality and set-based) and field selectors; watches that replay events after a
+resourceVersion, end after timeoutSeconds with a bookmark, and answer 410 for versions older than
+the last compaction; create (409 AlreadyExists, generateName), get, replace (409 on a stale
 resourceVersion), merge, strategic (treated as merge) and JSON patches, delete with uid and
-resourceVersion preconditions (409) and a grace period for pods (deletionTimestamp, then gone when
-deleted again with grace 0 or `finish_deletions()`), pods/binding (409 when already bound; the
-binding's annotations land on the pod), pods/eviction (429 when a PodDisruptionBudget of the pod's
-namespace that selects it by `matchLabels` has `status.disruptionsAllowed` below 1, as the API server
-answers; otherwise the budget's allowance goes down by one and the pod is deleted gracefully) and
-status subresources.
+resourceVersion preconditions (409) and a grace period for bound pods (deletionTimestamp and
+deletionGracePeriodSeconds, then gone when deleted again with grace 0 or `finish_deletions()`),
+finalizers holding a deletion, pods/binding (409 when already bound; the binding's annotations land
+on the pod), pods/eviction (a pod that is not running, or is being deleted, goes at once; else 429
+when a PodDisruptionBudget of its namespace that selects it, by its full label selector, has
+`status.disruptionsAllowed` below 1; otherwise the budget's allowance goes down by one and the pod
+is deleted gracefully) and status subresources. tests/integration/test_fake_contract.py holds these
+answers against the real API server's.
 
 Faults are injected explicitly: `fail(status, ...)` answers the next matching requests with an error
 (429 with Retry-After, 409, 500, ...), instead of carrying them out or, with `after_commit`, after
@@ -33,6 +35,7 @@ import contextlib
 import copy
 import datetime
 import itertools
+import re
 import uuid
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
@@ -80,7 +83,7 @@ class _Event:
 class _Watch:
     collection: str
     namespace: str | None
-    selector: Mapping[str, str]
+    selector: Selector
     queue: asyncio.Queue[bytes | None] = field(default_factory=asyncio.Queue)
 
 
@@ -119,41 +122,74 @@ def _field(obj: Json, path: str) -> str:
     return "" if value is None else str(value)
 
 
-def _selected(obj: Json, selector: Mapping[str, str]) -> bool:
-    labels = (obj.get("metadata") or {}).get("labels") or {}
-    for key, want in selector.items():
-        if key.startswith(FIELD):
-            negated = key.endswith("!")
-            found = _field(obj, key[len(FIELD) :].rstrip("!"))
-            if (found == want) == negated:
-                return False
-        elif key.endswith("!"):
-            if labels.get(key[:-1]) == want:
-                return False
-        elif (want == "" and key not in labels) or (want != "" and labels.get(key) != want):
-            return False
-    return True
+@dataclass(frozen=True, slots=True)
+class _Requirement:
+    """One term of a selector: a label's (`key`) or a field's (`FIELD` + its path)."""
+
+    key: str
+    operator: str
+    """"=", "!=", "in", "notin", "exists" or "!" (does not exist)."""
+    values: frozenset[str] = frozenset()
+
+    def holds(self, obj: Json) -> bool:
+        if self.key.startswith(FIELD):
+            found: str | None = _field(obj, self.key[len(FIELD) :])
+        else:
+            found = ((obj.get("metadata") or {}).get("labels") or {}).get(self.key)
+        if self.operator in ("=", "in"):
+            return found is not None and found in self.values
+        if self.operator in ("!=", "notin"):
+            return found is None or found not in self.values
+        return (found is not None) == (self.operator == "exists")
 
 
-def _selectors(params: Mapping[str, str]) -> dict[str, str]:
-    """The label selector and the field selector (equality only) of a list or watch, as one."""
-    fields = {FIELD + k: v for k, v in _parse_selector(params.get("fieldSelector", "")).items()}
-    return {**_parse_selector(params.get("labelSelector", "")), **fields}
+Selector = tuple[_Requirement, ...]
 
 
-def _parse_selector(text: str) -> dict[str, str]:
-    """Equality-based label selectors: `a=b`, `a==b`, `a!=b` (stored as "a!"), `a` (exists)."""
-    out: dict[str, str] = {}
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        if "!=" in part:
+def _selected(obj: Json, selector: Selector) -> bool:
+    return all(requirement.holds(obj) for requirement in selector)
+
+
+def _selectors(params: Mapping[str, str]) -> Selector:
+    """The label selector and the field selector of a list or watch, as one."""
+    fields = tuple(
+        _Requirement(FIELD + r.key, r.operator, r.values) for r in _parse_selector(params.get("fieldSelector", ""))
+    )
+    return _parse_selector(params.get("labelSelector", "")) + fields
+
+
+_SET = re.compile(r"^([^\s!=(),]+)\s+(in|notin)\s*\(([^()]*)\)$")
+
+
+def _parse_selector(text: str) -> Selector:
+    """Label selectors as the API server reads them: `a=b`, `a==b`, `a!=b`, `a in (b,c)`,
+    `a notin (b,c)`, `a` (exists), `!a` (does not exist); terms joined by commas."""
+    out: list[_Requirement] = []
+    for part in filter(None, (p.strip() for p in re.split(r",(?![^(]*\))", text))):
+        matched = _SET.match(part)
+        if matched:
+            key, operator, values = matched.groups()
+            out.append(_Requirement(key, operator, frozenset(v.strip() for v in values.split(",") if v.strip())))
+        elif "!=" in part:
             key, value = part.split("!=", 1)
-            out[key.strip() + "!"] = value.strip()
+            out.append(_Requirement(key.strip(), "!=", frozenset({value.strip()})))
         elif "=" in part:
             key, value = part.replace("==", "=").split("=", 1)
-            out[key.strip()] = value.strip()
+            out.append(_Requirement(key.strip(), "=", frozenset({value.strip()})))
+        elif part.startswith("!"):
+            out.append(_Requirement(part[1:].strip(), "!"))
         else:
-            out[part] = ""
-    return out
+            out.append(_Requirement(part, "exists"))
+    return tuple(out)
+
+
+def _budget_selects(budget: Json, labels: Mapping[str, str]) -> bool:
+    """Whether a PodDisruptionBudget selects a pod with `labels`, as policy/v1 reads its selector: the
+    full label selector (matchLabels and matchExpressions); none at all selects no pod."""
+    selector = (budget.get("spec") or {}).get("selector")
+    if selector is None:
+        return False
+    return wire.selects(wire.convert(selector, wire.LabelSelector), labels)
 
 
 class _AnswerError(Exception):
@@ -519,12 +555,15 @@ class FakeApiServer:
         pod = self.objects.get(key)
         if pod is None:
             raise _AnswerError(404, "NotFound", f'pods "{key[2]}" not found')
+        phase = (pod.get("status") or {}).get("phase") or "Pending"
+        if phase in ("Pending", "Succeeded", "Failed") or pod["metadata"].get("deletionTimestamp"):
+            self._delete(key, pod, {})  # as the API server: no budget guards a pod that is not running
+            return {"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 201}
         labels = pod["metadata"].get("labels") or {}
         budgets = [
             k for k, obj in sorted(self.objects.items())
             if k[0].startswith("/apis/policy/") and k[0].endswith("|poddisruptionbudgets") and k[1] == key[1]
-            and all(labels.get(n) == v for n, v in
-                    (((obj.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}).items())
+            and _budget_selects(obj, labels)
         ]  # fmt: skip
         for budget in budgets:
             if int((self.objects[budget].get("status") or {}).get("disruptionsAllowed", 0)) < 1:
@@ -542,10 +581,13 @@ class FakeApiServer:
         pre = options.get("preconditions") or {}
         meta = current["metadata"]
         if pre.get("uid") and pre["uid"] != meta.get("uid"):
+            kind = _KIND.get(key[0].split("|")[1], "object")
             raise _AnswerError(
                 409,
                 "Conflict",
-                f"Precondition failed: UID in precondition: {pre['uid']}, UID in object meta: {meta.get('uid')}",
+                f'Operation cannot be fulfilled on {kind} "{key[2]}": the UID in the precondition ({pre["uid"]}) '
+                f"does not match the UID in record ({meta.get('uid')}). The object might have been deleted and "
+                "then recreated",
             )
         if pre.get("resourceVersion") and pre["resourceVersion"] != meta.get("resourceVersion"):
             raise _AnswerError(409, "Conflict", "Precondition failed: resourceVersion in precondition does not match")
@@ -563,6 +605,8 @@ class FakeApiServer:
             if not meta.get("deletionTimestamp"):
                 marked = copy.deepcopy(current)
                 marked["metadata"]["deletionTimestamp"] = self._now()
+                default = (current.get("spec") or {}).get("terminationGracePeriodSeconds", 30)
+                marked["metadata"]["deletionGracePeriodSeconds"] = default if grace is None else grace
                 self._stamp(marked, "pods")
                 self.objects[key] = marked
                 self._emit(key[0], key[1], wire.EventType.MODIFIED, marked)
