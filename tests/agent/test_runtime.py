@@ -321,7 +321,8 @@ async def test_the_agent_kills_a_process_over_its_pods_memory_and_corrects_a_rep
         assert 'sharegpu_agent_actions_total{action="kill"} 1.0' in text
         assert "sharegpu_agent_drift_repairs_total 1.0" in text
         assert 'sharegpu_pod_gpu_memory_used_mib{namespace="ns",pod="p",uuid="GPU-0"} 4096.0' in text
-        assert (agent.unadvertised, agent.unknown_allocatable) == (("GPU-2",), ("GPU-9",))
+        assert agent.repair is not None
+        assert (agent.repair.unadvertised, agent.repair.unknown_allocatable) == (("GPU-2",), ("GPU-9",))
         assert 'sharegpu_agent_drift{kind="unadvertised_gpu"} 1.0' in text
 
         # The kubelet restarts: its socket vanishes; the agent waits, stays ready, says why, and goes on.
