@@ -206,24 +206,36 @@ def _pod_demand(pod: PodRequest) -> GpuDemand:
         )
     models = _common_models(pod.key, app + init)
     if kinds == {True}:
-        if rules.group is not None:
-            raise errors.InvalidRequestError(
-                f"pod {pod.key}: whole GPUs cannot join GPU group {rules.group!r}; a group shares one GPU"
-            )
-        if pod.isolation is not None:
-            raise errors.InvalidRequestError(
-                f"pod {pod.key}: it demands isolation {pod.isolation.value}, which is about sharing a GPU; a pod of "
-                "whole GPUs shares none (remove the demand, or ask for a share)"
-            )
-        count = max(sum(g.count for g in app), max((g.count for g in init), default=0))
-        return GpuDemand(
-            count=count,
-            milli=units.MILLI_PER_GPU,
-            models=models,
-            cpu_milli=pod.cpu_milli,
-            host_memory_mib=pod.memory_mib,
-            cotenancy=rules,
+        return _whole_demand(pod, app, init, models)
+    return _shared_demand(pod, app, init, models)
+
+
+def _whole_demand(pod: PodRequest, app: list[GpuRequest], init: list[GpuRequest], models: frozenset[str]) -> GpuDemand:
+    """The demand of a pod of whole GPUs (the most any container asks for at once)."""
+    rules = pod.cotenancy
+    if rules.group is not None:
+        raise errors.InvalidRequestError(
+            f"pod {pod.key}: whole GPUs cannot join GPU group {rules.group!r}; a group shares one GPU"
         )
+    if pod.isolation is not None:
+        raise errors.InvalidRequestError(
+            f"pod {pod.key}: it demands isolation {pod.isolation.value}, which is about sharing a GPU; a pod of "
+            "whole GPUs shares none (remove the demand, or ask for a share)"
+        )
+    count = max(sum(g.count for g in app), max((g.count for g in init), default=0))
+    return GpuDemand(
+        count=count,
+        milli=units.MILLI_PER_GPU,
+        models=models,
+        cpu_milli=pod.cpu_milli,
+        host_memory_mib=pod.memory_mib,
+        cotenancy=rules,
+    )
+
+
+def _shared_demand(pod: PodRequest, app: list[GpuRequest], init: list[GpuRequest], models: frozenset[str]) -> GpuDemand:
+    """The demand of a pod of GPU shares: its containers share each GPU, so their shares add up."""
+    rules = pod.cotenancy
     counts = {g.count for g in app + init}
     if len(counts) > 1 or (len(app) > 1 and counts != {1}):
         raise errors.InvalidRequestError(
