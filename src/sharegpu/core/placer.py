@@ -130,7 +130,7 @@ class Placer:
         tiebreak = np.zeros(n, dtype=np.int64)
         ok = np.flatnonzero(result.feasible)
         if len(ok):
-            scores = self.policy.score(self.state, demand, rows[ok], result.eligible[ok], self.rng)
+            scores = self.policy.score(policies.Batch(self.state, demand, rows[ok], result.eligible[ok], self.rng))
             score[ok] = scores.score
             choice[ok] = scores.choice
             if scores.tiebreak is not None:

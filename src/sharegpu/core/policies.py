@@ -78,6 +78,18 @@ def _trunc(values: frag.FloatArray) -> IntArray:
     return np.trunc(values).astype(np.int64)
 
 
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """What a policy scores at once: the feasible nodes `rows` of `state` for one demand, each with
+    its per-GPU eligibility mask from `fit`, and the placer's random generator."""
+
+    state: fleet.FleetState
+    demand: requests.GpuDemand
+    rows: IntArray
+    eligible: BoolArray
+    rng: np.random.Generator
+
+
 class Policy(abc.ABC):
     name: ClassVar[str]
     summary: ClassVar[str]
@@ -96,15 +108,8 @@ class Policy(abc.ABC):
         """Called once with the fleet the policy will score."""
 
     @abc.abstractmethod
-    def score(
-        self,
-        state: fleet.FleetState,
-        demand: requests.GpuDemand,
-        rows: IntArray,
-        eligible: BoolArray,
-        rng: np.random.Generator,
-    ) -> Scores:
-        """Scores for feasible nodes `rows` (eligible: per-GPU mask from `fit`)."""
+    def score(self, batch: Batch) -> Scores:
+        """Scores for the batch's feasible nodes."""
 
 
 def _device_bestfit(
@@ -121,14 +126,8 @@ class RandomPolicy(Policy):
     summary = "a feasible node uniformly at random; a random fitting GPU inside it"
     cacheable = False
 
-    def score(
-        self,
-        state: fleet.FleetState,
-        demand: requests.GpuDemand,
-        rows: IntArray,
-        eligible: BoolArray,
-        rng: np.random.Generator,
-    ) -> Scores:
+    def score(self, batch: Batch) -> Scores:
+        demand, rows, eligible, rng = batch.demand, batch.rows, batch.eligible, batch.rng
         n = len(rows)
         score = np.zeros(n, dtype=np.int64)
         if n:
@@ -146,18 +145,18 @@ class BestFitPolicy(Policy):
     name = "bestfit"
     summary = "minimise the node's weighted leftover CPU and GPU (0.5/0.5); tightest GPU inside"
 
+    def __init__(self) -> None:
+        self.cpu_norm = 1.0
+        """The largest node's CPU (set by `prepare`)."""
+        self.gpu_norm = 1.0
+        """The largest node's GPU compute in milli-GPU (set by `prepare`)."""
+
     def prepare(self, state: fleet.FleetState) -> None:
         self.cpu_norm = float(max(int(state.cpu_capacity.max(initial=0)), 1))
         self.gpu_norm = float(max(int(state.milli_capacity.sum(axis=1).max(initial=0)), 1))
 
-    def score(
-        self,
-        state: fleet.FleetState,
-        demand: requests.GpuDemand,
-        rows: IntArray,
-        eligible: BoolArray,
-        rng: np.random.Generator,
-    ) -> Scores:
+    def score(self, batch: Batch) -> Scores:
+        state, demand, rows, eligible = batch.state, batch.demand, batch.rows, batch.eligible
         cpu_left = state.cpu_free[rows] - demand.cpu_milli
         gpu_left = state.milli_free[rows].sum(axis=1) - demand.gpu_milli_total
         value = (1 - (0.5 * cpu_left / self.cpu_norm + 0.5 * gpu_left / self.gpu_norm)) * 100
@@ -171,14 +170,8 @@ class DotProductPolicy(Policy):
     name = "dotprod"
     summary = "Tetris dot product of demand and free CPU/GPU (normalised per node); best aligned node wins"
 
-    def score(
-        self,
-        state: fleet.FleetState,
-        demand: requests.GpuDemand,
-        rows: IntArray,
-        eligible: BoolArray,
-        rng: np.random.Generator,
-    ) -> Scores:
+    def score(self, batch: Batch) -> Scores:
+        state, demand, rows, eligible = batch.state, batch.demand, batch.rows, batch.eligible
         cpu_cap = np.maximum(state.cpu_capacity[rows], 1)
         gpu_cap = np.maximum(state.milli_capacity[rows].sum(axis=1), 1)
         dot = (demand.cpu_milli / cpu_cap) * (state.cpu_free[rows] / cpu_cap) + (demand.gpu_milli_total / gpu_cap) * (
@@ -200,17 +193,15 @@ class ClusteringPolicy(Policy):
     name = "clustering"
     summary = "put pods on nodes already holding pods of the same GPU class (share, or k whole GPUs)"
 
+    def __init__(self) -> None:
+        self.spec = 1
+        """The largest node's GPU compute in milli-GPU (set by `prepare`)."""
+
     def prepare(self, state: fleet.FleetState) -> None:
         self.spec = max(int(state.milli_capacity.sum(axis=1).max(initial=0)), 1)
 
-    def score(
-        self,
-        state: fleet.FleetState,
-        demand: requests.GpuDemand,
-        rows: IntArray,
-        eligible: BoolArray,
-        rng: np.random.Generator,
-    ) -> Scores:
+    def score(self, batch: Batch) -> Scores:
+        state, demand, rows, eligible = batch.state, batch.demand, batch.rows, batch.eligible
         choice = _device_bestfit(state, demand, rows, eligible)
         if demand.count == 0:
             return Scores(np.zeros(len(rows), dtype=np.int64), choice)
@@ -230,14 +221,8 @@ class PackingPolicy(Policy):
     name = "packing"
     summary = "prefer already shared GPUs, then free GPUs on used nodes, then empty nodes"
 
-    def score(
-        self,
-        state: fleet.FleetState,
-        demand: requests.GpuDemand,
-        rows: IntArray,
-        eligible: BoolArray,
-        rng: np.random.Generator,
-    ) -> Scores:
+    def score(self, batch: Batch) -> Scores:
+        state, demand, rows, eligible = batch.state, batch.demand, batch.rows, batch.eligible
         n = len(rows)
         if demand.count == 0:
             return Scores(np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64))
@@ -273,11 +258,20 @@ class FgdPolicy(Policy):
         if not shapes:
             raise errors.InvalidInputError("fgd needs typical pod shapes (none were given)")
         self.shapes = shapes
-
-    def prepare(self, state: fleet.FleetState) -> None:
-        self.model = frag.FragModel(state, self.shapes)
+        self.prepared: frag.FragModel | None = None
+        """The fragmentation model of the fleet being scored (set by `prepare`)."""
         self.reserve: frag.FloatArray | None = None
         """(nodes, width) or None: a cost, in fragmentation units, of taking each whole GPU."""
+
+    def prepare(self, state: fleet.FleetState) -> None:
+        self.prepared = frag.FragModel(state, self.shapes)
+        self.reserve = None
+
+    @property
+    def model(self) -> frag.FragModel:
+        if self.prepared is None:
+            raise errors.InvalidInputError(f"policy {self.name}: scored before prepare() was given its fleet")
+        return self.prepared
 
     def fgd_scores(
         self, state: fleet.FleetState, demand: requests.GpuDemand, rows: IntArray, eligible: BoolArray
@@ -312,14 +306,8 @@ class FgdPolicy(Policy):
             after = after + (self.reserve[rows] * chosen).sum(axis=1) * demand.milli / units.MILLI_PER_GPU
         return _sigmoid_score(before - after), choice
 
-    def score(
-        self,
-        state: fleet.FleetState,
-        demand: requests.GpuDemand,
-        rows: IntArray,
-        eligible: BoolArray,
-        rng: np.random.Generator,
-    ) -> Scores:
+    def score(self, batch: Batch) -> Scores:
+        state, demand, rows, eligible = batch.state, batch.demand, batch.rows, batch.eligible
         score, choice = self.fgd_scores(state, demand, rows, eligible)
         return Scores(score, choice)
 
@@ -338,14 +326,8 @@ class FgdUsedPolicy(FgdPolicy):
     summary = "ours: FGD, ties to nodes already in use (CPU-only pods: then least free GPU), then node order"
     topology_refine = True
 
-    def score(
-        self,
-        state: fleet.FleetState,
-        demand: requests.GpuDemand,
-        rows: IntArray,
-        eligible: BoolArray,
-        rng: np.random.Generator,
-    ) -> Scores:
+    def score(self, batch: Batch) -> Scores:
+        state, demand, rows, eligible = batch.state, batch.demand, batch.rows, batch.eligible
         score, choice = self.fgd_scores(state, demand, rows, eligible)
         gpu_free = state.milli_free[rows].sum(axis=1)
         used = (gpu_free < state.milli_capacity[rows].sum(axis=1)).astype(np.int64)
@@ -417,7 +399,7 @@ class FgdBalancePolicy(FgdUsedPolicy):
     MIN_PRESSURE = 0.1
 
     def prepare(self, state: fleet.FleetState) -> None:
-        self.model = frag.FragModel(state, self.shapes, cpu_per_milli=frag.cpu_per_gpu_milli(self.shapes))
+        self.prepared = frag.FragModel(state, self.shapes, cpu_per_milli=frag.cpu_per_gpu_milli(self.shapes))
         pressure = np.maximum(model_pressure(state, self.shapes) - self.MIN_PRESSURE, 0.0)
         taking = pressure[np.maximum(state.model_id, 0)] * (self.RESERVE_WEIGHT * units.MILLI_PER_GPU)
         self.reserve = np.where(state.present, taking, 0.0)
@@ -430,14 +412,8 @@ class _LoadPolicy(Policy):
     device_pack: ClassVar[bool]
     topology_refine = True
 
-    def score(
-        self,
-        state: fleet.FleetState,
-        demand: requests.GpuDemand,
-        rows: IntArray,
-        eligible: BoolArray,
-        rng: np.random.Generator,
-    ) -> Scores:
+    def score(self, batch: Batch) -> Scores:
+        state, demand, rows, eligible = batch.state, batch.demand, batch.rows, batch.eligible
         capacity = state.milli_capacity[rows].sum(axis=1)
         used_after = capacity - state.milli_free[rows].sum(axis=1) + demand.gpu_milli_total
         cpu_cap = np.maximum(state.cpu_capacity[rows], 1)
@@ -487,15 +463,9 @@ class TopologyPolicy(_LoadPolicy):
     node_pack = True
     device_pack = True
 
-    def score(
-        self,
-        state: fleet.FleetState,
-        demand: requests.GpuDemand,
-        rows: IntArray,
-        eligible: BoolArray,
-        rng: np.random.Generator,
-    ) -> Scores:
-        base = super().score(state, demand, rows, eligible, rng)
+    def score(self, batch: Batch) -> Scores:
+        state, demand, rows, eligible = batch.state, batch.demand, batch.rows, batch.eligible
+        base = super().score(batch)
         if demand.count < 2:
             return base
         score = base.score.copy()
