@@ -18,12 +18,15 @@ from pathlib import Path
 from typing import get_args
 
 import pytest
+import typer
 import typer.core
 import typer.main
 from typer.testing import CliRunner
 
 import sharegpu
 from sharegpu import cli
+from sharegpu.cli import components, logs, options
+from sharegpu.cli import webhook as webhook_cli
 from sharegpu.core import policies
 
 runner = CliRunner()
@@ -134,7 +137,7 @@ class _Terminal(io.StringIO):
 
 @pytest.fixture
 def root_logger() -> Iterator[logging.Logger]:
-    """The root logger, with the handlers and level it had put back afterwards (cli._logging replaces them)."""
+    """The root logger, with the handlers and level it had put back afterwards (logs.configure replaces them)."""
     root = logging.getLogger()
     handlers, level = root.handlers[:], root.level
     yield root
@@ -142,8 +145,8 @@ def root_logger() -> Iterator[logging.Logger]:
     root.setLevel(level)
 
 
-def _log_through(stream: io.StringIO, log_format: cli.LogFormat) -> None:
-    cli._logging("info", log_format, stream)
+def _log_through(stream: io.StringIO, log_format: logs.LogFormat) -> None:
+    logs.configure("info", log_format, stream)
     log = logging.getLogger("test-cli.logs")
     log.debug("below the level")
     log.warning('a "quoted" message with\nnewline')
@@ -154,7 +157,7 @@ def _log_through(stream: io.StringIO, log_format: cli.LogFormat) -> None:
 
 
 @pytest.mark.parametrize(("log_format", "stream"), [("json", _Terminal()), ("auto", io.StringIO())])
-def test_logs_are_json_lines(root_logger: logging.Logger, log_format: cli.LogFormat, stream: io.StringIO) -> None:
+def test_logs_are_json_lines(root_logger: logging.Logger, log_format: logs.LogFormat, stream: io.StringIO) -> None:
     """JSON when asked, and by default when stderr is no terminal (a pod's log, a file, a pipe)."""
     _log_through(stream, log_format)
     lines = [json.loads(line) for line in stream.getvalue().splitlines()]  # every line is one object
@@ -167,7 +170,7 @@ def test_logs_are_json_lines(root_logger: logging.Logger, log_format: cli.LogFor
 def test_a_record_about_a_gpu_says_which_in_json(root_logger: logging.Logger) -> None:
     """The MPS daemons' lines, relayed by the agent, carry their GPU's UUID as a field of their own."""
     stream = io.StringIO()
-    cli._logging("info", "json", stream)
+    logs.configure("info", "json", stream)
     logging.getLogger("sharegpu.agent.mps.daemon").info("Server started", extra={"gpu": "GPU-a1"})
     logging.getLogger("test-cli.logs").info("about no GPU")
     first, second = (json.loads(line) for line in stream.getvalue().splitlines())
@@ -181,7 +184,7 @@ def test_a_record_about_a_gpu_says_which_in_json(root_logger: logging.Logger) ->
 
 @pytest.mark.parametrize(("log_format", "stream"), [("text", io.StringIO()), ("auto", _Terminal())])
 def test_logs_are_plain_lines_for_a_person(
-    root_logger: logging.Logger, log_format: cli.LogFormat, stream: io.StringIO
+    root_logger: logging.Logger, log_format: logs.LogFormat, stream: io.StringIO
 ) -> None:
     """Text when asked, and by default when stderr is a terminal."""
     _log_through(stream, log_format)
@@ -248,8 +251,8 @@ def test_choices_spelled_in_the_cli_match_their_definitions() -> None:
     from sharegpu.agent import watchdog
     from sharegpu.api import resources
 
-    assert [c.value for c in cli.Compat] == list(resources.COMPAT)
-    assert list(get_args(cli.ViolationAction)) == [a.value for a in watchdog.Action]
+    assert [c.value for c in options.Compat] == list(resources.COMPAT)
+    assert list(get_args(components.ViolationAction)) == [a.value for a in watchdog.Action]
 
 
 def test_version_is_the_installed_packages() -> None:
@@ -411,3 +414,80 @@ def test_controller_refuses_defrag_and_its_dry_run_together() -> None:
     result = runner.invoke(cli.app, ["controller", "--defrag", "--defrag-dry-run"])
     assert result.exit_code == 2
     assert "--defrag evicts and --defrag-dry-run only reports: give one of them" in result.output
+
+
+# ---------------------------------------------------------------- the helpers the commands share
+
+
+@pytest.mark.parametrize(
+    ("url", "dns_names", "ips"),
+    [
+        ("https://sharegpu-webhook.sharegpu-system.svc:443/mutate", webhook_cli.DEFAULT_WEBHOOK_NAMES, ()),
+        ("https://10.0.0.1:8443", (), ("10.0.0.1",)),
+        ("https://[::1]:8443", (), ("0:0::1",)),  # compared as addresses, not as text
+        ("https://hook.example", ("hook.example",), ("10.0.0.1",)),
+    ],
+)
+def test_the_webhook_url_check_accepts_a_host_the_certificate_names(
+    url: str, dns_names: tuple[str, ...], ips: tuple[str, ...]
+) -> None:
+    webhook_cli.check_url(url, dns_names, ips)
+
+
+@pytest.mark.parametrize(
+    ("url", "dns_names", "ips", "message"),
+    [
+        ("http://hook.example", ("hook.example",), (), "--url must be an https URL, got 'http://hook.example'"),
+        ("https://", ("hook.example",), (), "--url must be an https URL"),
+        ("https://other.example", ("hook.example",), (), "--url host 'other.example' is not among the certificate's"),
+        ("https://10.0.0.2", ("10.0.0.2.example",), ("10.0.0.1",), "names (10.0.0.2.example, 10.0.0.1)"),
+        ("https://10.0.0.1", ("10.0.0.1",), (), "--url host '10.0.0.1' is not among"),  # an IP needs --ip-address
+    ],
+)
+def test_the_webhook_url_check_refuses_what_the_api_server_would_refuse(
+    url: str, dns_names: tuple[str, ...], ips: tuple[str, ...], message: str
+) -> None:
+    with pytest.raises(cli.boundary.UsageError) as caught:
+        webhook_cli.check_url(url, dns_names, ips)
+    assert message in str(caught.value)
+
+
+def test_reported_turns_sharegpu_errors_into_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(typer.Exit) as caught, cli.boundary.reported():
+        raise cli.boundary.UsageError("first line\nsecond line")
+    assert caught.value.exit_code == 2
+    assert capsys.readouterr().err == "sharegpu: error: first line\n"
+    with pytest.raises(typer.Exit) as caught, cli.boundary.reported(OSError, status=1, doing="writing"):
+        raise FileNotFoundError("")
+    assert caught.value.exit_code == 1
+    assert capsys.readouterr().err == "sharegpu: error: writing: FileNotFoundError\n"
+    with pytest.raises(ValueError, match="not ours"), cli.boundary.reported():
+        raise ValueError("not ours")  # any other error goes on as it is
+
+
+def test_leader_election_options_are_declared_once_and_arrive_as_one() -> None:
+    received: list[options.LeaderElection] = []
+
+    @options.leader_election
+    def command(first: int = 1, election: options.LeaderElection = options.ELECTION_DEFAULTS, last: int = 2) -> None:
+        received.append(election)
+
+    small = typer.Typer(add_completion=False)
+    small.command()(command)
+    result = runner.invoke(small, ["--lease-duration", "30", "--identity", "me", "--last", "3"])
+    assert result.exit_code == 0, result.output
+    assert received == [options.LeaderElection(30.0, 10.0, 2.0, "me")]
+    names = [p.name for p in typer.main.get_command(small).params]
+    assert names == ["first", "lease_duration", "renew_deadline", "retry_period", "identity", "last"]
+    with pytest.raises(cli.boundary.UsageError, match="leader election needs"):
+        options.LeaderElection(lease_duration=5, renew_deadline=6).check()
+
+
+@pytest.mark.parametrize(
+    ("error", "line"),
+    [(ValueError("one\ntwo"), "one"), (ValueError("\n  padded  \n"), "padded"), (KeyError(), "KeyError")],
+)
+def test_first_line(error: BaseException, line: str) -> None:
+    from sharegpu.core import errors
+
+    assert errors.first_line(error) == line

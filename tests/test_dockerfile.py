@@ -348,9 +348,14 @@ def test_the_build_context_holds_what_the_build_reads(image: list[Stage], pyproj
     ]
     for path in needed:
         assert any(path == source or path.startswith(source.rstrip("/") + "/") for source in copied), path
-    for path in ("src/sharegpu/cli.py", "src/sharegpu/agent/podresources.proto", "scripts/build-controlplane"):
+    for path in ("src/sharegpu/cli/__init__.py", "src/sharegpu/agent/podresources.proto", "scripts/build-controlplane"):
         assert not ignored(path, patterns), path
-    for path in (".git/HEAD", ".venv/bin/python", "tests/test_cli.py", "src/sharegpu/__pycache__/cli.cpython-311.pyc"):
+    for path in (
+        ".git/HEAD",
+        ".venv/bin/python",
+        "tests/test_cli.py",
+        "src/sharegpu/cli/__pycache__/__init__.cpython-311.pyc",
+    ):
         assert ignored(path, patterns), path
     assert ignored("src/sharegpu/agent/podresources_pb2.py", patterns), "generated afresh by hatch_build.py"
 

@@ -73,11 +73,6 @@ def check_output(output: str | None, allowed: tuple[str, ...] = OUTPUTS) -> str:
     raise UsageError(f"-o {output}: unknown output format; use {' or '.join(allowed)} (default: a table)")
 
 
-def _line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
 def _console() -> Console:
     console = Console()
     return console if console.is_terminal else Console(width=200)
@@ -113,14 +108,14 @@ def make_app(connector: Connect = connect) -> typer.Typer:
             except kube_errors.TransportError as exc:
                 auth = api.auth
                 where = f" at {auth.server}" if isinstance(auth, credentials.Credentials) else ""
-                raise Failure(f"cannot reach the API server{where}: {_line(exc)}") from None
+                raise Failure(f"cannot reach the API server{where}: {errors.first_line(exc)}") from None
             finally:
                 await api.close()
 
         try:
             return asyncio.run(session())
         except errors.InvalidInputError as exc:
-            typer.echo(f"{PROG}: error: {_line(exc)}", err=True)
+            typer.echo(f"{PROG}: error: {errors.first_line(exc)}", err=True)
             raise typer.Exit(EXIT_USAGE) from None
         except kube_errors.UnauthorizedError:
             typer.echo(f"{PROG}: error: the API server refused the credentials (401 Unauthorized)", err=True)
@@ -129,11 +124,11 @@ def make_app(connector: Connect = connect) -> typer.Typer:
             typer.echo(f"{PROG}: error: {exc.status} {exc.reason}: {exc.message or exc.path}", err=True)
             raise typer.Exit(EXIT_FAILURE) from None
         except errors.SharegpuError as exc:
-            typer.echo(f"{PROG}: error: {_line(exc)}", err=True)
+            typer.echo(f"{PROG}: error: {errors.first_line(exc)}", err=True)
             raise typer.Exit(EXIT_FAILURE) from None
 
     def usage(exc: errors.SharegpuError) -> typer.Exit:
-        typer.echo(f"{PROG}: error: {_line(exc)}", err=True)
+        typer.echo(f"{PROG}: error: {errors.first_line(exc)}", err=True)
         return typer.Exit(EXIT_USAGE)
 
     def output_format(output: str | None) -> str:

@@ -32,15 +32,14 @@ class UsageError(errors.InvalidInputError):
 
 
 @contextlib.contextmanager
-def reported(
-    *kinds: type[BaseException], status: int = EXIT_BAD_INPUT, doing: str = ""
-) -> Iterator[None]:
+def reported(*kinds: type[BaseException], status: int = EXIT_BAD_INPUT, doing: str = "") -> Iterator[None]:
     """Turns an error raised in the block into one line on stderr, `sharegpu: error: [doing: ]<its first
     line>`, and exit status `status`. The errors turned are those of `kinds`, by default every
     `SharegpuError` (the bad input sharegpu itself reports); any other error goes on as it is."""
+    caught = kinds or (errors.SharegpuError,)
     try:
         yield
-    except kinds or (errors.SharegpuError,) as exc:
+    except caught as exc:
         raise _fail(exc, status, doing) from None
 
 

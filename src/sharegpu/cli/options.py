@@ -58,6 +58,9 @@ class LeaderElection:
             raise UsageError("leader election needs 0 < --retry-period < --renew-deadline < --lease-duration")
 
 
+ELECTION_DEFAULTS = LeaderElection()
+"""The default of a command's `election` parameter (`leader_election` puts the four options in its place)."""
+
 _ELECTION_OPTIONS: dict[str, Any] = {
     "lease_duration": Annotated[float, typer.Option(help="Leader election: seconds a Lease is valid.")],
     "renew_deadline": Annotated[float, typer.Option(help="Leader election: seconds to renew before stepping down.")],
@@ -76,14 +79,13 @@ def leader_election(command: Callable[..., None]) -> Callable[..., None]:
     one `LeaderElection`, unchecked: the command checks it where its other options are checked.
     """
     signature = inspect.signature(command, eval_str=True)
-    defaults = LeaderElection()
     parameters: list[inspect.Parameter] = []
     for parameter in signature.parameters.values():
         if parameter.name != "election":
             parameters.append(parameter)
             continue
         parameters += [
-            inspect.Parameter(name, parameter.kind, default=getattr(defaults, name), annotation=option)
+            inspect.Parameter(name, parameter.kind, default=getattr(ELECTION_DEFAULTS, name), annotation=option)
             for name, option in _ELECTION_OPTIONS.items()
         ]
     if len(parameters) == len(signature.parameters):

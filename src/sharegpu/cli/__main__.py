@@ -1,0 +1,5 @@
+"""`python -m sharegpu.cli`, as `sharegpu`."""
+
+from sharegpu.cli import main
+
+main()

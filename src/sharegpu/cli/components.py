@@ -1,0 +1,289 @@
+"""The long-running components, one command each: `extender`, `controller`, `agent`, and `reserve` (what a
+reservation pod runs). The admission webhook's command is in `webhook`.
+
+Each command configures logging, checks its options before anything starts (bad ones end in one line,
+`sharegpu: error: ...`, exit status 2), then serves until stopped. The components' modules are
+imported only by their command, so that `sharegpu simulate` never loads the network stack.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import typer
+
+from sharegpu.cli.boundary import UsageError, reported
+from sharegpu.cli.logs import LogFormatOption, LogLevelOption, configure
+from sharegpu.cli.options import (
+    ELECTION_DEFAULTS,
+    Compat,
+    Kubeconfig,
+    LeaderElection,
+    complete_policy,
+    leader_election,
+)
+from sharegpu.core import errors, policies
+
+ViolationAction = Literal["report", "kill", "evict"]
+"""The agent's `--on-violation`: the values of `agent.watchdog.Action` (a test keeps them equal)."""
+
+
+def serve(main: Coroutine[Any, Any, None]) -> None:
+    """Run a long-lived server on uvloop: its event loop and TLS handling cost a fraction of
+    asyncio's, which is most of what the extender spends per pod (bench/e2e_throughput.py)."""
+    import uvloop
+
+    uvloop.run(main)
+
+
+@leader_election
+def extender(
+    kubeconfig: Kubeconfig = None,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "0.0.0.0",
+    port: Annotated[int, typer.Option(help="Port of filter/prioritize/bind (kube-scheduler calls it).")] = 8888,
+    health_port: Annotated[int, typer.Option(help="Port of /healthz, /readyz, /metrics and /debug.")] = 8889,
+    policy: Annotated[
+        str, typer.Option(help="Placement policy (see `sharegpu policies`).", autocompletion=complete_policy)
+    ] = policies.DEFAULT,
+    image: Annotated[
+        str, typer.Option(help="Image of reservation pods (runs `sharegpu reserve`).")
+    ] = "sharegpu:latest",
+    narrow: Annotated[bool, typer.Option(help="Filter answers only the chosen node.")] = True,
+    preemption: Annotated[
+        bool, typer.Option(help="A GPU pod that fits nowhere preempts GPU pods of lower priority.")
+    ] = True,
+    shapes_from: Annotated[
+        Path | None,
+        typer.Option(
+            help="openb pod CSV whose popular shapes FGD assumes.", show_default="learned from the cluster's pods"
+        ),
+    ] = None,
+    tls_cert: Annotated[Path | None, typer.Option(help="Serving certificate for the scheduler port (PEM).")] = None,
+    tls_key: Annotated[Path | None, typer.Option(help="Serving key (PEM).")] = None,
+    client_ca: Annotated[
+        Path | None, typer.Option(help="Accept filter/prioritize/bind only with a client certificate from this CA.")
+    ] = None,
+    leader_elect: Annotated[
+        bool, typer.Option(help="Run the background reconcilers only while holding the sharegpu-extender Lease.")
+    ] = True,
+    election: LeaderElection = ELECTION_DEFAULTS,
+    reservation_idle: Annotated[
+        float, typer.Option(help="Seconds a reservation pod with no sharers is kept before it is deleted.")
+    ] = 3.0,
+    assume_ttl: Annotated[
+        float, typer.Option(help="Seconds before an assumed placement whose binding never shows up is checked.")
+    ] = 30.0,
+    log_level: LogLevelOption = "info",
+    log_format: LogFormatOption = "auto",
+) -> None:
+    """Run the kube-scheduler extender (filter, prioritize, bind) and its reconcilers."""
+    from sharegpu.extender import runtime
+    from sharegpu.sim import trace
+
+    configure(log_level, log_format)
+    with reported():
+        policies.check(policy)
+        if (tls_cert is None) != (tls_key is None):
+            raise UsageError("--tls-cert and --tls-key go together")
+        if client_ca is not None and tls_cert is None:
+            raise UsageError("--client-ca needs --tls-cert and --tls-key")
+        election.check()
+        if reservation_idle < 0 or assume_ttl <= 0:
+            raise UsageError("--reservation-idle must be >= 0 and --assume-ttl > 0")
+        for path in (tls_cert, tls_key, client_ca):
+            if path is not None and not path.is_file():
+                raise UsageError(f"{path}: no such file")
+        shapes = trace.load_pods(shapes_from).typical_shapes() if shapes_from else None
+    options = runtime.Options(
+        kubeconfig=kubeconfig, host=host, port=port, health_port=health_port, policy=policy, image=image,
+        narrow=narrow, shapes=shapes, tls_cert=tls_cert, tls_key=tls_key, client_ca=client_ca,
+        leader_elect=leader_elect, lease_duration=election.lease_duration, renew_deadline=election.renew_deadline,
+        retry_period=election.retry_period, reservation_idle=reservation_idle, assume_ttl=assume_ttl,
+        identity=election.identity, preemption=preemption,
+    )  # fmt: skip
+    with reported():
+        serve(runtime.serve(options))
+
+
+@leader_election
+def controller(
+    kubeconfig: Kubeconfig = None,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "0.0.0.0",
+    health_port: Annotated[int, typer.Option(help="Port of /healthz, /readyz, /metrics and /debug.")] = 8890,
+    leader_elect: Annotated[
+        bool, typer.Option(help="Reconcile only while holding the sharegpu-controller Lease.")
+    ] = True,
+    election: LeaderElection = ELECTION_DEFAULTS,
+    write_every: Annotated[
+        float, typer.Option(help="Seconds between status writes of a budget whose usage moves.")
+    ] = 30.0,
+    image: Annotated[str, typer.Option(help="Image of the group holder pods (it runs `sharegpu reserve`).")] = (
+        "sharegpu:latest"
+    ),
+    compat: Annotated[
+        list[Compat] | None,
+        typer.Option(help="Serve another system's resources too (their CRDs installed; repeat)."),
+    ] = None,
+    defrag: Annotated[
+        bool,
+        typer.Option(
+            "--defrag",
+            help="Defragment: evict (Eviction API) the fewest pods that a controller recreates elsewhere so that "
+            "pending GPU pods fit (docs/defrag.md).",
+        ),
+    ] = False,
+    defrag_dry_run: Annotated[
+        bool,
+        typer.Option("--defrag-dry-run", help="Run the defragmenter but only report its plans (log, events, metrics)."),
+    ] = False,
+    defrag_budget_per_hour: Annotated[
+        int, typer.Option("--defrag-budget-per-hour", help="The most evictions the defragmenter makes in any hour.")
+    ] = 10,
+    log_level: LogLevelOption = "info",
+    log_format: LogFormatOption = "auto",
+) -> None:
+    """Run the controller: GPU-time budgets, shared device groups, other systems' resources (--compat), and the
+    defragmenter (--defrag)."""
+    from sharegpu.controller import runtime
+
+    configure(log_level, log_format)
+    with reported():
+        election.check()
+        if write_every <= 0:
+            raise UsageError(f"--write-every must be > 0, got {write_every}")
+        if defrag_budget_per_hour < 0:
+            raise UsageError(f"--defrag-budget-per-hour must be >= 0, got {defrag_budget_per_hour}")
+        if defrag and defrag_dry_run:
+            raise UsageError("--defrag evicts and --defrag-dry-run only reports: give one of them")
+    options = runtime.Options(
+        kubeconfig=kubeconfig, host=host, health_port=health_port, leader_elect=leader_elect,
+        lease_duration=election.lease_duration, renew_deadline=election.renew_deadline,
+        retry_period=election.retry_period, identity=election.identity, write_every=write_every, image=image,
+        compat=frozenset(c.value for c in compat or ()), defrag=defrag, defrag_dry_run=defrag_dry_run,
+        defrag_budget_per_hour=defrag_budget_per_hour,
+    )  # fmt: skip
+    with reported():
+        serve(runtime.serve(options))
+
+
+def reserve(
+    kubeconfig: Annotated[str | None, typer.Option(help="kubeconfig file.", show_default="in-cluster")] = None,
+    log_level: LogLevelOption = "info",
+    log_format: LogFormatOption = "auto",
+) -> None:
+    """Run inside a reservation pod: report the GPU the device plugin gave it, then hold it."""
+    from sharegpu.agent import reserve as reserve_mod
+
+    configure(log_level, log_format)
+    with reported(errors.InvalidInputError):
+        asyncio.run(reserve_mod.main(kubeconfig))
+
+
+# The agent's options about isolation (MPS, HAMi-core, the probe that proves them) and its enforcement,
+# declared apart so that `agent` reads as a whole.
+Mps = Annotated[
+    bool, typer.Option("--mps", help="Run and supervise an MPS control daemon per GPU (isolation mode mps).")
+]
+MpsBinary = Annotated[str, typer.Option(help="The MPS control daemon to run (a name on PATH or a path).")]
+MpsRoot = Annotated[Path, typer.Option(help="Host folder of the daemons' pipe and log folders (pods mount it).")]
+HamiCoreLibrary = Annotated[
+    str, typer.Option(help="HAMi-core's library: the node offers hami-core while it exists ('': never).")
+]
+HamiCoreDir = Annotated[
+    Path, typer.Option(help="Host folder the library is installed in for containers (the webhook mounts it).")
+]
+HamiCoreEnforcesCompute = Annotated[
+    bool,
+    typer.Option(
+        "--hami-core-enforces-compute",
+        help="Say that this node's HAMi-core enforces compute shares (only where scripts/gpu-check measured it).",
+    ),
+]
+IsolationProbe = Annotated[
+    bool,
+    typer.Option(
+        help="Offer hami-core and mps only after a probe proved here that they enforce a memory limit "
+        "(off, or with --fake-nvml: offered unproven, and the Device says so)."
+    ),
+]
+ProbeLibcuda = Annotated[
+    str, typer.Option(help="The driver library the probe loads (a name the loader finds, or a path).")
+]
+ProbeDir = Annotated[Path, typer.Option(help="A writable folder of the probe's own (its HAMi-core accounting file).")]
+OnViolation = Annotated[
+    ViolationAction,
+    typer.Option(
+        case_sensitive=False,
+        help="When a pod uses more GPU memory than allocated, or a GPU it was not given: "
+        "report (an event), kill (its processes) or evict (the pod).",
+    ),
+]
+
+
+def agent(
+    node: Annotated[str, typer.Option(help="This node's name (in a DaemonSet: the downward API's spec.nodeName).")],
+    fake_nvml: Annotated[
+        Path | None, typer.Option(help="Read GPUs from this file instead of NVML (docs/agent.md: its format).")
+    ] = None,
+    kubeconfig: Kubeconfig = None,
+    interval: Annotated[float, typer.Option(help="Seconds between inventory passes.", min=0.5)] = 10.0,
+    mps: Mps = False,
+    mps_binary: MpsBinary = "nvidia-cuda-mps-control",
+    mps_root: MpsRoot = Path("/run/sharegpu/mps"),
+    hami_core_library: HamiCoreLibrary = "/usr/local/vgpu/libvgpu.so",
+    hami_core_dir: HamiCoreDir = Path("/run/sharegpu/hami-core"),
+    hami_core_enforces_compute: HamiCoreEnforcesCompute = False,
+    isolation_probe: IsolationProbe = True,
+    probe_libcuda: ProbeLibcuda = "libcuda.so.1",
+    probe_dir: ProbeDir = Path("/run/sharegpu/probe"),
+    on_violation: OnViolation = "report",
+    slack_mib: Annotated[
+        int, typer.Option(help="MiB a pod may exceed its GPU memory by before it violates.", min=0)
+    ] = 0,
+    proc: Annotated[Path, typer.Option(help="The node's /proc (the agent needs the host's PID namespace).")] = Path(
+        "/proc"
+    ),
+    kubelet_socket: Annotated[
+        str, typer.Option(help="The kubelet's PodResources socket, for drift repair ('': not checked).")
+    ] = "/var/lib/kubelet/pod-resources/kubelet.sock",
+    host: Annotated[str, typer.Option(help="Address of /healthz, /readyz and /metrics.")] = "0.0.0.0",
+    health_port: Annotated[int, typer.Option(help="Port of /healthz, /readyz and /metrics (0: none).")] = 9403,
+    log_level: LogLevelOption = "info",
+    log_format: LogFormatOption = "auto",
+) -> None:
+    """Run the node agent: publish this node's GPUs and the isolation it offers as its Device resource.
+
+    The GPUs come from NVML, or from the file --fake-nvml names; with --mps the agent runs an MPS
+    control daemon per GPU."""
+    from sharegpu.agent import fakenvml, nvml, podresources, proof, watchdog
+    from sharegpu.agent import mps as agent_mps
+    from sharegpu.agent import runtime as agent_runtime
+
+    configure(log_level, log_format)
+    source: agent_runtime.Source
+    with reported():
+        if not 0 <= health_port <= 65535:
+            raise UsageError(f"--health-port must be 0..65535, got {health_port}")
+        action = watchdog.Action.parse(on_violation)
+        source = fakenvml.FakeNvml(fake_nvml).open() if fake_nvml is not None else nvml.Nvml().open()
+    options = agent_runtime.Options(
+        interval=interval, hami_core_library=Path(hami_core_library) if hami_core_library else None,
+        hami_core_dir=hami_core_dir, on_violation=action, proc=proc, slack_mib=slack_mib,
+        hami_core_compute=hami_core_enforces_compute,
+    )  # fmt: skip
+    supervisor = agent_mps.Supervisor(mps_binary, agent_mps.Layout(mps_root), proc=proc) if mps else None
+    # A fake NVML has no GPU to probe: its modes are offered unproven.
+    prover = proof.Prover(probe_dir, libcuda=probe_libcuda) if isolation_probe and fake_nvml is None else None
+    kubelet = podresources.KubeletPodResources(Path(kubelet_socket), 5.0) if kubelet_socket else None
+    address = (host, health_port) if health_port else None
+    try:
+        with reported():
+            serve(agent_runtime.serve(kubeconfig, node, source, options, supervisor=supervisor, kubelet=kubelet,
+                                      prover=prover, health_address=address))  # fmt: skip
+    except KeyboardInterrupt:
+        pass
+    finally:
+        source.close()
