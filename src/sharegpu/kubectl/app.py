@@ -86,23 +86,47 @@ Timeout = Annotated[float, typer.Option("--request-timeout", help="Seconds to wa
 Output = Annotated[str | None, typer.Option("--output", "-o", help="wide or json (default: a table).")]
 
 
-def make_app(connector: Connect = connect) -> typer.Typer:
-    """The command line, talking to the API through `connector` (tests hand in the fake API server)."""
-    app = typer.Typer(
-        name=PROG,
-        help="sharegpu's view of the cluster: GPUs and who holds them, why a pod is pending, groups, budgets.",
-        no_args_is_help=True,
-        add_completion=False,
-        pretty_exceptions_enable=False,
-    )
+def _usage(exc: errors.SharegpuError) -> typer.Exit:
+    typer.echo(f"{PROG}: error: {errors.first_line(exc)}", err=True)
+    return typer.Exit(EXIT_USAGE)
+
+
+def _output_format(output: str | None) -> str:
+    """`check_output`, a wrong value ending the command as a usage error."""
+    try:
+        return check_output(output)
+    except UsageError as exc:
+        raise _usage(exc) from None
+
+
+def _show(renderable: RenderableType) -> None:
+    console = _console()
+    if console.is_terminal:
+        console.print(renderable, highlight=False)
+        return
+    with console.capture() as captured:  # a pipe gets whole lines, without the tables' padding
+        console.print(renderable, highlight=False, soft_wrap=True)
+    typer.echo("\n".join(line.rstrip() for line in captured.get().splitlines()))
+
+
+class Commands:
+    """The plugin's commands, each reading the cluster through `connector` (tests hand in the fake API
+    server); `run` is the boundary that turns every error into one line and an exit status."""
+
+    def __init__(self, connector: Connect = connect) -> None:
+        self.connector = connector
 
     def run(
-        kubeconfig: str | None, context: str | None, timeout: float, work: Callable[[client.KubeApi], Awaitable[T]]
+        self,
+        kubeconfig: str | None,
+        context: str | None,
+        timeout: float,
+        work: Callable[[client.KubeApi], Awaitable[T]],
     ) -> T:
         """Connect, do `work`, close; every error becomes one line and an exit status."""
 
         async def session() -> T:
-            api = connector(kubeconfig, context, timeout)
+            api = self.connector(kubeconfig, context, timeout)
             try:
                 return await work(api)
             except kube_errors.TransportError as exc:
@@ -127,28 +151,8 @@ def make_app(connector: Connect = connect) -> typer.Typer:
             typer.echo(f"{PROG}: error: {errors.first_line(exc)}", err=True)
             raise typer.Exit(EXIT_FAILURE) from None
 
-    def usage(exc: errors.SharegpuError) -> typer.Exit:
-        typer.echo(f"{PROG}: error: {errors.first_line(exc)}", err=True)
-        return typer.Exit(EXIT_USAGE)
-
-    def output_format(output: str | None) -> str:
-        """`check_output`, a wrong value ending the command as a usage error."""
-        try:
-            return check_output(output)
-        except UsageError as exc:
-            raise usage(exc) from None
-
-    def show(renderable: RenderableType) -> None:
-        console = _console()
-        if console.is_terminal:
-            console.print(renderable, highlight=False)
-            return
-        with console.capture() as captured:  # a pipe gets whole lines, without the tables' padding
-            console.print(renderable, highlight=False, soft_wrap=True)
-        typer.echo("\n".join(line.rstrip() for line in captured.get().splitlines()))
-
-    @app.command()
     def inspect(
+        self,
         nodes: Annotated[list[str] | None, typer.Argument(help="Only these nodes (default: every GPU node).")] = None,
         selector: Annotated[
             str, typer.Option("--selector", "-l", help="Only nodes with these labels (a label selector).")
@@ -159,7 +163,7 @@ def make_app(connector: Connect = connect) -> typer.Typer:
         request_timeout: Timeout = 10.0,
     ) -> None:
         """Per node and GPU: model, memory, compute and memory held and free, and which pods hold them."""
-        chosen = output_format(output)
+        chosen = _output_format(output)
 
         async def work(api: client.KubeApi) -> views.Inventory:
             listing = await read.cluster(api, selector, quotas=False)
@@ -169,16 +173,16 @@ def make_app(connector: Connect = connect) -> typer.Typer:
                 raise Failure(f"no GPU node named {', '.join(unknown)}")
             return found
 
-        result = run(kubeconfig, context, request_timeout, work)
+        result = self.run(kubeconfig, context, request_timeout, work)
         if chosen == "json":
             typer.echo(render.dumps(render.inventory_json(result)), nl=False)
         elif not result.nodes and not result.ignored:
             typer.echo("No GPU nodes (no node has both a Node and a Device resource).")
         else:
-            show(render.inventory_table(result, wide=chosen == "wide"))
+            _show(render.inventory_table(result, wide=chosen == "wide"))
 
-    @app.command()
     def explain(
+        self,
         pod: Annotated[str, typer.Argument(help="The pod (NAME, or NAMESPACE/NAME).")],
         namespace: Annotated[
             str | None, typer.Option("--namespace", "-n", help="Its namespace (default: the context's).")
@@ -202,7 +206,7 @@ def make_app(connector: Connect = connect) -> typer.Typer:
             if not name or "/" in space:
                 raise UsageError(f"{pod!r}: give the pod as NAME or NAMESPACE/NAME")
         except errors.SharegpuError as exc:
-            raise usage(exc) from None
+            raise _usage(exc) from None
         space = space or namespace or default_namespace(kubeconfig, context)
 
         async def work(api: client.KubeApi) -> views.Explanation:
@@ -213,14 +217,14 @@ def make_app(connector: Connect = connect) -> typer.Typer:
             listing = await read.cluster(api)
             return views.explain(views.cluster(listing, policy), found, node_selector, detail=detail)
 
-        result = run(kubeconfig, context, request_timeout, work)
+        result = self.run(kubeconfig, context, request_timeout, work)
         if chosen == "json":
             typer.echo(render.dumps(render.explanation_json(result)), nl=False)
         else:
-            show(render.explanation_text(result))
+            _show(render.explanation_text(result))
 
-    @app.command()
     def groups(
+        self,
         namespace: Annotated[
             str | None, typer.Option("--namespace", "-n", help="Only this namespace (default: all).")
         ] = None,
@@ -230,19 +234,19 @@ def make_app(connector: Connect = connect) -> typer.Typer:
         request_timeout: Timeout = 10.0,
     ) -> None:
         """SharedDeviceGroups: phase, node, devices and members."""
-        chosen = output_format(output)
+        chosen = _output_format(output)
 
         async def work(api: client.KubeApi) -> list[views.GroupView]:
             return views.group_views(await read.groups(api, namespace))
 
-        result = run(kubeconfig, context, request_timeout, work)
+        result = self.run(kubeconfig, context, request_timeout, work)
         if chosen == "json":
             typer.echo(render.dumps(render.groups_json(result)), nl=False)
         else:
-            show(render.groups_table(result, wide=chosen == "wide"))
+            _show(render.groups_table(result, wide=chosen == "wide"))
 
-    @app.command()
     def budgets(
+        self,
         namespace: Annotated[
             str | None, typer.Option("--namespace", "-n", help="Only what governs this namespace (default: all).")
         ] = None,
@@ -252,18 +256,31 @@ def make_app(connector: Connect = connect) -> typer.Typer:
         request_timeout: Timeout = 10.0,
     ) -> None:
         """GPU-time budgets and GPU quotas per namespace, with usage bars."""
-        chosen = output_format(output)
+        chosen = _output_format(output)
 
         async def work(api: client.KubeApi) -> tuple[list[views.BudgetView], list[views.QuotaView]]:
             (items, labels), listing = await asyncio.gather(read.budgets(api, namespace), read.quotas(api))
             return views.budget_views(items, labels), views.quota_views(views.cluster(listing), namespace)
 
-        found, quotas = run(kubeconfig, context, request_timeout, work)
+        found, quotas = self.run(kubeconfig, context, request_timeout, work)
         if chosen == "json":
             typer.echo(render.dumps(render.budgets_json(found, quotas)), nl=False)
         else:
-            show(render.budgets_tables(found, quotas, wide=chosen == "wide"))
+            _show(render.budgets_tables(found, quotas, wide=chosen == "wide"))
 
+
+def make_app(connector: Connect = connect) -> typer.Typer:
+    """The command line, talking to the API through `connector`."""
+    app = typer.Typer(
+        name=PROG,
+        help="sharegpu's view of the cluster: GPUs and who holds them, why a pod is pending, groups, budgets.",
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+    )
+    commands = Commands(connector)
+    for command in (commands.inspect, commands.explain, commands.groups, commands.budgets):
+        app.command()(command)
     return app
 
 
