@@ -416,9 +416,7 @@ def rows(report: Report) -> list[tuple[str, str, str, str, str]]:
 
 
 def _failure(name: str, error: BaseException) -> Check:
-    text = str(error).strip()
-    line = text.splitlines()[0] if text else type(error).__name__
-    return Check(name, Result.FAIL, {}, line)
+    return Check(name, Result.FAIL, {}, errors.first_line(error))
 
 
 # ---------------------------------------------------------------------------------- the orchestration
