@@ -32,7 +32,7 @@ import orjson
 
 from sharegpu.api import devices as api_devices
 from sharegpu.api import names, wire
-from sharegpu.controller import defrag
+from sharegpu.controller import defrag, defrag_inputs
 from sharegpu.core import devices
 from sharegpu.kube import client, fake
 from sharegpu.kube import events as kube_events
@@ -95,7 +95,7 @@ def build(nodes: int, pending: int, seed: int) -> defrag.DefragReconciler:
     count = 0
     for n in range(nodes):
         name = f"node-{n:05d}"
-        reconciler.on_node(wire.EventType.ADDED, defrag.node_view(node(name)))
+        reconciler.on_node(wire.EventType.ADDED, defrag_inputs.node_view(node(name)))
         reconciler.on_device(wire.EventType.ADDED, device(name))
         for g in range(GPUS):
             free = 1000
@@ -104,10 +104,10 @@ def build(nodes: int, pending: int, seed: int) -> defrag.DefragReconciler:
                 if milli > free:
                     break
                 free -= milli
-                reconciler.on_pod(wire.EventType.ADDED, defrag.facts(pod(f"p{count}", milli, name, g)))
+                reconciler.on_pod(wire.EventType.ADDED, defrag_inputs.facts(pod(f"p{count}", milli, name, g)))
                 count += 1
     for i in range(pending):
-        reconciler.on_pod(wire.EventType.ADDED, defrag.facts(pod(f"pending-{i}", 700)))
+        reconciler.on_pod(wire.EventType.ADDED, defrag_inputs.facts(pod(f"pending-{i}", 700)))
     return reconciler
 
 

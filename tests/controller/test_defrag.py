@@ -14,7 +14,7 @@ import orjson
 import pytest
 
 from sharegpu.api import names, paths, wire
-from sharegpu.controller import defrag, runtime
+from sharegpu.controller import defrag, defrag_inputs, runtime
 from sharegpu.core import defrag as core_defrag
 from sharegpu.kube import client, fake, reconcile
 from sharegpu.kube import errors as kube_errors
@@ -216,13 +216,13 @@ async def test_the_plan_is_worked_out_off_the_event_loop(start: Start, monkeypat
     server, controller = await start(defrag_dry_run=True)
     reconciler = controller.defrag
     assert reconciler is not None
-    original = defrag.plan
+    original = defrag_inputs.plan
 
-    def slow(found: defrag.Inputs, evictions: int) -> core_defrag.Plan:
+    def slow(found: defrag_inputs.Inputs, evictions: int) -> core_defrag.Plan:
         time.sleep(0.3)
         return original(found, evictions)
 
-    monkeypatch.setattr(defrag, "plan", slow)
+    monkeypatch.setattr(defrag_inputs, "plan", slow)
     ticks = 0
 
     async def tick() -> None:
@@ -314,10 +314,12 @@ async def test_the_fake_eviction_api_honours_disruption_budgets() -> None:
 def test_pod_facts_read_owner_priority_and_the_scheduler_verdict() -> None:
     from sharegpu.api import wire
 
-    facts = defrag.facts(wire.convert({**pending("p"), "spec": {**pending("p")["spec"], "priority": 7}}, wire.Pod))
+    facts = defrag_inputs.facts(
+        wire.convert({**pending("p"), "spec": {**pending("p")["spec"], "priority": 7}}, wire.Pod)
+    )
     assert facts.pending and facts.priority == 7 and not facts.movable
-    bound = defrag.facts(wire.convert(running("a", "n0", 300), wire.Pod))
+    bound = defrag_inputs.facts(wire.convert(running("a", "n0", 300), wire.Pod))
     assert bound.movable and bound.owner == "ReplicaSet/a" and not bound.pending
     daemon = running("d", "n0", 300)
     daemon["metadata"]["ownerReferences"][0]["kind"] = "DaemonSet"
-    assert not defrag.facts(wire.convert(daemon, wire.Pod)).movable
+    assert not defrag_inputs.facts(wire.convert(daemon, wire.Pod)).movable

@@ -214,7 +214,7 @@ def defrag_plan(
     request_timeout: Annotated[float, typer.Option("--request-timeout", help="Seconds per API request.")] = 30.0,
 ) -> None:
     """Plan the fewest evictions that let pending GPU pods fit, and print the plan and its gain (evicts nothing)."""
-    from sharegpu.controller import defrag as defrag_mod
+    from sharegpu.controller import defrag_inputs, defrag_wording
     from sharegpu.kube import client, credentials, transport
     from sharegpu.kube import errors as kube_errors
 
@@ -230,11 +230,11 @@ def defrag_plan(
     async def work() -> dict[str, Any]:
         api = client.KubeClient(transport.AiohttpTransport(creds, connections=4), creds, timeout=request_timeout)
         try:
-            found = await defrag_mod.snapshot(api)
+            found = await defrag_inputs.snapshot(api)
         finally:
             await api.close()
-        result = defrag_mod.plan(found, budget)
-        return {"lines": defrag_mod.describe(result, budget), "json": defrag_mod.to_json(result, budget)}
+        result = defrag_inputs.plan(found, budget)
+        return {"lines": defrag_wording.describe(result, budget), "json": defrag_wording.to_json(result, budget)}
 
     with reported(kube_errors.KubeError, status=1, doing="reading the cluster"):
         shown = asyncio.run(work())

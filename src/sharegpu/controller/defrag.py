@@ -1,18 +1,16 @@
 """The defragmenter in the cluster: plan moves for pending GPU pods, and evict through the Eviction API.
 
-What it reads (informers, on every replica): Nodes (allocatable CPU and memory, readiness), Devices
-(the GPUs), every pod (`PodFacts`: the `api.pods.Record` placement uses, its controller owner, its
-priority, its labels, whether kube-scheduler found it Unschedulable) and PodDisruptionBudgets
-(`policy/v1`). From those, each pass rebuilds the
-fleet as the extender does after a start (GPU allocations from the pods' allocation annotations,
-host CPU and memory of every other bound pod) and asks the planner (`core.defrag.plan`) for moves
-that let the pending pods in. The PodDisruptionBudgets give each group's allowance
-(`status.disruptionsAllowed`, kept by kube-controller-manager); the hourly budget is counted here.
+The reconciler (`DefragReconciler`), on every replica, keeps what its informers show: Nodes,
+Devices, every pod (as `defrag_inputs.PodFacts`) and PodDisruptionBudgets (`policy/v1`). From those,
+each pass builds the planner's inputs (`defrag_inputs.inputs`: the fleet as the extender rebuilds it,
+the tenants, the pending pods, each budget's allowance) and asks the planner (`core.defrag.plan`)
+for moves that let the pending pods in; the hourly budget is counted here. `defrag_wording` puts
+the plans in words.
 
 Safety rules on top of the planner's: only a pod whose controller owner recreates it elsewhere is
-ever a victim (not one without an owner, not a DaemonSet's or a Node's, nothing in sharegpu-system);
-only pods kube-scheduler marked Unschedulable are planned for, and a pod that had a move is left
-alone for `cooldown` seconds (its victims are leaving, the scheduler needs a moment).
+ever a victim (not one without an owner, not a DaemonSet's or a Node's, nothing in sharegpu-system:
+`PodFacts.movable`); only pods kube-scheduler marked Unschedulable are planned for, and a pod that
+had a move is left alone for `cooldown` seconds (its victims are leaving, the scheduler needs a moment).
 
 Dry run (`evict=False`) reports each plan (a log line, a `DefragPlanned` event on the pending pod,
 the gauges on /metrics) and evicts nothing. Evicting (`evict=True`) POSTs an Eviction (`policy/v1`)
@@ -38,25 +36,19 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sharegpu.api import constraints, events, names, paths, pods, wire
-from sharegpu.api import devices as api_devices
-from sharegpu.core import allocation, defrag, devices, errors, fleet, ledger, placer, policies, units
+from sharegpu.api import events, paths, pods, wire
+from sharegpu.controller import defrag_inputs, defrag_wording
+from sharegpu.core import defrag, errors, units
 from sharegpu.kube import client, informer, reconcile
 from sharegpu.kube import errors as kube_errors
 from sharegpu.kube import events as kube_events
 
 log = logging.getLogger(__name__)
 
-NOT_RECREATED_ELSEWHERE = frozenset({"DaemonSet", "Node"})
-"""Controller owners whose pods come back on the same node (a DaemonSet's) or not at all (a static
-pod's mirror, owned by its Node): moving them frees nothing."""
-PLACEMENT_POLICY = "bestfit"
-"""The policy the planner places with to prove every victim fits elsewhere (it needs no pod shapes;
-the extender decides again, with its own policy, when the victim is recreated)."""
 HOUR = 3600.0
 EVICTED = "DefragEvicted"
 """The reason of the Event on each evicted pod; the hourly budget is recalled from them."""
@@ -64,225 +56,6 @@ EVENTS = "/api/v1/events"
 REST_FACTOR = 4.0
 """The defragmenter's loop rests this many times as long as its last pass took (at most a fifth
 of a core for planning, however often it is woken)."""
-
-
-@dataclass(frozen=True, slots=True)
-class PodFacts:
-    """A pod as the defragmenter needs it (built once per watch event)."""
-
-    record: pods.Record
-    owner: str
-    """`Kind/name` of its controller owner; "" when it has none."""
-    owner_kind: str
-    priority: int
-    labels: Mapping[str, str]
-    unschedulable: bool
-    """kube-scheduler's PodScheduled condition is False with reason Unschedulable."""
-    terms: constraints.PodTerms
-    """Its nodeSelector, required node affinity and tolerations."""
-
-    @property
-    def namespace(self) -> str:
-        return self.record.key.partition("/")[0]
-
-    @property
-    def movable(self) -> bool:
-        return (
-            bool(self.owner)
-            and self.owner_kind not in NOT_RECREATED_ELSEWHERE
-            and (self.namespace != names.SYSTEM_NAMESPACE)
-        )
-
-    @property
-    def pending(self) -> bool:
-        r = self.record
-        return (
-            self.unschedulable and r.request is not None and r.request.demand.count > 0 and not r.node
-            and not r.terminal and not r.deleting and r.scheduler == names.SCHEDULER_NAME
-        )  # fmt: skip
-
-
-def facts(pod: wire.Pod, previous: PodFacts | None = None) -> PodFacts:
-    owner = next((o for o in pod.metadata.owner_references if o.controller), None)
-    unschedulable = any(
-        c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable" for c in pod.status.conditions
-    )
-    return PodFacts(
-        record=pods.record(pod, previous.record if previous is not None else None),
-        owner=f"{owner.kind}/{owner.name}" if owner is not None else "",
-        owner_kind=owner.kind if owner is not None else "",
-        priority=pod.spec.priority or 0,
-        labels=dict(pod.metadata.labels),
-        unschedulable=unschedulable,
-        terms=constraints.PodTerms.of(pod.spec),
-    )
-
-
-# ----------------------------------------------------------------- the planner's inputs, from API objects
-
-
-@dataclass(frozen=True, slots=True)
-class NodeView:
-    """A Node as the planner needs it: room and readiness, and what pods' constraints look at."""
-
-    facts: api_devices.NodeFacts
-    terms: constraints.NodeTerms
-
-
-def node_view(node: wire.Node, previous: NodeView | None = None) -> NodeView:
-    return NodeView(api_devices.node_facts(node), constraints.NodeTerms.of(node))
-
-
-class _Reach:
-    """The nodes pods' constraints let them run on: None (any) when a pod has none and no node is
-    tainted; otherwise worked out once per distinct set of constraints, not once per pod."""
-
-    def __init__(self, nodes: Mapping[str, NodeView]) -> None:
-        self.nodes = nodes
-        self.tainted = any(n.terms.taints for n in nodes.values())
-        self.known: dict[bytes, frozenset[str]] = {}
-
-    def __call__(self, terms: constraints.PodTerms) -> frozenset[str] | None:
-        if terms.unconstrained and not self.tainted:
-            return None
-        key = terms.key
-        found = self.known.get(key)
-        if found is None:
-            found = self.known[key] = frozenset(name for name, n in self.nodes.items() if terms.allows(n.terms))
-        return found
-
-
-@dataclass(frozen=True, slots=True)
-class Inputs:
-    book: ledger.Ledger
-    chooser: placer.Placer
-    tenants: Mapping[units.PodKey, defrag.Tenant]
-    pending: tuple[defrag.Pending, ...]
-    allowances: Mapping[str, int]
-    """Per PodDisruptionBudget (`namespace/name`), the disruptions it allows now."""
-
-
-def inputs(
-    nodes: Iterable[NodeView],
-    devices_: Iterable[wire.Device],
-    pod_facts: Iterable[PodFacts],
-    budgets: Iterable[wire.PodDisruptionBudget],
-    *,
-    skip: frozenset[units.PodKey] = frozenset(),
-) -> Inputs:
-    """The fleet and the planner's inputs from what the API holds; pods in `skip` are not planned for."""
-    ready = {n.facts.name: n for n in nodes if n.facts.schedulable}
-    reach = _Reach(ready)
-    inventories: list[devices.NodeInventory] = []
-    for device in sorted(devices_, key=lambda d: d.metadata.name):
-        view = ready.get(device.metadata.name)
-        if view is None:
-            continue
-        try:
-            inventories.append(api_devices.inventory(device, view.facts))
-        except errors.InvalidInputError as exc:
-            log.warning("defrag: ignoring node %s: %s", device.metadata.name, exc)
-    state = fleet.FleetState(inventories)
-    book = ledger.Ledger(state)
-    chooser = placer.Placer(state, policies.make(PLACEMENT_POLICY))
-    groups = {wire.key(b.metadata): b for b in budgets}
-    allocations: list[allocation.Allocation] = []
-    tenants: dict[units.PodKey, defrag.Tenant] = {}
-    pending: list[defrag.Pending] = []
-    for item in pod_facts:
-        r = item.record
-        if item.pending and r.key not in skip and r.request is not None:
-            pending.append(defrag.Pending(r.request, item.priority, reach(item.terms)))
-        if not r.live or state.row(r.node) is None:
-            continue
-        alloc = r.allocation if r.allocation is not None and r.allocation.node == r.node else None
-        if alloc is None:  # host CPU and memory only (GPUs of other schedulers are not counted)
-            alloc = allocation.Allocation(r.key, units.NodeName(r.node), cpu_milli=r.cpu_milli, memory_mib=r.memory_mib)
-        allocations.append(alloc)
-        if r.request is not None and alloc.gpu_usage():
-            covering = tuple(
-                key for key, b in groups.items()
-                if b.metadata.namespace == item.namespace and _selects(b, item.labels)
-            )  # fmt: skip
-            allowed = reach(item.terms)
-            tenants[r.key] = defrag.Tenant(r.request, item.movable, item.priority, covering, item.owner, allowed)
-    for alloc, result in zip(allocations, book.load(allocations), strict=True):
-        if not result.ok:
-            log.warning("defrag: pod %s does not fit the ledger: %s", alloc.pod, result.message)
-    allowances = {key: b.status.disruptions_allowed for key, b in groups.items()}
-    return Inputs(book, chooser, tenants, tuple(pending), allowances)
-
-
-def _selects(budget: wire.PodDisruptionBudget, labels: Mapping[str, str]) -> bool:
-    """Whether the budget covers a pod with `labels`. No selector: none; an empty one: every pod of
-    the namespace (policy/v1's reading, the stricter one)."""
-    selector = budget.spec.selector
-    return selector is not None and wire.selects(selector, labels)
-
-
-def plan(found: Inputs, evictions: int) -> defrag.Plan:
-    return defrag.plan(
-        found.book, found.chooser, found.tenants, found.pending, defrag.Limits(evictions, found.allowances)
-    )
-
-
-# ----------------------------------------------------------------- words for people
-
-
-def victim_text(victim: defrag.Victim) -> str:
-    gpus = ",".join(f"gpu{i} {m}m" for i, (m, _) in victim.before.gpu_usage().items())
-    owner = f", {victim.owner}" if victim.owner else ""
-    return f"{victim.pod} ({victim.before.node} {gpus}{owner})"
-
-
-def describe(result: defrag.Plan, evictions: int) -> list[str]:
-    """The plan in lines: each move, then the pending pods without one, then the totals."""
-    lines = []
-    for move in result.moves:
-        gpus = ",".join(f"gpu{i}" for i in move.placed.gpu_indices)
-        lines.append(f"{move.pod}: to {move.placed.node} {gpus} ({move.gain_milli} milli-GPU), evicting:")
-        lines.extend(f"  {victim_text(v)} -> fits on {v.after.node}" for v in move.victims)
-    lines.extend(f"{s.pod}: no move ({s.why.value}: {s.detail})" for s in result.skipped)
-    lines.append(
-        f"plan: {result.evictions} eviction(s) of {evictions} allowed, gain {result.gain_milli} milli-GPU "
-        f"placed for {len(result.moves)} pending pod(s)"
-    )
-    return lines
-
-
-def to_json(result: defrag.Plan, evictions: int) -> dict[str, Any]:
-    def alloc(a: allocation.Allocation) -> dict[str, Any]:
-        return {"node": a.node, "gpus": [{"index": i, "milli": m} for i, (m, _) in a.gpu_usage().items()]}
-
-    return {
-        "moves": [
-            {"pod": m.pod, "to": alloc(m.placed), "gainMilli": m.gain_milli,
-             "victims": [{"pod": v.pod, "owner": v.owner, "from": alloc(v.before), "fitsOn": v.after.node}
-                         for v in m.victims]}
-            for m in result.moves
-        ],
-        "skipped": [{"pod": s.pod, "reason": s.why.value, "detail": s.detail} for s in result.skipped],
-        "evictions": result.evictions,
-        "evictionsAllowed": evictions,
-        "gainMilli": result.gain_milli,
-    }  # fmt: skip
-
-
-# ----------------------------------------------------------------- reading the cluster once (the CLI)
-
-
-async def snapshot(api: client.KubeApi, *, skip: frozenset[units.PodKey] = frozenset()) -> Inputs:
-    """Nodes, Devices, pods and PodDisruptionBudgets, listed once, as the planner's inputs."""
-    (nodes, _), (found, _), (listed, _), (budgets, _) = await asyncio.gather(
-        api.list_of(paths.NODES, wire.Node),
-        api.list_of(paths.DEVICES, wire.Device),
-        api.list_of(paths.PODS, wire.Pod),
-        api.list_of(paths.pod_disruption_budgets(), wire.PodDisruptionBudget),
-    )
-    return inputs([node_view(n) for n in nodes], found, [facts(p) for p in listed], budgets, skip=skip)
-
-
-# ----------------------------------------------------------------- the reconciler
 
 
 @dataclass
@@ -322,9 +95,9 @@ class DefragReconciler:
         self.evict = evict
         self.budget_per_hour = budget_per_hour
         self.cooldown = cooldown
-        self.nodes: dict[str, NodeView] = {}
+        self.nodes: dict[str, defrag_inputs.NodeView] = {}
         self.devices: dict[str, wire.Device] = {}
-        self.pods: dict[units.PodKey, PodFacts] = {}
+        self.pods: dict[units.PodKey, defrag_inputs.PodFacts] = {}
         self.budgets: dict[str, wire.PodDisruptionBudget] = {}
         self.evicted_at: deque[float] = deque()
         self.moved_for: dict[units.PodKey, float] = {}
@@ -341,18 +114,20 @@ class DefragReconciler:
         self.loop = reconcile.Loop("defrag", self.reconcile, rest_factor=REST_FACTOR)
 
     def informers(self) -> list[informer.Informer[Any, Any]]:
-        """Its own informers: pods (as `PodFacts`), Nodes and PodDisruptionBudgets (Devices come
+        """Its own informers: pods (as `defrag_inputs.PodFacts`), Nodes and PodDisruptionBudgets (Devices come
         from the controller's informer, through `on_device`)."""
         return [
-            informer.Informer(self.api, paths.PODS, wire.Pod, facts, self.on_pod, name="defrag-pods"),
-            informer.Informer(self.api, paths.NODES, wire.Node, node_view, self.on_node, name="defrag-nodes"),
+            informer.Informer(self.api, paths.PODS, wire.Pod, defrag_inputs.facts, self.on_pod,
+                              name="defrag-pods"),
+            informer.Informer(self.api, paths.NODES, wire.Node, defrag_inputs.node_view, self.on_node,
+                              name="defrag-nodes"),
             informer.Informer(self.api, paths.pod_disruption_budgets(), wire.PodDisruptionBudget,
                               informer.identity, self.on_budget, name="poddisruptionbudgets"),
         ]  # fmt: skip
 
     # ----------------------------------------------------------------- informer handlers
 
-    def on_pod(self, kind: wire.EventType, item: PodFacts) -> None:
+    def on_pod(self, kind: wire.EventType, item: defrag_inputs.PodFacts) -> None:
         self.changes += 1
         if kind == wire.EventType.DELETED:
             self.pods.pop(item.record.key, None)
@@ -362,7 +137,7 @@ class DefragReconciler:
         if item.pending:
             self.loop.wake()
 
-    def on_node(self, kind: wire.EventType, node: NodeView) -> None:
+    def on_node(self, kind: wire.EventType, node: defrag_inputs.NodeView) -> None:
         self.changes += 1
         if kind == wire.EventType.DELETED:
             self.nodes.pop(node.facts.name, None)
@@ -440,7 +215,7 @@ class DefragReconciler:
         self.counters.planned_gain_milli = result.gain_milli
         if not result.moves:
             return
-        for line in describe(result, allowed):
+        for line in defrag_wording.describe(result, allowed):
             log.info("defrag%s: %s", "" if self.evict else " (dry run)", line)
         for move in result.moves:
             if self.evict:
@@ -457,7 +232,7 @@ class DefragReconciler:
         item = self.pods.get(move.pod)
         if item is None:
             return
-        victims = ", ".join(victim_text(v) for v in move.victims)
+        victims = ", ".join(defrag_wording.victim_text(v) for v in move.victims)
         message = f"dry run: evicting {victims} would let this pod fit on {move.placed.node}"
         decision = "|".join(sorted(v.pod for v in move.victims))
         await self.recorder.record(_subject(item), "DefragPlanned", message, decision=decision)
@@ -494,24 +269,25 @@ class DefragReconciler:
         self.moved_for[move.pod] = self.clock()
         pending = self.pods.get(move.pod)
         if pending is not None:
-            message = f"evicted {', '.join(victim_text(v) for v in done)} so that this pod fits on {move.placed.node}"
+            evicted = ", ".join(defrag_wording.victim_text(v) for v in done)
+            message = f"evicted {evicted} so that this pod fits on {move.placed.node}"
             await self.recorder.record(_subject(pending), "DefragMoved", message,
                                        decision="|".join(sorted(v.pod for v in done)))  # fmt: skip
 
 
 def _work_out(
-    nodes: list[NodeView],
+    nodes: list[defrag_inputs.NodeView],
     devices_: list[wire.Device],
-    pod_facts: list[PodFacts],
+    pod_facts: list[defrag_inputs.PodFacts],
     budgets: list[wire.PodDisruptionBudget],
     skip: frozenset[units.PodKey],
     allowed: int,
-) -> tuple[Inputs, defrag.Plan]:
+) -> tuple[defrag_inputs.Inputs, defrag.Plan]:
     """The planner's inputs and its plan (in a worker thread: it reads only the frozen values given)."""
-    found = inputs(nodes, devices_, pod_facts, budgets, skip=skip)
-    return found, plan(found, allowed)
+    found = defrag_inputs.inputs(nodes, devices_, pod_facts, budgets, skip=skip)
+    return found, defrag_inputs.plan(found, allowed)
 
 
-def _subject(item: PodFacts) -> events.Subject:
+def _subject(item: defrag_inputs.PodFacts) -> events.Subject:
     namespace, _, name = item.record.key.partition("/")
     return events.pod(namespace, name, item.record.uid)

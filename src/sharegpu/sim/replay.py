@@ -319,134 +319,175 @@ def replay_dynamic(
     timed = [p for p in pods if p.creation_time is not None and p.deletion_time is not None]
     if not timed:
         raise ValueError("dynamic mode needs creation_time and deletion_time in the pod trace")
-    rng = np.random.default_rng(seed)
     first = float(min(p.creation_time or 0 for p in timed))
     arrival = [(float(p.creation_time or 0) - first) / time_scale for p in timed]
     duration = [max(0.0, float((p.deletion_time or 0) - (p.creation_time or 0))) for p in timed]
-    clock = VirtualClock(0.0)
-    origin = 0.0
     state = fleet.FleetState(nodes)
-    book = ledger.Ledger(state, clock=clock)
-    chooser = placer.Placer(state, policy, priority=rng.permutation(len(state)).astype(np.int64), seed=seed)
-    capacity = state.total_milli
-    events: list[_Event] = [_Event(arrival[i], 1, i, i) for i in range(len(timed))]
-    heapq.heapify(events)
-    seq = len(events)
-    waits: list[float] = []
-    placed_at: dict[int, float] = {}
-    times: list[float] = []
-    allocated: list[float] = []
-    queued: list[int] = []
-    allocated_milli = 0
+    priority = np.random.default_rng(seed).permutation(len(state)).astype(np.int64)
+    chooser = placer.Placer(state, policy, priority=priority, seed=seed)
+    replay = DynamicReplay(state, chooser, timed, arrival, duration, defrag_budget_per_hour)
+    return replay.run(started)
 
-    made: dict[int, requests.PodRequest] = {}
-    """The requests of the pods that arrived and have not left (made once: a waiting pod is tried often)."""
 
-    def request_of(index: int) -> requests.PodRequest:
-        found = made.get(index)
+class DynamicReplay:
+    """One dynamic replay (`replay_dynamic` sets it up): the virtual clock, the fleet's ledger, the
+    events to come, the waiting pods, and what is measured on the way. `run` plays it out, once."""
+
+    def __init__(
+        self,
+        state: fleet.FleetState,
+        chooser: placer.Placer,
+        timed: list[trace.TracePod],
+        arrival: list[float],
+        duration: list[float],
+        defrag_budget_per_hour: int,
+    ) -> None:
+        self.state = state
+        self.chooser = chooser
+        self.timed = timed
+        self.arrival = arrival
+        """Virtual arrival time of each pod (seconds since the first arrival)."""
+        self.duration = duration
+        """How long each pod runs once placed (seconds)."""
+        self.defrag_budget_per_hour = defrag_budget_per_hour
+        self.clock = VirtualClock(0.0)
+        self.book = ledger.Ledger(state, clock=self.clock)
+        self.capacity = state.total_milli
+        self.events = [_Event(arrival[i], 1, i, i) for i in range(len(timed))]
+        heapq.heapify(self.events)
+        self.seq = len(self.events)
+        """The next event's tie-breaker (events at one moment come out in the order they were made)."""
+        self.made: dict[int, requests.PodRequest] = {}
+        """The requests of the pods that arrived and have not left (made once: a waiting pod is tried often)."""
+        self.queue = Waiting(self._demand_of)
+        self.placed_at: dict[int, float] = {}
+        """Running pods: when each was placed."""
+        self.allocated_milli = 0
+        self.waits: list[float] = []
+        self.times: list[float] = []
+        self.allocated: list[float] = []
+        self.queued: list[int] = []
+        # Defragmentation
+        self.tenants = _Movable(self.book, timed)
+        self.evicted_at: deque[float] = deque()
+        """Virtual times of the evictions of the last hour."""
+        self.eviction_times: list[float] = []
+        self.planned_at = -DEFRAG_EVERY
+
+    def request_of(self, index: int) -> requests.PodRequest:
+        found = self.made.get(index)
         if found is None:
-            found = made[index] = timed[index].request(f"{timed[index].name}#{index}")
+            found = self.made[index] = self.timed[index].request(f"{self.timed[index].name}#{index}")
         return found
 
-    queue = Waiting(lambda index: request_of(index).demand)
+    def _demand_of(self, index: int) -> requests.GpuDemand:
+        return self.request_of(index).demand
 
-    def try_place(index: int, rows: fleet.IntArray | None = None) -> bool:
-        nonlocal seq, allocated_milli
-        pod = timed[index]
-        request = request_of(index)
-        decision = chooser.place(book, request, rows)
+    def run(self, started: float) -> DynamicResult:
+        """Every event in time order: an arrival is placed or waits, a departure frees its room for
+        the waiting pods; then the defragmenter may move pods, and the allocation is recorded.
+        `started`: `time.perf_counter()` when the replay was asked for (its wall time counts from there)."""
+        while self.events:
+            event = heapq.heappop(self.events)
+            self.clock.advance_to(event.at)
+            if event.kind == 1:
+                if not self.try_place(event.index):
+                    self.queue.append(event.index)
+            elif event.index in self.placed_at:
+                self.depart(event.index)
+            if self.defrag_budget_per_hour and self.queue:
+                self.defragment(self.queue)
+            self.times.append(self.clock.now)
+            self.allocated.append(self.allocated_milli / self.capacity * 100)
+            self.queued.append(len(self.queue))
+        return self.result(time.perf_counter() - started)
+
+    def try_place(self, index: int, rows: fleet.IntArray | None = None) -> bool:
+        """Place the pod (on `rows` only, when given) and start it; False when it fits nowhere."""
+        request = self.request_of(index)
+        decision = self.chooser.place(self.book, request, rows)
         if not decision.status.ok:
             return False
-        book.add(book.get(request.key).alloc)  # type: ignore[union-attr]  # confirm: bound at once
-        placed_at[index] = clock.now
-        waits.append(clock.now - arrival[index])
-        allocated_milli += pod.gpu_milli_total
-        heapq.heappush(events, _Event(clock.now + duration[index], 0, seq, index))
-        seq += 1
+        self.book.add(self.book.get(request.key).alloc)  # type: ignore[union-attr]  # confirm: bound at once
+        self._start(index)
         return True
 
-    evicted_at: deque[float] = deque()
-    """Virtual times of the evictions of the last hour."""
-    evictions = 0
-    eviction_times: list[float] = []
-    planned_at = -DEFRAG_EVERY
-    tenants = _Movable(book, timed)
+    def _start(self, index: int) -> None:
+        """The pod just placed runs from now for its recorded duration."""
+        now = self.clock.now
+        self.placed_at[index] = now
+        self.waits.append(now - self.arrival[index])
+        self.allocated_milli += self.timed[index].gpu_milli_total
+        heapq.heappush(self.events, _Event(now + self.duration[index], 0, self.seq, index))
+        self.seq += 1
 
-    def defragment(waiting: Waiting) -> None:
+    def depart(self, index: int) -> None:
+        """The pod leaves; the waiting pods are tried on the node it freed."""
+        pod = self.timed[index]
+        key = units.PodKey(f"{pod.name}#{index}")
+        entry = self.book.get(key)
+        assert entry is not None
+        freed = np.array([self.state.row_of[entry.alloc.node]], dtype=np.int64)
+        self.book.remove(key)
+        self.allocated_milli -= pod.gpu_milli_total
+        del self.placed_at[index]
+        del self.made[index]
+        # Only the freed node gained room, and every queued pod fitted nowhere when last tried:
+        # retry them in FIFO order on that node alone.
+        self.queue.retry(functools.partial(self.try_place, rows=freed))
+
+    def defragment(self, waiting: Waiting) -> None:
         """Plan for the first waiting pods and apply the moves (the pods moved in leave `waiting`)."""
-        nonlocal seq, allocated_milli, evictions, planned_at
-        if clock.now < planned_at + DEFRAG_EVERY:
+        now = self.clock.now
+        if now < self.planned_at + DEFRAG_EVERY:
             return
-        while evicted_at and evicted_at[0] <= clock.now - 3600.0:
-            evicted_at.popleft()
-        allowance = defrag_budget_per_hour - len(evicted_at)
+        while self.evicted_at and self.evicted_at[0] <= now - 3600.0:
+            self.evicted_at.popleft()
+        allowance = self.defrag_budget_per_hour - len(self.evicted_at)
         if allowance <= 0:
             return
-        planned_at = clock.now
+        self.planned_at = now
         heads = list(itertools.islice(waiting, DEFRAG_LOOKAHEAD))
-        pending = [defrag.Pending(request_of(i)) for i in heads]
-        plan = defrag.plan(book, chooser, tenants, pending, defrag.Limits(allowance))
+        pending = [defrag.Pending(self.request_of(i)) for i in heads]
+        plan = defrag.plan(self.book, self.chooser, self.tenants, pending, defrag.Limits(allowance))
         done: set[int] = set()
         for move in plan.moves:
-            for victim in move.victims:
-                book.remove(victim.pod)
-                evicted_at.append(clock.now)
-                eviction_times.append(clock.now - origin)
-                evictions += 1
-            index = int(move.pod.rpartition("#")[2])
-            result = book.add(move.placed)
-            assert result.ok, result
-            for victim in move.victims:
-                result = book.add(victim.after)
-                assert result.ok, result
-            placed_at[index] = clock.now
-            waits.append(clock.now - arrival[index])
-            allocated_milli += timed[index].gpu_milli_total
-            heapq.heappush(events, _Event(clock.now + duration[index], 0, seq, index))
-            seq += 1
-            done.add(index)
+            done.add(self._apply(move))
         waiting.discard(done)
 
-    while events:
-        event = heapq.heappop(events)
-        clock.advance_to(event.at)
-        pod = timed[event.index]
-        if event.kind == 1:
-            if not try_place(event.index):
-                queue.append(event.index)
-        elif event.index in placed_at:
-            key = units.PodKey(f"{pod.name}#{event.index}")
-            entry = book.get(key)
-            assert entry is not None
-            freed = np.array([state.row_of[entry.alloc.node]], dtype=np.int64)
-            book.remove(key)
-            allocated_milli -= pod.gpu_milli_total
-            del placed_at[event.index]
-            del made[event.index]
-            # Only the freed node gained room, and every queued pod fitted nowhere when last tried:
-            # retry them in FIFO order on that node alone.
-            queue.retry(functools.partial(try_place, rows=freed))
-        if defrag_budget_per_hour and queue:
-            defragment(queue)
-        times.append(clock.now - origin)
-        allocated.append(allocated_milli / capacity * 100)
-        queued.append(len(queue))
-    t = np.array(times)
-    a = np.array(allocated)
-    last_arrival = max(arrival)
-    window = t <= last_arrival
-    tw, aw = t[window], a[window]
-    span = tw[-1] - tw[0] if len(tw) > 1 else 0.0
-    mean_alloc = float(np.sum(aw[:-1] * np.diff(tw)) / span) if span > 0 else float(aw.mean() if len(aw) else 0.0)
-    return DynamicResult(
-        times=t,
-        allocated_pct=a,
-        queued=np.array(queued),
-        mean_allocated_pct=mean_alloc,
-        waits=np.array(waits),
-        never_placed=len(timed) - len(waits),
-        pods=len(timed),
-        wall_seconds=time.perf_counter() - started,
-        evictions=evictions,
-        eviction_times=tuple(eviction_times),
-    )
+    def _apply(self, move: defrag.Move) -> int:
+        """Evict the move's victims, place them again where the plan put them, and start the waiting
+        pod it was for (returned: its index)."""
+        for victim in move.victims:
+            self.book.remove(victim.pod)
+            self.evicted_at.append(self.clock.now)
+            self.eviction_times.append(self.clock.now)
+        index = int(move.pod.rpartition("#")[2])
+        result = self.book.add(move.placed)
+        assert result.ok, result
+        for victim in move.victims:
+            result = self.book.add(victim.after)
+            assert result.ok, result
+        self._start(index)
+        return index
+
+    def result(self, wall_seconds: float) -> DynamicResult:
+        """What the replay measured; the mean allocation is weighted by time up to the last arrival."""
+        t = np.array(self.times)
+        a = np.array(self.allocated)
+        arriving = t <= max(self.arrival)
+        tw, aw = t[arriving], a[arriving]
+        span = tw[-1] - tw[0] if len(tw) > 1 else 0.0
+        mean_alloc = float(np.sum(aw[:-1] * np.diff(tw)) / span) if span > 0 else float(aw.mean() if len(aw) else 0.0)
+        return DynamicResult(
+            times=t,
+            allocated_pct=a,
+            queued=np.array(self.queued),
+            mean_allocated_pct=mean_alloc,
+            waits=np.array(self.waits),
+            never_placed=len(self.timed) - len(self.waits),
+            pods=len(self.timed),
+            wall_seconds=wall_seconds,
+            evictions=len(self.eviction_times),
+            eviction_times=tuple(self.eviction_times),
+        )

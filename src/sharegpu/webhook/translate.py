@@ -5,6 +5,12 @@ Pure functions over a pod manifest: no I/O. `translate(pod)` reads the pod throu
 audit line per translation, or raises InvalidRequestError with a message a person can act on. The
 table of formats is in docs/admission.md; every row has a test.
 
+Each format has one reader: `_RESOURCE_READERS` for those stated in a container's resources
+(sharegpu's own, nvidia.com/gpu in percent, Koordinator, Aliyun, tkestack, HAMi, Volcano), read
+container by container, then `_ANNOTATION_READERS` for those stated in pod annotations (KubeShare,
+KAI). What they find goes through one writer (`_Translation.write`); `_Translation.finish` then
+sets the pod-wide annotations (GPU models, burst limit, memory ratio).
+
 Canonical form (see sharegpu.api.names): whole GPUs stay `nvidia.com/gpu: N` (the NVIDIA device
 plugin hands them over); shares become `sharegpu.io/gpu: N` (only above 1), `sharegpu.io/gpu-milli: M` and
 `sharegpu.io/gpu-memory: MiB`, with the burst limit, memory ratio, models and co-tenancy rules as
@@ -17,6 +23,8 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from sharegpu.api import names, pods, quantity, wire
@@ -161,6 +169,21 @@ def _koordinator_shared(
     return share
 
 
+def _whole_sharegpu(res: Json) -> _Share | None:
+    """sharegpu.io/gpu: N with no share of compute (gpu-milli absent or 1000) and no memory: N whole
+    GPUs, which the device plugin hands over (nvidia.com/gpu); None for a share."""
+    if names.GPU not in res or names.GPU_MEMORY in res:
+        return None
+    if names.GPU_MILLI in res and quantity.integer(res[names.GPU_MILLI], names.GPU_MILLI, 1, units.MILLI_PER_GPU) != (
+        units.MILLI_PER_GPU
+    ):
+        return None
+    share = _Share()
+    share.count = quantity.integer(res[names.GPU], names.GPU, 0, units.MAX_GPUS_PER_NODE)
+    share.whole = True
+    return share if share.count else None
+
+
 def _nvidia_percent(res: Json) -> _Share | None:
     """`nvidia.com/gpu` above any node's GPU count can only be percent of a GPU (Koordinator's
     convention, as koordinator.sh/gpu): a multiple of 100 is that many whole GPUs, 64..99 a share of
@@ -180,6 +203,12 @@ def _nvidia_percent(res: Json) -> _Share | None:
             f"in percent (a multiple of 100); for a share of one GPU write koordinator.sh/gpu: 1..100 or "
             f"{names.GPU_MILLI}"
         )
+    return share
+
+
+def _aliyun(res: Json) -> _Share:
+    share = _Share()
+    share.memory_mib = 1024 * quantity.integer(res[ALIYUN_MEMORY], f"{ALIYUN_MEMORY} (GiB)", 1, 1 << 20)
     return share
 
 
@@ -304,8 +333,167 @@ def _kubeshare(notes: Json) -> tuple[_Share, int | None]:
     return share, limit
 
 
+# ----------------------------------------------------------------- the table of readers
+
+_RESOURCE_READERS: dict[str, Callable[[Json], _Share | None]] = {
+    "sharegpu": _whole_sharegpu,
+    "nvidia": _nvidia_percent,
+    "koordinator": _koordinator,
+    "aliyun": _aliyun,
+    "tkestack": _tkestack,
+    "hami": _hami,
+    "volcano": _volcano,
+}
+"""Per format stated in a container's resources, its reader: the share asked, or None when there is
+nothing to translate (a share already in sharegpu's form; a count of whole GPUs in nvidia.com/gpu).
+"nvidia" is nvidia.com/gpu alone; the other formats are those of FORMATS."""
+_BESIDE_NVIDIA_GPU = frozenset({"sharegpu", "nvidia", "hami"})
+"""Formats not refused beside nvidia.com/gpu (HAMi counts its GPUs with it)."""
+_REPLACED = (*(key for keys in FORMATS.values() for key in keys), names.NVIDIA_GPU)
+"""The resources a translated container's GPU request is written over."""
+
+
+def _format_of(name: str, res: Json) -> str | None:
+    """The one request format of a container's resources (a key of `_RESOURCE_READERS`); None when
+    it asks for no GPU."""
+    formats = _formats_in(res)
+    if len(formats) > 1:
+        raise errors.InvalidRequestError(f"container {name} mixes GPU request formats ({', '.join(formats)}); use one")
+    if formats:
+        return formats[0]
+    return "nvidia" if names.NVIDIA_GPU in res else None
+
+
 def _formats_in(res: Json) -> list[str]:
     return [name for name, keys in FORMATS.items() if any(k in res for k in keys)]
+
+
+def _asked(fmt: str, res: Json) -> str:
+    """A container's GPU request in its own format's words, for the audit line."""
+    if fmt == "nvidia":
+        return f"{names.NVIDIA_GPU}={res[names.NVIDIA_GPU]} (percent of a GPU)"
+    keys = (names.GPU, names.GPU_MILLI) if fmt == "sharegpu" else FORMATS[fmt]
+    if fmt == "hami" and names.NVIDIA_GPU in res:
+        keys = (names.NVIDIA_GPU, *keys)
+    return ", ".join(f"{k}={res[k]}" for k in keys if k in res)
+
+
+@dataclass(frozen=True, slots=True)
+class _Ask:
+    """A GPU request found on the pod, for one container."""
+
+    name: str
+    """The container, as audit lines and messages name it."""
+    container: Json
+    """Its manifest in the canonical pod (written into)."""
+    share: _Share | None
+    """What it asks for; None: a share already in sharegpu's form that states compute (nothing to write)."""
+    asked: str = ""
+    """The request in its own format's words."""
+
+
+def _container_ask(name: str, container: Json, res: Json) -> _Ask | None:
+    """What a container's resources ask for, read by its format's reader; None: nothing to translate
+    (no GPU, whole GPUs counted in nvidia.com/gpu, a share without compute in sharegpu's form)."""
+    fmt = _format_of(name, res)
+    if fmt is None:
+        return None
+    found = _read(fmt, name, res)
+    if found is not None:
+        return _Ask(name, container, found, _asked(fmt, res))
+    if fmt == "sharegpu" and names.GPU_MILLI in res:
+        return _Ask(name, container, None)  # already canonical, and it states compute
+    return None
+
+
+def _read(fmt: str, name: str, res: Json) -> _Share | None:
+    """The format's reader on a container's resources. Its refusals name the container, but for
+    sharegpu's own names (they name the resource)."""
+    reader = _RESOURCE_READERS[fmt]
+    if fmt == "sharegpu":
+        return reader(res)
+    try:
+        found = reader(res)
+        if fmt not in _BESIDE_NVIDIA_GPU and names.NVIDIA_GPU in res:
+            raise errors.InvalidRequestError(f"{names.NVIDIA_GPU} cannot be combined with {fmt} resources")
+    except errors.InvalidRequestError as exc:
+        raise errors.InvalidRequestError(f"container {name}: {exc}") from None
+    return found
+
+
+# ----------------------------------------------------------------- the writer
+
+
+class _Translation:
+    """The canonical pod being written: a copy of the author's, its annotations and containers, the
+    audit lines, and what the pod-wide annotations depend on (memory ratios, which shares state compute)."""
+
+    def __init__(self, pod: Json, typed: wire.Pod) -> None:
+        self.out = copy.deepcopy(pod)
+        self.had_annotations = "annotations" in (pod.get("metadata") or {})
+        self.meta: Json = self.out.setdefault("metadata", {})
+        self.notes: Json = self.meta.setdefault("annotations", {})
+        spec = self.out.setdefault("spec", {})
+        manifests = [("initContainers", c) for c in spec.get("initContainers") or []] + [
+            ("containers", c) for c in spec.get("containers") or []
+        ]
+        typed_containers = pods.containers(typed)
+        self.containers = [
+            (kind, manifest, read.resources.merged())
+            for (kind, manifest), (_, read) in zip(manifests, typed_containers, strict=True)
+        ]
+        """(kind, manifest, resources as read) of every container, init containers first."""
+        self.audit: list[str] = []
+        self.permille: set[int] = set()
+        self.memory_only: list[str] = []
+        """Containers whose share states memory but no compute: they may burst to the whole GPU."""
+        self.with_compute: list[str] = []
+
+    def write(self, ask: _Ask) -> None:
+        """Replace the container's GPU resources by the canonical ones, with an audit line."""
+        share = ask.share
+        if share is None:
+            self.with_compute.append(ask.name)
+            return
+        canonical = _canonical(share)
+        for table in _resources(ask.container):
+            for key in _REPLACED:
+                table.pop(key, None)
+            table.update(canonical)
+        written = ", ".join(f"{k}={v}" for k, v in canonical.items())
+        self.audit.append(f"{ask.name}: {ask.asked} -> {written}")
+        if share.permille:
+            self.permille.add(share.permille)
+        if not share.whole:
+            (self.with_compute if share.milli is not None else self.memory_only).append(ask.name)
+
+    def finish(self, models: frozenset[str]) -> None:
+        """The pod-wide annotations: GPU models, the burst limit of memory-only shares, the memory ratio."""
+        selected = gpu_models(self.notes, models)
+        if selected is not None:
+            self.notes[names.MODELS], line = selected
+            self.audit.append(line)
+        if self.memory_only:
+            _burst_to_whole_gpu(self.notes, self.memory_only, self.with_compute, self.audit)
+        if self.permille:
+            if len(self.permille) > 1:
+                raise errors.InvalidRequestError("containers of one pod ask for different GPU memory ratios")
+            self.notes[names.MEMORY_PERMILLE] = str(self.permille.pop())
+        if not self.notes and not self.had_annotations:
+            del self.meta["annotations"]  # nothing added: the canonical pod is the author's, no empty map
+
+
+def _canonical(share: _Share) -> dict[str, str]:
+    """The canonical resources of a share."""
+    if share.whole:
+        return {names.NVIDIA_GPU: str(share.count)}
+    # One GPU is the default: leaving sharegpu.io/gpu out spares kube-scheduler a name check per
+    # node and pod (it validates every extended resource name of a pod on every node).
+    canonical = {names.GPU: str(share.count)} if share.count != 1 else {}
+    canonical[names.GPU_MILLI] = str(share.milli or 1)
+    if share.memory_mib:
+        canonical[names.GPU_MEMORY] = str(share.memory_mib)
+    return canonical
 
 
 def _resources(container: Json) -> tuple[Json, Json]:
@@ -318,151 +506,63 @@ def _resources(container: Json) -> tuple[Json, Json]:
     return resources["limits"], resources["requests"]
 
 
-def _whole_sharegpu(res: dict[str, Any]) -> _Share | None:
-    """sharegpu.io/gpu: N with no share of compute (gpu-milli absent or 1000) and no memory: N whole
-    GPUs, which the device plugin hands over (nvidia.com/gpu); None for a share."""
-    if names.GPU not in res or names.GPU_MEMORY in res:
-        return None
-    if names.GPU_MILLI in res and quantity.integer(res[names.GPU_MILLI], names.GPU_MILLI, 1, units.MILLI_PER_GPU) != (
-        units.MILLI_PER_GPU
-    ):
-        return None
-    share = _Share()
-    share.count = quantity.integer(res[names.GPU], names.GPU, 0, units.MAX_GPUS_PER_NODE)
-    share.whole = True
-    return share if share.count else None
+# ----------------------------------------------------------------- formats stated in pod annotations
 
 
-def _write(container: Json, share: _Share) -> str:
-    """Replace the container's GPU resources by the canonical ones; returns what was written."""
-    limits, requests = _resources(container)
-    if share.whole:
-        canonical = {names.NVIDIA_GPU: str(share.count)}
-    else:
-        # One GPU is the default: leaving sharegpu.io/gpu out spares kube-scheduler a name check per
-        # node and pod (it validates every extended resource name of a pod on every node).
-        canonical = {names.GPU: str(share.count)} if share.count != 1 else {}
-        canonical[names.GPU_MILLI] = str(share.milli or 1)
-        if share.memory_mib:
-            canonical[names.GPU_MEMORY] = str(share.memory_mib)
-    for table in (limits, requests):
-        for keys in FORMATS.values():
-            for key in keys:
-                table.pop(key, None)
-        table.pop(names.NVIDIA_GPU, None)
-        table.update(canonical)
-    return ", ".join(f"{k}={v}" for k, v in canonical.items())
-
-
-def translate(pod: Json, models: frozenset[str] = frozenset()) -> tuple[Json, list[str]]:
-    """The canonical pod and what was translated; InvalidRequestError for what cannot be. `models`:
-    the GPU models of the cluster's inventory (HAMi's model selectors are matched against them)."""
-    typed = wire.convert(pod, wire.Pod)  # a mistyped manifest is refused here, with the path to the field
-    out = copy.deepcopy(pod)
-    meta = out.setdefault("metadata", {})
-    notes = meta.setdefault("annotations", {})
-    spec = out.setdefault("spec", {})
-    audit: list[str] = []
-    kubeshare = any(k in notes for k in (*KUBESHARE_KEYS, *KUBESHARE_RULES))
-    permille: set[int] = set()
-    manifests = [("initContainers", c) for c in spec.get("initContainers") or []] + [
-        ("containers", c) for c in spec.get("containers") or []
-    ]
-    containers = [(kind, manifest, read.resources.merged())
-                  for (kind, manifest), (_, read) in zip(manifests, pods.containers(typed), strict=True)]  # fmt: skip
-    memory_only: list[str] = []
-    """Containers whose share states memory but no compute: they may burst to the whole GPU."""
-    with_compute: list[str] = []
-    for position, (_, container, res) in enumerate(containers):
-        name = container.get("name") or f"#{position}"
-        formats = _formats_in(res)
-        hami = "hami" in formats
-        whole = _whole_sharegpu(res) if formats == ["sharegpu"] else None
-        if formats == ["sharegpu"] and names.GPU_MILLI in res and whole is None:
-            with_compute.append(name)
-        if len(formats) > 1:
-            raise errors.InvalidRequestError(
-                f"container {name} mixes GPU request formats ({', '.join(formats)}); use one"
-            )
-        try:
-            if not formats and names.NVIDIA_GPU in res:
-                found = _nvidia_percent(res)
-                if found is None:
-                    continue  # a count of whole GPUs: the device plugin's own protocol
-                share, before = found, f"{names.NVIDIA_GPU}={res[names.NVIDIA_GPU]} (percent of a GPU)"
-            elif whole is not None:
-                share, before = whole, ", ".join(f"{k}={res[k]}" for k in (names.GPU, names.GPU_MILLI) if k in res)
-            elif not formats or formats == ["sharegpu"]:
-                continue
-            else:
-                fmt = formats[0]
-                share = _READERS[fmt](res)
-                if not hami and names.NVIDIA_GPU in res:
-                    raise errors.InvalidRequestError(f"{names.NVIDIA_GPU} cannot be combined with {fmt} resources")
-                before = ", ".join(f"{k}={res[k]}" for keys in FORMATS.values() for k in keys if k in res)
-                if hami and names.NVIDIA_GPU in res:
-                    before = f"{names.NVIDIA_GPU}={res[names.NVIDIA_GPU]}, {before}"
-        except errors.InvalidRequestError as exc:
-            raise errors.InvalidRequestError(f"container {name}: {exc}") from None
-        if share.permille:
-            permille.add(share.permille)
-        if not share.whole:
-            (with_compute if share.milli is not None else memory_only).append(name)
-        audit.append(f"{name}: {before} -> {_write(container, share)}")
-    if kubeshare:
-        share, limit = _kubeshare(notes)
-        asks = KUBESHARE_REQUEST in notes or KUBESHARE_MEMORY in notes
+def _kubeshare_pod(pod: _Translation) -> None:
+    """KubeShare's annotations: the share goes to the first app container, the limit becomes the
+    burst limit, the scheduling rules become sharegpu's."""
+    notes = pod.notes
+    share, limit = _kubeshare(notes)
+    if KUBESHARE_REQUEST in notes or KUBESHARE_MEMORY in notes:
         kai = [k for k in KAI_KEYS if k in notes]
-        if asks and kai:
+        if kai:
             theirs = [k for k in (KUBESHARE_REQUEST, KUBESHARE_MEMORY) if k in notes]
             raise errors.InvalidRequestError(
                 f"the pod states its GPU share twice, in KubeShare's annotations ({', '.join(theirs)}) and in KAI's "
                 f"({', '.join(kai)}): keep one"
             )
-        if asks:
-            target = _annotated_target(
-                containers, "KubeShare annotations", "a KubeShare pod needs at least one container"
-            )
-            written = _write(target, share)
-            audit.append(f"{target.get('name')}: KubeShare annotations -> {written}")
-            if limit is not None and not share.whole:
-                notes[names.LIMIT_MILLI] = str(limit)
-            elif share.milli is None and not share.whole:
-                memory_only.append(str(target.get("name")))
-        for source, target_key in KUBESHARE_RULES.items():
-            if source in notes:
-                if target_key in notes and notes[target_key] != notes[source]:
-                    raise errors.InvalidRequestError(f"{source} and {target_key} disagree")
-                notes[target_key] = notes[source]
-                audit.append(f"pod: {source}={notes[source]} -> {target_key}")
-    if any(k in notes for k in KAI_KEYS):
-        share = _kai(notes)
-        wanted = notes.get(KAI_CONTAINER)
         target = _annotated_target(
-            containers,
-            "KAI's GPU annotations",
-            f"{KAI_CONTAINER}: no container {wanted!r}" if wanted else "a KAI GPU pod needs a container",
-            wanted,
+            pod.containers, "KubeShare annotations", "a KubeShare pod needs at least one container"
         )
-        asked = ", ".join(f"{k}={notes[k]}" for k in (KAI_FRACTION, KAI_MEMORY, KAI_DEVICES) if k in notes)
-        audit.append(f"{target.get('name')}: {asked} -> {_write(target, share)}")
-        if share.permille:
-            permille.add(share.permille)
-        if not share.whole:
-            (with_compute if share.milli is not None else memory_only).append(str(target.get("name")))
-    selected = gpu_models(notes, models)
-    if selected is not None:
-        notes[names.MODELS], line = selected
-        audit.append(line)
-    if memory_only:
-        _burst_to_whole_gpu(notes, memory_only, with_compute, audit)
-    if permille:
-        if len(permille) > 1:
-            raise errors.InvalidRequestError("containers of one pod ask for different GPU memory ratios")
-        notes[names.MEMORY_PERMILLE] = str(permille.pop())
-    if not notes and "annotations" not in (pod.get("metadata") or {}):
-        del meta["annotations"]  # nothing added: the canonical pod is the author's, no empty map
-    return out, audit
+        pod.write(_Ask(str(target.get("name")), target, share, "KubeShare annotations"))
+        if limit is not None and not share.whole:
+            notes[names.LIMIT_MILLI] = str(limit)
+    _kubeshare_rules(notes, pod.audit)
+
+
+def _kubeshare_rules(notes: Json, audit: list[str]) -> None:
+    """KubeShare's scheduling rules (affinity, anti-affinity, exclusion, GPU id) as sharegpu's annotations."""
+    for source, target_key in KUBESHARE_RULES.items():
+        if source not in notes:
+            continue
+        if target_key in notes and notes[target_key] != notes[source]:
+            raise errors.InvalidRequestError(f"{source} and {target_key} disagree")
+        notes[target_key] = notes[source]
+        audit.append(f"pod: {source}={notes[source]} -> {target_key}")
+
+
+def _kai_pod(pod: _Translation) -> None:
+    """KAI Scheduler's annotations: the share goes to the container they name, or the first app container."""
+    notes = pod.notes
+    share = _kai(notes)
+    wanted = notes.get(KAI_CONTAINER)
+    target = _annotated_target(
+        pod.containers,
+        "KAI's GPU annotations",
+        f"{KAI_CONTAINER}: no container {wanted!r}" if wanted else "a KAI GPU pod needs a container",
+        wanted,
+    )
+    asked = ", ".join(f"{k}={notes[k]}" for k in (KAI_FRACTION, KAI_MEMORY, KAI_DEVICES) if k in notes)
+    pod.write(_Ask(str(target.get("name")), target, share, asked))
+
+
+_ANNOTATION_READERS: dict[str, tuple[tuple[str, ...], Callable[[_Translation], None]]] = {
+    "kubeshare": ((*KUBESHARE_KEYS, *KUBESHARE_RULES), _kubeshare_pod),
+    "kai": (KAI_KEYS, _kai_pod),
+}
+"""Per format stated in pod annotations (after the containers' resources are read, in this order):
+the annotations that mean the pod uses it, and its reader, which writes what it finds."""
 
 
 def _annotated_target(
@@ -494,16 +594,20 @@ def _burst_to_whole_gpu(notes: Json, memory_only: list[str], with_compute: list[
     audit.append(f"pod: memory only ({', '.join(memory_only)}) -> {names.LIMIT_MILLI}={units.MILLI_PER_GPU}")
 
 
-def _aliyun(res: Json) -> _Share:
-    share = _Share()
-    share.memory_mib = 1024 * quantity.integer(res[ALIYUN_MEMORY], f"{ALIYUN_MEMORY} (GiB)", 1, 1 << 20)
-    return share
+# ----------------------------------------------------------------- the translation
 
 
-_READERS = {
-    "koordinator": _koordinator,
-    "aliyun": _aliyun,
-    "tkestack": _tkestack,
-    "hami": _hami,
-    "volcano": _volcano,
-}
+def translate(pod: Json, models: frozenset[str] = frozenset()) -> tuple[Json, list[str]]:
+    """The canonical pod and what was translated; InvalidRequestError for what cannot be. `models`:
+    the GPU models of the cluster's inventory (HAMi's model selectors are matched against them)."""
+    typed = wire.convert(pod, wire.Pod)  # a mistyped manifest is refused here, with the path to the field
+    found = _Translation(pod, typed)
+    for position, (_, container, res) in enumerate(found.containers):
+        ask = _container_ask(container.get("name") or f"#{position}", container, res)
+        if ask is not None:
+            found.write(ask)
+    for keys, read in _ANNOTATION_READERS.values():
+        if any(k in found.notes for k in keys):
+            read(found)
+    found.finish(models)
+    return found.out, found.audit
