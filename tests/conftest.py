@@ -3,16 +3,23 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
+from sharegpu.api import names
 from sharegpu.core import devices, fleet, ledger, requests
+from sharegpu.devcluster import stack
 from tests.agent import cudastubs
 
 REPO = Path(__file__).resolve().parent.parent
+Json = dict[str, Any]
 
 
 def openb_dir() -> Path | None:
@@ -74,3 +81,32 @@ async def eventually(check: Callable[[], bool], what: str, timeout: float = 5.0)
             return
         await asyncio.sleep(0.01)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+# ---------------------------------------------------------------------------- the Helm chart, rendered
+
+
+@functools.cache
+def helm() -> str:
+    """The pinned helm (scripts/tools installs it and prints its path)."""
+    return subprocess.run([REPO / "scripts" / "tools"], check=True, capture_output=True, text=True).stdout.strip()
+
+
+def run_helm(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([helm(), *args], capture_output=True, text=True, check=False)
+
+
+@functools.cache
+def render(version: str, *settings: str) -> list[Json]:
+    """The chart's documents for Kubernetes `version`, with `--set` settings."""
+    args = ["template", "sharegpu", str(stack.CHART), "-n", names.SYSTEM_NAMESPACE, "--kube-version", version]
+    for setting in settings:
+        args += ["--set", setting]
+    done = run_helm(*args)
+    assert done.returncode == 0, done.stderr
+    return [d for d in yaml.safe_load_all(done.stdout) if d]
+
+
+def one(docs: list[Json], kind: str, name: str) -> Json:
+    (found,) = [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name]
+    return found

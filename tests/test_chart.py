@@ -6,10 +6,8 @@ configurations as the webhook itself registers them; values checked by the schem
 from __future__ import annotations
 
 import base64
-import functools
 import socket
 import ssl
-import subprocess
 import threading
 from pathlib import Path
 from typing import Any
@@ -22,36 +20,12 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from sharegpu.api import names
 from sharegpu.devcluster import stack
 from sharegpu.webhook import config
+from tests.conftest import one, render, run_helm
 
-ROOT = Path(__file__).resolve().parents[1]
 FIELDS = Path(__file__).parent / "data" / "scheduler-config"
 VERSIONS = ("1.32.2", "1.34.0", "1.37.2")
 """The two ends of the range the chart admits (both run in the integration suite), and one between."""
 Json = dict[str, Any]
-
-
-@functools.cache
-def helm() -> str:
-    return subprocess.run([ROOT / "scripts" / "tools"], check=True, capture_output=True, text=True).stdout.strip()
-
-
-def run_helm(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([helm(), *args], capture_output=True, text=True, check=False)
-
-
-@functools.cache
-def render(version: str, *settings: str) -> list[Json]:
-    args = ["template", "sharegpu", str(stack.CHART), "-n", names.SYSTEM_NAMESPACE, "--kube-version", version]
-    for setting in settings:
-        args += ["--set", setting]
-    done = run_helm(*args)
-    assert done.returncode == 0, done.stderr
-    return [d for d in yaml.safe_load_all(done.stdout) if d]
-
-
-def one(docs: list[Json], kind: str, name: str) -> Json:
-    (found,) = [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name]
-    return found
 
 
 @pytest.mark.parametrize("version", VERSIONS)

@@ -26,8 +26,8 @@ from sharegpu.devcluster import stack
 from sharegpu.extender import runtime as extender_runtime
 from sharegpu.kube import client, fake
 from sharegpu.webhook import admission, server
-from tests.agent.test_inventory import FILE, write
-from tests.test_chart import one, render
+from tests.builders import NVML_FILE, write_nvml
+from tests.conftest import one, render
 
 DASHBOARD = stack.CHART / "dashboards" / "sharegpu.json"
 Json = dict[str, Any]
@@ -134,7 +134,7 @@ async def exported(tmp_path: Path) -> AsyncIterator[set[str]]:
     """The sample names every component's registry exposes, each component built over the fakes."""
     api = client.KubeClient(fake.FakeApiServer())
     nvml = tmp_path / "nvml.yaml"
-    write(nvml, FILE)
+    write_nvml(nvml, NVML_FILE)
     registries: list[prometheus_client.CollectorRegistry] = [
         extender_runtime.Extender(api, extender_runtime.Options(leader_elect=False)).metrics.registry,
         controller_runtime.Controller(api, controller_runtime.Options(leader_elect=False)).metrics.registry,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import msgspec
@@ -10,27 +9,13 @@ import pytest
 
 from sharegpu.agent import fakenvml, inventory, nvml
 from sharegpu.api import names, wire
-from sharegpu.core import allocation, units
-
-FILE = """
-gpus:
-  - {uuid: GPU-0, model: NVIDIA A100-SXM4-80GB, memoryMiB: 81920, pcieSwitch: 0}
-  - {uuid: GPU-1, model: NVIDIA A100-SXM4-80GB, memoryMiB: 81920, pcieSwitch: 0}
-  - {uuid: GPU-2, model: NVIDIA A100-SXM4-80GB, memoryMiB: 81920, numaNode: 1}
-nvlinks: [{a: 0, b: 1, count: 12}]
-processes: [{pid: 42, gpu: 2, usedMiB: 2048}]
-"""
-
-
-def write(path: Path, text: str) -> None:
-    path.write_text(text)
-    stamp = path.stat().st_mtime_ns + 1_000_000_000  # a new modification time, however fast the test
-    os.utime(path, ns=(stamp, stamp))
+from sharegpu.core import units
+from tests.builders import NVML_FILE, MakeAllocation, write_nvml
 
 
 def test_the_fake_reads_its_file_and_derives_the_topology(tmp_path: Path) -> None:
     path = tmp_path / "nvml.yaml"
-    write(path, FILE)
+    write_nvml(path, NVML_FILE)
     fake = fakenvml.FakeNvml(path).open()
     assert [(g.index, g.uuid, g.minor, g.pcie_switch, g.numa_node) for g in fake.gpus()] == [
         (0, "GPU-0", 0, 0, 0), (1, "GPU-1", 1, 0, 0), (2, "GPU-2", 2, None, 1)
@@ -55,7 +40,7 @@ def test_the_fake_reads_its_file_and_derives_the_topology(tmp_path: Path) -> Non
 )
 def test_a_malformed_file_is_refused_naming_what_is_wrong(tmp_path: Path, text: str, message: str) -> None:
     path = tmp_path / "nvml.yaml"
-    write(path, text)
+    write_nvml(path, text)
     with pytest.raises(fakenvml.FakeNvmlError) as refused:
         fakenvml.FakeNvml(path).open()
     assert message in str(refused.value) and str(path) in str(refused.value)
@@ -63,18 +48,18 @@ def test_a_malformed_file_is_refused_naming_what_is_wrong(tmp_path: Path, text: 
 
 def test_changes_while_running_faults_and_xids_delivered_once(tmp_path: Path) -> None:
     path = tmp_path / "nvml.yaml"
-    write(path, FILE)
+    write_nvml(path, NVML_FILE)
     fake = fakenvml.FakeNvml(path).open()
-    write(path, FILE + "faults: {unreadable: [1]}\nxids: [{gpu: 0, code: 79}]\n")
+    write_nvml(path, NVML_FILE + "faults: {unreadable: [1]}\nxids: [{gpu: 0, code: 79}]\n")
     assert fake.refresh()
     assert fake.unreadable() == {"GPU-1"}
     assert fake.xid_events(0) == [nvml.Xid("GPU-0", 79)]
     assert fake.xid_events(0) == []  # once
-    write(path, FILE + "faults: {unreadable: [1]}\nxids: [{gpu: 0, code: 79}, {gpu: 2, code: 13}]\n")
+    write_nvml(path, NVML_FILE + "faults: {unreadable: [1]}\nxids: [{gpu: 0, code: 79}, {gpu: 2, code: 13}]\n")
     assert fake.xid_events(100) == [nvml.Xid("GPU-2", 13)]
-    write(path, "gpus: [{uuid: a, memoryMiB: 0}]")  # broken: the last good configuration stays
+    write_nvml(path, "gpus: [{uuid: a, memoryMiB: 0}]")  # broken: the last good configuration stays
     assert not fake.refresh() and len(fake.gpus()) == 3
-    write(path, "gpus: []\nfaults: {library: true}\n")
+    write_nvml(path, "gpus: []\nfaults: {library: true}\n")
     with pytest.raises(nvml.NvmlUnavailableError, match="NVML cannot be loaded here"):
         fakenvml.FakeNvml(path).open()
 
@@ -123,9 +108,7 @@ def test_node_labels_and_the_gpus_pods_hold() -> None:
     assert inventory.node_labels(sick)[inventory.HEALTHY_LABEL] == "1", "a GPU's health changes the Node"
     offered = msgspec.structs.replace(spec, isolation=["mps"])
     assert inventory.node_labels(offered)["sharegpu.io/isolation-mps"] == "true"
-    grant = allocation.DeviceGrant(1, 500, 0, 500)
-    alloc = allocation.Allocation(units.pod_key("ns", "s"), units.NodeName("n0"),
-                                  (allocation.ContainerAllocation("main", (grant,)),))  # fmt: skip
+    alloc = MakeAllocation(units.pod_key("ns", "s"), "n0").grant(1, 500).obj()
     pods = [
         wire.Pod(metadata=wire.ObjectMeta(name="s", namespace="ns", annotations={names.ALLOCATION: alloc.to_json()})),
         wire.Pod(metadata=wire.ObjectMeta(name="r", namespace="x", annotations={names.GPU_UUID: "A"})),

@@ -23,6 +23,7 @@ import pytest
 from sharegpu.agent import mps
 from sharegpu.api import handoff
 from sharegpu.core import errors
+from tests.agent.conftest import gone
 from tests.agent.fake_mps_daemon import connect, servers, started, write_fake_daemon
 
 FAST = mps.Backoff(first=0.05, most=0.4, settled=30.0)
@@ -33,15 +34,6 @@ async def until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, "timed out waiting"
         await asyncio.sleep(0.01)
-
-
-def gone(pid: int) -> bool:
-    """Whether the process has exited (a zombie nobody reaped yet has)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return True
-    return state in ("Z", "X")
 
 
 def waits(caplog: pytest.LogCaptureFixture) -> list[float]:

@@ -17,20 +17,17 @@ import prometheus_client
 from sharegpu.agent import cudaprobe, fakekubelet, fakenvml, hamicore, inventory, mps, podresources, proof, watchdog
 from sharegpu.agent import runtime as agent_runtime
 from sharegpu.api import names, paths, wire
-from sharegpu.core import allocation, units
 from sharegpu.kube import client, fake
 from tests.agent import cudastubs
+from tests.agent.conftest import gone
 from tests.agent.fake_mps_daemon import write_fake_daemon
-from tests.agent.test_inventory import FILE, write
-from tests.agent.test_mps import gone
+from tests.builders import NVML_FILE, Json, MakeAllocation, MakeNode, MakePod, write_bytes, write_nvml
 from tests.extender.conftest import settle
 
 
-def write_bytes(path: Path, data: bytes) -> None:
-    """Replace a file with a new modification time, however fast the test."""
-    path.write_bytes(data)
-    stamp = path.stat().st_mtime_ns + 1_000_000_000
-    os.utime(path, ns=(stamp, stamp))
+def running(pod: MakePod) -> Json:
+    """The pod running on n0 in its one container."""
+    return pod.node("n0").container().phase("Running").obj()
 
 
 async def first_pass(agent: agent_runtime.Agent) -> None:
@@ -54,9 +51,9 @@ async def one_pass(agent: agent_runtime.Agent, server: fake.FakeApiServer) -> wi
 
 async def test_the_agent_publishes_and_keeps_its_nodes_device(tmp_path: Path) -> None:
     server = fake.FakeApiServer()
-    node = server.put_object(paths.NODES, {"metadata": {"name": "n0"}})
+    node = server.put_object(paths.NODES, MakeNode("n0").obj())
     path = tmp_path / "nvml.yaml"
-    write(path, FILE)
+    write_nvml(path, NVML_FILE)
     agent = agent_runtime.Agent(
         client.KubeClient(server), "n0", fakenvml.FakeNvml(path).open(), agent_runtime.Options(interval=3600)
     )
@@ -74,21 +71,20 @@ async def test_the_agent_publishes_and_keeps_its_nodes_device(tmp_path: Path) ->
         assert (await one_pass(agent, server)).metadata.resource_version == version  # nothing changed: no write
 
         # A pod holds GPU-2 (a reservation reported it); GPU-1 cannot be read; GPU-2 leaves NVML.
-        server.put_object(paths.pods("sharegpu-system"), {
-            "metadata": {"name": "r", "annotations": {names.GPU_UUID: "GPU-2"}}, "spec": {"nodeName": "n0"},
-        })  # fmt: skip
-        server.put_object(paths.pods("other"), {
-            "metadata": {"name": "elsewhere", "annotations": {names.GPU_UUID: "GPU-0"}}, "spec": {"nodeName": "n1"},
-        })  # fmt: skip
-        write(path, FILE.replace("  - {uuid: GPU-2, model: NVIDIA A100-SXM4-80GB, memoryMiB: 81920, numaNode: 1}\n", "")
-              .replace("processes: [{pid: 42, gpu: 2, usedMiB: 2048}]", "faults: {unreadable: [1]}"))  # fmt: skip
+        reserved = MakePod("r").annotations({names.GPU_UUID: "GPU-2"}).node("n0")
+        server.put_object(paths.pods("sharegpu-system"), reserved.obj())
+        elsewhere = MakePod("elsewhere").annotations({names.GPU_UUID: "GPU-0"}).node("n1")
+        server.put_object(paths.pods("other"), elsewhere.obj())
+        write_nvml(path, NVML_FILE
+                   .replace("  - {uuid: GPU-2, model: NVIDIA A100-SXM4-80GB, memoryMiB: 81920, numaNode: 1}\n", "")
+                   .replace("processes: [{pid: 42, gpu: 2, usedMiB: 2048}]", "faults: {unreadable: [1]}"))  # fmt: skip
         device = await one_pass(agent, server)
         assert [(g.uuid, g.healthy, g.reason) for g in device.spec.gpus] == [
             ("GPU-0", True, ""), ("GPU-1", False, "NVML cannot read it"), ("GPU-2", False, inventory.GONE)
         ]  # fmt: skip
 
         # A critical XID on GPU-0 marks it for good (the XID task wakes the loop).
-        write(path, FILE + "xids: [{gpu: 0, code: 79}]\n")
+        write_nvml(path, NVML_FILE + "xids: [{gpu: 0, code: 79}]\n")
         for _ in range(100):
             if "GPU-0" in agent.xids:
                 break
@@ -119,9 +115,9 @@ async def test_the_agent_offers_each_mode_once_a_probe_proved_it_and_runs_mps_da
     tmp_path: Path, stubs: cudastubs.Stubs
 ) -> None:
     server = fake.FakeApiServer()
-    server.put_object(paths.NODES, {"metadata": {"name": "n0"}})
+    server.put_object(paths.NODES, MakeNode("n0").obj())
     path = tmp_path / "nvml.yaml"
-    write(path, FILE)
+    write_nvml(path, NVML_FILE)
     library = tmp_path / "libvgpu.so"
     clock = [100.0]
     supervisor = mps.Supervisor(write_fake_daemon(tmp_path), mps.Layout(tmp_path / "mps"), backoff=mps.Backoff(0.05))
@@ -195,9 +191,9 @@ async def test_a_library_that_enforces_nothing_is_not_offered_and_says_why(
     tmp_path: Path, stubs: cudastubs.Stubs
 ) -> None:
     server = fake.FakeApiServer()
-    server.put_object(paths.NODES, {"metadata": {"name": "n0"}})
+    server.put_object(paths.NODES, MakeNode("n0").obj())
     path = tmp_path / "nvml.yaml"
-    write(path, FILE)
+    write_nvml(path, NVML_FILE)
     library = tmp_path / "libvgpu.so"
     library.write_bytes(stubs.hidden.read_bytes())  # built with hidden symbols: it limits nothing
     installed = tmp_path / "installed"
@@ -231,18 +227,12 @@ async def test_a_library_that_enforces_nothing_is_not_offered_and_says_why(
 
 async def test_no_probe_takes_memory_a_pod_was_promised(tmp_path: Path, stubs: cudastubs.Stubs) -> None:
     server = fake.FakeApiServer()
-    server.put_object(paths.NODES, {"metadata": {"name": "n0"}})
-    grants = [allocation.DeviceGrant(index=i, milli=900, memory_mib=79000, limit_milli=900) for i in range(3)]
-    for index, grant in enumerate(grants):
-        placed = allocation.Allocation(
-            units.PodKey(f"ns/p{index}"), units.NodeName("n0"), (allocation.ContainerAllocation("main", (grant,)),)
-        )
-        server.put_object(paths.pods("ns"), {
-            "metadata": {"name": f"p{index}", "annotations": {names.ALLOCATION: placed.to_json()}},
-            "spec": {"nodeName": "n0", "containers": [{"name": "main"}]}, "status": {"phase": "Running"},
-        })  # fmt: skip
+    server.put_object(paths.NODES, MakeNode("n0").obj())
+    for index in range(3):
+        placed = MakeAllocation(f"ns/p{index}", "n0").grant(index, 900, 79000)
+        server.put_object(paths.pods("ns"), running(MakePod(f"p{index}").allocation(placed.obj())))
     path = tmp_path / "nvml.yaml"
-    write(path, FILE)
+    write_nvml(path, NVML_FILE)
     library = tmp_path / "libvgpu.so"
     library.write_bytes(stubs.enforcing.read_bytes())
     options = agent_runtime.Options(interval=3600, hami_core_library=library, hami_core_dir=tmp_path / "installed")
@@ -273,21 +263,13 @@ async def test_the_agent_kills_a_process_over_its_pods_memory_and_corrects_a_rep
     1024 allocated (killed, with an event), and a reservation pod reported GPU-1 although the kubelet's
     PodResources API says it got GPU-0 (corrected, with an event)."""
     server = fake.FakeApiServer()
-    server.put_object(paths.NODES, {"metadata": {"name": "n0"}})
-    grant = allocation.DeviceGrant(index=0, milli=300, memory_mib=1024, limit_milli=300)
-    placed = allocation.Allocation(
-        units.PodKey("ns/p"), units.NodeName("n0"), (allocation.ContainerAllocation("main", (grant,)),)
-    )
-    sharing = server.put_object(paths.pods("ns"), {
-        "metadata": {"name": "p", "annotations": {names.ALLOCATION: placed.to_json()}},
-        "spec": {"nodeName": "n0", "containers": [{"name": "main"}]}, "status": {"phase": "Running"},
-    })  # fmt: skip
+    server.put_object(paths.NODES, MakeNode("n0").obj())
+    placed = MakeAllocation("ns/p", "n0").grant(0, 300, 1024)
+    sharing = server.put_object(paths.pods("ns"), running(MakePod("p").allocation(placed.obj())))
     role = {names.LABEL_ROLE: names.ROLE_RESERVATION, names.LABEL_NODE: "n0", names.LABEL_SLOT: "0"}
-    reserve = {"name": "reserve", "resources": {"limits": {names.NVIDIA_GPU: "1"}}}
-    server.put_object(paths.pods(names.SYSTEM_NAMESPACE), {
-        "metadata": {"name": "r", "annotations": {names.GPU_UUID: "GPU-1"}, "labels": role},
-        "spec": {"nodeName": "n0", "containers": [reserve]}, "status": {"phase": "Running"},
-    })  # fmt: skip
+    reserve = MakePod("r").annotations({names.GPU_UUID: "GPU-1"}).labels(role).node("n0")
+    reserve.container("reserve", limits={names.NVIDIA_GPU: "1"}).phase("Running")
+    server.put_object(paths.pods(names.SYSTEM_NAMESPACE), reserve.obj())
     victim = await asyncio.create_subprocess_exec("sleep", "60")
     uid = sharing["metadata"]["uid"].replace("-", "_")
     proc = tmp_path / "proc"
@@ -295,8 +277,8 @@ async def test_the_agent_kills_a_process_over_its_pods_memory_and_corrects_a_rep
     scope = f"kubepods-burstable-pod{uid}.slice/cri-containerd-{'a' * 64}.scope"
     (proc / str(victim.pid) / "cgroup").write_text(f"0::/kubepods.slice/kubepods-burstable.slice/{scope}\n")
     path = tmp_path / "nvml.yaml"
-    write(path, FILE.replace("processes: [{pid: 42, gpu: 2, usedMiB: 2048}]",
-                             f"processes: [{{pid: {victim.pid}, gpu: 0, usedMiB: 4096}}]"))  # fmt: skip
+    write_nvml(path, NVML_FILE.replace("processes: [{pid: 42, gpu: 2, usedMiB: 2048}]",
+                                       f"processes: [{{pid: {victim.pid}, gpu: 0, usedMiB: 4096}}]"))  # fmt: skip
     socket = Path(tempfile.mkdtemp(dir="/tmp")) / "k.sock"
     kubelet = fakekubelet.FakeKubelet(socket)
     kubelet.set_devices(names.SYSTEM_NAMESPACE, "r", "reserve", names.NVIDIA_GPU, ["GPU-0"])
@@ -346,19 +328,16 @@ async def test_the_watchdog_reads_the_kubelets_index_ids_as_the_gpus_they_name(t
     """With DEVICE_ID_STRATEGY=index the kubelet lists "0", not GPU-0: a whole-GPU pod using the GPU it was
     given is no violation (read as a UUID it was "a GPU sharegpu did not give it")."""
     server = fake.FakeApiServer()
-    server.put_object(paths.NODES, {"metadata": {"name": "n0"}})
-    whole = server.put_object(paths.pods("ns"), {
-        "metadata": {"name": "w"},
-        "spec": {"nodeName": "n0", "containers": [{"name": "main", "resources": {"limits": {names.NVIDIA_GPU: "1"}}}]},
-        "status": {"phase": "Running"},
-    })  # fmt: skip
+    server.put_object(paths.NODES, MakeNode("n0").obj())
+    pod = MakePod("w").node("n0").container(limits={names.NVIDIA_GPU: "1"}).phase("Running")
+    whole = server.put_object(paths.pods("ns"), pod.obj())
     proc = tmp_path / "proc" / "4242"
     proc.mkdir(parents=True)
     (proc / "cgroup").write_text(f"0::/kubepods/pod{whole['metadata']['uid']}/{'c' * 64}\n")
     path = tmp_path / "nvml.yaml"
-    write(
+    write_nvml(
         path,
-        FILE.replace(
+        NVML_FILE.replace(
             "processes: [{pid: 42, gpu: 2, usedMiB: 2048}]", "processes: [{pid: 4242, gpu: 0, usedMiB: 2048}]"
         ),
     )

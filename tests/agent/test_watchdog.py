@@ -15,7 +15,8 @@ from sharegpu.agent.cgroups import Owner
 from sharegpu.agent.nvml import GpuProcess
 from sharegpu.agent.watchdog import Action, Kind
 from sharegpu.api import names, wire
-from sharegpu.core import allocation, errors, units
+from sharegpu.core import allocation, errors
+from tests import builders
 
 NODE = "n0"
 MIB = 16384
@@ -27,16 +28,10 @@ SHARE = {names.GPU: "1", names.GPU_MILLI: "300", names.GPU_MEMORY: "4096"}
 
 def grants(*devices: tuple[int, int], container: str = "main", exclusive: bool = False) -> allocation.Allocation:
     """An allocation giving `container` (index, memory MiB) on each GPU listed (300 milli each)."""
-    return allocation.Allocation(
-        pod=units.PodKey("ns/p"),
-        node=units.NodeName(NODE),
-        containers=(
-            allocation.ContainerAllocation(
-                container, tuple(allocation.DeviceGrant(index, 300, mib, 300) for index, mib in devices)
-            ),
-        ),
-        exclusive=exclusive,
-    )
+    made = builders.MakeAllocation("ns/p", NODE).container(container).exclusive(exclusive)
+    for index, mib in devices:
+        made.grant(index, 300, mib, container=container)
+    return made.obj()
 
 
 def pod(
@@ -48,17 +43,11 @@ def pod(
     annotations: Mapping[str, str] | None = None,
     namespace: str = "ns",
 ) -> wire.Pod:
-    notes = dict(annotations or {})
+    """A pod on this node: uid-<name>, its one container limited to `limits`."""
+    made = builders.MakePod(name, namespace).uid(f"uid-{name}").labels(labels or {}).annotations(annotations or {})
     if alloc is not None:
-        notes[names.ALLOCATION] = alloc if isinstance(alloc, str) else alloc.to_json()
-    body: dict[str, Any] = {
-        "metadata": {
-            "name": name, "namespace": namespace, "uid": f"uid-{name}", "labels": dict(labels or {}),
-            "annotations": notes,
-        },
-        "spec": {"nodeName": NODE, "containers": [{"name": "main", "resources": {"limits": dict(limits or {})}}]},
-    }  # fmt: skip
-    return wire.convert(body, wire.Pod)
+        made.allocation(alloc)
+    return made.node(NODE).container(limits=limits or {}).wire()
 
 
 def reservation(slot: int, uuid: str | None) -> wire.Pod:
@@ -140,14 +129,8 @@ def test_slack_lets_a_pod_exceed_its_memory_by_that_much() -> None:
 
 
 def test_two_containers_of_one_pod_on_one_gpu_are_summed() -> None:
-    two = allocation.Allocation(
-        pod=units.PodKey("ns/p"), node=units.NodeName(NODE),
-        containers=(
-            allocation.ContainerAllocation("a", (allocation.DeviceGrant(0, 300, 2048, 300),)),
-            allocation.ContainerAllocation("b", (allocation.DeviceGrant(0, 200, 1024, 200),)),
-        ),
-    )  # fmt: skip
-    found = by_uid(pod("p", alloc=two, limits=SHARE))
+    two = builders.MakeAllocation("ns/p", NODE).grant(0, 300, 2048, container="a").grant(0, 200, 1024, container="b")
+    found = by_uid(pod("p", alloc=two.obj(), limits=SHARE))
     owners = {10: Owner("uid-p", "aaaaaaaaaaaa"), 11: Owner("uid-p", "bbbbbbbbbbbb")}
     within = run([(10, 0, 2000), (11, 0, 1000)], owners, found)
     assert usage(within, "p", "GPU-0").allocated_mib == 3072 and within.violations == ()

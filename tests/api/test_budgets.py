@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sharegpu.api import budgets, lifetimes, names, wire
-from sharegpu.core import allocation, budget, units
+from sharegpu.core import budget, units
+from tests.builders import MakeAllocation, MakePod
 
 T0 = wire.seconds("2026-11-01T00:00:00Z")
 HOUR = 3600
@@ -130,20 +131,9 @@ def test_written_often_or_once_the_books_agree_with_the_lifetimes(
 
 
 def pod(**status: Any) -> lifetimes.TimedPod:
-    grant = allocation.Allocation(
-        units.pod_key("ns", "p"),
-        units.NodeName("n1"),
-        (allocation.ContainerAllocation("main", (allocation.DeviceGrant(0, 500, 0, 500),)),),
-    )
-    return wire.convert(
-        {
-            "metadata": {"name": "p", "namespace": "ns", "uid": "u1", "creationTimestamp": "2026-11-01T00:00:00Z",
-                         "annotations": {names.ALLOCATION: grant.to_json()}},
-            "spec": {"nodeName": "n1", "containers": [{"name": "main"}]},
-            "status": status,
-        },
-        lifetimes.TimedPod,
-    )  # fmt: skip
+    grant = MakeAllocation(units.pod_key("ns", "p"), "n1").grant(0, 500).obj()
+    made = MakePod("p", "ns").uid("u1").created("2026-11-01T00:00:00Z").allocation(grant).node("n1").container()
+    return wire.convert(made.status(**status).obj(), lifetimes.TimedPod)
 
 
 def test_a_pod_holds_from_its_binding_until_its_last_container_finished() -> None:

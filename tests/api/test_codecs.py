@@ -11,6 +11,7 @@ import pytest
 from sharegpu.api import devices as api_devices
 from sharegpu.api import names, pods, quantity, wire
 from sharegpu.core import devices, errors, units
+from tests import builders
 
 
 @pytest.mark.parametrize(
@@ -42,12 +43,13 @@ def test_integer_names_the_field_and_range() -> None:
         quantity.integer("1.5", "x", 1, 5)
 
 
-def _pod(limits: dict[str, str], annotations: dict[str, str] | None = None, init: dict[str, str] | None = None) -> Any:
-    spec: dict[str, Any] = {"containers": [{"name": "main", "resources": {"limits": limits}}]}
+def _pod(
+    limits: dict[str, str], annotations: dict[str, str] | None = None, init: dict[str, str] | None = None
+) -> wire.Pod:
+    pod = builders.MakePod("p", "ns").uid("u1").annotations(annotations or {}).container(limits=limits)
     if init is not None:
-        spec["initContainers"] = [{"name": "setup", "resources": {"limits": init}}]
-    body = {"metadata": {"name": "p", "namespace": "ns", "uid": "u1", "annotations": annotations or {}}, "spec": spec}
-    return wire.convert(body, wire.Pod)
+        pod.init_container("setup", limits=init)
+    return pod.wire()
 
 
 def test_fractional_request_with_rules_and_limits() -> None:

@@ -6,16 +6,16 @@ from typing import Any
 
 import pytest
 
-from sharegpu.api import constraints, wire
+from sharegpu.api import constraints
+from tests import builders
 
 
 def node(labels: dict[str, str], taints: list[dict[str, str]] | None = None, name: str = "n1") -> constraints.NodeTerms:
-    body = {"metadata": {"name": name, "labels": labels}, "spec": {"taints": taints or []}}
-    return constraints.NodeTerms.of(wire.convert(body, wire.Node))
+    return constraints.NodeTerms.of(builders.MakeNode(name).labels(labels).taints(taints or []).wire())
 
 
 def pod(spec: dict[str, Any]) -> constraints.PodTerms:
-    return constraints.PodTerms.of(wire.convert({"metadata": {"name": "p"}, "spec": spec}, wire.Pod).spec)
+    return constraints.PodTerms.of(builders.MakePod("p").spec(**spec).wire().spec)
 
 
 def required(*terms: dict[str, Any]) -> dict[str, Any]:

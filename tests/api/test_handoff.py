@@ -5,19 +5,12 @@ from __future__ import annotations
 import pytest
 
 from sharegpu.api import handoff, wire
-from sharegpu.core import allocation, devices, units
-
-
-def _alloc(*containers: tuple[str, tuple[allocation.DeviceGrant, ...]]) -> allocation.Allocation:
-    return allocation.Allocation(
-        units.PodKey("ns/p"),
-        units.NodeName("n"),
-        tuple(allocation.ContainerAllocation(name, grants) for name, grants in containers),
-    )
+from sharegpu.core import devices
+from tests.builders import MakeAllocation
 
 
 def test_one_container_one_gpu_gets_hami_and_mps_limits() -> None:
-    alloc = _alloc(("main", (allocation.DeviceGrant(index=1, milli=300, memory_mib=4096, limit_milli=600),)))
+    alloc = MakeAllocation("ns/p", "n").grant(1, 300, 4096, limit=600).obj()
     assert handoff.data(alloc, {1: "GPU-b"}, handoff.EVERY_LIMIT) == {
         "main.NVIDIA_VISIBLE_DEVICES": "GPU-b",
         "main.CUDA_DEVICE_SM_LIMIT": "60",
@@ -30,7 +23,7 @@ def test_one_container_one_gpu_gets_hami_and_mps_limits() -> None:
 
 
 def test_the_hand_off_holds_the_limits_the_node_enforces_and_no_others() -> None:
-    alloc = _alloc(("main", (allocation.DeviceGrant(index=0, milli=300, memory_mib=4096, limit_milli=300),)))
+    alloc = MakeAllocation("ns/p", "n").grant(0, 300, 4096).obj()
     uuid = {0: "GPU-a"}
     assert handoff.data(alloc, uuid, handoff.Enforcement()) == {
         "main.NVIDIA_VISIBLE_DEVICES": "GPU-a", "main.SHAREGPU_PRELOAD": ""
@@ -50,9 +43,12 @@ def test_the_hand_off_holds_the_limits_the_node_enforces_and_no_others() -> None
 
 
 def test_several_gpus_and_containers_and_no_memory_limit() -> None:
-    alloc = _alloc(
-        ("a", (allocation.DeviceGrant(0, 250, 1000, 250), allocation.DeviceGrant(2, 250, 2000, 250))),
-        ("b", (allocation.DeviceGrant(0, 100, 0, 100),)),
+    alloc = (
+        MakeAllocation("ns/p", "n")
+        .grant(0, 250, 1000, container="a")
+        .grant(2, 250, 2000, container="a")
+        .grant(0, 100, container="b")
+        .obj()
     )
     data = handoff.data(alloc, {0: "GPU-x", 2: "GPU-z"}, handoff.EVERY_LIMIT)
     assert data["a.NVIDIA_VISIBLE_DEVICES"] == "GPU-x,GPU-z"
@@ -65,10 +61,12 @@ def test_several_gpus_and_containers_and_no_memory_limit() -> None:
 
 @pytest.mark.parametrize(("count", "memory"), [(1, False), (1, True), (3, True), (2, False)])
 def test_the_keys_written_are_the_keys_referenced(count: int, memory: bool) -> None:
-    grants = tuple(allocation.DeviceGrant(i, 200, 512 if memory else 0, 400) for i in range(count))
+    made = MakeAllocation("ns/p", "n")
+    for i in range(count):
+        made.grant(i, 200, 512 if memory else 0, limit=400)
     uuids = {i: f"GPU-{i}" for i in range(count)}
-    written = set(handoff.data(_alloc(("main", grants)), uuids, handoff.Enforcement(hami_core=True)))
-    mps = set(handoff.data(_alloc(("main", grants)), uuids, handoff.EVERY_LIMIT)) - written
+    written = set(handoff.data(made.obj(), uuids, handoff.Enforcement(hami_core=True)))
+    mps = set(handoff.data(made.obj(), uuids, handoff.EVERY_LIMIT)) - written
     variables = handoff.variables(count, memory, mps=count == 1, preload=True)
     references = [handoff.reference("cm", "main", v) for v in variables]
     read = {r["valueFrom"]["configMapKeyRef"]["key"] for r in references}

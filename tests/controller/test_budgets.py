@@ -9,38 +9,23 @@ from typing import Any
 
 import pytest
 
-from sharegpu.api import budgets, names, paths, resources, wire
+from sharegpu.api import budgets, paths, resources, wire
 from sharegpu.controller import runtime
-from sharegpu.core import allocation, units
+from sharegpu.core import units
 from sharegpu.kube import client, fake
+from tests import builders
+from tests.controller.conftest import T0
 from tests.extender.conftest import add_node, settle
 
 Json = dict[str, Any]
-T0 = wire.seconds("2026-11-23T08:00:00Z")
 HOUR = 3600
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = float(T0)
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def gpu_pod(name: str, grants: list[tuple[int, int, int]], *, at: int = T0, namespace: str = "team") -> Json:
     """A pod bound to n0 at `at` holding (GPU index, milli, memory MiB) grants."""
-    key = units.pod_key(namespace, name)
-    devices = tuple(allocation.DeviceGrant(i, milli, memory, milli) for i, milli, memory in grants)
-    alloc = allocation.Allocation(key, units.NodeName("n0"), (allocation.ContainerAllocation("main", devices),))
-    return {
-        "metadata": {"name": name, "namespace": namespace, "annotations": {names.ALLOCATION: alloc.to_json()}},
-        "spec": {"nodeName": "n0", "containers": [{"name": "main"}]},
-        "status": {
-            "phase": "Running",
-            "conditions": [{"type": "PodScheduled", "status": "True", "lastTransitionTime": wire.timestamp(at)}],
-        },
-    }
+    alloc = builders.MakeAllocation(units.pod_key(namespace, name), "n0").grants(*grants)
+    pod = builders.MakePod(name, namespace).allocation(alloc.obj()).node("n0").container()
+    return pod.phase("Running").scheduled_at(at).obj()
 
 
 def budget(name: str = "b", namespace: str = "team", **spec: Any) -> Json:
@@ -56,7 +41,7 @@ class Env:
     def __init__(self) -> None:
         self.server = fake.FakeApiServer()
         self.api = client.KubeClient(self.server)
-        self.clock = Clock()
+        self.clock = builders.Clock(T0)
         self.controllers: list[runtime.Controller] = []
         add_node(self.server, "n0", gpus=2, memory=16384)
 

@@ -13,9 +13,10 @@ import pytest
 
 from sharegpu.api import deviceshare, groups, names, paths, resources, sharepods, wire
 from sharegpu.controller import runtime
-from sharegpu.core import allocation, errors, units
+from sharegpu.core import errors, units
 from sharegpu.kube import client, fake
-from tests.controller.test_budgets import Clock
+from tests.builders import Clock, MakeAllocation
+from tests.controller.conftest import T0
 from tests.extender.conftest import add_node, settle
 
 Json = dict[str, Any]
@@ -26,7 +27,7 @@ async def env() -> AsyncIterator[tuple[fake.FakeApiServer, runtime.Controller]]:
     server = fake.FakeApiServer()
     add_node(server, "n0", gpus=2)
     options = runtime.Options(leader_elect=False, tick=3600, compat=frozenset({"deviceshare", "kubeshare"}))
-    made = runtime.Controller(client.KubeClient(server), options, Clock())
+    made = runtime.Controller(client.KubeClient(server), options, Clock(T0))
     await made.start()
     yield server, made
     await made.stop()
@@ -184,10 +185,8 @@ async def test_a_sharepod_runs_as_its_own_pod_mirrors_it_and_takes_it_along(
     # Bound by sharegpu to GPU 1 of n0, running: the SharePod shows it.
     device = server.get_object(paths.device("n0"))
     assert device is not None
-    grant = allocation.DeviceGrant(1, 500, 1024, 1000)
-    alloc = allocation.Allocation(units.pod_key("team", "shp1"), units.NodeName("n0"),
-                                  (allocation.ContainerAllocation("cuda", (grant,)),))  # fmt: skip
-    pod["metadata"]["annotations"][names.ALLOCATION] = alloc.to_json()
+    alloc = MakeAllocation(units.pod_key("team", "shp1"), "n0").grant(1, 500, 1024, limit=1000, container="cuda")
+    pod["metadata"]["annotations"][names.ALLOCATION] = alloc.json()
     pod["spec"]["nodeName"] = "n0"
     pod["status"] = {"phase": "Running", "podIP": "10.0.0.7"}
     await controller.api.replace(paths.pod("team", "shp1"), pod)
@@ -229,7 +228,7 @@ async def test_a_pod_of_the_same_name_is_not_taken_over_and_the_sharepod_says_so
     await passes(controller, server)
     assert server.get_object(paths.pod("team", "shp2")) is None, "retried only after the interval"
     assert controller.sharepods is not None and isinstance(controller.sharepods.clock, Clock)
-    controller.sharepods.clock.now += 31
+    controller.sharepods.clock.advance(31)
     await passes(controller, server)
     made = server.get_object(paths.pod("team", "shp2"))
     assert made is not None and made["metadata"]["labels"][sharepods.LABEL]

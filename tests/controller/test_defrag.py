@@ -18,8 +18,9 @@ from sharegpu.controller import defrag, defrag_inputs, runtime
 from sharegpu.core import defrag as core_defrag
 from sharegpu.kube import client, fake, reconcile
 from sharegpu.kube import errors as kube_errors
+from tests.builders import Clock
 from tests.conftest import eventually
-from tests.controller.test_budgets import T0, Clock
+from tests.controller.conftest import T0
 from tests.extender.conftest import add_node, gpu_pod, settle
 
 Json = dict[str, Any]
@@ -85,7 +86,7 @@ async def start() -> AsyncIterator[Start]:
         server.put_object(paths.pods(NS), pending("p", pending_spec))
         server.put_object(PDB, budget("keep-b", "b", 0))
         controller = runtime.Controller(
-            client.KubeClient(server), runtime.Options(leader_elect=False, tick=3600, **options), Clock()
+            client.KubeClient(server), runtime.Options(leader_elect=False, tick=3600, **options), Clock(T0)
         )
         await controller.start()
         made.append(controller)

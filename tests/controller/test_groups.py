@@ -10,7 +10,8 @@ import pytest
 from sharegpu.api import groups, names, paths, resources, wire
 from sharegpu.controller import runtime
 from sharegpu.kube import client, fake
-from tests.controller.test_budgets import Clock
+from tests.builders import Clock, MakePod
+from tests.controller.conftest import T0
 from tests.extender.conftest import add_node, settle
 
 
@@ -18,15 +19,14 @@ from tests.extender.conftest import add_node, settle
 async def env() -> AsyncIterator[tuple[fake.FakeApiServer, runtime.Controller]]:
     server = fake.FakeApiServer()
     add_node(server, "n0", gpus=2)
-    made = runtime.Controller(client.KubeClient(server), runtime.Options(leader_elect=False, tick=3600), Clock())
+    made = runtime.Controller(client.KubeClient(server), runtime.Options(leader_elect=False, tick=3600), Clock(T0))
     await made.start()
     yield server, made
     await made.stop()
 
 
 def member(name: str, namespace: str, group: str) -> dict[str, object]:
-    labels = groups.group_labels(*group.split("/"))
-    return {"metadata": {"name": name, "namespace": namespace, "labels": labels}, "spec": {"containers": []}}
+    return MakePod(name, namespace).labels(groups.group_labels(*group.split("/"))).obj()
 
 
 async def passes(controller: runtime.Controller, server: fake.FakeApiServer, count: int = 3) -> None:

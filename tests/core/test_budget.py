@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from sharegpu.api import budgets
 from sharegpu.core import allocation, budget, errors, units
+from tests.builders import MakeAllocation
 
 DAY = budget.SECONDS_PER_DAY
 POD = units.PodKey("ns/p")
@@ -17,8 +18,7 @@ POD = units.PodKey("ns/p")
 
 def alloc(*grants: tuple[int, int, int]) -> allocation.Allocation:
     """An allocation of (GPU index, milli, memory MiB) grants in one container."""
-    devices = tuple(allocation.DeviceGrant(i, milli, memory, milli) for i, milli, memory in grants)
-    return allocation.Allocation(POD, units.NodeName("n"), (allocation.ContainerAllocation("main", devices),))
+    return MakeAllocation(POD, "n").grants(*grants).obj()
 
 
 def test_a_pods_weight_is_the_larger_share_of_each_gpu_summed() -> None:

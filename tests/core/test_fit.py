@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sharegpu.core import allocation, devices, fit, ledger, requests, status, units
+from sharegpu.core import devices, fit, ledger, requests, status, units
+from tests.builders import MakeAllocation
 from tests.conftest import book, node, pod
 
 ALL = np.array([0, 1], dtype=np.int64)
@@ -24,11 +25,7 @@ def _place(
     rules: requests.CoTenancy = requests.NO_RULES,
     memory: int = 0,
 ) -> None:
-    grant = allocation.DeviceGrant(gpu, milli, memory, milli)
-    alloc = allocation.Allocation(
-        units.PodKey(key), units.NodeName(row_name), (allocation.ContainerAllocation("m", (grant,)),), cotenancy=rules
-    )
-    assert b.assume(alloc).ok
+    assert b.assume(MakeAllocation(key, row_name).grant(gpu, milli, memory, container="m").cotenancy(rules).obj()).ok
 
 
 def test_fractional_fit_needs_compute_memory_and_model() -> None:
@@ -242,9 +239,7 @@ def test_a_demand_that_needs_at_least_another_fits_nowhere_the_other_does_not(
     for i, (row, gpu, used, affinity, exclusion) in enumerate(tenants):
         if gpu < int(b.state.gpu_count[row]) and used <= int(b.state.milli_free[row, gpu]):
             rules = requests.CoTenancy(affinity=affinity, exclusion=exclusion)
-            grant = allocation.DeviceGrant(gpu, used, 0, used)
-            b.assume(allocation.Allocation(units.PodKey(f"ns/t{i}"), units.NodeName(names[row]),
-                     (allocation.ContainerAllocation("m", (grant,)),), cotenancy=rules))  # fmt: skip
+            b.assume(MakeAllocation(f"ns/t{i}", names[row]).grant(gpu, used, container="m").cotenancy(rules).obj())
     larger = dataclasses.replace(
         smaller,
         count=smaller.count + count,

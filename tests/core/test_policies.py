@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sharegpu.core import devices, errors, fleet, frag, ledger, placer, policies, requests, units
+from tests.builders import MakeAllocation
 from tests.conftest import book, node, pod
 
 SHAPES = (
@@ -155,11 +156,7 @@ def test_unknown_policy_names_the_choices() -> None:
 
 
 def _occupy(b: ledger.Ledger, name: str, gpu: int, milli: int) -> None:
-    from sharegpu.core import allocation
-
-    grant = allocation.DeviceGrant(gpu, milli, 0, milli)
-    key = units.PodKey(f"ns/occupy-{name}-{gpu}-{len(b)}")
-    assert b.add(allocation.Allocation(key, units.NodeName(name), (allocation.ContainerAllocation("m", (grant,)),))).ok
+    assert b.add(MakeAllocation(f"ns/occupy-{name}-{gpu}-{len(b)}", name).grant(gpu, milli, container="m").obj()).ok
 
 
 SHAPES_DRAWN = st.sampled_from(

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from sharegpu.core import allocation, fit, fleet, requests, units, victims
+from sharegpu.core import fit, fleet, requests, units, victims
+from tests.builders import MakeAllocation
 from tests.conftest import node
 
 
@@ -13,14 +14,7 @@ def tenant(
     name: str, milli: int, priority: int, *, where: str = "a", index: int = 0, leaving: bool = False, created: str = ""
 ) -> victims.Tenant:
     whole = milli == 1000
-    alloc = allocation.Allocation(
-        pod=units.PodKey(f"ns/{name}"),
-        node=units.NodeName(where),
-        containers=(allocation.ContainerAllocation("main", (allocation.DeviceGrant(index, milli, 0, milli),)),),
-        cpu_milli=100,
-        memory_mib=64,
-        exclusive=whole,
-    )
+    alloc = MakeAllocation(f"ns/{name}", where).grant(index, milli).host(100, 64).exclusive(whole).obj()
     return victims.Tenant(alloc, priority, created=created, leaving=leaving)
 
 

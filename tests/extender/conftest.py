@@ -10,39 +10,25 @@ from typing import Any
 
 import pytest
 
-from sharegpu.api import devices as api_devices
 from sharegpu.api import extender as protocol
 from sharegpu.api import names, paths, wire
-from sharegpu.core import devices
 from sharegpu.extender import runtime
 from sharegpu.kube import client, fake
+from tests import builders
 
 Json = dict[str, Any]
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+START = 1000.0
+"""Where the extender's clock starts (a builders.Clock in the test's hands)."""
 
 
 def add_node(server: fake.FakeApiServer, name: str, gpus: int = 2, model: str = "T4", memory: int = 16384) -> None:
-    server.put_object(
-        paths.NODES,
-        {
-            "metadata": {"name": name, "labels": {"zone": "a"}},
-            "status": {
-                "allocatable": {"cpu": "32", "memory": "128Gi", names.NVIDIA_GPU: str(gpus)},
-                "conditions": [{"type": "Ready", "status": "True"}],
-            },
-        },
-    )
-    inventory = devices.uniform_node(
-        name, gpu_count=gpus, model=model, gpu_memory_mib=memory, cpu_milli=1, memory_mib=1
-    )
-    server.put_object(paths.DEVICES, wire.encode(api_devices.device(inventory)))
+    """A ready node in zone a with its Device: `gpus` GPUs of `model` with `memory` MiB each."""
+    node = builders.MakeNode(name).labels({"zone": "a"}).ready()
+    node.allocatable({"cpu": "32", "memory": "128Gi", names.NVIDIA_GPU: str(gpus)})
+    server.put_object(paths.NODES, node.obj())
+    server.put_object(paths.DEVICES, builders.MakeDevice(name).gpus(gpus, model, memory).obj())
 
 
 def gpu_pod(
@@ -55,23 +41,10 @@ def gpu_pod(
     annotations: dict[str, str] | None = None,
     spec: Json | None = None,
 ) -> Json:
-    limits: dict[str, str] = {"cpu": "100m", "memory": "64Mi"}
-    if nvidia is not None:
-        limits[names.NVIDIA_GPU] = str(nvidia)
-    else:
-        limits[names.GPU] = str(count)
-        if milli is not None:
-            limits[names.GPU_MILLI] = str(milli)
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": namespace, "annotations": dict(annotations or {})},
-        "spec": {
-            "schedulerName": names.SCHEDULER_NAME,
-            "containers": [{"name": "main", "resources": {"limits": limits, "requests": dict(limits)}}],
-            **(spec or {}),
-        },
-    }
+    """A pod for sharegpu's scheduler: `count` GPUs with `milli` of each (or `nvidia` whole ones)."""
+    limits = builders.gpu_limits(count=count, milli=milli, nvidia=nvidia)
+    pod = builders.MakePod(name, namespace).annotations(annotations or {}).scheduler()
+    return pod.container(limits=limits, requests=limits).spec(**(spec or {})).obj()
 
 
 async def settle(server: fake.FakeApiServer, rounds: int = 20) -> None:
@@ -84,7 +57,7 @@ async def settle(server: fake.FakeApiServer, rounds: int = 20) -> None:
 class Harness:
     """A running extender over a fake API server."""
 
-    def __init__(self, server: fake.FakeApiServer, extender: runtime.Extender, clock: Clock) -> None:
+    def __init__(self, server: fake.FakeApiServer, extender: runtime.Extender, clock: builders.Clock) -> None:
         self.server = server
         self.extender = extender
         self.clock = clock
@@ -124,7 +97,7 @@ async def harness() -> AsyncIterator[Callable[..., Any]]:
         for i in range(nodes):
             add_node(server, f"n{i}", gpus, model)
         server.put_object(paths.NAMESPACES, {"metadata": {"name": names.SYSTEM_NAMESPACE}})
-        clock = Clock()
+        clock = builders.Clock(START)
         extender = runtime.Extender(
             client.KubeClient(server),
             runtime.Options(leader_elect=False, reservation_idle=0.0, pace=0.01, **options),

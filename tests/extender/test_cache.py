@@ -3,12 +3,11 @@ unreadable allocations, assumptions that survive inventory changes and are forgo
 
 from __future__ import annotations
 
-from typing import Any
-
 from sharegpu.api import devices as api_devices
 from sharegpu.api import names, pods, wire
-from sharegpu.core import allocation, devices, units
+from sharegpu.core import allocation, units
 from sharegpu.extender import cache as cache_mod
+from tests import builders
 
 
 def node(name: str, gpus: int = 2, ready: bool = True) -> api_devices.NodeFacts:
@@ -16,25 +15,17 @@ def node(name: str, gpus: int = 2, ready: bool = True) -> api_devices.NodeFacts:
 
 
 def device(name: str, gpus: int = 2) -> cache_mod.DeviceRecord:
-    inventory = devices.uniform_node(name, gpu_count=gpus, model="T4", gpu_memory_mib=16384, cpu_milli=1, memory_mib=1)
-    return cache_mod.device_record(wire.convert(wire.encode(api_devices.device(inventory)), wire.Device))
+    return cache_mod.device_record(builders.MakeDevice(name).gpus(gpus).wire())
 
 
 def pod(name: str, limits: dict[str, str], node_name: str = "", annotations: dict[str, str] | None = None,
         phase: str = "Running") -> pods.Record:  # fmt: skip
-    body: dict[str, Any] = {
-        "metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}", "annotations": annotations or {}},
-        "spec": {"nodeName": node_name, "containers": [{"name": "main", "resources": {"limits": limits}}]},
-        "status": {"phase": phase},
-    }
-    return pods.record(wire.convert(body, wire.Pod))
+    made = builders.MakePod(name, "ns").uid(f"uid-{name}").annotations(annotations or {}).node(node_name)
+    return pods.record(made.container(limits=limits).phase(phase).wire())
 
 
 def share(key: str, node_name: str, index: int, milli: int) -> allocation.Allocation:
-    grant = allocation.DeviceGrant(index, milli, 0, milli)
-    return allocation.Allocation(
-        units.PodKey(key), units.NodeName(node_name), (allocation.ContainerAllocation("main", (grant,)),)
-    )
+    return builders.MakeAllocation(key, node_name).grant(index, milli).obj()
 
 
 def built(*nodes: str) -> cache_mod.ClusterCache:

@@ -109,9 +109,9 @@ async def test_scheduling_latency_runs_from_the_first_filter_to_the_binding(harn
     h: Harness = await harness(nodes=1, gpus=1)
     pod = await h.create(gpu_pod("late", milli=600))
     assert h.extender.scheduling.filter(h.args(pod)).node_names == ["n0"]
-    h.clock.now += 2.0
+    h.clock.advance(2.0)
     h.extender.scheduling.filter(h.args(pod))  # filtered again: the first filter still counts
-    h.clock.now += 1.5
+    h.clock.advance(1.5)
     meta = (h.server.get_object(paths.pod("ns", "late")) or {})["metadata"]
     bound = await h.extender.scheduling.bind(
         protocol.BindingArgs(pod_name="late", pod_namespace="ns", pod_uid=meta["uid"], node="n0")
@@ -131,7 +131,7 @@ async def test_scheduling_latency_runs_from_the_first_filter_to_the_binding(harn
     await settle(h.server)
     await h.extender.scheduling.expire()
     assert "ns/gone" in h.extender.scheduling.first_filtered, "not before the TTL"
-    h.clock.now += 31
+    h.clock.advance(31)
     await h.extender.scheduling.expire()
     assert "ns/gone" not in h.extender.scheduling.first_filtered
 

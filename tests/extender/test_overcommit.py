@@ -9,8 +9,9 @@ from collections.abc import Callable
 from typing import Any
 
 from sharegpu.api import names, paths
-from sharegpu.core import allocation, units
+from sharegpu.core import units
 from sharegpu.extender import metrics as metrics_mod
+from tests.builders import MakeAllocation
 from tests.extender.conftest import Harness, gpu_pod, settle
 
 Json = dict[str, Any]
@@ -22,14 +23,8 @@ async def bound(h: Harness, name: str, milli: int, *, phase: str, owned: bool) -
     body = gpu_pod(name, milli=milli)
     if owned:
         body["metadata"]["ownerReferences"] = [OWNER]
-    alloc = allocation.Allocation(
-        units.PodKey(f"ns/{name}"),
-        units.NodeName("n0"),
-        (allocation.ContainerAllocation("main", (allocation.DeviceGrant(0, milli, 0, milli),)),),
-        cpu_milli=100,
-        memory_mib=64,
-    )
-    body["metadata"]["annotations"][names.ALLOCATION] = alloc.to_json()
+    alloc = MakeAllocation(f"ns/{name}", "n0").grant(0, milli).host(100, 64)
+    body["metadata"]["annotations"][names.ALLOCATION] = alloc.json()
     body["spec"]["nodeName"] = "n0"
     body["status"] = {"phase": phase}
     h.server.put_object(paths.pods("ns"), body)
@@ -119,5 +114,5 @@ async def test_a_refused_eviction_is_tried_again_later(harness: Callable[..., An
     passes = repair.loop.completed
     await until(lambda: repair.loop.completed >= passes + 3)
     assert not evicted(), "not tried again at once"
-    h.clock.now += repair.retry
+    h.clock.advance(repair.retry)
     await until(evicted)

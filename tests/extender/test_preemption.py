@@ -109,14 +109,14 @@ async def test_a_lost_deletion_is_sent_again(harness: Callable[..., Any]) -> Non
     await settle(h.server)
     assert not any(stored(h, n)["metadata"].get("deletionTimestamp") for n in ("low1", "low2"))
     assert reasons(h, "low1") == [] and reasons(h, "low2") == [], "the events were refused"
-    h.clock.now += preemptor.retry
+    h.clock.advance(preemptor.retry)
     await preemptor.reconcile()
     await settle(h.server)
     assert reasons(h, "low1") == ["Preempted"] and reasons(h, "low2") == ["Preempted"]
     assert not any(stored(h, n)["metadata"].get("deletionTimestamp") for n in ("low1", "low2")), "lost and 503"
     await preemptor.reconcile()
     assert not any(stored(h, n)["metadata"].get("deletionTimestamp") for n in ("low1", "low2")), "not before retry"
-    h.clock.now += preemptor.retry
+    h.clock.advance(preemptor.retry)
     await preemptor.reconcile()
     await settle(h.server)
     assert all(stored(h, n)["metadata"].get("deletionTimestamp") for n in ("low1", "low2"))

@@ -89,7 +89,7 @@ async def test_a_lost_reservation_is_replaced_with_backoff(harness: Callable[...
     await eventually(lambda: len(reservations_in(h)) == 1, "a reservation")
     lost = reservations_in(h)[0]["metadata"]["name"]
     await h.api.patch(paths.pod(SYSTEM, lost) + "/status", {"status": {"phase": "Failed"}})
-    h.clock.now += 1  # past the first backoff (0.5 s)
+    h.clock.advance(1)  # past the first backoff (0.5 s)
     await eventually(
         lambda: len(reservations_in(h)) == 1 and reservations_in(h)[0]["metadata"]["name"] != lost, "a replacement"
     )
@@ -112,7 +112,7 @@ async def test_a_lost_reservation_is_replaced_with_backoff(harness: Callable[...
         reconciler.wake()
         await settle(h.server)
     assert created() == 2, "the backoff holds a third one back"
-    h.clock.now += 60
+    h.clock.advance(60)
     await eventually(
         lambda: any(o["metadata"]["name"] not in (lost, replacement) for o in reservations_in(h)),
         "a third after the backoff",
@@ -141,7 +141,7 @@ async def test_a_reservation_created_with_its_answer_lost_is_not_created_twice(h
     await h.schedule(pod)
     await eventually(lambda: creations(h) == 1, "the creation sent")
     for step in range(6):  # past every backoff, and past the read-back: it exists
-        h.clock.now += 1 + step
+        h.clock.advance(1 + step)
         await passes(h)
     assert creations(h) == 1 and len(reservations_in(h)) == 1, "one reservation, not two"
     assert not h.extender.reservations.unsure, "read back: it exists"
@@ -155,10 +155,10 @@ async def test_a_reservation_lost_on_its_way_in_is_made_again_after_reading_back
     h.server.lose(method="POST", path=paths.pods(SYSTEM), after_commit=False)
     await h.schedule(await h.create(gpu_pod("a", milli=300)))
     await eventually(lambda: creations(h) == 1, "the creation sent")
-    h.clock.now += 1  # past the first backoff
+    h.clock.advance(1)  # past the first backoff
     await passes(h)
     assert creations(h) == 1, "pending: it may exist"
-    h.clock.now += 3
+    h.clock.advance(3)
     await eventually(lambda: len(reservations_in(h)) == 1 and creations(h) == 2, "read back as missing, made again")
 
 
@@ -177,7 +177,7 @@ async def test_a_reservation_whose_deletion_answer_was_lost_is_handed_to_nobody_
     await passes(h)
     assert reservations_in(h), "not deleted: it was lost on its way in"
     assert reconciler.holder("n0", 0) is None, "a reservation being retired is handed to nobody"
-    h.clock.now += reconciler.settle
+    h.clock.advance(reconciler.settle)
     await eventually(lambda: not reservations_in(h), "deleted again")
 
 

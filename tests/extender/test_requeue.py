@@ -43,16 +43,16 @@ async def test_room_after_a_refusal_asks_kube_scheduler_to_try_again_once(harnes
     requeuer = h.extender.requeuer
     await requeuer.reconcile()
     assert conditions(h, "waiting") == [], "no room yet"
-    h.clock.now += 1
+    h.clock.advance(1)
     await free_holder(h)
     await requeuer.reconcile()
     assert conditions(h, "waiting") == [], "kube-scheduler gets the grace to try it by itself"
-    h.clock.now += requeue.GRACE
+    h.clock.advance(requeue.GRACE)
     await requeuer.reconcile()
     await settle(h.server)
     (condition,) = conditions(h, "waiting")
     assert condition["status"] == "True" and "n0" in condition["message"]
-    h.clock.now += requeue.GRACE
+    h.clock.advance(requeue.GRACE)
     await requeuer.reconcile()
     assert nudges(h) == 1, "once per refusal"
 
@@ -61,8 +61,8 @@ async def test_no_nudge_when_the_room_is_too_small(harness: Callable[..., Any]) 
     h: Harness = await harness(nodes=1, gpus=1)
     await h.schedule(await h.create(gpu_pod("big", milli=700)))
     await turned_away(h, 200, 900)  # the holder's 200 freed still leaves 300
-    h.clock.now += 1
+    h.clock.advance(1)
     await free_holder(h)
-    h.clock.now += requeue.GRACE
+    h.clock.advance(requeue.GRACE)
     await h.extender.requeuer.reconcile()
     assert conditions(h, "waiting") == [] and nudges(h) == 0

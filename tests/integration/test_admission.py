@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import ssl
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -16,81 +15,15 @@ from prometheus_client import parser
 
 from sharegpu.api import names, paths, pods, quantity, wire
 from sharegpu.devcluster import controlplane, stack
-from sharegpu.kube import client, credentials, informer, transport
+from sharegpu.kube import client, credentials, transport
 from sharegpu.kube import errors as kube_errors
 from sharegpu.serving import certs
-from sharegpu.webhook import admission, server
-from sharegpu.webhook import config as webhook_config
-from tests.integration.conftest import get_or_none, gpu_pod, wait_for
-from tests.webhook.test_translate import ROWS
+from sharegpu.webhook import admission
+from tests.builders import MakeDevice, MakeNode, MakePod
+from tests.integration.conftest import RunningWebhook, bare_pod, get_or_none, gpu_pod, wait_for
+from tests.webhook.conftest import ROWS
 
 Json = dict[str, Any]
-
-
-class RunningWebhook:
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
-        self.ca_cert, self.ca_key = certs.new_ca("test-webhook-ca")
-        self.cert, self.key = certs.write_serving_pair(folder, self.ca_cert, self.ca_key, ip_addresses=("127.0.0.1",))
-        self.port = controlplane.free_port()
-        self.hook = server.Webhook(admission.Policy(system_users=frozenset({"sharegpu-extender"})))
-
-    @property
-    def policy(self) -> admission.Policy:
-        """The policy the running webhook decides by now (it follows the Device inventory)."""
-        return self.hook.policy
-
-    @property
-    def url(self) -> str:
-        return f"https://127.0.0.1:{self.port}"
-
-    async def served_certificate(self) -> bytes:
-        """The certificate a fresh TLS connection is served (verified against the test CA)."""
-        context = ssl.create_default_context(cadata=certs.pem(self.ca_cert).decode())
-        _, writer = await asyncio.open_connection("127.0.0.1", self.port, ssl=context)
-        der = writer.get_extra_info("ssl_object").getpeercert(binary_form=True)
-        writer.close()
-        await writer.wait_closed()
-        assert der is not None
-        return bytes(der)
-
-
-@pytest.fixture(scope="module")
-async def webhook(
-    admin: client.KubeClient,
-    system: None,
-    control_plane: controlplane.ControlPlane,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> AsyncIterator[RunningWebhook]:
-    hook = RunningWebhook(tmp_path_factory.mktemp("webhook"))
-    ready = asyncio.Event()
-    task = asyncio.create_task(
-        server.serve("127.0.0.1", hook.port, hook.cert, hook.key, hook.hook,
-                     str(control_plane.kubeconfig("sharegpu-webhook")), ready)
-    )  # fmt: skip
-    await ready.wait()
-    for namespace in ("kube-system", names.SYSTEM_NAMESPACE):
-        await admin.patch(
-            f"/api/v1/namespaces/{namespace}", {"metadata": {"labels": {webhook_config.SKIP_LABEL: "skip"}}}
-        )
-    await webhook_config.install(admin, hook.url, certs.pem(hook.ca_cert))
-    await asyncio.sleep(1.5)  # the API server picks up new webhook configurations asynchronously
-    yield hook
-    await webhook_config.uninstall(admin)
-    await informer.cancel([task])  # and wait: its shutdown closes its listener and its API client
-    await asyncio.gather(task, return_exceptions=True)
-
-
-def bare_pod(name: str, limits: dict[str, str], annotations: dict[str, str] | None = None) -> Json:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "annotations": dict(annotations or {})},
-        "spec": {
-            "nodeSelector": {"sharegpu.io/test": "nowhere"},  # stays Pending: admission is what is tested
-            "containers": [{"name": "main", "image": "busybox", "resources": {"limits": dict(limits)}}],
-        },
-    }
 
 
 @pytest.mark.parametrize(("fmt", "limits", "notes", "canonical", "canonical_notes"), ROWS, ids=[r[0] for r in ROWS])
@@ -298,7 +231,7 @@ async def test_a_node_agent_writes_only_its_own_nodes_device(
     suffix = uuid.uuid4().hex[:6]
     here, there = f"agent-a-{suffix}", f"agent-b-{suffix}"
     for node in (here, there):
-        await admin.create(paths.NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}})
+        await admin.create(paths.NODES, MakeNode(node).obj())
     account = "sharegpu-agent"
     with contextlib.suppress(kube_errors.ConflictError):
         await admin.create(f"/api/v1/namespaces/{names.SYSTEM_NAMESPACE}/serviceaccounts",
@@ -309,10 +242,8 @@ async def test_a_node_agent_writes_only_its_own_nodes_device(
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": account},
         "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": names.SYSTEM_NAMESPACE}],
     })  # fmt: skip
-    pod = await admin.create(paths.pods(names.SYSTEM_NAMESPACE), {
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"agent-{suffix}"},
-        "spec": {"nodeName": here, "serviceAccountName": account, "containers": [{"name": "agent", "image": "x"}]},
-    })  # fmt: skip
+    agent_pod = MakePod(f"agent-{suffix}").node(here).spec(serviceAccountName=account).container("agent", image="x")
+    pod = await admin.create(paths.pods(names.SYSTEM_NAMESPACE), agent_pod.obj())
     issued = await admin.create(
         f"/api/v1/namespaces/{names.SYSTEM_NAMESPACE}/serviceaccounts/{account}/token",
         {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": 600,
@@ -326,12 +257,7 @@ async def test_a_node_agent_writes_only_its_own_nodes_device(
     agent = client.KubeClient(transport.AiohttpTransport(creds), creds)
 
     def device(node: str) -> Json:
-        return {
-            "apiVersion": "sharegpu.io/v1alpha1",
-            "kind": "Device",
-            "metadata": {"name": node},
-            "spec": {"gpus": []},
-        }
+        return MakeDevice(node).obj()
 
     try:
         await agent.create(paths.DEVICES, device(here))

@@ -19,16 +19,10 @@ from sharegpu.kube import client
 from sharegpu.kube import errors as kube_errors
 from sharegpu.serving import certs
 from sharegpu.webhook import config as webhook_config
+from tests.integration.conftest import bare_pod
 
-
-def aliyun_pod(name: str) -> dict[str, object]:
-    container = {"name": "main", "image": "busybox", "resources": {"limits": {"aliyun.com/gpu-mem": "1"}}}
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name},
-        "spec": {"nodeSelector": {"sharegpu.io/test": "nowhere"}, "containers": [container]},
-    }
+ALIYUN = {"aliyun.com/gpu-mem": "1"}
+"""A GPU share the Aliyun way: only the webhook makes it schedulable."""
 
 
 async def wait_listening(port: int, log: Path, process: subprocess.Popen[bytes]) -> None:
@@ -74,7 +68,7 @@ async def test_bootstrap_serves_the_dns_name_the_api_server_calls(
         bundle = base64.b64decode(mutating["webhooks"][0]["clientConfig"]["caBundle"])
         assert bundle == (folder / "ca.crt").read_bytes()
         await asyncio.sleep(1.5)  # the API server picks up new webhook configurations asynchronously
-        await admin.create(paths.pods(namespace), aliyun_pod("boot"))
+        await admin.create(paths.pods(namespace), bare_pod("boot", ALIYUN))
         stored = await admin.get(paths.pod(namespace, "boot"))
         limits = stored["spec"]["containers"][0]["resources"]["limits"]
         assert quantity.parse(limits[names.GPU_MEMORY]) == 1024, "translated by the webhook, reached by name"
@@ -102,7 +96,7 @@ async def test_a_certificate_without_the_called_name_is_refused_by_the_api_serve
         await webhook_config.install(admin, f"https://localhost:{port}", certs.pem(ca_cert))
         await asyncio.sleep(1.5)
         with pytest.raises(kube_errors.ApiError, match="x509: certificate is valid for sharegpu-webhook"):
-            await admin.create(paths.pods(namespace), aliyun_pod("refused"))
+            await admin.create(paths.pods(namespace), bare_pod("refused", ALIYUN))
     finally:
         await webhook_config.uninstall(admin)
         process.terminate()

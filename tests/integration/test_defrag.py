@@ -20,6 +20,7 @@ from sharegpu.api import paths
 from sharegpu.controller import runtime
 from sharegpu.devcluster import controlplane, fakecluster, stack
 from sharegpu.kube import client
+from tests import builders
 from tests.integration.conftest import gpu_pod, wait_for
 
 Json = dict[str, Any]
@@ -85,9 +86,7 @@ async def test_the_controller_evicts_the_pod_the_budget_allows_and_the_pending_p
     b = await wait_for(lambda: running_on(admin, namespace, "b"), what="b running")
     assert b["spec"]["nodeName"] == second
     await cordon(admin, first, False)
-    budget = {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
-              "metadata": {"name": "keep-b", "namespace": namespace},
-              "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"app": "b"}}}}  # fmt: skip
+    budget = builders.MakePDB("keep-b", namespace).max_unavailable(0).match_labels({"app": "b"}).obj()
     await admin.create(paths.pod_disruption_budgets(namespace), budget)
 
     async def observed() -> bool:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from sharegpu.api import names, paths
 from sharegpu.kube import client
+from tests.builders import MakePod
 from tests.integration.conftest import get_or_none, gpu_pod, wait_for
 
 
@@ -53,14 +54,8 @@ async def test_devcluster_runs_a_pod_and_stops_everything_on_ctrl_c(tmp_path: Pa
         assert kubeconfig, "no kubeconfig printed"
         async with client.KubeClient.connect(kubeconfig) as kube:
             await kube.create(paths.NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "try"}})
-            container = {"name": "c", "image": "x", "env": [{"name": "B", "value": "x" * 700_000}]}
-            huge = {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {"name": "huge"},
-                "spec": {"containers": [container]},
-            }
-            await kube.create(paths.pods("try"), huge)
+            huge = MakePod("huge").container("c", image="x", env={"B": "x" * 700_000})
+            await kube.create(paths.pods("try"), huge.obj())
             pod = gpu_pod("first", "try", milli=500)
             pod["spec"].pop("nodeSelector")
             await kube.create(paths.pods("try"), pod)

@@ -25,6 +25,7 @@ from sharegpu.api import paths, wire
 from sharegpu.api import pods as api_pods
 from sharegpu.core import units
 from sharegpu.kube import client, errors, fake
+from tests import builders
 from tests.integration.conftest import Json, wait_for
 
 
@@ -60,10 +61,8 @@ def configmap(name: str, **meta: object) -> Json:
 
 
 def pod(name: str, labels: dict[str, str] | None = None, node: str | None = None) -> Json:
-    spec: Json = {"containers": [{"name": "c", "image": "busybox"}]}
-    if node is not None:
-        spec["nodeName"] = node
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": labels or {}}, "spec": spec}
+    made = builders.MakePod(name).labels(labels or {}).container("c", image="busybox")
+    return (made if node is None else made.node(node)).obj()
 
 
 async def gone(side: Side, path: str) -> bool:
@@ -148,9 +147,7 @@ async def test_an_eviction_honours_a_budget_that_selects_by_expression(side: Sid
     db = await running(side, "db", {"tier": "db"})
     web = await running(side, "web", {"tier": "web"})
     waiting = await side.kube.create(paths.pods(side.namespace), pod("db-pending", {"tier": "db"}))
-    selector = {"matchExpressions": [{"key": "tier", "operator": "In", "values": ["db"]}]}
-    budget: Json = {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "keep-db"},
-                    "spec": {"minAvailable": 1, "selector": selector}}  # fmt: skip
+    budget = builders.MakePDB("keep-db").min_available(1).match_expression("tier", "In", "db").obj()
     await side.kube.create(paths.pod_disruption_budgets(side.namespace), budget)
     if side.real:  # the disruption controller counts the ready pod first (the fake's budgets hold what is written)
 

@@ -17,6 +17,7 @@ from sharegpu.api import names, paths
 from sharegpu.devcluster import controlplane, stack
 from sharegpu.devcluster.stack import ExtenderProcess
 from sharegpu.kube import client
+from tests.builders import MakePod
 from tests.integration.conftest import consistent, gpu_pod, wait_for
 
 Json = dict[str, Any]
@@ -47,16 +48,9 @@ async def test_objects_near_the_size_limit_do_not_stop_the_watches(
     sharing = gpu_pod("sharing", namespace, milli=400)
     await admin.create(paths.pods(namespace), sharing)
     await wait_for(lambda: bound_node(admin, namespace, "sharing"), what="the sharing pod bound")
-    big = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "huge"},
-        "spec": {
-            "nodeSelector": {"sharegpu.io/test": "nowhere"},
-            "containers": [{"name": "c", "image": "busybox", "env": [{"name": "BLOB", "value": "x" * (1200 * 1024)}]}],
-        },
-    }
-    await admin.create(paths.pods(namespace), big)
+    big = MakePod("huge").node_selector({"sharegpu.io/test": "nowhere"})
+    big.container("c", image="busybox", env={"BLOB": "x" * (1200 * 1024)})
+    await admin.create(paths.pods(namespace), big.obj())
     # Annotations may take 256 KiB in all: the largest Device the API server accepts carries them.
     await admin.patch(paths.device(node), {"metadata": {"annotations": {"blob": "y" * (255 * 1024)}}})
     await admin.delete(paths.pod(namespace, "sharing"), grace_period=0)

@@ -7,69 +7,33 @@ its holder pod, node label and hand-off ConfigMaps, freeing its GPUs for the nex
 from __future__ import annotations
 
 import functools
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
-from sharegpu.api import groups, names, paths, resources, wire
+from sharegpu.api import groups, names, paths, resources
 from sharegpu.controller import runtime
-from sharegpu.devcluster import controlplane, fakecluster, stack
+from sharegpu.devcluster import fakecluster, stack
 from sharegpu.kube import client
 from sharegpu.kube import errors as kube_errors
-from tests.integration.conftest import get_or_none, gpu_pod, wait_for
-from tests.integration.test_admission import RunningWebhook, webhook  # noqa: F401  (the fixture)
+from tests.builders import MakePod
+from tests.integration.conftest import (
+    RunningWebhook,
+    bound_with,
+    get_or_none,
+    gpu_pod,
+    group_body,
+    group_of,
+    wait_for,
+)
 
 Json = dict[str, Any]
 
 
-@pytest.fixture
-async def controller(control_plane: controlplane.ControlPlane, system: None) -> AsyncIterator[runtime.Controller]:
-    kube = stack.kube_for(control_plane, "sharegpu-controller")
-    made = runtime.Controller(kube, runtime.Options(leader_elect=False, tick=1.0))
-    await made.start()
-    yield made
-    await made.stop()
-    await kube.close()
-
-
-def group_body(name: str, namespace: str, gpus: int, selector: dict[str, str], **spec: Any) -> Json:
-    return {
-        "apiVersion": resources.SHARED_DEVICE_GROUP.api_version,
-        "kind": resources.SHARED_DEVICE_GROUP.kind,
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {"gpus": gpus, "nodeSelector": selector, **spec},
-    }
-
-
 def member(name: str, namespace: str, group: str) -> Json:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": namespace, "annotations": {names.DEVICE_GROUP_ANNOTATION: group}},
-        "spec": {
-            "terminationGracePeriodSeconds": 0,
-            "containers": [{"name": "main", "image": "busybox", "env": [{"name": "NVIDIA_VISIBLE_DEVICES",
-                                                                          "value": "all"}]}],
-        },
-    }  # fmt: skip
-
-
-async def group_of(kube: client.KubeClient, namespace: str, name: str) -> groups.SharedDeviceGroup | None:
-    found = await get_or_none(kube, resources.SHARED_DEVICE_GROUP.path(namespace, name))
-    return wire.convert(found, groups.SharedDeviceGroup) if found is not None else None
-
-
-async def diagnosed(kube: client.KubeClient, namespace: str, name: str, predicate: Any, what: str) -> Any:
-    """wait_for, and on a timeout the group's status and its holder pod's in the failure."""
-    try:
-        return await wait_for(predicate, what=what)
-    except AssertionError as exc:
-        found = await group_of(kube, namespace, name)
-        holder = await get_or_none(kube, paths.pod(names.SYSTEM_NAMESPACE, groups.holder_name(namespace, name)))
-        shown = {k: (holder or {}).get(k) for k in ("spec", "status")}
-        shown["annotations"] = ((holder or {}).get("metadata") or {}).get("annotations")
-        raise AssertionError(f"{exc}\ngroup status: {found and wire.encode(found.status)}\nholder: {shown}") from None
+    """A pod joining `group` (sharegpu's annotation), as a member asks for its devices."""
+    made = MakePod(name, namespace).annotations({names.DEVICE_GROUP_ANNOTATION: group}).grace(0)
+    return made.container(image="busybox", env={"NVIDIA_VISIBLE_DEVICES": "all"}).obj()
 
 
 async def webhook_knows(hook: RunningWebhook, namespace: str, name: str) -> None:
@@ -77,20 +41,6 @@ async def webhook_knows(hook: RunningWebhook, namespace: str, name: str) -> None
         return f"{namespace}/{name}" in hook.policy.groups
 
     await wait_for(known, what=f"the webhook to know group {name}")
-
-
-async def bound_with(kube: client.KubeClient, namespace: str, name: str, members: int) -> groups.SharedDeviceGroup:
-    """The group once it is Bound and lists `members` member pods."""
-
-    async def bound() -> groups.SharedDeviceGroup | None:
-        found = await group_of(kube, namespace, name)
-        ok = found is not None and found.status.phase == "Bound" and len(found.status.member_pods) == members
-        return found if ok else None
-
-    found: groups.SharedDeviceGroup = await diagnosed(
-        kube, namespace, name, bound, f"group {name} bound with {members} members"
-    )
-    return found
 
 
 async def members_running(kube: client.KubeClient, namespace: str, count: int) -> list[Json]:
@@ -118,7 +68,7 @@ async def test_a_group_binds_holds_its_gpus_for_its_members_and_goes_only_withou
     extender: stack.ExtenderProcess,
     namespace: str,
     nodes: Any,
-    webhook: RunningWebhook,  # noqa: F811
+    webhook: RunningWebhook,
     controller: runtime.Controller,
 ) -> None:
     made = await nodes(2, gpus=2)
@@ -251,7 +201,7 @@ async def test_a_share_group_holds_a_share_of_its_gpu_and_its_members_run_within
     extender: stack.ExtenderProcess,
     namespace: str,
     nodes: Any,
-    webhook: RunningWebhook,  # noqa: F811
+    webhook: RunningWebhook,
     controller: runtime.Controller,
 ) -> None:
     """A group of 400 milli-GPU and 4096 MiB of one GPU: its two members run on its node with the

@@ -23,10 +23,9 @@ from sharegpu.kube import client
 from sharegpu.kube import errors as kube_errors
 from sharegpu.serving import certs
 from sharegpu.webhook import server
-from tests.integration.conftest import wait_for
-from tests.integration.test_admission import RunningWebhook, bare_pod
-from tests.test_chart import helm, render
-from tests.webhook.test_translate import ROWS
+from tests.conftest import helm, render
+from tests.integration.conftest import RunningWebhook, bare_pod, wait_for
+from tests.webhook.conftest import ROWS
 
 Json = dict[str, Any]
 SYSTEM = names.SYSTEM_NAMESPACE

@@ -19,9 +19,7 @@ from sharegpu.core import allocation, units
 from sharegpu.devcluster import controlplane
 from sharegpu.devcluster.stack import ExtenderProcess
 from sharegpu.kube import client
-from tests.integration.conftest import gpu_pod, wait_for
-from tests.integration.test_groups import bound_with, controller, group_body  # noqa: F401  (the fixture)
-from tests.integration.test_scheduling import all_bound
+from tests.integration.conftest import all_bound, bound_with, gpu_pod, group_body, wait_for
 
 Json = dict[str, Any]
 
@@ -59,7 +57,7 @@ async def test_kubectl_sharegpu_inspects_and_explains_the_real_cluster(
     admin: client.KubeClient,
     control_plane: controlplane.ControlPlane,
     extender: ExtenderProcess,
-    controller: runtime.Controller,  # noqa: F811
+    controller: runtime.Controller,
     nodes: Callable[..., Any],
     namespace: str,
 ) -> None:

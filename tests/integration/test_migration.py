@@ -17,9 +17,7 @@ import pytest
 from sharegpu.api import names, paths, quantity, wire
 from sharegpu.devcluster import controlplane, fakecluster, stack
 from sharegpu.kube import client
-from tests.integration.conftest import get_or_none, wait_for
-from tests.integration.test_admission import RunningWebhook, webhook  # noqa: F401  (the fixture)
-from tests.integration.test_compat import MANIFESTS, kubectl
+from tests.integration.conftest import MANIFESTS, RunningWebhook, get_or_none, kubectl, wait_for
 
 Json = dict[str, Any]
 
@@ -104,7 +102,7 @@ async def test_a_systems_own_manifest_runs_on_sharegpu(
     extender: stack.ExtenderProcess,
     namespace: str,
     gpu_nodes: None,
-    webhook: RunningWebhook,  # noqa: F811
+    webhook: RunningWebhook,
 ) -> None:
     held = CASES[manifest]
     path = MANIFESTS / manifest
@@ -127,7 +125,7 @@ async def test_aliyuns_statefulset_needs_only_its_retired_api_version_changed(
     extender: stack.ExtenderProcess,
     namespace: str,
     gpu_nodes: None,
-    webhook: RunningWebhook,  # noqa: F811
+    webhook: RunningWebhook,
     tmp_path: Path,
 ) -> None:
     """Aliyun's user guide writes `apps/v1beta1`, which Kubernetes stopped serving in 1.16: kubectl
@@ -149,7 +147,7 @@ async def test_tkestacks_examples_are_refused_by_kubernetes_and_run_once_quoted(
     extender: stack.ExtenderProcess,
     namespace: str,
     gpu_nodes: None,
-    webhook: RunningWebhook,  # noqa: F811
+    webhook: RunningWebhook,
     tmp_path: Path,
 ) -> None:
     """gpu-manager's README writes numbers where Kubernetes wants strings (the command's `- 10`, the

@@ -12,7 +12,7 @@ import pytest
 from sharegpu.api import names
 from sharegpu.devcluster import controlplane
 from sharegpu.kube import client
-from tests.test_chart import render
+from tests.conftest import render
 
 SYSTEM = names.SYSTEM_NAMESPACE
 RBAC = "/apis/rbac.authorization.k8s.io/v1"

@@ -17,14 +17,9 @@ from sharegpu.api import names, paths
 from sharegpu.core import allocation, devices, units
 from sharegpu.devcluster.stack import ExtenderProcess
 from sharegpu.kube import client
-from tests.integration.conftest import consistent, get_or_none, gpu_pod, refusal, wait_for
+from tests.integration.conftest import all_bound, consistent, get_or_none, gpu_pod, pods_in, refusal, wait_for
 
 Json = dict[str, Any]
-
-
-async def pods_in(kube: client.KubeClient, namespace: str) -> list[Json]:
-    items, _ = await kube.list_all(f"/api/v1/namespaces/{namespace}/pods")
-    return items
 
 
 def allocation_of(pod: Json) -> allocation.Allocation:
@@ -39,12 +34,6 @@ async def reservation_pods(kube: client.KubeClient, node: str) -> list[Json]:
         f"/api/v1/namespaces/{names.SYSTEM_NAMESPACE}/pods", {"labelSelector": f"{names.LABEL_NODE}={node}"}
     )
     return items
-
-
-async def all_bound(kube: client.KubeClient, namespace: str, count: int) -> list[Json] | None:
-    pods = await pods_in(kube, namespace)
-    bound = [p for p in pods if (p.get("spec") or {}).get("nodeName")]
-    return bound if len(bound) == count else None
 
 
 async def test_fractional_pods_pack_onto_gpus(

@@ -9,6 +9,7 @@ import pytest
 
 from sharegpu.api import paths, wire
 from sharegpu.kube import client, errors, fake, transport
+from tests.builders import MakePod
 
 
 def api(**kwargs: object) -> tuple[fake.FakeApiServer, client.KubeClient]:
@@ -16,16 +17,12 @@ def api(**kwargs: object) -> tuple[fake.FakeApiServer, client.KubeClient]:
     return server, client.KubeClient(server)
 
 
-def pod(name: str, **labels: str) -> dict[str, object]:
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": labels}, "spec": {"containers": []}}
-
-
 async def test_create_get_patch_delete_and_conflicts() -> None:
     _, kube = api()
-    made = await kube.create(paths.pods("ns"), pod("a"))
+    made = await kube.create(paths.pods("ns"), MakePod("a").obj())
     assert made["metadata"]["uid"] and made["metadata"]["resourceVersion"]
     with pytest.raises(errors.ConflictError) as caught:
-        await kube.create(paths.pods("ns"), pod("a"))
+        await kube.create(paths.pods("ns"), MakePod("a").obj())
     assert caught.value.already_exists and caught.value.status == 409
     patched = await kube.patch(paths.pod("ns", "a"), {"metadata": {"labels": {"x": "1"}}})
     assert patched["metadata"]["labels"] == {"x": "1"}
@@ -82,7 +79,7 @@ async def test_a_401_rereads_the_credentials_and_retries_once() -> None:
     server = fake.FakeApiServer(tokens={"new"})
     auth = Rotating()
     kube = client.KubeClient(server, auth)
-    await kube.create(paths.pods("ns"), pod("a"))
+    await kube.create(paths.pods("ns"), MakePod("a").obj())
     assert (auth.refreshes, kube.unauthorized) == (1, 1)
     server.tokens = {"newer"}
     with pytest.raises(errors.UnauthorizedError):
@@ -97,7 +94,7 @@ async def test_a_401_rereads_the_credentials_and_retries_once() -> None:
 async def test_lists_are_paged_and_typed() -> None:
     server, kube = api()
     for i in range(7):
-        await kube.create(paths.pods("ns"), pod(f"p{i}", team="a" if i % 2 else "b"))
+        await kube.create(paths.pods("ns"), MakePod(f"p{i}").labels({"team": "a" if i % 2 else "b"}).obj())
     items, version = await kube.list_of(paths.PODS, wire.Pod, page=3)
     assert [p.metadata.name for p in items] == [f"p{i}" for i in range(7)]
     assert version == str(server.version)
@@ -108,9 +105,9 @@ async def test_lists_are_paged_and_typed() -> None:
 
 async def test_watch_replays_from_a_version_and_says_when_it_is_too_old() -> None:
     server, kube = api()
-    await kube.create(paths.pods("ns"), pod("a"))
+    await kube.create(paths.pods("ns"), MakePod("a").obj())
     start = str(server.version)
-    await kube.create(paths.pods("ns"), pod("b"))
+    await kube.create(paths.pods("ns"), MakePod("b").obj())
     await kube.patch(paths.pod("ns", "a"), {"metadata": {"labels": {"x": "1"}}})
     seen = []
     async for kind, obj, _ in kube.watch(paths.PODS, wire.Pod, start, timeout_seconds=1):
@@ -146,8 +143,7 @@ async def test_a_line_over_the_limit_or_cut_short_is_a_temporary_error() -> None
 
 async def test_a_watch_event_over_a_mebibyte_arrives() -> None:
     server, kube = api()
-    huge = pod("huge")
-    huge["metadata"]["annotations"] = {"blob": "y" * (1200 * 1024)}  # type: ignore[index]
+    huge = MakePod("huge").annotations({"blob": "y" * (1200 * 1024)}).obj()
     start = str(server.version)
     await kube.create(paths.pods("ns"), huge)
     async for kind, obj, _ in kube.watch(paths.PODS, wire.Pod, start, timeout_seconds=1):

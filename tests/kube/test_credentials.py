@@ -16,14 +16,7 @@ import pytest
 import trustme
 
 from sharegpu.kube import credentials
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.builders import Clock
 
 
 def kubeconfig(folder: Path, user: Mapping[str, object], cluster: Mapping[str, object] | None = None) -> Path:
@@ -57,7 +50,7 @@ async def test_a_rotated_token_file_is_read_again(tmp_path: Path) -> None:
     assert await creds.authorization() == "Bearer first"
     touch_later(token, "second")
     assert await creds.authorization() == "Bearer first", "files are checked at most once per interval"
-    clock.now += 1.5
+    clock.advance(1.5)
     assert await creds.authorization() == "Bearer second"
     touch_later(token, "third")
     await creds.refresh()
@@ -85,7 +78,7 @@ async def test_rotated_client_certificates_open_new_connections(tmp_path: Path) 
     second.cert_chain_pems[0].write_to_path(str(cert))
     second.private_key_pem.write_to_path(str(key))
     os.utime(cert, ns=(before + 10**9, before + 10**9))
-    clock.now += 2
+    clock.advance(2)
     assert (await creds.tls()).generation == tls.generation + 1
 
 
@@ -103,11 +96,11 @@ async def test_a_new_token_keeps_the_connections(tmp_path: Path) -> None:
     creds = credentials.Credentials(lambda: credentials.parse_kubeconfig(config), clock=clock)
     tls = await creds.tls()
     touch_later(token, "second")
-    clock.now += 2
+    clock.advance(2)
     assert await creds.authorization() == "Bearer second"
     assert await creds.tls() is tls, "same TLS material, same generation"
     touch_later(tmp_path / "ca.crt", trustme.CA().cert_pem.bytes().decode())
-    clock.now += 2
+    clock.advance(2)
     assert (await creds.tls()).generation == tls.generation + 1
 
 
@@ -146,7 +139,7 @@ async def test_exec_plugins_are_run_again_when_their_token_expires(tmp_path: Pat
     creds = credentials.Credentials(lambda: credentials.parse_kubeconfig(kubeconfig(tmp_path, user)), clock=clock)
     assert await creds.authorization() == "Bearer tok-1"
     assert await creds.authorization() == "Bearer tok-1"
-    clock.now += 55  # the token expires in 60 s; it is renewed 10 s early
+    clock.advance(55)  # the token expires in 60 s; it is renewed 10 s early
     assert await creds.authorization() == "Bearer tok-2"
 
 

@@ -8,19 +8,13 @@ from typing import Any
 
 from sharegpu.api import paths, wire
 from sharegpu.kube import client, fake, informer
+from tests.builders import Clock, MakePod
 from tests.conftest import eventually
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def pod(name: str, uid_hint: str = "") -> dict[str, Any]:
-    return {"metadata": {"name": name, "labels": {"v": uid_hint}}, "spec": {"containers": []}}
+    """A pod labelled v=<uid_hint> (one made again under the same name differs by it)."""
+    return MakePod(name).labels({"v": uid_hint}).obj()
 
 
 def start(
@@ -109,7 +103,7 @@ async def test_readiness_follows_auth_failures_and_long_outages() -> None:
     server.cut_watches()
     await eventually(lambda: not inf.status()["watching"] and "503" in inf.last_error, "failing")
     assert inf.status()["ready"] is True, "a short outage keeps the informer ready"
-    clock.now += 31
+    clock.advance(31)
     assert inf.status()["ready"] is False, "an outage longer than stale_after does not"
     server.faults.clear()
     await eventually(lambda: inf.ready, "watching again")
@@ -151,7 +145,7 @@ async def test_a_watch_that_opens_and_breaks_again_and_again_is_not_ready() -> N
         server.cut_watches()
         await eventually(lambda: bool(server.watches) or not inf.status()["watching"], "reopened or broken")
         await asyncio.sleep(0.05)
-    clock.now += 31
+    clock.advance(31)
     server.cut_watches()
     await eventually(lambda: not inf.status()["watching"], "broken again")
     assert inf.status()["ready"] is False, "accepted-then-cut watches for longer than stale_after are not health"

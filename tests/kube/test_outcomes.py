@@ -14,11 +14,8 @@ import pytest
 
 from sharegpu.api import paths
 from sharegpu.kube import client, errors, fake, transport
+from tests.builders import MakePod
 from tests.kube.conftest import local_credentials
-
-
-def pod(name: str) -> dict[str, object]:
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": {"containers": []}}
 
 
 @pytest.mark.parametrize(
@@ -46,24 +43,24 @@ async def test_the_fake_commits_then_loses_the_answer_or_answers_5xx() -> None:
     kube = client.KubeClient(server)
     server.lose(method="POST", path=paths.pods("ns"))
     with pytest.raises(errors.TransportError) as lost:
-        await kube.create(paths.pods("ns"), pod("a"))
+        await kube.create(paths.pods("ns"), MakePod("a").obj())
     assert errors.outcome(lost.value) is errors.Outcome.UNKNOWN
     assert server.get_object(paths.pod("ns", "a")) is not None, "carried out, then the answer was lost"
 
     server.lose(method="POST", path=paths.pods("ns"), after_commit=False)
     with pytest.raises(errors.TransportError) as never:
-        await kube.create(paths.pods("ns"), pod("b"))
+        await kube.create(paths.pods("ns"), MakePod("b").obj())
     assert errors.outcome(never.value) is errors.Outcome.UNKNOWN, "the caller cannot tell: the request was sent"
     assert server.get_object(paths.pod("ns", "b")) is None, "lost on its way in"
 
     server.fail(503, method="POST", path=paths.pods("ns"), after_commit=True)
     with pytest.raises(errors.BusyError) as busy:
-        await kube.create(paths.pods("ns"), pod("c"))
+        await kube.create(paths.pods("ns"), MakePod("c").obj())
     assert busy.value.status == 503 and server.get_object(paths.pod("ns", "c")) is not None
 
     server.fail(503, method="POST", path=paths.pods("ns"))
     with pytest.raises(errors.BusyError):
-        await kube.create(paths.pods("ns"), pod("d"))
+        await kube.create(paths.pods("ns"), MakePod("d").obj())
     assert server.get_object(paths.pod("ns", "d")) is None, "without after_commit, nothing is carried out"
     server.fail(500, method="DELETE", after_commit=True)
     with pytest.raises(errors.BusyError):

@@ -13,7 +13,8 @@ from sharegpu.api import names, paths
 from sharegpu.extender import runtime
 from sharegpu.kube import client, fake
 from sharegpu.kubectl import read, views
-from tests.extender.conftest import Clock, Harness, add_node
+from tests.builders import Clock
+from tests.extender.conftest import START, Harness, add_node
 
 Json = dict[str, Any]
 
@@ -33,7 +34,7 @@ async def placed() -> AsyncIterator[Callable[..., Any]]:
         for i in range(nodes):
             add_node(server, f"n{i}", gpus)
         server.put_object(paths.NAMESPACES, {"metadata": {"name": names.SYSTEM_NAMESPACE}})
-        clock = Clock()
+        clock = Clock(START)
         extender = runtime.Extender(
             client.KubeClient(server), runtime.Options(leader_elect=False, reservation_idle=0.0), clock=clock
         )

@@ -14,6 +14,7 @@ from sharegpu.api import names, paths, reasons, resources
 from sharegpu.core import allocation, devices, requests, units
 from sharegpu.extender import routes
 from sharegpu.kubectl import read, render, views
+from tests.builders import MakeAllocation
 from tests.extender.conftest import Harness, gpu_pod, settle
 from tests.kubectl.conftest import snapshot
 
@@ -145,12 +146,7 @@ async def test_inventory_marks_an_overcommitted_gpu_and_explain_says_it_takes_no
     h: Harness = await placed(nodes=1, gpus=2)
     for name in ("x", "y"):
         body = gpu_pod(name, milli=700)
-        alloc = allocation.Allocation(
-            units.PodKey(f"ns/{name}"),
-            units.NodeName("n0"),
-            (allocation.ContainerAllocation("main", (allocation.DeviceGrant(1, 700, 0, 700),)),),
-        )
-        body["metadata"]["annotations"][names.ALLOCATION] = alloc.to_json()
+        body["metadata"]["annotations"][names.ALLOCATION] = MakeAllocation(f"ns/{name}", "n0").grant(1, 700).json()
         body["spec"]["nodeName"] = "n0"
         h.server.put_object(paths.pods("ns"), body)
     await h.create(gpu_pod("probe", milli=100))

@@ -12,6 +12,7 @@ from sharegpu.api import admission as messages
 from sharegpu.api import budgets, groups, names, paths, wire
 from sharegpu.kube import client, fake
 from sharegpu.webhook import admission, server
+from tests.builders import MakePod
 
 Json = dict[str, Any]
 POLICY = admission.Policy(system_users=frozenset({"sharegpu-extender"}))
@@ -38,10 +39,8 @@ def applied(pod: Json, answer: messages.ReviewResponse) -> Json:
 
 
 def sharing_pod(annotations: dict[str, str] | None = None) -> Json:
-    return {
-        "metadata": {"name": "p", "annotations": dict(annotations or {})},
-        "spec": {"containers": [{"name": "main", "resources": {"limits": {"koordinator.sh/gpu-core": "30"}}}]},
-    }
+    """A pod asking for 30% of a GPU the Koordinator way (the webhook translates it)."""
+    return MakePod("p").annotations(annotations or {}).container(limits={"koordinator.sh/gpu-core": "30"}).obj()
 
 
 def test_reinvocation_is_idempotent() -> None:

@@ -9,6 +9,7 @@ import pytest
 from sharegpu.api import handoff, names, pods, wire
 from sharegpu.core import allocation, errors, units
 from sharegpu.webhook import translate
+from tests.webhook.conftest import ROWS
 
 Json = dict[str, Any]
 
@@ -23,69 +24,6 @@ def pod(limits: dict[str, str] | None = None, annotations: dict[str, str] | None
 def gpu_limits(out: Json) -> dict[str, str]:
     limits = out["spec"]["containers"][0]["resources"]["limits"]
     return {k: v for k, v in limits.items() if "gpu" in k or "vcuda" in k}
-
-
-ROWS = [
-    # (format, limits, annotations, canonical GPU limits, canonical annotations)
-    ("sharegpu", {names.GPU: "1", names.GPU_MILLI: "300"}, {}, {names.GPU: "1", names.GPU_MILLI: "300"}, {}),
-    ("nvidia whole", {"nvidia.com/gpu": "2"}, {}, {"nvidia.com/gpu": "2"}, {}),
-    # Whole GPUs asked the sharegpu way go to the device plugin (no hand-off would give them a GPU).
-    ("sharegpu whole", {names.GPU: "2"}, {}, {"nvidia.com/gpu": "2"}, {}),
-    ("sharegpu whole, all the compute", {names.GPU: "1", names.GPU_MILLI: "1000"}, {}, {"nvidia.com/gpu": "1"}, {}),
-    ("koordinator core+ratio", {"koordinator.sh/gpu-core": "50", "koordinator.sh/gpu-memory-ratio": "50"}, {},
-     {names.GPU_MILLI: "500"}, {names.MEMORY_PERMILLE: "500"}),
-    ("koordinator core+bytes", {"koordinator.sh/gpu-core": "25", "koordinator.sh/gpu-memory": "8Gi"}, {},
-     {names.GPU_MILLI: "250", names.GPU_MEMORY: "8192"}, {}),
-    ("koordinator shared", {"koordinator.sh/gpu.shared": "2", "koordinator.sh/gpu-core": "60",
-                            "koordinator.sh/gpu-memory-ratio": "60"}, {},
-     {names.GPU: "2", names.GPU_MILLI: "300"}, {names.MEMORY_PERMILLE: "300"}),
-    ("koordinator shared, the manual's spelling", {"koordinator.sh/gpu-shared": "1", "koordinator.sh/gpu-core": "50",
-                                                   "koordinator.sh/gpu-memory-ratio": "50"}, {},
-     {names.GPU_MILLI: "500"}, {names.MEMORY_PERMILLE: "500"}),
-    ("koordinator shared bytes", {"koordinator.sh/gpu.shared": "2", "koordinator.sh/gpu-core": "100",
-                                  "koordinator.sh/gpu-memory": "8Gi"}, {},
-     {names.GPU: "2", names.GPU_MILLI: "500", names.GPU_MEMORY: "4096"}, {}),
-    ("koordinator.sh/gpu", {"koordinator.sh/gpu": "25"}, {},
-     {names.GPU_MILLI: "250"}, {names.MEMORY_PERMILLE: "250"}),
-    ("nvidia.com/gpu in percent, whole", {"nvidia.com/gpu": "100"}, {}, {"nvidia.com/gpu": "1"}, {}),
-    ("nvidia.com/gpu in percent, two", {"nvidia.com/gpu": "200"}, {}, {"nvidia.com/gpu": "2"}, {}),
-    ("nvidia.com/gpu in percent, share", {"nvidia.com/gpu": "80"}, {},
-     {names.GPU_MILLI: "800"}, {names.MEMORY_PERMILLE: "800"}),
-    ("koordinator whole", {"koordinator.sh/gpu-core": "200", "koordinator.sh/gpu-memory-ratio": "200"}, {},
-     {"nvidia.com/gpu": "2"}, {}),
-    ("kubernetes.io/gpu", {"kubernetes.io/gpu": "50"}, {},
-     {names.GPU_MILLI: "500"}, {names.MEMORY_PERMILLE: "500"}),
-    ("kubernetes.io/gpu whole", {"kubernetes.io/gpu": "100"}, {}, {"nvidia.com/gpu": "1"}, {}),
-    ("kubernetes.io/gpu-core+memory", {"kubernetes.io/gpu-core": "40", "kubernetes.io/gpu-memory": "4Gi"}, {},
-     {names.GPU_MILLI: "400", names.GPU_MEMORY: "4096"}, {}),
-    ("kubernetes.io/gpu-memory-ratio", {"kubernetes.io/gpu-memory-ratio": "25"}, {},
-     {names.GPU_MILLI: "1"}, {names.MEMORY_PERMILLE: "250", names.LIMIT_MILLI: "1000"}),
-    ("aliyun", {"aliyun.com/gpu-mem": "3"}, {},
-     {names.GPU_MILLI: "1", names.GPU_MEMORY: "3072"}, {names.LIMIT_MILLI: "1000"}),
-    ("tkestack share", {"tencent.com/vcuda-core": "30", "tencent.com/vcuda-memory": "8"}, {},
-     {names.GPU_MILLI: "300", names.GPU_MEMORY: "2048"}, {}),
-    ("tkestack whole", {"tencent.com/vcuda-core": "200", "tencent.com/vcuda-memory": "60"}, {},
-     {"nvidia.com/gpu": "2"}, {}),
-    ("hami", {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "3000", "nvidia.com/gpucores": "30"}, {},
-     {names.GPU_MILLI: "300", names.GPU_MEMORY: "3000"}, {}),
-    ("hami memory percentage", {"nvidia.com/gpu": "2", "nvidia.com/gpumem-percentage": "50"}, {},
-     {names.GPU: "2", names.GPU_MILLI: "1"}, {names.MEMORY_PERMILLE: "500", names.LIMIT_MILLI: "1000"}),
-    ("volcano", {"volcano.sh/vgpu-number": "1", "volcano.sh/vgpu-memory": "3000", "volcano.sh/vgpu-cores": "30"}, {},
-     {names.GPU_MILLI: "300", names.GPU_MEMORY: "3000"}, {}),
-    ("volcano memory %", {"volcano.sh/vgpu-number": "2", "volcano.sh/vgpu-memory-percentage": "50"}, {},
-     {names.GPU: "2", names.GPU_MILLI: "1"}, {names.MEMORY_PERMILLE: "500", names.LIMIT_MILLI: "1000"}),
-    ("kai fraction", {}, {"gpu-fraction": "0.5"}, {names.GPU_MILLI: "500"}, {names.MEMORY_PERMILLE: "500"}),
-    ("kai memory", {}, {"gpu-memory": "2500"},
-     {names.GPU_MILLI: "1", names.GPU_MEMORY: "2500"}, {names.LIMIT_MILLI: "1000"}),
-    ("kai devices", {}, {"gpu-fraction": "0.25", "gpu-fraction-num-devices": "2"},
-     {names.GPU: "2", names.GPU_MILLI: "250"}, {names.MEMORY_PERMILLE: "250"}),
-    ("kubeshare", {}, {"kubeshare/gpu_request": "0.5", "kubeshare/gpu_limit": "1.0", "kubeshare/gpu_mem": "2147483648",
-                       "kubeshare/sched_affinity": "red", "kubeshare/sched_anti-affinity": "blue",
-                       "kubeshare/sched_exclusion": "green", "kubeshare/GPUID": "g1"},
-     {names.GPU_MILLI: "500", names.GPU_MEMORY: "2048"},
-     {names.LIMIT_MILLI: "1000", names.AFFINITY: "red", names.ANTI_AFFINITY: "blue",
-      names.EXCLUSION: "green", names.GROUP: "g1"}),
-]  # fmt: skip
 
 
 @pytest.mark.parametrize(("fmt", "limits", "notes", "canonical", "canonical_notes"), ROWS, ids=[r[0] for r in ROWS])
