@@ -53,7 +53,9 @@ import numpy as np
 
 from sharegpu.api import devices as api_devices
 from sharegpu.api import names, paths, pods, wire
-from sharegpu.core import devices, fleet, ledger, placer, policies
+from sharegpu.core import devices, fleet, policies
+from sharegpu.core import ledger as core_ledger
+from sharegpu.core import placer as core_placer
 from sharegpu.devcluster import controlplane, fakecluster, faults, oracle, stack
 from sharegpu.kube import client
 from sharegpu.kube import errors as kube_errors
@@ -79,19 +81,19 @@ def pod_body(rng: random.Random, name: str) -> Json:
     kind = rng.random()
     priority = "chaos-high" if rng.random() < HIGH else "chaos-low"
     limits: dict[str, str] = {"cpu": "100m", "memory": "64Mi"}
-    notes: dict[str, str] = {}
+    annotations: dict[str, str] = {}
     if kind < 0.7:
         limits.update({names.GPU: "1", names.GPU_MILLI: str(rng.choice([100, 200, 250, 300, 500, 700]))})
-        notes[names.HANDOFF] = f"sharegpu-handoff-{uuid.uuid4().hex[:16]}"
+        annotations[names.HANDOFF] = f"sharegpu-handoff-{uuid.uuid4().hex[:16]}"
     elif kind < 0.9:
         limits[names.NVIDIA_GPU] = "1"
     else:
         limits.update({names.GPU: "2", names.GPU_MILLI: "400"})
-        notes[names.HANDOFF] = f"sharegpu-handoff-{uuid.uuid4().hex[:16]}"
+        annotations[names.HANDOFF] = f"sharegpu-handoff-{uuid.uuid4().hex[:16]}"
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": name, "namespace": NS, "annotations": notes},
+        "metadata": {"name": name, "namespace": NS, "annotations": annotations},
         "spec": {
             "schedulerName": names.SCHEDULER_NAME,
             "priorityClassName": priority,
@@ -310,10 +312,10 @@ class Chaos:
         facts = {n.metadata.name: api_devices.node_facts(n) for n in node_list}
         inventory = [api_devices.inventory(d, facts.get(d.metadata.name)) for d in device_list]
         state = fleet.FleetState(inventory)
-        book = ledger.Ledger(state)
+        ledger = core_ledger.Ledger(state)
         pod_list, _ = await self.api.list_of(paths.PODS, wire.Pod)
         records = [pods.record(p) for p in pod_list]
-        book.load(
+        ledger.load(
             [r.allocation for r in records if r.allocation is not None and r.live and r.allocation.node == r.node]
         )
         for record in records:  # whole-GPU pods (no allocation annotation) and reservations hold GPUs too
@@ -324,11 +326,11 @@ class Chaos:
                     state.tenants[row, free] += 1
                     state.exclusive[row, free] += 1
                     state.milli_free[row, free] = 0
-        chooser = placer.Placer(state, policies.make("bestfit"))
+        placer = core_placer.Placer(state, policies.make("bestfit"))
         stuck: list[str] = []
         for record in records:
             pending = record.key.startswith(f"{NS}/") and not record.node and not record.terminal
-            if pending and record.request and chooser.decide(record.request.demand).status.ok:
+            if pending and record.request and placer.decide(record.request.demand).status.ok:
                 stuck.append(record.key)
         return stuck
 

@@ -29,7 +29,7 @@ import msgspec
 import numpy as np
 
 from sharegpu.api import devices as api_devices
-from sharegpu.api import extender as protocol
+from sharegpu.api import extender as api_extender
 from sharegpu.api import names, paths, wire
 from sharegpu.core import devices
 from sharegpu.extender import runtime
@@ -102,18 +102,18 @@ async def run(args: argparse.Namespace) -> dict[str, float]:
             made = await api.create(paths.pods("bench"), pod(f"p{i}", milli, count))
             body = msgspec.json.encode({"Pod": made, "NodeNames": kube_scheduler_order(node_names, i, rng)})
             started = time.perf_counter()
-            verdict = service.filter(wire.decode(body, protocol.Args))
-            protocol.ENCODER.encode(verdict)
+            verdict = service.filter(wire.decode(body, api_extender.Args))
+            api_extender.ENCODER.encode(verdict)
             if len(verdict.node_names) > 1:  # kube-scheduler calls prioritize only when several nodes are left
                 again = msgspec.json.encode({"Pod": made, "NodeNames": verdict.node_names})
-                protocol.ENCODER.encode(service.prioritize(wire.decode(again, protocol.Args)))
+                api_extender.ENCODER.encode(service.prioritize(wire.decode(again, api_extender.Args)))
             timings.append((time.perf_counter() - started) * 1000)
             if (milli, count) not in seen:  # the first pod of a shape scores every node once
                 seen.add((milli, count))
                 cold.append(timings[-1])
             if verdict.node_names:  # bind it through the same service, so the cluster fills up
                 await asyncio.sleep(0)
-                binding = protocol.BindingArgs(
+                binding = api_extender.BindingArgs(
                     pod_name=f"p{i}", pod_namespace="bench", pod_uid=made["metadata"]["uid"], node=verdict.node_names[0]
                 )
                 result = await service.bind(binding)

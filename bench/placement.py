@@ -18,7 +18,9 @@ from pathlib import Path
 
 import numpy as np
 
-from sharegpu.core import devices, fleet, ledger, placer, policies
+from sharegpu.core import devices, fleet, policies
+from sharegpu.core import ledger as core_ledger
+from sharegpu.core import placer as core_placer
 from sharegpu.sim import replay, trace
 
 HERE = Path(__file__).resolve().parent
@@ -35,15 +37,15 @@ def measure(
     capacity = sum(n.gpu_count for n in nodes) * 1000
     workload = replay.build_workload(pods.pods, capacity, len(nodes), 1.3, seed=42)
     state = fleet.FleetState(nodes)
-    book = ledger.Ledger(state)
-    chooser = placer.Placer(
+    ledger = core_ledger.Ledger(state)
+    placer = core_placer.Placer(
         state, policies.make(name, shapes), priority=workload.node_priority, seed=42, cache_shapes=1024 if cache else 0
     )
     timings = []
     for i, pod in enumerate(workload.pods[:count]):
         request = pod.request(f"{pod.name}#{i}")
         started = time.perf_counter()
-        chooser.place(book, request)
+        placer.place(ledger, request)
         timings.append((time.perf_counter() - started) * 1000)
     return timings
 

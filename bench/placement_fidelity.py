@@ -45,10 +45,10 @@ def manifest(pod: trace.TracePod, name: str, namespace: str) -> Json:
         limits.update({names.GPU: "1", names.GPU_MILLI: str(pod.gpu_milli)})
     else:
         limits[names.NVIDIA_GPU] = str(pod.num_gpu)
-    notes = {names.MODELS: ",".join(sorted(pod.models))} if pod.models else {}
+    annotations = {names.MODELS: ",".join(sorted(pod.models))} if pod.models else {}
     return {
         "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": namespace, "annotations": notes},
+        "metadata": {"name": name, "namespace": namespace, "annotations": annotations},
         "spec": {"schedulerName": names.SCHEDULER_NAME, "terminationGracePeriodSeconds": 0,
                  "containers": [{"name": "main", "image": "busybox",
                                  "resources": {"limits": limits, "requests": dict(limits)}}]},
@@ -109,15 +109,17 @@ async def through_kubernetes(nodes: list[Any], workload: replay.Workload, shapes
 
 
 def in_simulator(nodes: list[Any], workload: replay.Workload, pods: trace.Trace) -> tuple[list[str | None], float]:
-    from sharegpu.core import fleet, ledger, placer
+    from sharegpu.core import fleet
+    from sharegpu.core import ledger as core_ledger
+    from sharegpu.core import placer as core_placer
 
     shapes = pods.typical_shapes()
     state = fleet.FleetState(nodes)
-    book = ledger.Ledger(state)
-    chooser = placer.Placer(state, policies.make(POLICY, shapes), priority=workload.node_priority)
+    ledger = core_ledger.Ledger(state)
+    placer = core_placer.Placer(state, policies.make(POLICY, shapes), priority=workload.node_priority)
     placed: list[str | None] = []
     for i, pod in enumerate(workload.pods):
-        decision = chooser.place(book, pod.request(f"p{i:05d}"))
+        decision = placer.place(ledger, pod.request(f"p{i:05d}"))
         placed.append(decision.node if decision.status.ok else None)
     return placed, figure(workload, placed, state.total_milli)
 

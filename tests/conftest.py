@@ -14,7 +14,8 @@ import pytest
 import yaml
 
 from sharegpu.api import names
-from sharegpu.core import devices, fleet, ledger, requests
+from sharegpu.core import devices, fleet, requests
+from sharegpu.core import ledger as core_ledger
 from sharegpu.devcluster import stack
 from tests.agent import cudastubs
 
@@ -66,8 +67,8 @@ def node(
     )
 
 
-def book(*nodes: devices.NodeInventory) -> ledger.Ledger:
-    return ledger.Ledger(fleet.FleetState(list(nodes)))
+def ledger(*nodes: devices.NodeInventory) -> core_ledger.Ledger:
+    return core_ledger.Ledger(fleet.FleetState(list(nodes)))
 
 
 def pod(key: str, **kwargs: object) -> requests.PodRequest:

@@ -235,11 +235,11 @@ def test_every_component_is_annotated_for_scraping_on_the_port_that_serves_its_m
     ):
         kind = "DaemonSet" if name == "sharegpu-agent" else "Deployment"
         template = one(docs, kind, name)["spec"]["template"]
-        notes = template["metadata"]["annotations"]
+        annotations = template["metadata"]["annotations"]
         ports = {p["name"]: p["containerPort"] for c in template["spec"]["containers"] for p in c.get("ports", [])}
-        assert notes["prometheus.io/scrape"] == "true" and notes["prometheus.io/path"] == "/metrics", name
-        assert notes["prometheus.io/port"] == str(ports[port]), name
-        assert notes.get("prometheus.io/scheme") == scheme, name
+        assert annotations["prometheus.io/scrape"] == "true" and annotations["prometheus.io/path"] == "/metrics", name
+        assert annotations["prometheus.io/port"] == str(ports[port]), name
+        assert annotations.get("prometheus.io/scheme") == scheme, name
     quiet = render("1.34.0", "metrics.podAnnotations=false")
     template = one(quiet, "Deployment", "sharegpu-controller")["spec"]["template"]
     assert "annotations" not in template["metadata"]

@@ -59,11 +59,11 @@ def whole(
 ) -> wire.Pod:
     """A pod in namespace ml whose containers ask `gpus` whole GPUs each (0: none), with the
     extender's allocation of GPU indexes per container (text: the annotation as it is; None: none)."""
-    notes = {}
+    annotations = {}
     if isinstance(allocated, str):
-        notes[names.ALLOCATION] = allocated
+        annotations[names.ALLOCATION] = allocated
     elif allocated is not None:
-        notes[names.ALLOCATION] = json.dumps(
+        annotations[names.ALLOCATION] = json.dumps(
             {
                 "version": 1,
                 "node": "n1",
@@ -79,7 +79,7 @@ def whole(
                 ],
             }
         )
-    meta: dict[str, Any] = {"name": name, "namespace": "ml", "annotations": notes}
+    meta: dict[str, Any] = {"name": name, "namespace": "ml", "annotations": annotations}
     if created is not None:
         meta["creationTimestamp"] = created
     if deleting:

@@ -105,9 +105,9 @@ async def test_a_share_group_holds_a_share_of_each_gpu_and_hands_its_members_the
         "memory": "32Mi",
     }  # sharegpu's resources, no device-plugin GPU
     assert {"name": names.ROLE_ENV, "value": names.ROLE_GROUP_SHARE} in container["env"]
-    notes = holder["metadata"]["annotations"]
-    assert notes[names.MEMORY_PERMILLE] == "300"  # no memoryMiB: the same share of the memory
-    source = notes[names.HANDOFF]
+    annotations = holder["metadata"]["annotations"]
+    assert annotations[names.MEMORY_PERMILLE] == "300"  # no memoryMiB: the same share of the memory
+    source = annotations[names.HANDOFF]
     assert source == groups.holder_handoff_name("team", "s")
     # Bound by kube-scheduler and the extender, but no hand-off yet: not Bound.
     holder["spec"]["nodeName"] = "n0"

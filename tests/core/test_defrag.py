@@ -7,7 +7,9 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sharegpu.core import defrag, devices, fleet, ledger, placer, policies, requests, status, units
+from sharegpu.core import defrag, devices, fleet, policies, requests, status, units
+from sharegpu.core import ledger as core_ledger
+from sharegpu.core import placer as core_placer
 from tests.conftest import node, pod
 
 
@@ -16,8 +18,8 @@ class Cluster:
 
     def __init__(self, *nodes: devices.NodeInventory) -> None:
         self.state = fleet.FleetState(list(nodes))
-        self.book = ledger.Ledger(self.state)
-        self.chooser = placer.Placer(self.state, policies.make("bestfit"))
+        self.ledger = core_ledger.Ledger(self.state)
+        self.placer = core_placer.Placer(self.state, policies.make("bestfit"))
         self.tenants: dict[units.PodKey, defrag.Tenant] = {}
 
     def run(
@@ -34,8 +36,8 @@ class Cluster:
     ) -> Cluster:
         request = pod(key, count=len(gpus), milli=milli, cpu_milli=cpu)
         row = self.state.row_of[node_name]
-        decision = placer.Decision(status.SUCCESS, row=row, node=units.NodeName(node_name), gpus=gpus)
-        result = self.book.add(self.chooser.allocation_for(request, decision))
+        decision = core_placer.Decision(status.SUCCESS, row=row, node=units.NodeName(node_name), gpus=gpus)
+        result = self.ledger.add(self.placer.allocation_for(request, decision))
         assert result.ok, result
         self.tenants[request.key] = defrag.Tenant(request, movable, priority, groups, owner=f"ReplicaSet/{key}")
         return self
@@ -44,15 +46,15 @@ class Cluster:
         self, *pending: requests.PodRequest | defrag.Pending, evictions: int = 10, groups: dict[str, int] | None = None
     ) -> defrag.Plan:
         items = [p if isinstance(p, defrag.Pending) else defrag.Pending(p) for p in pending]
-        before = snapshot(self.book)
-        result = defrag.plan(self.book, self.chooser, self.tenants, items, defrag.Limits(evictions, groups or {}))
-        assert snapshot(self.book) == before, "the plan changed the ledger"
-        assert self.state.same_usage(self.state.recount(self.book.allocations()))
+        before = snapshot(self.ledger)
+        result = defrag.plan(self.ledger, self.placer, self.tenants, items, defrag.Limits(evictions, groups or {}))
+        assert snapshot(self.ledger) == before, "the plan changed the ledger"
+        assert self.state.same_usage(self.state.recount(self.ledger.allocations()))
         return result
 
 
-def snapshot(book: ledger.Ledger) -> dict[units.PodKey, tuple[object, ledger.Phase]]:
-    return {key: (entry.alloc, entry.phase) for key, entry in book.entries()}
+def snapshot(ledger: core_ledger.Ledger) -> dict[units.PodKey, tuple[object, core_ledger.Phase]]:
+    return {key: (entry.alloc, entry.phase) for key, entry in ledger.entries()}
 
 
 def victims(plan: defrag.Plan) -> list[str]:
@@ -222,18 +224,18 @@ def test_any_plan_is_safe(
     plan = cluster.plan(*pending, evictions=evictions, groups={"g": allowance})
     assert plan.evictions <= min(evictions, allowance)
     # Replay the plan on a copy: every victim leaves, every pending pod and victim lands, nothing over-commits.
-    book = ledger.Ledger(fleet.FleetState(list(cluster.state.inventories)))
-    assert all(r.ok for r in book.load(cluster.book.allocations()))
+    ledger = core_ledger.Ledger(fleet.FleetState(list(cluster.state.inventories)))
+    assert all(r.ok for r in ledger.load(cluster.ledger.allocations()))
     for move in plan.moves:
         for victim in move.victims:
             tenant = cluster.tenants[victim.pod]
             assert tenant.movable and tenant.priority <= 1
-            assert book.remove(victim.pod).ok
-        assert book.add(move.placed).ok
+            assert ledger.remove(victim.pod).ok
+        assert ledger.add(move.placed).ok
         for victim in move.victims:
-            assert book.add(victim.after).ok
-    assert book.state.same_usage(book.state.recount(book.allocations()))
-    assert np.all(book.state.milli_free >= 0)
+            assert ledger.add(victim.after).ok
+    assert ledger.state.same_usage(ledger.state.recount(ledger.allocations()))
+    assert np.all(ledger.state.milli_free >= 0)
     assert len(set(victims(plan))) == plan.evictions
 
 
@@ -286,13 +288,13 @@ def test_the_bounded_search_finds_the_same_cheapest_candidates_as_searching_ever
         cluster.run(f"ns/r{i}", f"n{where}", gpus, share, movable=movable)
     demand = pod("ns/p", count=wanted[0], milli=wanted[1]).demand
 
-    def usable(key: units.PodKey, entry: ledger.Entry) -> bool:
+    def usable(key: units.PodKey, entry: core_ledger.Entry) -> bool:
         return cluster.tenants[key].movable
 
     every = np.arange(6, dtype=np.int64)
-    trial = defrag._Trial(cluster.book)
-    bounded = defrag._candidates(trial, cluster.chooser, demand, usable, every, limit, {}, 0)
-    exhaustive = defrag._candidates(trial, cluster.chooser, demand, usable, every, 10**6, {}, 0)
+    trial = defrag._Trial(cluster.ledger)
+    bounded = defrag._candidates(trial, cluster.placer, demand, usable, every, limit, {}, 0)
+    exhaustive = defrag._candidates(trial, cluster.placer, demand, usable, every, 10**6, {}, 0)
     assert bounded == exhaustive[:limit]
     assert [c.cost for c in exhaustive] == sorted(c.cost for c in exhaustive)
 
@@ -309,7 +311,7 @@ def test_a_node_lacking_more_is_still_searched_when_it_may_be_cheaper() -> None:
     demand = pod("ns/p", count=1, milli=500).demand
     every = np.arange(2, dtype=np.int64)
     (first,) = defrag._candidates(
-        defrag._Trial(cluster.book), cluster.chooser, demand, lambda k, e: True, every, 1, {}, 0
+        defrag._Trial(cluster.ledger), cluster.placer, demand, lambda k, e: True, every, 1, {}, 0
     )
     assert (first.row, first.victims, first.cost[:2]) == (0, ("ns/small",), (1, 100))
     plan = cluster.plan(pod("ns/p", count=1, milli=500), evictions=1)

@@ -9,15 +9,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sharegpu.core import devices, fit, ledger, requests, status, units
+from sharegpu.core import devices, fit, requests, status, units
+from sharegpu.core import ledger as core_ledger
 from tests.builders import MakeAllocation
-from tests.conftest import book, node, pod
+from tests.conftest import ledger, node, pod
 
 ALL = np.array([0, 1], dtype=np.int64)
 
 
 def _place(
-    b: ledger.Ledger,
+    b: core_ledger.Ledger,
     key: str,
     row_name: str,
     gpu: int,
@@ -29,7 +30,7 @@ def _place(
 
 
 def test_fractional_fit_needs_compute_memory_and_model() -> None:
-    b = book(node("t4", 2, "T4", memory=16000), node("a100", 2, "A100", memory=80000))
+    b = ledger(node("t4", 2, "T4", memory=16000), node("a100", 2, "A100", memory=80000))
     _place(b, "ns/x", "t4", 0, 700, memory=10000)
     demand = pod("ns/p", count=1, milli=400, memory_mib=8000).demand
     result = fit.evaluate(b.state, demand, ALL)
@@ -40,7 +41,7 @@ def test_fractional_fit_needs_compute_memory_and_model() -> None:
 
 
 def test_whole_gpus_need_entirely_free_gpus() -> None:
-    b = book(node("n", 4))
+    b = ledger(node("n", 4))
     _place(b, "ns/x", "n", 1, 1)
     demand = pod("ns/w", count=3).demand
     assert fit.evaluate(b.state, demand, np.array([0])).eligible[0, :4].tolist() == [True, False, True, True]
@@ -48,7 +49,7 @@ def test_whole_gpus_need_entirely_free_gpus() -> None:
 
 
 def test_host_cpu_and_memory_count() -> None:
-    b = book(node("n", 2, cpu=4000, host_memory=1000))
+    b = ledger(node("n", 2, cpu=4000, host_memory=1000))
     assert not fit.evaluate(b.state, pod("ns/c", count=1, milli=100, cpu_milli=5000).demand, np.array([0])).feasible[0]
     assert not fit.evaluate(b.state, pod("ns/m", host_memory_mib=2000).demand, np.array([0])).feasible[0]
 
@@ -74,7 +75,7 @@ def test_host_cpu_and_memory_count() -> None:
 def test_cotenancy_rules_on_a_shared_gpu(
     tenant: requests.CoTenancy, newcomer: requests.CoTenancy, allowed: bool
 ) -> None:
-    b = book(node("n", 1))
+    b = ledger(node("n", 1))
     _place(b, "ns/tenant", "n", 0, 200, tenant)
     demand = pod("ns/new", count=1, milli=200, cotenancy=newcomer).demand
     assert bool(fit.evaluate(b.state, demand, np.array([0])).feasible[0]) is allowed
@@ -85,7 +86,7 @@ def test_cotenancy_rules_on_a_shared_gpu(
 
 
 def test_a_group_stays_on_the_gpu_it_was_bound_to() -> None:
-    b = book(node("n", 2), node("m", 2))
+    b = ledger(node("n", 2), node("m", 2))
     group = requests.CoTenancy(group="g")
     demand = pod("ns/a", count=1, milli=100, cotenancy=group).demand
     assert fit.evaluate(b.state, demand, ALL).eligible[:, :2].all()
@@ -95,7 +96,7 @@ def test_a_group_stays_on_the_gpu_it_was_bound_to() -> None:
 
 
 def test_explain_lists_every_shortfall_gpu_by_gpu() -> None:
-    b = book(node("n", 2, "T4", memory=16000, cpu=4000))
+    b = ledger(node("n", 2, "T4", memory=16000, cpu=4000))
     _place(b, "ns/x", "n", 0, 900)
     _place(b, "ns/y", "n", 1, 600, memory=12000)
     demand = pod("ns/p", count=1, milli=500, memory_mib=8000, cpu_milli=6000).demand
@@ -110,7 +111,7 @@ def test_explain_lists_every_shortfall_gpu_by_gpu() -> None:
 
 
 def test_explain_marks_impossible_nodes_unresolvable() -> None:
-    b = book(node("n", 2, "T4"))
+    b = ledger(node("n", 2, "T4"))
     assert fit.explain_node(b.state, pod("ns/p", count=4).demand, 0).code is status.Code.UNSCHEDULABLE_AND_UNRESOLVABLE
     wrong_model = pod("ns/q", count=1, milli=100, models=frozenset({"A100"})).demand
     verdict = fit.explain_node(b.state, wrong_model, 0)
@@ -119,7 +120,7 @@ def test_explain_marks_impossible_nodes_unresolvable() -> None:
 
 
 def test_diagnose_names_the_first_shortfall_of_every_node() -> None:
-    b = book(
+    b = ledger(
         node("small", 1, "T4"),
         node("busy", 2, "T4"),
         node("a100", 2, "A100"),
@@ -156,7 +157,7 @@ def test_diagnose_names_the_first_shortfall_of_every_node() -> None:
 
 def test_a_demanded_isolation_mode_is_found_only_on_nodes_that_offer_it() -> None:
     mps = dataclasses.replace(node("mps", 2), isolation=frozenset({devices.Isolation.MPS}))
-    b = book(node("plain", 2), mps)
+    b = ledger(node("plain", 2), mps)
     demand = requests.GpuDemand(count=1, milli=300, isolation=devices.Isolation.MPS)
     assert fit.evaluate(b.state, demand, ALL).feasible.tolist() == [False, True]
     assert fit.evaluate(b.state, dataclasses.replace(demand, isolation=None), ALL).feasible.tolist() == [True, True]
@@ -178,7 +179,7 @@ def test_a_compute_guarantee_needs_the_mode_to_enforce_compute_on_the_node() -> 
         node("measured", 2), isolation=frozenset({hami}), compute_isolation=frozenset({hami})
     )
     unoffered = dataclasses.replace(node("unoffered", 2), compute_isolation=frozenset({hami}))  # says, but offers not
-    b = book(memory_only, measured, unoffered)
+    b = ledger(memory_only, measured, unoffered)
     demand = requests.GpuDemand(count=1, milli=300, isolation=hami, compute=True)
     three = np.arange(3)
     assert fit.evaluate(b.state, demand, three).feasible.tolist() == [False, True, False]
@@ -234,7 +235,7 @@ def test_a_demand_that_needs_at_least_another_fits_nowhere_the_other_does_not(
     cpu: int,
     host: int,
 ) -> None:
-    b = book(node("t4", 4, "T4", memory=16000), node("a100", 2, "A100", memory=80000), node("one", 1, "T4"))
+    b = ledger(node("t4", 4, "T4", memory=16000), node("a100", 2, "A100", memory=80000), node("one", 1, "T4"))
     names = ["t4", "a100", "one"]
     for i, (row, gpu, used, affinity, exclusion) in enumerate(tenants):
         if gpu < int(b.state.gpu_count[row]) and used <= int(b.state.milli_free[row, gpu]):
@@ -260,7 +261,7 @@ def test_a_demand_that_needs_at_least_another_fits_nowhere_the_other_does_not(
 
 
 def test_the_model_mask_is_membership_and_padding_is_no_model() -> None:
-    b = book(node("t4", 4, "T4"), node("a100", 2, "A100"), node("none", 0))
+    b = ledger(node("t4", 4, "T4"), node("a100", 2, "A100"), node("none", 0))
     state = b.state
     for models in (set(), {"T4"}, {"A100"}, {"T4", "A100"}, {"H100"}, {"T4", "H100"}):
         expected = np.isin(state.model_id, state.model_ids_for(models)) & state.present

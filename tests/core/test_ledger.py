@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, rule
 
-from sharegpu.core import allocation, fleet, ledger, requests, status, units
+from sharegpu.core import allocation, fleet, requests, status, units
+from sharegpu.core import ledger as core_ledger
 from tests.conftest import node
 
 NODES = [node("a", 2, memory=1000, cpu=4000, host_memory=4000), node("b", 4, memory=2000, cpu=8000, host_memory=8000)]
@@ -48,12 +49,12 @@ def allocations(draw: st.DrawFn) -> allocation.Allocation:
     )
 
 
-def violations(book: ledger.Ledger) -> set[tuple[str, int]]:
+def violations(ledger: core_ledger.Ledger) -> set[tuple[str, int]]:
     """GPUs whose tenants break a rule, judged from the whole set of tenants (in no order): compute or
     memory over capacity, a whole GPU shared, mixed affinity or group labels, two exclusion labels,
     an anti-affinity label twice."""
     per_gpu: dict[tuple[str, int], list[allocation.Allocation]] = {}
-    for alloc in book.allocations():
+    for alloc in ledger.allocations():
         for index in alloc.gpu_usage():
             per_gpu.setdefault((alloc.node, index), []).append(alloc)
     broken = set()
@@ -74,8 +75,8 @@ def violations(book: ledger.Ledger) -> set[tuple[str, int]]:
     return broken
 
 
-def blocked(book: ledger.Ledger) -> set[tuple[str, int]]:
-    state = book.state
+def blocked(ledger: core_ledger.Ledger) -> set[tuple[str, int]]:
+    state = ledger.state
     return {(state.names[r], int(i)) for r, i in np.argwhere(state.blocked).tolist()}
 
 
@@ -85,71 +86,71 @@ class LedgerMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.state = fleet.FleetState(NODES)
-        self.book = ledger.Ledger(self.state)
+        self.ledger = core_ledger.Ledger(self.state)
 
     @rule(target=pods, alloc=allocations())
     def assume(self, alloc: allocation.Allocation) -> units.PodKey:
-        known = alloc.pod in self.book
-        before, closed = violations(self.book), blocked(self.book)
-        result = self.book.assume(alloc)
+        known = alloc.pod in self.ledger
+        before, closed = violations(self.ledger), blocked(self.ledger)
+        result = self.ledger.assume(alloc)
         if known:
             assert result.code is status.Code.CONFLICT
         if result.ok:
-            assert violations(self.book) <= before, "a decision never over-commits a GPU"
+            assert violations(self.ledger) <= before, "a decision never over-commits a GPU"
             assert not {(alloc.node, i) for i in alloc.gpu_usage()} & closed, "nothing new on a blocked GPU"
         else:
-            assert self.book.get(alloc.pod) is None or known, "a refused assumption changes nothing"
+            assert self.ledger.get(alloc.pod) is None or known, "a refused assumption changes nothing"
         return alloc.pod
 
     @rule(target=pods, alloc=allocations())
     def add(self, alloc: allocation.Allocation) -> units.PodKey:
-        result = self.book.add(alloc)
-        entry = self.book.get(alloc.pod)
+        result = self.ledger.add(alloc)
+        entry = self.ledger.get(alloc.pod)
         assert entry is not None and entry.alloc == alloc, "a fact from the API server is always counted"
-        assert entry.phase is ledger.Phase.ADDED
+        assert entry.phase is core_ledger.Phase.ADDED
         landed = {(alloc.node, i) for i in alloc.gpu_usage()}
-        if not result.ok and landed & violations(self.book):
-            assert landed & blocked(self.book), "a pod that over-commits blocks the GPU it landed on"
+        if not result.ok and landed & violations(self.ledger):
+            assert landed & blocked(self.ledger), "a pod that over-commits blocks the GPU it landed on"
         return alloc.pod
 
     @rule(pod=pods)
     def forget(self, pod: units.PodKey) -> None:
-        entry = self.book.get(pod)
-        result = self.book.forget(pod)
-        assert result.ok == (entry is not None and entry.phase is ledger.Phase.ASSUMED)
+        entry = self.ledger.get(pod)
+        result = self.ledger.forget(pod)
+        assert result.ok == (entry is not None and entry.phase is core_ledger.Phase.ASSUMED)
         if result.ok:
-            assert pod not in self.book
-            assert not self.book.forget(pod).ok, "forget works exactly once"
+            assert pod not in self.ledger
+            assert not self.ledger.forget(pod).ok, "forget works exactly once"
 
     @rule(pod=pods)
     def remove(self, pod: units.PodKey) -> None:
-        known = pod in self.book
-        assert self.book.remove(pod).ok == known
-        assert pod not in self.book
+        known = pod in self.ledger
+        assert self.ledger.remove(pod).ok == known
+        assert pod not in self.ledger
 
     @invariant()
     def every_over_committed_gpu_is_blocked(self) -> None:
-        broken = violations(self.book)
-        assert broken <= blocked(self.book)
-        assert broken <= {(o.node, o.index) for o in self.book.overcommitted()}
+        broken = violations(self.ledger)
+        assert broken <= blocked(self.ledger)
+        assert broken <= {(o.node, o.index) for o in self.ledger.overcommitted()}
 
     @invariant()
     def a_node_whose_tenants_fit_blocks_nothing(self) -> None:
-        broken_nodes = {n for n, _ in violations(self.book)}
+        broken_nodes = {n for n, _ in violations(self.ledger)}
         for name in ("a", "b"):
             groups = [
                 (a.cotenancy.group, i)
-                for a in self.book.allocations()
+                for a in self.ledger.allocations()
                 if a.node == name and a.cotenancy.group
                 for i in a.gpu_usage()
             ]
             spread = any(len({i for g, i in groups if g == label}) > 1 for label, _ in groups)  # also blocked
             if name not in broken_nodes and not spread:
-                assert not {i for n, i in blocked(self.book) if n == name}, f"node {name} fits but is blocked"
+                assert not {i for n, i in blocked(self.ledger) if n == name}, f"node {name} fits but is blocked"
 
     @invariant()
     def free_is_derived_from_the_allocations(self) -> None:
-        assert self.state.same_usage(self.state.recount(self.book.allocations()))
+        assert self.state.same_usage(self.state.recount(self.ledger.allocations()))
         assert (self.state.milli_free <= self.state.milli_capacity).all()
 
 
@@ -160,24 +161,24 @@ TestLedger = LedgerMachine.TestCase
 def test_assumed_pods_expire_on_the_injected_clock() -> None:
     now = [100.0]
     state = fleet.FleetState(NODES)
-    book = ledger.Ledger(state, clock=lambda: now[0])
+    ledger = core_ledger.Ledger(state, clock=lambda: now[0])
     grant = allocation.DeviceGrant(0, 500, 0, 500)
     alloc = allocation.Allocation(
         units.PodKey("ns/x"), units.NodeName("a"), (allocation.ContainerAllocation("m", (grant,)),)
     )
-    assert book.assume(alloc).ok
+    assert ledger.assume(alloc).ok
     now[0] = 129.0
-    assert book.assumed_before(30) == []
+    assert ledger.assumed_before(30) == []
     now[0] = 130.0
-    assert book.assumed_before(30) == ["ns/x"]
+    assert ledger.assumed_before(30) == ["ns/x"]
     assert int(state.milli_free[0, 0]) == 500, "a query: nothing is forgotten until the owner says so"
-    assert book.forget(units.PodKey("ns/x")).ok
-    assert book.assumed_before(30) == []
+    assert ledger.forget(units.PodKey("ns/x")).ok
+    assert ledger.assumed_before(30) == []
 
 
 def test_add_confirms_an_assumed_pod_and_replaces_a_different_one() -> None:
     state = fleet.FleetState(NODES)
-    book = ledger.Ledger(state)
+    ledger = core_ledger.Ledger(state)
     first = allocation.Allocation(
         units.PodKey("ns/x"),
         units.NodeName("a"),
@@ -188,10 +189,10 @@ def test_add_confirms_an_assumed_pod_and_replaces_a_different_one() -> None:
         units.NodeName("b"),
         (allocation.ContainerAllocation("m", (allocation.DeviceGrant(3, 700, 0, 700),)),),
     )
-    assert book.assume(first).ok
-    assert book.add(first).ok and book.get(units.PodKey("ns/x")).phase is ledger.Phase.ADDED  # type: ignore[union-attr]
-    assert not book.forget(units.PodKey("ns/x")).ok, "a confirmed pod cannot be forgotten"
-    assert book.add(moved).ok
+    assert ledger.assume(first).ok
+    assert ledger.add(first).ok and ledger.get(units.PodKey("ns/x")).phase is core_ledger.Phase.ADDED  # type: ignore[union-attr]
+    assert not ledger.forget(units.PodKey("ns/x")).ok, "a confirmed pod cannot be forgotten"
+    assert ledger.add(moved).ok
     assert int(state.milli_free[0, 0]) == 1000 and int(state.milli_free[1, 3]) == 300
     np.testing.assert_array_equal(state.tenants.sum(), 1)
 
@@ -207,10 +208,10 @@ def test_load_is_sequential_add_however_it_ends(
 ) -> None:
     if plain:  # mostly rule-less pods, as in a real cluster: the vectorised path is taken
         batch = [dataclasses.replace(a, cotenancy=requests.NO_RULES) for a in batch]
-    loaded, added = ledger.Ledger(fleet.FleetState(NODES)), ledger.Ledger(fleet.FleetState(NODES))
-    for book in (loaded, added):
+    loaded, added = core_ledger.Ledger(fleet.FleetState(NODES)), core_ledger.Ledger(fleet.FleetState(NODES))
+    for ledger in (loaded, added):
         for alloc in existing:
-            book.add(alloc)
+            ledger.add(alloc)
     outcome = loaded.load(batch)
     expected = [added.add(a) for a in batch]
     assert [s.ok for s in outcome] == [s.ok for s in expected]
@@ -221,7 +222,7 @@ def test_load_is_sequential_add_however_it_ends(
 
 
 def test_load_of_many_fitting_pods_takes_the_vectorised_path() -> None:
-    book = ledger.Ledger(fleet.FleetState(NODES))
+    ledger = core_ledger.Ledger(fleet.FleetState(NODES))
     grants = [allocation.DeviceGrant(i % 4, 200, 100, 200) for i in range(12)]
     batch = [
         allocation.Allocation(
@@ -229,6 +230,6 @@ def test_load_of_many_fitting_pods_takes_the_vectorised_path() -> None:
         )
         for i, g in enumerate(grants)
     ]
-    assert all(s.ok for s in book.load(batch))
-    assert book.state.milli_free[1].tolist() == [400, 400, 400, 400]
-    assert book.state.recount(book.allocations()).same_usage(book.state)
+    assert all(s.ok for s in ledger.load(batch))
+    assert ledger.state.milli_free[1].tolist() == [400, 400, 400, 400]
+    assert ledger.state.recount(ledger.allocations()).same_usage(ledger.state)

@@ -7,9 +7,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sharegpu.core import devices, errors, fleet, frag, ledger, placer, policies, requests, units
+from sharegpu.core import devices, errors, fleet, frag, policies, requests, units
+from sharegpu.core import ledger as core_ledger
+from sharegpu.core import placer as core_placer
 from tests.builders import MakeAllocation
-from tests.conftest import book, node, pod
+from tests.conftest import ledger, node, pod
 
 SHAPES = (
     frag.WeightedShape(frag.Shape(0, 500, 1), 0.5),
@@ -79,19 +81,19 @@ def test_typical_shapes_cover_95_percent_by_popularity() -> None:
     assert typical[0].weight == pytest.approx(60 / 96)
 
 
-def _decide(name: str, b: ledger.Ledger, p: requests.PodRequest) -> placer.Decision:
-    return placer.Placer(b.state, policies.make(name, SHAPES)).decide(p.demand)
+def _decide(name: str, b: core_ledger.Ledger, p: requests.PodRequest) -> core_placer.Decision:
+    return core_placer.Placer(b.state, policies.make(name, SHAPES)).decide(p.demand)
 
 
 def test_bestfit_picks_the_tightest_node_and_gpu() -> None:
-    b = book(node("roomy", 2), node("tight", 2))
+    b = ledger(node("roomy", 2), node("tight", 2))
     _occupy(b, "tight", 0, 600)
     decision = _decide("bestfit", b, pod("ns/p", count=1, milli=300))
     assert (decision.node, decision.gpus) == ("tight", (0,))
 
 
 def test_spread_and_binpack_disagree() -> None:
-    b = book(node("busy", 2), node("idle", 2))
+    b = ledger(node("busy", 2), node("idle", 2))
     _occupy(b, "busy", 0, 500)
     small = pod("ns/p", count=1, milli=200)
     assert _decide("binpack", b, small).node == "busy"
@@ -103,14 +105,14 @@ def test_spread_and_binpack_disagree() -> None:
 def test_fgd_keeps_whole_gpus_whole() -> None:
     # A 500-milli pod should go next to the existing 500: breaking a free GPU would leave no room
     # for the popular 2-whole-GPU shape.
-    b = book(node("n", 3))
+    b = ledger(node("n", 3))
     _occupy(b, "n", 2, 500)
     decision = _decide("fgd", b, pod("ns/p", count=1, milli=500))
     assert decision.gpus == (2,)
 
 
 def test_packing_prefers_shared_gpus_then_used_nodes() -> None:
-    b = book(node("empty", 2), node("used", 2), node("shared", 2))
+    b = ledger(node("empty", 2), node("used", 2), node("shared", 2))
     _occupy(b, "used", 0, 1000)
     _occupy(b, "shared", 0, 600)
     assert _decide("packing", b, pod("ns/p", count=1, milli=300)).node == "shared"
@@ -118,13 +120,13 @@ def test_packing_prefers_shared_gpus_then_used_nodes() -> None:
 
 
 def test_ties_go_to_the_fixed_node_priority() -> None:
-    b = book(node("a", 2), node("b", 2), node("c", 2))
-    chooser = placer.Placer(b.state, policies.make("bestfit"), priority=np.array([2, 0, 1]))
-    assert chooser.decide(pod("ns/p", count=1, milli=300).demand).node == "b"
+    b = ledger(node("a", 2), node("b", 2), node("c", 2))
+    placer = core_placer.Placer(b.state, policies.make("bestfit"), priority=np.array([2, 0, 1]))
+    assert placer.decide(pod("ns/p", count=1, milli=300).demand).node == "b"
 
 
 def test_unschedulable_decision_is_a_value() -> None:
-    b = book(node("a", 1))
+    b = ledger(node("a", 1))
     decision = _decide("fgd", b, pod("ns/p", count=2))
     assert not decision.status.ok
     assert decision.node is None
@@ -140,7 +142,7 @@ def test_topology_prefers_nvlinked_gpus() -> None:
         nvlinks=frozenset({(1, 3)}),
     )
     plain = node("plain", 4)
-    b = book(plain, nvlinked)
+    b = ledger(plain, nvlinked)
     decision = _decide("topology", b, pod("ns/p", count=2))
     assert (decision.node, decision.gpus) == ("nv", (1, 3))
     chosen, (weakest, _) = policies.best_connected(nvlinked, [0, 1, 2, 3], 2)
@@ -155,7 +157,7 @@ def test_unknown_policy_names_the_choices() -> None:
         policies.make("fgd", ())
 
 
-def _occupy(b: ledger.Ledger, name: str, gpu: int, milli: int) -> None:
+def _occupy(b: core_ledger.Ledger, name: str, gpu: int, milli: int) -> None:
     assert b.add(MakeAllocation(f"ns/occupy-{name}-{gpu}-{len(b)}", name).grant(gpu, milli, container="m").obj()).ok
 
 
@@ -182,12 +184,12 @@ SHAPES_DRAWN = st.sampled_from(
 def test_cached_decisions_equal_fresh_decisions(name: str, steps: list[tuple[dict[str, object], bool]]) -> None:
     nodes = [node(f"t{i}", 2, "T4", cpu=16000) for i in range(3)] + [node(f"v{i}", 4, "V100") for i in range(2)]
     state = fleet.FleetState(nodes)
-    b = ledger.Ledger(state)
-    cached = placer.Placer(state, policies.make(name, SHAPES), priority=np.array([4, 3, 2, 1, 0]))
+    b = core_ledger.Ledger(state)
+    cached = core_placer.Placer(state, policies.make(name, SHAPES), priority=np.array([4, 3, 2, 1, 0]))
     placed: list[units.PodKey] = []
     for i, (shape, remove_one) in enumerate(steps):
         request = pod(f"ns/p{i}", **shape)
-        fresh = placer.Placer(state, policies.make(name, SHAPES), priority=np.array([4, 3, 2, 1, 0]))
+        fresh = core_placer.Placer(state, policies.make(name, SHAPES), priority=np.array([4, 3, 2, 1, 0]))
         expected = fresh.decide(request.demand)
         got = cached.decide(request.demand)
         assert (got.node, got.gpus, got.score) == (expected.node, expected.gpus, expected.score)
@@ -199,7 +201,7 @@ def test_cached_decisions_equal_fresh_decisions(name: str, steps: list[tuple[dic
 
 
 def test_fgd_used_breaks_ties_toward_nodes_already_in_use() -> None:
-    b = book(node("empty", 4, cpu=32000), node("used", 4, cpu=32000))
+    b = ledger(node("empty", 4, cpu=32000), node("used", 4, cpu=32000))
     _occupy(b, "used", 0, 1000)
     cpu_pod = pod("ns/cpu", cpu_milli=1000)
     assert _decide("fgd", b, cpu_pod).node == "empty", "plain FGD ties go to the node priority"
@@ -229,13 +231,13 @@ def test_the_cpu_term_counts_gpu_compute_the_nodes_cpu_cannot_feed() -> None:
 def test_fgd_balance_sends_cpu_heavy_pods_to_cpu_rich_nodes() -> None:
     shapes = (frag.WeightedShape(frag.Shape(4000, 1000, 1), 1.0),)  # 4 cores per GPU
     # Same GPUs; "lean" has 4 cores per GPU, "rich" 16. The lean node comes first in node priority.
-    b = book(node("lean", 4, cpu=16000), node("rich", 4, cpu=64000))
+    b = ledger(node("lean", 4, cpu=16000), node("rich", 4, cpu=64000))
     # 12 cores for one GPU: on "lean" the typical shape still fits once more (FGD sees no difference),
     # but two of its three GPUs left would have no CPU to run on.
     heavy = pod("ns/heavy", count=1, milli=1000, cpu_milli=12000)
 
-    def decide(name: str) -> placer.Decision:
-        return placer.Placer(b.state, policies.make(name, shapes), priority=np.array([0, 1])).decide(heavy.demand)
+    def decide(name: str) -> core_placer.Decision:
+        return core_placer.Placer(b.state, policies.make(name, shapes), priority=np.array([0, 1])).decide(heavy.demand)
 
     assert decide("fgd").node == "lean", "FGD alone does not see the CPU it strands"
     assert decide("fgd-balance").node == "rich"
@@ -247,7 +249,7 @@ def test_fgd_balance_leaves_scarce_models_to_the_pods_restricted_to_them() -> No
         frag.WeightedShape(frag.Shape(0, 1000, 1, ("V100",)), 0.3),
         frag.WeightedShape(frag.Shape(0, 1000, 1, ("T4",)), 0.3),
     )
-    b = book(node("v", 2, "V100"), node("t", 6, "T4"))
+    b = ledger(node("v", 2, "V100"), node("t", 6, "T4"))
     state = b.state
     pressure = policies.model_pressure(state, shapes)
     v100 = state.model_ids_for(frozenset({"V100"}))[0]
@@ -257,8 +259,8 @@ def test_fgd_balance_leaves_scarce_models_to_the_pods_restricted_to_them() -> No
     assert pressure[t4] == pytest.approx(0.3 / 0.75)
     anywhere = pod("ns/any", count=1, milli=1000)
 
-    def decide(name: str) -> placer.Decision:
-        return placer.Placer(state, policies.make(name, shapes), priority=np.array([0, 1])).decide(anywhere.demand)
+    def decide(name: str) -> core_placer.Decision:
+        return core_placer.Placer(state, policies.make(name, shapes), priority=np.array([0, 1])).decide(anywhere.demand)
 
     assert decide("fgd").node == "v"
     assert decide("fgd-balance").node == "t"

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from sharegpu.api import extender as protocol
+from sharegpu.api import extender as api_extender
 from sharegpu.api import names, paths, wire
 from sharegpu.extender import runtime
 from sharegpu.kube import client, fake
@@ -68,9 +68,9 @@ class Harness:
         await settle(self.server)
         return made
 
-    def args(self, pod: Json, nodes: list[str] | None = None) -> protocol.Args:
+    def args(self, pod: Json, nodes: list[str] | None = None) -> api_extender.Args:
         stored = self.server.get_object(paths.pod(pod["metadata"]["namespace"], pod["metadata"]["name"])) or pod
-        return protocol.Args.of(wire.convert(stored, wire.Pod), nodes or sorted(self.extender.cache.nodes))
+        return api_extender.Args.of(wire.convert(stored, wire.Pod), nodes or sorted(self.extender.cache.nodes))
 
     async def schedule(self, pod: Json, nodes: list[str] | None = None) -> str:
         """Filter then bind, as kube-scheduler does; returns the node (AssertionError if none)."""
@@ -81,7 +81,9 @@ class Harness:
         ]
         node = verdict.node_names[0]
         result = await self.extender.scheduling.bind(
-            protocol.BindingArgs(pod_name=meta["name"], pod_namespace=meta["namespace"], pod_uid=meta["uid"], node=node)
+            api_extender.BindingArgs(
+                pod_name=meta["name"], pod_namespace=meta["namespace"], pod_uid=meta["uid"], node=node
+            )
         )
         assert result.error == "", result.error
         await settle(self.server)

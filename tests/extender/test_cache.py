@@ -6,7 +6,7 @@ from __future__ import annotations
 from sharegpu.api import devices as api_devices
 from sharegpu.api import names, pods, wire
 from sharegpu.core import allocation, units
-from sharegpu.extender import cache as cache_mod
+from sharegpu.extender import cache as extender_cache
 from tests import builders
 
 
@@ -14,8 +14,8 @@ def node(name: str, gpus: int = 2, ready: bool = True) -> api_devices.NodeFacts:
     return api_devices.NodeFacts(name, ready, 32000, 131072)
 
 
-def device(name: str, gpus: int = 2) -> cache_mod.DeviceRecord:
-    return cache_mod.device_record(builders.MakeDevice(name).gpus(gpus).wire())
+def device(name: str, gpus: int = 2) -> extender_cache.DeviceRecord:
+    return extender_cache.device_record(builders.MakeDevice(name).gpus(gpus).wire())
 
 
 def pod(name: str, limits: dict[str, str], node_name: str = "", annotations: dict[str, str] | None = None,
@@ -28,8 +28,8 @@ def share(key: str, node_name: str, index: int, milli: int) -> allocation.Alloca
     return builders.MakeAllocation(key, node_name).grant(index, milli).obj()
 
 
-def built(*nodes: str) -> cache_mod.ClusterCache:
-    view = cache_mod.ClusterCache("bestfit")
+def built(*nodes: str) -> extender_cache.ClusterCache:
+    view = extender_cache.ClusterCache("bestfit")
     for name in nodes:
         view.on_node(wire.EventType.ADDED, node(name))
         view.on_device(wire.EventType.ADDED, device(name))
@@ -43,7 +43,7 @@ def test_only_ready_nodes_with_a_valid_device_are_placed_on() -> None:
     broken = wire.convert({"metadata": {"name": "c"}, "spec": {"gpus": [{"index": 1, "uuid": "x", "model": "T4",
                                                                           "memoryMiB": 1}]}}, wire.Device)  # fmt: skip
     view.on_node(wire.EventType.ADDED, node("c"))
-    view.on_device(wire.EventType.ADDED, cache_mod.device_record(broken))
+    view.on_device(wire.EventType.ADDED, extender_cache.device_record(broken))
     assert view.state.names == ("a",)
     assert view.counters.ignored_nodes == ["c"]
 

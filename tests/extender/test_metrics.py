@@ -11,10 +11,10 @@ from typing import Any
 from aiohttp import test_utils
 from prometheus_client import parser
 
-from sharegpu.api import extender as protocol
+from sharegpu.api import extender as api_extender
 from sharegpu.api import names, paths
 from sharegpu.core import allocation, units
-from sharegpu.extender import metrics as metrics_mod
+from sharegpu.extender import metrics as extender_metrics
 from sharegpu.extender import routes
 from tests.extender.conftest import Harness, gpu_pod, settle
 
@@ -114,7 +114,7 @@ async def test_scheduling_latency_runs_from_the_first_filter_to_the_binding(harn
     h.clock.advance(1.5)
     meta = (h.server.get_object(paths.pod("ns", "late")) or {})["metadata"]
     bound = await h.extender.scheduling.bind(
-        protocol.BindingArgs(pod_name="late", pod_namespace="ns", pod_uid=meta["uid"], node="n0")
+        api_extender.BindingArgs(pod_name="late", pod_namespace="ns", pod_uid=meta["uid"], node="n0")
     )
     assert bound.error == ""
     registry = h.extender.metrics.registry
@@ -139,7 +139,7 @@ async def test_scheduling_latency_runs_from_the_first_filter_to_the_binding(harn
 async def test_the_metrics_endpoint_serves_every_family_and_nothing_of_the_cluster_before_the_cache_is_built(
     harness: Callable[..., Any],
 ) -> None:
-    bare = metrics_mod.Metrics()
+    bare = extender_metrics.Metrics()
     text = bare.exposition().decode()
     assert "# TYPE sharegpu_gpu_compute_allocated_milli gauge" in text
     assert "\nsharegpu_gpu_compute_allocated_milli{" not in text

@@ -10,7 +10,7 @@ from typing import Any
 
 from sharegpu.api import names, paths
 from sharegpu.core import units
-from sharegpu.extender import metrics as metrics_mod
+from sharegpu.extender import metrics as extender_metrics
 from tests.builders import MakeAllocation
 from tests.extender.conftest import Harness, gpu_pod, settle
 
@@ -53,7 +53,7 @@ async def test_an_overcommitted_gpu_is_counted_blocked_reported_and_repaired(har
     (node,) = cache.summary()
     gpus = node["gpus"]
     assert isinstance(gpus, list) and gpus[0]["overcommitted"] and gpus[0]["milli"]["used"] == 1400
-    view = metrics_mod.view(cache, None)
+    view = extender_metrics.view(cache, None)
     assert view.overcommitted == (("n0", 0, 3),)
 
     await h.extender.overcommit.reconcile()

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from sharegpu.api import extender as protocol
+from sharegpu.api import extender as api_extender
 from sharegpu.api import names, paths, pods, reasons, wire
 from sharegpu.core import allocation, units
 from sharegpu.extender import scheduling
@@ -56,8 +56,8 @@ async def test_pods_with_soft_preferences_are_not_narrowed(harness: Callable[...
     verdict = h.extender.scheduling.filter(h.args(pod))
     assert sorted(verdict.node_names) == ["n0", "n1", "n2"]
     scores = {p.host: p.score for p in h.extender.scheduling.prioritize(h.args(pod, verdict.node_names))}
-    assert sorted(scores.values())[-1] == protocol.MAX_SCORE
-    assert all(5 <= s <= protocol.MAX_SCORE for s in scores.values()), "feasible nodes keep within half the range"
+    assert sorted(scores.values())[-1] == api_extender.MAX_SCORE
+    assert all(5 <= s <= api_extender.MAX_SCORE for s in scores.values()), "feasible nodes keep within half the range"
 
 
 async def test_unschedulable_pods_get_short_aggregated_reasons_at_any_size(harness: Callable[..., Any]) -> None:
@@ -86,7 +86,7 @@ async def test_wrong_models_are_unresolvable_and_malformed_requests_say_why(harn
     assert set(verdict.failed_nodes.values()) == {"sharegpu: no GPU of model A100"}
     bad = gpu_pod("bad", milli=300)
     bad["spec"]["containers"][0]["resources"]["limits"][names.GPU_MILLI] = "3000"
-    verdict = h.extender.scheduling.filter(protocol.Args.of(wire.convert(bad, wire.Pod), ["n0"]))
+    verdict = h.extender.scheduling.filter(api_extender.Args.of(wire.convert(bad, wire.Pod), ["n0"]))
     assert "sharegpu.io/gpu-milli must be an integer in 1..1000" in verdict.failed_nodes["n0"]
     assert verdict.failed_and_unresolvable == verdict.failed_nodes
 
@@ -105,14 +105,14 @@ async def test_a_pod_demanding_an_isolation_mode_goes_only_where_it_is_offered(h
     await settle(h.server)
     assert await h.schedule(pod) == "n1"
     typo = gpu_pod("typo", milli=300, annotations={names.ISOLATION: "mpss"})
-    verdict = h.extender.scheduling.filter(protocol.Args.of(wire.convert(typo, wire.Pod), ["n0"]))
+    verdict = h.extender.scheduling.filter(api_extender.Args.of(wire.convert(typo, wire.Pod), ["n0"]))
     assert "unknown isolation mode 'mpss' (known: none, hami-core, mps, mig)" in verdict.failed_nodes["n0"]
 
 
 async def test_a_compute_guarantee_goes_only_where_the_mode_enforces_compute(harness: Callable[..., Any]) -> None:
     h: Harness = await harness(nodes=2)
-    notes = {names.ISOLATION: "hami-core", names.COMPUTE_GUARANTEE: "true"}
-    pod = await h.create(gpu_pod("sure", milli=300, annotations=notes))
+    annotations = {names.ISOLATION: "hami-core", names.COMPUTE_GUARANTEE: "true"}
+    pod = await h.create(gpu_pod("sure", milli=300, annotations=annotations))
     for name, compute in (("n0", False), ("n1", True)):
         device = h.server.get_object(paths.device(name))
         assert device is not None
@@ -132,7 +132,7 @@ async def test_a_refused_binding_forgets_the_assumption_once(harness: Callable[.
     await h.create(gpu_pod("a", milli=600))
     meta = h.server.get_object(paths.pod("ns", "a"))["metadata"]  # type: ignore[index]
     h.server.fail(409, method="POST", path=paths.binding("ns", "a"))
-    args = protocol.BindingArgs(pod_name="a", pod_namespace="ns", pod_uid=meta["uid"], node="n0")
+    args = api_extender.BindingArgs(pod_name="a", pod_namespace="ns", pod_uid=meta["uid"], node="n0")
     result = await h.extender.scheduling.bind(args)
     assert "binding ns/a to n0 failed" in result.error
     assert units.PodKey("ns/a") not in h.extender.cache.ledger
@@ -147,9 +147,9 @@ def _late_watches(h: Harness) -> None:
     h.server.fail(503, method="WATCH", times=10_000)
 
 
-async def _bind(h: Harness, name: str, node: str = "n0") -> protocol.BindingResult:
+async def _bind(h: Harness, name: str, node: str = "n0") -> api_extender.BindingResult:
     meta = h.server.get_object(paths.pod("ns", name))["metadata"]  # type: ignore[index]
-    args = protocol.BindingArgs(pod_name=name, pod_namespace="ns", pod_uid=meta["uid"], node=node)
+    args = api_extender.BindingArgs(pod_name=name, pod_namespace="ns", pod_uid=meta["uid"], node=node)
     return await h.extender.scheduling.bind(args)
 
 
@@ -226,7 +226,7 @@ async def test_a_bind_whose_caller_gives_up_still_completes(harness: Callable[..
     h: Harness = await harness(nodes=1)
     await h.create(gpu_pod("a", milli=600))
     meta = h.server.get_object(paths.pod("ns", "a"))["metadata"]  # type: ignore[index]
-    args = protocol.BindingArgs(pod_name="a", pod_namespace="ns", pod_uid=meta["uid"], node="n0")
+    args = api_extender.BindingArgs(pod_name="a", pod_namespace="ns", pod_uid=meta["uid"], node="n0")
     call = asyncio.create_task(h.extender.scheduling.bind(args))
     await asyncio.sleep(0)
     call.cancel()  # kube-scheduler's HTTP timeout
@@ -244,17 +244,17 @@ async def test_binds_are_refused_for_replaced_bound_or_unfit_pods(harness: Calla
     await h.schedule(pod)
     uid = h.server.get_object(paths.pod("ns", "a"))["metadata"]["uid"]  # type: ignore[index]
     again = await h.extender.scheduling.bind(
-        protocol.BindingArgs(pod_name="a", pod_namespace="ns", pod_uid=uid, node="n0")
+        api_extender.BindingArgs(pod_name="a", pod_namespace="ns", pod_uid=uid, node="n0")
     )
     assert "already bound to n0" in again.error
     replaced = await h.extender.scheduling.bind(
-        protocol.BindingArgs(pod_name="a", pod_namespace="ns", pod_uid="old-uid", node="n0")
+        api_extender.BindingArgs(pod_name="a", pod_namespace="ns", pod_uid="old-uid", node="n0")
     )
     assert "was replaced" in replaced.error
     big = await h.create(gpu_pod("big", nvidia=2))
     uid = big["metadata"]["uid"]
     refused = await h.extender.scheduling.bind(
-        protocol.BindingArgs(pod_name="big", pod_namespace="ns", pod_uid=uid, node="n0")
+        api_extender.BindingArgs(pod_name="big", pod_namespace="ns", pod_uid=uid, node="n0")
     )
     assert "pod ns/big no longer fits on n0" in refused.error and "a whole GPU must be entirely free" in refused.error
 
@@ -303,7 +303,7 @@ async def test_filter_reserves_its_choice_until_the_bind(harness: Callable[..., 
     assert int(h.extender.cache.state.milli_free[0, 0]) == 400
     uid = first["metadata"]["uid"]
     result = await h.extender.scheduling.bind(
-        protocol.BindingArgs(pod_name="first", pod_namespace="ns", pod_uid=uid, node="n0")
+        api_extender.BindingArgs(pod_name="first", pod_namespace="ns", pod_uid=uid, node="n0")
     )
     assert result.error == ""
     await settle(h.server)

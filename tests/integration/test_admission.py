@@ -26,13 +26,15 @@ from tests.webhook.conftest import ROWS
 Json = dict[str, Any]
 
 
-@pytest.mark.parametrize(("fmt", "limits", "notes", "canonical", "canonical_notes"), ROWS, ids=[r[0] for r in ROWS])
+@pytest.mark.parametrize(
+    ("fmt", "limits", "annotations", "canonical", "canonical_annotations"), ROWS, ids=[r[0] for r in ROWS]
+)
 async def test_every_format_is_stored_in_canonical_form(
-    admin: client.KubeClient, webhook: RunningWebhook, namespace: str,
-    fmt: str, limits: dict[str, str], notes: dict[str, str], canonical: dict[str, str], canonical_notes: dict[str, str],
+    admin: client.KubeClient, webhook: RunningWebhook, namespace: str, fmt: str, limits: dict[str, str],
+    annotations: dict[str, str], canonical: dict[str, str], canonical_annotations: dict[str, str],
 ) -> None:  # fmt: skip
     name = f"fmt-{uuid.uuid4().hex[:6]}"
-    stored = await admin.create(f"/api/v1/namespaces/{namespace}/pods", bare_pod(name, limits, notes))
+    stored = await admin.create(f"/api/v1/namespaces/{namespace}/pods", bare_pod(name, limits, annotations))
     stored = await admin.get(f"/api/v1/namespaces/{namespace}/pods/{name}")
     container = stored["spec"]["containers"][0]
     limits = container["resources"]["limits"]
@@ -41,14 +43,14 @@ async def test_every_format_is_stored_in_canonical_form(
     assert {k: str(quantity.parse(v)) for k, v in limits.items() if k in names.QUOTA_RESOURCES} == expected_total
     # The API server normalises quantities ("3000" is stored as "3k"): compare values.
     assert {k: quantity.parse(v) for k, v in gpu_limits.items()} == {k: quantity.parse(v) for k, v in canonical.items()}
-    stored_notes = stored["metadata"].get("annotations") or {}
-    for key, value in canonical_notes.items():
-        assert stored_notes[key] == value
+    stored_annotations = stored["metadata"].get("annotations") or {}
+    for key, value in canonical_annotations.items():
+        assert stored_annotations[key] == value
     assert stored["spec"]["schedulerName"] == names.SCHEDULER_NAME
     if fmt not in ("sharegpu", "nvidia whole"):
-        assert names.TRANSLATED in stored_notes
+        assert names.TRANSLATED in stored_annotations
     sharing = pods.request(wire.convert(stored, wire.Pod)).demand.sharing
-    handoff = stored_notes.get(names.HANDOFF)
+    handoff = stored_annotations.get(names.HANDOFF)
     assert bool(handoff) == sharing
     if sharing:
         refs = {e["name"]: e["valueFrom"]["configMapKeyRef"] for e in container.get("env", [])}
@@ -61,7 +63,7 @@ async def test_every_format_is_stored_in_canonical_form(
 
 
 @pytest.mark.parametrize(
-    ("limits", "notes", "message"),
+    ("limits", "annotations", "message"),
     [
         ({names.GPU: "1", names.GPU_MILLI: "1500"}, {}, "sharegpu.io/gpu-milli must be an integer in 1..1000"),
         ({"koordinator.sh/gpu-core": "150"}, {}, "above 100 must be a multiple of 100"),
@@ -73,11 +75,11 @@ async def test_every_format_is_stored_in_canonical_form(
     ],
 )  # fmt: skip
 async def test_malformed_requests_are_refused_with_the_webhook_message(
-    admin: client.KubeClient, webhook: RunningWebhook, namespace: str, limits: dict[str, str], notes: dict[str, str],
-    message: str,
+    admin: client.KubeClient, webhook: RunningWebhook, namespace: str, limits: dict[str, str],
+    annotations: dict[str, str], message: str,
 ) -> None:  # fmt: skip
     with pytest.raises(kube_errors.ApiError) as refused:
-        await admin.create(f"/api/v1/namespaces/{namespace}/pods", bare_pod("bad", limits, notes))
+        await admin.create(f"/api/v1/namespaces/{namespace}/pods", bare_pod("bad", limits, annotations))
     assert message in refused.value.message
 
 
@@ -377,10 +379,10 @@ async def test_gpu_pods_for_a_replaced_scheduler_or_bound_to_a_node_are_placed_b
 
     async def placed(name: str) -> Json | None:
         found = await admin.get(paths.pod(namespace, name))
-        notes = found["metadata"].get("annotations") or {}
-        if not found["spec"].get("nodeName") or names.ALLOCATION not in notes:
+        annotations = found["metadata"].get("annotations") or {}
+        if not found["spec"].get("nodeName") or names.ALLOCATION not in annotations:
             return None
-        data = await get_or_none(admin, paths.configmap(namespace, notes[names.HANDOFF]))
+        data = await get_or_none(admin, paths.configmap(namespace, annotations[names.HANDOFF]))
         return found if data and data.get("data", {}).get("main.NVIDIA_VISIBLE_DEVICES") else None
 
     first = await wait_for(lambda: placed("koord"), what="the koord-scheduler pod placed with its hand-off")

@@ -68,10 +68,10 @@ async def test_devcluster_runs_a_pod_and_stops_everything_on_ctrl_c(tmp_path: Pa
 
             async def bound(name: str) -> bool:
                 found = await kube.get(paths.pod("try", name))
-                notes = found["metadata"].get("annotations") or {}
-                if not found["spec"].get("nodeName") or names.ALLOCATION not in notes:
+                annotations = found["metadata"].get("annotations") or {}
+                if not found["spec"].get("nodeName") or names.ALLOCATION not in annotations:
                     return False
-                handoff = await get_or_none(kube, paths.configmap("try", notes[names.HANDOFF]))
+                handoff = await get_or_none(kube, paths.configmap("try", annotations[names.HANDOFF]))
                 return bool(handoff and (handoff.get("data") or {}).get("main.NVIDIA_VISIBLE_DEVICES"))
 
             for name in ("first", "koord"):

@@ -113,10 +113,10 @@ async def test_install_upgrade_and_uninstall_with_the_charts_conditions_evaluate
     await kube.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
     await asyncio.sleep(1.5)  # the API server picks up new webhook configurations asynchronously
     await kube.create(f"/api/v1/namespaces/{namespace}/pods", bare_pod("plain", {"cpu": "100m"}))
-    for fmt, limits, notes, _, _ in ROWS:
+    for fmt, limits, pod_annotations, _, _ in ROWS:
         name = f"gpu-{uuid.uuid4().hex[:6]}"
         with pytest.raises(kube_errors.ApiError) as refused:
-            await kube.create(f"/api/v1/namespaces/{namespace}/pods", bare_pod(name, limits, notes))
+            await kube.create(f"/api/v1/namespaces/{namespace}/pods", bare_pod(name, limits, pod_annotations))
         assert "sharegpu" in str(refused.value) and "webhook" in str(refused.value), (fmt, str(refused.value))
 
     # A webhook answers at a URL, the chart's conditions kept: a GPU pod is translated.

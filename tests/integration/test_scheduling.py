@@ -184,9 +184,9 @@ async def test_cotenancy_rules(
         ("excl-e", {names.EXCLUSION: "e"}),
         ("excl-f", {names.EXCLUSION: "f"}),
     ]
-    for name, notes in rules:
+    for name, pod_annotations in rules:
         await admin.create(
-            f"/api/v1/namespaces/{namespace}/pods", gpu_pod(name, namespace, milli=100, annotations=notes)
+            f"/api/v1/namespaces/{namespace}/pods", gpu_pod(name, namespace, milli=100, annotations=pod_annotations)
         )
         await wait_for(functools.partial(_bound, admin, namespace, name), what=f"{name} bound")
     pods = {p["metadata"]["name"]: allocation_of(p) for p in await pods_in(admin, namespace)}

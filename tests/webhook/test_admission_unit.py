@@ -8,7 +8,7 @@ import jsonpatch
 import msgspec
 import orjson
 
-from sharegpu.api import admission as messages
+from sharegpu.api import admission as api_admission
 from sharegpu.api import budgets, groups, names, paths, wire
 from sharegpu.kube import client, fake
 from sharegpu.webhook import admission, server
@@ -18,7 +18,7 @@ Json = dict[str, Any]
 POLICY = admission.Policy(system_users=frozenset({"sharegpu-extender"}))
 
 
-def answer_of(answer: messages.ReviewResponse) -> Json:
+def answer_of(answer: api_admission.ReviewResponse) -> Json:
     """The answer as the API server reads it (JSON)."""
     result: Json = orjson.loads(msgspec.json.encode(answer))
     return result
@@ -29,7 +29,7 @@ def review(pod: Json, user: str = "alice") -> Json:
                         "object": pod}}  # fmt: skip
 
 
-def applied(pod: Json, answer: messages.ReviewResponse) -> Json:
+def applied(pod: Json, answer: api_admission.ReviewResponse) -> Json:
     response = answer_of(answer)["response"]
     assert response["allowed"], response
     if "patch" not in response:
@@ -471,7 +471,7 @@ def test_a_pod_demanding_mps_is_wired_to_its_gpu_s_mps_directory() -> None:
 
 
 def test_an_unknown_or_misplaced_isolation_demand_is_refused_naming_it() -> None:
-    for notes, message in [
+    for pod_annotations, message in [
         ({names.ISOLATION: "mpss"}, "unknown isolation mode 'mpss' (known: none, hami-core, mps, mig)"),
         ({names.COMPUTE_GUARANTEE: "true"}, "a compute guarantee needs an isolation mode that enforces compute"),
         (
@@ -479,7 +479,7 @@ def test_an_unknown_or_misplaced_isolation_demand_is_refused_naming_it() -> None
             "annotation sharegpu.io/compute-guarantee: 'yes' is neither true nor false",
         ),
     ]:
-        answer = answer_of(admission.mutate(review(sharing_pod(notes)), POLICY))["response"]
+        answer = answer_of(admission.mutate(review(sharing_pod(pod_annotations)), POLICY))["response"]
         assert not answer["allowed"] and message in answer["status"]["message"]
     cpu = {"metadata": {"name": "c", "annotations": {names.ISOLATION: "mps"}}, "spec": {"containers": [{"name": "m"}]}}
     answer = answer_of(admission.mutate(review(cpu), POLICY))["response"]
@@ -497,12 +497,12 @@ AGENT = "system:serviceaccount:sharegpu-system:sharegpu-agent"
 def test_a_node_agent_writes_only_its_own_nodes_device() -> None:
     extra = {"authentication.kubernetes.io/pod-name": ["sharegpu-agent-x7"]}
     bound: Json = {"username": AGENT, "extra": extra}
-    request = messages.review(device_review("n1", bound)).request
+    request = api_admission.review(device_review("n1", bound)).request
     assert admission.device_writer(request, POLICY) == ("sharegpu-system", "sharegpu-agent-x7"), "its pod, looked up"
     newer: Json = {**bound, "extra": {**extra, "authentication.kubernetes.io/node-name": ["n1"]}}
-    assert admission.device_writer(messages.review(device_review("n1", newer)).request, POLICY) == "n1"
-    assert admission.device_writer(messages.review(device_review("n1", {"username": AGENT})).request, POLICY) == ""
-    other = messages.review(device_review("n1", {"username": "alice"})).request
+    assert admission.device_writer(api_admission.review(device_review("n1", newer)).request, POLICY) == "n1"
+    assert admission.device_writer(api_admission.review(device_review("n1", {"username": AGENT})).request, POLICY) == ""
+    other = api_admission.review(device_review("n1", {"username": "alice"})).request
     assert admission.device_writer(other, POLICY) is None, "not an agent: RBAC decides"
 
     assert admission.validate_device(device_review("n1", bound), POLICY, "n1").response.allowed

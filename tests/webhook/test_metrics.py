@@ -8,7 +8,7 @@ from typing import Any
 from aiohttp import test_utils
 from prometheus_client import parser
 
-from sharegpu.api import admission as messages
+from sharegpu.api import admission as api_admission
 from sharegpu.kube import client, fake
 from sharegpu.webhook import admission, server
 
@@ -30,10 +30,10 @@ def koordinator_pod() -> Json:
 
 
 def test_an_answer_is_allowed_denied_or_an_error() -> None:
-    assert server.outcome(messages.allow("u")) == "allowed"
-    assert server.outcome(messages.deny("u", "no", code=403)) == "denied"
-    assert server.outcome(messages.deny("u", "malformed", code=400)) == "denied"
-    assert server.outcome(messages.deny("u", "internal error", code=500)) == "error"
+    assert server.outcome(api_admission.allow("u")) == "allowed"
+    assert server.outcome(api_admission.deny("u", "no", code=403)) == "denied"
+    assert server.outcome(api_admission.deny("u", "malformed", code=400)) == "denied"
+    assert server.outcome(api_admission.deny("u", "internal error", code=500)) == "error"
 
 
 async def test_admissions_are_counted_by_kind_and_outcome() -> None:

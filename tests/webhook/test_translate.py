@@ -26,23 +26,29 @@ def gpu_limits(out: Json) -> dict[str, str]:
     return {k: v for k, v in limits.items() if "gpu" in k or "vcuda" in k}
 
 
-@pytest.mark.parametrize(("fmt", "limits", "notes", "canonical", "canonical_notes"), ROWS, ids=[r[0] for r in ROWS])
+@pytest.mark.parametrize(
+    ("fmt", "limits", "annotations", "canonical", "canonical_annotations"), ROWS, ids=[r[0] for r in ROWS]
+)
 def test_formats_translate(
-    fmt: str, limits: dict[str, str], notes: dict[str, str], canonical: dict[str, str], canonical_notes: dict[str, str]
+    fmt: str,
+    limits: dict[str, str],
+    annotations: dict[str, str],
+    canonical: dict[str, str],
+    canonical_annotations: dict[str, str],
 ) -> None:
-    out, audit = translate.translate(pod(limits, notes))
+    out, audit = translate.translate(pod(limits, annotations))
     assert gpu_limits(out) == canonical
     if audit:  # translated: requests carry the same canonical resources as limits
         requests = out["spec"]["containers"][0]["resources"]["requests"]
         assert {k: v for k, v in requests.items() if k in canonical} == canonical
-    for key, value in canonical_notes.items():
+    for key, value in canonical_annotations.items():
         assert out["metadata"]["annotations"][key] == value
     pods.request(wire.convert(out, wire.Pod))  # the result is a valid canonical request
     assert bool(audit) == (fmt not in ("sharegpu", "nvidia whole"))
 
 
 @pytest.mark.parametrize(
-    ("limits", "notes", "message"),
+    ("limits", "annotations", "message"),
     [
         ({"koordinator.sh/gpu-core": "150"}, {}, "above 100 must be a multiple of 100"),
         ({"koordinator.sh/gpu-core": "50", "tencent.com/vcuda-core": "50"}, {}, "mixes GPU request formats"),
@@ -64,10 +70,10 @@ def test_formats_translate(
     ],
 )
 def test_malformed_requests_are_refused_with_a_message(
-    limits: dict[str, str], notes: dict[str, str], message: str
+    limits: dict[str, str], annotations: dict[str, str], message: str
 ) -> None:
     with pytest.raises(errors.InvalidRequestError, match=message):
-        translate.translate(pod(limits, notes))
+        translate.translate(pod(limits, annotations))
 
 
 def test_translation_names_the_container_and_leaves_the_input_alone() -> None:
@@ -78,17 +84,19 @@ def test_translation_names_the_container_and_leaves_the_input_alone() -> None:
 
 
 @pytest.mark.parametrize(
-    ("limits", "notes"),
+    ("limits", "annotations"),
     [
         ({"aliyun.com/gpu-mem": "3"}, {}),
         ({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "3000"}, {}),
         ({}, {"kubeshare/gpu_mem": "2147483648"}),
     ],
 )
-def test_a_share_of_memory_alone_may_use_the_whole_gpus_compute(limits: dict[str, str], notes: dict[str, str]) -> None:
+def test_a_share_of_memory_alone_may_use_the_whole_gpus_compute(
+    limits: dict[str, str], annotations: dict[str, str]
+) -> None:
     """What those systems do: the guarantee is the smallest, and the hand-off's compute caps (HAMi-core
     and MPS) are the whole GPU, not 1%."""
-    out, audit = translate.translate(pod(limits, notes))
+    out, audit = translate.translate(pod(limits, annotations))
     request = pods.request(wire.convert(out, wire.Pod))
     gpu = request.containers[0].gpu
     assert gpu is not None and gpu.milli == 1 and gpu.limit == 1000
@@ -136,7 +144,7 @@ MODELS = frozenset({"NVIDIA A100-SXM4-80GB", "NVIDIA A100-PCIE-40GB", "Tesla T4"
 
 
 @pytest.mark.parametrize(
-    ("notes", "chosen"),
+    ("annotations", "chosen"),
     [
         ({"nvidia.com/use-gputype": "a100"}, "NVIDIA A100-PCIE-40GB,NVIDIA A100-SXM4-80GB"),
         ({"nvidia.com/use-gputype": "A100,T4", "nvidia.com/nouse-gputype": "PCIE"},
@@ -144,8 +152,8 @@ MODELS = frozenset({"NVIDIA A100-SXM4-80GB", "NVIDIA A100-PCIE-40GB", "Tesla T4"
         ({"nvidia.com/nouse-gputype": "A100"}, "NVIDIA H100 80GB HBM3,Tesla T4"),
     ],
 )  # fmt: skip
-def test_hamis_model_selectors_become_the_clusters_model_names(notes: dict[str, str], chosen: str) -> None:
-    out, audit = translate.translate(pod({"nvidia.com/gpu": "1"}, notes), MODELS)
+def test_hamis_model_selectors_become_the_clusters_model_names(annotations: dict[str, str], chosen: str) -> None:
+    out, audit = translate.translate(pod({"nvidia.com/gpu": "1"}, annotations), MODELS)
     assert out["metadata"]["annotations"][names.MODELS] == chosen
     assert any(names.MODELS in line for line in audit)
 

@@ -131,9 +131,9 @@ def held_uuids(pods: Sequence[wire.Pod], spec: wire.DeviceSpec | None) -> set[st
     for pod in pods:
         if pod.status.phase in ("Succeeded", "Failed"):
             continue
-        notes = pod.metadata.annotations
-        out.update(u for u in notes.get(names.GPU_UUID, "").split(",") if u)
-        text = notes.get(names.ALLOCATION)
+        annotations = pod.metadata.annotations
+        out.update(u for u in annotations.get(names.GPU_UUID, "").split(",") if u)
+        text = annotations.get(names.ALLOCATION)
         if not text:
             continue
         try:

@@ -107,7 +107,7 @@ def host_request(pod: wire.Pod) -> tuple[int, int]:
 
 
 def _gpu_request(
-    res: dict[str, wire.Quantity], notes: dict[str, str], models: frozenset[str]
+    res: dict[str, wire.Quantity], annotations: dict[str, str], models: frozenset[str]
 ) -> requests.GpuRequest | None:
     if names.NVIDIA_GPU in res:
         mixed = [k for k in names.MANAGED_RESOURCES if k in res]
@@ -124,8 +124,8 @@ def _gpu_request(
     if not count:
         return None
     whole = milli == units.MILLI_PER_GPU
-    limit = notes.get(names.LIMIT_MILLI)
-    permille = notes.get(names.MEMORY_PERMILLE)
+    limit = annotations.get(names.LIMIT_MILLI)
+    permille = annotations.get(names.MEMORY_PERMILLE)
     return requests.GpuRequest(
         count=count,
         milli=milli,
@@ -140,12 +140,12 @@ def _gpu_request(
     )
 
 
-def cotenancy(notes: dict[str, str]) -> requests.CoTenancy:
+def cotenancy(annotations: dict[str, str]) -> requests.CoTenancy:
     return requests.CoTenancy(
-        affinity=notes.get(names.AFFINITY),
-        anti_affinity=notes.get(names.ANTI_AFFINITY),
-        exclusion=notes.get(names.EXCLUSION),
-        group=notes.get(names.GROUP),
+        affinity=annotations.get(names.AFFINITY),
+        anti_affinity=annotations.get(names.ANTI_AFFINITY),
+        exclusion=annotations.get(names.EXCLUSION),
+        group=annotations.get(names.GROUP),
     )
 
 
@@ -164,33 +164,33 @@ REQUEST_ANNOTATIONS = (
 may change, by an in-place resize: `record` compares them too), they are all a pod's request
 depends on."""
 
-_NO_REQUEST_NOTES: tuple[str | None, ...] = (None,) * len(REQUEST_ANNOTATIONS)
+_NO_REQUEST_ANNOTATIONS: tuple[str | None, ...] = (None,) * len(REQUEST_ANNOTATIONS)
 
 
-def request_notes(notes: dict[str, str]) -> tuple[str | None, ...]:
+def request_annotations(annotations: dict[str, str]) -> tuple[str | None, ...]:
     """The values of `REQUEST_ANNOTATIONS` (one shared tuple when the pod sets none of them)."""
-    found = tuple(notes.get(k) for k in REQUEST_ANNOTATIONS)
-    return _NO_REQUEST_NOTES if found == _NO_REQUEST_NOTES else found
+    found = tuple(annotations.get(k) for k in REQUEST_ANNOTATIONS)
+    return _NO_REQUEST_ANNOTATIONS if found == _NO_REQUEST_ANNOTATIONS else found
 
 
 def request(pod: wire.Pod, host: tuple[int, int] | None = None) -> requests.PodRequest:
     """The normalised request of a pod; malformed requests raise InvalidRequestError naming the field.
     `host`: its (milli-CPU, MiB) when the caller has them already."""
     pod_key = key(pod)
-    notes = pod.metadata.annotations
-    models = frozenset(m.strip() for m in notes.get(names.MODELS, "").split(",") if m.strip())
+    annotations = pod.metadata.annotations
+    models = frozenset(m.strip() for m in annotations.get(names.MODELS, "").split(",") if m.strip())
     made: list[requests.ContainerRequest] = []
     for init, container in containers(pod):
         try:
-            gpu = _gpu_request(container.resources.merged(), notes, models)
+            gpu = _gpu_request(container.resources.merged(), annotations, models)
         except errors.InvalidInputError as exc:
             raise errors.InvalidRequestError(f"pod {pod_key}, container {container.name}: {exc}") from None
         made.append(requests.ContainerRequest(container.name, gpu, init=init))
     cpu, memory = host if host is not None else host_request(pod)
     return requests.PodRequest(
-        key=pod_key, containers=tuple(made), cpu_milli=cpu, memory_mib=memory, cotenancy=cotenancy(notes),
-        isolation=isolation(notes.get(names.ISOLATION), f"pod {pod_key}: annotation {names.ISOLATION}"),
-        compute=flag(notes.get(names.COMPUTE_GUARANTEE), f"pod {pod_key}: annotation {names.COMPUTE_GUARANTEE}"),
+        key=pod_key, containers=tuple(made), cpu_milli=cpu, memory_mib=memory, cotenancy=cotenancy(annotations),
+        isolation=isolation(annotations.get(names.ISOLATION), f"pod {pod_key}: annotation {names.ISOLATION}"),
+        compute=flag(annotations.get(names.COMPUTE_GUARANTEE), f"pod {pod_key}: annotation {names.COMPUTE_GUARANTEE}"),
     )  # fmt: skip
 
 
@@ -252,8 +252,8 @@ class Record:
     """The pod asks for a GPU resource (whether or not its request is valid)."""
     request: requests.PodRequest | None
     """The parsed request; None if it asks for no GPU or is malformed (then `problem` says why)."""
-    request_notes: tuple[str | None, ...]
-    """The annotations `request` was parsed from (`request_notes`; all None for a pod that asks
+    request_annotations: tuple[str | None, ...]
+    """The annotations `request` was parsed from (`request_annotations`; all None for a pod that asks
     for no GPU): the same uid with the same values has the same request."""
     problem: str | None
     allocation_text: str | None
@@ -276,9 +276,9 @@ class Record:
     def terminal(self) -> bool:
         return self.phase in TERMINAL_PHASES
 
-    def same_request(self, uid: str, notes: tuple[str | None, ...]) -> bool:
-        """Whether a version of the pod with this uid and these `request_notes` has this request."""
-        return bool(uid) and uid == self.uid and notes == self.request_notes
+    def same_request(self, uid: str, annotations: tuple[str | None, ...]) -> bool:
+        """Whether a version of the pod with this uid and these `request_annotations` has this request."""
+        return bool(uid) and uid == self.uid and annotations == self.request_annotations
 
     @property
     def live(self) -> bool:
@@ -289,7 +289,7 @@ class Record:
 def record(pod: wire.Pod, previous: Record | None = None) -> Record:
     """The `Record` of a pod. Parsing is skipped for what did not change since `previous`."""
     meta = pod.metadata
-    notes = meta.annotations
+    annotations = meta.annotations
     pod_key = key(pod)
     try:
         host: tuple[int, int] | None = host_request(pod)
@@ -302,11 +302,11 @@ def record(pod: wire.Pod, previous: Record | None = None) -> Record:
             index = int(meta.labels.get(names.LABEL_SLOT, ""))
         except ValueError:
             index = -1
-        slot = Slot(meta.labels.get(names.LABEL_NODE, ""), index, notes.get(names.GPU_UUID))
+        slot = Slot(meta.labels.get(names.LABEL_NODE, ""), index, annotations.get(names.GPU_UUID))
     gpu = slot is None and wants_gpu(pod)
     parsed: requests.PodRequest | None = None
     problem: str | None = None
-    inputs = request_notes(notes) if gpu else _NO_REQUEST_NOTES
+    inputs = request_annotations(annotations) if gpu else _NO_REQUEST_ANNOTATIONS
     same_host = previous is not None and (previous.cpu_milli, previous.memory_mib) == (cpu, memory)
     if gpu:
         if (
@@ -321,7 +321,7 @@ def record(pod: wire.Pod, previous: Record | None = None) -> Record:
                 parsed = request(pod, host)
             except errors.InvalidInputError as exc:
                 problem = str(exc)
-    text = notes.get(names.ALLOCATION)
+    text = annotations.get(names.ALLOCATION)
     alloc: allocation.Allocation | None = None
     if text:
         if previous is not None and previous.allocation_text == text and previous.allocation is not None and same_host:
@@ -342,11 +342,11 @@ def record(pod: wire.Pod, previous: Record | None = None) -> Record:
         created=meta.creation_timestamp or "",
         gpu=gpu,
         request=parsed,
-        request_notes=inputs,
+        request_annotations=inputs,
         problem=problem,
         allocation_text=text,
         allocation=alloc,
-        handoff=notes.get(names.HANDOFF),
+        handoff=annotations.get(names.HANDOFF),
         reservation=slot,
         cpu_milli=cpu,
         memory_mib=memory,

@@ -17,7 +17,9 @@ from dataclasses import dataclass
 
 from sharegpu.api import constraints, names, paths, pods, wire
 from sharegpu.api import devices as api_devices
-from sharegpu.core import allocation, defrag, devices, errors, fleet, ledger, placer, policies, units
+from sharegpu.core import allocation, defrag, devices, errors, fleet, policies, units
+from sharegpu.core import ledger as core_ledger
+from sharegpu.core import placer as core_placer
 from sharegpu.kube import client
 
 log = logging.getLogger(__name__)
@@ -121,8 +123,8 @@ class _Reach:
 
 @dataclass(frozen=True, slots=True)
 class Inputs:
-    book: ledger.Ledger
-    chooser: placer.Placer
+    ledger: core_ledger.Ledger
+    placer: core_placer.Placer
     tenants: Mapping[units.PodKey, defrag.Tenant]
     pending: tuple[defrag.Pending, ...]
     allowances: Mapping[str, int]
@@ -150,8 +152,8 @@ def inputs(
         except errors.InvalidInputError as exc:
             log.warning("defrag: ignoring node %s: %s", device.metadata.name, exc)
     state = fleet.FleetState(inventories)
-    book = ledger.Ledger(state)
-    chooser = placer.Placer(state, policies.make(PLACEMENT_POLICY))
+    ledger = core_ledger.Ledger(state)
+    placer = core_placer.Placer(state, policies.make(PLACEMENT_POLICY))
     groups = {wire.key(b.metadata): b for b in budgets}
     allocations: list[allocation.Allocation] = []
     tenants: dict[units.PodKey, defrag.Tenant] = {}
@@ -173,11 +175,11 @@ def inputs(
             )  # fmt: skip
             allowed = reach(item.terms)
             tenants[r.key] = defrag.Tenant(r.request, item.movable, item.priority, covering, item.owner, allowed)
-    for alloc, result in zip(allocations, book.load(allocations), strict=True):
+    for alloc, result in zip(allocations, ledger.load(allocations), strict=True):
         if not result.ok:
             log.warning("defrag: pod %s does not fit the ledger: %s", alloc.pod, result.message)
     allowances = {key: b.status.disruptions_allowed for key, b in groups.items()}
-    return Inputs(book, chooser, tenants, tuple(pending), allowances)
+    return Inputs(ledger, placer, tenants, tuple(pending), allowances)
 
 
 def _selects(budget: wire.PodDisruptionBudget, labels: Mapping[str, str]) -> bool:
@@ -189,7 +191,7 @@ def _selects(budget: wire.PodDisruptionBudget, labels: Mapping[str, str]) -> boo
 
 def plan(found: Inputs, evictions: int) -> defrag.Plan:
     return defrag.plan(
-        found.book, found.chooser, found.tenants, found.pending, defrag.Limits(evictions, found.allowances)
+        found.ledger, found.placer, found.tenants, found.pending, defrag.Limits(evictions, found.allowances)
     )
 
 

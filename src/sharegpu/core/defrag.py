@@ -41,7 +41,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from sharegpu.core import allocation, fit, fleet, ledger, placer, requests, units
+from sharegpu.core import allocation, fit, fleet, requests, units
+from sharegpu.core import ledger as core_ledger
+from sharegpu.core import placer as core_placer
 
 MAX_VICTIMS_PER_GPU = 4
 """Most tenants of one GPU considered together to make room on it (tenants beyond the smallest
@@ -50,7 +52,7 @@ MAX_TENANTS_PER_GPU = 8
 MAX_TRIALS = 16
 """Candidate moves tried in the ledger per pending pod, cheapest first."""
 
-Usable = Callable[[units.PodKey, ledger.Entry], bool]
+Usable = Callable[[units.PodKey, core_ledger.Entry], bool]
 """Whether a running pod may be a victim for the pod being planned."""
 
 
@@ -165,17 +167,17 @@ class _Trial:
     """The ledger changes of a plan, undone in reverse order at the end, and which pods are on each
     node meanwhile (indexed once per plan, then kept up to date by the changes themselves)."""
 
-    def __init__(self, book: ledger.Ledger) -> None:
-        self.book = book
+    def __init__(self, ledger: core_ledger.Ledger) -> None:
+        self.ledger = ledger
         self.undo: list[tuple[str, allocation.Allocation]] = []
         self.on_row: dict[int, dict[units.PodKey, None]] = {}
         """Row -> its pods, in the ledger's order (a dict, not a set: ties between victims are broken
         the same way on every run)."""
-        for key, entry in book.entries():
+        for key, entry in ledger.entries():
             self._index(entry.alloc, key, add=True)
 
     def _index(self, alloc: allocation.Allocation, key: units.PodKey, add: bool) -> None:
-        row = self.book.state.row_of.get(alloc.node)
+        row = self.ledger.state.row_of.get(alloc.node)
         if row is None:
             return
         if add:
@@ -184,13 +186,13 @@ class _Trial:
             self.on_row[row].pop(key, None)
 
     def remove(self, alloc: allocation.Allocation) -> None:
-        result = self.book.remove(alloc.pod)
+        result = self.ledger.remove(alloc.pod)
         assert result.ok, result
         self._index(alloc, alloc.pod, add=False)
         self.undo.append(("removed", alloc))
 
     def assume(self, alloc: allocation.Allocation) -> bool:
-        if not self.book.assume(alloc).ok:
+        if not self.ledger.assume(alloc).ok:
             return False
         self._index(alloc, alloc.pod, add=True)
         self.undo.append(("assumed", alloc))
@@ -202,15 +204,15 @@ class _Trial:
     def rollback(self, to: int = 0) -> None:
         while len(self.undo) > to:
             what, alloc = self.undo.pop()
-            result = self.book.forget(alloc.pod) if what == "assumed" else self.book.add(alloc)
+            result = self.ledger.forget(alloc.pod) if what == "assumed" else self.ledger.add(alloc)
             assert result.ok, result
             self._index(alloc, alloc.pod, add=what == "removed")
 
-    def tenants(self, row: int) -> dict[int, list[ledger.Entry]]:
+    def tenants(self, row: int) -> dict[int, list[core_ledger.Entry]]:
         """GPU index -> the ledger entries of the pods using it, on node `row`."""
-        on: dict[int, list[ledger.Entry]] = {}
+        on: dict[int, list[core_ledger.Entry]] = {}
         for key in self.on_row.get(row, ()):
-            entry = self.book.get(key)
+            entry = self.ledger.get(key)
             assert entry is not None, key
             for index in entry.alloc.gpu_usage():
                 on.setdefault(index, []).append(entry)
@@ -218,15 +220,15 @@ class _Trial:
 
 
 def plan(
-    book: ledger.Ledger,
-    chooser: placer.Placer,
+    ledger: core_ledger.Ledger,
+    placer: core_placer.Placer,
     tenants: Mapping[units.PodKey, Tenant],
     pending: Sequence[Pending],
     limits: Limits,
 ) -> Plan:
-    """The moves that let `pending` pods fit (see the module docstring). `chooser` must place on
-    `book`'s state; the ledger is left as it was found."""
-    trial = _Trial(book)
+    """The moves that let `pending` pods fit (see the module docstring). `placer` must place on
+    `ledger`'s state; the ledger is left as it was found."""
+    trial = _Trial(ledger)
     budget = limits.evictions
     allowed = Counter({group: max(0, n) for group, n in limits.disruptions.items()})
     moved: set[units.PodKey] = set()
@@ -237,14 +239,14 @@ def plan(
         for item in sorted(pending, key=lambda p: -p.priority):
             request = item.request
             demand = request.demand
-            rows = _rows(book.state, item.nodes)
-            decision = chooser.decide(demand, None if item.nodes is None else rows)
+            rows = _rows(ledger.state, item.nodes)
+            decision = placer.decide(demand, None if item.nodes is None else rows)
             if decision.status.ok:
                 # The scheduler will place it here; later pods are planned around it.
-                trial.assume(chooser.allocation_for(request, decision))
+                trial.assume(placer.allocation_for(request, decision))
                 skipped.append(Skip(request.key, Why.FITS, f"fits on {decision.node} as things stand"))
                 continue
-            short = _shortage(book.state, demand, rows)
+            short = _shortage(ledger.state, demand, rows)
             if short is not None:
                 skipped.append(Skip(request.key, Why.SHORTAGE, short))
                 continue
@@ -252,26 +254,26 @@ def plan(
                 skipped.append(Skip(request.key, Why.BUDGET, "the evictions allowed now are used up"))
                 continue
 
-            def usable(key: units.PodKey, entry: ledger.Entry, priority: int = item.priority) -> bool:
+            def usable(key: units.PodKey, entry: core_ledger.Entry, priority: int = item.priority) -> bool:
                 tenant = tenants.get(key)
                 return (
                     tenant is not None
                     and tenant.movable
                     and tenant.priority <= priority
-                    and entry.phase is ledger.Phase.ADDED
+                    and entry.phase is core_ledger.Phase.ADDED
                     and key not in moved
                     and all(allowed[g] > 0 for g in tenant.groups)
                     and bool(entry.alloc.gpu_usage())
                 )
 
-            candidates = _candidates(trial, chooser, demand, usable, rows, MAX_TRIALS, memo, item.priority)
+            candidates = _candidates(trial, placer, demand, usable, rows, MAX_TRIALS, memo, item.priority)
             move = None
             for candidate in candidates:
                 victims = [tenants[k] for k in candidate.victims]
                 needs = Counter(g for t in victims for g in t.groups)
                 if len(victims) > budget or any(allowed[g] < n for g, n in needs.items()):
                     continue
-                move = _try(book, chooser, trial, request, candidate, tenants)
+                move = _try(ledger, placer, trial, request, candidate, tenants)
                 if move is not None:
                     budget -= len(victims)
                     allowed.subtract(needs)
@@ -321,7 +323,7 @@ def _shortage(state: fleet.FleetState, demand: requests.GpuDemand, rows: fleet.I
 
 def _candidates(
     trial: _Trial,
-    chooser: placer.Placer,
+    placer: core_placer.Placer,
     demand: requests.GpuDemand,
     usable: Usable,
     allowed: fleet.IntArray,
@@ -337,7 +339,7 @@ def _candidates(
     moved. Once the next node's bound is above the `limit`-th cheapest found, no node left can be
     among them. (One victim may span several GPUs, so the bound on victims is only "one, if any GPU
     lacks room".)"""
-    state = trial.book.state
+    state = trial.ledger.state
     rows = np.arange(len(state), dtype=np.int64)
     static = state.present & state.healthy & fit.model_mask(state, demand, rows)
     static &= fit.isolation_mask(state, demand, rows)[:, None]
@@ -353,7 +355,7 @@ def _candidates(
     cheapest: fleet.IntArray = np.sort(np.asarray(lacking, dtype=np.int64), axis=1)[:, : demand.count]
     bound_victims = np.asarray((cheapest > 0).any(axis=1), dtype=np.int64)
     bound_moved: fleet.IntArray = np.sum(cheapest, axis=1, dtype=np.int64)
-    priority = chooser.priority[visit]
+    priority = placer.priority[visit]
     order = np.lexsort((visit, priority, bound_moved, bound_victims))
     found: list[_Candidate] = []
     for at in order.tolist():
@@ -367,7 +369,7 @@ def _candidates(
         if known is not None and known[0] == version:
             candidate = known[1]
         else:
-            candidate = _node_candidate(trial, chooser, demand, usable, row, static[row], need_memory[row])
+            candidate = _node_candidate(trial, placer, demand, usable, row, static[row], need_memory[row])
             memo[demand, priority_of_pod, row] = (version, candidate)
         if candidate is not None:
             bisect.insort(found, candidate, key=_rank)
@@ -381,7 +383,7 @@ def _rank(candidate: _Candidate) -> tuple[tuple[int, int, int], int]:
 
 def _node_candidate(
     trial: _Trial,
-    chooser: placer.Placer,
+    placer: core_placer.Placer,
     demand: requests.GpuDemand,
     usable: Usable,
     row: int,
@@ -389,9 +391,9 @@ def _node_candidate(
     need_memory: fleet.IntArray,
 ) -> _Candidate | None:
     """The cheapest victims on node `row` that make it fit the demand, or None if none can."""
-    state = trial.book.state
+    state = trial.ledger.state
     on = trial.tenants(row)
-    options: list[tuple[int, int, tuple[ledger.Entry, ...]]] = []
+    options: list[tuple[int, int, tuple[core_ledger.Entry, ...]]] = []
     for index in np.flatnonzero(static).tolist():
         chosen = _clear(state, demand, row, index, on.get(index, []), int(need_memory[index]), usable)
         if chosen is not None:
@@ -399,7 +401,7 @@ def _node_candidate(
     if len(options) < demand.count:
         return None
     options.sort(key=lambda o: (o[0], o[1]))
-    victims: dict[units.PodKey, ledger.Entry] = {}
+    victims: dict[units.PodKey, core_ledger.Entry] = {}
     for _, _, chosen in options[: demand.count]:
         victims.update((e.alloc.pod, e) for e in chosen)
     if not victims:
@@ -409,7 +411,7 @@ def _node_candidate(
     if cpu < demand.cpu_milli or mem < demand.host_memory_mib:
         return None
     moved = sum(e.alloc.gpu_milli_total for e in victims.values())
-    return _Candidate((len(victims), moved, int(chooser.priority[row])), row, tuple(sorted(victims)))
+    return _Candidate((len(victims), moved, int(placer.priority[row])), row, tuple(sorted(victims)))
 
 
 def _clear(
@@ -417,10 +419,10 @@ def _clear(
     demand: requests.GpuDemand,
     row: int,
     index: int,
-    entries: list[ledger.Entry],
+    entries: list[core_ledger.Entry],
     need_memory: int,
     usable: Usable,
-) -> tuple[ledger.Entry, ...] | None:
+) -> tuple[core_ledger.Entry, ...] | None:
     """The fewest tenants of one GPU (then the least compute) whose leaving makes it able to host
     one unit of `demand`; () if it can already; None if no allowed set can."""
     free = int(state.milli_free[row, index])
@@ -436,7 +438,7 @@ def _clear(
     movable = sorted((e for e in entries if usable(e.alloc.pod, e)), key=lambda e: e.alloc.gpu_usage()[index][0])
     movable = movable[:MAX_TENANTS_PER_GPU]
     for size in range(1, min(MAX_VICTIMS_PER_GPU, len(movable)) + 1):
-        best: tuple[int, tuple[ledger.Entry, ...]] | None = None
+        best: tuple[int, tuple[core_ledger.Entry, ...]] | None = None
         for combo in itertools.combinations(movable, size):
             milli = sum(e.alloc.gpu_usage()[index][0] for e in combo)
             memory = sum(e.alloc.gpu_usage()[index][1] for e in combo)
@@ -448,8 +450,8 @@ def _clear(
 
 
 def _try(
-    book: ledger.Ledger,
-    chooser: placer.Placer,
+    ledger: core_ledger.Ledger,
+    placer: core_placer.Placer,
     trial: _Trial,
     request: requests.PodRequest,
     candidate: _Candidate,
@@ -460,20 +462,22 @@ def _try(
     start = trial.mark()
     before = []
     for key in candidate.victims:
-        entry = book.get(key)
+        entry = ledger.get(key)
         assert entry is not None
         before.append(entry.alloc)
         trial.remove(entry.alloc)
-    decision = chooser.decide(request.demand, np.array([candidate.row], dtype=np.int64))
-    placed = chooser.allocation_for(request, decision) if decision.status.ok else None
+    decision = placer.decide(request.demand, np.array([candidate.row], dtype=np.int64))
+    placed = placer.allocation_for(request, decision) if decision.status.ok else None
     if placed is None or not trial.assume(placed):
         trial.rollback(start)
         return None
     victims = []
     for alloc in sorted(before, key=lambda a: (-a.gpu_milli_total, a.pod)):
         tenant = tenants[alloc.pod]
-        again = chooser.decide(tenant.request.demand, None if tenant.nodes is None else _rows(book.state, tenant.nodes))
-        after = chooser.allocation_for(tenant.request, again) if again.status.ok else None
+        again = placer.decide(
+            tenant.request.demand, None if tenant.nodes is None else _rows(ledger.state, tenant.nodes)
+        )
+        after = placer.allocation_for(tenant.request, again) if again.status.ok else None
         if after is None or not trial.assume(after):
             trial.rollback(start)
             return None

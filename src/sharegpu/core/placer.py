@@ -19,7 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sharegpu.core import allocation, fit, fleet, ledger, policies, requests, status, units
+from sharegpu.core import allocation, fit, fleet, policies, requests, status, units
+from sharegpu.core import ledger as core_ledger
 
 IntArray = fleet.IntArray
 
@@ -187,12 +188,12 @@ class Placer:
             [gpu.uuid for gpu in node.gpus] if node.gpus else None,
         )
 
-    def place(self, book: ledger.Ledger, pod: requests.PodRequest, rows: IntArray | None = None) -> Decision:
+    def place(self, ledger: core_ledger.Ledger, pod: requests.PodRequest, rows: IntArray | None = None) -> Decision:
         """Decide and assume in one step (the ledger must own this placer's state)."""
         decision = self.decide(pod.demand, rows)
         if not decision.status.ok:
             return decision
-        result = book.assume(self.allocation_for(pod, decision))
+        result = ledger.assume(self.allocation_for(pod, decision))
         if not result.ok:  # a placer bug if it ever happens: the decision did not fit the ledger
             return Decision(result)
         return decision

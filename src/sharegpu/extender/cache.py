@@ -26,7 +26,8 @@ import numpy as np
 
 from sharegpu.api import devices as api_devices
 from sharegpu.api import pods, wire
-from sharegpu.core import allocation, devices, errors, fleet, frag, ledger, placer, policies, units
+from sharegpu.core import allocation, devices, errors, fleet, frag, placer, policies, units
+from sharegpu.core import ledger as core_ledger
 from sharegpu.extender import lookup
 
 log = logging.getLogger(__name__)
@@ -113,7 +114,7 @@ class ClusterCache:
         self.counters = Counters()
         self._dirty = True
         self._state: fleet.FleetState | None = None
-        self._ledger: ledger.Ledger | None = None
+        self._ledger: core_ledger.Ledger | None = None
         self._placer: placer.Placer | None = None
         self._overrides: dict[str, Placer] = {}
         self._names: lookup.NameIndex | None = None
@@ -153,7 +154,7 @@ class ClusterCache:
         """New fleet arrays from the inventory, then every bound pod and assumed decision re-applied."""
         state = fleet.FleetState(self._inventory())
         self._state = state
-        self._ledger = ledger.Ledger(state, clock=self.clock)
+        self._ledger = core_ledger.Ledger(state, clock=self.clock)
         self._placer = placer.Placer(
             state, policies.make(self.policy_name, self._shapes()), priority=stable_priority(state.names)
         )
@@ -206,7 +207,7 @@ class ClusterCache:
         return self._state
 
     @property
-    def ledger(self) -> ledger.Ledger:
+    def ledger(self) -> core_ledger.Ledger:
         self.state  # noqa: B018 - rebuild if needed
         assert self._ledger is not None
         return self._ledger
@@ -297,12 +298,12 @@ class ClusterCache:
     def _account(self, record: pods.Record) -> None:
         """Bring the ledger in line with one pod as the API server shows it."""
         assert self._ledger is not None and self._state is not None
-        key, node, book = record.key, record.node, self._ledger
+        key, node, ledger = record.key, record.node, self._ledger
         if not node or record.terminal or self._state.row(node) is None:
             if node and record.terminal:
                 self.assumed.pop(key, None)
-            if key in book and (node or key not in self.assumed):
-                book.remove(key)
+            if key in ledger and (node or key not in self.assumed):
+                ledger.remove(key)
                 self.assumed.pop(key, None)
                 self.freed_at = self.clock()
             return
@@ -314,10 +315,10 @@ class ClusterCache:
             alloc = self._derived_allocation(record, node)
             if alloc is None:
                 return
-        entry = book.get(key)
-        if entry is not None and entry.alloc == alloc and entry.phase is ledger.Phase.ADDED:
+        entry = ledger.get(key)
+        if entry is not None and entry.alloc == alloc and entry.phase is core_ledger.Phase.ADDED:
             return
-        result = book.add(alloc)
+        result = ledger.add(alloc)
         self.assumed.pop(key, None)
         if not result.ok:
             self.counters.conflicts += 1
@@ -326,9 +327,9 @@ class ClusterCache:
     def _derived_allocation(self, record: pods.Record, node: str) -> allocation.Allocation | None:
         """What a bound pod without an allocation annotation holds: host resources, and whole GPUs
         (nvidia.com/gpu from another scheduler) on the first entirely free GPUs of its node."""
-        state, book = self._state, self._ledger
-        assert state is not None and book is not None
-        entry = book.get(record.key)
+        state, ledger = self._state, self._ledger
+        assert state is not None and ledger is not None
+        entry = ledger.get(record.key)
         if entry is not None and entry.alloc.node == node:
             return entry.alloc  # keep the slots already chosen for it
         request = record.request

@@ -22,11 +22,11 @@ from typing import Any
 
 from sharegpu.api import handoff, paths, pods, wire
 from sharegpu.core import errors, units
-from sharegpu.extender import cache as cache_mod
-from sharegpu.extender import metrics as metrics_mod
+from sharegpu.extender import cache as extender_cache
+from sharegpu.extender import metrics as extender_metrics
 from sharegpu.kube import client
 from sharegpu.kube import errors as kube_errors
-from sharegpu.kube import reconcile as loops
+from sharegpu.kube import reconcile as kube_reconcile
 
 log = logging.getLogger(__name__)
 Claim = tuple[str, str]
@@ -53,10 +53,10 @@ def configmap_record(obj: wire.ConfigMap, previous: ConfigMapRecord | None = Non
 class HandoffReconciler:
     def __init__(
         self,
-        cache: cache_mod.ClusterCache,
+        cache: extender_cache.ClusterCache,
         holder: Callable[[str, int], pods.Record | None],
         api: client.KubeApi,
-        metrics: metrics_mod.Metrics,
+        metrics: extender_metrics.Metrics,
     ) -> None:
         self.cache = cache
         self.holder = holder
@@ -64,7 +64,7 @@ class HandoffReconciler:
         self.api = api
         self.metrics = metrics
         self.configmaps: dict[Claim, ConfigMapRecord] = {}
-        self.loop = loops.Loop("hand-off", self.reconcile)
+        self.loop = kube_reconcile.Loop("hand-off", self.reconcile)
         self._warned: set[tuple[Claim, units.PodKey]] = set()
 
     def on_configmap(self, kind: wire.EventType, record: ConfigMapRecord) -> None:

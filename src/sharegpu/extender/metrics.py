@@ -23,8 +23,8 @@ from prometheus_client.registry import Collector
 
 from sharegpu.api import quotas as api_quotas
 from sharegpu.core import allocation, devices, fleet, units
-from sharegpu.extender import cache as cache_mod
-from sharegpu.extender import quotas as quotas_mod
+from sharegpu.extender import cache as extender_cache
+from sharegpu.extender import quotas as extender_quotas
 
 REQUEST_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 SCHEDULING_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
@@ -154,7 +154,7 @@ class View:
     """(node, GPU index, tenants) of each over-committed GPU."""
 
 
-def view(cache: cache_mod.ClusterCache, quota: quotas_mod.QuotaGuard | None) -> View:
+def view(cache: extender_cache.ClusterCache, quota: extender_quotas.QuotaGuard | None) -> View:
     """What the cache holds now (rebuilding the fleet first if the inventory changed, as a filter would)."""
     state = cache.state
     limits = quota.limits if quota is not None else {}

@@ -31,8 +31,8 @@ from collections.abc import Callable
 
 from sharegpu.api import events, paths, pods
 from sharegpu.core import errors, ledger, units
-from sharegpu.extender import cache as cache_mod
-from sharegpu.extender import metrics as metrics_mod
+from sharegpu.extender import cache as extender_cache
+from sharegpu.extender import metrics as extender_metrics
 from sharegpu.kube import client, reconcile
 from sharegpu.kube import errors as kube_errors
 from sharegpu.kube import events as kube_events
@@ -51,10 +51,10 @@ REPAIR = (
 class OvercommitReconciler:
     def __init__(
         self,
-        cache: cache_mod.ClusterCache,
+        cache: extender_cache.ClusterCache,
         api: client.KubeApi,
         recorder: kube_events.Recorder,
-        metrics: metrics_mod.Metrics,
+        metrics: extender_metrics.Metrics,
         *,
         retry: float = RETRY,
         clock: Callable[[], float] = time.monotonic,

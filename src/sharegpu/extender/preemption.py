@@ -42,8 +42,8 @@ import numpy as np
 
 from sharegpu.api import events, paths, pods, wire
 from sharegpu.core import errors, fit, requests, units, victims
-from sharegpu.extender import cache as cache_mod
-from sharegpu.extender import metrics as metrics_mod
+from sharegpu.extender import cache as extender_cache
+from sharegpu.extender import metrics as extender_metrics
 from sharegpu.kube import client
 from sharegpu.kube import errors as kube_errors
 from sharegpu.kube import events as kube_events
@@ -77,10 +77,10 @@ class Nomination:
 class Preemptor:
     def __init__(
         self,
-        cache: cache_mod.ClusterCache,
+        cache: extender_cache.ClusterCache,
         api: client.KubeApi,
         recorder: kube_events.Recorder,
-        metrics: metrics_mod.Metrics,
+        metrics: extender_metrics.Metrics,
         *,
         retry: float = RETRY,
         patience: float = PATIENCE,

@@ -16,11 +16,11 @@ from __future__ import annotations
 
 from sharegpu.api import quotas, wire
 from sharegpu.core import requests, units
-from sharegpu.extender import cache as cache_mod
+from sharegpu.extender import cache as extender_cache
 
 
 class QuotaGuard:
-    def __init__(self, cache: cache_mod.ClusterCache) -> None:
+    def __init__(self, cache: extender_cache.ClusterCache) -> None:
         self.cache = cache
         self.limits: dict[str, dict[str, quotas.Limit]] = {}
         """namespace -> ResourceQuota name -> its limits on the totals (only quotas that set some)."""

@@ -26,8 +26,8 @@ from typing import Any, Final
 
 from sharegpu.api import names, paths, pods, wire
 from sharegpu.core import errors, requests, units
-from sharegpu.extender import cache as cache_mod
-from sharegpu.extender import metrics as metrics_mod
+from sharegpu.extender import cache as extender_cache
+from sharegpu.extender import metrics as extender_metrics
 from sharegpu.extender import scheduling
 from sharegpu.kube import client
 
@@ -52,10 +52,10 @@ def room_freed(node: str, now: str) -> dict[str, Any]:
 class Requeuer:
     def __init__(
         self,
-        cache: cache_mod.ClusterCache,
+        cache: extender_cache.ClusterCache,
         service: scheduling.SchedulingService,
         api: client.KubeApi,
-        metrics: metrics_mod.Metrics,
+        metrics: extender_metrics.Metrics,
         *,
         grace: float = GRACE,
         every: float = EVERY,

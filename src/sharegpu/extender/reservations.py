@@ -37,11 +37,11 @@ from typing import Any
 
 from sharegpu.api import names, paths, pods
 from sharegpu.core import errors, units
-from sharegpu.extender import cache as cache_mod
-from sharegpu.extender import metrics as metrics_mod
+from sharegpu.extender import cache as extender_cache
+from sharegpu.extender import metrics as extender_metrics
 from sharegpu.kube import client
 from sharegpu.kube import errors as kube_errors
-from sharegpu.kube import reconcile as loops
+from sharegpu.kube import reconcile as kube_reconcile
 
 log = logging.getLogger(__name__)
 Slot = tuple[str, int]
@@ -56,9 +56,9 @@ class Backoff:
 class ReservationReconciler:
     def __init__(
         self,
-        cache: cache_mod.ClusterCache,
+        cache: extender_cache.ClusterCache,
         api: client.KubeApi,
-        metrics: metrics_mod.Metrics,
+        metrics: extender_metrics.Metrics,
         *,
         image: str = "sharegpu:latest",
         idle: float = 3.0,
@@ -83,7 +83,7 @@ class ReservationReconciler:
         """Deletions whose answer was lost: pod -> (why, when sent)."""
         self.backoff: dict[Slot, Backoff] = {}
         self.idle_since: dict[Slot, float] = {}
-        self.loop = loops.Loop("reservations", self.reconcile)
+        self.loop = kube_reconcile.Loop("reservations", self.reconcile)
 
     # ----------------------------------------------------------------- what the hand-off reads
 

@@ -27,11 +27,11 @@ import msgspec
 import numpy as np
 from aiohttp import web
 
-from sharegpu.api import extender as protocol
+from sharegpu.api import extender as api_extender
 from sharegpu.api import pods, reasons, wire
 from sharegpu.core import errors, fit, units
-from sharegpu.extender import cache as cache_mod
-from sharegpu.extender import metrics as metrics_mod
+from sharegpu.extender import cache as extender_cache
+from sharegpu.extender import metrics as extender_metrics
 from sharegpu.extender import scheduling
 from sharegpu.serving import http2
 
@@ -43,9 +43,9 @@ DETAIL_NODES = 20
 class Runtime(Protocol):
     """What the operations endpoints read from the running extender."""
 
-    cache: cache_mod.ClusterCache
+    cache: extender_cache.ClusterCache
     scheduling: scheduling.SchedulingService
-    metrics: metrics_mod.Metrics
+    metrics: extender_metrics.Metrics
 
     def readiness(self) -> tuple[bool, dict[str, Any]]: ...
 
@@ -60,18 +60,18 @@ class Verbs:
     """POST /filter, /prioritize and /bind: a body in, a reply out, the same over HTTP/1.1 (`app`,
     aiohttp) and HTTP/2 (`serving.http2`, which kube-scheduler uses where TLS offers it)."""
 
-    def __init__(self, service: scheduling.SchedulingService, metrics: metrics_mod.Metrics) -> None:
-        async def filter_(args: protocol.Args) -> protocol.FilterResult:
+    def __init__(self, service: scheduling.SchedulingService, metrics: extender_metrics.Metrics) -> None:
+        async def filter_(args: api_extender.Args) -> api_extender.FilterResult:
             return service.filter(args)
 
-        async def prioritize(args: protocol.Args) -> list[protocol.HostPriority]:
+        async def prioritize(args: api_extender.Args) -> list[api_extender.HostPriority]:
             return service.prioritize(args)
 
         self._metrics = metrics
         self._routes: dict[str, tuple[str, type[Any], Callable[[Any], Awaitable[Any]]]] = {
-            "/filter": ("filter", protocol.Args, filter_),
-            "/prioritize": ("prioritize", protocol.Args, prioritize),
-            "/bind": ("bind", protocol.BindingArgs, service.bind),
+            "/filter": ("filter", api_extender.Args, filter_),
+            "/prioritize": ("prioritize", api_extender.Args, prioritize),
+            "/bind": ("bind", api_extender.BindingArgs, service.bind),
         }
 
     async def __call__(self, method: str, path: str, body: bytes) -> http2.Reply:
@@ -88,7 +88,7 @@ class Verbs:
             return _reply({"Error": str(exc)}, status=400)
         answer = await handle(args)
         self._metrics.latency.labels(verb).observe(time.perf_counter() - started)
-        return http2.Reply(200, protocol.ENCODER.encode(answer))
+        return http2.Reply(200, api_extender.ENCODER.encode(answer))
 
     def app(self) -> web.Application:
         """The verbs as an aiohttp application (HTTP/1.1)."""

@@ -27,13 +27,13 @@ from aiohttp import web
 from sharegpu.api import names, paths, pods, wire
 from sharegpu.api import quotas as api_quotas
 from sharegpu.core import frag, policies
-from sharegpu.extender import cache as cache_mod
-from sharegpu.extender import handoff as handoff_mod
-from sharegpu.extender import metrics as metrics_mod
-from sharegpu.extender import overcommit as overcommit_mod
+from sharegpu.extender import cache as extender_cache
+from sharegpu.extender import handoff as extender_handoff
+from sharegpu.extender import metrics as extender_metrics
+from sharegpu.extender import overcommit as extender_overcommit
 from sharegpu.extender import preemption, requeue, routes, scheduling
-from sharegpu.extender import quotas as quotas_mod
-from sharegpu.extender import reservations as reservations_mod
+from sharegpu.extender import quotas as extender_quotas
+from sharegpu.extender import reservations as extender_reservations
 from sharegpu.kube import client, informer, leader
 from sharegpu.kube import events as kube_events
 from sharegpu.serving import http2, tls
@@ -74,10 +74,10 @@ class Extender:
     def __init__(self, api: client.KubeApi, options: Options, clock: Callable[[], float] = time.monotonic) -> None:
         self.api = api
         self.options = options
-        self.metrics = metrics_mod.Metrics()
-        self.cache = cache_mod.ClusterCache(options.policy, clock=clock, shapes=options.shapes)
-        self.quota = quotas_mod.QuotaGuard(self.cache)
-        self.metrics.report(lambda: metrics_mod.view(self.cache, self.quota) if self.startup else None)
+        self.metrics = extender_metrics.Metrics()
+        self.cache = extender_cache.ClusterCache(options.policy, clock=clock, shapes=options.shapes)
+        self.quota = extender_quotas.QuotaGuard(self.cache)
+        self.metrics.report(lambda: extender_metrics.view(self.cache, self.quota) if self.startup else None)
         identity = options.identity or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(2)}"
         recorder = kube_events.Recorder(api, "sharegpu-extender", identity, time.time)
         self.preemptor = (
@@ -88,11 +88,11 @@ class Extender:
             quota=self.quota, preemptor=self.preemptor,
         )  # fmt: skip
         self.requeuer = requeue.Requeuer(self.cache, self.scheduling, api, self.metrics, clock=clock)
-        self.reservations = reservations_mod.ReservationReconciler(
+        self.reservations = extender_reservations.ReservationReconciler(
             self.cache, api, self.metrics, image=options.image, idle=options.reservation_idle, clock=clock
         )
-        self.handoffs = handoff_mod.HandoffReconciler(self.cache, self.reservations.holder, api, self.metrics)
-        self.overcommit = overcommit_mod.OvercommitReconciler(self.cache, api, recorder, self.metrics, clock=clock)
+        self.handoffs = extender_handoff.HandoffReconciler(self.cache, self.reservations.holder, api, self.metrics)
+        self.overcommit = extender_overcommit.OvercommitReconciler(self.cache, api, recorder, self.metrics, clock=clock)
         self.elector: leader.LeaderElector | leader.Solo = (
             leader.LeaderElector(
                 api,
@@ -109,10 +109,15 @@ class Extender:
         changed = self._changed
         self.informers: list[informer.Informer[Any, Any]] = [
             informer.Informer(
-                api, paths.NODES, wire.Node, cache_mod.node_record, changed(self.cache.on_node), name="nodes"
+                api, paths.NODES, wire.Node, extender_cache.node_record, changed(self.cache.on_node), name="nodes"
             ),
             informer.Informer(
-                api, paths.DEVICES, wire.Device, cache_mod.device_record, changed(self.cache.on_device), name="devices"
+                api,
+                paths.DEVICES,
+                wire.Device,
+                extender_cache.device_record,
+                changed(self.cache.on_device),
+                name="devices",
             ),
             informer.Informer(api, paths.PODS, wire.Pod, pods.record, changed(self.cache.on_pod), name="pods"),
             informer.Informer(
@@ -127,7 +132,7 @@ class Extender:
                 api,
                 paths.CONFIGMAPS,
                 wire.ConfigMap,
-                handoff_mod.configmap_record,
+                extender_handoff.configmap_record,
                 self._changed(self.handoffs.on_configmap),
                 name="handoff-configmaps",
                 params={"labelSelector": f"{names.LABEL_ROLE}={names.ROLE_HANDOFF}"},

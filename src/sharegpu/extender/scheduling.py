@@ -40,18 +40,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sharegpu.api import extender as protocol
+from sharegpu.api import extender as api_extender
 from sharegpu.api import names, paths, pods, reasons, wire
-from sharegpu.core import allocation, errors, fit, placer, requests, units
-from sharegpu.extender import cache as cache_mod
+from sharegpu.core import allocation, errors, fit, requests, units
+from sharegpu.core import placer as core_placer
+from sharegpu.extender import cache as extender_cache
 from sharegpu.extender import lookup, preemption
-from sharegpu.extender import metrics as metrics_mod
-from sharegpu.extender import quotas as quotas_mod
+from sharegpu.extender import metrics as extender_metrics
+from sharegpu.extender import quotas as extender_quotas
 from sharegpu.kube import client
 from sharegpu.kube import errors as kube_errors
 
 log = logging.getLogger(__name__)
-FLOOR = protocol.MAX_SCORE // 2
+FLOOR = api_extender.MAX_SCORE // 2
 """The lowest prioritize score of a node that fits (see `SchedulingService.prioritize`)."""
 
 
@@ -81,7 +82,7 @@ class Candidates:
 
     def names(self) -> list[str]:
         """The names as sent (decoded on demand: the usual filter needs only the rows)."""
-        return protocol.decode_names(self.text)
+        return api_extender.decode_names(self.text)
 
     def split(self) -> tuple[list[str], list[str], list[str]]:
         """From one decode: the names as sent, those the fleet has (aligned with `rows`), and the rest."""
@@ -153,16 +154,16 @@ UNSURE_MESSAGE = "sharegpu: the outcome of this pod's last binding is being read
 class SchedulingService:
     def __init__(
         self,
-        cache: cache_mod.ClusterCache,
+        cache: extender_cache.ClusterCache,
         api: client.KubeApi,
-        metrics: metrics_mod.Metrics,
+        metrics: extender_metrics.Metrics,
         *,
         narrow: bool = True,
         assume_ttl: float = 30.0,
         settle_after: float = SETTLE_AFTER,
         clock: Callable[[], float] = time.monotonic,
         remember: int = 512,
-        quota: quotas_mod.QuotaGuard | None = None,
+        quota: extender_quotas.QuotaGuard | None = None,
         preemptor: preemption.Preemptor | None = None,
     ) -> None:
         self.cache = cache
@@ -184,7 +185,7 @@ class SchedulingService:
         self.outcomes: OrderedDict[units.PodKey, Outcome] = OrderedDict()
         self._remember = remember
         self._requests: OrderedDict[tuple[str, tuple[str | None, ...]], requests.PodRequest] = OrderedDict()
-        """Requests parsed here, by uid and `pods.request_notes` (what a request depends on)."""
+        """Requests parsed here, by uid and `pods.request_annotations` (what a request depends on)."""
         self._lists: list[_Seen] = []
         """Candidate lists seen lately, newest first."""
         self.reserved: dict[units.PodKey, str] = {}
@@ -200,10 +201,10 @@ class SchedulingService:
         then prioritize, reuse it)."""
         meta = pod.metadata
         known = self.cache.record(pods.key(pod))
-        notes = pods.request_notes(meta.annotations)
-        if known is not None and known.request is not None and known.same_request(meta.uid, notes):
+        annotations = pods.request_annotations(meta.annotations)
+        if known is not None and known.request is not None and known.same_request(meta.uid, annotations):
             return known.request
-        key = (meta.uid, notes)
+        key = (meta.uid, annotations)
         found = self._requests.get(key) if meta.uid else None
         if found is None:
             found = pods.request(pod)  # raises for a malformed request: nothing is cached then
@@ -213,7 +214,7 @@ class SchedulingService:
                     self._requests.popitem(last=False)
         return found
 
-    def _candidates(self, args: protocol.Args) -> Candidates:
+    def _candidates(self, args: api_extender.Args) -> Candidates:
         """The candidate nodes as fleet rows.
 
         kube-scheduler sends much the same list pod after pod, in a different order each time: it
@@ -229,13 +230,13 @@ class SchedulingService:
         looked = self.cache.name_index().rows(text)
         if looked is None:
             row_of = state.row_of
-            looked = np.array([row_of.get(n, -1) for n in protocol.decode_names(text)], dtype=np.int64)
+            looked = np.array([row_of.get(n, -1) for n in api_extender.decode_names(text)], dtype=np.int64)
         made = Candidates.of(text, looked)
         self._lists.insert(0, _Seen(state, made))
         del self._lists[CANDIDATE_LISTS:]
         return made
 
-    def filter(self, args: protocol.Args) -> protocol.FilterResult:
+    def filter(self, args: api_extender.Args) -> api_extender.FilterResult:
         key = pods.key(args.pod)
         self._first_filter(key, args.pod.metadata.uid)
         if key in self.unsure:
@@ -247,7 +248,7 @@ class SchedulingService:
             self.metrics.decisions.labels("filter", "preempting").inc()
             sent = self._candidates(args).names()
             self._remember_outcome(key, 0, None, waiting, tuple(sent))
-            return protocol.FilterResult(failed_nodes=dict.fromkeys(sent, waiting))
+            return api_extender.FilterResult(failed_nodes=dict.fromkeys(sent, waiting))
         try:
             request = self._request(args.pod)
         except errors.InvalidInputError as exc:
@@ -255,24 +256,26 @@ class SchedulingService:
             offered = self._candidates(args)
             failed = reasons.invalid(offered.names(), str(exc))
             self._remember_outcome(key, 0, None, failed.message(len(offered)))
-            return protocol.FilterResult(failed_nodes=failed.unresolvable, failed_and_unresolvable=failed.unresolvable)
+            return api_extender.FilterResult(
+                failed_nodes=failed.unresolvable, failed_and_unresolvable=failed.unresolvable
+            )
         refused = self.quota.refusal(key, request) if self.quota is not None else None
         if refused is not None:
             self.metrics.decisions.labels("filter", "quota").inc()
             offered = self._candidates(args)
             sent = offered.names()
             self._remember_outcome(key, 0, None, refused, tuple(sent))
-            return protocol.FilterResult(failed_nodes=dict.fromkeys(sent, refused))
+            return api_extender.FilterResult(failed_nodes=dict.fromkeys(sent, refused))
         demand = request.demand
-        chooser = self._placer(args.pod)
+        placer = self._placer(args.pod)
         narrow = self.narrow and not pods.has_soft_preferences(args.pod)
-        quick = self._choose_among_all(chooser, demand, args.names_text()) if narrow else None
+        quick = self._choose_among_all(placer, demand, args.names_text()) if narrow else None
         if quick is not None:
             decision, feasible_count = quick
             return self._chosen(key, args.pod, request, decision, feasible_count)
         offered = self._candidates(args)
         rows = offered.rows
-        evaluation = chooser.evaluate(demand, rows)
+        evaluation = placer.evaluate(demand, rows)
         feasible = evaluation.feasible
         if not feasible.any():
             diagnosis = fit.diagnose(self.cache.state, demand, rows)
@@ -283,20 +286,20 @@ class SchedulingService:
                 failed = reasons.preempting(failed, plan.node, len(plan.victims), len(plan.leaving))
             self.metrics.decisions.labels("filter", "unschedulable" if plan is None else "preempting").inc()
             self._remember_outcome(key, 0, None, failed.message(len(offered)), tuple(sent), short=plan is None)
-            return protocol.FilterResult(
+            return api_extender.FilterResult(
                 failed_nodes={**failed.resolvable, **failed.unresolvable},
                 failed_and_unresolvable=failed.unresolvable,
             )
         if narrow:
-            decision = chooser.choose(demand, evaluation)
+            decision = placer.choose(demand, evaluation)
             return self._chosen(key, args.pod, request, decision, int(feasible.sum()))
         self.metrics.decisions.labels("filter", "feasible").inc()
         names_ = self.cache.state.names
         fits = [names_[r] for r in rows[feasible].tolist()]
         self._remember_outcome(key, len(fits), None, "")
-        return protocol.FilterResult(node_names=fits)
+        return api_extender.FilterResult(node_names=fits)
 
-    def _filter_unsure(self, key: units.PodKey, args: protocol.Args) -> protocol.FilterResult:
+    def _filter_unsure(self, key: units.PodKey, args: api_extender.Args) -> api_extender.FilterResult:
         """A pod whose last binding may have happened: only the node its held allocation is on (the
         bind that follows reads the API before it writes anything), or no node while that one is not
         a candidate."""
@@ -304,9 +307,9 @@ class SchedulingService:
         sent = self._candidates(args).names()
         if held is not None and held.node in sent:
             self._remember_outcome(key, 1, held.node, "")
-            return protocol.FilterResult(node_names=[held.node])
+            return api_extender.FilterResult(node_names=[held.node])
         self._remember_outcome(key, 0, None, UNSURE_MESSAGE, tuple(sent))
-        return protocol.FilterResult(failed_nodes=dict.fromkeys(sent, UNSURE_MESSAGE))
+        return api_extender.FilterResult(failed_nodes=dict.fromkeys(sent, UNSURE_MESSAGE))
 
     def _first_filter(self, key: units.PodKey, uid: str) -> None:
         seen = self.first_filtered.get(key)
@@ -317,13 +320,13 @@ class SchedulingService:
         while len(self.first_filtered) > FIRST_FILTERS:
             self.first_filtered.popitem(last=False)
 
-    def _placer(self, pod: wire.Pod) -> placer.Placer:
-        notes: dict[str, str] = pod.metadata.annotations
-        return self.cache.placer_for(notes.get(names.PLACEMENT))
+    def _placer(self, pod: wire.Pod) -> core_placer.Placer:
+        annotations: dict[str, str] = pod.metadata.annotations
+        return self.cache.placer_for(annotations.get(names.PLACEMENT))
 
     def _choose_among_all(
-        self, chooser: placer.Placer, demand: requests.GpuDemand, text: bytes
-    ) -> tuple[placer.Decision, int] | None:
+        self, placer: core_placer.Placer, demand: requests.GpuDemand, text: bytes
+    ) -> tuple[core_placer.Decision, int] | None:
         """The policy's choice among all nodes and how many fit, when that node is a candidate.
 
         The choice among the candidates is the best candidate by the policy's order; when the best
@@ -334,14 +337,14 @@ class SchedulingService:
         full path words the reasons) or when the text is not a plain list of names."""
         if not lookup.plain_names(text):
             return None
-        evaluation = chooser.evaluate(demand)
+        evaluation = placer.evaluate(demand)
         count = int(evaluation.feasible.sum())
         if not count:
             return None
         feasible = evaluation.feasible.copy()
         trying = evaluation.with_feasible(feasible)
         for _ in range(min(QUICK_TRIES, count)):
-            decision = chooser.choose(demand, trying)
+            decision = placer.choose(demand, trying)
             assert decision.node is not None and decision.row is not None
             if lookup.mentions(text, decision.node):
                 return decision, count
@@ -349,8 +352,13 @@ class SchedulingService:
         return None
 
     def _chosen(
-        self, key: units.PodKey, pod: wire.Pod, request: requests.PodRequest, decision: placer.Decision, feasible: int
-    ) -> protocol.FilterResult:
+        self,
+        key: units.PodKey,
+        pod: wire.Pod,
+        request: requests.PodRequest,
+        decision: core_placer.Decision,
+        feasible: int,
+    ) -> api_extender.FilterResult:
         """Narrowed to the chosen node, whose allocation is reserved now, as kube-scheduler's Reserve
         does: it filters the next pod while this one's bind is still on its way, and that pod must
         see this one's share."""
@@ -359,7 +367,7 @@ class SchedulingService:
         if pod.metadata.uid and self.cache.assume(self._placer(pod).allocation_for(request, decision)):
             self.reserved[key] = pod.metadata.uid
         self._remember_outcome(key, feasible, decision.node, "")
-        return protocol.FilterResult(node_names=[decision.node])
+        return api_extender.FilterResult(node_names=[decision.node])
 
     def _remember_outcome(
         self,
@@ -378,7 +386,7 @@ class SchedulingService:
 
     # ----------------------------------------------------------------- prioritize
 
-    def prioritize(self, args: protocol.Args) -> list[protocol.HostPriority]:
+    def prioritize(self, args: api_extender.Args) -> list[api_extender.HostPriority]:
         """The chosen node MAX_SCORE; the other feasible nodes by the policy's own score, scaled into
         FLOOR..MAX_SCORE-1; nodes that do not fit 0. Feasible nodes differ by at most half the range,
         so kube-scheduler's own soft scoring (a pod's preferences) decides between nodes it rates
@@ -388,28 +396,28 @@ class SchedulingService:
         try:
             request = self._request(args.pod)
         except errors.InvalidInputError:
-            return [protocol.HostPriority(host=n, score=0) for n in candidates]
+            return [api_extender.HostPriority(host=n, score=0) for n in candidates]
         rows = offered.rows
-        chooser = self._placer(args.pod)
-        evaluation = chooser.evaluate(request.demand, rows)
+        placer = self._placer(args.pod)
+        evaluation = placer.evaluate(request.demand, rows)
         feasible, score = evaluation.feasible, evaluation.score
-        decision = chooser.choose(request.demand, evaluation) if feasible.any() else None
-        top = protocol.MAX_SCORE
+        decision = placer.choose(request.demand, evaluation) if feasible.any() else None
+        top = api_extender.MAX_SCORE
         span = top - 1 - FLOOR
         scores = {
             name: top if decision is not None and name == decision.node else FLOOR + min(span, int(s) * span // 100)
             for name, ok, s in zip(known, feasible.tolist(), score.tolist(), strict=True)
             if ok
         }
-        return [protocol.HostPriority(host=n, score=scores.get(n, 0)) for n in candidates]
+        return [api_extender.HostPriority(host=n, score=scores.get(n, 0)) for n in candidates]
 
     # ----------------------------------------------------------------- bind
 
-    async def bind(self, args: protocol.BindingArgs) -> protocol.BindingResult:
+    async def bind(self, args: api_extender.BindingArgs) -> api_extender.BindingResult:
         """Bind the pod to `args.node` with its allocation; shielded from the caller going away."""
         return await asyncio.shield(self._bind(args))
 
-    async def _bind(self, args: protocol.BindingArgs) -> protocol.BindingResult:
+    async def _bind(self, args: api_extender.BindingArgs) -> api_extender.BindingResult:
         key = units.pod_key(args.pod_namespace, args.pod_name)
         if key in self.unsure and key not in self.binding:
             settled = await self.settle(key, wait=True)
@@ -480,11 +488,11 @@ class SchedulingService:
         first = self.first_filtered.pop(key, None)
         if first is not None and first[0] == record.uid:
             self.metrics.scheduling.observe(max(0.0, self.clock() - first[1]))
-        return protocol.BindingResult()
+        return api_extender.BindingResult()
 
-    def _bind_failed(self, outcome: BindOutcome, message: str) -> protocol.BindingResult:
+    def _bind_failed(self, outcome: BindOutcome, message: str) -> api_extender.BindingResult:
         self.metrics.binds.labels(outcome).inc()
-        return protocol.BindingResult(error=message)
+        return api_extender.BindingResult(error=message)
 
     # ----------------------------------------------------------------- unknown outcomes
 
@@ -608,7 +616,7 @@ def _same_gpus(a: allocation.Allocation, b: allocation.Allocation) -> bool:
     return a.node == b.node and a.containers == b.containers
 
 
-def _binding(key: units.PodKey, args: protocol.BindingArgs, alloc: allocation.Allocation) -> dict[str, object]:
+def _binding(key: units.PodKey, args: api_extender.BindingArgs, alloc: allocation.Allocation) -> dict[str, object]:
     return {
         "apiVersion": "v1",
         "kind": "Binding",

@@ -26,8 +26,8 @@ from sharegpu.api import groups as api_groups
 from sharegpu.api import names, pods, reasons, wire
 from sharegpu.api import quotas as api_quotas
 from sharegpu.core import allocation, errors, fit, policies, requests, units
-from sharegpu.extender import cache as cache_mod
-from sharegpu.extender import quotas as quotas_mod
+from sharegpu.extender import cache as extender_cache
+from sharegpu.extender import quotas as extender_quotas
 
 DETAIL_NODES = 20
 """Nodes explained GPU by GPU by default (the closest to fitting first), as the extender's /debug/pods does."""
@@ -53,8 +53,8 @@ class Listing:
 class Cluster:
     """The extender's cache and quota guard over a listing, and what the cache does not keep."""
 
-    cache: cache_mod.ClusterCache
-    quota: quotas_mod.QuotaGuard
+    cache: extender_cache.ClusterCache
+    quota: extender_quotas.QuotaGuard
     labels: Mapping[str, Mapping[str, str]]
     """Node name -> its labels."""
     gpu_reasons: Mapping[tuple[str, int], str]
@@ -63,12 +63,12 @@ class Cluster:
 
 def cluster(listing: Listing, policy: str = policies.DEFAULT) -> Cluster:
     """The extender's view of the listed cluster (its cache rebuilt from the lists, as after a start)."""
-    cache = cache_mod.ClusterCache(policy)
-    guard = quotas_mod.QuotaGuard(cache)
+    cache = extender_cache.ClusterCache(policy)
+    guard = extender_quotas.QuotaGuard(cache)
     for node in listing.nodes:
-        cache.on_node(wire.EventType.ADDED, cache_mod.node_record(node))
+        cache.on_node(wire.EventType.ADDED, extender_cache.node_record(node))
     for device in listing.devices:
-        cache.on_device(wire.EventType.ADDED, cache_mod.device_record(device))
+        cache.on_device(wire.EventType.ADDED, extender_cache.device_record(device))
     for pod in listing.pods:
         cache.on_pod(wire.EventType.ADDED, pods.record(pod))
     for quota in listing.quotas:
@@ -387,10 +387,10 @@ def explain(
     refusal = view.quota.refusal(record.key, request)
     choice = None
     if feasible.any():
-        chooser = cache.placer_for(pod.metadata.annotations.get(names.PLACEMENT))
-        decision = chooser.decide(demand, rows)
+        placer = cache.placer_for(pod.metadata.annotations.get(names.PLACEMENT))
+        decision = placer.decide(demand, rows)
         if decision.node is not None:
-            choice = Choice(decision.node, tuple(decision.gpus), chooser.policy.name)
+            choice = Choice(decision.node, tuple(decision.gpus), placer.policy.name)
         message = f"{int(feasible.sum())} of {len(names_)} nodes fit"
     else:
         message = failed.message(len(names_)) if names_ else "no node matches the pod's nodeSelector"

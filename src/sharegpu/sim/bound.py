@@ -53,7 +53,9 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import optimize, sparse
 
-from sharegpu.core import devices, errors, fleet, frag, ledger, placer, policies, units
+from sharegpu.core import devices, errors, fleet, frag, policies, units
+from sharegpu.core import ledger as core_ledger
+from sharegpu.core import placer as core_placer
 from sharegpu.sim import replay, runner, trace
 
 _MILLI = units.MILLI_PER_GPU
@@ -513,13 +515,13 @@ def _placed(
     shape_index = {s: i for i, s in enumerate(instance.shapes)}
     type_index = {t: i for i, t in enumerate(instance.types)}
     state = fleet.FleetState(list(nodes))
-    book = ledger.Ledger(state)
-    chooser = placer.Placer(state, policy)
+    ledger = core_ledger.Ledger(state)
+    placer = core_placer.Placer(state, policy)
     kept = np.zeros(len(pods), dtype=np.bool_)
     content: dict[int, np.ndarray] = {}
     for i in order:
         pod = pods[i]
-        decision = chooser.place(book, pod.request(f"{pod.name}#{i}"))
+        decision = placer.place(ledger, pod.request(f"{pod.name}#{i}"))
         if not decision.status.ok or not pod.num_gpu:
             continue
         kept[i] = True

@@ -30,7 +30,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from sharegpu.core import defrag, devices, fleet, frag, ledger, placer, policies, requests, units
+from sharegpu.core import defrag, devices, fleet, frag, policies, requests, units
+from sharegpu.core import ledger as core_ledger
+from sharegpu.core import placer as core_placer
 from sharegpu.sim import trace
 
 DEFRAG_LOOKAHEAD = 8
@@ -102,8 +104,8 @@ def replay_static(
 ) -> StaticResult:
     started = time.perf_counter()
     state = fleet.FleetState(nodes)
-    book = ledger.Ledger(state)
-    chooser = placer.Placer(state, policy, priority=workload.node_priority, seed=seed)
+    ledger = core_ledger.Ledger(state)
+    placer = core_placer.Placer(state, policy, priority=workload.node_priority, seed=seed)
     capacity = state.total_milli
     n = len(workload.pods)
     arrived = np.zeros(n, dtype=np.int64)
@@ -117,7 +119,7 @@ def replay_static(
     for i, pod in enumerate(workload.pods):
         request = pod.request(f"{pod.name}#{i}")
         total_arrived += pod.gpu_milli_total
-        decision = chooser.place(book, request)
+        decision = placer.place(ledger, request)
         if decision.status.ok:
             placed += 1
             total_allocated += pod.gpu_milli_total
@@ -205,25 +207,25 @@ class DynamicResult:
 class _Movable(Mapping[units.PodKey, defrag.Tenant]):
     """Every running simulated pod as the planner sees it: movable, priority 0 (built when asked)."""
 
-    def __init__(self, book: ledger.Ledger, timed: list[trace.TracePod]) -> None:
-        self.book = book
+    def __init__(self, ledger: core_ledger.Ledger, timed: list[trace.TracePod]) -> None:
+        self.ledger = ledger
         self.timed = timed
         self.known: dict[units.PodKey, defrag.Tenant] = {}
 
     def __getitem__(self, key: units.PodKey) -> defrag.Tenant:
         found = self.known.get(key)
         if found is None:
-            if key not in self.book:
+            if key not in self.ledger:
                 raise KeyError(key)
             request = self.timed[int(key.rpartition("#")[2])].request(key)
             found = self.known[key] = defrag.Tenant(request, movable=True)
         return found
 
     def __iter__(self) -> Iterator[units.PodKey]:
-        return (key for key, _ in self.book.entries())
+        return (key for key, _ in self.ledger.entries())
 
     def __len__(self) -> int:
-        return len(self.book)
+        return len(self.ledger)
 
 
 class Waiting:
@@ -324,8 +326,8 @@ def replay_dynamic(
     duration = [max(0.0, float((p.deletion_time or 0) - (p.creation_time or 0))) for p in timed]
     state = fleet.FleetState(nodes)
     priority = np.random.default_rng(seed).permutation(len(state)).astype(np.int64)
-    chooser = placer.Placer(state, policy, priority=priority, seed=seed)
-    replay = DynamicReplay(state, chooser, timed, arrival, duration, defrag_budget_per_hour)
+    placer = core_placer.Placer(state, policy, priority=priority, seed=seed)
+    replay = DynamicReplay(state, placer, timed, arrival, duration, defrag_budget_per_hour)
     return replay.run(started)
 
 
@@ -336,14 +338,14 @@ class DynamicReplay:
     def __init__(
         self,
         state: fleet.FleetState,
-        chooser: placer.Placer,
+        placer: core_placer.Placer,
         timed: list[trace.TracePod],
         arrival: list[float],
         duration: list[float],
         defrag_budget_per_hour: int,
     ) -> None:
         self.state = state
-        self.chooser = chooser
+        self.placer = placer
         self.timed = timed
         self.arrival = arrival
         """Virtual arrival time of each pod (seconds since the first arrival)."""
@@ -351,7 +353,7 @@ class DynamicReplay:
         """How long each pod runs once placed (seconds)."""
         self.defrag_budget_per_hour = defrag_budget_per_hour
         self.clock = VirtualClock(0.0)
-        self.book = ledger.Ledger(state, clock=self.clock)
+        self.ledger = core_ledger.Ledger(state, clock=self.clock)
         self.capacity = state.total_milli
         self.events = [_Event(arrival[i], 1, i, i) for i in range(len(timed))]
         heapq.heapify(self.events)
@@ -368,7 +370,7 @@ class DynamicReplay:
         self.allocated: list[float] = []
         self.queued: list[int] = []
         # Defragmentation
-        self.tenants = _Movable(self.book, timed)
+        self.tenants = _Movable(self.ledger, timed)
         self.evicted_at: deque[float] = deque()
         """Virtual times of the evictions of the last hour."""
         self.eviction_times: list[float] = []
@@ -405,10 +407,10 @@ class DynamicReplay:
     def try_place(self, index: int, rows: fleet.IntArray | None = None) -> bool:
         """Place the pod (on `rows` only, when given) and start it; False when it fits nowhere."""
         request = self.request_of(index)
-        decision = self.chooser.place(self.book, request, rows)
+        decision = self.placer.place(self.ledger, request, rows)
         if not decision.status.ok:
             return False
-        self.book.add(self.book.get(request.key).alloc)  # type: ignore[union-attr]  # confirm: bound at once
+        self.ledger.add(self.ledger.get(request.key).alloc)  # type: ignore[union-attr]  # confirm: bound at once
         self._start(index)
         return True
 
@@ -425,10 +427,10 @@ class DynamicReplay:
         """The pod leaves; the waiting pods are tried on the node it freed."""
         pod = self.timed[index]
         key = units.PodKey(f"{pod.name}#{index}")
-        entry = self.book.get(key)
+        entry = self.ledger.get(key)
         assert entry is not None
         freed = np.array([self.state.row_of[entry.alloc.node]], dtype=np.int64)
-        self.book.remove(key)
+        self.ledger.remove(key)
         self.allocated_milli -= pod.gpu_milli_total
         del self.placed_at[index]
         del self.made[index]
@@ -449,7 +451,7 @@ class DynamicReplay:
         self.planned_at = now
         heads = list(itertools.islice(waiting, DEFRAG_LOOKAHEAD))
         pending = [defrag.Pending(self.request_of(i)) for i in heads]
-        plan = defrag.plan(self.book, self.chooser, self.tenants, pending, defrag.Limits(allowance))
+        plan = defrag.plan(self.ledger, self.placer, self.tenants, pending, defrag.Limits(allowance))
         done: set[int] = set()
         for move in plan.moves:
             done.add(self._apply(move))
@@ -459,14 +461,14 @@ class DynamicReplay:
         """Evict the move's victims, place them again where the plan put them, and start the waiting
         pod it was for (returned: its index)."""
         for victim in move.victims:
-            self.book.remove(victim.pod)
+            self.ledger.remove(victim.pod)
             self.evicted_at.append(self.clock.now)
             self.eviction_times.append(self.clock.now)
         index = int(move.pod.rpartition("#")[2])
-        result = self.book.add(move.placed)
+        result = self.ledger.add(move.placed)
         assert result.ok, result
         for victim in move.victims:
-            result = self.book.add(victim.after)
+            result = self.ledger.add(victim.after)
             assert result.ok, result
         self._start(index)
         return index

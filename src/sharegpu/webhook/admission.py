@@ -18,7 +18,7 @@ from typing import Any
 import jsonpatch
 import msgspec
 
-from sharegpu.api import admission as messages
+from sharegpu.api import admission as api_admission
 from sharegpu.api import budgets as api_budgets
 from sharegpu.api import devices as api_devices
 from sharegpu.api import groups as api_groups
@@ -28,7 +28,7 @@ from sharegpu.core import devices, errors, requests
 from sharegpu.webhook import translate
 
 Json = dict[str, Any]
-Answer = messages.ReviewResponse
+Answer = api_admission.ReviewResponse
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -68,14 +68,14 @@ class PriorityClass:
     preemption_policy: str = "PreemptLowerPriority"
 
 
-def _object(request: messages.Request, old: bool = False) -> Json:
+def _object(request: api_admission.Request, old: bool = False) -> Json:
     obj = request.old_object if old else request.object
     if obj is None:
         raise errors.InvalidRequestError(f"the review carries no {'oldObject' if old else 'object'}")
     return obj
 
 
-def _typed(obj: Json, request: messages.Request) -> wire.Pod:
+def _typed(obj: Json, request: api_admission.Request) -> wire.Pod:
     """The pod as typed, named as the API server will store it: at creation its namespace comes from
     the request's URL and is often absent from the object (kubectl run), and a pod made from
     `generateName` has no name yet. Messages then name `namespace/name` (or `namespace/prefix*`)."""
@@ -88,7 +88,7 @@ def _typed(obj: Json, request: messages.Request) -> wire.Pod:
     return msgspec.structs.replace(pod, metadata=named)
 
 
-def _is_system(request: messages.Request, policy: Policy) -> bool:
+def _is_system(request: api_admission.Request, policy: Policy) -> bool:
     return request.user_info.username in policy.system_users
 
 
@@ -188,7 +188,7 @@ MIRROR: str = "kubernetes.io/config.mirror"
 """The annotation of a static pod's mirror (the kubelet runs it; the API object only reflects it)."""
 
 
-def _take_over(spec: Json, notes: Json, policy: Policy) -> list[str]:
+def _take_over(spec: Json, annotations: Json, policy: Policy) -> list[str]:
     """Schedule a GPU pod with sharegpu: when it names no scheduler or one that sharegpu replaces, and
     when its author bound it to a node (`spec.nodeName` skips every scheduler, so the pod would get
     no GPU share and no hand-off): that node becomes a required node affinity. Returns the audit."""
@@ -198,7 +198,7 @@ def _take_over(spec: Json, notes: Json, policy: Policy) -> list[str]:
         spec["schedulerName"] = names.SCHEDULER_NAME
         if named and named != "default-scheduler":
             audit.append(f"pod: schedulerName {named} -> {names.SCHEDULER_NAME}")
-    node = None if MIRROR in notes else spec.pop("nodeName", None)
+    node = None if MIRROR in annotations else spec.pop("nodeName", None)
     if node:
         affinity = spec.setdefault("affinity", {}).setdefault("nodeAffinity", {})
         required = affinity.setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
@@ -250,22 +250,22 @@ def validate_group_deletion(body: Any, members: list[str]) -> Answer:
     """A SharedDeviceGroup may be deleted only once no live pod is its member (`members`)."""
     uid = ""
     try:
-        request = messages.review(body).request
+        request = api_admission.review(body).request
         uid = request.uid
         if request.operation != "DELETE" or not members:
-            return messages.allow(uid)
+            return api_admission.allow(uid)
         shown = ", ".join(members[:20]) + (f" and {len(members) - 20} more" if len(members) > 20 else "")
-        return messages.deny(
+        return api_admission.deny(
             uid,
             f"sharegpu: SharedDeviceGroup {request.namespace}/{request.name} still has {len(members)} member pod(s): "
             f"{shown}; delete them first",
             code=409,
         )
     except errors.SharegpuError as exc:
-        return messages.deny(uid, f"sharegpu: {exc}", code=400)
+        return api_admission.deny(uid, f"sharegpu: {exc}", code=400)
 
 
-def _apply_budgets(namespace: str, spec: Json, notes: Json, policy: Policy, audit: list[str]) -> str | None:
+def _apply_budgets(namespace: str, spec: Json, annotations: Json, policy: Policy, audit: list[str]) -> str | None:
     """The exhausted budgets governing the namespace: a Deny budget refuses the pod (returns why); a Demote
     budget moves it to its demotion PriorityClass, unless it is already at or below it."""
     exhausted = [b for b in policy.budgets_of(namespace) if b.status.state == api_budgets.EXHAUSTED]
@@ -291,7 +291,7 @@ def _apply_budgets(namespace: str, spec: Json, notes: Json, policy: Policy, audi
         spec["priorityClassName"] = name
         spec["priority"] = demoted.value
         spec["preemptionPolicy"] = demoted.preemption_policy
-        notes[names.DEMOTED] = api_budgets.summary(item)
+        annotations[names.DEMOTED] = api_budgets.summary(item)
         audit.append(f"pod: demoted to PriorityClass {name} ({api_budgets.summary(item)})")
         return None
     return None
@@ -306,10 +306,10 @@ def mutate(body: Any, policy: Policy) -> Answer:
     """The mutating decision for a Pod review."""
     uid = ""
     try:
-        request = messages.review(body).request
+        request = api_admission.review(body).request
         uid = request.uid
         if request.operation != "CREATE" or request.namespace in policy.skip_namespaces:
-            return messages.allow(uid)
+            return api_admission.allow(uid)
         original = _object(request)
         out, audit = translate.translate(original, policy.models)
         pod = _typed(out, request)
@@ -318,60 +318,64 @@ def mutate(body: Any, policy: Policy) -> Answer:
         if joined is not None:
             refusal = _join(out, joined, request.namespace, parsed, policy, audit)
             if refusal is not None:
-                return messages.deny(uid, f"sharegpu: {refusal}", code=400)
+                return api_admission.deny(uid, f"sharegpu: {refusal}", code=400)
             if not _is_system(request, policy):
                 audit += _take_over(out.setdefault("spec", {}), out["metadata"].setdefault("annotations", {}), policy)
-            notes = out["metadata"].setdefault("annotations", {})
-            notes[names.TRANSLATED] = "; ".join(audit)
-            return messages.allow(uid, patch=_patch(original, out), audit={"translated": "; ".join(audit)})
+            annotations = out["metadata"].setdefault("annotations", {})
+            annotations[names.TRANSLATED] = "; ".join(audit)
+            return api_admission.allow(uid, patch=_patch(original, out), audit={"translated": "; ".join(audit)})
         _hide_gpus(out, parsed, audit)
         if parsed.demand.count == 0:
             if audit:
                 out["metadata"].setdefault("annotations", {})[names.TRANSLATED] = "; ".join(audit)
             patch = _patch(original, out)
-            return messages.allow(uid, patch=patch or None, audit={"translated": "; ".join(audit)} if audit else None)
-        notes = out.setdefault("metadata", {}).setdefault("annotations", {})
+            return api_admission.allow(
+                uid, patch=patch or None, audit={"translated": "; ".join(audit)} if audit else None
+            )
+        annotations = out.setdefault("metadata", {}).setdefault("annotations", {})
         if not _is_system(request, policy) and not _handoff_wired(pod, parsed):
             # Users never choose the hand-off ConfigMap: a fresh one is set below for sharing pods. (A pod
             # already wired to its annotation comes from an earlier invocation of this webhook; a forged
             # one gains nothing: the extender fills a ConfigMap for one claimant only.)
-            notes.pop(names.HANDOFF, None)
+            annotations.pop(names.HANDOFF, None)
         spec = out.setdefault("spec", {})
         if not _is_system(request, policy):
-            audit += _take_over(spec, notes, policy)
-            refusal = _apply_budgets(request.namespace, spec, notes, policy, audit)
+            audit += _take_over(spec, annotations, policy)
+            refusal = _apply_budgets(request.namespace, spec, annotations, policy, audit)
             if refusal is not None:
-                return messages.deny(uid, f"sharegpu: {refusal}", code=403)
-        if parsed.demand.sharing and names.HANDOFF not in notes:
+                return api_admission.deny(uid, f"sharegpu: {refusal}", code=403)
+        if parsed.demand.sharing and names.HANDOFF not in annotations:
             _add_handoff(out, parsed, audit)
         _write_totals(out, parsed)
         if audit:
-            notes[names.TRANSLATED] = "; ".join(audit)
-        return messages.allow(
+            annotations[names.TRANSLATED] = "; ".join(audit)
+        return api_admission.allow(
             uid, patch=_patch(original, out), audit={"translated": "; ".join(audit)} if audit else None
         )
     except errors.SharegpuError as exc:
-        return messages.deny(uid, f"sharegpu: {exc}", code=400)
+        return api_admission.deny(uid, f"sharegpu: {exc}", code=400)
 
 
 def validate(body: Any, policy: Policy) -> Answer:
     """The validating decision for a Pod review (runs after every mutation)."""
     uid = ""
     try:
-        request = messages.review(body).request
+        request = api_admission.review(body).request
         uid = request.uid
         if request.namespace in policy.skip_namespaces or request.operation not in ("CREATE", "UPDATE"):
-            return messages.allow(uid)
+            return api_admission.allow(uid)
         pod = _typed(_object(request), request)
         if not _is_system(request, policy):
             old = _typed(_object(request, old=True), request) if request.operation == "UPDATE" else None
             problem = guard(pod, old)
             if problem:
-                return messages.deny(uid, f"sharegpu: {problem}", code=403)
+                return api_admission.deny(uid, f"sharegpu: {problem}", code=403)
         for _, container in pods.containers(pod):
             for key in container.resources.merged():
                 if key in translate.FOREIGN:
-                    return messages.deny(uid, f"sharegpu: container {container.name}: {key} was not translated", 400)
+                    return api_admission.deny(
+                        uid, f"sharegpu: container {container.name}: {key} was not translated", 400
+                    )
         parsed = pods.request(pod)
         if parsed.demand.count:
             for (_, container), container_request in zip(pods.containers(pod), parsed.containers, strict=True):
@@ -381,7 +385,7 @@ def validate(body: Any, policy: Policy) -> Answer:
                 }
                 expected = quota_totals(container_request)
                 if carried != expected:
-                    return messages.deny(
+                    return api_admission.deny(
                         uid,
                         f"sharegpu: container {container.name}: {', '.join(names.QUOTA_RESOURCES)} are written by "
                         f"sharegpu from the GPU request (expected {expected or 'none'})",
@@ -390,36 +394,36 @@ def validate(body: Any, policy: Policy) -> Answer:
         demand = parsed.demand
         largest = policy.largest_gpu_memory_mib
         if largest is not None and demand.memory_mib > largest:
-            return messages.deny(
+            return api_admission.deny(
                 uid,
                 f"sharegpu: the pod asks for {demand.memory_mib} MiB of GPU memory per GPU; the largest GPU in the "
                 f"cluster has {largest} MiB ({policy.largest_gpu_model})",
                 400,
             )
         if demand.models and policy.models and not demand.models & policy.models:
-            return messages.deny(
+            return api_admission.deny(
                 uid,
                 f"sharegpu: no GPU of model {', '.join(sorted(demand.models))} in the cluster "
                 f"(models: {', '.join(sorted(policy.models))})",
                 400,
             )
-        return messages.allow(uid)
+        return api_admission.allow(uid)
     except errors.SharegpuError as exc:
-        return messages.deny(uid, f"sharegpu: {exc}", code=400)
+        return api_admission.deny(uid, f"sharegpu: {exc}", code=400)
 
 
 def guard(pod: wire.Pod, old: wire.Pod | None) -> str | None:
     """What a pod of an ordinary user may not do; None when it does none of it."""
-    notes = pod.metadata.annotations
+    annotations = pod.metadata.annotations
     for key in names.SYSTEM_ONLY_ANNOTATIONS:
         if old is not None:
-            if notes.get(key) != old.metadata.annotations.get(key):
+            if annotations.get(key) != old.metadata.annotations.get(key):
                 return f"annotation {key} is set by sharegpu only and cannot be changed"
-        elif key in notes and key != names.HANDOFF:
+        elif key in annotations and key != names.HANDOFF:
             return f"annotation {key} is set by sharegpu only"
-    own = notes.get(names.HANDOFF)
+    own = annotations.get(names.HANDOFF)
     try:
-        joined = api_groups.membership(notes, pod.metadata.namespace)
+        joined = api_groups.membership(annotations, pod.metadata.namespace)
     except errors.InvalidRequestError as exc:
         return str(exc)
     labels = pod.metadata.labels
@@ -454,14 +458,14 @@ def guard(pod: wire.Pod, old: wire.Pod | None) -> str | None:
     return None
 
 
-def device_writer(request: messages.Request, policy: Policy) -> tuple[str, str] | str | None:
+def device_writer(request: api_admission.Request, policy: Policy) -> tuple[str, str] | str | None:
     """Who writes a Device: None for anyone but a node agent (RBAC decides); a node agent's node
     name when its token names one (1.30+), else the (namespace, name) of the pod its token is bound to,
     whose node the caller looks up; "" for an agent whose token names neither."""
     user = request.user_info
     if user.username not in policy.agent_users:
         return None
-    node = user.one(messages.NODE_NAME)
+    node = user.one(api_admission.NODE_NAME)
     if node is not None:
         return node
     return user.bound_pod() or ""
@@ -473,20 +477,20 @@ def validate_device(body: Any, policy: Policy, writer_node: str | None = None) -
     NodeRestriction limits kubelets to their own Node)."""
     uid = ""
     try:
-        request = messages.review(body).request
+        request = api_admission.review(body).request
         uid = request.uid
         if request.operation not in ("CREATE", "UPDATE"):
-            return messages.allow(uid)
+            return api_admission.allow(uid)
         if request.user_info.username in policy.agent_users:
             if not writer_node:
-                return messages.deny(
+                return api_admission.deny(
                     uid,
                     f"sharegpu: {request.user_info.username} may write only its own node's Device, and its token "
                     "names no pod or node (give the agent a projected service-account token bound to its pod)",
                     code=403,
                 )
             if writer_node != request.name:
-                return messages.deny(
+                return api_admission.deny(
                     uid,
                     f"sharegpu: the node agent on {writer_node} may write only Device {writer_node}, "
                     f"not {request.name}",
@@ -494,9 +498,9 @@ def validate_device(body: Any, policy: Policy, writer_node: str | None = None) -
                 )
         device = wire.convert(copy.deepcopy(_object(request)), wire.Device)
         api_devices.inventory(device, None)
-        return messages.allow(uid)
+        return api_admission.allow(uid)
     except errors.SharegpuError as exc:
-        return messages.deny(uid, f"sharegpu: {exc}", code=400)
+        return api_admission.deny(uid, f"sharegpu: {exc}", code=400)
 
 
 def review(kind: str, body: Any, policy: Policy) -> Answer:

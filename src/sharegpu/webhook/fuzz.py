@@ -86,10 +86,10 @@ def pod(rng: random.Random) -> Any:
         spec["initContainers"] = [_container(rng, "init")]
     if rng.random() < 0.05:
         spec = rng.choice([None, "x", [], {"containers": "x"}])
-    notes: Any = {rng.choice(ANNOTATION_KEYS): _value(rng) for _ in range(rng.randint(0, 3))}
+    annotations: Any = {rng.choice(ANNOTATION_KEYS): _value(rng) for _ in range(rng.randint(0, 3))}
     if rng.random() < 0.5:
-        notes = {k: str(v) for k, v in notes.items()}
-    meta: Any = {"name": "p", "namespace": "ns", "annotations": notes}
+        annotations = {k: str(v) for k, v in annotations.items()}
+    meta: Any = {"name": "p", "namespace": "ns", "annotations": annotations}
     if rng.random() < 0.05:
         meta = rng.choice([None, "x", {"annotations": "x"}])
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}

@@ -30,7 +30,7 @@ from aiohttp import web
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from sharegpu.api import admission as messages
+from sharegpu.api import admission as api_admission
 from sharegpu.api import budgets, groups, paths, resources, wire
 from sharegpu.core import errors
 from sharegpu.kube import client, informer
@@ -41,7 +41,7 @@ from sharegpu.webhook import admission
 log = logging.getLogger(__name__)
 MAX_BODY = 8 * 1024 * 1024
 Handler = Callable[[web.Request], Awaitable[web.Response]]
-Judge = Callable[[web.Request], Awaitable[messages.ReviewResponse | web.Response]]
+Judge = Callable[[web.Request], Awaitable[api_admission.ReviewResponse | web.Response]]
 """A review's answer, or the HTTP error for a body that is not one."""
 
 
@@ -77,7 +77,7 @@ class Metrics(Collector):
         yield ready
 
 
-def outcome(answer: messages.ReviewResponse) -> str:
+def outcome(answer: api_admission.ReviewResponse) -> str:
     """allowed; denied (a refusal); or error (refused because it could not be judged: a 500)."""
     response = answer.response
     if response.allowed:
@@ -137,9 +137,9 @@ class Webhook:
             started = time.perf_counter()
             reply = await judge(request)
             found = "error"
-            if isinstance(reply, messages.ReviewResponse):
+            if isinstance(reply, api_admission.ReviewResponse):
                 found = outcome(reply)
-                reply = web.Response(body=messages.encode(reply), content_type="application/json")
+                reply = web.Response(body=api_admission.encode(reply), content_type="application/json")
             self.metrics.admissions.labels(kind, found).inc()
             self.metrics.duration.labels(kind).observe(time.perf_counter() - started)
             return reply
@@ -159,7 +159,7 @@ class Webhook:
         return web.json_response({i.name: i.status() for i in self.informers}, status=503)
 
     def _handler(self, kind: str) -> Judge:
-        async def handle(request: web.Request) -> messages.ReviewResponse | web.Response:
+        async def handle(request: web.Request) -> api_admission.ReviewResponse | web.Response:
             try:
                 body = orjson.loads(await request.read())
             except orjson.JSONDecodeError as exc:
@@ -178,8 +178,8 @@ class Webhook:
         self.policy = admission.with_inventory(self.policy, gpus)
 
     async def _asking_the_api(
-        self, request: web.Request, failed: str, judge: Callable[[Any], Awaitable[messages.ReviewResponse]]
-    ) -> messages.ReviewResponse | web.Response:
+        self, request: web.Request, failed: str, judge: Callable[[Any], Awaitable[api_admission.ReviewResponse]]
+    ) -> api_admission.ReviewResponse | web.Response:
         """A review whose judgement asks the API: `judge(body)`, or a refusal saying it `failed` and
         why (never allow what could not be judged)."""
         try:
@@ -191,13 +191,13 @@ class Webhook:
         except Exception as exc:
             log.exception("review failed: %s", failed)
             uid = str((body.get("request") or {}).get("uid", "")) if isinstance(body, dict) else ""
-            return messages.deny(uid, f"sharegpu: {failed}: {exc}", code=500)
+            return api_admission.deny(uid, f"sharegpu: {failed}: {exc}", code=500)
 
-    async def validate_group(self, request: web.Request) -> messages.ReviewResponse | web.Response:
+    async def validate_group(self, request: web.Request) -> api_admission.ReviewResponse | web.Response:
         """A group's deletion: refused while live pods are its members (asked of the API, not a cache)."""
 
-        async def judge(body: Any) -> messages.ReviewResponse:
-            review = messages.review(body).request
+        async def judge(body: Any) -> api_admission.ReviewResponse:
+            review = api_admission.review(body).request
             members: list[str] = []
             if review.operation == "DELETE":
                 members = await self._members(review.namespace, review.name)
@@ -205,12 +205,12 @@ class Webhook:
 
         return await self._asking_the_api(request, "could not list the group's members", judge)
 
-    async def validate_device(self, request: web.Request) -> messages.ReviewResponse | web.Response:
+    async def validate_device(self, request: web.Request) -> api_admission.ReviewResponse | web.Response:
         """A Device write: consistent, and a node agent's only for its own node (the node of the pod
         its token is bound to, asked of the API when the token does not name the node itself)."""
 
-        async def judge(body: Any) -> messages.ReviewResponse:
-            writer = admission.device_writer(messages.review(body).request, self.policy)
+        async def judge(body: Any) -> api_admission.ReviewResponse:
+            writer = admission.device_writer(api_admission.review(body).request, self.policy)
             node = await self._node_of(writer) if isinstance(writer, tuple) else writer
             return admission.validate_device(body, self.policy, node)
 
@@ -285,7 +285,7 @@ class Webhook:
         self.policy = dataclasses.replace(self.policy, priority_classes=dict(self.priority_classes))
 
 
-def handle_review(kind: str, body: Any, policy: admission.Policy) -> messages.ReviewResponse:
+def handle_review(kind: str, body: Any, policy: admission.Policy) -> api_admission.ReviewResponse:
     """Never raises: a review that cannot be judged is refused with the reason."""
     try:
         return admission.review(kind, body, policy)
@@ -294,7 +294,7 @@ def handle_review(kind: str, body: Any, policy: admission.Policy) -> messages.Re
         uid = ""
         if isinstance(body, dict) and isinstance(body.get("request"), dict):
             uid = str(body["request"].get("uid", ""))
-        return messages.deny(uid, f"sharegpu: internal error: {exc}", code=500)
+        return api_admission.deny(uid, f"sharegpu: internal error: {exc}", code=500)
 
 
 async def serve(

@@ -256,49 +256,49 @@ def _vgpu(res: Json, number: str, memory: str, percent: str, cores: str) -> _Sha
     return share
 
 
-def _kai(notes: Json) -> _Share:
+def _kai(annotations: Json) -> _Share:
     """KAI Scheduler's pod annotations: gpu-fraction (of one GPU) or gpu-memory (MiB), on
     gpu-fraction-num-devices GPUs (default one)."""
     share = _Share()
-    if KAI_DEVICES in notes:
-        share.count = quantity.integer(notes[KAI_DEVICES], KAI_DEVICES, 1, units.MAX_GPUS_PER_NODE)
-    if KAI_FRACTION in notes and KAI_MEMORY in notes:
+    if KAI_DEVICES in annotations:
+        share.count = quantity.integer(annotations[KAI_DEVICES], KAI_DEVICES, 1, units.MAX_GPUS_PER_NODE)
+    if KAI_FRACTION in annotations and KAI_MEMORY in annotations:
         raise errors.InvalidRequestError(f"give {KAI_FRACTION} or {KAI_MEMORY}, not both")
-    if KAI_FRACTION in notes:
-        fraction = quantity.number(notes[KAI_FRACTION], KAI_FRACTION)
+    if KAI_FRACTION in annotations:
+        fraction = quantity.number(annotations[KAI_FRACTION], KAI_FRACTION)
         if not 0 < fraction <= 1:
-            raise errors.InvalidRequestError(f"{KAI_FRACTION} must be in (0, 1], got {notes[KAI_FRACTION]!r}")
+            raise errors.InvalidRequestError(f"{KAI_FRACTION} must be in (0, 1], got {annotations[KAI_FRACTION]!r}")
         milli = max(1, int((fraction * units.MILLI_PER_GPU).to_integral_value()))
         share.whole = milli == units.MILLI_PER_GPU
         if not share.whole:
             share.milli, share.permille = milli, milli
-    if KAI_MEMORY in notes:
-        share.memory_mib = quantity.integer(notes[KAI_MEMORY], f"{KAI_MEMORY} (MiB)", 1, 1 << 30)
+    if KAI_MEMORY in annotations:
+        share.memory_mib = quantity.integer(annotations[KAI_MEMORY], f"{KAI_MEMORY} (MiB)", 1, 1 << 30)
     return share
 
 
-def gpu_models(notes: Json, models: frozenset[str]) -> tuple[str, str] | None:
+def gpu_models(annotations: Json, models: frozenset[str]) -> tuple[str, str] | None:
     """HAMi's model selectors (comma lists matched, as HAMi does, as case-insensitive parts of the
     model name) as the cluster's model names: the `sharegpu.io/gpu-models` value and an audit line,
     or None when the pod has none. `models`: the models of the cluster's inventory."""
-    use = [v.strip().upper() for v in notes.get(HAMI_USE_TYPE, "").split(",") if v.strip()]
-    avoid = [v.strip().upper() for v in notes.get(HAMI_NOUSE_TYPE, "").split(",") if v.strip()]
+    use = [v.strip().upper() for v in annotations.get(HAMI_USE_TYPE, "").split(",") if v.strip()]
+    avoid = [v.strip().upper() for v in annotations.get(HAMI_NOUSE_TYPE, "").split(",") if v.strip()]
     for key in HAMI_UUID_SELECTORS:
-        if key in notes:
+        if key in annotations:
             raise errors.InvalidRequestError(
                 f"{key} (choosing GPUs by UUID) is not supported; choose models with {HAMI_USE_TYPE} or "
                 f"{names.MODELS}, or a node with a node selector"
             )
     if not use and not avoid:
         return None
-    if names.MODELS in notes:
+    if names.MODELS in annotations:
         raise errors.InvalidRequestError(f"give {names.MODELS} or HAMi's GPU type selectors, not both")
     if not models:
         raise errors.InvalidRequestError("the cluster's GPU models are not known yet (no Device listed); retry")
     chosen = sorted(
         m for m in models if (not use or any(u in m.upper() for u in use)) and not any(a in m.upper() for a in avoid)
     )
-    asked = ", ".join(f"{k}={notes[k]}" for k in (HAMI_USE_TYPE, HAMI_NOUSE_TYPE) if k in notes)
+    asked = ", ".join(f"{k}={annotations[k]}" for k in (HAMI_USE_TYPE, HAMI_NOUSE_TYPE) if k in annotations)
     if not chosen:
         raise errors.InvalidRequestError(
             f"{asked} leaves no GPU model of the cluster (models: {', '.join(sorted(models))})"
@@ -307,28 +307,32 @@ def gpu_models(notes: Json, models: frozenset[str]) -> tuple[str, str] | None:
     return value, f"pod: {asked} -> {names.MODELS}={value}"
 
 
-def _kubeshare(notes: Json) -> tuple[_Share, int | None]:
+def _kubeshare(annotations: Json) -> tuple[_Share, int | None]:
     share = _Share()
     limit: int | None = None
-    if KUBESHARE_REQUEST in notes:
-        request = quantity.number(notes[KUBESHARE_REQUEST], KUBESHARE_REQUEST)
+    if KUBESHARE_REQUEST in annotations:
+        request = quantity.number(annotations[KUBESHARE_REQUEST], KUBESHARE_REQUEST)
         if not 0 < request <= 1:
-            raise errors.InvalidRequestError(f"{KUBESHARE_REQUEST} must be in (0, 1], got {notes[KUBESHARE_REQUEST]!r}")
+            raise errors.InvalidRequestError(
+                f"{KUBESHARE_REQUEST} must be in (0, 1], got {annotations[KUBESHARE_REQUEST]!r}"
+            )
         share.milli = max(1, int((request * 1000).to_integral_value()))
-        share.whole = share.milli == units.MILLI_PER_GPU and KUBESHARE_MEMORY not in notes
-    if KUBESHARE_LIMIT in notes:
-        value = quantity.number(notes[KUBESHARE_LIMIT], KUBESHARE_LIMIT)
+        share.whole = share.milli == units.MILLI_PER_GPU and KUBESHARE_MEMORY not in annotations
+    if KUBESHARE_LIMIT in annotations:
+        value = quantity.number(annotations[KUBESHARE_LIMIT], KUBESHARE_LIMIT)
         if not 0 < value <= 1:
-            raise errors.InvalidRequestError(f"{KUBESHARE_LIMIT} must be in (0, 1], got {notes[KUBESHARE_LIMIT]!r}")
+            raise errors.InvalidRequestError(
+                f"{KUBESHARE_LIMIT} must be in (0, 1], got {annotations[KUBESHARE_LIMIT]!r}"
+            )
         limit = int((value * 1000).to_integral_value())
         if share.milli is not None and limit < share.milli:
             raise errors.InvalidRequestError(
-                f"{KUBESHARE_LIMIT} ({notes[KUBESHARE_LIMIT]}) must not be below {KUBESHARE_REQUEST} "
-                f"({notes[KUBESHARE_REQUEST]})"
+                f"{KUBESHARE_LIMIT} ({annotations[KUBESHARE_LIMIT]}) must not be below {KUBESHARE_REQUEST} "
+                f"({annotations[KUBESHARE_REQUEST]})"
             )
-    if KUBESHARE_MEMORY in notes:
+    if KUBESHARE_MEMORY in annotations:
         share.memory_mib = math.ceil(
-            quantity.integer(notes[KUBESHARE_MEMORY], f"{KUBESHARE_MEMORY} (bytes)", 1, 1 << 50) / 2**20
+            quantity.integer(annotations[KUBESHARE_MEMORY], f"{KUBESHARE_MEMORY} (bytes)", 1, 1 << 50) / 2**20
         )
     return share, limit
 
@@ -432,7 +436,7 @@ class _Translation:
         self.out = copy.deepcopy(pod)
         self.had_annotations = "annotations" in (pod.get("metadata") or {})
         self.meta: Json = self.out.setdefault("metadata", {})
-        self.notes: Json = self.meta.setdefault("annotations", {})
+        self.annotations: Json = self.meta.setdefault("annotations", {})
         spec = self.out.setdefault("spec", {})
         manifests = [("initContainers", c) for c in spec.get("initContainers") or []] + [
             ("containers", c) for c in spec.get("containers") or []
@@ -469,17 +473,17 @@ class _Translation:
 
     def finish(self, models: frozenset[str]) -> None:
         """The pod-wide annotations: GPU models, the burst limit of memory-only shares, the memory ratio."""
-        selected = gpu_models(self.notes, models)
+        selected = gpu_models(self.annotations, models)
         if selected is not None:
-            self.notes[names.MODELS], line = selected
+            self.annotations[names.MODELS], line = selected
             self.audit.append(line)
         if self.memory_only:
-            _burst_to_whole_gpu(self.notes, self.memory_only, self.with_compute, self.audit)
+            _burst_to_whole_gpu(self.annotations, self.memory_only, self.with_compute, self.audit)
         if self.permille:
             if len(self.permille) > 1:
                 raise errors.InvalidRequestError("containers of one pod ask for different GPU memory ratios")
-            self.notes[names.MEMORY_PERMILLE] = str(self.permille.pop())
-        if not self.notes and not self.had_annotations:
+            self.annotations[names.MEMORY_PERMILLE] = str(self.permille.pop())
+        if not self.annotations and not self.had_annotations:
             del self.meta["annotations"]  # nothing added: the canonical pod is the author's, no empty map
 
 
@@ -512,12 +516,12 @@ def _resources(container: Json) -> tuple[Json, Json]:
 def _kubeshare_pod(pod: _Translation) -> None:
     """KubeShare's annotations: the share goes to the first app container, the limit becomes the
     burst limit, the scheduling rules become sharegpu's."""
-    notes = pod.notes
-    share, limit = _kubeshare(notes)
-    if KUBESHARE_REQUEST in notes or KUBESHARE_MEMORY in notes:
-        kai = [k for k in KAI_KEYS if k in notes]
+    annotations = pod.annotations
+    share, limit = _kubeshare(annotations)
+    if KUBESHARE_REQUEST in annotations or KUBESHARE_MEMORY in annotations:
+        kai = [k for k in KAI_KEYS if k in annotations]
         if kai:
-            theirs = [k for k in (KUBESHARE_REQUEST, KUBESHARE_MEMORY) if k in notes]
+            theirs = [k for k in (KUBESHARE_REQUEST, KUBESHARE_MEMORY) if k in annotations]
             raise errors.InvalidRequestError(
                 f"the pod states its GPU share twice, in KubeShare's annotations ({', '.join(theirs)}) and in KAI's "
                 f"({', '.join(kai)}): keep one"
@@ -527,33 +531,33 @@ def _kubeshare_pod(pod: _Translation) -> None:
         )
         pod.write(_Ask(str(target.get("name")), target, share, "KubeShare annotations"))
         if limit is not None and not share.whole:
-            notes[names.LIMIT_MILLI] = str(limit)
-    _kubeshare_rules(notes, pod.audit)
+            annotations[names.LIMIT_MILLI] = str(limit)
+    _kubeshare_rules(annotations, pod.audit)
 
 
-def _kubeshare_rules(notes: Json, audit: list[str]) -> None:
+def _kubeshare_rules(annotations: Json, audit: list[str]) -> None:
     """KubeShare's scheduling rules (affinity, anti-affinity, exclusion, GPU id) as sharegpu's annotations."""
     for source, target_key in KUBESHARE_RULES.items():
-        if source not in notes:
+        if source not in annotations:
             continue
-        if target_key in notes and notes[target_key] != notes[source]:
+        if target_key in annotations and annotations[target_key] != annotations[source]:
             raise errors.InvalidRequestError(f"{source} and {target_key} disagree")
-        notes[target_key] = notes[source]
-        audit.append(f"pod: {source}={notes[source]} -> {target_key}")
+        annotations[target_key] = annotations[source]
+        audit.append(f"pod: {source}={annotations[source]} -> {target_key}")
 
 
 def _kai_pod(pod: _Translation) -> None:
     """KAI Scheduler's annotations: the share goes to the container they name, or the first app container."""
-    notes = pod.notes
-    share = _kai(notes)
-    wanted = notes.get(KAI_CONTAINER)
+    annotations = pod.annotations
+    share = _kai(annotations)
+    wanted = annotations.get(KAI_CONTAINER)
     target = _annotated_target(
         pod.containers,
         "KAI's GPU annotations",
         f"{KAI_CONTAINER}: no container {wanted!r}" if wanted else "a KAI GPU pod needs a container",
         wanted,
     )
-    asked = ", ".join(f"{k}={notes[k]}" for k in (KAI_FRACTION, KAI_MEMORY, KAI_DEVICES) if k in notes)
+    asked = ", ".join(f"{k}={annotations[k]}" for k in (KAI_FRACTION, KAI_MEMORY, KAI_DEVICES) if k in annotations)
     pod.write(_Ask(str(target.get("name")), target, share, asked))
 
 
@@ -579,18 +583,18 @@ def _annotated_target(
     return target
 
 
-def _burst_to_whole_gpu(notes: Json, memory_only: list[str], with_compute: list[str], audit: list[str]) -> None:
+def _burst_to_whole_gpu(annotations: Json, memory_only: list[str], with_compute: list[str], audit: list[str]) -> None:
     """A share stated as memory alone gets 1 milli-GPU guaranteed and may use the whole GPU: the burst
     limit (a pod annotation, so one for all its containers) says so, and the hand-off's compute caps
     follow it. A pod that also states compute for another container cannot have both."""
-    if names.LIMIT_MILLI in notes:
+    if names.LIMIT_MILLI in annotations:
         return  # the author chose a burst limit
     if with_compute:
         raise errors.InvalidRequestError(
             f"container {memory_only[0]} asks for GPU memory only and container {with_compute[0]} states a compute "
             "share, but a pod has one burst limit: state a compute share for every GPU container"
         )
-    notes[names.LIMIT_MILLI] = str(units.MILLI_PER_GPU)
+    annotations[names.LIMIT_MILLI] = str(units.MILLI_PER_GPU)
     audit.append(f"pod: memory only ({', '.join(memory_only)}) -> {names.LIMIT_MILLI}={units.MILLI_PER_GPU}")
 
 
@@ -607,7 +611,7 @@ def translate(pod: Json, models: frozenset[str] = frozenset()) -> tuple[Json, li
         if ask is not None:
             found.write(ask)
     for keys, read in _ANNOTATION_READERS.values():
-        if any(k in found.notes for k in keys):
+        if any(k in found.annotations for k in keys):
             read(found)
     found.finish(models)
     return found.out, found.audit
