@@ -13,7 +13,7 @@ from pathlib import Path
 
 from sharegpu.agent import fakekubelet, fakenvml, inventory, mps, podresources, proof, watchdog
 from sharegpu.agent import runtime as agent_runtime
-from sharegpu.api import names, paths, wire
+from sharegpu.api import dra, names, paths, wire
 from sharegpu.core import devices
 from sharegpu.devcluster import controlplane, fakecluster, stack
 from sharegpu.kube import client
@@ -264,3 +264,60 @@ async def test_the_device_on_the_api_server_says_what_each_mode_was_proven_to_en
         await agent.stop()
         await kube.close()
     assert mps.tied(Path("/proc"), supervisor.layout, "GPU-0") == []
+
+
+async def test_the_agent_publishes_its_gpus_as_a_resource_slice_where_dra_is_served(
+    admin: client.KubeClient, control_plane: controlplane.ControlPlane, system: None, tmp_path: Path
+) -> None:
+    """With `--dra` and the agent's own RBAC: on Kubernetes 1.34 and later the node's ResourceSlice
+    appears (owned by the Node; every GPU a shareable device whose capacities and request policies the
+    API server keeps), and a GPU that turns unhealthy is tainted in a new pool generation. Where
+    `resource.k8s.io/v1` is not served (1.32), nothing is written and /readyz's detail says why."""
+    name = f"dra-{uuid.uuid4().hex[:8]}"
+    node = await admin.create(paths.NODES, MakeNode(name).obj())
+    path = tmp_path / "nvml.yaml"
+    write_nvml(path, NVML_FILE)
+    kube = stack.kube_for(control_plane, "sharegpu-agent")
+    agent = agent_runtime.Agent(
+        kube, name, fakenvml.FakeNvml(path).open(), agent_runtime.Options(interval=0.5, dra=True)
+    )
+    await agent.start()
+    try:
+        served = tuple(int(p) for p in control_plane.version.split(".")[:2]) >= (1, 34)
+        if not served:
+
+            async def said() -> bool:
+                return agent.readiness()[1].get("dra") == "resource.k8s.io/v1 is not served here: no ResourceSlice"
+
+            await wait_for(said, what="the agent to say DRA is not served")
+            assert agent.readiness()[0], "still ready: the Device is what the extender path needs"
+            return
+
+        async def published() -> Json | None:
+            return await get_or_none(admin, dra.slice_path(name))
+
+        found = await wait_for(published, what="the node's ResourceSlice")
+        assert found["metadata"]["ownerReferences"][0]["uid"] == node["metadata"]["uid"]
+        spec = found["spec"]
+        assert spec["driver"] == dra.DRIVER and spec["nodeName"] == name and spec["pool"]["generation"] == 1
+        first = spec["devices"][0]
+        assert first["allowMultipleAllocations"] is True, "consumable capacity is kept (on by default from 1.36)"
+        assert first["capacity"]["memory"]["value"] == "80Gi"
+        assert first["capacity"]["milli"]["requestPolicy"]["validRange"]["max"] == "1k"
+        assert first["attributes"][f"{dra.DRIVER}/uuid"] == {"string": "GPU-0"}
+        assert first["attributes"][f"{dra.DRIVER}/nvlinkPeers"] == {"string": "1"}
+
+        write_nvml(path, NVML_FILE + "xids: [{gpu: 1, code: 79}]\n")
+
+        async def tainted() -> Json | None:
+            found = await published()
+            devices = (found or {}).get("spec", {}).get("devices", [])
+            return found if len(devices) == 3 and devices[1].get("taints") else None
+
+        found = await wait_for(tainted, what="GPU 1 tainted in the slice")
+        assert found["spec"]["devices"][1]["taints"][0]["key"] == dra.UNHEALTHY
+        assert found["spec"]["devices"][1]["taints"][0]["value"] == "XID-79"
+        assert found["spec"]["pool"]["generation"] == 2
+    finally:
+        await agent.stop()
+        await kube.close()

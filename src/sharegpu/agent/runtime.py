@@ -48,6 +48,7 @@ from sharegpu.agent import (
     nvml,
     podresources,
     proof,
+    publication,
     repair,
     watchdog,
 )
@@ -87,6 +88,8 @@ class Options:
     drift_grace: float = 60.0
     """Seconds a pod may run before the kubelet must list the GPUs the API says it holds."""
     hami_core_compute: bool = False
+    dra: bool = False
+    """Also publish the node's GPUs as a ResourceSlice of sharegpu's DRA driver (`agent.publication`)."""
     """The operator measured (scripts/gpu-check) that this node's HAMi-core enforces compute shares."""
 
 
@@ -117,6 +120,7 @@ class Agent:
         settings = isolation.HamiCore(options.hami_core_library, options.hami_core_dir, options.hami_core_compute)
         self.isolation = isolation.Isolation(api, node, settings, self.warnings, supervisor=supervisor, prover=prover)
         self.enforcer = actions.Enforcer(api, self.warnings, options.proc)
+        self.publisher = publication.SlicePublisher(api, node, clock=clock) if options.dra else None
         self.repair = (
             repair.DriftRepair(api, kubelet, self.warnings, options.drift_grace, wall) if kubelet is not None else None
         )
@@ -181,6 +185,8 @@ class Agent:
             await self.api.replace(paths.device(self.node), body)
             log.info("Device %s updated: %d GPU(s)", self.node, len(spec.gpus))
         self.written = spec
+        if self.publisher is not None:
+            await self.publisher.publish(spec)
         labels = inventory.node_labels(spec)
         if labels != self.labels:
             await self.api.patch(paths.node(self.node), {"metadata": {"labels": labels}})
@@ -240,6 +246,8 @@ class Agent:
         detail = {"informer": self.pod_informer.status(), "lastPassOk": fresh, "credentialsRefused": refused}
         if self.repair is not None and self.repair.problem:
             detail["kubelet"] = self.repair.problem
+        if self.publisher is not None and self.publisher.problem:
+            detail["dra"] = self.publisher.problem
         return ready, detail
 
     def _read(self) -> tuple[list[nvml.Gpu], list[nvml.Link], set[str]]:

@@ -212,6 +212,12 @@ IsolationProbe = Annotated[
 ProbeLibcuda = Annotated[
     str, typer.Option(help="The driver library the probe loads (a name the loader finds, or a path).")
 ]
+Dra = Annotated[
+    bool,
+    typer.Option(
+        "--dra", help="Also publish the node's GPUs as a ResourceSlice of sharegpu's DRA driver (docs/dra.md)."
+    ),
+]
 ProbeDir = Annotated[Path, typer.Option(help="A writable folder of the probe's own (its HAMi-core accounting file).")]
 OnViolation = Annotated[
     ViolationAction,
@@ -239,6 +245,7 @@ def agent(
     isolation_probe: IsolationProbe = True,
     probe_libcuda: ProbeLibcuda = "libcuda.so.1",
     probe_dir: ProbeDir = Path("/run/sharegpu/probe"),
+    dra: Dra = False,
     on_violation: OnViolation = "report",
     slack_mib: Annotated[
         int, typer.Option(help="MiB a pod may exceed its GPU memory by before it violates.", min=0)
@@ -272,7 +279,7 @@ def agent(
     options = agent_runtime.Options(
         interval=interval, hami_core_library=Path(hami_core_library) if hami_core_library else None,
         hami_core_dir=hami_core_dir, on_violation=action, proc=proc, slack_mib=slack_mib,
-        hami_core_compute=hami_core_enforces_compute,
+        hami_core_compute=hami_core_enforces_compute, dra=dra,
     )  # fmt: skip
     supervisor = agent_mps.Supervisor(mps_binary, agent_mps.Layout(mps_root), proc=proc) if mps else None
     # A fake NVML has no GPU to probe: its modes are offered unproven.

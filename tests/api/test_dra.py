@@ -1,0 +1,51 @@
+"""The ResourceSlice a node publishes as a DRA driver: one shareable device per GPU with its
+attributes and capacities in sharegpu's units, an unhealthy GPU tainted, owned by its Node."""
+
+from __future__ import annotations
+
+from sharegpu.api import dra, wire
+
+
+def spec() -> wire.DeviceSpec:
+    return wire.DeviceSpec(
+        gpus=[
+            wire.GpuSpec(index=0, uuid="GPU-a", model="NVIDIA H100", memory_mib=81920, pcie_switch=0),
+            wire.GpuSpec(index=1, uuid="GPU-b", model="NVIDIA H100", memory_mib=81920, numa_node=1),
+            wire.GpuSpec(index=2, uuid="GPU-c", model="NVIDIA H100", memory_mib=81920, healthy=False,
+                         reason="XID 79: fell off the bus"),
+        ],
+        nvlinks=[(0, 1), (1, 2)],
+    )  # fmt: skip
+
+
+def test_each_gpu_is_a_shareable_device_with_its_attributes_and_capacities() -> None:
+    made = dra.resource_slice("n0", "uid-n0", spec())
+    assert made["apiVersion"] == "resource.k8s.io/v1" and made["metadata"]["name"] == "n0-gpu.sharegpu.io"
+    assert made["metadata"]["ownerReferences"] == [{"apiVersion": "v1", "kind": "Node", "name": "n0", "uid": "uid-n0"}]
+    assert made["spec"]["driver"] == "gpu.sharegpu.io" and made["spec"]["nodeName"] == "n0"
+    assert made["spec"]["pool"] == {"name": "n0", "generation": 1, "resourceSliceCount": 1}
+    first, second, third = made["spec"]["devices"]
+    assert [d["name"] for d in (first, second, third)] == ["gpu-0", "gpu-1", "gpu-2"]
+    assert first["allowMultipleAllocations"] is True
+    attributes = first["attributes"]
+    assert attributes["gpu.sharegpu.io/uuid"] == {"string": "GPU-a"}
+    assert attributes["gpu.sharegpu.io/index"] == {"int": 0}
+    assert attributes["gpu.sharegpu.io/pcieSwitch"] == {"int": 0}
+    assert attributes["gpu.sharegpu.io/mig"] == {"bool": False}
+    assert attributes["gpu.sharegpu.io/nvlinkPeers"] == {"string": "1"}
+    assert second["attributes"]["gpu.sharegpu.io/nvlinkPeers"] == {"string": "0,2"}
+    assert "gpu.sharegpu.io/pcieSwitch" not in second["attributes"], "unknown: left out, not guessed"
+    assert first["capacity"]["memory"]["value"] == "81920Mi"
+    assert first["capacity"]["milli"]["value"] == "1000"
+    assert first["capacity"]["milli"]["requestPolicy"]["validRange"] == {"min": "1", "max": "1000", "step": "1"}
+    assert "taints" not in first
+
+
+def test_an_unhealthy_gpu_is_tainted_with_its_reason_as_a_label_value() -> None:
+    third = dra.resource_slice("n0", "u", spec())["spec"]["devices"][2]
+    assert third["taints"] == [
+        {"key": "gpu.sharegpu.io/unhealthy", "value": "XID-79--fell-off-the-bus", "effect": "NoSchedule"}
+    ]
+    long = wire.GpuSpec(index=0, uuid="GPU-x", model="m", memory_mib=1, healthy=False, reason="x" * 100)
+    [taint] = dra.device(long, [])["taints"]
+    assert len(taint["value"]) == 63
