@@ -17,7 +17,7 @@ import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from sharegpu.api import names
+from sharegpu.api import dra, names
 from sharegpu.devcluster import stack
 from sharegpu.webhook import config
 from tests.conftest import one, render, run_helm
@@ -320,3 +320,17 @@ def test_the_agent_probes_its_isolation_modes_unless_told_not_to() -> None:
     assert agent("agent.hamiCoreLibrary=", "agent.mps=false") == ([], "utility"), "nothing to probe"
     assert agent("agent.hamiCoreEnforcesCompute=true")[0] == ["--hami-core-enforces-compute"]
     assert agent("agent.isolationProbe=false", "agent.mps=true")[1] == "compute,utility"
+
+
+def test_the_dra_device_class_is_rendered_only_where_dra_is_on_and_served() -> None:
+    def classes(*args: str) -> list[Json]:
+        done = run_helm("template", "s", str(stack.CHART), "-n", names.SYSTEM_NAMESPACE, *args)
+        assert done.returncode == 0, done.stderr
+        return [d for d in yaml.safe_load_all(done.stdout) if d and d["kind"] == "DeviceClass"]
+
+    served = ("--kube-version", "1.37.2", "--api-versions", "resource.k8s.io/v1/DeviceClass")
+    [made] = classes(*served, "--set", "agent.dra=true")
+    assert made["apiVersion"] == "resource.k8s.io/v1" and made["metadata"]["name"] == dra.DRIVER
+    assert made["spec"]["selectors"] == [{"cel": {"expression": f'device.driver == "{dra.DRIVER}"'}}]
+    assert classes(*served) == [], "off unless agent.dra"
+    assert classes("--kube-version", "1.32.2", "--set", "agent.dra=true") == [], "not served on 1.32"
