@@ -3,7 +3,12 @@ attributes and capacities in sharegpu's units, an unhealthy GPU tainted, owned b
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
+
 from sharegpu.api import dra, wire
+from sharegpu.core import errors
 
 
 def spec() -> wire.DeviceSpec:
@@ -49,3 +54,32 @@ def test_an_unhealthy_gpu_is_tainted_with_its_reason_as_a_label_value() -> None:
     long = wire.GpuSpec(index=0, uuid="GPU-x", model="m", memory_mib=1, healthy=False, reason="x" * 100)
     [taint] = dra.device(long, [])["taints"]
     assert len(taint["value"]) == 63
+
+
+def claim(results: list[Any], name: str = "c") -> dra.ResourceClaim:
+    body = {"metadata": {"name": name, "namespace": "ns"}, "status": {"allocation": {"devices": {"results": results}}}}
+    return wire.convert(body, dra.ResourceClaim)
+
+
+def test_an_allocated_claim_holds_its_consumed_capacity_as_an_allocation_of_its_node() -> None:
+    shared = {"request": "gpu", "driver": dra.DRIVER, "pool": "n0", "device": "gpu-1", "shareID": "s1",
+              "consumedCapacity": {"milli": "300", "memory": "4Gi"}}  # fmt: skip
+    held = dra.held(claim([shared]), {})
+    assert held is not None and held.pod == "ns/c#claim" and held.node == "n0" and not held.exclusive
+    assert held.gpu_usage() == {1: (300, 4096)}
+    whole = {**shared, "consumedCapacity": {}}
+    taken = dra.held(claim([whole]), {("n0", 1): 81920})
+    assert taken is not None and taken.exclusive and taken.gpu_usage() == {1: (1000, 81920)}
+    other = {**shared, "driver": "gpu.nvidia.com"}
+    assert dra.held(claim([other]), {}) is None, "another driver's devices are not sharegpu's to count"
+    assert dra.held(wire.convert({"metadata": {"name": "c"}}, dra.ResourceClaim), {}) is None, "not allocated"
+
+
+def test_a_claim_sharegpu_cannot_read_is_refused_naming_it() -> None:
+    base = {"request": "gpu", "driver": dra.DRIVER, "pool": "n0", "device": "gpu-0", "consumedCapacity": {"milli": "1"}}
+    with pytest.raises(errors.InvalidInputError, match=r"'mystery' is not a device gpu\.sharegpu\.io publishes"):
+        dra.held(claim([{**base, "device": "mystery"}]), {})
+    with pytest.raises(errors.InvalidInputError, match="several pools"):
+        dra.held(claim([base, {**base, "pool": "n1"}]), {})
+    with pytest.raises(errors.InvalidInputError, match="milli"):
+        dra.held(claim([{**base, "consumedCapacity": {"milli": "2000"}}]), {})

@@ -4,7 +4,7 @@ unreadable allocations, assumptions that survive inventory changes and are forgo
 from __future__ import annotations
 
 from sharegpu.api import devices as api_devices
-from sharegpu.api import names, pods, wire
+from sharegpu.api import dra, names, pods, wire
 from sharegpu.core import allocation, units
 from sharegpu.extender import cache as extender_cache
 from tests import builders
@@ -89,3 +89,26 @@ def test_an_assumed_pod_deleted_before_its_binding_is_forgotten() -> None:
     assert view.assume(share("ns/p", "a", 0, 500))
     view.on_pod(wire.EventType.DELETED, pod("p", {names.GPU: "1", names.GPU_MILLI: "500"}))
     assert not view.assumed and int(view.state.milli_free[0, 0]) == 1000
+
+
+def held_claim(name: str, node_name: str, index: int, milli: int) -> dra.ResourceClaim:
+    result = {"request": "gpu", "driver": dra.DRIVER, "pool": node_name, "device": dra.device_name(index),
+              "consumedCapacity": {dra.MILLI: str(milli), dra.MEMORY: "1Gi"}}  # fmt: skip
+    body = {"metadata": {"name": name, "namespace": "ns"}, "status": {"allocation": {"devices": {"results": [result]}}}}
+    return wire.convert(body, dra.ResourceClaim)
+
+
+def test_a_dra_claim_holds_its_share_in_the_ledger_until_it_goes_and_across_a_rebuild() -> None:
+    view = built("a")
+    view.on_claim(wire.EventType.ADDED, held_claim("c", "a", 0, 700))
+    assert int(view.state.milli_free[0, 0]) == 300 and int(view.state.gmem_free[0, 0]) == 16384 - 1024
+    view.on_claim(wire.EventType.MODIFIED, held_claim("c", "a", 0, 700))
+    assert int(view.state.milli_free[0, 0]) == 300, "the same claim again: counted once"
+    view.rebuild()
+    assert int(view.state.milli_free[0, 0]) == 300, "a rebuild counts the claims again"
+    view.on_claim(wire.EventType.MODIFIED, held_claim("c", "a", 1, 200))
+    assert [int(v) for v in view.state.milli_free[0]] == [1000, 800], "moved: the old share freed"
+    view.on_claim(wire.EventType.DELETED, held_claim("c", "a", 1, 200))
+    assert [int(v) for v in view.state.milli_free[0]] == [1000, 1000]
+    view.on_claim(wire.EventType.ADDED, held_claim("bad", "a", 0, 5000))
+    assert view.counters.invalid == 1 and [int(v) for v in view.state.milli_free[0]] == [1000, 1000]

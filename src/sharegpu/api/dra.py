@@ -13,14 +13,23 @@ named `gpu-<index>`:
 - an unhealthy GPU carries a NoSchedule device taint (`<driver>/unhealthy`, its reason as the
   value, cut to the API's 63 characters), so no new claim is given it.
 
-Pure: no I/O. The agent writes the slice (`agent.publication`).
+A claim of the driver's, whoever allocated it (kube-scheduler's DRA allocator, or sharegpu), holds
+part of a GPU: `ResourceClaim` is what sharegpu reads of one, and `held` turns its allocation into a
+sharegpu `Allocation` (its pool is the node, its device `gpu-<index>`, its `consumedCapacity` the
+share), so the one ledger counts DRA claims and sharing pods alike and never gives a GPU twice.
+
+Pure: no I/O. The agent writes the slice (`agent.publication`); the extender's cache counts claims.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any, Final
 
-from sharegpu.api import names, wire
+import msgspec
+
+from sharegpu.api import names, quantity, wire
+from sharegpu.core import allocation, errors, units
 
 DRIVER: Final = f"gpu.{names.DOMAIN}"
 """The driver's name: the DeviceClass selects on it, the kubelet plugin registers under it."""
@@ -28,6 +37,8 @@ GROUP: Final = "resource.k8s.io"
 VERSION: Final = "v1"
 API_VERSION: Final = f"{GROUP}/{VERSION}"
 SLICES: Final = f"/apis/{GROUP}/{VERSION}/resourceslices"
+CLAIMS: Final = f"/apis/{GROUP}/{VERSION}/resourceclaims"
+"""Every namespace's ResourceClaims (the extender's cache lists and watches them)."""
 MEMORY: Final = "memory"
 """The capacity a claim asks GPU memory of (a quantity; the device's is in Mi)."""
 MILLI: Final = "milli"
@@ -119,3 +130,87 @@ def resource_slice(node: str, node_uid: str, spec: wire.DeviceSpec, generation: 
             "devices": [device(gpu, spec.nvlinks) for gpu in spec.gpus],
         },
     }
+
+
+# ----------------------------------------------------------------- claims
+
+
+class DeviceResult(wire.Message, kw_only=True, frozen=True):
+    request: str = ""
+    driver: str = ""
+    pool: str = ""
+    device: str = ""
+    share_id: str | None = msgspec.field(default=None, name="shareID")
+    consumed_capacity: dict[str, wire.Quantity] = msgspec.field(default_factory=dict)
+
+
+class DeviceAllocation(wire.Message, kw_only=True, frozen=True):
+    results: list[DeviceResult] = msgspec.field(default_factory=list)
+
+
+class ClaimAllocation(wire.Message, kw_only=True, frozen=True):
+    devices: DeviceAllocation = msgspec.field(default_factory=DeviceAllocation)
+
+
+class ClaimStatus(wire.Message, kw_only=True, frozen=True):
+    allocation: ClaimAllocation | None = None
+
+
+class ResourceClaim(wire.Message, kw_only=True, frozen=True):
+    """What sharegpu reads of a ResourceClaim (`resource.k8s.io/v1`): who it is and what it was given."""
+
+    metadata: wire.ObjectMeta = msgspec.field(default_factory=wire.ObjectMeta)
+    status: ClaimStatus = msgspec.field(default_factory=ClaimStatus)
+
+
+CLAIM_KEY_SUFFIX: Final = "#claim"
+"""A claim's key in the ledger, beside pods': `<namespace>/<name>#claim` (a pod name has no '#')."""
+_DEVICE = re.compile(r"^gpu-(\d+)$")
+
+
+def claim_key(namespace: str, name: str) -> units.PodKey:
+    return units.PodKey(f"{namespace}/{name}{CLAIM_KEY_SUFFIX}")
+
+
+def held(claim: ResourceClaim, memory_of: dict[tuple[str, int], int]) -> allocation.Allocation | None:
+    """What an allocated claim holds of the driver's GPUs, as an allocation of its node (None: it
+    holds none of them). A result without `consumedCapacity` (a claim that took a whole device)
+    holds the whole GPU; `memory_of` gives each (node, index)'s memory for that. InvalidInputError
+    for a result sharegpu cannot read (another pool per node than its own, a device it never
+    published)."""
+    found = claim.status.allocation
+    if found is None:
+        return None
+    mine = [r for r in found.devices.results if r.driver == DRIVER]
+    if not mine:
+        return None
+    key = claim_key(claim.metadata.namespace, claim.metadata.name)
+    nodes = {r.pool for r in mine}
+    if len(nodes) != 1:
+        raise errors.InvalidInputError(f"claim {key}: its {DRIVER} devices lie in several pools: {sorted(nodes)}")
+    node = nodes.pop()
+    grants = []
+    for result in mine:
+        matched = _DEVICE.match(result.device)
+        if matched is None:
+            raise errors.InvalidInputError(f"claim {key}: {result.device!r} is not a device {DRIVER} publishes")
+        index = int(matched.group(1))
+        capacity = result.consumed_capacity
+        whole = not capacity
+        milli = (
+            units.MILLI_PER_GPU if whole else quantity.integer(capacity.get(MILLI, 1), MILLI, 1, units.MILLI_PER_GPU)
+        )
+        if whole:
+            memory = memory_of.get((node, index), 0)
+        else:
+            memory = quantity.mebibytes(capacity[MEMORY]) if MEMORY in capacity else 0
+        grants.append(allocation.DeviceGrant(index, milli, memory, milli))
+    container = allocation.ContainerAllocation(result_container(mine), tuple(grants))
+    return allocation.Allocation(
+        key, units.NodeName(node), (container,), exclusive=all(not r.consumed_capacity for r in mine)
+    )
+
+
+def result_container(results: list[DeviceResult]) -> str:
+    """The name a claim's grants go under in its allocation (its first request's)."""
+    return results[0].request or "claim"

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from sharegpu.api import devices as api_devices
-from sharegpu.api import pods, wire
+from sharegpu.api import dra, pods, wire
 from sharegpu.core import allocation, devices, errors, fleet, frag, placer, policies, units
 from sharegpu.core import ledger as core_ledger
 from sharegpu.extender import lookup
@@ -101,6 +101,8 @@ class ClusterCache:
         self.devices: dict[str, DeviceRecord] = {}
         self.pods: dict[units.PodKey, pods.Record] = {}
         self.reservations: dict[units.PodKey, pods.Record] = {}
+        self.claims: dict[units.PodKey, allocation.Allocation] = {}
+        """DRA claims of sharegpu's driver that hold GPUs (`api.dra.claim_key` -> what they hold)."""
         self.handoff_pods: set[units.PodKey] = set()
         """Pods that name a hand-off ConfigMap (the only ones the hand-off reconciler looks at)."""
         self.pending: set[units.PodKey] = set()
@@ -179,6 +181,8 @@ class ClusterCache:
                 log.error("pod %s on %s conflicts with the ledger: %s", record.key, record.node, result.message)
         for record in rest:
             self._account(record)
+        for alloc in self.claims.values():
+            self._add_claim(self._ledger, alloc)
         for node, gpus in self.holds.values():
             self._hold(state, node, gpus, +1)
         for key, alloc in list(self.assumed.items()):
@@ -294,6 +298,41 @@ class ClusterCache:
             self.pending.discard(key)
         if not self._dirty:
             self._account(record)
+
+    def on_claim(self, kind: wire.EventType, claim: dra.ResourceClaim) -> None:
+        """A DRA claim of sharegpu's driver, whoever allocated it, held in the one ledger beside the
+        pods: no GPU is given twice, or past its capacity, across the two paths (a claim that does
+        not fit is counted all the same and blocks its GPU, as a bound pod would)."""
+        key = dra.claim_key(claim.metadata.namespace, claim.metadata.name)
+        alloc = None
+        if kind != wire.EventType.DELETED:
+            try:
+                alloc = dra.held(claim, self._memory_of())
+            except errors.InvalidInputError as exc:
+                self.counters.invalid += 1
+                log.error("claim %s is not counted: %s", key, exc)
+        old = self.claims.pop(key, None)
+        if alloc is not None:
+            self.claims[key] = alloc
+        if old == alloc or self._dirty or self._ledger is None:
+            return
+        if old is not None and key in self._ledger:
+            self._ledger.remove(key)
+            self.freed_at = self.clock()
+        if alloc is not None:
+            self._add_claim(self._ledger, alloc)
+
+    def _add_claim(self, ledger: core_ledger.Ledger, alloc: allocation.Allocation) -> None:
+        if ledger.state.row(alloc.node) is None:
+            return  # a node without a Device here: counted once it has one (the rebuild re-adds it)
+        result = ledger.add(alloc)
+        if not result.ok:
+            self.counters.conflicts += 1
+            log.error("claim %s on %s conflicts with the ledger: %s", alloc.pod, alloc.node, result.message)
+
+    def _memory_of(self) -> dict[tuple[str, int], int]:
+        """(node, GPU index) -> its memory in MiB, from the Devices."""
+        return {(name, gpu.index): gpu.memory_mib for name, record in self.devices.items() for gpu in record.gpus}
 
     def _account(self, record: pods.Record) -> None:
         """Bring the ledger in line with one pod as the API server shows it."""

@@ -24,7 +24,7 @@ from typing import Any
 
 from aiohttp import web
 
-from sharegpu.api import names, paths, pods, wire
+from sharegpu.api import dra, names, paths, pods, wire
 from sharegpu.api import quotas as api_quotas
 from sharegpu.core import frag, policies
 from sharegpu.extender import cache as extender_cache
@@ -34,7 +34,7 @@ from sharegpu.extender import overcommit as extender_overcommit
 from sharegpu.extender import preemption, requeue, routes, scheduling
 from sharegpu.extender import quotas as extender_quotas
 from sharegpu.extender import reservations as extender_reservations
-from sharegpu.kube import client, informer, leader
+from sharegpu.kube import client, errors, informer, leader
 from sharegpu.kube import events as kube_events
 from sharegpu.serving import http2, tls
 
@@ -154,6 +154,16 @@ class Extender:
 
         return changed
 
+    async def _dra_served(self) -> bool:
+        """Whether the API server serves resource.k8s.io/v1 (Kubernetes 1.34 and later): then the
+        cache counts the DRA claims of sharegpu's driver too."""
+        try:
+            await self.api.get(f"/apis/{dra.API_VERSION}")
+        except errors.NotFoundError:
+            log.info("%s is not served: DRA claims are not counted (there can be none)", dra.API_VERSION)
+            return False
+        return True
+
     def holder(self, node: str, slot: int) -> pods.Record | None:
         return self.reservations.holder(node, slot)
 
@@ -170,6 +180,13 @@ class Extender:
     async def start(self) -> None:
         """Start the informers and wait for their first lists; then everything else."""
         started = self.clock()
+        if await self._dra_served():
+            self.informers.append(
+                informer.Informer(
+                    self.api, dra.CLAIMS, dra.ResourceClaim, informer.identity, self._changed(self.cache.on_claim),
+                    name="resourceclaims",
+                )
+            )  # fmt: skip
         self.tasks = [asyncio.create_task(i.run(), name=f"informer-{i.name}") for i in self.informers]
         await asyncio.gather(*(i.synced.wait() for i in self.informers))
         listed = max((i.listed_at or started) for i in self.informers)
