@@ -3,6 +3,8 @@ unreadable allocations, assumptions that survive inventory changes and are forgo
 
 from __future__ import annotations
 
+import msgspec
+
 from sharegpu.api import devices as api_devices
 from sharegpu.api import dra, names, pods, wire
 from sharegpu.core import allocation, units
@@ -112,3 +114,12 @@ def test_a_dra_claim_holds_its_share_in_the_ledger_until_it_goes_and_across_a_re
     assert [int(v) for v in view.state.milli_free[0]] == [1000, 1000]
     view.on_claim(wire.EventType.ADDED, held_claim("bad", "a", 0, 5000))
     assert view.counters.invalid == 1 and [int(v) for v in view.state.milli_free[0]] == [1000, 1000]
+
+
+def test_a_node_that_serves_dra_claims_takes_no_pod() -> None:
+    view = built("a", "b")
+    served = builders.MakeDevice("b").gpus(2).wire()
+    served = msgspec.structs.replace(served, spec=msgspec.structs.replace(served.spec, dra=True))
+    view.on_device(wire.EventType.MODIFIED, extender_cache.device_record(served))
+    view.rebuild()
+    assert view.state.names == ("a",), "one path per node: its GPUs go to DRA claims"

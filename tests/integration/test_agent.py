@@ -297,6 +297,8 @@ async def test_the_agent_publishes_its_gpus_as_a_resource_slice_where_dra_is_ser
             return await get_or_none(admin, dra.slice_path(name))
 
         found = await wait_for(published, what="the node's ResourceSlice")
+        device = await admin.get(paths.device(name))
+        assert device["spec"]["dra"] is True, "the Device says so: the extender places no pod here"
         assert found["metadata"]["ownerReferences"][0]["uid"] == node["metadata"]["uid"]
         spec = found["spec"]
         assert spec["driver"] == dra.DRIVER and spec["nodeName"] == name and spec["pool"]["generation"] == 1

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+import msgspec
 import prometheus_client
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -178,6 +179,8 @@ class Agent:
         held = inventory.held_uuids(list(self.pods.values()), previous)
         spec = inventory.device_spec(gpus, links, unhealthy, previous, held)
         spec = await self.isolation.apply(spec, gpus, self._live())
+        if self.options.dra:
+            spec = msgspec.structs.replace(spec, dra=True)
         if current is None:
             await self._create(spec)
         elif current.spec != spec:

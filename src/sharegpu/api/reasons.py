@@ -25,7 +25,7 @@ from sharegpu.core import fit, requests, status, units
 BUDGET: Final = 600
 """Characters the extender's part of a FailedScheduling message may take (the rest is kube-scheduler's)."""
 PREFIX: Final = "sharegpu: "
-NO_INVENTORY: Final = PREFIX + "node has no GPU inventory (Device resource) or is not ready"
+NO_INVENTORY: Final = PREFIX + "node has no GPU inventory (Device resource), is not ready, or serves DRA claims only"
 MAX_PROBLEM: Final = 300
 
 RESOURCE_NAMES: Final = {

@@ -403,6 +403,10 @@ class DeviceSpec(Message, kw_only=True, frozen=True):
     """Per GPU its MPS control daemon, on nodes that run them."""
     enforcement: list[ModeEnforcement] = []
     """Per isolation mode the node could offer: whether it does, and what it was seen to enforce."""
+    dra: bool = False
+    """The node publishes its GPUs for DRA claims (its agent runs with `--dra`). Until sharegpu
+    allocates those claims itself, kube-scheduler's allocator does, knowing nothing of sharing pods:
+    so the extender places no pod on such a node (one path per node)."""
 
 
 class Device(Message, kw_only=True, frozen=True):

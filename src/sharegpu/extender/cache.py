@@ -57,6 +57,8 @@ class DeviceRecord:
     problem: str | None = None
     isolation: frozenset[devices.Isolation] = frozenset()
     compute_isolation: frozenset[devices.Isolation] = frozenset()
+    dra: bool = False
+    """The node serves DRA claims only (`wire.DeviceSpec.dra`): no pod is placed there."""
 
 
 def device_record(device: wire.Device, previous: DeviceRecord | None = None) -> DeviceRecord:
@@ -66,7 +68,9 @@ def device_record(device: wire.Device, previous: DeviceRecord | None = None) -> 
         compute = api_devices.compute_modes(device)
     except errors.InvalidInputError as exc:
         return DeviceRecord(device.metadata.name, (), frozenset(), str(exc))
-    return DeviceRecord(device.metadata.name, found, links, isolation=modes, compute_isolation=compute)
+    return DeviceRecord(
+        device.metadata.name, found, links, isolation=modes, compute_isolation=compute, dra=device.spec.dra
+    )
 
 
 def node_record(node: wire.Node, previous: api_devices.NodeFacts | None = None) -> api_devices.NodeFacts:
@@ -134,6 +138,8 @@ class ClusterCache:
                 ignored.append(name)
                 log.error("ignoring node %s: %s", name, device.problem)
                 continue
+            if device.dra:
+                continue  # its GPUs go to DRA claims: one path per node
             try:
                 out.append(
                     devices.NodeInventory(
