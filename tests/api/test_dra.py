@@ -9,6 +9,7 @@ import pytest
 
 from sharegpu.api import dra, wire
 from sharegpu.core import errors
+from tests.builders import MakeAllocation
 
 
 def spec() -> wire.DeviceSpec:
@@ -83,3 +84,16 @@ def test_a_claim_sharegpu_cannot_read_is_refused_naming_it() -> None:
         dra.held(claim([base, {**base, "pool": "n1"}]), {})
     with pytest.raises(errors.InvalidInputError, match="milli"):
         dra.held(claim([{**base, "consumedCapacity": {"milli": "2000"}}]), {})
+
+
+def test_the_allocation_sharegpu_writes_for_a_claim_reads_back_as_the_same_share() -> None:
+    placed = MakeAllocation("ns/c#claim", "n0").grant(1, 300, 4096).obj()
+    status = dra.claim_allocation(placed, "gpu", ["6f1c2e7a-0000-4000-8000-000000000001"], "2026-11-26T10:00:00Z")
+    assert status["allocationTimestamp"] == "2026-11-26T10:00:00Z", "kube-scheduler binds only with it"
+    assert status["nodeSelector"]["nodeSelectorTerms"][0]["matchFields"][0]["values"] == ["n0"]
+    [result] = status["devices"]["results"]
+    assert result["shareID"] and result["consumedCapacity"] == {"milli": "300", "memory": "4096Mi"}
+    back = dra.held(claim([result], name="c"), {})
+    assert back is not None and back.gpu_usage() == placed.gpu_usage() and back.node == "n0"
+    with pytest.raises(errors.InvalidInputError, match="1 GPU"):
+        dra.claim_allocation(placed, "gpu", [], "2026-11-26T10:00:00Z")

@@ -23,20 +23,22 @@ from typing import Any
 
 import pytest
 
+from sharegpu.api import dra as api_dra
 from sharegpu.api import paths, quantity, wire
 from sharegpu.devcluster import controlplane, stack
 from sharegpu.kube import client
 from sharegpu.kube import errors as kube_errors
+from tests.builders import MakeAllocation
 from tests.integration.conftest import events, wait_for
 
 Json = dict[str, Any]
 
-DRIVER = "gpu.sharegpu.io"
+DRIVER = api_dra.DRIVER
 API = "/apis/resource.k8s.io/v1"
 SCHEDULER = "dra-facts-scheduler"
 """The profile name of the default-plugin kube-scheduler these tests start (pods name it)."""
 PROCESS = "kube-scheduler-dra-facts"
-FINALIZER = "resource.kubernetes.io/delete-protection"
+FINALIZER = api_dra.DELETE_PROTECTION
 """What kube-scheduler puts on a claim it allocates; the resourceclaim controller deallocates only
 claims that carry it."""
 UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
@@ -751,3 +753,21 @@ async def test_fact_7_an_extended_resource_backed_by_a_device_class_gets_a_claim
     claim = await dra.get_claim(two["status"]["extendedResourceClaimStatus"]["resourceClaimName"])
     assert claim["spec"]["devices"]["requests"][0]["exactly"]["count"] == 2
     assert sorted(r["device"] for r in results(claim)) == ["gpu-0", "gpu-1"]
+
+
+async def test_the_allocation_sharegpu_writes_is_honoured_by_kube_scheduler(dra: Dra) -> None:
+    """The product's own writer (`api.dra.claim_allocation`, what sharegpu's allocator will write):
+    kube-scheduler binds the pod to the node it names, reserves the claim for it, and leaves the
+    allocation as written; and the extender's reader (`api.dra.held`) reads it back as the same share."""
+    node = await dra.node_with_gpu()
+    device_class = await dra.device_class()
+    await dra.claim("ours", claim_spec(device_class, memory="4Gi", milli="300"))
+    placed = MakeAllocation(f"{dra.namespace}/ours#claim", node).grant(0, 300, 4096).obj()
+    status = api_dra.claim_allocation(placed, "gpu", [str(uuid.uuid4())], wire.timestamp(time.time()))
+    written = await dra.write_allocation("ours", status)
+    await dra.pod("ours", claim="ours")
+    assert await dra.bound("ours") == node
+    claim = await dra.get_claim("ours")
+    assert claim["status"]["allocation"] == written["status"]["allocation"]
+    back = api_dra.held(wire.convert(claim, api_dra.ResourceClaim), {})
+    assert back is not None and back.node == node and back.gpu_usage() == {0: (300, 4096)}

@@ -18,6 +18,11 @@ part of a GPU: `ResourceClaim` is what sharegpu reads of one, and `held` turns i
 sharegpu `Allocation` (its pool is the node, its device `gpu-<index>`, its `consumedCapacity` the
 share), so the one ledger counts DRA claims and sharing pods alike and never gives a GPU twice.
 
+`claim_allocation` is the other way round: the `status.allocation` for a claim that sharegpu placed
+(as kube-scheduler requires of a pre-made one on 1.37: a node selector, a `shareID` and
+`consumedCapacity` per result, and an `allocationTimestamp`, without which the scheduler never binds
+the pod). `held(claim_allocation(a))` is `a` again.
+
 Pure: no I/O. The agent writes the slice (`agent.publication`); the extender's cache counts claims.
 """
 
@@ -163,6 +168,8 @@ class ResourceClaim(wire.Message, kw_only=True, frozen=True):
     status: ClaimStatus = msgspec.field(default_factory=ClaimStatus)
 
 
+DELETE_PROTECTION: Final = "resource.kubernetes.io/delete-protection"
+"""The finalizer without which the resourceclaim controller does not free a claim when its pod goes."""
 CLAIM_KEY_SUFFIX: Final = "#claim"
 """A claim's key in the ledger, beside pods': `<namespace>/<name>#claim` (a pod name has no '#')."""
 _DEVICE = re.compile(r"^gpu-(\d+)$")
@@ -214,3 +221,24 @@ def held(claim: ResourceClaim, memory_of: dict[tuple[str, int], int]) -> allocat
 def result_container(results: list[DeviceResult]) -> str:
     """The name a claim's grants go under in its allocation (its first request's)."""
     return results[0].request or "claim"
+
+
+def claim_allocation(alloc: allocation.Allocation, request: str, share_ids: list[str], now: str) -> dict[str, Any]:
+    """The `status.allocation` of a claim sharegpu placed as `alloc` (one result per GPU it holds, for
+    the claim's request `request`; `share_ids`: one fresh UUID per GPU; `now`: RFC 3339)."""
+    grants = [g for c in alloc.containers for g in c.devices]
+    if len(share_ids) != len(grants):
+        raise errors.InvalidInputError(f"claim {alloc.pod}: {len(grants)} GPU(s) but {len(share_ids)} share id(s)")
+    results = [
+        {
+            "request": request,
+            "driver": DRIVER,
+            "pool": alloc.node,
+            "device": device_name(grant.index),
+            "shareID": share,
+            "consumedCapacity": {MILLI: str(grant.milli), MEMORY: f"{grant.memory_mib}Mi"},
+        }
+        for grant, share in zip(grants, share_ids, strict=True)
+    ]
+    term = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [alloc.node]}]}
+    return {"devices": {"results": results}, "nodeSelector": {"nodeSelectorTerms": [term]}, "allocationTimestamp": now}
