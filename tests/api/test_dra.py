@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from sharegpu.api import dra, wire
-from sharegpu.core import errors
+from sharegpu.core import errors, requests
 from tests.builders import MakeAllocation
 
 
@@ -97,3 +97,29 @@ def test_the_allocation_sharegpu_writes_for_a_claim_reads_back_as_the_same_share
     assert back is not None and back.gpu_usage() == placed.gpu_usage() and back.node == "n0"
     with pytest.raises(errors.InvalidInputError, match="1 GPU"):
         dra.claim_allocation(placed, "gpu", [], "2026-11-26T10:00:00Z")
+
+
+def asked(**exactly: Any) -> dra.DeviceRequest:
+    return wire.convert({"name": "gpu", "exactly": {"deviceClassName": dra.DRIVER, **exactly}}, dra.DeviceRequest)
+
+
+def test_a_claims_request_is_read_in_sharegpus_units_as_the_request_policies_round_it() -> None:
+    share = dra.gpu_request(asked(capacity={"requests": {"milli": "300", "memory": "7500Mi"}}))
+    assert share is not None and (share.count, share.milli, share.memory_mib) == (1, 300, 7500)
+    whole = dra.gpu_request(asked(capacity={"requests": {"milli": "1k", "memory": "4Gi"}}))
+    assert whole == requests.GpuRequest(count=1), "all of its compute: the whole GPU, its memory with it"
+    default = dra.gpu_request(asked())
+    assert default is not None and (default.milli, default.memory_mib) == (1, 1), "the policies' defaults"
+    two = dra.gpu_request(asked(count=2, capacity={"requests": {"milli": "250"}}))
+    assert two is not None and (two.count, two.milli) == (2, 250), "a count of 2: a share of each of two GPUs"
+    other = wire.convert({"name": "x", "exactly": {"deviceClassName": "gpu.nvidia.com"}}, dra.DeviceRequest)
+    assert dra.gpu_request(other) is None, "not of sharegpu's class"
+
+
+def test_a_request_sharegpu_cannot_place_is_refused_naming_it() -> None:
+    with pytest.raises(errors.InvalidRequestError, match="claim request 'gpu': allocationMode All is not supported"):
+        dra.gpu_request(asked(allocationMode="All"))
+    with pytest.raises(errors.InvalidRequestError, match=r"milli must be 1\.\.1000, got 1500"):
+        dra.gpu_request(asked(capacity={"requests": {"milli": "1500"}}))
+    with pytest.raises(errors.InvalidRequestError, match="claim request 'gpu'"):
+        dra.gpu_request(asked(capacity={"requests": {"memory": "lots"}}))

@@ -28,13 +28,14 @@ Pure: no I/O. The agent writes the slice (`agent.publication`); the extender's c
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any, Final
 
 import msgspec
 
 from sharegpu.api import names, quantity, wire
-from sharegpu.core import allocation, errors, units
+from sharegpu.core import allocation, errors, requests, units
 
 DRIVER: Final = f"gpu.{names.DOMAIN}"
 """The driver's name: the DeviceClass selects on it, the kubelet plugin registers under it."""
@@ -161,11 +162,64 @@ class ClaimStatus(wire.Message, kw_only=True, frozen=True):
     allocation: ClaimAllocation | None = None
 
 
+class CapacityRequirements(wire.Message, kw_only=True, frozen=True):
+    requests: dict[str, wire.Quantity] = msgspec.field(default_factory=dict)
+
+
+class ExactRequest(wire.Message, kw_only=True, frozen=True):
+    device_class_name: str = ""
+    allocation_mode: str = ""
+    count: int = 1
+    capacity: CapacityRequirements | None = None
+
+
+class DeviceRequest(wire.Message, kw_only=True, frozen=True):
+    name: str = ""
+    exactly: ExactRequest | None = None
+
+
+class DeviceClaim(wire.Message, kw_only=True, frozen=True):
+    requests: list[DeviceRequest] = msgspec.field(default_factory=list)
+
+
+class ClaimSpec(wire.Message, kw_only=True, frozen=True):
+    devices: DeviceClaim = msgspec.field(default_factory=DeviceClaim)
+
+
 class ResourceClaim(wire.Message, kw_only=True, frozen=True):
-    """What sharegpu reads of a ResourceClaim (`resource.k8s.io/v1`): who it is and what it was given."""
+    """What sharegpu reads of a ResourceClaim (`resource.k8s.io/v1`): who it is, what it asks and
+    what it was given."""
 
     metadata: wire.ObjectMeta = msgspec.field(default_factory=wire.ObjectMeta)
+    spec: ClaimSpec = msgspec.field(default_factory=ClaimSpec)
     status: ClaimStatus = msgspec.field(default_factory=ClaimStatus)
+
+
+def gpu_request(request: DeviceRequest) -> requests.GpuRequest | None:
+    """What one request of a claim asks of sharegpu's GPUs, in sharegpu's units; None when it is not
+    a request of the driver's class. Its capacity requests are rounded up as the slice's request
+    policies round them (milli-GPU, MiB); what it does not ask takes the policies' defaults (1
+    milli-GPU, 1 MiB), as kube-scheduler's allocator does; all 1000 milli-GPU is the whole GPU (its
+    memory with it); a count of n is a share of each of n GPUs
+    (the scheduler gives a count of 2 two devices). InvalidRequestError naming the request for what
+    sharegpu cannot place (allocationMode All, a share beyond one GPU)."""
+    exact = request.exactly
+    if exact is None or exact.device_class_name != DRIVER:
+        return None
+    where = f"claim request {request.name!r}"
+    if exact.allocation_mode not in ("", "ExactCount"):
+        raise errors.InvalidRequestError(f"{where}: allocationMode {exact.allocation_mode} is not supported")
+    asked = exact.capacity.requests if exact.capacity is not None else {}
+    try:
+        milli = math.ceil(quantity.parse(asked[MILLI])) if MILLI in asked else 1
+        memory = quantity.mebibytes(asked[MEMORY]) if MEMORY in asked else 1
+    except errors.InvalidInputError as exc:
+        raise errors.InvalidRequestError(f"{where}: {exc}") from None
+    if not 1 <= milli <= units.MILLI_PER_GPU:
+        raise errors.InvalidRequestError(f"{where}: {MILLI} must be 1..{units.MILLI_PER_GPU}, got {milli}")
+    if milli == units.MILLI_PER_GPU:  # all of its compute: the whole GPU, all of its memory with it
+        return requests.GpuRequest(count=exact.count)
+    return requests.GpuRequest(count=exact.count, milli=milli, memory_mib=memory)
 
 
 DELETE_PROTECTION: Final = "resource.kubernetes.io/delete-protection"
