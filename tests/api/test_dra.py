@@ -123,3 +123,11 @@ def test_a_request_sharegpu_cannot_place_is_refused_naming_it() -> None:
         dra.gpu_request(asked(capacity={"requests": {"milli": "1500"}}))
     with pytest.raises(errors.InvalidRequestError, match="claim request 'gpu'"):
         dra.gpu_request(asked(capacity={"requests": {"memory": "lots"}}))
+
+
+def test_a_gpu_pods_of_the_extender_path_hold_is_tainted_for_claims() -> None:
+    made = dra.resource_slice("n0", "u", spec(), held=frozenset({"GPU-a"}))
+    first, second, third = made["spec"]["devices"]
+    assert first["taints"] == [{"key": dra.HELD, "value": "extender-path", "effect": "NoSchedule"}]
+    assert "taints" not in second
+    assert [t["key"] for t in third["taints"]] == [dra.UNHEALTHY], "unhealthy and not held"

@@ -267,7 +267,7 @@ async def test_the_device_on_the_api_server_says_what_each_mode_was_proven_to_en
 
 
 async def test_the_agent_publishes_its_gpus_as_a_resource_slice_where_dra_is_served(
-    admin: client.KubeClient, control_plane: controlplane.ControlPlane, system: None, tmp_path: Path
+    admin: client.KubeClient, control_plane: controlplane.ControlPlane, system: None, namespace: str, tmp_path: Path
 ) -> None:
     """With `--dra` and the agent's own RBAC: on Kubernetes 1.34 and later the node's ResourceSlice
     appears (owned by the Node; every GPU a shareable device whose capacities and request policies the
@@ -309,17 +309,35 @@ async def test_the_agent_publishes_its_gpus_as_a_resource_slice_where_dra_is_ser
         assert first["attributes"][f"{dra.DRIVER}/uuid"] == {"string": "GPU-0"}
         assert first["attributes"][f"{dra.DRIVER}/nvlinkPeers"] == {"string": "1"}
 
+        await asyncio.sleep(1.6)  # three passes more, nothing changed: nothing written
+        again = await published()
+        assert again is not None and again["metadata"]["resourceVersion"] == found["metadata"]["resourceVersion"]
+
+        # A pod of the extender path still holds GPU 2 (the node turned to DRA while it runs): tainted.
+        holder = {names.LABEL_ROLE: names.ROLE_RESERVATION, names.LABEL_NODE: name, names.LABEL_SLOT: "2"}
+        reserving = MakePod("holder").annotations({names.GPU_UUID: "GPU-2"}).labels(holder).node(name)
+        await admin.create(paths.pods(namespace), reserving.container("reserve", image="busybox").obj())
+
+        def taint_keys(found: Json | None, index: int) -> list[str]:
+            devices = (found or {}).get("spec", {}).get("devices", [])
+            return [t["key"] for t in devices[index].get("taints", [])] if len(devices) == 3 else []
+
+        async def held() -> Json | None:
+            found = await published()
+            return found if taint_keys(found, 2) == [dra.HELD] else None
+
+        found = await wait_for(held, what="GPU 2 tainted as held by pods")
+        assert found["spec"]["pool"]["generation"] == 2
+
         write_nvml(path, NVML_FILE + "xids: [{gpu: 1, code: 79}]\n")
 
         async def tainted() -> Json | None:
             found = await published()
-            devices = (found or {}).get("spec", {}).get("devices", [])
-            return found if len(devices) == 3 and devices[1].get("taints") else None
+            return found if taint_keys(found, 1) == [dra.UNHEALTHY] else None
 
         found = await wait_for(tainted, what="GPU 1 tainted in the slice")
-        assert found["spec"]["devices"][1]["taints"][0]["key"] == dra.UNHEALTHY
         assert found["spec"]["devices"][1]["taints"][0]["value"] == "XID-79"
-        assert found["spec"]["pool"]["generation"] == 2
+        assert found["spec"]["pool"]["generation"] == 3
     finally:
         await agent.stop()
         await kube.close()

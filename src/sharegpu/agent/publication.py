@@ -32,13 +32,19 @@ class SlicePublisher:
         self.clock = clock
         self.problem = ""
         """Why no slice is published ("" while it is)."""
-        self.written: dict[str, Any] | None = None
-        """The spec of the slice last written."""
+        self.written: list[dict[str, Any]] | None = None
+        """The devices this agent last wrote (as it sent them)."""
+        self._version = ""
+        """The slice's resourceVersion after that write."""
         self._served: bool | None = None
         self._asked_at: float | None = None
         self._node_uid = ""
 
-    async def publish(self, spec: wire.DeviceSpec) -> None:
+    async def publish(self, spec: wire.DeviceSpec, held: frozenset[str] = frozenset()) -> None:
+        """Write the slice for `spec` if it changed (`held`: GPUs pods of the extender path hold, tainted).
+
+        The API server rewrites what it stores (quantities in canonical form, taints stamped), so
+        what was sent is compared with what this agent sent last, at the version it got back."""
         if not await self._serving():
             return
         if not self._node_uid:
@@ -47,23 +53,23 @@ class SlicePublisher:
             current: dict[str, Any] | None = await self.api.get(dra.slice_path(self.node))
         except errors.NotFoundError:
             current = None
-        body = dra.resource_slice(self.node, self._node_uid, spec)
-        if current is not None:
-            held = int((current["spec"].get("pool") or {}).get("generation", 0))
-            changed = current["spec"].get("devices") != body["spec"]["devices"]
-            body["spec"]["pool"]["generation"] = max(held + (1 if changed else 0), 1)
-        if current is not None and current["spec"] == body["spec"]:
-            self.written = body["spec"]
-            return
+        body = dra.resource_slice(self.node, self._node_uid, spec, held=held)
+        devices = body["spec"]["devices"]
         if current is None:
-            await self.api.create(dra.SLICES, body)
+            made = await self.api.create(dra.SLICES, body)
             log.info("ResourceSlice %s created: %d GPU(s)", dra.slice_name(self.node), len(spec.gpus))
         else:
-            body["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
-            await self.api.replace(dra.slice_path(self.node), body)
-            generation = body["spec"]["pool"]["generation"]
-            log.info("ResourceSlice %s updated (pool generation %d)", dra.slice_name(self.node), generation)
-        self.written = body["spec"]
+            version = current["metadata"]["resourceVersion"]
+            if version == self._version and devices == self.written:
+                return
+            generation = int((current["spec"].get("pool") or {}).get("generation", 0))
+            body["spec"]["pool"]["generation"] = generation + 1 if devices != self.written else max(generation, 1)
+            body["metadata"]["resourceVersion"] = version
+            made = await self.api.replace(dra.slice_path(self.node), body)
+            log.info("ResourceSlice %s updated (pool generation %d)", dra.slice_name(self.node),
+                     body["spec"]["pool"]["generation"])  # fmt: skip
+        self.written = devices
+        self._version = made["metadata"]["resourceVersion"]
 
     async def _serving(self) -> bool:
         """Whether the API server serves resource.k8s.io/v1 (asked once, then every `recheck` s while not)."""

@@ -189,7 +189,7 @@ class Agent:
             log.info("Device %s updated: %d GPU(s)", self.node, len(spec.gpus))
         self.written = spec
         if self.publisher is not None:
-            await self.publisher.publish(spec)
+            await self.publisher.publish(spec, frozenset(held))
         labels = inventory.node_labels(spec)
         if labels != self.labels:
             await self.api.patch(paths.node(self.node), {"metadata": {"labels": labels}})

@@ -11,7 +11,9 @@ named `gpu-<index>`:
   request policy that keeps requests in sharegpu's units: memory in steps of 1 MiB, compute in
   steps of 1 milli-GPU, a claim that says nothing taking 1 milli-GPU and 1 MiB;
 - an unhealthy GPU carries a NoSchedule device taint (`<driver>/unhealthy`, its reason as the
-  value, cut to the API's 63 characters), so no new claim is given it.
+  value, cut to the API's 63 characters), so no new claim is given it; so does a GPU that pods of
+  the extender path still hold (`<driver>/held-by-pods`: a node turned to DRA while they run),
+  until they are gone.
 
 A claim of the driver's, whoever allocated it (kube-scheduler's DRA allocator, or sharegpu), holds
 part of a GPU: `ResourceClaim` is what sharegpu reads of one, and `held` turns its allocation into a
@@ -51,6 +53,9 @@ MILLI: Final = "milli"
 """The capacity a claim asks GPU compute of (an integer; 1000 = the whole GPU)."""
 UNHEALTHY: Final = f"{DRIVER}/unhealthy"
 """The taint key of an unhealthy GPU."""
+HELD: Final = f"{DRIVER}/held-by-pods"
+"""The taint key of a GPU that pods of the extender path hold (a node turned to DRA while they run):
+no claim is given it until they are gone."""
 TAINT_VALUE_MAX: Final = 63
 
 
@@ -80,8 +85,9 @@ def _peers(index: int, nvlinks: list[tuple[int, int]]) -> str:
     return ",".join(map(str, found))
 
 
-def device(gpu: wire.GpuSpec, nvlinks: list[tuple[int, int]]) -> dict[str, Any]:
-    """One GPU as a device of the slice (see the module docstring)."""
+def device(gpu: wire.GpuSpec, nvlinks: list[tuple[int, int]], held: bool = False) -> dict[str, Any]:
+    """One GPU as a device of the slice (see the module docstring); `held`: pods of the extender path
+    hold it (tainted, so kube-scheduler's allocator, which cannot see them, gives it no claim)."""
     attributes: dict[str, Any] = {
         "uuid": _attribute(gpu.uuid),
         "model": _attribute(gpu.model),
@@ -107,9 +113,14 @@ def device(gpu: wire.GpuSpec, nvlinks: list[tuple[int, int]]) -> dict[str, Any]:
         },
         "allowMultipleAllocations": True,
     }
+    taints = []
     if not gpu.healthy:
         reason = (gpu.reason or "unhealthy")[:TAINT_VALUE_MAX]
-        out["taints"] = [{"key": UNHEALTHY, "value": _taint_value(reason), "effect": "NoSchedule"}]
+        taints.append({"key": UNHEALTHY, "value": _taint_value(reason), "effect": "NoSchedule"})
+    if held:
+        taints.append({"key": HELD, "value": "extender-path", "effect": "NoSchedule"})
+    if taints:
+        out["taints"] = taints
     return out
 
 
@@ -120,8 +131,11 @@ def _taint_value(text: str) -> str:
     return kept or "unhealthy"
 
 
-def resource_slice(node: str, node_uid: str, spec: wire.DeviceSpec, generation: int = 1) -> dict[str, Any]:
-    """The node's ResourceSlice, owned by its Node (it goes with the node)."""
+def resource_slice(
+    node: str, node_uid: str, spec: wire.DeviceSpec, generation: int = 1, held: frozenset[str] = frozenset()
+) -> dict[str, Any]:
+    """The node's ResourceSlice, owned by its Node (it goes with the node); `held`: the UUIDs of GPUs
+    pods of the extender path hold."""
     return {
         "apiVersion": API_VERSION,
         "kind": "ResourceSlice",
@@ -133,7 +147,7 @@ def resource_slice(node: str, node_uid: str, spec: wire.DeviceSpec, generation: 
             "driver": DRIVER,
             "nodeName": node,
             "pool": {"name": node, "generation": generation, "resourceSliceCount": 1},
-            "devices": [device(gpu, spec.nvlinks) for gpu in spec.gpus],
+            "devices": [device(gpu, spec.nvlinks, gpu.uuid in held) for gpu in spec.gpus],
         },
     }
 
