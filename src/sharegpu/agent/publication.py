@@ -77,9 +77,7 @@ class SlicePublisher:
         if self._served or (self._asked_at is not None and now - self._asked_at < self.recheck):
             return bool(self._served)
         self._asked_at = now
-        try:
-            await self.api.get(f"/apis/{dra.API_VERSION}")
-        except errors.NotFoundError:
+        if not await client.serves(self.api, dra.API_VERSION):
             if self._served is not False:
                 log.warning("the API server does not serve %s (Kubernetes 1.34 or later does): no ResourceSlice "
                             "is published", dra.API_VERSION)  # fmt: skip

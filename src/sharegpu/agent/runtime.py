@@ -178,7 +178,8 @@ class Agent:
         previous = current.spec if current is not None else None
         held = inventory.held_uuids(list(self.pods.values()), previous)
         spec = inventory.device_spec(gpus, links, unhealthy, previous, held)
-        spec = await self.isolation.apply(spec, gpus, self._live())
+        live = self._live()
+        spec = await self.isolation.apply(spec, gpus, live)
         if self.options.dra:
             spec = msgspec.structs.replace(spec, dra=True)
         if current is None:
@@ -194,7 +195,6 @@ class Agent:
         if labels != self.labels:
             await self.api.patch(paths.node(self.node), {"metadata": {"labels": labels}})
             self.labels = labels
-        live = self._live()
         ids = drift.DeviceIds(spec)
         assigned = await self.repair.assigned() if self.repair is not None else None
         settled = True

@@ -34,7 +34,7 @@ from sharegpu.extender import overcommit as extender_overcommit
 from sharegpu.extender import preemption, requeue, routes, scheduling
 from sharegpu.extender import quotas as extender_quotas
 from sharegpu.extender import reservations as extender_reservations
-from sharegpu.kube import client, errors, informer, leader
+from sharegpu.kube import client, informer, leader
 from sharegpu.kube import events as kube_events
 from sharegpu.serving import http2, tls
 
@@ -157,12 +157,10 @@ class Extender:
     async def _dra_served(self) -> bool:
         """Whether the API server serves resource.k8s.io/v1 (Kubernetes 1.34 and later): then the
         cache counts the DRA claims of sharegpu's driver too."""
-        try:
-            await self.api.get(f"/apis/{dra.API_VERSION}")
-        except errors.NotFoundError:
-            log.info("%s is not served: DRA claims are not counted (there can be none)", dra.API_VERSION)
-            return False
-        return True
+        if await client.serves(self.api, dra.API_VERSION):
+            return True
+        log.info("%s is not served: DRA claims are not counted (there can be none)", dra.API_VERSION)
+        return False
 
     def holder(self, node: str, slot: int) -> pods.Record | None:
         return self.reservations.holder(node, slot)

@@ -321,6 +321,16 @@ class KubeClient:
                 return
 
 
+async def serves(api: KubeApi, group_version: str) -> bool:
+    """Whether the API server serves `group_version` (e.g. "resource.k8s.io/v1"): its discovery
+    document answers; 404 means it does not (an older Kubernetes, or the API turned off)."""
+    try:
+        await api.get(f"/apis/{group_version}")
+    except errors.NotFoundError:
+        return False
+    return True
+
+
 class _Versioned(msgspec.Struct):
     metadata: wire.ListMeta = msgspec.field(default_factory=wire.ListMeta)
 
