@@ -250,6 +250,14 @@ async def test_ensure_refuses_a_bad_uuid_before_changing_anything(tmp_path: Path
 # ---------------------------------------------------------------- the lifecycle (issue 27)
 
 
+async def first_client(layout: mps.Layout, uuid: str = "GPU-a") -> int:
+    """Be the daemon's first CUDA client: the pid of the server it then starts."""
+    connect(layout.pipe(uuid))
+    await until(lambda: len(servers(layout.log(uuid))) == 1)
+    [server] = servers(layout.log(uuid))
+    return server
+
+
 def previous_agent(binary: Path, layout: mps.Layout, uuid: str) -> int:
     """A daemon as a previous agent left it: started through a parent that is gone (so not this
     test's child), on the GPU's directories; its pid."""
@@ -274,9 +282,7 @@ async def test_stop_ends_the_server_the_daemon_started_for_its_first_client(tmp_
     try:
         await until((layout.pipe("GPU-a") / "control").exists)
         daemon = await running_pid(supervisor, "GPU-a")
-        connect(layout.pipe("GPU-a"))
-        await until(lambda: len(servers(layout.log("GPU-a"))) == 1)
-        [server] = servers(layout.log("GPU-a"))
+        server = await first_client(layout)
         await until(lambda: mps.tied(Path("/proc"), layout, "GPU-a") == sorted([daemon, server]))
     finally:
         began = time.monotonic()
@@ -293,9 +299,7 @@ async def test_sigterm_alone_would_leave_the_server_running(tmp_path: Path) -> N
     daemon = previous_agent(write_fake_daemon(tmp_path / "bin"), layout, "GPU-a")
     try:
         await until((layout.pipe("GPU-a") / "control").exists)
-        connect(layout.pipe("GPU-a"))
-        await until(lambda: len(servers(layout.log("GPU-a"))) == 1)
-        [server] = servers(layout.log("GPU-a"))
+        server = await first_client(layout)
         os.kill(daemon, signal.SIGTERM)
         await until(lambda: mps.tied(Path("/proc"), layout, "GPU-a") == [server])
         assert not gone(server)
@@ -311,9 +315,7 @@ async def test_a_daemon_that_dies_takes_its_server_with_it_before_the_restart(tm
     try:
         await until((layout.pipe("GPU-a") / "control").exists)
         first = await running_pid(supervisor, "GPU-a")
-        connect(layout.pipe("GPU-a"))
-        await until(lambda: len(servers(layout.log("GPU-a"))) == 1)
-        [server] = servers(layout.log("GPU-a"))
+        server = await first_client(layout)
         os.kill(first, signal.SIGTERM)  # it exits and leaves the server, as the real one does
         await until(lambda: len(started(layout.log("GPU-a"))) == 2 and running(supervisor, "GPU-a"))
         assert gone(server), "the orphaned server was ended before the new daemon started"
@@ -330,9 +332,7 @@ async def test_what_a_previous_agent_left_is_ended_before_a_new_daemon_starts(
     binary = write_fake_daemon(tmp_path / "bin")
     old = previous_agent(binary, layout, "GPU-a")
     await until((layout.pipe("GPU-a") / "control").exists)
-    connect(layout.pipe("GPU-a"))
-    await until(lambda: len(servers(layout.log("GPU-a"))) == 1)
-    [old_server] = servers(layout.log("GPU-a"))
+    old_server = await first_client(layout)
     caplog.set_level(logging.WARNING, logger=mps.__name__)
     supervisor = mps.Supervisor(binary, layout, backoff=FAST)
     await supervisor.ensure({"GPU-a"})
@@ -355,9 +355,7 @@ async def test_a_server_left_without_its_daemon_is_killed_before_a_start(tmp_pat
     binary = write_fake_daemon(tmp_path / "bin")
     old = previous_agent(binary, layout, "GPU-a")
     await until((layout.pipe("GPU-a") / "control").exists)
-    connect(layout.pipe("GPU-a"))
-    await until(lambda: len(servers(layout.log("GPU-a"))) == 1)
-    [old_server] = servers(layout.log("GPU-a"))
+    old_server = await first_client(layout)
     os.kill(old, signal.SIGTERM)  # an old agent stopped it with SIGTERM: the server stays, nobody listens
     await until(lambda: mps.tied(Path("/proc"), layout, "GPU-a") == [old_server])
     supervisor = mps.Supervisor(binary, layout, backoff=FAST, grace=0.3)
@@ -378,8 +376,7 @@ async def test_the_daemons_output_is_relayed_as_log_records_naming_the_gpu(
     await supervisor.ensure({"GPU-a"})
     try:
         await until((layout.pipe("GPU-a") / "control").exists)
-        connect(layout.pipe("GPU-a"))
-        await until(lambda: len(servers(layout.log("GPU-a"))) == 1)
+        await first_client(layout)
     finally:
         await supervisor.stop()
     relayed = [(r.getMessage(), getattr(r, "gpu", None)) for r in caplog.records if r.name == mps.daemon_log.name]
