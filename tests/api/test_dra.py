@@ -57,9 +57,9 @@ def test_an_unhealthy_gpu_is_tainted_with_its_reason_as_a_label_value() -> None:
     assert len(taint["value"]) == 63
 
 
-def claim(results: list[Any], name: str = "c") -> dra.ResourceClaim:
+def claim(results: list[Any], name: str = "c") -> dra.ClaimRecord:
     body = {"metadata": {"name": name, "namespace": "ns"}, "status": {"allocation": {"devices": {"results": results}}}}
-    return wire.convert(body, dra.ResourceClaim)
+    return dra.claim_record(wire.convert(body, dra.ResourceClaim))
 
 
 def test_an_allocated_claim_holds_its_consumed_capacity_as_an_allocation_of_its_node() -> None:
@@ -73,7 +73,9 @@ def test_an_allocated_claim_holds_its_consumed_capacity_as_an_allocation_of_its_
     assert taken is not None and taken.exclusive and taken.gpu_usage() == {1: (1000, 81920)}
     other = {**shared, "driver": "gpu.nvidia.com"}
     assert dra.held(claim([other]), {}) is None, "another driver's devices are not sharegpu's to count"
-    assert dra.held(wire.convert({"metadata": {"name": "c"}}, dra.ResourceClaim), {}) is None, "not allocated"
+    assert dra.held(dra.claim_record(wire.convert({"metadata": {"name": "c"}}, dra.ResourceClaim)), {}) is None, (
+        "not allocated"
+    )
 
 
 def test_a_claim_sharegpu_cannot_read_is_refused_naming_it() -> None:
@@ -87,8 +89,8 @@ def test_a_claim_sharegpu_cannot_read_is_refused_naming_it() -> None:
 
 
 def test_the_allocation_sharegpu_writes_for_a_claim_reads_back_as_the_same_share() -> None:
-    placed = MakeAllocation("ns/c#claim", "n0").grant(1, 300, 4096).obj()
-    status = dra.claim_allocation(placed, "gpu", ["6f1c2e7a-0000-4000-8000-000000000001"], "2026-11-26T10:00:00Z")
+    placed = MakeAllocation("ns/c#claim", "n0").grant(1, 300, 4096, container="gpu").obj()
+    status = dra.claim_allocation(placed, ["6f1c2e7a-0000-4000-8000-000000000001"], "2026-11-26T10:00:00Z")
     assert status["allocationTimestamp"] == "2026-11-26T10:00:00Z", "kube-scheduler binds only with it"
     assert status["nodeSelector"]["nodeSelectorTerms"][0]["matchFields"][0]["values"] == ["n0"]
     [result] = status["devices"]["results"]
@@ -96,7 +98,7 @@ def test_the_allocation_sharegpu_writes_for_a_claim_reads_back_as_the_same_share
     back = dra.held(claim([result], name="c"), {})
     assert back is not None and back.gpu_usage() == placed.gpu_usage() and back.node == "n0"
     with pytest.raises(errors.InvalidInputError, match="1 GPU"):
-        dra.claim_allocation(placed, "gpu", [], "2026-11-26T10:00:00Z")
+        dra.claim_allocation(placed, [], "2026-11-26T10:00:00Z")
 
 
 def asked(**exactly: Any) -> dra.DeviceRequest:

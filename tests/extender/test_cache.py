@@ -93,11 +93,11 @@ def test_an_assumed_pod_deleted_before_its_binding_is_forgotten() -> None:
     assert not view.assumed and int(view.state.milli_free[0, 0]) == 1000
 
 
-def held_claim(name: str, node_name: str, index: int, milli: int) -> dra.ResourceClaim:
+def held_claim(name: str, node_name: str, index: int, milli: int) -> dra.ClaimRecord:
     result = {"request": "gpu", "driver": dra.DRIVER, "pool": node_name, "device": dra.device_name(index),
               "consumedCapacity": {dra.MILLI: str(milli), dra.MEMORY: "1Gi"}}  # fmt: skip
     body = {"metadata": {"name": name, "namespace": "ns"}, "status": {"allocation": {"devices": {"results": [result]}}}}
-    return wire.convert(body, dra.ResourceClaim)
+    return dra.claim_record(wire.convert(body, dra.ResourceClaim))
 
 
 def test_a_dra_claim_holds_its_share_in_the_ledger_until_it_goes_and_across_a_rebuild() -> None:
@@ -122,4 +122,6 @@ def test_a_node_that_serves_dra_claims_takes_no_pod() -> None:
     served = msgspec.structs.replace(served, spec=msgspec.structs.replace(served.spec, dra=True))
     view.on_device(wire.EventType.MODIFIED, extender_cache.device_record(served))
     view.rebuild()
-    assert view.state.names == ("a",), "one path per node: its GPUs go to DRA claims"
+    assert view.state.names == ("a", "b") and view.dra_rows.tolist() == [False, True], "one path per node"
+    rows = view.name_index().rows(b'["a","b"]')
+    assert rows is not None and rows.tolist() == [0, -1], "b is no candidate for a pod"

@@ -69,7 +69,7 @@ def shared_device(name: str, test: str, *, policy: bool = True, taints: list[Jso
     device: Json = {
         "name": name,
         "allowMultipleAllocations": True,
-        "attributes": {"model": {"string": "T4"}, "test": {"string": test}},
+        "attributes": {"model": {"string": "T4"}, "test": {"string": test}, api_dra.ALLOCATOR: {"string": "sharegpu"}},
         "capacity": {"memory": memory, "milli": milli},
     }
     if taints:
@@ -91,9 +91,12 @@ def slice_body(node: str, devices: list[Json], generation: int = 1) -> Json:
     }
 
 
-def class_body(name: str, test: str, extended_resource: str | None = None) -> Json:
-    """A DeviceClass selecting, by CEL, this driver's devices of this test."""
+def class_body(name: str, test: str, extended_resource: str | None = None, *, sharegpu_only: bool = False) -> Json:
+    """A DeviceClass selecting, by CEL, this driver's devices of this test (`sharegpu_only`: with
+    sharegpu's own selector, `api.dra.CLASS_SELECTOR`, which no device satisfies for kube-scheduler)."""
     expression = f'device.driver == "{DRIVER}" && device.attributes["{DRIVER}"].test == "{test}"'
+    if sharegpu_only:
+        expression = f"{api_dra.CLASS_SELECTOR} && {expression}"
     spec: Json = {"selectors": [{"cel": {"expression": expression}}]}
     if extended_resource:
         spec["extendedResourceName"] = extended_resource
@@ -175,10 +178,10 @@ class Dra:
         self.made.append(f"{collection}/{made['metadata']['name']}")
         return made
 
-    async def node(self) -> str:
-        """A Ready, untainted Node (no kubelet) labelled for this test."""
+    async def node(self, **extra_labels: str) -> str:
+        """A Ready, untainted Node (no kubelet) labelled for this test (and with `extra_labels`)."""
         name = f"{self.namespace}-{uuid.uuid4().hex[:5]}"
-        labels = {"kubernetes.io/hostname": name, "sharegpu.io/test": self.namespace}
+        labels = {"kubernetes.io/hostname": name, "sharegpu.io/test": self.namespace, **extra_labels}
         await self.make(paths.NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels}})
         capacity = {"cpu": "8", "memory": "32Gi", "pods": "110"}
         ready = {"type": "Ready", "status": "True", "reason": "NoKubelet"}
@@ -189,14 +192,15 @@ class Dra:
         await self.kube.patch(paths.node(name), {"spec": {"taints": None}})  # the not-ready taint of creation
         return name
 
-    async def device_class(self, extended_resource: str | None = None) -> str:
+    async def device_class(self, extended_resource: str | None = None, *, sharegpu_only: bool = False) -> str:
         name = f"{self.namespace}-{uuid.uuid4().hex[:4]}"
-        await self.make(resource_path("deviceclasses"), class_body(name, self.namespace, extended_resource))
+        body = class_body(name, self.namespace, extended_resource, sharegpu_only=sharegpu_only)
+        await self.make(resource_path("deviceclasses"), body)
         return name
 
-    async def node_with_gpu(self, **device: Any) -> str:
+    async def node_with_gpu(self, labels: dict[str, str] | None = None, **device: Any) -> str:
         """A node whose ResourceSlice offers one shared GPU, `gpu-0`."""
-        node = await self.node()
+        node = await self.node(**(labels or {}))
         await self.make(
             resource_path("resourceslices"), slice_body(node, [shared_device("gpu-0", self.namespace, **device)])
         )
@@ -215,6 +219,7 @@ class Dra:
         template: str | None = None,
         limits: dict[str, str] | None = None,
         scheduler: str = SCHEDULER,
+        node_selector: dict[str, str] | None = None,
     ) -> Json:
         """A pod kept to this test's nodes, using one claim (`claim` by name, or one made from
         `template`) in its container, or asking `limits`."""
@@ -222,7 +227,7 @@ class Dra:
         spec: Json = {
             "schedulerName": scheduler,
             "terminationGracePeriodSeconds": 0,
-            "nodeSelector": {"sharegpu.io/test": self.namespace},
+            "nodeSelector": {"sharegpu.io/test": self.namespace, **(node_selector or {})},
             "containers": [container],
         }
         if claim or template:
@@ -762,12 +767,61 @@ async def test_the_allocation_sharegpu_writes_is_honoured_by_kube_scheduler(dra:
     node = await dra.node_with_gpu()
     device_class = await dra.device_class()
     await dra.claim("ours", claim_spec(device_class, memory="4Gi", milli="300"))
-    placed = MakeAllocation(f"{dra.namespace}/ours#claim", node).grant(0, 300, 4096).obj()
-    status = api_dra.claim_allocation(placed, "gpu", [str(uuid.uuid4())], wire.timestamp(time.time()))
+    placed = MakeAllocation(f"{dra.namespace}/ours#claim", node).grant(0, 300, 4096, container="gpu").obj()
+    status = api_dra.claim_allocation(placed, [str(uuid.uuid4())], wire.timestamp(time.time()))
     written = await dra.write_allocation("ours", status)
     await dra.pod("ours", claim="ours")
     assert await dra.bound("ours") == node
     claim = await dra.get_claim("ours")
     assert claim["status"]["allocation"] == written["status"]["allocation"]
-    back = api_dra.held(wire.convert(claim, api_dra.ResourceClaim), {})
+    back = api_dra.held(api_dra.claim_record(wire.convert(claim, api_dra.ResourceClaim)), {})
     assert back is not None and back.node == node and back.gpu_usage() == {0: (300, 4096)}
+
+
+async def test_fact_8_a_class_no_device_satisfies_is_left_to_the_driver(dra: Dra) -> None:
+    """Fact 8: with sharegpu's DeviceClass selector (`api.dra.CLASS_SELECTOR`: the devices say
+    `allocator: sharegpu`, the class asks for `kube-scheduler`), kube-scheduler's allocator never
+    allocates a claim of the class: its pod stays Pending, "cannot allocate all claims", the claim
+    unallocated. An allocation the driver writes for the same claim is honoured all the same (the
+    scheduler checks a written allocation's node selector, not the class's selector): the pod is
+    bound to its node."""
+    node = await dra.node_with_gpu()
+    device_class = await dra.device_class(sharegpu_only=True)
+    await dra.claim("ours", claim_spec(device_class, memory="4Gi", milli="500"))
+    await dra.pod("ours", claim="ours")
+    assert "cannot allocate all claims" in await dra.refused("ours")
+    assert not results(await dra.get_claim("ours"))
+    placed = MakeAllocation(f"{dra.namespace}/ours#claim", node).grant(0, 500, 4096, container="gpu").obj()
+    status = api_dra.claim_allocation(placed, [str(uuid.uuid4())], wire.timestamp(time.time()))
+    await dra.write_allocation("ours", status)
+    assert await dra.bound("ours") == node
+    assert await _reserved(dra, "ours")
+
+
+async def test_fact_9_postfilter_clears_an_unreserved_allocation_whose_pod_fits_no_node(dra: Dra) -> None:
+    """Fact 9, the takeover: a claim allocated on node A whose pod can only go to node B (its node
+    selector) leaves the pod unschedulable, and kube-scheduler's PostFilter then clears the claim's
+    allocation (nobody had reserved it). With sharegpu's class, the scheduler cannot allocate it
+    again itself: the claim stays unallocated until the driver writes a new allocation, on B, where
+    the pod is then bound."""
+    node_a = await dra.node_with_gpu()
+    node_b = await dra.node_with_gpu(labels={"sharegpu.io/side": "b"})
+    device_class = await dra.device_class(sharegpu_only=True)
+    await dra.claim("moved", claim_spec(device_class, memory="4Gi", milli="500"))
+    placed = MakeAllocation(f"{dra.namespace}/moved#claim", node_a).grant(0, 500, 4096, container="gpu").obj()
+    status = api_dra.claim_allocation(placed, [str(uuid.uuid4())], wire.timestamp(time.time()))
+    await dra.write_allocation("moved", status)
+    await dra.pod("moved", claim="moved", node_selector={"sharegpu.io/side": "b"})
+
+    async def cleared() -> bool:
+        return not results(await dra.get_claim("moved"))
+
+    await dra.until(cleared, "the allocation on node A cleared by PostFilter")
+    await asyncio.sleep(3)
+    claim = await dra.get_claim("moved")
+    assert not results(claim) and not claim["status"].get("reservedFor"), claim["status"]
+    assert await dra.node_of("moved") is None
+    placed = MakeAllocation(f"{dra.namespace}/moved#claim", node_b).grant(0, 500, 4096, container="gpu").obj()
+    status = api_dra.claim_allocation(placed, [str(uuid.uuid4())], wire.timestamp(time.time()))
+    await dra.write_allocation("moved", status)
+    assert await dra.bound("moved") == node_b

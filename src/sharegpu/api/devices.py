@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
-from sharegpu.api import names, quantity, wire
+from sharegpu.api import constraints, names, quantity, wire
 from sharegpu.core import devices, errors, units
 
 
@@ -24,6 +24,8 @@ class NodeFacts:
     schedulable: bool
     cpu_milli: int
     memory_mib: int
+    terms: constraints.NodeTerms | None = None
+    """Its labels and taints (what pods' node constraints look at)."""
 
 
 def node_facts(node: wire.Node) -> NodeFacts:
@@ -34,7 +36,9 @@ def node_facts(node: wire.Node) -> NodeFacts:
         memory = quantity.mebibytes(allocatable.get("memory", 0))
     except errors.InvalidInputError:
         cpu, memory, ready = 0, 0, False
-    return NodeFacts(node.metadata.name, ready and not node.spec.unschedulable, cpu, memory)
+    return NodeFacts(
+        node.metadata.name, ready and not node.spec.unschedulable, cpu, memory, constraints.NodeTerms.of(node)
+    )
 
 
 def gpus(device: wire.Device) -> tuple[tuple[devices.GpuDevice, ...], frozenset[tuple[int, int]]]:

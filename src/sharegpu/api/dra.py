@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass
 from typing import Any, Final
 
 import msgspec
@@ -57,11 +58,25 @@ HELD: Final = f"{DRIVER}/held-by-pods"
 """The taint key of a GPU that pods of the extender path hold (a node turned to DRA while they run):
 no claim is given it until they are gone."""
 TAINT_VALUE_MAX: Final = 63
+ALLOCATOR: Final = "allocator"
+"""The device attribute that says who allocates the device's claims: `sharegpu`, always."""
+CLASS: Final = DRIVER
+"""sharegpu's DeviceClass: the claims sharegpu allocates are the claims of this class."""
+CLASS_SELECTOR: Final = f'device.driver == "{DRIVER}" && device.attributes["{DRIVER}"].{ALLOCATOR} == "kube-scheduler"'
+"""The DeviceClass's CEL selector. Every device says `allocator: sharegpu`, so kube-scheduler's own
+allocator finds no device for a claim of the class, ever: it cannot give a GPU first-fit, nor
+race sharegpu's allocator for one (it knows nothing of the extender path's pods, and trusts the
+allocations it did not make). It honours the allocations sharegpu writes all the same: it checks
+only their node selector (tests/integration/test_dra_facts.py)."""
 
 
 def slice_name(node: str) -> str:
     """The node's ResourceSlice: one per node, named after it and the driver."""
     return f"{node}-{DRIVER}"
+
+
+def claim_path(namespace: str, name: str) -> str:
+    return f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/resourceclaims/{name}"
 
 
 def slice_path(node: str) -> str:
@@ -95,6 +110,7 @@ def device(gpu: wire.GpuSpec, nvlinks: list[tuple[int, int]], held: bool = False
         "numaNode": _attribute(gpu.numa_node),
         "mig": _attribute(gpu.mig),
         "nvlinkPeers": _attribute(_peers(gpu.index, nvlinks)),
+        ALLOCATOR: _attribute("sharegpu"),
     }
     if gpu.pcie_switch is not None:
         attributes["pcieSwitch"] = _attribute(gpu.pcie_switch)
@@ -172,8 +188,17 @@ class ClaimAllocation(wire.Message, kw_only=True, frozen=True):
     devices: DeviceAllocation = msgspec.field(default_factory=DeviceAllocation)
 
 
+class Consumer(wire.Message, kw_only=True, frozen=True):
+    """An entry of `status.reservedFor`: who uses the claim (a pod, by name and UID)."""
+
+    resource: str = ""
+    name: str = ""
+    uid: str = ""
+
+
 class ClaimStatus(wire.Message, kw_only=True, frozen=True):
     allocation: ClaimAllocation | None = None
+    reserved_for: list[Consumer] = msgspec.field(default_factory=list)
 
 
 class CapacityRequirements(wire.Message, kw_only=True, frozen=True):
@@ -185,15 +210,19 @@ class ExactRequest(wire.Message, kw_only=True, frozen=True):
     allocation_mode: str = ""
     count: int = 1
     capacity: CapacityRequirements | None = None
+    selectors: list[Any] = msgspec.field(default_factory=list)
+    admin_access: bool | None = None
 
 
 class DeviceRequest(wire.Message, kw_only=True, frozen=True):
     name: str = ""
     exactly: ExactRequest | None = None
+    first_available: list[Any] = msgspec.field(default_factory=list)
 
 
 class DeviceClaim(wire.Message, kw_only=True, frozen=True):
     requests: list[DeviceRequest] = msgspec.field(default_factory=list)
+    constraints: list[Any] = msgspec.field(default_factory=list)
 
 
 class ClaimSpec(wire.Message, kw_only=True, frozen=True):
@@ -218,11 +247,21 @@ def gpu_request(request: DeviceRequest) -> requests.GpuRequest | None:
     (the scheduler gives a count of 2 two devices). InvalidRequestError naming the request for what
     sharegpu cannot place (allocationMode All, a share beyond one GPU)."""
     exact = request.exactly
-    if exact is None or exact.device_class_name != DRIVER:
+    if request.first_available and any(_of_class(sub) for sub in request.first_available):
+        raise errors.InvalidRequestError(
+            f"claim request {request.name!r}: firstAvailable is not supported for class {CLASS}; ask with `exactly`"
+        )
+    if exact is None or exact.device_class_name != CLASS:
         return None
     where = f"claim request {request.name!r}"
     if exact.allocation_mode not in ("", "ExactCount"):
         raise errors.InvalidRequestError(f"{where}: allocationMode {exact.allocation_mode} is not supported")
+    if exact.selectors:
+        raise errors.InvalidRequestError(
+            f"{where}: CEL selectors are not supported for class {CLASS} (sharegpu allocates its claims itself)"
+        )
+    if exact.admin_access:
+        raise errors.InvalidRequestError(f"{where}: adminAccess is not supported for class {CLASS}")
     asked = exact.capacity.requests if exact.capacity is not None else {}
     try:
         milli = math.ceil(quantity.parse(asked[MILLI])) if MILLI in asked else 1
@@ -236,6 +275,10 @@ def gpu_request(request: DeviceRequest) -> requests.GpuRequest | None:
     return requests.GpuRequest(count=exact.count, milli=milli, memory_mib=memory)
 
 
+def _of_class(sub: Any) -> bool:
+    return isinstance(sub, dict) and sub.get("deviceClassName") == CLASS
+
+
 DELETE_PROTECTION: Final = "resource.kubernetes.io/delete-protection"
 """The finalizer without which the resourceclaim controller does not free a claim when its pod goes."""
 CLAIM_KEY_SUFFIX: Final = "#claim"
@@ -247,24 +290,24 @@ def claim_key(namespace: str, name: str) -> units.PodKey:
     return units.PodKey(f"{namespace}/{name}{CLAIM_KEY_SUFFIX}")
 
 
-def held(claim: ResourceClaim, memory_of: dict[tuple[str, int], int]) -> allocation.Allocation | None:
+def held(claim: ClaimRecord, memory_of: dict[tuple[str, int], int]) -> allocation.Allocation | None:
     """What an allocated claim holds of the driver's GPUs, as an allocation of its node (None: it
     holds none of them). A result without `consumedCapacity` (a claim that took a whole device)
     holds the whole GPU; `memory_of` gives each (node, index)'s memory for that. InvalidInputError
     for a result sharegpu cannot read (another pool per node than its own, a device it never
     published)."""
-    found = claim.status.allocation
+    found = claim.allocation
     if found is None:
         return None
     mine = [r for r in found.devices.results if r.driver == DRIVER]
     if not mine:
         return None
-    key = claim_key(claim.metadata.namespace, claim.metadata.name)
+    key = claim.key
     nodes = {r.pool for r in mine}
     if len(nodes) != 1:
         raise errors.InvalidInputError(f"claim {key}: its {DRIVER} devices lie in several pools: {sorted(nodes)}")
     node = nodes.pop()
-    grants = []
+    per_request: dict[str, list[allocation.DeviceGrant]] = {}
     for result in mine:
         matched = _DEVICE.match(result.device)
         if matched is None:
@@ -279,22 +322,20 @@ def held(claim: ResourceClaim, memory_of: dict[tuple[str, int], int]) -> allocat
             memory = memory_of.get((node, index), 0)
         else:
             memory = quantity.mebibytes(capacity[MEMORY]) if MEMORY in capacity else 0
-        grants.append(allocation.DeviceGrant(index, milli, memory, milli))
-    container = allocation.ContainerAllocation(result_container(mine), tuple(grants))
+        per_request.setdefault(result.request or "claim", []).append(
+            allocation.DeviceGrant(index, milli, memory, milli)
+        )
+    containers = tuple(allocation.ContainerAllocation(name, tuple(grants)) for name, grants in per_request.items())
     return allocation.Allocation(
-        key, units.NodeName(node), (container,), exclusive=all(not r.consumed_capacity for r in mine)
+        key, units.NodeName(node), containers, exclusive=all(not r.consumed_capacity for r in mine)
     )
 
 
-def result_container(results: list[DeviceResult]) -> str:
-    """The name a claim's grants go under in its allocation (its first request's)."""
-    return results[0].request or "claim"
-
-
-def claim_allocation(alloc: allocation.Allocation, request: str, share_ids: list[str], now: str) -> dict[str, Any]:
-    """The `status.allocation` of a claim sharegpu placed as `alloc` (one result per GPU it holds, for
-    the claim's request `request`; `share_ids`: one fresh UUID per GPU; `now`: RFC 3339)."""
-    grants = [g for c in alloc.containers for g in c.devices]
+def claim_allocation(alloc: allocation.Allocation, share_ids: list[str], now: str) -> dict[str, Any]:
+    """The `status.allocation` of a claim sharegpu placed as `alloc`: one result per GPU each of its
+    containers holds, the container's name being the claim's request (`share_ids`: one fresh UUID
+    per result; `now`: RFC 3339)."""
+    grants = [(c.name, g) for c in alloc.containers for g in c.devices]
     if len(share_ids) != len(grants):
         raise errors.InvalidInputError(f"claim {alloc.pod}: {len(grants)} GPU(s) but {len(share_ids)} share id(s)")
     results = [
@@ -306,7 +347,97 @@ def claim_allocation(alloc: allocation.Allocation, request: str, share_ids: list
             "shareID": share,
             "consumedCapacity": {MILLI: str(grant.milli), MEMORY: f"{grant.memory_mib}Mi"},
         }
-        for grant, share in zip(grants, share_ids, strict=True)
+        for (request, grant), share in zip(grants, share_ids, strict=True)
     ]
     term = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [alloc.node]}]}
     return {"devices": {"results": results}, "nodeSelector": {"nodeSelectorTerms": [term]}, "allocationTimestamp": now}
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRecord:
+    """A ResourceClaim as sharegpu's cache and allocator need it (parsed once per watch event)."""
+
+    key: units.PodKey
+    """`claim_key`: the claim's key in the ledger."""
+    namespace: str
+    name: str
+    uid: str
+    resource_version: str
+    asks: tuple[tuple[str, requests.GpuRequest], ...]
+    """Its requests of sharegpu's class, by request name (what the allocator places)."""
+    problem: str | None
+    """Why sharegpu cannot allocate it (None: it can, or it asks nothing of sharegpu)."""
+    allocation: ClaimAllocation | None
+    reserved: tuple[str, ...]
+    """The UIDs of the pods it is reserved for (`status.reservedFor`)."""
+    finalizers: tuple[str, ...]
+    deleting: bool
+
+    @property
+    def protected(self) -> bool:
+        """It carries `DELETE_PROTECTION` (so the resourceclaim controller frees it when its pods go)."""
+        return DELETE_PROTECTION in self.finalizers
+
+    @property
+    def ours(self) -> bool:
+        """sharegpu allocates it: it asks for sharegpu's class."""
+        return bool(self.asks) or self.problem is not None
+
+    @property
+    def allocated(self) -> bool:
+        return self.allocation is not None
+
+    def holds_ours(self) -> bool:
+        """Its allocation holds devices of sharegpu's driver (whoever allocated it)."""
+        return self.allocation is not None and any(r.driver == DRIVER for r in self.allocation.devices.results)
+
+    def pod_request(self, cpu_milli: int, memory_mib: int) -> requests.PodRequest:
+        """What placing it asks: its requests as the containers of one request keyed by the claim, with
+        the host CPU and memory of the pod that uses it (checked, not held: the pod holds them once
+        bound). InvalidRequestError for requests that cannot go together (whole and fractional)."""
+        containers = tuple(requests.ContainerRequest(name, gpu) for name, gpu in self.asks)
+        return requests.PodRequest(self.key, containers, cpu_milli=cpu_milli, memory_mib=memory_mib)
+
+
+def claim_record(claim: ResourceClaim, previous: ClaimRecord | None = None) -> ClaimRecord:
+    meta = claim.metadata
+    key = claim_key(meta.namespace, meta.name)
+    asks: list[tuple[str, requests.GpuRequest]] = []
+    problem = None
+    others = []
+    try:
+        for request in claim.spec.devices.requests:
+            found = gpu_request(request)
+            if found is not None:
+                asks.append((request.name, found))
+            else:
+                others.append(request.name)
+        if asks and others:
+            raise errors.InvalidRequestError(
+                f"its requests {others} are not of class {CLASS}: sharegpu allocates only claims whose every "
+                f"request is of its class (give the other devices a claim of their own)"
+            )
+        if asks and claim.spec.devices.constraints:
+            raise errors.InvalidRequestError(f"constraints between requests are not supported for class {CLASS}")
+        if asks:
+            _check_together(key, asks)
+    except errors.InvalidInputError as exc:
+        problem = f"claim {meta.namespace}/{meta.name}: {exc}"
+    return ClaimRecord(
+        key=key,
+        namespace=meta.namespace,
+        name=meta.name,
+        uid=meta.uid,
+        resource_version=meta.resource_version,
+        asks=tuple(asks) if problem is None else (),
+        problem=problem,
+        allocation=claim.status.allocation,
+        reserved=tuple(c.uid for c in claim.status.reserved_for),
+        finalizers=tuple(meta.finalizers),
+        deleting=meta.deletion_timestamp is not None,
+    )
+
+
+def _check_together(key: units.PodKey, asks: list[tuple[str, requests.GpuRequest]]) -> None:
+    """InvalidRequestError when the requests cannot be placed together."""
+    requests.PodRequest(key, tuple(requests.ContainerRequest(name, gpu) for name, gpu in asks))

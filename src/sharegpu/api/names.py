@@ -78,6 +78,11 @@ DEMOTED: Final = f"{DOMAIN}/demoted"
 SYSTEM_ONLY_ANNOTATIONS: Final = (ALLOCATION, GPU_UUID, HANDOFF)
 """Set by sharegpu only; the webhook refuses them from anyone else."""
 
+# ----------------------------------------------------------------- scheduling gates
+DRA_GATE: Final = f"{DOMAIN}/dra-allocation"
+"""The scheduling gate a pod whose GPUs come from DRA claims waits behind until sharegpu's allocator
+has allocated them (and lifts it). kube-scheduler does not look at a gated pod."""
+
 # ----------------------------------------------------------------- labels
 LABEL_ROLE: Final = f"{DOMAIN}/role"
 ROLE_RESERVATION: Final = "reservation"

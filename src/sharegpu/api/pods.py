@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Final
 
-from sharegpu.api import names, quantity, wire
+from sharegpu.api import constraints, names, quantity, wire
 from sharegpu.core import allocation, devices, errors, requests, units
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
@@ -236,6 +236,20 @@ class Slot:
 
 
 @dataclass(frozen=True, slots=True)
+class ClaimRef:
+    """One of a pod's `spec.resourceClaims`: its name in the pod and the ResourceClaim's ("" while a
+    template's claim has not been made yet)."""
+
+    name: str
+    claim: str
+
+
+def claim_refs(pod: wire.Pod) -> tuple[ClaimRef, ...]:
+    made = {s.name: s.resource_claim_name or "" for s in pod.status.resource_claim_statuses}
+    return tuple(ClaimRef(c.name, c.resource_claim_name or made.get(c.name, "")) for c in pod.spec.resource_claims)
+
+
+@dataclass(frozen=True, slots=True)
 class Record:
     """One pod as the extender and the controllers need it; built once per watch event by `record`."""
 
@@ -271,6 +285,13 @@ class Record:
     """Its priority (0 when none is set): a pod may preempt only pods of a lower one."""
     preempts: bool = True
     """Its preemption policy lets it preempt others (not `Never`)."""
+    claims: tuple[ClaimRef, ...] = ()
+    """Its `spec.resourceClaims` (DRA), each with the claim it names or that was made for it."""
+    gated: bool = False
+    """It waits behind sharegpu's scheduling gate (`names.DRA_GATE`)."""
+    terms: constraints.PodTerms | None = None
+    """Its own constraints on nodes: kept for pods with claims only (the DRA allocator picks their
+    node before kube-scheduler does)."""
 
     @property
     def terminal(self) -> bool:
@@ -353,6 +374,9 @@ def record(pod: wire.Pod, previous: Record | None = None) -> Record:
         owned=any(ref.controller for ref in meta.owner_references),
         priority=pod.spec.priority or 0,
         preempts=pod.spec.preemption_policy != NEVER,
+        claims=claim_refs(pod) if pod.spec.resource_claims else (),
+        gated=any(g.name == names.DRA_GATE for g in pod.spec.scheduling_gates),
+        terms=constraints.PodTerms.of(pod.spec) if pod.spec.resource_claims else None,
     )
 
 

@@ -219,6 +219,25 @@ class TopologySpreadConstraint(Message, kw_only=True, frozen=True):
     when_unsatisfiable: str = ""
 
 
+class PodResourceClaim(Message, kw_only=True, frozen=True):
+    """One entry of `spec.resourceClaims`: a claim by name, or one made from a template per pod."""
+
+    name: str = ""
+    resource_claim_name: str | None = None
+    resource_claim_template_name: str | None = None
+
+
+class PodResourceClaimStatus(Message, kw_only=True, frozen=True):
+    """The claim kube-controller-manager made for a template entry (`status.resourceClaimStatuses`)."""
+
+    name: str = ""
+    resource_claim_name: str | None = None
+
+
+class SchedulingGate(Message, kw_only=True, frozen=True):
+    name: str = ""
+
+
 class PodSpec(Message, kw_only=True, frozen=True):
     node_name: str = ""
     scheduler_name: str = ""
@@ -236,6 +255,8 @@ class PodSpec(Message, kw_only=True, frozen=True):
     resources: ResourceRequirements | None = None
     """Pod-level CPU and memory (Kubernetes 1.34+, beta and on by default): they replace the
     containers' total in scheduling."""
+    resource_claims: list[PodResourceClaim] = []
+    scheduling_gates: list[SchedulingGate] = []
 
 
 class PodCondition(Message, kw_only=True, frozen=True):
@@ -259,6 +280,7 @@ class PodStatus(Message, kw_only=True, frozen=True):
     conditions: list[PodCondition] = []
     container_statuses: list[ContainerStatus] = []
     init_container_statuses: list[ContainerStatus] = []
+    resource_claim_statuses: list[PodResourceClaimStatus] = []
 
 
 class Pod(Message, kw_only=True, frozen=True):

@@ -107,6 +107,13 @@ class ClusterCache:
         self.reservations: dict[units.PodKey, pods.Record] = {}
         self.claims: dict[units.PodKey, allocation.Allocation] = {}
         """DRA claims of sharegpu's driver that hold GPUs (`api.dra.claim_key` -> what they hold)."""
+        self.claim_records: dict[units.PodKey, dra.ClaimRecord] = {}
+        """Claims of sharegpu's class or holding its devices, as the API shows them."""
+        self.claims_assumed: dict[units.PodKey, allocation.Allocation] = {}
+        """Claims the DRA allocator has decided and is writing (or wrote), until the watch shows them
+        allocated: an event from before the write, showing the claim unallocated, does not free them."""
+        self.claiming: set[units.PodKey] = set()
+        """Pods with `spec.resourceClaims` that are not bound yet (nor finished, nor being deleted)."""
         self.handoff_pods: set[units.PodKey] = set()
         """Pods that name a hand-off ConfigMap (the only ones the hand-off reconciler looks at)."""
         self.pending: set[units.PodKey] = set()
@@ -124,12 +131,17 @@ class ClusterCache:
         self._placer: placer.Placer | None = None
         self._overrides: dict[str, Placer] = {}
         self._names: lookup.NameIndex | None = None
+        self._dra_nodes: frozenset[str] = frozenset()
+        self.dra_rows: fleet.BoolArray = np.zeros(0, dtype=np.bool_)
+        """Fleet rows of nodes that serve DRA claims only (the allocator's); `pod_rows` the others."""
+        self.pod_rows: fleet.BoolArray = np.zeros(0, dtype=np.bool_)
 
     # ----------------------------------------------------------------- the fleet, rebuilt on demand
 
     def _inventory(self) -> list[devices.NodeInventory]:
         out = []
         ignored = []
+        dra_nodes: set[str] = set()
         for name, device in sorted(self.devices.items()):
             node = self.nodes.get(name)
             if node is None or not node.schedulable:
@@ -139,7 +151,7 @@ class ClusterCache:
                 log.error("ignoring node %s: %s", name, device.problem)
                 continue
             if device.dra:
-                continue  # its GPUs go to DRA claims: one path per node
+                dra_nodes.add(name)  # its GPUs go to DRA claims only: one path per node
             try:
                 out.append(
                     devices.NodeInventory(
@@ -156,12 +168,15 @@ class ClusterCache:
                 ignored.append(name)
                 log.error("ignoring node %s: %s", name, exc)
         self.counters.ignored_nodes = ignored
+        self._dra_nodes = frozenset(dra_nodes)
         return out
 
     def rebuild(self) -> None:
         """New fleet arrays from the inventory, then every bound pod and assumed decision re-applied."""
         state = fleet.FleetState(self._inventory())
         self._state = state
+        self.dra_rows = np.array([n in self._dra_nodes for n in state.names], dtype=np.bool_)
+        self.pod_rows = ~self.dra_rows
         self._ledger = core_ledger.Ledger(state, clock=self.clock)
         self._placer = placer.Placer(
             state, policies.make(self.policy_name, self._shapes()), priority=stable_priority(state.names)
@@ -189,6 +204,9 @@ class ClusterCache:
             self._account(record)
         for alloc in self.claims.values():
             self._add_claim(self._ledger, alloc)
+        for key, alloc in list(self.claims_assumed.items()):
+            if key not in self._ledger and not self._ledger.assume(alloc).ok:
+                log.warning("claim %s being allocated no longer fits after the inventory changed", key)
         for node, gpus in self.holds.values():
             self._hold(state, node, gpus, +1)
         for key, alloc in list(self.assumed.items()):
@@ -250,7 +268,8 @@ class ClusterCache:
         state = self.state
         if self._names is None:
             others = [n for n in self.nodes if n not in state.row_of]
-            self._names = lookup.NameIndex([*state.names, *others], [*range(len(state.names)), *(-1 for _ in others)])
+            rows = [-1 if dra else r for r, dra in enumerate(self.dra_rows.tolist())]  # DRA-only: not for pods
+            self._names = lookup.NameIndex([*state.names, *others], [*rows, *(-1 for _ in others)])
         return self._names
 
     # ----------------------------------------------------------------- informer handlers
@@ -289,6 +308,7 @@ class ClusterCache:
             self.pods.pop(key, None)
             self.handoff_pods.discard(key)
             self.pending.discard(key)
+            self.claiming.discard(key)
             if key in self.assumed:
                 self.forget(key)
             elif not self._dirty and self._ledger is not None and key in self._ledger:
@@ -298,35 +318,74 @@ class ClusterCache:
         self.pods[key] = record
         if record.handoff:
             self.handoff_pods.add(key)
-        if record.gpu and not record.node and not record.terminal and not record.deleting:
+        waiting = not record.node and not record.terminal and not record.deleting
+        if record.gpu and waiting:
             self.pending.add(key)
         else:
             self.pending.discard(key)
+        if record.claims and waiting:
+            self.claiming.add(key)
+        else:
+            self.claiming.discard(key)
         if not self._dirty:
             self._account(record)
 
-    def on_claim(self, kind: wire.EventType, claim: dra.ResourceClaim) -> None:
-        """A DRA claim of sharegpu's driver, whoever allocated it, held in the one ledger beside the
-        pods: no GPU is given twice, or past its capacity, across the two paths (a claim that does
-        not fit is counted all the same and blocks its GPU, as a bound pod would)."""
-        key = dra.claim_key(claim.metadata.namespace, claim.metadata.name)
+    def on_claim(self, kind: wire.EventType, record: dra.ClaimRecord) -> None:
+        """A DRA claim, as the watch shows it. One of sharegpu's class is kept for the allocator; one
+        holding the driver's GPUs, whoever allocated it, is held in the one ledger beside the pods: no
+        GPU is given twice, or past its capacity, across the two paths (a claim that does not fit is
+        counted all the same and blocks its GPU, as a bound pod would). A claim the allocator is
+        writing stays held while the watch still shows it unallocated."""
+        key = record.key
         alloc = None
-        if kind != wire.EventType.DELETED:
+        if kind == wire.EventType.DELETED:
+            self.claim_records.pop(key, None)
+        else:
+            if record.ours or record.holds_ours():
+                self.claim_records[key] = record
+            else:
+                self.claim_records.pop(key, None)
             try:
-                alloc = dra.held(claim, self._memory_of())
+                alloc = dra.held(record, self._memory_of())
             except errors.InvalidInputError as exc:
                 self.counters.invalid += 1
                 log.error("claim %s is not counted: %s", key, exc)
         old = self.claims.pop(key, None)
         if alloc is not None:
             self.claims[key] = alloc
+        writing = key in self.claims_assumed
+        if kind == wire.EventType.DELETED and writing:
+            self.forget_claim(key)
+            writing = False
+        if alloc is not None and writing:
+            del self.claims_assumed[key]  # the watch shows it: the ledger's entry becomes the API's
+        elif alloc is None and writing:
+            return  # shown from before the write landed: held as decided
         if old == alloc or self._dirty or self._ledger is None:
+            if alloc is not None and not self._dirty and self._ledger is not None and key not in self._ledger:
+                self._add_claim(self._ledger, alloc)
             return
         if old is not None and key in self._ledger:
             self._ledger.remove(key)
             self.freed_at = self.clock()
         if alloc is not None:
             self._add_claim(self._ledger, alloc)
+
+    def assume_claim(self, alloc: allocation.Allocation) -> bool:
+        """Hold a claim the allocator decided, before it writes it (the next decision sees it)."""
+        if not self.ledger.assume(alloc).ok:
+            return False
+        self.claims_assumed[alloc.pod] = alloc
+        return True
+
+    def forget_claim(self, key: units.PodKey) -> bool:
+        """Undo `assume_claim` (its write failed, or can no longer land): True if there was one."""
+        if self.claims_assumed.pop(key, None) is None:
+            return False
+        if not self._dirty and self._ledger is not None:
+            self._ledger.forget(key)
+        self.freed_at = self.clock()
+        return True
 
     def _add_claim(self, ledger: core_ledger.Ledger, alloc: allocation.Allocation) -> None:
         if ledger.state.row(alloc.node) is None:

@@ -91,6 +91,13 @@ class Metrics:
             ["action"],
             registry=r,
         )
+        self.claims = prometheus_client.Counter(
+            "sharegpu_extender_dra_claims",
+            "What the DRA allocator did with claims of sharegpu's class, by outcome (allocated, ungated, "
+            "cleared; refused, unknown: a write refused, or whose answer was lost)",
+            ["outcome"],
+            registry=r,
+        )
         self.expired = prometheus_client.Counter(
             "sharegpu_extender_assumptions_expired",
             "Assumed placements forgotten because no binding followed",

@@ -181,7 +181,7 @@ class Extender:
         if await self._dra_served():
             self.informers.append(
                 informer.Informer(
-                    self.api, dra.CLAIMS, dra.ResourceClaim, informer.identity, self._changed(self.cache.on_claim),
+                    self.api, dra.CLAIMS, dra.ResourceClaim, dra.claim_record, self._changed(self.cache.on_claim),
                     name="resourceclaims",
                 )
             )  # fmt: skip

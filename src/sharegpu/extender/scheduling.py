@@ -231,6 +231,9 @@ class SchedulingService:
         if looked is None:
             row_of = state.row_of
             looked = np.array([row_of.get(n, -1) for n in api_extender.decode_names(text)], dtype=np.int64)
+            dra_only = self.cache.dra_rows
+            if dra_only.any():  # nodes that serve DRA claims only are no candidates for a pod
+                looked[(looked >= 0) & dra_only[np.maximum(looked, 0)]] = -1
         made = Candidates.of(text, looked)
         self._lists.insert(0, _Seen(state, made))
         del self._lists[CANDIDATE_LISTS:]
@@ -341,7 +344,10 @@ class SchedulingService:
         count = int(evaluation.feasible.sum())
         if not count:
             return None
-        feasible = evaluation.feasible.copy()
+        feasible = evaluation.feasible & self.cache.pod_rows  # a copy; nodes that serve DRA claims only are out
+        count = int(feasible.sum())
+        if not count:
+            return None
         trying = evaluation.with_feasible(feasible)
         for _ in range(min(QUICK_TRIES, count)):
             decision = placer.choose(demand, trying)

@@ -1,0 +1,394 @@
+"""The DRA allocator: sharegpu places the ResourceClaims of its DeviceClass, as it places pods.
+
+kube-scheduler's own DRA allocator never allocates a claim of sharegpu's class: the class's selector
+matches no device for it (`api.dra.CLASS_SELECTOR`). It honours an allocation written for it
+(checking only its node selector), and it sees nothing of a pod that still waits behind the
+scheduling gate `names.DRA_GATE` (the webhook adds it). So this reconciler, on the Lease holder
+only, is the one writer of those allocations. Each pass, for every pod that is not bound and uses
+claims of the class, oldest first:
+
+- **Waits** for the claims a template makes (kube-controller-manager names them in the pod's
+  status); a claim sharegpu cannot allocate (CEL selectors, several classes, allocationMode All...)
+  keeps the pod gated, with a Warning event `ClaimNotAllocated` that says why.
+- **Places** each unallocated claim with the configured policy (the same `Placer` the extender
+  uses, over the nodes that serve DRA claims only: `ClusterCache.dra_rows`), among the nodes the
+  pod's node selector, required node affinity and tolerations admit and whose CPU and memory it
+  fits. Claims of one pod go to one node. The decision is held in the one ledger at once
+  (`ClusterCache.assume_claim`), so the next decision sees it, before anything is written.
+- **Writes** the allocation: the finalizer `resource.kubernetes.io/delete-protection` first (so the
+  resourceclaim controller frees the claim when its pod goes), then `status.allocation` with its
+  `allocationTimestamp`, each conditional on the claim's resourceVersion: a claim that changed
+  meanwhile (409) is forgotten and placed again from what the watch shows next. A write whose answer
+  was lost keeps its hold until a read settles it: allocated (held until the watch shows it), or
+  not and no longer able to land (its resourceVersion has moved on: forgotten).
+- **Lifts the gate** once every claim of the class is allocated (written or shown).
+
+Then the takeovers and leftovers:
+
+- **kube-scheduler's PostFilter** clears the allocation of a claim nobody reserved when the pod fits
+  no node (for something sharegpu does not model: pod affinity, ports...). The ledger frees it when
+  the watch shows it cleared, and the node it was on is avoided for that pod (`avoid`) from then on,
+  all nodes again once none is left.
+- **A claim left allocated** (of the class, unreserved, that no pod waiting to be bound uses) for
+  `orphan_after` seconds has its allocation cleared, conditionally on its resourceVersion.
+
+A new leader waits `fence` seconds before its first write: by then every write the previous leader
+had sent has landed or failed, and the watch shows it, so no two leaders' decisions meet on one GPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from sharegpu.api import dra, events, names, paths, pods, reasons, wire
+from sharegpu.core import allocation, errors, fit, units
+from sharegpu.extender import cache as extender_cache
+from sharegpu.extender import metrics as extender_metrics
+from sharegpu.kube import client, reconcile
+from sharegpu.kube import errors as kube_errors
+from sharegpu.kube import events as kube_events
+
+log = logging.getLogger(__name__)
+
+FENCE = 20.0
+"""Seconds a new leader waits before it writes (more than a lease's duration past its renew deadline)."""
+SETTLE = 5.0
+"""Seconds after a write whose answer was lost before it is read back."""
+ORPHAN_AFTER = 30.0
+"""Seconds a claim of the class stays allocated with no pod using or waiting for it before it is cleared."""
+
+
+@dataclass(frozen=True, slots=True)
+class Unsure:
+    """A write whose answer was lost: the claim's resourceVersion it was conditional on, and when."""
+
+    resource_version: str
+    at: float
+
+
+class ClaimAllocator:
+    def __init__(
+        self,
+        cache: extender_cache.ClusterCache,
+        api: client.KubeApi,
+        recorder: kube_events.Recorder,
+        metrics: extender_metrics.Metrics,
+        *,
+        is_leader: Callable[[], bool] = lambda: True,
+        fence: float = FENCE,
+        settle: float = SETTLE,
+        orphan_after: float = ORPHAN_AFTER,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.cache = cache
+        self.api = api
+        self.recorder = recorder
+        self.metrics = metrics
+        self.is_leader = is_leader
+        self.fence = fence
+        self.settle = settle
+        self.orphan_after = orphan_after
+        self.clock = clock
+        self.term_started: float | None = None
+        """When this replica's current term as leader began (None: not leading)."""
+        self.written: set[units.PodKey] = set()
+        """Claims whose allocation was written, until the watch shows them allocated."""
+        self.unsure: dict[units.PodKey, Unsure] = {}
+        self.avoid: dict[str, set[str]] = {}
+        """Pod UID -> nodes kube-scheduler turned it away from (its claims' allocation there was cleared)."""
+        self.placed_on: dict[units.PodKey, tuple[str, str]] = {}
+        """Claim -> (pod UID, node) of the last allocation written for it, to learn from a takeover."""
+        self.unused_since: dict[units.PodKey, float] = {}
+        """Allocated claims of the class that no pod uses or waits for -> since when."""
+        self.said: set[tuple[str, str]] = set()
+        """(pod UID, message) of the events recorded."""
+        self.loop = reconcile.Loop("dra-allocator", self.reconcile)
+
+    def wake(self) -> None:
+        self.loop.wake()
+
+    async def run(self, tick: float = 1.0, pace: float = 0.05) -> None:
+        try:
+            await self.loop.run(tick, pace)
+        finally:
+            self.term_started = None
+
+    # ----------------------------------------------------------------- the pass
+
+    async def reconcile(self) -> None:
+        now = self.clock()
+        if self.term_started is None:
+            self.term_started = now
+            log.info("DRA allocator: leading; first write in %.0f s (the previous leader's writes settle)", self.fence)
+        self._learn()
+        if now - self.term_started < self.fence:
+            return
+        await self._settle()
+        for key in sorted(self.cache.claiming, key=self._age):
+            record = self.cache.record(key)
+            if record is not None and not record.node and self.is_leader():
+                await self._serve(record)
+        await self._clear_unused()
+
+    def _age(self, key: units.PodKey) -> tuple[str, str]:
+        record = self.cache.record(key)
+        return (record.created if record is not None else "", key)
+
+    def _learn(self) -> None:
+        """Claims the watch now shows allocated are done; a claim this allocator placed that the watch
+        shows unallocated again was taken back by kube-scheduler: its pod avoids that node."""
+        for key in list(self.written):
+            shown = self.cache.claim_records.get(key)
+            if shown is None or shown.allocated:
+                self.written.discard(key)
+        for key, (uid, node) in list(self.placed_on.items()):
+            shown = self.cache.claim_records.get(key)
+            if shown is None:
+                del self.placed_on[key]
+            elif not shown.allocated and key not in self.written and key not in self.cache.claims_assumed:
+                del self.placed_on[key]
+                self.avoid.setdefault(uid, set()).add(node)
+                log.info("claim %s: kube-scheduler cleared its allocation on %s; its pod avoids that node", key, node)
+
+    # ----------------------------------------------------------------- one pod
+
+    def _claims_of(self, record: pods.Record) -> list[dra.ClaimRecord] | None:
+        """The pod's claims of the class; None while a template's claim is not made yet."""
+        namespace = record.key.split("/", 1)[0]
+        found = []
+        for ref in record.claims:
+            if not ref.claim:
+                return None
+            claim = self.cache.claim_records.get(dra.claim_key(namespace, ref.claim))
+            if claim is not None and claim.ours:
+                found.append(claim)
+        return found
+
+    async def _serve(self, record: pods.Record) -> None:
+        claims = self._claims_of(record)
+        if claims is None:
+            return
+        problems = [c.problem for c in claims if c.problem is not None]
+        if problems:
+            await self._say(record, "; ".join(problems))
+            return
+        done = [c for c in claims if c.allocated or c.key in self.cache.claims_assumed]
+        todo = [c for c in claims if c not in done]
+        nodes = {self._node_of(c) for c in done} - {None}
+        for claim in todo:
+            if len(nodes) > 1:
+                await self._say(record, f"its claims are allocated on several nodes: {sorted(n for n in nodes if n)}")
+                return
+            placed = self._place(record, claim, next(iter(nodes)) if nodes else None)
+            if isinstance(placed, str):
+                await self._say(record, placed)
+                return
+            if not await self._write(record, claim, placed):
+                return
+            nodes.add(placed.node)
+        if any(c.key in self.unsure for c in claims):
+            return  # not known to be allocated: the gate stays until it is
+        if record.gated:
+            await self._lift(record)
+
+    def _node_of(self, claim: dra.ClaimRecord) -> str | None:
+        held = self.cache.claims.get(claim.key) or self.cache.claims_assumed.get(claim.key)
+        return held.node if held is not None else None
+
+    def _rows(self, record: pods.Record, node: str | None) -> tuple[np.ndarray, int]:
+        """Candidate rows for the pod's claims (nodes serving DRA claims that the pod's own constraints
+        admit, not avoided), and how many DRA nodes its constraints turned away."""
+        cache = self.cache
+        state = cache.state
+        rows = np.flatnonzero(cache.dra_rows)
+        if node is not None:
+            row = state.row(node)
+            return (np.array([row], dtype=np.int64) if row is not None else np.empty(0, np.int64)), 0
+        terms = record.terms
+        avoided = self.avoid.get(record.uid, set())
+        kept = []
+        for row in rows.tolist():
+            name = state.names[row]
+            facts = cache.nodes.get(name)
+            if terms is not None and facts is not None and facts.terms is not None and not terms.allows(facts.terms):
+                continue
+            if name in avoided:
+                continue
+            kept.append(row)
+        if not kept and avoided:
+            self.avoid.pop(record.uid, None)  # every node tried: all of them again
+            return self._rows(record, None)
+        return np.array(kept, dtype=np.int64), len(rows) - len(kept)
+
+    def _place(self, record: pods.Record, claim: dra.ClaimRecord, node: str | None) -> allocation.Allocation | str:
+        """The claim's allocation, held in the ledger; or why it fits nowhere."""
+        cache = self.cache
+        try:
+            request = claim.pod_request(record.cpu_milli, record.memory_mib)
+        except errors.InvalidInputError as exc:
+            return f"claim {claim.namespace}/{claim.name}: {exc}"
+        rows, turned_away = self._rows(record, node)
+        if not len(rows):
+            if node is not None:
+                where = f"claim {claim.namespace}/{claim.name}"
+                return f"{where} must join its pod's other claims on {node}, which serves no DRA claims"
+            dra_nodes = int(cache.dra_rows.sum())
+            if not dra_nodes:
+                return "no node serves sharegpu's DRA claims (agents with --dra publish them)"
+            return (
+                f"none of the {dra_nodes} node(s) serving DRA claims admits the pod (node selector, affinity, taints)"
+            )
+        placer = cache.placer
+        decision = placer.decide(request.demand, rows)
+        if not decision.status.ok:
+            diagnosis = fit.diagnose(cache.state, request.demand, rows)
+            failed = reasons.failures([cache.state.names[r] for r in rows.tolist()], diagnosis, request.demand)
+            text = failed.message(len(rows))
+            if turned_away:
+                text += f" ({turned_away} more turned away by the pod's node constraints)"
+            return f"claim {claim.namespace}/{claim.name}: {text}"
+        placed = placer.allocation_for(request, decision)
+        # The pod holds its CPU and memory itself once bound: the claim holds only its GPU shares.
+        placed = dataclasses.replace(placed, cpu_milli=0, memory_mib=0)
+        if not cache.assume_claim(placed):
+            return f"claim {claim.namespace}/{claim.name}: the decision did not fit the ledger"
+        return placed
+
+    # ----------------------------------------------------------------- writes
+
+    async def _write(self, record: pods.Record, claim: dra.ClaimRecord, placed: allocation.Allocation) -> bool:
+        """Write the claim's allocation; True when it is written (or may have been)."""
+        path = dra.claim_path(claim.namespace, claim.name)
+        version = claim.resource_version
+        grants = sum(len(c.devices) for c in placed.containers)
+        status = dra.claim_allocation(placed, [str(uuid.uuid4()) for _ in range(grants)], wire.timestamp(time.time()))
+        try:
+            if not claim.protected and self.is_leader():
+                finalizers = [*claim.finalizers, dra.DELETE_PROTECTION]
+                patched = await self.api.patch(
+                    path, {"metadata": {"resourceVersion": version, "finalizers": finalizers}}
+                )
+                version = patched["metadata"]["resourceVersion"]
+            if not self.is_leader():  # the Lease was lost meanwhile: the next leader decides
+                self.cache.forget_claim(claim.key)
+                return False
+            body = {"metadata": {"resourceVersion": version}, "status": {"allocation": status}}
+            await self.api.patch(f"{path}/status", body)
+        except errors.SharegpuError as exc:
+            outcome = kube_errors.outcome(exc)
+            self.metrics.claims.labels(outcome.value).inc()
+            if outcome is kube_errors.Outcome.UNKNOWN:
+                self.unsure[claim.key] = Unsure(version, self.clock())
+                log.warning("claim %s: the answer to writing its allocation was lost; read back in %.0f s",
+                            claim.key, self.settle)  # fmt: skip
+                return True
+            self.cache.forget_claim(claim.key)
+            if not isinstance(exc, kube_errors.ConflictError | kube_errors.NotFoundError):
+                log.warning("claim %s: writing its allocation failed: %s", claim.key, exc)
+            return False
+        self.metrics.claims.labels("allocated").inc()
+        self.written.add(claim.key)
+        self.placed_on[claim.key] = (record.uid, placed.node)
+        log.info("claim %s allocated on %s GPU(s) %s for pod %s", claim.key, placed.node,
+                 sorted(placed.gpu_usage()), record.key)  # fmt: skip
+        return True
+
+    async def _lift(self, record: pods.Record) -> None:
+        namespace, name = record.key.split("/", 1)
+        try:
+            pod = await self.api.get(paths.pod(namespace, name))
+            gates = [g.get("name") for g in pod.get("spec", {}).get("schedulingGates") or []]
+            if pod["metadata"].get("uid") != record.uid or names.DRA_GATE not in gates:
+                return
+            index = gates.index(names.DRA_GATE)
+            patch = [
+                {"op": "test", "path": "/metadata/uid", "value": record.uid},
+                {"op": "test", "path": f"/spec/schedulingGates/{index}/name", "value": names.DRA_GATE},
+                {"op": "remove", "path": f"/spec/schedulingGates/{index}"},
+            ]
+            await self.api.patch(paths.pod(namespace, name), patch, client.JSON_PATCH)
+        except errors.SharegpuError as exc:
+            log.warning("pod %s: lifting its gate failed (tried again next pass): %s", record.key, exc)
+            return
+        self.metrics.claims.labels("ungated").inc()
+        log.info("pod %s: its claims are allocated; gate %s lifted", record.key, names.DRA_GATE)
+
+    async def _say(self, record: pods.Record, message: str) -> None:
+        if (record.uid, message) in self.said:
+            return
+        namespace, name = record.key.split("/", 1)
+        decision = "dra|" + hashlib.blake2b(message.encode(), digest_size=6).hexdigest()
+        try:
+            await self.recorder.record(
+                events.pod(namespace, name, record.uid), "ClaimNotAllocated", f"sharegpu: {message}",
+                decision=decision, kind="Warning",
+            )  # fmt: skip
+        except errors.SharegpuError as exc:
+            log.warning("event on %s: %s", record.key, exc)
+            return
+        self.said.add((record.uid, message))
+        log.info("pod %s: its claims are not allocated: %s", record.key, message)
+
+    # ----------------------------------------------------------------- settling and clearing
+
+    async def _settle(self) -> None:
+        """Read back writes whose answer was lost, `settle` seconds on."""
+        now = self.clock()
+        for key, unsure in list(self.unsure.items()):
+            if now - unsure.at < self.settle:
+                continue
+            namespace, name = key.removesuffix(dra.CLAIM_KEY_SUFFIX).split("/", 1)
+            try:
+                found: dict[str, Any] | None = await self.api.get(dra.claim_path(namespace, name))
+            except kube_errors.NotFoundError:
+                found = None
+            except errors.SharegpuError as exc:
+                log.warning("claim %s: cannot read back its allocation: %s", key, exc)
+                continue
+            del self.unsure[key]
+            if found is not None and (found.get("status") or {}).get("allocation"):
+                self.written.add(key)  # it landed: held until the watch shows it
+                self.metrics.unknown.labels("claim-allocation", "done").inc()
+                continue
+            if found is not None and found["metadata"].get("resourceVersion") == unsure.resource_version:
+                self.unsure[key] = Unsure(unsure.resource_version, now)  # not landed, and still could: wait
+                continue
+            self.cache.forget_claim(key)  # not landed, and it no longer can (the claim moved on, or went)
+            self.metrics.unknown.labels("claim-allocation", "not-done").inc()
+
+    async def _clear_unused(self) -> None:
+        """Clear allocations of the class that no pod uses or waits for (`orphan_after` seconds)."""
+        now = self.clock()
+        waiting: set[units.PodKey] = set()
+        for key in self.cache.claiming:
+            record = self.cache.record(key)
+            if record is None:
+                continue
+            namespace = key.split("/", 1)[0]
+            waiting.update(dra.claim_key(namespace, ref.claim) for ref in record.claims if ref.claim)
+        for key, claim in self.cache.claim_records.items():
+            unused = claim.ours and claim.allocated and not claim.reserved and key not in waiting
+            if not unused or key in self.cache.claims_assumed:
+                self.unused_since.pop(key, None)
+                continue
+            since = self.unused_since.setdefault(key, now)
+            if now - since < self.orphan_after or not self.is_leader():
+                continue
+            body = {"metadata": {"resourceVersion": claim.resource_version}, "status": {"allocation": None}}
+            try:
+                await self.api.patch(f"{dra.claim_path(claim.namespace, claim.name)}/status", body)
+            except errors.SharegpuError as exc:
+                log.warning("claim %s: clearing its unused allocation failed: %s", key, exc)
+                continue
+            self.unused_since.pop(key, None)
+            self.metrics.claims.labels("cleared").inc()
+            log.warning("claim %s: allocated for %.0f s with no pod using or waiting for it; cleared", key, now - since)
