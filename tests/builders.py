@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Self
 
 from sharegpu.api import devices as api_devices
-from sharegpu.api import names, wire
+from sharegpu.api import dra, names, wire
 from sharegpu.core import allocation, devices, requests, units
 
 Json = dict[str, Any]
@@ -205,8 +205,44 @@ class MakePod(_Builder):
         self._status.update(fields)
         return self
 
+    def claim(self, claim: str, name: str = "gpu", *, container: int = 0) -> Self:
+        """Use the ResourceClaim `claim` (as `spec.resourceClaims[name]`, in the `container`th container)."""
+        self._spec.setdefault("resourceClaims", []).append({"name": name, "resourceClaimName": claim})
+        resources = self._spec["containers"][container].setdefault("resources", {})
+        resources.setdefault("claims", []).append({"name": name})
+        return self
+
+    def gate(self, gate: str = names.DRA_GATE) -> Self:
+        self._spec.setdefault("schedulingGates", []).append({"name": gate})
+        return self
+
     def wire(self) -> wire.Pod:
         return wire.convert(self._obj, wire.Pod)
+
+
+class MakeClaim(_Builder):
+    """A ResourceClaim (resource.k8s.io/v1) with requests of sharegpu's class (or another)."""
+
+    def __init__(self, name: str = "c", namespace: str | None = "ns") -> None:
+        super().__init__("resource.k8s.io/v1", "ResourceClaim", name, namespace)
+        self._obj["spec"] = {"devices": {"requests": []}}
+
+    def ask(
+        self,
+        milli: int | None = None,
+        memory: str | None = None,
+        *,
+        count: int = 1,
+        request: str = "gpu",
+        device_class: str = dra.CLASS,
+        **exactly: Any,
+    ) -> Self:
+        capacity = {k: v for k, v in ((dra.MILLI, None if milli is None else str(milli)), (dra.MEMORY, memory)) if v}
+        body: Json = {"deviceClassName": device_class, "count": count, **exactly}
+        if capacity:
+            body["capacity"] = {"requests": capacity}
+        self._obj["spec"]["devices"]["requests"].append({"name": request, "exactly": body})
+        return self
 
 
 class MakeNode(_Builder):
@@ -239,6 +275,12 @@ class MakeDevice:
     def __init__(self, node: str = "n0") -> None:
         self.node = node
         self.inventory: devices.NodeInventory | None = None
+        self._dra = False
+
+    def dra(self, serves: bool = True) -> Self:
+        """The node serves DRA claims only (its agent runs with --dra)."""
+        self._dra = serves
+        return self
 
     def gpus(self, count: int, model: str = "T4", memory: int = 16384, *, cpu: int = 1, host_memory: int = 1) -> Self:
         self.inventory = devices.uniform_node(
@@ -254,7 +296,10 @@ class MakeDevice:
                 "metadata": {"name": self.node},
                 "spec": {"gpus": []},
             }
-        return wire.encode(api_devices.device(self.inventory))
+        made = wire.encode(api_devices.device(self.inventory))
+        if self._dra:
+            made["spec"]["dra"] = True
+        return made
 
     def wire(self) -> wire.Device:
         return wire.convert(self.obj(), wire.Device)

@@ -23,12 +23,15 @@ START = 1000.0
 """Where the extender's clock starts (a builders.Clock in the test's hands)."""
 
 
-def add_node(server: fake.FakeApiServer, name: str, gpus: int = 2, model: str = "T4", memory: int = 16384) -> None:
-    """A ready node in zone a with its Device: `gpus` GPUs of `model` with `memory` MiB each."""
-    node = builders.MakeNode(name).labels({"zone": "a"}).ready()
+def add_node(
+    server: fake.FakeApiServer, name: str, gpus: int = 2, model: str = "T4", memory: int = 16384, *, dra: bool = False
+) -> None:
+    """A ready node in zone a with its Device: `gpus` GPUs of `model` with `memory` MiB each (`dra`:
+    the node serves DRA claims only)."""
+    node = builders.MakeNode(name).labels({"zone": "a", "kubernetes.io/hostname": name}).ready()
     node.allocatable({"cpu": "32", "memory": "128Gi", names.NVIDIA_GPU: str(gpus)})
     server.put_object(paths.NODES, node.obj())
-    server.put_object(paths.DEVICES, builders.MakeDevice(name).gpus(gpus, model, memory).obj())
+    server.put_object(paths.DEVICES, builders.MakeDevice(name).gpus(gpus, model, memory).dra(dra).obj())
 
 
 def gpu_pod(
@@ -94,10 +97,16 @@ class Harness:
 async def harness() -> AsyncIterator[Callable[..., Any]]:
     started: list[runtime.Extender] = []
 
-    async def make(nodes: int = 2, gpus: int = 2, model: str = "T4", **options: Any) -> Harness:
-        server = fake.FakeApiServer()
+    async def make(nodes: int = 2, gpus: int = 2, model: str = "T4", *, dra: int = 0, **options: Any) -> Harness:
+        """`nodes` nodes n0.. for pods, and `dra` nodes d0.. serving DRA claims (resource.k8s.io/v1
+        then served, and the DRA allocator running with no fence)."""
+        server = fake.FakeApiServer(served=frozenset({"resource.k8s.io/v1"}) if dra else frozenset())
         for i in range(nodes):
             add_node(server, f"n{i}", gpus, model)
+        for i in range(dra):
+            add_node(server, f"d{i}", gpus, model, dra=True)
+        if dra:
+            options.setdefault("dra_fence", 0.0)
         server.put_object(paths.NAMESPACES, {"metadata": {"name": names.SYSTEM_NAMESPACE}})
         clock = builders.Clock(START)
         extender = runtime.Extender(

@@ -20,7 +20,8 @@ claims of the class, oldest first:
   `allocationTimestamp`, each conditional on the claim's resourceVersion: a claim that changed
   meanwhile (409) is forgotten and placed again from what the watch shows next. A write whose answer
   was lost keeps its hold until a read settles it: allocated (held until the watch shows it), or
-  not and no longer able to land (its resourceVersion has moved on: forgotten).
+  not and no longer able to land (its resourceVersion has moved on, or `WRITE_DEADLINE` passed:
+  forgotten).
 - **Lifts the gate** once every claim of the class is allocated (written or shown).
 
 Then the takeovers and leftovers:
@@ -63,6 +64,9 @@ FENCE = 20.0
 """Seconds a new leader waits before it writes (more than a lease's duration past its renew deadline)."""
 SETTLE = 5.0
 """Seconds after a write whose answer was lost before it is read back."""
+WRITE_DEADLINE = 60.0
+"""Seconds after which a write the API server never answered can no longer land (kube-apiserver's
+default --request-timeout)."""
 ORPHAN_AFTER = 30.0
 """Seconds a claim of the class stays allocated with no pod using or waiting for it before it is cleared."""
 
@@ -73,6 +77,9 @@ class Unsure:
 
     resource_version: str
     at: float
+    """When it was last looked at."""
+    sent: float
+    """When the write was sent."""
 
 
 class ClaimAllocator:
@@ -287,7 +294,7 @@ class ClaimAllocator:
             outcome = kube_errors.outcome(exc)
             self.metrics.claims.labels(outcome.value).inc()
             if outcome is kube_errors.Outcome.UNKNOWN:
-                self.unsure[claim.key] = Unsure(version, self.clock())
+                self.unsure[claim.key] = Unsure(version, self.clock(), self.clock())
                 log.warning("claim %s: the answer to writing its allocation was lost; read back in %.0f s",
                             claim.key, self.settle)  # fmt: skip
                 return True
@@ -359,8 +366,9 @@ class ClaimAllocator:
                 self.written.add(key)  # it landed: held until the watch shows it
                 self.metrics.unknown.labels("claim-allocation", "done").inc()
                 continue
-            if found is not None and found["metadata"].get("resourceVersion") == unsure.resource_version:
-                self.unsure[key] = Unsure(unsure.resource_version, now)  # not landed, and still could: wait
+            unchanged = found is not None and found["metadata"].get("resourceVersion") == unsure.resource_version
+            if unchanged and now - unsure.sent < WRITE_DEADLINE:
+                self.unsure[key] = Unsure(unsure.resource_version, now, unsure.sent)  # it still could land: wait
                 continue
             self.cache.forget_claim(key)  # not landed, and it no longer can (the claim moved on, or went)
             self.metrics.unknown.labels("claim-allocation", "not-done").inc()

@@ -27,6 +27,7 @@ from aiohttp import web
 from sharegpu.api import dra, names, paths, pods, wire
 from sharegpu.api import quotas as api_quotas
 from sharegpu.core import frag, policies
+from sharegpu.extender import allocator as extender_allocator
 from sharegpu.extender import cache as extender_cache
 from sharegpu.extender import handoff as extender_handoff
 from sharegpu.extender import metrics as extender_metrics
@@ -66,6 +67,8 @@ class Options:
     """Seconds a reconciler rests after a pass, so that a burst of changes costs one pass."""
     preemption: bool = True
     """A GPU pod that fits nowhere preempts lower-priority GPU pods (`extender.preemption`)."""
+    dra_fence: float = extender_allocator.FENCE
+    """Seconds a new leader's DRA allocator waits before its first write (`extender.allocator`)."""
 
 
 class Extender:
@@ -80,6 +83,7 @@ class Extender:
         self.metrics.report(lambda: extender_metrics.view(self.cache, self.quota) if self.startup else None)
         identity = options.identity or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(2)}"
         recorder = kube_events.Recorder(api, "sharegpu-extender", identity, time.time)
+        self.recorder = recorder
         self.preemptor = (
             preemption.Preemptor(self.cache, api, recorder, self.metrics, clock=clock) if options.preemption else None
         )
@@ -93,6 +97,8 @@ class Extender:
         )
         self.handoffs = extender_handoff.HandoffReconciler(self.cache, self.reservations.holder, api, self.metrics)
         self.overcommit = extender_overcommit.OvercommitReconciler(self.cache, api, recorder, self.metrics, clock=clock)
+        self.allocator: extender_allocator.ClaimAllocator | None = None
+        """The DRA allocator, where resource.k8s.io/v1 is served (set by `start`)."""
         self.elector: leader.LeaderElector | leader.Solo = (
             leader.LeaderElector(
                 api,
@@ -149,6 +155,8 @@ class Extender:
             self.reservations.wake()
             self.handoffs.wake()
             self.overcommit.wake()
+            if self.allocator is not None:
+                self.allocator.wake()
             if self.preemptor is not None and self.preemptor.nominations:
                 self.preemptor.wake()
 
@@ -179,6 +187,10 @@ class Extender:
         """Start the informers and wait for their first lists; then everything else."""
         started = self.clock()
         if await self._dra_served():
+            self.allocator = extender_allocator.ClaimAllocator(
+                self.cache, self.api, self.recorder, self.metrics,
+                is_leader=lambda: self.elector.is_leader, fence=self.options.dra_fence, clock=self.clock,
+            )  # fmt: skip
             self.informers.append(
                 informer.Informer(
                     self.api, dra.CLAIMS, dra.ResourceClaim, dra.claim_record, self._changed(self.cache.on_claim),
@@ -197,11 +209,14 @@ class Extender:
         log.info("cache built: lists %.2f s, then %.2f s to build", listed - started, built - listed)
 
         def background() -> list[Awaitable[None]]:
-            return [
+            work: list[Awaitable[None]] = [
                 self.reservations.run(pace=self.options.pace),
                 self.handoffs.run(pace=self.options.pace),
                 self.overcommit.run(pace=self.options.pace),
             ]
+            if self.allocator is not None:
+                work.append(self.allocator.run(pace=min(self.options.pace, 0.05)))
+            return work
 
         self.tasks += [
             asyncio.create_task(self.elector.run(), name="leader-election"),

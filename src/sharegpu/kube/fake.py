@@ -5,8 +5,9 @@ resourceVersion (one counter for everything, as etcd's revision) and creationTim
 increasing, one second apart, so creation order is never a tie); paged lists (limit/continue) with
 label selectors (equality and set-based) and field selectors; watches that replay events after a
 resourceVersion, end after timeoutSeconds with a bookmark, and answer 410 for versions older than
-the last compaction; create (409 AlreadyExists, generateName), get, replace (409 on a stale
-resourceVersion), merge, strategic (treated as merge) and JSON patches, delete with uid and
+the last compaction; discovery of the group versions it is told it serves (`served`); create
+(409 AlreadyExists, generateName), get, replace (409 on a stale resourceVersion), merge, strategic
+(treated as merge) and JSON patches, delete with uid and
 resourceVersion preconditions (409) and a grace period for bound pods (deletionTimestamp and
 deletionGracePeriodSeconds, then gone when deleted again with grace 0 or `finish_deletions()`),
 finalizers holding a deletion, pods/binding (409 when already bound; the binding's annotations land
@@ -91,10 +92,11 @@ _KIND = {
     "pods": "Pod", "nodes": "Node", "configmaps": "ConfigMap", "namespaces": "Namespace", "events": "Event",
     "leases": "Lease", "devices": "Device", "bindings": "Binding", "secrets": "Secret",
     "serviceaccounts": "ServiceAccount", "poddisruptionbudgets": "PodDisruptionBudget",
+    "resourceclaims": "ResourceClaim", "resourceslices": "ResourceSlice",
 }  # fmt: skip
 
 
-_STATUS_SUBRESOURCE = frozenset({"/api/v1|pods", "/api/v1|nodes"})
+_STATUS_SUBRESOURCE = frozenset({"/api/v1|pods", "/api/v1|nodes", "/apis/resource.k8s.io/v1|resourceclaims"})
 """Collections whose status only the status subresource changes."""
 
 
@@ -223,7 +225,12 @@ class _FakeStream:
 class FakeApiServer:
     """See the module docstring."""
 
-    def __init__(self, *, tokens: set[str] | None = None, history: int = 10_000) -> None:
+    def __init__(
+        self, *, tokens: set[str] | None = None, history: int = 10_000, served: frozenset[str] = frozenset()
+    ) -> None:
+        self.served = served
+        """API group versions whose discovery document answers (e.g. "resource.k8s.io/v1"); any other
+        answers 404, as an API server that does not serve it."""
         self.objects: dict[Key, Json] = {}
         self.version = 0
         self.compacted = 0
@@ -419,6 +426,9 @@ class FakeApiServer:
         return collection, namespace, name, sub
 
     def _handle(self, request: transport.Request) -> tuple[int, Json]:
+        group_version = request.path.removeprefix("/apis/")
+        if request.method == "GET" and group_version in self.served:
+            return 200, {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": group_version, "resources": []}
         collection, namespace, name, sub = self._route(request.path)
         body = orjson.loads(request.body) if request.body else None
         method = request.method

@@ -1,0 +1,253 @@
+"""The DRA allocator over the fake API server: claims of sharegpu's class placed by the policy on the
+nodes that serve DRA claims, written with the finalizer and the timestamp, the gate lifted; never
+beyond a GPU's capacity, whatever the write answers (409, lost answers); kube-scheduler's takeover
+and unused allocations handled; a claim it cannot allocate said so."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from sharegpu.api import dra, names, paths, quantity, wire
+from sharegpu.core import units
+from tests import builders
+from tests.extender.conftest import Harness, gpu_pod, settle
+
+Json = dict[str, Any]
+CLAIMS = "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims"
+
+
+async def claimed(h: Harness, name: str, milli: int, memory: str = "1Gi", *, gated: bool = True, **pod: Any) -> None:
+    """A claim `name` asking `milli` and `memory` of one GPU, and a pod `name` using it."""
+    h.server.put_object(CLAIMS, builders.MakeClaim(name).ask(milli, memory).obj())
+    made = builders.MakePod(name, "ns").container().claim(name)
+    if gated:
+        made.gate()
+    for key, value in pod.items():
+        made.spec(**{key: value})
+    h.server.put_object(paths.pods("ns"), made.obj())
+    await settle(h.server)
+
+
+def claim(h: Harness, name: str) -> Json:
+    found = h.server.get_object(f"{CLAIMS}/{name}")
+    assert found is not None
+    return found
+
+
+def results(h: Harness, name: str) -> list[Json]:
+    allocation = (claim(h, name).get("status") or {}).get("allocation") or {}
+    found: list[Json] = allocation.get("devices", {}).get("results", [])
+    return found
+
+
+def gates(h: Harness, name: str) -> list[str]:
+    pod = h.server.get_object(paths.pod("ns", name))
+    assert pod is not None
+    return [g["name"] for g in pod["spec"].get("schedulingGates") or []]
+
+
+def used(h: Harness) -> dict[tuple[str, str], int]:
+    """milli-GPU the API server shows allocated, per (node, device)."""
+    out: dict[tuple[str, str], int] = {}
+    for found in h.server.list_objects(CLAIMS):
+        for r in ((found.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results", []):
+            where = (r["pool"], r["device"])
+            out[where] = out.get(where, 0) + int(quantity.parse(r["consumedCapacity"][dra.MILLI]))
+    return out
+
+
+async def run(h: Harness) -> None:
+    allocator = h.extender.allocator
+    assert allocator is not None
+    await allocator.reconcile()
+    await settle(h.server)
+
+
+async def test_a_gated_pod_s_claim_is_allocated_on_a_dra_node_and_its_gate_lifted(harness: Callable[..., Any]) -> None:
+    h: Harness = await harness(nodes=1, dra=1)
+    await claimed(h, "a", 300, "4Gi")
+    await run(h)
+    (result,) = results(h, "a")
+    assert (result["driver"], result["pool"], result["request"]) == (dra.DRIVER, "d0", "gpu"), "never the pod node n0"
+    assert {k: quantity.parse(v) for k, v in result["consumedCapacity"].items()} == {
+        "milli": 300,
+        "memory": quantity.parse("4Gi"),
+    }
+    assert result["shareID"]
+    written = claim(h, "a")
+    assert dra.DELETE_PROTECTION in written["metadata"]["finalizers"]
+    assert written["status"]["allocation"]["allocationTimestamp"]
+    assert written["status"]["allocation"]["nodeSelector"]["nodeSelectorTerms"][0]["matchFields"][0]["values"] == ["d0"]
+    assert gates(h, "a") == []
+    key = dra.claim_key("ns", "a")
+    entry = h.extender.cache.ledger.get(key)
+    assert entry is not None and entry.phase.value == "Added", "the watch confirmed it"
+    assert not h.extender.cache.claims_assumed
+
+
+async def test_claims_share_a_gpu_up_to_its_capacity_and_never_beyond(harness: Callable[..., Any]) -> None:
+    h: Harness = await harness(nodes=0, gpus=1, dra=1)
+    for name in ("a", "b", "c"):
+        await claimed(h, name, 400)
+    await run(h)
+    assert used(h) == {("d0", "gpu-0"): 800}
+    assert [bool(results(h, n)) for n in ("a", "b", "c")] == [True, True, False]
+    assert gates(h, "c") == [names.DRA_GATE], "still gated: nothing allocated"
+    events = [e for e in h.server.list_objects(paths.events("ns")) if e["reason"] == "ClaimNotAllocated"]
+    assert len(events) == 1 and events[0]["involvedObject"]["name"] == "c"
+    assert "no GPU with 400 milli-GPU free (largest free: 200)" in events[0]["message"], events[0]["message"]
+    await run(h)
+    assert len([e for e in h.server.list_objects(paths.events("ns")) if e["reason"] == "ClaimNotAllocated"]) == 1
+
+    h.server.remove_object(f"{CLAIMS}/a")  # its pod went, and the resourceclaim controller with it
+    await settle(h.server)
+    await run(h)
+    assert used(h) == {("d0", "gpu-0"): 800} and results(h, "c"), "the freed share went to c"
+
+
+async def test_the_default_policy_packs_claims_as_it_packs_pods(harness: Callable[..., Any]) -> None:
+    h: Harness = await harness(nodes=0, gpus=2, dra=2)
+    for name, milli in (("a", 600), ("b", 300), ("c", 600), ("d", 100)):
+        await claimed(h, name, milli)
+        await run(h)
+    placed = {n: (results(h, n)[0]["pool"], results(h, n)[0]["device"]) for n in ("a", "b", "c", "d")}
+    # The same sequence through the placement core: what the simulator would pick.
+    assert all(v <= 1000 for v in used(h).values())
+    shared = {(pool, device) for pool, device in placed.values()}
+    assert len(shared) == 2, f"packed onto two GPUs, not spread: {placed}"
+
+
+async def test_a_conflicting_write_is_forgotten_and_placed_again(harness: Callable[..., Any]) -> None:
+    h: Harness = await harness(nodes=0, gpus=1, dra=1)
+    h.server.fail(409, method="PATCH", path=f"{CLAIMS}/a/status")
+    await claimed(h, "a", 500)
+    await run(h)
+    await run(h)
+    writes = [r for r in h.server.requests if r == ("PATCH", f"{CLAIMS}/a/status")]
+    assert len(writes) == 2 and not h.server.faults, "refused once, then written"
+    assert used(h) == {("d0", "gpu-0"): 500} and gates(h, "a") == []
+    assert int(h.extender.cache.state.milli_free[0, 0]) == 500, "the refused decision's hold was let go"
+
+
+async def test_a_lost_answer_keeps_the_hold_until_read_back(harness: Callable[..., Any]) -> None:
+    h: Harness = await harness(nodes=0, gpus=1, dra=1)
+    allocator = h.extender.allocator
+    assert allocator is not None
+    h.server.lose(method="PATCH", path=f"{CLAIMS}/a/status", after_commit=True)
+    await claimed(h, "a", 700)
+    await run(h)
+    key = dra.claim_key("ns", "a")
+    assert key in allocator.unsure and results(h, "a"), "it landed; the answer did not"
+    assert gates(h, "a") == [names.DRA_GATE], "not known to be allocated: still gated"
+    await claimed(h, "b", 700)
+    await run(h)
+    assert not results(h, "b"), "a's hold counts while its outcome is unknown"
+    h.clock.advance(10)
+    await run(h)
+    assert key not in allocator.unsure and gates(h, "a") == []
+    assert used(h) == {("d0", "gpu-0"): 700}
+
+
+async def test_a_lost_request_is_forgotten_once_it_can_no_longer_land(harness: Callable[..., Any]) -> None:
+    h: Harness = await harness(nodes=0, gpus=1, dra=1)
+    allocator = h.extender.allocator
+    assert allocator is not None
+    h.server.lose(method="PATCH", path=f"{CLAIMS}/a/status", after_commit=False)
+    await claimed(h, "a", 700)
+    await run(h)
+    key = dra.claim_key("ns", "a")
+    assert key in allocator.unsure and not results(h, "a")
+    h.clock.advance(10)
+    await run(h)
+    assert key in allocator.unsure, "unchanged and within the deadline: it could still land"
+    assert key in h.extender.cache.claims_assumed
+    h.clock.advance(61)
+    await run(h)
+    assert key not in allocator.unsure
+    await run(h)
+    assert results(h, "a") and used(h) == {("d0", "gpu-0"): 700}, "placed again, once"
+
+
+async def test_an_event_from_before_the_write_does_not_free_the_hold(harness: Callable[..., Any]) -> None:
+    h: Harness = await harness(nodes=0, gpus=1, dra=1)
+    cache = h.extender.cache
+    await claimed(h, "a", 600)
+    record = cache.claim_records[dra.claim_key("ns", "a")]
+    await run(h)
+    assert results(h, "a")
+    cache.on_claim(wire.EventType.MODIFIED, record)  # a stale event: the claim as it was before
+    assert int(cache.state.milli_free[0, 0]) == 400, "still held"
+
+
+async def test_a_claim_kube_scheduler_took_back_is_placed_again_elsewhere(harness: Callable[..., Any]) -> None:
+    h: Harness = await harness(nodes=0, gpus=1, dra=2)
+    await claimed(h, "a", 500)
+    await run(h)
+    first = results(h, "a")[0]["pool"]
+    found = claim(h, "a")
+    found["status"] = {}  # PostFilter: the pod fits no node with it there
+    await h.api.replace(f"{CLAIMS}/a/status", found)
+    await settle(h.server)
+    await run(h)
+    (again,) = results(h, "a")
+    assert again["pool"] != first, "the node kube-scheduler turned it away from is avoided"
+    assert int(h.extender.cache.state.milli_free.sum()) == 1500, "the old share freed, the new one held"
+
+
+async def test_an_allocation_no_pod_uses_or_waits_for_is_cleared(harness: Callable[..., Any]) -> None:
+    h: Harness = await harness(nodes=0, gpus=1, dra=1)
+    await claimed(h, "a", 500)
+    await run(h)
+    h.server.remove_object(paths.pod("ns", "a"))  # a claim by name outlives its pod
+    await settle(h.server)
+    await run(h)
+    assert results(h, "a"), "not at once"
+    h.clock.advance(31)
+    await run(h)
+    assert not results(h, "a") and int(h.extender.cache.state.milli_free[0, 0]) == 1000
+
+
+async def test_a_claim_sharegpu_cannot_allocate_keeps_its_pod_gated_and_says_why(harness: Callable[..., Any]) -> None:
+    h: Harness = await harness(nodes=0, dra=1)
+    body = builders.MakeClaim("sel").ask(300, "1Gi", selectors=[{"cel": {"expression": "true"}}]).obj()
+    h.server.put_object(CLAIMS, body)
+    h.server.put_object(paths.pods("ns"), builders.MakePod("sel", "ns").container().claim("sel").gate().obj())
+    await settle(h.server)
+    await run(h)
+    assert not results(h, "sel") and gates(h, "sel") == [names.DRA_GATE]
+    (event,) = [e for e in h.server.list_objects(paths.events("ns")) if e["reason"] == "ClaimNotAllocated"]
+    assert "CEL selectors are not supported" in event["message"]
+
+
+async def test_a_pod_s_node_selector_and_taints_choose_among_the_dra_nodes(harness: Callable[..., Any]) -> None:
+    h: Harness = await harness(nodes=0, dra=2)
+    await claimed(h, "a", 300, nodeSelector={"kubernetes.io/hostname": "d1"})
+    await run(h)
+    assert results(h, "a")[0]["pool"] == "d1"
+    await claimed(h, "b", 300, nodeSelector={"kubernetes.io/hostname": "nowhere"})
+    await run(h)
+    (event,) = [e for e in h.server.list_objects(paths.events("ns")) if e["reason"] == "ClaimNotAllocated"]
+    assert "none of the 2 node(s) serving DRA claims admits the pod" in event["message"]
+
+
+async def test_a_pod_is_never_placed_on_a_node_that_serves_dra_claims(harness: Callable[..., Any]) -> None:
+    h: Harness = await harness(nodes=1, gpus=1, dra=1)
+    made = await h.create(gpu_pod("p", milli=300))
+    verdict = h.extender.scheduling.filter(h.args(made, ["n0", "d0"]))
+    assert verdict.node_names == ["n0"]
+    h.extender.cache.assumed.clear()
+    big = await h.create(gpu_pod("big", milli=None, count=2))
+    verdict = h.extender.scheduling.filter(h.args(big, ["n0", "d0"]))
+    assert verdict.node_names == [] and "serves DRA claims only" in verdict.failed_nodes["d0"]
+
+
+async def test_a_new_leader_writes_nothing_before_its_fence(harness: Callable[..., Any]) -> None:
+    h: Harness = await harness(nodes=0, dra=1, dra_fence=20.0)
+    await claimed(h, "a", 300)
+    await run(h)
+    assert not results(h, "a")
+    h.clock.advance(21)
+    await run(h)
+    assert results(h, "a")
+    assert units.PodKey("ns/a") not in h.extender.cache.claiming or gates(h, "a") == []
