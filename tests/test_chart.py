@@ -331,6 +331,6 @@ def test_the_dra_device_class_is_rendered_only_where_dra_is_on_and_served() -> N
     served = ("--kube-version", "1.37.2", "--api-versions", "resource.k8s.io/v1/DeviceClass")
     [made] = classes(*served, "--set", "agent.dra=true")
     assert made["apiVersion"] == "resource.k8s.io/v1" and made["metadata"]["name"] == dra.DRIVER
-    assert made["spec"]["selectors"] == [{"cel": {"expression": f'device.driver == "{dra.DRIVER}"'}}]
+    assert made["spec"]["selectors"] == [{"cel": {"expression": dra.CLASS_SELECTOR}}], "one definition, chart and code"
     assert classes(*served) == [], "off unless agent.dra"
     assert classes("--kube-version", "1.32.2", "--set", "agent.dra=true") == [], "not served on 1.32"

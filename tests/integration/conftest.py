@@ -115,6 +115,7 @@ async def nodes(harness: fakecluster.FakeCluster, namespace: str) -> Callable[..
         cpu: int = 32000,
         nvlink_all: bool = False,
         isolation: frozenset[devices.Isolation] = frozenset({devices.Isolation.HAMI_CORE}),
+        dra: bool = False,
     ) -> list[str]:
         """Nodes offer HAMi-core unless told otherwise (their hand-offs then carry its limits)."""
         made = []
@@ -130,7 +131,7 @@ async def nodes(harness: fakecluster.FakeCluster, namespace: str) -> Callable[..
                 nvlink_all=nvlink_all,
             )
             made.append(dataclasses.replace(inventory, isolation=isolation))
-        await harness.add_nodes(made)
+        await harness.add_nodes(made, dra=dra)
         await asyncio.gather(
             *(
                 harness.kube.patch(f"/api/v1/nodes/{n.name}", {"metadata": {"labels": {"sharegpu.io/test": namespace}}})

@@ -16,6 +16,7 @@ from typing import Any
 
 from sharegpu.agent import reserve
 from sharegpu.api import devices as api_devices
+from sharegpu.api import dra as dra_api
 from sharegpu.api import names, paths, pods, quantity, wire
 from sharegpu.core import devices, errors
 from sharegpu.kube import client, informer
@@ -45,9 +46,12 @@ class FakeCluster:
 
     # ----------------------------------------------------------------- nodes
 
-    async def add_node(self, node: devices.NodeInventory, pods_per_node: int = 250, *, publish: bool = True) -> None:
+    async def add_node(
+        self, node: devices.NodeInventory, pods_per_node: int = 250, *, publish: bool = True, dra: bool = False
+    ) -> None:
         """A Ready node with the inventory's CPU, memory and GPUs; its Device written here unless
-        `publish` is False (then the node's agent writes it)."""
+        `publish` is False (then the node's agent writes it); with `dra`, as an agent run with --dra
+        writes them: the Device says the node serves DRA claims only, and its ResourceSlice is published."""
         body = {
             "apiVersion": "v1",
             "kind": "Node",
@@ -57,10 +61,11 @@ class FakeCluster:
             },
         }
         try:
-            await self.kube.create(paths.NODES, body)
+            made = await self.kube.create(paths.NODES, body)
         except kube_errors.ConflictError as exc:
             if not exc.already_exists:
                 raise
+            made = await self.kube.get(paths.node(node.name))
         capacity = {
             "cpu": f"{node.cpu_milli}m",
             "memory": f"{node.memory_mib}Mi",
@@ -76,13 +81,18 @@ class FakeCluster:
         # No node controller runs to lift the not-ready taint the API server added at creation.
         await self.kube.patch(paths.node(node.name), {"spec": {"taints": None}})
         if publish:
-            await self.publish(node)
+            await self.publish(node, dra=dra)
+        if publish and dra:
+            spec = api_devices.device(node).spec
+            await self.kube.create(dra_api.SLICES, dra_api.resource_slice(node.name, made["metadata"]["uid"], spec))
         self.inventory[node.name] = node
         self.held.setdefault(node.name, {})
 
-    async def publish(self, node: devices.NodeInventory) -> None:
+    async def publish(self, node: devices.NodeInventory, *, dra: bool = False) -> None:
         """Create or replace the node's Device resource (what the node agent does)."""
         device = wire.encode(api_devices.device(node))
+        if dra:
+            device["spec"]["dra"] = True
         try:
             await self.kube.create(paths.DEVICES, device)
         except kube_errors.ConflictError as exc:
@@ -92,12 +102,14 @@ class FakeCluster:
             device["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
             await self.kube.replace(paths.device(node.name), device)
 
-    async def add_nodes(self, nodes: list[devices.NodeInventory], parallel: int = 16, *, publish: bool = True) -> None:
+    async def add_nodes(
+        self, nodes: list[devices.NodeInventory], parallel: int = 16, *, publish: bool = True, dra: bool = False
+    ) -> None:
         limit = asyncio.Semaphore(parallel)
 
         async def one(node: devices.NodeInventory) -> None:
             async with limit:
-                await self.add_node(node, publish=publish)
+                await self.add_node(node, publish=publish, dra=dra)
 
         await asyncio.gather(*(one(n) for n in nodes))
 

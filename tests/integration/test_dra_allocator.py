@@ -1,0 +1,155 @@
+"""sharegpu's DRA allocator on the real control plane (Kubernetes 1.37): the extender process
+allocates the claims of its DeviceClass (made by kube-controller-manager from a template), lifts the
+pods' scheduling gate, and kube-scheduler's real DRA plugin honours the allocations and binds the pods.
+The nodes are DRA nodes as an agent with --dra leaves them (Device `spec.dra`, and a ResourceSlice).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+from sharegpu.api import dra, names, paths, quantity
+from sharegpu.core import devices, fleet, placer, policies, requests, units
+from sharegpu.core import ledger as core_ledger
+from sharegpu.devcluster import controlplane
+from sharegpu.devcluster.stack import ExtenderProcess
+from sharegpu.extender import cache as extender_cache
+from sharegpu.kube import client
+from sharegpu.kube import errors as kube_errors
+from tests import builders
+from tests.integration.conftest import Json, events, wait_for
+
+API = f"/apis/{dra.API_VERSION}"
+
+
+def claims_path(namespace: str) -> str:
+    return f"{API}/namespaces/{namespace}/resourceclaims"
+
+
+@pytest.fixture
+async def device_class(admin: client.KubeClient, control_plane: controlplane.ControlPlane) -> str:
+    """sharegpu's DeviceClass as the chart renders it (kept: other tests may use it too)."""
+    if tuple(int(p) for p in control_plane.version.split(".")[:2]) < (1, 36):
+        pytest.skip("consumable capacity is on by default from Kubernetes 1.36")
+    body = {"apiVersion": dra.API_VERSION, "kind": "DeviceClass", "metadata": {"name": dra.CLASS},
+            "spec": {"selectors": [{"cel": {"expression": dra.CLASS_SELECTOR}}]}}  # fmt: skip
+    try:
+        await admin.create(f"{API}/deviceclasses", body)
+    except kube_errors.ConflictError as exc:
+        if not exc.already_exists:
+            raise
+    return dra.CLASS
+
+
+async def template(admin: client.KubeClient, namespace: str, name: str, milli: int, memory: str) -> None:
+    request = {"name": "gpu", "exactly": {"deviceClassName": dra.CLASS,
+               "capacity": {"requests": {dra.MILLI: str(milli), dra.MEMORY: memory}}}}  # fmt: skip
+    body = {"apiVersion": dra.API_VERSION, "kind": "ResourceClaimTemplate", "metadata": {"name": name},
+            "spec": {"spec": {"devices": {"requests": [request]}}}}  # fmt: skip
+    await admin.create(f"{API}/namespaces/{namespace}/resourceclaimtemplates", body)
+
+
+def dra_pod(name: str, namespace: str, template_name: str) -> Json:
+    """A pod for sharegpu's scheduler profile, gated, its GPU a claim made from `template_name`."""
+    made = builders.MakePod(name, namespace).scheduler().node_selector({"sharegpu.io/test": namespace}).grace(0)
+    made.container(image="busybox", requests={"cpu": "100m"}).gate()
+    body = made.obj()
+    body["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": template_name}]
+    body["spec"]["containers"][0]["resources"]["claims"] = [{"name": "gpu"}]
+    return body
+
+
+async def claim_of(admin: client.KubeClient, namespace: str, pod: str) -> Json | None:
+    found = await admin.get(paths.pod(namespace, pod))
+    statuses = (found.get("status") or {}).get("resourceClaimStatuses") or []
+    if not statuses or not statuses[0].get("resourceClaimName"):
+        return None
+    claim: Json = await admin.get(f"{claims_path(namespace)}/{statuses[0]['resourceClaimName']}")
+    return claim
+
+
+def where(claim: Json) -> list[tuple[str, str, int]]:
+    results = ((claim.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results") or []
+    return [(r["pool"], r["device"], int(quantity.parse(r["consumedCapacity"][dra.MILLI]))) for r in results]
+
+
+async def node_of(admin: client.KubeClient, namespace: str, pod: str) -> str | None:
+    found: str | None = (await admin.get(paths.pod(namespace, pod)))["spec"].get("nodeName")
+    return found
+
+
+def simulated(nodes: list[str], asks: list[int]) -> list[tuple[str, int]]:
+    """Where the placement core, alone, puts the same sequence of shares on the same nodes (one T4
+    each) with the extender's default policy, shapes and tie-break order: (node, GPU index) per ask."""
+    state = fleet.FleetState([devices.uniform_node(n, gpu_count=1, model="T4", gpu_memory_mib=16384,
+                                                   cpu_milli=32000, memory_mib=256 * 1024) for n in nodes])  # fmt: skip
+    chooser = placer.Placer(
+        state,
+        policies.make(policies.DEFAULT, extender_cache.DEFAULT_SHAPES),
+        priority=extender_cache.stable_priority(state.names),
+    )
+    ledger = core_ledger.Ledger(state)
+    out = []
+    for i, milli in enumerate(asks):
+        gpu = requests.GpuRequest(milli=milli, memory_mib=4096)
+        pod = requests.PodRequest(units.PodKey(f"ns/p{i}"), (requests.ContainerRequest("gpu", gpu),), cpu_milli=100)
+        decision = chooser.place(ledger, pod, np.arange(len(nodes)))
+        assert decision.node is not None
+        out.append((str(decision.node), decision.gpus[0]))
+    return out
+
+
+async def test_sharegpu_allocates_its_class_s_claims_and_kube_scheduler_binds_the_pods(
+    admin: client.KubeClient,
+    extender: ExtenderProcess,
+    nodes: Callable[..., Any],
+    namespace: str,
+    device_class: str,
+) -> None:
+    dra_nodes = await nodes(2, gpus=1, dra=True)
+    await template(admin, namespace, "share", 400, "4Gi")
+    names_ = [f"p{i}" for i in range(5)]
+    for name in names_:  # one at a time: the allocator serves them oldest first
+        await admin.create(paths.pods(namespace), dra_pod(name, namespace, "share"))
+        await wait_for(functools.partial(claim_of, admin, namespace, name), what=f"the claim of {name} made")
+
+    async def four_bound() -> list[str] | None:
+        bound = [n for n in names_ if await node_of(admin, namespace, n)]
+        return bound if len(bound) == 4 else None
+
+    bound = await wait_for(four_bound, timeout=90, what="four of five pods bound")
+    (left,) = set(names_) - set(bound)
+    shares: dict[tuple[str, str], int] = {}
+    for name in bound:
+        claim = await claim_of(admin, namespace, name)
+        assert claim is not None
+        ((pool, device, milli),) = where(claim)
+        assert pool in dra_nodes and await node_of(admin, namespace, name) == pool, "bound where its claim is"
+        assert claim["status"]["reservedFor"][0]["name"] == name, "reserved by kube-scheduler"
+        assert dra.DELETE_PROTECTION in claim["metadata"]["finalizers"]
+        shares[(pool, device)] = shares.get((pool, device), 0) + milli
+    assert shares == {(n, "gpu-0"): 800 for n in dra_nodes}, "each GPU shared by two, never beyond its 1000"
+    pod = await admin.get(paths.pod(namespace, left))
+    assert [g["name"] for g in pod["spec"]["schedulingGates"]] == [names.DRA_GATE], "the fifth waits, gated"
+    said = [e for e in await events(admin, namespace, "ClaimNotAllocated") if e["involvedObject"]["name"] == left]
+    assert said and "no GPU with 400 milli-GPU free (largest free: 200)" in said[0]["message"], said
+
+    first_four = [n for n in names_ if n != left]
+    placed = []
+    for name in first_four:
+        claim = await claim_of(admin, namespace, name)
+        assert claim is not None
+        placed.append((where(claim)[0][0], 0))
+    assert placed == simulated(dra_nodes, [400] * 4), "the allocations are the placement core's choices"
+
+    await admin.delete(paths.pod(namespace, bound[0]), grace_period=0)
+    assert await wait_for(
+        lambda: node_of(admin, namespace, left), timeout=90, what="the fifth pod bound once room appeared"
+    )
+    claim = await claim_of(admin, namespace, left)
+    assert claim is not None and where(claim)[0][2] == 400
