@@ -153,3 +153,34 @@ async def test_sharegpu_allocates_its_class_s_claims_and_kube_scheduler_binds_th
     )
     claim = await claim_of(admin, namespace, left)
     assert claim is not None and where(claim)[0][2] == 400
+
+
+async def test_a_claim_kube_scheduler_takes_back_is_allocated_again_where_the_pod_fits(
+    admin: client.KubeClient,
+    extender: ExtenderProcess,
+    nodes: Callable[..., Any],
+    namespace: str,
+    device_class: str,
+) -> None:
+    """The takeover: sharegpu packs the pod's claim next to a share already on node X, but the pod
+    cannot run there for something sharegpu does not model (a host port another pod holds). kube-
+    scheduler finds it fits no node, its PostFilter clears the unreserved allocation, and sharegpu
+    allocates the claim again, on the other node, where the pod is bound."""
+    dra_nodes = await nodes(2, gpus=1, dra=True)
+    await template(admin, namespace, "share", 300, "1Gi")
+    await admin.create(paths.pods(namespace), dra_pod("seed", namespace, "share"))
+    busy = await wait_for(functools.partial(node_of, admin, namespace, "seed"), timeout=60, what="seed bound")
+    (other,) = set(dra_nodes) - {busy}
+    port = {"containerPort": 9000, "hostPort": 9000}
+    holder = builders.MakePod("holder", namespace).node(busy).grace(0).container(image="busybox").obj()
+    holder["spec"]["containers"][0]["ports"] = [port]
+    await admin.create(paths.pods(namespace), holder)
+    moved = dra_pod("moved", namespace, "share")
+    moved["spec"]["containers"][0]["ports"] = [port]
+    await admin.create(paths.pods(namespace), moved)
+    node = await wait_for(functools.partial(node_of, admin, namespace, "moved"), timeout=90, what="moved bound")
+    assert node == other
+    claim = await claim_of(admin, namespace, "moved")
+    assert claim is not None and where(claim) == [(other, "gpu-0", 300)]
+    failed = [e for e in await events(admin, namespace, "FailedScheduling") if e["involvedObject"]["name"] == "moved"]
+    assert failed, "kube-scheduler first found it fitting no node: the allocation on the packed node was taken back"

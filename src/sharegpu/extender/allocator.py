@@ -152,19 +152,20 @@ class ClaimAllocator:
 
     def _learn(self) -> None:
         """Claims the watch now shows allocated are done; a claim this allocator placed that the watch
-        shows unallocated again was taken back by kube-scheduler: its pod avoids that node."""
+        then showed unallocated again was taken back by kube-scheduler: its pod avoids that node."""
         for key in list(self.written):
             shown = self.cache.claim_records.get(key)
             if shown is None or shown.allocated:
                 self.written.discard(key)
-        for key, (uid, node) in list(self.placed_on.items()):
-            shown = self.cache.claim_records.get(key)
-            if shown is None:
-                del self.placed_on[key]
-            elif not shown.allocated and key not in self.written and key not in self.cache.claims_assumed:
-                del self.placed_on[key]
-                self.avoid.setdefault(uid, set()).add(node)
+        cleared, self.cache.cleared = self.cache.cleared, {}
+        for key, node in cleared.items():
+            self.written.discard(key)
+            placed = self.placed_on.pop(key, None)
+            if placed is not None and placed[1] == node:
+                self.avoid.setdefault(placed[0], set()).add(node)
                 log.info("claim %s: kube-scheduler cleared its allocation on %s; its pod avoids that node", key, node)
+        for key in [k for k in self.placed_on if k not in self.cache.claim_records]:
+            del self.placed_on[key]
 
     # ----------------------------------------------------------------- one pod
 
@@ -276,6 +277,7 @@ class ClaimAllocator:
         """Write the claim's allocation; True when it is written (or may have been)."""
         path = dra.claim_path(claim.namespace, claim.name)
         version = claim.resource_version
+        self.placed_on[claim.key] = (record.uid, placed.node)  # before the write: its takeover may come first
         grants = sum(len(c.devices) for c in placed.containers)
         status = dra.claim_allocation(placed, [str(uuid.uuid4()) for _ in range(grants)], wire.timestamp(time.time()))
         try:
@@ -287,6 +289,7 @@ class ClaimAllocator:
                 version = patched["metadata"]["resourceVersion"]
             if not self.is_leader():  # the Lease was lost meanwhile: the next leader decides
                 self.cache.forget_claim(claim.key)
+                self.placed_on.pop(claim.key, None)
                 return False
             body = {"metadata": {"resourceVersion": version}, "status": {"allocation": status}}
             await self.api.patch(f"{path}/status", body)
@@ -299,12 +302,12 @@ class ClaimAllocator:
                             claim.key, self.settle)  # fmt: skip
                 return True
             self.cache.forget_claim(claim.key)
+            self.placed_on.pop(claim.key, None)
             if not isinstance(exc, kube_errors.ConflictError | kube_errors.NotFoundError):
                 log.warning("claim %s: writing its allocation failed: %s", claim.key, exc)
             return False
         self.metrics.claims.labels("allocated").inc()
         self.written.add(claim.key)
-        self.placed_on[claim.key] = (record.uid, placed.node)
         log.info("claim %s allocated on %s GPU(s) %s for pod %s", claim.key, placed.node,
                  sorted(placed.gpu_usage()), record.key)  # fmt: skip
         return True

@@ -112,6 +112,9 @@ class ClusterCache:
         self.claims_assumed: dict[units.PodKey, allocation.Allocation] = {}
         """Claims the DRA allocator has decided and is writing (or wrote), until the watch shows them
         allocated: an event from before the write, showing the claim unallocated, does not free them."""
+        self.cleared: dict[units.PodKey, str] = {}
+        """Claims the watch showed allocated and then not (kube-scheduler's PostFilter took the
+        allocation back, or it was freed) -> the node they were on; the allocator takes them."""
         self.claiming: set[units.PodKey] = set()
         """Pods with `spec.resourceClaims` that are not bound yet (nor finished, nor being deleted)."""
         self.handoff_pods: set[units.PodKey] = set()
@@ -353,6 +356,8 @@ class ClusterCache:
         old = self.claims.pop(key, None)
         if alloc is not None:
             self.claims[key] = alloc
+        elif old is not None and kind != wire.EventType.DELETED:
+            self.cleared[key] = old.node
         writing = key in self.claims_assumed
         if kind == wire.EventType.DELETED and writing:
             self.forget_claim(key)
