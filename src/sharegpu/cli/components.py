@@ -76,6 +76,13 @@ def extender(
     assume_ttl: Annotated[
         float, typer.Option(help="Seconds before an assumed placement whose binding never shows up is checked.")
     ] = 30.0,
+    dra_fence: Annotated[
+        float,
+        typer.Option(
+            help="Seconds a new Lease holder's DRA allocator waits before its first write (the previous "
+            "holder's writes land or fail meanwhile)."
+        ),
+    ] = 20.0,
     log_level: LogLevelOption = "info",
     log_format: LogFormatOption = "auto",
 ) -> None:
@@ -93,6 +100,8 @@ def extender(
         election.check()
         if reservation_idle < 0 or assume_ttl <= 0:
             raise UsageError("--reservation-idle must be >= 0 and --assume-ttl > 0")
+        if dra_fence < 0:
+            raise UsageError(f"--dra-fence must be >= 0, got {dra_fence:g}")
         for path in (tls_cert, tls_key, client_ca):
             if path is not None and not path.is_file():
                 raise UsageError(f"{path}: no such file")
@@ -102,7 +111,7 @@ def extender(
         narrow=narrow, shapes=shapes, tls_cert=tls_cert, tls_key=tls_key, client_ca=client_ca,
         leader_elect=leader_elect, lease_duration=election.lease_duration, renew_deadline=election.renew_deadline,
         retry_period=election.retry_period, reservation_idle=reservation_idle, assume_ttl=assume_ttl,
-        identity=election.identity, preemption=preemption,
+        identity=election.identity, preemption=preemption, dra_fence=dra_fence,
     )  # fmt: skip
     with reported():
         serve(runtime.serve(options))
