@@ -343,6 +343,7 @@ COMPAT_REFUSED = "Invalid value for '--compat': 'volcano' is not one of 'devices
         (["extender", "--client-ca", "/absent.crt"], "--client-ca needs --tls-cert and --tls-key"),
         (["extender", "--tls-cert", "/a.crt", "--tls-key", "/a.key"], "/a.crt: no such file"),
         (["extender", "--lease-duration", "5", "--renew-deadline", "6"], "leader election needs"),
+        (["extender", "--dra-fence", "-1"], "--dra-fence must be >= 0, got -1"),
         (
             ["extender", "--log-level", "LOUD"],
             "Invalid value for '--log-level': 'LOUD' is not one of 'debug', 'info', 'warning', 'error'.",
