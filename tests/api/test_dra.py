@@ -133,3 +133,34 @@ def test_a_gpu_pods_of_the_extender_path_hold_is_tainted_for_claims() -> None:
     assert first["taints"] == [{"key": dra.HELD, "value": "extender-path", "effect": "NoSchedule"}]
     assert "taints" not in second
     assert [t["key"] for t in third["taints"]] == [dra.UNHEALTHY], "unhealthy and not held"
+
+
+def test_a_template_name_says_its_shape_and_reads_back() -> None:
+    for shape in (dra.Shape(1, 300, 4096), dra.Shape(2, 500, memory_permille=250), dra.Shape(1, 1000)):
+        assert dra.template_shape(shape.name) == shape
+    assert dra.Shape(2, 500, memory_permille=250).name == "sharegpu-2x500m-250pm"
+    for other in ("sharegpu-0x300m-0mi", "sharegpu-1x2000m-0mi", "sharegpu-1x300m-2000pm", "gpu-share", ""):
+        assert dra.template_shape(other) is None, other
+    with pytest.raises(errors.InvalidInputError, match="not a sharegpu claim template name"):
+        dra.template("ns", "gpu-share")
+
+
+def test_a_template_asks_what_its_shape_says_and_reads_back_as_that_request() -> None:
+    for shape, expected in (
+        (dra.Shape(1, 300, 4096), requests.GpuRequest(milli=300, memory_mib=4096)),
+        (dra.Shape(2, 500, memory_permille=250), requests.GpuRequest(count=2, milli=500, memory_permille=250)),
+        (dra.Shape(3, 1000), requests.GpuRequest(count=3)),
+        (dra.Shape(1, 200), requests.GpuRequest(milli=200, memory_mib=1)),
+    ):
+        body = dra.template("ns", shape.name)
+        assert body["metadata"]["namespace"] == "ns"
+        (request,) = body["spec"]["spec"]["devices"]["requests"]
+        parsed = dra.gpu_request(wire.convert(request, dra.DeviceRequest))
+        assert parsed == expected, shape
+
+
+def test_memory_is_asked_in_mib_or_as_a_share_not_both() -> None:
+    both = {"name": "gpu", "exactly": {"deviceClassName": dra.CLASS,
+            "capacity": {"requests": {"memory": "1Gi", "memoryPermille": "100"}}}}  # fmt: skip
+    with pytest.raises(errors.InvalidRequestError, match="memory or memoryPermille, not both"):
+        dra.gpu_request(wire.convert(both, dra.DeviceRequest))

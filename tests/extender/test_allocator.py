@@ -251,3 +251,35 @@ async def test_a_new_leader_writes_nothing_before_its_fence(harness: Callable[..
     await run(h)
     assert results(h, "a")
     assert units.PodKey("ns/a") not in h.extender.cache.claiming or gates(h, "a") == []
+
+
+async def test_the_template_the_webhook_named_is_made_where_missing(harness: Callable[..., Any]) -> None:
+    h: Harness = await harness(nodes=0, dra=1)
+    shape = dra.Shape(1, 500, memory_permille=250)
+    body = builders.MakePod("p", "ns").container().gate().obj()
+    body["spec"]["resourceClaims"] = [{"name": dra.POD_CLAIM, "resourceClaimTemplateName": shape.name}]
+    h.server.put_object(paths.pods("ns"), body)
+    await settle(h.server)
+    await run(h)
+    made = h.server.get_object(dra.template_path("ns", shape.name))
+    assert made is not None and made == {**made, **dra.template("ns", shape.name), "metadata": made["metadata"]}
+    assert gates(h, "p") == [names.DRA_GATE], "no claim yet: still gated"
+    # kube-controller-manager makes the pod's claim from it (played here) and names it in the status
+    claim = builders.MakeClaim("p-sharegpu-gpu-x").obj()
+    claim["spec"] = made["spec"]["spec"]
+    h.server.put_object(CLAIMS, claim)
+    status = {"resourceClaimStatuses": [{"name": dra.POD_CLAIM, "resourceClaimName": "p-sharegpu-gpu-x"}]}
+    await h.api.patch(paths.pod("ns", "p") + "/status", {"status": status})
+    await settle(h.server)
+    await run(h)
+    (result,) = results(h, "p-sharegpu-gpu-x")
+    assert quantity.parse(result["consumedCapacity"]["memory"]) == quantity.parse("4096Mi"), "250 per mille of 16 GiB"
+    assert gates(h, "p") == []
+
+
+async def test_a_gated_pod_with_no_claim_of_the_class_is_let_go(harness: Callable[..., Any]) -> None:
+    h: Harness = await harness(nodes=0, dra=1)
+    h.server.put_object(paths.pods("ns"), builders.MakePod("p", "ns").container().gate().obj())
+    await settle(h.server)
+    await run(h)
+    assert gates(h, "p") == []

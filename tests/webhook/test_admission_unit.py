@@ -512,3 +512,64 @@ def test_a_node_agent_writes_only_its_own_nodes_device() -> None:
     unbound = admission.validate_device(device_review("n1", {"username": AGENT}), POLICY, "").response
     assert not unbound.allowed and unbound.status is not None and "names no pod or node" in unbound.status.message
     assert admission.validate_device(device_review("n2", {"username": "alice"}), POLICY).response.allowed
+
+
+def dra_review(pod: Json, namespace: str = "ns") -> Json:
+    made = review(pod)
+    made["request"]["namespace"] = namespace
+    return made
+
+
+def test_a_pod_that_goes_the_dra_way_asks_by_a_claim_of_its_shape_and_waits_behind_the_gate() -> None:
+    for limits, asked, template in (
+        ({names.GPU: "1", names.GPU_MILLI: "300", names.GPU_MEMORY: "4096"}, {}, "sharegpu-1x300m-4096mi"),
+        ({"koordinator.sh/gpu-core": "50", "koordinator.sh/gpu-memory-ratio": "50"}, {}, "sharegpu-1x500m-500pm"),
+        ({"nvidia.com/gpu": "2"}, {}, "sharegpu-2x1000m-0mi"),
+        ({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "3000", "nvidia.com/gpucores": "30"}, {},
+         "sharegpu-1x300m-3000mi"),
+        ({}, {"gpu-fraction": "0.5"}, "sharegpu-1x500m-500pm"),
+    ):  # fmt: skip
+        pod = MakePod("p").annotations({names.PATH: names.PATH_DRA, **asked}).container(limits=limits).obj()
+        out = applied(pod, admission.mutate(review(pod), POLICY))
+        container = out["spec"]["containers"][0]
+        assert not any(
+            r in (container.get("resources") or {}).get(part, {})
+            for part in ("limits", "requests")
+            for r in (*names.GPU_RESOURCES, *names.QUOTA_RESOURCES, *limits)
+        ), container
+        assert container["resources"]["claims"] == [{"name": "sharegpu-gpu"}]
+        assert out["spec"]["resourceClaims"] == [{"name": "sharegpu-gpu", "resourceClaimTemplateName": template}]
+        assert out["spec"]["schedulingGates"] == [{"name": names.DRA_GATE}]
+        assert names.HANDOFF not in out["metadata"]["annotations"], "the DRA path needs no hand-off"
+        assert template in out["metadata"]["annotations"][names.TRANSLATED]
+        again = applied(out, admission.mutate(review(out), POLICY))
+        assert again == out, "reinvocation changes nothing"
+        assert answer_of(admission.validate(review(out), POLICY))["response"]["allowed"]
+
+
+def test_the_namespace_label_or_the_default_chooses_the_path_and_the_pod_s_annotation_wins() -> None:
+    pod = MakePod("p").container(limits={names.GPU_MILLI: "300"}).obj()
+    labelled = dataclasses.replace(POLICY, namespace_paths={"ns": names.PATH_DRA})
+    assert "resourceClaims" in applied(pod, admission.mutate(review(pod), labelled))["spec"]
+    assert "resourceClaims" not in applied(pod, admission.mutate(review(pod), POLICY))["spec"]
+    by_default = dataclasses.replace(POLICY, default_path=names.PATH_DRA)
+    assert "resourceClaims" in applied(pod, admission.mutate(review(pod), by_default))["spec"]
+    opting_out = MakePod("p").annotations({names.PATH: names.PATH_EXTENDER}).container(limits={names.GPU_MILLI: "300"})
+    kept = opting_out.obj()
+    assert "resourceClaims" not in applied(kept, admission.mutate(review(kept), labelled))["spec"]
+
+
+def test_what_a_claim_cannot_carry_is_refused_naming_it() -> None:
+    dra_path = {names.PATH: names.PATH_DRA}
+    for pod, message in (
+        (MakePod("p").annotations({**dra_path, names.ANTI_AFFINITY: "x"}).container(limits={names.GPU_MILLI: "300"}),
+         "co-tenancy rules are not available on the DRA path"),
+        (MakePod("p").annotations({**dra_path, names.MODELS: "T4"}).container(limits={names.GPU_MILLI: "300"}),
+         "GPU models cannot be chosen on the DRA path yet"),
+        (MakePod("p").annotations(dra_path).container(limits={names.GPU_MILLI: "300"})
+         .container("b", limits={names.GPU_MILLI: "300"}), "the DRA path gives GPUs to one app container"),
+        (MakePod("p").annotations({names.PATH: "sideways"}).container(limits={names.GPU_MILLI: "300"}),
+         "sharegpu.io/path must be one of extender, dra, got 'sideways'"),
+    ):  # fmt: skip
+        response = answer_of(admission.mutate(review(pod.obj()), POLICY))["response"]
+        assert not response["allowed"] and message in response["status"]["message"], response

@@ -52,6 +52,10 @@ MEMORY: Final = "memory"
 """The capacity a claim asks GPU memory of (a quantity; the device's is in Mi)."""
 MILLI: Final = "milli"
 """The capacity a claim asks GPU compute of (an integer; 1000 = the whole GPU)."""
+MEMORY_PERMILLE: Final = "memoryPermille"
+"""GPU memory as a share of the chosen GPU's (per mille), in a claim of sharegpu's class instead of
+`memory`: read by sharegpu's allocator only, which writes the MiB it comes to on the GPU it picks
+as the result's consumed `memory` (a request format that gives a ratio, such as Koordinator's)."""
 UNHEALTHY: Final = f"{DRIVER}/unhealthy"
 """The taint key of an unhealthy GPU."""
 HELD: Final = f"{DRIVER}/held-by-pods"
@@ -263,20 +267,91 @@ def gpu_request(request: DeviceRequest) -> requests.GpuRequest | None:
     if exact.admin_access:
         raise errors.InvalidRequestError(f"{where}: adminAccess is not supported for class {CLASS}")
     asked = exact.capacity.requests if exact.capacity is not None else {}
+    if MEMORY in asked and MEMORY_PERMILLE in asked:
+        raise errors.InvalidRequestError(f"{where}: ask {MEMORY} or {MEMORY_PERMILLE}, not both")
     try:
         milli = math.ceil(quantity.parse(asked[MILLI])) if MILLI in asked else 1
         memory = quantity.mebibytes(asked[MEMORY]) if MEMORY in asked else 1
+        permille = (
+            quantity.integer(asked[MEMORY_PERMILLE], MEMORY_PERMILLE, 1, units.PERMILLE)
+            if MEMORY_PERMILLE in asked
+            else 0
+        )
     except errors.InvalidInputError as exc:
         raise errors.InvalidRequestError(f"{where}: {exc}") from None
     if not 1 <= milli <= units.MILLI_PER_GPU:
         raise errors.InvalidRequestError(f"{where}: {MILLI} must be 1..{units.MILLI_PER_GPU}, got {milli}")
     if milli == units.MILLI_PER_GPU:  # all of its compute: the whole GPU, all of its memory with it
         return requests.GpuRequest(count=exact.count)
+    if permille:
+        return requests.GpuRequest(count=exact.count, milli=milli, memory_permille=permille)
     return requests.GpuRequest(count=exact.count, milli=milli, memory_mib=memory)
 
 
 def _of_class(sub: Any) -> bool:
     return isinstance(sub, dict) and sub.get("deviceClassName") == CLASS
+
+
+TEMPLATE_PREFIX: Final = "sharegpu-"
+POD_CLAIM: Final = "sharegpu-gpu"
+"""The name of the claim entry (`spec.resourceClaims[]`) the webhook gives a pod it turns to the DRA path."""
+_TEMPLATE = re.compile(r"^sharegpu-(\d+)x(\d+)m-(\d+)(mi|pm)$")
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """What a claim template of sharegpu's asks: `count` GPUs with `milli` of each, and `memory_mib`
+    or `memory_permille` of each (0: none named)."""
+
+    count: int
+    milli: int
+    memory_mib: int = 0
+    memory_permille: int = 0
+
+    @property
+    def name(self) -> str:
+        """The template's name: one per shape and namespace (`template_shape` reads it back)."""
+        memory = f"{self.memory_permille}pm" if self.memory_permille else f"{self.memory_mib}mi"
+        return f"{TEMPLATE_PREFIX}{self.count}x{self.milli}m-{memory}"
+
+
+def template_shape(name: str) -> Shape | None:
+    """The shape a template name says; None for any other name."""
+    found = _TEMPLATE.match(name)
+    if found is None:
+        return None
+    count, milli, memory = (int(g) for g in found.groups()[:3])
+    if not 1 <= count <= units.MAX_GPUS_PER_NODE or not 1 <= milli <= units.MILLI_PER_GPU:
+        return None
+    if found.group(4) == "pm":
+        return Shape(count, milli, memory_permille=memory) if 1 <= memory <= units.PERMILLE else None
+    return Shape(count, milli, memory_mib=memory)
+
+
+def template(namespace: str, name: str) -> dict[str, Any]:
+    """The ResourceClaimTemplate `name` (a `Shape.name`) of `namespace`: one request `gpu` of the
+    class, for its shape. InvalidInputError for a name that is not a shape."""
+    shape = template_shape(name)
+    if shape is None:
+        raise errors.InvalidInputError(f"{name!r} is not a sharegpu claim template name")
+    count, milli = shape.count, shape.milli
+    asked: dict[str, str] = {MILLI: str(milli)}
+    if milli < units.MILLI_PER_GPU and shape.memory_permille:
+        asked[MEMORY_PERMILLE] = str(shape.memory_permille)
+    elif milli < units.MILLI_PER_GPU and shape.memory_mib:
+        asked[MEMORY] = f"{shape.memory_mib}Mi"
+    request = {"name": "gpu", "exactly": {"deviceClassName": CLASS, "count": count, "capacity": {"requests": asked}}}
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name, "namespace": namespace, "labels": {names.LABEL_ROLE: names.ROLE_CLAIM_TEMPLATE}},
+        "spec": {"spec": {"devices": {"requests": [request]}}},
+    }
+
+
+def template_path(namespace: str, name: str | None = None) -> str:
+    base = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/resourceclaimtemplates"
+    return f"{base}/{name}" if name else base
 
 
 DELETE_PROTECTION: Final = "resource.kubernetes.io/delete-protection"

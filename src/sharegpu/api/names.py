@@ -75,6 +75,12 @@ PLACEMENT: Final = f"{DOMAIN}/placement"
 """On a pod: binpack or spread, overriding the extender's policy for it (a group's holder pod)."""
 DEMOTED: Final = f"{DOMAIN}/demoted"
 """On a pod: the exhausted GPUBudget that moved it to the budget's demotion PriorityClass."""
+PATH: Final = f"{DOMAIN}/path"
+"""On a pod (annotation) or a namespace (label): `dra` or `extender`, the way its GPUs are asked for
+and placed (docs/dra.md); the webhook's --default-path otherwise."""
+PATH_DRA: Final = "dra"
+PATH_EXTENDER: Final = "extender"
+PATHS: Final = (PATH_EXTENDER, PATH_DRA)
 SYSTEM_ONLY_ANNOTATIONS: Final = (ALLOCATION, GPU_UUID, HANDOFF)
 """Set by sharegpu only; the webhook refuses them from anyone else."""
 
@@ -99,6 +105,8 @@ RESERVE_ACCOUNT: Final = "sharegpu-reserve"
 reports the GPUs it got on its own pod (the chart's files/rbac/reserve.yaml)."""
 """In the container of sharegpu's GPU-holding pods: which kind of pod it runs in (`sharegpu reserve` reads it)."""
 ROLE_GROUP_HANDOFF: Final = "group-handoff"
+ROLE_CLAIM_TEMPLATE: Final = "claim-template"
+"""A ResourceClaimTemplate sharegpu made for one shape of GPU request (the DRA path)."""
 """The ConfigMap that tells a group's members its GPUs (in each namespace that has members)."""
 LABEL_GROUP_NAMESPACE: Final = f"{DOMAIN}/group-namespace"
 LABEL_GROUP_NAME: Final = f"{DOMAIN}/group-name"

@@ -237,16 +237,20 @@ class Slot:
 
 @dataclass(frozen=True, slots=True)
 class ClaimRef:
-    """One of a pod's `spec.resourceClaims`: its name in the pod and the ResourceClaim's ("" while a
-    template's claim has not been made yet)."""
+    """One of a pod's `spec.resourceClaims`: its name in the pod, the ResourceClaim's ("" while a
+    template's claim has not been made yet) and the template's ("" for a claim by name)."""
 
     name: str
     claim: str
+    template: str = ""
 
 
 def claim_refs(pod: wire.Pod) -> tuple[ClaimRef, ...]:
     made = {s.name: s.resource_claim_name or "" for s in pod.status.resource_claim_statuses}
-    return tuple(ClaimRef(c.name, c.resource_claim_name or made.get(c.name, "")) for c in pod.spec.resource_claims)
+    return tuple(
+        ClaimRef(c.name, c.resource_claim_name or made.get(c.name, ""), c.resource_claim_template_name or "")
+        for c in pod.spec.resource_claims
+    )
 
 
 @dataclass(frozen=True, slots=True)

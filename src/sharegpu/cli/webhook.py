@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from sharegpu.api import names
 from sharegpu.cli.boundary import UsageError, reported
 from sharegpu.cli.components import serve
 from sharegpu.cli.logs import LogFormatOption, LogLevelOption, configure
@@ -98,6 +99,13 @@ def webhook(
             show_default="default-scheduler and the GPU schedulers sharegpu replaces: docs/admission.md",
         ),
     ] = None,
+    default_path: Annotated[
+        str,
+        typer.Option(
+            help="How a GPU pod whose annotation and namespace label sharegpu.io/path say nothing asks: "
+            "extender (sharegpu's resources) or dra (a claim of sharegpu's DeviceClass): docs/dra.md."
+        ),
+    ] = "extender",
     log_level: LogLevelOption = "info",
     log_format: LogFormatOption = "auto",
 ) -> None:
@@ -106,6 +114,10 @@ def webhook(
 
     configure(log_level, log_format)
     policy = _policy(system_user, skip_namespace, agent_user, take_over)
+    with reported():
+        if default_path not in names.PATHS:
+            raise UsageError(f"--default-path must be one of {', '.join(names.PATHS)}, got {default_path!r}")
+    policy = dataclasses.replace(policy, default_path=default_path)
     dns_names = tuple(dns_name or (() if ip_address else DEFAULT_WEBHOOK_NAMES))
     ips = tuple(ip_address or ())
     with reported():

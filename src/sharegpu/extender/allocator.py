@@ -8,8 +8,10 @@ only, is the one writer of those allocations. Each pass, for every pod that is n
 claims of the class, oldest first:
 
 - **Waits** for the claims a template makes (kube-controller-manager names them in the pod's
-  status); a claim sharegpu cannot allocate (CEL selectors, several classes, allocationMode All...)
-  keeps the pod gated, with a Warning event `ClaimNotAllocated` that says why.
+  status), first making the namespace's template for a shape the webhook named
+  (`api.dra.template_name`) when it is missing; a claim sharegpu cannot allocate (CEL selectors,
+  several classes, allocationMode All...) keeps the pod gated, with a Warning event
+  `ClaimNotAllocated` that says why. A gated pod with no claim of the class is let go at once.
 - **Places** each unallocated claim with the configured policy (the same `Placer` the extender
   uses, over the nodes that serve DRA claims only: `ClusterCache.dra_rows`), among the nodes the
   pod's node selector, required node affinity and tolerations admit and whose CPU and memory it
@@ -67,6 +69,8 @@ SETTLE = 5.0
 WRITE_DEADLINE = 60.0
 """Seconds after which a write the API server never answered can no longer land (kube-apiserver's
 default --request-timeout)."""
+TEMPLATE_RETRY = 10.0
+"""Seconds before a claim template is made again (one that could not be, or that went since)."""
 ORPHAN_AFTER = 30.0
 """Seconds a claim of the class stays allocated with no pod using or waiting for it before it is cleared."""
 
@@ -118,6 +122,8 @@ class ClaimAllocator:
         """Allocated claims of the class that no pod uses or waits for -> since when."""
         self.said: set[tuple[str, str]] = set()
         """(pod UID, message) of the events recorded."""
+        self.templates: dict[tuple[str, str], float] = {}
+        """(namespace, template) of sharegpu's claim templates this allocator tried to make -> when."""
         self.loop = reconcile.Loop("dra-allocator", self.reconcile)
 
     def wake(self) -> None:
@@ -169,20 +175,42 @@ class ClaimAllocator:
 
     # ----------------------------------------------------------------- one pod
 
-    def _claims_of(self, record: pods.Record) -> list[dra.ClaimRecord] | None:
-        """The pod's claims of the class; None while a template's claim is not made yet."""
+    async def _claims_of(self, record: pods.Record) -> list[dra.ClaimRecord] | None:
+        """The pod's claims of the class; None while a template's claim is not made yet (a template of
+        sharegpu's own that the namespace lacks is made here: the webhook names it, without writing)."""
         namespace = record.key.split("/", 1)[0]
         found = []
         for ref in record.claims:
             if not ref.claim:
+                if dra.template_shape(ref.template) is not None:
+                    await self._make_template(namespace, ref.template)
                 return None
             claim = self.cache.claim_records.get(dra.claim_key(namespace, ref.claim))
             if claim is not None and claim.ours:
                 found.append(claim)
         return found
 
+    async def _make_template(self, namespace: str, name: str) -> None:
+        now = self.clock()
+        last = self.templates.get((namespace, name))
+        if last is not None and now - last < TEMPLATE_RETRY:
+            return
+        self.templates[(namespace, name)] = now
+        try:
+            await self.api.create(dra.template_path(namespace), dra.template(namespace, name))
+        except kube_errors.ConflictError as exc:
+            if not exc.already_exists:
+                log.warning("claim template %s/%s: %s", namespace, name, exc)
+            return
+        except errors.SharegpuError as exc:
+            log.warning("claim template %s/%s could not be made (tried again in %.0f s): %s",
+                        namespace, name, TEMPLATE_RETRY, exc)  # fmt: skip
+            return
+        self.metrics.claims.labels("template").inc()
+        log.info("claim template %s/%s made", namespace, name)
+
     async def _serve(self, record: pods.Record) -> None:
-        claims = self._claims_of(record)
+        claims = await self._claims_of(record)
         if claims is None:
             return
         problems = [c.problem for c in claims if c.problem is not None]

@@ -116,7 +116,8 @@ class ClusterCache:
         """Claims the watch showed allocated and then not (kube-scheduler's PostFilter took the
         allocation back, or it was freed) -> the node they were on; the allocator takes them."""
         self.claiming: set[units.PodKey] = set()
-        """Pods with `spec.resourceClaims` that are not bound yet (nor finished, nor being deleted)."""
+        """Pods with `spec.resourceClaims` or sharegpu's scheduling gate that are not bound yet (nor
+        finished, nor being deleted)."""
         self.handoff_pods: set[units.PodKey] = set()
         """Pods that name a hand-off ConfigMap (the only ones the hand-off reconciler looks at)."""
         self.pending: set[units.PodKey] = set()
@@ -326,7 +327,7 @@ class ClusterCache:
             self.pending.add(key)
         else:
             self.pending.discard(key)
-        if record.claims and waiting:
+        if (record.claims or record.gated) and waiting:
             self.claiming.add(key)
         else:
             self.claiming.discard(key)

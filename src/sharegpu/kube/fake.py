@@ -93,6 +93,7 @@ _KIND = {
     "leases": "Lease", "devices": "Device", "bindings": "Binding", "secrets": "Secret",
     "serviceaccounts": "ServiceAccount", "poddisruptionbudgets": "PodDisruptionBudget",
     "resourceclaims": "ResourceClaim", "resourceslices": "ResourceSlice",
+    "resourceclaimtemplates": "ResourceClaimTemplate",
 }  # fmt: skip
 
 

@@ -21,8 +21,8 @@ import msgspec
 from sharegpu.api import admission as api_admission
 from sharegpu.api import budgets as api_budgets
 from sharegpu.api import devices as api_devices
+from sharegpu.api import dra, handoff, names, pods, quantity, wire
 from sharegpu.api import groups as api_groups
-from sharegpu.api import handoff, names, pods, quantity, wire
 from sharegpu.api import quotas as api_quotas
 from sharegpu.core import devices, errors, requests
 from sharegpu.webhook import translate
@@ -55,6 +55,10 @@ class Policy:
         cluster = [b for b in self.cluster_budgets if api_budgets.covers(b, namespace, labels)]
         return [*self.budgets.get(namespace, ()), *cluster]
 
+    default_path: str = names.PATH_EXTENDER
+    """The path (`names.PATHS`) of a GPU pod whose own annotation and namespace label say none."""
+    namespace_paths: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    """The namespaces labelled `names.PATH`, and their value."""
     priority_classes: Mapping[str, PriorityClass] = dataclasses.field(default_factory=dict)
     groups: Mapping[str, api_groups.SharedDeviceGroup] = dataclasses.field(default_factory=dict)
     """SharedDeviceGroups by namespace/name, as the webhook last saw them."""
@@ -164,6 +168,8 @@ def _hide_gpus(obj: Json, parsed: requests.PodRequest, audit: list[str]) -> None
     for container, request in _paired(obj, parsed):
         if request.gpu is not None:
             continue  # sharing: the hand-off; whole GPUs: the device plugin's value must win
+        if (container.get("resources") or {}).get("claims"):
+            continue  # devices from DRA claims: their driver's CDI spec sets what the container sees
         before = [e.get("value") for e in container.get("env") or [] if e.get("name") == handoff.VISIBLE_DEVICES]
         if handoff.no_gpu(container) and before and before != [handoff.NO_GPU]:
             shown = ", ".join(str(v) if v is not None else "(from a reference)" for v in before)
@@ -297,6 +303,64 @@ def _apply_budgets(namespace: str, spec: Json, annotations: Json, policy: Policy
     return None
 
 
+def path_of(namespace: str, annotations: Mapping[str, str], policy: Policy) -> str:
+    """The path a GPU pod goes: its own `names.PATH` annotation, else its namespace's label, else the
+    webhook's default. InvalidRequestError for a value that is no path."""
+    chosen = annotations.get(names.PATH) or policy.namespace_paths.get(namespace) or policy.default_path
+    if chosen not in names.PATHS:
+        raise errors.InvalidRequestError(f"{names.PATH} must be one of {', '.join(names.PATHS)}, got {chosen!r}")
+    return chosen
+
+
+def _to_claims(obj: Json, parsed: requests.PodRequest, audit: list[str]) -> None:
+    """Turn a pod's GPU request (any format, translated) into a DRA claim: its GPU container asks for
+    none of sharegpu's resources any more, and uses the claim `dra.POD_CLAIM` made from the namespace's
+    template for its shape (`dra.template_name`; sharegpu's allocator makes the template when it is
+    missing); the pod waits behind `names.DRA_GATE` until the claim is allocated. InvalidRequestError
+    for what a claim of sharegpu's class cannot carry yet, naming it."""
+    other_path = f"ask on the extender path ({names.PATH}: {names.PATH_EXTENDER})"
+    if not parsed.cotenancy.empty:
+        raise errors.InvalidRequestError(f"co-tenancy rules are not available on the DRA path; {other_path}")
+    if parsed.isolation is not None or parsed.compute:
+        raise errors.InvalidRequestError(f"isolation demands are not available on the DRA path yet; {other_path}")
+    wanting = [(c, r) for c, r in _paired(obj, parsed) if r.gpu is not None]
+    if len(wanting) != 1 or wanting[0][1].init:
+        found = ", ".join(r.name + (" (init)" if r.init else "") for _, r in wanting)
+        raise errors.InvalidRequestError(
+            f"the DRA path gives GPUs to one app container, and GPU containers here are: {found}; {other_path}"
+        )
+    container, request = wanting[0]
+    gpu = request.gpu
+    assert gpu is not None
+    if gpu.models:
+        raise errors.InvalidRequestError(f"container {request.name}: GPU models cannot be chosen on the DRA path yet")
+    if gpu.whole:
+        shape = dra.Shape(gpu.count, gpu.milli)
+    else:
+        shape = dra.Shape(gpu.count, gpu.milli, gpu.memory_mib, gpu.memory_permille)
+    name = shape.name
+    if gpu.limit != gpu.milli:
+        audit.append(f"container {request.name}: burst limit {gpu.limit} milli-GPU not carried by a claim")
+    resources = container.setdefault("resources", {})
+    for part in ("limits", "requests"):
+        held = resources.get(part) or {}
+        for resource in (*names.GPU_RESOURCES, *names.QUOTA_RESOURCES):
+            held.pop(resource, None)
+        if not held:
+            resources.pop(part, None)
+    used = resources.setdefault("claims", [])
+    if not any(c.get("name") == dra.POD_CLAIM for c in used):
+        used.append({"name": dra.POD_CLAIM})
+    spec = obj.setdefault("spec", {})
+    entries = spec.setdefault("resourceClaims", [])
+    entries[:] = [e for e in entries if e.get("name") != dra.POD_CLAIM]  # reinvoked: the same, once
+    entries.append({"name": dra.POD_CLAIM, "resourceClaimTemplateName": name})
+    gates = spec.setdefault("schedulingGates", [])
+    if not any(g.get("name") == names.DRA_GATE for g in gates):
+        gates.append({"name": names.DRA_GATE})
+    audit.append(f"container {request.name}: GPU request -> DRA claim {dra.POD_CLAIM} from template {name}")
+
+
 def _patch(before: Json, after: Json) -> list[Json]:
     ops: list[Json] = jsonpatch.make_patch(before, after).patch
     return ops
@@ -333,6 +397,15 @@ def mutate(body: Any, policy: Policy) -> Answer:
                 uid, patch=patch or None, audit={"translated": "; ".join(audit)} if audit else None
             )
         annotations = out.setdefault("metadata", {}).setdefault("annotations", {})
+        if not _is_system(request, policy) and path_of(request.namespace, annotations, policy) == names.PATH_DRA:
+            _to_claims(out, parsed, audit)
+            spec = out.setdefault("spec", {})
+            audit += _take_over(spec, annotations, policy)
+            refusal = _apply_budgets(request.namespace, spec, annotations, policy, audit)
+            if refusal is not None:
+                return api_admission.deny(uid, f"sharegpu: {refusal}", code=403)
+            annotations[names.TRANSLATED] = "; ".join(audit)
+            return api_admission.allow(uid, patch=_patch(original, out), audit={"translated": "; ".join(audit)})
         if not _is_system(request, policy) and not _handoff_wired(pod, parsed):
             # Users never choose the hand-off ConfigMap: a fresh one is set below for sharing pods. (A pod
             # already wired to its annotation comes from an earlier invocation of this webhook; a forged

@@ -31,7 +31,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from sharegpu.api import admission as api_admission
-from sharegpu.api import budgets, groups, paths, resources, wire
+from sharegpu.api import budgets, groups, names, paths, resources, wire
 from sharegpu.core import errors
 from sharegpu.kube import client, informer
 from sharegpu.kube import errors as kube_errors
@@ -249,8 +249,13 @@ class Webhook:
         self._share_namespaces()
 
     def on_namespace(self, kind: wire.EventType, item: wire.Namespace) -> None:
-        if informer.remember_labels(self.namespaces, kind, item) and self.cluster_budgets:
+        if not informer.remember_labels(self.namespaces, kind, item):
+            return
+        if self.cluster_budgets:
             self._share_namespaces()
+        chosen = {ns: labels[names.PATH] for ns, labels in self.namespaces.items() if names.PATH in labels}
+        if chosen != self.policy.namespace_paths:
+            self.policy = dataclasses.replace(self.policy, namespace_paths=chosen)
 
     def _share_namespaces(self) -> None:
         """Give the policy the cluster budgets, and the namespaces' labels while any exist (a copy per
@@ -262,8 +267,8 @@ class Webhook:
 
     async def _learn_namespace(self, body: Any) -> None:
         """Before judging a pod of a namespace the informer has not brought yet (created a moment ago),
-        read its labels from the API, so no cluster budget misses it."""
-        if not self.cluster_budgets or self.kube is None or not isinstance(body, dict):
+        read its labels from the API, so no cluster budget and no path label (`names.PATH`) misses it."""
+        if self.kube is None or not isinstance(body, dict):
             return
         request = body.get("request")
         namespace = request.get("namespace") if isinstance(request, dict) else None
