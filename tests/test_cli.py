@@ -351,6 +351,7 @@ COMPAT_REFUSED = "Invalid value for '--compat': 'volcano' is not one of 'devices
         (["extender", "--log-format", "xml"], "Invalid value for '--log-format': 'xml' is not one of 'auto',"),
         (["extender", "--log-level", "WARNING", "--policy", "nope"], "unknown policy 'nope'"),  # any case
         (["webhook"], "give --cert and --key, or --bootstrap FOLDER"),
+        (["webhook", "--default-path", "nowhere"], "--default-path must be one of extender, dra, got 'nowhere'"),
         (
             ["webhook", "--cert", "c", "--key", "k", "--dns-name", "x"],
             "--dns-name and --ip-address go with --bootstrap",

@@ -514,12 +514,6 @@ def test_a_node_agent_writes_only_its_own_nodes_device() -> None:
     assert admission.validate_device(device_review("n2", {"username": "alice"}), POLICY).response.allowed
 
 
-def dra_review(pod: Json, namespace: str = "ns") -> Json:
-    made = review(pod)
-    made["request"]["namespace"] = namespace
-    return made
-
-
 def test_a_pod_that_goes_the_dra_way_asks_by_a_claim_of_its_shape_and_waits_behind_the_gate() -> None:
     for limits, asked, template in (
         ({names.GPU: "1", names.GPU_MILLI: "300", names.GPU_MEMORY: "4096"}, {}, "sharegpu-1x300m-4096mi"),
