@@ -184,3 +184,34 @@ async def test_a_claim_kube_scheduler_takes_back_is_allocated_again_where_the_po
     assert claim is not None and where(claim) == [(other, "gpu-0", 300)]
     failed = [e for e in await events(admin, namespace, "FailedScheduling") if e["involvedObject"]["name"] == "moved"]
     assert failed, "kube-scheduler first found it fitting no node: the allocation on the packed node was taken back"
+
+
+async def test_a_pod_in_another_system_s_format_goes_the_dra_way_through_the_webhook(
+    admin: client.KubeClient,
+    extender: ExtenderProcess,
+    webhook: Any,
+    nodes: Callable[..., Any],
+    namespace: str,
+    device_class: str,
+) -> None:
+    """The whole DRA path: a pod asking the Koordinator way (half a GPU's compute and memory), with
+    `sharegpu.io/path: dra`, is turned by the webhook into a claim from the template for its shape,
+    gated; sharegpu's allocator makes the template, kube-controller-manager the claim, the allocator
+    allocates it (half of the 16 GiB in MiB) and lifts the gate, and kube-scheduler binds the pod."""
+    dra_nodes = await nodes(1, gpus=1, dra=True)
+    limits = {"koordinator.sh/gpu-core": "50", "koordinator.sh/gpu-memory-ratio": "50", "cpu": "100m"}
+    made = builders.MakePod("koord", namespace).annotations({names.PATH: names.PATH_DRA}).grace(0)
+    made.node_selector({"sharegpu.io/test": namespace}).container(image="busybox", limits=limits, requests=limits)
+    created = await admin.create(paths.pods(namespace), made.obj())
+    shape = dra.Shape(1, 500, memory_permille=500)
+    assert created["spec"]["resourceClaims"] == [{"name": dra.POD_CLAIM, "resourceClaimTemplateName": shape.name}]
+    assert [g["name"] for g in created["spec"]["schedulingGates"]] == [names.DRA_GATE]
+    assert not any("koordinator" in r for r in created["spec"]["containers"][0]["resources"].get("limits", {}))
+    node = await wait_for(functools.partial(node_of, admin, namespace, "koord"), timeout=90, what="koord bound")
+    assert node == dra_nodes[0]
+    claim = await claim_of(admin, namespace, "koord")
+    assert claim is not None and where(claim) == [(node, "gpu-0", 500)]
+    (result,) = claim["status"]["allocation"]["devices"]["results"]
+    assert quantity.parse(result["consumedCapacity"][dra.MEMORY]) == quantity.parse("8Gi")
+    template_made = await admin.get(dra.template_path(namespace, shape.name))
+    assert template_made["metadata"]["labels"][names.LABEL_ROLE] == names.ROLE_CLAIM_TEMPLATE
