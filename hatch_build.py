@@ -14,7 +14,11 @@ from grpc_tools import protoc
 from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 
 SOURCES = "src"
-PROTOS = ("sharegpu/agent/podresources.proto",)
+PROTOS = (
+    "sharegpu/agent/podresources.proto",
+    "sharegpu/agent/draplugin.proto",
+    "sharegpu/agent/pluginregistration.proto",
+)
 
 
 class ProtocBuildHook(BuildHookInterface):

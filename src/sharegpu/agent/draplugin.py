@@ -1,0 +1,298 @@
+"""The agent's DRA kubelet plugin: the kubelet prepares sharegpu's claims through it before a pod's
+containers start, and unprepares them once the pod is gone.
+
+Two gRPC services, each on a unix socket:
+
+- **DRAPlugin** (`k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin`, and `...v1beta1.DRAPlugin` for older
+  kubelets: the same messages less `share_id`, the same field numbers) on `<plugins>/<driver>/dra.sock`.
+  `NodePrepareResources` reads each claim from the API server (its UID must be the one the kubelet
+  names, its allocation on this node's pool), writes the claim's CDI spec (`api.cdi`: the GPUs' UUIDs
+  and the limits this node enforces, as the hand-off gives them on the extender path) atomically
+  into the CDI directory, and answers per device the CDI IDs to apply: the NVIDIA container
+  toolkit's device of that GPU, and sharegpu's device of the claim's request (on the request's first
+  device). `NodeUnprepareResources` removes the claim's spec. Both are idempotent, across agent
+  restarts too: the spec file is the only state, named by the claim's UID; preparing again writes
+  the same file, unpreparing one that is gone is done.
+- **Registration** (`pluginregistration.Registration`) on `<plugins_registry>/<driver>-reg.sock`:
+  `GetInfo` says what the plugin is (type `DRAPlugin`, the driver, the socket above, the versions it
+  serves); `NotifyRegistrationStatus` is logged, a refusal with its reason. The kubelet finds the
+  socket by watching that directory; a kubelet that restarts scans it again. The agent checks every
+  few seconds that its registration socket is still there and serves a new one where it is not
+  (a directory cleaned by hand, a kubelet that removed it).
+
+Errors per claim go back in the answer (`error`), naming the claim and what is wrong; the kubelet
+retries them. Nothing here raises into gRPC.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+import grpc
+import orjson
+
+from sharegpu.agent import draplugin_pb2 as pb
+from sharegpu.agent import pluginregistration_pb2 as reg
+from sharegpu.api import cdi, dra, handoff, wire
+from sharegpu.core import errors
+from sharegpu.kube import client
+from sharegpu.kube import errors as kube_errors
+
+log = logging.getLogger(__name__)
+
+PLUGINS_DIR: Final = Path("/var/lib/kubelet/plugins")
+REGISTRY_DIR: Final = Path("/var/lib/kubelet/plugins_registry")
+CDI_DIR: Final = Path("/var/run/cdi")
+SERVICES: Final = ("k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin", "k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin")
+VERSIONS: Final = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
+REGISTRATION: Final = "pluginregistration.Registration"
+PLUGIN_TYPE: Final = "DRAPlugin"
+PREPARE: Final = "NodePrepareResources"
+UNPREPARE: Final = "NodeUnprepareResources"
+GET_INFO: Final = "GetInfo"
+NOTIFY: Final = "NotifyRegistrationStatus"
+
+
+@dataclass(frozen=True, slots=True)
+class Paths:
+    plugin_socket: Path
+    registration_socket: Path
+    cdi_dir: Path
+
+    @classmethod
+    def under(cls, plugins: Path = PLUGINS_DIR, registry: Path = REGISTRY_DIR, cdi_dir: Path = CDI_DIR) -> Paths:
+        return cls(plugins / dra.DRIVER / "dra.sock", registry / f"{dra.DRIVER}-reg.sock", cdi_dir)
+
+
+class ClaimNotPreparable(errors.SharegpuError):
+    """A claim the plugin cannot prepare (its message goes back to the kubelet)."""
+
+
+class DraPlugin:
+    """Serves the kubelet's DRA plugin and registration services (see the module docstring)."""
+
+    def __init__(
+        self,
+        api: client.KubeApi,
+        node: str,
+        paths: Paths,
+        inventory: Callable[[], wire.DeviceSpec | None],
+        enforcement: Callable[[], handoff.Enforcement],
+    ) -> None:
+        self.api = api
+        self.node = node
+        self.paths = paths
+        self.inventory = inventory
+        """The node's GPUs as its Device says them now (None until discovered)."""
+        self.enforcement = enforcement
+        """The limits the node enforces now (what its proven isolation modes give)."""
+        self.registered: bool | None = None
+        """What the kubelet last said of the registration (None: nothing yet)."""
+        self.registration_error = ""
+        self._plugin: grpc.aio.Server | None = None
+        self._registration: grpc.aio.Server | None = None
+
+    # ----------------------------------------------------------------- serving
+
+    async def start(self) -> None:
+        """Serve the plugin, then register it (the kubelet may call the plugin as soon as it sees the
+        registration socket)."""
+        self.paths.cdi_dir.mkdir(parents=True, exist_ok=True)
+        prepare = grpc.unary_unary_rpc_method_handler(
+            self._prepare,
+            request_deserializer=pb.NodePrepareResourcesRequest.FromString,
+            response_serializer=pb.NodePrepareResourcesResponse.SerializeToString,
+        )
+        unprepare = grpc.unary_unary_rpc_method_handler(
+            self._unprepare,
+            request_deserializer=pb.NodeUnprepareResourcesRequest.FromString,
+            response_serializer=pb.NodeUnprepareResourcesResponse.SerializeToString,
+        )
+        handlers = [grpc.method_handlers_generic_handler(s, {PREPARE: prepare, UNPREPARE: unprepare}) for s in SERVICES]
+        self._plugin = await _serve(self.paths.plugin_socket, handlers)
+        await self._register()
+
+    async def _register(self) -> None:
+        info = grpc.unary_unary_rpc_method_handler(
+            self._get_info,
+            request_deserializer=reg.InfoRequest.FromString,
+            response_serializer=reg.PluginInfo.SerializeToString,
+        )
+        notify = grpc.unary_unary_rpc_method_handler(
+            self._notify,
+            request_deserializer=reg.RegistrationStatus.FromString,
+            response_serializer=reg.RegistrationStatusResponse.SerializeToString,
+        )
+        handler = grpc.method_handlers_generic_handler(REGISTRATION, {GET_INFO: info, NOTIFY: notify})
+        self._registration = await _serve(self.paths.registration_socket, [handler])
+        log.info("DRA plugin %s: serving %s, registration at %s", dra.DRIVER, self.paths.plugin_socket,
+                 self.paths.registration_socket)  # fmt: skip
+
+    async def keep_registered(self, every: float = 5.0) -> None:
+        """Serve a new registration socket whenever the one served is gone (until cancelled)."""
+        while True:
+            await asyncio.sleep(every)
+            if not self.paths.registration_socket.exists():
+                log.warning("DRA plugin: registration socket %s is gone; serving it again",
+                            self.paths.registration_socket)  # fmt: skip
+                await _stop(self._registration, None)
+                self._registration = None
+                self.registered = None
+                await self._register()
+
+    async def stop(self) -> None:
+        """Stop both services and remove their sockets (the CDI specs stay: pods may still run)."""
+        await _stop(self._registration, self.paths.registration_socket)
+        await _stop(self._plugin, self.paths.plugin_socket)
+        self._registration = self._plugin = None
+
+    # ----------------------------------------------------------------- registration
+
+    async def _get_info(self, request: reg.InfoRequest, context: Any) -> reg.PluginInfo:
+        return reg.PluginInfo(
+            type=PLUGIN_TYPE,
+            name=dra.DRIVER,
+            endpoint=str(self.paths.plugin_socket),
+            supported_versions=list(VERSIONS),
+        )
+
+    async def _notify(self, request: reg.RegistrationStatus, context: Any) -> reg.RegistrationStatusResponse:
+        self.registered = request.plugin_registered
+        self.registration_error = request.error
+        if request.plugin_registered:
+            log.info("DRA plugin %s: registered with the kubelet", dra.DRIVER)
+        else:
+            log.error("DRA plugin %s: the kubelet refused the registration: %s", dra.DRIVER, request.error)
+        return reg.RegistrationStatusResponse()
+
+    # ----------------------------------------------------------------- prepare and unprepare
+
+    async def _prepare(self, request: pb.NodePrepareResourcesRequest, context: Any) -> pb.NodePrepareResourcesResponse:
+        out = pb.NodePrepareResourcesResponse()
+        for claim in request.claims:
+            try:
+                devices = await self.prepare(claim.namespace, claim.name, claim.uid)
+            except errors.SharegpuError as exc:
+                log.warning("DRA plugin: claim %s/%s not prepared: %s", claim.namespace, claim.name, exc)
+                out.claims[claim.uid].error = str(exc)
+                continue
+            out.claims[claim.uid].devices.extend(devices)
+        return out
+
+    async def _unprepare(
+        self, request: pb.NodeUnprepareResourcesRequest, context: Any
+    ) -> pb.NodeUnprepareResourcesResponse:
+        out = pb.NodeUnprepareResourcesResponse()
+        for claim in request.claims:
+            try:
+                self.unprepare(claim.uid)
+            except OSError as exc:
+                out.claims[claim.uid].error = f"claim {claim.namespace}/{claim.name}: removing its CDI spec: {exc}"
+                continue
+            out.claims[claim.uid].error = ""
+        return out
+
+    async def prepare(self, namespace: str, name: str, uid: str) -> list[pb.Device]:
+        """Write the claim's CDI spec; the devices to answer. ClaimNotPreparable (or an API error)
+        naming the claim and what is wrong."""
+        where = f"claim {namespace}/{name}"
+        try:
+            found = wire.convert(await self.api.get(dra.claim_path(namespace, name)), dra.ResourceClaim)
+        except kube_errors.NotFoundError:
+            raise ClaimNotPreparable(f"{where} does not exist") from None
+        if found.metadata.uid != uid:
+            raise ClaimNotPreparable(f"{where} has UID {found.metadata.uid}, not the {uid} the kubelet names")
+        record = dra.claim_record(found)
+        allocation = found.status.allocation
+        results = [r for r in (allocation.devices.results if allocation else []) if r.driver == dra.DRIVER]
+        if not results:
+            raise ClaimNotPreparable(f"{where} holds no device of {dra.DRIVER}")
+        elsewhere = sorted({r.pool for r in results} - {self.node})
+        if elsewhere:
+            raise ClaimNotPreparable(f"{where} is allocated on {', '.join(elsewhere)}, not on this node {self.node}")
+        spec = self.inventory()
+        if spec is None:
+            raise ClaimNotPreparable(f"{where}: this node's GPUs are not discovered yet")
+        uuid_of = {gpu.index: gpu.uuid for gpu in spec.gpus}
+        memory_of = {(self.node, gpu.index): gpu.memory_mib for gpu in spec.gpus}
+        try:
+            held = dra.held(record, memory_of)
+        except errors.InvalidInputError as exc:
+            raise ClaimNotPreparable(str(exc)) from None
+        assert held is not None
+        missing = sorted({g.index for c in held.containers for g in c.devices} - set(uuid_of))
+        if missing:
+            raise ClaimNotPreparable(f"{where}: GPU(s) {missing} are not on this node")
+        requests = [cdi.RequestDevices(c.name, c.devices) for c in held.containers]
+        self._write(uid, cdi.spec(uid, requests, uuid_of, self.enforcement()))
+        devices = []
+        first: set[str] = set()
+        for result in results:
+            index = int(result.device.removeprefix("gpu-"))
+            ids = [cdi.nvidia_device(uuid_of[index])]
+            request = result.request or "claim"
+            if request not in first:
+                first.add(request)
+                ids.append(cdi.device_id(uid, request))
+            device = pb.Device(
+                request_names=[request], pool_name=result.pool, device_name=result.device, cdi_device_ids=ids
+            )
+            if result.share_id:
+                device.share_id = result.share_id
+            devices.append(device)
+        log.info("DRA plugin: claim %s prepared: %s", where, ", ".join(i for d in devices for i in d.cdi_device_ids))
+        return devices
+
+    def unprepare(self, uid: str) -> bool:
+        """Remove the claim's CDI spec: True if there was one."""
+        path = self.paths.cdi_dir / cdi.file_name(uid)
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            return False
+        log.info("DRA plugin: claim %s unprepared", uid)
+        return True
+
+    def prepared(self) -> list[str]:
+        """The CDI spec files of the claims prepared here (what survives an agent restart)."""
+        prefix = cdi.file_name("")
+        return sorted(p.name for p in self.paths.cdi_dir.glob(f"{prefix.removesuffix('.json')}*.json"))
+
+    def _write(self, uid: str, body: dict[str, Any]) -> None:
+        """Atomically: a runtime reading the directory sees the old file or the new one, never half."""
+        target = self.paths.cdi_dir / cdi.file_name(uid)
+        descriptor, temporary = tempfile.mkstemp(dir=self.paths.cdi_dir, prefix=".tmp-", suffix=".json")
+        try:
+            with os.fdopen(descriptor, "wb") as out:
+                out.write(orjson.dumps(body, option=orjson.OPT_INDENT_2))
+            os.chmod(temporary, 0o644)
+            os.replace(temporary, target)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(temporary)
+            raise
+
+
+async def _serve(socket: Path, handlers: list[grpc.GenericRpcHandler[Any, Any]]) -> grpc.aio.Server:
+    socket.parent.mkdir(parents=True, exist_ok=True)
+    socket.unlink(missing_ok=True)  # a socket left by an earlier agent
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers(handlers)
+    server.add_insecure_port(f"unix://{socket}")
+    await server.start()
+    return server
+
+
+async def _stop(server: grpc.aio.Server | None, socket: Path | None) -> None:
+    if server is not None:
+        await server.stop(grace=None)
+    if socket is not None:
+        socket.unlink(missing_ok=True)

@@ -1,0 +1,104 @@
+"""The Container Device Interface (CDI) specs sharegpu's DRA kubelet plugin writes: what a container
+that uses a claim of sharegpu's class gets, applied by a CDI-enabled runtime (containerd 1.7+,
+CRI-O 1.23+).
+
+One spec file per prepared claim, kind `KIND`, with one device per request of the claim. A device
+carries the container edits of the hand-off (`api.handoff.values`): `NVIDIA_VISIBLE_DEVICES` naming
+the GPUs' UUIDs and the limits the node enforces (HAMi-core's preload and limits, with the library's
+directory mounted read-only; or MPS's pipe and limits, with the GPU's MPS directory mounted). The
+GPU itself (device nodes, driver libraries) comes from the NVIDIA container toolkit's own CDI spec,
+whose device for a UUID the plugin names beside sharegpu's (`nvidia_device`; the toolkit's spec is
+generated with `nvidia-ctk cdi generate --device-name-strategy=uuid`).
+
+Pure: no I/O. `agent.draplugin` writes and removes the files.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from sharegpu.api import handoff
+from sharegpu.core import allocation, errors
+
+VERSION: Final = "0.6.0"
+VENDOR: Final = "sharegpu.io"
+CLASS: Final = "claim"
+KIND: Final = f"{VENDOR}/{CLASS}"
+NVIDIA_KIND: Final = "nvidia.com/gpu"
+_NAME = re.compile(r"[^A-Za-z0-9_.:-]")
+
+
+@dataclass(frozen=True, slots=True)
+class RequestDevices:
+    """One request of a prepared claim: its name and the grants it holds (GPU index -> UUID known)."""
+
+    request: str
+    grants: tuple[allocation.DeviceGrant, ...]
+
+
+def file_name(claim_uid: str) -> str:
+    """The spec file of a claim (in the CDI directory): named by its UID."""
+    return f"{VENDOR}-{CLASS}_{_safe(claim_uid)}.json"
+
+
+def device_name(claim_uid: str, request: str) -> str:
+    return _safe(f"{claim_uid}-{request}")
+
+
+def device_id(claim_uid: str, request: str) -> str:
+    """The fully qualified CDI device of a claim's request, as the runtime is told it."""
+    return f"{KIND}={device_name(claim_uid, request)}"
+
+
+def nvidia_device(uuid: str) -> str:
+    """The NVIDIA container toolkit's CDI device of one GPU."""
+    return f"{NVIDIA_KIND}={uuid}"
+
+
+def _safe(text: str) -> str:
+    return _NAME.sub("_", text)
+
+
+def edits(
+    grants: Sequence[allocation.DeviceGrant], uuid_of: dict[int, str], enforce: handoff.Enforcement
+) -> dict[str, Any]:
+    """The container edits for a request's grants: the hand-off's variables as literal values (a
+    CDI edit cannot refer to another variable), the preload and the mounts its limits need."""
+    if not grants:
+        raise errors.InvalidInputError("a CDI device needs at least one GPU")
+    values = handoff.values(grants, uuid_of, enforce)
+    mounts: list[dict[str, Any]] = []
+    if enforce.hami_core:
+        values[handoff.LD_PRELOAD] = handoff.HAMI_LIBRARY
+        mounts.append(_bind(handoff.HAMI_HOST_DIR, handoff.HAMI_MOUNT, read_only=True))
+    if enforce.mps and len(grants) == 1:
+        directory = handoff.mps_directory(uuid_of[grants[0].index])
+        values[handoff.MPS_PIPE] = f"{handoff.MPS_MOUNT}/pipe"
+        values[handoff.MPS_LOG] = f"{handoff.MPS_MOUNT}/log"
+        mounts.append(_bind(f"{handoff.MPS_HOST_ROOT}/{directory}", handoff.MPS_MOUNT, read_only=False))
+    out: dict[str, Any] = {"env": [f"{k}={v}" for k, v in sorted(values.items()) if v != ""]}
+    if mounts:
+        out["mounts"] = mounts
+    return out
+
+
+def _bind(host: str, container: str, *, read_only: bool) -> dict[str, Any]:
+    options = ["rbind", "nosuid", "nodev", "ro" if read_only else "rw"]
+    return {"hostPath": host, "containerPath": container, "options": options}
+
+
+def spec(
+    claim_uid: str, requests: Sequence[RequestDevices], uuid_of: dict[int, str], enforce: handoff.Enforcement
+) -> dict[str, Any]:
+    """The CDI spec of one prepared claim."""
+    return {
+        "cdiVersion": VERSION,
+        "kind": KIND,
+        "devices": [
+            {"name": device_name(claim_uid, r.request), "containerEdits": edits(r.grants, uuid_of, enforce)}
+            for r in requests
+        ],
+    }

@@ -1,0 +1,221 @@
+"""The agent's DRA kubelet plugin, driven as the kubelet drives it: a gRPC client that speaks the
+kubelet's published protocols (pluginregistration v1, DRAPlugin v1 and v1beta1) over the plugin's
+unix sockets, with claims on the fake API server."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import grpc
+import orjson
+import pytest
+from google.protobuf.message import Message
+
+from sharegpu.agent import draplugin
+from sharegpu.agent import draplugin_pb2 as pb
+from sharegpu.agent import pluginregistration_pb2 as reg
+from sharegpu.api import cdi, dra, handoff, wire
+from sharegpu.kube import client, fake
+from tests import builders
+
+Json = dict[str, Any]
+A = TypeVar("A", bound=Message)
+CLAIMS = "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims"
+NODE = "n0"
+
+
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    """A short directory: a unix socket's path must fit in 108 bytes."""
+    made = Path(tempfile.mkdtemp(prefix="dra-", dir="/tmp"))
+    yield made
+    shutil.rmtree(made, ignore_errors=True)
+
+
+def spec() -> wire.DeviceSpec:
+    return builders.MakeDevice(NODE).gpus(2, "T4", 16384).wire().spec
+
+
+def allocated(name: str, node: str = NODE, index: int = 1, milli: int = 300, memory: str = "4Gi") -> Json:
+    body = builders.MakeClaim(name).ask(milli, memory).obj()
+    result = {"request": "gpu", "driver": dra.DRIVER, "pool": node, "device": dra.device_name(index),
+              "shareID": "5e0c1a9e-0000-4000-8000-000000000001",
+              "consumedCapacity": {dra.MILLI: str(milli), dra.MEMORY: memory}}  # fmt: skip
+    body["status"] = {"allocation": {"devices": {"results": [result]}}}
+    return body
+
+
+class Kubelet:
+    """What the kubelet does with a DRA plugin, over its sockets."""
+
+    def __init__(self, paths: draplugin.Paths) -> None:
+        self.paths = paths
+
+    async def call(self, socket: Path, method: str, request: Message, answer: type[A]) -> A:
+        async with grpc.aio.insecure_channel(f"unix://{socket}") as channel:
+            stub = channel.unary_unary(method, type(request).SerializeToString, answer.FromString)
+            found: A = await stub(request, timeout=5)
+            return found
+
+    async def info(self) -> reg.PluginInfo:
+        method = f"/{draplugin.REGISTRATION}/GetInfo"
+        return await self.call(self.paths.registration_socket, method, reg.InfoRequest(), reg.PluginInfo)
+
+    async def notify(self, registered: bool, error: str = "") -> None:
+        method = f"/{draplugin.REGISTRATION}/NotifyRegistrationStatus"
+        status = reg.RegistrationStatus(plugin_registered=registered, error=error)
+        await self.call(self.paths.registration_socket, method, status, reg.RegistrationStatusResponse)
+
+    async def prepare(self, *claims: tuple[str, str], version: str = "v1") -> pb.NodePrepareResourcesResponse:
+        method = f"/k8s.io.kubelet.pkg.apis.dra.{version}.DRAPlugin/NodePrepareResources"
+        request = pb.NodePrepareResourcesRequest(claims=[pb.Claim(namespace="ns", name=n, uid=u) for n, u in claims])
+        return await self.call(self.paths.plugin_socket, method, request, pb.NodePrepareResourcesResponse)
+
+    async def unprepare(self, *claims: tuple[str, str]) -> pb.NodeUnprepareResourcesResponse:
+        method = "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodeUnprepareResources"
+        request = pb.NodeUnprepareResourcesRequest(claims=[pb.Claim(namespace="ns", name=n, uid=u) for n, u in claims])
+        return await self.call(self.paths.plugin_socket, method, request, pb.NodeUnprepareResourcesResponse)
+
+
+class Setup:
+    def __init__(self, folder: Path) -> None:
+        self.server = fake.FakeApiServer()
+        self.api = client.KubeClient(self.server)
+        self.paths = draplugin.Paths.under(folder / "plugins", folder / "registry", folder / "cdi")
+        self.kubelet = Kubelet(self.paths)
+        self.enforce = handoff.Enforcement(hami_core=True)
+
+    def plugin(self) -> draplugin.DraPlugin:
+        return draplugin.DraPlugin(self.api, NODE, self.paths, spec, lambda: self.enforce)
+
+    def claim(self, body: Json) -> str:
+        uid: str = self.server.put_object(CLAIMS, body)["metadata"]["uid"]
+        return uid
+
+    def cdi_file(self, uid: str) -> Path:
+        return self.paths.cdi_dir / cdi.file_name(uid)
+
+
+@pytest.fixture
+async def setup(short_dir: Path) -> AsyncIterator[Setup]:
+    made = Setup(short_dir)
+    yield made
+    await made.api.close()
+
+
+async def test_the_kubelet_learns_what_the_plugin_is_and_tells_it_the_outcome(setup: Setup) -> None:
+    plugin = setup.plugin()
+    await plugin.start()
+    try:
+        info = await setup.kubelet.info()
+        assert (info.type, info.name, info.endpoint) == ("DRAPlugin", dra.DRIVER, str(setup.paths.plugin_socket))
+        assert list(info.supported_versions) == ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+        said = []
+        for registered, error in ((False, "driver name taken"), (True, "")):
+            await setup.kubelet.notify(registered, error)
+            said.append((plugin.registered, plugin.registration_error))
+        assert said == [(False, "driver name taken"), (True, "")]
+    finally:
+        await plugin.stop()
+    assert not setup.paths.registration_socket.exists() and not setup.paths.plugin_socket.exists()
+
+
+async def test_a_prepared_claim_gets_its_gpu_and_limits_through_cdi_idempotently(setup: Setup) -> None:
+    uid = setup.claim(allocated("c"))
+    plugin = setup.plugin()
+    await plugin.start()
+    try:
+        answer = await setup.kubelet.prepare(("c", uid))
+        prepared = answer.claims[uid]
+        assert prepared.error == ""
+        (device,) = prepared.devices
+        gpu = spec().gpus[1]
+        assert (list(device.request_names), device.pool_name, device.device_name) == (["gpu"], NODE, "gpu-1")
+        assert list(device.cdi_device_ids) == [f"nvidia.com/gpu={gpu.uuid}", f"sharegpu.io/claim={uid}-gpu"]
+        assert device.share_id == "5e0c1a9e-0000-4000-8000-000000000001"
+        written = orjson.loads(setup.cdi_file(uid).read_bytes())
+        assert written["kind"] == "sharegpu.io/claim" and written["cdiVersion"] == cdi.VERSION
+        (made,) = written["devices"]
+        assert made["name"] == f"{uid}-gpu"
+        env = made["containerEdits"]["env"]
+        assert f"NVIDIA_VISIBLE_DEVICES={gpu.uuid}" in env
+        assert "CUDA_DEVICE_MEMORY_LIMIT=4096m" in env and "CUDA_DEVICE_SM_LIMIT=30" in env
+        assert f"LD_PRELOAD={handoff.HAMI_LIBRARY}" in env
+        assert made["containerEdits"]["mounts"][0]["hostPath"] == handoff.HAMI_HOST_DIR
+        assert oct(setup.cdi_file(uid).stat().st_mode & 0o777) == "0o644"
+
+        again = await setup.kubelet.prepare(("c", uid))
+        assert again == answer, "preparing again answers the same"
+        older = await setup.kubelet.prepare(("c", uid), version="v1beta1")
+        assert list(older.claims[uid].devices[0].cdi_device_ids) == list(device.cdi_device_ids)
+
+        done = await setup.kubelet.unprepare(("c", uid))
+        assert done.claims[uid].error == "" and not setup.cdi_file(uid).exists()
+        twice = await setup.kubelet.unprepare(("c", uid))
+        assert twice.claims[uid].error == "", "unpreparing what is gone is done"
+    finally:
+        await plugin.stop()
+
+
+async def test_what_a_restarted_agent_finds_it_unprepares(setup: Setup) -> None:
+    uid = setup.claim(allocated("c"))
+    first = setup.plugin()
+    await first.start()
+    await setup.kubelet.prepare(("c", uid))
+    await first.stop()
+    assert setup.cdi_file(uid).exists(), "a stopped agent leaves running pods their devices"
+    second = setup.plugin()
+    await second.start()
+    try:
+        assert second.prepared() == [cdi.file_name(uid)]
+        answer = await setup.kubelet.unprepare(("c", uid))
+        assert answer.claims[uid].error == "" and not setup.cdi_file(uid).exists()
+    finally:
+        await second.stop()
+
+
+async def test_a_claim_that_cannot_be_prepared_is_answered_with_its_reason(setup: Setup) -> None:
+    elsewhere = setup.claim(allocated("far", node="n9"))
+    bare = setup.claim(builders.MakeClaim("bare").ask(300, "1Gi").obj())
+    missing_gpu = setup.claim(allocated("ghost", index=7))
+    good = setup.claim(allocated("good"))
+    plugin = setup.plugin()
+    await plugin.start()
+    try:
+        answer = await setup.kubelet.prepare(
+            ("far", elsewhere), ("bare", bare), ("ghost", missing_gpu), ("good", "not-its-uid"), ("gone", "u9"),
+            ("good", good),
+        )  # fmt: skip
+        errors = {uid: answer.claims[uid].error for uid in answer.claims}
+        assert errors[elsewhere] == "claim ns/far is allocated on n9, not on this node n0"
+        assert errors[bare] == f"claim ns/bare holds no device of {dra.DRIVER}"
+        assert errors[missing_gpu] == "claim ns/ghost: GPU(s) [7] are not on this node"
+        assert errors["not-its-uid"] == f"claim ns/good has UID {good}, not the not-its-uid the kubelet names"
+        assert errors["u9"] == "claim ns/gone does not exist"
+        assert errors[good] == "" and len(answer.claims[good].devices) == 1, "the others do not stop it"
+        assert plugin.prepared() == [cdi.file_name(good)]
+    finally:
+        await plugin.stop()
+
+
+async def test_a_registration_socket_that_went_is_served_again(setup: Setup) -> None:
+    plugin = setup.plugin()
+    await plugin.start()
+    keeper = asyncio.create_task(plugin.keep_registered(every=0.05))
+    try:
+        setup.paths.registration_socket.unlink()
+        for _ in range(100):
+            await asyncio.sleep(0.05)
+            if setup.paths.registration_socket.exists():
+                break
+        info = await setup.kubelet.info()
+        assert info.name == dra.DRIVER
+    finally:
+        keeper.cancel()
+        await asyncio.gather(keeper, return_exceptions=True)
+        await plugin.stop()
