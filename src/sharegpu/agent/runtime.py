@@ -41,6 +41,7 @@ from prometheus_client.registry import Collector
 from sharegpu.agent import (
     actions,
     cgroups,
+    draplugin,
     drift,
     inventory,
     isolation,
@@ -89,9 +90,11 @@ class Options:
     drift_grace: float = 60.0
     """Seconds a pod may run before the kubelet must list the GPUs the API says it holds."""
     hami_core_compute: bool = False
+    """The operator measured (scripts/gpu-check) that this node's HAMi-core enforces compute shares."""
     dra: bool = False
     """Also publish the node's GPUs as a ResourceSlice of sharegpu's DRA driver (`agent.publication`)."""
-    """The operator measured (scripts/gpu-check) that this node's HAMi-core enforces compute shares."""
+    dra_plugin: draplugin.Paths | None = None
+    """With `dra`: serve the kubelet's DRA plugin on these sockets (`agent.draplugin`); None: not served."""
 
 
 class Agent:
@@ -122,6 +125,12 @@ class Agent:
         self.isolation = isolation.Isolation(api, node, settings, self.warnings, supervisor=supervisor, prover=prover)
         self.enforcer = actions.Enforcer(api, self.warnings, options.proc)
         self.publisher = publication.SlicePublisher(api, node, clock=clock) if options.dra else None
+        self.plugin = (
+            draplugin.DraPlugin(api, node, options.dra_plugin, lambda: self.written, self._enforcement)
+            if options.dra and options.dra_plugin is not None
+            else None
+        )
+        """The kubelet's DRA plugin of this node (prepares sharegpu's claims); None: not served."""
         self.repair = (
             repair.DriftRepair(api, kubelet, self.warnings, options.drift_grace, wall) if kubelet is not None else None
         )
@@ -152,9 +161,22 @@ class Agent:
             asyncio.create_task(self.loop.run(tick=self.interval), name="agent-inventory"),
             asyncio.create_task(self._watch_xids(), name="agent-xids"),
         ]
+        if self.plugin is not None:
+            await self.plugin.start()
+            self.tasks.append(asyncio.create_task(self.plugin.keep_registered(), name="agent-dra-registration"))
+
+    def _enforcement(self) -> handoff.Enforcement:
+        """The limits this node enforces for a claim (it demands no mode: what the extender path gives
+        a pod that demands none)."""
+        if self.written is None:
+            return handoff.Enforcement()
+        offered = frozenset(devices.Isolation(mode) for mode in self.written.isolation)
+        return handoff.Enforcement.of(offered, None)
 
     async def stop(self) -> None:
         await informer.cancel(reversed(self.tasks))
+        if self.plugin is not None:
+            await self.plugin.stop()
         if self.supervisor is not None:
             await self.supervisor.stop()
 

@@ -224,8 +224,19 @@ ProbeLibcuda = Annotated[
 Dra = Annotated[
     bool,
     typer.Option(
-        "--dra", help="Also publish the node's GPUs as a ResourceSlice of sharegpu's DRA driver (docs/dra.md)."
+        "--dra",
+        help="Serve sharegpu's DRA claims on this node: publish its GPUs as a ResourceSlice and serve the "
+        "kubelet's DRA plugin (docs/dra.md).",
     ),
+]
+KubeletPluginsDir = Annotated[
+    Path, typer.Option(help="With --dra: where the kubelet's DRA plugin sockets go (the plugin's own folder under it).")
+]
+KubeletRegistryDir = Annotated[
+    Path, typer.Option(help="With --dra: the kubelet's plugin registration folder (it watches it).")
+]
+CdiDir = Annotated[
+    Path, typer.Option(help="With --dra: where the CDI specs of prepared claims go (the runtime reads it).")
 ]
 ProbeDir = Annotated[Path, typer.Option(help="A writable folder of the probe's own (its HAMi-core accounting file).")]
 OnViolation = Annotated[
@@ -255,6 +266,9 @@ def agent(
     probe_libcuda: ProbeLibcuda = "libcuda.so.1",
     probe_dir: ProbeDir = Path("/run/sharegpu/probe"),
     dra: Dra = False,
+    kubelet_plugins_dir: KubeletPluginsDir = Path("/var/lib/kubelet/plugins"),
+    kubelet_registry_dir: KubeletRegistryDir = Path("/var/lib/kubelet/plugins_registry"),
+    cdi_dir: CdiDir = Path("/var/run/cdi"),
     on_violation: OnViolation = "report",
     slack_mib: Annotated[
         int, typer.Option(help="MiB a pod may exceed its GPU memory by before it violates.", min=0)
@@ -274,7 +288,7 @@ def agent(
 
     The GPUs come from NVML, or from the file --fake-nvml names; with --mps the agent runs an MPS
     control daemon per GPU."""
-    from sharegpu.agent import fakenvml, nvml, podresources, proof, watchdog
+    from sharegpu.agent import draplugin, fakenvml, nvml, podresources, proof, watchdog
     from sharegpu.agent import mps as agent_mps
     from sharegpu.agent import runtime as agent_runtime
 
@@ -289,6 +303,7 @@ def agent(
         interval=interval, hami_core_library=Path(hami_core_library) if hami_core_library else None,
         hami_core_dir=hami_core_dir, on_violation=action, proc=proc, slack_mib=slack_mib,
         hami_core_compute=hami_core_enforces_compute, dra=dra,
+        dra_plugin=draplugin.Paths.under(kubelet_plugins_dir, kubelet_registry_dir, cdi_dir) if dra else None,
     )  # fmt: skip
     supervisor = agent_mps.Supervisor(mps_binary, agent_mps.Layout(mps_root), proc=proc) if mps else None
     # A fake NVML has no GPU to probe: its modes are offered unproven.
