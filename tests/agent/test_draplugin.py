@@ -9,22 +9,18 @@ import shutil
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-import grpc
 import orjson
 import pytest
-from google.protobuf.message import Message
 
 from sharegpu.agent import draplugin
-from sharegpu.agent import draplugin_pb2 as pb
-from sharegpu.agent import pluginregistration_pb2 as reg
 from sharegpu.api import cdi, dra, handoff, wire
 from sharegpu.kube import client, fake
 from tests import builders
+from tests.agent.drakubelet import Kubelet
 
 Json = dict[str, Any]
-A = TypeVar("A", bound=Message)
 CLAIMS = "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims"
 NODE = "n0"
 
@@ -48,38 +44,6 @@ def allocated(name: str, node: str = NODE, index: int = 1, milli: int = 300, mem
               "consumedCapacity": {dra.MILLI: str(milli), dra.MEMORY: memory}}  # fmt: skip
     body["status"] = {"allocation": {"devices": {"results": [result]}}}
     return body
-
-
-class Kubelet:
-    """What the kubelet does with a DRA plugin, over its sockets."""
-
-    def __init__(self, paths: draplugin.Paths) -> None:
-        self.paths = paths
-
-    async def call(self, socket: Path, method: str, request: Message, answer: type[A]) -> A:
-        async with grpc.aio.insecure_channel(f"unix://{socket}") as channel:
-            stub = channel.unary_unary(method, type(request).SerializeToString, answer.FromString)
-            found: A = await stub(request, timeout=5)
-            return found
-
-    async def info(self) -> reg.PluginInfo:
-        method = f"/{draplugin.REGISTRATION}/GetInfo"
-        return await self.call(self.paths.registration_socket, method, reg.InfoRequest(), reg.PluginInfo)
-
-    async def notify(self, registered: bool, error: str = "") -> None:
-        method = f"/{draplugin.REGISTRATION}/NotifyRegistrationStatus"
-        status = reg.RegistrationStatus(plugin_registered=registered, error=error)
-        await self.call(self.paths.registration_socket, method, status, reg.RegistrationStatusResponse)
-
-    async def prepare(self, *claims: tuple[str, str], version: str = "v1") -> pb.NodePrepareResourcesResponse:
-        method = f"/k8s.io.kubelet.pkg.apis.dra.{version}.DRAPlugin/NodePrepareResources"
-        request = pb.NodePrepareResourcesRequest(claims=[pb.Claim(namespace="ns", name=n, uid=u) for n, u in claims])
-        return await self.call(self.paths.plugin_socket, method, request, pb.NodePrepareResourcesResponse)
-
-    async def unprepare(self, *claims: tuple[str, str]) -> pb.NodeUnprepareResourcesResponse:
-        method = "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodeUnprepareResources"
-        request = pb.NodeUnprepareResourcesRequest(claims=[pb.Claim(namespace="ns", name=n, uid=u) for n, u in claims])
-        return await self.call(self.paths.plugin_socket, method, request, pb.NodeUnprepareResourcesResponse)
 
 
 class Setup:

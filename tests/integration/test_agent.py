@@ -7,19 +7,21 @@ memory is evicted; a reservation's misreported GPU is corrected from the kubelet
 from __future__ import annotations
 
 import asyncio
+import shutil
 import tempfile
 import uuid
 from pathlib import Path
 
-from sharegpu.agent import fakekubelet, fakenvml, inventory, mps, podresources, proof, watchdog
+from sharegpu.agent import draplugin, fakekubelet, fakenvml, inventory, mps, podresources, proof, watchdog
 from sharegpu.agent import runtime as agent_runtime
-from sharegpu.api import dra, names, paths, wire
+from sharegpu.api import cdi, dra, names, paths, wire
 from sharegpu.core import devices
 from sharegpu.devcluster import controlplane, fakecluster, stack
 from sharegpu.kube import client
 from tests.agent import cudastubs
+from tests.agent.drakubelet import Kubelet
 from tests.agent.fake_mps_daemon import write_fake_daemon
-from tests.builders import NVML_FILE, MakeAllocation, MakeNode, MakePod, write_bytes, write_nvml
+from tests.builders import NVML_FILE, MakeAllocation, MakeClaim, MakeNode, MakePod, write_bytes, write_nvml
 from tests.integration.conftest import Json, get_or_none, gpu_pod, refusal, wait_for
 
 
@@ -341,3 +343,49 @@ async def test_the_agent_publishes_its_gpus_as_a_resource_slice_where_dra_is_ser
     finally:
         await agent.stop()
         await kube.close()
+
+
+async def test_the_agent_s_kubelet_plugin_prepares_a_claim_allocated_on_its_node(
+    admin: client.KubeClient, control_plane: controlplane.ControlPlane, system: None, namespace: str
+) -> None:
+    """With `--dra`, the agent (its own RBAC) serves the kubelet's DRA plugin: registered by the
+    kubelet's protocol, it prepares a claim allocated on its node from what the real API server shows
+    (a CDI spec with the GPU's UUID; the IDs of the NVIDIA toolkit's device and of sharegpu's), refuses
+    one with another UID, and unprepares it."""
+    if tuple(int(p) for p in control_plane.version.split(".")[:2]) < (1, 34):
+        return  # no resource.k8s.io/v1: no claims (the slice test above says what the agent does then)
+    name = f"plug-{uuid.uuid4().hex[:8]}"
+    await admin.create(paths.NODES, MakeNode(name).obj())
+    folder = Path(tempfile.mkdtemp(prefix="dra-", dir="/tmp"))
+    nvml_path = folder / "nvml.yaml"
+    write_nvml(nvml_path, NVML_FILE)
+    plugin_paths = draplugin.Paths.under(folder / "plugins", folder / "registry", folder / "cdi")
+    kube = stack.kube_for(control_plane, "sharegpu-agent")
+    options = agent_runtime.Options(interval=0.5, dra=True, dra_plugin=plugin_paths)
+    agent = agent_runtime.Agent(kube, name, fakenvml.FakeNvml(nvml_path).open(), options)
+    claims = f"/apis/{dra.API_VERSION}/namespaces/{namespace}/resourceclaims"
+    await agent.start()
+    try:
+        kubelet = Kubelet(plugin_paths, namespace)
+        info = await kubelet.info()
+        assert (info.type, info.name, info.endpoint) == ("DRAPlugin", dra.DRIVER, str(plugin_paths.plugin_socket))
+        await wait_for(lambda: get_or_none(admin, dra.slice_path(name)), what="the node's ResourceSlice")
+        made = await admin.create(claims, MakeClaim("c", namespace).ask(300, "4Gi").obj())
+        placed = MakeAllocation(f"{namespace}/c#claim", name).grant(1, 300, 4096, container="gpu").obj()
+        made["status"] = {"allocation": dra.claim_allocation(placed, [str(uuid.uuid4())], wire.timestamp(1e9))}
+        await admin.replace(f"{claims}/c/status", made)
+        uid = made["metadata"]["uid"]
+        answer = await kubelet.prepare(("c", uid))
+        assert answer.claims[uid].error == "", answer
+        (device,) = answer.claims[uid].devices
+        assert list(device.cdi_device_ids) == ["nvidia.com/gpu=GPU-1", f"sharegpu.io/claim={uid}-gpu"]
+        spec_file = plugin_paths.cdi_dir / cdi.file_name(uid)
+        assert "NVIDIA_VISIBLE_DEVICES=GPU-1" in spec_file.read_text()
+        wrong = await kubelet.prepare(("c", "another-uid"))
+        assert "not the another-uid the kubelet names" in wrong.claims["another-uid"].error
+        await kubelet.unprepare(("c", uid))
+        assert not spec_file.exists()
+    finally:
+        await agent.stop()
+        await kube.close()
+        shutil.rmtree(folder, ignore_errors=True)
