@@ -283,3 +283,21 @@ async def test_a_gated_pod_with_no_claim_of_the_class_is_let_go(harness: Callabl
     await settle(h.server)
     await run(h)
     assert gates(h, "p") == []
+
+
+async def test_a_pod_s_claims_go_to_one_node_all_of_them_or_none(harness: Callable[..., Any]) -> None:
+    h: Harness = await harness(nodes=0, gpus=1, dra=2)
+    for name in ("x", "y", "z"):
+        h.server.put_object(CLAIMS, builders.MakeClaim(name).ask(600, "1Gi").obj())
+    both = builders.MakePod("both", "ns").container().claim("x", "first").claim("y", "second").gate()
+    h.server.put_object(paths.pods("ns"), both.obj())
+    await settle(h.server)
+    await run(h)
+    assert not results(h, "x") and not results(h, "y"), "two 600-milli shares fit no one-GPU node together"
+    assert not h.extender.cache.claims_assumed and int(h.extender.cache.state.milli_free.sum()) == 2000
+    (event,) = [e for e in h.server.list_objects(paths.events("ns")) if e["reason"] == "ClaimNotAllocated"]
+    assert "no GPU with 600 milli-GPU free" in event["message"]
+    h.server.put_object(paths.pods("ns"), builders.MakePod("pair", "ns").container().claim("z", "a").gate().obj())
+    await settle(h.server)
+    await run(h)
+    assert results(h, "z") and gates(h, "pair") == []

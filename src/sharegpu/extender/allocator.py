@@ -26,6 +26,10 @@ claims of the class, oldest first:
   forgotten).
 - **Lifts the gate** once every claim of the class is allocated (written or shown).
 
+Decisions are made one pod after the other, in one pass; the writes of different pods then go out
+together (`writers` at a time), each pod's claims in order. A pod whose claims cannot all be placed
+gets none of them.
+
 Then the takeovers and leftovers:
 
 - **kube-scheduler's PostFilter** clears the allocation of a claim nobody reserved when the pod fits
@@ -41,6 +45,7 @@ had sent has landed or failed, and the watch shows it, so no two leaders' decisi
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import hashlib
 import logging
@@ -69,6 +74,8 @@ SETTLE = 5.0
 WRITE_DEADLINE = 60.0
 """Seconds after which a write the API server never answered can no longer land (kube-apiserver's
 default --request-timeout)."""
+WRITERS = 16
+"""Pods whose claims are written at the same time (each pod's claims one after the other)."""
 TEMPLATE_RETRY = 10.0
 """Seconds before a claim template is made again (one that could not be, or that went since)."""
 ORPHAN_AFTER = 30.0
@@ -86,6 +93,16 @@ class Unsure:
     """When the write was sent."""
 
 
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What one pass decided for one pod: its claims' allocations to write, then its gate to lift."""
+
+    record: pods.Record
+    decided: tuple[tuple[dra.ClaimRecord, allocation.Allocation], ...]
+    claims: tuple[units.PodKey, ...]
+    """All of the pod's claims of the class."""
+
+
 class ClaimAllocator:
     def __init__(
         self,
@@ -98,8 +115,11 @@ class ClaimAllocator:
         fence: float = FENCE,
         settle: float = SETTLE,
         orphan_after: float = ORPHAN_AFTER,
+        writers: int = WRITERS,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        self.writers = writers
+        """Pods whose allocations are written at once (decisions are made one after the other)."""
         self.cache = cache
         self.api = api
         self.recorder = recorder
@@ -146,10 +166,20 @@ class ClaimAllocator:
         if now - self.term_started < self.fence:
             return
         await self._settle()
+        plans = []
         for key in sorted(self.cache.claiming, key=self._age):
             record = self.cache.record(key)
             if record is not None and not record.node and self.is_leader():
-                await self._serve(record)
+                plan = await self._plan(record)
+                if plan is not None:
+                    plans.append(plan)
+        limit = asyncio.Semaphore(self.writers)
+
+        async def carry_out(plan: Plan) -> None:
+            async with limit:
+                await self._carry_out(plan)
+
+        await asyncio.gather(*(carry_out(p) for p in plans))
         await self._clear_unused()
 
     def _age(self, key: units.PodKey) -> tuple[str, str]:
@@ -209,29 +239,53 @@ class ClaimAllocator:
         self.metrics.claims.labels("template").inc()
         log.info("claim template %s/%s made", namespace, name)
 
-    async def _serve(self, record: pods.Record) -> None:
+    async def _plan(self, record: pods.Record) -> Plan | None:
+        """Decide the pod's unallocated claims (held in the ledger at once, so the next pod's decision
+        sees them), all on one node or none of them; None when there is nothing to write or lift."""
         claims = await self._claims_of(record)
         if claims is None:
-            return
+            return None
         problems = [c.problem for c in claims if c.problem is not None]
         if problems:
             await self._say(record, "; ".join(problems))
-            return
+            return None
         done = [c for c in claims if c.allocated or c.key in self.cache.claims_assumed]
         todo = [c for c in claims if c not in done]
         nodes = {self._node_of(c) for c in done} - {None}
+        decided: list[tuple[dra.ClaimRecord, allocation.Allocation]] = []
         for claim in todo:
             if len(nodes) > 1:
                 await self._say(record, f"its claims are allocated on several nodes: {sorted(n for n in nodes if n)}")
-                return
-            placed = self._place(record, claim, next(iter(nodes)) if nodes else None)
+                placed: allocation.Allocation | str = "several nodes"
+            else:
+                placed = self._place(record, claim, next(iter(nodes)) if nodes else None)
+                if isinstance(placed, str):
+                    await self._say(record, placed)
             if isinstance(placed, str):
-                await self._say(record, placed)
-                return
-            if not await self._write(record, claim, placed):
-                return
+                for undone, _ in decided:
+                    self.cache.forget_claim(undone.key)
+                return None
+            decided.append((claim, placed))
             nodes.add(placed.node)
-        if any(c.key in self.unsure for c in claims):
+        if not decided and not record.gated:
+            return None
+        return Plan(record, tuple(decided), tuple(c.key for c in claims))
+
+    async def _carry_out(self, plan: Plan) -> None:
+        """Write the plan's allocations, one after the other; then lift the gate once every claim is
+        known to be allocated. A decision left unwritten is let go."""
+        record = plan.record
+        written = 0
+        try:
+            for claim, placed in plan.decided:
+                if not await self._write(record, claim, placed):
+                    break
+                written += 1
+        finally:
+            for claim, _ in plan.decided[written:]:
+                if claim.key not in self.unsure:
+                    self.cache.forget_claim(claim.key)
+        if written < len(plan.decided) or any(k in self.unsure for k in plan.claims):
             return  # not known to be allocated: the gate stays until it is
         if record.gated:
             await self._lift(record)
