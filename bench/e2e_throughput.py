@@ -14,6 +14,12 @@ from /proc: on a machine with few cores every process competes for the same CPU,
 say what the ratio is made of), and how many connections kube-scheduler opened to the extender.
 
     python bench/e2e_throughput.py --nodes 1000 --pods 2000 [--runs 3] [--json PATH]
+
+With `--dra`, the nodes serve sharegpu's DRA claims instead (their agents run with --dra: a Device
+that says so and a ResourceSlice), and the third phase is DRA pods: each uses a claim of sharegpu's
+class made from a template for its share (as the webhook writes such a pod: gated until sharegpu's
+allocator has allocated the claim), bound by kube-scheduler's DRA plugin. Every phase also reports
+the p50 and p99 time from a pod's creation to its binding.
 """
 
 from __future__ import annotations
@@ -27,13 +33,15 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sharegpu.api import names, paths, wire
+from sharegpu.api import dra, names, paths, wire
 from sharegpu.core import devices
 from sharegpu.devcluster import stack
 from sharegpu.kube import client, informer
+from sharegpu.kube import errors as kube_errors
 
 Json = dict[str, Any]
 
@@ -72,6 +80,24 @@ def token_pod(name: str, namespace: str) -> Json:
     return body
 
 
+def dra_pod(name: str, namespace: str, milli: int) -> Json:
+    """A pod of the DRA path, as the webhook writes it: its claim from the namespace's template for its
+    share, gated until sharegpu's allocator has allocated it."""
+    body = plain_pod(name, namespace)
+    shape = dra.Shape(1, milli)
+    body["spec"]["resourceClaims"] = [{"name": dra.POD_CLAIM, "resourceClaimTemplateName": shape.name}]
+    body["spec"]["containers"][0]["resources"]["claims"] = [{"name": dra.POD_CLAIM}]
+    body["spec"]["schedulingGates"] = [{"name": names.DRA_GATE}]
+    return body
+
+
+async def dra_class(kube: client.KubeClient) -> None:
+    """sharegpu's DeviceClass, as the chart renders it."""
+    body = {"apiVersion": dra.API_VERSION, "kind": "DeviceClass", "metadata": {"name": dra.CLASS},
+            "spec": {"selectors": [{"cel": {"expression": dra.CLASS_SELECTOR}}]}}  # fmt: skip
+    await kube.create(f"/apis/{dra.API_VERSION}/deviceclasses", body)
+
+
 async def advertise_tokens(kube: client.KubeClient, nodes: list[str], parallel: int = 32) -> None:
     """Every node advertises 1000 tokens (what a device plugin does for its resource)."""
     limit = asyncio.Semaphore(parallel)
@@ -102,43 +128,68 @@ def processes(whole: stack.Stack) -> dict[str, int]:
     return found
 
 
-async def measured(
-    whole: stack.Stack, namespace: str, pods: list[Json], timeout: float
-) -> tuple[float, dict[str, float]]:
-    """pods/s, and per process its CPU milliseconds per pod over the phase."""
+@dataclass(frozen=True)
+class Phase:
+    rate: float
+    """Pods per second, from the first creation to the last binding."""
+    p50_ms: float
+    p99_ms: float
+    """Time from a pod's creation to its binding (seen by a watch)."""
+    cpu: dict[str, float]
+
+
+async def measured(whole: stack.Stack, namespace: str, pods: list[Json], timeout: float) -> Phase:
+    """The phase's figures, with per process its CPU milliseconds per pod."""
     assert whole.admin is not None
     pids = processes(whole)
     before = {name: cpu_seconds(pid) for name, pid in pids.items()}
-    rate = await schedule(whole.admin, namespace, pods, timeout)
+    rate, latencies = await schedule(whole.admin, namespace, pods, timeout)
     spent = {name: (cpu_seconds(pid) - before[name]) * 1000 / len(pods) for name, pid in pids.items()}
-    return rate, {name: round(ms, 2) for name, ms in sorted(spent.items(), key=lambda kv: -kv[1])}
+    cpu = {name: round(ms, 2) for name, ms in sorted(spent.items(), key=lambda kv: -kv[1])}
+    return Phase(rate, percentile(latencies, 50), percentile(latencies, 99), cpu)
+
+
+def percentile(values: list[float], which: int) -> float:
+    ordered = sorted(values)
+    return round(ordered[min(len(ordered) - 1, len(ordered) * which // 100)] * 1000, 1)
 
 
 async def phase(
     whole: stack.Stack, args: argparse.Namespace, title: str, kind: str, make: Callable[[str, str], Json]
-) -> tuple[float, dict[str, float]]:
+) -> Phase:
     """Schedule `args.pods` pods made by `make` in namespace bench-`kind`; print and return the figures."""
     namespace = f"bench-{kind}"
     pods = [make(f"{kind}-{i}", namespace) for i in range(args.pods)]
-    rate, cpu = await measured(whole, namespace, pods, args.timeout)
-    show(title, rate, cpu)
-    return rate, cpu
+    found = await measured(whole, namespace, pods, args.timeout)
+    show(title, found)
+    return found
 
 
-def show(title: str, rate: float, cpu: dict[str, float]) -> None:
-    parts = ", ".join(f"{name} {ms:.1f}" for name, ms in cpu.items() if ms >= 0.05)
-    print(f"{title} {rate:7.1f} pods/s; CPU ms per pod: {parts} (total {sum(cpu.values()):.1f})")
+def show(title: str, found: Phase) -> None:
+    parts = ", ".join(f"{name} {ms:.1f}" for name, ms in found.cpu.items() if ms >= 0.05)
+    print(f"{title} {found.rate:7.1f} pods/s, creation to binding p50 {found.p50_ms:.0f} ms, "
+          f"p99 {found.p99_ms:.0f} ms; CPU ms per pod: {parts} (total {sum(found.cpu.values()):.1f})")  # fmt: skip
 
 
-async def schedule(kube: client.KubeClient, namespace: str, pods: list[Json], timeout: float) -> float:
-    """Create `pods` (64 at a time) and return pods/s from the first create to the last binding."""
-    await kube.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
-    bound: set[str] = set()
+async def schedule(
+    kube: client.KubeClient, namespace: str, pods: list[Json], timeout: float
+) -> tuple[float, list[float]]:
+    """Create `pods` (64 at a time); pods/s from the first create to the last binding, and each pod's
+    seconds from its creation to its binding."""
+    try:
+        made = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}
+        await kube.create("/api/v1/namespaces", made)
+    except kube_errors.ConflictError as exc:
+        if not exc.already_exists:
+            raise
+    bound: dict[str, float] = {}
+    created: dict[str, float] = {}
     done = asyncio.Event()
 
     def seen(kind: str, pod: wire.Pod) -> None:
-        if kind != "DELETED" and pod.spec.node_name:
-            bound.add(pod.metadata.name)
+        name = pod.metadata.name
+        if kind != "DELETED" and pod.spec.node_name and name not in bound:
+            bound[name] = time.perf_counter()
             if len(bound) == len(pods):
                 done.set()
 
@@ -151,6 +202,7 @@ async def schedule(kube: client.KubeClient, namespace: str, pods: list[Json], ti
 
     async def create(body: Json) -> None:
         async with limit:
+            created[body["metadata"]["name"]] = time.perf_counter()
             await kube.create(f"/api/v1/namespaces/{namespace}/pods", body)
 
     started = time.perf_counter()
@@ -163,12 +215,13 @@ async def schedule(kube: client.KubeClient, namespace: str, pods: list[Json], ti
         ) from None
     elapsed = time.perf_counter() - started
     await informer.cancel([task])
-    return len(pods) / elapsed
+    return len(pods) / elapsed, [bound[name] - created[name] for name in bound]
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="sharegpu-bench-") as tmp:
-        whole = stack.Stack(Path(tmp))
+        # The DRA allocator writes at once (a new leader's fence guards against a previous one: none here).
+        whole = stack.Stack(Path(tmp), extender_args=("--dra-fence", "0") if args.dra else ())
         await whole.start(harness=False)
         try:
             assert whole.harness is not None and whole.admin is not None
@@ -188,30 +241,53 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     for name in nodes
                 ],
                 parallel=32,
+                dra=args.dra,
             )
+            if args.dra:
+                await dra_class(whole.admin)
             await advertise_tokens(whole.admin, nodes)
             print(f"{args.nodes} fake nodes with 8 GPUs each ready in {time.perf_counter() - started:.1f} s")
             await asyncio.sleep(3)  # let kube-scheduler's and the extender's caches see every node
-            plain, plain_cpu = await phase(whole, args, "plain pods (kube-scheduler alone):  ", "plain", plain_pod)
-            token, token_cpu = await phase(whole, args, "token pods (kube-scheduler alone):  ", "token", token_pod)
+            plain = await phase(whole, args, "plain pods (kube-scheduler alone):  ", "plain", plain_pod)
+            token = await phase(whole, args, "token pods (kube-scheduler alone):  ", "token", token_pod)
             rng = random.Random(3)
+            shares = [100, 200, 250, 300, 500]
+            if args.dra:
+                namespace = "bench-dra"
+                await whole.admin.create(
+                    "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}
+                )
+                for milli in shares:  # what sharegpu's allocator would make on the first pod of each
+                    await whole.admin.create(
+                        dra.template_path(namespace), dra.template(namespace, dra.Shape(1, milli).name)
+                    )
 
-            def shared(name: str, namespace: str) -> Json:
-                return sharing_pod(name, namespace, rng.choice([100, 200, 250, 300, 500]))
+                def claimed(name: str, namespace: str) -> Json:
+                    return dra_pod(name, namespace, rng.choice(shares))
 
-            sharing, sharing_cpu = await phase(whole, args, "sharing pods (through the extender):", "sharing", shared)
+                sharing = await phase(whole, args, "DRA pods (sharegpu's allocator):   ", "dra", claimed)
+            else:
+
+                def shared(name: str, namespace: str) -> Json:
+                    return sharing_pod(name, namespace, rng.choice(shares))
+
+                sharing = await phase(whole, args, "sharing pods (through the extender):", "sharing", shared)
             assert whole.extender is not None
             connections = await whole.extender.connections()
             print(f"connections the extender accepted from kube-scheduler, by protocol: {connections}")
         finally:
             await whole.stop()
+    path = "dra" if args.dra else "extender"
     return {
-        "plain_pods_per_second": round(plain, 2),
-        "token_pods_per_second": round(token, 2),
-        "extender_pods_per_second": round(sharing, 2),
-        "ratio": round(sharing / plain, 3),
-        "ratio_to_token": round(sharing / token, 3),
-        "cpu_ms_per_pod": {"plain": plain_cpu, "token": token_cpu, "sharing": sharing_cpu},
+        "path": path,
+        "plain_pods_per_second": round(plain.rate, 2),
+        "token_pods_per_second": round(token.rate, 2),
+        f"{path}_pods_per_second": round(sharing.rate, 2),
+        "ratio": round(sharing.rate / plain.rate, 3),
+        "ratio_to_token": round(sharing.rate / token.rate, 3),
+        "p50_ms": {"plain": plain.p50_ms, "token": token.p50_ms, path: sharing.p50_ms},
+        "p99_ms": {"plain": plain.p99_ms, "token": token.p99_ms, path: sharing.p99_ms},
+        "cpu_ms_per_pod": {"plain": plain.cpu, "token": token.cpu, path: sharing.cpu},
         "extender_connections": connections,
     }
 
@@ -223,13 +299,15 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--runs", type=int, default=1, help="repeat on a fresh stack; report the median run")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--dra", action="store_true", help="the nodes serve DRA claims; the third phase is DRA pods")
     args = parser.parse_args()
     runs = []
     for i in range(args.runs):
         if args.runs > 1:
             print(f"-- run {i + 1} of {args.runs}")
         runs.append(asyncio.run(run(args)))
-        print(f"ratio extender/plain: {runs[-1]['ratio']:.3f}; extender/token: {runs[-1]['ratio_to_token']:.3f}")
+        path = runs[-1]["path"]
+        print(f"ratio {path}/plain: {runs[-1]['ratio']:.3f}; {path}/token: {runs[-1]['ratio_to_token']:.3f}")
     result = sorted(runs, key=lambda r: float(r["ratio"]))[len(runs) // 2]
     if args.runs > 1:
         result = {**result, "runs": runs}

@@ -6,7 +6,9 @@ The nodes are DRA nodes as an agent with --dra leaves them (Device `spec.dra`, a
 
 from __future__ import annotations
 
+import asyncio
 import functools
+import random
 from collections.abc import Callable
 from typing import Any
 
@@ -215,3 +217,87 @@ async def test_a_pod_in_another_system_s_format_goes_the_dra_way_through_the_web
     assert quantity.parse(result["consumedCapacity"][dra.MEMORY]) == quantity.parse("8Gi")
     template_made = await admin.get(dra.template_path(namespace, shape.name))
     assert template_made["metadata"]["labels"][names.LABEL_ROLE] == names.ROLE_CLAIM_TEMPLATE
+
+
+async def shares_on(admin: client.KubeClient, namespace: str) -> dict[tuple[str, str], tuple[int, int]]:
+    """(milli, MiB) the API server shows allocated per (node, device), over the namespace's claims."""
+    out: dict[tuple[str, str], tuple[int, int]] = {}
+    for claim in (await admin.get(claims_path(namespace)))["items"]:
+        for r in ((claim.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results") or []:
+            milli, memory = out.get((r["pool"], r["device"]), (0, 0))
+            consumed = r["consumedCapacity"]
+            out[(r["pool"], r["device"])] = (
+                milli + int(quantity.parse(consumed[dra.MILLI])),
+                memory + quantity.mebibytes(consumed[dra.MEMORY]),
+            )
+    return out
+
+
+async def test_killed_allocator_and_restarted_api_server_leave_nothing_overcommitted_leaked_or_stuck(
+    admin: client.KubeClient,
+    control_plane: controlplane.ControlPlane,
+    extender: ExtenderProcess,
+    nodes: Callable[..., Any],
+    namespace: str,
+    device_class: str,
+) -> None:
+    """Chaos: gated pods come and go while the extender (the allocator) is SIGKILLed mid-way and
+    restarted, once with kube-apiserver restarted too. At every check no GPU holds more than its
+    capacity; at the end every pod that fits is bound where its claim is, the rest wait gated, and
+    no allocation is left without its pod."""
+    dra_nodes = await nodes(3, gpus=2, dra=True)
+    await template(admin, namespace, "share", 300, "2Gi")  # three to a GPU: 18 in all
+    rng = random.Random(29)
+    live: list[str] = []
+    serial = 0
+
+    async def no_overcommit() -> None:
+        for where, (milli, memory) in (await shares_on(admin, namespace)).items():
+            assert milli <= 1000 and memory <= 16384, f"{where} over-committed: {milli} milli, {memory} MiB"
+
+    async def churn(create: int, delete: int) -> None:
+        nonlocal serial
+        for _ in range(create):
+            name = f"c{serial}"
+            serial += 1
+            await admin.create(paths.pods(namespace), dra_pod(name, namespace, "share"))
+            live.append(name)
+        for _ in range(delete):
+            victim = live.pop(rng.randrange(len(live)))
+            await admin.delete(paths.pod(namespace, victim), grace_period=0)
+        await asyncio.sleep(rng.uniform(0.1, 0.6))
+        await no_overcommit()
+
+    await churn(8, 0)
+    for restart_api in (False, True):
+        await churn(6, 2)
+        extender.kill()  # SIGKILL: mid-allocation, no clean release of the Lease
+        await churn(4, 2)  # pods come and go while it is down
+        if restart_api:
+            await asyncio.to_thread(control_plane.restart, "kube-apiserver", down_for=2.0)
+        extender.start()
+        await extender.wait_ready(timeout=90)
+        await no_overcommit()
+    assert len(live) > 18, "more pods than room: some must wait"
+
+    async def settled() -> list[str] | None:
+        bound = [n for n in live if await node_of(admin, namespace, n)]
+        await no_overcommit()
+        return bound if len(bound) == 18 else None
+
+    bound = await wait_for(settled, timeout=180, what="18 pods bound, three to a GPU")
+    assert set((await shares_on(admin, namespace)).values()) == {(900, 6144)}
+    assert len(await shares_on(admin, namespace)) == 6 and {n for n, _ in await shares_on(admin, namespace)} == set(
+        dra_nodes
+    )
+    holders: dict[str, str] = {}
+    for name in bound:
+        claim = await claim_of(admin, namespace, name)
+        assert claim is not None and where(claim)[0][0] == await node_of(admin, namespace, name)
+        holders[claim["metadata"]["name"]] = name
+    for claim in (await admin.get(claims_path(namespace)))["items"]:
+        if (claim.get("status") or {}).get("allocation"):
+            assert claim["metadata"]["name"] in holders, f"{claim['metadata']['name']} allocated without a bound pod"
+    for name in set(live) - set(bound):
+        pod = await admin.get(paths.pod(namespace, name))
+        assert [g["name"] for g in pod["spec"].get("schedulingGates") or []] == [names.DRA_GATE], name
