@@ -16,9 +16,11 @@ say what the ratio is made of), and how many connections kube-scheduler opened t
     python bench/e2e_throughput.py --nodes 1000 --pods 2000 [--runs 3] [--json PATH]
 
 With `--dra`, the nodes serve sharegpu's DRA claims instead (their agents run with --dra: a Device
-that says so and a ResourceSlice), and the third phase is DRA pods: each uses a claim of sharegpu's
+that says so and a ResourceSlice), and the sharing phase is DRA pods: each uses a claim of sharegpu's
 class made from a template for its share (as the webhook writes such a pod: gated until sharegpu's
-allocator has allocated the claim), bound by kube-scheduler's DRA plugin. Every phase also reports
+allocator has allocated the claim), bound by kube-scheduler's DRA plugin. Before it, the same pods
+against a DeviceClass whose claims kube-scheduler's own DRA allocator places (first fit): what DRA
+costs here without sharegpu. Every phase also reports
 the p50 and p99 time from a pod's creation to its binding.
 """
 
@@ -80,22 +82,38 @@ def token_pod(name: str, namespace: str) -> Json:
     return body
 
 
-def dra_pod(name: str, namespace: str, milli: int) -> Json:
+def dra_pod(name: str, namespace: str, milli: int, *, gated: bool = True) -> Json:
     """A pod of the DRA path, as the webhook writes it: its claim from the namespace's template for its
-    share, gated until sharegpu's allocator has allocated it."""
+    share, gated until sharegpu's allocator has allocated it (`gated` False: for kube-scheduler's)."""
     body = plain_pod(name, namespace)
     shape = dra.Shape(1, milli)
     body["spec"]["resourceClaims"] = [{"name": dra.POD_CLAIM, "resourceClaimTemplateName": shape.name}]
     body["spec"]["containers"][0]["resources"]["claims"] = [{"name": dra.POD_CLAIM}]
-    body["spec"]["schedulingGates"] = [{"name": names.DRA_GATE}]
+    if gated:
+        body["spec"]["schedulingGates"] = [{"name": names.DRA_GATE}]
     return body
 
 
-async def dra_class(kube: client.KubeClient) -> None:
-    """sharegpu's DeviceClass, as the chart renders it."""
-    body = {"apiVersion": dra.API_VERSION, "kind": "DeviceClass", "metadata": {"name": dra.CLASS},
-            "spec": {"selectors": [{"cel": {"expression": dra.CLASS_SELECTOR}}]}}  # fmt: skip
-    await kube.create(f"/apis/{dra.API_VERSION}/deviceclasses", body)
+FIRST_FIT = "bench-first-fit.sharegpu.io"
+"""A DeviceClass whose selector the devices satisfy: kube-scheduler's own DRA allocator places its
+claims (first fit), for the baseline of what DRA costs without sharegpu's allocator."""
+
+
+async def dra_classes(kube: client.KubeClient) -> None:
+    """sharegpu's DeviceClass, as the chart renders it, and the first-fit one."""
+    for name, expression in ((dra.CLASS, dra.CLASS_SELECTOR), (FIRST_FIT, f'device.driver == "{dra.DRIVER}"')):
+        body = {"apiVersion": dra.API_VERSION, "kind": "DeviceClass", "metadata": {"name": name},
+                "spec": {"selectors": [{"cel": {"expression": expression}}]}}  # fmt: skip
+        await kube.create(f"/apis/{dra.API_VERSION}/deviceclasses", body)
+
+
+async def templates(kube: client.KubeClient, namespace: str, shares: list[int], device_class: str) -> None:
+    """The namespace (made here) and a claim template per share, of `device_class`."""
+    await kube.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+    for milli in shares:
+        template = dra.template(namespace, dra.Shape(1, milli).name)
+        template["spec"]["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"] = device_class
+        await kube.create(dra.template_path(namespace), template)
 
 
 async def advertise_tokens(kube: client.KubeClient, nodes: list[str], parallel: int = 32) -> None:
@@ -244,7 +262,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 dra=args.dra,
             )
             if args.dra:
-                await dra_class(whole.admin)
+                await dra_classes(whole.admin)
             await advertise_tokens(whole.admin, nodes)
             print(f"{args.nodes} fake nodes with 8 GPUs each ready in {time.perf_counter() - started:.1f} s")
             await asyncio.sleep(3)  # let kube-scheduler's and the extender's caches see every node
@@ -252,15 +270,15 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             token = await phase(whole, args, "token pods (kube-scheduler alone):  ", "token", token_pod)
             rng = random.Random(3)
             shares = [100, 200, 250, 300, 500]
+            first_fit: Phase | None = None
             if args.dra:
-                namespace = "bench-dra"
-                await whole.admin.create(
-                    "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}
-                )
-                for milli in shares:  # what sharegpu's allocator would make on the first pod of each
-                    await whole.admin.create(
-                        dra.template_path(namespace), dra.template(namespace, dra.Shape(1, milli).name)
-                    )
+                await templates(whole.admin, "bench-firstfit", shares, FIRST_FIT)
+
+                def by_scheduler(name: str, namespace: str) -> Json:
+                    return dra_pod(name, namespace, rng.choice(shares), gated=False)
+
+                first_fit = await phase(whole, args, "DRA pods (kube-scheduler's own):    ", "firstfit", by_scheduler)
+                await templates(whole.admin, "bench-dra", shares, dra.CLASS)  # as sharegpu's allocator makes them
 
                 def claimed(name: str, namespace: str) -> Json:
                     return dra_pod(name, namespace, rng.choice(shares))
@@ -275,10 +293,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             assert whole.extender is not None
             connections = await whole.extender.connections()
             print(f"connections the extender accepted from kube-scheduler, by protocol: {connections}")
+            allocator = await whole.extender.counted("sharegpu_extender_dra_claims_total", "outcome")
+            if args.dra:
+                print(f"what the DRA allocator did, by outcome: {allocator}")
         finally:
             await whole.stop()
     path = "dra" if args.dra else "extender"
-    return {
+    found: dict[str, Any] = {
         "path": path,
         "plain_pods_per_second": round(plain.rate, 2),
         "token_pods_per_second": round(token.rate, 2),
@@ -289,7 +310,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "p99_ms": {"plain": plain.p99_ms, "token": token.p99_ms, path: sharing.p99_ms},
         "cpu_ms_per_pod": {"plain": plain.cpu, "token": token.cpu, path: sharing.cpu},
         "extender_connections": connections,
+        "allocator": allocator,
     }
+    if first_fit is not None:
+        found["first_fit_pods_per_second"] = round(first_fit.rate, 2)
+        found["first_fit"] = {"p50_ms": first_fit.p50_ms, "p99_ms": first_fit.p99_ms, "cpu_ms_per_pod": first_fit.cpu}
+    return found
 
 
 def main() -> int:

@@ -291,8 +291,9 @@ class Record:
     """Its preemption policy lets it preempt others (not `Never`)."""
     claims: tuple[ClaimRef, ...] = ()
     """Its `spec.resourceClaims` (DRA), each with the claim it names or that was made for it."""
-    gated: bool = False
-    """It waits behind sharegpu's scheduling gate (`names.DRA_GATE`)."""
+    gate: int = -1
+    """Where sharegpu's scheduling gate (`names.DRA_GATE`) is in its `spec.schedulingGates` (-1: not
+    there): the allocator removes it by that position, after checking it is still there."""
     terms: constraints.PodTerms | None = None
     """Its own constraints on nodes: kept for pods with claims only (the DRA allocator picks their
     node before kube-scheduler does)."""
@@ -300,6 +301,11 @@ class Record:
     @property
     def terminal(self) -> bool:
         return self.phase in TERMINAL_PHASES
+
+    @property
+    def gated(self) -> bool:
+        """It waits behind sharegpu's scheduling gate."""
+        return self.gate >= 0
 
     def same_request(self, uid: str, annotations: tuple[str | None, ...]) -> bool:
         """Whether a version of the pod with this uid and these `request_annotations` has this request."""
@@ -379,7 +385,7 @@ def record(pod: wire.Pod, previous: Record | None = None) -> Record:
         priority=pod.spec.priority or 0,
         preempts=pod.spec.preemption_policy != NEVER,
         claims=claim_refs(pod) if pod.spec.resource_claims else (),
-        gated=any(g.name == names.DRA_GATE for g in pod.spec.scheduling_gates),
+        gate=next((i for i, g in enumerate(pod.spec.scheduling_gates) if g.name == names.DRA_GATE), -1),
         terms=constraints.PodTerms.of(pod.spec) if pod.spec.resource_claims else None,
     )
 

@@ -234,13 +234,17 @@ class ExtenderProcess(_ComponentProcess):
 
     async def connections(self) -> dict[str, int]:
         """Connections accepted on the scheduler port so far, by protocol (from /metrics)."""
+        return await self.counted("sharegpu_extender_connections_total", "protocol")
+
+    async def counted(self, sample_name: str, label: str) -> dict[str, int]:
+        """A counter of /metrics, by one of its labels."""
         async with aiohttp.ClientSession() as session, session.get(f"{self.health_url}/metrics") as response:
             text = await response.text()
         return {
-            sample.labels["protocol"]: int(sample.value)
+            sample.labels[label]: int(sample.value)
             for family in parser.text_string_to_metric_families(text)
             for sample in family.samples
-            if sample.name == "sharegpu_extender_connections_total"
+            if sample.name == sample_name
         }
 
     async def debug_nodes(self) -> list[Json]:

@@ -142,6 +142,9 @@ class ClaimAllocator:
         """Allocated claims of the class that no pod uses or waits for -> since when."""
         self.said: set[tuple[str, str]] = set()
         """(pod UID, message) of the events recorded."""
+        self.lifted: dict[str, str] = {}
+        """Pod UID -> the resourceVersion it had when its gate was lifted (not lifted again until the
+        watch shows it changed)."""
         self.templates: dict[tuple[str, str], float] = {}
         """(namespace, template) of sharegpu's claim templates this allocator tried to make -> when."""
         self.loop = reconcile.Loop("dra-allocator", self.reconcile)
@@ -202,6 +205,8 @@ class ClaimAllocator:
                 log.info("claim %s: kube-scheduler cleared its allocation on %s; its pod avoids that node", key, node)
         for key in [k for k in self.placed_on if k not in self.cache.claim_records]:
             del self.placed_on[key]
+        waiting = {r.uid for r in map(self.cache.record, self.cache.claiming) if r is not None and r.gated}
+        self.lifted = {uid: version for uid, version in self.lifted.items() if uid in waiting}
 
     # ----------------------------------------------------------------- one pod
 
@@ -287,7 +292,7 @@ class ClaimAllocator:
                     self.cache.forget_claim(claim.key)
         if written < len(plan.decided) or any(k in self.unsure for k in plan.claims):
             return  # not known to be allocated: the gate stays until it is
-        if record.gated:
+        if record.gated and self.lifted.get(record.uid) != record.resource_version:
             await self._lift(record)
 
     def _node_of(self, claim: dra.ClaimRecord) -> str | None:
@@ -395,22 +400,20 @@ class ClaimAllocator:
         return True
 
     async def _lift(self, record: pods.Record) -> None:
+        """Remove the gate, only from this pod (its UID) and only that gate (its name at its position,
+        as the watch showed it): a pod changed meanwhile refuses the patch, and the next pass sees it."""
         namespace, name = record.key.split("/", 1)
+        patch = [
+            {"op": "test", "path": "/metadata/uid", "value": record.uid},
+            {"op": "test", "path": f"/spec/schedulingGates/{record.gate}/name", "value": names.DRA_GATE},
+            {"op": "remove", "path": f"/spec/schedulingGates/{record.gate}"},
+        ]
         try:
-            pod = await self.api.get(paths.pod(namespace, name))
-            gates = [g.get("name") for g in pod.get("spec", {}).get("schedulingGates") or []]
-            if pod["metadata"].get("uid") != record.uid or names.DRA_GATE not in gates:
-                return
-            index = gates.index(names.DRA_GATE)
-            patch = [
-                {"op": "test", "path": "/metadata/uid", "value": record.uid},
-                {"op": "test", "path": f"/spec/schedulingGates/{index}/name", "value": names.DRA_GATE},
-                {"op": "remove", "path": f"/spec/schedulingGates/{index}"},
-            ]
             await self.api.patch(paths.pod(namespace, name), patch, client.JSON_PATCH)
         except errors.SharegpuError as exc:
             log.warning("pod %s: lifting its gate failed (tried again next pass): %s", record.key, exc)
             return
+        self.lifted[record.uid] = record.resource_version
         self.metrics.claims.labels("ungated").inc()
         log.info("pod %s: its claims are allocated; gate %s lifted", record.key, names.DRA_GATE)
 
