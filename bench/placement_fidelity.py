@@ -8,13 +8,21 @@ retry, as in the paper). Both sides use the extender's default policy, the trace
 and the extender's fixed node priority. Prints the unallocated GPU % at arrived = 100% of both and
 the fraction of pods placed on the same node.
 
-    python bench/placement_fidelity.py --nodes 100 [--openb DIR] [--seed 42] [--json PATH]
+    python bench/placement_fidelity.py --nodes 100 [--openb DIR] [--seed 42] [--json PATH] [--dra]
+
+With `--dra`, the real side is the DRA path: the nodes serve sharegpu's DRA claims, every pod asks
+its GPUs by a claim of sharegpu's class (from the template for its shape, gated, as the webhook
+writes it), sharegpu's allocator places the claims and kube-scheduler binds the pods; a pod the
+allocator cannot place says so by a ClaimNotAllocated event. A claim cannot choose GPU models, and
+a pod with no GPU goes to kube-scheduler alone, so on both sides the arrivals are then the GPU pods
+only, without their model constraints.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import random
 import sys
@@ -23,9 +31,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 
-from sharegpu.api import names, paths, wire
+from sharegpu.api import dra, names, paths, wire
 from sharegpu.core import policies
 from sharegpu.devcluster import stack
 from sharegpu.extender import cache
@@ -55,20 +64,58 @@ def manifest(pod: trace.TracePod, name: str, namespace: str) -> Json:
     }  # fmt: skip
 
 
-async def through_kubernetes(nodes: list[Any], workload: replay.Workload, shapes_file: Path) -> list[str | None]:
+class Involved(wire.Message, kw_only=True, frozen=True):
+    name: str = ""
+
+
+class Event(wire.Message, kw_only=True, frozen=True):
+    """What the bench reads of an Event: why, and about which pod."""
+
+    metadata: wire.ObjectMeta = msgspec.field(default_factory=wire.ObjectMeta)
+    reason: str = ""
+    involved_object: Involved = msgspec.field(default_factory=Involved)
+
+
+def dra_manifest(pod: trace.TracePod, name: str, namespace: str) -> Json:
+    """The pod as the webhook writes it on the DRA path: its GPUs by a claim from its shape's template."""
+    body = manifest(pod, name, namespace)
+    resources = body["spec"]["containers"][0]["resources"]
+    limits = {"cpu": f"{pod.cpu_milli}m", "memory": f"{pod.memory_mib}Mi"}
+    resources.update(limits=limits, requests=dict(limits), claims=[{"name": dra.POD_CLAIM}])
+    body["metadata"]["annotations"] = {}
+    template = shape_of(pod).name
+    body["spec"]["resourceClaims"] = [{"name": dra.POD_CLAIM, "resourceClaimTemplateName": template}]
+    body["spec"]["schedulingGates"] = [{"name": names.DRA_GATE}]
+    return body
+
+
+def shape_of(pod: trace.TracePod) -> dra.Shape:
+    return dra.Shape(pod.num_gpu, pod.gpu_milli) if pod.gpu_milli < 1000 else dra.Shape(pod.num_gpu, 1000)
+
+
+async def through_kubernetes(
+    nodes: list[Any], workload: replay.Workload, shapes_file: Path, *, dra_path: bool = False
+) -> list[str | None]:
     """Node of each pod as the real scheduler placed it (None: unschedulable)."""
     with tempfile.TemporaryDirectory(prefix="sharegpu-fidelity-") as tmp:
-        whole = stack.Stack(Path(tmp), POLICY, ("--shapes-from", str(shapes_file)))
+        extra = ("--dra-fence", "0") if dra_path else ()
+        whole = stack.Stack(Path(tmp), POLICY, ("--shapes-from", str(shapes_file), *extra))
         await whole.start(harness=False)
         try:
             assert whole.harness is not None and whole.admin is not None
             kube = whole.admin
-            await whole.harness.add_nodes(nodes)
+            await whole.harness.add_nodes(nodes, dra=dra_path)
             await asyncio.sleep(3)
             namespace = "fidelity"
             await kube.create(
                 "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}
             )
+            if dra_path:
+                body = {"apiVersion": dra.API_VERSION, "kind": "DeviceClass", "metadata": {"name": dra.CLASS},
+                        "spec": {"selectors": [{"cel": {"expression": dra.CLASS_SELECTOR}}]}}  # fmt: skip
+                await kube.create(f"/apis/{dra.API_VERSION}/deviceclasses", body)
+                for shape in {shape_of(p) for p in workload.pods}:
+                    await kube.create(dra.template_path(namespace), dra.template(namespace, shape.name))
             outcome: dict[str, asyncio.Future[str | None]] = {}
 
             def seen(kind: str, pod: wire.Pod) -> None:
@@ -86,12 +133,24 @@ async def through_kubernetes(nodes: list[Any], workload: replay.Workload, shapes
             )
             task = asyncio.create_task(watcher.run())
             await watcher.synced.wait()
+
+            def refused(kind: str, event: Event) -> None:
+                future = outcome.get(event.involved_object.name)
+                if event.reason == "ClaimNotAllocated" and future is not None and not future.done():
+                    future.set_result(None)
+
+            refusals: informer.Informer[Event, Event] = informer.Informer(
+                kube, paths.events(namespace), Event, informer.identity, refused, name="fidelity-events"
+            )
+            tasks = [task, asyncio.create_task(refusals.run())]
+            await refusals.synced.wait()
+            make = dra_manifest if dra_path else manifest
             placed: list[str | None] = []
             started = time.perf_counter()
             for i, pod in enumerate(workload.pods):
                 name = f"p{i:05d}"
                 outcome[name] = asyncio.get_running_loop().create_future()
-                await kube.create(f"/api/v1/namespaces/{namespace}/pods", manifest(pod, name, namespace))
+                await kube.create(f"/api/v1/namespaces/{namespace}/pods", make(pod, name, namespace))
                 node = await asyncio.wait_for(outcome[name], 60)
                 if node is None:
                     await kube.delete(f"/api/v1/namespaces/{namespace}/pods/{name}", grace_period=0)
@@ -102,7 +161,7 @@ async def through_kubernetes(nodes: list[Any], workload: replay.Workload, shapes
                         f"({time.perf_counter() - started:.0f} s)",
                         flush=True,
                     )
-            await informer.cancel([task])
+            await informer.cancel(tasks)
             return placed
         finally:
             await whole.stop()
@@ -136,6 +195,7 @@ def main() -> int:
     parser.add_argument("--nodes", type=int, default=100)
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--dra", action="store_true", help="the real side is the DRA path (see above)")
     args = parser.parse_args()
     pods_file = args.openb / "openb_pod_list_default.csv"
     every = trace.load_nodes(args.openb / "openb_node_list_gpu_node.csv")
@@ -144,20 +204,25 @@ def main() -> int:
     names = tuple(n.name for n in sample)
     capacity = sum(n.gpu_count for n in sample) * 1000
     base = replay.build_workload(pods.pods, capacity, len(sample), 1.3, args.seed)
-    workload = replay.Workload(base.pods, cache.stable_priority(names))
+    arrivals = base.pods
+    if args.dra:  # GPU pods only, without model constraints: what a claim of sharegpu's class can ask
+        arrivals = tuple(dataclasses.replace(p, models=frozenset()) for p in arrivals if p.num_gpu)
+    workload = replay.Workload(arrivals, cache.stable_priority(names))
     print(f"{args.nodes} openb nodes ({capacity // 1000} GPUs), {len(workload.pods)} arrivals, policy {POLICY}")
     simulated, sim_figure = in_simulator(sample, workload, pods)
     print(f"simulator: unallocated GPU % at arrived 100%: {sim_figure:.2f}")
-    real = asyncio.run(through_kubernetes(sample, workload, pods_file))
+    real = asyncio.run(through_kubernetes(sample, workload, pods_file, dra_path=args.dra))
     e2e_figure = figure(workload, real, capacity)
     placed_sim = [i for i, n in enumerate(simulated) if n is not None]
     same = sum(1 for i, n in enumerate(simulated) if n == real[i]) / len(simulated)
-    print(f"kube-scheduler + extender: unallocated GPU % at arrived 100%: {e2e_figure:.2f}")
+    side = "sharegpu's DRA allocator + kube-scheduler" if args.dra else "kube-scheduler + extender"
+    print(f"{side}: unallocated GPU % at arrived 100%: {e2e_figure:.2f}")
     print(f"pods on the same node in both: {same:.3f} ({len(placed_sim)} placed by the simulator)")
     if args.json:
         args.json.write_text(
             json.dumps(
                 {
+                    "path": "dra" if args.dra else "extender",
                     "simulator_unallocated_pct": round(sim_figure, 4),
                     "e2e_unallocated_pct": round(e2e_figure, 4),
                     "same_node_fraction": round(same, 4),

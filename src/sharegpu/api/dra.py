@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -365,7 +366,7 @@ def claim_key(namespace: str, name: str) -> units.PodKey:
     return units.PodKey(f"{namespace}/{name}{CLAIM_KEY_SUFFIX}")
 
 
-def held(claim: ClaimRecord, memory_of: dict[tuple[str, int], int]) -> allocation.Allocation | None:
+def held(claim: ClaimRecord, memory_of: Mapping[tuple[str, int], int]) -> allocation.Allocation | None:
     """What an allocated claim holds of the driver's GPUs, as an allocation of its node (None: it
     holds none of them). A result without `consumedCapacity` (a claim that took a whole device)
     holds the whole GPU; `memory_of` gives each (node, index)'s memory for that. InvalidInputError

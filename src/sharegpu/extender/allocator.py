@@ -57,7 +57,7 @@ from typing import Any
 
 import numpy as np
 
-from sharegpu.api import dra, events, names, paths, pods, reasons, wire
+from sharegpu.api import constraints, dra, events, names, paths, pods, reasons, wire
 from sharegpu.core import allocation, errors, fit, units
 from sharegpu.extender import cache as extender_cache
 from sharegpu.extender import metrics as extender_metrics
@@ -142,6 +142,8 @@ class ClaimAllocator:
         """Allocated claims of the class that no pod uses or waits for -> since when."""
         self.said: set[tuple[str, str]] = set()
         """(pod UID, message) of the events recorded."""
+        self._admitted: dict[tuple[bytes, int], np.ndarray] = {}
+        """Per pod constraints and fleet state, the DRA rows they admit (for one pass)."""
         self.lifted: dict[str, str] = {}
         """Pod UID -> the resourceVersion it had when its gate was lifted (not lifted again until the
         watch shows it changed)."""
@@ -169,6 +171,7 @@ class ClaimAllocator:
         if now - self.term_started < self.fence:
             return
         await self._settle()
+        self._admitted.clear()
         plans = []
         for key in sorted(self.cache.claiming, key=self._age):
             record = self.cache.record(key)
@@ -202,6 +205,7 @@ class ClaimAllocator:
             placed = self.placed_on.pop(key, None)
             if placed is not None and placed[1] == node:
                 self.avoid.setdefault(placed[0], set()).add(node)
+                self.metrics.claims.labels("taken-back").inc()
                 log.info("claim %s: kube-scheduler cleared its allocation on %s; its pod avoids that node", key, node)
         for key in [k for k in self.placed_on if k not in self.cache.claim_records]:
             del self.placed_on[key]
@@ -304,25 +308,35 @@ class ClaimAllocator:
         admit, not avoided), and how many DRA nodes its constraints turned away."""
         cache = self.cache
         state = cache.state
-        rows = np.flatnonzero(cache.dra_rows)
         if node is not None:
             row = state.row(node)
             return (np.array([row], dtype=np.int64) if row is not None else np.empty(0, np.int64)), 0
+        everywhere = np.flatnonzero(cache.dra_rows)
         terms = record.terms
-        avoided = self.avoid.get(record.uid, set())
-        kept = []
-        for row in rows.tolist():
-            name = state.names[row]
-            facts = cache.nodes.get(name)
-            if terms is not None and facts is not None and facts.terms is not None and not terms.allows(facts.terms):
-                continue
-            if name in avoided:
-                continue
-            kept.append(row)
-        if not kept and avoided:
-            self.avoid.pop(record.uid, None)  # every node tried: all of them again
-            return self._rows(record, None)
-        return np.array(kept, dtype=np.int64), len(rows) - len(kept)
+        if terms is None or terms.unconstrained:
+            admitted = everywhere
+        else:  # the pods of one controller share their constraints: judged once per pass and state
+            memo = (terms.key, id(state))
+            found = self._admitted.get(memo)
+            if found is None:
+                found = np.array(
+                    [r for r in everywhere.tolist() if self._admits(terms, state.names[r])], dtype=np.int64
+                )
+                self._admitted[memo] = found
+            admitted = found
+        avoided = self.avoid.get(record.uid)
+        if avoided:
+            kept = np.array([r for r in admitted.tolist() if state.names[r] not in avoided], dtype=np.int64)
+            if not len(kept):
+                self.avoid.pop(record.uid, None)  # every node tried: all of them again
+                kept = admitted
+        else:
+            kept = admitted
+        return kept, len(everywhere) - len(admitted)
+
+    def _admits(self, terms: constraints.PodTerms, name: str) -> bool:
+        facts = self.cache.nodes.get(name)
+        return facts is None or facts.terms is None or terms.allows(facts.terms)
 
     def _place(self, record: pods.Record, claim: dra.ClaimRecord, node: str | None) -> allocation.Allocation | str:
         """The claim's allocation, held in the ledger; or why it fits nowhere."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -401,9 +401,10 @@ class ClusterCache:
             self.counters.conflicts += 1
             log.error("claim %s on %s conflicts with the ledger: %s", alloc.pod, alloc.node, result.message)
 
-    def _memory_of(self) -> dict[tuple[str, int], int]:
-        """(node, GPU index) -> its memory in MiB, from the Devices."""
-        return {(name, gpu.index): gpu.memory_mib for name, record in self.devices.items() for gpu in record.gpus}
+    def _memory_of(self) -> Mapping[tuple[str, int], int]:
+        """(node, GPU index) -> its memory in MiB, from the Devices (looked up, not built: a claim
+        event must not cost a pass over every GPU of the cluster)."""
+        return _GpuMemory(self.devices)
 
     def _account(self, record: pods.Record) -> None:
         """Bring the ledger in line with one pod as the API server shows it."""
@@ -576,6 +577,27 @@ class ClusterCache:
                 }
             )
         return out
+
+
+class _GpuMemory(Mapping[tuple[str, int], int]):
+    """The memory of a node's GPU by (node, index), read from the Devices as asked."""
+
+    def __init__(self, devices_: dict[str, DeviceRecord]) -> None:
+        self._devices = devices_
+
+    def __getitem__(self, key: tuple[str, int]) -> int:
+        node, index = key
+        record = self._devices.get(node)
+        found = next((g.memory_mib for g in record.gpus if g.index == index), None) if record else None
+        if found is None:
+            raise KeyError(key)
+        return found
+
+    def __iter__(self) -> Iterator[tuple[str, int]]:
+        return ((name, g.index) for name, record in self._devices.items() for g in record.gpus)
+
+    def __len__(self) -> int:
+        return sum(len(record.gpus) for record in self._devices.values())
 
 
 def stable_priority(names: tuple[units.NodeName, ...]) -> fleet.IntArray:
