@@ -1,11 +1,14 @@
 """sharegpu as a Dynamic Resource Allocation driver: the ResourceSlice a node publishes
-(`resource.k8s.io/v1`), built from the same Device spec the agent writes.
+(`resource.k8s.io/v1`), built from the same Device spec the agent writes; the DeviceClass's selector;
+the claims sharegpu reads, allocates and asks for (templates per shape).
 
 One slice per node, in a pool named after the node, for the driver `DRIVER`. One device per GPU,
 named `gpu-<index>`:
 
 - attributes, under the driver's domain: `uuid`, `model`, `index`, `numaNode`, `pcieSwitch` (where
-  known), `nvlinkPeers` (the indexes it is NVLinked to, comma-separated), `mig`;
+  known), `nvlinkPeers` (the indexes it is NVLinked to, comma-separated), `mig`, and `allocator:
+  sharegpu`, which the class's selector (`CLASS_SELECTOR`) turns away from kube-scheduler's own
+  allocator, so that sharegpu allocates the class's claims alone;
 - capacities that several claims share (`allowMultipleAllocations`): `memory` (the GPU's memory, in
   Mi: a claim asks `4Gi` or `4096Mi`) and `milli` (compute, 1000 = the whole GPU), each with a
   request policy that keeps requests in sharegpu's units: memory in steps of 1 MiB, compute in
@@ -15,8 +18,9 @@ named `gpu-<index>`:
   the extender path still hold (`<driver>/held-by-pods`: a node turned to DRA while they run),
   until they are gone.
 
-A claim of the driver's, whoever allocated it (kube-scheduler's DRA allocator, or sharegpu), holds
-part of a GPU: `ResourceClaim` is what sharegpu reads of one, and `held` turns its allocation into a
+A claim of the driver's, whoever allocated it, holds part of a GPU: `ResourceClaim` is what sharegpu
+reads of one, `ClaimRecord` what its cache keeps (`gpu_request` reads each request of the class in
+sharegpu's units, and names what it cannot place), and `held` turns its allocation into a
 sharegpu `Allocation` (its pool is the node, its device `gpu-<index>`, its `consumedCapacity` the
 share), so the one ledger counts DRA claims and sharing pods alike and never gives a GPU twice.
 
@@ -24,6 +28,9 @@ share), so the one ledger counts DRA claims and sharing pods alike and never giv
 (as kube-scheduler requires of a pre-made one on 1.37: a node selector, a `shareID` and
 `consumedCapacity` per result, and an `allocationTimestamp`, without which the scheduler never binds
 the pod). `held(claim_allocation(a))` is `a` again.
+
+`Shape` names the claim template of one shape of request (`sharegpu-1x500m-500pm`): the webhook
+points a pod of the DRA path at it, and the allocator makes it where a namespace lacks it.
 
 Pure: no I/O. The agent writes the slice (`agent.publication`); the extender's cache counts claims.
 """
