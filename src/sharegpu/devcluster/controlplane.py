@@ -226,6 +226,36 @@ class ControlPlane:
             [str(self.bin_dir / "kube-scheduler"), f"--config={config}", "--secure-port=0", "--v=1"],
         )
 
+    @property
+    def has_kubelet(self) -> bool:
+        """The kubelet was built with the control plane (the suite's version: scripts/build-controlplane)."""
+        return (self.bin_dir / "kubelet").is_file()
+
+    def start_kubelet(self, node: str, root_dir: Path, runtime_endpoint: str, labels: dict[str, str]) -> str:
+        """A real kubelet (as the cluster's admin) registering `node`, with its state under `root_dir`
+        and the container runtime at `runtime_endpoint` (the project's fake CRI). Flags for a machine
+        without a real runtime or systemd: cgroup v1 allowed (1.37 refuses it by default), no QoS
+        cgroups, no node allocatable enforcement, swap allowed, only a random port served. Returns
+        the process's name (for `stop_process` and `log`)."""
+        name = f"kubelet-{node}"
+        self._spawn(
+            name,
+            [
+                str(self.bin_dir / "kubelet"),
+                f"--kubeconfig={self.kubeconfig('admin')}",
+                f"--hostname-override={node}",
+                f"--root-dir={root_dir}",
+                f"--cert-dir={root_dir / 'pki'}",
+                f"--container-runtime-endpoint={runtime_endpoint}",
+                f"--node-labels={','.join(f'{k}={v}' for k, v in sorted(labels.items()))}",
+                "--fail-cgroupv1=false", "--fail-swap-on=false", "--cgroups-per-qos=false",
+                "--enforce-node-allocatable=", "--cgroup-driver=cgroupfs",
+                f"--port={free_port()}", "--read-only-port=0", "--healthz-port=0",
+                "--v=2",
+            ],
+        )  # fmt: skip
+        return name
+
     def stop_process(self, name: str, sig: int = signal.SIGTERM) -> None:
         process = self.processes.pop(name, None)
         if process is None:
