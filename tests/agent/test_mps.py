@@ -362,7 +362,9 @@ async def test_a_server_left_without_its_daemon_is_killed_before_a_start(tmp_pat
     await supervisor.ensure({"GPU-a"})
     try:
         await until(lambda: running(supervisor, "GPU-a"))
-        assert mps.tied(Path("/proc"), layout, "GPU-a") == [pid(supervisor, "GPU-a")]
+        assert old_server not in mps.tied(Path("/proc"), layout, "GPU-a"), "killed before the start"
+        # The new daemon is tied once it has exec'd (its name and pipe set): only it, then.
+        await until(lambda: mps.tied(Path("/proc"), layout, "GPU-a") == [pid(supervisor, "GPU-a")])
     finally:
         await supervisor.stop()
 
