@@ -119,6 +119,8 @@ async def test_a_group_binds_holds_its_gpus_for_its_members_and_goes_only_withou
     b = await wait_for(b_unschedulable, what="group b to wait for GPUs")
     assert b.status.phase == "Pending"
     assert (await admin.get(paths.pod(namespace, "sharing")))["spec"].get("nodeName") is None
+    # Gone before the GPUs are free: else it races group b for them (a share of one keeps b off the node).
+    await admin.delete(paths.pod(namespace, "sharing"), grace_period=0)
 
     # Deleting a group with members is refused, naming them.
     with pytest.raises(kube_errors.KubeError) as refused:
@@ -150,7 +152,6 @@ async def test_a_group_binds_holds_its_gpus_for_its_members_and_goes_only_withou
 
     b = await wait_for(b_bound, what="group b bound")
     assert b.status.node_name == target
-    await admin.delete(paths.pod(namespace, "sharing"), grace_period=0)
     await admin.delete(resources.SHARED_DEVICE_GROUP.path(namespace, "b"))
     await wait_for(functools.partial(_gone, admin, namespace, "b"), what="group b deleted")
 
