@@ -45,6 +45,7 @@ from sharegpu.api import cdi, dra, handoff, wire
 from sharegpu.core import errors
 from sharegpu.kube import client
 from sharegpu.kube import errors as kube_errors
+from sharegpu.serving import unixgrpc
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +118,7 @@ class DraPlugin:
             response_serializer=pb.NodeUnprepareResourcesResponse.SerializeToString,
         )
         handlers = [grpc.method_handlers_generic_handler(s, {PREPARE: prepare, UNPREPARE: unprepare}) for s in SERVICES]
-        self._plugin = await _serve(self.paths.plugin_socket, handlers)
+        self._plugin = await unixgrpc.serve(self.paths.plugin_socket, handlers)
         await self._register()
 
     async def _register(self) -> None:
@@ -132,7 +133,7 @@ class DraPlugin:
             response_serializer=reg.RegistrationStatusResponse.SerializeToString,
         )
         handler = grpc.method_handlers_generic_handler(REGISTRATION, {GET_INFO: info, NOTIFY: notify})
-        self._registration = await _serve(self.paths.registration_socket, [handler])
+        self._registration = await unixgrpc.serve(self.paths.registration_socket, [handler])
         log.info("DRA plugin %s: serving %s, registration at %s", dra.DRIVER, self.paths.plugin_socket,
                  self.paths.registration_socket)  # fmt: skip
 
@@ -143,15 +144,15 @@ class DraPlugin:
             if not self.paths.registration_socket.exists():
                 log.warning("DRA plugin: registration socket %s is gone; serving it again",
                             self.paths.registration_socket)  # fmt: skip
-                await _stop(self._registration, None)
+                await unixgrpc.stop(self._registration, None)
                 self._registration = None
                 self.registered = None
                 await self._register()
 
     async def stop(self) -> None:
         """Stop both services and remove their sockets (the CDI specs stay: pods may still run)."""
-        await _stop(self._registration, self.paths.registration_socket)
-        await _stop(self._plugin, self.paths.plugin_socket)
+        await unixgrpc.stop(self._registration, self.paths.registration_socket)
+        await unixgrpc.stop(self._plugin, self.paths.plugin_socket)
         self._registration = self._plugin = None
 
     # ----------------------------------------------------------------- registration
@@ -279,20 +280,3 @@ class DraPlugin:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(temporary)
             raise
-
-
-async def _serve(socket: Path, handlers: list[grpc.GenericRpcHandler[Any, Any]]) -> grpc.aio.Server:
-    socket.parent.mkdir(parents=True, exist_ok=True)
-    socket.unlink(missing_ok=True)  # a socket left by an earlier agent
-    server = grpc.aio.server()
-    server.add_generic_rpc_handlers(handlers)
-    server.add_insecure_port(f"unix://{socket}")
-    await server.start()
-    return server
-
-
-async def _stop(server: grpc.aio.Server | None, socket: Path | None) -> None:
-    if server is not None:
-        await server.stop(grace=None)
-    if socket is not None:
-        socket.unlink(missing_ok=True)

@@ -20,6 +20,7 @@ import grpc
 
 from sharegpu.agent import podresources
 from sharegpu.agent import podresources_pb2 as pb
+from sharegpu.serving import unixgrpc
 
 # (namespace, pod) -> container -> resource -> device IDs
 _Pods = dict[tuple[str, str], dict[str, dict[str, tuple[str, ...]]]]
@@ -60,8 +61,6 @@ class FakeKubelet:
 
     async def start(self) -> None:
         """Serves on the socket, replacing a file left there (as the kubelet does when it starts)."""
-        self.socket_path.parent.mkdir(parents=True, exist_ok=True)
-        self.socket_path.unlink(missing_ok=True)
         handlers = {
             podresources.LIST: grpc.unary_unary_rpc_method_handler(
                 self._list,
@@ -75,18 +74,13 @@ class FakeKubelet:
                 request_deserializer=pb.AllocatableResourcesRequest.FromString,
                 response_serializer=pb.AllocatableResourcesResponse.SerializeToString,
             )
-        server = grpc.aio.server()
-        server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(podresources.SERVICE, handlers)])
-        server.add_insecure_port(f"unix://{self.socket_path}")
-        await server.start()
-        self._server = server
+        handler = grpc.method_handlers_generic_handler(podresources.SERVICE, handlers)
+        self._server = await unixgrpc.serve(self.socket_path, [handler])
 
     async def stop(self) -> None:
         """Stops serving (calls in flight end cancelled) and removes the socket."""
         server, self._server = self._server, None
-        if server is not None:
-            await server.stop(grace=None)
-        self.socket_path.unlink(missing_ok=True)
+        await unixgrpc.stop(server, self.socket_path)
 
     async def _list(
         self,

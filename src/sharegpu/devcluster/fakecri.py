@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from sharegpu.devcluster import cri_pb2 as pb
+from sharegpu.serving import unixgrpc
 
 RUNTIME = "runtime.v1.RuntimeService"
 IMAGES = "runtime.v1.ImageService"
@@ -91,16 +92,8 @@ class FakeCri:
         return f"unix://{self.socket_path}"
 
     async def start(self) -> None:
-        self.socket_path.parent.mkdir(parents=True, exist_ok=True)
-        self.socket_path.unlink(missing_ok=True)
-        server = grpc.aio.server()
-        server.add_generic_rpc_handlers([_Handler(self)])
-        server.add_insecure_port(self.endpoint)
-        await server.start()
-        self._server = server
+        self._server = await unixgrpc.serve(self.socket_path, [_Handler(self)])
 
     async def stop(self) -> None:
         server, self._server = self._server, None
-        if server is not None:
-            await server.stop(grace=None)
-        self.socket_path.unlink(missing_ok=True)
+        await unixgrpc.stop(server, self.socket_path)
