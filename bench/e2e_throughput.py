@@ -102,9 +102,7 @@ claims (first fit), for the baseline of what DRA costs without sharegpu's alloca
 async def dra_classes(kube: client.KubeClient) -> None:
     """sharegpu's DeviceClass, as the chart renders it, and the first-fit one."""
     for name, expression in ((dra.CLASS, dra.CLASS_SELECTOR), (FIRST_FIT, f'device.driver == "{dra.DRIVER}"')):
-        body = {"apiVersion": dra.API_VERSION, "kind": "DeviceClass", "metadata": {"name": name},
-                "spec": {"selectors": [{"cel": {"expression": expression}}]}}  # fmt: skip
-        await kube.create(f"/apis/{dra.API_VERSION}/deviceclasses", body)
+        await kube.create(dra.DEVICE_CLASSES, dra.device_class(name, expression))
 
 
 async def templates(kube: client.KubeClient, namespace: str, shares: list[int], device_class: str) -> None:

@@ -111,9 +111,7 @@ async def through_kubernetes(
                 "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}
             )
             if dra_path:
-                body = {"apiVersion": dra.API_VERSION, "kind": "DeviceClass", "metadata": {"name": dra.CLASS},
-                        "spec": {"selectors": [{"cel": {"expression": dra.CLASS_SELECTOR}}]}}  # fmt: skip
-                await kube.create(f"/apis/{dra.API_VERSION}/deviceclasses", body)
+                await kube.create(dra.DEVICE_CLASSES, dra.device_class())
                 for shape in {shape_of(p) for p in workload.pods}:
                     await kube.create(dra.template_path(namespace), dra.template(namespace, shape.name))
             outcome: dict[str, asyncio.Future[str | None]] = {}

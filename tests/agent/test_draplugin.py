@@ -21,7 +21,7 @@ from tests import builders
 from tests.agent.drakubelet import Kubelet
 
 Json = dict[str, Any]
-CLAIMS = "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims"
+CLAIMS = dra.claim_path("ns")
 NODE = "n0"
 
 

@@ -14,7 +14,7 @@ from tests import builders
 from tests.extender.conftest import Harness, gpu_pod, settle
 
 Json = dict[str, Any]
-CLAIMS = "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims"
+CLAIMS = dra.claim_path("ns")
 
 
 async def claimed(h: Harness, name: str, milli: int, memory: str = "1Gi", *, gated: bool = True, **pod: Any) -> None:

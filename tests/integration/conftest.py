@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from sharegpu.api import groups, names, paths, resources, wire
+from sharegpu.api import dra, groups, names, paths, resources, wire
 from sharegpu.controller import runtime
 from sharegpu.core import devices
 from sharegpu.devcluster import controlplane, fakecluster, oracle, stack
@@ -92,6 +92,19 @@ async def extender(control_plane: controlplane.ControlPlane, system: None) -> As
     yield process
     control_plane.stop_process("kube-scheduler")
     process.kill(signal.SIGTERM)
+
+
+@pytest.fixture
+async def device_class(admin: client.KubeClient, control_plane: controlplane.ControlPlane) -> str:
+    """sharegpu's DeviceClass as the chart renders it (made once, kept for every test that asks)."""
+    if tuple(int(p) for p in control_plane.version.split(".")[:2]) < (1, 36):
+        pytest.skip("consumable capacity is on by default from Kubernetes 1.36")
+    try:
+        await admin.create(dra.DEVICE_CLASSES, dra.device_class())
+    except kube_errors.ConflictError as exc:
+        if not exc.already_exists:
+            raise
+    return dra.CLASS
 
 
 @pytest.fixture

@@ -363,7 +363,7 @@ async def test_the_agent_s_kubelet_plugin_prepares_a_claim_allocated_on_its_node
     kube = stack.kube_for(control_plane, "sharegpu-agent")
     options = agent_runtime.Options(interval=0.5, dra=True, dra_plugin=plugin_paths)
     agent = agent_runtime.Agent(kube, name, fakenvml.FakeNvml(nvml_path).open(), options)
-    claims = f"/apis/{dra.API_VERSION}/namespaces/{namespace}/resourceclaims"
+    claims = dra.claim_path(namespace)
     await agent.start()
     try:
         kubelet = Kubelet(plugin_paths, namespace)

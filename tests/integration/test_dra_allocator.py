@@ -13,7 +13,6 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-import pytest
 
 from sharegpu.api import dra, names, paths, quantity
 from sharegpu.core import devices, fleet, placer, policies, requests, units
@@ -22,30 +21,8 @@ from sharegpu.devcluster import controlplane
 from sharegpu.devcluster.stack import ExtenderProcess
 from sharegpu.extender import cache as extender_cache
 from sharegpu.kube import client
-from sharegpu.kube import errors as kube_errors
 from tests import builders
 from tests.integration.conftest import Json, events, wait_for
-
-API = f"/apis/{dra.API_VERSION}"
-
-
-def claims_path(namespace: str) -> str:
-    return f"{API}/namespaces/{namespace}/resourceclaims"
-
-
-@pytest.fixture
-async def device_class(admin: client.KubeClient, control_plane: controlplane.ControlPlane) -> str:
-    """sharegpu's DeviceClass as the chart renders it (kept: other tests may use it too)."""
-    if tuple(int(p) for p in control_plane.version.split(".")[:2]) < (1, 36):
-        pytest.skip("consumable capacity is on by default from Kubernetes 1.36")
-    body = {"apiVersion": dra.API_VERSION, "kind": "DeviceClass", "metadata": {"name": dra.CLASS},
-            "spec": {"selectors": [{"cel": {"expression": dra.CLASS_SELECTOR}}]}}  # fmt: skip
-    try:
-        await admin.create(f"{API}/deviceclasses", body)
-    except kube_errors.ConflictError as exc:
-        if not exc.already_exists:
-            raise
-    return dra.CLASS
 
 
 async def template(admin: client.KubeClient, namespace: str, name: str, milli: int, memory: str) -> None:
@@ -53,7 +30,7 @@ async def template(admin: client.KubeClient, namespace: str, name: str, milli: i
                "capacity": {"requests": {dra.MILLI: str(milli), dra.MEMORY: memory}}}}  # fmt: skip
     body = {"apiVersion": dra.API_VERSION, "kind": "ResourceClaimTemplate", "metadata": {"name": name},
             "spec": {"spec": {"devices": {"requests": [request]}}}}  # fmt: skip
-    await admin.create(f"{API}/namespaces/{namespace}/resourceclaimtemplates", body)
+    await admin.create(dra.template_path(namespace), body)
 
 
 def dra_pod(name: str, namespace: str, template_name: str) -> Json:
@@ -71,7 +48,7 @@ async def claim_of(admin: client.KubeClient, namespace: str, pod: str) -> Json |
     statuses = (found.get("status") or {}).get("resourceClaimStatuses") or []
     if not statuses or not statuses[0].get("resourceClaimName"):
         return None
-    claim: Json = await admin.get(f"{claims_path(namespace)}/{statuses[0]['resourceClaimName']}")
+    claim: Json = await admin.get(f"{dra.claim_path(namespace)}/{statuses[0]['resourceClaimName']}")
     return claim
 
 
@@ -222,7 +199,7 @@ async def test_a_pod_in_another_system_s_format_goes_the_dra_way_through_the_web
 async def shares_on(admin: client.KubeClient, namespace: str) -> dict[tuple[str, str], tuple[int, int]]:
     """(milli, MiB) the API server shows allocated per (node, device), over the namespace's claims."""
     out: dict[tuple[str, str], tuple[int, int]] = {}
-    for claim in (await admin.get(claims_path(namespace)))["items"]:
+    for claim in (await admin.get(dra.claim_path(namespace)))["items"]:
         for r in ((claim.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results") or []:
             milli, memory = out.get((r["pool"], r["device"]), (0, 0))
             consumed = r["consumedCapacity"]
@@ -295,7 +272,7 @@ async def test_killed_allocator_and_restarted_api_server_leave_nothing_overcommi
         claim = await claim_of(admin, namespace, name)
         assert claim is not None and where(claim)[0][0] == await node_of(admin, namespace, name)
         holders[claim["metadata"]["name"]] = name
-    for claim in (await admin.get(claims_path(namespace)))["items"]:
+    for claim in (await admin.get(dra.claim_path(namespace)))["items"]:
         if (claim.get("status") or {}).get("allocation"):
             assert claim["metadata"]["name"] in holders, f"{claim['metadata']['name']} allocated without a bound pod"
     for name in set(live) - set(bound):

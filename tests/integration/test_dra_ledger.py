@@ -18,22 +18,18 @@ from sharegpu.kube import client
 from tests.integration.conftest import Json, all_bound, gpu_pod, refusal, wait_for
 
 
-def claims(namespace: str) -> str:
-    return f"/apis/{dra.API_VERSION}/namespaces/{namespace}/resourceclaims"
-
-
 async def allocated_claim(admin: client.KubeClient, namespace: str, node: str, milli: int, memory: str) -> Json:
     """A claim of the driver's, allocated on GPU 0 of `node` by someone other than sharegpu."""
     request = {"name": "gpu", "exactly": {"deviceClassName": dra.DRIVER}}
     body = {"apiVersion": dra.API_VERSION, "kind": "ResourceClaim", "metadata": {"name": "held"},
             "spec": {"devices": {"requests": [request]}}}  # fmt: skip
-    made = await admin.create(claims(namespace), body)
+    made = await admin.create(dra.claim_path(namespace), body)
     consumed = {dra.MILLI: str(milli), dra.MEMORY: memory}
     result = {"request": "gpu", "driver": dra.DRIVER, "pool": node, "device": dra.device_name(0),
               "shareID": str(uuid.uuid4()), "consumedCapacity": consumed}  # fmt: skip
     selector = {"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}]}
     status = {"allocation": {"devices": {"results": [result]}, "nodeSelector": selector}}
-    return await admin.replace(f"{claims(namespace)}/held/status", {**made, "status": status})
+    return await admin.replace(f"{dra.claim_path(namespace)}/held/status", {**made, "status": status})
 
 
 async def test_a_claim_allocated_elsewhere_holds_its_share_in_the_extenders_ledger(
@@ -63,7 +59,7 @@ async def test_a_claim_allocated_elsewhere_holds_its_share_in_the_extenders_ledg
     assert small["metadata"]["name"] == "small" and small["spec"]["nodeName"] == node
     assert '"index":0' in small["metadata"]["annotations"][names.ALLOCATION].replace(" ", "")
 
-    await admin.delete(f"{claims(namespace)}/held")
+    await admin.delete(f"{dra.claim_path(namespace)}/held")
     await admin.delete(paths.pod(namespace, "small"), grace_period=0)
     bound = await wait_for(lambda: all_bound(admin, namespace, 1), timeout=90, what="the 500-milli pod bound")
     assert bound[0]["metadata"]["name"] == "big"

@@ -25,8 +25,6 @@ from tests import builders
 from tests.builders import NVML_FILE, write_nvml
 from tests.integration.conftest import Json, get_or_none, wait_for
 
-API = f"/apis/{dra.API_VERSION}"
-
 
 async def ready_node(admin: client.KubeClient, name: str) -> Json | None:
     found = await get_or_none(admin, paths.node(name))
@@ -39,14 +37,10 @@ async def test_the_real_kubelet_registers_the_plugin_and_prepares_the_claim_thro
     control_plane: controlplane.ControlPlane,
     extender: ExtenderProcess,
     namespace: str,
-    system: None,
+    device_class: str,
 ) -> None:
     if tuple(int(p) for p in control_plane.version.split(".")[:2]) < (1, 37) or not control_plane.has_kubelet:
         pytest.skip("the kubelet is built with the suite's control plane (1.37)")
-    body = {"apiVersion": dra.API_VERSION, "kind": "DeviceClass", "metadata": {"name": dra.CLASS},
-            "spec": {"selectors": [{"cel": {"expression": dra.CLASS_SELECTOR}}]}}  # fmt: skip
-    if await get_or_none(admin, f"{API}/deviceclasses/{dra.CLASS}") is None:
-        await admin.create(f"{API}/deviceclasses", body)
     node = f"kubelet-{uuid.uuid4().hex[:6]}"
     folder = Path(tempfile.mkdtemp(prefix="kl-", dir="/tmp"))  # short: unix socket paths
     cri = fakecri.FakeCri(folder / "cri.sock")
@@ -81,7 +75,7 @@ async def test_the_real_kubelet_registers_the_plugin_and_prepares_the_claim_thro
         await wait_for(plugin_registered, timeout=60, what="the kubelet registered sharegpu's DRA plugin")
         await wait_for(lambda: get_or_none(admin, dra.slice_path(node)), what="the node's ResourceSlice")
 
-        claims = f"{API}/namespaces/{namespace}/resourceclaims"
+        claims = dra.claim_path(namespace)
         await admin.create(claims, builders.MakeClaim("c", namespace).ask(300, "4Gi").obj())
         pod = builders.MakePod("p", namespace).scheduler().grace(0).node_selector({"kubernetes.io/hostname": node})
         await admin.create(paths.pods(namespace), pod.container(image="busybox").claim("c").gate().obj())

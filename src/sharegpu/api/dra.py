@@ -55,6 +55,7 @@ VERSION: Final = "v1"
 API_VERSION: Final = f"{GROUP}/{VERSION}"
 SLICES: Final = f"/apis/{GROUP}/{VERSION}/resourceslices"
 CLAIMS: Final = f"/apis/{GROUP}/{VERSION}/resourceclaims"
+DEVICE_CLASSES: Final = f"/apis/{GROUP}/{VERSION}/deviceclasses"
 """Every namespace's ResourceClaims (the extender's cache lists and watches them)."""
 MEMORY: Final = "memory"
 """The capacity a claim asks GPU memory of (a quantity; the device's is in Mi)."""
@@ -87,8 +88,21 @@ def slice_name(node: str) -> str:
     return f"{node}-{DRIVER}"
 
 
-def claim_path(namespace: str, name: str) -> str:
-    return f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/resourceclaims/{name}"
+def claim_path(namespace: str, name: str | None = None) -> str:
+    """A namespace's ResourceClaims, or one of them."""
+    base = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/resourceclaims"
+    return f"{base}/{name}" if name else base
+
+
+def device_class(name: str = CLASS, expression: str = CLASS_SELECTOR) -> dict[str, Any]:
+    """A DeviceClass selecting by `expression`: by default sharegpu's, as the chart renders it
+    (templates/deviceclass.yaml)."""
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "DeviceClass",
+        "metadata": {"name": name},
+        "spec": {"selectors": [{"cel": {"expression": expression}}]},
+    }
 
 
 def slice_path(node: str) -> str:
