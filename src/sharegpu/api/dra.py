@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -492,8 +492,7 @@ class ClaimRecord:
         """What placing it asks: its requests as the containers of one request keyed by the claim, with
         the host CPU and memory of the pod that uses it (checked, not held: the pod holds them once
         bound). InvalidRequestError for requests that cannot go together (whole and fractional)."""
-        containers = tuple(requests.ContainerRequest(name, gpu) for name, gpu in self.asks)
-        return requests.PodRequest(self.key, containers, cpu_milli=cpu_milli, memory_mib=memory_mib)
+        return _request(self.key, self.asks, cpu_milli, memory_mib)
 
 
 def claim_record(claim: ResourceClaim, previous: ClaimRecord | None = None) -> ClaimRecord:
@@ -517,7 +516,7 @@ def claim_record(claim: ResourceClaim, previous: ClaimRecord | None = None) -> C
         if asks and claim.spec.devices.constraints:
             raise errors.InvalidRequestError(f"constraints between requests are not supported for class {CLASS}")
         if asks:
-            _check_together(key, asks)
+            _request(key, asks)  # they must go together (as placement will combine them)
     except errors.InvalidInputError as exc:
         problem = f"claim {meta.namespace}/{meta.name}: {exc}"
     return ClaimRecord(
@@ -535,6 +534,10 @@ def claim_record(claim: ResourceClaim, previous: ClaimRecord | None = None) -> C
     )
 
 
-def _check_together(key: units.PodKey, asks: list[tuple[str, requests.GpuRequest]]) -> None:
-    """InvalidRequestError when the requests cannot be placed together."""
-    requests.PodRequest(key, tuple(requests.ContainerRequest(name, gpu) for name, gpu in asks))
+def _request(
+    key: units.PodKey, asks: Sequence[tuple[str, requests.GpuRequest]], cpu_milli: int = 0, memory_mib: int = 0
+) -> requests.PodRequest:
+    """A claim's requests as the containers of one request (InvalidRequestError when they cannot go
+    together: whole and fractional)."""
+    containers = tuple(requests.ContainerRequest(name, gpu) for name, gpu in asks)
+    return requests.PodRequest(key, containers, cpu_milli=cpu_milli, memory_mib=memory_mib)
