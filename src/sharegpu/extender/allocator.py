@@ -134,8 +134,6 @@ class ClaimAllocator:
         self.clock = clock
         self.term_started: float | None = None
         """When this replica's current term as leader began (None: not leading)."""
-        self.written: set[units.PodKey] = set()
-        """Claims whose allocation was written, until the watch shows them allocated."""
         self.unsure: dict[units.PodKey, Unsure] = {}
         self.avoid: dict[str, set[str]] = {}
         """Pod UID -> nodes kube-scheduler turned it away from (its claims' allocation there was cleared)."""
@@ -196,19 +194,15 @@ class ClaimAllocator:
         return (record.created if record is not None else "", key)
 
     def _learn(self) -> None:
-        """Claims the watch now shows allocated are done; a claim this allocator placed that the watch
-        then showed unallocated again was taken back by kube-scheduler: its pod avoids that node."""
-        for key in list(self.written):
-            shown = self.cache.claim_records.get(key)
-            if shown is None or shown.allocated:
-                self.written.discard(key)
+        """A write left unanswered that the watch now shows landed is known; a claim this allocator
+        placed that the watch then showed unallocated again was taken back by kube-scheduler: its pod
+        avoids that node."""
         for key in list(self.unsure):
             shown = self.cache.claim_records.get(key)
             if shown is not None and shown.allocated and key not in self.cache.claims_assumed:
                 del self.unsure[key]  # the watch shows the write that was not answered
         cleared, self.cache.cleared = self.cache.cleared, {}
         for key, node in cleared.items():
-            self.written.discard(key)
             placed = self.placed_on.pop(key, None)
             if placed is not None and placed[1] == node:
                 self.avoid.setdefault(placed[0], set()).add(node)
@@ -416,7 +410,6 @@ class ClaimAllocator:
                 log.warning("claim %s: writing its allocation failed: %s", claim.key, exc)
             return False
         self.metrics.claims.labels("allocated").inc()
-        self.written.add(claim.key)
         log.info("claim %s allocated on %s GPU(s) %s for pod %s", claim.key, placed.node,
                  sorted(placed.gpu_usage()), record.key)  # fmt: skip
         return True
@@ -473,7 +466,7 @@ class ClaimAllocator:
                 continue
             del self.unsure[key]
             if found is not None and (found.get("status") or {}).get("allocation"):
-                self.written.add(key)  # it landed: held until the watch shows it
+                # it landed: its hold (`ClusterCache.claims_assumed`) stays until the watch shows it
                 self.metrics.unknown.labels("claim-allocation", "done").inc()
                 continue
             unchanged = found is not None and found["metadata"].get("resourceVersion") == unsure.resource_version

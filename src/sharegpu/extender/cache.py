@@ -344,6 +344,7 @@ class ClusterCache:
         alloc = None
         if kind == wire.EventType.DELETED:
             self.claim_records.pop(key, None)
+            self.cleared.pop(key, None)  # kept only for claims that exist (a replica not leading never takes them)
         else:
             if record.ours or record.holds_ours():
                 self.claim_records[key] = record
