@@ -397,29 +397,25 @@ def mutate(body: Any, policy: Policy) -> Answer:
                 uid, patch=patch or None, audit={"translated": "; ".join(audit)} if audit else None
             )
         annotations = out.setdefault("metadata", {}).setdefault("annotations", {})
-        if not _is_system(request, policy) and path_of(request.namespace, annotations, policy) == names.PATH_DRA:
+        system = _is_system(request, policy)
+        claims = not system and path_of(request.namespace, annotations, policy) == names.PATH_DRA
+        if claims:
             _to_claims(out, parsed, audit)
-            spec = out.setdefault("spec", {})
-            audit += _take_over(spec, annotations, policy)
-            refusal = _apply_budgets(request.namespace, spec, annotations, policy, audit)
-            if refusal is not None:
-                return api_admission.deny(uid, f"sharegpu: {refusal}", code=403)
-            annotations[names.TRANSLATED] = "; ".join(audit)
-            return api_admission.allow(uid, patch=_patch(original, out), audit={"translated": "; ".join(audit)})
-        if not _is_system(request, policy) and not _handoff_wired(pod, parsed):
+        elif not system and not _handoff_wired(pod, parsed):
             # Users never choose the hand-off ConfigMap: a fresh one is set below for sharing pods. (A pod
             # already wired to its annotation comes from an earlier invocation of this webhook; a forged
             # one gains nothing: the extender fills a ConfigMap for one claimant only.)
             annotations.pop(names.HANDOFF, None)
         spec = out.setdefault("spec", {})
-        if not _is_system(request, policy):
+        if not system:
             audit += _take_over(spec, annotations, policy)
             refusal = _apply_budgets(request.namespace, spec, annotations, policy, audit)
             if refusal is not None:
                 return api_admission.deny(uid, f"sharegpu: {refusal}", code=403)
-        if parsed.demand.sharing and names.HANDOFF not in annotations:
-            _add_handoff(out, parsed, audit)
-        _write_totals(out, parsed)
+        if not claims:  # a claim's GPUs come with its CDI spec: no hand-off, no quota totals
+            if parsed.demand.sharing and names.HANDOFF not in annotations:
+                _add_handoff(out, parsed, audit)
+            _write_totals(out, parsed)
         if audit:
             annotations[names.TRANSLATED] = "; ".join(audit)
         return api_admission.allow(
