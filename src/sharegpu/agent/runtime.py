@@ -170,7 +170,7 @@ class Agent:
         a pod that demands none)."""
         if self.written is None:
             return handoff.Enforcement()
-        offered = frozenset(devices.Isolation(mode) for mode in self.written.isolation)
+        offered = api_devices.isolation_modes(wire.Device(spec=self.written))
         return handoff.Enforcement.of(offered, None)
 
     async def stop(self) -> None:
