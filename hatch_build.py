@@ -19,6 +19,7 @@ PROTOS = (
     "sharegpu/agent/draplugin.proto",
     "sharegpu/agent/pluginregistration.proto",
     "sharegpu/devcluster/cri.proto",
+    "sharegpu/devcluster/deviceplugin.proto",
 )
 
 

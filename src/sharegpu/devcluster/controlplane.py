@@ -238,11 +238,17 @@ class ControlPlane:
         cgroups, no node allocatable enforcement, swap allowed, only a random port served. Returns
         the process's name (for `stop_process` and `log`)."""
         name = f"kubelet-{node}"
+        root_dir.mkdir(parents=True, exist_ok=True)
+        config = root_dir / "kubelet.yaml"  # what has no flag: the pods' logs stay under root_dir
+        config.write_text(
+            f"apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\npodLogsDir: {root_dir / 'logs'}\n"
+        )
         self._spawn(
             name,
             [
                 str(self.bin_dir / "kubelet"),
                 f"--kubeconfig={self.kubeconfig('admin')}",
+                f"--config={config}",
                 f"--hostname-override={node}",
                 f"--root-dir={root_dir}",
                 f"--cert-dir={root_dir / 'pki'}",

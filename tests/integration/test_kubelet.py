@@ -1,0 +1,283 @@
+"""The real kubelet (1.37, built from its Go module with the control plane) running pods, its container
+runtime the project's fake CRI (`devcluster.fakecri`: records, no processes; CDI devices resolved and
+applied as containerd does). What the harness plays elsewhere is real here:
+
+- the DRA path: the kubelet registers sharegpu's DRA plugin, calls NodePrepareResources for a claim
+  sharegpu's allocator placed, and the container gets the GPU's CDI device (from the NVIDIA toolkit's
+  spec) and the hand-off's variables (from sharegpu's spec); deleting the pod unprepares the claim;
+- the extender path: a fake NVIDIA device plugin registers `nvidia.com/gpu` with the kubelet, which
+  admits sharegpu's reservation pod and calls Allocate; the reservation reports the UUID its
+  environment names (as `sharegpu reserve` does); the kubelet resolves the sharing pod's hand-off
+  references, so its container gets that GPU; the agent reads the kubelet's own PodResources API and
+  corrects a reservation that misreports its GPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import subprocess
+import tempfile
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from sharegpu.agent import draplugin, fakenvml, podresources, reserve
+from sharegpu.agent import runtime as agent_runtime
+from sharegpu.api import cdi, dra, names, paths
+from sharegpu.devcluster import controlplane, fakecri, fakedeviceplugin, stack
+from sharegpu.devcluster.stack import ExtenderProcess
+from sharegpu.kube import client
+from tests import builders
+from tests.builders import NVML_FILE, write_nvml
+from tests.integration.conftest import Json, get_or_none, gpu_pod, wait_for
+
+UUIDS = ("GPU-0", "GPU-1", "GPU-2")
+"""The GPUs of NVML_FILE."""
+
+
+@dataclass
+class RealNode:
+    """A node served by a real kubelet and the fake CRI, with its folders (short: unix socket paths)."""
+
+    name: str
+    folder: Path
+    cri: fakecri.FakeCri
+    kubelet: str
+
+    @property
+    def root(self) -> Path:
+        return self.folder / "root"
+
+    @property
+    def cdi_dir(self) -> Path:
+        return self.folder / "cdi"
+
+    def nvml(self) -> fakenvml.FakeNvml:
+        path = self.folder / "nvml.yaml"
+        write_nvml(path, NVML_FILE)
+        return fakenvml.FakeNvml(path)
+
+
+def _unmount_under(folder: Path) -> None:
+    """Volumes the kubelet mounted (a pod's tmpfs) and did not unmount before it stopped."""
+    with open("/proc/mounts") as mounts:
+        points = [line.split()[1] for line in mounts if line.split()[1].startswith(str(folder))]
+    for point in sorted(points, reverse=True):
+        subprocess.run(["umount", "-l", point], check=False)
+
+
+@contextlib.asynccontextmanager
+async def real_node(
+    admin: client.KubeClient, control_plane: controlplane.ControlPlane, namespace: str
+) -> AsyncIterator[RealNode]:
+    if tuple(int(p) for p in control_plane.version.split(".")[:2]) < (1, 37) or not control_plane.has_kubelet:
+        pytest.skip("the kubelet is built with the suite's control plane (1.37)")
+    name = f"kubelet-{uuid.uuid4().hex[:6]}"
+    folder = Path(tempfile.mkdtemp(prefix="kl-", dir="/tmp"))
+    (folder / "cdi").mkdir()
+    # The NVIDIA container toolkit's spec for the node's GPUs (`nvidia-ctk cdi generate`), beside which
+    # sharegpu's DRA plugin writes a spec per claim: the runtime resolves both.
+    (folder / "cdi" / "nvidia.json").write_bytes(orjson.dumps(fakecri.toolkit_spec(UUIDS)))
+    cri = fakecri.FakeCri(folder / "cri.sock", cdi_dirs=[folder / "cdi"])
+    await cri.start()
+    kubelet = control_plane.start_kubelet(name, folder / "root", cri.endpoint, {"sharegpu.io/test": namespace})
+    node = RealNode(name, folder, cri, kubelet)
+    try:
+        try:
+            await wait_for(lambda: ready_node(admin, name), timeout=90, what=f"the kubelet's node {name} Ready")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{control_plane.log(kubelet)[-4000:]}") from None
+        # No node lifecycle controller runs here to lift the not-ready taint of registration.
+        await admin.patch(paths.node(name), {"spec": {"taints": None}})
+        yield node
+    finally:
+        control_plane.stop_process(kubelet)
+        await cri.stop()
+        await admin.delete(paths.node(name))
+        _unmount_under(folder)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+async def ready_node(admin: client.KubeClient, name: str) -> Json | None:
+    found = await get_or_none(admin, paths.node(name))
+    conditions = ((found or {}).get("status") or {}).get("conditions") or []
+    return found if any(c["type"] == "Ready" and c["status"] == "True" for c in conditions) else None
+
+
+async def explained(control_plane: controlplane.ControlPlane, node: RealNode, predicate: Any, what: str) -> Any:
+    """`wait_for`, with the end of the kubelet's log when it times out."""
+    try:
+        return await wait_for(predicate, timeout=90, what=what)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{control_plane.log(node.kubelet)[-6000:]}") from None
+
+
+async def test_the_real_kubelet_prepares_a_claim_through_the_plugin_and_the_runtime_gives_its_gpu(
+    admin: client.KubeClient,
+    control_plane: controlplane.ControlPlane,
+    extender: ExtenderProcess,
+    namespace: str,
+    device_class: str,
+) -> None:
+    kube = stack.kube_for(control_plane, "sharegpu-agent")
+    agent: agent_runtime.Agent | None = None
+    async with real_node(admin, control_plane, namespace) as node:
+        try:
+            plugin_paths = draplugin.Paths.under(node.root / "plugins", node.root / "plugins_registry", node.cdi_dir)
+            options = agent_runtime.Options(interval=0.5, dra=True, dra_plugin=plugin_paths)
+            agent = agent_runtime.Agent(kube, node.name, node.nvml().open(), options)
+            await agent.start()
+            plugin = agent.plugin
+            assert plugin is not None
+
+            async def plugin_registered() -> bool:
+                return plugin.registered is True
+
+            await wait_for(plugin_registered, timeout=60, what="the kubelet registered sharegpu's DRA plugin")
+            await wait_for(lambda: get_or_none(admin, dra.slice_path(node.name)), what="the node's ResourceSlice")
+
+            claims = dra.claim_path(namespace)
+            await admin.create(claims, builders.MakeClaim("c", namespace).ask(300, "4Gi").obj())
+            made = builders.MakePod("p", namespace).scheduler().grace(0)
+            made.node_selector({"kubernetes.io/hostname": node.name}).container(image="busybox").claim("c").gate()
+            body = made.obj()
+            body["spec"]["automountServiceAccountToken"] = False
+            await admin.create(paths.pods(namespace), body)
+
+            async def bound() -> str | None:
+                found = await admin.get(paths.pod(namespace, "p"))
+                node_name: str | None = found["spec"].get("nodeName")
+                return node_name
+
+            assert await wait_for(bound, timeout=90, what="the pod bound to the kubelet's node") == node.name
+            claim = await admin.get(f"{claims}/c")
+            uid = claim["metadata"]["uid"]
+            spec_file = plugin_paths.cdi_dir / cdi.file_name(uid)
+
+            async def prepared() -> bool:
+                return spec_file.exists()
+
+            await explained(control_plane, node, prepared, "the kubelet prepared the claim through the plugin")
+            (result,) = claim["status"]["allocation"]["devices"]["results"]
+            index = int(result["device"].removeprefix("gpu-"))
+            written = orjson.loads(spec_file.read_bytes())
+            assert f"{names.DOMAIN}/claim" == written["kind"]
+            assert f"NVIDIA_VISIBLE_DEVICES=GPU-{index}" in written["devices"][0]["containerEdits"]["env"]
+
+            async def running() -> bool:
+                found = await admin.get(paths.pod(namespace, "p"))
+                return found["status"].get("phase") == "Running" and bool(node.cri.running(namespace, "p"))
+
+            await explained(control_plane, node, running, "the kubelet ran the pod's container")
+            # What the runtime gave the container: the GPU the claim holds (the toolkit's CDI device, its
+            # device node) and the hand-off's variables from sharegpu's spec, both named by the kubelet.
+            (container,) = node.cri.running(namespace, "p").values()
+            assert set(container.cdi_devices) == {cdi.nvidia_device(f"GPU-{index}"), cdi.device_id(uid, "gpu")}
+            assert f"/dev/nvidia{index}" in container.device_nodes
+            assert container.env["NVIDIA_VISIBLE_DEVICES"] == f"GPU-{index}"
+
+            await admin.delete(paths.pod(namespace, "p"), grace_period=0)
+
+            async def unprepared() -> bool:
+                return not spec_file.exists()
+
+            await wait_for(unprepared, timeout=90, what="the kubelet unprepared the claim once the pod went")
+        finally:
+            if agent is not None:
+                await agent.stop()
+            await kube.close()
+
+
+async def test_the_real_kubelet_runs_the_extender_path_device_plugin_hand_off_and_pod_resources(
+    admin: client.KubeClient,
+    control_plane: controlplane.ControlPlane,
+    extender: ExtenderProcess,
+    webhook: Any,
+    namespace: str,
+) -> None:
+    kube = stack.kube_for(control_plane, "sharegpu-agent")
+    agent: agent_runtime.Agent | None = None
+    plugin: fakedeviceplugin.FakeDevicePlugin | None = None
+    lister: podresources.KubeletPodResources | None = None
+    async with real_node(admin, control_plane, namespace) as node:
+        try:
+
+            async def play_reserve(container: fakecri.Container) -> None:
+                """What `sharegpu reserve` does in a reservation's container: report the GPU its
+                environment names (here from the device plugin's Allocate, through the kubelet)."""
+                if container.namespace == names.SYSTEM_NAMESPACE and container.pod.startswith(names.RESERVATION_PREFIX):
+                    await reserve.report_until_done(admin, container.namespace, container.pod, container.env)
+
+            node.cri.on_start.append(play_reserve)
+            plugin = fakedeviceplugin.FakeDevicePlugin(UUIDS, node.name)
+            await plugin.start()
+
+            async def offered() -> bool:
+                found = await admin.get(paths.node(node.name))
+                return bool(found["status"].get("allocatable", {}).get(names.NVIDIA_GPU) == str(len(UUIDS)))
+
+            await explained(control_plane, node, offered, "the kubelet offers the device plugin's GPUs")
+            lister = podresources.KubeletPodResources(node.root / "pod-resources" / "kubelet.sock", 5.0)
+            agent = agent_runtime.Agent(
+                kube, node.name, node.nvml().open(), agent_runtime.Options(interval=0.5), kubelet=lister
+            )
+            await agent.start()
+            await wait_for(lambda: get_or_none(admin, paths.device(node.name)), what="the node's Device")
+
+            body = gpu_pod("shared", namespace, milli=250, memory=2048)
+            body["spec"]["automountServiceAccountToken"] = False
+            await admin.create(paths.pods(namespace), body)
+
+            async def running() -> bool:
+                found = await admin.get(paths.pod(namespace, "shared"))
+                return found["status"].get("phase") == "Running" and bool(node.cri.running(namespace, "shared"))
+
+            await explained(control_plane, node, running, "the kubelet ran the sharing pod")
+            items, _ = await admin.list_all(
+                paths.pods(names.SYSTEM_NAMESPACE), {"labelSelector": f"{names.LABEL_NODE}={node.name}"}
+            )
+            (reservation,) = items
+            r_name = reservation["metadata"]["name"]
+            reported = reservation["metadata"]["annotations"][names.GPU_UUID]
+            assert (reported,) in plugin.allocated, "the kubelet allocated the reservation's GPU through the plugin"
+            (main,) = node.cri.running(namespace, "shared").values()
+            assert main.env["NVIDIA_VISIBLE_DEVICES"] == reported, "the kubelet resolved the hand-off for the container"
+            # The node offers no HAMi-core, so no limit is written: the kubelet leaves the optional reference out.
+            assert "CUDA_DEVICE_MEMORY_LIMIT" not in main.env
+            (held,) = [a for a in await lister.assigned() if a.pod == r_name and a.resource == names.NVIDIA_GPU]
+            assert held.device_ids == (reported,), "the kubelet's PodResources API names the same GPU"
+
+            # A reservation that misreports its GPU is corrected from the kubelet's own PodResources.
+            wrong = next(u for u in UUIDS if u != reported)
+            await admin.patch(
+                paths.pod(names.SYSTEM_NAMESPACE, r_name), {"metadata": {"annotations": {names.GPU_UUID: wrong}}}
+            )
+
+            async def corrected() -> bool:
+                found = await admin.get(paths.pod(names.SYSTEM_NAMESPACE, r_name))
+                return bool(found["metadata"]["annotations"][names.GPU_UUID] == reported)
+
+            await wait_for(corrected, timeout=60, what="the agent corrected the reservation from PodResources")
+
+            await admin.delete(paths.pod(namespace, "shared"), grace_period=0)
+
+            async def stopped() -> bool:
+                return not node.cri.running(names.SYSTEM_NAMESPACE, r_name) and not node.cri.running(
+                    namespace, "shared"
+                )
+
+            await explained(control_plane, node, stopped, "the kubelet stopped the reservation once its sharer went")
+        finally:
+            if agent is not None:
+                await agent.stop()
+            if lister is not None:
+                await lister.close()
+            if plugin is not None:
+                await plugin.stop()
+            await kube.close()
