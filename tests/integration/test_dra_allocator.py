@@ -10,19 +10,22 @@ import asyncio
 import functools
 import random
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from sharegpu.agent import fakenvml
+from sharegpu.agent import runtime as agent_runtime
 from sharegpu.api import dra, names, paths, quantity
 from sharegpu.core import devices, fleet, placer, policies, requests, units
 from sharegpu.core import ledger as core_ledger
-from sharegpu.devcluster import controlplane
+from sharegpu.devcluster import controlplane, fakecluster, stack
 from sharegpu.devcluster.stack import ExtenderProcess
 from sharegpu.extender import cache as extender_cache
 from sharegpu.kube import client
 from tests import builders
-from tests.integration.conftest import Json, events, wait_for
+from tests.integration.conftest import Json, events, get_or_none, wait_for
 
 
 async def template(admin: client.KubeClient, namespace: str, name: str, milli: int, memory: str) -> None:
@@ -278,3 +281,67 @@ async def test_killed_allocator_and_restarted_api_server_leave_nothing_overcommi
     for name in set(live) - set(bound):
         pod = await admin.get(paths.pod(namespace, name))
         assert [g["name"] for g in pod["spec"].get("schedulingGates") or []] == [names.DRA_GATE], name
+
+
+async def test_a_gpu_the_agent_finds_unhealthy_is_tainted_and_gets_no_new_claim_until_healed(
+    admin: client.KubeClient,
+    control_plane: controlplane.ControlPlane,
+    harness: fakecluster.FakeCluster,
+    extender: ExtenderProcess,
+    namespace: str,
+    device_class: str,
+    tmp_path: Path,
+) -> None:
+    """The agent with --dra (not the harness) publishes the node: GPU 0 cannot be read, so its device
+    carries the unhealthy taint and the allocator gives it nothing; a claim that fits only there waits,
+    gated, with the reason, and is allocated on GPU 0 once the agent sees it healthy again."""
+    node = devices.uniform_node(f"{namespace}-dra-agent", gpu_count=2, model="T4", gpu_memory_mib=16384,
+                                cpu_milli=32000, memory_mib=256 * 1024)  # fmt: skip
+    await harness.add_node(node, publish=False)
+    await admin.patch(paths.node(node.name), {"metadata": {"labels": {"sharegpu.io/test": namespace}}})
+    nvml = tmp_path / "nvml.yaml"
+    nvml.write_text(fakenvml.describe(node) + "faults: {unreadable: [0]}\n")
+    kube = stack.kube_for(control_plane, "sharegpu-agent")
+    agent = agent_runtime.Agent(
+        kube, node.name, fakenvml.FakeNvml(nvml).open(), agent_runtime.Options(interval=0.5, dra=True)
+    )
+    await agent.start()
+    try:
+
+        async def tainted() -> bool:
+            found = await get_or_none(admin, dra.slice_path(node.name))
+            if found is None:
+                return False
+            taints = {d["name"]: [t["key"] for t in d.get("taints") or []] for d in found["spec"]["devices"]}
+            return taints == {"gpu-0": [dra.UNHEALTHY], "gpu-1": []}
+
+        await wait_for(tainted, what="GPU 0's device tainted unhealthy in the node's ResourceSlice")
+        await template(admin, namespace, "big", 600, "4Gi")
+        await admin.create(paths.pods(namespace), dra_pod("first", namespace, "big"))
+        await wait_for(functools.partial(node_of, admin, namespace, "first"), timeout=90, what="first bound")
+        first = await claim_of(admin, namespace, "first")
+        assert first is not None and where(first) == [(node.name, "gpu-1", 600)], "the healthy GPU"
+        await admin.create(paths.pods(namespace), dra_pod("second", namespace, "big"))
+
+        async def said() -> str | None:
+            found = [
+                e
+                for e in await events(admin, namespace, "ClaimNotAllocated")
+                if e["involvedObject"]["name"] == "second"
+            ]
+            return str(found[0]["message"]) if found else None
+
+        message = await wait_for(said, timeout=60, what="the second pod's claim refused with its reason")
+        assert "no GPU with 600 milli-GPU free (largest free: 400)" in message, message  # GPU 0 not counted
+        second = await claim_of(admin, namespace, "second")
+        assert second is not None and not where(second), "nothing given on the unhealthy GPU"
+
+        nvml.write_text(fakenvml.describe(node))  # GPU 0 readable again
+        await wait_for(
+            functools.partial(node_of, admin, namespace, "second"), timeout=90, what="second bound once healed"
+        )
+        second = await claim_of(admin, namespace, "second")
+        assert second is not None and where(second) == [(node.name, "gpu-0", 600)]
+    finally:
+        await agent.stop()
+        await kube.close()
