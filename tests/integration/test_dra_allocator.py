@@ -20,7 +20,7 @@ from sharegpu.agent import runtime as agent_runtime
 from sharegpu.api import dra, names, paths, quantity
 from sharegpu.core import devices, fleet, placer, policies, requests, units
 from sharegpu.core import ledger as core_ledger
-from sharegpu.devcluster import controlplane, fakecluster, stack
+from sharegpu.devcluster import agents, controlplane, fakecluster, stack
 from sharegpu.devcluster.stack import ExtenderProcess
 from sharegpu.extender import cache as extender_cache
 from sharegpu.kube import client
@@ -213,19 +213,49 @@ async def shares_on(admin: client.KubeClient, namespace: str) -> dict[tuple[str,
     return out
 
 
-async def test_killed_allocator_and_restarted_api_server_leave_nothing_overcommitted_leaked_or_stuck(
+async def test_killed_allocator_agents_and_api_server_leave_nothing_overcommitted_leaked_or_stuck(
+    admin: client.KubeClient,
+    control_plane: controlplane.ControlPlane,
+    harness: fakecluster.FakeCluster,
+    extender: ExtenderProcess,
+    namespace: str,
+    device_class: str,
+    tmp_path: Path,
+) -> None:
+    """Chaos: gated pods come and go while the extender (the allocator) is SIGKILLed mid-way and
+    restarted, once with kube-apiserver restarted too, and the nodes' agents (which publish the
+    ResourceSlices and Devices) are killed and started again, once with the extender, once on their
+    own. At every check no GPU holds more than its capacity; at the end every pod that fits is bound
+    where its claim is, the rest wait gated, and no allocation is left without its pod."""
+    inventories = [
+        devices.uniform_node(f"{namespace}-chaos-{i}", gpu_count=2, model="T4", gpu_memory_mib=16384,
+                             cpu_milli=32000, memory_mib=256 * 1024)
+        for i in range(3)
+    ]  # fmt: skip
+    for inventory in inventories:
+        await harness.add_node(inventory, publish=False)
+        await admin.patch(paths.node(inventory.name), {"metadata": {"labels": {"sharegpu.io/test": namespace}}})
+    dra_nodes = [n.name for n in inventories]
+    kube = stack.kube_for(control_plane, "sharegpu-agent")
+    node_agents = agents.NodeAgents(kube, tmp_path / "nvml", agent_runtime.Options(interval=0.5, dra=True))
+    await node_agents.add(inventories)
+    try:
+        await _chaos(admin, control_plane, extender, namespace, dra_nodes, node_agents, inventories)
+    finally:
+        await node_agents.stop()
+        await kube.close()
+
+
+async def _chaos(
     admin: client.KubeClient,
     control_plane: controlplane.ControlPlane,
     extender: ExtenderProcess,
-    nodes: Callable[..., Any],
     namespace: str,
-    device_class: str,
+    dra_nodes: list[str],
+    node_agents: agents.NodeAgents,
+    inventories: list[devices.NodeInventory],
 ) -> None:
-    """Chaos: gated pods come and go while the extender (the allocator) is SIGKILLed mid-way and
-    restarted, once with kube-apiserver restarted too. At every check no GPU holds more than its
-    capacity; at the end every pod that fits is bound where its claim is, the rest wait gated, and
-    no allocation is left without its pod."""
-    dra_nodes = await nodes(3, gpus=2, dra=True)
+    await wait_for(lambda: all_sliced(admin, dra_nodes), what="the agents' ResourceSlices")
     await template(admin, namespace, "share", 300, "2Gi")  # three to a GPU: 18 in all
     rng = random.Random(29)
     live: list[str] = []
@@ -252,12 +282,21 @@ async def test_killed_allocator_and_restarted_api_server_leave_nothing_overcommi
     for restart_api in (False, True):
         await churn(6, 2)
         extender.kill()  # SIGKILL: mid-allocation, no clean release of the Lease
+        if not restart_api:
+            await node_agents.stop()  # the agents die too: tasks cancelled mid-write, nothing cleaned up
         await churn(4, 2)  # pods come and go while it is down
         if restart_api:
             await asyncio.to_thread(control_plane.restart, "kube-apiserver", down_for=2.0)
+        else:
+            await node_agents.add(inventories)
         extender.start()
         await extender.wait_ready(timeout=90)
         await no_overcommit()
+        if restart_api:  # the agents killed on their own, while the allocator works
+            await node_agents.stop()
+            await churn(3, 1)
+            await node_agents.add(inventories)
+            await no_overcommit()
     assert len(live) > 18, "more pods than room: some must wait"
 
     async def settled() -> list[str] | None:
@@ -281,6 +320,10 @@ async def test_killed_allocator_and_restarted_api_server_leave_nothing_overcommi
     for name in set(live) - set(bound):
         pod = await admin.get(paths.pod(namespace, name))
         assert [g["name"] for g in pod["spec"].get("schedulingGates") or []] == [names.DRA_GATE], name
+
+
+async def all_sliced(admin: client.KubeClient, nodes: list[str]) -> bool:
+    return all([await get_or_none(admin, dra.slice_path(n)) is not None for n in nodes])
 
 
 async def test_a_gpu_the_agent_finds_unhealthy_is_tainted_and_gets_no_new_claim_until_healed(
