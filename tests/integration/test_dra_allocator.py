@@ -235,7 +235,7 @@ async def test_killed_allocator_agents_and_api_server_leave_nothing_overcommitte
     for inventory in inventories:
         await harness.add_node(inventory, publish=False)
         await admin.patch(paths.node(inventory.name), {"metadata": {"labels": {"sharegpu.io/test": namespace}}})
-    dra_nodes = [n.name for n in inventories]
+    dra_nodes = [str(n.name) for n in inventories]
     kube = stack.kube_for(control_plane, "sharegpu-agent")
     node_agents = agents.NodeAgents(kube, tmp_path / "nvml", agent_runtime.Options(interval=0.5, dra=True))
     await node_agents.add(inventories)
