@@ -20,7 +20,7 @@ from sharegpu.agent import runtime as agent_runtime
 from sharegpu.api import dra, names, paths, quantity
 from sharegpu.core import devices, fleet, placer, policies, requests, units
 from sharegpu.core import ledger as core_ledger
-from sharegpu.devcluster import agents, controlplane, fakecluster, stack
+from sharegpu.devcluster import agents, controlplane, fakecluster, oracle, stack
 from sharegpu.devcluster.stack import ExtenderProcess
 from sharegpu.extender import cache as extender_cache
 from sharegpu.kube import client
@@ -320,6 +320,8 @@ async def _chaos(
     for name in set(live) - set(bound):
         pod = await admin.get(paths.pod(namespace, name))
         assert [g["name"] for g in pod["spec"].get("schedulingGates") or []] == [names.DRA_GATE], name
+    found = await oracle.inspect(admin, nodes=set(dra_nodes), claims=True)
+    assert found.problems() == [] and found.claims_bound == 18, found
 
 
 async def all_sliced(admin: client.KubeClient, nodes: list[str]) -> bool:
