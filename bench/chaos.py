@@ -13,11 +13,19 @@ was lost: bindings answered by a closed connection or by a 503, and any creation
 and 15% a high one: when the cluster fills up, those preempt low pods (the extender's preemption
 runs under the same faults).
 
-    python bench/chaos.py --nodes 50 --pods 600 [--seeds 1-20] [--json PATH] [--logs DIR]
+With `--dra`, half the nodes serve DRA claims (as agents run with --dra leave them: a Device that
+says so and a ResourceSlice), sharegpu's DeviceClass exists, and 40% of the churn's pods ask the DRA
+way: gated, their GPU a claim from the template for their share (`sharegpu-1x<milli>m-<MiB>mi`, which
+the allocator makes). The extender then also allocates claims under the faults, and three more kinds
+hit it: 409 on its claim writes, and claim writes and gate lifts the API server carried out whose
+answer was lost. The oracle then counts claims in the same ledger as the pods (`oracle.inspect`
+with claims).
+
+    python bench/chaos.py --nodes 50 --pods 600 [--dra] [--seeds 1-20] [--json PATH] [--logs DIR]
 
 Each seed is one run on a fresh stack. Writes {"runs": [{"seed", "faults_injected", "overcommits",
-"double_allocations", "leaked_reservations", "stuck_pods", "lost_pods", "wrong_preemptions",
-"preempted", "faults", "details", ...}],
+"double_allocations", "leaked_reservations", "leaked_allocations", "stuck_pods", "lost_pods",
+"wrong_preemptions", "preempted", "faults", "details", ...}],
 "all_zero"} (target: at least 20 faults per run, every other figure 0 on every seed). The exit
 status is 1 when any seed found a problem.
 
@@ -25,9 +33,13 @@ status is 1 when any seed found a problem.
   during the churn or after it (double_allocations also counts two live reservation pods on one GPU);
 - leaked_reservations: reservation pods for GPUs nobody shares, once the churn is over and the
   reservation idle time has passed;
+- leaked_allocations: claims allocated on sharegpu's GPUs that no live pod uses, once the churn is
+  over and the allocator's time to clear unused allocations has passed;
 - stuck_pods: pods still pending at the end (after up to SETTLE seconds more) although the cluster
-  has room for them (judged by the placement core over what the API holds), bound pods without a
-  valid allocation, and bound sharing pods whose hand-off ConfigMap never got their GPU;
+  has room for them (judged by the placement core over what the API holds; a DRA pod, by the free
+  capacity of the DRA nodes' GPUs after the claims), bound pods without a valid allocation (or whose
+  claim is not allocated on their node), and bound sharing pods whose hand-off ConfigMap never got
+  their GPU;
 - lost_pods: pods the churn created and did not delete that are gone, unless an event says they
   were preempted;
 - wrong_preemptions: preempted pods of the high priority (nothing outranks them).
@@ -52,7 +64,7 @@ from typing import Any
 import numpy as np
 
 from sharegpu.api import devices as api_devices
-from sharegpu.api import names, paths, pods, wire
+from sharegpu.api import dra, names, paths, pods, wire
 from sharegpu.core import devices, fleet, policies
 from sharegpu.core import ledger as core_ledger
 from sharegpu.core import placer as core_placer
@@ -75,12 +87,20 @@ HIGH = 0.15
 DELETE_SHARE = 0.35
 """Chance that a pod is deleted after each creation (once 40 are live): the cluster fills up in the
 last third of the churn, so pods wait and the high-priority ones preempt."""
+DRA_SHARE = 0.4
+"""With --dra: share of pods that ask the DRA way."""
+DRA_MEMORY_MIB = 2048
+"""With --dra: the GPU memory each DRA pod's claim asks."""
+UNUSED_CLEARED = 30
+"""Seconds after which the allocator clears an allocation no pod uses (`extender.allocator`)."""
 
 
-def pod_body(rng: random.Random, name: str) -> Json:
+def pod_body(rng: random.Random, name: str, *, dra_share: float = 0.0) -> Json:
     kind = rng.random()
     priority = "chaos-high" if rng.random() < HIGH else "chaos-low"
     limits: dict[str, str] = {"cpu": "100m", "memory": "64Mi"}
+    if rng.random() < dra_share:
+        return dra_pod_body(name, priority, rng.choice([100, 200, 250, 300, 500, 700]), limits)
     annotations: dict[str, str] = {}
     if kind < 0.7:
         limits.update({names.GPU: "1", names.GPU_MILLI: str(rng.choice([100, 200, 250, 300, 500, 700]))})
@@ -103,8 +123,28 @@ def pod_body(rng: random.Random, name: str) -> Json:
     }
 
 
+def dra_pod_body(name: str, priority: str, milli: int, limits: dict[str, str]) -> Json:
+    """A pod that asks the DRA way, as the webhook leaves it: gated, a claim from its shape's template."""
+    shape = dra.Shape(1, milli, memory_mib=DRA_MEMORY_MIB)
+    container = {"name": "main", "image": "busybox",
+                 "resources": {"limits": limits, "requests": limits, "claims": [{"name": dra.POD_CLAIM}]}}  # fmt: skip
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "schedulerName": names.SCHEDULER_NAME,
+            "priorityClassName": priority,
+            "terminationGracePeriodSeconds": 0,
+            "schedulingGates": [{"name": names.DRA_GATE}],
+            "resourceClaims": [{"name": dra.POD_CLAIM, "resourceClaimTemplateName": shape.name}],
+            "containers": [container],
+        },
+    }
+
+
 class Chaos:
-    def __init__(self, workdir: Path, nodes: int, rng: random.Random) -> None:
+    def __init__(self, workdir: Path, nodes: int, rng: random.Random, *, dra: bool = False) -> None:
         self.plane = controlplane.ControlPlane(workdir, controlplane.binaries())
         self.workdir = workdir
         self.nodes = nodes
@@ -121,6 +161,8 @@ class Chaos:
         self.deleted: set[str] = set()
         self.overcommits: set[str] = set()
         self.doubles: set[str] = set()
+        self.dra = dra
+        self.dra_created = 0
 
     @property
     def api(self) -> client.KubeClient:
@@ -160,14 +202,17 @@ class Chaos:
         self.plane.start_scheduler(stack.scheduler_config(self.plane, self.extender))
         self.harness = fakecluster.FakeCluster(self.api)
         await self.harness.start()
-        await self.harness.add_nodes(
-            [
-                devices.uniform_node(
-                    f"c{i:03d}", gpu_count=4, model="T4", gpu_memory_mib=16384, cpu_milli=32000, memory_mib=131072
-                )
-                for i in range(self.nodes)
-            ]
-        )
+        made = [
+            devices.uniform_node(
+                f"c{i:03d}", gpu_count=4, model="T4", gpu_memory_mib=16384, cpu_milli=32000, memory_mib=131072
+            )
+            for i in range(self.nodes)
+        ]
+        served = self.nodes // 2 if self.dra else 0  # the first half serve DRA claims
+        if served:
+            await self.api.create(dra.DEVICE_CLASSES, dra.device_class())
+            await self.harness.add_nodes(made[:served], dra=True)
+        await self.harness.add_nodes(made[served:])
         await self.api.create(paths.NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
         for name, value in CLASSES.items():
             body = {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": name},
@@ -244,6 +289,12 @@ class Chaos:
             await asyncio.sleep(self.rng.uniform(0.2, 2.0))
             self.extender.start()
             await self.extender.wait_ready(timeout=120)
+        elif kind == "claim-409":
+            proxy.fail(409, times=2, method="PATCH", path=f"/apis/{dra.GROUP}/")
+        elif kind == "claim-answer-lost":
+            proxy.lose(times=2, method="PATCH", path=f"/apis/{dra.GROUP}/")
+        elif kind == "gate-answer-lost":
+            proxy.lose(times=2, method="PATCH", path=f"/api/v1/namespaces/{NS}/pods/")
         elif kind in ("kube-apiserver", "etcd"):
             await asyncio.to_thread(self.plane.restart, kind, down_for=self.rng.uniform(0.5, 2.0))
         self.count(kind)
@@ -267,15 +318,19 @@ class Chaos:
         kinds = ["429", "409", "5xx", "watch-cut", "watch-expired", "big-object", "token", "kill-extender",
                  "kube-apiserver", "etcd", "binding-answer-lost", "binding-503-after-commit",
                  "write-answer-lost"]  # fmt: skip
+        if self.dra:
+            kinds += ["claim-409", "claim-answer-lost", "gate-answer-lost"]
         plan = [k for k in kinds for _ in range(2)] + self.rng.sample(kinds, 4)
         self.rng.shuffle(plan)
         at = sorted(self.rng.sample(range(10, total - 10), len(plan)))
         serial = 0
         while serial < total:
             name = f"c{serial:04d}"
-            body = pod_body(self.rng, name)
+            body = pod_body(self.rng, name, dra_share=DRA_SHARE if self.dra else 0.0)
             await self.guarded(lambda body=body: self.api.create(paths.pods(NS), body))
             self.created.add(name)
+            if body["spec"].get("resourceClaims"):
+                self.dra_created += 1
             if body["spec"]["priorityClassName"] == "chaos-high":
                 self.high.add(name)
             serial += 1
@@ -295,7 +350,7 @@ class Chaos:
 
     async def observe(self) -> oracle.Findings | None:
         try:
-            found = await oracle.inspect(self.api)
+            found = await oracle.inspect(self.api, claims=self.dra)
         except kube_errors.KubeError:
             return None
         self.overcommits.update(found.overcommits)
@@ -310,7 +365,7 @@ class Chaos:
         device_list, _ = await self.api.list_of(paths.DEVICES, wire.Device)
         node_list, _ = await self.api.list_of(paths.NODES, wire.Node)
         facts = {n.metadata.name: api_devices.node_facts(n) for n in node_list}
-        inventory = [api_devices.inventory(d, facts.get(d.metadata.name)) for d in device_list]
+        inventory = [api_devices.inventory(d, facts.get(d.metadata.name)) for d in device_list if not d.spec.dra]
         state = fleet.FleetState(inventory)
         ledger = core_ledger.Ledger(state)
         pod_list, _ = await self.api.list_of(paths.PODS, wire.Pod)
@@ -332,6 +387,38 @@ class Chaos:
             pending = record.key.startswith(f"{NS}/") and not record.node and not record.terminal
             if pending and record.request and placer.decide(record.request.demand).status.ok:
                 stuck.append(record.key)
+        if self.dra:
+            stuck += await self.claims_that_fit(device_list, pod_list)
+        return stuck
+
+    async def claims_that_fit(self, device_list: list[wire.Device], pod_list: list[wire.Pod]) -> list[str]:
+        """DRA pods pending although a DRA node's GPU has room for their share after the claims, and
+        pods whose claim is allocated but which are not bound."""
+        free = {
+            (d.metadata.name, g.index): [1000, g.memory_mib] for d in device_list if d.spec.dra for g in d.spec.gpus
+        }
+        claim_list, _ = await self.api.list_of(dra.CLAIMS, dra.ResourceClaim)
+        memory_of = {k: v[1] for k, v in free.items()}
+        allocated: set[tuple[str, str]] = set()
+        for claim in claim_list:
+            held = dra.held(dra.claim_record(claim), memory_of)
+            if held is None:
+                continue
+            allocated.add((claim.metadata.namespace, claim.metadata.name))
+            for index, (milli, memory) in held.gpu_usage().items():
+                left = free.setdefault((held.node, index), [0, 0])
+                left[0] -= milli
+                left[1] -= memory
+        stuck = []
+        for pod in pod_list:
+            record = pods.record(pod)
+            if not record.key.startswith(f"{NS}/") or record.node or record.terminal or not record.claims:
+                continue
+            shape = dra.template_shape(record.claims[0].template)
+            if any((NS, ref.claim) in allocated for ref in record.claims):
+                stuck.append(f"claim allocated, pod not bound: {record.key}")
+            elif shape is not None and any(m >= shape.milli and mib >= shape.memory_mib for m, mib in free.values()):
+                stuck.append(f"fits a DRA GPU: {record.key}")
         return stuck
 
     async def reservations(self) -> dict[tuple[str, int], str]:
@@ -355,6 +442,11 @@ class Chaos:
             await asyncio.sleep(1)
             found = await self.observe()
         assert found is not None
+        for _ in range(UNUSED_CLEARED + 30 if self.dra else 0):  # unused allocations are cleared after a while
+            if not found.orphan_allocations:
+                break
+            await asyncio.sleep(1)
+            found = await self.observe() or found
         stuck = await self.pending_that_fit()
         for _ in range(SETTLE):  # kube-scheduler's informers may be backing off after the last fault
             if not stuck:
@@ -378,6 +470,7 @@ class Chaos:
             ):
                 gpus = ", ".join(f"gpu{i} {held.get((alloc.node, i), 'unheld')}" for i in alloc.gpu_indices)
                 stuck.append(f"hand-off never filled: {record.key} on {alloc.node} ({gpus})")
+        dra_bound = sum(1 for p in pod_list if p.spec.resource_claims and p.spec.node_name and not pods.is_terminal(p))
         alive = {p.metadata.name for p in pod_list}
         told, _ = await self.api.list_all(paths.events(NS))
         preempted = {e["involvedObject"]["name"] for e in told if e.get("reason") == "Preempted"}
@@ -388,6 +481,7 @@ class Chaos:
             "overcommits": len(self.overcommits),
             "double_allocations": len(self.doubles),
             "leaked_reservations": len(found.leaked_reservations),
+            "leaked_allocations": len(found.orphan_allocations),
             "stuck_pods": len(stuck),
             "lost_pods": len(lost),
             "wrong_preemptions": len(wrong),
@@ -397,20 +491,24 @@ class Chaos:
                 "overcommits": sorted(self.overcommits)[:20],
                 "double_allocations": sorted(self.doubles)[:20],
                 "leaked_reservations": found.leaked_reservations[:20],
+                "leaked_allocations": found.orphan_allocations[:20],
                 "unheld_shared_gpus": found.unheld[:20],
                 "stuck_pods": stuck[:20],
                 "lost_pods": lost[:20],
                 "wrong_preemptions": wrong[:20],
             },
             "pods_created": len(self.created),
-            "pods_bound_at_end": found.bound,
+            "pods_bound_at_end": found.bound + found.claims_bound,
+            "dra_pods_created": self.dra_created,
+            "dra_pods_bound_at_end": dra_bound,
+            "dra_pods_bound_with_their_claim": found.claims_bound,
         }
 
 
 async def run(args: argparse.Namespace, seed: int) -> dict[str, Any]:
     rng = random.Random(seed)
     with tempfile.TemporaryDirectory(prefix="sharegpu-chaos-") as tmp:
-        chaos = Chaos(Path(tmp), args.nodes, rng)
+        chaos = Chaos(Path(tmp), args.nodes, rng, dra=args.dra)
         started = time.perf_counter()
         try:
             await chaos.start()
@@ -429,7 +527,10 @@ async def run(args: argparse.Namespace, seed: int) -> dict[str, Any]:
     return {"seed": seed, **result}
 
 
-COUNTS = ("overcommits", "double_allocations", "leaked_reservations", "stuck_pods", "lost_pods", "wrong_preemptions")
+COUNTS = (
+    "overcommits", "double_allocations", "leaked_reservations", "leaked_allocations", "stuck_pods", "lost_pods",
+    "wrong_preemptions",
+)  # fmt: skip
 
 
 def seeds(text: str) -> list[int]:
@@ -455,6 +556,7 @@ def main() -> int:
     parser.add_argument("--pods", type=int, default=600)
     parser.add_argument("--seeds", type=seeds, default=[1], help="seeds to run, e.g. 1-20 (default 1)")
     parser.add_argument("--seed", type=int, help="one seed (the same as --seeds N)")
+    parser.add_argument("--dra", action="store_true", help="half the nodes serve DRA claims; 40%% of pods ask that way")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--logs", type=Path, help="copy every component's log into DIR/seed-N at the end of each run")
     args = parser.parse_args()

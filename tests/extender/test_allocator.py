@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from sharegpu.api import dra, names, paths, quantity, wire
+from sharegpu.api import dra, names, paths, pods, quantity, wire
 from sharegpu.core import units
 from tests import builders
 from tests.extender.conftest import Harness, gpu_pod, settle
@@ -301,3 +301,33 @@ async def test_a_pod_s_claims_go_to_one_node_all_of_them_or_none(harness: Callab
     await settle(h.server)
     await run(h)
     assert results(h, "z") and gates(h, "pair") == []
+
+
+async def test_claims_need_no_reservation_pod_but_a_pod_still_on_a_node_turned_dra_keeps_its_own(
+    harness: Callable[..., Any],
+) -> None:
+    h: Harness = await harness(nodes=0, gpus=2, dra=1)
+    for name in ("a", "b"):
+        await claimed(h, name, 300)
+    await run(h)
+    assert {(r["pool"], r["device"]) for n in ("a", "b") for r in results(h, n)} == {("d0", "gpu-0")}
+    # A sharing pod of the extender path, bound to d0/gpu1 before the node turned to DRA.
+    body = gpu_pod("old", milli=200)
+    alloc = builders.MakeAllocation("ns/old", "d0").grant(1, 200).host(100, 64)
+    body["metadata"]["annotations"][names.ALLOCATION] = alloc.json()
+    body["spec"]["nodeName"] = "d0"
+    body["status"] = {"phase": "Running"}
+    h.server.put_object(paths.pods("ns"), body)
+    await settle(h.server)
+    assert h.extender.cache.shared_slots() == {("d0", 1)}, "the claims' GPU needs none, the pod's GPU one"
+
+    def made() -> list[tuple[str, str]]:
+        found = [wire.convert(p, wire.Pod) for p in h.server.list_objects(paths.pods(names.SYSTEM_NAMESPACE))]
+        return [(p.spec.node_name, p.metadata.labels[names.LABEL_SLOT]) for p in found if pods.is_reservation(p)]
+
+    for _ in range(100):
+        h.extender.reservations.wake()
+        await settle(h.server)
+        if made():
+            break
+    assert made() == [("d0", "1")]

@@ -8,10 +8,10 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from sharegpu.api import names, paths
+from sharegpu.api import dra, names, paths
 from sharegpu.core import units
 from sharegpu.extender import metrics as extender_metrics
-from tests.builders import MakeAllocation
+from tests.builders import MakeAllocation, MakeClaim
 from tests.extender.conftest import Harness, gpu_pod, settle
 
 Json = dict[str, Any]
@@ -116,3 +116,50 @@ async def test_a_refused_eviction_is_tried_again_later(harness: Callable[..., An
     assert not evicted(), "not tried again at once"
     h.clock.advance(repair.retry)
     await until(evicted)
+
+
+def allocated_claim(name: str, milli: int, *, reserved_by: str | None = None) -> Json:
+    """A claim of sharegpu's class the API server shows allocated on d0/gpu0 (written past the allocator)."""
+    body = MakeClaim(name, "ns").ask(milli, "1Gi").obj()
+    placed = MakeAllocation(f"ns/{name}#claim", "d0").grant(0, milli, 1024, container="gpu").obj()
+    body["status"] = {"allocation": dra.claim_allocation(placed, [f"share-{name}"], "2026-01-01T00:00:00Z")}
+    if reserved_by:
+        body["status"]["reservedFor"] = [{"resource": "pods", "name": reserved_by, "uid": f"uid-{reserved_by}"}]
+    return body
+
+
+async def test_a_claim_no_pod_uses_yet_is_cleared_to_repair_and_one_in_use_never(harness: Callable[..., Any]) -> None:
+    h: Harness = await harness(nodes=0, gpus=1, dra=1)
+    h.server.put_object(dra.claim_path("ns"), allocated_claim("used", 700, reserved_by="p"))
+    h.server.put_object(dra.claim_path("ns"), allocated_claim("early", 200))
+    h.server.put_object(dra.claim_path("ns"), allocated_claim("late", 300))
+    cache = h.extender.cache
+
+    def cleared() -> bool:
+        late = h.server.get_object(dra.claim_path("ns", "late"))
+        return late is not None and "allocation" not in late.get("status", {})
+
+    await settle(h.server)  # the ledger sees 1200 of 1000 on d0/gpu0, and the reconciler, woken, repairs
+    for _ in range(200):
+        if cleared():
+            break
+        h.extender.overcommit.wake()
+        await asyncio.sleep(0.01)
+    assert cleared(), "the newest claim no pod uses is cleared"
+    for name in ("used", "early"):
+        kept = h.server.get_object(dra.claim_path("ns", name))
+        assert kept is not None and kept["status"].get("allocation"), f"{name} kept"
+    assert h.extender.metrics.repairs.labels("cleared")._value.get() == 1
+    await settle(h.server)
+    assert cache.ledger.overcommitted() == [], "900 of 1000 once it is cleared"
+
+    # In use: never cleared, whatever the over-commit; the repair waits for one to leave.
+    h.server.put_object(dra.claim_path("ns"), allocated_claim("other", 500, reserved_by="q"))
+    await settle(h.server)
+    assert cache.ledger.overcommitted()
+    h.server.remove_object(dra.claim_path("ns", "early"))
+    await settle(h.server)
+    await h.extender.overcommit.reconcile()
+    for name in ("used", "other"):
+        kept = h.server.get_object(dra.claim_path("ns", name))
+        assert kept is not None and kept["status"].get("allocation"), f"{name} in use, kept"

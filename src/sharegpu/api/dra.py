@@ -469,6 +469,8 @@ class ClaimRecord:
     """The UIDs of the pods it is reserved for (`status.reservedFor`)."""
     finalizers: tuple[str, ...]
     deleting: bool
+    created: str = ""
+    """Its creation timestamp (RFC 3339: ordered as text)."""
 
     @property
     def protected(self) -> bool:
@@ -531,6 +533,7 @@ def claim_record(claim: ResourceClaim, previous: ClaimRecord | None = None) -> C
         reserved=tuple(c.uid for c in claim.status.reserved_for),
         finalizers=tuple(meta.finalizers),
         deleting=meta.deletion_timestamp is not None,
+        created=meta.creation_timestamp or "",
     )
 
 

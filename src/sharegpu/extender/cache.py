@@ -524,9 +524,19 @@ class ClusterCache:
         return self.pods.get(key)
 
     def shared_slots(self) -> set[tuple[str, int]]:
-        """Every (node, GPU index) that some pod holds a share of, assumed ones included."""
+        """Every (node, GPU index) that some pod holds a share of, assumed ones included: the GPUs that
+        need a reservation pod. A claim's share needs none (the kubelet plugin hands its GPU over), so
+        on DRA nodes only the shares of pods count (pods of the extender path still running on a node
+        turned to DRA)."""
         state = self.state
-        return {(state.names[r], int(s)) for r, s in np.argwhere(state.tenants - state.exclusive > 0).tolist()}
+        shared = (state.tenants - state.exclusive > 0) & self.pod_rows[:, None]
+        out: set[tuple[str, int]] = {(state.names[r], int(s)) for r, s in np.argwhere(shared).tolist()}
+        if self._dra_nodes:
+            for key, entry in self.ledger.entries():
+                alloc = entry.alloc
+                if alloc.node in self._dra_nodes and not alloc.exclusive and not key.endswith(dra.CLAIM_KEY_SUFFIX):
+                    out.update((alloc.node, index) for index in alloc.gpu_usage())
+        return out
 
     def live_reservations(self) -> Iterator[pods.Record]:
         return (r for r in self.reservations.values() if not r.terminal and not r.deleting)

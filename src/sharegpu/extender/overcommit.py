@@ -17,6 +17,11 @@ reconciler, on the Lease holder only, makes the over-commit visible and ends it:
   started, or none has an owner), nothing is evicted: a running workload is never killed for a
   fault, and a pod without an owner would be lost. The GPU stays blocked and reported until a
   tenant leaves by itself.
+- **Claims.** A GPU's tenants may be ResourceClaims of sharegpu's driver (an allocation written past
+  the allocator: sharegpu's own never over-commit). A claim no pod uses yet (`status.reservedFor`
+  empty) is the first to go: its allocation is cleared (conditional on its resourceVersion), as
+  kube-scheduler clears one it takes back, and the allocator places it again where it fits; its pod
+  has not started, so nothing is lost. Claims in use are never cleared.
 - **Outcomes.** An eviction refused (429 from a disruption budget, 409 for a pod made again) or whose
   answer was lost is tried again after `retry` seconds if the pod is still there and still the
   newest candidate; the watch shows an eviction that did happen (the pod being deleted). Events are
@@ -29,7 +34,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from sharegpu.api import events, paths, pods
+from sharegpu.api import dra, events, paths, pods
 from sharegpu.core import errors, ledger, units
 from sharegpu.extender import cache as extender_cache
 from sharegpu.extender import metrics as extender_metrics
@@ -86,7 +91,7 @@ class OvercommitReconciler:
         for gpu in found:
             await self._report(gpu)
             await self._repair(gpu)
-        for key in [k for k in self.tried if self.cache.record(k) is None]:
+        for key in [k for k in self.tried if self.cache.record(k) is None and k not in self.cache.claim_records]:
             del self.tried[key]
         # What was said of GPUs that are fine again is forgotten (said again, should they not be).
         current = {gpu.where for gpu in found}
@@ -125,9 +130,18 @@ class OvercommitReconciler:
         return True
 
     async def _repair(self, gpu: ledger.Overcommit) -> None:
-        tenants = [self.cache.record(key) for key in gpu.pods]
-        if any(r is None or r.deleting or r.terminal for r in tenants):
+        claim_keys = [k for k in gpu.pods if k.endswith(dra.CLAIM_KEY_SUFFIX)]
+        claims = [self.cache.claim_records.get(k) for k in claim_keys]
+        tenants = [self.cache.record(key) for key in gpu.pods if key not in claim_keys]
+        if any(r is None or r.deleting or r.terminal for r in tenants) or any(c is None or c.deleting for c in claims):
             return  # one is leaving: the ledger checks the GPU again when it has gone
+        unused = [
+            c for c in claims
+            if c is not None and c.allocated and not c.reserved and c.key not in self.cache.claims_assumed
+        ]  # fmt: skip
+        if unused:
+            await self._clear(gpu, max(unused, key=lambda c: (c.created, c.key)))
+            return
         candidates = [
             r for r in tenants
             if r is not None and r.node == gpu.node and r.owned and r.phase == "Pending"
@@ -161,6 +175,27 @@ class OvercommitReconciler:
         log.warning("repairing %s: evicted %s (the newest tenant that has not started)", gpu.where, victim.key)
         message = f"evicted to repair: {self.describe(gpu)}; its owner makes it again and sharegpu places it"
         await self._event(victim, "GPUOvercommitEvicted", message, f"{gpu.where}|evict")
+
+    async def _clear(self, gpu: ledger.Overcommit, claim: dra.ClaimRecord) -> None:
+        """Clear the allocation of a claim no pod uses yet (tried again after `retry` seconds)."""
+        now = self.clock()
+        last = self.tried.get(claim.key)
+        if last is not None and now - last < self.retry:
+            return
+        self.tried[claim.key] = now
+        body = {"metadata": {"resourceVersion": claim.resource_version}, "status": {"allocation": None}}
+        try:
+            await self.api.patch(f"{dra.claim_path(claim.namespace, claim.name)}/status", body)
+        except kube_errors.NotFoundError:
+            return  # gone meanwhile
+        except errors.SharegpuError as exc:  # 409: it moved on; the watch shows how, the next pass decides
+            outcome = kube_errors.outcome(exc)
+            self.metrics.repairs.labels(outcome.value).inc()
+            log.warning("repairing %s: clearing claim %s: %s (%s)", gpu.where, claim.key, exc, outcome.value)
+            return
+        self.metrics.repairs.labels("cleared").inc()
+        log.warning("repairing %s: cleared the allocation of claim %s (no pod uses it yet); the allocator "
+                    "places it again", gpu.where, claim.key)  # fmt: skip
 
 
 def _episode(gpu: ledger.Overcommit) -> str:
