@@ -471,6 +471,18 @@ class Chaos:
                 gpus = ", ".join(f"gpu{i} {held.get((alloc.node, i), 'unheld')}" for i in alloc.gpu_indices)
                 stuck.append(f"hand-off never filled: {record.key} on {alloc.node} ({gpus})")
         dra_bound = sum(1 for p in pod_list if p.spec.resource_claims and p.spec.node_name and not pods.is_terminal(p))
+        if self.dra and dra_bound != found.claims_bound:  # what the oracle could not match, to read after the run
+            claim_list, _ = await self.api.list_of(dra.CLAIMS, dra.ResourceClaim)
+            where = {
+                c.metadata.name: sorted(
+                    {r.pool for r in (c.status.allocation.devices.results if c.status.allocation else [])}
+                )
+                for c in claim_list
+            }
+            sample = [p for p in pod_list if p.spec.resource_claims and p.spec.node_name][:5]
+            print("oracle matched", found.claims_bound, "of", dra_bound, "bound DRA pods; e.g.",
+                  [(p.metadata.name, p.spec.node_name, [(r.claim, where.get(r.claim)) for r in pods.record(p).claims])
+                   for p in sample], flush=True)  # fmt: skip
         alive = {p.metadata.name for p in pod_list}
         told, _ = await self.api.list_all(paths.events(NS))
         preempted = {e["involvedObject"]["name"] for e in told if e.get("reason") == "Preempted"}

@@ -150,3 +150,19 @@ async def test_a_watch_event_over_a_mebibyte_arrives() -> None:
         if kind == "ADDED":
             assert obj is not None and len(obj.metadata.annotations["blob"]) == 1200 * 1024
             break
+
+
+async def test_whether_an_api_is_served_is_asked_again_after_faults_and_only_404_means_no() -> None:
+    server = fake.FakeApiServer(served=frozenset({"resource.k8s.io/v1"}))
+    api = client.KubeClient(server)
+    server.fail(503, path="/apis/resource.k8s.io/v1", times=2)
+    server.fail(403, path="/apis/resource.k8s.io/v1")  # RBAC not loaded yet after a restart
+    waits: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        waits.append(seconds)
+
+    assert await client.serves_when_answered(api, "resource.k8s.io/v1", sleep) is True
+    assert waits == [0.5, 1.0, 2.0]
+    assert await client.serves_when_answered(api, "resource.k8s.io/v9", sleep) is False
+    assert waits == [0.5, 1.0, 2.0], "404 is an answer"

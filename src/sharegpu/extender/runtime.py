@@ -165,7 +165,7 @@ class Extender:
     async def _dra_served(self) -> bool:
         """Whether the API server serves resource.k8s.io/v1 (Kubernetes 1.34 and later): then the
         cache counts the DRA claims of sharegpu's driver too."""
-        if await client.serves(self.api, dra.API_VERSION):
+        if await client.serves_when_answered(self.api, dra.API_VERSION):
             return True
         log.info("%s is not served: DRA claims are not counted (there can be none)", dra.API_VERSION)
         return False

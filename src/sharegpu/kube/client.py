@@ -11,7 +11,8 @@ service-account token or an expired exec token costs one extra request, not an o
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, Final, Protocol, TypeVar
 
 import msgspec
@@ -19,6 +20,8 @@ import orjson
 
 from sharegpu.api import wire
 from sharegpu.kube import credentials, errors, transport
+
+log = logging.getLogger(__name__)
 
 Json = dict[str, Any]
 T = TypeVar("T")
@@ -329,6 +332,23 @@ async def serves(api: KubeApi, group_version: str) -> bool:
     except errors.NotFoundError:
         return False
     return True
+
+
+async def serves_when_answered(
+    api: KubeApi, group_version: str, sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+) -> bool:
+    """`serves`, asked again after any error but 404 (the API server restarting, 429, 5xx, a lost
+    connection; a 401 or 403 while it loads its credentials and RBAC after a restart) with backoff
+    from 0.5 s doubling to 8 s, until it answers: a component that decides at start what it runs
+    must not decide "not served" from a fault, nor exit on one."""
+    wait = 0.5
+    while True:
+        try:
+            return await serves(api, group_version)
+        except errors.KubeError as exc:
+            log.warning("asking whether %s is served: %s; asking again in %.1f s", group_version, exc, wait)
+            await sleep(wait)
+            wait = min(wait * 2, 8.0)
 
 
 class _Versioned(msgspec.Struct):
