@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sharegpu.core import devices, errors, fleet, frag, policies, requests, units
+from sharegpu.core import devices, errors, fleet, frag, policies, requests, scoring, units
 from sharegpu.core import ledger as core_ledger
 from sharegpu.core import placer as core_placer
 from tests.builders import MakeAllocation
@@ -145,7 +145,7 @@ def test_topology_prefers_nvlinked_gpus() -> None:
     b = ledger(plain, nvlinked)
     decision = _decide("topology", b, pod("ns/p", count=2))
     assert (decision.node, decision.gpus) == ("nv", (1, 3))
-    chosen, (weakest, _) = policies.best_connected(nvlinked, [0, 1, 2, 3], 2)
+    chosen, (weakest, _) = scoring.best_connected(nvlinked, [0, 1, 2, 3], 2)
     assert chosen == (1, 3)
     assert weakest is devices.Link.NVLINK
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sharegpu.core import allocation, fit, fleet, policies, requests, status, units
+from sharegpu.core import allocation, fit, fleet, requests, scoring, status, units
 from sharegpu.core import ledger as core_ledger
 
 IntArray = fleet.IntArray
@@ -64,7 +64,7 @@ class Placer:
     def __init__(
         self,
         state: fleet.FleetState,
-        policy: policies.Policy,
+        policy: scoring.Policy,
         *,
         priority: IntArray | None = None,
         seed: int = 0,
@@ -131,7 +131,7 @@ class Placer:
         tiebreak = np.zeros(n, dtype=np.int64)
         ok = np.flatnonzero(result.feasible)
         if len(ok):
-            scores = self.policy.score(policies.Batch(self.state, demand, rows[ok], result.eligible[ok], self.rng))
+            scores = self.policy.score(scoring.Batch(self.state, demand, rows[ok], result.eligible[ok], self.rng))
             score[ok] = scores.score
             choice[ok] = scores.choice
             if scores.tiebreak is not None:
@@ -158,10 +158,10 @@ class Placer:
             ok = ok[tiebreak[ok] == best_tie]
         winner = ok[np.argmin(self.priority[rows[ok]])] if len(ok) > 1 else ok[0]
         row = int(rows[winner])
-        gpus = policies.mask_to_indices(int(choice[winner]))
+        gpus = scoring.mask_to_indices(int(choice[winner]))
         if self.policy.topology_refine and demand.count > 1 and demand.whole:
             eligible = fit.eligible_gpus(self.state, demand, np.array([row]))[0]
-            gpus, _ = policies.best_connected(
+            gpus, _ = scoring.best_connected(
                 self.state.inventories[row], np.flatnonzero(eligible).tolist(), demand.count
             )
         return Decision(

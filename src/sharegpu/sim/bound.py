@@ -53,7 +53,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import optimize, sparse
 
-from sharegpu.core import devices, errors, fleet, frag, policies, units
+from sharegpu.core import devices, errors, fleet, frag, policies, scoring, units
 from sharegpu.core import ledger as core_ledger
 from sharegpu.core import placer as core_placer
 from sharegpu.sim import replay, runner, trace
@@ -508,7 +508,7 @@ def _placed(
     nodes: Sequence[devices.NodeInventory],
     pods: Sequence[trace.TracePod],
     order: Sequence[int],
-    policy: policies.Policy,
+    policy: scoring.Policy,
 ) -> tuple[np.ndarray, list[tuple[int, np.ndarray]]]:
     """Place `pods` in `order` with `policy`: the kept mask and each used node's content as a pattern
     of `instance` (made of these nodes and pods)."""

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from sharegpu.core import defrag, devices, fleet, frag, policies, requests, units
+from sharegpu.core import defrag, devices, fleet, frag, requests, scoring, units
 from sharegpu.core import ledger as core_ledger
 from sharegpu.core import placer as core_placer
 from sharegpu.sim import trace
@@ -98,7 +98,7 @@ class StaticResult:
 def replay_static(
     nodes: list[devices.NodeInventory],
     workload: Workload,
-    policy: policies.Policy,
+    policy: scoring.Policy,
     shapes: tuple[frag.WeightedShape, ...],
     seed: int,
 ) -> StaticResult:
@@ -295,7 +295,7 @@ class _Event:
 def replay_dynamic(
     nodes: list[devices.NodeInventory],
     pods: tuple[trace.TracePod, ...],
-    policy: policies.Policy,
+    policy: scoring.Policy,
     seed: int,
     time_scale: float = 1.0,
     *,

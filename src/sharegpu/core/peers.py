@@ -1,0 +1,399 @@
+"""The placement other GPU-sharing schedulers ship, as policies of the simulator: what a platform team
+runs today, replayed on the same traces as sharegpu's own policies.
+
+Each is written from its system's documentation and from facts read in its sources (the file each
+follows is in its `source`; no code of theirs is here) and named after its system and option:
+node-level choice, then the GPUs inside the node, in sharegpu's units (a GPU's compute in milli-GPU:
+HAMi's and Volcano's core percent is milli / 10; memory in MiB).
+
+Common ground, so that only the choices differ:
+
+- What fits is sharegpu's fit (`core.fit`): compute and memory, health, models. A peer's own extra
+  limits are left out: HAMi's and Volcano's at most 10 pods per GPU (`deviceSplitCount`), and the
+  peers that count memory only (Aliyun, KAI) still get no GPU whose compute is spent.
+- Memory a request asks, for peers that score memory: its MiB, or its share of the GPU's memory
+  (`memory_permille`), or, when it names none (the openb traces ask compute only), the same share of
+  the memory as of the compute (what a user of a memory-based system asks for half a GPU). A GPU's
+  memory in use is likewise the larger of the MiB its pods hold and its compute share in use.
+- Where a system leaves the node to kube-scheduler's own scoring (Aliyun's extender only filters),
+  that scoring is NodeResourcesFit's default, LeastAllocated over CPU and memory. Where a system's
+  GPU score is one input of kube-scheduler's weighted sum (Koordinator), it is taken alone.
+- Ties a system breaks at random (Volcano's node choice, KAI's shared GPUs in map order) are broken
+  at random or by lowest index here, as each class says.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import ClassVar
+
+import numpy as np
+
+from sharegpu.core import fleet, units
+from sharegpu.core.scoring import Batch, Policy, Scores, first_k, ordered_k, trunc
+
+IntArray = fleet.IntArray
+FloatArray = np.ndarray[tuple[int, ...], np.dtype[np.float64]]
+SCALE = 1_000_000
+"""Fixed-point scale for fractional scores turned into integer keys."""
+
+
+def memory_used(batch: Batch) -> FloatArray:
+    """(n, g) MiB in use per GPU of the batch's rows: the larger of what pods hold and the compute
+    share in use read as the same share of the memory."""
+    state, rows = batch.state, batch.rows
+    cap = state.gmem_capacity[rows].astype(np.float64)
+    held = cap - state.gmem_free[rows]
+    share = (units.MILLI_PER_GPU - state.milli_free[rows]) * cap / units.MILLI_PER_GPU
+    used: FloatArray = np.where(state.present[rows], np.maximum(held, share), 0.0)
+    return used
+
+
+def memory_asked(batch: Batch) -> FloatArray:
+    """(n, g) MiB the request asks of each GPU of the batch's rows (module docstring)."""
+    state, demand, rows = batch.state, batch.demand, batch.rows
+    cap = state.gmem_capacity[rows].astype(np.float64)
+    if demand.memory_mib:
+        return np.full(cap.shape, float(demand.memory_mib))
+    permille = demand.memory_permille or demand.milli * 1000 // units.MILLI_PER_GPU
+    asked: FloatArray = cap * permille / 1000
+    return asked
+
+
+def _fraction(used: FloatArray | IntArray, total: FloatArray | IntArray) -> FloatArray:
+    out: FloatArray = np.where(total > 0, used / np.maximum(total, 1), 0.0)
+    return out
+
+
+def _index_key(width: int, n: int, *, highest_first: bool) -> IntArray:
+    """(n, g) the GPU index as the last key of an ordering (smaller keys come first)."""
+    index = np.broadcast_to(np.arange(width, dtype=np.int64), (n, width))
+    key: IntArray = (width - 1 - index) if highest_first else index.copy()
+    return key
+
+
+def _keyed(primary: FloatArray, width: int, *, highest_index_first: bool) -> IntArray:
+    """Integer keys ordering GPUs by `primary` (ascending, smaller first), then by index."""
+    n = primary.shape[0]
+    fixed = np.round(primary * SCALE).astype(np.int64)
+    key: IntArray = fixed * width + _index_key(width, n, highest_first=highest_index_first)
+    return key
+
+
+# ----------------------------------------------------------------------------------------------- HAMi
+
+
+class _Hami(Policy):
+    """HAMi's scheduler extender (node policy, then GPU policy; one node answered)."""
+
+    system: ClassVar[str] = "HAMi v2.10.0"
+    source: ClassVar[str] = (
+        "Project-HAMi/HAMi pkg/scheduler/policy/node_policy.go and gpu_policy.go (scores, order), "
+        "pkg/scheduler/score.go (fitting walk), pkg/device/nvidia/device.go (Fit)"
+    )
+    node_binpack: ClassVar[bool]
+    gpu_binpack: ClassVar[bool]
+    split: ClassVar[int] = 10
+    """deviceSplitCount: the slots of a GPU its score counts."""
+
+    def score(self, batch: Batch) -> Scores:
+        state, demand, rows, eligible = batch.state, batch.demand, batch.rows, batch.eligible
+        present = state.present[rows]
+        mem_cap = np.where(present, state.gmem_capacity[rows], 0).astype(np.float64)
+        milli_used = np.where(present, units.MILLI_PER_GPU - state.milli_free[rows], 0)
+        used = memory_used(batch)
+        # Node: its usage before the pod, slots + compute + memory, 0..30.
+        slots = _fraction(state.tenants[rows].sum(axis=1), self.split * present.sum(axis=1))
+        compute = _fraction(milli_used.sum(axis=1), units.MILLI_PER_GPU * present.sum(axis=1))
+        memory = _fraction(used.sum(axis=1), mem_cap.sum(axis=1))
+        node = 10 * (slots + compute + memory)
+        value = node if self.node_binpack else 30 - node
+        score = trunc(value * 100 / 30)
+        tiebreak = np.round(value * SCALE).astype(np.int64)
+        # GPU: its usage with the pod, sorted, walked from the end (full ties: the later index first).
+        gpu = 10 * (
+            (state.tenants[rows] + 1) / self.split
+            + (milli_used + demand.milli) / units.MILLI_PER_GPU
+            + _fraction(used + memory_asked(batch), mem_cap)
+        )
+        key = _keyed(-gpu if self.gpu_binpack else gpu, state.width, highest_index_first=True)
+        return Scores(score, ordered_k(eligible, key, demand.count), tiebreak)
+
+
+class HamiBinpackSpread(_Hami):
+    name = "hami-binpack-spread"
+    summary = "HAMi's default: the fullest node (slots, compute, memory), the emptiest GPU inside"
+    node_binpack = True
+    gpu_binpack = False
+
+
+class HamiBinpackBinpack(_Hami):
+    name = "hami-binpack-binpack"
+    summary = "HAMi, node and GPU policy binpack: the fullest node, the fullest fitting GPU"
+    node_binpack = True
+    gpu_binpack = True
+
+
+class HamiSpreadSpread(_Hami):
+    name = "hami-spread-spread"
+    summary = "HAMi, node and GPU policy spread: the emptiest node, the emptiest GPU"
+    node_binpack = False
+    gpu_binpack = False
+
+
+class HamiSpreadBinpack(_Hami):
+    name = "hami-spread-binpack"
+    summary = "HAMi, node policy spread, GPU policy binpack"
+    node_binpack = False
+    gpu_binpack = True
+
+
+# ---------------------------------------------------------------------------------------- Koordinator
+
+
+class _Koordinator(Policy):
+    """Koordinator's DeviceShare plugin: LeastAllocated or MostAllocated over GPU memory (its default
+    scored resources are gpu-memory-ratio and gpu-memory, weight 1 each; gpu-core is not scored), for
+    the node and, in the default allocation path, for each GPU (ties: lowest minor)."""
+
+    system: ClassVar[str] = "Koordinator v1.8.0"
+    source: ClassVar[str] = (
+        "koordinator-sh/koordinator pkg/scheduler/plugins/deviceshare/scoring.go (node), device_allocator.go "
+        "and device_resources.go (GPU order), apis/config/v1/defaults.go (LeastAllocated, resources)"
+    )
+    most_allocated: ClassVar[bool]
+
+    def _strategy(self, requested: FloatArray, capacity: FloatArray) -> FloatArray:
+        cap = np.maximum(capacity, 1e-9)
+        if self.most_allocated:
+            out: FloatArray = np.minimum(requested, capacity) * 100 / cap
+        else:
+            out = np.where(requested > capacity, 0.0, (capacity - requested) * 100 / cap)
+        return np.where(capacity > 0, np.floor(out), 0.0)
+
+    def score(self, batch: Batch) -> Scores:
+        state, demand, rows, eligible = batch.state, batch.demand, batch.rows, batch.eligible
+        present = state.present[rows]
+        mem_cap = np.where(present, state.gmem_capacity[rows], 0).astype(np.float64)
+        used = memory_used(batch)
+        asked = memory_asked(batch)
+        ratio_cap = np.where(present, 100.0, 0.0)
+        ratio_used = _fraction(used, mem_cap) * 100
+        ratio_asked = _fraction(asked, mem_cap) * 100
+        # Node: requested = in use + one GPU's request (not times the count), per resource, averaged.
+        per_gpu_mem = asked.max(axis=1)
+        per_gpu_ratio = ratio_asked.max(axis=1)
+        node = (
+            self._strategy(ratio_used.sum(axis=1) + per_gpu_ratio, ratio_cap.sum(axis=1))
+            + self._strategy(used.sum(axis=1) + per_gpu_mem, mem_cap.sum(axis=1))
+        ) // 2
+        # GPU: the same formula on each GPU alone; highest score first, then lowest minor.
+        gpu = (self._strategy(ratio_used + ratio_asked, ratio_cap) + self._strategy(used + asked, mem_cap)) // 2
+        key = _keyed(-gpu, state.width, highest_index_first=False)
+        choice = first_k(eligible, demand.count) if demand.whole else ordered_k(eligible, key, demand.count)
+        return Scores(node.astype(np.int64), choice)
+
+
+class KoordinatorSpread(_Koordinator):
+    name = "koordinator-spread"
+    summary = "Koordinator's default (LeastAllocated on GPU memory): the emptiest node, the emptiest GPU"
+    most_allocated = False
+
+
+class KoordinatorBinpack(_Koordinator):
+    name = "koordinator-binpack"
+    summary = "Koordinator with MostAllocated on GPU memory: the fullest node, the fullest fitting GPU"
+    most_allocated = True
+
+
+# -------------------------------------------------------------------------------------------- Volcano
+
+
+class _Volcano(Policy):
+    """Volcano's vGPU (deviceshare plugin): the GPU order of its schedule policy, and a node score only
+    where that policy gives one; the best nodes are tied, and Volcano picks among them at random."""
+
+    system: ClassVar[str] = "Volcano v1.15.1"
+    source: ClassVar[str] = (
+        "volcano-sh/volcano pkg/scheduler/api/devices/nvidia/vgpu/utils.go (GPU order, GPUScore), "
+        "device_info.go (node score), pkg/scheduler/plugins/deviceshare/deviceshare.go (arguments)"
+    )
+    cacheable = False
+
+    @abc.abstractmethod
+    def order(self, batch: Batch, used: FloatArray) -> IntArray:
+        """(n, g) keys: smaller first."""
+
+    def node_score(self, batch: Batch, used: FloatArray, choice: IntArray) -> IntArray:
+        return np.zeros(len(batch.rows), dtype=np.int64)
+
+    def score(self, batch: Batch) -> Scores:
+        used = memory_used(batch)
+        choice = ordered_k(batch.eligible, self.order(batch, used), batch.demand.count)
+        tiebreak = batch.rng.integers(0, 1 << 30, len(batch.rows)).astype(np.int64)
+        return Scores(self.node_score(batch, used, choice), choice, tiebreak)
+
+
+class VolcanoDefault(_Volcano):
+    name = "volcano"
+    summary = "Volcano's default (no schedule policy, weight 0): GPUs from the highest index; a random fitting node"
+
+    def order(self, batch: Batch, used: FloatArray) -> IntArray:
+        return _index_key(batch.state.width, len(batch.rows), highest_first=True)
+
+
+class VolcanoBinpack(_Volcano):
+    name = "volcano-binpack"
+    summary = "Volcano, schedule policy binpack: the GPU with the most memory in use; nodes by it"
+
+    def order(self, batch: Batch, used: FloatArray) -> IntArray:
+        return _keyed(-used, batch.state.width, highest_index_first=False)
+
+    def node_score(self, batch: Batch, used: FloatArray, choice: IntArray) -> IntArray:
+        cap = batch.state.gmem_capacity[batch.rows]
+        after = _fraction(used + memory_asked(batch), cap) * 100
+        bits = (choice[:, None] >> np.arange(batch.state.width, dtype=np.int64)) & 1 == 1
+        total = np.where(bits, after, 0.0).sum(axis=1) / max(batch.demand.count, 1)
+        score: IntArray = np.round(total).astype(np.int64)
+        return score
+
+
+class VolcanoSpread(_Volcano):
+    name = "volcano-spread"
+    summary = "Volcano, schedule policy spread: the GPU with the fewest pods; its node score is always 0"
+
+    def order(self, batch: Batch, used: FloatArray) -> IntArray:
+        tenants = batch.state.tenants[batch.rows].astype(np.float64)
+        return _keyed(tenants, batch.state.width, highest_index_first=False)
+
+
+# --------------------------------------------------------------------------------------------- Aliyun
+
+
+class AliyunGpushare(Policy):
+    name = "aliyun-gpushare"
+    summary = (
+        "Aliyun gpushare: the node by kube-scheduler's LeastAllocated (CPU, memory); the GPU with least free memory"
+    )
+    system: ClassVar[str] = "Aliyun gpushare-scheduler-extender v0.2.0"
+    source: ClassVar[str] = (
+        "AliyunContainerService/gpushare-scheduler-extender pkg/cache/nodeinfo.go (allocateGPUID), "
+        "pkg/scheduler/predicate.go (filter only: no prioritize verb)"
+    )
+
+    def score(self, batch: Batch) -> Scores:
+        state, demand, rows, eligible = batch.state, batch.demand, batch.rows, batch.eligible
+        cpu_cap = np.maximum(state.cpu_capacity[rows], 1)
+        mem_cap = np.maximum(state.mem_capacity[rows], 1)
+        cpu_left = (state.cpu_free[rows] - demand.cpu_milli) * 100 // cpu_cap
+        mem_left = (state.mem_free[rows] - demand.host_memory_mib) * 100 // mem_cap
+        score = (cpu_left + mem_left) // 2
+        if demand.count != 1 or demand.whole:
+            return Scores(score.astype(np.int64), first_k(eligible, demand.count))  # whole GPUs: the device plugin
+        free = state.gmem_capacity[rows] - memory_used(batch)
+        return Scores(
+            score.astype(np.int64), ordered_k(eligible, _keyed(free, state.width, highest_index_first=False), 1)
+        )
+
+
+# ------------------------------------------------------------------------------------------------ KAI
+
+
+class _Kai(Policy):
+    """KAI scheduler: nodes by the sum of its plugins' scores (ties: node name ascending), fractions on
+    shared GPUs that already hold fractions or on a whole idle GPU, memory only."""
+
+    system: ClassVar[str] = "KAI Scheduler v0.13.0"
+    source: ClassVar[str] = (
+        "NVIDIA/KAI-Scheduler pkg/scheduler/plugins/nodeplacement (pack.go, spread.go), gpupack, gpuspread, "
+        "gpusharingorder, pkg/scheduler/framework/session.go (FittingGPUs, node order)"
+    )
+    cacheable = False
+    """The binpack score compares a node with the others of the batch."""
+    shares_first: ClassVar[bool]
+    """A node with a shared GPU the fraction fits comes first (gpusharingorder, binpack only)."""
+
+    def __init__(self) -> None:
+        self.name_rank: IntArray = np.zeros(0, dtype=np.int64)
+
+    def prepare(self, state: fleet.FleetState) -> None:
+        order = np.argsort(np.array([str(n) for n in state.names]), kind="stable")
+        self.name_rank = np.empty(len(order), dtype=np.int64)
+        self.name_rank[order] = np.arange(len(order), dtype=np.int64)
+
+    @abc.abstractmethod
+    def _nodes(self, batch: Batch, idle: IntArray, gpus: IntArray) -> FloatArray:
+        """Per node, its score before the shared-GPU bonus."""
+
+    @abc.abstractmethod
+    def _gpu_key(self, used_fraction: FloatArray, idle: IntArray, width: int) -> IntArray:
+        """(n, g) keys ordering a fraction's GPUs: smaller first."""
+
+    def score(self, batch: Batch) -> Scores:
+        state, demand, rows, eligible = batch.state, batch.demand, batch.rows, batch.eligible
+        present = state.present[rows]
+        idle_gpu = present & (state.tenants[rows] == 0)
+        idle = idle_gpu.sum(axis=1)
+        node = self._nodes(batch, idle, present.sum(axis=1))
+        if demand.whole or demand.count == 0:
+            choice = first_k(eligible & idle_gpu, demand.count)
+            return Scores(trunc(node), choice, -self.name_rank[rows])
+        cap = state.gmem_capacity[rows]
+        used_fraction = _fraction(memory_used(batch), cap)
+        shared_fits = eligible & ~idle_gpu
+        key = self._gpu_key(used_fraction, idle_gpu.astype(np.int64), state.width)
+        choice = ordered_k(eligible, key, demand.count)
+        bonus = np.where(shared_fits.any(axis=1), 50.0, 0.0) if self.shares_first else 0.0
+        return Scores(trunc(node + bonus), choice, -self.name_rank[rows])
+
+
+class KaiBinpack(_Kai):
+    name = "kai-binpack"
+    summary = (
+        "KAI's default (binpack): nodes with a shared GPU the fraction fits, then fewest idle GPUs; fullest shared GPU"
+    )
+    shares_first = True
+
+    def _nodes(self, batch: Batch, idle: IntArray, gpus: IntArray) -> FloatArray:
+        low, high = int(idle.min(initial=0)), int(idle.max(initial=0))
+        spread = max(high - low, 1)
+        packed = np.where(high == low, 9.0, 9.0 * (1 - (idle - low) / spread))
+        out: FloatArray = np.where(gpus > 0, packed * 5, 0.0)  # 0..45, below the shared-GPU bonus
+        return out
+
+    def _gpu_key(self, used_fraction: FloatArray, idle: IntArray, width: int) -> IntArray:
+        # Shared GPUs by their used portion, fullest first; an idle GPU scores 0 (last).
+        score = np.where(idle == 1, 0.0, used_fraction)
+        return _keyed(-score, width, highest_index_first=False)
+
+
+class KaiSpread(_Kai):
+    name = "kai-spread"
+    summary = "KAI, placement strategy spread: the node with the most idle GPUs per GPU; an idle GPU, else the emptiest"
+    shares_first = False
+
+    def _nodes(self, batch: Batch, idle: IntArray, gpus: IntArray) -> FloatArray:
+        out: FloatArray = np.where(gpus > 0, idle * 100 / np.maximum(gpus, 1), 0.0)
+        return out
+
+    def _gpu_key(self, used_fraction: FloatArray, idle: IntArray, width: int) -> IntArray:
+        score = np.where(idle == 1, 1.0, 1.0 - used_fraction)
+        return _keyed(-score, width, highest_index_first=False)
+
+
+PEERS: tuple[type[Policy], ...] = (
+    HamiBinpackSpread,
+    HamiBinpackBinpack,
+    HamiSpreadSpread,
+    HamiSpreadBinpack,
+    KoordinatorSpread,
+    KoordinatorBinpack,
+    VolcanoDefault,
+    VolcanoBinpack,
+    VolcanoSpread,
+    AliyunGpushare,
+    KaiBinpack,
+    KaiSpread,
+)
+DEFAULTS: tuple[str, ...] = ("hami-binpack-spread", "koordinator-spread", "volcano", "aliyun-gpushare", "kai-binpack")
+"""Each system's default, in the order the tables print them."""
