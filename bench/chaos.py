@@ -435,6 +435,14 @@ class Chaos:
 
     async def verdict(self, idle_wait: float) -> dict[str, Any]:
         await asyncio.sleep(idle_wait)
+        # Pending pods first: kube-scheduler's informers may be backing off after the last fault, and
+        # a restarted allocator waits out its fence; what the oracle then reads is the settled state.
+        stuck = await self.pending_that_fit()
+        for _ in range(SETTLE):
+            if not stuck:
+                break
+            await asyncio.sleep(1)
+            stuck = await self.pending_that_fit()
         found = await self.observe()
         for _ in range(60):  # reservations follow their sharers; give them time to settle
             if found is not None and not (found.leaked_reservations or found.unheld or found.duplicate_reservations):
@@ -447,12 +455,6 @@ class Chaos:
                 break
             await asyncio.sleep(1)
             found = await self.observe() or found
-        stuck = await self.pending_that_fit()
-        for _ in range(SETTLE):  # kube-scheduler's informers may be backing off after the last fault
-            if not stuck:
-                break
-            await asyncio.sleep(1)
-            stuck = await self.pending_that_fit()
         stuck += [f"no valid allocation: {x}" for x in found.missing_allocations]
         maps, _ = await self.api.list_all(paths.configmaps(NS))
         filled = {c["metadata"]["name"] for c in maps}

@@ -27,7 +27,7 @@ import sharegpu
 from sharegpu import cli
 from sharegpu.cli import components, logs, options
 from sharegpu.cli import webhook as webhook_cli
-from sharegpu.core import policies
+from sharegpu.core import peers, policies
 
 runner = CliRunner()
 REPO = Path(__file__).resolve().parent.parent
@@ -116,6 +116,11 @@ def test_policies_lists_every_policy() -> None:
     for name in ("random", "dotprod", "clustering", "packing", "bestfit", "fgd", "binpack", "spread", "topology"):
         assert name in result.output
     assert f"the extender's default policy: {policies.DEFAULT}" in result.output
+    flat = " ".join(result.output.replace("│", " ").split())
+    for cls in peers.PEERS:  # each peer's, with the system and version it follows
+        assert cls.name in result.output
+    for system in ("HAMi v2.10.0", "Koordinator v1.8.0", "Volcano v1.15.1", "KAI Scheduler v0.13.0"):
+        assert system in flat, system
 
 
 def test_simulate_takes_default_as_the_extenders_policy(tmp_path: Path) -> None:

@@ -253,6 +253,18 @@ async def test_a_new_leader_writes_nothing_before_its_fence(harness: Callable[..
     assert units.PodKey("ns/a") not in h.extender.cache.claiming or gates(h, "a") == []
 
 
+async def test_a_new_leader_makes_missing_templates_during_its_fence(harness: Callable[..., Any]) -> None:
+    h: Harness = await harness(nodes=0, dra=1, dra_fence=20.0)
+    shape = dra.Shape(1, 500, memory_mib=2048)
+    body = builders.MakePod("p", "ns").container().gate().obj()
+    body["spec"]["resourceClaims"] = [{"name": dra.POD_CLAIM, "resourceClaimTemplateName": shape.name}]
+    h.server.put_object(paths.pods("ns"), body)
+    await claimed(h, "a", 300)
+    await run(h)
+    assert h.server.get_object(dra.template_path("ns", shape.name)) is not None, "made at once"
+    assert not results(h, "a"), "but nothing allocated before the fence ends"
+
+
 async def test_the_template_the_webhook_named_is_made_where_missing(harness: Callable[..., Any]) -> None:
     h: Harness = await harness(nodes=0, dra=1)
     shape = dra.Shape(1, 500, memory_permille=250)

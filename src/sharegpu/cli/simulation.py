@@ -285,8 +285,10 @@ def list_policies() -> None:
     table = Table(title="Placement policies")
     table.add_column("name")
     table.add_column("what it does")
-    for name in policies.REGISTRY:
-        table.add_row(name, policies.REGISTRY[name].summary)
+    table.add_column("whose, following")
+    for name, cls in policies.REGISTRY.items():
+        whose = cls.system if not cls.source else f"{cls.system}: {cls.source}"
+        table.add_row(name, cls.summary, whose)
     for alias, name in policies.ALIASES.items():
-        table.add_row(alias, f"the extender's default policy: {name}")
+        table.add_row(alias, f"the extender's default policy: {name}", "sharegpu")
     console().print(table)

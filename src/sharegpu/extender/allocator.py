@@ -44,6 +44,8 @@ Then the takeovers and leftovers:
 
 A new leader waits `fence` seconds before its first write: by then every write the previous leader
 had sent has landed or failed, and the watch shows it, so no two leaders' decisions meet on one GPU.
+Meanwhile it only makes missing templates (a creation cannot clash: the template exists or not), so
+the claims are made and ready when the fence ends.
 """
 
 from __future__ import annotations
@@ -170,6 +172,7 @@ class ClaimAllocator:
             log.info("DRA allocator: leading; first write in %.0f s (the previous leader's writes settle)", self.fence)
         self._learn()
         if now - self.term_started < self.fence:
+            await self._make_templates()  # a creation cannot race the previous leader's: it exists or not
             return
         await self._settle()
         self._admitted.clear()
@@ -229,6 +232,17 @@ class ClaimAllocator:
             if claim is not None and claim.ours:
                 found.append(claim)
         return found
+
+    async def _make_templates(self) -> None:
+        """The missing templates of sharegpu's the waiting pods name (so that kube-controller-manager
+        makes their claims while a new leader waits out its fence)."""
+        for key in self.cache.claiming:
+            record = self.cache.record(key)
+            if record is None or record.node:
+                continue
+            for ref in record.claims:
+                if not ref.claim and dra.template_shape(ref.template) is not None:
+                    await self._make_template(key.split("/", 1)[0], ref.template)
 
     async def _make_template(self, namespace: str, name: str) -> None:
         now = self.clock()
