@@ -9,6 +9,12 @@ traces of its ratio to fgd.
 
     python bench/openb_table.py [--openb DIR] [--seeds 42-51] [--policies ...] [--traces ...]
         [--bound-json PATH] [--json PATH] [--no-docs]
+
+With `--peers`, the table users choosing a scheduler need: sharegpu's default policy beside each
+peer's default (`core.peers`: HAMi, Koordinator, Volcano, Aliyun gpushare, KAI), each cell with its
+ratio to sharegpu's, written between the `peers-table` markers. Its bound and offline heuristic
+columns come from `--bound-json`, or else from the openb table already in the docs (the same traces
+and seeds).
 """
 
 from __future__ import annotations
@@ -22,12 +28,15 @@ import time
 from pathlib import Path
 
 from sharegpu import cli
+from sharegpu.core import peers
+from sharegpu.core import policies as core_policies
 from sharegpu.core.policies import PAPER_POLICIES
 from sharegpu.sim import report, runner
 
 HERE = Path(__file__).resolve().parent
 DOC = HERE.parent / "docs" / "simulation.md"
 BEGIN, END = "<!-- openb-table:begin -->", "<!-- openb-table:end -->"
+PEERS_BEGIN, PEERS_END = "<!-- peers-table:begin -->", "<!-- peers-table:end -->"
 
 # Unallocated GPU % at arrived = 100% (mean over seeds 42..51), from the paper (openb README).
 PAPER = {
@@ -57,6 +66,67 @@ def _cell(values: list[float]) -> str:
         return "-"
     spread = statistics.stdev(values) if len(values) > 1 else 0.0
     return f"{statistics.fmean(values):.2f}±{spread:.2f}"
+
+
+def documented_bounds(text: str) -> list[dict[str, object]]:
+    """The bound and offline heuristic means per trace from the openb table in the docs, as runs."""
+    table = text[text.index(BEGIN) : text.index(END)].splitlines()
+    header = next(line for line in table if line.startswith("| trace |"))
+    columns = [c.strip() for c in header.strip("|").split("|")]
+    out: list[dict[str, object]] = []
+    for line in table:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) != len(columns) or cells[0] in ("trace", "---") or cells[0].startswith(("*", "-")):
+            continue
+        row = dict(zip(columns, cells, strict=True))
+        if all(title in row for _, title in BOUND_COLUMNS):
+            values = {key: float(row[title].split("±")[0]) for key, title in BOUND_COLUMNS}
+            out.append({"trace": row["trace"], "seed": 0, **values})
+    return out
+
+
+def peers_markdown(
+    results: list[runner.RunResult], policies: list[str], traces: list[str], seeds: int, made: str,
+    bounds: list[dict[str, object]], bounds_from: str,
+) -> str:  # fmt: skip
+    """sharegpu's default (the first policy) beside the peers', each cell with its ratio to it."""
+    figures: dict[tuple[str, str], list[float]] = {}
+    for r in results:
+        if r.unallocated_gpu_pct_at_arrived_100 is not None:
+            figures.setdefault((r.trace, r.policy), []).append(r.unallocated_gpu_pct_at_arrived_100)
+    ours = policies[0]
+    gathered: dict[tuple[str, str], list[float]] = {}
+    for run in bounds:
+        for key, _ in BOUND_COLUMNS:
+            gathered.setdefault((str(run["trace"]), key), []).append(float(str(run[key])))
+    limits = {where: statistics.fmean(values) for where, values in gathered.items()}
+    extra = [title for _, title in BOUND_COLUMNS] if bounds else []
+    titles = [f"{p} ({core_policies.REGISTRY[p].system})" for p in policies]
+    lines = ["| trace | " + " | ".join([*titles, *extra]) + " |", "|---" * (len(policies) + len(extra) + 1) + "|"]
+    ratios: dict[str, list[float]] = {p: [] for p in policies}
+    for trace in traces:
+        base = figures.get((trace, ours))
+        cells = []
+        for policy in policies:
+            found = figures.get((trace, policy), [])
+            cell = _cell(found)
+            if found and base:
+                ratio = statistics.fmean(found) / statistics.fmean(base)
+                ratios[policy].append(ratio)
+                if policy != ours:
+                    cell += f" (×{ratio:.2f})"
+            cells.append(cell)
+        cells += [f"{limits[(trace, key)]:.2f}" if (trace, key) in limits else "-" for key, _ in BOUND_COLUMNS][
+            : len(extra)
+        ]
+        lines.append(f"| {trace} | " + " | ".join(cells) + " |")
+    means = [f"×{statistics.fmean(ratios[p]):.2f}" if ratios[p] else "-" for p in policies]
+    lines.append(f"| *mean ratio to {ours}* | " + " | ".join([*means, *([""] * len(extra))]) + " |")
+    return (
+        f"Unallocated GPU % at arrived = 100%, mean±sd over {seeds} seeds, and in parentheses the ratio to "
+        f"sharegpu's default `{ours}` (above 1: more GPUs left idle). {made}. Bound and offline heuristic: "
+        f"{bounds_from}.\n\n" + "\n".join(lines)
+    )
 
 
 def markdown(
@@ -111,7 +181,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--openb", type=Path, default=HERE.parent.parent / "shared" / "traces" / "openb")
     parser.add_argument("--seeds", default="42-51")
-    parser.add_argument("--policies", default=",".join((*PAPER_POLICIES, "fgd-used", "fgd-balance")))
+    parser.add_argument("--policies", help="default: the paper's, fgd-used and fgd-balance; with --peers, "
+                        "sharegpu's default and each peer's")  # fmt: skip
+    parser.add_argument("--peers", action="store_true", help="sharegpu's default beside the peers' (module docstring)")
     parser.add_argument("--traces", default=",".join(TRACES))
     parser.add_argument(
         "--bound-json", type=Path, action="append", help="runs of `sharegpu bound --json` to add as columns (repeat)"
@@ -124,7 +196,10 @@ def main() -> int:
     )
     args = parser.parse_args()
     seeds = cli.parse_seeds(args.seeds)
-    policies = cli.parse_policies([args.policies])
+    chosen = args.policies or ",".join(
+        (core_policies.DEFAULT, *peers.DEFAULTS) if args.peers else (*PAPER_POLICIES, "fgd-used", "fgd-balance")
+    )
+    policies = cli.parse_policies([chosen])
     nodes = args.openb / "openb_node_list_gpu_node.csv"
     if not nodes.is_file():
         print(f"bench/openb_table.py: error: {nodes} not found (use --openb DIR)", file=sys.stderr)
@@ -156,13 +231,20 @@ def main() -> int:
     else:
         results = runner.run_all(specs, args.jobs or None, progress)
         made = f"Made by `{command}` in {(time.perf_counter() - started) / 60:.1f} minutes on this 2-core machine"
-    table = markdown(results, policies, traces, len(seeds), made, bounds)
+    begin, end = (PEERS_BEGIN, PEERS_END) if args.peers else (BEGIN, END)
+    if args.peers:
+        bounds_from = "`sharegpu bound`, the runs in " + ", ".join(str(p) for p in args.bound_json or [])
+        if not bounds:
+            bounds, bounds_from = documented_bounds(DOC.read_text()), "as in the openb table above (the same runs)"
+        table = peers_markdown(results, policies, traces, len(seeds), made, bounds, bounds_from)
+    else:
+        table = markdown(results, policies, traces, len(seeds), made, bounds)
     print(table)
     if args.json:
         args.json.write_bytes(report.to_json(results, command))
     if not args.no_docs:
         text = DOC.read_text()
-        start, stop = text.index(BEGIN) + len(BEGIN), text.index(END)
+        start, stop = text.index(begin) + len(begin), text.index(end)
         DOC.write_text(text[:start] + "\n" + table + "\n" + text[stop:])
         print(f"updated {DOC}")
     return 0
