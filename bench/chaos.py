@@ -39,7 +39,8 @@ status is 1 when any seed found a problem.
   has room for them (judged by the placement core over what the API holds; a DRA pod, by the free
   capacity of the DRA nodes' GPUs after the claims), bound pods without a valid allocation (or whose
   claim is not allocated on their node), and bound sharing pods whose hand-off ConfigMap never got
-  their GPU;
+  their GPU (again after up to SETTLE seconds: the extender's watches may be backing off after the
+  last restart);
 - lost_pods: pods the churn created and did not delete that are gone, unless an event says they
   were preempted;
 - wrong_preemptions: preempted pods of the high priority (nothing outranks them).
@@ -433,6 +434,27 @@ class Chaos:
                 out.setdefault((slot.node, slot.index), []).append(f"{record.key.split('/')[1]}: {state}")
         return {k: "; ".join(v) for k, v in out.items()}
 
+    async def unfilled_handoffs(self) -> tuple[list[str], list[wire.Pod]]:
+        """Bound sharing pods whose hand-off ConfigMap does not exist (and the pods, for the rest)."""
+        maps, _ = await self.api.list_all(paths.configmaps(NS))
+        filled = {c["metadata"]["name"] for c in maps}
+        pod_list, _ = await self.api.list_of(paths.pods(NS), wire.Pod)
+        held = await self.reservations()
+        out = []
+        for pod in pod_list:
+            record = pods.record(pod)
+            alloc = record.allocation
+            if (
+                record.live
+                and record.handoff
+                and alloc is not None
+                and not alloc.exclusive
+                and record.handoff not in filled
+            ):
+                gpus = ", ".join(f"gpu{i} {held.get((alloc.node, i), 'unheld')}" for i in alloc.gpu_indices)
+                out.append(f"hand-off never filled: {record.key} on {alloc.node} ({gpus})")
+        return out, pod_list
+
     async def verdict(self, idle_wait: float) -> dict[str, Any]:
         await asyncio.sleep(idle_wait)
         # Pending pods first: kube-scheduler's informers may be backing off after the last fault, and
@@ -456,22 +478,13 @@ class Chaos:
             await asyncio.sleep(1)
             found = await self.observe() or found
         stuck += [f"no valid allocation: {x}" for x in found.missing_allocations]
-        maps, _ = await self.api.list_all(paths.configmaps(NS))
-        filled = {c["metadata"]["name"] for c in maps}
-        pod_list, _ = await self.api.list_of(paths.pods(NS), wire.Pod)
-        held = await self.reservations()
-        for pod in pod_list:
-            record = pods.record(pod)
-            alloc = record.allocation
-            if (
-                record.live
-                and record.handoff
-                and alloc is not None
-                and not alloc.exclusive
-                and record.handoff not in filled
-            ):
-                gpus = ", ".join(f"gpu{i} {held.get((alloc.node, i), 'unheld')}" for i in alloc.gpu_indices)
-                stuck.append(f"hand-off never filled: {record.key} on {alloc.node} ({gpus})")
+        unfilled, pod_list = await self.unfilled_handoffs()
+        for _ in range(SETTLE):  # the extender's watches may be backing off after the last restart
+            if not unfilled:
+                break
+            await asyncio.sleep(1)
+            unfilled, pod_list = await self.unfilled_handoffs()
+        stuck += unfilled
         dra_bound = sum(1 for p in pod_list if p.spec.resource_claims and p.spec.node_name and not pods.is_terminal(p))
         if self.dra and dra_bound != found.claims_bound:  # what the oracle could not match, to read after the run
             claim_list, _ = await self.api.list_of(dra.CLAIMS, dra.ResourceClaim)
