@@ -220,10 +220,12 @@ class ControlPlane:
             ],
         )
 
-    def start_scheduler(self, config: Path, name: str = "kube-scheduler") -> None:
+    def start_scheduler(self, config: Path, name: str = "kube-scheduler", binary: Path | None = None) -> None:
+        """kube-scheduler with `config`; or another scheduler built on its framework (`binary`: a
+        peer's, for bench/peers.py), with the same flags."""
         self._spawn(
             name,
-            [str(self.bin_dir / "kube-scheduler"), f"--config={config}", "--secure-port=0", "--v=1"],
+            [str(binary or self.bin_dir / "kube-scheduler"), f"--config={config}", "--secure-port=0", "--v=1"],
         )
 
     @property
