@@ -109,12 +109,24 @@ async def koordinator_nodes(kube: client.KubeClient, nodes: list[str], parallel:
 
 
 def koord_config(whole: stack.Stack) -> Path:
-    """koord-scheduler's configuration: one profile, its DeviceShare plugin at every extension point
-    it has (as Koordinator's own scheduler configuration enables it), no leader election."""
+    """koord-scheduler's configuration: one profile with its DeviceShare plugin, and the Reservation
+    plugin it relies on (DeviceShare asks it for reservations nominated for the pod), at the extension
+    points Koordinator's own scheduler configuration enables them (config/manager/scheduler-config.yaml
+    of its module); no leader election."""
+    both = [{"name": "Reservation"}, {"name": "DeviceShare"}]
     plugins: dict[str, Json] = {
-        point: {"enabled": [{"name": "DeviceShare"}]} for point in ("preFilter", "filter", "reserve", "preBind")
+        "preFilter": {"enabled": both},
+        "filter": {"enabled": both},
+        "postFilter": {
+            "disabled": [{"name": "*"}],
+            "enabled": [{"name": "Reservation"}, {"name": "DefaultPreemption"}],
+        },
+        "preScore": {"enabled": [{"name": "Reservation"}]},
+        "score": {"enabled": [{"name": "DeviceShare", "weight": 1}, {"name": "Reservation", "weight": 5000}]},
+        "reserve": {"enabled": [{"name": "DeviceShare"}]},
+        "preBind": {"enabled": [{"name": "DeviceShare"}, {"name": "Reservation"}]},
+        "bind": {"disabled": [{"name": "*"}], "enabled": [{"name": "Reservation"}, {"name": "DefaultBinder"}]},
     }
-    plugins["score"] = {"enabled": [{"name": "DeviceShare", "weight": 1}]}
     config = {
         "apiVersion": "kubescheduler.config.k8s.io/v1",
         "kind": "KubeSchedulerConfiguration",
@@ -194,8 +206,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             runs.append({"system": "sharegpu", **figures(ours, ("kube-scheduler", "extender")),
                          "unallocated_gpu_pct": left, "gpus_in_use": gpus})  # fmt: skip
             shares = iter(plan)
-            koord = await e2e.phase(whole, args, "koord-scheduler (DeviceShare):", "koordinator",
-                                    lambda n, ns: koord_pod(n, ns, next(shares)))  # fmt: skip
+            try:
+                koord = await e2e.phase(whole, args, "koord-scheduler (DeviceShare):", "koordinator",
+                                        lambda n, ns: koord_pod(n, ns, next(shares)))  # fmt: skip
+            except SystemExit:
+                print(f"koord-scheduler's log ends:\n{whole.plane.log(KOORD)[-5000:]}", file=sys.stderr)
+                raise
             left, gpus = fragmentation(await usage(whole.admin, "bench-koordinator", "koordinator"))
             runs.append({"system": f"koordinator {KOORD_VERSION}", **figures(koord, (KOORD,)),
                          "unallocated_gpu_pct": left, "gpus_in_use": gpus})  # fmt: skip
