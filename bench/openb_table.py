@@ -12,9 +12,9 @@ traces of its ratio to fgd.
 
 With `--peers`, the table users choosing a scheduler need: sharegpu's default policy beside each
 peer's default (`core.peers`: HAMi, Koordinator, Volcano, Aliyun gpushare, KAI), each cell with its
-ratio to sharegpu's, written between the `peers-table` markers. Its bound and offline heuristic
-columns come from `--bound-json`, or else from the openb table already in the docs (the same traces
-and seeds).
+ratio to sharegpu's, written between the `peers-table` markers of docs/simulation.md and the README.
+Its bound and offline heuristic columns come from `--bound-json`, or else from the openb table
+already in the docs (the same traces and seeds).
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from sharegpu.sim import report, runner
 
 HERE = Path(__file__).resolve().parent
 DOC = HERE.parent / "docs" / "simulation.md"
+README = HERE.parent / "README.md"
 BEGIN, END = "<!-- openb-table:begin -->", "<!-- openb-table:end -->"
 PEERS_BEGIN, PEERS_END = "<!-- peers-table:begin -->", "<!-- peers-table:end -->"
 
@@ -243,10 +244,11 @@ def main() -> int:
     if args.json:
         args.json.write_bytes(report.to_json(results, command))
     if not args.no_docs:
-        text = DOC.read_text()
-        start, stop = text.index(begin) + len(begin), text.index(end)
-        DOC.write_text(text[:start] + "\n" + table + "\n" + text[stop:])
-        print(f"updated {DOC}")
+        for doc in (DOC, README) if args.peers else (DOC,):  # the README carries the peers' table too
+            text = doc.read_text()
+            start, stop = text.index(begin) + len(begin), text.index(end)
+            doc.write_text(text[:start] + "\n" + table + "\n" + text[stop:])
+            print(f"updated {doc}")
     return 0
 
 
