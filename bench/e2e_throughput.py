@@ -234,6 +234,17 @@ async def schedule(
     return len(pods) / elapsed, [bound[name] - created[name] for name in bound]
 
 
+async def why_not_scheduled(kube: client.KubeClient, namespace: str) -> dict[str, int]:
+    """kube-scheduler's FailedScheduling messages in the namespace, counted (each pod's count of
+    attempts added): why it did not bind a pod at once, or took an allocation back."""
+    found, _ = await kube.list_all(paths.events(namespace), {"fieldSelector": "reason=FailedScheduling"})
+    said: dict[str, int] = {}
+    for event in found:
+        message = str(event.get("message", ""))
+        said[message] = said.get(message, 0) + int(event.get("count") or 1)
+    return dict(sorted(said.items(), key=lambda kv: -kv[1]))
+
+
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="sharegpu-bench-") as tmp:
         # The DRA allocator writes at once (a new leader's fence guards against a previous one: none here).
@@ -294,6 +305,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             allocator = await whole.extender.counted("sharegpu_extender_dra_claims_total", "outcome")
             if args.dra:
                 print(f"what the DRA allocator did, by outcome: {allocator}")
+                said = await why_not_scheduled(whole.admin, "bench-dra")
+                print(f"kube-scheduler's FailedScheduling events on DRA pods, by message: {said}")
         finally:
             await whole.stop()
     path = "dra" if args.dra else "extender"
