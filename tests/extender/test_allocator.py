@@ -343,3 +343,25 @@ async def test_claims_need_no_reservation_pod_but_a_pod_still_on_a_node_turned_d
         if made():
             break
     assert made() == [("d0", "1")]
+
+
+async def test_a_node_holding_as_many_pods_as_it_takes_gets_no_claim(harness: Callable[..., Any]) -> None:
+    """kube-scheduler would turn the pod away from a node at its pod capacity and take the claim's
+    allocation back; the allocator counts the pods bound there and those on their way."""
+    h: Harness = await harness(nodes=0, gpus=1, dra=2)
+    for name in ("d0", "d1"):
+        allocatable = {"cpu": "32", "memory": "128Gi", "pods": "2"}
+        await h.api.patch(f"{paths.node(name)}/status", {"status": {"allocatable": allocatable}})
+    h.server.put_object(paths.pods("ns"), builders.MakePod("busy", "ns").container().node("d0").obj())
+    await settle(h.server)
+    for name in ("a", "b", "c"):
+        await claimed(h, name, 100)
+        await run(h)
+    placed = [results(h, n)[0]["pool"] if results(h, n) else None for n in ("a", "b", "c")]
+    # d0 has room for one more pod (busy is there), d1 for two: three claims, never a fourth pod on d0.
+    assert sorted(p for p in placed if p) == ["d0", "d1", "d1"], placed
+    await claimed(h, "d", 100)
+    await run(h)
+    assert not results(h, "d"), "both nodes hold as many pods as they take"
+    said = [e for e in h.server.list_objects(paths.events("ns")) if e["involvedObject"]["name"] == "d"]
+    assert said and "hold as many pods as they take (allocatable pods)" in said[-1]["message"], said

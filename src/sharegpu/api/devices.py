@@ -26,6 +26,8 @@ class NodeFacts:
     memory_mib: int
     terms: constraints.NodeTerms | None = None
     """Its labels and taints (what pods' node constraints look at)."""
+    pods: int = 0
+    """How many pods it takes (`allocatable.pods`; 0: not said, no limit known)."""
 
 
 def node_facts(node: wire.Node) -> NodeFacts:
@@ -34,10 +36,11 @@ def node_facts(node: wire.Node) -> NodeFacts:
     try:
         cpu = quantity.milli_cpu(allocatable.get("cpu", 0))
         memory = quantity.mebibytes(allocatable.get("memory", 0))
+        capacity = quantity.integer(allocatable.get("pods", 0), "pods", 0, 1 << 20)
     except errors.InvalidInputError:
-        cpu, memory, ready = 0, 0, False
+        cpu, memory, capacity, ready = 0, 0, 0, False
     return NodeFacts(
-        node.metadata.name, ready and not node.spec.unschedulable, cpu, memory, constraints.NodeTerms.of(node)
+        node.metadata.name, ready and not node.spec.unschedulable, cpu, memory, constraints.NodeTerms.of(node), capacity
     )
 
 

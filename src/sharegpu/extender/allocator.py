@@ -56,6 +56,7 @@ import hashlib
 import logging
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -150,6 +151,8 @@ class ClaimAllocator:
         self.lifted: dict[str, str] = {}
         """Pod UID -> the resourceVersion it had when its gate was lifted (not lifted again until the
         watch shows it changed)."""
+        self._room: dict[str, int] = {}
+        """Per DRA node that says its pod capacity, how many more pods it takes (this pass)."""
         self.templates: dict[tuple[str, str], float] = {}
         """(namespace, template) of sharegpu's claim templates this allocator tried to make -> when."""
         self.loop = reconcile.Loop("dra-allocator", self.reconcile)
@@ -176,6 +179,7 @@ class ClaimAllocator:
             return
         await self._settle()
         self._admitted.clear()
+        self._room = self._pod_room()
         plans = []
         for key in sorted(self.cache.claiming, key=self._age):
             record = self.cache.record(key)
@@ -276,6 +280,7 @@ class ClaimAllocator:
         done = [c for c in claims if c.allocated or c.key in self.cache.claims_assumed]
         todo = [c for c in claims if c not in done]
         nodes = {self._node_of(c) for c in done} - {None}
+        fresh = not nodes  # the pod takes a node's pod slot only once, with its first claim there
         decided: list[tuple[dra.ClaimRecord, allocation.Allocation]] = []
         for claim in todo:
             if len(nodes) > 1:
@@ -291,6 +296,8 @@ class ClaimAllocator:
                 return None
             decided.append((claim, placed))
             nodes.add(placed.node)
+        if decided and fresh and decided[0][1].node in self._room:
+            self._room[decided[0][1].node] -= 1
         shown = all(c.allocated and c.key not in self.cache.claims_assumed for c in claims)
         lift = not decided and shown and record.gated and self.lifted.get(record.uid) != record.resource_version
         if not decided and not lift:
@@ -318,6 +325,31 @@ class ClaimAllocator:
     def _node_of(self, claim: dra.ClaimRecord) -> str | None:
         held = self.cache.claims.get(claim.key) or self.cache.claims_assumed.get(claim.key)
         return held.node if held is not None else None
+
+    def _pod_room(self) -> dict[str, int]:
+        """Per DRA node that says its pod capacity: how many more pods it takes, counting the pods
+        bound there and the waiting pods whose claims are allocated there (they are bound there next).
+        kube-scheduler would turn a pod away from a full node and take its claims' allocation back."""
+        cache = self.cache
+        incoming: Counter[str] = Counter()
+        for key in cache.claiming:
+            record = cache.record(key)
+            if record is None:
+                continue
+            namespace = key.split("/", 1)[0]
+            for ref in record.claims:
+                claim = dra.claim_key(namespace, ref.claim) if ref.claim else None
+                held = (cache.claims.get(claim) or cache.claims_assumed.get(claim)) if claim else None
+                if held is not None:
+                    incoming[held.node] += 1
+                    break
+        room: dict[str, int] = {}
+        for row in np.flatnonzero(cache.dra_rows).tolist():
+            name = cache.state.names[row]
+            facts = cache.nodes.get(name)
+            if facts is not None and facts.pods:
+                room[name] = facts.pods - cache.pods_on[name] - incoming[name]
+        return room
 
     def _rows(self, record: pods.Record, node: str | None) -> tuple[np.ndarray, int]:
         """Candidate rows for the pod's claims (nodes serving DRA claims that the pod's own constraints
@@ -362,6 +394,17 @@ class ClaimAllocator:
         except errors.InvalidInputError as exc:
             return f"claim {claim.namespace}/{claim.name}: {exc}"
         rows, turned_away = self._rows(record, node)
+        full = 0
+        if node is None and self._room:
+            names = cache.state.names
+            open_rows = [r for r in rows.tolist() if self._room.get(names[r], 1) > 0]
+            full = len(rows) - len(open_rows)
+            rows = np.array(open_rows, dtype=np.int64)
+        if not len(rows) and full:
+            return (
+                f"claim {claim.namespace}/{claim.name}: the {full} node(s) serving DRA claims that admit the pod "
+                f"hold as many pods as they take (allocatable pods)"
+            )
         if not len(rows):
             if node is not None:
                 where = f"claim {claim.namespace}/{claim.name}"
