@@ -3,6 +3,7 @@ describe, on small hand-made clusters (two T4 nodes of two GPUs unless said othe
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import pytest
@@ -166,3 +167,11 @@ def test_every_peer_places_only_where_sharegpu_s_fit_allows(name: str) -> None:
     holding(ledger, "n0", 0, 900, 1024)  # memory to spare, no compute
     holding(ledger, "n0", 1, 100, 8192)
     assert place(ledger, name, milli=200, memory_mib=2048) == ("n0", (1,)), "the one GPU both fit"
+
+
+def test_hami_topology_aware_keeps_the_best_linked_gpus_for_sets_and_gives_them_to_sets() -> None:
+    linked = dataclasses.replace(node("n0", 4), nvlinks=frozenset({(0, 1)}))  # only GPUs 0 and 1 NVLinked
+    ledger = cluster(linked)
+    assert place(ledger, "hami-binpack-topology", milli=300) == ("n0", (2,)), "a lone GPU off the link (lowest index)"
+    ledger = cluster(linked)
+    assert place(ledger, "hami-binpack-topology", count=2, milli=1000) == ("n0", (0, 1)), "the NVLinked pair"

@@ -25,12 +25,14 @@ Common ground, so that only the choices differ:
 from __future__ import annotations
 
 import abc
+import itertools
+import math
 from typing import ClassVar
 
 import numpy as np
 
 from sharegpu.core import fleet, units
-from sharegpu.core.scoring import Batch, Policy, Scores, first_k, ordered_k, trunc
+from sharegpu.core.scoring import Batch, Policy, Scores, best_connected, first_k, ordered_k, trunc
 
 IntArray = fleet.IntArray
 FloatArray = np.ndarray[tuple[int, ...], np.dtype[np.float64]]
@@ -146,6 +148,45 @@ class HamiSpreadBinpack(_Hami):
     summary = "HAMi, node policy spread, GPU policy binpack"
     node_binpack = False
     gpu_binpack = True
+
+
+class HamiBinpackTopology(_Hami):
+    """HAMi's GPU policy `topology-aware` (node policy binpack): one GPU goes to the card least
+    connected to the others (its link scores to them sum lowest), keeping well-connected ones for
+    multi-GPU pods; several go to the set whose pairwise link scores sum highest (the first such set,
+    by index, on ties). Link scores here are sharegpu's link levels (NVLink > PCIe switch > NUMA)."""
+
+    name = "hami-binpack-topology"
+    summary = (
+        "HAMi, GPU policy topology-aware (node binpack): best-linked GPU sets; a lone GPU on the least linked card"
+    )
+    node_binpack = True
+    gpu_binpack = True
+
+    def score(self, batch: Batch) -> Scores:
+        base = super().score(batch)
+        choice = base.choice.copy()
+        for i, row in enumerate(batch.rows.tolist()):
+            node = batch.state.inventories[row]
+            candidates = np.flatnonzero(batch.eligible[i]).tolist()
+            k = batch.demand.count
+            if k == 0 or len(candidates) < k:
+                continue
+            if k == 1:
+                others = range(node.gpu_count)
+                chosen: tuple[int, ...] = (
+                    min(candidates, key=lambda c: (sum(int(node.link(c, o)) for o in others if o != c), c)),
+                )
+            elif math.comb(len(candidates), k) > 4096:  # HAMi enumerates; past this, sharegpu's greedy search
+                chosen, _ = best_connected(node, candidates, k)
+            else:
+                chosen = max(
+                    itertools.combinations(candidates, k),
+                    key=lambda combo: (sum(int(node.link(a, b)) for a, b in itertools.combinations(combo, 2)),
+                                       [-c for c in combo]),
+                )  # fmt: skip
+            choice[i] = sum(1 << c for c in chosen)
+        return Scores(base.score, choice, base.tiebreak)
 
 
 # ---------------------------------------------------------------------------------------- Koordinator
@@ -386,6 +427,7 @@ PEERS: tuple[type[Policy], ...] = (
     HamiBinpackBinpack,
     HamiSpreadSpread,
     HamiSpreadBinpack,
+    HamiBinpackTopology,
     KoordinatorSpread,
     KoordinatorBinpack,
     VolcanoDefault,
