@@ -263,6 +263,18 @@ def test_device_round_trips_to_an_inventory() -> None:
     assert facts.schedulable
 
 
+def test_a_node_s_pod_capacity_is_read_and_a_bad_one_makes_it_unschedulable() -> None:
+    def facts(allocatable: dict[str, str]) -> api_devices.NodeFacts:
+        ready = [{"type": "Ready", "status": "True"}]
+        body = {"metadata": {"name": "n1"}, "status": {"allocatable": allocatable, "conditions": ready}}
+        return api_devices.node_facts(wire.convert(body, wire.Node))
+
+    assert facts({"cpu": "8", "memory": "1Gi", "pods": "110"}).pods == 110
+    assert facts({"cpu": "8", "memory": "1Gi"}).pods == 0, "not said: no limit known"
+    bad = facts({"cpu": "8", "memory": "1Gi", "pods": "1.5"})
+    assert not bad.schedulable and bad.pods == 0
+
+
 def test_a_malformed_device_names_the_device_and_the_field() -> None:
     with pytest.raises(
         errors.InvalidInputError, match=r"Object missing required field `uuid` - at `\$\.spec\.gpus\[0\]`"
