@@ -161,8 +161,9 @@ def test_kai_spread_puts_a_fraction_on_an_idle_gpu_before_a_shared_one() -> None
     assert place(ledger, "kai-binpack", milli=200) == ("n0", (0,))
 
 
-@pytest.mark.parametrize("name", [cls.name for cls in peers.PEERS])
+@pytest.mark.parametrize("name", [cls.name for cls in peers.PEERS if cls is not peers.HamiBinpackMutex])
 def test_every_peer_places_only_where_sharegpu_s_fit_allows(name: str) -> None:
+    """(HAMi's mutex offers neither GPU here, both being in use: its own test says so.)"""
     ledger = cluster(node("n0", 2))
     holding(ledger, "n0", 0, 900, 1024)  # memory to spare, no compute
     holding(ledger, "n0", 1, 100, 8192)
@@ -175,3 +176,12 @@ def test_hami_topology_aware_keeps_the_best_linked_gpus_for_sets_and_gives_them_
     assert place(ledger, "hami-binpack-topology", milli=300) == ("n0", (2,)), "a lone GPU off the link (lowest index)"
     ledger = cluster(linked)
     assert place(ledger, "hami-binpack-topology", count=2, milli=1000) == ("n0", (0, 1)), "the NVLinked pair"
+
+
+def test_hami_mutex_offers_only_gpus_nobody_uses_and_a_node_without_one_does_not_fit() -> None:
+    ledger = cluster()
+    holding(ledger, "n0", 0, 100)
+    assert place(ledger, "hami-binpack-mutex", milli=100) == ("n0", (1,)), "the fuller node, its unused GPU"
+    holding(ledger, "n0", 1, 100)
+    assert place(ledger, "hami-binpack-mutex", milli=100) == ("n1", (1,)), "n0 has none left: n1"
+    assert place(ledger, "hami-binpack-spread", milli=100) == ("n0", (1,)), "the default shares n0's GPUs"

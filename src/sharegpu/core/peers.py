@@ -31,10 +31,11 @@ from typing import ClassVar
 
 import numpy as np
 
-from sharegpu.core import fleet, units
+from sharegpu.core import fleet, requests, units
 from sharegpu.core.scoring import Batch, Policy, Scores, best_connected, first_k, ordered_k, trunc
 
 IntArray = fleet.IntArray
+BoolArray = fleet.BoolArray
 FloatArray = np.ndarray[tuple[int, ...], np.dtype[np.float64]]
 SCALE = 1_000_000
 """Fixed-point scale for fractional scores turned into integer keys."""
@@ -148,6 +149,23 @@ class HamiSpreadBinpack(_Hami):
     summary = "HAMi, node policy spread, GPU policy binpack"
     node_binpack = False
     gpu_binpack = True
+
+
+class HamiBinpackMutex(_Hami):
+    """HAMi's GPU policy `mutex` (node policy binpack): a GPU any pod already uses is not offered at
+    all, so every pod gets GPUs of its own (its order, fewest pods first, then ties from the later
+    index, reduces to the later index among the free ones)."""
+
+    name = "hami-binpack-mutex"
+    summary = "HAMi, GPU policy mutex (node binpack): only GPUs nobody uses, never shared"
+    node_binpack = True
+    gpu_binpack = True
+
+    def narrow(
+        self, state: fleet.FleetState, demand: requests.GpuDemand, rows: IntArray, eligible: BoolArray
+    ) -> BoolArray:
+        free: BoolArray = eligible & (state.tenants[rows] == 0)
+        return free
 
 
 class HamiBinpackTopology(_Hami):
@@ -428,6 +446,7 @@ PEERS: tuple[type[Policy], ...] = (
     HamiSpreadSpread,
     HamiSpreadBinpack,
     HamiBinpackTopology,
+    HamiBinpackMutex,
     KoordinatorSpread,
     KoordinatorBinpack,
     VolcanoDefault,

@@ -129,14 +129,23 @@ class Placer:
         score = np.zeros(n, dtype=np.int64)
         choice = np.zeros(n, dtype=np.int64)
         tiebreak = np.zeros(n, dtype=np.int64)
-        ok = np.flatnonzero(result.feasible)
+        feasible, eligible = result.feasible, result.eligible
+        ok = np.flatnonzero(feasible)
+        if len(ok) and demand.count:
+            narrowed = self.policy.narrow(self.state, demand, rows[ok], eligible[ok])
+            if narrowed is not None:  # the policy's own limits: a node left with too few GPUs does not fit
+                enough = narrowed.sum(axis=1) >= demand.count
+                feasible, eligible = feasible.copy(), eligible.copy()
+                feasible[ok[~enough]] = False
+                eligible[ok] = narrowed
+                ok = ok[enough]
         if len(ok):
-            scores = self.policy.score(scoring.Batch(self.state, demand, rows[ok], result.eligible[ok], self.rng))
+            scores = self.policy.score(scoring.Batch(self.state, demand, rows[ok], eligible[ok], self.rng))
             score[ok] = scores.score
             choice[ok] = scores.choice
             if scores.tiebreak is not None:
                 tiebreak[ok] = scores.tiebreak
-        return Evaluation(rows, result.feasible, score, choice, tiebreak)
+        return Evaluation(rows, feasible, score, choice, tiebreak)
 
     # ----------------------------------------------------------------- deciding
 

@@ -104,6 +104,14 @@ class Policy(abc.ABC):
     def prepare(self, state: fleet.FleetState) -> None:  # noqa: B027 - optional hook
         """Called once with the fleet the policy will score."""
 
+    def narrow(
+        self, state: fleet.FleetState, demand: requests.GpuDemand, rows: IntArray, eligible: BoolArray
+    ) -> BoolArray | None:
+        """The GPUs the policy itself allows among those that fit (a peer's own limits, such as a GPU
+        taken by nobody else); a node left with too few of them does not fit. None: all that fit."""
+        del state, demand, rows, eligible
+        return None
+
     @abc.abstractmethod
     def score(self, batch: Batch) -> Scores:
         """Scores for the batch's feasible nodes."""
