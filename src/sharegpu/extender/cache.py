@@ -110,7 +110,6 @@ class ClusterCache:
         self.pods_on: Counter[str] = Counter()
         """Pods bound to each node that have not ended, reservations included (what its pod capacity,
         `allocatable.pods`, is counted against)."""
-        self._pod_node: dict[units.PodKey, str] = {}
         """DRA claims of sharegpu's driver that hold GPUs (`api.dra.claim_key` -> what they hold)."""
         self.claim_records: dict[units.PodKey, dra.ClaimRecord] = {}
         """Claims of sharegpu's class or holding its devices, as the API shows them."""
@@ -307,13 +306,12 @@ class ClusterCache:
 
     def on_pod(self, kind: wire.EventType, record: pods.Record) -> None:
         key = record.key
-        counted = self._pod_node.pop(key, None)
-        if counted is not None:
-            self.pods_on[counted] -= 1
-            if not self.pods_on[counted]:
-                del self.pods_on[counted]
+        previous = self.pods.get(key) or self.reservations.get(key)  # what was counted for it
+        if previous is not None and previous.node and not previous.terminal:
+            self.pods_on[previous.node] -= 1
+            if not self.pods_on[previous.node]:
+                del self.pods_on[previous.node]
         if kind != wire.EventType.DELETED and record.node and not record.terminal:
-            self._pod_node[key] = record.node
             self.pods_on[record.node] += 1
         if record.reservation is not None:
             if kind == wire.EventType.DELETED:
