@@ -19,10 +19,6 @@ from sharegpu.devcluster import fakecri, fakedeviceplugin
 from sharegpu.serving import unixgrpc
 
 
-def _raw(value: bytes) -> bytes:
-    return value
-
-
 def _bytes(read: object) -> bytes:
     assert isinstance(read, bytes), read  # not the stream's end
     return read
@@ -63,7 +59,7 @@ class Runtime:
         self.channel = channel
 
     async def call(self, method: str, request: Any, answer: Any = None) -> Any:
-        call = self.channel.unary_unary(f"/runtime.v1.RuntimeService/{method}", _raw, _raw)
+        call = self.channel.unary_unary(f"/runtime.v1.RuntimeService/{method}", unixgrpc.raw, unixgrpc.raw)
         raw = await call(request.SerializeToString(), timeout=5)
         return answer.FromString(raw) if answer is not None else raw
 
@@ -157,19 +153,19 @@ async def test_a_container_whose_cdi_device_no_spec_defines_is_not_created(
     assert "unresolvable CDI devices nvidia.com/gpu=GPU-9" in (refused.value.details() or "")
     assert not runtime.containers
     # Every image is present; the streaming lists are left to the plain ones.
-    status = client.channel.unary_unary("/runtime.v1.ImageService/ImageStatus", _raw, _raw)
+    status = client.channel.unary_unary("/runtime.v1.ImageService/ImageStatus", unixgrpc.raw, unixgrpc.raw)
     answer = pb.ImageStatusResponse.FromString(
         await status(pb.ImageStatusRequest(image=pb.ImageSpec(image="busybox")).SerializeToString())
     )
     assert answer.image.repo_tags == ["busybox"] and answer.image.id.startswith("sha256:")
-    stream = client.channel.unary_stream("/runtime.v1.RuntimeService/StreamPodSandboxes", _raw, _raw)
+    stream = client.channel.unary_stream("/runtime.v1.RuntimeService/StreamPodSandboxes", unixgrpc.raw, unixgrpc.raw)
     with pytest.raises(grpc.aio.AioRpcError) as unimplemented:
         async for _ in stream(b""):
             pass
     assert unimplemented.value.code() == grpc.StatusCode.UNIMPLEMENTED
 
 
-class FakeRegistration(grpc.GenericRpcHandler):  # type: ignore[type-arg]
+class FakeRegistration(unixgrpc.GenericHandler):
     """The kubelet's side of device plugin registration: records who registered."""
 
     def __init__(self) -> None:
@@ -183,7 +179,9 @@ class FakeRegistration(grpc.GenericRpcHandler):  # type: ignore[type-arg]
             self.requests.append(dp.RegisterRequest.FromString(request))
             return b""
 
-        return grpc.unary_unary_rpc_method_handler(register, request_deserializer=_raw, response_serializer=_raw)
+        return grpc.unary_unary_rpc_method_handler(
+            register, request_deserializer=unixgrpc.raw, response_serializer=unixgrpc.raw
+        )
 
 
 async def test_the_device_plugin_registers_lists_its_gpus_allocates_and_registers_again(folder: Path) -> None:
@@ -199,14 +197,14 @@ async def test_the_device_plugin_registers_lists_its_gpus_allocates_and_register
         (asked,) = kubelet.requests
         assert (asked.version, asked.resource_name, asked.endpoint) == ("v1beta1", "nvidia.com/gpu", plugin.endpoint)
         async with grpc.aio.insecure_channel(f"unix://{folder / plugin.endpoint}") as channel:
-            watch = channel.unary_stream("/v1beta1.DevicePlugin/ListAndWatch", _raw, _raw)(b"")
+            watch = channel.unary_stream("/v1beta1.DevicePlugin/ListAndWatch", unixgrpc.raw, unixgrpc.raw)(b"")
             first = dp.ListAndWatchResponse.FromString(_bytes(await watch.read()))
             assert [(d.ID, d.health) for d in first.devices] == [("GPU-a", "Healthy"), ("GPU-b", "Healthy")]
             plugin.set_health("GPU-b", False)
             second = dp.ListAndWatchResponse.FromString(_bytes(await watch.read()))
             assert [(d.ID, d.health) for d in second.devices] == [("GPU-a", "Healthy"), ("GPU-b", "Unhealthy")]
             watch.cancel()
-            allocate = channel.unary_unary("/v1beta1.DevicePlugin/Allocate", _raw, _raw)
+            allocate = channel.unary_unary("/v1beta1.DevicePlugin/Allocate", unixgrpc.raw, unixgrpc.raw)
             request = dp.AllocateRequest(container_requests=[dp.ContainerAllocateRequest(devices_ids=["GPU-a"])])
             answer = dp.AllocateResponse.FromString(await allocate(request.SerializeToString()))
             assert [dict(c.envs) for c in answer.container_responses] == [{"NVIDIA_VISIBLE_DEVICES": "GPU-a"}]

@@ -31,7 +31,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import grpc
 import orjson
@@ -202,20 +202,11 @@ def _labels_match(labels: Mapping[str, str], selector: Mapping[str, str]) -> boo
     return all(labels.get(k) == v for k, v in selector.items())
 
 
-def _raw(value: bytes) -> bytes:
-    return value
-
-
-if TYPE_CHECKING:  # generic in the stubs only
-    _Base = grpc.GenericRpcHandler[Any, Any]
-else:
-    _Base = grpc.GenericRpcHandler
-
 _Context = grpc.aio.ServicerContext[bytes, bytes]
 _Method = Callable[[bytes, _Context], Awaitable[bytes]]
 
 
-class _Handler(_Base):
+class _Handler(unixgrpc.GenericHandler):
     def __init__(self, cri: FakeCri) -> None:
         self.cri = cri
 
@@ -227,12 +218,14 @@ class _Handler(_Base):
         self.cri.calls[name] += 1
         if name == EVENTS:
             return grpc.unary_stream_rpc_method_handler(
-                self._events, request_deserializer=_raw, response_serializer=_raw
+                self._events, request_deserializer=unixgrpc.raw, response_serializer=unixgrpc.raw
             )
         if name.startswith("Stream"):
             return None  # UNIMPLEMENTED: the kubelet then uses the plain lists
         answer: _Method = getattr(self.cri, f"_{name}", _empty)
-        return grpc.unary_unary_rpc_method_handler(answer, request_deserializer=_raw, response_serializer=_raw)
+        return grpc.unary_unary_rpc_method_handler(
+            answer, request_deserializer=unixgrpc.raw, response_serializer=unixgrpc.raw
+        )
 
     async def _events(self, request: bytes, context: _Context) -> AsyncIterator[bytes]:
         await asyncio.Event().wait()  # no events, ever (until the kubelet goes)

@@ -17,7 +17,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import grpc
 
@@ -37,19 +37,10 @@ VISIBLE = "NVIDIA_VISIBLE_DEVICES"
 log = logging.getLogger(__name__)
 
 
-def _raw(value: bytes) -> bytes:
-    return value
-
-
-if TYPE_CHECKING:  # generic in the stubs only
-    _Base = grpc.GenericRpcHandler[Any, Any]
-else:
-    _Base = grpc.GenericRpcHandler
-
 _Context = grpc.aio.ServicerContext[bytes, bytes]
 
 
-class _Handler(_Base):
+class _Handler(unixgrpc.GenericHandler):
     def __init__(self, plugin: FakeDevicePlugin) -> None:
         self.plugin = plugin
 
@@ -60,13 +51,15 @@ class _Handler(_Base):
             return None
         if name == "ListAndWatch":
             return grpc.unary_stream_rpc_method_handler(
-                self.plugin.list_and_watch, request_deserializer=_raw, response_serializer=_raw
+                self.plugin.list_and_watch, request_deserializer=unixgrpc.raw, response_serializer=unixgrpc.raw
             )
         answers = {"GetDevicePluginOptions": self.plugin.options, "Allocate": self.plugin.allocate}
         answer = answers.get(name)
         if answer is None:
             return None  # GetPreferredAllocation and PreStartContainer: not offered in the options
-        return grpc.unary_unary_rpc_method_handler(answer, request_deserializer=_raw, response_serializer=_raw)
+        return grpc.unary_unary_rpc_method_handler(
+            answer, request_deserializer=unixgrpc.raw, response_serializer=unixgrpc.raw
+        )
 
 
 class FakeDevicePlugin:
@@ -140,5 +133,5 @@ class FakeDevicePlugin:
     async def _register(self, kubelet: Path) -> None:
         request = pb.RegisterRequest(version=VERSION, endpoint=self.endpoint, resource_name=names.NVIDIA_GPU)
         async with grpc.aio.insecure_channel(f"unix://{kubelet}") as channel:
-            call = channel.unary_unary(REGISTER, request_serializer=_raw, response_deserializer=_raw)
+            call = channel.unary_unary(REGISTER, request_serializer=unixgrpc.raw, response_deserializer=unixgrpc.raw)
             await call(request.SerializeToString(), timeout=5)

@@ -5,9 +5,20 @@ left by an earlier process is replaced, and stopping removes it."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
+
+if TYPE_CHECKING:  # generic in the stubs only
+    GenericHandler = grpc.GenericRpcHandler[Any, Any]
+else:
+    GenericHandler = grpc.GenericRpcHandler
+"""The base of a handler that routes methods itself (the fakes answering raw messages)."""
+
+
+def raw(value: bytes) -> bytes:
+    """The (de)serializer of a handler that reads and writes its messages' bytes itself."""
+    return value
 
 
 async def serve(socket: Path, handlers: list[grpc.GenericRpcHandler[Any, Any]]) -> grpc.aio.Server:
