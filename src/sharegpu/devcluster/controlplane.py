@@ -228,6 +228,11 @@ class ControlPlane:
             [str(binary or self.bin_dir / "kube-scheduler"), f"--config={config}", "--secure-port=0", "--v=1"],
         )
 
+    def start_peer(self, name: str, argv: list[str]) -> None:
+        """A peer's own process that is not built on kube-scheduler's framework (HAMi's extender, for
+        bench/peers.py), as the cluster's admin: KUBECONFIG names the admin's kubeconfig."""
+        self._spawn(name, ["env", f"KUBECONFIG={self.kubeconfig('admin')}", *argv])
+
     @property
     def has_kubelet(self) -> bool:
         """The kubelet was built with the control plane (the suite's version: scripts/build-controlplane)."""
