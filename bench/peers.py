@@ -40,6 +40,7 @@ import asyncio
 import contextlib
 import json
 import random
+import re
 import subprocess
 import sys
 import tempfile
@@ -413,8 +414,11 @@ async def hami_phase(
         raise
     finally:
         await informer.cancel([playing])
-    for message, count in list((await e2e.why_not_scheduled(whole.admin, "bench-hami")).items())[:5]:
-        print(f"  HAMi, not bound at once ({count}x): {message[:300]}")
+    said: dict[str, int] = defaultdict(int)
+    for message, count in (await e2e.why_not_scheduled(whole.admin, "bench-hami")).items():
+        said[re.sub(r"peer-\d+", "<node>", message)] += count
+    for message, count in sorted(said.items(), key=lambda kv: -kv[1])[:5]:
+        print(f"  HAMi, binding attempts that failed ({count}x): {message[:300]}")
     left, gpus = fragmentation(await usage(whole.admin, "bench-hami", "hami"))
     return {"system": f"hami {HAMI_VERSION}", **figures(found, (f"kube-scheduler-{HAMI}", HAMI)),
             "unallocated_gpu_pct": left, "gpus_in_use": gpus}  # fmt: skip

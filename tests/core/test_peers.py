@@ -76,6 +76,19 @@ def test_hami_multi_gpu_requests_take_the_first_in_its_order() -> None:
     assert place(ledger, "hami-binpack-binpack", count=2, milli=300) == ("n0", (1, 3))
 
 
+
+@pytest.mark.parametrize("policy", ["hami-binpack-binpack", "volcano-binpack"])
+def test_hami_and_volcano_put_at_most_ten_pods_on_a_gpu(policy: str) -> None:
+    ledger = cluster(node("n0", 1), node("n1", 1))
+    for _ in range(9):
+        holding(ledger, "n0", 0, 50)
+    assert place(ledger, policy, milli=50) == ("n0", (0,)), "the fuller GPU, its tenth slot"
+    holding(ledger, "n0", 0, 50)
+    # Half of n0's GPU is free, but its ten slots are taken: n1, where sharegpu's own fit would not look.
+    assert place(ledger, policy, milli=50) == ("n1", (0,))
+    assert place(ledger, "bestfit", milli=50)[0] == "n0", "sharegpu counts no slots"
+
+
 # ---------------------------------------------------------------------------------------- Koordinator
 
 

@@ -8,9 +8,10 @@ HAMi's and Volcano's core percent is milli / 10; memory in MiB).
 
 Common ground, so that only the choices differ:
 
-- What fits is sharegpu's fit (`core.fit`): compute and memory, health, models. A peer's own extra
-  limits are left out: HAMi's and Volcano's at most 10 pods per GPU (`deviceSplitCount`), and the
-  peers that count memory only (Aliyun, KAI) still get no GPU whose compute is spent.
+- What fits is sharegpu's fit (`core.fit`): compute and memory, health, models; narrowed by a peer's
+  own limits (`Policy.narrow`): HAMi's and Volcano's at most 10 pods per GPU (`deviceSplitCount`,
+  their default), HAMi's `mutex`. The peers that count memory only (Aliyun, KAI) still get no GPU whose
+  compute is spent.
 - Memory a request asks, for peers that score memory: its MiB, or its share of the GPU's memory
   (`memory_permille`), or, when it names none (the openb traces ask compute only), the same share of
   the memory as of the compute (what a user of a memory-based system asks for half a GPU). A GPU's
@@ -97,7 +98,14 @@ class _Hami(Policy):
     node_binpack: ClassVar[bool]
     gpu_binpack: ClassVar[bool]
     split: ClassVar[int] = 10
-    """deviceSplitCount: the slots of a GPU its score counts."""
+    """deviceSplitCount (its chart's default): the slots of a GPU, each pod on it taking one."""
+
+    def narrow(
+        self, state: fleet.FleetState, demand: requests.GpuDemand, rows: IntArray, eligible: BoolArray
+    ) -> BoolArray:
+        """No GPU whose slots are all taken (pkg/device/nvidia/device.go: Fit)."""
+        open_slots: BoolArray = eligible & (state.tenants[rows] < self.split)
+        return open_slots
 
     def score(self, batch: Batch) -> Scores:
         state, demand, rows, eligible = batch.state, batch.demand, batch.rows, batch.eligible
@@ -165,7 +173,7 @@ class HamiBinpackMutex(_Hami):
         self, state: fleet.FleetState, demand: requests.GpuDemand, rows: IntArray, eligible: BoolArray
     ) -> BoolArray:
         free: BoolArray = eligible & (state.tenants[rows] == 0)
-        return free
+        return free  # within the slots too
 
 
 class HamiBinpackTopology(_Hami):
@@ -278,6 +286,15 @@ class _Volcano(Policy):
         "device_info.go (node score), pkg/scheduler/plugins/deviceshare/deviceshare.go (arguments)"
     )
     cacheable = False
+    split: ClassVar[int] = 10
+    """The device plugin's --device-split-count (its default): pods one GPU takes at most."""
+
+    def narrow(
+        self, state: fleet.FleetState, demand: requests.GpuDemand, rows: IntArray, eligible: BoolArray
+    ) -> BoolArray:
+        """No GPU already holding `split` pods (vgpu/utils.go: a GPU whose UsedNum reached Number)."""
+        open_slots: BoolArray = eligible & (state.tenants[rows] < self.split)
+        return open_slots
 
     @abc.abstractmethod
     def order(self, batch: Batch, used: FloatArray) -> IntArray:
