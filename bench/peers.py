@@ -19,15 +19,15 @@ milli-GPU), each system given what its own node component would have written.
   when the kubelet asks it for the pod's devices; no kubelet runs here, so the benchmark does that
   device plugin's part at once (phase `success`, lock released), the fastest a node could. HAMi's chart
   leaves its API client at client-go's 5 requests/s (burst 10); it is given kube-scheduler's 500
-  (burst 1000) instead, else it could bind barely one pod a second. Without HAMI_SRC it is not run
-  (`not_run` says why).
+  (burst 1000) instead, else, at about nine requests per pod, it could bind about half a pod a second.
+  Without HAMI_SRC it is not run (`not_run` says why).
 
 Per system: pods/s from the first creation to the last binding, p50 and p99 time from a pod's creation
 to its binding, the CPU milliseconds per pod of the scheduling processes (kube-scheduler, and the
 extender or koord-scheduler), and the fragmentation it leaves: of the GPUs its pods use, the share of
 their capacity left unallocated (`unallocated_gpu_pct`; lower packs tighter), and how many GPUs.
 
-    python bench/peers.py --nodes 1000 --pods 2000 [--json PATH]
+    HAMI_SRC=/path/to/HAMi python bench/peers.py --nodes 1000 --pods 2000 [--json PATH]
 
 Writes {"runs": [{"system", "pods_per_second", "p50_ms", "p99_ms", "cpu_ms_per_pod",
 "unallocated_gpu_pct", "gpus_in_use"}], "not_run": {system: why}}.
