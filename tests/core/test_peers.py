@@ -76,6 +76,17 @@ def test_hami_multi_gpu_requests_take_the_first_in_its_order() -> None:
     assert place(ledger, "hami-binpack-binpack", count=2, milli=300) == ("n0", (1, 3))
 
 
+def test_hami_numa_takes_the_highest_numa_node_s_gpus_first_however_used() -> None:
+    plain = node("n0", 4)
+    swapped = tuple(dataclasses.replace(gpu, numa_node=1 - gpu.index // 2) for gpu in plain.gpus)
+    ledger = cluster(dataclasses.replace(plain, gpus=swapped))  # GPUs 0 and 1 on NUMA node 1
+    holding(ledger, "n0", 1, 600)
+    assert place(ledger, "hami-binpack-numa", milli=100) == ("n0", (1,)), "NUMA 1, the higher index, though used"
+    assert place(ledger, "hami-binpack-spread", milli=100) == ("n0", (3,)), "the default: an empty GPU"
+    assert place(ledger, "hami-binpack-numa", count=2, milli=300) == ("n0", (0, 1))
+    holding(ledger, "n0", 1, 400)
+    assert place(ledger, "hami-binpack-numa", milli=100) == ("n0", (0,)), "GPU 1 is full: NUMA 1's other GPU"
+
 
 @pytest.mark.parametrize("policy", ["hami-binpack-binpack", "volcano-binpack"])
 def test_hami_and_volcano_put_at_most_ten_pods_on_a_gpu(policy: str) -> None:

@@ -215,6 +215,32 @@ class HamiBinpackTopology(_Hami):
         return Scores(base.score, choice, base.tiebreak)
 
 
+class HamiBinpackNuma(_Hami):
+    """HAMi's GPU policy `numa` (node policy binpack): the GPUs' only sort key is their NUMA node,
+    ties by index (gpu_policy.go: a policy chain naming `numa` alone), so the fitting walk, from the
+    end, takes the highest NUMA node's GPUs first, the highest index first, however used they are."""
+
+    name = "hami-binpack-numa"
+    summary = "HAMi, GPU policy numa (node binpack): the highest NUMA node's GPUs first, by index, however used"
+    node_binpack = True
+    gpu_binpack = True
+
+    def __init__(self) -> None:
+        self.numa: IntArray = np.zeros((0, 0), dtype=np.int64)
+
+    def prepare(self, state: fleet.FleetState) -> None:
+        self.numa = np.zeros((len(state), state.width), dtype=np.int64)
+        for row, node in enumerate(state.inventories):
+            for gpu in node.gpus:
+                self.numa[row, gpu.index] = gpu.numa_node
+
+    def score(self, batch: Batch) -> Scores:
+        base = super().score(batch)
+        width = batch.state.width
+        key: IntArray = -(self.numa[batch.rows] * width + np.arange(width, dtype=np.int64))
+        return Scores(base.score, ordered_k(batch.eligible, key, batch.demand.count), base.tiebreak)
+
+
 # ---------------------------------------------------------------------------------------- Koordinator
 
 
@@ -464,6 +490,7 @@ PEERS: tuple[type[Policy], ...] = (
     HamiSpreadBinpack,
     HamiBinpackTopology,
     HamiBinpackMutex,
+    HamiBinpackNuma,
     KoordinatorSpread,
     KoordinatorBinpack,
     VolcanoDefault,

@@ -106,10 +106,10 @@ class ClusterCache:
         self.devices: dict[str, DeviceRecord] = {}
         self.pods: dict[units.PodKey, pods.Record] = {}
         self.reservations: dict[units.PodKey, pods.Record] = {}
-        self.claims: dict[units.PodKey, allocation.Allocation] = {}
         self.pods_on: Counter[str] = Counter()
         """Pods bound to each node that have not ended, reservations included (what its pod capacity,
         `allocatable.pods`, is counted against)."""
+        self.claims: dict[units.PodKey, allocation.Allocation] = {}
         """DRA claims of sharegpu's driver that hold GPUs (`api.dra.claim_key` -> what they hold)."""
         self.claim_records: dict[units.PodKey, dra.ClaimRecord] = {}
         """Claims of sharegpu's class or holding its devices, as the API shows them."""
