@@ -267,6 +267,8 @@ class HamiDevicePlugin:
         self.done: set[str] = set()
         self.tasks: set[asyncio.Task[None]] = set()
         self.limit = asyncio.Semaphore(32)
+        self.failed: list[str] = []
+        """Pods whose part failed (each leaves its node locked until HAMi's lock expires)."""
 
     def seen(self, kind: str, pod: wire.Pod) -> None:
         name = pod.metadata.name
@@ -281,20 +283,27 @@ class HamiDevicePlugin:
 
     async def allocate(self, pod: str, node: str) -> None:
         async with self.limit:
-            phase = {"metadata": {"annotations": {HAMI_PHASE: "success"}}}
-            await self.kube.patch(paths.pod(self.namespace, pod), phase)
-            owner = f",{self.namespace},{pod}"
-            for _ in range(20):
-                found = await self.kube.get(paths.node(node))
-                meta = found["metadata"]
-                if not str(meta.get("annotations", {}).get(HAMI_LOCK, "")).endswith(owner):
-                    return
-                unlock = {"metadata": {"annotations": {HAMI_LOCK: None}, "resourceVersion": meta["resourceVersion"]}}
-                try:
-                    await self.kube.patch(paths.node(node), unlock)
-                    return
-                except kube_errors.ConflictError:
-                    continue
+            try:
+                await self._allocate(pod, node)
+            except kube_errors.KubeError as exc:  # the node's lock then waits out HAMi's 5 minutes
+                self.failed.append(f"{pod} on {node}: {exc}")
+
+    async def _allocate(self, pod: str, node: str) -> None:
+        phase = {"metadata": {"annotations": {HAMI_PHASE: "success"}}}
+        await self.kube.patch(paths.pod(self.namespace, pod), phase)
+        owner = f",{self.namespace},{pod}"
+        for _ in range(20):
+            found = await self.kube.get(paths.node(node))
+            meta = found["metadata"]
+            if not str(meta.get("annotations", {}).get(HAMI_LOCK, "")).endswith(owner):
+                return
+            unlock = {"metadata": {"annotations": {HAMI_LOCK: None}, "resourceVersion": meta["resourceVersion"]}}
+            try:
+                await self.kube.patch(paths.node(node), unlock)
+                return
+            except kube_errors.ConflictError:
+                continue
+        self.failed.append(f"{pod} on {node}: releasing the node's lock conflicted 20 times")
 
     async def run(self) -> None:
         watcher: informer.Informer[wire.Pod, wire.Pod] = informer.Informer(
@@ -414,6 +423,8 @@ async def hami_phase(
         raise
     finally:
         await informer.cancel([playing])
+    for failure in plugin.failed:
+        print(f"  HAMi's device plugin part failed: {failure}")
     said: dict[str, int] = defaultdict(int)
     for message, count in (await e2e.why_not_scheduled(whole.admin, "bench-hami")).items():
         said[re.sub(r"peer-\d+", "<node>", message)] += count
