@@ -457,9 +457,16 @@ class KaiBinpack(_Kai):
     shares_first = True
 
     def _nodes(self, batch: Batch, idle: IntArray, gpus: IntArray) -> FloatArray:
-        low, high = int(idle.min(initial=0)), int(idle.max(initial=0))
-        spread = max(high - low, 1)
-        packed = np.where(high == low, 9.0, 9.0 * (1 - (idle - low) / spread))
+        # Idle GPUs scaled between the fewest and the most among the nodes that have GPUs; nothing
+        # idle anywhere: 0; all alike: the top score (pack.go: getScoreOfCurrentNode, getMinMaxPerNode).
+        with_gpus = idle[gpus > 0]
+        low, high = (int(with_gpus.min()), int(with_gpus.max())) if len(with_gpus) else (0, 0)
+        if high == 0:
+            packed: FloatArray = np.zeros(len(idle), dtype=np.float64)
+        elif high == low:
+            packed = np.full(len(idle), 9.0)
+        else:
+            packed = 9.0 * (1 - (idle - low) / (high - low))
         out: FloatArray = np.where(gpus > 0, packed * 5, 0.0)  # 0..45, below the shared-GPU bonus
         return out
 
