@@ -212,8 +212,8 @@ async def test_the_device_plugin_registers_lists_its_gpus_allocates_and_register
         # The kubelet restarts: a new socket; the plugin registers again.
         await unixgrpc.stop(server, folder / fakedeviceplugin.KUBELET_SOCKET)
         server = await unixgrpc.serve(folder / fakedeviceplugin.KUBELET_SOCKET, [kubelet])
-        for _ in range(100):
-            if len(kubelet.requests) == 2:
+        for _ in range(100):  # the kubelet records the request before the plugin sees the answer
+            if len(kubelet.requests) == 2 and plugin.registrations == 2:
                 break
             await asyncio.sleep(0.05)
         assert len(kubelet.requests) == 2 and plugin.registrations == 2
