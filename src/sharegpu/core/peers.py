@@ -84,10 +84,25 @@ def _keyed(primary: FloatArray, width: int, *, highest_index_first: bool) -> Int
     return key
 
 
+class _Slotted(Policy):
+    """A peer whose device plugin splits each GPU into `split` slots, one per pod on it: a GPU whose
+    slots are all taken is not offered (HAMi: pkg/device/nvidia/device.go, Fit; Volcano: vgpu/utils.go,
+    a GPU whose UsedNum reached Number)."""
+
+    split: ClassVar[int] = 10
+    """deviceSplitCount (HAMi's chart) or --device-split-count (Volcano's device plugin): their default."""
+
+    def narrow(
+        self, state: fleet.FleetState, demand: requests.GpuDemand, rows: IntArray, eligible: BoolArray
+    ) -> BoolArray:
+        open_slots: BoolArray = eligible & (state.tenants[rows] < self.split)
+        return open_slots
+
+
 # ----------------------------------------------------------------------------------------------- HAMi
 
 
-class _Hami(Policy):
+class _Hami(_Slotted):
     """HAMi's scheduler extender (node policy, then GPU policy; one node answered)."""
 
     system: ClassVar[str] = "HAMi v2.10.0"
@@ -97,15 +112,6 @@ class _Hami(Policy):
     )
     node_binpack: ClassVar[bool]
     gpu_binpack: ClassVar[bool]
-    split: ClassVar[int] = 10
-    """deviceSplitCount (its chart's default): the slots of a GPU, each pod on it taking one."""
-
-    def narrow(
-        self, state: fleet.FleetState, demand: requests.GpuDemand, rows: IntArray, eligible: BoolArray
-    ) -> BoolArray:
-        """No GPU whose slots are all taken (pkg/device/nvidia/device.go: Fit)."""
-        open_slots: BoolArray = eligible & (state.tenants[rows] < self.split)
-        return open_slots
 
     def score(self, batch: Batch) -> Scores:
         state, demand, rows, eligible = batch.state, batch.demand, batch.rows, batch.eligible
@@ -302,7 +308,7 @@ class KoordinatorBinpack(_Koordinator):
 # -------------------------------------------------------------------------------------------- Volcano
 
 
-class _Volcano(Policy):
+class _Volcano(_Slotted):
     """Volcano's vGPU (deviceshare plugin): the GPU order of its schedule policy, and a node score only
     where that policy gives one; the best nodes are tied, and Volcano picks among them at random."""
 
@@ -312,15 +318,6 @@ class _Volcano(Policy):
         "device_info.go (node score), pkg/scheduler/plugins/deviceshare/deviceshare.go (arguments)"
     )
     cacheable = False
-    split: ClassVar[int] = 10
-    """The device plugin's --device-split-count (its default): pods one GPU takes at most."""
-
-    def narrow(
-        self, state: fleet.FleetState, demand: requests.GpuDemand, rows: IntArray, eligible: BoolArray
-    ) -> BoolArray:
-        """No GPU already holding `split` pods (vgpu/utils.go: a GPU whose UsedNum reached Number)."""
-        open_slots: BoolArray = eligible & (state.tenants[rows] < self.split)
-        return open_slots
 
     @abc.abstractmethod
     def order(self, batch: Batch, used: FloatArray) -> IntArray:
