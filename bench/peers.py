@@ -46,6 +46,7 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -381,22 +382,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             plain = await e2e.phase(whole, args, "kube-scheduler (plain pods):  ", "plain", e2e.plain_pod)
             runs.append({"system": "kube-scheduler", **figures(plain, ("kube-scheduler",)), "unallocated_gpu_pct": None,
                          "gpus_in_use": 0})  # fmt: skip
-            shares = iter(plan)
-            ours = await e2e.phase(whole, args, "sharegpu (sharing pods):      ", "sharegpu",
-                                   lambda n, ns: e2e.sharing_pod(n, ns, next(shares)))  # fmt: skip
-            left, gpus = fragmentation(await usage(whole.admin, "bench-sharegpu", "sharegpu"))
-            runs.append({"system": "sharegpu", **figures(ours, ("kube-scheduler", "extender")),
-                         "unallocated_gpu_pct": left, "gpus_in_use": gpus})  # fmt: skip
-            shares = iter(plan)
-            try:
-                koord = await e2e.phase(whole, args, "koord-scheduler (DeviceShare):", "koordinator",
-                                        lambda n, ns: koord_pod(n, ns, next(shares)))  # fmt: skip
-            except SystemExit:
-                print(f"koord-scheduler's log ends:\n{whole.plane.log(KOORD)[-5000:]}", file=sys.stderr)
-                raise
-            left, gpus = fragmentation(await usage(whole.admin, "bench-koordinator", "koordinator"))
-            runs.append({"system": f"koordinator {KOORD_VERSION}", **figures(koord, (KOORD,)),
-                         "unallocated_gpu_pct": left, "gpus_in_use": gpus})  # fmt: skip
+            runs.append(await sharing_phase(whole, args, plan, "sharegpu", "sharegpu (sharing pods):      ",
+                                            e2e.sharing_pod, ("kube-scheduler", "extender")))  # fmt: skip
+            runs.append(await sharing_phase(whole, args, plan, "koordinator", "koord-scheduler (DeviceShare):",
+                                            koord_pod, (KOORD,), f"koordinator {KOORD_VERSION}"))  # fmt: skip
             if not not_run:
                 runs.append(await hami_phase(whole, args, nodes, plan, hami_binary))
         finally:
@@ -414,13 +403,9 @@ async def hami_phase(
     await asyncio.sleep(5)  # kube-scheduler's cache sees the nodes' new resources
     plugin = HamiDevicePlugin(whole.admin, "bench-hami")
     playing = asyncio.create_task(plugin.run())
-    shares = iter(plan)
     try:
-        found = await e2e.phase(whole, args, "HAMi (extender):              ", "hami",
-                                lambda n, ns: hami_pod(n, ns, next(shares)))  # fmt: skip
-    except SystemExit:
-        print(f"HAMi's log ends:\n{whole.plane.log(HAMI)[-5000:]}", file=sys.stderr)
-        raise
+        row = await sharing_phase(whole, args, plan, "hami", "HAMi (extender):              ", hami_pod,
+                                  (f"kube-scheduler-{HAMI}", HAMI), f"hami {HAMI_VERSION}")  # fmt: skip
     finally:
         await informer.cancel([playing])
     for failure in plugin.failed:
@@ -430,9 +415,32 @@ async def hami_phase(
         said[re.sub(r"peer-\d+", "<node>", message)] += count
     for message, count in sorted(said.items(), key=lambda kv: -kv[1])[:5]:
         print(f"  HAMi, binding attempts that failed ({count}x): {message[:300]}")
-    left, gpus = fragmentation(await usage(whole.admin, "bench-hami", "hami"))
-    return {"system": f"hami {HAMI_VERSION}", **figures(found, (f"kube-scheduler-{HAMI}", HAMI)),
-            "unallocated_gpu_pct": left, "gpus_in_use": gpus}  # fmt: skip
+    return row
+
+
+async def sharing_phase(
+    whole: stack.Stack,
+    args: argparse.Namespace,
+    plan: list[int],
+    kind: str,
+    title: str,
+    make: Callable[[str, str, int], Json],
+    processes: tuple[str, ...],
+    system: str = "",
+) -> Json:
+    """One system's run of the sharing workload (`plan`: each pod's share, the same for every system,
+    its pods made by `make` in namespace bench-`kind`): its figures, with the CPU of `processes`, and
+    the fragmentation it leaves. When not every pod is bound in time, the end of the last process's log."""
+    assert whole.admin is not None
+    shares = iter(plan)
+    try:
+        found = await e2e.phase(whole, args, title, kind, lambda n, ns: make(n, ns, next(shares)))
+    except SystemExit:
+        if processes[-1] in whole.plane.processes:
+            print(f"{processes[-1]}'s log ends:\n{whole.plane.log(processes[-1])[-5000:]}", file=sys.stderr)
+        raise
+    left, gpus = fragmentation(await usage(whole.admin, f"bench-{kind}", kind))
+    return {"system": system or kind, **figures(found, processes), "unallocated_gpu_pct": left, "gpus_in_use": gpus}
 
 
 def figures(found: e2e.Phase, processes: tuple[str, ...]) -> Json:
