@@ -334,3 +334,21 @@ def test_the_dra_device_class_is_rendered_only_where_dra_is_on_and_served() -> N
     assert made["spec"]["selectors"] == [{"cel": {"expression": dra.CLASS_SELECTOR}}], "one definition, chart and code"
     assert classes(*served) == [], "off unless agent.dra"
     assert classes("--kube-version", "1.32.2", "--set", "agent.dra=true") == [], "not served on 1.32"
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_the_admission_policies_are_the_files_the_stack_applies_and_name_what_sharegpu_names(version: str) -> None:
+    """The chart ships files/policies as they are (the local stack applies the same files), and the
+    hand-off policy names the prefixes and accounts the components use (`api.names`)."""
+    docs = render(version)
+    shipped = stack.manifests("files/policies/*.yaml")
+    kinds = ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
+    assert [d for d in docs if d["kind"] in kinds] == shipped
+    policy = one(shipped, "ValidatingAdmissionPolicy", names.HANDOFF_POLICY)
+    assert one(shipped, "ValidatingAdmissionPolicyBinding", names.HANDOFF_POLICY)["spec"] == {
+        "policyName": names.HANDOFF_POLICY, "validationActions": ["Deny"]}  # fmt: skip
+    text = yaml.safe_dump(policy["spec"], width=10_000)
+    for name in (f"'{names.HANDOFF_PREFIX}'", f"'{names.GROUP_PREFIX}'", names.account_user("extender"),
+                 names.account_user("controller")):  # fmt: skip
+        assert name in text, name
+    assert policy["spec"]["failurePolicy"] == "Fail"

@@ -63,7 +63,7 @@ async def test_a_group_binds_from_its_holder_and_admits_only_its_namespaces(
     group = wire.convert(stored, groups.SharedDeviceGroup)
     assert group.status.phase == "Bound" and group.status.node_name == "n0"
     assert [(d.index, d.uuid) for d in group.status.devices] == [(0, uuids[0]), (1, uuids[1])]
-    assert group.status.member_pods == ["friends/b", "strangers/c", "team/a"]
+    assert group.status.member_pods == ["friends/b", "team/a"], "a label where the group does not admit makes no member"
     assert group.metadata.finalizers == [names.GROUP_FINALIZER]
     handoff = groups.handoff_name("team", "g")
     assert server.get_object(paths.configmap("team", handoff)) is not None
@@ -154,3 +154,50 @@ def test_a_share_holders_hand_off_becomes_one_set_of_member_variables() -> None:
         "CUDA_DEVICE_SM_LIMIT": "50",
         "CUDA_DEVICE_MEMORY_LIMIT": "8000m",
     }
+
+
+async def test_a_group_handoff_a_tenant_wrote_is_taken_back_before_members_can_run(
+    env: tuple[fake.FakeApiServer, runtime.Controller],
+) -> None:
+    """The members' ConfigMap name is predictable: a tenant makes it first (immutable, every GPU in it)
+    and later changes it. The controller replaces it whole before it labels the node (which lets
+    members be scheduled), and again after the change, each time with a Warning event on the group."""
+    server, controller = env
+    handoff = groups.handoff_name("team", "g")
+    path = paths.configmap("team", handoff)
+    forged = {"metadata": {"name": handoff, "namespace": "team", "labels": {"mine": "yes"}},
+              "data": {"NVIDIA_VISIBLE_DEVICES": "all", "EXTRA": "x"}, "immutable": True}  # fmt: skip
+    await controller.api.create(paths.configmaps("team"), forged)
+    server.put_object(resources.SHARED_DEVICE_GROUP.path("team"), {"metadata": {"name": "g", "namespace": "team"},
+                                                                   "spec": {"gpus": 1}})  # fmt: skip
+    server.put_object(paths.pods("team"), member("a", "team", "team/g"))
+    await passes(controller, server)
+    holder_path = paths.pod(names.SYSTEM_NAMESPACE, groups.holder_name("team", "g"))
+    holder = server.get_object(holder_path)
+    assert holder is not None
+    device = server.get_object(paths.device("n0"))
+    assert device is not None
+    uuid = device["spec"]["gpus"][1]["uuid"]
+    holder["spec"]["nodeName"] = "n0"
+    holder["metadata"]["annotations"][names.GPU_UUID] = uuid
+    await controller.api.replace(holder_path, holder)
+    writes_before = len(server.requests)
+    await passes(controller, server)
+    stored = server.get_object(path)
+    assert stored is not None and stored["data"] == {"NVIDIA_VISIBLE_DEVICES": uuid}
+    assert "mine" not in stored["metadata"]["labels"] and not stored.get("immutable")
+    order = [(m, p) for m, p in server.requests[writes_before:] if m != "GET"]
+    handed = next(i for i, (m, p) in enumerate(order) if m == "POST" and p == paths.configmaps("team"))
+    labelled = next(i for i, (m, p) in enumerate(order) if m == "PATCH" and p == paths.node("n0"))
+    assert handed < labelled, "the hand-off is right before members can be scheduled"
+
+    def alarms() -> list[str]:
+        return sorted(o["message"] for k, o in server.objects.items()
+                      if k[0] == "/api/v1|events" and o["reason"] == "HandoffForged")  # fmt: skip
+
+    assert len(alarms()) == 1 and "written by someone other than sharegpu" in alarms()[0]
+    await controller.api.patch(path, {"data": {"NVIDIA_VISIBLE_DEVICES": "all"}})
+    await passes(controller, server)
+    stored = server.get_object(path)
+    assert stored is not None and stored["data"] == {"NVIDIA_VISIBLE_DEVICES": uuid}
+    assert len(alarms()) == 2 and "changed after sharegpu wrote it" in " ".join(alarms())

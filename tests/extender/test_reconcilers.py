@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from sharegpu.api import extender as api_extender
 from sharegpu.api import names, paths, pods, quantity, wire
 from sharegpu.core import units
 from sharegpu.extender import reservations, runtime
@@ -197,25 +198,36 @@ async def test_handoff_is_written_once_for_its_owner_only(harness: Callable[...,
     configmap = "sharegpu-handoff-0123456789abcdef"
     owner = await h.create(gpu_pod("owner", milli=300, annotations={names.HANDOFF: configmap}))
     await h.schedule(owner)
-    copycat = await h.create(gpu_pod("copycat", milli=300, annotations={names.HANDOFF: configmap}))
-    await h.schedule(copycat)
-    await eventually(lambda: len(reservations_in(h)) == 1, "a reservation")
     path = paths.configmap("ns", configmap)
-    await settle(h.server)
-    assert h.server.get_object(path) is None, "nothing is written before the GPU's UUID is known"
+    claimed = h.server.get_object(path)
+    assert claimed is not None, "the bind claims the name first"
+    assert claimed.get("data", {}) == {}, "nothing to see before the GPU's UUID is known: the container waits"
+    assert [r["name"] for r in claimed["metadata"]["ownerReferences"]] == ["owner"]
+    copycat = await h.create(gpu_pod("copycat", milli=300, annotations={names.HANDOFF: configmap}))
+    verdict = h.extender.scheduling.filter(h.args(copycat))
+    meta = h.server.get_object(paths.pod("ns", "copycat"))["metadata"]  # type: ignore[index]
+    refused = await h.extender.scheduling.bind(
+        api_extender.BindingArgs(pod_name="copycat", pod_namespace="ns", pod_uid=meta["uid"],
+                                 node=verdict.node_names[0])
+    )  # fmt: skip
+    assert f"hand-off ConfigMap ns/{configmap} belongs to pod ns/owner" in refused.error
+    assert not h.server.get_object(paths.pod("ns", "copycat"))["spec"].get("nodeName")  # type: ignore[index]
+    await eventually(lambda: len(reservations_in(h)) == 1, "a reservation")
     await report_uuids(h)
-    await eventually(lambda: h.server.get_object(path) is not None, "the hand-off ConfigMap")
+    uuid = reservations_in(h)[0]["metadata"]["annotations"][names.GPU_UUID]
+    await eventually(
+        lambda: (h.server.get_object(path) or {}).get("data", {}).get("main.NVIDIA_VISIBLE_DEVICES") == uuid,
+        "the hand-off filled",
+    )
     written = h.server.get_object(path)
     assert written is not None
-    uuid = reservations_in(h)[0]["metadata"]["annotations"][names.GPU_UUID]
-    assert written["data"]["main.NVIDIA_VISIBLE_DEVICES"] == uuid
     assert [r["name"] for r in written["metadata"]["ownerReferences"]] == ["owner"]
     writes = sum(1 for m, p in h.server.requests if m in ("POST", "PATCH") and p.startswith(paths.configmaps("ns")))
     for _ in range(5):
         h.extender.handoffs.wake()
         await settle(h.server)
     again = sum(1 for m, p in h.server.requests if m in ("POST", "PATCH") and p.startswith(paths.configmaps("ns")))
-    assert again == writes == 1, "a ConfigMap that is right is not written again"
+    assert again == writes == 2, "claimed at the bind, filled once: a ConfigMap that is right is not written again"
     # The GPU's reservation is replaced: the hand-off follows the new UUID.
     old = reservations_in(h)[0]["metadata"]["name"]
     await h.api.delete(paths.pod(SYSTEM, old), grace_period=0)
@@ -226,6 +238,79 @@ async def test_handoff_is_written_once_for_its_owner_only(harness: Callable[...,
         lambda: (h.server.get_object(path) or {}).get("data", {}).get("main.NVIDIA_VISIBLE_DEVICES") == new_uuid,
         "the hand-off follows the new UUID",
     )
+    assert h.extender.metrics.handoffs.labels("repaired")._value.get() == 0, "nothing of this was forged"
+
+
+async def test_a_pod_placed_beside_a_reported_reservation_gets_its_handoff_in_one_write(
+    harness: Callable[..., Any],
+) -> None:
+    h: Harness = await harness(nodes=1, gpus=1)
+    await h.schedule(await h.create(gpu_pod("first", milli=300, annotations={names.HANDOFF: "sharegpu-handoff-1"})))
+    await eventually(lambda: len(reservations_in(h)) == 1, "a reservation")
+    await report_uuids(h)
+    uuid = reservations_in(h)[0]["metadata"]["annotations"][names.GPU_UUID]
+    first = paths.configmap("ns", "sharegpu-handoff-1")
+    await eventually(lambda: bool((h.server.get_object(first) or {}).get("data")), "the first pod's hand-off filled")
+    before = len(h.server.requests)
+    await h.schedule(await h.create(gpu_pod("second", milli=300, annotations={names.HANDOFF: "sharegpu-handoff-2"})))
+    for _ in range(3):
+        h.extender.handoffs.wake()
+        await settle(h.server)
+    written = h.server.get_object(paths.configmap("ns", "sharegpu-handoff-2"))
+    assert written is not None and written["data"]["main.NVIDIA_VISIBLE_DEVICES"] == uuid
+    writes = [(m, p) for m, p in h.server.requests[before:] if m in ("POST", "PATCH", "PUT") and "configmaps" in p]
+    assert writes == [("POST", paths.configmaps("ns"))], "written whole before the bind, and never again"
+
+
+FORGED = {"main.NVIDIA_VISIBLE_DEVICES": "all"}
+
+
+def forged_events(h: Harness) -> list[dict[str, Any]]:
+    return [o for k, o in h.server.objects.items() if k[0] == "/api/v1|events" and o["reason"] == "HandoffForged"]
+
+
+async def test_a_handoff_a_tenant_wrote_first_is_replaced_before_the_pod_is_bound(harness: Callable[..., Any]) -> None:
+    """The tenant creates the ConfigMap its pod will read (no sharegpu label, as a gated pod lets it),
+    with every GPU in it, even immutable so it cannot be updated: the bind reads it back, deletes and
+    makes it again with what the allocation gives, raises the alarm, and only then binds."""
+    h: Harness = await harness(nodes=1, gpus=2)
+    for name, immutable in (("plain", False), ("frozen", True)):
+        configmap = f"sharegpu-handoff-{name}"
+        forged = {"metadata": {"name": configmap, "namespace": "ns"}, "data": dict(FORGED), "immutable": immutable}
+        await h.api.create(paths.configmaps("ns"), forged)
+        pod = await h.create(gpu_pod(name, milli=300, annotations={names.HANDOFF: configmap}))
+        await h.schedule(pod)
+        stored = h.server.get_object(paths.configmap("ns", configmap))
+        assert stored is not None
+        assert stored.get("data", {}) == {} and not stored.get("immutable"), "nothing the tenant wrote is left"
+        assert stored["metadata"]["labels"] == {names.LABEL_ROLE: names.ROLE_HANDOFF}
+        assert [r["name"] for r in stored["metadata"]["ownerReferences"]] == [name]
+    assert h.extender.metrics.handoffs.labels("repaired")._value.get() == 2
+    alarms = forged_events(h)
+    assert sorted(e["involvedObject"]["name"] for e in alarms) == ["frozen", "plain"]
+    assert all(e["type"] == "Warning" and "written by someone other than sharegpu" in e["message"] for e in alarms)
+
+
+async def test_a_handoff_changed_after_it_was_right_is_repaired_with_an_alarm(harness: Callable[..., Any]) -> None:
+    h: Harness = await harness(nodes=1, gpus=1)
+    configmap = "sharegpu-handoff-changed"
+    await h.schedule(await h.create(gpu_pod("a", milli=300, annotations={names.HANDOFF: configmap})))
+    await eventually(lambda: len(reservations_in(h)) == 1, "a reservation")
+    await report_uuids(h)
+    path = paths.configmap("ns", configmap)
+    uuid = reservations_in(h)[0]["metadata"]["annotations"][names.GPU_UUID]
+
+    def visible() -> str | None:
+        return str((h.server.get_object(path) or {}).get("data", {}).get("main.NVIDIA_VISIBLE_DEVICES"))
+
+    await eventually(lambda: visible() == uuid, "the hand-off")
+    await h.api.patch(path, {"data": FORGED})  # labels and owner kept
+    await eventually(lambda: visible() == uuid, "repaired")
+    assert "changed after sharegpu wrote it" in forged_events(h)[0]["message"]
+    await h.api.patch(path, {"metadata": {"labels": None, "ownerReferences": None}, "data": FORGED})
+    await eventually(lambda: visible() == uuid and len(forged_events(h)) == 2, "taken back from out of sight")
+    stored = h.server.get_object(path)
+    assert stored is not None and stored["metadata"]["labels"] == {names.LABEL_ROLE: names.ROLE_HANDOFF}
 
 
 async def test_a_new_leader_rewrites_nothing_that_is_right(harness: Callable[..., Any]) -> None:
@@ -234,7 +319,8 @@ async def test_a_new_leader_rewrites_nothing_that_is_right(harness: Callable[...
     await h.schedule(await h.create(gpu_pod("a", milli=300, annotations={names.HANDOFF: configmap})))
     await eventually(lambda: len(reservations_in(h)) == 1, "a reservation")
     await report_uuids(h)
-    await eventually(lambda: h.server.get_object(paths.configmap("ns", configmap)) is not None, "the ConfigMap")
+    await eventually(lambda: bool((h.server.get_object(paths.configmap("ns", configmap)) or {}).get("data")),
+                     "the ConfigMap filled")  # fmt: skip
     before = len(h.server.requests)
     options = runtime.Options(leader_elect=False, reservation_idle=0.0, pace=0.01)
     successor = runtime.Extender(client.KubeClient(h.server), options)

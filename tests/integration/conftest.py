@@ -36,9 +36,9 @@ Json = dict[str, Any]
 
 
 OLDEST = frozenset({
-    "test_admission.py", "test_agent.py", "test_chart_components.py", "test_chart_install.py", "test_defrag.py",
-    "test_fake_contract.py", "test_helm.py", "test_lost_answers.py", "test_preemption.py", "test_rbac.py",
-    "test_requeue.py", "test_scheduling.py",
+    "test_admission.py", "test_agent.py", "test_attacks.py", "test_chart_components.py", "test_chart_install.py",
+    "test_defrag.py", "test_fake_contract.py", "test_helm.py", "test_lost_answers.py", "test_preemption.py",
+    "test_rbac.py", "test_requeue.py", "test_scheduling.py",
 })  # fmt: skip
 """The modules scripts/test also runs on the oldest Kubernetes the chart admits (controlplane.OLDEST_VERSION):
 the chart, scheduling and hand-off, admission, preemption, every eviction (defragmenter, watchdog,
@@ -70,9 +70,9 @@ async def admin(control_plane: controlplane.ControlPlane) -> AsyncIterator[clien
 
 @pytest.fixture(scope="session")
 async def system(admin: client.KubeClient) -> None:
-    await stack.install(
-        admin, compat=tuple(resources.COMPAT)
-    )  # the compatibility CRDs too (tests/integration/test_compat.py)
+    # The compatibility CRDs too; their RBAC only while tests/integration/test_compat.py runs (the
+    # chart's own least privilege is checked without it: test_rbac.py).
+    await stack.install(admin, compat=tuple(resources.COMPAT), compat_roles=False)
 
 
 @pytest.fixture(scope="session")
@@ -247,7 +247,7 @@ class RunningWebhook:
         self.ca_cert, self.ca_key = certs.new_ca("test-webhook-ca")
         self.cert, self.key = certs.write_serving_pair(folder, self.ca_cert, self.ca_key, ip_addresses=("127.0.0.1",))
         self.port = controlplane.free_port()
-        self.hook = server.Webhook(admission.Policy(system_users=frozenset({"sharegpu-extender"})))
+        self.hook = server.Webhook(admission.Policy())
 
     @property
     def policy(self) -> admission.Policy:

@@ -110,7 +110,8 @@ async def _as_tenant(control_plane: controlplane.ControlPlane, admin: client.Kub
     binding = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
                "metadata": {"name": f"pods-{user}", "namespace": namespace},
                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": f"pods-{user}"},
-               "subjects": [{"kind": "User", "name": user, "apiGroup": "rbac.authorization.k8s.io"}]}  # fmt: skip
+               "subjects": [{"kind": "User", "name": control_plane.identity(user).user,
+                             "apiGroup": "rbac.authorization.k8s.io"}]}  # fmt: skip
     await stack.apply(admin, role)
     await stack.apply(admin, binding)
     await asyncio.sleep(0.5)

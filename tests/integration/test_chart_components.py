@@ -204,7 +204,7 @@ async def test_the_rendered_components_run_and_place_a_gpu_pod(
     # GPU pods, submitted with kubectl, placed by the rendered scheduler and extender: a share, a whole
     # GPU and a share of two GPUs.
     def handoff() -> dict[str, str]:
-        return {names.HANDOFF: f"handoff-{uuid.uuid4().hex[:6]}"}
+        return {names.HANDOFF: f"sharegpu-handoff-{uuid.uuid4().hex[:6]}"}
 
     sharing = gpu_pod("rendered", namespace, milli=300, annotations=handoff())
     whole = gpu_pod("whole", namespace, nvidia=1)

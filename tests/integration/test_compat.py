@@ -29,9 +29,21 @@ from tests.integration.conftest import MANIFESTS, RunningWebhook, get_or_none, k
 Json = dict[str, Any]
 
 
+@pytest.fixture(scope="module")
+async def compat_roles(admin: client.KubeClient, system: None) -> AsyncIterator[None]:
+    """The controller's extra RBAC for the compatibility resources (deploy/compat/NAME/rbac.yaml),
+    while this module runs."""
+    docs = stack.compat_rbac(tuple(resources.COMPAT))
+    for doc in docs:
+        await stack.apply(admin, doc)
+    yield
+    for doc in docs:
+        await admin.delete(stack.object_path(doc))
+
+
 @pytest.fixture
 async def compat_controller(
-    control_plane: controlplane.ControlPlane, system: None
+    control_plane: controlplane.ControlPlane, compat_roles: None
 ) -> AsyncIterator[runtime.Controller]:
     kube = stack.kube_for(control_plane, "sharegpu-controller")
     options = runtime.Options(leader_elect=False, tick=1.0, compat=frozenset(resources.COMPAT))

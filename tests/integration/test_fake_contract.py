@@ -4,7 +4,8 @@ same answer from both, so the fake cannot drift from what the API server does.
 
 Covered: 409 AlreadyExists and 409 Conflict (a stale resourceVersion, a uid precondition), 404 with
 its Status reason, label selectors (equality, inequality, set-based, existence) and field
-selectors, a watch from a list's resourceVersion seeing each change in order, evictions against a
+selectors, a watch from a list's resourceVersion seeing each change in order, a watch with a label
+selector seeing objects leave (DELETED) and enter (ADDED) its selection, evictions against a
 PodDisruptionBudget that selects by expression (a running pod it guards: refused, 429; one it
 guards that is not running, and one it does not select: carried out, gracefully where the pod is
 bound), deletion held by a finalizer until it goes, and pods deleted at once when unbound and
@@ -131,6 +132,36 @@ async def test_a_watch_from_a_lists_version_sees_each_change_in_order(side: Side
     await side.kube.delete(paths.configmap(side.namespace, "a"))
     await asyncio.wait_for(task, 30)
     assert seen == [("ADDED", "a", "v"), ("MODIFIED", "a", "w"), ("DELETED", "a", "w")]
+
+
+async def test_a_watch_with_a_label_selector_sees_objects_leave_and_enter_the_selection(side: Side) -> None:
+    """A change that takes an object out of a watch's selection arrives as DELETED (of the object as it
+    was), one that brings it in as ADDED (the extender relies on it to see a hand-off whose label was
+    stripped)."""
+    made = await side.kube.create(paths.configmaps(side.namespace), configmap("a", labels={"role": "x"}))
+    listed = await side.kube.get(paths.configmaps(side.namespace), labelSelector="role=x")
+    seen: list[tuple[str, str]] = []
+
+    async def watch() -> None:
+        version = listed["metadata"]["resourceVersion"]
+        params = {"labelSelector": "role=x"}
+        async for kind, obj, _ in side.kube.watch(paths.configmaps(side.namespace), wire.ConfigMap, version, params):
+            if kind in (client.OPENED, wire.EventType.BOOKMARK) or obj is None:
+                continue
+            seen.append((kind, obj.data.get("k", "")))
+            if len(seen) == 2:
+                return
+
+    task = asyncio.create_task(watch())
+    await asyncio.sleep(0.2)
+    left = await side.kube.replace(
+        paths.configmap(side.namespace, "a"),
+        {**made, "metadata": {**made["metadata"], "labels": {}}, "data": {"k": "w"}},
+    )
+    await side.kube.replace(paths.configmap(side.namespace, "a"), {**left, "metadata": {**left["metadata"],
+                            "labels": {"role": "x"}}, "data": {"k": "z"}})  # fmt: skip
+    await asyncio.wait_for(task, 30)
+    assert seen == [("DELETED", "v"), ("ADDED", "z")], "what left is sent as it was while it was selected"
 
 
 async def running(side: Side, name: str, labels: dict[str, str]) -> Json:

@@ -212,15 +212,16 @@ async def test_handoff_configmap_gets_the_reserved_gpu_uuid(
         namespace,
         milli=250,
         memory=2048,
-        annotations={names.HANDOFF: "handoff-x1", names.LIMIT_MILLI: "500"},
+        annotations={names.HANDOFF: "sharegpu-handoff-x1", names.LIMIT_MILLI: "500"},
     )
     await admin.create(f"/api/v1/namespaces/{namespace}/pods", pod)
     await wait_for(lambda: all_bound(admin, namespace, 1), what="pod bound")
 
     async def configmap() -> Json | None:
-        return await get_or_none(admin, f"/api/v1/namespaces/{namespace}/configmaps/handoff-x1")
+        found = await get_or_none(admin, f"/api/v1/namespaces/{namespace}/configmaps/sharegpu-handoff-x1")
+        return found if found is not None and found.get("data") else None
 
-    data = (await wait_for(configmap, what="hand-off ConfigMap"))["data"]
+    data = (await wait_for(configmap, what="hand-off ConfigMap filled"))["data"]
     items, _ = await admin.list_all(
         f"/api/v1/namespaces/{names.SYSTEM_NAMESPACE}/pods", {"labelSelector": f"{names.LABEL_NODE}={node}"}
     )
@@ -319,7 +320,7 @@ async def test_a_lost_reservation_pod_is_replaced_and_the_hand_off_follows(
     admin: client.KubeClient, extender: ExtenderProcess, nodes: Callable[..., Any], namespace: str
 ) -> None:
     (node,) = await nodes(1, gpus=2)
-    pod = gpu_pod("sharer", namespace, milli=300, annotations={names.HANDOFF: "handoff-lost-1"})
+    pod = gpu_pod("sharer", namespace, milli=300, annotations={names.HANDOFF: "sharegpu-handoff-lost-1"})
     await admin.create(f"/api/v1/namespaces/{namespace}/pods", pod)
     await wait_for(lambda: all_bound(admin, namespace, 1), what="pod bound")
 
@@ -338,7 +339,7 @@ async def test_a_lost_reservation_pod_is_replaced_and_the_hand_off_follows(
     uuid = second["metadata"]["annotations"][names.GPU_UUID]
 
     async def handoff_follows() -> bool:
-        found = await get_or_none(admin, f"/api/v1/namespaces/{namespace}/configmaps/handoff-lost-1")
+        found = await get_or_none(admin, f"/api/v1/namespaces/{namespace}/configmaps/sharegpu-handoff-lost-1")
         data = (found or {}).get("data") or {}
         return bool(data.get("main.NVIDIA_VISIBLE_DEVICES") == uuid)
 
@@ -376,24 +377,35 @@ async def test_a_failed_reservation_pod_is_cleaned_up_and_replaced(
     await wait_for(replaced, what="the failed reservation deleted and a new one running")
 
 
-async def test_a_hand_off_configmap_claimed_twice_serves_only_its_first_pod(
+async def test_a_hand_off_configmap_claimed_twice_serves_only_its_first_pod_and_binds_no_other(
     admin: client.KubeClient, extender: ExtenderProcess, nodes: Callable[..., Any], namespace: str
 ) -> None:
     await nodes(1, gpus=2)
     first = await admin.create(f"/api/v1/namespaces/{namespace}/pods", gpu_pod(
-        "first", namespace, milli=200, annotations={names.HANDOFF: "claimed-cm"}))  # fmt: skip
+        "first", namespace, milli=200, annotations={names.HANDOFF: "sharegpu-handoff-claimed"}))  # fmt: skip
     await wait_for(lambda: all_bound(admin, namespace, 1), what="first bound")
 
     async def configmap() -> Json | None:
-        return await get_or_none(admin, f"/api/v1/namespaces/{namespace}/configmaps/claimed-cm")
+        return await get_or_none(admin, f"/api/v1/namespaces/{namespace}/configmaps/sharegpu-handoff-claimed")
 
     await wait_for(configmap, what="the hand-off of the first pod")
     await admin.create(f"/api/v1/namespaces/{namespace}/pods", gpu_pod(
-        "copycat", namespace, milli=200, annotations={names.HANDOFF: "claimed-cm"}))  # fmt: skip
-    await wait_for(lambda: all_bound(admin, namespace, 2), what="both bound")
-    await asyncio.sleep(1.0)  # give the hand-off loop time to (wrongly) serve the copy
+        "copycat", namespace, milli=200, annotations={names.HANDOFF: "sharegpu-handoff-claimed"}))  # fmt: skip
+
+    async def refused() -> str:
+        pod = await admin.get(f"/api/v1/namespaces/{namespace}/pods/copycat")
+        assert not pod["spec"].get("nodeName"), "a pod is not bound to read another pod's GPU"
+        return " ".join(str(c.get("message") or "") for c in pod["status"].get("conditions") or [])
+
+    said = await wait_for(lambda: _contains(refused, f"belongs to pod {namespace}/first"), what="copycat refused")
+    assert "this pod would see its GPU" in said
     owners = (await configmap() or {})["metadata"]["ownerReferences"]
     assert [o["uid"] for o in owners] == [first["metadata"]["uid"]]
+
+
+async def _contains(read: Callable[[], Any], text: str) -> str | None:
+    found = str(await read())
+    return found if text in found else None
 
 
 async def test_a_quota_lowered_after_admission_still_holds_at_placement(
@@ -443,10 +455,11 @@ async def test_isolation_demands_place_only_where_offered_and_hand_offs_match_th
     (mps,) = await nodes(1, gpus=1, isolation=frozenset({devices.Isolation.MPS}))
     (hami,) = await nodes(1, gpus=1, isolation=frozenset({devices.Isolation.HAMI_CORE}))
     demanding = gpu_pod("mps", namespace, milli=300, memory=1024,
-                        annotations={names.HANDOFF: "handoff-mps", names.ISOLATION: "mps"})  # fmt: skip
+                        annotations={names.HANDOFF: "sharegpu-handoff-mps", names.ISOLATION: "mps"})  # fmt: skip
     preloading = gpu_pod("hami", namespace, milli=300, memory=1024,
-                         annotations={names.HANDOFF: "handoff-hami", names.ISOLATION: "hami-core"})  # fmt: skip
-    pinned = gpu_pod("plain", namespace, milli=300, memory=1024, annotations={names.HANDOFF: "handoff-plain"})
+                         annotations={names.HANDOFF: "sharegpu-handoff-hami",
+                                      names.ISOLATION: "hami-core"})  # fmt: skip
+    pinned = gpu_pod("plain", namespace, milli=300, memory=1024, annotations={names.HANDOFF: "sharegpu-handoff-plain"})
     pinned["spec"]["nodeSelector"] = {"kubernetes.io/hostname": plain}
     for pod in (demanding, preloading, pinned):
         await admin.create(f"/api/v1/namespaces/{namespace}/pods", pod)
@@ -456,19 +469,19 @@ async def test_isolation_demands_place_only_where_offered_and_hand_offs_match_th
 
     async def data(name: str) -> dict[str, str] | None:
         found = await get_or_none(admin, f"/api/v1/namespaces/{namespace}/configmaps/{name}")
-        return dict(found["data"]) if found is not None else None
+        return dict(found["data"]) if found is not None and found.get("data") else None
 
-    wired = await wait_for(lambda: data("handoff-mps"), what="MPS pod's hand-off")
+    wired = await wait_for(lambda: data("sharegpu-handoff-mps"), what="MPS pod's hand-off")
     uuid = wired["main.NVIDIA_VISIBLE_DEVICES"]
     assert wired == {
         "main.NVIDIA_VISIBLE_DEVICES": uuid, "main.CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "30",
         "main.CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=1024M", "main.SHAREGPU_MPS_GPU": uuid,
         "main.SHAREGPU_PRELOAD": "",
     }  # fmt: skip
-    preloaded = await wait_for(lambda: data("handoff-hami"), what="HAMi-core pod's hand-off")
+    preloaded = await wait_for(lambda: data("sharegpu-handoff-hami"), what="HAMi-core pod's hand-off")
     assert preloaded == {
         "main.NVIDIA_VISIBLE_DEVICES": preloaded["main.NVIDIA_VISIBLE_DEVICES"], "main.CUDA_DEVICE_SM_LIMIT": "30",
         "main.CUDA_DEVICE_MEMORY_LIMIT": "1024m", "main.SHAREGPU_PRELOAD": "/run/sharegpu/hami-core/libvgpu.so",
     }  # fmt: skip
-    bare = await wait_for(lambda: data("handoff-plain"), what="plain pod's hand-off")
+    bare = await wait_for(lambda: data("sharegpu-handoff-plain"), what="plain pod's hand-off")
     assert bare == {"main.NVIDIA_VISIBLE_DEVICES": bare["main.NVIDIA_VISIBLE_DEVICES"], "main.SHAREGPU_PRELOAD": ""}

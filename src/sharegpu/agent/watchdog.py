@@ -306,7 +306,7 @@ def promised(pods: Mapping[str, wire.Pod], device: wire.DeviceSpec) -> dict[str,
     out = dict.fromkeys(grants.capacity, 0)
     for uid, pod in pods.items():
         labels = pod.metadata.labels
-        if api_pods.is_reservation(pod) or (names.LABEL_ROLE not in labels and _group(labels) is not None):
+        if api_pods.is_reservation(pod) or (api_pods.role(pod) is None and _group(labels) is not None):
             continue
         grant = grants.of(uid)
         if not grant.judged:
@@ -357,7 +357,7 @@ class _Grants:
             if api_pods.is_reservation(pod):
                 with contextlib.suppress(ValueError):
                     self.reserved.setdefault(int(labels.get(names.LABEL_SLOT, "")), set()).update(self._named(pod))
-            elif labels.get(names.LABEL_ROLE) == names.ROLE_GROUP_HOLDER and (group := _group(labels)) is not None:
+            elif api_pods.role(pod) == names.ROLE_GROUP_HOLDER and (group := _group(labels)) is not None:
                 self.holders[group] = uid
         self.grants: dict[str, _Grant] = {}
 
@@ -370,7 +370,7 @@ class _Grants:
     def _grant(self, pod: wire.Pod) -> _Grant:
         labels = pod.metadata.labels
         group = _group(labels)
-        if names.LABEL_ROLE not in labels and group is not None:
+        if api_pods.role(pod) is None and group is not None:
             holder = self.holders.get(group)
             return _UNJUDGED if holder is None else self.of(holder)
         try:

@@ -10,6 +10,7 @@ generated from them (`api.resources`), so the API server refuses what the code w
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Collection
 from typing import Annotated, Any, Final, Literal
 
 import msgspec
@@ -125,12 +126,12 @@ def _object_name(prefix: str, namespace: str, name: str) -> str:
 
 
 def holder_name(namespace: str, name: str) -> str:
-    return _object_name("sharegpu-group-", namespace, name)
+    return _object_name(names.GROUP_PREFIX, namespace, name)
 
 
 def handoff_name(namespace: str, name: str) -> str:
     """The ConfigMap (in each member's namespace) whose NVIDIA_VISIBLE_DEVICES the members read."""
-    return _object_name("sharegpu-group-", namespace, name)
+    return _object_name(names.GROUP_PREFIX, namespace, name)
 
 
 def holder_handoff_name(namespace: str, name: str) -> str:
@@ -208,11 +209,17 @@ def _parse(value: str, namespace: str) -> tuple[str, str]:
     )
 
 
-def live_member(pod: wire.Pod) -> bool:
-    """Whether a pod labelled with a group counts as its member: not a holder pod, neither finished
-    nor being deleted."""
+def live_member(pod: wire.Pod, home: str, admitted: Collection[str]) -> bool:
+    """Whether a pod labelled with a group (of namespace `home`, admitting pods of `admitted` too)
+    counts as its member: in a namespace the group admits (a label is anyone's to set), not one of
+    sharegpu's own pods (its holder), neither finished nor being deleted."""
     meta = pod.metadata
-    return meta.labels.get(names.LABEL_ROLE) is None and not pods.is_terminal(pod) and meta.deletion_timestamp is None
+    return (
+        (meta.namespace == home or meta.namespace in admitted)
+        and pods.role(pod) is None
+        and not pods.is_terminal(pod)
+        and meta.deletion_timestamp is None
+    )
 
 
 def may_join(group: SharedDeviceGroup, namespace: str) -> bool:

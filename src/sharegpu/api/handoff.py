@@ -65,6 +65,8 @@ NO_GPU: Final = "void"
 """NVIDIA_VISIBLE_DEVICES of a container sharegpu gives no GPU: the NVIDIA container runtime then
 mounts no GPU into it (CUDA base images set "all", which would otherwise expose every GPU of the
 node to a pod that asked for none)."""
+FORGED_REASON: Final = "HandoffForged"
+"""The Warning event on a pod whose hand-off ConfigMap sharegpu found written by someone else."""
 REQUIRED: Final = frozenset({VISIBLE_DEVICES})
 """Variables a container cannot start without; the limits are optional references."""
 

@@ -36,6 +36,23 @@ REPLACED_SCHEDULERS: Final = (
 """Schedulers whose GPU pods sharegpu takes over by default (the webhook's `--take-over`): without
 it a pod written for another GPU system stays Pending for ever once that system is gone."""
 SYSTEM_NAMESPACE: Final = "sharegpu-system"
+COMPONENTS: Final = ("scheduler", "extender", "webhook", "controller", "agent", "reserve")
+"""The chart's components, each with its own ServiceAccount `sharegpu-<component>` in SYSTEM_NAMESPACE."""
+
+
+def account(component: str) -> str:
+    """A component's ServiceAccount (in SYSTEM_NAMESPACE)."""
+    return f"sharegpu-{component}"
+
+
+def account_user(component: str) -> str:
+    """The user name a component's ServiceAccount token authenticates as (what RBAC and the
+    admission policies name)."""
+    return f"system:serviceaccount:{SYSTEM_NAMESPACE}:{account(component)}"
+
+
+ACCOUNT_GROUPS: Final = ("system:serviceaccounts", f"system:serviceaccounts:{SYSTEM_NAMESPACE}")
+"""The groups every ServiceAccount token of SYSTEM_NAMESPACE carries."""
 
 # ----------------------------------------------------------------- resources
 GPU: Final = f"{DOMAIN}/gpu"
@@ -100,14 +117,14 @@ ROLE_GROUP_SHARE: Final = "group-share-holder"
 """In the container of a group's holder pod that holds a share of each GPU (sharegpu's own
 resources, placed and handed off like a sharing pod): nothing to report, it only holds."""
 ROLE_ENV: Final = "SHAREGPU_ROLE"
+"""In the container of sharegpu's GPU-holding pods: which kind of pod it runs in (`sharegpu reserve` reads it)."""
 RESERVE_ACCOUNT: Final = "sharegpu-reserve"
 """The ServiceAccount of sharegpu's GPU-holding pods (reservations, group holders): `sharegpu reserve`
 reports the GPUs it got on its own pod (the chart's files/rbac/reserve.yaml)."""
-"""In the container of sharegpu's GPU-holding pods: which kind of pod it runs in (`sharegpu reserve` reads it)."""
 ROLE_GROUP_HANDOFF: Final = "group-handoff"
+"""The ConfigMap that tells a group's members its GPUs (in each namespace that has members)."""
 ROLE_CLAIM_TEMPLATE: Final = "claim-template"
 """A ResourceClaimTemplate sharegpu made for one shape of GPU request (the DRA path)."""
-"""The ConfigMap that tells a group's members its GPUs (in each namespace that has members)."""
 LABEL_GROUP_NAMESPACE: Final = f"{DOMAIN}/group-namespace"
 LABEL_GROUP_NAME: Final = f"{DOMAIN}/group-name"
 """On a group's holder pod, its hand-off ConfigMaps and its member pods: the group they belong to."""
@@ -137,6 +154,12 @@ GROUP_FINALIZER: Final = f"{DOMAIN}/group-cleanup"
 
 # ----------------------------------------------------------------- the hand-off ConfigMap and reservation pods
 HANDOFF_PREFIX: Final = "sharegpu-handoff-"
+"""A pod's hand-off ConfigMap (the webhook names it; the extender writes it)."""
+GROUP_PREFIX: Final = "sharegpu-group-"
+"""A SharedDeviceGroup's holder pod, and its members' hand-off ConfigMap (the controller writes it)."""
+HANDOFF_POLICY: Final = "sharegpu-handoff"
+"""The ValidatingAdmissionPolicy (and its binding) that lets only sharegpu write the hand-offs
+(the chart's files/policies/handoff.yaml)."""
 RESERVATION_PREFIX: Final = "sharegpu-reserve-"
 EXTENDER_LEASE: Final = "sharegpu-extender"
 """The Lease whose holder runs the extender's background reconcilers."""

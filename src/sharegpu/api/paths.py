@@ -13,6 +13,16 @@ CONFIGMAPS: Final = "/api/v1/configmaps"
 RESOURCE_QUOTAS: Final = "/api/v1/resourcequotas"
 DEVICES: Final = f"/apis/{names.DEVICE_GROUP}/{names.DEVICE_VERSION}/{names.DEVICE_PLURAL}"
 PRIORITY_CLASSES: Final = "/apis/scheduling.k8s.io/v1/priorityclasses"
+ADMISSION_POLICIES: Final = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies"
+ADMISSION_POLICY_BINDINGS: Final = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings"
+
+
+def admission_policy(name: str) -> str:
+    return f"{ADMISSION_POLICIES}/{name}"
+
+
+def admission_policy_binding(name: str) -> str:
+    return f"{ADMISSION_POLICY_BINDINGS}/{name}"
 
 
 def node(name: str) -> str:

@@ -45,8 +45,17 @@ def wants_gpu(pod: wire.Pod) -> bool:
     return any(name in c.resources.merged() for _, c in containers(pod) for name in names.GPU_RESOURCES)
 
 
+def role(pod: wire.Pod) -> str | None:
+    """The part one of sharegpu's own pods plays (`names.LABEL_ROLE`: reservation, group holder);
+    None for any other pod. Only pods of sharegpu's namespace play one: there only sharegpu creates
+    pods, while a label elsewhere is the tenant's to set."""
+    if pod.metadata.namespace != names.SYSTEM_NAMESPACE:
+        return None
+    return pod.metadata.labels.get(names.LABEL_ROLE)
+
+
 def is_reservation(pod: wire.Pod) -> bool:
-    return pod.metadata.labels.get(names.LABEL_ROLE) == names.ROLE_RESERVATION
+    return role(pod) == names.ROLE_RESERVATION
 
 
 def is_terminal(pod: wire.Pod) -> bool:
@@ -352,6 +361,10 @@ def record(pod: wire.Pod, previous: Record | None = None) -> Record:
                 parsed = request(pod, host)
             except errors.InvalidInputError as exc:
                 problem = str(exc)
+    handoff = annotations.get(names.HANDOFF)
+    if gpu and problem is None and handoff is not None and not handoff.startswith(names.HANDOFF_PREFIX):
+        problem = (f"annotation {names.HANDOFF} names ConfigMap {handoff!r}: sharegpu hands GPUs off only "
+                   f"through ConfigMaps named {names.HANDOFF_PREFIX}* (the name the webhook gives)")  # fmt: skip
     text = annotations.get(names.ALLOCATION)
     alloc: allocation.Allocation | None = None
     if text:
@@ -377,7 +390,7 @@ def record(pod: wire.Pod, previous: Record | None = None) -> Record:
         problem=problem,
         allocation_text=text,
         allocation=alloc,
-        handoff=annotations.get(names.HANDOFF),
+        handoff=handoff,
         reservation=slot,
         cpu_milli=cpu,
         memory_mib=memory,

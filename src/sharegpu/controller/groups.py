@@ -8,8 +8,11 @@ hand-off ConfigMap in sharegpu-system, which this reconciler follows). The holde
 the first member waits (or at once with `bindEagerly`); once it is bound and its GPUs are known,
 the group is Bound to that node for good: the node gets the group's label (which the members
 select, so they can only run there) and each namespace with members gets the group's hand-off
-ConfigMap: NVIDIA_VISIBLE_DEVICES, and for a share its limits. A holder that is lost is recreated
-pinned to the group's node.
+ConfigMap: NVIDIA_VISIBLE_DEVICES, and for a share its limits. The hand-offs are written before
+the node is labelled, and watched: one found written by anyone else (a tenant who made it first
+under the group's name, or changed it) is replaced whole, with a Warning event `HandoffForged` on
+the group (the chart's admission policy files/policies/handoff.yaml lets only the controller write
+them). A holder that is lost is recreated pinned to the group's node.
 
 Deletion: the webhook refuses to delete a group with live members; the group's finalizer keeps it
 until this reconciler has removed the holder, the node label and the ConfigMaps.
@@ -25,9 +28,10 @@ import logging
 from collections.abc import Callable
 from typing import Any, Literal
 
-from sharegpu.api import groups, names, paths, pods, resources, wire
+from sharegpu.api import events as api_events
+from sharegpu.api import groups, handoff, names, paths, pods, resources, wire
 from sharegpu.controller import inventory
-from sharegpu.kube import client, errors, informer, reconcile
+from sharegpu.kube import client, errors, informer, reconcile, takeover
 from sharegpu.kube import events as kube_events
 
 log = logging.getLogger(__name__)
@@ -69,8 +73,11 @@ class GroupReconciler:
         self.pods: dict[str, wire.Pod] = {}
         self.ids = ids
         self.labelled: set[tuple[str, str]] = set()
-        self.handoffs: dict[tuple[str, str], dict[str, str]] = {}
-        """(namespace, ConfigMap) -> what this process last wrote there."""
+        self.handoffs: dict[tuple[str, str], wire.ConfigMap] = {}
+        """(namespace, ConfigMap) -> the groups' hand-off ConfigMaps as the API shows them (watched)."""
+        self.confirmed: dict[tuple[str, str], dict[str, str]] = {}
+        """(namespace, ConfigMap) -> what this process last saw right there: a change from it while the
+        group's members should still see the same is tampering."""
         self.holder_handoffs: dict[str, dict[str, str]] = {}
         """Share holders' hand-off ConfigMaps (by name, in sharegpu-system): what the extender wrote."""
         self.loop = reconcile.Loop("groups", self.reconcile)
@@ -85,6 +92,14 @@ class GroupReconciler:
         informer.remember(self.pods, kind, pod)
         self.loop.wake()
 
+    def on_handoff(self, kind: wire.EventType, configmap: wire.ConfigMap) -> None:
+        claim = (configmap.metadata.namespace, configmap.metadata.name)
+        if kind == wire.EventType.DELETED:
+            self.handoffs.pop(claim, None)
+        else:
+            self.handoffs[claim] = configmap
+        self.loop.wake()
+
     def on_holder_handoff(self, kind: wire.EventType, configmap: wire.ConfigMap) -> None:
         if kind == wire.EventType.DELETED:
             self.holder_handoffs.pop(configmap.metadata.name, None)
@@ -94,15 +109,18 @@ class GroupReconciler:
 
     # ----------------------------------------------------------------- the pass
 
-    def members(self, namespace: str, name: str) -> list[wire.Pod]:
-        """The group's live member pods (not finished, not being deleted)."""
+    def members(self, group: groups.SharedDeviceGroup) -> list[wire.Pod]:
+        """The group's live member pods (`api.groups.live_member`)."""
+        named = (group.metadata.namespace, group.metadata.name)
         return sorted(
             (
-                p for p in self.pods.values()
-                if _group_of(p) == (namespace, name) and groups.live_member(p)
+                p
+                for p in self.pods.values()
+                if _group_of(p) == named
+                and groups.live_member(p, group.metadata.namespace, group.spec.members.namespaces)
             ),
             key=lambda p: wire.key(p.metadata),
-        )  # fmt: skip
+        )
 
     def holder(self, namespace: str, name: str) -> wire.Pod | None:
         return self.pods.get(f"{names.SYSTEM_NAMESPACE}/{groups.holder_name(namespace, name)}")
@@ -120,7 +138,7 @@ class GroupReconciler:
 
     async def _one(self, group: groups.SharedDeviceGroup) -> None:
         meta, status = group.metadata, group.status
-        members = self.members(meta.namespace, meta.name)
+        members = self.members(group)
         holder = self.holder(meta.namespace, meta.name)
         if meta.deletion_timestamp is not None:
             if not members:
@@ -142,14 +160,14 @@ class GroupReconciler:
             await self._create_holder(group, bound)
         new = self._status(group, holder, members)
         if new.phase == groups.PHASE_BOUND:
-            await self._label_node(new.node_name, groups.node_label(meta.namespace, meta.name))
             data = self._member_data(group, holder, new)
-            # Only namespaces the group admits get its devices (a pod admitted before the webhook knew
-            # the group cannot borrow them from a namespace the group does not list).
-            admitted = {p.metadata.namespace for p in members if groups.may_join(group, p.metadata.namespace)}
-            for namespace in sorted({meta.namespace} | admitted):
-                if data is not None:
+            # Only namespaces the group admits have members and get its devices (a pod admitted before
+            # the webhook knew the group cannot borrow them from a namespace the group does not list).
+            # The hand-offs first, the node label (which lets members be scheduled) after.
+            if data is not None:
+                for namespace in sorted({meta.namespace} | {p.metadata.namespace for p in members}):
                     await self._write_handoff(group, namespace, data)
+                await self._label_node(new.node_name, groups.node_label(meta.namespace, meta.name))
         if new != status:
             await self._write_status(group, new)
         if new.phase == groups.PHASE_BOUND and not bound:
@@ -237,29 +255,43 @@ class GroupReconciler:
         self.labelled.add((node, label))
 
     async def _write_handoff(self, group: groups.SharedDeviceGroup, namespace: str, data: dict[str, str]) -> None:
-        name = groups.handoff_name(group.metadata.namespace, group.metadata.name)
-        if self.handoffs.get((namespace, name)) == data:
+        """The group's hand-off in `namespace` holds `data` and nothing else: written whole, and taken
+        back whole (with an alarm) from anyone else who wrote it."""
+        meta = group.metadata
+        name = groups.handoff_name(meta.namespace, meta.name)
+        claim = (namespace, name)
+        labels = {names.LABEL_ROLE: names.ROLE_GROUP_HANDOFF, **groups.group_labels(meta.namespace, meta.name)}
+        existing = self.handoffs.get(claim)
+        if existing is not None and dict(existing.data) == data and existing.metadata.labels == labels:
+            self.confirmed[claim] = dict(data)
             return
-        body: Json = {
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "metadata": {
-                "name": name,
-                "namespace": namespace,
-                "labels": {names.LABEL_ROLE: names.ROLE_GROUP_HANDOFF,
-                           **groups.group_labels(group.metadata.namespace, group.metadata.name)},
-            },
-            "data": data,
-        }  # fmt: skip
-        try:
-            await self.api.create(paths.configmaps(namespace), body)
-        except errors.ConflictError as exc:
-            if not exc.already_exists:
-                raise
-            # A merge patch: keys no longer written are removed (null), the others replaced.
-            gone = {k: None for k in groups.MEMBER_VARIABLES if k not in data}
-            await self.api.patch(paths.configmap(namespace, name), {"data": {**gone, **data}})
-        self.handoffs[(namespace, name)] = dict(data)
+        body: Json = {"apiVersion": "v1", "kind": "ConfigMap",
+                      "metadata": {"name": name, "namespace": namespace, "labels": labels}, "data": data}  # fmt: skip
+        path = paths.configmap(namespace, name)
+        if existing is not None:
+            if self.confirmed.get(claim) == data:
+                await self._alarm(group, namespace, name, "was changed after sharegpu wrote it")
+            version = existing.metadata.resource_version
+            await self.api.replace(path, {**body, "metadata": {**body["metadata"], "resourceVersion": version}})
+        else:
+            try:
+                await self.api.create(paths.configmaps(namespace), body)
+            except errors.ConflictError as exc:
+                if not exc.already_exists:
+                    raise
+                found = await self.api.get(path)
+                if (found.get("metadata") or {}).get("labels") != labels:
+                    await self._alarm(group, namespace, name, "was written by someone other than sharegpu")
+                await takeover.overwrite(self.api, paths.configmaps(namespace), path, body, found)
+        self.confirmed[claim] = dict(data)
+
+    async def _alarm(self, group: groups.SharedDeviceGroup, namespace: str, name: str, what: str) -> None:
+        message = (f"hand-off ConfigMap {namespace}/{name} {what}; sharegpu replaces it with the group's devices "
+                   "(check who can write ConfigMaps there, and that the admission policy sharegpu-handoff is "
+                   "installed)")  # fmt: skip
+        log.error("group %s: %s", wire.key(group.metadata), message)
+        await self._record(group, handoff.FORGED_REASON, message, decision=f"{namespace}/{name}:{what}",
+                           kind="Warning")  # fmt: skip
 
     async def _write_status(self, group: groups.SharedDeviceGroup, status: groups.GroupStatus) -> None:
         meta = group.metadata
@@ -280,6 +312,7 @@ class GroupReconciler:
             item_meta = item["metadata"]
             await self.api.delete(paths.configmap(item_meta["namespace"], item_meta["name"]))
             self.handoffs.pop((item_meta["namespace"], item_meta["name"]), None)
+            self.confirmed.pop((item_meta["namespace"], item_meta["name"]), None)
         await self.api.patch(
             resources.SHARED_DEVICE_GROUP.path(meta.namespace, meta.name),
             {"metadata": {"finalizers": [f for f in meta.finalizers if f != names.GROUP_FINALIZER],
@@ -288,10 +321,13 @@ class GroupReconciler:
         await self._record(group, "Released", "holder pod, node label and hand-off ConfigMaps removed",
                            decision="released")  # fmt: skip
 
-    async def _record(self, group: groups.SharedDeviceGroup, reason: str, message: str, *, decision: str) -> None:
+    async def _record(
+        self, group: groups.SharedDeviceGroup, reason: str, message: str, *, decision: str,
+        kind: api_events.Kind = "Normal",
+    ) -> None:  # fmt: skip
         meta = group.metadata
         subject = resources.SHARED_DEVICE_GROUP.subject(meta)
         try:
-            await self.recorder.record(subject, reason, message, decision=decision)
+            await self.recorder.record(subject, reason, message, decision=decision, kind=kind)
         except errors.KubeError as exc:
             log.warning("group %s: could not record %s: %s", wire.key(meta), reason, exc)

@@ -139,6 +139,10 @@ class Controller:
                 self.groups.on_holder_handoff, name="holder-handoffs",
                 params={"labelSelector": f"{names.LABEL_ROLE}={names.ROLE_HANDOFF}"},
             ),
+            informer.Informer(
+                api, paths.CONFIGMAPS, wire.ConfigMap, informer.identity, self.groups.on_handoff,
+                name="group-handoffs", params={"labelSelector": f"{names.LABEL_ROLE}={names.ROLE_GROUP_HANDOFF}"},
+            ),
         ]  # fmt: skip
         if self.mirrors is not None:
             self.informers.append(informer.Informer(

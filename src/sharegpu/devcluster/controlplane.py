@@ -3,8 +3,12 @@ kube-scheduler of the version `k8s_version()` names, built by `scripts/build-con
 started here as child processes.
 
 Every component gets its own identity (static tokens) so RBAC is exercised for real: `admin` is in
-system:masters; the scheduler runs as system:kube-scheduler; sharegpu components run as their own
-users with only the roles the project's manifests grant.
+system:masters; the scheduler runs as system:kube-scheduler; the extender, webhook and controller
+run as the user names of their ServiceAccounts (`names.account_user`), so the chart's RBAC bindings
+and admission policies apply to them unchanged. The in-process agents of many fake nodes share one
+harness identity with the agent's ClusterRole (`NODE_HARNESS`): a real agent's token is bound to its
+pod and node, which a static token cannot be, so the node-scoped policies do not bind the harness;
+tests of those policies use tokens that TokenRequest binds to a pod (`bound_token`).
 
 Not for production: certificates are throw-away and tokens sit in a file.
 """
@@ -25,6 +29,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sharegpu.api import names
 from sharegpu.serving import certs
 
 DEFAULT_VERSION = "1.37.2"
@@ -56,16 +61,26 @@ class Identity:
     user: str
     token: str
     groups: tuple[str, ...] = ()
+    alias: str = ""
+    """A short name tests and the stack ask for it by (`sharegpu-extender` for its ServiceAccount's user)."""
+
+
+NODE_HARNESS = "sharegpu-node-harness"
+"""The user the in-process agents of the devcluster's fake nodes share (the agent's ClusterRole)."""
+
+
+def _component(component: str) -> Identity:
+    return Identity(names.account_user(component), f"{component}-token", names.ACCOUNT_GROUPS, names.account(component))
 
 
 IDENTITIES = (
     Identity("admin", "admin-token", ("system:masters",)),
     Identity("system:kube-scheduler", "scheduler-token"),
     Identity("system:kube-controller-manager", "controller-manager-token", ("system:masters",)),
-    Identity("sharegpu-extender", "extender-token"),
-    Identity("sharegpu-webhook", "webhook-token"),
-    Identity("sharegpu-controller", "controller-token"),
-    Identity("sharegpu-agent", "agent-token"),
+    _component("extender"),
+    _component("webhook"),
+    _component("controller"),
+    Identity(NODE_HARNESS, "agent-token", (), names.account("agent")),
     Identity("sharegpu-harness", "harness-token", ("system:masters",)),
     Identity("alice", "alice-token", ("tenants",)),
     Identity("bob", "bob-token", ("tenants",)),
@@ -114,15 +129,20 @@ class ControlPlane:
     def url(self) -> str:
         return f"https://127.0.0.1:{self.port}"
 
-    def token(self, user: str) -> str:
+    def identity(self, user: str) -> Identity:
+        """The identity of `user` (its user name, or its alias)."""
         for identity in self.identities:
-            if identity.user == user:
-                return identity.token
+            if user in (identity.user, identity.alias):
+                return identity
         raise KeyError(user)
+
+    def token(self, user: str) -> str:
+        return self.identity(user).token
 
     def kubeconfig(self, user: str) -> Path:
         """A kubeconfig file for `user` (written once)."""
         assert self.bundle is not None
+        user = self.identity(user).user
         path = self.workdir / "kubeconfigs" / f"{user.replace(':', '_')}.yaml"
         if not path.exists():
             path.parent.mkdir(parents=True, exist_ok=True)

@@ -49,15 +49,16 @@ _PATHS = {
     "Namespace": "/api/v1/namespaces",
     "ServiceAccount": "/api/v1/namespaces/{namespace}/serviceaccounts",
     "PriorityClass": paths.PRIORITY_CLASSES,
+    "ValidatingAdmissionPolicy": paths.ADMISSION_POLICIES,
+    "ValidatingAdmissionPolicyBinding": paths.ADMISSION_POLICY_BINDINGS,
 }
-COMPONENT_USERS = {
-    "sharegpu-extender": "sharegpu-extender",
-    "sharegpu-webhook": "sharegpu-webhook",
-    "sharegpu-controller": "sharegpu-controller",
-    "sharegpu-agent": "sharegpu-agent",
-    "sharegpu-scheduler": "system:kube-scheduler",
+HARNESS_USERS = {
+    names.account("agent"): controlplane.NODE_HARNESS,
+    names.account("scheduler"): "system:kube-scheduler",
 }
-"""ServiceAccount of the chart -> the token user that plays it on the local control plane."""
+"""ServiceAccount of the chart -> the token user that also plays it on the local control plane: the
+fake nodes' agents (one identity for many nodes) and the scheduler (kube-scheduler's own user). The
+extender, webhook and controller run as their ServiceAccounts' user names, bound as the chart binds."""
 
 
 async def apply(kube: client.KubeApi, doc: Json) -> None:
@@ -70,20 +71,37 @@ async def apply(kube: client.KubeApi, doc: Json) -> None:
             raise
 
 
-def as_user(doc: Json) -> Json:
-    """The chart binds roles to service accounts; the local control plane has token users instead."""
-    for subject in doc.get("subjects") or []:
-        user = COMPONENT_USERS.get(subject.get("name", ""))
+def with_harness(doc: Json) -> Json:
+    """A chart binding, also bound to the harness user that plays its ServiceAccount locally."""
+    subjects = doc.get("subjects") or []
+    for subject in list(subjects):
+        user = HARNESS_USERS.get(subject.get("name", ""))
         if subject.get("kind") == "ServiceAccount" and user is not None:
-            subject.clear()
-            subject.update({"kind": "User", "name": user, "apiGroup": "rbac.authorization.k8s.io"})
+            subjects.append({"kind": "User", "name": user, "apiGroup": "rbac.authorization.k8s.io"})
     return doc
 
 
 def kube_for(plane: controlplane.ControlPlane, user: str, connections: int = 64) -> client.KubeClient:
+    return kube_with_token(plane, plane.token(user), connections)
+
+
+def kube_with_token(plane: controlplane.ControlPlane, token: str, connections: int = 64) -> client.KubeClient:
     assert plane.bundle is not None
-    creds = credentials.static(plane.url, token=plane.token(user), ca_file=str(plane.bundle.ca_cert))
+    creds = credentials.static(plane.url, token=token, ca_file=str(plane.bundle.ca_cert))
     return client.KubeClient(transport.AiohttpTransport(creds, connections=connections), creds)
+
+
+async def issue_token(kube: client.KubeApi, namespace: str, account: str, pod: Json | None = None) -> str:
+    """A token of ServiceAccount `namespace/account` as TokenRequest issues it (the kubelet projects
+    the same into a pod): bound to `pod` when given, so that it names the pod and, once the pod is
+    on a node, the node (`authentication.kubernetes.io/node-name`), and dies with the pod."""
+    spec: Json = {"expirationSeconds": 3600}
+    if pod is not None:
+        meta = pod["metadata"]
+        spec["boundObjectRef"] = {"apiVersion": "v1", "kind": "Pod", "name": meta["name"], "uid": meta["uid"]}
+    request = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec}
+    issued = await kube.create(f"{paths.namespace(namespace)}/serviceaccounts/{account}/token", request)
+    return str(issued["status"]["token"])
 
 
 def manifests(relative: str, root: Path = CHART) -> list[Json]:
@@ -95,22 +113,39 @@ def manifests(relative: str, root: Path = CHART) -> list[Json]:
     return docs
 
 
-async def install(kube: client.KubeApi, compat: tuple[str, ...] = ()) -> None:
-    """Namespace, CRDs, RBAC and PriorityClasses from the chart (and the compatibility resources named,
-    from deploy/compat/NAME), then wait until every custom resource is served."""
+def object_path(doc: Json) -> str:
+    """Where a document `apply` makes lives."""
+    collection = _PATHS[doc["kind"]].format(namespace=doc["metadata"].get("namespace", ""))
+    return f"{collection}/{doc['metadata']['name']}"
+
+
+def compat_rbac(compat: tuple[str, ...]) -> list[Json]:
+    """The RBAC the compatibility resources named add (deploy/compat/NAME/rbac.yaml), harness bound."""
+    found = (d for name in compat for d in manifests(f"compat/{name}/*.yaml", DEPLOY))
+    return [with_harness(d) for d in found if d["kind"] != "CustomResourceDefinition"]
+
+
+async def install(kube: client.KubeApi, compat: tuple[str, ...] = (), *, compat_roles: bool = True) -> None:
+    """Namespace, ServiceAccounts, CRDs, RBAC, PriorityClasses and admission policies from the chart
+    (and the compatibility resources named, from deploy/compat/NAME: with `compat_roles`, their
+    RBAC too), then wait until every custom resource is served."""
     await apply(kube, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": names.SYSTEM_NAMESPACE}})
+    for component in names.COMPONENTS:  # the chart's templates/rbac.yaml makes them beside the roles
+        account = {"name": names.account(component), "namespace": names.SYSTEM_NAMESPACE}
+        await apply(kube, {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": account})
     served = []
     crds = [*manifests("crds/*.yaml"), *(d for name in compat for d in manifests(f"compat/{name}/*.yaml", DEPLOY))]
     for doc in crds:
         if doc["kind"] != "CustomResourceDefinition":
-            await apply(kube, as_user(doc))
             continue
         await apply(kube, doc)
         spec = doc["spec"]
         served += [paths.custom(spec["group"], v["name"], spec["names"]["plural"]) for v in spec["versions"]]
-    for doc in manifests("files/rbac/*.yaml"):
-        await apply(kube, as_user(doc))
+    for doc in [*manifests("files/rbac/*.yaml"), *(compat_rbac(compat) if compat_roles else [])]:
+        await apply(kube, with_harness(doc))
     for doc in manifests("files/priority/*.yaml"):
+        await apply(kube, doc)
+    for doc in manifests("files/policies/*.yaml"):
         await apply(kube, doc)
     deadline = time.monotonic() + 30
     while served and time.monotonic() < deadline:

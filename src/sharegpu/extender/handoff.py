@@ -8,9 +8,20 @@ goes). This reconciler writes it, on the leader only, and only when what the API
 what it should be: it watches the hand-off ConfigMaps themselves, so a new leader after a failover,
 or a restarted one, rewrites nothing that is already right.
 
+Before a sharing pod is bound (`prepare`, on every replica, from the bind), its ConfigMap is made to
+hold what its allocation gives it, or nothing yet while its reservations have not reported (its
+containers wait for the required variable): no container can start on what someone else wrote
+there first. The ConfigMaps live in the tenant's namespace; the chart's admission policy
+(files/policies/handoff.yaml) lets only sharegpu write them, and this module does not rely on it:
+a ConfigMap it finds that it did not write (a create answered AlreadyExists, read back: no
+sharegpu label, or not owned by the pod) is replaced whole, and so is one changed after it was
+right; either way an alarm is raised (a Warning event `HandoffForged` on the pod, the metric
+`sharegpu_extender_handoff_writes{action="repaired"}`, an error in the log).
+
 Who gets a ConfigMap that several pods name (a copied manifest, or a forged annotation): the pod
 that owns it already keeps it (its ownerReference says so, also across restarts); otherwise the
-oldest claimant. Any other claimant gets nothing: a pod cannot read another pod's GPU.
+oldest claimant. Any other claimant gets nothing: a pod cannot read another pod's GPU, and is not
+bound while another live pod owns its ConfigMap.
 """
 
 from __future__ import annotations
@@ -20,12 +31,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sharegpu.api import handoff, paths, pods, wire
-from sharegpu.core import errors, units
+from sharegpu.api import events, handoff, names, paths, pods, wire
+from sharegpu.core import allocation, errors, units
 from sharegpu.extender import cache as extender_cache
 from sharegpu.extender import metrics as extender_metrics
-from sharegpu.kube import client
+from sharegpu.kube import client, takeover
 from sharegpu.kube import errors as kube_errors
+from sharegpu.kube import events as kube_events
 from sharegpu.kube import reconcile as kube_reconcile
 
 log = logging.getLogger(__name__)
@@ -50,6 +62,13 @@ def configmap_record(obj: wire.ConfigMap, previous: ConfigMapRecord | None = Non
     return ConfigMapRecord(meta.namespace, meta.name, meta.uid, meta.resource_version, owners, dict(obj.data))
 
 
+def _foreign(found: dict[str, Any], uid: str) -> bool:
+    """Whether a ConfigMap read back is not one sharegpu wrote for the pod `uid`."""
+    meta = found.get("metadata") or {}
+    owners = [r.get("uid") for r in meta.get("ownerReferences") or [] if r.get("kind") == "Pod"]
+    return (meta.get("labels") or {}).get(names.LABEL_ROLE) != names.ROLE_HANDOFF or owners != [uid]
+
+
 class HandoffReconciler:
     def __init__(
         self,
@@ -57,13 +76,18 @@ class HandoffReconciler:
         holder: Callable[[str, int], pods.Record | None],
         api: client.KubeApi,
         metrics: extender_metrics.Metrics,
+        recorder: kube_events.Recorder,
     ) -> None:
         self.cache = cache
         self.holder = holder
         """(node, GPU index) -> the reservation pod that may be handed out (the reservation reconciler's view)."""
         self.api = api
         self.metrics = metrics
+        self.recorder = recorder
         self.configmaps: dict[Claim, ConfigMapRecord] = {}
+        self.confirmed: dict[Claim, dict[str, str]] = {}
+        """What this process last saw right (wrote, or found equal to what it should be): a change from
+        it while the pod should still see the same is tampering, not a late write of ours."""
         self.loop = kube_reconcile.Loop("hand-off", self.reconcile)
         self._warned: set[tuple[Claim, units.PodKey]] = set()
 
@@ -106,15 +130,22 @@ class HandoffReconciler:
     def desired(self, record: pods.Record) -> dict[str, str] | None:
         """The ConfigMap data `record` should see now, or None while something is not known yet."""
         alloc = record.allocation
-        if not record.live or alloc is None or alloc.exclusive or alloc.node != record.node:
+        if not record.live or alloc is None or alloc.node != record.node:
+            return None
+        return self.data_for(record, alloc)
+
+    def data_for(self, record: pods.Record, alloc: allocation.Allocation) -> dict[str, str] | None:
+        """The data a pod's containers see with `alloc`: None while a GPU's reservation has not
+        reported its UUID (or the allocation hands nothing off: whole GPUs)."""
+        if alloc.exclusive:
             return None
         uuid_of: dict[int, str] = {}
         for slot in alloc.gpu_indices:
-            held = self.holder(record.node, slot)
+            held = self.holder(alloc.node, slot)
             if held is None or held.reservation is None or not held.reservation.uuid:
                 return None
             uuid_of[slot] = held.reservation.uuid
-        device = self.cache.devices.get(record.node)
+        device = self.cache.devices.get(alloc.node)
         demanded = record.request.demand.isolation if record.request is not None else None
         enforce = handoff.Enforcement.of(device.isolation if device is not None else frozenset(), demanded)
         return handoff.data(alloc, uuid_of, enforce)
@@ -126,20 +157,58 @@ class HandoffReconciler:
                 continue
             existing = self.configmaps.get(claim)
             if existing is not None and existing.data == data and existing.owners == (record.uid,):
+                self.confirmed[claim] = data
                 continue
+            if existing is not None and self.confirmed.get(claim) == data:
+                await self._alarm(claim, record, "was changed after sharegpu wrote it")
             await self._write(claim, record, data, existing)
+        live = set(self.configmaps) | {(r.key.split("/", 1)[0], r.handoff) for r in self.owners().values()}
+        for claim in self.confirmed.keys() - live:
+            del self.confirmed[claim]
+
+    # ----------------------------------------------------------------- before binding
+
+    async def prepare(self, record: pods.Record, alloc: allocation.Allocation) -> str | None:
+        """Make a sharing pod's hand-off hold what `alloc` gives it (or nothing yet), before it is
+        bound; None when done, else why it must not be bound now."""
+        if record.handoff is None or alloc.exclusive:
+            return None
+        namespace, pod_name = record.key.split("/", 1)
+        claim = (namespace, record.handoff)
+        existing = self.configmaps.get(claim)
+        if existing is not None and record.uid not in existing.owners:
+            others = [r for r in self.owners().values() if r.uid in existing.owners and r.key != record.key]
+            if others:
+                return (f"hand-off ConfigMap {namespace}/{record.handoff} belongs to pod {others[0].key}: "
+                        "this pod would see its GPU")  # fmt: skip
+        data = self.data_for(record, alloc) or {}
+        if existing is not None and existing.data == data and existing.owners == (record.uid,):
+            return None
+        if not await self._write(claim, record, data, existing):
+            return f"hand-off ConfigMap {namespace}/{record.handoff} of pod {pod_name} could not be written yet"
+        return None
+
+    # ----------------------------------------------------------------- writes
 
     async def _write(
         self, claim: Claim, record: pods.Record, data: dict[str, str], existing: ConfigMapRecord | None
-    ) -> None:
+    ) -> bool:
+        """Write `data` into the pod's ConfigMap; whether it holds it now."""
         namespace, name = claim
         pod_name = record.key.split("/", 1)[1]
         try:
+            if existing is not None and existing.owners != (record.uid,):
+                return await self._take_back(claim, record, data)  # labelled, but not this pod's
             if existing is None:
-                await self.api.create(
-                    paths.configmaps(namespace), handoff.configmap(name, namespace, pod_name, record.uid, data)
-                )
-                self.metrics.handoffs.labels("created").inc()
+                try:
+                    await self.api.create(
+                        paths.configmaps(namespace), handoff.configmap(name, namespace, pod_name, record.uid, data)
+                    )
+                    self.metrics.handoffs.labels("created").inc()
+                except kube_errors.ConflictError as exc:
+                    if not exc.already_exists:
+                        raise
+                    return await self._take_back(claim, record, data)
             else:
                 body: dict[str, Any] = {
                     "metadata": {
@@ -151,6 +220,42 @@ class HandoffReconciler:
                 await self.api.patch(paths.configmap(namespace, name), body)
                 self.metrics.handoffs.labels("updated").inc()
         except kube_errors.ConflictError:
-            return  # changed or created meanwhile: the watch shows it, the next pass decides again
+            return False  # changed meanwhile: the watch shows it, the next pass decides again
         except errors.SharegpuError as exc:
             log.warning("hand-off ConfigMap %s/%s: %s", namespace, name, exc)
+            return False
+        self.confirmed[claim] = data
+        return True
+
+    async def _take_back(self, claim: Claim, record: pods.Record, data: dict[str, str]) -> bool:
+        """A create answered AlreadyExists, or the watch shows the ConfigMap owned by another: read it
+        back; one sharegpu did not write for this pod is replaced whole (labels, owner, data; an
+        immutable one deleted and made again), with an alarm. Errors go to the caller."""
+        namespace, name = claim
+        path = paths.configmap(namespace, name)
+        found = await self.api.get(path)
+        if not _foreign(found, record.uid) and not found.get("immutable"):
+            current = configmap_record(wire.convert(found, wire.ConfigMap))
+            self.on_configmap(wire.EventType.MODIFIED, current)  # the watch had not shown it yet
+            if current.data == data:
+                return True
+            return await self._write(claim, record, data, current)
+        await self._alarm(claim, record, "was written by someone other than sharegpu")
+        body = handoff.configmap(name, namespace, record.key.split("/", 1)[1], record.uid, data)
+        await takeover.overwrite(self.api, paths.configmaps(namespace), path, body, found)
+        self.metrics.handoffs.labels("repaired").inc()
+        self.confirmed[claim] = data
+        return True
+
+    async def _alarm(self, claim: Claim, record: pods.Record, what: str) -> None:
+        namespace, name = claim
+        message = (f"hand-off ConfigMap {name} {what}; sharegpu replaces it with what the pod's allocation "
+                   "gives it (check who can write ConfigMaps here, and that the admission policy "
+                   "sharegpu-handoff is installed)")  # fmt: skip
+        log.error("pod %s: %s", record.key, message)
+        subject = events.pod(namespace, record.key.split("/", 1)[1], record.uid)
+        try:
+            await self.recorder.record(subject, handoff.FORGED_REASON, message, decision=f"{name}:{what}",
+                                       kind="Warning")  # fmt: skip
+        except errors.SharegpuError as exc:
+            log.warning("event %s on %s: %s", handoff.FORGED_REASON, record.key, exc)

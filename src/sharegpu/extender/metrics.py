@@ -108,7 +108,10 @@ class Metrics:
             "sharegpu_extender_reservation_pods", "Reservation pods created and deleted", ["action"], registry=r
         )
         self.handoffs = prometheus_client.Counter(
-            "sharegpu_extender_handoff_writes", "Hand-off ConfigMaps written", ["action"], registry=r
+            "sharegpu_extender_handoff_writes",
+            "Hand-off ConfigMaps written (action: created, updated, or repaired: found written by someone else)",
+            ["action"],
+            registry=r,
         )
         self.leader = prometheus_client.Gauge(
             "sharegpu_extender_leader", "1 while this replica runs the background reconcilers", registry=r

@@ -87,15 +87,17 @@ class Extender:
         self.preemptor = (
             preemption.Preemptor(self.cache, api, recorder, self.metrics, clock=clock) if options.preemption else None
         )
-        self.scheduling = scheduling.SchedulingService(
-            self.cache, api, self.metrics, narrow=options.narrow, assume_ttl=options.assume_ttl, clock=clock,
-            quota=self.quota, preemptor=self.preemptor,
-        )  # fmt: skip
-        self.requeuer = requeue.Requeuer(self.cache, self.scheduling, api, self.metrics, clock=clock)
         self.reservations = extender_reservations.ReservationReconciler(
             self.cache, api, self.metrics, image=options.image, idle=options.reservation_idle, clock=clock
         )
-        self.handoffs = extender_handoff.HandoffReconciler(self.cache, self.reservations.holder, api, self.metrics)
+        self.handoffs = extender_handoff.HandoffReconciler(
+            self.cache, self.reservations.holder, api, self.metrics, recorder
+        )
+        self.scheduling = scheduling.SchedulingService(
+            self.cache, api, self.metrics, narrow=options.narrow, assume_ttl=options.assume_ttl, clock=clock,
+            quota=self.quota, preemptor=self.preemptor, prepare=self.handoffs.prepare,
+        )  # fmt: skip
+        self.requeuer = requeue.Requeuer(self.cache, self.scheduling, api, self.metrics, clock=clock)
         self.overcommit = extender_overcommit.OvercommitReconciler(self.cache, api, recorder, self.metrics, clock=clock)
         self.allocator: extender_allocator.ClaimAllocator | None = None
         """The DRA allocator, where resource.k8s.io/v1 is served (set by `start`)."""

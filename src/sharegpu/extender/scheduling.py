@@ -12,9 +12,11 @@ nodes that nothing can help (too few GPUs, wrong model, unhealthy GPUs, no inven
 FailedAndUnresolvableNodes too, so newer schedulers skip pointless preemption.
 
 Bind re-checks the pod on the chosen node, *assumes* the allocation in the ledger (so concurrent
-decisions see it at once) and writes one pods/binding whose annotations carry the allocation: the
-binding and the record are one atomic write. The write runs shielded: if kube-scheduler gives up
-on the HTTP call, the binding still completes or fails for real. Its outcome is one of three
+decisions see it at once), readies what the pod needs first (a sharing pod's hand-off ConfigMap:
+`prepare`, so no container starts on what someone else wrote there) and writes one pods/binding
+whose annotations carry the allocation: the binding and the record are one atomic write. The write
+runs shielded: if kube-scheduler gives up on the HTTP call, the binding still completes or fails
+for real. Its outcome is one of three
 (`kube.errors.outcome`): done (the watch confirms the assumption), refused (a 4xx the API server
 stated, a 409 included, or a request that never left: the assumption is forgotten, exactly once),
 or unknown (the answer was lost after the request went out, or a 5xx came back from anything on
@@ -35,7 +37,7 @@ import enum
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -52,6 +54,8 @@ from sharegpu.kube import client
 from sharegpu.kube import errors as kube_errors
 
 log = logging.getLogger(__name__)
+Prepare = Callable[[pods.Record, allocation.Allocation], Awaitable[str | None]]
+"""Readies what a pod needs before it is bound with an allocation; None when ready, else why not."""
 FLOOR = api_extender.MAX_SCORE // 2
 """The lowest prioritize score of a node that fits (see `SchedulingService.prioritize`)."""
 
@@ -165,8 +169,11 @@ class SchedulingService:
         remember: int = 512,
         quota: extender_quotas.QuotaGuard | None = None,
         preemptor: preemption.Preemptor | None = None,
+        prepare: Prepare | None = None,
     ) -> None:
         self.cache = cache
+        self.prepare = prepare
+        """Readies a sharing pod's hand-off before its binding (`extender.handoff`); None: nothing to ready."""
         self.preemptor = preemptor
         """Preempts lower-priority pods for a pod that fits nowhere; None: no preemption."""
         self.quota = quota
@@ -477,6 +484,10 @@ class SchedulingService:
                 return self._bind_failed(BindOutcome.CONFLICT, f"pod {key}: the allocation conflicts with the ledger")
         self.binding.add(key)
         try:
+            refused = await self.prepare(record, alloc) if self.prepare is not None else None
+            if refused is not None:
+                self.cache.forget(key)
+                return self._bind_failed(BindOutcome.ERROR, f"pod {key}: {refused}")
             await self.api.create(paths.binding(args.pod_namespace, args.pod_name), _binding(key, args, alloc))
         except BaseException as exc:
             if kube_errors.outcome(exc) is kube_errors.Outcome.REFUSED:

@@ -4,7 +4,8 @@ It keeps the semantics sharegpu relies on, not the whole API: objects by path wi
 resourceVersion (one counter for everything, as etcd's revision) and creationTimestamp (distinct and
 increasing, one second apart, so creation order is never a tie); paged lists (limit/continue) with
 label selectors (equality and set-based) and field selectors; watches that replay events after a
-resourceVersion, end after timeoutSeconds with a bookmark, and answer 410 for versions older than
+resourceVersion (with a selector, an object a change takes out of it arrives as DELETED, as it was,
+and one a change brings in as ADDED), end after timeoutSeconds with a bookmark, and answer 410 for versions older than
 the last compaction; discovery of the group versions it is told it serves (`served`); create
 (409 AlreadyExists, generateName), get, replace (409 on a stale resourceVersion), merge, strategic
 (treated as merge) and JSON patches, delete with uid and
@@ -76,8 +77,10 @@ class _Event:
     version: int
     collection: str
     namespace: str
-    kind: str
+    kind: wire.EventType
     obj: Json
+    old: Json | None = None
+    """What a MODIFIED object was before (a watch with a selector sees it leave or enter)."""
 
 
 @dataclass
@@ -545,7 +548,7 @@ class FakeApiServer:
             return self._remove(key)
         self._stamp(obj, key[0].split("|")[1])
         self.objects[key] = obj
-        self._emit(key[0], key[1], wire.EventType.MODIFIED, obj)
+        self._emit(key[0], key[1], wire.EventType.MODIFIED, obj, old=keep)
         return copy.deepcopy(obj)
 
     def _bind(self, key: Key, body: Any) -> Json:
@@ -631,25 +634,42 @@ class FakeApiServer:
         self._emit(key[0], key[1], wire.EventType.DELETED, obj)
         return copy.deepcopy(obj)
 
-    def _emit(self, collection: str, namespace: str, kind: wire.EventType, obj: Json) -> None:
-        event = _Event(self.version, collection, namespace, kind, copy.deepcopy(obj))
+    def _emit(self, collection: str, namespace: str, kind: wire.EventType, obj: Json, old: Json | None = None) -> None:
+        event = _Event(self.version, collection, namespace, kind, copy.deepcopy(obj), old)
         self.log.append(event)
         if len(self.log) > self.history:
             dropped = self.log[: len(self.log) - self.history]
             del self.log[: len(dropped)]
             self.compacted = max(self.compacted, dropped[-1].version)
-        line = orjson.dumps({"type": kind, "object": event.obj}) + b"\n"
         for watch in self.watches:
-            if self._matches(watch, event):
-                watch.queue.put_nowait(line)
+            seen = self._seen(watch, event)
+            if seen is not None:
+                watch.queue.put_nowait(self._line(seen, event))
 
     @staticmethod
-    def _matches(watch: _Watch, event: _Event) -> bool:
-        return (
-            watch.collection == event.collection
-            and (watch.namespace is None or watch.namespace == event.namespace)
-            and _selected(event.obj, watch.selector)
-        )
+    def _line(seen: wire.EventType, event: _Event) -> bytes:
+        """A watch event as sent: an object that left the selection is sent as it was before (with the
+        version of the change that took it out), as the API server's watch cache does."""
+        obj = event.obj
+        if seen == wire.EventType.DELETED and event.kind == wire.EventType.MODIFIED and event.old is not None:
+            obj = copy.deepcopy(event.old)
+            obj["metadata"]["resourceVersion"] = event.obj["metadata"]["resourceVersion"]
+        return orjson.dumps({"type": seen, "object": obj}) + b"\n"
+
+    @staticmethod
+    def _seen(watch: _Watch, event: _Event) -> wire.EventType | None:
+        """How `watch` sees `event`: as it is; or, with a selector, a modification that takes the object
+        out of the selection as DELETED and one that brings it in as ADDED (as the API server does);
+        None when the watch does not see it."""
+        if watch.collection != event.collection or (watch.namespace is not None and watch.namespace != event.namespace):
+            return None
+        now = _selected(event.obj, watch.selector)
+        if event.kind != wire.EventType.MODIFIED or event.old is None:
+            return event.kind if now else None
+        before = _selected(event.old, watch.selector)
+        if now:
+            return wire.EventType.MODIFIED if before else wire.EventType.ADDED
+        return wire.EventType.DELETED if before else None
 
     def _open_watch(self, request: transport.Request) -> _Watch:
         collection, namespace, name, _ = self._route(request.path)
@@ -666,8 +686,9 @@ class FakeApiServer:
             if since < self.compacted:
                 raise _AnswerError(410, "Expired", f"too old resource version: {since} ({self.compacted})")
             for event in self.log:
-                if event.version > since and self._matches(watch, event):
-                    watch.queue.put_nowait(orjson.dumps({"type": event.kind, "object": event.obj}) + b"\n")
+                seen = self._seen(watch, event) if event.version > since else None
+                if seen is not None:
+                    watch.queue.put_nowait(self._line(seen, event))
         self.watches.append(watch)
         return watch
 

@@ -20,7 +20,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Collection, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -200,7 +200,8 @@ class Webhook:
             review = api_admission.review(body).request
             members: list[str] = []
             if review.operation == "DELETE":
-                members = await self._members(review.namespace, review.name)
+                admitted = ((review.old_object or {}).get("spec") or {}).get("members") or {}
+                members = await self._members(review.namespace, review.name, admitted.get("namespaces") or ())
             return admission.validate_group_deletion(body, members)
 
         return await self._asking_the_api(request, "could not list the group's members", judge)
@@ -225,12 +226,14 @@ class Webhook:
             return ""
         return str((found.get("spec") or {}).get("nodeName") or "")
 
-    async def _members(self, namespace: str, name: str) -> list[str]:
+    async def _members(self, namespace: str, name: str, admitted: Collection[str]) -> list[str]:
+        """The live members of a group (of either system's kind: the other's spec may admit no other
+        namespace) that its namespaces admit."""
         if self.kube is None:
             raise errors.InvalidInputError("the webhook runs without a kubeconfig: it cannot list members")
         listed = await self.kube.get(paths.PODS, labelSelector=groups.group_selector(namespace, name))
         members = (wire.convert(item, wire.Pod) for item in listed.get("items") or [])
-        return sorted(wire.key(p.metadata) for p in members if groups.live_member(p))
+        return sorted(wire.key(p.metadata) for p in members if groups.live_member(p, namespace, admitted))
 
     def on_group(self, kind: wire.EventType, item: groups.SharedDeviceGroup) -> None:
         informer.remember(self.groups, kind, item)
