@@ -94,7 +94,8 @@ def test_the_webhook_configurations_are_the_webhooks_own_plus_the_charts_guards(
         for name, hook in _hooks(want).items():
             rendered = dict(got[name])
             conditions = rendered.pop("matchConditions", None)
-            assert (conditions is not None) == ("devices" not in name and "groups" not in name)
+            on = version >= "1.36"  # matchConditions=auto: on where the no-GPU policy is served
+            assert (conditions is not None) == (on and "devices" not in name and "groups" not in name)
             selector = rendered.get("namespaceSelector")
             if selector is not None:  # the chart also skips kube-system and its own namespace by name
                 by_name = selector["matchExpressions"].pop()
@@ -105,20 +106,47 @@ def test_the_webhook_configurations_are_the_webhooks_own_plus_the_charts_guards(
     assert f"--system-user=system:serviceaccount:{names.SYSTEM_NAMESPACE}:sharegpu-extender" in args
 
 
+def _conditions(docs: list[Json]) -> list[Json] | None:
+    conditions: list[Json] | None = _hooks(one(docs, "MutatingWebhookConfiguration", "sharegpu"))[
+        "pods.mutate.sharegpu.io"
+    ].get("matchConditions")
+    return conditions
+
+
 def test_the_webhook_does_not_take_the_cluster_down() -> None:
-    docs = render("1.34.0")
+    docs = render("1.37.2")
     assert one(docs, "Deployment", "sharegpu-webhook")["spec"]["replicas"] == 2
     budget = one(docs, "PodDisruptionBudget", "sharegpu-webhook")["spec"]
     assert budget["minAvailable"] == 1
-    (condition,) = _hooks(one(docs, "MutatingWebhookConfiguration", "sharegpu"))["pods.mutate.sharegpu.io"][
-        "matchConditions"
-    ]
-    for word in ("gpu", "vcuda", "NVIDIA_", "envFrom", "sharegpu.io/", "initContainers", "kubeshare/", "'gpu-'"):
+    (condition,) = _conditions(docs) or []
+    for word in ("gpu", "vcuda", "NVIDIA_", "envFrom", "sharegpu.io/", "initContainers", "ephemeralContainers",
+                 "kubeshare/", "'gpu-'"):  # fmt: skip
         assert word in condition["expression"], word
-    off = render("1.34.0", "webhook.matchConditions=false")
-    assert (
-        "matchConditions" not in _hooks(one(off, "MutatingWebhookConfiguration", "sharegpu"))["pods.mutate.sharegpu.io"]
-    )
+    assert _conditions(render("1.37.2", "webhook.matchConditions=false")) is None
+
+
+@pytest.mark.parametrize(("version", "setting", "conditions", "hidden"), [
+    ("1.37.2", "auto", True, True), ("1.36.0", "auto", True, True), ("1.35.3", "auto", False, False),
+    ("1.32.2", "auto", False, False), ("1.37.2", "false", False, False), ("1.32.2", "true", True, False),
+])  # fmt: skip
+def test_pods_asking_for_no_gpu_are_hidden_from_gpus_by_the_webhook_or_by_a_policy(
+    version: str, setting: str, conditions: bool, hidden: bool
+) -> None:
+    """Every pod that asks for no GPU gets NVIDIA_VISIBLE_DEVICES=void: where matchConditions keep it
+    from the webhook, from the MutatingAdmissionPolicy, whose conditions are the webhook's negated
+    (1.36 and later); `auto` turns matchConditions off where that policy is not served. Only an
+    operator who forces them on below 1.36 leaves such pods to their image (docs/security.md)."""
+    docs = render(version, f"webhook.matchConditions={setting}")
+    assert (_conditions(docs) is not None) == conditions
+    policies = [d for d in docs if d["kind"] in ("MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding")]
+    assert len(policies) == (2 if hidden else 0)
+    if hidden:
+        policy = one(docs, "MutatingAdmissionPolicy", "sharegpu-no-gpu")["spec"]
+        (webhook,) = _conditions(docs) or []
+        (negated,) = policy["matchConditions"]
+        assert "".join(negated["expression"].split()) == "".join(f"!({webhook['expression']})".split())
+        hook = _hooks(one(docs, "MutatingWebhookConfiguration", "sharegpu"))["pods.mutate.sharegpu.io"]
+        assert policy["matchConstraints"]["namespaceSelector"] == hook["namespaceSelector"]
 
 
 def _handshake(secret: Json, tmp: Path, server_name: str, mutual: bool) -> str:
@@ -190,8 +218,10 @@ def test_every_component_has_its_own_service_account_and_the_shipped_rbac() -> N
     components = ("scheduler", "extender", "webhook", "controller", "agent", "reserve")
     assert accounts == {f"sharegpu-{c}" for c in components}
     assert names.RESERVE_ACCOUNT in accounts, "the account sharegpu's GPU-holding pods run as"
-    shipped = stack.manifests("files/rbac/*.yaml")
-    rendered = [d for d in docs if d["kind"] in ("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")]
+    kinds = ("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
+    shipped = [*stack.manifests("files/rbac/*.yaml"),
+               *(d for d in stack.manifests("files/policies/*.yaml") if d["kind"] in kinds)]  # fmt: skip
+    rendered = [d for d in docs if d["kind"] in kinds]
     key = lambda d: (d["kind"], d["metadata"].get("namespace", ""), d["metadata"]["name"])  # noqa: E731
     assert sorted(rendered, key=key) == sorted(shipped, key=key)
     workloads = {d["metadata"]["name"]: d["spec"]["template"]["spec"]["serviceAccountName"]
@@ -341,9 +371,10 @@ def test_the_admission_policies_are_the_files_the_stack_applies_and_name_what_sh
     """The chart ships files/policies as they are (the local stack applies the same files), and the
     hand-off policy names the prefixes and accounts the components use (`api.names`)."""
     docs = render(version)
-    shipped = stack.manifests("files/policies/*.yaml")
     kinds = ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
-    assert [d for d in docs if d["kind"] in kinds] == shipped
+    shipped = [d for d in stack.manifests("files/policies/*.yaml") if d["kind"] in kinds]
+    key = lambda d: (d["kind"], d["metadata"]["name"])  # noqa: E731
+    assert sorted((d for d in docs if d["kind"] in kinds), key=key) == sorted(shipped, key=key)
     policy = one(shipped, "ValidatingAdmissionPolicy", names.HANDOFF_POLICY)
     assert one(shipped, "ValidatingAdmissionPolicyBinding", names.HANDOFF_POLICY)["spec"] == {
         "policyName": names.HANDOFF_POLICY, "validationActions": ["Deny"]}  # fmt: skip

@@ -462,3 +462,73 @@ async def test_admissions_through_the_api_server_are_counted_on_metrics(
 
     assert more("mutate", "allowed") >= 1 and more("validate", "allowed") >= 1, (before, after)
     assert more("mutate", "denied") + more("validate", "denied") >= 1, (before, after)
+
+
+async def test_a_debug_container_sees_no_gpu_and_sets_nothing_only_sharegpu_sets(
+    admin: client.KubeClient, webhook: RunningWebhook, control_plane: controlplane.ControlPlane, namespace: str
+) -> None:
+    """`kubectl debug` adds a container through pods/ephemeralcontainers, which a tenant may be granted
+    to debug its pods: what it adds is reviewed like a new pod's containers."""
+    alice = await _as_tenant(control_plane, admin, namespace, "alice")
+    group = "rbac.authorization.k8s.io"
+    rule = {"apiGroups": [""], "resources": ["pods/ephemeralcontainers"], "verbs": ["patch", "update"]}
+    meta = {"name": "debug", "namespace": namespace}
+    await stack.apply(admin, {"apiVersion": f"{group}/v1", "kind": "Role", "metadata": meta, "rules": [rule]})
+    await stack.apply(admin, {"apiVersion": f"{group}/v1", "kind": "RoleBinding", "metadata": meta,
+                              "roleRef": {"apiGroup": group, "kind": "Role", "name": "debug"},
+                              "subjects": [{"kind": "User", "name": "alice", "apiGroup": group}]})  # fmt: skip
+    await asyncio.sleep(0.5)
+    target = f"/api/v1/namespaces/{namespace}/pods/target"
+    try:
+        await alice.create(f"/api/v1/namespaces/{namespace}/pods", bare_pod("target", {"cpu": "100m"}))
+        added: list[Json] = []
+
+        async def debug(container: Json) -> Json:
+            return await alice.patch(f"{target}/ephemeralcontainers",
+                                     {"spec": {"ephemeralContainers": [*added, container]}})  # fmt: skip
+
+        with pytest.raises(kube_errors.ApiError) as refused:
+            await debug(
+                {"name": "sneaky", "image": "cuda-debug", "env": [{"name": "NVIDIA_IMEX_CHANNELS", "value": "0"}]}
+            )
+        assert "NVIDIA_IMEX_CHANNELS is set by sharegpu only" in refused.value.message
+        assert "a pod may set only NVIDIA_REQUIRE_*" in refused.value.message
+        stored = await debug({"name": "debug", "image": "cuda-debug",
+                              "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]})  # fmt: skip
+        added = stored["spec"]["ephemeralContainers"]
+        assert _visible(added[0]) == [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}], "all replaced by void"
+        stored = await debug({"name": "debug2", "image": "cuda-debug", "envFrom": [{"configMapRef": {"name": "x"}}]})
+        assert [_visible(c) for c in stored["spec"]["ephemeralContainers"]] == [
+            [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}]] * 2, "what it sets loses to void"  # fmt: skip
+    finally:
+        await alice.close()
+
+
+async def test_a_gpu_container_loads_variables_wholesale_only_under_a_prefix(
+    admin: client.KubeClient, webhook: RunningWebhook, control_plane: controlplane.ControlPlane, namespace: str
+) -> None:
+    """envFrom could set NVIDIA_VISIBLE_DEVICES (or another variable only sharegpu sets) in a container
+    that gets a GPU, where the device plugin's value does not win over it; under a prefix it cannot.
+    A container given no GPU may: its NVIDIA_VISIBLE_DEVICES=void wins over what it loads."""
+    alice = await _as_tenant(control_plane, admin, namespace, "alice")
+    loads = [{"configMapRef": {"name": "settings"}}]
+    try:
+        for limits in ({names.NVIDIA_GPU: "1"}, SHARE):
+            pod = bare_pod(f"g-{uuid.uuid4().hex[:5]}", limits)
+            pod["spec"]["containers"][0]["envFrom"] = loads
+            with pytest.raises(kube_errors.ApiError) as refused:
+                await alice.create(f"/api/v1/namespaces/{namespace}/pods", pod)
+            assert "envFrom ConfigMap settings needs a prefix" in refused.value.message
+            pod["spec"]["containers"][0]["envFrom"] = [{**loads[0], "prefix": "APP_"}]
+            await alice.create(f"/api/v1/namespaces/{namespace}/pods", pod)
+            pod["metadata"]["name"] += "n"
+            pod["spec"]["containers"][0]["envFrom"] = [{"secretRef": {"name": "keys"}, "prefix": "NVIDIA_"}]
+            with pytest.raises(kube_errors.ApiError) as refused:
+                await alice.create(f"/api/v1/namespaces/{namespace}/pods", pod)
+            assert "envFrom Secret keys needs a prefix" in refused.value.message
+        cpu = bare_pod("cpu", {"cpu": "100m"})
+        cpu["spec"]["containers"][0]["envFrom"] = loads
+        stored = await alice.create(f"/api/v1/namespaces/{namespace}/pods", cpu)
+        assert _visible(stored["spec"]["containers"][0]) == [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}]
+    finally:
+        await alice.close()

@@ -145,12 +145,14 @@ async def test_a_memory_violation_evicts_the_pod_and_a_misreported_gpu_is_correc
     sharing = await admin.create(
         paths.pods(namespace), MakePod("p").allocation(placed).node(name).container(image="busybox").obj()
     )
+    system_ns = names.SYSTEM_NAMESPACE  # reservations: only there is the role label sharegpu's
+    reservations = [f"r{slot}-{name}" for slot in (0, 1)]
     for slot, reported in ((0, "GPU-0"), (1, "GPU-2")):  # slot 1's device plugin really gave it GPU-1
         role = {names.LABEL_ROLE: names.ROLE_RESERVATION, names.LABEL_NODE: name, names.LABEL_SLOT: str(slot)}
-        reserve = MakePod(f"r{slot}").annotations({names.GPU_UUID: reported}).labels(role).node(name)
+        reserve = MakePod(reservations[slot], system_ns).annotations({names.GPU_UUID: reported}).labels(role).node(name)
         reserve.container("reserve", image="busybox", limits={names.NVIDIA_GPU: "1"})
-        await admin.create(paths.pods(namespace), reserve.obj())
-        await admin.patch(f"{paths.pod(namespace, f'r{slot}')}/status", {"status": {"phase": "Running"}})
+        await admin.create(paths.pods(system_ns), reserve.obj())
+        await admin.patch(f"{paths.pod(system_ns, reservations[slot])}/status", {"status": {"phase": "Running"}})
     proc = tmp_path / "proc"
     (proc / "4242").mkdir(parents=True)
     uid = sharing["metadata"]["uid"]
@@ -164,8 +166,8 @@ async def test_a_memory_violation_evicts_the_pod_and_a_misreported_gpu_is_correc
     )
     socket = Path(tempfile.mkdtemp(dir="/tmp")) / "k.sock"
     kubelet = fakekubelet.FakeKubelet(socket, allocatable_api=False)  # as a 1.20 kubelet
-    kubelet.set_devices(namespace, "r0", "reserve", names.NVIDIA_GPU, ["GPU-0"])
-    kubelet.set_devices(namespace, "r1", "reserve", names.NVIDIA_GPU, ["GPU-1"])
+    kubelet.set_devices(system_ns, reservations[0], "reserve", names.NVIDIA_GPU, ["GPU-0"])
+    kubelet.set_devices(system_ns, reservations[1], "reserve", names.NVIDIA_GPU, ["GPU-1"])
     await kubelet.start()
     lister = podresources.KubeletPodResources(socket, 2.0)
     kube = stack.kube_for(control_plane, "sharegpu-agent")
@@ -179,7 +181,7 @@ async def test_a_memory_violation_evicts_the_pod_and_a_misreported_gpu_is_correc
         await kubelet.start()
 
         async def corrected() -> bool:
-            pod = await admin.get(paths.pod(namespace, "r1"))
+            pod = await admin.get(paths.pod(system_ns, reservations[1]))
             return bool(pod["metadata"]["annotations"][names.GPU_UUID] == "GPU-1")
 
         await wait_for(corrected, what="the reservation's UUID corrected to the kubelet's")
@@ -190,7 +192,10 @@ async def test_a_memory_violation_evicts_the_pod_and_a_misreported_gpu_is_correc
 
         await wait_for(evicted, what="the pod over its GPU memory evicted")
         found, _ = await admin.list_all(paths.events(namespace))
-        reasons = {e["reason"]: e["message"] for e in found}
+        drifted, _ = await admin.list_all(paths.events(system_ns))
+        reasons = {
+            e["reason"]: e["message"] for e in found + drifted if e["involvedObject"]["name"] in ("p", reservations[1])
+        }
         evicted_because = reasons["GPUPodEvicted"]
         assert "uses 4096 MiB" in evicted_because and "1024 MiB" in evicted_because, evicted_because
         assert "the pod was evicted" in evicted_because
@@ -201,6 +206,8 @@ async def test_a_memory_violation_evicts_the_pod_and_a_misreported_gpu_is_correc
         await kubelet.stop()
         await kube.close()
         await admin.delete(paths.node(name))
+        for reservation in reservations:
+            await admin.delete(paths.pod(system_ns, reservation), grace_period=0)
 
 
 async def test_the_device_on_the_api_server_says_what_each_mode_was_proven_to_enforce(

@@ -17,6 +17,7 @@ from sharegpu.devcluster import controlplane, stack
 from sharegpu.devcluster.stack import ExtenderProcess
 from sharegpu.kube import client
 from sharegpu.kube import errors as kube_errors
+from tests.conftest import render
 from tests.integration.conftest import all_bound, events, get_or_none, gpu_pod, wait_for
 
 Json = dict[str, Any]
@@ -187,3 +188,94 @@ async def test_without_the_policy_a_handoff_the_tenant_made_first_is_taken_back_
         saved["metadata"] = {"name": POLICY}
         await admin.create(paths.ADMISSION_POLICY_BINDINGS, saved)
         await policy_in_force(tenant, namespace)
+
+
+async def test_whoever_may_label_namespaces_cannot_turn_sharegpus_admission_off(
+    admin: client.KubeClient, control_plane: controlplane.ControlPlane, namespace: str, system: None
+) -> None:
+    """A namespace admin who may patch its own Namespace (resourceNames) tries the opt-out label;
+    only the verb skip-admission (ClusterRole sharegpu-admission-skip) lets anyone set it."""
+    rbac = "/apis/rbac.authorization.k8s.io/v1"
+    role = f"ns-admin-{namespace}"
+    await admin.create(f"{rbac}/clusterroles", {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": role},
+        "rules": [{"apiGroups": [""], "resources": ["namespaces"], "resourceNames": [namespace],
+                   "verbs": ["get", "patch", "update"]}]})  # fmt: skip
+    made = [f"{rbac}/clusterroles/{role}"]
+    for binding, target in ((role, role), (f"{role}-skip", "sharegpu-admission-skip")):
+        await admin.create(f"{rbac}/clusterrolebindings", {
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": binding},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": target},
+            "subjects": [{"kind": "User", "name": "alice" if binding == role else "bob",
+                          "apiGroup": "rbac.authorization.k8s.io"}]})  # fmt: skip
+        made.append(f"{rbac}/clusterrolebindings/{binding}")
+    await admin.create(f"{rbac}/clusterrolebindings", {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": f"{role}-b"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+        "subjects": [{"kind": "User", "name": "bob", "apiGroup": "rbac.authorization.k8s.io"}]})  # fmt: skip
+    made.append(f"{rbac}/clusterrolebindings/{role}-b")
+    alice, bob = stack.kube_for(control_plane, "alice"), stack.kube_for(control_plane, "bob")
+    path = paths.namespace(namespace)
+    skip = {"metadata": {"labels": {names.LABEL_ADMISSION: "skip"}}}
+    try:
+        await wait_for(lambda: _may(alice, path), what="alice's ClusterRoleBinding")
+        await alice.patch(path, {"metadata": {"labels": {"team": "a"}}})  # other labels: hers to set
+        message = await refused(lambda: alice.patch(path, skip))
+        assert f"turns sharegpu's admission checks off in namespace {namespace}" in message
+        assert "alice may not set, change or remove it" in message
+        await wait_for(lambda: _may(bob, path), what="bob's ClusterRoleBindings")
+        await bob.patch(path, skip)  # granted skip-admission
+        assert "may not set, change or remove it" in await refused(
+            lambda: alice.patch(path, {"metadata": {"labels": {names.LABEL_ADMISSION: None}}})
+        )
+        await admin.patch(path, {"metadata": {"labels": {names.LABEL_ADMISSION: None}}})  # cluster admin
+    finally:
+        await alice.close()
+        await bob.close()
+        for where in made:
+            await admin.delete(where)
+
+
+async def test_a_pod_that_asks_for_no_gpu_sees_none_though_the_webhook_never_sees_it(
+    admin: client.KubeClient, control_plane: controlplane.ControlPlane, namespace: str, system: None
+) -> None:
+    """From Kubernetes 1.36 the chart's webhook sees only pods that concern GPUs, and its
+    MutatingAdmissionPolicy (the chart's, rendered for this version) hides every GPU from the others
+    (a CUDA image says NVIDIA_VISIBLE_DEVICES=all); a pod that concerns GPUs is left to the webhook."""
+    if tuple(int(p) for p in control_plane.version.split(".")[:2]) < (1, 36):
+        pytest.skip(
+            "MutatingAdmissionPolicy is served from Kubernetes 1.36 (below, the chart sends every pod to the webhook)"
+        )
+    kinds = {"MutatingAdmissionPolicy": "mutatingadmissionpolicies",
+             "MutatingAdmissionPolicyBinding": "mutatingadmissionpolicybindings"}  # fmt: skip
+    docs = [d for d in render(control_plane.version) if d["kind"] in kinds]
+    assert len(docs) == 2
+    made = []
+    for doc in docs:
+        await admin.create(f"/apis/admissionregistration.k8s.io/v1/{kinds[doc['kind']]}", doc)
+        made.append(f"/apis/admissionregistration.k8s.io/v1/{kinds[doc['kind']]}/{doc['metadata']['name']}")
+    try:
+        plain: Json = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "plain"}, "spec": {
+            "initContainers": [{"name": "setup", "image": "cuda"}],
+            "containers": [{"name": "app", "image": "cuda", "env": [{"name": "HOME", "value": "/"}]},
+                           {"name": "side", "image": "busybox"}]}}  # fmt: skip
+
+        async def hidden() -> Json | None:
+            plain["metadata"]["name"] = f"plain-{uuid.uuid4().hex[:5]}"
+            stored = await admin.create(paths.pods(namespace), plain)
+            spec = stored["spec"]
+            return stored if all(_void(c) for c in spec["containers"] + spec["initContainers"]) else None
+
+        stored = await wait_for(hidden, timeout=30, every=0.5, what="the policy in force")
+        assert {"name": "HOME", "value": "/"} in stored["spec"]["containers"][0]["env"], "the author's kept"
+        gpu = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "whole"}, "spec": {"containers": [
+            {"name": "train", "image": "cuda", "resources": {"limits": {names.NVIDIA_GPU: "1"}}}]}}  # fmt: skip
+        stored = await admin.create(paths.pods(namespace), gpu)
+        assert not _void(stored["spec"]["containers"][0]), "a GPU pod is the webhook's (its device plugin's value)"
+    finally:
+        for where in made:
+            await admin.delete(where)
+
+
+def _void(container: Json) -> bool:
+    return {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"} in (container.get("env") or [])

@@ -2,8 +2,10 @@
 suite's version (and the oldest admitted: the module is marked `oldest`), on a control plane of its
 own (the chart's webhook configurations would turn the other tests' pods away). No kubelet runs, so
 the Deployments stay without pods: the webhook is down, which is what shows the chart's CEL
-`matchConditions` evaluated by the API server. Then a webhook answers (the chart's configuration
-pointed at it by URL, its conditions kept) and a GPU pod is translated."""
+`matchConditions` evaluated by the API server (from 1.36, where they are on by default: a pod asking
+for no GPU is admitted, and the chart's MutatingAdmissionPolicy makes it see none; below, every pod
+reaches the webhook and is refused while it is down). Then a webhook answers (the chart's
+configuration pointed at it by URL, its conditions kept) and a GPU pod is translated."""
 
 from __future__ import annotations
 
@@ -70,6 +72,10 @@ def path_of(doc: Json) -> str:
         "RoleBinding": "rolebindings", "PriorityClass": "priorityclasses",
         "MutatingWebhookConfiguration": "mutatingwebhookconfigurations",
         "ValidatingWebhookConfiguration": "validatingwebhookconfigurations",
+        "ValidatingAdmissionPolicy": "validatingadmissionpolicies",
+        "ValidatingAdmissionPolicyBinding": "validatingadmissionpolicybindings",
+        "MutatingAdmissionPolicy": "mutatingadmissionpolicies",
+        "MutatingAdmissionPolicyBinding": "mutatingadmissionpolicybindings",
     }[doc["kind"]]  # fmt: skip
     namespace = doc["metadata"].get("namespace")
     where = f"{base}/namespaces/{namespace}/{plural}" if namespace else f"{base}/{plural}"
@@ -105,14 +111,28 @@ async def test_install_upgrade_and_uninstall_with_the_charts_conditions_evaluate
     await wait_for(established, what="the chart's CRDs established")
     mutating = await kube.get(f"{ADMISSION}/mutatingwebhookconfigurations/sharegpu")
     (hook,) = mutating["webhooks"]
-    assert [c["name"] for c in hook["matchConditions"]] == ["concerns-gpus"], "the API server kept the compiled CEL"
+    policies = tuple(int(p) for p in plane.version.split(".")[:2]) >= (1, 36)
+    if policies:  # matchConditions=auto: on where a MutatingAdmissionPolicy hides GPUs from the rest
+        assert [c["name"] for c in hook["matchConditions"]] == ["concerns-gpus"], "the API server kept the CEL"
+    else:
+        assert "matchConditions" not in hook, "below 1.36 every pod reaches the webhook, which hides GPUs"
 
     # Every webhook replica is down (no kubelet runs its pods) and the failure policy is Fail: the
     # API server evaluates the conditions and sends only pods that concern GPUs, and those fail.
     namespace = f"t-{uuid.uuid4().hex[:6]}"
     await kube.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
     await asyncio.sleep(1.5)  # the API server picks up new webhook configurations asynchronously
-    await kube.create(f"/api/v1/namespaces/{namespace}/pods", bare_pod("plain", {"cpu": "100m"}))
+    plain = bare_pod("plain", {"cpu": "100m"})
+    plain["spec"]["initContainers"] = [{"name": "setup", "image": "cuda-based"}]
+    if policies:  # the pod asking for no GPU is created, and sees none (its image may say `all`)
+        stored = await kube.create(f"/api/v1/namespaces/{namespace}/pods", plain)
+        spec = stored["spec"]
+        for container in spec["containers"] + spec["initContainers"]:
+            assert {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"} in container["env"], container
+    else:
+        with pytest.raises(kube_errors.ApiError) as refused:
+            await kube.create(f"/api/v1/namespaces/{namespace}/pods", plain)
+        assert "webhook" in str(refused.value)
     for fmt, limits, pod_annotations, _, _ in ROWS:
         name = f"gpu-{uuid.uuid4().hex[:6]}"
         with pytest.raises(kube_errors.ApiError) as refused:

@@ -1,12 +1,14 @@
 from __future__ import annotations
 
 import base64
+import copy
 import dataclasses
 from typing import Any
 
 import jsonpatch
 import msgspec
 import orjson
+import pytest
 
 from sharegpu.api import admission as api_admission
 from sharegpu.api import budgets, groups, names, paths, wire
@@ -567,3 +569,71 @@ def test_what_a_claim_cannot_carry_is_refused_naming_it() -> None:
     ):  # fmt: skip
         response = answer_of(admission.mutate(review(pod.obj()), POLICY))["response"]
         assert not response["allowed"] and message in response["status"]["message"], response
+
+
+def _review(pod: Json, operation: str = "CREATE", old: Json | None = None, sub: str = "") -> Json:
+    request: Json = {"uid": "u", "operation": operation, "namespace": "ns", "name": pod["metadata"]["name"],
+                     "userInfo": {"username": "alice"}, "object": pod, "subResource": sub}  # fmt: skip
+    if old is not None:
+        request["oldObject"] = old
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request}
+
+
+def _refusal(answer: api_admission.ReviewResponse) -> str:
+    assert not answer.response.allowed
+    assert answer.response.status is not None
+    return answer.response.status.message
+
+
+def _admitted(pod: Json) -> api_admission.ReviewResponse:
+    """The validating answer for the pod as the mutating webhook made it."""
+    return admission.validate(_review(applied(pod, admission.mutate(_review(pod), POLICY))), POLICY)
+
+
+@pytest.mark.parametrize(
+    ("variable", "allowed"),
+    [("NVIDIA_IMEX_CHANNELS", False), ("NVIDIA_MIG_CONFIG_DEVICES", False), ("NVIDIA_GDRCOPY", False),
+     ("NVIDIA_REQUIRE_CUDA", True), ("NVIDIA_DISABLE_REQUIRE", True), ("CUDA_DEVICE_MEMORY_LIMIT_3", False),
+     ("APP_NVIDIA_X", True)],
+)  # fmt: skip
+def test_nvidia_variables_are_the_systems_but_the_requirements(variable: str, allowed: bool) -> None:
+    pod = MakePod("p", "ns").container(image="x", limits={names.NVIDIA_GPU: "1"}).obj()
+    pod["spec"]["containers"][0]["env"] = [{"name": variable, "value": "1"}]
+    answer = _admitted(pod)
+    assert answer.response.allowed is allowed
+    if not allowed:
+        assert f"{variable} is set by sharegpu only" in _refusal(answer)
+
+
+@pytest.mark.parametrize(
+    ("prefix", "safe"),
+    [("", False), ("APP_", True), ("N", False), ("NVIDIA_", False), ("NVIDIA_X_", False), ("CUDA_", False),
+     ("CUDA_DEVICE_MEMORY_LIMIT_", False), ("SHAREGPU_", False), ("LD_", True), ("X", True)],
+)  # fmt: skip
+def test_envfrom_in_a_container_that_may_see_a_gpu_needs_a_prefix_that_forms_no_protected_name(
+    prefix: str, safe: bool
+) -> None:
+    for limits in ({names.NVIDIA_GPU: "1"}, {names.GPU: "1", names.GPU_MILLI: "300"}):
+        pod = MakePod("p", "ns").container(image="x", limits=limits).obj()
+        pod["spec"]["containers"][0]["envFrom"] = [{"configMapRef": {"name": "cfg"}, "prefix": prefix}]
+        answer = _admitted(pod)
+        assert answer.response.allowed is safe, (limits, prefix)
+        if not safe:
+            assert "envFrom ConfigMap cfg needs a prefix" in _refusal(answer)
+
+
+def test_a_container_added_by_kubectl_debug_sees_no_gpu_and_the_others_are_left_as_they_are() -> None:
+    pod = MakePod("p", "ns").container(image="x").obj()
+    pod["spec"]["containers"][0]["env"] = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}]
+    old = copy.deepcopy(pod)
+    old["spec"]["ephemeralContainers"] = [{"name": "first", "image": "y"}]
+    second = {"name": "second", "image": "cuda", "env": [{"name": "HOME", "value": "/"}]}
+    pod["spec"]["ephemeralContainers"] = [{"name": "first", "image": "y"}, second]
+    answer = admission.mutate(_review(pod, "UPDATE", old, "ephemeralcontainers"), POLICY)
+    patched = applied(pod, answer)
+    first, added = patched["spec"]["ephemeralContainers"]
+    assert "env" not in first, "a container already there cannot be changed"
+    assert added["env"] == [{"name": "HOME", "value": "/"}, {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}]
+    added["env"].append({"name": "NVIDIA_MIG_MONITOR_DEVICES", "value": "all"})
+    refused = admission.validate(_review(patched, "UPDATE", old, "ephemeralcontainers"), POLICY)
+    assert "container second: NVIDIA_MIG_MONITOR_DEVICES is set by sharegpu only" in _refusal(refused)

@@ -47,6 +47,7 @@ class UserInfo(wire.Message, kw_only=True, frozen=True):
 class Request(wire.Message, kw_only=True, frozen=True):
     uid: str
     operation: str = ""
+    sub_resource: str = ""
     namespace: str = ""
     name: str = ""
     user_info: UserInfo = msgspec.field(default_factory=UserInfo)

@@ -86,8 +86,29 @@ PROTECTED: Final = frozenset(
 """Variables only the system may set on a container (see `is_protected`)."""
 
 
+NVIDIA_PREFIX: Final = "NVIDIA_"
+"""Variables the NVIDIA container toolkit reads when it makes a container: which GPUs, MIG devices,
+IMEX channels and driver capabilities the container gets. Only sharegpu sets them, but for these."""
+TENANT_NVIDIA: Final = ("NVIDIA_REQUIRE_", "NVIDIA_DISABLE_REQUIRE")
+"""NVIDIA_* variables a tenant may set (prefixes): requirements, which can only keep its own
+container from starting."""
+PROTECTED_PREFIXES: Final = (NVIDIA_PREFIX, f"{MEMORY_LIMIT}_")
+
+
 def is_protected(variable: str) -> bool:
-    return variable in PROTECTED or variable.startswith(f"{MEMORY_LIMIT}_")
+    """Whether only the system may set `variable` on a container: the hand-off's variables, and every
+    NVIDIA_* one but the requirements (`TENANT_NVIDIA`)."""
+    if variable in PROTECTED or variable.startswith(f"{MEMORY_LIMIT}_"):
+        return True
+    return variable.startswith(NVIDIA_PREFIX) and not variable.startswith(TENANT_NVIDIA)
+
+
+def safe_prefix(prefix: str) -> bool:
+    """Whether every variable envFrom loads under `prefix` is one a tenant may set: no protected name
+    or family can begin with it, and it does not begin one."""
+    if any(prefix.startswith(family) for family in PROTECTED_PREFIXES):
+        return False
+    return not any(name.startswith(prefix) for name in (*PROTECTED, *PROTECTED_PREFIXES))
 
 
 def no_gpu(container: dict[str, Any]) -> bool:

@@ -143,6 +143,8 @@ class LocalReference(Message, kw_only=True, frozen=True):
 
 class EnvFromSource(Message, kw_only=True, frozen=True):
     config_map_ref: LocalReference | None = None
+    secret_ref: LocalReference | None = None
+    prefix: str = ""
 
 
 class ProjectedSource(Message, kw_only=True, frozen=True):
@@ -243,6 +245,8 @@ class PodSpec(Message, kw_only=True, frozen=True):
     scheduler_name: str = ""
     containers: list[Container] = []
     init_containers: list[Container] = []
+    ephemeral_containers: list[Container] = []
+    """Added later through the pods/ephemeralcontainers subresource (`kubectl debug`)."""
     volumes: list[Volume] = []
     affinity: Affinity | None = None
     node_selector: dict[str, str] = {}

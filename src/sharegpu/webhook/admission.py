@@ -178,6 +178,27 @@ def _hide_gpus(obj: Json, parsed: requests.PodRequest, audit: list[str]) -> None
             )
 
 
+EPHEMERAL = "ephemeralcontainers"
+"""The subresource `kubectl debug` adds a container to a running pod through."""
+
+
+def _hide_from_debuggers(request: api_admission.Request) -> Answer:
+    """A container added to a running pod (`kubectl debug`) sees no GPU: it asks for none, and its
+    image may say `all` (a debug image built on CUDA). The containers it had are not touched (the API
+    server refuses to change them)."""
+    original = _object(request)
+    before = {c.get("name") for c in ((_object(request, old=True).get("spec") or {}).get("ephemeralContainers") or [])}
+    out = copy.deepcopy(original)
+    audit = []
+    for container in (out.get("spec") or {}).get("ephemeralContainers") or []:
+        if container.get("name") not in before and handoff.no_gpu(container):
+            audit.append(f"ephemeral container {container.get('name')}: {handoff.VISIBLE_DEVICES} -> {handoff.NO_GPU}")
+    patch = _patch(original, out)
+    return api_admission.allow(
+        request.uid, patch=patch or None, audit={"translated": "; ".join(audit)} if audit else None
+    )
+
+
 def _handoff_wired(pod: wire.Pod, parsed: requests.PodRequest) -> bool:
     """Every GPU container already reads NVIDIA_VISIBLE_DEVICES from the pod's annotated hand-off."""
     own = pod.metadata.annotations.get(names.HANDOFF)
@@ -372,7 +393,11 @@ def mutate(body: Any, policy: Policy) -> Answer:
     try:
         request = api_admission.review(body).request
         uid = request.uid
-        if request.operation != "CREATE" or request.namespace in policy.skip_namespaces:
+        if request.namespace in policy.skip_namespaces:
+            return api_admission.allow(uid)
+        if request.operation == "UPDATE" and request.sub_resource == EPHEMERAL:
+            return _hide_from_debuggers(request)
+        if request.operation != "CREATE":
             return api_admission.allow(uid)
         original = _object(request)
         out, audit = translate.translate(original, policy.models)
@@ -500,7 +525,7 @@ def guard(pod: wire.Pod, old: wire.Pod | None) -> str | None:
     if labelled != (None, None) and (joined is None or labelled != tuple(api_groups.group_labels(*joined).values())):
         return f"labels {names.LABEL_GROUP_NAMESPACE} and {names.LABEL_GROUP_NAME} are set by sharegpu only"
     group_source = api_groups.handoff_name(*joined) if joined is not None else None
-    for _, container in pods.containers(pod):
+    for container in [c for _, c in pods.containers(pod)] + list(pod.spec.ephemeral_containers):
         for env in container.env:
             ref = env.value_from.config_map_key_ref if env.value_from is not None else None
             if (
@@ -512,19 +537,35 @@ def guard(pod: wire.Pod, old: wire.Pod | None) -> str | None:
                 handoff.is_protected(env.name) and not handoff.is_reference(env, own, container.name)
                 and not handoff.hides_gpus(env)
             ):  # fmt: skip
-                return f"container {container.name}: {env.name} is set by sharegpu only"
+                return f"container {container.name}: {env.name} is set by sharegpu only{_why(env.name)}"
             if ref is not None and ref.name.startswith(names.HANDOFF_PREFIX) and ref.name != own:
                 return f"container {container.name}: ConfigMap {ref.name} is another pod's GPU hand-off"
+        hidden = any(handoff.hides_gpus(env) for env in container.env)
         for source in container.env_from:
             loaded = source.config_map_ref
             if loaded is not None and loaded.name.startswith(names.HANDOFF_PREFIX):
                 return f"container {container.name}: envFrom may not load a GPU hand-off ConfigMap ({loaded.name})"
+            if not hidden and not handoff.safe_prefix(source.prefix):
+                named = loaded or source.secret_ref
+                what = f"{'ConfigMap' if loaded is not None else 'Secret'} {named.name if named else ''}".strip()
+                return (f"container {container.name}: envFrom {what} needs a prefix (such as APP_) in a container "
+                        f"that may see a GPU: it could set {handoff.VISIBLE_DEVICES} or another variable only "
+                        "sharegpu sets, and the device plugin's value does not win over it")  # fmt: skip
     for volume in pod.spec.volumes:
         targets = [volume.config_map] + [s.config_map for s in (volume.projected.sources if volume.projected else [])]
         for target in targets:
             if target is not None and target.name.startswith(names.HANDOFF_PREFIX):
                 return f"volume {volume.name}: may not mount a GPU hand-off ConfigMap ({target.name})"
     return None
+
+
+def _why(variable: str) -> str:
+    """Why a variable outside the hand-off's own is the system's (an NVIDIA_* one)."""
+    if variable in handoff.PROTECTED or not variable.startswith(handoff.NVIDIA_PREFIX):
+        return ""
+    allowed = ", ".join(p + ("*" if p.endswith("_") else "") for p in handoff.TENANT_NVIDIA)
+    return (f" ({handoff.NVIDIA_PREFIX}* variables choose the devices and capabilities a container gets; "
+            f"a pod may set only {allowed})")  # fmt: skip
 
 
 def device_writer(request: api_admission.Request, policy: Policy) -> tuple[str, str] | str | None:

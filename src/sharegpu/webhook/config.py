@@ -7,6 +7,8 @@ Choices, and why:
   kube-system and sharegpu-system; labelling a namespace takes cluster-level rights a tenant lacks).
   There is deliberately no objectSelector: a pod cannot opt out by a label it controls.
 - sideEffects None, timeout 5 s, reinvocationPolicy IfNeeded (other mutators may add containers).
+- Pods are reviewed when created (and validated when updated), and so is every container
+  `kubectl debug` adds (pods/ephemeralcontainers): it sees no GPU, and sets nothing only the system sets.
 - SharedDeviceGroup deletions are reviewed too: refused while the group has live member pods.
 """
 
@@ -37,8 +39,12 @@ def _hook(name: str, base: str | Json, path: str, ca_bundle: bytes, mutating: bo
     hook: Json = {
         "name": name,
         "clientConfig": _client_config(base, path, ca_bundle),
-        "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"] if not mutating
-                   else ["CREATE"], "resources": ["pods"], "scope": "Namespaced"}],
+        "rules": [
+            {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"] if not mutating
+             else ["CREATE"], "resources": ["pods"], "scope": "Namespaced"},
+            {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"],
+             "resources": ["pods/ephemeralcontainers"], "scope": "Namespaced"},
+        ],
         "failurePolicy": "Fail",
         "sideEffects": "None",
         "timeoutSeconds": 5,

@@ -57,3 +57,45 @@ prometheus.io/scheme: https
 {{- end }}
 {{- end -}}
 {{- end -}}
+
+{{- /* Whether the webhook's configurations carry CEL matchConditions (only pods that concern GPUs
+     reach it): webhook.matchConditions, where `auto` means yes where a MutatingAdmissionPolicy hides
+     the GPUs from the other pods (Kubernetes 1.36 and later, templates/nogpu.yaml), and no below,
+     where then every pod reaches the webhook, which hides them. */ -}}
+{{- define "sharegpu.matchConditions" -}}
+{{- $set := .Values.webhook.matchConditions }}
+{{- if eq (toString $set) "auto" }}
+{{- include "sharegpu.mutatingPolicies" . }}
+{{- else }}
+{{- ternary "true" "false" (eq (toString $set) "true") }}
+{{- end }}
+{{- end }}
+
+{{- /* Whether the cluster serves MutatingAdmissionPolicy in admissionregistration.k8s.io/v1 (GA in 1.36). */ -}}
+{{- define "sharegpu.mutatingPolicies" -}}
+{{- ternary "true" "false" (semverCompare ">=1.36.0-0" .Capabilities.KubeVersion.Version) }}
+{{- end }}
+
+{{- /* A pod concerns GPUs when a container (of any kind) asks for a GPU resource, sets or loads GPU
+     variables (but for NVIDIA_VISIBLE_DEVICES=void, which hides every GPU: the no-GPU policy sets it
+     before the webhooks' conditions are evaluated), the pod has ephemeral containers (`kubectl
+     debug`), or the pod carries sharegpu's (or a translated system's: KubeShare's kubeshare/*, KAI's
+     gpu-fraction and gpu-memory) annotations.
+     The webhook's matchConditions and, negated, the no-GPU MutatingAdmissionPolicy's: between them
+     every pod. */ -}}
+{{- define "sharegpu.concernsGpus" -}}
+[object.spec.containers, has(object.spec.initContainers) ? object.spec.initContainers : []].exists(cs,
+cs.exists(c, (has(c.resources) && ((has(c.resources.limits) && c.resources.limits.exists(k, k.contains('gpu') || k.contains('vcuda')))
+|| (has(c.resources.requests) && c.resources.requests.exists(k, k.contains('gpu') || k.contains('vcuda')))))
+|| (has(c.env) && c.env.exists(e, (e.name.startsWith('NVIDIA_') && !(e.name == 'NVIDIA_VISIBLE_DEVICES' && has(e.value) && e.value == 'void')) || e.name.startsWith('CUDA_') || e.name.startsWith('SHAREGPU_') || e.name == 'LD_PRELOAD'))
+|| has(c.envFrom)))
+|| (has(object.spec.ephemeralContainers) && size(object.spec.ephemeralContainers) > 0)
+|| (has(object.metadata.annotations) && object.metadata.annotations.exists(k, k.startsWith('sharegpu.io/') || k.startsWith('deviceshare.io/') || k.startsWith('nvidia.com/') || k.startsWith('kubeshare/') || k.startsWith('gpu-')))
+{{- end }}
+
+{{- /* The namespaces sharegpu's admission reviews (a namespaceSelector): all but kube-system, its own,
+     webhook.skipNamespaces and those labelled sharegpu.io/admission=skip. */ -}}
+{{- define "sharegpu.reviewedNamespaces" -}}
+{{- $skip := concat (list "kube-system" (include "sharegpu.namespace" .)) .Values.webhook.skipNamespaces | uniq }}
+{{- toYaml (dict "matchExpressions" (list (dict "key" "sharegpu.io/admission" "operator" "NotIn" "values" (list "skip")) (dict "key" "kubernetes.io/metadata.name" "operator" "NotIn" "values" $skip))) }}
+{{- end }}
