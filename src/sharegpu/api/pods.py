@@ -470,4 +470,15 @@ def reserve_container(image: str, gpus: int, role: str = "", share: tuple[int, i
         "command": ["sharegpu", "reserve"],
         "env": env,
         "resources": {"limits": limits, "requests": dict(limits)},
+        "securityContext": RESTRICTED,
     }
+
+
+RESTRICTED: Final = {
+    "runAsNonRoot": True,
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    "capabilities": {"drop": ["ALL"]},
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+"""What PodSecurity's `restricted` level asks of a container: sharegpu's GPU-holding pods meet it."""

@@ -113,6 +113,11 @@ def manifests(relative: str, root: Path = CHART) -> list[Json]:
     return docs
 
 
+BOOTSTRAP_RBAC = "files/rbac/webhook-bootstrap.yaml"
+"""The webhook's right to register itself (`sharegpu webhook --bootstrap`): applied with the webhook
+that needs it (`Stack`), as the chart renders it only in bootstrap mode."""
+
+
 def object_path(doc: Json) -> str:
     """Where a document `apply` makes lives."""
     collection = _PATHS[doc["kind"]].format(namespace=doc["metadata"].get("namespace", ""))
@@ -141,7 +146,9 @@ async def install(kube: client.KubeApi, compat: tuple[str, ...] = (), *, compat_
         await apply(kube, doc)
         spec = doc["spec"]
         served += [paths.custom(spec["group"], v["name"], spec["names"]["plural"]) for v in spec["versions"]]
-    for doc in [*manifests("files/rbac/*.yaml"), *(compat_rbac(compat) if compat_roles else [])]:
+    bootstrap = manifests(BOOTSTRAP_RBAC)
+    chart = [d for d in manifests("files/rbac/*.yaml") if d not in bootstrap]
+    for doc in [*chart, *(compat_rbac(compat) if compat_roles else [])]:
         await apply(kube, with_harness(doc))
     for doc in manifests("files/priority/*.yaml"):
         await apply(kube, doc)
@@ -442,6 +449,8 @@ class Stack:
         await self.extender.wait_ready()
         self.plane.start_scheduler(scheduler_config(self.plane, self.extender))
         if self.with_webhook:
+            for doc in manifests(BOOTSTRAP_RBAC):
+                await apply(self.admin, doc)
             self.webhook = WebhookProcess(self.plane)
             self.webhook.start()
             await self.webhook.wait_ready(self.admin)

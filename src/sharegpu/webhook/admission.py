@@ -613,6 +613,30 @@ def validate_device(body: Any, policy: Policy, writer_node: str | None = None) -
         return api_admission.deny(uid, f"sharegpu: {exc}", code=400)
 
 
+def validate_eviction(body: Any, policy: Policy, pod_node: str) -> Answer:
+    """A node agent evicts only pods on its own node (the node its token is bound to; `pod_node`: the
+    evicted pod's, "" when it is gone or not placed). Anyone else: RBAC decides."""
+    uid = ""
+    try:
+        request = api_admission.review(body).request
+        uid = request.uid
+        user = request.user_info
+        if user.username not in policy.agent_users:
+            return api_admission.allow(uid)
+        node = user.one(api_admission.NODE_NAME)
+        if not node or node != pod_node:
+            where = f"the node agent on {node}" if node else "a node agent whose token is bound to no node"
+            return api_admission.deny(
+                uid,
+                f"sharegpu: {where} may evict only pods on its own node, not {request.namespace}/{request.name}"
+                f" (on {pod_node or 'no node'})",
+                code=403,
+            )
+        return api_admission.allow(uid)
+    except errors.SharegpuError as exc:
+        return api_admission.deny(uid, f"sharegpu: {exc}", code=400)
+
+
 def review(kind: str, body: Any, policy: Policy) -> Answer:
     """The decision for pods and Devices (group deletions need the API: `validate_group_deletion`)."""
     if kind == "devices":
@@ -638,6 +662,7 @@ __all__ = [
     "review",
     "validate",
     "validate_device",
+    "validate_eviction",
     "validate_group_deletion",
     "with_inventory",
 ]

@@ -10,6 +10,8 @@ Choices, and why:
 - Pods are reviewed when created (and validated when updated), and so is every container
   `kubectl debug` adds (pods/ephemeralcontainers): it sees no GPU, and sets nothing only the system sets.
 - SharedDeviceGroup deletions are reviewed too: refused while the group has live member pods.
+- Evictions by a node agent's account (matchConditions: no other eviction waits for the webhook):
+  only of pods on the agent's own node (a ValidatingAdmissionPolicy cannot read the evicted pod).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from sharegpu.kube import errors as kube_errors
 Json = dict[str, Any]
 NAME = "sharegpu"
 SKIP_LABEL = names.LABEL_ADMISSION
+AGENT = names.account_user("agent")
 MUTATING_PATH = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
 VALIDATING_PATH = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations"
 
@@ -86,11 +89,23 @@ def configurations(base: str | Json, ca_bundle: bytes) -> tuple[Json, Json]:
         }  # the shared-device-group project's groups (`api.deviceshare`) have the same members as their mirrors
         for group, version in ((names.DOMAIN, names.API_VERSION), (deviceshare.GROUP, deviceshare.VERSION))
     ]
+    evictions = _hook("evictions.validate.sharegpu.io", base, "/validate/evictions", ca_bundle, False)
+    evictions["rules"] = [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
+                           "resources": ["pods/eviction"], "scope": "Namespaced"}]  # fmt: skip
+    evictions.pop("namespaceSelector")
+    evictions["matchConditions"] = [
+        {"name": "by-a-node-agent", "expression": f"request.userInfo.username == '{AGENT}'"}
+    ]
     validating = {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingWebhookConfiguration",
         "metadata": {"name": NAME},
-        "webhooks": [_hook("pods.validate.sharegpu.io", base, "/validate/pods", ca_bundle, False), devices, groups],
+        "webhooks": [
+            _hook("pods.validate.sharegpu.io", base, "/validate/pods", ca_bundle, False),
+            devices,
+            groups,
+            evictions,
+        ],
     }
     return mutating, validating
 

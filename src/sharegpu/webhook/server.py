@@ -124,6 +124,7 @@ class Webhook:
         app.router.add_post("/validate/pods", self._counted("validate", self._handler("validate")))
         app.router.add_post("/validate/devices", self._counted("devices", self.validate_device))
         app.router.add_post("/validate/groups", self._counted("groups", self.validate_group))
+        app.router.add_post("/validate/evictions", self._counted("evictions", self.validate_eviction))
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/readyz", self.readyz)
         app.router.add_get("/metrics", self.prometheus)
@@ -216,6 +217,19 @@ class Webhook:
             return admission.validate_device(body, self.policy, node)
 
         return await self._asking_the_api(request, "could not judge the Device write", judge)
+
+    async def validate_eviction(self, request: web.Request) -> api_admission.ReviewResponse | web.Response:
+        """An eviction by a node agent: only of a pod on the agent's own node (asked of the API: a
+        policy cannot read the evicted pod)."""
+
+        async def judge(body: Any) -> api_admission.ReviewResponse:
+            review = api_admission.review(body).request
+            node = ""
+            if review.user_info.username in self.policy.agent_users:
+                node = await self._node_of((review.namespace, review.name))
+            return admission.validate_eviction(body, self.policy, node)
+
+        return await self._asking_the_api(request, "could not judge the eviction", judge)
 
     async def _node_of(self, pod: tuple[str, str]) -> str:
         if self.kube is None:

@@ -1,0 +1,225 @@
+"""A compromised node, played with its own credentials on the real API server: the node agent's token
+and a reservation pod's token as TokenRequest issues them (bound to their pod, so that they name the
+pod and its node, as the kubelet projects them), and the extender's and controller's accounts. Each
+may do what its component does and is refused the rest (docs/security.md)."""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+
+from sharegpu.api import dra, groups, names, paths, pods
+from sharegpu.core import units
+from sharegpu.devcluster import controlplane, stack
+from sharegpu.extender import reservations
+from sharegpu.kube import client
+from sharegpu.kube import errors as kube_errors
+from tests.builders import MakeDevice, MakeNode, MakePod
+from tests.integration.conftest import RunningWebhook, get_or_none, wait_for
+
+Json = dict[str, Any]
+SYSTEM = names.SYSTEM_NAMESPACE
+
+
+async def refused(write: Callable[[], Any], *words: str) -> str:
+    """The message of a write the API server refuses as forbidden, holding each of `words`."""
+    with pytest.raises(kube_errors.ApiError) as caught:
+        await write()
+    assert caught.value.status == 403, caught.value
+    for word in words:
+        assert word in caught.value.message, caught.value.message
+    return caught.value.message
+
+
+class Node:
+    """A fake node with a pod of sharegpu's on it (the agent's, or a reservation)."""
+
+    def __init__(self, admin: client.KubeClient, name: str) -> None:
+        self.admin = admin
+        self.name = name
+        self.made: list[str] = []
+
+    async def pod(self, name: str, account: str, labels: dict[str, str] | None = None) -> Json:
+        body = MakePod(name, SYSTEM).labels(labels or {}).node(self.name).spec(serviceAccountName=account)
+        made = await self.admin.create(paths.pods(SYSTEM), body.container("c", image="x").obj())
+        self.made.append(paths.pod(SYSTEM, name))
+        return made
+
+    async def reservation(self, name: str) -> Json:
+        role = {names.LABEL_ROLE: names.ROLE_RESERVATION, names.LABEL_NODE: self.name, names.LABEL_SLOT: "0"}
+        return await self.pod(name, names.RESERVE_ACCOUNT, role)
+
+
+@pytest.fixture
+async def two_nodes(admin: client.KubeClient, system: None) -> AsyncIterator[tuple[Node, Node]]:
+    suffix = uuid.uuid4().hex[:6]
+    made = (Node(admin, f"here-{suffix}"), Node(admin, f"there-{suffix}"))
+    for node in made:
+        await admin.create(paths.NODES, MakeNode(node.name).obj())
+    yield made
+    for node in made:
+        for path in node.made:
+            await admin.delete(path, grace_period=0)
+        with contextlib.suppress(kube_errors.NotFoundError):
+            await admin.delete(paths.device(node.name))
+        await admin.delete(paths.node(node.name))
+
+
+async def bound(
+    admin: client.KubeClient, plane: controlplane.ControlPlane, account: str, pod: Json
+) -> client.KubeClient:
+    return stack.kube_with_token(plane, await stack.issue_token(admin, SYSTEM, account, pod))
+
+
+def bare(name: str, namespace: str, node: str) -> Json:
+    return MakePod(name, namespace).node(node).container(image="x").obj()
+
+
+def labelled(key: str, value: str = "") -> Json:
+    return {"metadata": {"labels": {key: value}}}
+
+
+def slice_of(node: str, driver: str) -> Json:
+    pool = {"name": node, "generation": 1, "resourceSliceCount": 1}
+    return {"apiVersion": dra.API_VERSION, "kind": "ResourceSlice", "metadata": {"name": f"{node}-{driver}"},
+            "spec": {"driver": driver, "nodeName": node, "pool": pool, "devices": []}}  # fmt: skip
+
+
+async def test_a_nodes_agent_writes_only_its_own_node_its_device_slices_reservations_and_evictions(
+    admin: client.KubeClient, control_plane: controlplane.ControlPlane, webhook: RunningWebhook,
+    two_nodes: tuple[Node, Node], namespace: str,
+) -> None:  # fmt: skip
+    here, there = two_nodes
+    agent_pod = await here.pod(f"agent-{here.name}", names.account("agent"))
+    agent = await bound(admin, control_plane, names.account("agent"), agent_pod)
+    unbound = stack.kube_with_token(control_plane, await stack.issue_token(admin, SYSTEM, names.account("agent")))
+    node, other = paths.node(here.name), paths.node(there.name)
+    gpu_label = "sharegpu.io/gpu-model"
+    try:
+        # Nodes: only sharegpu's labels, only its own.
+        await agent.patch(node, labelled(gpu_label, "T4"))
+        await refused(lambda: agent.patch(node, labelled("node-role.kubernetes.io/control-plane")),
+                      f"on {here.name} changes only sharegpu's labels")  # fmt: skip
+        await refused(lambda: agent.patch(node, {"spec": {"unschedulable": True}}), f"on {here.name}")
+        await refused(lambda: agent.patch(other, labelled(gpu_label, "T4")), f"not UPDATE Node {there.name}")
+        # Devices: its node's.
+        await agent.create(paths.DEVICES, MakeDevice(here.name).obj())
+        device = MakeDevice(there.name).obj()
+        await refused(lambda: agent.create(paths.DEVICES, device), f"may write only Device {here.name}")
+        # ResourceSlices: sharegpu's, of its node (where resource.k8s.io/v1 is served).
+        if await client.serves_when_answered(admin, dra.API_VERSION):
+            await agent.create(dra.SLICES, slice_of(here.name, dra.DRIVER))
+            here.made.append(f"{dra.SLICES}/{here.name}-{dra.DRIVER}")
+            elsewhere, foreign = slice_of(there.name, dra.DRIVER), slice_of(here.name, "gpu.nvidia.com")
+            await refused(lambda: agent.create(dra.SLICES, elsewhere), "ResourceSlices of its own node")
+            await refused(lambda: agent.create(dra.SLICES, foreign), "ResourceSlices")
+        # Pods: the reported GPU of a reservation on its node; nothing else, nobody else's.
+        ours = paths.pod(SYSTEM, (await here.reservation(f"r-{here.name}"))["metadata"]["name"])
+        theirs = paths.pod(SYSTEM, (await there.reservation(f"r-{there.name}"))["metadata"]["name"])
+        report = {"metadata": {"annotations": {names.GPU_UUID: "GPU-1"}}}
+        await agent.patch(ours, report)
+        await refused(
+            lambda: agent.patch(theirs, report), "changes only the reported GPU of a reservation pod on its node"
+        )
+        await refused(lambda: agent.patch(ours, labelled("x", "y")), "changes only the reported GPU")
+        victim = await admin.create(
+            paths.pods(namespace), MakePod("victim", namespace).node(there.name).container(image="x").obj()
+        )
+        await refused(lambda: agent.patch(paths.pod(namespace, "victim"), labelled("x", "y")))
+        # Evictions: pods on its node only.
+        local = await admin.create(
+            paths.pods(namespace), MakePod("local", namespace).node(here.name).container(image="x").obj()
+        )
+
+        def evict(pod: Json) -> Any:
+            name = pod["metadata"]["name"]
+            body = pods.eviction(units.pod_key(namespace, name), pod["metadata"]["uid"])
+            return agent.create(paths.eviction(namespace, name), body)
+
+        await refused(lambda: evict(victim), f"the node agent on {here.name} may evict only pods on its own node")
+        await evict(local)
+        await wait_for(lambda: _gone_or_going(admin, paths.pod(namespace, "local")), what="the local pod evicted")
+        # A token bound to no pod names no node: it writes nothing of a node's.
+        await refused(lambda: unbound.patch(node, labelled(gpu_label, "A")), "bound to no node")
+        await refused(lambda: unbound.patch(ours, report), "a token bound to no node")
+    finally:
+        await agent.close()
+        await unbound.close()
+
+
+async def _gone_or_going(kube: client.KubeClient, path: str) -> bool:
+    found = await get_or_none(kube, path)
+    return found is None or bool(found["metadata"].get("deletionTimestamp"))
+
+
+async def test_a_reservation_pods_token_reports_only_its_own_gpu(
+    admin: client.KubeClient, control_plane: controlplane.ControlPlane, two_nodes: tuple[Node, Node]
+) -> None:
+    """What sharegpu reserve does, and nothing of what a stolen token could: another pod's report, its
+    own pod's image (the agent's pod's image would be every node's)."""
+    here, there = two_nodes
+    own = await here.reservation(f"r-{here.name}")
+    other = await there.reservation(f"r-{there.name}")
+    agent_pod = await here.pod(f"agent-{here.name}", "sharegpu-agent")
+    token = await bound(admin, control_plane, names.RESERVE_ACCOUNT, own)
+    report = {"metadata": {"annotations": {names.GPU_UUID: "GPU-7"}}}
+    try:
+        await token.patch(paths.pod(SYSTEM, own["metadata"]["name"]), report)
+        stored = await admin.get(paths.pod(SYSTEM, own["metadata"]["name"]))
+        assert stored["metadata"]["annotations"][names.GPU_UUID] == "GPU-7"
+        for victim in (other, agent_pod):
+            await refused(lambda v=victim: token.patch(paths.pod(SYSTEM, v["metadata"]["name"]), report),  # type: ignore[misc]
+                          "changes only its own pod's reported GPU")  # fmt: skip
+        image = {"spec": {"containers": [{"name": "c", "image": "evil"}]}}
+        await refused(
+            lambda: token.patch(paths.pod(SYSTEM, own["metadata"]["name"]), image), "its own pod's reported GPU"
+        )
+    finally:
+        await token.close()
+
+
+async def test_the_extender_and_controller_create_only_sharegpus_own_pods_and_the_extender_only_lifts_its_gate(
+    admin: client.KubeClient, control_plane: controlplane.ControlPlane, two_nodes: tuple[Node, Node], namespace: str
+) -> None:
+    here, _ = two_nodes
+    extender = stack.kube_for(control_plane, names.account("extender"))
+    controller = stack.kube_for(control_plane, names.account("controller"))
+    try:
+        made = reservations.reservation_pod(
+            names.reservation_name(here.name, 0, "abcdef"), here.name, 0, "sharegpu:test"
+        )
+        await extender.create(paths.pods(SYSTEM), made)
+        here.made.append(paths.pod(SYSTEM, made["metadata"]["name"]))
+        for name, change in (("capable", {"securityContext": {"capabilities": {"add": ["SYS_ADMIN"]}}}),
+                             ("other-command", {"command": ["sh", "-c", "id"]})):  # fmt: skip
+            evil = reservations.reservation_pod(f"evil-{name}-{here.name}", here.name, 0, "sharegpu:test")
+            evil["spec"]["containers"][0] |= change
+            await refused(lambda e=evil: extender.create(paths.pods(SYSTEM), e),  # type: ignore[misc]
+                          "creates only sharegpu's own GPU-holding pods")  # fmt: skip
+        host = reservations.reservation_pod(f"evil-host-{here.name}", here.name, 0, "sharegpu:test")
+        host["spec"]["volumes"] = [{"name": "root", "hostPath": {"path": "/"}}]
+        await refused(lambda: extender.create(paths.pods(SYSTEM), host), "no host namespaces, host paths")
+        holder = reservations.reservation_pod(f"holder-{here.name}", here.name, 0, "sharegpu:test")
+        holder["metadata"]["labels"] = {names.LABEL_ROLE: names.ROLE_GROUP_HOLDER, **groups.group_labels("t", "g")}
+        await refused(lambda: extender.create(paths.pods(SYSTEM), holder), "creates only")
+        await controller.create(paths.pods(SYSTEM), holder)
+        here.made.append(paths.pod(SYSTEM, holder["metadata"]["name"]))
+        # The DRA gate: only it goes.
+        gated = MakePod("gated", namespace).container(image="x").obj()
+        gated["spec"]["schedulingGates"] = [{"name": "someone.else/gate"}, {"name": names.DRA_GATE}]
+        await admin.create(paths.pods(namespace), gated)
+        path = paths.pod(namespace, "gated")
+        theirs = [{"op": "remove", "path": "/spec/schedulingGates/0"}]
+        await refused(lambda: extender.patch(path, theirs, client.JSON_PATCH),
+                      "only to lift its scheduling gate sharegpu.io/dra-allocation")  # fmt: skip
+        await refused(lambda: extender.patch(path, {"metadata": {"labels": {"x": "y"}}}), "only to lift")
+        await extender.patch(path, [{"op": "remove", "path": "/spec/schedulingGates/1"}], client.JSON_PATCH)
+        stored = await admin.get(path)
+        assert stored["spec"]["schedulingGates"] == [{"name": "someone.else/gate"}]
+    finally:
+        await extender.close()
+        await controller.close()
