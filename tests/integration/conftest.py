@@ -247,7 +247,10 @@ class RunningWebhook:
         self.ca_cert, self.ca_key = certs.new_ca("test-webhook-ca")
         self.cert, self.key = certs.write_serving_pair(folder, self.ca_cert, self.ca_key, ip_addresses=("127.0.0.1",))
         self.port = controlplane.free_port()
-        self.hook = server.Webhook(admission.Policy())
+        # The harness plays an operator-named system user (the chart's webhook.systemUsers).
+        self.hook = server.Webhook(
+            admission.Policy(system_users=frozenset({names.account_user("extender"), "sharegpu-harness"}))
+        )
 
     @property
     def policy(self) -> admission.Policy:

@@ -157,7 +157,7 @@ async def test_guards_on_update_and_no_opt_out_and_the_system_is_allowed(
     admin: client.KubeClient, webhook: RunningWebhook, control_plane: controlplane.ControlPlane, namespace: str
 ) -> None:
     alice = await _as_tenant(control_plane, admin, namespace, "alice")
-    extender = await _as_tenant(control_plane, admin, namespace, "sharegpu-extender")
+    system = stack.kube_for(control_plane, "sharegpu-harness")
     try:
         # A label the user controls does not opt out: the request is still translated.
         pod = bare_pod("labelled", {"aliyun.com/gpu-mem": "2"})
@@ -178,14 +178,14 @@ async def test_guards_on_update_and_no_opt_out_and_the_system_is_allowed(
                 f"/api/v1/namespaces/{namespace}/pods/labelled",
                 {"metadata": {"annotations": {names.HANDOFF: "sharegpu-handoff-other"}}},
             )
-        # The system's own identity may set it.
-        await extender.create(
+        # A system identity (--system-user) may set it.
+        await system.create(
             f"/api/v1/namespaces/{namespace}/pods",
             bare_pod("system-made", SHARE, {names.ALLOCATION: '{"version": 1}'}),
         )
     finally:
         await alice.close()
-        await extender.close()
+        await system.close()
 
 
 async def test_skipped_namespaces_are_left_alone(admin: client.KubeClient, webhook: RunningWebhook) -> None:

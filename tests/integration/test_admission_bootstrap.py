@@ -14,7 +14,7 @@ import pytest
 from cryptography import x509
 
 from sharegpu.api import names, paths, quantity
-from sharegpu.devcluster import controlplane
+from sharegpu.devcluster import controlplane, stack
 from sharegpu.kube import client
 from sharegpu.kube import errors as kube_errors
 from sharegpu.serving import certs
@@ -51,6 +51,8 @@ async def test_bootstrap_serves_the_dns_name_the_api_server_calls(
     port = controlplane.free_port()
     folder = tmp_path / "pki"
     log = tmp_path / "webhook.log"
+    for doc in stack.manifests(stack.BOOTSTRAP_RBAC):  # the chart renders it in bootstrap mode
+        await stack.apply(admin, doc)
     process = start(
         ["--bootstrap", str(folder), "--url", f"https://localhost:{port}", "--dns-name", "localhost",
          "--kubeconfig", str(control_plane.kubeconfig("sharegpu-webhook")), "--host", "127.0.0.1", "--port", str(port),

@@ -637,3 +637,18 @@ def test_a_container_added_by_kubectl_debug_sees_no_gpu_and_the_others_are_left_
     added["env"].append({"name": "NVIDIA_MIG_MONITOR_DEVICES", "value": "all"})
     refused = admission.validate(_review(patched, "UPDATE", old, "ephemeralcontainers"), POLICY)
     assert "container second: NVIDIA_MIG_MONITOR_DEVICES is set by sharegpu only" in _refusal(refused)
+
+
+def test_a_gpu_pod_for_a_scheduler_sharegpu_does_not_take_over_is_refused_and_one_it_does_is_taken() -> None:
+    """Another scheduler would place the pod outside sharegpu's books; a taken-over one is rewritten."""
+    for scheduler, refused in (("my-scheduler", True), ("koord-scheduler", False), ("", False)):
+        made = MakePod("p", "ns").container(image="x", limits={names.NVIDIA_GPU: "1"}).obj()
+        if scheduler:
+            made["spec"]["schedulerName"] = scheduler
+        answer = _admitted(made)
+        assert answer.response.allowed is not refused, scheduler
+        if refused:
+            assert "names scheduler 'my-scheduler', which would place it outside sharegpu's books" in _refusal(answer)
+    cpu = MakePod("p", "ns").container(image="x").obj()
+    cpu["spec"]["schedulerName"] = "my-scheduler"
+    assert _admitted(cpu).response.allowed, "a pod asking for no GPU goes where it likes"

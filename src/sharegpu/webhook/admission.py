@@ -471,6 +471,9 @@ def validate(body: Any, policy: Policy) -> Answer:
                         uid, f"sharegpu: container {container.name}: {key} was not translated", 400
                     )
         parsed = pods.request(pod)
+        outside = _scheduled_outside(pod, parsed, request, policy)
+        if outside is not None:
+            return api_admission.deny(uid, f"sharegpu: {outside}", 403)
         if parsed.demand.count:
             for (_, container), container_request in zip(pods.containers(pod), parsed.containers, strict=True):
                 given = container.resources.merged()
@@ -504,6 +507,24 @@ def validate(body: Any, policy: Policy) -> Answer:
         return api_admission.allow(uid)
     except errors.SharegpuError as exc:
         return api_admission.deny(uid, f"sharegpu: {exc}", code=400)
+
+
+def _scheduled_outside(
+    pod: wire.Pod, parsed: requests.PodRequest, request: api_admission.Request, policy: Policy
+) -> str | None:
+    """Why a new GPU pod would be placed outside sharegpu's books: a scheduler sharegpu does not take
+    over (the mutation took over the ones it does, and turned a preset node into affinity). None
+    when it is sharegpu's to place (or the system's own, or a static pod's mirror)."""
+    if request.operation != "CREATE" or not parsed.demand.count or _is_system(request, policy):
+        return None
+    if MIRROR in pod.metadata.annotations or pod.spec.scheduler_name == names.SCHEDULER_NAME:
+        return None
+    return (
+        f"GPU pod {pod.metadata.namespace}/{pod.metadata.name} names scheduler {pod.spec.scheduler_name!r}, "
+        f"which would place it outside sharegpu's books (no GPU chosen, none counted before it runs): "
+        f"leave schedulerName out, or name {names.SCHEDULER_NAME}, or have the webhook take it over "
+        "(--take-over, the chart's webhook.takeOver)"
+    )
 
 
 def guard(pod: wire.Pod, old: wire.Pod | None) -> str | None:
