@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from sharegpu.api import budgets, paths, resources, wire
+from sharegpu.api import budgets, dra, paths, resources, wire
 from sharegpu.controller import runtime
 from sharegpu.core import units
 from sharegpu.kube import client, fake
@@ -38,12 +38,13 @@ def budget(name: str = "b", namespace: str = "team", **spec: Any) -> Json:
 
 
 class Env:
-    def __init__(self) -> None:
-        self.server = fake.FakeApiServer()
+    def __init__(self, *, dra_node: bool = False) -> None:
+        """n0 with two 16 GiB GPUs; `dra_node`: it serves DRA claims (resource.k8s.io/v1 served)."""
+        self.server = fake.FakeApiServer(served=frozenset({dra.API_VERSION}) if dra_node else frozenset())
         self.api = client.KubeClient(self.server)
         self.clock = builders.Clock(T0)
         self.controllers: list[runtime.Controller] = []
-        add_node(self.server, "n0", gpus=2, memory=16384)
+        add_node(self.server, "n0", gpus=2, memory=16384, dra=dra_node)
 
     async def start(self) -> runtime.Controller:
         made = runtime.Controller(
@@ -257,3 +258,56 @@ async def test_a_cluster_budget_with_a_malformed_selector_covers_nothing_and_say
     warned = [e for e in env.server.list_objects(paths.events("default")) if e["reason"] == "InvalidSelector"]
     assert len(warned) == 1  # once, not once per pass
     assert warned[0]["message"].startswith("spec.namespaceSelector: matchExpressions[0] (org In) needs values")
+
+
+def allocated_claim(name: str, milli: int, memory: str, uid: str) -> Json:
+    """A claim of sharegpu's class in team, allocated on GPU 0 of n0 (as the allocator writes it)."""
+    result = {"request": "gpu", "driver": dra.DRIVER, "pool": "n0", "device": "gpu-0", "shareID": f"s-{name}",
+              "consumedCapacity": {dra.MILLI: str(milli), "memory": memory}}  # fmt: skip
+    made = builders.MakeClaim(name, "team").ask(milli, memory).obj()
+    made["metadata"]["uid"] = uid
+    made["status"] = {"allocation": {"devices": {"results": [result]}}}
+    return made
+
+
+def claim_user(name: str, claim: str, at: int) -> Json:
+    pod = builders.MakePod(name, "team").node("n0").container().claim(claim)
+    return pod.phase("Running").scheduled_at(at).obj()
+
+
+async def test_a_claim_used_by_two_pods_is_charged_once_from_its_first_users_start_to_its_last_users_end() -> None:
+    """The rule of `api.lifetimes`: a claim is one share, however many pods use it; a claim written by
+    hand is charged like one the webhook made."""
+    env = Env(dra_node=True)
+    server, clock = env.server, env.clock
+    server.put_object(dra.claim_path("team"), allocated_claim("shared", 500, "0", "c-1"))
+    server.put_object(PODS, claim_user("first", "shared", T0))
+    server.put_object(PODS, claim_user("second", "shared", T0 + HOUR // 2))
+    server.put_object(resources.GPU_BUDGET.path("team"), budget())
+    controller = await env.start()
+    try:
+        clock.now = T0 + HOUR
+        await env.pass_(controller)
+        status = env.status()
+        assert [p.pod for p in status.accounting.pods] == ["team/shared#claim"], "the claim, not its two users"
+        assert status.used_gpu_seconds == HOUR // 2, "500 milli for one hour, once"
+        # Both users go (the first at 1 h, the second at 2 h): the claim stops counting with the last.
+        await controller.api.delete(paths.pod("team", "first"), grace_period=0)
+        await settle(server)
+        clock.now = T0 + 2 * HOUR
+        await controller.api.delete(paths.pod("team", "second"), grace_period=0)
+        await settle(server)
+        clock.now = T0 + 3 * HOUR
+        await env.pass_(controller)
+        assert env.status().used_gpu_seconds == HOUR, "2 h at half a GPU, the third hour not"
+        # The claim goes (its allocation cleared first, as when its last user went): settled at that use.
+        await controller.api.delete(f"{dra.claim_path('team')}/shared")
+        await settle(server)
+        clock.now = T0 + 4 * HOUR
+        await env.pass_(controller)
+        status = env.status()
+        assert status.used_gpu_seconds == HOUR and status.accounting.pods == []
+        assert status.accounting.settled_milli_gpu_seconds == 500 * 2 * HOUR
+        assert controller.budgets.uses == {}, "the users' records go with their claim"
+    finally:
+        await controller.stop()

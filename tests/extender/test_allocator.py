@@ -365,3 +365,40 @@ async def test_a_node_holding_as_many_pods_as_it_takes_gets_no_claim(harness: Ca
     assert not results(h, "d"), "both nodes hold as many pods as they take"
     said = [e for e in h.server.list_objects(paths.events("ns")) if e["involvedObject"]["name"] == "d"]
     assert said and "hold as many pods as they take (allocatable pods)" in said[-1]["message"], said
+
+
+def used_up(when: str, name: str = "b") -> Json:
+    """A GPUBudget of ns whose status the controller wrote Exhausted."""
+    return {"apiVersion": "sharegpu.io/v1alpha1", "kind": "GPUBudget", "metadata": {"name": name, "namespace": "ns"},
+            "spec": {"gpuHours": 1, "whenExhausted": when, "demotePriorityClass": "low"},
+            "status": {"state": "Exhausted", "periodEnd": "2026-12-01T00:00:00Z"}}  # fmt: skip
+
+
+async def test_a_pod_whose_claims_were_written_by_hand_is_held_to_its_namespaces_budgets(
+    harness: Callable[..., Any],
+) -> None:
+    """The webhook never judged it (it asks for no GPU resource): the allocator judges it as the
+    webhook would, at allocation: a used-up Deny budget keeps it gated; a used-up Demote budget takes
+    it only at or below the demotion PriorityClass."""
+    h: Harness = await harness(nodes=0, dra=1)
+    h.server.put_object(paths.PRIORITY_CLASSES, {"metadata": {"name": "low"}, "value": 10})
+    h.server.put_object("/apis/sharegpu.io/v1alpha1/namespaces/ns/gpubudgets", used_up("Deny"))
+    await claimed(h, "denied", 300)
+    await run(h)
+    assert not results(h, "denied") and gates(h, "denied") == [names.DRA_GATE]
+
+    def said() -> list[str]:
+        return [e["message"] for e in h.server.list_objects(paths.events("ns")) if e["reason"] == "ClaimNotAllocated"]
+
+    assert any("GPUBudget ns/b" in m and "refuses new GPU pods" in m for m in said()), said()
+    h.server.remove_object("/apis/sharegpu.io/v1alpha1/namespaces/ns/gpubudgets/b")
+    h.server.put_object("/apis/sharegpu.io/v1alpha1/namespaces/ns/gpubudgets", used_up("Demote"))
+    await claimed(h, "above", 300, priority=100)
+    await claimed(h, "at-floor", 300, priority=10)
+    await run(h)
+    assert not results(h, "above") and results(h, "at-floor"), "only a pod at the demotion class's value"
+    assert any("runs at priority 100" in m and "PriorityClass low" in m for m in said()), said()
+    h.server.remove_object("/apis/sharegpu.io/v1alpha1/namespaces/ns/gpubudgets/b")
+    await settle(h.server)
+    await run(h)
+    assert results(h, "denied") and results(h, "above"), "the budget gone, nothing holds them back"

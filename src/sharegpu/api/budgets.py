@@ -10,7 +10,7 @@ pods.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Final, Literal
 
@@ -158,6 +158,38 @@ def limit_seconds(spec: BudgetSpec) -> int:
 def anchor(item: AnyBudget) -> int:
     """Where the budget's periods are counted from: spec.periodStart, else its creation."""
     return wire.seconds(item.spec.period_start or item.metadata.creation_timestamp or "")
+
+
+def governing(
+    namespace: str,
+    labels: Mapping[str, str],
+    own: Sequence[GPUBudget],
+    cluster: Sequence[ClusterGPUBudget],
+) -> list[AnyBudget]:
+    """The budgets that govern a namespace: its own (`own`), and the cluster budgets whose selector
+    picks it by its labels."""
+    return [*own, *(b for b in cluster if covers(b, namespace, labels))]
+
+
+def held_back(budgets: Sequence[AnyBudget], priority: int | None, demoted_to: Mapping[str, int]) -> str | None:
+    """Why a pod that was not judged at admission (a DRA claim written by hand) may not be given GPUs
+    now, as the webhook would have judged it: a used-up Deny budget refuses it; a used-up Demote budget
+    takes it only at or below its demotion PriorityClass's value (`demoted_to`: PriorityClass ->
+    value), since a pod's priority cannot change once it exists. None when nothing holds it back."""
+    for item in budgets:
+        if item.status.state != EXHAUSTED:
+            continue
+        if item.spec.when_exhausted == "Deny":
+            return f"{summary(item)}: the budget is used up and refuses new GPU pods until {item.status.period_end}"
+        if item.spec.when_exhausted == "Demote":
+            floor = demoted_to.get(item.spec.demote_priority_class)
+            if floor is None or (priority or 0) > floor:
+                return (
+                    f"{summary(item)}: the budget is used up and gives GPUs only to pods at PriorityClass "
+                    f"{item.spec.demote_priority_class} or below; this pod runs at priority {priority or 0} "
+                    "(create it again: the webhook demotes it)"
+                )
+    return None
 
 
 def summary(item: AnyBudget) -> str:

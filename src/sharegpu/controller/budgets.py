@@ -1,6 +1,9 @@
 """The budget reconciler: each budget's usage from the lifetimes of the GPU pods of the namespaces
 it covers (a GPUBudget its own; a ClusterGPUBudget those its namespace selector picks, by the labels
-the namespace informer keeps).
+the namespace informer keeps), and of the claims of sharegpu's DRA class there: a claim counts once
+however many pods use it (`api.lifetimes.claim_lifetime`), from what its users' records say and the
+allocation it held (kept after it is cleared, so a claim charged for its last user's time is charged
+at the share it had).
 
 It keeps, from its informers, every bound GPU pod's `api.lifetimes.Lifetime`, the pods it saw go
 (with the time they went), and each node's GPU memory (a pod's weight counts its memory share). A
@@ -16,13 +19,16 @@ The clock is wall time in seconds (`clock`), injectable: tests advance it instea
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import msgspec
 
-from sharegpu.api import budgets, lifetimes, resources, wire
-from sharegpu.core import budget, units
+from sharegpu.api import budgets, dra, lifetimes, resources, wire
+from sharegpu.core import allocation, budget, units
+from sharegpu.core import errors as core_errors
 from sharegpu.kube import client, errors, informer, reconcile
 from sharegpu.kube import events as kube_events
 
@@ -31,6 +37,27 @@ log = logging.getLogger(__name__)
 GONE_RETENTION = 3600
 """Seconds a pod that went is remembered at most (normally until every budget of its namespace has
 written after it went)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PodBooks:
+    """What one pod event tells the budgets: the pod's own holding, and the claims it uses."""
+
+    uid: str
+    life: lifetimes.Lifetime | None
+    use: lifetimes.ClaimUse | None
+
+
+def pod_books(pod: lifetimes.TimedPod, previous: PodBooks | None = None) -> PodBooks:
+    return PodBooks(pod.metadata.uid, lifetimes.lifetime(pod), lifetimes.claim_use(pod))
+
+
+@dataclass(frozen=True, slots=True)
+class HeldClaim:
+    namespace: str
+    name: str
+    held: allocation.Allocation
+    """The allocation it holds, or held last."""
 
 
 def device_memory(device: wire.Device) -> dict[int, int]:
@@ -57,6 +84,10 @@ class BudgetReconciler:
         self.gone: dict[str, tuple[lifetimes.Lifetime, int]] = {}
         """uid -> (lifetime, when it went) for pods seen deleted."""
         self.memory: dict[str, dict[int, int]] = {}
+        self.uses: dict[str, lifetimes.ClaimUse] = {}
+        """Pod UID -> the claims it uses, and when (ended for a pod that went, until its claims go)."""
+        self.claims: dict[str, HeldClaim] = {}
+        """Claim UID -> its namespace, name and allocation, for the claims of sharegpu's class."""
         self.namespaces: dict[str, dict[str, str]] = {}
         """namespace -> its labels (what cluster budgets select by)."""
         self.budgets: dict[str, budgets.AnyBudget] = {}
@@ -67,10 +98,16 @@ class BudgetReconciler:
 
     # ----------------------------------------------------------------- informer handlers
 
-    def on_pod(self, kind: wire.EventType, life: lifetimes.Lifetime | None) -> None:
+    def on_pod(self, kind: wire.EventType, books: PodBooks) -> None:
+        now = int(self.clock())
+        use = books.use or self.uses.get(books.uid)
+        if use is not None:
+            gone = kind == wire.EventType.DELETED and use.end is None
+            self.uses[books.uid] = dataclasses.replace(use, end=now) if gone else use
+            self.loop.wake()
+        life = books.life
         if life is None:
             return
-        now = int(self.clock())
         if kind == wire.EventType.DELETED:
             self.lifetimes.pop(life.uid, None)
             went = self.finished.pop(life.uid, now)
@@ -80,6 +117,33 @@ class BudgetReconciler:
             if life.terminal and life.end is None:
                 self.finished.setdefault(life.uid, now)
         self.loop.wake()
+
+    def on_claim(self, kind: wire.EventType, claim: dra.ClaimRecord) -> None:
+        """A claim of sharegpu's class: its allocation kept while it exists; when it goes, its holding
+        moves to the gone ones (settled like a pod that went), and its users' records are let go."""
+        if kind == wire.EventType.DELETED:
+            found = self.claims.pop(claim.uid, None)
+            life = self._claim_life(claim.uid, found) if found is not None else None
+            if life is not None:
+                self.gone[claim.uid] = (life, life.end if life.end is not None else int(self.clock()))
+            named = {(c.namespace, c.name) for c in self.claims.values()}
+            for uid, use in list(self.uses.items()):
+                if use.end is not None and not any((use.namespace, n) in named for n in use.claims):
+                    del self.uses[uid]
+            self.loop.wake()
+            return
+        memory = {(node, index): mib for node, gpus in self.memory.items() for index, mib in gpus.items()}
+        try:
+            held = dra.held(claim, memory)
+        except core_errors.InvalidInputError as exc:
+            log.warning("claim %s/%s: %s", claim.namespace, claim.name, exc)
+            return
+        if held is not None:
+            self.claims[claim.uid] = HeldClaim(claim.namespace, claim.name, held)
+            self.loop.wake()
+
+    def _claim_life(self, uid: str, claim: HeldClaim) -> lifetimes.Lifetime | None:
+        return lifetimes.claim_lifetime(uid, claim.namespace, claim.name, claim.held, self.uses.values())
 
     def on_device(self, kind: wire.EventType, device: wire.Device) -> None:
         if kind == wire.EventType.DELETED:
@@ -119,6 +183,10 @@ class BudgetReconciler:
             if life.namespace in out:
                 end = life.end if life.end is not None else self.finished.get(uid)
                 out[life.namespace][0].append(budgets.Held(uid, self._holding(life, end)))
+        for uid, claim in self.claims.items():
+            held = self._claim_life(uid, claim) if claim.namespace in out else None
+            if held is not None:
+                out[held.namespace][0].append(budgets.Held(uid, self._holding(held, held.end)))
         for uid, (life, end) in self.gone.items():
             if life.namespace in out:
                 out[life.namespace][1].append(budgets.Held(uid, self._holding(life, end)))

@@ -35,8 +35,8 @@ from prometheus_client.registry import Collector
 
 from sharegpu.api import budgets as api_budgets
 from sharegpu.api import deviceshare as api_deviceshare
+from sharegpu.api import dra, lifetimes, names, paths, resources, wire
 from sharegpu.api import groups as api_groups
-from sharegpu.api import lifetimes, names, paths, resources, wire
 from sharegpu.api import sharepods as api_sharepods
 from sharegpu.controller import budgets, defrag, deviceshare, groups, inventory, sharepods
 from sharegpu.core import errors
@@ -75,10 +75,6 @@ class Options:
     """Evictions the defragmenter may make in any hour."""
 
 
-def _lifetime(pod: lifetimes.TimedPod, previous: lifetimes.Lifetime | None) -> lifetimes.Lifetime | None:
-    return lifetimes.lifetime(pod)
-
-
 class Controller:
     """The running controller (see the module docstring)."""
 
@@ -113,7 +109,7 @@ class Controller:
                 retry_period=options.retry_period,
             )  # fmt: skip
         self.informers: list[informer.Informer[Any, Any]] = [
-            informer.Informer(api, paths.PODS, lifetimes.TimedPod, _lifetime, self.budgets.on_pod, name="pods"),
+            informer.Informer(api, paths.PODS, lifetimes.TimedPod, budgets.pod_books, self.budgets.on_pod, name="pods"),
             informer.Informer(api, paths.DEVICES, wire.Device, informer.identity, self._on_device, name="devices"),
             informer.Informer(
                 api, resources.GPU_BUDGET.path(), api_budgets.GPUBudget, informer.identity, self.budgets.on_budget,
@@ -187,6 +183,11 @@ class Controller:
         """Start the informers and wait for their first lists; then campaign and reconcile."""
         if self.defrag is not None and not any(i.name == "poddisruptionbudgets" for i in self.informers):
             self.informers += self.defrag.informers()
+        named = {i.name for i in self.informers}
+        if "resourceclaims" not in named and await client.serves_when_answered(self.api, dra.API_VERSION):
+            self.informers.append(informer.Informer(  # DRA claims are charged to budgets too
+                self.api, dra.CLAIMS, dra.ResourceClaim, dra.claim_record, self.budgets.on_claim, name="resourceclaims",
+            ))  # fmt: skip
         self.tasks = [asyncio.create_task(i.run(), name=f"informer-{i.name}") for i in self.informers]
         await asyncio.gather(*(i.synced.wait() for i in self.informers))
 

@@ -7,6 +7,10 @@ scheduling gate `names.DRA_GATE` (the webhook adds it). So this reconciler, on t
 only, is the one writer of those allocations. Each pass, for every pod that is not bound and uses
 claims of the class, oldest first:
 
+- **Judges the budgets** of the pod's namespace before it gives its claims GPUs, as the webhook
+  judges a GPU pod at admission (a pod whose claims were written by hand never was): a used-up
+  Deny budget keeps it gated, a used-up Demote budget unless the pod runs at or below the demotion
+  PriorityClass (`extender.budgets`), with the event below saying so.
 - **Waits** for the claims a template makes (kube-controller-manager names them in the pod's
   status), first making the namespace's template for a shape the webhook named
   (`api.dra.template_name`) when it is missing; a claim sharegpu cannot allocate (CEL selectors,
@@ -65,6 +69,7 @@ import numpy as np
 
 from sharegpu.api import constraints, dra, events, names, paths, pods, reasons, wire
 from sharegpu.core import allocation, errors, fit, units
+from sharegpu.extender import budgets as extender_budgets
 from sharegpu.extender import cache as extender_cache
 from sharegpu.extender import metrics as extender_metrics
 from sharegpu.kube import client, reconcile
@@ -123,7 +128,10 @@ class ClaimAllocator:
         orphan_after: float = ORPHAN_AFTER,
         writers: int = WRITERS,
         clock: Callable[[], float] = time.monotonic,
+        budgets: extender_budgets.BudgetGuard | None = None,
     ) -> None:
+        self.budgets = budgets
+        """The namespaces' GPU-time budgets (a pod the webhook never judged is judged here); None: none."""
         self.writers = writers
         """Pods whose allocations are written at once (decisions are made one after the other)."""
         self.cache = cache
@@ -279,6 +287,11 @@ class ClaimAllocator:
             return None
         done = [c for c in claims if c.allocated or c.key in self.cache.claims_assumed]
         todo = [c for c in claims if c not in done]
+        if todo and self.budgets is not None:
+            held_back = self.budgets.refusal(record.key.split("/", 1)[0], record.priority)
+            if held_back is not None:
+                await self._say(record, held_back)
+                return None
         nodes = {self._node_of(c) for c in done} - {None}
         fresh = not nodes  # the pod takes a node's pod slot only once, with its first claim there
         decided: list[tuple[dra.ClaimRecord, allocation.Allocation]] = []

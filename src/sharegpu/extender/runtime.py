@@ -24,10 +24,12 @@ from typing import Any
 
 from aiohttp import web
 
-from sharegpu.api import dra, names, paths, pods, wire
+from sharegpu.api import budgets as api_budgets
+from sharegpu.api import dra, names, paths, pods, resources, wire
 from sharegpu.api import quotas as api_quotas
 from sharegpu.core import frag, policies
 from sharegpu.extender import allocator as extender_allocator
+from sharegpu.extender import budgets as extender_budgets
 from sharegpu.extender import cache as extender_cache
 from sharegpu.extender import handoff as extender_handoff
 from sharegpu.extender import metrics as extender_metrics
@@ -189,16 +191,26 @@ class Extender:
         """Start the informers and wait for their first lists; then everything else."""
         started = self.clock()
         if await self._dra_served():
+            guard = extender_budgets.BudgetGuard()
             self.allocator = extender_allocator.ClaimAllocator(
                 self.cache, self.api, self.recorder, self.metrics,
                 is_leader=lambda: self.elector.is_leader, fence=self.options.dra_fence, clock=self.clock,
+                budgets=guard,
             )  # fmt: skip
-            self.informers.append(
+            self.informers += [
                 informer.Informer(
                     self.api, dra.CLAIMS, dra.ResourceClaim, dra.claim_record, self._changed(self.cache.on_claim),
                     name="resourceclaims",
-                )
-            )  # fmt: skip
+                ),
+                informer.Informer(self.api, resources.GPU_BUDGET.path(), api_budgets.GPUBudget, informer.identity,
+                                  self._changed(guard.on_budget), name="gpubudgets"),
+                informer.Informer(self.api, resources.CLUSTER_GPU_BUDGET.path(), api_budgets.ClusterGPUBudget,
+                                  informer.identity, self._changed(guard.on_cluster_budget), name="clustergpubudgets"),
+                informer.Informer(self.api, paths.NAMESPACES, wire.Namespace, informer.identity, guard.on_namespace,
+                                  name="namespaces"),
+                informer.Informer(self.api, paths.PRIORITY_CLASSES, wire.PriorityClass, informer.identity,
+                                  guard.on_priority_class, name="priorityclasses"),
+            ]  # fmt: skip
         self.tasks = [asyncio.create_task(i.run(), name=f"informer-{i.name}") for i in self.informers]
         await asyncio.gather(*(i.synced.wait() for i in self.informers))
         listed = max((i.listed_at or started) for i in self.informers)

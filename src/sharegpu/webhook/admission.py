@@ -52,8 +52,7 @@ class Policy:
     def budgets_of(self, namespace: str) -> list[api_budgets.AnyBudget]:
         """The budgets that govern the namespace: its own, and the cluster budgets that select it."""
         labels = self.namespace_labels.get(namespace, {})
-        cluster = [b for b in self.cluster_budgets if api_budgets.covers(b, namespace, labels)]
-        return [*self.budgets.get(namespace, ()), *cluster]
+        return api_budgets.governing(namespace, labels, self.budgets.get(namespace, ()), self.cluster_budgets)
 
     default_path: str = names.PATH_EXTENDER
     """The path (`names.PATHS`) of a GPU pod whose own annotation and namespace label say none."""
