@@ -69,6 +69,15 @@ async def admin(control_plane: controlplane.ControlPlane) -> AsyncIterator[clien
 
 
 @pytest.fixture(scope="session")
+async def system_kube(control_plane: controlplane.ControlPlane) -> AsyncIterator[client.KubeClient]:
+    """The harness (system:masters, and a system user of the tests' webhook: the chart's
+    webhook.systemUsers), for what only an operator's tools may create."""
+    kube = stack.kube_for(control_plane, "sharegpu-harness")
+    yield kube
+    await kube.close()
+
+
+@pytest.fixture(scope="session")
 async def system(admin: client.KubeClient) -> None:
     # The compatibility CRDs too; their RBAC only while tests/integration/test_compat.py runs (the
     # chart's own least privilege is checked without it: test_rbac.py).
@@ -335,7 +344,9 @@ def budget_body(name: str, namespace: str, **spec: Any) -> Json:
 
 async def bound_long_ago(kube: client.KubeClient, namespace: str, name: str, seconds: int) -> None:
     """A whole-GPU pod bound `seconds` ago, as its status says, to a node of its own that no kubelet
-    serves (a Node object all the same: the pod garbage collector deletes pods bound to no node)."""
+    serves (a Node object all the same: the pod garbage collector deletes pods bound to no node).
+    Where the webhook runs, `kube` must be a system identity (the harness: `system_kube`), since the
+    webhook refuses a GPU pod addressed to a scheduler outside sharegpu's books from anyone else."""
     node = f"{namespace}-{name}-node"
     with contextlib.suppress(kube_errors.ConflictError):
         await kube.create(paths.NODES, builders.MakeNode(node).obj())

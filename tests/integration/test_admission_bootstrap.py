@@ -78,6 +78,8 @@ async def test_bootstrap_serves_the_dns_name_the_api_server_calls(
         await webhook_config.uninstall(admin)
         process.terminate()
         process.wait(timeout=10)
+        for doc in stack.manifests(stack.BOOTSTRAP_RBAC):
+            await admin.delete(stack.object_path(doc))
 
 
 async def test_a_certificate_without_the_called_name_is_refused_by_the_api_server(

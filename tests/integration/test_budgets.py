@@ -160,12 +160,13 @@ async def test_a_budget_is_consumed_by_running_pods_survives_a_restart_and_then_
 
 async def test_an_exhausted_demote_budget_gives_new_gpu_pods_the_demotion_class(
     admin: client.KubeClient,
+    system_kube: client.KubeClient,
     namespace: str,
     webhook: RunningWebhook,
     controllers: Controllers,
 ) -> None:
     await admin.create(resources.GPU_BUDGET.path(namespace), budget_body("team", namespace))
-    await bound_long_ago(admin, namespace, "old", 7200)
+    await bound_long_ago(system_kube, namespace, "old", 7200)
     await controllers.start()
     await controllers.pass_()
     status = await status_of(admin, namespace, "team")
@@ -184,6 +185,7 @@ async def test_an_exhausted_demote_budget_gives_new_gpu_pods_the_demotion_class(
 
 async def test_a_cluster_budget_pools_the_namespaces_it_selects_and_refuses_in_each_of_them(
     admin: client.KubeClient,
+    system_kube: client.KubeClient,
     namespace: str,
     webhook: RunningWebhook,
     controllers: Controllers,
@@ -201,8 +203,8 @@ async def test_a_cluster_budget_pools_the_namespaces_it_selects_and_refuses_in_e
     await admin.create(resources.CLUSTER_GPU_BUDGET.path(), body)
     try:
         # Half an hour of a whole GPU in each namespace: the pool's 3600 GPU-seconds.
-        await bound_long_ago(admin, namespace, "one", 1800)
-        await bound_long_ago(admin, other, "two", 1800)
+        await bound_long_ago(system_kube, namespace, "one", 1800)
+        await bound_long_ago(system_kube, other, "two", 1800)
         await controllers.start()
         controllers.clock.now = time.time() + 120  # two more minutes each: past the pool's 3600
         await controllers.pass_()
