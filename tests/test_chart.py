@@ -387,3 +387,13 @@ def test_the_admission_policies_are_the_files_the_stack_applies_and_name_what_sh
                  names.account_user("controller")):  # fmt: skip
         assert name in text, name
     assert policy["spec"]["failurePolicy"] == "Fail"
+
+
+def test_the_agent_runs_under_the_runtimes_seccomp_filter_and_mounts_only_its_own_plugin_folder() -> None:
+    agent = one(render("1.37.2", "agent.dra=true"), "DaemonSet", "sharegpu-agent")["spec"]["template"]["spec"]
+    (container,) = agent["containers"]
+    assert container["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["KILL", "DAC_READ_SEARCH"]}
+    paths_ = {v["hostPath"]["path"] for v in agent["volumes"] if "hostPath" in v}
+    assert f"/var/lib/kubelet/plugins/{dra.DRIVER}" in paths_
+    assert "/var/lib/kubelet/plugins" not in paths_, "other drivers' sockets are not the agent's"

@@ -5,6 +5,7 @@ unix sockets, with claims on the fake API server."""
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import tempfile
 from collections.abc import AsyncIterator, Iterator
@@ -89,12 +90,25 @@ async def test_the_kubelet_learns_what_the_plugin_is_and_tells_it_the_outcome(se
     assert not setup.paths.registration_socket.exists() and not setup.paths.plugin_socket.exists()
 
 
-async def test_a_prepared_claim_gets_its_gpu_and_limits_through_cdi_idempotently(setup: Setup) -> None:
+async def test_a_prepared_claim_gets_its_gpu_and_limits_through_cdi_idempotently(
+    setup: Setup, monkeypatch: pytest.MonkeyPatch
+) -> None:
     uid = setup.claim(allocated("c"))
     plugin = setup.plugin()
+    moved: list[str] = []
+    replace = os.replace
+
+    def seen(source: str, target: Path) -> None:  # the spec is written aside, then moved in whole
+        moved.append(Path(source).name)
+        replace(source, target)
+
+    monkeypatch.setattr(os, "replace", seen)
     await plugin.start()
     try:
         answer = await setup.kubelet.prepare(("c", uid))
+        assert moved and not any(name.endswith((".json", ".yaml")) for name in moved), (
+            "a half-written spec is named so that no runtime reads it as one"
+        )
         prepared = answer.claims[uid]
         assert prepared.error == ""
         (device,) = prepared.devices

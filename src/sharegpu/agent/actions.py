@@ -1,7 +1,8 @@
 """What the agent does about a pod over its GPU allocation (`--on-violation`): the usage watchdog
 (`agent.watchdog`) says which pods violate and what to do; the `Enforcer` does it: a Warning event
-(report), SIGKILL to the offending processes after their owner is checked again (kill), or an
-Eviction through the API, which honours disruption budgets (evict)."""
+(report), SIGKILL to the offending processes after their owner is checked again through a pidfd
+that pins each process, so a reused pid is never hit (kill), or an Eviction through the API, which
+honours disruption budgets (evict)."""
 
 from __future__ import annotations
 
@@ -64,16 +65,27 @@ class Enforcer:
             await self.warnings.warn(subject, "GPUPodEvicted", message, decision)
 
     def kill(self, pids: tuple[int, ...], uid: str) -> list[int]:
-        """SIGKILL each process that still belongs to the pod (a pid may have been reused meanwhile)."""
+        """SIGKILL each process that still belongs to the pod. A pid may be reused at any moment: each
+        process is first pinned by a pidfd, its owner then read, and the signal sent through the pidfd,
+        so it reaches the very process whose owner was read, or none (it exited meanwhile)."""
         done = []
         for pid in pids:
-            owner = cgroups.read_owner(pid, self.proc)
-            if owner is None or owner.pod_uid != uid:
+            try:
+                pinned = os.pidfd_open(pid)
+            except ProcessLookupError:
+                continue  # gone already
+            except OSError as exc:  # no pidfd on this kernel (before Linux 5.3): say so, kill nothing
+                log.warning("killing process %d: a pidfd cannot be opened (%s); only reported", pid, exc)
                 continue
             try:
-                os.kill(pid, signal.SIGKILL)
+                owner = cgroups.read_owner(pid, self.proc)
+                if owner is None or owner.pod_uid != uid:
+                    continue
+                signal.pidfd_send_signal(pinned, signal.SIGKILL)
             except (ProcessLookupError, PermissionError) as exc:
                 log.warning("killing process %d: %s", pid, exc)
                 continue
+            finally:
+                os.close(pinned)
             done.append(pid)
         return done

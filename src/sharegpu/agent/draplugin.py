@@ -270,7 +270,8 @@ class DraPlugin:
     def _write(self, uid: str, body: dict[str, Any]) -> None:
         """Atomically: a runtime reading the directory sees the old file or the new one, never half."""
         target = self.paths.cdi_dir / cdi.file_name(uid)
-        descriptor, temporary = tempfile.mkstemp(dir=self.paths.cdi_dir, prefix=".tmp-", suffix=".json")
+        # Not named *.json (nor *.yaml): a runtime scanning the folder for specs must not read it half written.
+        descriptor, temporary = tempfile.mkstemp(dir=self.paths.cdi_dir, prefix=".sharegpu-", suffix=".partial")
         try:
             with os.fdopen(descriptor, "wb") as out:
                 out.write(orjson.dumps(body, option=orjson.OPT_INDENT_2))
