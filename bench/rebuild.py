@@ -143,7 +143,7 @@ async def run(args: argparse.Namespace) -> dict[str, float]:
             ready = time.perf_counter() - started
             assert extender.process is not None
             memory = rss_mib(extender.process.pid)
-            async with aiohttp.ClientSession() as session:
+            async with aiohttp.ClientSession(headers=extender.headers) as session:
                 async with session.get(f"{extender.health_url}/debug/informers") as response:
                     startup = (await response.json())["startup"]
                 async with session.get(f"{extender.health_url}/debug/nodes") as response:

@@ -437,11 +437,23 @@ async def test_a_resource_quota_counts_every_gpu_of_a_share(
 
 
 async def test_admissions_through_the_api_server_are_counted_on_metrics(
-    admin: client.KubeClient, webhook: RunningWebhook, namespace: str
+    admin: client.KubeClient, webhook: RunningWebhook, namespace: str, control_plane: controlplane.ControlPlane
 ) -> None:
+    context = ssl.create_default_context(cadata=certs.pem(webhook.ca_cert).decode())
+    for token, status in ((None, 401), ("alice-token", 403)):  # a token the API server vouches for, not allowed
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        async with (
+            aiohttp.ClientSession(headers=headers) as session,
+            session.get(f"{webhook.url}/metrics", ssl=context) as refused,
+        ):
+            assert refused.status == status
+
     async def counted() -> dict[tuple[str, str], float]:
-        context = ssl.create_default_context(cadata=certs.pem(webhook.ca_cert).decode())
-        async with aiohttp.ClientSession() as session, session.get(f"{webhook.url}/metrics", ssl=context) as got:
+        reader = {"Authorization": f"Bearer {control_plane.token('admin')}"}
+        async with (
+            aiohttp.ClientSession(headers=reader) as session,
+            session.get(f"{webhook.url}/metrics", ssl=context) as got,
+        ):
             assert got.status == 200
             text = await got.text()
         return {

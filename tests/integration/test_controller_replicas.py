@@ -118,7 +118,10 @@ async def _diagnosis(kube: client.KubeClient, namespace: str, replicas: dict[str
     lines.append(f"budget first status: {(found or {}).get('status')}")
     for name, process in replicas.items():
         try:
-            async with aiohttp.ClientSession() as session, session.get(f"{process.health_url}/debug/budgets") as got:
+            async with (
+                aiohttp.ClientSession(headers=process.headers) as session,
+                session.get(f"{process.health_url}/debug/budgets") as got,
+            ):
                 lines.append(f"{name} /debug/budgets: {await got.text()}")
         except aiohttp.ClientError as exc:
             lines.append(f"{name}: {exc}")

@@ -77,7 +77,10 @@ async def holder(admin: client.KubeClient) -> str:
 
 
 async def metric(pair: Pair, name: str, labels: str) -> float:
-    async with aiohttp.ClientSession() as session, session.get(f"{pair.extender.health_url}/metrics") as response:
+    async with (
+        aiohttp.ClientSession(headers=pair.extender.headers) as session,
+        session.get(f"{pair.extender.health_url}/metrics") as response,
+    ):
         for line in (await response.text()).splitlines():
             if line.startswith(f"{name}{{{labels}}}"):
                 return float(line.rsplit(" ", 1)[1])

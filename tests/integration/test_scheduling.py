@@ -265,7 +265,7 @@ async def test_metrics_and_health_endpoints(
     conflicts = (await extender.get("/debug/nodes"))["counters"]["conflicts"]  # other tests make some on purpose
     await admin.create(f"/api/v1/namespaces/{namespace}/pods", gpu_pod("measured", namespace, milli=400))
     await wait_for(lambda: all_bound(admin, namespace, 1), what="the pod bound")
-    async with aiohttp.ClientSession() as session:
+    async with aiohttp.ClientSession(headers=extender.headers) as session:
         async with session.get(f"{extender.health_url}/healthz") as response:
             assert response.status == 200
         async with session.get(f"{extender.health_url}/readyz") as response:
@@ -296,6 +296,15 @@ async def test_metrics_and_health_endpoints(
         assert counters["conflicts"] == conflicts, "the ledger did not disagree with the API server meanwhile"
         async with session.post(f"{extender.health_url}/bind", json={}) as response:
             assert response.status == 404, "the health port serves no scheduling verbs"
+    # /metrics and /debug answer only a token the API server vouches for, of a user allowed to get them.
+    for headers, status in (({}, 401), ({"Authorization": "Bearer forged"}, 401),
+                            ({"Authorization": "Bearer alice-token"}, 403)):  # fmt: skip
+        async with aiohttp.ClientSession(headers=headers) as session:
+            for path in ("/metrics", "/debug/nodes"):
+                async with session.get(f"{extender.health_url}{path}") as response:
+                    assert response.status == status, (headers, path)
+            async with session.get(f"{extender.health_url}/readyz") as response:
+                assert response.status == 200, "the kubelet's probes carry no token"
 
 
 async def test_only_kube_schedulers_certificate_may_call_bind(extender: ExtenderProcess) -> None:

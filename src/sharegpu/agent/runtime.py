@@ -57,9 +57,9 @@ from sharegpu.agent import (
 from sharegpu.api import devices as api_devices
 from sharegpu.api import handoff, names, paths, wire
 from sharegpu.core import devices
-from sharegpu.kube import client, errors, informer, reconcile
+from sharegpu.kube import client, errors, informer, reconcile, reviews
 from sharegpu.kube import events as kube_events
-from sharegpu.serving import health
+from sharegpu.serving import access, health
 
 log = logging.getLogger(__name__)
 
@@ -372,11 +372,14 @@ async def serve(
     kubelet: podresources.KubeletPodResources | None = None,
     prover: proof.Prover | None = None,
     health_address: tuple[str, int] | None = None,
+    metrics_auth: bool = True,
 ) -> None:
-    """Run the agent until cancelled (with /healthz, /readyz and /metrics on `health_address`)."""
+    """Run the agent until cancelled (with /healthz, /readyz and /metrics on `health_address`;
+    /metrics only for a token the API server allows to get it, unless not `metrics_auth`)."""
     async with client.KubeClient.connect(kubeconfig) as api:
         agent = Agent(api, node, source, options, supervisor=supervisor, kubelet=kubelet, prover=prover)
-        server = health.HealthServer(agent.readiness, agent.metrics.registry)
+        gate = access.Gate(reviews.ApiReviewer(api)) if metrics_auth else None
+        server = health.HealthServer(agent.readiness, agent.metrics.registry, gate)
         try:
             if health_address is not None:
                 await server.start(*health_address)

@@ -22,6 +22,7 @@ from sharegpu.cli.options import (
     Compat,
     Kubeconfig,
     LeaderElection,
+    MetricsAuth,
     complete_policy,
     leader_election,
 )
@@ -83,6 +84,7 @@ def extender(
             "holder's writes land or fail meanwhile)."
         ),
     ] = 20.0,
+    metrics_auth: MetricsAuth = True,
     log_level: LogLevelOption = "info",
     log_format: LogFormatOption = "auto",
 ) -> None:
@@ -111,7 +113,7 @@ def extender(
         narrow=narrow, shapes=shapes, tls_cert=tls_cert, tls_key=tls_key, client_ca=client_ca,
         leader_elect=leader_elect, lease_duration=election.lease_duration, renew_deadline=election.renew_deadline,
         retry_period=election.retry_period, reservation_idle=reservation_idle, assume_ttl=assume_ttl,
-        identity=election.identity, preemption=preemption, dra_fence=dra_fence,
+        identity=election.identity, preemption=preemption, dra_fence=dra_fence, metrics_auth=metrics_auth,
     )  # fmt: skip
     with reported():
         serve(runtime.serve(options))
@@ -151,6 +153,7 @@ def controller(
     defrag_budget_per_hour: Annotated[
         int, typer.Option("--defrag-budget-per-hour", help="The most evictions the defragmenter makes in any hour.")
     ] = 10,
+    metrics_auth: MetricsAuth = True,
     log_level: LogLevelOption = "info",
     log_format: LogFormatOption = "auto",
 ) -> None:
@@ -172,7 +175,7 @@ def controller(
         lease_duration=election.lease_duration, renew_deadline=election.renew_deadline,
         retry_period=election.retry_period, identity=election.identity, write_every=write_every, image=image,
         compat=frozenset(c.value for c in compat or ()), defrag=defrag, defrag_dry_run=defrag_dry_run,
-        defrag_budget_per_hour=defrag_budget_per_hour,
+        defrag_budget_per_hour=defrag_budget_per_hour, metrics_auth=metrics_auth,
     )  # fmt: skip
     with reported():
         serve(runtime.serve(options))
@@ -281,6 +284,7 @@ def agent(
     ] = "/var/lib/kubelet/pod-resources/kubelet.sock",
     host: Annotated[str, typer.Option(help="Address of /healthz, /readyz and /metrics.")] = "0.0.0.0",
     health_port: Annotated[int, typer.Option(help="Port of /healthz, /readyz and /metrics (0: none).")] = 9403,
+    metrics_auth: MetricsAuth = True,
     log_level: LogLevelOption = "info",
     log_format: LogFormatOption = "auto",
 ) -> None:
@@ -313,7 +317,7 @@ def agent(
     try:
         with reported():
             serve(agent_runtime.serve(kubeconfig, node, source, options, supervisor=supervisor, kubelet=kubelet,
-                                      prover=prover, health_address=address))  # fmt: skip
+                                      prover=prover, health_address=address, metrics_auth=metrics_auth))  # fmt: skip
     except KeyboardInterrupt:
         pass
     finally:

@@ -34,6 +34,16 @@ Kubeconfig = Annotated[
 ]
 
 
+MetricsAuth = Annotated[
+    bool,
+    typer.Option(
+        "--metrics-auth/--no-metrics-auth",
+        help="Serve /metrics and /debug only to a bearer token the API server accepts, of a user allowed to "
+        "get the path (RBAC nonResourceURLs; the chart's ClusterRole sharegpu-metrics-reader grants /metrics).",
+    ),
+]
+
+
 def complete_policy(incomplete: str) -> list[str]:
     return [name for name in [*policies.REGISTRY, *policies.ALIASES] if name.startswith(incomplete)]
 

@@ -18,6 +18,7 @@ from sharegpu.api import names
 from sharegpu.cli.boundary import UsageError, reported
 from sharegpu.cli.components import serve
 from sharegpu.cli.logs import LogFormatOption, LogLevelOption, configure
+from sharegpu.cli.options import MetricsAuth
 
 if TYPE_CHECKING:
     from sharegpu.webhook.admission import Policy
@@ -106,6 +107,7 @@ def webhook(
             "extender (sharegpu's resources) or dra (a claim of sharegpu's DeviceClass): docs/dra.md."
         ),
     ] = "extender",
+    metrics_auth: MetricsAuth = True,
     log_level: LogLevelOption = "info",
     log_format: LogFormatOption = "auto",
 ) -> None:
@@ -129,7 +131,7 @@ def webhook(
             check_url(url, dns_names, ips)
         certs.subject_names(dns_names, ips)
     with reported():
-        serve(_run(policy, cert, key, bootstrap, url, dns_names, ips, kubeconfig, host, port))
+        serve(_run(policy, cert, key, bootstrap, url, dns_names, ips, kubeconfig, host, port, metrics_auth))
 
 
 def _policy(
@@ -164,6 +166,7 @@ async def _run(
     kubeconfig: str | None,
     host: str,
     port: int,
+    metrics_auth: bool,
 ) -> None:
     """Serve; with `bootstrap`, first make a CA and the serving pair there and register the CA bundle
     (with `url`: the webhook configurations themselves, at that URL)."""
@@ -181,4 +184,5 @@ async def _run(
             else:
                 await webhook_config.set_ca_bundle(kube, certs.pem(ca_cert))
     assert cert is not None and key is not None
-    await webhook_server.serve(host, port, cert, key, webhook_server.Webhook(policy), kubeconfig)
+    await webhook_server.serve(host, port, cert, key, webhook_server.Webhook(policy), kubeconfig,
+                               metrics_auth=metrics_auth)  # fmt: skip

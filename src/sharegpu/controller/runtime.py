@@ -40,9 +40,9 @@ from sharegpu.api import groups as api_groups
 from sharegpu.api import sharepods as api_sharepods
 from sharegpu.controller import budgets, defrag, deviceshare, groups, inventory, sharepods
 from sharegpu.core import errors
-from sharegpu.kube import client, informer, leader, reconcile
+from sharegpu.kube import client, informer, leader, reconcile, reviews
 from sharegpu.kube import events as kube_events
-from sharegpu.serving import health
+from sharegpu.serving import access, health
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +72,8 @@ class Options:
     defrag_dry_run: bool = False
     """Run the defragmenter, reporting its plans (log, events, metrics) without evicting."""
     defrag_budget_per_hour: int = 10
+    metrics_auth: bool = True
+    """/metrics and /debug only for a token the API server allows to get them (`serving.access`)."""
     """Evictions the defragmenter may make in any hour."""
 
 
@@ -206,8 +208,10 @@ class Controller:
         await informer.cancel(reversed(self.tasks))
 
     def app(self) -> web.Application:
-        """/healthz, /readyz and /metrics (`serving.health`) and /debug/budgets."""
-        app = health.HealthServer(self.readiness, self.metrics.registry).app()
+        """/healthz, /readyz and /metrics (`serving.health`) and /debug/budgets (those two behind the
+        gate of `serving.access`)."""
+        gate = access.Gate(reviews.ApiReviewer(self.api)) if self.options.metrics_auth else None
+        app = health.HealthServer(self.readiness, self.metrics.registry, gate).app()
 
         async def debug_budgets(_: web.Request) -> web.Response:
             shown = {key: wire.encode(item.status) for key, item in sorted(self.budgets.budgets.items())}

@@ -270,8 +270,16 @@ class ExtenderProcess(_ComponentProcess):
     async def wait_ready(self, timeout: float = 60) -> None:
         await self._wait_ready(f"{self.health_url}/readyz", timeout)
 
+    @property
+    def headers(self) -> dict[str, str]:
+        """What /metrics and /debug ask of a caller (`serving.access`): the cluster admin's token."""
+        return {"Authorization": f"Bearer {self.plane.token('admin')}"}
+
     async def get(self, path: str) -> Any:
-        async with aiohttp.ClientSession() as session, session.get(f"{self.health_url}{path}") as response:
+        async with (
+            aiohttp.ClientSession(headers=self.headers) as session,
+            session.get(f"{self.health_url}{path}") as response,
+        ):
             return await response.json()
 
     async def connections(self) -> dict[str, int]:
@@ -280,7 +288,8 @@ class ExtenderProcess(_ComponentProcess):
 
     async def counted(self, sample_name: str, label: str) -> dict[str, int]:
         """A counter of /metrics, by one of its labels."""
-        async with aiohttp.ClientSession() as session, session.get(f"{self.health_url}/metrics") as response:
+        url = f"{self.health_url}/metrics"
+        async with aiohttp.ClientSession(headers=self.headers) as session, session.get(url) as response:
             text = await response.text()
         return {
             sample.labels[label]: int(sample.value)
@@ -366,6 +375,11 @@ class ControllerProcess(_ComponentProcess):
     """`sharegpu controller` as a real process, with its own credentials and health port."""
 
     name = "controller"
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """What /metrics and /debug ask of a caller (`serving.access`): the cluster admin's token."""
+        return {"Authorization": f"Bearer {self.plane.token('admin')}"}
 
     def __init__(self, plane: controlplane.ControlPlane, *extra: str) -> None:
         self.plane = plane

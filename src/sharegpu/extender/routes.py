@@ -33,7 +33,7 @@ from sharegpu.core import errors, fit, units
 from sharegpu.extender import cache as extender_cache
 from sharegpu.extender import metrics as extender_metrics
 from sharegpu.extender import scheduling
-from sharegpu.serving import http2
+from sharegpu.serving import access, http2
 
 MAX_BODY = 64 * 1024 * 1024
 DETAIL_NODES = 20
@@ -107,8 +107,10 @@ def _reply(body: Any, status: int) -> http2.Reply:
     return http2.Reply(status, msgspec.json.encode(body))
 
 
-def operations(runtime: Runtime) -> web.Application:
-    app = web.Application()
+def operations(runtime: Runtime, gate: access.Gate | None = None) -> web.Application:
+    """/healthz and /readyz, and behind `gate` (`serving.access`: a token allowed to get the path)
+    /metrics and /debug."""
+    app = web.Application(middlewares=[gate.middleware] if gate is not None else [])
 
     async def healthz(_: web.Request) -> web.Response:
         return web.Response(text="ok")

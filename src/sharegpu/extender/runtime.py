@@ -37,9 +37,9 @@ from sharegpu.extender import overcommit as extender_overcommit
 from sharegpu.extender import preemption, requeue, routes, scheduling
 from sharegpu.extender import quotas as extender_quotas
 from sharegpu.extender import reservations as extender_reservations
-from sharegpu.kube import client, informer, leader
+from sharegpu.kube import client, informer, leader, reviews
 from sharegpu.kube import events as kube_events
-from sharegpu.serving import http2, tls
+from sharegpu.serving import access, http2, tls
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +71,8 @@ class Options:
     """A GPU pod that fits nowhere preempts lower-priority GPU pods (`extender.preemption`)."""
     dra_fence: float = extender_allocator.FENCE
     """Seconds a new leader's DRA allocator waits before its first write (`extender.allocator`)."""
+    metrics_auth: bool = True
+    """/metrics and /debug only for a token the API server allows to get them (`serving.access`)."""
 
 
 class Extender:
@@ -259,7 +261,10 @@ async def serve(options: Options, started: asyncio.Event | None = None) -> None:
     verbs = routes.Verbs(extender.scheduling, extender.metrics)
     runners = [
         web.AppRunner(verbs.app(), access_log=None),
-        web.AppRunner(routes.operations(extender), access_log=None),
+        web.AppRunner(
+            routes.operations(extender, access.Gate(reviews.ApiReviewer(api)) if options.metrics_auth else None),
+            access_log=None,
+        ),
     ]
     connections = http2.Connections(verbs, routes.MAX_BODY, extender.metrics.connection)
     listener: http2.Listener | None = None

@@ -1,7 +1,8 @@
 """Plain-HTTP health for a component that serves nothing else (the node agent): /healthz (the
 process answers), /readyz (the component's own check: 200 "ok", or 503 with what is not ready as
-JSON) and /metrics (a Prometheus registry). The servers with an API of their own (extender, webhook,
-controller) add these routes to their own applications instead."""
+JSON) and /metrics (a Prometheus registry), /metrics behind `serving.access`'s gate when given one.
+The servers with an API of their own (extender, webhook, controller) add these routes to their own
+applications instead."""
 
 from __future__ import annotations
 
@@ -11,17 +12,26 @@ from typing import Any
 import prometheus_client
 from aiohttp import web
 
+from sharegpu.serving import access
+
 Readiness = Callable[[], tuple[bool, dict[str, Any]]]
 
 
 class HealthServer:
-    def __init__(self, readiness: Readiness, registry: prometheus_client.CollectorRegistry) -> None:
+    def __init__(
+        self,
+        readiness: Readiness,
+        registry: prometheus_client.CollectorRegistry,
+        gate: access.Gate | None = None,
+    ) -> None:
         self.readiness = readiness
         self.registry = registry
+        self.gate = gate
+        """Who may read /metrics (and a component's /debug): `serving.access`; None: anyone."""
         self.runner: web.AppRunner | None = None
 
     def app(self) -> web.Application:
-        app = web.Application()
+        app = web.Application(middlewares=[self.gate.middleware] if self.gate is not None else [])
 
         async def healthz(_: web.Request) -> web.Response:
             return web.Response(text="ok")

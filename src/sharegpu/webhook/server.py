@@ -33,9 +33,9 @@ from prometheus_client.registry import Collector
 from sharegpu.api import admission as api_admission
 from sharegpu.api import budgets, groups, names, paths, resources, wire
 from sharegpu.core import errors
-from sharegpu.kube import client, informer
+from sharegpu.kube import client, informer, reviews
 from sharegpu.kube import errors as kube_errors
-from sharegpu.serving import tls
+from sharegpu.serving import access, tls
 from sharegpu.webhook import admission
 
 log = logging.getLogger(__name__)
@@ -118,8 +118,10 @@ class Webhook:
                               informer.identity, self.on_group, name="webhook-shareddevicegroups"),
         ]  # fmt: skip
 
-    def app(self) -> web.Application:
-        app = web.Application(client_max_size=MAX_BODY)
+    def app(self, gate: access.Gate | None = None) -> web.Application:
+        """The admission paths (the API server calls them), /healthz and /readyz; /metrics behind
+        `gate` (`serving.access`) when given."""
+        app = web.Application(client_max_size=MAX_BODY, middlewares=[gate.middleware] if gate is not None else [])
         app.router.add_post("/mutate/pods", self._counted("mutate", self._handler("mutate")))
         app.router.add_post("/validate/pods", self._counted("validate", self._handler("validate")))
         app.router.add_post("/validate/devices", self._counted("devices", self.validate_device))
@@ -327,16 +329,20 @@ async def serve(
     hook: Webhook,
     kubeconfig: str | None = None,
     ready: asyncio.Event | None = None,
+    metrics_auth: bool = True,
 ) -> None:
-    """Serve `hook` until cancelled; with a kubeconfig, follow what its decisions depend on."""
+    """Serve `hook` until cancelled; with a kubeconfig, follow what its decisions depend on (and,
+    with `metrics_auth`, let only a token the API server allows read /metrics)."""
     context = tls.ReloadingTls(cert, key)
     tasks = []
     kube = None
+    gate = None
     if kubeconfig is not None:
         kube = client.KubeClient.connect(kubeconfig or None)
         hook.follow(kube)
         tasks = [asyncio.create_task(i.run(), name=i.name) for i in hook.informers]
-    runner = web.AppRunner(hook.app(), access_log=None)
+        gate = access.Gate(reviews.ApiReviewer(kube)) if metrics_auth else None
+    runner = web.AppRunner(hook.app(gate), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port, ssl_context=context.context)
     await site.start()
