@@ -397,3 +397,52 @@ def test_the_agent_runs_under_the_runtimes_seccomp_filter_and_mounts_only_its_ow
     paths_ = {v["hostPath"]["path"] for v in agent["volumes"] if "hostPath" in v}
     assert f"/var/lib/kubelet/plugins/{dra.DRIVER}" in paths_
     assert "/var/lib/kubelet/plugins" not in paths_, "other drivers' sockets are not the agent's"
+
+
+def test_network_policies_let_in_only_the_webhooks_callers_and_the_scrapes_and_are_off_on_request() -> None:
+    docs = render("1.37.2")
+    policies = {d["metadata"]["name"]: d["spec"] for d in docs if d["kind"] == "NetworkPolicy"}
+    assert policies["sharegpu-default-deny"] == {"podSelector": {}, "policyTypes": ["Ingress"]}
+    webhook = policies["sharegpu-webhook"]
+    assert webhook["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "webhook"
+    assert webhook["ingress"] == [{"ports": [{"port": 8443, "protocol": "TCP"}]}], "the API server: any address"
+    ports = {"scheduler": 8889, "controller": 8890, "agent": 9403}
+    for component, port in ports.items():
+        spec = policies[f"sharegpu-{component}-metrics"]
+        assert spec["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == component
+        assert spec["ingress"] == [{"from": [{"namespaceSelector": {}}], "ports": [{"port": port, "protocol": "TCP"}]}]
+    narrowed = render("1.37.2", "networkPolicy.metricsFrom[0].namespaceSelector.matchLabels.team=monitoring")
+    spec = one(narrowed, "NetworkPolicy", "sharegpu-agent-metrics")["spec"]
+    assert spec["ingress"][0]["from"] == [{"namespaceSelector": {"matchLabels": {"team": "monitoring"}}}]
+    assert not [d for d in render("1.37.2", "networkPolicy.enabled=false") if d["kind"] == "NetworkPolicy"]
+
+
+def test_the_charts_certificates_last_a_year_and_the_scheduler_has_a_client_pair_of_its_own() -> None:
+    from cryptography.x509.oid import ExtendedKeyUsageOID
+
+    docs = render("1.37.2")
+    pki = one(docs, "Secret", "sharegpu-extender-tls")
+    pairs = {
+        stem: x509.load_pem_x509_certificate(base64.b64decode(pki["data"][f"{stem}.crt"])) for stem in ("tls", "client")
+    }
+    assert pairs["tls"].subject != pairs["client"].subject and pairs["tls"].public_key() != pairs["client"].public_key()
+    assert (
+        ExtendedKeyUsageOID.CLIENT_AUTH
+        in pairs["client"].extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    )
+    for secret in (pki, one(docs, "Secret", "sharegpu-webhook-tls")):
+        leaf = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["tls.crt"]))
+        assert (leaf.not_valid_after_utc - leaf.not_valid_before_utc).days == 365
+        assert (
+            abs(int(secret["metadata"]["annotations"]["sharegpu.io/not-after"]) - leaf.not_valid_after_utc.timestamp())
+            < 600
+        )
+    spec = one(docs, "Deployment", "sharegpu-scheduler")["spec"]["template"]["spec"]
+    mounted = {v["name"]: [i["key"] for i in v["secret"]["items"]] for v in spec["volumes"] if "secret" in v}
+    assert mounted == {
+        "extender-tls": ["ca.crt", "tls.crt", "tls.key"],
+        "scheduler-tls": ["ca.crt", "client.crt", "client.key"],
+    }
+    config = yaml.safe_load(one(docs, "ConfigMap", "sharegpu-scheduler")["data"]["config.yaml"])
+    (extender,) = config["extenders"]
+    assert extender["tlsConfig"]["certFile"].endswith("/client.crt")

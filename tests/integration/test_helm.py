@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import os
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -76,6 +77,7 @@ def path_of(doc: Json) -> str:
         "ValidatingAdmissionPolicyBinding": "validatingadmissionpolicybindings",
         "MutatingAdmissionPolicy": "mutatingadmissionpolicies",
         "MutatingAdmissionPolicyBinding": "mutatingadmissionpolicybindings",
+        "NetworkPolicy": "networkpolicies",
     }[doc["kind"]]  # fmt: skip
     namespace = doc["metadata"].get("namespace")
     where = f"{base}/namespaces/{namespace}/{plural}" if namespace else f"{base}/{plural}"
@@ -186,6 +188,26 @@ async def test_install_upgrade_and_uninstall_with_the_charts_conditions_evaluate
     deployment = await kube.get(f"/apis/apps/v1/namespaces/{SYSTEM}/deployments/sharegpu-scheduler")
     args = deployment["spec"]["template"]["spec"]["containers"][1]["args"]
     assert "--policy=binpack" in args, args
+    # Near their expiry (the Secret's annotation says when), the chart's certificates are made again by
+    # the next upgrade; the old CA stays in the bundle beside the new one, and the pods roll.
+    rolled = deployment["spec"]["template"]["metadata"]["annotations"]["checksum/tls"]
+    soon = str(int(time.time()) + 10 * 86_400)
+    for name in ("sharegpu-webhook-tls", "sharegpu-extender-tls"):
+        await kube.patch(f"/api/v1/namespaces/{SYSTEM}/secrets/{name}",
+                         {"metadata": {"annotations": {"sharegpu.io/not-after": soon}}})  # fmt: skip
+    # The test's own writes (this annotation, the configurations it pointed at its webhook) are another
+    # field manager's: the upgrade takes them over.
+    await run_helm(plane, "upgrade", "sharegpu", chart, "-n", SYSTEM, "--set", "extender.policy=binpack",
+                   "--force-conflicts")  # fmt: skip
+    renewed = await kube.get(secret)
+    assert renewed["data"]["tls.crt"] != before["tls.crt"]
+    bundle = base64.b64decode(renewed["data"]["ca.crt"])
+    assert bundle.count(b"BEGIN CERTIFICATE") == 2 and base64.b64decode(before["ca.crt"]) in bundle
+    assert int(renewed["metadata"]["annotations"]["sharegpu.io/not-after"]) > int(soon) + 300 * 86_400
+    mutating = await kube.get(f"{ADMISSION}/mutatingwebhookconfigurations/sharegpu")
+    assert base64.b64decode(mutating["webhooks"][0]["clientConfig"]["caBundle"]) == bundle
+    deployment = await kube.get(f"/apis/apps/v1/namespaces/{SYSTEM}/deployments/sharegpu-scheduler")
+    assert deployment["spec"]["template"]["metadata"]["annotations"]["checksum/tls"] != rolled
 
     # Uninstall: everything goes but the CRDs (helm never deletes what crds/ installed), as documented.
     await run_helm(plane, "uninstall", "sharegpu", "-n", SYSTEM)

@@ -6,6 +6,7 @@ With `--bootstrap FOLDER` the webhook makes its own CA and serving certificate a
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import ipaddress
 import urllib.parse
@@ -169,20 +170,38 @@ async def _run(
     metrics_auth: bool,
 ) -> None:
     """Serve; with `bootstrap`, first make a CA and the serving pair there and register the CA bundle
-    (with `url`: the webhook configurations themselves, at that URL)."""
+    (with `url`: the webhook configurations themselves, at that URL), and keep both valid meanwhile
+    (`webhook.bootstrap`: checked every hour, the bundle written again when the CA changes)."""
     from sharegpu.kube import client as kube_client
-    from sharegpu.serving import certs
+    from sharegpu.webhook import bootstrap as webhook_bootstrap
     from sharegpu.webhook import config as webhook_config
     from sharegpu.webhook import server as webhook_server
 
-    if bootstrap is not None:
-        ca_cert, ca_key, _ = certs.write_ca(bootstrap, "sharegpu-webhook-ca")
-        cert, key = certs.write_serving_pair(bootstrap, ca_cert, ca_key, dns_names=dns_names, ip_addresses=ips)
-        async with kube_client.KubeClient.connect(kubeconfig) as kube:
-            if url:
-                await webhook_config.install(kube, url, certs.pem(ca_cert))
-            else:
-                await webhook_config.set_ca_bundle(kube, certs.pem(ca_cert))
-    assert cert is not None and key is not None
-    await webhook_server.serve(host, port, cert, key, webhook_server.Webhook(policy), kubeconfig,
-                               metrics_auth=metrics_auth)  # fmt: skip
+    if bootstrap is None:
+        assert cert is not None and key is not None
+        await webhook_server.serve(host, port, cert, key, webhook_server.Webhook(policy), kubeconfig,
+                                   metrics_auth=metrics_auth)  # fmt: skip
+        return
+    pki = webhook_bootstrap.Bootstrap(bootstrap, dns_names, ips)
+    pki.renew()
+    async with kube_client.KubeClient.connect(kubeconfig) as kube:
+        if url:
+            await webhook_config.install(kube, url, pki.bundle)
+        else:
+            await webhook_config.set_ca_bundle(kube, pki.bundle)
+
+        async def keep_valid() -> None:
+            while True:
+                await asyncio.sleep(RECHECK)
+                if pki.renew():
+                    await webhook_config.set_ca_bundle(kube, pki.bundle)
+
+        hook = webhook_server.Webhook(policy)
+        pair = (bootstrap / "tls.crt", bootstrap / "tls.key")
+        await asyncio.gather(
+            webhook_server.serve(host, port, *pair, hook, kubeconfig, metrics_auth=metrics_auth), keep_valid()
+        )
+
+
+RECHECK = 3600.0
+"""Seconds between checks of the bootstrap certificates (`webhook.bootstrap.Bootstrap.renew`)."""

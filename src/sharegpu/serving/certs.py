@@ -67,8 +67,11 @@ def subject_names(dns_names: Sequence[str], ip_addresses: Sequence[str]) -> list
     return names
 
 
-def new_ca(common: str = "sharegpu-ca", days: int = 365) -> tuple[x509.Certificate, Key]:
-    now = datetime.datetime.now(datetime.UTC)
+def new_ca(
+    common: str = "sharegpu-ca", days: int = 365, at: datetime.datetime | None = None
+) -> tuple[x509.Certificate, Key]:
+    """A CA valid `days` from `at` (now)."""
+    now = at or datetime.datetime.now(datetime.UTC)
     key = ec.generate_private_key(ec.SECP256R1())
     cert = (
         x509.CertificateBuilder()
@@ -105,8 +108,9 @@ def _leaf(
     days: int,
     usage: x509.ObjectIdentifier,
     names: list[x509.GeneralName] | None,
+    at: datetime.datetime | None = None,
 ) -> tuple[x509.Certificate, Key]:
-    now = datetime.datetime.now(datetime.UTC)
+    now = at or datetime.datetime.now(datetime.UTC)
     key = ec.generate_private_key(ec.SECP256R1())
     builder = (
         x509.CertificateBuilder()
@@ -132,9 +136,12 @@ def issue_serving(
     dns_names: Sequence[str] = (),
     ip_addresses: Sequence[str] = (),
     days: int = 365,
+    at: datetime.datetime | None = None,
 ) -> tuple[x509.Certificate, Key]:
-    """A serving certificate for exactly `dns_names` and `ip_addresses`, signed by the CA."""
-    return _leaf(ca_cert, ca_key, common, days, ExtendedKeyUsageOID.SERVER_AUTH, subject_names(dns_names, ip_addresses))
+    """A serving certificate for exactly `dns_names` and `ip_addresses`, signed by the CA, valid
+    `days` from `at` (now)."""
+    names = subject_names(dns_names, ip_addresses)
+    return _leaf(ca_cert, ca_key, common, days, ExtendedKeyUsageOID.SERVER_AUTH, names, at)
 
 
 def issue_client(ca_cert: x509.Certificate, ca_key: Key, common: str, days: int = 365) -> tuple[x509.Certificate, Key]:

@@ -99,3 +99,44 @@ cs.exists(c, (has(c.resources) && ((has(c.resources.limits) && c.resources.limit
 {{- $skip := concat (list "kube-system" (include "sharegpu.namespace" .)) .Values.webhook.skipNamespaces | uniq }}
 {{- toYaml (dict "matchExpressions" (list (dict "key" "sharegpu.io/admission" "operator" "NotIn" "values" (list "skip")) (dict "key" "kubernetes.io/metadata.name" "operator" "NotIn" "values" $skip))) }}
 {{- end }}
+
+{{- /* A Secret's data for a PKI the chart makes (helm mode): a CA and a serving pair (and, with
+     `client`, a client pair), valid `days` (365), made once and kept across upgrades (read back with
+     `lookup`), and made again by the first upgrade within `renew` days (90) of the expiry the Secret's
+     annotation sharegpu.io/not-after records (a Secret without it, as older charts made, is renewed at
+     once). A renewed ca.crt holds the new CA and the old one, so that what still runs with the old
+     pair is trusted until its pods restart (the pod templates carry the data's digest: they roll).
+     Arguments: dict "root" . "secret" <lookup> "ca" <CA name> "cn" <common name> "ips" <list>
+     "dns" <list> "client" <common name or "">. Output: YAML {annotations: ..., data: ...}. */ -}}
+{{- define "sharegpu.pki" -}}
+{{- $days := 365 }}
+{{- $renew := 90 }}
+{{- $now := int (unixEpoch now) }}
+{{- $keep := false }}
+{{- $old := "" }}
+{{- with .secret }}
+{{- if .data }}
+{{- $notAfter := int ((.metadata.annotations | default dict) | dig "sharegpu.io/not-after" "0") }}
+{{- $keep = gt (sub $notAfter $now) (mul $renew 86400) }}
+{{- $old = index .data "ca.crt" | default "" }}
+{{- end }}
+{{- end }}
+{{- if $keep }}
+{{- toYaml (dict "annotations" .secret.metadata.annotations "data" .secret.data) }}
+{{- else }}
+{{- $ca := genCAWithKey .ca $days (genPrivateKey "ecdsa") }}
+{{- $pair := genSignedCertWithKey .cn .ips .dns $days $ca (genPrivateKey "ecdsa") }}
+{{- $bundle := $ca.Cert }}
+{{- if $old }}
+{{- $previous := b64dec $old | splitList "-----END CERTIFICATE-----" | first }}
+{{- $bundle = printf "%s%s-----END CERTIFICATE-----\n" $ca.Cert $previous }}
+{{- end }}
+{{- $data := dict "ca.crt" ($bundle | b64enc) "tls.crt" ($pair.Cert | b64enc) "tls.key" ($pair.Key | b64enc) }}
+{{- if .client }}
+{{- $client := genSignedCertWithKey .client nil nil $days $ca (genPrivateKey "ecdsa") }}
+{{- $_ := set $data "client.crt" ($client.Cert | b64enc) }}
+{{- $_ := set $data "client.key" ($client.Key | b64enc) }}
+{{- end }}
+{{- toYaml (dict "annotations" (dict "sharegpu.io/not-after" (toString (add $now (mul $days 86400)))) "data" $data) }}
+{{- end }}
+{{- end }}
