@@ -411,3 +411,25 @@ def test_tied_finds_daemons_and_servers_by_their_directories_and_never_a_client(
     assert mps.tied(proc, layout, "GPU-a") == [10, 11]
     assert mps.tied(proc, layout, "GPU-b") == [13]
     assert mps.tied(tmp_path / "absent", layout, "GPU-a") == []
+
+
+def test_a_link_a_tenant_planted_in_its_gpus_folder_is_removed_never_followed(tmp_path: Path) -> None:
+    """Tenants mount their GPU's folder: one replaces pipe/ by a link to a folder of the host's and log
+    by a file. The root agent preparing the folders removes both instead of creating or chmodding
+    through them."""
+    root, victim = tmp_path / "mps", tmp_path / "host-folder"
+    victim.mkdir(mode=0o700)
+    layout = mps.Layout(root)
+    uuid = "GPU-aaaa"
+    gpu = layout.gpu(uuid)
+    gpu.mkdir(parents=True)
+    layout.pipe(uuid).symlink_to(victim)
+    layout.log(uuid).write_text("not a folder")
+    supervisor = mps.Supervisor("nvidia-cuda-mps-control", layout)
+    supervisor._prepare(uuid)
+    for path in (layout.pipe(uuid), layout.log(uuid)):
+        assert path.is_dir() and not path.is_symlink()
+        assert oct(path.stat().st_mode & 0o777) == oct(mps.MODE)
+    assert oct(victim.stat().st_mode & 0o777) == "0o700", "the link's target untouched"
+    supervisor._prepare(uuid)  # again: what is right stays
+    assert layout.pipe(uuid).is_dir()

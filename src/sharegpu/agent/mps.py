@@ -33,6 +33,7 @@ import os
 import re
 import shutil
 import signal
+import stat
 import time
 from collections.abc import Callable, Iterator, Set
 from dataclasses import dataclass
@@ -119,6 +120,32 @@ class Status:
     """When the current (or last) daemon started, on the supervisor's clock."""
     problem: str
     """Why it is not running ("" while it runs)."""
+
+
+def own_directory(parent: Path, name: str) -> None:
+    """Make `parent/name` a real directory of the agent's, mode `MODE`, without following a link:
+    everything is done relative to the parent's descriptor (opened without following a link itself),
+    a symlink or file standing at `name` is removed (never followed: the root agent would otherwise
+    create or chmod wherever it points), and the mode is set through the new directory's own
+    descriptor. `parent` must be one of the agent's (the MPS root, or a folder made here)."""
+    folder = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        try:
+            os.mkdir(name, MODE, dir_fd=folder)
+        except FileExistsError:
+            found = os.lstat(name, dir_fd=folder)
+            if not stat.S_ISDIR(found.st_mode):
+                log.warning("%s/%s was a %s, not the agent's folder: removed", parent, name,
+                            "link" if stat.S_ISLNK(found.st_mode) else "file")  # fmt: skip
+                os.unlink(name, dir_fd=folder)
+                os.mkdir(name, MODE, dir_fd=folder)
+        made = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=folder)
+        try:
+            os.fchmod(made, MODE)  # mkdir's mode is masked by the umask
+        finally:
+            os.close(made)
+    finally:
+        os.close(folder)
 
 
 def tied(proc: Path, layout: Layout, uuid: str) -> list[int]:
@@ -308,11 +335,13 @@ class Supervisor:
         return describe_exit(daemon.last_exit)
 
     def _prepare(self, uuid: str) -> None:
-        """Create the GPU's directories (the pipe directory must exist before the daemon starts)."""
+        """Create the GPU's directories (the pipe directory must exist before the daemon starts),
+        never following a link: tenants mount the GPU's folder, so whatever stands in it may have been
+        planted there (`own_directory`)."""
         self.layout.root.mkdir(mode=MODE, parents=True, exist_ok=True)
-        for path in (self.layout.gpu(uuid), self.layout.pipe(uuid), self.layout.log(uuid)):
-            path.mkdir(mode=MODE, exist_ok=True)
-            path.chmod(MODE)  # mkdir's mode is masked by the umask
+        own_directory(self.layout.root, self.layout.gpu(uuid).name)
+        for path in (self.layout.pipe(uuid), self.layout.log(uuid)):
+            own_directory(path.parent, path.name)
 
     async def _halt(self, daemon: _Daemon) -> None:
         """End the watcher, then the daemon and its server."""
