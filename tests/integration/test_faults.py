@@ -143,9 +143,10 @@ async def test_a_rotated_service_account_token_is_read_again_and_readyz_tells_th
         async with aiohttp.ClientSession() as session, session.get(f"{replica.health_url}/readyz") as response:
             assert response.status == 503 and (await response.json())["credentialsRefused"] is True
             # /debug and /metrics cannot check their callers meanwhile (their reviews use the same token)
-        async with aiohttp.ClientSession(headers=replica.headers) as session, session.get(
-            f"{replica.health_url}/debug/informers"
-        ) as response:
+        async with (
+            aiohttp.ClientSession(headers=replica.headers) as session,
+            session.get(f"{replica.health_url}/debug/informers") as response,
+        ):
             assert response.status == 503
         token_file.write_text(await mint_token(admin, f"token-b-{suffix}"))
         await wait_for(lambda: ready(replica), timeout=30, what="/readyz true with the rotated token")

@@ -223,3 +223,19 @@ async def test_the_extender_and_controller_create_only_sharegpus_own_pods_and_th
     finally:
         await extender.close()
         await controller.close()
+
+
+async def test_the_controller_changes_only_the_groups_labels_of_a_node(
+    admin: client.KubeClient, control_plane: controlplane.ControlPlane, two_nodes: tuple[Node, Node]
+) -> None:
+    here, _ = two_nodes
+    controller = stack.kube_for(control_plane, names.account("controller"))
+    node = paths.node(here.name)
+    try:
+        await controller.patch(node, labelled(groups.node_label("t", "g"), groups.BOUND))
+        for change in (labelled("node-role.kubernetes.io/control-plane"), {"spec": {"unschedulable": True}},
+                       {"spec": {"taints": [{"key": "x", "effect": "NoSchedule"}]}}):  # fmt: skip
+            await refused(lambda c=change: controller.patch(node, c),  # type: ignore[misc]
+                          "changes only the SharedDeviceGroups' labels")  # fmt: skip
+    finally:
+        await controller.close()

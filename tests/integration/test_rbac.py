@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from sharegpu.api import names
-from sharegpu.devcluster import controlplane
+from sharegpu.devcluster import controlplane, stack
 from sharegpu.kube import client
 from tests.conftest import render
 
@@ -109,3 +109,107 @@ async def test_each_component_can_do_what_it_needs_and_nothing_it_does_not(
     assert cannot == [], f"sharegpu-{component} lacks what it needs"
     can = [c for c in REFUSED[component] if await allowed(admin, component, c)]
     assert can == [], f"sharegpu-{component} may do more than it needs"
+
+
+RIGHTS: dict[str, dict[str, dict[str, str]]] = {
+    "extender": {
+        "any namespace": {
+            "/configmaps": "create delete get list patch update watch", "/events": "create patch",
+            "/namespaces": "get list watch", "/nodes": "get list watch", "/pods": "delete get list patch watch",
+            "/pods/binding": "create", "/pods/eviction": "create", "/pods/status": "patch",
+            "/resourcequotas": "get list watch", "authentication.k8s.io/tokenreviews": "create",
+            "authorization.k8s.io/subjectaccessreviews": "create", "events.k8s.io/events": "create patch",
+            "resource.k8s.io/resourceclaims": "get list patch watch",
+            "resource.k8s.io/resourceclaims/binding": "patch update",
+            "resource.k8s.io/resourceclaims/status": "patch update",
+            "resource.k8s.io/resourceclaimtemplates": "create", "scheduling.k8s.io/priorityclasses": "get list watch",
+            "sharegpu.io/clustergpubudgets": "get list watch", "sharegpu.io/devices": "get list watch",
+            "sharegpu.io/gpubudgets": "get list watch",
+        },
+        "sharegpu-system": {"/pods": "create", "coordination.k8s.io/leases": "create",
+                            "coordination.k8s.io/leases[sharegpu-extender]": "get update"},
+    },
+    "webhook": {
+        "any namespace": {
+            "/namespaces": "get list watch", "/pods": "get list", "authentication.k8s.io/tokenreviews": "create",
+            "authorization.k8s.io/subjectaccessreviews": "create",
+            "scheduling.k8s.io/priorityclasses": "get list watch",
+            "sharegpu.io/clustergpubudgets": "get list watch", "sharegpu.io/devices": "get list watch",
+            "sharegpu.io/gpubudgets": "get list watch", "sharegpu.io/shareddevicegroups": "get list watch",
+        },
+        "sharegpu-system": {},
+    },
+    "controller": {
+        "any namespace": {
+            "/configmaps": "create delete get list patch update watch", "/events": "create list",
+            "/namespaces": "get list watch", "/nodes": "get list patch watch", "/pods": "get list watch",
+            "/pods/eviction": "create", "authentication.k8s.io/tokenreviews": "create",
+            "authorization.k8s.io/subjectaccessreviews": "create", "policy/poddisruptionbudgets": "get list watch",
+            "resource.k8s.io/resourceclaims": "get list watch", "sharegpu.io/clustergpubudgets": "get list watch",
+            "sharegpu.io/clustergpubudgets/status": "patch update", "sharegpu.io/devices": "get list watch",
+            "sharegpu.io/gpubudgets": "get list watch", "sharegpu.io/gpubudgets/status": "patch update",
+            "sharegpu.io/shareddevicegroups": "get list patch watch",
+            "sharegpu.io/shareddevicegroups/status": "patch update",
+        },
+        "sharegpu-system": {"/pods": "create delete", "coordination.k8s.io/leases": "create",
+                            "coordination.k8s.io/leases[sharegpu-controller]": "get update"},
+    },
+    "agent": {
+        "any namespace": {
+            "/events": "create", "/nodes": "get patch", "/pods": "list watch", "/pods/eviction": "create",
+            "authentication.k8s.io/tokenreviews": "create", "authorization.k8s.io/subjectaccessreviews": "create",
+            "resource.k8s.io/resourceclaims": "get", "resource.k8s.io/resourceslices": "create get update",
+            "sharegpu.io/devices": "create get update",
+        },
+        "sharegpu-system": {"/pods": "patch"},
+    },
+    "reserve": {"any namespace": {}, "sharegpu-system": {"/pods": "get patch"}},
+}  # fmt: skip
+"""Every right of each account (beyond what any ServiceAccount has), as SelfSubjectRulesReviews list
+them: in a tenant's namespace (cluster-wide rights show there too), and in sharegpu-system only. The
+ones RBAC cannot scope are narrowed by the admission policies (docs/security.md, tested by
+test_attacks.py and test_node_attacks.py). The scheduler's are Kubernetes' own role's."""
+
+
+async def rights_of(kube: client.KubeClient, namespace: str) -> set[tuple[str, str, str]]:
+    body = {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectRulesReview", "spec": {"namespace": namespace}}
+    review = await kube.create("/apis/authorization.k8s.io/v1/selfsubjectrulesreviews", body)
+    found = set()
+    for rule in review["status"].get("resourceRules") or []:
+        for group in rule.get("apiGroups") or [""]:
+            for resource in rule.get("resources") or []:
+                for name in rule.get("resourceNames") or [""]:
+                    key = f"{group}/{resource}" + (f"[{name}]" if name else "")
+                    found |= {(key, verb, name) for verb in rule.get("verbs") or []}
+    return found
+
+
+async def test_each_accounts_rights_are_exactly_the_ones_it_needs(
+    admin: client.KubeClient, control_plane: controlplane.ControlPlane, system: None
+) -> None:
+    """Listed on the real API server with each account's own token, against `RIGHTS`: a right the
+    chart adds, or one it drops, fails here until the list (and its review) says so."""
+    team = f"t-{uuid.uuid4().hex[:8]}"
+    await admin.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": team}})
+    await admin.create(f"/api/v1/namespaces/{team}/serviceaccounts",
+                       {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "nobody"}})  # fmt: skip
+    try:
+        nobody = stack.kube_with_token(control_plane, await stack.issue_token(admin, team, "nobody"))
+        baseline = {where: await rights_of(nobody, ns) for where, ns in (("any", team), ("system", SYSTEM))}
+        await nobody.close()
+        for component, expected in RIGHTS.items():
+            kube = stack.kube_with_token(control_plane, await stack.issue_token(admin, SYSTEM, f"sharegpu-{component}"))
+            anywhere = await rights_of(kube, team) - baseline["any"]
+            system_only = await rights_of(kube, SYSTEM) - baseline["system"] - anywhere
+            await kube.close()
+            listed = {"any namespace": _grouped(anywhere), "sharegpu-system": _grouped(system_only)}
+            assert listed == expected, component
+    finally:
+        await admin.delete(f"/api/v1/namespaces/{team}")
+
+
+def _grouped(rights: set[tuple[str, str, str]]) -> dict[str, str]:
+    verbs: dict[str, set[str]] = {}
+    for key, verb, _ in rights:
+        verbs.setdefault(key, set()).add(verb)
+    return {key: " ".join(sorted(found)) for key, found in sorted(verbs.items())}
