@@ -435,9 +435,11 @@ class Chaos:
         return {k: "; ".join(v) for k, v in out.items()}
 
     async def unfilled_handoffs(self) -> tuple[list[str], list[wire.Pod]]:
-        """Bound sharing pods whose hand-off ConfigMap does not exist (and the pods, for the rest)."""
+        """Bound sharing pods whose hand-off ConfigMap does not hold their GPU (the extender claims it
+        empty before the bind, and fills it once the GPU's reservation reports) (and the pods, for the
+        rest)."""
         maps, _ = await self.api.list_all(paths.configmaps(NS))
-        filled = {c["metadata"]["name"] for c in maps}
+        filled = {c["metadata"]["name"] for c in maps if c.get("data")}
         pod_list, _ = await self.api.list_of(paths.pods(NS), wire.Pod)
         held = await self.reservations()
         out = []

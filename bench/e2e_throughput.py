@@ -62,11 +62,15 @@ def plain_pod(name: str, namespace: str) -> Json:
     }
 
 
-def sharing_pod(name: str, namespace: str, milli: int) -> Json:
+def sharing_pod(name: str, namespace: str, milli: int, handoff: bool = False) -> Json:
+    """A pod asking for `milli` of one GPU; with `handoff`, named a hand-off ConfigMap as the webhook
+    names one (the extender then writes it: claimed before the bind, filled once its GPU is known)."""
     body = plain_pod(name, namespace)
     limits = body["spec"]["containers"][0]["resources"]["limits"]
     limits.update({names.GPU_MILLI: str(milli)})
     body["spec"]["containers"][0]["resources"]["requests"] = dict(limits)
+    if handoff:
+        body["metadata"].setdefault("annotations", {})[names.HANDOFF] = f"{names.HANDOFF_PREFIX}{name}"
     return body
 
 
@@ -296,7 +300,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             else:
 
                 def shared(name: str, namespace: str) -> Json:
-                    return sharing_pod(name, namespace, rng.choice(shares))
+                    return sharing_pod(name, namespace, rng.choice(shares), args.handoffs)
 
                 sharing = await phase(whole, args, "sharing pods (through the extender):", "sharing", shared)
             assert whole.extender is not None
@@ -337,6 +341,9 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=1, help="repeat on a fresh stack; report the median run")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--dra", action="store_true", help="the nodes serve DRA claims; the third phase is DRA pods")
+    parser.add_argument(
+        "--handoffs", action="store_true", help="sharing pods name a hand-off ConfigMap, as the webhook's do"
+    )
     args = parser.parse_args()
     runs = []
     for i in range(args.runs):
