@@ -424,7 +424,7 @@ class Chaos:
 
     async def reservations(self) -> dict[tuple[str, int], str]:
         """(node, GPU) -> its live reservation pods and what they reported (for the details)."""
-        found, _ = await self.api.list_of(paths.pods(names.SYSTEM_NAMESPACE), wire.Pod)
+        found, _ = await self.api.list_of(paths.pods(names.HOLDING_NAMESPACE), wire.Pod)
         out: dict[tuple[str, int], list[str]] = {}
         for pod in found:
             record = pods.record(pod)

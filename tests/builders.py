@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Self
 
 from sharegpu.api import devices as api_devices
-from sharegpu.api import dra, names, wire
+from sharegpu.api import dra, names, pods, wire
 from sharegpu.core import allocation, devices, requests, units
 
 Json = dict[str, Any]
@@ -181,6 +181,12 @@ class MakePod(_Builder):
 
     def grace(self, seconds: int) -> Self:
         self._spec["terminationGracePeriodSeconds"] = seconds
+        return self
+
+    def restricted(self) -> Self:
+        """Every container so far as PodSecurity's `restricted` level asks (sharegpu-gpus enforces it)."""
+        for container in self._spec["containers"]:
+            container["securityContext"] = copy.deepcopy(pods.RESTRICTED)
         return self
 
     def spec(self, **fields: Any) -> Self:

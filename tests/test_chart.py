@@ -100,8 +100,8 @@ def test_the_webhook_configurations_are_the_webhooks_own_plus_the_charts_guards(
             selector = rendered.get("namespaceSelector")
             if selector is not None:  # the chart also skips kube-system and its own namespace by name
                 by_name = selector["matchExpressions"].pop()
-                assert by_name == {"key": "kubernetes.io/metadata.name", "operator": "NotIn",
-                                   "values": ["kube-system", names.SYSTEM_NAMESPACE]}  # fmt: skip
+                skipped = ["kube-system", names.SYSTEM_NAMESPACE, names.HOLDING_NAMESPACE]
+                assert by_name == {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": skipped}
             assert rendered == hook, name
     args = one(docs, "Deployment", "sharegpu-webhook")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert f"--system-user=system:serviceaccount:{names.SYSTEM_NAMESPACE}:sharegpu-extender" in args
@@ -219,6 +219,8 @@ def test_every_component_has_its_own_service_account_and_the_shipped_rbac() -> N
     components = ("scheduler", "extender", "webhook", "controller", "agent", "reserve")
     assert accounts == {f"sharegpu-{c}" for c in components}
     assert names.RESERVE_ACCOUNT in accounts, "the account sharegpu's GPU-holding pods run as"
+    where = {d["metadata"]["name"]: d["metadata"]["namespace"] for d in docs if d["kind"] == "ServiceAccount"}
+    assert {c: where[names.account(c)] for c in components} == {c: names.account_namespace(c) for c in components}
     kinds = ("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
     bootstrap = stack.manifests("files/rbac/webhook-bootstrap.yaml")
     shipped = [*(d for d in stack.manifests("files/rbac/*.yaml") if d not in bootstrap),
@@ -403,6 +405,9 @@ def test_network_policies_let_in_only_the_webhooks_callers_and_the_scrapes_and_a
     docs = render("1.37.2")
     policies = {d["metadata"]["name"]: d["spec"] for d in docs if d["kind"] == "NetworkPolicy"}
     assert policies["sharegpu-default-deny"] == {"podSelector": {}, "policyTypes": ["Ingress"]}
+    holding = one(docs, "NetworkPolicy", "sharegpu-holding-default-deny")
+    assert holding["metadata"]["namespace"] == names.HOLDING_NAMESPACE, "the GPU-holding pods take nothing"
+    assert holding["spec"] == {"podSelector": {}, "policyTypes": ["Ingress"]}
     webhook = policies["sharegpu-webhook"]
     assert webhook["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "webhook"
     assert webhook["ingress"] == [{"ports": [{"port": 8443, "protocol": "TCP"}]}], "the API server: any address"
@@ -446,3 +451,15 @@ def test_the_charts_certificates_last_a_year_and_the_scheduler_has_a_client_pair
     config = yaml.safe_load(one(docs, "ConfigMap", "sharegpu-scheduler")["data"]["config.yaml"])
     (extender,) = config["extenders"]
     assert extender["tlsConfig"]["certFile"].endswith("/client.crt")
+
+
+def test_the_gpu_holding_pods_have_a_namespace_of_their_own_at_podsecurity_restricted() -> None:
+    """Apart from the privileged agent and the components' tokens; sharegpu's admission skips it."""
+    holding = one(render("1.37.2"), "Namespace", names.HOLDING_NAMESPACE)
+    labels = holding["metadata"]["labels"]
+    assert labels["pod-security.kubernetes.io/enforce"] == "restricted" and labels[names.LABEL_ADMISSION] == "skip"
+    assert stack.HOLDING_LABELS.items() <= labels.items(), "the local stack labels it as the chart does"
+    roles = [d for d in stack.manifests("files/rbac/*.yaml") if d["kind"] == "Role"]
+    pod_roles = {d["metadata"]["name"]: d["metadata"]["namespace"] for d in roles
+                 if any("pods" in rule.get("resources", []) for rule in d["rules"])}  # fmt: skip
+    assert pod_roles and set(pod_roles.values()) == {names.HOLDING_NAMESPACE}, pod_roles

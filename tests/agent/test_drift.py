@@ -19,7 +19,7 @@ from sharegpu.core import units
 
 GPU = names.NVIDIA_GPU
 NIC = "example.com/nic"
-SYSTEM = names.SYSTEM_NAMESPACE
+SYSTEM = names.HOLDING_NAMESPACE
 SPEC = wire.DeviceSpec(
     gpus=[wire.GpuSpec(index=i, uuid=f"GPU-{c}", model="A100", memory_mib=81920) for i, c in enumerate("abcd")]
 )
@@ -120,11 +120,9 @@ def test_nothing_when_the_kubelet_and_the_api_agree() -> None:
 def test_a_reservation_that_reported_another_gpu_is_repaired_with_the_kubelets() -> None:
     mismatches = check([reserved("r-n1-0", "GPU-b")], reservation("r-n1-0", "GPU-a"))
     assert mismatches == [Mismatch(Kind.RESERVATION_UUID, key(SYSTEM, "r-n1-0"), "reserve", ("GPU-a",), ("GPU-b",))]
-    assert (
-        mismatches[0].message == "reservation pod sharegpu-system/r-n1-0 reported GPU-a but the kubelet gave it GPU-b"
-    )
+    assert mismatches[0].message == "reservation pod sharegpu-gpus/r-n1-0 reported GPU-a but the kubelet gave it GPU-b"
     [repair] = drift.repairs(mismatches)
-    assert repair.path == "/api/v1/namespaces/sharegpu-system/pods/r-n1-0"
+    assert repair.path == "/api/v1/namespaces/sharegpu-gpus/pods/r-n1-0"
     assert repair.body == {"metadata": {"annotations": {"sharegpu.io/gpu-uuid": "GPU-b"}}}
 
 
@@ -191,7 +189,7 @@ def test_missing_needs_a_running_pod_and_evidence_past_a_start() -> None:
     old = reservation("r-old", "GPU-a")
     assert check([], old) == [Mismatch(Kind.MISSING, key(SYSTEM, "r-old"), "reserve", ("GPU-a",), ())]
     assert check([], old)[0].message == (
-        "pod sharegpu-system/r-old container reserve holds GPU-a according to the API,"
+        "pod sharegpu-gpus/r-old container reserve holds GPU-a according to the API,"
         " but the kubelet lists no nvidia.com/gpu for the pod"
     )
     young = reservation("r-young", created=YOUNG)

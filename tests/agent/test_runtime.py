@@ -269,7 +269,7 @@ async def test_the_agent_kills_a_process_over_its_pods_memory_and_corrects_a_rep
     role = {names.LABEL_ROLE: names.ROLE_RESERVATION, names.LABEL_NODE: "n0", names.LABEL_SLOT: "0"}
     reserve = MakePod("r").annotations({names.GPU_UUID: "GPU-1"}).labels(role).node("n0")
     reserve.container("reserve", limits={names.NVIDIA_GPU: "1"}).phase("Running")
-    server.put_object(paths.pods(names.SYSTEM_NAMESPACE), reserve.obj())
+    server.put_object(paths.pods(names.HOLDING_NAMESPACE), reserve.obj())
     victim = await asyncio.create_subprocess_exec("sleep", "60")
     uid = sharing["metadata"]["uid"].replace("-", "_")
     proc = tmp_path / "proc"
@@ -281,7 +281,7 @@ async def test_the_agent_kills_a_process_over_its_pods_memory_and_corrects_a_rep
                                        f"processes: [{{pid: {victim.pid}, gpu: 0, usedMiB: 4096}}]"))  # fmt: skip
     socket = Path(tempfile.mkdtemp(dir="/tmp")) / "k.sock"
     kubelet = fakekubelet.FakeKubelet(socket)
-    kubelet.set_devices(names.SYSTEM_NAMESPACE, "r", "reserve", names.NVIDIA_GPU, ["GPU-0"])
+    kubelet.set_devices(names.HOLDING_NAMESPACE, "r", "reserve", names.NVIDIA_GPU, ["GPU-0"])
     kubelet.set_allocatable(names.NVIDIA_GPU, ["0", "1", "GPU-9"])  # indexes, and a GPU NVML does not know
     await kubelet.start()
     lister = podresources.KubeletPodResources(socket, 2.0)
@@ -293,7 +293,7 @@ async def test_the_agent_kills_a_process_over_its_pods_memory_and_corrects_a_rep
     try:
         await one_pass(agent, server)
         assert await asyncio.wait_for(victim.wait(), 5) == -signal.SIGKILL
-        reserved = server.get_object(paths.pod(names.SYSTEM_NAMESPACE, "r")) or {}
+        reserved = server.get_object(paths.pod(names.HOLDING_NAMESPACE, "r")) or {}
         assert reserved["metadata"]["annotations"][names.GPU_UUID] == "GPU-0"
         reasons = {e["reason"]: e["message"] for e in server.list_objects("/api/v1/events")}
         assert f"killed process(es) {victim.pid}" in reasons["GPUProcessKilled"]

@@ -52,7 +52,7 @@ def pod(
 
 def reservation(slot: int, uuid: str | None) -> wire.Pod:
     return pod(
-        f"sharegpu-reserve-{NODE}-{slot}", namespace=names.SYSTEM_NAMESPACE,
+        f"sharegpu-reserve-{NODE}-{slot}", namespace=names.HOLDING_NAMESPACE,
         labels={names.LABEL_ROLE: names.ROLE_RESERVATION, names.LABEL_NODE: NODE, names.LABEL_SLOT: str(slot)},
         annotations={names.GPU_UUID: uuid} if uuid else {}, limits={names.NVIDIA_GPU: "1"},
     )  # fmt: skip
@@ -207,7 +207,7 @@ def test_a_device_plugin_pod_without_an_allocation_holds_what_it_was_given() -> 
 def test_a_group_member_holds_what_the_groups_holder_holds() -> None:
     group = {names.LABEL_GROUP_NAMESPACE: "team", names.LABEL_GROUP_NAME: "pair"}
     holder = pod(
-        "holder", namespace=names.SYSTEM_NAMESPACE, alloc=grants((0, 8192)), limits=SHARE,
+        "holder", namespace=names.HOLDING_NAMESPACE, alloc=grants((0, 8192)), limits=SHARE,
         labels={names.LABEL_ROLE: names.ROLE_GROUP_HOLDER, **group},
     )  # fmt: skip
     member = pod("m", namespace="team", labels=group)

@@ -181,7 +181,7 @@ def test_pods_that_hold_no_gpu_have_no_lifetime() -> None:
 
 def test_a_groups_holder_is_charged_to_the_groups_namespace() -> None:
     holder = wire.convert(
-        {"metadata": {"name": "h", "namespace": names.SYSTEM_NAMESPACE, "creationTimestamp": "2026-11-01T00:00:00Z",
+        {"metadata": {"name": "h", "namespace": names.HOLDING_NAMESPACE, "creationTimestamp": "2026-11-01T00:00:00Z",
                       "labels": {names.LABEL_ROLE: names.ROLE_GROUP_HOLDER, names.LABEL_GROUP_NAMESPACE: "team",
                                  names.LABEL_GROUP_NAME: "g"}},
          "spec": {"nodeName": "n", "containers": [{"name": "c", "resources": {"limits": {names.NVIDIA_GPU: "2"}}}]}},

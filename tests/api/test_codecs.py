@@ -218,7 +218,7 @@ def test_reservation_records_carry_their_slot_and_uuid() -> None:
     body = {
         "metadata": {
             "name": "r",
-            "namespace": names.SYSTEM_NAMESPACE,
+            "namespace": names.HOLDING_NAMESPACE,
             "labels": {names.LABEL_ROLE: names.ROLE_RESERVATION, names.LABEL_NODE: "n1", names.LABEL_SLOT: "3"},
             "annotations": {names.GPU_UUID: "GPU-1"},
         }

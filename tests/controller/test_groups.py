@@ -43,7 +43,7 @@ async def test_a_group_binds_from_its_holder_and_admits_only_its_namespaces(
     body = {"metadata": {"name": "g", "namespace": "team"}, "spec": {"gpus": 2, "members": {"namespaces": ["friends"]}}}
     server.put_object(resources.SHARED_DEVICE_GROUP.path("team"), body)
     await passes(controller, server)
-    holder_path = paths.pod(names.SYSTEM_NAMESPACE, groups.holder_name("team", "g"))
+    holder_path = paths.pod(names.HOLDING_NAMESPACE, groups.holder_name("team", "g"))
     assert server.get_object(holder_path) is None, "no member, not eager: no holder yet"
     for name, namespace in (("a", "team"), ("b", "friends"), ("c", "strangers")):
         server.put_object(paths.pods(namespace), member(name, namespace, "team/g"))
@@ -94,7 +94,7 @@ async def test_a_share_group_holds_a_share_of_each_gpu_and_hands_its_members_the
             "spec": {"gpus": 2, "share": {"milli": 300}, "bindEagerly": True}}  # fmt: skip
     server.put_object(resources.SHARED_DEVICE_GROUP.path("team"), body)
     await passes(controller, server)
-    holder_path = paths.pod(names.SYSTEM_NAMESPACE, groups.holder_name("team", "s"))
+    holder_path = paths.pod(names.HOLDING_NAMESPACE, groups.holder_name("team", "s"))
     holder = server.get_object(holder_path)
     assert holder is not None, "bindEagerly: a holder at once"
     container = holder["spec"]["containers"][0]
@@ -126,7 +126,7 @@ async def test_a_share_group_holds_a_share_of_each_gpu_and_hands_its_members_the
         "reserve.CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "30", "reserve.CUDA_DEVICE_MEMORY_LIMIT_0": "4915m",
         "reserve.CUDA_DEVICE_MEMORY_LIMIT_1": "4915m", "reserve.CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=4915M,1=4915M",
     }  # fmt: skip
-    server.put_object(paths.configmaps(names.SYSTEM_NAMESPACE), {
+    server.put_object(paths.configmaps(names.HOLDING_NAMESPACE), {
         "metadata": {"name": source, "labels": {names.LABEL_ROLE: names.ROLE_HANDOFF}}, "data": written,
     })  # fmt: skip
     await passes(controller, server)
@@ -172,7 +172,7 @@ async def test_a_group_handoff_a_tenant_wrote_is_taken_back_before_members_can_r
                                                                    "spec": {"gpus": 1}})  # fmt: skip
     server.put_object(paths.pods("team"), member("a", "team", "team/g"))
     await passes(controller, server)
-    holder_path = paths.pod(names.SYSTEM_NAMESPACE, groups.holder_name("team", "g"))
+    holder_path = paths.pod(names.HOLDING_NAMESPACE, groups.holder_name("team", "g"))
     holder = server.get_object(holder_path)
     assert holder is not None
     device = server.get_object(paths.device("n0"))

@@ -15,7 +15,7 @@ from sharegpu.kube import client, fake
 
 async def test_a_reservation_whose_report_failed_is_reported_on_the_next_try() -> None:
     server = fake.FakeApiServer()
-    server.put_object(paths.NAMESPACES, {"metadata": {"name": names.SYSTEM_NAMESPACE}})
+    server.put_object(paths.NAMESPACES, {"metadata": {"name": names.HOLDING_NAMESPACE}})
     kube = client.KubeClient(server)
     harness = fakecluster.FakeCluster(kube)
     await harness.add_node(
@@ -27,11 +27,11 @@ async def test_a_reservation_whose_report_failed_is_reported_on_the_next_try() -
         server.fail(503, method="PATCH", times=1)  # the UUID report meets an API server restart
         body = reservations.reservation_pod(name, "n0", 1, "img")
         body["status"] = {"phase": "Pending"}  # as the API server creates it (the fake stores what it is given)
-        await kube.create(paths.pods(names.SYSTEM_NAMESPACE), body)
+        await kube.create(paths.pods(names.HOLDING_NAMESPACE), body)
 
         async def reported() -> dict[str, Any]:
             while True:
-                pod = await kube.get(paths.pod(names.SYSTEM_NAMESPACE, name))
+                pod = await kube.get(paths.pod(names.HOLDING_NAMESPACE, name))
                 if pod.get("status", {}).get("phase") == "Running" and names.GPU_UUID in pod["metadata"].get(
                     "annotations", {}
                 ):

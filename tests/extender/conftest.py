@@ -108,6 +108,7 @@ async def harness() -> AsyncIterator[Callable[..., Any]]:
         if dra:
             options.setdefault("dra_fence", 0.0)
         server.put_object(paths.NAMESPACES, {"metadata": {"name": names.SYSTEM_NAMESPACE}})
+        server.put_object(paths.NAMESPACES, {"metadata": {"name": names.HOLDING_NAMESPACE}})
         clock = builders.Clock(START)
         extender = runtime.Extender(
             client.KubeClient(server),

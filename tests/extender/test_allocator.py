@@ -334,7 +334,7 @@ async def test_claims_need_no_reservation_pod_but_a_pod_still_on_a_node_turned_d
     assert h.extender.cache.shared_slots() == {("d0", 1)}, "the claims' GPU needs none, the pod's GPU one"
 
     def made() -> list[tuple[str, str]]:
-        found = [wire.convert(p, wire.Pod) for p in h.server.list_objects(paths.pods(names.SYSTEM_NAMESPACE))]
+        found = [wire.convert(p, wire.Pod) for p in h.server.list_objects(paths.pods(names.HOLDING_NAMESPACE))]
         return [(p.spec.node_name, p.metadata.labels[names.LABEL_SLOT]) for p in found if pods.is_reservation(p)]
 
     for _ in range(100):

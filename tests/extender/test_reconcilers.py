@@ -14,7 +14,7 @@ from sharegpu.kube import client
 from tests.conftest import eventually
 from tests.extender.conftest import Harness, gpu_pod, settle
 
-SYSTEM = names.SYSTEM_NAMESPACE
+SYSTEM = names.HOLDING_NAMESPACE
 
 
 def reservations_in(h: Harness, live_only: bool = True) -> list[dict[str, Any]]:

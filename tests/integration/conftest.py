@@ -402,7 +402,7 @@ async def diagnosed(kube: client.KubeClient, namespace: str, name: str, predicat
         return await wait_for(predicate, what=what)
     except AssertionError as exc:
         found = await group_of(kube, namespace, name)
-        holder = await get_or_none(kube, paths.pod(names.SYSTEM_NAMESPACE, groups.holder_name(namespace, name)))
+        holder = await get_or_none(kube, paths.pod(names.HOLDING_NAMESPACE, groups.holder_name(namespace, name)))
         shown = {k: (holder or {}).get(k) for k in ("spec", "status")}
         shown["annotations"] = ((holder or {}).get("metadata") or {}).get("annotations")
         raise AssertionError(f"{exc}\ngroup status: {found and wire.encode(found.status)}\nholder: {shown}") from None

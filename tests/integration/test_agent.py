@@ -145,12 +145,12 @@ async def test_a_memory_violation_evicts_the_pod_and_a_misreported_gpu_is_correc
     sharing = await admin.create(
         paths.pods(namespace), MakePod("p").allocation(placed).node(name).container(image="busybox").obj()
     )
-    system_ns = names.SYSTEM_NAMESPACE  # reservations: only there is the role label sharegpu's
+    system_ns = names.HOLDING_NAMESPACE  # reservations: only there is the role label sharegpu's
     reservations = [f"r{slot}-{name}" for slot in (0, 1)]
     for slot, reported in ((0, "GPU-0"), (1, "GPU-2")):  # slot 1's device plugin really gave it GPU-1
         role = {names.LABEL_ROLE: names.ROLE_RESERVATION, names.LABEL_NODE: name, names.LABEL_SLOT: str(slot)}
         reserve = MakePod(reservations[slot], system_ns).annotations({names.GPU_UUID: reported}).labels(role).node(name)
-        reserve.container("reserve", image="busybox", limits={names.NVIDIA_GPU: "1"})
+        reserve.container("reserve", image="busybox", limits={names.NVIDIA_GPU: "1"}).restricted()
         await admin.create(paths.pods(system_ns), reserve.obj())
         await admin.patch(f"{paths.pod(system_ns, reservations[slot])}/status", {"status": {"phase": "Running"}})
     proc = tmp_path / "proc"

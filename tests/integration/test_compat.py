@@ -109,7 +109,7 @@ async def test_the_shared_device_group_quick_start_runs_unchanged(
     await kubectl(control_plane, "delete", "pod", "my-pod", "-n", namespace, "--grace-period=0", "--force")
     await kubectl(control_plane, "delete", "shareddevicegroups.deviceshare.io", "my-group", "-n", namespace,
                   "--wait=false")  # fmt: skip
-    holder = paths.pod(names.SYSTEM_NAMESPACE, groups.holder_name(namespace, "my-group"))
+    holder = paths.pod(names.HOLDING_NAMESPACE, groups.holder_name(namespace, "my-group"))
 
     async def all_gone() -> bool:
         mirror = await get_or_none(admin, resources.SHARED_DEVICE_GROUP.path(namespace, "my-group"))

@@ -140,7 +140,7 @@ async def test_a_group_binds_holds_its_gpus_for_its_members_and_goes_only_withou
 
     await wait_for(a_gone, what="group a deleted")
     holder = groups.holder_name(namespace, "a")
-    assert await get_or_none(admin, paths.pod(names.SYSTEM_NAMESPACE, holder)) is None
+    assert await get_or_none(admin, paths.pod(names.HOLDING_NAMESPACE, holder)) is None
     assert await get_or_none(admin, paths.configmap(namespace, groups.handoff_name(namespace, "a"))) is None
     node = await admin.get(paths.node(target))
     assert groups.node_label(namespace, "a") not in node["metadata"]["labels"]
@@ -221,7 +221,7 @@ async def test_a_share_group_holds_a_share_of_its_gpu_and_its_members_run_within
     group = await bound_with(admin, namespace, "s", 2)
     assert len(group.status.devices) == 1
     assert group.status.conditions[0].message.startswith("holds 400 milli-GPU and 4096 MiB of each of 1 GPU(s)")
-    holder = await admin.get(paths.pod(names.SYSTEM_NAMESPACE, groups.holder_name(namespace, "s")))
+    holder = await admin.get(paths.pod(names.HOLDING_NAMESPACE, groups.holder_name(namespace, "s")))
     assert names.NVIDIA_GPU not in holder["spec"]["containers"][0]["resources"]["limits"]
     assert holder["metadata"]["annotations"][names.ALLOCATION]  # placed by the extender like a sharing pod
 

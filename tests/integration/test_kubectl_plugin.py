@@ -84,7 +84,7 @@ async def test_kubectl_sharegpu_inspects_and_explains_the_real_cluster(
     said = await wait_for(refused, what="kube-scheduler to find no node for the big pod")
     assert "2 sharegpu: no GPU with 800 milli-GPU free (largest free: 400)" in said, said
     expected = await held(admin, made)
-    holder = f"{names.SYSTEM_NAMESPACE}/{groups.holder_name(namespace, 'g')}"
+    holder = f"{names.HOLDING_NAMESPACE}/{groups.holder_name(namespace, 'g')}"
     assert sum(len(v) for v in expected.values()) == 4
 
     # inspect: every GPU of our nodes, with the pods that hold it (the group's holder a whole GPU).

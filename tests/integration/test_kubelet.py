@@ -211,7 +211,9 @@ async def test_the_real_kubelet_runs_the_extender_path_device_plugin_hand_off_an
             async def play_reserve(container: fakecri.Container) -> None:
                 """What `sharegpu reserve` does in a reservation's container: report the GPU its
                 environment names (here from the device plugin's Allocate, through the kubelet)."""
-                if container.namespace == names.SYSTEM_NAMESPACE and container.pod.startswith(names.RESERVATION_PREFIX):
+                if container.namespace == names.HOLDING_NAMESPACE and container.pod.startswith(
+                    names.RESERVATION_PREFIX
+                ):
                     await reserve.report_until_done(admin, container.namespace, container.pod, container.env)
 
             node.cri.on_start.append(play_reserve)
@@ -240,7 +242,7 @@ async def test_the_real_kubelet_runs_the_extender_path_device_plugin_hand_off_an
 
             await explained(control_plane, node, running, "the kubelet ran the sharing pod")
             items, _ = await admin.list_all(
-                paths.pods(names.SYSTEM_NAMESPACE), {"labelSelector": f"{names.LABEL_NODE}={node.name}"}
+                paths.pods(names.HOLDING_NAMESPACE), {"labelSelector": f"{names.LABEL_NODE}={node.name}"}
             )
             (reservation,) = items
             r_name = reservation["metadata"]["name"]
@@ -256,11 +258,11 @@ async def test_the_real_kubelet_runs_the_extender_path_device_plugin_hand_off_an
             # A reservation that misreports its GPU is corrected from the kubelet's own PodResources.
             wrong = next(u for u in UUIDS if u != reported)
             await admin.patch(
-                paths.pod(names.SYSTEM_NAMESPACE, r_name), {"metadata": {"annotations": {names.GPU_UUID: wrong}}}
+                paths.pod(names.HOLDING_NAMESPACE, r_name), {"metadata": {"annotations": {names.GPU_UUID: wrong}}}
             )
 
             async def corrected() -> bool:
-                found = await admin.get(paths.pod(names.SYSTEM_NAMESPACE, r_name))
+                found = await admin.get(paths.pod(names.HOLDING_NAMESPACE, r_name))
                 return bool(found["metadata"]["annotations"][names.GPU_UUID] == reported)
 
             await wait_for(corrected, timeout=60, what="the agent corrected the reservation from PodResources")
@@ -268,7 +270,7 @@ async def test_the_real_kubelet_runs_the_extender_path_device_plugin_hand_off_an
             await admin.delete(paths.pod(namespace, "shared"), grace_period=0)
 
             async def stopped() -> bool:
-                return not node.cri.running(names.SYSTEM_NAMESPACE, r_name) and not node.cri.running(
+                return not node.cri.running(names.HOLDING_NAMESPACE, r_name) and not node.cri.running(
                     namespace, "shared"
                 )
 

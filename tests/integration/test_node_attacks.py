@@ -23,6 +23,7 @@ from tests.integration.conftest import RunningWebhook, get_or_none, wait_for
 
 Json = dict[str, Any]
 SYSTEM = names.SYSTEM_NAMESPACE
+HOLDING = names.HOLDING_NAMESPACE
 
 
 async def refused(write: Callable[[], Any], *words: str) -> str:
@@ -43,15 +44,18 @@ class Node:
         self.name = name
         self.made: list[str] = []
 
-    async def pod(self, name: str, account: str, labels: dict[str, str] | None = None) -> Json:
-        body = MakePod(name, SYSTEM).labels(labels or {}).node(self.name).spec(serviceAccountName=account)
-        made = await self.admin.create(paths.pods(SYSTEM), body.container("c", image="x").obj())
-        self.made.append(paths.pod(SYSTEM, name))
+    async def pod(self, name: str, component: str, labels: dict[str, str] | None = None) -> Json:
+        """A pod running as `component`'s ServiceAccount, in that account's namespace."""
+        namespace = names.account_namespace(component)
+        body = MakePod(name, namespace).labels(labels or {}).node(self.name)
+        body.spec(serviceAccountName=names.account(component))
+        made = await self.admin.create(paths.pods(namespace), body.container("c", image="x").restricted().obj())
+        self.made.append(paths.pod(namespace, name))
         return made
 
     async def reservation(self, name: str) -> Json:
         role = {names.LABEL_ROLE: names.ROLE_RESERVATION, names.LABEL_NODE: self.name, names.LABEL_SLOT: "0"}
-        return await self.pod(name, names.RESERVE_ACCOUNT, role)
+        return await self.pod(name, "reserve", role)
 
 
 @pytest.fixture
@@ -70,9 +74,11 @@ async def two_nodes(admin: client.KubeClient, system: None) -> AsyncIterator[tup
 
 
 async def bound(
-    admin: client.KubeClient, plane: controlplane.ControlPlane, account: str, pod: Json
+    admin: client.KubeClient, plane: controlplane.ControlPlane, component: str, pod: Json | None = None
 ) -> client.KubeClient:
-    return stack.kube_with_token(plane, await stack.issue_token(admin, SYSTEM, account, pod))
+    """A client with a token of `component`'s ServiceAccount, bound to `pod` when given."""
+    token = await stack.issue_token(admin, names.account_namespace(component), names.account(component), pod)
+    return stack.kube_with_token(plane, token)
 
 
 def bare(name: str, namespace: str, node: str) -> Json:
@@ -94,9 +100,9 @@ async def test_a_nodes_agent_writes_only_its_own_node_its_device_slices_reservat
     two_nodes: tuple[Node, Node], namespace: str,
 ) -> None:  # fmt: skip
     here, there = two_nodes
-    agent_pod = await here.pod(f"agent-{here.name}", names.account("agent"))
-    agent = await bound(admin, control_plane, names.account("agent"), agent_pod)
-    unbound = stack.kube_with_token(control_plane, await stack.issue_token(admin, SYSTEM, names.account("agent")))
+    agent_pod = await here.pod(f"agent-{here.name}", "agent")
+    agent = await bound(admin, control_plane, "agent", agent_pod)
+    unbound = await bound(admin, control_plane, "agent")
     node, other = paths.node(here.name), paths.node(there.name)
     gpu_label = "sharegpu.io/gpu-model"
     try:
@@ -118,8 +124,8 @@ async def test_a_nodes_agent_writes_only_its_own_node_its_device_slices_reservat
             await refused(lambda: agent.create(dra.SLICES, elsewhere), "ResourceSlices of its own node")
             await refused(lambda: agent.create(dra.SLICES, foreign), "ResourceSlices")
         # Pods: the reported GPU of a reservation on its node; nothing else, nobody else's.
-        ours = paths.pod(SYSTEM, (await here.reservation(f"r-{here.name}"))["metadata"]["name"])
-        theirs = paths.pod(SYSTEM, (await there.reservation(f"r-{there.name}"))["metadata"]["name"])
+        ours = paths.pod(HOLDING, (await here.reservation(f"r-{here.name}"))["metadata"]["name"])
+        theirs = paths.pod(HOLDING, (await there.reservation(f"r-{there.name}"))["metadata"]["name"])
         report = {"metadata": {"annotations": {names.GPU_UUID: "GPU-1"}}}
         await agent.patch(ours, report)
         await refused(
@@ -164,19 +170,22 @@ async def test_a_reservation_pods_token_reports_only_its_own_gpu(
     here, there = two_nodes
     own = await here.reservation(f"r-{here.name}")
     other = await there.reservation(f"r-{there.name}")
-    agent_pod = await here.pod(f"agent-{here.name}", "sharegpu-agent")
-    token = await bound(admin, control_plane, names.RESERVE_ACCOUNT, own)
+    agent_pod = await here.pod(f"agent-{here.name}", "agent")
+    token = await bound(admin, control_plane, "reserve", own)
     report = {"metadata": {"annotations": {names.GPU_UUID: "GPU-7"}}}
     try:
-        await token.patch(paths.pod(SYSTEM, own["metadata"]["name"]), report)
-        stored = await admin.get(paths.pod(SYSTEM, own["metadata"]["name"]))
+        await token.patch(paths.pod(HOLDING, own["metadata"]["name"]), report)
+        stored = await admin.get(paths.pod(HOLDING, own["metadata"]["name"]))
         assert stored["metadata"]["annotations"][names.GPU_UUID] == "GPU-7"
-        for victim in (other, agent_pod):
-            await refused(lambda v=victim: token.patch(paths.pod(SYSTEM, v["metadata"]["name"]), report),  # type: ignore[misc]
-                          "changes only its own pod's reported GPU")  # fmt: skip
-        image = {"spec": {"containers": [{"name": "c", "image": "evil"}]}}
+        await refused(lambda: token.patch(paths.pod(HOLDING, other["metadata"]["name"]), report),
+                      "changes only its own pod's reported GPU")  # fmt: skip
+        # The agent's pod (every node's image) is in another namespace, out of its Role's reach.
+        await refused(lambda: token.patch(paths.pod(SYSTEM, agent_pod["metadata"]["name"]), report),
+                      f'cannot patch resource "pods" in API group "" in the namespace "{SYSTEM}"')  # fmt: skip
+        image = [{"op": "replace", "path": "/spec/containers/0/image", "value": "evil"}]
         await refused(
-            lambda: token.patch(paths.pod(SYSTEM, own["metadata"]["name"]), image), "its own pod's reported GPU"
+            lambda: token.patch(paths.pod(HOLDING, own["metadata"]["name"]), image, client.JSON_PATCH),
+            "its own pod's reported GPU",
         )
     finally:
         await token.close()
@@ -192,22 +201,31 @@ async def test_the_extender_and_controller_create_only_sharegpus_own_pods_and_th
         made = reservations.reservation_pod(
             names.reservation_name(here.name, 0, "abcdef"), here.name, 0, "sharegpu:test"
         )
-        await extender.create(paths.pods(SYSTEM), made)
-        here.made.append(paths.pod(SYSTEM, made["metadata"]["name"]))
-        for name, change in (("capable", {"securityContext": {"capabilities": {"add": ["SYS_ADMIN"]}}}),
-                             ("other-command", {"command": ["sh", "-c", "id"]})):  # fmt: skip
+        await extender.create(paths.pods(HOLDING), made)
+        here.made.append(paths.pod(HOLDING, made["metadata"]["name"]))
+        # What PodSecurity's restricted level lets by (a capability it allows, another command) our
+        # policy refuses; what it does not (SYS_ADMIN) it refuses first.
+        for name, change in (("capable", {"capabilities": {"drop": ["ALL"], "add": ["NET_BIND_SERVICE"]}}),
+                             ("other-command", {}), ("admin", {"capabilities": {"add": ["SYS_ADMIN"]}})):  # fmt: skip
             evil = reservations.reservation_pod(f"evil-{name}-{here.name}", here.name, 0, "sharegpu:test")
-            evil["spec"]["containers"][0] |= change
-            await refused(lambda e=evil: extender.create(paths.pods(SYSTEM), e),  # type: ignore[misc]
-                          "creates only sharegpu's own GPU-holding pods")  # fmt: skip
+            container = evil["spec"]["containers"][0]
+            container["securityContext"] = {**container["securityContext"], **change}
+            if name == "other-command":
+                container["command"] = ["sh", "-c", "id"]
+            words = ["PodSecurity"] if name == "admin" else ["creates only sharegpu's own GPU-holding pods"]
+            await refused(lambda e=evil: extender.create(paths.pods(HOLDING), e), *words)  # type: ignore[misc]
         host = reservations.reservation_pod(f"evil-host-{here.name}", here.name, 0, "sharegpu:test")
         host["spec"]["volumes"] = [{"name": "root", "hostPath": {"path": "/"}}]
-        await refused(lambda: extender.create(paths.pods(SYSTEM), host), "no host namespaces, host paths")
+        await refused(lambda: extender.create(paths.pods(HOLDING), host), "hostPath")  # PodSecurity, then ours
+        # Only in the holding namespace: not beside sharegpu's own components (their accounts, secrets).
+        beside = reservations.reservation_pod(f"beside-{here.name}", here.name, 0, "sharegpu:test")
+        beside["metadata"]["namespace"] = SYSTEM
+        await refused(lambda: extender.create(paths.pods(SYSTEM), beside), f'in the namespace "{SYSTEM}"')
         holder = reservations.reservation_pod(f"holder-{here.name}", here.name, 0, "sharegpu:test")
         holder["metadata"]["labels"] = {names.LABEL_ROLE: names.ROLE_GROUP_HOLDER, **groups.group_labels("t", "g")}
-        await refused(lambda: extender.create(paths.pods(SYSTEM), holder), "creates only")
-        await controller.create(paths.pods(SYSTEM), holder)
-        here.made.append(paths.pod(SYSTEM, holder["metadata"]["name"]))
+        await refused(lambda: extender.create(paths.pods(HOLDING), holder), "creates only")
+        await controller.create(paths.pods(HOLDING), holder)
+        here.made.append(paths.pod(HOLDING, holder["metadata"]["name"]))
         # The DRA gate: only it goes.
         gated = MakePod("gated", namespace).container(image="x").obj()
         gated["spec"]["schedulingGates"] = [{"name": "someone.else/gate"}, {"name": names.DRA_GATE}]

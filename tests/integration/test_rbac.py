@@ -15,6 +15,7 @@ from sharegpu.kube import client
 from tests.conftest import render
 
 SYSTEM = names.SYSTEM_NAMESPACE
+HOLDING = names.HOLDING_NAMESPACE
 RBAC = "/apis/rbac.authorization.k8s.io/v1"
 Check = tuple[str, str, str, str, str, str]
 """(verb, group, resource, namespace, name, subresource)"""
@@ -23,7 +24,7 @@ ALLOWED: dict[str, list[Check]] = {
     "scheduler": [("create", "", "pods", "team", "", "binding"), ("list", "", "nodes", "", "", ""),
                   ("update", "coordination.k8s.io", "leases", SYSTEM, "sharegpu-scheduler", "")],
     "extender": [("create", "", "pods", "team", "", "binding"), ("list", "sharegpu.io", "devices", "", "", ""),
-                 ("create", "", "pods", SYSTEM, "", ""), ("patch", "", "configmaps", "team", "", ""),
+                 ("create", "", "pods", HOLDING, "", ""), ("patch", "", "configmaps", "team", "", ""),
                  ("update", "coordination.k8s.io", "leases", SYSTEM, "sharegpu-extender", ""),
                  ("delete", "", "pods", "team", "p", ""), ("patch", "", "pods", "team", "p", "status"),
                  ("patch", "", "pods", "team", "p", ""),  # the DRA allocator lifts its scheduling gate
@@ -41,14 +42,15 @@ ALLOWED: dict[str, list[Check]] = {
                    ("watch", "resource.k8s.io", "resourceclaims", "", "", "")],
     "agent": [("create", "sharegpu.io", "devices", "", "", ""), ("update", "sharegpu.io", "devices", "", "n1", ""),
               ("patch", "", "nodes", "", "n1", ""), ("create", "", "pods", "team", "p", "eviction"),
-              ("patch", "", "pods", SYSTEM, "sharegpu-reserve-n1-0", "")],
-    "reserve": [("patch", "", "pods", SYSTEM, "sharegpu-reserve-n1-0", ""), ("get", "", "pods", SYSTEM, "r", "")],
+              ("patch", "", "pods", HOLDING, "sharegpu-reserve-n1-0", "")],
+    "reserve": [("patch", "", "pods", HOLDING, "sharegpu-reserve-n1-0", ""), ("get", "", "pods", HOLDING, "r", "")],
 }  # fmt: skip
 REFUSED: dict[str, list[Check]] = {
     "scheduler": [("get", "", "secrets", SYSTEM, "", ""), ("update", "coordination.k8s.io", "leases", SYSTEM,
                   "sharegpu-extender", "")],
     "extender": [("get", "", "secrets", SYSTEM, "", ""), ("list", "", "secrets", "", "", ""),
-                 ("create", "", "pods", "team", "", ""), ("delete", "sharegpu.io", "devices", "", "n1", ""),
+                 ("create", "", "pods", "team", "", ""), ("create", "", "pods", SYSTEM, "", ""),
+                 ("delete", "sharegpu.io", "devices", "", "n1", ""),
                  ("update", "", "pods", "team", "p", "status"),
                  ("delete", "resource.k8s.io", "resourceclaims", "team", "c", ""),
                  ("create", "resource.k8s.io", "resourceclaims", "team", "", "")],
@@ -61,8 +63,10 @@ REFUSED: dict[str, list[Check]] = {
                    ("update", "policy", "poddisruptionbudgets", "team", "b", "")],
     "agent": [("delete", "sharegpu.io", "devices", "", "n1", ""), ("create", "", "pods", "team", "", "binding"),
               ("get", "", "secrets", SYSTEM, "", ""), ("delete", "", "pods", "team", "p", ""),
-              ("update", "", "nodes", "", "n1", ""), ("patch", "", "pods", "team", "p", "")],
-    "reserve": [("patch", "", "pods", "team", "p", ""), ("delete", "", "pods", SYSTEM, "r", ""),
+              ("update", "", "nodes", "", "n1", ""), ("patch", "", "pods", "team", "p", ""),
+              ("patch", "", "pods", SYSTEM, "sharegpu-agent-x", "")],
+    "reserve": [("patch", "", "pods", "team", "p", ""), ("delete", "", "pods", HOLDING, "r", ""),
+                ("patch", "", "pods", SYSTEM, "sharegpu-agent-x", ""),
                 ("get", "", "secrets", SYSTEM, "", ""), ("list", "", "pods", "", "", "")],
 }  # fmt: skip
 
@@ -93,8 +97,8 @@ async def allowed(admin: client.KubeClient, component: str, check: Check) -> boo
     verb, group, resource, namespace, name, subresource = check
     review = await admin.create("/apis/authorization.k8s.io/v1/subjectaccessreviews", {
         "apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
-        "spec": {"user": f"system:serviceaccount:{SYSTEM}:sharegpu-{component}",
-                 "groups": ["system:serviceaccounts", f"system:serviceaccounts:{SYSTEM}", "system:authenticated"],
+        "spec": {"user": names.account_user(component),
+                 "groups": [*names.account_groups(component), "system:authenticated"],
                  "resourceAttributes": {"verb": verb, "group": group, "resource": resource, "namespace": namespace,
                                         "name": name, "subresource": subresource}},
     })  # fmt: skip
@@ -126,8 +130,9 @@ RIGHTS: dict[str, dict[str, dict[str, str]]] = {
             "sharegpu.io/clustergpubudgets": "get list watch", "sharegpu.io/devices": "get list watch",
             "sharegpu.io/gpubudgets": "get list watch",
         },
-        "sharegpu-system": {"/pods": "create", "coordination.k8s.io/leases": "create",
+        "sharegpu-system": {"coordination.k8s.io/leases": "create",
                             "coordination.k8s.io/leases[sharegpu-extender]": "get update"},
+        "sharegpu-gpus": {"/pods": "create"},
     },
     "webhook": {
         "any namespace": {
@@ -138,6 +143,7 @@ RIGHTS: dict[str, dict[str, dict[str, str]]] = {
             "sharegpu.io/gpubudgets": "get list watch", "sharegpu.io/shareddevicegroups": "get list watch",
         },
         "sharegpu-system": {},
+        "sharegpu-gpus": {},
     },
     "controller": {
         "any namespace": {
@@ -151,8 +157,9 @@ RIGHTS: dict[str, dict[str, dict[str, str]]] = {
             "sharegpu.io/shareddevicegroups": "get list patch watch",
             "sharegpu.io/shareddevicegroups/status": "patch update",
         },
-        "sharegpu-system": {"/pods": "create delete", "coordination.k8s.io/leases": "create",
+        "sharegpu-system": {"coordination.k8s.io/leases": "create",
                             "coordination.k8s.io/leases[sharegpu-controller]": "get update"},
+        "sharegpu-gpus": {"/pods": "create delete"},
     },
     "agent": {
         "any namespace": {
@@ -161,12 +168,14 @@ RIGHTS: dict[str, dict[str, dict[str, str]]] = {
             "resource.k8s.io/resourceclaims": "get", "resource.k8s.io/resourceslices": "create get update",
             "sharegpu.io/devices": "create get update",
         },
-        "sharegpu-system": {"/pods": "patch"},
+        "sharegpu-system": {},
+        "sharegpu-gpus": {"/pods": "patch"},
     },
-    "reserve": {"any namespace": {}, "sharegpu-system": {"/pods": "get patch"}},
+    "reserve": {"any namespace": {}, "sharegpu-system": {}, "sharegpu-gpus": {"/pods": "get patch"}},
 }  # fmt: skip
 """Every right of each account (beyond what any ServiceAccount has), as SelfSubjectRulesReviews list
-them: in a tenant's namespace (cluster-wide rights show there too), and in sharegpu-system only. The
+them: in a tenant's namespace (cluster-wide rights show there too), in sharegpu-system only (the
+components' leases) and in sharegpu-gpus only (the GPU-holding pods). The
 ones RBAC cannot scope are narrowed by the admission policies (docs/security.md, tested by
 test_attacks.py and test_node_attacks.py). The scheduler's are Kubernetes' own role's."""
 
@@ -195,14 +204,16 @@ async def test_each_accounts_rights_are_exactly_the_ones_it_needs(
                        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "nobody"}})  # fmt: skip
     try:
         nobody = stack.kube_with_token(control_plane, await stack.issue_token(admin, team, "nobody"))
-        baseline = {where: await rights_of(nobody, ns) for where, ns in (("any", team), ("system", SYSTEM))}
+        scopes = {"any namespace": team, SYSTEM: SYSTEM, HOLDING: HOLDING}
+        baseline = {scope: await rights_of(nobody, ns) for scope, ns in scopes.items()}
         await nobody.close()
         for component, expected in RIGHTS.items():
-            kube = stack.kube_with_token(control_plane, await stack.issue_token(admin, SYSTEM, f"sharegpu-{component}"))
-            anywhere = await rights_of(kube, team) - baseline["any"]
-            system_only = await rights_of(kube, SYSTEM) - baseline["system"] - anywhere
+            token = await stack.issue_token(admin, names.account_namespace(component), names.account(component))
+            kube = stack.kube_with_token(control_plane, token)
+            found = {scope: await rights_of(kube, ns) - baseline[scope] for scope, ns in scopes.items()}
             await kube.close()
-            listed = {"any namespace": _grouped(anywhere), "sharegpu-system": _grouped(system_only)}
+            anywhere = found.pop("any namespace")
+            listed = {"any namespace": _grouped(anywhere)} | {s: _grouped(r - anywhere) for s, r in found.items()}
             assert listed == expected, component
     finally:
         await admin.delete(f"/api/v1/namespaces/{team}")

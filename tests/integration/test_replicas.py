@@ -110,7 +110,7 @@ async def settled(admin: client.KubeClient, count: int) -> dict[str, Any] | None
     maps = await handoffs(admin)
     if found.bound != count or found.problems() or len(maps) != count:
         return None
-    reservations, _ = await admin.list_all(paths.pods(names.SYSTEM_NAMESPACE))
+    reservations, _ = await admin.list_all(paths.pods(names.HOLDING_NAMESPACE))
     return {"handoffs": maps, "reservations": sorted(p["metadata"]["name"] for p in reservations)}
 
 

@@ -31,7 +31,7 @@ def allocation_of(pod: Json) -> allocation.Allocation:
 
 async def reservation_pods(kube: client.KubeClient, node: str) -> list[Json]:
     items, _ = await kube.list_all(
-        f"/api/v1/namespaces/{names.SYSTEM_NAMESPACE}/pods", {"labelSelector": f"{names.LABEL_NODE}={node}"}
+        f"/api/v1/namespaces/{names.HOLDING_NAMESPACE}/pods", {"labelSelector": f"{names.LABEL_NODE}={node}"}
     )
     return items
 
@@ -223,7 +223,7 @@ async def test_handoff_configmap_gets_the_reserved_gpu_uuid(
 
     data = (await wait_for(configmap, what="hand-off ConfigMap filled"))["data"]
     items, _ = await admin.list_all(
-        f"/api/v1/namespaces/{names.SYSTEM_NAMESPACE}/pods", {"labelSelector": f"{names.LABEL_NODE}={node}"}
+        f"/api/v1/namespaces/{names.HOLDING_NAMESPACE}/pods", {"labelSelector": f"{names.LABEL_NODE}={node}"}
     )
     (reservation,) = items
     assert data["main.NVIDIA_VISIBLE_DEVICES"] == reservation["metadata"]["annotations"][names.GPU_UUID]
@@ -338,7 +338,7 @@ async def test_a_lost_reservation_pod_is_replaced_and_the_hand_off_follows(
         return [p for p in items if (p["metadata"].get("annotations") or {}).get(names.GPU_UUID)]
 
     (first,) = await wait_for(reservations, what="a reservation with its UUID")
-    await admin.delete(f"/api/v1/namespaces/{names.SYSTEM_NAMESPACE}/pods/{first['metadata']['name']}", grace_period=0)
+    await admin.delete(f"/api/v1/namespaces/{names.HOLDING_NAMESPACE}/pods/{first['metadata']['name']}", grace_period=0)
 
     async def replaced() -> Json | None:
         live = [p for p in await reservations() if p["metadata"]["name"] != first["metadata"]["name"]]
@@ -374,7 +374,7 @@ async def test_a_failed_reservation_pod_is_cleaned_up_and_replaced(
     (first,) = await wait_for(started, what="a reservation pod running")
     name = first["metadata"]["name"]
     # What a kubelet does when the device plugin cannot give the pod its GPU.
-    await admin.patch(f"/api/v1/namespaces/{names.SYSTEM_NAMESPACE}/pods/{name}/status",
+    await admin.patch(f"/api/v1/namespaces/{names.HOLDING_NAMESPACE}/pods/{name}/status",
                       {"status": {"phase": "Failed", "reason": "UnexpectedAdmissionError"}})  # fmt: skip
 
     async def replaced() -> bool:

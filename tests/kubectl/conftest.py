@@ -34,6 +34,7 @@ async def placed() -> AsyncIterator[Callable[..., Any]]:
         for i in range(nodes):
             add_node(server, f"n{i}", gpus)
         server.put_object(paths.NAMESPACES, {"metadata": {"name": names.SYSTEM_NAMESPACE}})
+        server.put_object(paths.NAMESPACES, {"metadata": {"name": names.HOLDING_NAMESPACE}})
         clock = Clock(START)
         extender = runtime.Extender(
             client.KubeClient(server), runtime.Options(leader_elect=False, reservation_idle=0.0), clock=clock

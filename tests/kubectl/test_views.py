@@ -57,7 +57,7 @@ async def test_inventory_shows_each_gpu_with_the_pods_holding_it_as_their_alloca
         await h.schedule(await h.create(gpu_pod(name, milli=milli)))
     await h.schedule(await h.create(gpu_pod("w", nvidia=1)))
     for _ in range(200):  # the reservation reconciler creates the shared GPUs' reservation pods
-        if len(h.server.list_objects(paths.pods(names.SYSTEM_NAMESPACE))) >= 2:
+        if len(h.server.list_objects(paths.pods(names.HOLDING_NAMESPACE))) >= 2:
             break
         await asyncio.sleep(0.01)
     await settle(h.server)
@@ -84,7 +84,7 @@ async def test_inventory_shows_each_gpu_with_the_pods_holding_it_as_their_alloca
     assert (whole.milli_used, whole.memory_used, whole.reservation) == (1000, 16384, None)
     shared = [g for n in inventory.nodes for g in n.gpus if g.holders and g is not whole]
     assert shared
-    assert all((g.reservation or "").startswith("sharegpu-system/sharegpu-reserve-") for g in shared)
+    assert all((g.reservation or "").startswith("sharegpu-gpus/sharegpu-reserve-") for g in shared)
 
     table = render.plain(render.inventory_table(inventory))
     for (name, index), holders in expected.items():

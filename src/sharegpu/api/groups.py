@@ -135,7 +135,8 @@ def handoff_name(namespace: str, name: str) -> str:
 
 
 def holder_handoff_name(namespace: str, name: str) -> str:
-    """The hand-off ConfigMap (in sharegpu-system) the extender writes for a share group's holder."""
+    """The hand-off ConfigMap (beside the holder, in the holding namespace) the extender writes for a
+    share group's holder."""
     return _object_name(names.HANDOFF_PREFIX + "group-", namespace, name)
 
 
@@ -245,7 +246,7 @@ def holder_pod(group: SharedDeviceGroup, image: str, node: str = "") -> dict[str
         "kind": "Pod",
         "metadata": {
             "name": holder_name(meta.namespace, meta.name),
-            "namespace": names.SYSTEM_NAMESPACE,
+            "namespace": names.HOLDING_NAMESPACE,
             "labels": {names.LABEL_ROLE: names.ROLE_GROUP_HOLDER, **group_labels(meta.namespace, meta.name)},
             "annotations": annotations,
         },

@@ -97,7 +97,7 @@ def lifetime(pod: TimedPod) -> Lifetime | None:
     of sharegpu's reservation pods, whose GPUs belong to the pods they serve). A group's holder pod is
     charged to the group's namespace."""
     meta, spec = pod.metadata, pod.spec
-    role = meta.labels.get(names.LABEL_ROLE) if meta.namespace == names.SYSTEM_NAMESPACE else None  # pods.role
+    role = meta.labels.get(names.LABEL_ROLE) if meta.namespace == names.HOLDING_NAMESPACE else None  # pods.role
     if not spec.node_name or role == names.ROLE_RESERVATION:
         return None
     charged = meta.namespace

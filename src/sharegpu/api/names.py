@@ -36,23 +36,36 @@ REPLACED_SCHEDULERS: Final = (
 """Schedulers whose GPU pods sharegpu takes over by default (the webhook's `--take-over`): without
 it a pod written for another GPU system stays Pending for ever once that system is gone."""
 SYSTEM_NAMESPACE: Final = "sharegpu-system"
+HOLDING_NAMESPACE: Final = "sharegpu-gpus"
+"""Where sharegpu's GPU-holding pods run (reservation pods, SharedDeviceGroups' holders), at
+PodSecurity `restricted`, apart from the privileged agent of SYSTEM_NAMESPACE: only sharegpu creates
+pods there, so only there does a pod's `LABEL_ROLE` mean anything (`api.pods.role`)."""
 COMPONENTS: Final = ("scheduler", "extender", "webhook", "controller", "agent", "reserve")
-"""The chart's components, each with its own ServiceAccount `sharegpu-<component>` in SYSTEM_NAMESPACE."""
+"""The chart's components, each with its own ServiceAccount `sharegpu-<component>` in its namespace
+(`account_namespace`)."""
 
 
 def account(component: str) -> str:
-    """A component's ServiceAccount (in SYSTEM_NAMESPACE)."""
+    """A component's ServiceAccount (in `account_namespace(component)`)."""
     return f"sharegpu-{component}"
+
+
+def account_namespace(component: str) -> str:
+    """Where a component's ServiceAccount is: the GPU-holding pods' (`reserve`) beside them in
+    HOLDING_NAMESPACE, the others in SYSTEM_NAMESPACE."""
+    return HOLDING_NAMESPACE if component == "reserve" else SYSTEM_NAMESPACE
 
 
 def account_user(component: str) -> str:
     """The user name a component's ServiceAccount token authenticates as (what RBAC and the
     admission policies name)."""
-    return f"system:serviceaccount:{SYSTEM_NAMESPACE}:{account(component)}"
+    return f"system:serviceaccount:{account_namespace(component)}:{account(component)}"
 
 
-ACCOUNT_GROUPS: Final = ("system:serviceaccounts", f"system:serviceaccounts:{SYSTEM_NAMESPACE}")
-"""The groups every ServiceAccount token of SYSTEM_NAMESPACE carries."""
+def account_groups(component: str) -> tuple[str, ...]:
+    """The groups a component's ServiceAccount token carries (every ServiceAccount's, and its namespace's)."""
+    return ("system:serviceaccounts", f"system:serviceaccounts:{account_namespace(component)}")
+
 
 # ----------------------------------------------------------------- resources
 GPU: Final = f"{DOMAIN}/gpu"
@@ -131,7 +144,8 @@ LABEL_GROUP_NAME: Final = f"{DOMAIN}/group-name"
 LABEL_NODE: Final = f"{DOMAIN}/node"
 LABEL_SLOT: Final = f"{DOMAIN}/gpu-index"
 LABEL_ADMISSION: Final = f"{DOMAIN}/admission"
-"""On a namespace, `skip` keeps the webhook out of it (the chart labels kube-system and sharegpu-system)."""
+"""On a namespace, `skip` keeps the webhook out of it (the chart labels sharegpu-system and sharegpu-gpus; setting it
+takes the verb skip-admission: files/policies/admission-skip.yaml)."""
 
 # ----------------------------------------------------------------- the Device resource
 DEVICE_GROUP: Final = DOMAIN

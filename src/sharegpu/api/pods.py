@@ -47,9 +47,9 @@ def wants_gpu(pod: wire.Pod) -> bool:
 
 def role(pod: wire.Pod) -> str | None:
     """The part one of sharegpu's own pods plays (`names.LABEL_ROLE`: reservation, group holder);
-    None for any other pod. Only pods of sharegpu's namespace play one: there only sharegpu creates
-    pods, while a label elsewhere is the tenant's to set."""
-    if pod.metadata.namespace != names.SYSTEM_NAMESPACE:
+    None for any other pod. Only pods of `names.HOLDING_NAMESPACE` play one: there only sharegpu
+    creates pods, while a label elsewhere is the tenant's to set."""
+    if pod.metadata.namespace != names.HOLDING_NAMESPACE:
         return None
     return pod.metadata.labels.get(names.LABEL_ROLE)
 

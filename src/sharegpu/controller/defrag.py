@@ -8,7 +8,7 @@ for moves that let the pending pods in; the hourly budget is counted here. `defr
 the plans in words.
 
 Safety rules on top of the planner's: only a pod whose controller owner recreates it elsewhere is
-ever a victim (not one without an owner, not a DaemonSet's or a Node's, nothing in sharegpu-system:
+ever a victim (not one without an owner, not a DaemonSet's or a Node's, nothing of sharegpu's namespaces:
 `PodFacts.movable`); only pods kube-scheduler marked Unschedulable are planned for, and a pod that
 had a move is left alone for `cooldown` seconds (its victims are leaving, the scheduler needs a moment).
 

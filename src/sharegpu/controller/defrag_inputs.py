@@ -59,7 +59,7 @@ class PodFacts:
         return (
             bool(self.owner)
             and self.owner_kind not in NOT_RECREATED_ELSEWHERE
-            and (self.namespace != names.SYSTEM_NAMESPACE)
+            and self.namespace not in (names.SYSTEM_NAMESPACE, names.HOLDING_NAMESPACE)
         )
 
     @property

@@ -4,7 +4,7 @@ A group holds its GPUs through a holder pod (`api.groups.holder_pod`), placed by
 GPU pod, so the extender's ledger keeps every other pod off what it holds and no two groups can
 hold the same GPU: whole GPUs (`nvidia.com/gpu: N`, whose UUIDs the holder reports), or with
 `spec.share` a share of each of N GPUs (sharegpu's resources; the extender writes the holder's
-hand-off ConfigMap in sharegpu-system, which this reconciler follows). The holder is created when
+hand-off ConfigMap beside the holder in sharegpu-gpus, which this reconciler follows). The holder is created when
 the first member waits (or at once with `bindEagerly`); once it is bound and its GPUs are known,
 the group is Bound to that node for good: the node gets the group's label (which the members
 select, so they can only run there) and each namespace with members gets the group's hand-off
@@ -79,7 +79,7 @@ class GroupReconciler:
         """(namespace, ConfigMap) -> what this process last saw right there: a change from it while the
         group's members should still see the same is tampering."""
         self.holder_handoffs: dict[str, dict[str, str]] = {}
-        """Share holders' hand-off ConfigMaps (by name, in sharegpu-system): what the extender wrote."""
+        """Share holders' hand-off ConfigMaps (by name, in the holding namespace): what the extender wrote."""
         self.loop = reconcile.Loop("groups", self.reconcile)
 
     # ----------------------------------------------------------------- informer handlers
@@ -123,7 +123,7 @@ class GroupReconciler:
         )
 
     def holder(self, namespace: str, name: str) -> wire.Pod | None:
-        return self.pods.get(f"{names.SYSTEM_NAMESPACE}/{groups.holder_name(namespace, name)}")
+        return self.pods.get(f"{names.HOLDING_NAMESPACE}/{groups.holder_name(namespace, name)}")
 
     async def reconcile(self) -> None:
         for key, group in list(self.groups.items()):
@@ -154,7 +154,7 @@ class GroupReconciler:
         bound = status.node_name
         if holder is not None and (pods.is_terminal(holder) or holder.metadata.deletion_timestamp is not None):
             if holder.metadata.deletion_timestamp is None:
-                await self.api.delete(paths.pod(names.SYSTEM_NAMESPACE, holder.metadata.name), grace_period=0)
+                await self.api.delete(paths.pod(names.HOLDING_NAMESPACE, holder.metadata.name), grace_period=0)
             holder = None
         if holder is None and (bound or group.spec.bind_eagerly or members):
             await self._create_holder(group, bound)
@@ -243,7 +243,7 @@ class GroupReconciler:
     async def _create_holder(self, group: groups.SharedDeviceGroup, node: str) -> None:
         body = groups.holder_pod(group, self.image, node)
         try:
-            await self.api.create(paths.pods(names.SYSTEM_NAMESPACE), body)
+            await self.api.create(paths.pods(names.HOLDING_NAMESPACE), body)
         except errors.ConflictError as exc:
             if not exc.already_exists:
                 raise
@@ -301,7 +301,7 @@ class GroupReconciler:
     async def _clean_up(self, group: groups.SharedDeviceGroup, holder: wire.Pod | None) -> None:
         meta = group.metadata
         if holder is not None:
-            await self.api.delete(paths.pod(names.SYSTEM_NAMESPACE, holder.metadata.name), grace_period=0)
+            await self.api.delete(paths.pod(names.HOLDING_NAMESPACE, holder.metadata.name), grace_period=0)
         label = groups.node_label(meta.namespace, meta.name)
         if group.status.node_name:
             with contextlib.suppress(errors.NotFoundError):  # the node is gone: so is its label

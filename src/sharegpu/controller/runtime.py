@@ -133,7 +133,7 @@ class Controller:
                 params={"labelSelector": names.LABEL_GROUP_NAME},
             ),
             informer.Informer(
-                api, paths.configmaps(names.SYSTEM_NAMESPACE), wire.ConfigMap, informer.identity,
+                api, paths.configmaps(names.HOLDING_NAMESPACE), wire.ConfigMap, informer.identity,
                 self.groups.on_holder_handoff, name="holder-handoffs",
                 params={"labelSelector": f"{names.LABEL_ROLE}={names.ROLE_HANDOFF}"},
             ),

@@ -70,7 +70,9 @@ NODE_HARNESS = "sharegpu-node-harness"
 
 
 def _component(component: str) -> Identity:
-    return Identity(names.account_user(component), f"{component}-token", names.ACCOUNT_GROUPS, names.account(component))
+    return Identity(
+        names.account_user(component), f"{component}-token", names.account_groups(component), names.account(component)
+    )
 
 
 IDENTITIES = (

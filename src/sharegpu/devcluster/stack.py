@@ -19,7 +19,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import aiohttp
 import yaml
@@ -118,6 +118,14 @@ BOOTSTRAP_RBAC = "files/rbac/webhook-bootstrap.yaml"
 that needs it (`Stack`), as the chart renders it only in bootstrap mode."""
 
 
+HOLDING_LABELS: Final = {
+    names.LABEL_ADMISSION: "skip",
+    "pod-security.kubernetes.io/enforce": "restricted",
+    "pod-security.kubernetes.io/enforce-version": "latest",
+}
+"""The GPU-holding pods' namespace's labels (the chart's templates/namespace.yaml)."""
+
+
 def object_path(doc: Json) -> str:
     """Where a document `apply` makes lives."""
     collection = _PATHS[doc["kind"]].format(namespace=doc["metadata"].get("namespace", ""))
@@ -135,8 +143,10 @@ async def install(kube: client.KubeApi, compat: tuple[str, ...] = (), *, compat_
     (and the compatibility resources named, from deploy/compat/NAME: with `compat_roles`, their
     RBAC too), then wait until every custom resource is served."""
     await apply(kube, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": names.SYSTEM_NAMESPACE}})
+    holding = {"name": names.HOLDING_NAMESPACE, "labels": HOLDING_LABELS}  # as the chart's templates/namespace.yaml
+    await apply(kube, {"apiVersion": "v1", "kind": "Namespace", "metadata": holding})
     for component in names.COMPONENTS:  # the chart's templates/rbac.yaml makes them beside the roles
-        account = {"name": names.account(component), "namespace": names.SYSTEM_NAMESPACE}
+        account = {"name": names.account(component), "namespace": names.account_namespace(component)}
         await apply(kube, {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": account})
     served = []
     crds = [*manifests("crds/*.yaml"), *(d for name in compat for d in manifests(f"compat/{name}/*.yaml", DEPLOY))]

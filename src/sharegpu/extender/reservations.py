@@ -158,7 +158,7 @@ class ReservationReconciler:
         node, slot = where
         name = names.reservation_name(node, slot, secrets.token_hex(3))
         try:
-            await self.api.create(paths.pods(names.SYSTEM_NAMESPACE), reservation_pod(name, node, slot, self.image))
+            await self.api.create(paths.pods(names.HOLDING_NAMESPACE), reservation_pod(name, node, slot, self.image))
         except errors.SharegpuError as exc:
             if kube_errors.outcome(exc) is kube_errors.Outcome.REFUSED:
                 log.warning("creating the reservation of %s/gpu%d failed: %s", node, slot, exc)
@@ -175,7 +175,7 @@ class ReservationReconciler:
         """A creation whose answer was lost and that the watch has not shown: read it; gone, the GPU
         gets a new reservation (its backoff applying)."""
         try:
-            await self.api.get(paths.pod(names.SYSTEM_NAMESPACE, name))
+            await self.api.get(paths.pod(names.HOLDING_NAMESPACE, name))
         except kube_errors.NotFoundError:
             del self.pending[where]
             self.unsure.discard(where)
@@ -222,7 +222,7 @@ def reservation_pod(name: str, node: str, slot: int, image: str) -> dict[str, An
         "kind": "Pod",
         "metadata": {
             "name": name,
-            "namespace": names.SYSTEM_NAMESPACE,
+            "namespace": names.HOLDING_NAMESPACE,
             "labels": {names.LABEL_ROLE: names.ROLE_RESERVATION, names.LABEL_NODE: node, names.LABEL_SLOT: str(slot)},
         },
         "spec": {

@@ -34,7 +34,7 @@ Answer = api_admission.ReviewResponse
 @dataclasses.dataclass(frozen=True, slots=True)
 class Policy:
     system_users: frozenset[str] = frozenset({f"system:serviceaccount:{names.SYSTEM_NAMESPACE}:sharegpu-extender"})
-    skip_namespaces: frozenset[str] = frozenset({"kube-system", names.SYSTEM_NAMESPACE})
+    skip_namespaces: frozenset[str] = frozenset({"kube-system", names.SYSTEM_NAMESPACE, names.HOLDING_NAMESPACE})
     agent_users: frozenset[str] = frozenset({f"system:serviceaccount:{names.SYSTEM_NAMESPACE}:sharegpu-agent"})
     """Node agents: each may write only its own node's Device (the node its token's pod runs on)."""
     largest_gpu_memory_mib: int | None = None

@@ -6,6 +6,11 @@
 sharegpu-system
 {{- end -}}
 
+{{- /* The GPU-holding pods' namespace (reservations, groups' holders): api.names.HOLDING_NAMESPACE. */ -}}
+{{- define "sharegpu.holdingNamespace" -}}
+sharegpu-gpus
+{{- end -}}
+
 {{- define "sharegpu.image" -}}
 {{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
 {{- end -}}
@@ -96,7 +101,7 @@ cs.exists(c, (has(c.resources) && ((has(c.resources.limits) && c.resources.limit
 {{- /* The namespaces sharegpu's admission reviews (a namespaceSelector): all but kube-system, its own,
      webhook.skipNamespaces and those labelled sharegpu.io/admission=skip. */ -}}
 {{- define "sharegpu.reviewedNamespaces" -}}
-{{- $skip := concat (list "kube-system" (include "sharegpu.namespace" .)) .Values.webhook.skipNamespaces | uniq }}
+{{- $skip := concat (list "kube-system" (include "sharegpu.namespace" .) (include "sharegpu.holdingNamespace" .)) .Values.webhook.skipNamespaces | uniq }}
 {{- toYaml (dict "matchExpressions" (list (dict "key" "sharegpu.io/admission" "operator" "NotIn" "values" (list "skip")) (dict "key" "kubernetes.io/metadata.name" "operator" "NotIn" "values" $skip))) }}
 {{- end }}
 
