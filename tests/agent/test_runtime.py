@@ -16,7 +16,8 @@ import prometheus_client
 
 from sharegpu.agent import cudaprobe, fakekubelet, fakenvml, hamicore, inventory, mps, podresources, proof, watchdog
 from sharegpu.agent import runtime as agent_runtime
-from sharegpu.api import names, paths, wire
+from sharegpu.api import groups as api_groups
+from sharegpu.api import names, paths, resources, wire
 from sharegpu.kube import client, fake
 from tests.agent import cudastubs
 from tests.agent.conftest import gone
@@ -359,3 +360,41 @@ async def test_the_watchdog_reads_the_kubelets_index_ids_as_the_gpus_they_name(t
         await agent.stop()
         await lister.close()
         await kubelet.stop()
+
+
+async def test_a_pod_labelled_with_a_group_counts_as_a_member_only_where_the_group_admits_it(tmp_path: Path) -> None:
+    """The agent keeps the SharedDeviceGroups: a pod in a namespace the group does not admit, though
+    labelled with it, is judged on its own (its use of the group's GPU is a violation) until the group
+    admits its namespace."""
+    server = fake.FakeApiServer()
+    server.put_object(paths.NODES, MakeNode("n0").obj())
+    group = {"metadata": {"name": "pair", "namespace": "team"}, "spec": {"gpus": 1}}
+    server.put_object(resources.SHARED_DEVICE_GROUP.path("team"), group)
+    labels = api_groups.group_labels("team", "pair")
+    holder = MakePod("holder", names.HOLDING_NAMESPACE).labels({names.LABEL_ROLE: names.ROLE_GROUP_HOLDER, **labels})
+    holder.annotations({names.GPU_UUID: "GPU-0"}).node("n0").container(limits={names.NVIDIA_GPU: "1"})
+    server.put_object(paths.pods(names.HOLDING_NAMESPACE), holder.phase("Running").obj())
+    made = {ns: server.put_object(paths.pods(ns), running(MakePod("m", ns).labels(labels))) for ns in ("team", "other")}
+    proc = tmp_path / "proc"
+    for pid, namespace in ((4242, "team"), (4343, "other")):
+        (proc / str(pid)).mkdir(parents=True)
+        (proc / str(pid) / "cgroup").write_text(f"0::/kubepods/pod{made[namespace]['metadata']['uid']}/{'c' * 64}\n")
+    path = tmp_path / "nvml.yaml"
+    used = "processes: [{pid: 4242, gpu: 0, usedMiB: 1000}, {pid: 4343, gpu: 0, usedMiB: 1000}]"
+    write_nvml(path, NVML_FILE.replace("processes: [{pid: 42, gpu: 2, usedMiB: 2048}]", used))
+    agent = agent_runtime.Agent(
+        client.KubeClient(server), "n0", fakenvml.FakeNvml(path).open(), agent_runtime.Options(interval=3600, proc=proc)
+    )
+    await agent.start()
+    try:
+        await one_pass(agent, server)
+        assert agent.readiness()[1]["groups"]["listed"]
+        found = [(v.pod.namespace, v.kind) for v in agent.usage.violations]
+        assert found == [("other", watchdog.Kind.UNALLOCATED_GPU)], "only the member the group admits holds its GPU"
+        await agent.api.patch(
+            resources.SHARED_DEVICE_GROUP.path("team", "pair"), {"spec": {"members": {"namespaces": ["other"]}}}
+        )
+        await one_pass(agent, server)
+        assert agent.usage.violations == ()
+    finally:
+        await agent.stop()

@@ -211,11 +211,33 @@ def test_a_group_member_holds_what_the_groups_holder_holds() -> None:
         labels={names.LABEL_ROLE: names.ROLE_GROUP_HOLDER, **group},
     )  # fmt: skip
     member = pod("m", namespace="team", labels=group)
-    result = run([(50, 0, 8000), (51, 1, 10)], {50: "m", 51: "m"}, by_uid(holder, member))
+    known = {("team", "pair"): frozenset({"team"})}
+    result = run([(50, 0, 8000), (51, 1, 10)], {50: "m", 51: "m"}, by_uid(holder, member), groups=known)
     assert [(u.uuid, u.allocated_mib) for u in result.usages] == [("GPU-0", 8192), ("GPU-1", 0)]
     assert [v.uuid for v in result.violations] == ["GPU-1"]
-    alone = run([(50, 0, 8000), (51, 1, 10)], {50: "m", 51: "m"}, by_uid(member))
+    alone = run([(50, 0, 8000), (51, 1, 10)], {50: "m", 51: "m"}, by_uid(member), groups=known)
     assert [u.allocated_mib for u in alone.usages] == [None, None] and alone.violations == ()
+    unknown = run([(50, 0, 8000)], {50: "m"}, by_uid(holder, member))
+    assert unknown.violations == (), "while the groups are not known yet, members are not judged"
+
+
+def test_a_pod_labelled_with_a_group_that_does_not_admit_it_is_judged_on_its_own() -> None:
+    """A label is anyone's to set (a namespace the webhook skips, a group removed from its members):
+    outside the namespaces the group admits, or naming no group, a pod gets nothing of the holder's."""
+    group = {names.LABEL_GROUP_NAMESPACE: "team", names.LABEL_GROUP_NAME: "pair"}
+    holder = pod(
+        "holder", namespace=names.HOLDING_NAMESPACE, alloc=grants((0, 8192)), limits=SHARE,
+        labels={names.LABEL_ROLE: names.ROLE_GROUP_HOLDER, **group},
+    )  # fmt: skip
+    intruder = pod("m", namespace="elsewhere", labels=group)
+    for groups in ({("team", "pair"): frozenset({"team", "friends"})}, {}):
+        result = run([(50, 0, 8000)], {50: "m"}, by_uid(holder, intruder), groups=groups)
+        assert [(v.kind, v.uuid, v.allocated_mib) for v in result.violations] == [(Kind.UNALLOCATED_GPU, "GPU-0", 0)], (
+            groups
+        )
+    admitted = pod("m", namespace="friends", labels=group)
+    result = run([(50, 0, 8000)], {50: "m"}, by_uid(holder, admitted), groups={("team", "pair"): {"team", "friends"}})
+    assert result.violations == ()
 
 
 def test_a_malformed_allocation_is_not_judged() -> None:

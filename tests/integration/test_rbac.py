@@ -166,7 +166,7 @@ RIGHTS: dict[str, dict[str, dict[str, str]]] = {
             "/events": "create", "/nodes": "get patch", "/pods": "list watch", "/pods/eviction": "create",
             "authentication.k8s.io/tokenreviews": "create", "authorization.k8s.io/subjectaccessreviews": "create",
             "resource.k8s.io/resourceclaims": "get", "resource.k8s.io/resourceslices": "create get update",
-            "sharegpu.io/devices": "create get update",
+            "sharegpu.io/devices": "create get update", "sharegpu.io/shareddevicegroups": "get list watch",
         },
         "sharegpu-system": {},
         "sharegpu-gpus": {"/pods": "patch"},

@@ -16,9 +16,10 @@ and serves /healthz, /readyz and /metrics. The `Agent` runs the pass and hands e
   (`agent.cgroups`, under `Options.proc`), each pod's memory on each GPU against its allocation
   (per-pod and per-GPU usage on /metrics), and on a violation `agent.actions` acts as configured
   (`--on-violation`: report, kill, evict) — not while a reservation's reported GPU is being
-  corrected.
+  corrected. A second informer keeps the SharedDeviceGroups (which namespaces each admits): a pod
+  labelled with a group counts as its member only in those.
 
-/readyz is ok once the pod informer listed, the last pass succeeded, and the API accepts the
+/readyz is ok once both informers listed, the last pass succeeded, and the API accepts the
 agent's credentials; while the kubelet's socket is gone (a kubelet restart) its detail says so and
 the agent stays ready.
 """
@@ -55,7 +56,8 @@ from sharegpu.agent import (
     watchdog,
 )
 from sharegpu.api import devices as api_devices
-from sharegpu.api import handoff, names, paths, wire
+from sharegpu.api import groups as api_groups
+from sharegpu.api import handoff, names, paths, resources, wire
 from sharegpu.core import devices
 from sharegpu.kube import client, errors, informer, reconcile, reviews
 from sharegpu.kube import events as kube_events
@@ -148,13 +150,29 @@ class Agent:
             api, paths.PODS, wire.Pod, informer.identity, self._on_pod, name="node-pods",
             params={"fieldSelector": f"spec.nodeName={node}"},
         )  # fmt: skip
+        self.admits: dict[tuple[str, str], frozenset[str]] = {}
+        """The SharedDeviceGroups by (namespace, name): the namespaces whose pods may join each."""
+        self.group_informer: informer.Informer[Any, Any] = informer.Informer(
+            api, resources.SHARED_DEVICE_GROUP.path(), api_groups.SharedDeviceGroup, informer.identity,
+            self._on_group, name="shareddevicegroups",
+        )  # fmt: skip
         self.tasks: list[asyncio.Task[None]] = []
 
     def _on_pod(self, kind: wire.EventType, pod: wire.Pod) -> None:
         informer.remember(self.pods, kind, pod)
 
+    def _on_group(self, kind: wire.EventType, group: api_groups.SharedDeviceGroup) -> None:
+        key = (group.metadata.namespace, group.metadata.name)
+        if kind == wire.EventType.DELETED:
+            self.admits.pop(key, None)
+        else:
+            self.admits[key] = frozenset((key[0], *group.spec.members.namespaces))
+
     async def start(self) -> None:
-        self.tasks = [asyncio.create_task(self.pod_informer.run(), name="agent-pods")]
+        self.tasks = [
+            asyncio.create_task(self.pod_informer.run(), name="agent-pods"),
+            asyncio.create_task(self.group_informer.run(), name="agent-groups"),
+        ]
         await self.pod_informer.synced.wait()
         self.loop.wake()
         self.tasks += [
@@ -253,7 +271,7 @@ class Agent:
                 given.setdefault(f"{row.namespace}/{row.pod}", set()).update(ids.resolve(row.device_ids)[0])
         self.usage = watchdog.assess(
             processes, owners.get, live, spec, assigned=given if assigned is not None else None,
-            slack_mib=self.options.slack_mib,
+            slack_mib=self.options.slack_mib, groups=self.admits if self.group_informer.synced.is_set() else None,
         )  # fmt: skip
         if act:
             await self.enforcer.enforce(self.usage, self.options.on_violation)
@@ -263,12 +281,13 @@ class Agent:
         return processes, {p.pid: cgroups.read_owner(p.pid, self.options.proc) for p in processes}
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:
-        """Ready once the pod informer listed, the last pass succeeded (within three intervals) and the
+        """Ready once both informers listed, the last pass succeeded (within three intervals) and the
         API accepts the agent's credentials."""
         fresh = self.last_success is not None and self.clock() - self.last_success <= 3 * self.interval + 5
         refused = self.api.refused
-        ready = self.pod_informer.ready and fresh and not refused
-        detail = {"informer": self.pod_informer.status(), "lastPassOk": fresh, "credentialsRefused": refused}
+        ready = self.pod_informer.ready and self.group_informer.ready and fresh and not refused
+        detail = {"informer": self.pod_informer.status(), "groups": self.group_informer.status(),
+                  "lastPassOk": fresh, "credentialsRefused": refused}  # fmt: skip
         if self.repair is not None and self.repair.problem:
             detail["kubelet"] = self.repair.problem
         if self.publisher is not None and self.publisher.problem:

@@ -27,7 +27,9 @@ What a pod was given on a GPU, its grant:
   its PodResources API) or the pod reported (`sharegpu.io/gpu-uuid`). While neither is known, on
   whichever GPU it uses: the device plugin chose them, and a container sees no others.
 - A member of a SharedDeviceGroup: what the group's holder pod holds (each member is limited to the
-  group's share on its own, docs/groups.md). Not judged (None) while the holder is not on the node.
+  group's share on its own, docs/groups.md). Not judged (None) while the holder is not on the node,
+  nor while the groups are not known yet. A pod labelled with a group that does not exist, or whose
+  namespace the group does not admit, is no member (a label proves nothing): it is judged on its own.
 - A pod whose allocation annotation is malformed: not judged (None).
 - Any other pod (one that asked for no GPU): nothing, 0 on every GPU.
 
@@ -214,6 +216,7 @@ def assess(
     exempt: Set[str] = frozenset(),
     slack_mib: int = 0,
     sm_percent: Mapping[str, int] | None = None,
+    groups: Mapping[tuple[str, str], Collection[str]] | None = None,
 ) -> Assessment:
     """One pass's `Assessment` (see the module docstring).
 
@@ -222,10 +225,12 @@ def assess(
     device plugin, where known; `exempt`: UIDs of pods whose processes count as the node's own (the
     agent's: its MPS servers); `slack_mib`: how far a pod may exceed its memory before it violates
     (NVML counts each process's CUDA context, which a limit enforced inside the process may not);
-    `sm_percent`: UUID -> SM utilisation, where read.
+    `sm_percent`: UUID -> SM utilisation, where read; `groups`: the SharedDeviceGroups that exist,
+    (namespace, name) -> the namespaces whose pods may join it (its own included), None while not
+    known (then no pod labelled with a group is judged).
     """
     index_of = {gpu.uuid: gpu.index for gpu in device.gpus}
-    grants = _Grants(pods, device, assigned or {})
+    grants = _Grants(pods, device, assigned or {}, groups)
     owners: dict[int, cgroups.Owner | None] = {}
     tallies: dict[str, list[int]] = {gpu.uuid: [0, 0, 0] for gpu in device.gpus}
     by_pod: dict[tuple[str, str], dict[int, int]] = {}
@@ -342,10 +347,15 @@ class _Grants:
     """The grants of the node's pods (module docstring), each worked out when first asked for."""
 
     def __init__(
-        self, pods: Mapping[str, wire.Pod], device: wire.DeviceSpec, assigned: Mapping[str, Collection[str]]
+        self,
+        pods: Mapping[str, wire.Pod],
+        device: wire.DeviceSpec,
+        assigned: Mapping[str, Collection[str]],
+        groups: Mapping[tuple[str, str], Collection[str]] | None = None,
     ) -> None:
         self.pods = pods
         self.assigned = assigned
+        self.groups = groups
         self.capacity = {gpu.uuid: gpu.memory_mib for gpu in device.gpus}
         self.by_index = {gpu.index: gpu.uuid for gpu in device.gpus}
         self.reserved: dict[int, set[str]] = {}
@@ -371,8 +381,11 @@ class _Grants:
         labels = pod.metadata.labels
         group = _group(labels)
         if api_pods.role(pod) is None and group is not None:
-            holder = self.holders.get(group)
-            return _UNJUDGED if holder is None else self.of(holder)
+            if self.groups is None:
+                return _UNJUDGED
+            if pod.metadata.namespace in self.groups.get(group, ()):
+                holder = self.holders.get(group)
+                return _UNJUDGED if holder is None else self.of(holder)
         try:
             alloc = api_pods.allocation_of(pod)
         except errors.InvalidInputError:
