@@ -144,9 +144,9 @@ async def run(args: argparse.Namespace) -> dict[str, float]:
             assert extender.process is not None
             memory = rss_mib(extender.process.pid)
             async with aiohttp.ClientSession(headers=extender.headers) as session:
-                async with session.get(f"{extender.health_url}/debug/informers") as response:
+                async with session.get(f"{extender.health_url}/debug/informers", ssl=extender.health_ssl) as response:
                     startup = (await response.json())["startup"]
-                async with session.get(f"{extender.health_url}/debug/nodes") as response:
+                async with session.get(f"{extender.health_url}/debug/nodes", ssl=extender.health_ssl) as response:
                     summary = await response.json()
             extender.kill()
         finally:

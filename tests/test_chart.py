@@ -263,19 +263,17 @@ def test_another_namespace_is_refused_with_the_reason() -> None:
 
 def test_every_component_is_annotated_for_scraping_on_the_port_that_serves_its_metrics() -> None:
     docs = render("1.34.0")
-    for name, port, scheme in (
-        ("sharegpu-scheduler", "health", None),
-        ("sharegpu-controller", "health", None),
-        ("sharegpu-agent", "health", None),
-        ("sharegpu-webhook", "https", "https"),
-    ):
+    for name, port in (
+        ("sharegpu-scheduler", "health"), ("sharegpu-controller", "health"), ("sharegpu-agent", "health"),
+        ("sharegpu-webhook", "https"),
+    ):  # fmt: skip
         kind = "DaemonSet" if name == "sharegpu-agent" else "Deployment"
         template = one(docs, kind, name)["spec"]["template"]
         annotations = template["metadata"]["annotations"]
         ports = {p["name"]: p["containerPort"] for c in template["spec"]["containers"] for p in c.get("ports", [])}
         assert annotations["prometheus.io/scrape"] == "true" and annotations["prometheus.io/path"] == "/metrics", name
         assert annotations["prometheus.io/port"] == str(ports[port]), name
-        assert annotations.get("prometheus.io/scheme") == scheme, name
+        assert annotations["prometheus.io/scheme"] == "https", name
     quiet = render("1.34.0", "metrics.podAnnotations=false")
     template = one(quiet, "Deployment", "sharegpu-controller")["spec"]["template"]
     assert "annotations" not in template["metadata"]
@@ -296,6 +294,10 @@ def test_a_pod_monitor_only_where_the_prometheus_operator_is_and_asked_for() -> 
     assert all(e["honorLabels"] and e["path"] == "/metrics" for e in endpoints.values())
     assert endpoints["https"]["scheme"] == "https"
     assert endpoints["https"]["tlsConfig"]["ca"] == {"secret": {"name": "sharegpu-webhook-tls", "key": "ca.crt"}}
+    assert endpoints["health"]["scheme"] == "https", "the health ports serve TLS"
+    verified = {"ca": {"secret": {"name": "sharegpu-health-tls", "key": "ca.crt"}},
+                "serverName": f"sharegpu-health.{names.SYSTEM_NAMESPACE}.svc"}  # fmt: skip
+    assert endpoints["health"]["tlsConfig"] == verified
     bad = run_helm("template", "s", str(stack.CHART), "-n", names.SYSTEM_NAMESPACE,
                    "--set", "metrics.podMonitor.interval=often")  # fmt: skip
     assert bad.returncode != 0 and "/metrics/podMonitor/interval" in bad.stderr
@@ -435,7 +437,7 @@ def test_the_charts_certificates_last_a_year_and_the_scheduler_has_a_client_pair
         ExtendedKeyUsageOID.CLIENT_AUTH
         in pairs["client"].extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
     )
-    for secret in (pki, one(docs, "Secret", "sharegpu-webhook-tls")):
+    for secret in (pki, one(docs, "Secret", "sharegpu-webhook-tls"), one(docs, "Secret", "sharegpu-health-tls")):
         leaf = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["tls.crt"]))
         assert (leaf.not_valid_after_utc - leaf.not_valid_before_utc).days == 365
         assert (
@@ -447,6 +449,7 @@ def test_the_charts_certificates_last_a_year_and_the_scheduler_has_a_client_pair
     assert mounted == {
         "extender-tls": ["ca.crt", "tls.crt", "tls.key"],
         "scheduler-tls": ["ca.crt", "client.crt", "client.key"],
+        "health-tls": ["tls.crt", "tls.key"],
     }
     config = yaml.safe_load(one(docs, "ConfigMap", "sharegpu-scheduler")["data"]["config.yaml"])
     (extender,) = config["extenders"]
@@ -463,3 +466,28 @@ def test_the_gpu_holding_pods_have_a_namespace_of_their_own_at_podsecurity_restr
     pod_roles = {d["metadata"]["name"]: d["metadata"]["namespace"] for d in roles
                  if any("pods" in rule.get("resources", []) for rule in d["rules"])}  # fmt: skip
     assert pod_roles and set(pod_roles.values()) == {names.HOLDING_NAMESPACE}, pod_roles
+
+
+def test_every_health_port_serves_tls_with_the_charts_health_certificate() -> None:
+    """The bearer tokens /metrics and /debug ask for cross the pod network only inside TLS (the
+    PodMonitor verifies the name: test_a_pod_monitor_only_where_the_prometheus_operator_is_and_asked_for)."""
+    docs = render("1.37.2")
+    secret = one(docs, "Secret", "sharegpu-health-tls")["data"]
+    ca, leaf = (x509.load_pem_x509_certificate(base64.b64decode(secret[key])) for key in ("ca.crt", "tls.crt"))
+    leaf.verify_directly_issued_by(ca)
+    server_name = f"sharegpu-health.{names.SYSTEM_NAMESPACE}.svc"
+    assert leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(
+        x509.DNSName
+    ) == [server_name]
+    for kind, name, index in (("Deployment", "sharegpu-scheduler", 1), ("Deployment", "sharegpu-controller", 0),
+                              ("DaemonSet", "sharegpu-agent", 0)):  # fmt: skip
+        spec = one(docs, kind, name)["spec"]["template"]["spec"]
+        container = spec["containers"][index]
+        mount = next(m["mountPath"] for m in container["volumeMounts"] if m["name"] == "health-tls")
+        assert f"--health-cert={mount}/tls.crt" in container["args"], name
+        assert f"--health-key={mount}/tls.key" in container["args"], name
+        assert "--plain-health" not in container["args"], name
+        for probe in ("readinessProbe", "livenessProbe"):
+            assert container[probe]["httpGet"]["scheme"] == "HTTPS", (name, probe)
+        (volume,) = [v for v in spec["volumes"] if v["name"] == "health-tls"]
+        assert volume["secret"]["secretName"] == "sharegpu-health-tls"

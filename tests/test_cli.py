@@ -349,6 +349,21 @@ COMPAT_REFUSED = "Invalid value for '--compat': 'volcano' is not one of 'devices
         (["extender", "--tls-cert", "/a.crt", "--tls-key", "/a.key"], "/a.crt: no such file"),
         (["extender", "--lease-duration", "5", "--renew-deadline", "6"], "leader election needs"),
         (["extender", "--dra-fence", "-1"], "--dra-fence must be >= 0, got -1"),
+        (["extender", "--health-cert", "/etc/hostname"], "--health-cert and --health-key go together"),
+        (["controller", "--health-cert", "/a.crt", "--health-key", "/a.key"], "/a.crt: no such file"),
+        (
+            [
+                "agent",
+                "--node",
+                "n",
+                "--plain-health",
+                "--health-cert",
+                "/etc/hostname",
+                "--health-key",
+                "/etc/hostname",
+            ],
+            "--plain-health serves no certificate: drop --health-cert and --health-key",
+        ),
         (
             ["extender", "--log-level", "LOUD"],
             "Invalid value for '--log-level': 'LOUD' is not one of 'debug', 'info', 'warning', 'error'.",

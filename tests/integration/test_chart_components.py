@@ -4,7 +4,9 @@ pointed at files holding the rendered Secrets, its ports at free ones, a kubecon
 in-cluster account), and kube-scheduler from the rendered configuration calling that extender with
 the rendered certificates. A GPU pod submitted with kubectl is placed and gets its hand-off; the
 webhook answers a review over TLS with the rendered certificate (checked against the rendered CA by
-the Service's DNS name); the agent publishes its node's Device; the controller becomes ready."""
+the Service's DNS name); the agent publishes its node's Device; the controller becomes ready; every
+health port serves the rendered health certificate (checked against its CA by the name the PodMonitor
+verifies)."""
 
 from __future__ import annotations
 
@@ -34,7 +36,8 @@ from tests.conftest import one, render
 from tests.integration.conftest import get_or_none, gpu_pod, kubectl, wait_for
 
 Json = dict[str, Any]
-MOUNTS = {"/etc/sharegpu/extender-tls": "sharegpu-extender-tls", "/etc/sharegpu/webhook-tls": "sharegpu-webhook-tls"}
+MOUNTS = {"/etc/sharegpu/extender-tls": "sharegpu-extender-tls", "/etc/sharegpu/webhook-tls": "sharegpu-webhook-tls",
+          "/etc/sharegpu/health-tls": "sharegpu-health-tls"}  # fmt: skip
 
 
 def container(docs: list[Json], kind: str, name: str, index: int = 0) -> Json:
@@ -144,7 +147,10 @@ async def test_the_rendered_components_run_and_place_a_gpu_pod(
         *localize(rendered), "--host=127.0.0.1", f"--port={port}", f"--health-port={health}",
         "--kubeconfig", str(control_plane.kubeconfig("sharegpu-extender")), f"--identity={IDENTITY}",
     ]))  # fmt: skip
-    await ready(f"http://127.0.0.1:{health}/readyz", "extender", processes)
+    # Every health port serves the rendered health certificate, checked by its name as the PodMonitor does.
+    health_ca = ssl.create_default_context(cafile=str(tmp_path / "sharegpu-health-tls" / "ca.crt"))
+    health_name = f"sharegpu-health.{names.SYSTEM_NAMESPACE}.svc"
+    await ready(f"https://127.0.0.1:{health}/readyz", "extender", processes, health_ca, health_name)
 
     # kube-scheduler from the rendered configuration, calling that extender with the rendered PKI.
     configuration = yaml.safe_load(one(docs, "ConfigMap", "sharegpu-scheduler")["data"]["config.yaml"])
@@ -192,8 +198,8 @@ async def test_the_rendered_components_run_and_place_a_gpu_pod(
     ca = ssl.create_default_context(cafile=str(tmp_path / "sharegpu-webhook-tls" / "ca.crt"))
     service = f"sharegpu-webhook.{names.SYSTEM_NAMESPACE}.svc"
     await ready(f"https://127.0.0.1:{hook_port}/readyz", "webhook", processes, ca, service)
-    await ready(f"http://127.0.0.1:{controller_health}/readyz", "controller", processes)
-    await ready(f"http://127.0.0.1:{agent_health}/readyz", "agent", processes)
+    await ready(f"https://127.0.0.1:{controller_health}/readyz", "controller", processes, health_ca, health_name)
+    await ready(f"https://127.0.0.1:{agent_health}/readyz", "agent", processes, health_ca, health_name)
 
     async def published() -> bool:
         found = await get_or_none(admin, paths.device(node.name))

@@ -120,7 +120,7 @@ async def _diagnosis(kube: client.KubeClient, namespace: str, replicas: dict[str
         try:
             async with (
                 aiohttp.ClientSession(headers=process.headers) as session,
-                session.get(f"{process.health_url}/debug/budgets") as got,
+                session.get(f"{process.health_url}/debug/budgets", ssl=process.health_ssl) as got,
             ):
                 lines.append(f"{name} /debug/budgets: {await got.text()}")
         except aiohttp.ClientError as exc:

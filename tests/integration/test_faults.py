@@ -35,7 +35,10 @@ async def used_milli(extender: ExtenderProcess, node: str) -> int:
 
 
 async def ready(extender: ExtenderProcess) -> bool:
-    async with aiohttp.ClientSession() as session, session.get(f"{extender.health_url}/readyz") as response:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(f"{extender.health_url}/readyz", ssl=extender.health_ssl) as response,
+    ):
         return response.status == 200
 
 
@@ -140,12 +143,15 @@ async def test_a_rotated_service_account_token_is_read_again_and_readyz_tells_th
             return not await ready(replica)
 
         await wait_for(refused, timeout=30, what="/readyz false while the API refuses the token")
-        async with aiohttp.ClientSession() as session, session.get(f"{replica.health_url}/readyz") as response:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(f"{replica.health_url}/readyz", ssl=replica.health_ssl) as response,
+        ):
             assert response.status == 503 and (await response.json())["credentialsRefused"] is True
             # /debug and /metrics cannot check their callers meanwhile (their reviews use the same token)
         async with (
             aiohttp.ClientSession(headers=replica.headers) as session,
-            session.get(f"{replica.health_url}/debug/informers") as response,
+            session.get(f"{replica.health_url}/debug/informers", ssl=replica.health_ssl) as response,
         ):
             assert response.status == 503
         token_file.write_text(await mint_token(admin, f"token-b-{suffix}"))

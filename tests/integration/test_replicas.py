@@ -79,7 +79,7 @@ async def holder(admin: client.KubeClient) -> str:
 async def metric(pair: Pair, name: str, labels: str) -> float:
     async with (
         aiohttp.ClientSession(headers=pair.extender.headers) as session,
-        session.get(f"{pair.extender.health_url}/metrics") as response,
+        session.get(f"{pair.extender.health_url}/metrics", ssl=pair.extender.health_ssl) as response,
     ):
         for line in (await response.text()).splitlines():
             if line.startswith(f"{name}{{{labels}}}"):

@@ -266,11 +266,11 @@ async def test_metrics_and_health_endpoints(
     await admin.create(f"/api/v1/namespaces/{namespace}/pods", gpu_pod("measured", namespace, milli=400))
     await wait_for(lambda: all_bound(admin, namespace, 1), what="the pod bound")
     async with aiohttp.ClientSession(headers=extender.headers) as session:
-        async with session.get(f"{extender.health_url}/healthz") as response:
+        async with session.get(f"{extender.health_url}/healthz", ssl=extender.health_ssl) as response:
             assert response.status == 200
-        async with session.get(f"{extender.health_url}/readyz") as response:
+        async with session.get(f"{extender.health_url}/readyz", ssl=extender.health_ssl) as response:
             assert response.status == 200
-        async with session.get(f"{extender.health_url}/metrics") as response:
+        async with session.get(f"{extender.health_url}/metrics", ssl=extender.health_ssl) as response:
             text = await response.text()
         assert "sharegpu_extender_request_duration_seconds_bucket" in text
         assert 'sharegpu_extender_binds_total{outcome="bound"}' in text
@@ -290,20 +290,20 @@ async def test_metrics_and_health_endpoints(
         await wait_for(lambda: all_bound(admin, namespace, 6), what="five more pods bound")
         after = await extender.connections()
         assert after.get("h2") == before.get("h2"), f"one kept connection, no handshake per call: {after}"
-        async with session.get(f"{extender.health_url}/debug/nodes") as response:
+        async with session.get(f"{extender.health_url}/debug/nodes", ssl=extender.health_ssl) as response:
             counters = (await response.json())["counters"]
         assert counters["rebuilds"] >= 1
         assert counters["conflicts"] == conflicts, "the ledger did not disagree with the API server meanwhile"
-        async with session.post(f"{extender.health_url}/bind", json={}) as response:
+        async with session.post(f"{extender.health_url}/bind", json={}, ssl=extender.health_ssl) as response:
             assert response.status == 404, "the health port serves no scheduling verbs"
     # /metrics and /debug answer only a token the API server vouches for, of a user allowed to get them.
     for headers, status in (({}, 401), ({"Authorization": "Bearer forged"}, 401),
                             ({"Authorization": "Bearer alice-token"}, 403)):  # fmt: skip
         async with aiohttp.ClientSession(headers=headers) as session:
             for path in ("/metrics", "/debug/nodes"):
-                async with session.get(f"{extender.health_url}{path}") as response:
+                async with session.get(f"{extender.health_url}{path}", ssl=extender.health_ssl) as response:
                     assert response.status == status, (headers, path)
-            async with session.get(f"{extender.health_url}/readyz") as response:
+            async with session.get(f"{extender.health_url}/readyz", ssl=extender.health_ssl) as response:
                 assert response.status == 200, "the kubelet's probes carry no token"
 
 

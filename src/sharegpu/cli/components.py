@@ -20,10 +20,14 @@ from sharegpu.cli.logs import LogFormatOption, LogLevelOption, configure
 from sharegpu.cli.options import (
     ELECTION_DEFAULTS,
     Compat,
+    HealthCert,
+    HealthKey,
     Kubeconfig,
     LeaderElection,
     MetricsAuth,
+    PlainHealth,
     complete_policy,
+    health_tls,
     leader_election,
 )
 from sharegpu.core import errors, policies
@@ -84,6 +88,9 @@ def extender(
             "holder's writes land or fail meanwhile)."
         ),
     ] = 20.0,
+    health_cert: HealthCert = None,
+    health_key: HealthKey = None,
+    plain_health: PlainHealth = False,
     metrics_auth: MetricsAuth = True,
     log_level: LogLevelOption = "info",
     log_format: LogFormatOption = "auto",
@@ -108,12 +115,14 @@ def extender(
             if path is not None and not path.is_file():
                 raise UsageError(f"{path}: no such file")
         shapes = trace.load_pods(shapes_from).typical_shapes() if shapes_from else None
+        health = health_tls(health_cert, health_key, plain_health)
     options = runtime.Options(
         kubeconfig=kubeconfig, host=host, port=port, health_port=health_port, policy=policy, image=image,
         narrow=narrow, shapes=shapes, tls_cert=tls_cert, tls_key=tls_key, client_ca=client_ca,
         leader_elect=leader_elect, lease_duration=election.lease_duration, renew_deadline=election.renew_deadline,
         retry_period=election.retry_period, reservation_idle=reservation_idle, assume_ttl=assume_ttl,
         identity=election.identity, preemption=preemption, dra_fence=dra_fence, metrics_auth=metrics_auth,
+        health_tls=health,
     )  # fmt: skip
     with reported():
         serve(runtime.serve(options))
@@ -153,6 +162,9 @@ def controller(
     defrag_budget_per_hour: Annotated[
         int, typer.Option("--defrag-budget-per-hour", help="The most evictions the defragmenter makes in any hour.")
     ] = 10,
+    health_cert: HealthCert = None,
+    health_key: HealthKey = None,
+    plain_health: PlainHealth = False,
     metrics_auth: MetricsAuth = True,
     log_level: LogLevelOption = "info",
     log_format: LogFormatOption = "auto",
@@ -170,12 +182,13 @@ def controller(
             raise UsageError(f"--defrag-budget-per-hour must be >= 0, got {defrag_budget_per_hour}")
         if defrag and defrag_dry_run:
             raise UsageError("--defrag evicts and --defrag-dry-run only reports: give one of them")
+        health = health_tls(health_cert, health_key, plain_health)
     options = runtime.Options(
         kubeconfig=kubeconfig, host=host, health_port=health_port, leader_elect=leader_elect,
         lease_duration=election.lease_duration, renew_deadline=election.renew_deadline,
         retry_period=election.retry_period, identity=election.identity, write_every=write_every, image=image,
         compat=frozenset(c.value for c in compat or ()), defrag=defrag, defrag_dry_run=defrag_dry_run,
-        defrag_budget_per_hour=defrag_budget_per_hour, metrics_auth=metrics_auth,
+        defrag_budget_per_hour=defrag_budget_per_hour, metrics_auth=metrics_auth, health_tls=health,
     )  # fmt: skip
     with reported():
         serve(runtime.serve(options))
@@ -284,6 +297,9 @@ def agent(
     ] = "/var/lib/kubelet/pod-resources/kubelet.sock",
     host: Annotated[str, typer.Option(help="Address of /healthz, /readyz and /metrics.")] = "0.0.0.0",
     health_port: Annotated[int, typer.Option(help="Port of /healthz, /readyz and /metrics (0: none).")] = 9403,
+    health_cert: HealthCert = None,
+    health_key: HealthKey = None,
+    plain_health: PlainHealth = False,
     metrics_auth: MetricsAuth = True,
     log_level: LogLevelOption = "info",
     log_format: LogFormatOption = "auto",
@@ -302,6 +318,7 @@ def agent(
         if not 0 <= health_port <= 65535:
             raise UsageError(f"--health-port must be 0..65535, got {health_port}")
         action = watchdog.Action.parse(on_violation)
+        health = health_tls(health_cert, health_key, plain_health)
         source = fakenvml.FakeNvml(fake_nvml).open() if fake_nvml is not None else nvml.Nvml().open()
     options = agent_runtime.Options(
         interval=interval, hami_core_library=Path(hami_core_library) if hami_core_library else None,
@@ -317,7 +334,8 @@ def agent(
     try:
         with reported():
             serve(agent_runtime.serve(kubeconfig, node, source, options, supervisor=supervisor, kubelet=kubelet,
-                                      prover=prover, health_address=address, metrics_auth=metrics_auth))  # fmt: skip
+                                      prover=prover, health_address=address, health_tls=health,
+                                      metrics_auth=metrics_auth))  # fmt: skip
     except KeyboardInterrupt:
         pass
     finally:

@@ -1,6 +1,7 @@
 """Options several commands take, declared once here with their checks.
 
-`Compat` (other systems' resources), `Kubeconfig`, the completion of policy names, and the leader
+`Compat` (other systems' resources), `Kubeconfig`, the health port's TLS (`HealthCert`, `HealthKey`,
+`PlainHealth`, checked and combined by `health_tls`), the completion of policy names, and the leader
 election of the components that take a Lease: `leader_election` gives a command the four options
 --lease-duration, --renew-deadline, --retry-period and --identity, and hands them to it as one
 `LeaderElection`. The trace options of `simulate` and `bound` are in `simulation`, beside them.
@@ -13,12 +14,16 @@ import enum
 import functools
 import inspect
 from collections.abc import Callable
-from typing import Annotated, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from sharegpu.cli.boundary import UsageError
-from sharegpu.core import policies
+from sharegpu.core import errors, policies
+
+if TYPE_CHECKING:
+    from sharegpu.serving import tls
 
 
 class Compat(enum.StrEnum):
@@ -42,6 +47,38 @@ MetricsAuth = Annotated[
         "get the path (RBAC nonResourceURLs; the chart's ClusterRole sharegpu-metrics-reader grants /metrics).",
     ),
 ]
+
+
+HealthCert = Annotated[
+    Path | None,
+    typer.Option(
+        help="Certificate of the health port (PEM; followed as it is renewed).",
+        show_default="a self-signed one made at start",
+    ),
+]
+HealthKey = Annotated[Path | None, typer.Option(help="Key of --health-cert (PEM).")]
+PlainHealth = Annotated[
+    bool,
+    typer.Option(
+        "--plain-health",
+        help="Serve the health port over plain HTTP: the bearer tokens /metrics and /debug ask for then "
+        "cross the network in the clear.",
+    ),
+]
+
+
+def health_tls(cert: Path | None, key: Path | None, plain: bool) -> tls.HealthTls:
+    """The health port's `serving.tls.HealthTls` from the three options, with a UsageError naming
+    what is wrong."""
+    from sharegpu.serving import tls
+
+    for path in (cert, key):
+        if path is not None and not path.is_file():
+            raise UsageError(f"{path}: no such file")
+    try:
+        return tls.HealthTls(cert, key, plain)
+    except errors.InvalidInputError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def complete_policy(incomplete: str) -> list[str]:

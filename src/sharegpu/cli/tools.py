@@ -131,6 +131,7 @@ async def _bring_up(whole: Stack, nodes: _FakeNodes, folder: Path) -> None:
     shown.print(f"  extender: {whole.extender.health_url}/debug/nodes   logs: {folder / 'logs'}")
     if whole.controller is not None:
         shown.print(f"  controller: {whole.controller.health_url}/debug/budgets")
+    shown.print(f"  (TLS: curl --cacert {whole.extender.health_pki.ca}, with the admin kubeconfig's token as Bearer)")
     if whole.webhook is not None:
         shown.print(f"  webhook: {whole.webhook.url} (GPU pods in any format are scheduled by sharegpu)")
         shown.print("  Ctrl-C stops everything", highlight=False)

@@ -42,7 +42,7 @@ from sharegpu.controller import budgets, defrag, deviceshare, groups, inventory,
 from sharegpu.core import errors
 from sharegpu.kube import client, informer, leader, reconcile, reviews
 from sharegpu.kube import events as kube_events
-from sharegpu.serving import access, health
+from sharegpu.serving import access, health, tls
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +72,8 @@ class Options:
     defrag_dry_run: bool = False
     """Run the defragmenter, reporting its plans (log, events, metrics) without evicting."""
     defrag_budget_per_hour: int = 10
+    health_tls: tls.HealthTls = tls.SELF_SIGNED
+    """How the health port is served (`serving.tls.HealthTls`: TLS, self-signed unless given a pair)."""
     metrics_auth: bool = True
     """/metrics and /debug only for a token the API server allows to get them (`serving.access`)."""
     """Evictions the defragmenter may make in any hour."""
@@ -286,9 +288,12 @@ async def serve(options: Options, started: asyncio.Event | None = None) -> None:
     runner = web.AppRunner(controller.app(), access_log=None)
     try:
         await runner.setup()
-        await web.TCPSite(runner, options.host, options.health_port).start()
+        await web.TCPSite(runner, options.host, options.health_port, ssl_context=options.health_tls.context()).start()
         await controller.start()
-        log.info("sharegpu controller %s: health on %s:%d", controller.identity, options.host, options.health_port)
+        log.info(
+            "sharegpu controller %s: health on %s:%d (%s)",
+            controller.identity, options.host, options.health_port, options.health_tls.scheme,
+        )  # fmt: skip
         if started is not None:
             started.set()
         await asyncio.Event().wait()

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -31,7 +33,7 @@ from sharegpu.core import devices, policies
 from sharegpu.devcluster import agents, controlplane, fakecluster
 from sharegpu.kube import client, credentials, transport
 from sharegpu.kube import errors as kube_errors
-from sharegpu.serving import certs
+from sharegpu.serving import certs, tls
 from sharegpu.webhook import config as webhook_config
 
 Json = dict[str, Any]
@@ -198,13 +200,54 @@ class ExtenderPki:
         return cls(ca_path, serving_cert, serving_key, client_cert, client_key)
 
 
+@dataclass(frozen=True, slots=True)
+class HealthPki:
+    """The health ports' pair of the stack's component processes (TLS, as the chart serves them),
+    signed by a CA of its own that the stack's clients verify it with."""
+
+    ca: Path
+    cert: Path
+    key: Path
+
+    @classmethod
+    def of(cls, plane: controlplane.ControlPlane) -> HealthPki:
+        """The control plane's, made on first use."""
+        folder = plane.workdir / "health-pki"
+        made = cls(folder / "ca.crt", folder / "tls.crt", folder / "tls.key")
+        if not all(path.is_file() for path in (made.ca, made.cert, made.key)):
+            ca_cert, ca_key, _ = certs.write_ca(folder, "sharegpu-health-ca")
+            dns, ips = tls.SELF_SIGNED_NAMES
+            certs.write_pair(folder, *certs.issue_serving(ca_cert, ca_key, "sharegpu-health", dns_names=dns,
+                                                          ip_addresses=ips))  # fmt: skip
+        return made
+
+    def args(self) -> list[str]:
+        return ["--health-cert", str(self.cert), "--health-key", str(self.key)]
+
+    def client(self) -> ssl.SSLContext:
+        """A client context that trusts only this CA."""
+        return ssl.create_default_context(cafile=self.ca)
+
+
 class _ComponentProcess:
     """A sharegpu component as a real process in its own session (so it can be SIGKILLed, group
-    and all), logging into the control plane's log folder."""
+    and all), logging into the control plane's log folder; its health port served over TLS
+    (`health_ssl` verifies it)."""
 
     name = ""
     process: subprocess.Popen[bytes] | None = None
     log: Path
+    health_pki: HealthPki
+    health_port: int
+
+    @property
+    def health_url(self) -> str:
+        return f"https://127.0.0.1:{self.health_port}"
+
+    @functools.cached_property
+    def health_ssl(self) -> ssl.SSLContext:
+        """What a client of the health port verifies it with."""
+        return self.health_pki.client()
 
     def _spawn(self, argv: list[str]) -> None:
         with self.log.open("ab") as handle:
@@ -228,7 +271,7 @@ class _ComponentProcess:
             while time.monotonic() < deadline:
                 self._check_alive()
                 with contextlib.suppress(aiohttp.ClientError):
-                    async with session.get(readyz) as response:
+                    async with session.get(readyz, ssl=self.health_ssl) as response:
                         if response.status == 200:
                             return
                 await asyncio.sleep(0.1)
@@ -254,6 +297,7 @@ class ExtenderProcess(_ComponentProcess):
         self.policy = policy
         self.extra = extra
         self.pki = pki or ExtenderPki.make(plane.workdir / f"extender-pki-{self.port}")
+        self.health_pki = HealthPki.of(plane)
         self.kubeconfig = kubeconfig or plane.kubeconfig("sharegpu-extender")
         self.log = plane.workdir / "logs" / f"extender-{self.port}.log"
 
@@ -262,17 +306,13 @@ class ExtenderProcess(_ComponentProcess):
         """Where kube-scheduler calls filter, prioritize and bind (mutual TLS)."""
         return f"https://127.0.0.1:{self.port}"
 
-    @property
-    def health_url(self) -> str:
-        return f"http://127.0.0.1:{self.health_port}"
-
     def start(self) -> None:
         argv = [
             sys.executable, "-m", "sharegpu", "extender",
             "--kubeconfig", str(self.kubeconfig),
             "--host", "127.0.0.1", "--port", str(self.port), "--health-port", str(self.health_port),
             "--tls-cert", str(self.pki.serving_cert), "--tls-key", str(self.pki.serving_key),
-            "--client-ca", str(self.pki.ca),
+            "--client-ca", str(self.pki.ca), *self.health_pki.args(),
             "--policy", self.policy, "--log-level", "WARNING", *self.extra,
         ]  # fmt: skip
         self._spawn(argv)
@@ -288,7 +328,7 @@ class ExtenderProcess(_ComponentProcess):
     async def get(self, path: str) -> Any:
         async with (
             aiohttp.ClientSession(headers=self.headers) as session,
-            session.get(f"{self.health_url}{path}") as response,
+            session.get(f"{self.health_url}{path}", ssl=self.health_ssl) as response,
         ):
             return await response.json()
 
@@ -299,7 +339,10 @@ class ExtenderProcess(_ComponentProcess):
     async def counted(self, sample_name: str, label: str) -> dict[str, int]:
         """A counter of /metrics, by one of its labels."""
         url = f"{self.health_url}/metrics"
-        async with aiohttp.ClientSession(headers=self.headers) as session, session.get(url) as response:
+        async with (
+            aiohttp.ClientSession(headers=self.headers) as session,
+            session.get(url, ssl=self.health_ssl) as response,
+        ):
             text = await response.text()
         return {
             sample.labels[label]: int(sample.value)
@@ -394,18 +437,16 @@ class ControllerProcess(_ComponentProcess):
     def __init__(self, plane: controlplane.ControlPlane, *extra: str) -> None:
         self.plane = plane
         self.health_port = controlplane.free_port()
+        self.health_pki = HealthPki.of(plane)
         self.extra = extra
         self.log = plane.workdir / "logs" / f"controller-{self.health_port}.log"
-
-    @property
-    def health_url(self) -> str:
-        return f"http://127.0.0.1:{self.health_port}"
 
     def start(self) -> None:
         argv = [
             sys.executable, "-m", "sharegpu", "controller",
             "--kubeconfig", str(self.plane.kubeconfig("sharegpu-controller")),
-            "--host", "127.0.0.1", "--health-port", str(self.health_port), "--log-level", "WARNING", *self.extra,
+            "--host", "127.0.0.1", "--health-port", str(self.health_port), *self.health_pki.args(),
+            "--log-level", "WARNING", *self.extra,
         ]  # fmt: skip
         self._spawn(argv)
 

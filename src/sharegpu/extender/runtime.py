@@ -73,6 +73,8 @@ class Options:
     """Seconds a new leader's DRA allocator waits before its first write (`extender.allocator`)."""
     metrics_auth: bool = True
     """/metrics and /debug only for a token the API server allows to get them (`serving.access`)."""
+    health_tls: tls.HealthTls = tls.SELF_SIGNED
+    """How the health port is served (`serving.tls.HealthTls`: TLS, self-signed unless given a pair)."""
 
 
 class Extender:
@@ -271,14 +273,14 @@ async def serve(options: Options, started: asyncio.Event | None = None) -> None:
     try:
         for runner in runners:
             await runner.setup()
-        health = web.TCPSite(runners[1], options.host, options.health_port)
+        health = web.TCPSite(runners[1], options.host, options.health_port, ssl_context=options.health_tls.context())
         await health.start()
         await extender.start()
         listener = await http2.listen(runners[0], connections, options.host, options.port, context)
         log.info(
-            "sharegpu extender: verbs on %s:%d (%s), health on %s:%d, policy %s",
+            "sharegpu extender: verbs on %s:%d (%s), health on %s:%d (%s), policy %s",
             options.host, options.port, "mutual TLS" if options.client_ca else ("TLS" if context else "http"),
-            options.host, options.health_port, options.policy,
+            options.host, options.health_port, options.health_tls.scheme, options.policy,
         )  # fmt: skip
         if started is not None:
             started.set()

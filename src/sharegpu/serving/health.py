@@ -1,11 +1,13 @@
-"""Plain-HTTP health for a component that serves nothing else (the node agent): /healthz (the
-process answers), /readyz (the component's own check: 200 "ok", or 503 with what is not ready as
-JSON) and /metrics (a Prometheus registry), /metrics behind `serving.access`'s gate when given one.
+"""Health for a component that serves nothing else (the node agent): /healthz (the process
+answers), /readyz (the component's own check: 200 "ok", or 503 with what is not ready as JSON) and
+/metrics (a Prometheus registry), /metrics behind `serving.access`'s gate when given one; over TLS
+when given a context (`serving.tls.HealthTls`).
 The servers with an API of their own (extender, webhook, controller) add these routes to their own
 applications instead."""
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Callable
 from typing import Any
 
@@ -49,10 +51,10 @@ class HealthServer:
         app.router.add_get("/metrics", metrics)
         return app
 
-    async def start(self, host: str, port: int) -> None:
+    async def start(self, host: str, port: int, context: ssl.SSLContext | None = None) -> None:
         self.runner = web.AppRunner(self.app(), access_log=None)
         await self.runner.setup()
-        await web.TCPSite(self.runner, host, port).start()
+        await web.TCPSite(self.runner, host, port, ssl_context=context).start()
 
     async def stop(self) -> None:
         if self.runner is not None:

@@ -11,6 +11,26 @@ sharegpu-system
 sharegpu-gpus
 {{- end -}}
 
+{{- /* The name in the health ports' certificate (templates/health-tls.yaml). */ -}}
+{{- define "sharegpu.healthName" -}}
+sharegpu-health.{{ include "sharegpu.namespace" . }}.svc
+{{- end -}}
+
+{{- /* A component's arguments, mount and volume for its health port's certificate. */ -}}
+{{- define "sharegpu.healthTlsArgs" -}}
+- --health-cert=/etc/sharegpu/health-tls/tls.crt
+- --health-key=/etc/sharegpu/health-tls/tls.key
+{{- end -}}
+{{- define "sharegpu.healthTlsMount" -}}
+- {name: health-tls, mountPath: /etc/sharegpu/health-tls, readOnly: true}
+{{- end -}}
+{{- define "sharegpu.healthTlsVolume" -}}
+- name: health-tls
+  secret:
+    secretName: sharegpu-health-tls
+    items: [{key: tls.crt, path: tls.crt}, {key: tls.key, path: tls.key}]
+{{- end -}}
+
 {{- define "sharegpu.image" -}}
 {{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
 {{- end -}}
@@ -51,15 +71,14 @@ capabilities: {drop: [ALL]}
 {{- if or (eq $source "cert-manager") (and (eq $source "auto") (.Capabilities.APIVersions.Has "cert-manager.io/v1")) -}}true{{- end -}}
 {{- end -}}
 
-{{/* prometheus.io annotations for a pod whose /metrics is on `port` (with metrics.podAnnotations). */}}
+{{/* prometheus.io annotations for a pod whose /metrics is on `port`, over HTTPS like every
+     component's (with metrics.podAnnotations). */}}
 {{- define "sharegpu.scrapeAnnotations" -}}
 {{- if .root.Values.metrics.podAnnotations -}}
 prometheus.io/scrape: "true"
 prometheus.io/port: {{ .port | quote }}
 prometheus.io/path: /metrics
-{{- if .https }}
 prometheus.io/scheme: https
-{{- end }}
 {{- end -}}
 {{- end -}}
 
