@@ -4,18 +4,22 @@ seen to on an H200 (driver 580), for tests of the MPS supervisor and beyond.
 `write_fake_daemon(folder)` writes two executable scripts into `folder`:
 
 - `nvidia-cuda-mps-control`. With `-f` (the daemon in the foreground) it refuses to start unless
-  CUDA_MPS_PIPE_DIRECTORY and CUDA_MPS_LOG_DIRECTORY exist, makes its control pipe
-  (`<pipe>/control`, a FIFO), appends `started pid=... devices=...` to `<log>/control.log`, logs a
-  line on stdout (the real daemon in the foreground logs there) and reads commands from the pipe:
-  a line `client ...` (what a CUDA client's driver sends; `tests/agent/stubs/libcuda_stub.c` writes
-  one) starts the server on the first client; `quit` ends the server, then the daemon. SIGTERM ends
-  the daemon at once and leaves the server running, as the real one does. Without `-f` it is the
-  client: it writes each line of stdin into the daemon's pipe, or fails as the real one does when no
+  CUDA_MPS_PIPE_DIRECTORY and CUDA_MPS_LOG_DIRECTORY exist, makes its two control pipes there (FIFOs
+  where the real daemon makes sockets): `control`, which anyone may use, and `control_privileged`,
+  for its owner and root; appends `started pid=... devices=...` to `<log>/control.log`, logs a line
+  on stdout (the real daemon in the foreground logs there) and reads commands from both: a line
+  `client ...` (what a CUDA client's driver sends; `tests/agent/stubs/libcuda_stub.c` writes one)
+  starts the server on the first client; `quit` ends the server, then the daemon; `set_default_...`
+  is recorded in `<log>/control.log` as `set ...`. `quit` and the setters are refused on `control`
+  (the real daemon's words logged, nothing done), as the real daemon refuses them to a client that
+  has no `control_privileged`. SIGTERM ends the daemon at once and leaves the server running, as the
+  real one does. Without `-f` it is the client: it writes each line of stdin into the pipe folder's
+  `control_privileged` where there is one, else its `control`, or fails as the real one does when no
   daemon listens there.
 - `nvidia-cuda-mps-server`: appends `server pid=...` to `<log>/server.log`, keeps that file open (as
   the real server keeps its log) and runs until a signal ends it.
 
-`started(log_dir)` and `servers(log_dir)` read those lines back.
+`started(log_dir)`, `settings(log_dir)` and `servers(log_dir)` read those lines back.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ _CONTROL = '''\
 
 import errno
 import os
+import selectors
 import signal
 import subprocess
 import sys
@@ -42,8 +47,9 @@ SERVER = {server!r}
 
 
 def client(pipe: Path) -> int:
+    name = "control_privileged" if (pipe / "control_privileged").exists() else "control"
     try:
-        fd = os.open(pipe / "control", os.O_WRONLY | os.O_NONBLOCK)
+        fd = os.open(pipe / name, os.O_WRONLY | os.O_NONBLOCK)
     except OSError as exc:
         if exc.errno in (errno.ENXIO, errno.ENOENT):
             print("Cannot find MPS control daemon process", file=sys.stderr)
@@ -61,26 +67,37 @@ def daemon(pipe: Path, logs: Path) -> int:
     if EXIT_AT_ONCE is not None:
         return EXIT_AT_ONCE
     signal.signal(signal.SIGTERM, lambda signum, frame: os._exit(0))  # leaves the server, as the real one
-    control = pipe / "control"
-    control.unlink(missing_ok=True)  # left by a daemon that was killed
-    os.mkfifo(control)
+    paths = {{privileged: pipe / name for privileged, name in ((False, "control"), (True, "control_privileged"))}}
+    for path in paths.values():
+        path.unlink(missing_ok=True)  # left by a daemon that was killed
+        os.mkfifo(path)
     print(f"[fake] control daemon started for {{devices}}", flush=True)
     server = None
-    fd = os.open(control, os.O_RDWR)  # read and write: no end of file when a client closes it
-    with os.fdopen(fd, "rb", buffering=0) as raw:
-        for line in iter(raw.readline, b""):
-            words = line.decode().split()
-            if words[:1] == ["client"] and server is None:
-                print("[fake] starting a server for the first client", flush=True)
-                server = subprocess.Popen([SERVER], stdin=subprocess.DEVNULL)
-            elif words[:1] == ["quit"]:
-                print("[fake] quitting", flush=True)
-                if server is not None:
-                    server.terminate()
-                    server.wait()
-                control.unlink(missing_ok=True)
-                return 0
-    return 0
+    watch = selectors.DefaultSelector()
+    for privileged, path in paths.items():
+        # read and write: no end of file when a client closes it
+        watch.register(os.fdopen(os.open(path, os.O_RDWR), "rb", buffering=0), selectors.EVENT_READ, privileged)
+    while True:
+        for key, _ in watch.select():
+            for line in key.fileobj.read(65536).splitlines():
+                words = line.decode().split()
+                if words[:1] == ["client"] and server is None:
+                    print("[fake] starting a server for the first client", flush=True)
+                    server = subprocess.Popen([SERVER], stdin=subprocess.DEVNULL)
+                elif words[:1] == ["quit"] or words[:1] and words[0].startswith("set_"):
+                    if not key.data:
+                        print(f"[fake] Not enough privilege to execute {{words[0]}} command", flush=True)
+                    elif words[0] == "quit":
+                        print("[fake] quitting", flush=True)
+                        if server is not None:
+                            server.terminate()
+                            server.wait()
+                        for path in paths.values():
+                            path.unlink(missing_ok=True)
+                        return 0
+                    else:
+                        with open(logs / "control.log", "a") as out:
+                            out.write(f"set {{' '.join(words)}}\\n")
 
 
 def main() -> int:
@@ -144,9 +161,19 @@ def started(log_dir: Path) -> list[Start]:
         return []
     out = []
     for line in path.read_text().splitlines():
+        if not line.startswith("started "):
+            continue
         fields = dict(field.split("=", 1) for field in line.split()[1:])
         out.append(Start(int(fields["pid"]), fields["devices"]))
     return out
+
+
+def settings(log_dir: Path) -> list[str]:
+    """Every setting the fake daemon took through its privileged pipe (`set_default_... VALUE`), oldest first."""
+    path = log_dir / "control.log"
+    if not path.exists():
+        return []
+    return [line.removeprefix("set ") for line in path.read_text().splitlines() if line.startswith("set ")]
 
 
 def servers(log_dir: Path) -> list[int]:

@@ -96,12 +96,11 @@ def test_the_mps_environment_points_at_the_daemon_and_preloads_nothing() -> None
         "CUDA_DEVICE_MEMORY_SHARED_CACHE": "/tmp/c",
         "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "20",
     }
-    env = cudaprobe.mps_env(base, Path("/run/mps/GPU-a/pipe"), Path("/run/mps/GPU-a/log"), UUID, 2048)
+    env = cudaprobe.mps_env(base, Path("/run/mps/GPU-a/tenant/pipe"), UUID, 2048)
     assert env == {
         "HOME": "/root",
         "CUDA_VISIBLE_DEVICES": UUID,
-        "CUDA_MPS_PIPE_DIRECTORY": "/run/mps/GPU-a/pipe",
-        "CUDA_MPS_LOG_DIRECTORY": "/run/mps/GPU-a/log",
+        "CUDA_MPS_PIPE_DIRECTORY": "/run/mps/GPU-a/tenant/pipe",
         "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=2048M",
     }
 
@@ -209,7 +208,7 @@ def mps_daemon(pipe: Path) -> Iterator[Callable[[], str]]:
 
 
 def mps(tmp_path: Path) -> dict[str, str]:
-    return cudaprobe.mps_env(plain_env(), tmp_path / "pipe", tmp_path / "log", UUID, LIMIT)
+    return cudaprobe.mps_env(plain_env(), tmp_path / "pipe", UUID, LIMIT)
 
 
 async def test_an_mps_client_of_a_live_daemon_is_limited(stubs: cudastubs.Stubs, tmp_path: Path) -> None:

@@ -155,15 +155,15 @@ def test_a_client_that_completed_nothing_fails_the_check() -> None:
 # ---------------------------------------------------------------- the hand-off's variables on the host
 
 
-def test_an_mps_client_gets_the_hand_offs_limits_and_the_daemons_directories(tmp_path: Path) -> None:
+def test_an_mps_client_gets_the_hand_offs_limits_and_its_tenant_folder(tmp_path: Path) -> None:
     layout = mps.Layout(tmp_path)
     assert gpucheck.mps_client_env(H200, 250, layout) == {
         "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25",
         "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=2048M",
-        "CUDA_MPS_PIPE_DIRECTORY": str(layout.pipe(H200.uuid)),
-        "CUDA_MPS_LOG_DIRECTORY": str(layout.log(H200.uuid)),
+        "CUDA_MPS_PIPE_DIRECTORY": str(tmp_path / H200.uuid / "tenant" / "pipe"),
         "CUDA_VISIBLE_DEVICES": H200.uuid,
-    }
+    }, "a pod's pipe folder, seen from the host; no log folder (a tenant has none)"
+    assert gpucheck.mps_client_env(H200, 250, layout)["CUDA_MPS_PIPE_DIRECTORY"] == str(layout.tenant_pipe(H200.uuid))
     assert gpucheck.mps_client_env(OTHER, 750, layout)["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "75"
 
 
@@ -248,9 +248,14 @@ class FakeGpu:
         finally:
             self.inventory.processes.clear()
 
+    def _ceiling(self) -> mps.Ceiling:
+        """What the daemon took (a client's own variables only lower it: seen on an H200, driver 580)."""
+        [status] = self.supervisors[-1].status().values()
+        return status.ceiling or mps.Ceiling(100, H200.memory_mib)
+
     def _limit(self, env: Mapping[str, str]) -> int | None:
         if _reaches_daemon(env):
-            return int(env[handoff.MPS_THREADS])
+            return min(int(env.get(handoff.MPS_THREADS, 100)), self._ceiling().percent)
         if _preloads(env) and self.hami_compute:
             return int(env[handoff.SM_LIMIT])
         return None
@@ -271,11 +276,13 @@ class FakeGpu:
         self.probes.append(dict(env))
         total, free = H200.memory_mib, H200.memory_mib - 600
         if _reaches_daemon(env):
-            assert env[handoff.MPS_MEMORY] == f"0={limit_mib}M"
             [status] = self.supervisors[-1].status().values()
             assert status.pid is not None
             self.daemons.append(status.pid)
-            free = limit_mib
+            own = (
+                int(env[handoff.MPS_MEMORY].removeprefix("0=").removesuffix("M")) if handoff.MPS_MEMORY in env else None
+            )
+            free = min(own or H200.memory_mib, self._ceiling().memory_mib)
         elif _preloads(env):
             assert env[handoff.MEMORY_LIMIT] == f"{limit_mib}m"
             total = free = limit_mib
@@ -354,12 +361,17 @@ async def test_every_check_passes_on_a_gpu_that_enforces_everything(gpu: FakeGpu
     plain = {"PATH": os.environ.get("PATH", ""), "CUDA_VISIBLE_DEVICES": H200.uuid}
     assert gpu.held == [plain]
     assert gpu.burns[0] == [plain]
-    mps_alone, mps_pair, hami_alone, hami_pair = gpu.burns[1:]
+    mps_alone, mps_pair, [bare], hami_alone, hami_pair = gpu.burns[1:]
     assert [env[handoff.MPS_THREADS] for env in [*mps_alone, *mps_pair]] == ["25", "25", "75"]
+    assert handoff.MPS_THREADS not in bare and handoff.MPS_MEMORY not in gpu.probes[1], "the tenancy check's client"
+    assert by_name["mps-tenancy"].figures == {
+        "ceiling_percent": 25, "ceiling_mib": 2048, "daemon_kept": True, "dlsym_free_mib": 2048,
+        "dlsym_above_ok": "0/3", "bare_rate": round(FULL / 4, 1), "bare_share": 25,
+    }  # fmt: skip
     assert [env[handoff.SM_LIMIT] for env in [*hami_alone, *hami_pair]] == ["25", "25", "75"]
-    caches = {env["CUDA_DEVICE_MEMORY_SHARED_CACHE"] for env in [*hami_alone, *hami_pair, gpu.probes[1]]}
+    caches = {env["CUDA_DEVICE_MEMORY_SHARED_CACHE"] for env in [*hami_alone, *hami_pair, gpu.probes[2]]}
     assert len(caches) == 4, "each HAMi-core client has its own accounting"
-    assert all(env["LD_PRELOAD"] == str(library) for env in [*hami_alone, *hami_pair, gpu.probes[1]])
+    assert all(env["LD_PRELOAD"] == str(library) for env in [*hami_alone, *hami_pair, gpu.probes[2]])
 
     # The daemon ran under a private root, and is gone with it.
     [supervisor] = gpu.supervisors
@@ -367,6 +379,7 @@ async def test_every_check_passes_on_a_gpu_that_enforces_everything(gpu: FakeGpu
     assert gpu.daemons and all(gone(pid) for pid in gpu.daemons)
     assert not supervisor.layout.root.exists()
     assert len(str(supervisor.layout.pipe(H200.uuid) / "control_privileged")) < 108, "a socket path's limit"
+    assert len(str(supervisor.layout.tenant_pipe(H200.uuid) / "control")) < 108
 
 
 async def test_hami_core_is_skipped_without_its_library(gpu: FakeGpu, daemon: Path) -> None:
@@ -377,7 +390,7 @@ async def test_hami_core_is_skipped_without_its_library(gpu: FakeGpu, daemon: Pa
     ]
     assert report.checks[-1].detail == "no --hami-core-library given"
     assert report.exit_status() == 0, "a skip is no failure"
-    assert len(gpu.burns) == 3
+    assert len(gpu.burns) == 4
 
 
 async def test_hami_cores_ignored_compute_limit_is_reported_not_raised(
@@ -408,7 +421,7 @@ async def test_a_holder_nvml_does_not_list_fails_the_processes_check(gpu: FakeGp
 async def test_mps_is_skipped_where_its_daemon_is_not_installed(gpu: FakeGpu, tmp_path: Path) -> None:
     report = await gpucheck.check(parts(gpu, tmp_path / "absent"), gpucheck.Options(seconds=5))
     mps_checks = [c for c in report.checks if c.name.startswith("mps")]
-    assert [c.result for c in mps_checks] == [Result.SKIP, Result.SKIP]
+    assert [c.result for c in mps_checks] == [Result.SKIP] * 3
     assert mps_checks[0].detail == f"{tmp_path / 'absent'} not found: this node cannot offer mps"
 
 
@@ -416,7 +429,7 @@ async def test_a_daemon_that_does_not_stay_up_fails_the_mps_checks(gpu: FakeGpu,
     daemon = write_fake_daemon(tmp_path / "bin", exit_code=3)
     report = await gpucheck.check(parts(gpu, daemon), gpucheck.Options(seconds=5, patience=0.5))
     mps_checks = [c for c in report.checks if c.name.startswith("mps")]
-    assert [c.result for c in mps_checks] == [Result.FAIL, Result.FAIL]
+    assert [c.result for c in mps_checks] == [Result.FAIL] * 3
     assert mps_checks[0].detail.startswith("the MPS daemon did not come up: exited with status 3")
     assert gpu.supervisors[0].status() == {}
 
@@ -751,7 +764,7 @@ def test_the_command_prints_the_table_writes_json_and_exits_by_the_results(
     for name in gpucheck.ORDER:
         assert re.search(rf"│ {name} +│ (all|0) +│ (PASS|FAIL) ", result.output), name
     body = json.loads(out.read_text())
-    assert [c["result"] for c in body["checks"]] == ["PASS"] * 5 + ["PASS" if enforced else "FAIL"]
+    assert [c["result"] for c in body["checks"]] == ["PASS"] * 6 + ["PASS" if enforced else "FAIL"]
     assert body["gpu"]["cuda"] == "12.8"
 
 

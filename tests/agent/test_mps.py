@@ -24,7 +24,7 @@ from sharegpu.agent import mps
 from sharegpu.api import handoff
 from sharegpu.core import errors
 from tests.agent.conftest import gone
-from tests.agent.fake_mps_daemon import connect, servers, started, write_fake_daemon
+from tests.agent.fake_mps_daemon import connect, servers, settings, started, write_fake_daemon
 
 FAST = mps.Backoff(first=0.05, most=0.4, settled=30.0)
 
@@ -135,6 +135,125 @@ async def test_one_daemon_per_gpu_with_its_environment_and_directories(tmp_path:
     for status in statuses.values():
         assert status.pid is not None and gone(status.pid)
         assert not (layout.pipe(status.uuid) / "control").exists()  # it was told to quit, and did
+
+
+def linked(supervisor: mps.Supervisor, uuid: str) -> bool:
+    status = supervisor.status().get(uuid)
+    return status is not None and status.linked
+
+
+def tell(binary: Path, pipe: Path, command: str) -> subprocess.CompletedProcess[str]:
+    """Run the control program in client mode on `pipe`, as a tenant or the agent does."""
+    env = {**os.environ, handoff.MPS_PIPE: str(pipe)}
+    return subprocess.run([str(binary)], input=f"{command}\n", env=env, capture_output=True, text=True, check=False)
+
+
+async def test_tenants_get_a_folder_of_their_own_holding_the_control_socket_alone(tmp_path: Path) -> None:
+    binary = write_fake_daemon(tmp_path / "bin")
+    layout = mps.Layout(tmp_path / "mps")
+    supervisor = mps.Supervisor(binary, layout, backoff=FAST)
+    await supervisor.ensure({"GPU-a"})
+    try:
+        await until(lambda: linked(supervisor, "GPU-a"))
+        daemon, tenant = layout.pipe("GPU-a"), layout.tenant_pipe("GPU-a")
+        assert tenant == layout.gpu("GPU-a") / "tenant" / "pipe"
+        assert sorted(p.name for p in tenant.iterdir()) == ["control"], "no control_privileged, no log"
+        assert (tenant / "control").stat().st_ino == (daemon / "control").stat().st_ino, "a hard link"
+        for folder in (layout.tenant("GPU-a"), tenant):
+            assert stat.S_IMODE(folder.stat().st_mode) == 0o755 and folder.stat().st_uid == os.getuid()
+        first = pid(supervisor, "GPU-a")
+        # A tenant may talk to the daemon (a CUDA client does), but neither quit it nor change its settings.
+        for command in ("quit", "set_default_active_thread_percentage 100"):
+            assert tell(binary, tenant, command).returncode == 0  # the real client says nothing went wrong either
+        connect(tenant)
+        await until(lambda: len(servers(layout.log("GPU-a"))) == 1)  # the daemon did hear the tenant
+        await asyncio.sleep(0.2)
+        assert running(supervisor, "GPU-a") and pid(supervisor, "GPU-a") == first
+        assert settings(layout.log("GPU-a")) == []
+        assert tell(binary, daemon, "set_default_active_thread_percentage 40").returncode == 0  # the agent's folder may
+        await until(lambda: settings(layout.log("GPU-a")) == ["set_default_active_thread_percentage 40"])
+    finally:
+        await supervisor.stop()
+    assert not (layout.tenant_pipe("GPU-a") / "control").exists(), "no link to a daemon that is gone"
+
+
+async def test_a_daemon_takes_its_gpus_ceiling_before_tenants_reach_it_and_each_change_after(tmp_path: Path) -> None:
+    layout = mps.Layout(tmp_path / "mps")
+    supervisor = mps.Supervisor(write_fake_daemon(tmp_path / "bin"), layout, backoff=FAST)
+    supervisor.limit({"GPU-a": mps.Ceiling(25, 2048)})
+    await supervisor.ensure({"GPU-a"})
+    try:
+        await until(lambda: linked(supervisor, "GPU-a"))
+        first = ["set_default_active_thread_percentage 25", "set_default_device_pinned_mem_limit 0 2048M"]
+        assert settings(layout.log("GPU-a")) == first, "taken before the socket was linked for tenants"
+        assert supervisor.status()["GPU-a"].ceiling == mps.Ceiling(25, 2048)
+        connect(layout.tenant_pipe("GPU-a"))
+        await until(lambda: len(servers(layout.log("GPU-a"))) == 1)
+        [server] = servers(layout.log("GPU-a"))
+        supervisor.limit({"GPU-a": mps.Ceiling(60, 4096), "GPU-b": mps.Ceiling(10, 100)})  # GPU-b: no daemon, kept
+        await until(lambda: supervisor.status()["GPU-a"].ceiling == mps.Ceiling(60, 4096))
+        assert settings(layout.log("GPU-a"))[2:] == [
+            "set_default_active_thread_percentage 60",
+            "set_default_device_pinned_mem_limit 0 4096M",
+            f"set_active_thread_percentage {server} 60",
+            f"set_device_pinned_mem_limit {server} 0 4096M",
+        ], "the defaults for servers to come, and the running server's settings for its new clients"
+        supervisor.limit({"GPU-a": mps.Ceiling(60, 4096)})  # unchanged: nothing sent
+        await asyncio.sleep(0.2)
+        assert len(settings(layout.log("GPU-a"))) == 6
+        os.kill(pid(supervisor, "GPU-a"), signal.SIGKILL)  # a restarted daemon takes the ceiling again
+        await until(lambda: len(started(layout.log("GPU-a"))) == 2 and linked(supervisor, "GPU-a"))
+        assert settings(layout.log("GPU-a"))[6:] == [
+            "set_default_active_thread_percentage 60",
+            "set_default_device_pinned_mem_limit 0 4096M",
+        ]
+    finally:
+        await supervisor.stop()
+
+
+def test_a_ceiling_needs_a_percentage_and_some_memory() -> None:
+    for percent, memory in ((0, 1), (101, 1), (50, 0)):
+        with pytest.raises(errors.InvalidInputError, match="an MPS ceiling needs"):
+            mps.Ceiling(percent, memory)
+
+
+async def test_a_restarted_daemon_s_new_socket_replaces_the_tenants_link(tmp_path: Path) -> None:
+    layout = mps.Layout(tmp_path / "mps")
+    supervisor = mps.Supervisor(write_fake_daemon(tmp_path / "bin"), layout, backoff=FAST)
+    await supervisor.ensure({"GPU-a"})
+    try:
+        await until(lambda: linked(supervisor, "GPU-a"))
+        os.link(layout.tenant_pipe("GPU-a") / "control", tmp_path / "old")  # kept: its inode is not reused
+        before = (tmp_path / "old").stat().st_ino
+        os.kill(pid(supervisor, "GPU-a"), signal.SIGKILL)
+        await until(lambda: len(started(layout.log("GPU-a"))) == 2 and linked(supervisor, "GPU-a"))
+        after = (layout.tenant_pipe("GPU-a") / "control").stat().st_ino
+        assert after != before and after == (layout.pipe("GPU-a") / "control").stat().st_ino
+    finally:
+        await supervisor.stop()
+
+
+def test_linking_follows_no_link_and_links_only_a_socket(tmp_path: Path) -> None:
+    daemon, tenant, elsewhere = tmp_path / "pipe", tmp_path / "tenant", tmp_path / "elsewhere"
+    for folder in (daemon, tenant, elsewhere):
+        folder.mkdir()
+    (elsewhere / "secret").write_text("x")
+    (daemon / "control").symlink_to(elsewhere / "secret")
+    with pytest.raises(errors.InvalidInputError, match="is not the daemon's control socket"):
+        mps.link_control(daemon, tenant)
+    (daemon / "control").unlink()
+    with pytest.raises(FileNotFoundError):
+        mps.link_control(daemon, tenant)
+    os.mkfifo(daemon / "control")
+    (tenant / "control").symlink_to(elsewhere / "secret")  # planted where the link goes: replaced, not followed
+    mps.link_control(daemon, tenant)
+    assert (tenant / "control").lstat().st_ino == (daemon / "control").lstat().st_ino
+    assert (elsewhere / "secret").read_text() == "x" and sorted(p.name for p in tenant.iterdir()) == ["control"]
+    moved = tmp_path / "moved"
+    tenant.rename(moved)
+    tenant.symlink_to(moved)  # the tenants' folder itself a link: refused
+    with pytest.raises(NotADirectoryError):  # O_NOFOLLOW on a link to a folder
+        mps.link_control(daemon, tenant)
 
 
 async def test_a_killed_daemon_is_restarted(tmp_path: Path) -> None:
@@ -433,3 +552,9 @@ def test_a_link_a_tenant_planted_in_its_gpus_folder_is_removed_never_followed(tm
     assert oct(victim.stat().st_mode & 0o777) == "0o700", "the link's target untouched"
     supervisor._prepare(uuid)  # again: what is right stays
     assert layout.pipe(uuid).is_dir()
+
+
+def test_the_daemons_answers_to_settings_tell_taken_from_refused() -> None:
+    assert not mps.refused("") and not mps.refused("75.0\n") and not mps.refused("25.0\n25.0\n")
+    assert mps.refused("Insufficient privileges for UID 4242. Control deamon settings can only be modified by ...")
+    assert mps.refused("75.0\nNot enough privilege to execute quit command\n")

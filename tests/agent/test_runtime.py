@@ -101,7 +101,7 @@ async def test_the_agent_publishes_and_keeps_its_nodes_device(tmp_path: Path) ->
 async def daemons_running(supervisor: mps.Supervisor, count: int) -> None:
     for _ in range(500):
         states = supervisor.status().values()
-        if len(states) == count and all(s.running for s in states):
+        if len(states) == count and all(s.running and s.linked for s in states):
             return
         await asyncio.sleep(0.02)
     raise AssertionError(f"MPS daemons not running: {supervisor.status()}")
@@ -166,7 +166,7 @@ async def test_the_agent_offers_each_mode_once_a_probe_proved_it_and_runs_mps_da
         os.kill(pid, signal.SIGKILL)
         for _ in range(200):
             state = supervisor.status()["GPU-1"]
-            if state.running and state.pid != pid:
+            if state.linked and state.pid != pid:
                 break
             await asyncio.sleep(0.02)
         device = await one_pass(agent, server)

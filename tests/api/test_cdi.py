@@ -22,8 +22,10 @@ def test_mps_wires_the_gpu_s_daemon_and_its_limits() -> None:
     assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=2048M" in env
     assert f"CUDA_MPS_PIPE_DIRECTORY={handoff.MPS_MOUNT}/pipe" in env
     assert not any(e.startswith(("LD_PRELOAD=", "CUDA_DEVICE_MEMORY_LIMIT")) for e in env), "not HAMi-core's"
+    assert not any(e.startswith("CUDA_MPS_LOG_DIRECTORY=") for e in env), "a tenant has no log folder"
     (mount,) = made["mounts"]
-    assert mount["hostPath"] == f"{handoff.MPS_HOST_ROOT}/GPU-b" and mount["containerPath"] == handoff.MPS_MOUNT
+    assert mount["hostPath"] == f"{handoff.MPS_HOST_ROOT}/GPU-b/tenant", "the tenant folder, not the daemon's"
+    assert mount["containerPath"] == handoff.MPS_MOUNT and "ro" in mount["options"]
 
 
 def test_a_node_that_enforces_nothing_gives_the_gpus_alone() -> None:

@@ -461,8 +461,10 @@ def test_a_pod_demanding_mps_is_wired_to_its_gpu_s_mps_directory() -> None:
     }, "required: the mount's subPathExpr needs it"  # fmt: skip
     assert env["CUDA_MPS_PIPE_DIRECTORY"]["value"] == "/run/sharegpu/mps/pipe"
     assert main["volumeMounts"] == [
-        {"name": "sharegpu-mps", "mountPath": "/run/sharegpu/mps", "subPathExpr": "$(SHAREGPU_MPS_GPU)"}
-    ]
+        {"name": "sharegpu-mps", "mountPath": "/run/sharegpu/mps", "subPathExpr": "$(SHAREGPU_MPS_GPU)/tenant",
+         "readOnly": True}
+    ], "the GPU's tenant folder (a link to the daemon's control socket alone), read-only"  # fmt: skip
+    assert "CUDA_MPS_LOG_DIRECTORY" not in env
     assert out["spec"]["volumes"] == [
         {"name": "sharegpu-mps", "hostPath": {"path": "/run/sharegpu/mps", "type": "Directory"}}
     ]

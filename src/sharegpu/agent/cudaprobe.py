@@ -94,13 +94,13 @@ def hami_env(base: Mapping[str, str], library: Path, uuid: str, limit_mib: int, 
     return env
 
 
-def mps_env(base: Mapping[str, str], pipe: Path, log: Path, uuid: str, limit_mib: int) -> dict[str, str]:
-    """`base` as a client of GPU `uuid`'s MPS daemon (`pipe`, `log`), pinned to `limit_mib` on it. Every
-    CUDA_MPS_* and CUDA_DEVICE_* of `base` and its LD_PRELOAD are dropped."""
+def mps_env(base: Mapping[str, str], pipe: Path, uuid: str, limit_mib: int) -> dict[str, str]:
+    """`base` as a client of GPU `uuid`'s MPS daemon through `pipe` (its tenants' pipe folder, as a pod
+    sees it), pinned to `limit_mib` on it. Every CUDA_MPS_* and CUDA_DEVICE_* of `base` and its
+    LD_PRELOAD are dropped."""
     env = {k: v for k, v in base.items() if not k.startswith((MPS_PREFIX, HAMI_PREFIX)) and k != handoff.LD_PRELOAD}
     env[VISIBLE_DEVICES] = uuid
     env[handoff.MPS_PIPE] = str(pipe)
-    env[handoff.MPS_LOG] = str(log)
     env[handoff.MPS_MEMORY] = f"0={limit_mib}M"
     return env
 

@@ -10,6 +10,11 @@ Each check is PASS, FAIL or SKIP, with figures and a one-line detail (`Check`):
 - mps-compute: that client, burning FMAs (`agent.cudaburn`), runs at most `ALONE_MOST_PERCENT` of the
   rate the GPU gives an unlimited one, and next to a `HIGH_MILLI` client it gets clearly less
   (`judge_compute`);
+- mps-tenancy: the daemon runs under a ceiling (`mps.Ceiling`, LOW_MILLI and LIMIT_MIB, taken while
+  its server runs); a tenant, through its own pipe folder, tries to raise the daemon's defaults and
+  to quit it (`TENANT_ATTEMPTS`), and the daemon must still run; then a client that dropped the
+  hand-off's limit variables is held to the ceiling: its memory to LIMIT_MIB, its rate to at most
+  ALONE_MOST_PERCENT of the unlimited one;
 - hami-core-memory and hami-core-compute: the same with HAMi-core's limits, preloading the operator's
   own library (`--hami-core-library`; skipped without it).
 
@@ -47,9 +52,11 @@ DISCOVERY: Final = "discovery"
 PROCESSES: Final = "processes"
 MPS_MEMORY: Final = "mps-memory"
 MPS_COMPUTE: Final = "mps-compute"
+MPS_TENANCY: Final = "mps-tenancy"
 HAMI_MEMORY: Final = "hami-core-memory"
 HAMI_COMPUTE: Final = "hami-core-compute"
-ORDER: Final = (DISCOVERY, PROCESSES, MPS_MEMORY, MPS_COMPUTE, HAMI_MEMORY, HAMI_COMPUTE)
+ORDER: Final = (DISCOVERY, PROCESSES, MPS_MEMORY, MPS_COMPUTE, MPS_TENANCY, HAMI_MEMORY, HAMI_COMPUTE)
+MPS_CHECKS: Final = (MPS_MEMORY, MPS_COMPUTE, MPS_TENANCY)
 
 HOLD_MIB: Final = 1024
 """What the processes check's child holds on the GPU."""
@@ -76,6 +83,12 @@ CONTROLLED_PREFIXES: Final = ("CUDA_MPS_", "CUDA_DEVICE_")
 CONTROLLED: Final = frozenset({mps.VISIBLE_DEVICES, handoff.LD_PRELOAD, SHARED_CACHE})
 """What a child inherits from this process only through a check (set there, or not at all)."""
 UNKNOWN: Final = "unknown"
+TENANT_ATTEMPTS: Final = (
+    "set_default_active_thread_percentage 100",
+    "set_default_device_pinned_mem_limit 0 1000000M",
+    mps.QUIT,
+)
+"""What the mps-tenancy check's tenant sends the daemon through its own pipe folder."""
 
 T = TypeVar("T")
 
@@ -345,14 +358,13 @@ def handed(gpu: nvml.Gpu, milli: int, enforce: handoff.Enforcement) -> dict[str,
 
 
 def mps_client_env(gpu: nvml.Gpu, milli: int, layout: mps.Layout) -> dict[str, str]:
-    """The hand-off's MPS variables as a process on the host sees them: the container's pipe and log
-    directories (under the mount of its GPU's directory, SHAREGPU_MPS_GPU) mapped to the daemon's, and
-    the GPU made visible by UUID (the container runtime's part)."""
+    """The hand-off's MPS variables as a process on the host sees them: the container's pipe directory
+    (in the mount of its GPU's tenant folder, SHAREGPU_MPS_GPU/tenant) mapped to that folder, no log
+    directory (a tenant has none), and the GPU made visible by UUID (the container runtime's part)."""
     values = handed(gpu, milli, handoff.Enforcement(mps=True))
-    directory = layout.root / values[handoff.MPS_GPU]
+    folder = layout.root / values[handoff.MPS_GPU] / handoff.MPS_TENANT
     env = {key: value for key, value in values.items() if key.startswith("CUDA_")}
-    env[handoff.MPS_PIPE] = str(directory / "pipe")
-    env[handoff.MPS_LOG] = str(directory / "log")
+    env[handoff.MPS_PIPE] = str(folder / Path(handoff.MPS_CLIENT_PIPE).relative_to(handoff.MPS_MOUNT))
     env[mps.VISIBLE_DEVICES] = gpu.uuid
     return env
 
@@ -508,16 +520,17 @@ async def _mps(
     if not supervisor.available():
         why = f"{supervisor.binary} not found: this node cannot offer mps"
         return {
-            MPS_MEMORY: Check(MPS_MEMORY, Result.SKIP, {}, why),
-            MPS_COMPUTE: Check(MPS_COMPUTE, Result.SKIP, {}, why),
+            **{name: Check(name, Result.SKIP, {}, why) for name in MPS_CHECKS},
         }
     parts.progress(f"mps: starting a control daemon under {root}")
     try:
+        # The ceiling lets the compute check's HIGH_MILLI client and the memory check's grant through.
+        supervisor.limit({gpu.uuid: mps.Ceiling(HIGH_MILLI * 100 // units.MILLI_PER_GPU, 2 * LIMIT_MIB)})
         await supervisor.ensure({gpu.uuid})
         problem = await _daemon_up(supervisor, gpu.uuid, options.patience)
         if problem:
             failed = Check(MPS_MEMORY, Result.FAIL, {}, f"the MPS daemon did not come up: {problem}")
-            return {MPS_MEMORY: failed, MPS_COMPUTE: Check(MPS_COMPUTE, Result.FAIL, {}, failed.detail)}
+            return {name: Check(name, Result.FAIL, {}, failed.detail) for name in MPS_CHECKS}
         layout = supervisor.layout
         parts.progress(f"mps-memory: a client of a {LOW_MILLI}m, {LIMIT_MIB} MiB grant probes its memory")
         memory = await _guarded(MPS_MEMORY, _mps_memory(parts, gpu, layout))
@@ -527,28 +540,80 @@ async def _mps(
             _compute(parts, options, baseline, MPS_COMPUTE, handoff.MPS_THREADS,
                      lambda milli: mps_client_env(gpu, milli, layout)),
         )  # fmt: skip
-        return {MPS_MEMORY: memory, MPS_COMPUTE: compute}
+        parts.progress("mps-tenancy: a tenant tries to quit the daemon; a client without limits under its ceiling")
+        tenancy = await _guarded(MPS_TENANCY, _mps_tenancy(parts, options, gpu, supervisor, baseline))
+        return {MPS_MEMORY: memory, MPS_COMPUTE: compute, MPS_TENANCY: tenancy}
     except Exception as error:
-        return {MPS_MEMORY: _failure(MPS_MEMORY, error), MPS_COMPUTE: _failure(MPS_COMPUTE, error)}
+        return {name: _failure(name, error) for name in MPS_CHECKS}
     finally:
         parts.progress("mps: stopping the daemon")
         await supervisor.stop()
 
 
 async def _daemon_up(supervisor: mps.Supervisor, uuid: str, patience: float) -> str:
-    """Wait until the GPU's daemon runs and its control pipe exists (a client that finds no pipe runs
-    without MPS, unlimited); "" then, else why not."""
-    control = supervisor.layout.pipe(uuid) / "control"
+    """Wait until the GPU's daemon runs and its control socket is linked into the tenants' pipe folder
+    (a client that finds no socket runs without MPS, unlimited); "" then, else why not."""
+    control = supervisor.layout.tenant_pipe(uuid) / mps.CONTROL
     deadline = time.monotonic() + patience
     while True:
         status = supervisor.status().get(uuid)
-        if status is not None and status.running and control.exists():
+        if status is not None and status.linked and control.exists():
             return ""
         if time.monotonic() >= deadline:
             if status is not None and not status.running:
                 return status.problem or "not running"
-            return f"no control pipe {control} after {patience:g} s"
+            return f"no control socket {control} after {patience:g} s"
         await asyncio.sleep(0.05)
+
+
+async def _mps_tenancy(
+    parts: Parts, options: Options, gpu: nvml.Gpu, supervisor: mps.Supervisor, baseline: Burn | BaseException
+) -> Check:
+    """The daemon outlives a tenant's attempts (`TENANT_ATTEMPTS`), and a client that dropped the
+    hand-off's limits is held to the daemon's ceiling (module docstring)."""
+    ceiling = mps.Ceiling(LOW_MILLI * 100 // units.MILLI_PER_GPU, LIMIT_MIB)
+    supervisor.limit({gpu.uuid: ceiling})
+    deadline = time.monotonic() + options.patience
+    while supervisor.status()[gpu.uuid].ceiling != ceiling:
+        if time.monotonic() >= deadline:
+            return Check(
+                MPS_TENANCY,
+                Result.FAIL,
+                {},
+                f"the daemon did not take the ceiling {ceiling} (the agent's log says why)",
+            )
+        await asyncio.sleep(0.05)
+    before = supervisor.status()[gpu.uuid].pid
+    said = await supervisor.ask(gpu.uuid, TENANT_ATTEMPTS, tenant=True)
+    await asyncio.sleep(1.0)
+    after = supervisor.status()[gpu.uuid]
+    answer = " ".join((said or "nothing").split())
+    figures: dict[str, Figure] = {"ceiling_percent": ceiling.percent, "ceiling_mib": ceiling.memory_mib,
+                                  "daemon_kept": after.pid == before and after.running}  # fmt: skip
+    if not figures["daemon_kept"]:
+        return Check(MPS_TENANCY, Result.FAIL, figures, f"a tenant's quit ended the daemon (it answered: {answer})")
+    limits = (handoff.MPS_THREADS, handoff.MPS_MEMORY)
+    bare = {k: v for k, v in mps_client_env(gpu, LOW_MILLI, supervisor.layout).items() if k not in limits}
+    memory = parts.judge_mps(
+        await parts.probe(child_env(parts.base_env, bare), limit_mib=LIMIT_MIB), gpu.uuid, LIMIT_MIB
+    )
+    for finding in memory.findings:
+        figures[f"{finding.lookup}_free_mib"] = finding.free_mib
+        figures[f"{finding.lookup}_above_ok"] = f"{finding.above_succeeded}/{finding.attempts}"
+    if isinstance(baseline, BaseException):
+        return Check(
+            MPS_TENANCY, Result.FAIL, figures, f"no unlimited baseline: {_failure(MPS_TENANCY, baseline).detail}"
+        )
+    [alone] = await parts.burn([child_env(parts.base_env, bare)], options.seconds)
+    share = round(100 * alone.rate / baseline.rate) if baseline.rate > 0 else 100
+    figures |= {"bare_rate": round(alone.rate, 1), "bare_share": share}
+    held = memory.proven and share <= ALONE_MOST_PERCENT
+    detail = (
+        f"the daemon outlived a tenant's attempts (it answered: {answer}); a client without limit variables "
+        f"was {'held' if memory.proven else 'NOT held'} to {LIMIT_MIB} MiB and ran at {share}% "
+        f"(ceiling {ceiling.percent}%, at most {ALONE_MOST_PERCENT}% expected)"
+    )
+    return Check(MPS_TENANCY, Result.PASS if held else Result.FAIL, figures, detail)
 
 
 async def _mps_memory(parts: Parts, gpu: nvml.Gpu, layout: mps.Layout) -> Check:

@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
 
 from sharegpu.agent import hamicore, mps, notices, nvml, proof, watchdog
-from sharegpu.api import events, handoff, paths, wire
+from sharegpu.api import events, handoff, names, paths, wire
+from sharegpu.api import pods as api_pods
 from sharegpu.core import devices
+from sharegpu.core import errors as core_errors
 from sharegpu.kube import client, errors
 
 log = logging.getLogger(__name__)
@@ -33,6 +36,36 @@ class HamiCore:
     """Where the library is installed for containers (the webhook mounts this host folder)."""
     compute: bool = False
     """The operator measured (scripts/gpu-check) that this node's HAMi-core enforces compute shares."""
+
+
+def ceilings(live: Mapping[str, wire.Pod], spec: wire.DeviceSpec) -> dict[str, mps.Ceiling]:
+    """GPU UUID -> what its MPS daemon lets any one client take: the largest grant of a container of
+    the node's live pods that demand mps on it (its compute ceiling in percent, its memory; a grant of
+    no memory limit, the GPU's), or, while no such pod is on it, the whole GPU. A tenant that drops
+    its hand-off's variables gets that, not more; an honest one gets its own (the hand-off lowers it)."""
+    gpus = {g.uuid: g.memory_mib for g in spec.gpus}
+    largest: dict[str, tuple[int, int]] = {}
+    slot_gpus = watchdog.slots(live, spec)
+    for pod in live.values():
+        if pod.metadata.annotations.get(names.ISOLATION) != devices.Isolation.MPS.value:
+            continue
+        try:
+            alloc = api_pods.allocation_of(pod)
+        except core_errors.InvalidInputError:
+            continue
+        if alloc is None or alloc.exclusive:
+            continue
+        for container in alloc.containers:
+            for grant in container.devices:
+                for uuid in slot_gpus.get(grant.index, frozenset()) & gpus.keys():
+                    memory = grant.memory_mib or gpus[uuid]
+                    percent, mib = largest.get(uuid, (0, 0))
+                    largest[uuid] = (max(percent, handoff.percent_of([grant])), max(mib, memory))
+    out = {}
+    for uuid, total in gpus.items():
+        percent, mib = largest.get(uuid, (100, total))
+        out[uuid] = mps.Ceiling(percent=percent, memory_mib=max(1, min(mib, total)))
+    return out
 
 
 class Isolation:
@@ -66,6 +99,8 @@ class Isolation:
         promised = watchdog.promised(live, spec)
         room = {g.uuid: g.memory_mib - promised.get(g.uuid, 0) for g in spec.gpus if g.healthy}
         hami = await self._hami_core(room)
+        if self.supervisor is not None:
+            self.supervisor.limit(ceilings(live, spec))
         mps_entry, daemons = await self._mps(room)
         mig = any(g.mig for g in gpus)
         no_mig = "" if mig else "no GPU in MIG mode"
@@ -108,11 +143,9 @@ class Isolation:
         prover = self.prover
 
         async def proven(state: mps.Status) -> proof.Proof | None:
-            if prover is None or not state.running or state.pid is None:
+            if prover is None or not state.linked or state.pid is None:
                 return None
-            return await prover.mps(
-                state.uuid, state.pid, layout.pipe(state.uuid), layout.log(state.uuid), room.get(state.uuid, 0)
-            )
+            return await prover.mps(state.uuid, state.pid, layout.tenant_pipe(state.uuid), room.get(state.uuid, 0))
 
         found = dict(zip(states, await asyncio.gather(*(proven(s) for s in states.values())), strict=True))
         if prover is not None:
@@ -121,14 +154,15 @@ class Isolation:
         problems = []
         for uuid, state in states.items():
             made = found[uuid]
-            problem = state.problem or (made.reason if made is not None and not made.proven else "")
+            unlinked = "its control socket is not linked for tenants yet" if state.running and not state.linked else ""
+            problem = state.problem or unlinked or (made.reason if made is not None and not made.proven else "")
             daemons.append(wire.MpsDaemon(uuid=uuid, running=state.running, restarts=state.restarts,
                                           problem=problem, proven=made is not None and made.proven))  # fmt: skip
             if problem:
                 problems.append(f"{uuid}: {problem}")
         missing = sorted(set(room) - set(states))
         problems += [f"{uuid}: no daemon" for uuid in missing]
-        running = bool(room) and not missing and all(states[u].running for u in room)
+        running = bool(room) and not missing and all(states[u].linked for u in room)
         proofs = [found[u] for u in sorted(room) if u in found]
         every = running and prover is not None and all(p is not None and p.proven for p in proofs)
         offered = every or (running and prover is None)

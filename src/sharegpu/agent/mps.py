@@ -3,9 +3,13 @@
 MPS limits (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, CUDA_MPS_PINNED_DEVICE_MEM_LIMIT) only bind a process
 whose CUDA driver reaches a control daemon, through the control pipe in CUDA_MPS_PIPE_DIRECTORY.
 The agent runs `nvidia-cuda-mps-control -f` once per GPU with CUDA_VISIBLE_DEVICES set to that
-GPU's UUID and the GPU's own directories (`Layout`, after `api.handoff`'s names: a pod that demands
-MPS mounts `<root>/<directory of its GPU>` and finds `pipe/` and `log/` there). A process talks to
-one daemon, so it uses MPS on one GPU.
+GPU's UUID and the GPU's own directories (`Layout`, after `api.handoff`'s names). Its tenants never
+see those: a pod that demands MPS mounts `<root>/<directory of its GPU>/tenant` read-only, where the
+supervisor hard-links the daemon's `control` socket into `pipe/` once the daemon has made it
+(`link_control`, in one rename, following no link). Only that socket: without `control_privileged`
+a tenant cannot quit the daemon or change its settings (the daemon refuses both through `control`),
+and it has no log folder and nothing it can write. A process talks to one daemon, so it uses MPS on
+one GPU.
 
 `Layout` only names paths (no I/O). `Supervisor` owns the processes: `ensure` makes the running
 set match the GPUs it is given (the caller leaves out unhealthy ones), a watcher task per GPU
@@ -35,7 +39,7 @@ import shutil
 import signal
 import stat
 import time
-from collections.abc import Callable, Iterator, Set
+from collections.abc import Callable, Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -55,13 +59,22 @@ MODE: Final = 0o755
 PROCESS_NAME: Final = "nvidia-cuda-mps"
 """What `/proc/<pid>/comm` says of the control daemon and the server alike (15 characters kept)."""
 QUIT: Final = "quit"
+CONTROL: Final = "control"
+"""The daemon's control socket, in its pipe folder: what a CUDA client connects to. The daemon refuses
+`quit` and every setting through it (seen on driver 580: "Not enough privilege"); those take
+`control_privileged`, which a tenant's folder never holds."""
+_LINKING: Final = ".control.new"
+LINK_POLL: Final = 0.05
+"""Seconds between looks for a new daemon's control socket."""
 
+_NUMBER = re.compile(r"\d+(\.\d+)?")
 _UUID = re.compile(r"^(GPU|MIG)-[A-Za-z0-9][A-Za-z0-9/._-]*$")
 
 
 @dataclass(frozen=True, slots=True)
 class Layout:
-    """The directories of each GPU's daemon: `<root>/<uuid>/pipe` and `<root>/<uuid>/log`."""
+    """The directories of each GPU's daemon: `<root>/<uuid>/pipe` and `<root>/<uuid>/log`, the daemon's
+    own, and `<root>/<uuid>/tenant/pipe`, its tenants' (only a link to the control socket)."""
 
     root: Path = ROOT
 
@@ -72,10 +85,19 @@ class Layout:
         return self.root / handoff.mps_directory(uuid)
 
     def pipe(self, uuid: str) -> Path:
+        """The daemon's own pipe folder (its control sockets; the agent's alone)."""
         return self.gpu(uuid) / "pipe"
 
     def log(self, uuid: str) -> Path:
         return self.gpu(uuid) / "log"
+
+    def tenant(self, uuid: str) -> Path:
+        """The folder the GPU's tenants mount, read-only (`api.handoff.MPS_TENANT`)."""
+        return self.gpu(uuid) / handoff.MPS_TENANT
+
+    def tenant_pipe(self, uuid: str) -> Path:
+        """The tenants' pipe folder: where a pod's CUDA_MPS_PIPE_DIRECTORY points, seen from the host."""
+        return self.tenant(uuid) / Path(handoff.MPS_CLIENT_PIPE).relative_to(handoff.MPS_MOUNT)
 
     def daemon_env(self, uuid: str) -> dict[str, str]:
         """The variables that point a daemon at its GPU and its directories."""
@@ -105,6 +127,37 @@ class Backoff:
 
 
 @dataclass(frozen=True, slots=True)
+class Ceiling:
+    """The most any one client of a GPU's daemon may take: set daemon-side, as the daemon's defaults
+    for the servers it starts next and as the settings of those already running (for their new
+    clients). A client's own CUDA_MPS_ACTIVE_THREAD_PERCENTAGE and CUDA_MPS_PINNED_DEVICE_MEM_LIMIT
+    can lower these and never raise them (seen on driver 580: a client asking for 100% and 8 GiB
+    under 25% and 2 GiB got 25% and 2 GiB), so a tenant that drops the hand-off's variables gets the
+    ceiling, not the GPU."""
+
+    percent: int
+    memory_mib: int
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.percent <= 100 or self.memory_mib < 1:
+            raise errors.InvalidInputError(f"an MPS ceiling needs 1..100 percent and some memory, not {self}")
+
+    def defaults(self) -> tuple[str, ...]:
+        """The daemon's commands that make this the default of the servers it starts next."""
+        return (
+            f"set_default_active_thread_percentage {self.percent}",
+            f"set_default_device_pinned_mem_limit 0 {self.memory_mib}M",
+        )
+
+    def of_server(self, pid: int) -> tuple[str, ...]:
+        """The daemon's commands that make this the setting of its running server `pid`."""
+        return (
+            f"set_active_thread_percentage {pid} {self.percent}",
+            f"set_device_pinned_mem_limit {pid} 0 {self.memory_mib}M",
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class Status:
     """One GPU's daemon as the supervisor sees it."""
 
@@ -120,6 +173,12 @@ class Status:
     """When the current (or last) daemon started, on the supervisor's clock."""
     problem: str
     """Why it is not running ("" while it runs)."""
+    linked: bool = False
+    """Its control socket is linked into the tenants' pipe folder: a pod can reach it (a running daemon
+    is not linked for the moment between its start and its socket's appearing, nor before it took
+    its GPU's ceiling, when one is wanted)."""
+    ceiling: Ceiling | None = None
+    """The ceiling the running daemon took last (None: none yet)."""
 
 
 def own_directory(parent: Path, name: str) -> None:
@@ -146,6 +205,41 @@ def own_directory(parent: Path, name: str) -> None:
             os.close(made)
     finally:
         os.close(folder)
+
+
+def refused(answer: str) -> bool:
+    """Whether the daemon's answer to settings says it did not take one: it echoes a percentage it
+    took ("75.0"), says nothing for a memory limit it took, and answers a sentence otherwise (seen on
+    driver 580: "Insufficient privileges for UID 4242. ...")."""
+    return any(line.strip() and not _NUMBER.fullmatch(line.strip()) for line in answer.splitlines())
+
+
+def link_control(pipe: Path, tenant_pipe: Path) -> None:
+    """Hard-link the daemon's control socket (`pipe/control`) into its tenants' pipe folder, replacing
+    what stood there in one rename, never following a link: both folders are opened without following
+    one, and only a socket (the real daemon's) or a FIFO (the test fake's) is linked. Raises OSError
+    when there is no control socket, InvalidInputError when something else stands in its place."""
+    source = os.open(pipe, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        target = os.open(tenant_pipe, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        try:
+            found = os.lstat(CONTROL, dir_fd=source)
+            if not (stat.S_ISSOCK(found.st_mode) or stat.S_ISFIFO(found.st_mode)):
+                raise errors.InvalidInputError(f"{pipe}/{CONTROL} is not the daemon's control socket")
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(_LINKING, dir_fd=target)
+            os.link(CONTROL, _LINKING, src_dir_fd=source, dst_dir_fd=target, follow_symlinks=False)
+            os.replace(_LINKING, CONTROL, src_dir_fd=target, dst_dir_fd=target)
+        finally:
+            os.close(target)
+    finally:
+        os.close(source)
+
+
+def unlink_control(folder: Path) -> None:
+    """Remove `folder/control` (a daemon's that has exited, or a tenant link to it), if there."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(folder / CONTROL)
 
 
 def tied(proc: Path, layout: Layout, uuid: str) -> list[int]:
@@ -210,6 +304,10 @@ class _Daemon:
         self.last_exit: int | None = None
         self.since: float | None = None
         self.problem = "starting"
+        self.linked = False
+        self.ceiling: Ceiling | None = None
+        self.changed = asyncio.Event()
+        """Set when the GPU's wanted ceiling changes (its daemon's linker applies it)."""
         self.task: asyncio.Task[None] | None = None
 
     def status(self) -> Status:
@@ -223,6 +321,8 @@ class _Daemon:
             last_exit=self.last_exit,
             since=self.since,
             problem="" if running else self.problem,
+            linked=running and self.linked,
+            ceiling=self.ceiling if running else None,
         )
 
 
@@ -249,6 +349,7 @@ class Supervisor:
         """Where the node's processes are seen (to find a daemon's server and what a previous agent left)."""
         self.clock = clock
         self._daemons: dict[str, _Daemon] = {}
+        self._wanted: dict[str, Ceiling] = {}
         self._lock = asyncio.Lock()
 
     def available(self) -> bool:
@@ -268,6 +369,16 @@ class Supervisor:
             for uuid in sorted(set(uuids) - set(self._daemons)):
                 daemon = self._daemons[uuid] = _Daemon(uuid)
                 daemon.task = asyncio.create_task(self._watch(daemon), name=f"mps-{uuid}")
+
+    def limit(self, ceilings: Mapping[str, Ceiling]) -> None:
+        """Want each GPU's daemon to hold its clients to `ceilings[uuid]` (a GPU left out keeps what it
+        has). A daemon that starts takes its GPU's before its socket is linked for tenants; a running
+        one takes a change at once, for its servers' new clients (a client keeps what it connected with)."""
+        for uuid, ceiling in ceilings.items():
+            if self._wanted.get(uuid) != ceiling:
+                self._wanted[uuid] = ceiling
+                if uuid in self._daemons:
+                    self._daemons[uuid].changed.set()
 
     async def stop(self) -> None:
         """Stop every daemon, its server and its watcher; returns once all have exited."""
@@ -331,17 +442,76 @@ class Supervisor:
         daemon.starts += 1
         daemon.relay = asyncio.create_task(_relay(daemon.uuid, reading), name=f"mps-log-{daemon.uuid}")
         log.info("MPS daemon for %s started: pid %d", daemon.uuid, process.pid)
-        daemon.last_exit = await process.wait()
+        linker = asyncio.create_task(self._link(daemon, process), name=f"mps-link-{daemon.uuid}")
+        try:
+            daemon.last_exit = await process.wait()
+        finally:
+            linker.cancel()
+            await asyncio.gather(linker, return_exceptions=True)
+            daemon.linked, daemon.ceiling = False, None  # a new daemon takes its ceiling anew
+            unlink_control(self.layout.tenant_pipe(daemon.uuid))
         return describe_exit(daemon.last_exit)
+
+    async def _link(self, daemon: _Daemon, process: asyncio.subprocess.Process) -> None:
+        """Once the daemon has made its control socket: give it its GPU's ceiling, link the socket into
+        the tenants' pipe folder, then give it every change of the ceiling."""
+        pipe, tenant_pipe = self.layout.pipe(daemon.uuid), self.layout.tenant_pipe(daemon.uuid)
+        while process.returncode is None and not os.path.lexists(pipe / CONTROL):
+            await asyncio.sleep(LINK_POLL)
+        if process.returncode is not None:
+            return
+        await self._apply(daemon, process, servers=False)
+        try:
+            await asyncio.to_thread(link_control, pipe, tenant_pipe)
+        except (OSError, errors.InvalidInputError) as error:
+            log.error("MPS daemon for %s: its control socket cannot be linked for tenants: %s", daemon.uuid, error)
+            return
+        daemon.linked = True
+        log.info("MPS daemon for %s: control socket linked into %s", daemon.uuid, tenant_pipe)
+        while process.returncode is None:
+            await daemon.changed.wait()
+            await self._apply(daemon, process, servers=True)
+
+    async def _apply(self, daemon: _Daemon, process: asyncio.subprocess.Process, *, servers: bool) -> None:
+        """Give the daemon its GPU's wanted ceiling: its defaults and, with `servers`, the settings of
+        each server it runs (found in /proc, `tied` to its directories)."""
+        daemon.changed.clear()
+        wanted = self._wanted.get(daemon.uuid)
+        if wanted is None or wanted == daemon.ceiling:
+            return
+        commands = list(wanted.defaults())
+        if servers:
+            running = await asyncio.to_thread(tied, self.proc, self.layout, daemon.uuid)
+            for pid in running:
+                if pid != process.pid:
+                    commands += wanted.of_server(pid)
+        said = await self._tell(daemon.uuid, commands)
+        if said is None or refused(said):
+            log.error("MPS daemon for %s did not take its ceiling (%d%%, %d MiB): %s",
+                      daemon.uuid, wanted.percent, wanted.memory_mib, said or "not delivered")  # fmt: skip
+            return
+        daemon.ceiling = wanted
+        log.info(
+            "MPS daemon for %s: clients held to %d%% and %d MiB at most", daemon.uuid, wanted.percent, wanted.memory_mib
+        )
 
     def _prepare(self, uuid: str) -> None:
         """Create the GPU's directories (the pipe directory must exist before the daemon starts),
-        never following a link: tenants mount the GPU's folder, so whatever stands in it may have been
-        planted there (`own_directory`)."""
+        never following a link (`own_directory`: whatever stands there may have been planted by a
+        tenant of an agent before this design, which mounted the GPU's whole folder read-write), and
+        take away a control socket an earlier daemon left, in the daemon's folder and the tenants'
+        (so that the socket linked next is this daemon's)."""
         self.layout.root.mkdir(mode=MODE, parents=True, exist_ok=True)
         own_directory(self.layout.root, self.layout.gpu(uuid).name)
-        for path in (self.layout.pipe(uuid), self.layout.log(uuid)):
+        for path in (
+            self.layout.pipe(uuid),
+            self.layout.log(uuid),
+            self.layout.tenant(uuid),
+            self.layout.tenant_pipe(uuid),
+        ):
             own_directory(path.parent, path.name)
+        unlink_control(self.layout.tenant_pipe(uuid))
+        unlink_control(self.layout.pipe(uuid))
 
     async def _halt(self, daemon: _Daemon) -> None:
         """End the watcher, then the daemon and its server."""
@@ -394,37 +564,52 @@ class Supervisor:
             await process.wait()
 
     async def _quit(self, uuid: str) -> bool:
-        """Send `quit` to the GPU's daemon through its control pipe (the control program in client
-        mode); whether it was delivered."""
+        """Send `quit` to the GPU's daemon through its control pipe; whether it was delivered."""
+        return await self._tell(uuid, [QUIT]) is not None
+
+    async def ask(self, uuid: str, commands: Sequence[str], *, tenant: bool = False) -> str | None:
+        """Send `commands` to the GPU's daemon as the agent does or, with `tenant`, as one of its tenants
+        could (through the tenants' pipe folder): what it answered, None when not delivered."""
+        return await self._tell(uuid, commands, self.layout.tenant_pipe(uuid) if tenant else None)
+
+    async def _tell(self, uuid: str, commands: Sequence[str], pipe: Path | None = None) -> str | None:
+        """Send `commands` to the GPU's daemon through its own pipe folder (the control program in
+        client mode, which reaches `control_privileged` there), or through `pipe`; what it answered,
+        or None when they could not be delivered (logged)."""
         executable = locate(self.binary)
-        if executable is None or not (self.layout.pipe(uuid) / "control").exists():
-            return False
+        env = self.layout.daemon_env(uuid)
+        if pipe is not None:
+            env[handoff.MPS_PIPE] = str(pipe)
+        if executable is None or not (Path(env[handoff.MPS_PIPE]) / CONTROL).exists():
+            return None
         try:
             client = await asyncio.create_subprocess_exec(
                 executable,
-                env={**os.environ, **self.layout.daemon_env(uuid)},
+                env={**os.environ, **env},
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.STDOUT,
                 start_new_session=True,
             )
         except OSError as error:
-            log.warning("MPS on %s: cannot run %s to send quit: %s", uuid, self.binary, error)
-            return False
+            log.warning("MPS on %s: cannot run %s to send %s: %s", uuid, self.binary, commands[0], error)
+            return None
         try:
             async with asyncio.timeout(self.grace):
-                said, _ = await client.communicate(f"{QUIT}\n".encode())
+                said, _ = await client.communicate("".join(f"{c}\n" for c in commands).encode())
         except TimeoutError:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(client.pid, signal.SIGKILL)
             await client.wait()
-            log.warning("MPS on %s: quit was not taken within %g s", uuid, self.grace)
-            return False
+            log.warning("MPS on %s: %s was not taken within %g s", uuid, commands[0], self.grace)
+            return None
         text = said.decode(errors="replace").strip()
         if client.returncode != 0:
-            log.warning("MPS on %s: quit refused (%s): %s", uuid, describe_exit(client.returncode or 0), text)
-            return False
-        return True
+            log.warning(
+                "MPS on %s: %s refused (%s): %s", uuid, commands[0], describe_exit(client.returncode or 0), text
+            )
+            return None
+        return text
 
     @staticmethod
     async def _close_relay(daemon: _Daemon) -> None:

@@ -132,8 +132,9 @@ class Prover:
 
     # ----------------------------------------------------------------- mps
 
-    async def mps(self, uuid: str, pid: int, pipe: Path, log: Path, room_mib: int) -> Proof:
-        """The proof of `uuid`'s daemon (`pid`): a probe client of it, on its GPU."""
+    async def mps(self, uuid: str, pid: int, pipe: Path, room_mib: int) -> Proof:
+        """The proof of `uuid`'s daemon (`pid`): a probe client of it through `pipe` (the tenants' pipe
+        folder, as a pod reaches it), on its GPU."""
         subject = f"daemon pid {pid}"
         known = self.daemons.get(uuid)
         if known is not None and known.subject == subject and not self._due(known):
@@ -145,7 +146,7 @@ class Prover:
             else:
                 self.daemons[uuid] = Proof(State.PENDING, subject, self._no_room())
             return self.daemons[uuid]
-        env = cudaprobe.mps_env(self._base(), pipe, log, uuid, self.limit_mib)
+        env = cudaprobe.mps_env(self._base(), pipe, uuid, self.limit_mib)
         self.daemons[uuid] = await self._probe(devices.Isolation.MPS, subject, env, f"MPS on {uuid}", uuid=uuid)
         return self.daemons[uuid]
 

@@ -322,6 +322,17 @@ def promised(pods: Mapping[str, wire.Pod], device: wire.DeviceSpec) -> dict[str,
     return {uuid: min(mib, grants.capacity[uuid]) for uuid, mib in out.items()}
 
 
+def slots(pods: Mapping[str, wire.Pod], device: wire.DeviceSpec) -> dict[int, frozenset[str]]:
+    """GPU index (a slot of the allocations) -> the UUIDs of the physical GPUs it stands for: those its
+    reservation pods reported, else the Device's GPU of that index (as `promised` counts them)."""
+    grants = _Grants(pods, device, {})
+    indexes = set(grants.by_index) | set(grants.reserved)
+    return {
+        i: frozenset(grants.reserved.get(i) or ({grants.by_index[i]} if i in grants.by_index else set()))
+        for i in indexes
+    }
+
+
 @dataclass(frozen=True, slots=True)
 class _Grant:
     """What one pod was given: memory per GPU UUID (None: no limit there); `unnamed`: whole GPUs

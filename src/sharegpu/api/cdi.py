@@ -5,7 +5,7 @@ CRI-O 1.23+).
 One spec file per prepared claim, kind `KIND`, with one device per request of the claim. A device
 carries the container edits of the hand-off (`api.handoff.values`): `NVIDIA_VISIBLE_DEVICES` naming
 the GPUs' UUIDs and the limits the node enforces (HAMi-core's preload and limits, with the library's
-directory mounted read-only; or MPS's pipe and limits, with the GPU's MPS directory mounted). The
+directory mounted read-only; or MPS's pipe and limits, with the GPU's MPS tenant folder mounted read-only). The
 GPU itself (device nodes, driver libraries) comes from the NVIDIA container toolkit's own CDI spec,
 whose device for a UUID the plugin names beside sharegpu's (`nvidia_device`; the toolkit's spec is
 generated with `nvidia-ctk cdi generate --device-name-strategy=uuid`).
@@ -75,10 +75,8 @@ def edits(
         values[handoff.LD_PRELOAD] = handoff.HAMI_LIBRARY
         mounts.append(_bind(handoff.HAMI_HOST_DIR, handoff.HAMI_MOUNT, read_only=True))
     if enforce.mps and len(grants) == 1:
-        directory = handoff.mps_directory(uuid_of[grants[0].index])
-        values[handoff.MPS_PIPE] = f"{handoff.MPS_MOUNT}/pipe"
-        values[handoff.MPS_LOG] = f"{handoff.MPS_MOUNT}/log"
-        mounts.append(_bind(f"{handoff.MPS_HOST_ROOT}/{directory}", handoff.MPS_MOUNT, read_only=False))
+        values[handoff.MPS_PIPE] = handoff.MPS_CLIENT_PIPE
+        mounts.append(_bind(handoff.mps_tenant_folder(uuid_of[grants[0].index]), handoff.MPS_MOUNT, read_only=True))
     out: dict[str, Any] = {"env": [f"{k}={v}" for k, v in sorted(values.items()) if v != ""]}
     if mounts:
         out["mounts"] = mounts

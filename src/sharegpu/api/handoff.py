@@ -49,7 +49,13 @@ MPS_VOLUME: Final = "sharegpu-mps"
 MPS_HOST_ROOT: Final = "/run/sharegpu/mps"
 """On the node: one directory per GPU UUID, holding `pipe/` and `log/` of its MPS control daemon."""
 MPS_MOUNT: Final = "/run/sharegpu/mps"
-"""In a container: its GPU's directory (`<MPS_HOST_ROOT>/<uuid>` through subPathExpr)."""
+"""In a container: its GPU's tenant folder (`<MPS_HOST_ROOT>/<uuid>/<MPS_TENANT>`), read-only."""
+MPS_TENANT: Final = "tenant"
+MPS_CLIENT_PIPE: Final = f"{MPS_MOUNT}/pipe"
+"""In a container: CUDA_MPS_PIPE_DIRECTORY, where the daemon's control socket is linked."""
+"""In a GPU's MPS directory: the folder its tenants mount. It holds `pipe/control` alone, a hard link
+to the daemon's control socket: no `control_privileged` (so a tenant cannot quit the daemon or change
+its limits), no log, nothing a tenant can write (`agent.mps`)."""
 PRELOAD: Final = "SHAREGPU_PRELOAD"
 """The library a container preloads (HAMI_LIBRARY, or empty where the node has no HAMi-core)."""
 LD_PRELOAD: Final = "LD_PRELOAD"
@@ -164,17 +170,19 @@ EVERY_LIMIT: Final = Enforcement(hami_core=True, mps=True)
 
 
 def mps_wiring(container: dict[str, Any], configmap: str) -> None:
-    """Wire a container to the MPS daemon of the GPU it will get: the node's per-GPU directory mounted
-    at `MPS_MOUNT` through subPathExpr $(SHAREGPU_MPS_GPU) (a required hand-off reference: the
-    container waits for its GPU), and the MPS client's directories pointing there."""
+    """Wire a container to the MPS daemon of the GPU it will get: that GPU's tenant folder mounted
+    read-only at `MPS_MOUNT` through subPathExpr $(SHAREGPU_MPS_GPU)/`MPS_TENANT` (a required hand-off
+    reference: the container waits for its GPU), and the MPS client's pipe directory pointing there."""
     name = container.get("name", "")
     env = [e for e in container.get("env") or [] if e.get("name") not in (MPS_GPU, MPS_PIPE, MPS_LOG)]
     ref = reference(configmap, name, MPS_GPU)
     ref["valueFrom"]["configMapKeyRef"]["optional"] = False
-    env += [ref, {"name": MPS_PIPE, "value": f"{MPS_MOUNT}/pipe"}, {"name": MPS_LOG, "value": f"{MPS_MOUNT}/log"}]
+    env += [ref, {"name": MPS_PIPE, "value": MPS_CLIENT_PIPE}]
     container["env"] = env
     mounts = [m for m in container.get("volumeMounts") or [] if m.get("name") != MPS_VOLUME]
-    mounts.append({"name": MPS_VOLUME, "mountPath": MPS_MOUNT, "subPathExpr": f"$({MPS_GPU})"})
+    mounts.append(
+        {"name": MPS_VOLUME, "mountPath": MPS_MOUNT, "subPathExpr": f"$({MPS_GPU})/{MPS_TENANT}", "readOnly": True}
+    )
     container["volumeMounts"] = mounts
 
 
@@ -224,6 +232,17 @@ def mps_directory(uuid: str) -> str:
     return uuid.replace("/", "_")
 
 
+def percent_of(grants: Sequence[allocation.DeviceGrant]) -> int:
+    """The compute ceiling a container's grants give it, in percent (the largest burst limit; at least 1):
+    CUDA_MPS_ACTIVE_THREAD_PERCENTAGE and CUDA_DEVICE_SM_LIMIT."""
+    return max(1, max((g.limit_milli for g in grants), default=units.MILLI_PER_GPU) * 100 // units.MILLI_PER_GPU)
+
+
+def mps_tenant_folder(uuid: str) -> str:
+    """The host folder a tenant of GPU `uuid`'s daemon mounts (`MPS_TENANT` in its directory)."""
+    return f"{MPS_HOST_ROOT}/{mps_directory(uuid)}/{MPS_TENANT}"
+
+
 def mps_volume() -> dict[str, Any]:
     """The pod volume `mps_wiring` mounts: the node's MPS directories (created by the agent)."""
     return {"name": MPS_VOLUME, "hostPath": {"path": MPS_HOST_ROOT, "type": "Directory"}}
@@ -263,7 +282,7 @@ def values(grants: Sequence[allocation.DeviceGrant], uuid_of: dict[int, str], en
     """The variables of one container from its grants (`uuid_of`: GPU index -> UUID), with the limits
     its node enforces (`enforce`)."""
     limits_memory = any(g.memory_mib for g in grants)
-    percent = max(1, max((g.limit_milli for g in grants), default=units.MILLI_PER_GPU) * 100 // units.MILLI_PER_GPU)
+    percent = percent_of(grants)
     env = {VISIBLE_DEVICES: ",".join(uuid_of[g.index] for g in grants), PRELOAD: ""}
     if enforce.hami_core:
         env[PRELOAD] = HAMI_LIBRARY
