@@ -16,7 +16,7 @@ import orjson
 import pytest
 
 from sharegpu.agent import draplugin
-from sharegpu.api import cdi, dra, handoff, wire
+from sharegpu.api import cdi, dra, handoff, names, wire
 from sharegpu.kube import client, fake
 from tests import builders
 from tests.agent.drakubelet import Kubelet
@@ -155,6 +155,38 @@ async def test_what_a_restarted_agent_finds_it_unprepares(setup: Setup) -> None:
         assert answer.claims[uid].error == "" and not setup.cdi_file(uid).exists()
     finally:
         await second.stop()
+
+
+async def test_the_plugin_knows_what_each_claim_prepared_here_holds_across_a_restart(setup: Setup) -> None:
+    uid = setup.claim(allocated("c"))
+    gpu = spec().gpus[1]
+    assert setup.plugin().claims is None, "not known before it has read its specs"
+    first = setup.plugin()
+    await first.start()
+    try:
+        assert first.claims == {}
+        await setup.kubelet.prepare(("c", uid))
+        held = cdi.PreparedClaim(namespace="ns", name="c", uid=uid, gpus={gpu.uuid: 4096})
+        assert first.claims == {("ns", "c"): held}
+        written = orjson.loads(setup.cdi_file(uid).read_bytes())
+        assert cdi.PreparedClaim.of_spec(written) == held, "recorded in the spec's annotations"
+    finally:
+        await first.stop()
+    (setup.paths.cdi_dir / cdi.file_name("old")).write_bytes(orjson.dumps({"kind": cdi.KIND, "devices": []}))
+    second = setup.plugin()  # an agent that restarts: pods still use the claim
+    await second.start()
+    try:
+        assert second.claims == {("ns", "c"): held}, "read back; a spec that does not say is left out"
+        await setup.kubelet.unprepare(("c", uid))
+        assert second.claims == {}
+    finally:
+        await second.stop()
+
+
+def test_a_spec_that_says_its_claim_wrongly_says_nothing() -> None:
+    for text in ("{", '{"namespace": "n", "name": "c", "uid": "u", "gpus": {"GPU-1": 0}}', "[]"):
+        assert cdi.PreparedClaim.of_spec({"annotations": {names.CDI_CLAIM: text}}) is None, text
+    assert cdi.PreparedClaim.of_spec({}) is None
 
 
 async def test_a_claim_that_cannot_be_prepared_is_answered_with_its_reason(setup: Setup) -> None:

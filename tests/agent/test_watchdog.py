@@ -14,7 +14,7 @@ from sharegpu.agent import watchdog
 from sharegpu.agent.cgroups import Owner
 from sharegpu.agent.nvml import GpuProcess
 from sharegpu.agent.watchdog import Action, Kind
-from sharegpu.api import names, wire
+from sharegpu.api import cdi, names, wire
 from sharegpu.core import allocation, errors
 from tests import builders
 
@@ -244,6 +244,52 @@ def test_a_malformed_allocation_is_not_judged() -> None:
     found = by_uid(pod("p", alloc='{"version": 7}', limits=SHARE))
     result = run([(10, 0, MIB)], {10: "p"}, found)
     assert usage(result, "p", "GPU-0").allocated_mib is None and result.violations == ()
+
+
+def claimed(name: str, *claims: str, template: str = "") -> wire.Pod:
+    """A DRA pod on this node using the ResourceClaims `claims` (and, with `template`, one made from a
+    template whose claim is not made yet)."""
+    made = builders.MakePod(name, "ns").uid(f"uid-{name}").node(NODE).container()
+    for index, claim in enumerate(claims):
+        made.claim(claim, f"gpu{index}")
+    body = made.obj()
+    if template:
+        body["spec"]["resourceClaims"].append({"name": "made", "resourceClaimTemplateName": template})
+    return wire.convert(body, wire.Pod)
+
+
+def prepared(name: str, **gpus: int | None) -> dict[tuple[str, str], cdi.PreparedClaim]:
+    return {("ns", name): cdi.PreparedClaim(namespace="ns", name=name, uid=f"uid-{name}", gpus=gpus)}
+
+
+def test_a_dra_pod_is_judged_by_the_claims_prepared_for_it() -> None:
+    found = by_uid(claimed("p", "c", "d"))
+    claims = {**prepared("c", **{"GPU-1": 4096}), **prepared("d", **{"GPU-1": 1024, "GPU-2": None})}
+    within = run([(10, 1, 5000), (11, 2, 50000)], {10: "p", 11: "p"}, found, claims=claims)
+    assert within.violations == (), "5000 of the 5120 MiB its two claims hold on GPU-1; no limit on GPU-2"
+    assert usage(within, "p", "GPU-1").allocated_mib == 5120 and usage(within, "p", "GPU-2").allocated_mib is None
+    over = run([(10, 1, 6000), (12, 0, 100)], {10: "p", 12: "p"}, found, claims=claims)
+    assert sorted((v.uuid, v.kind.value) for v in over.violations) == [
+        ("GPU-0", Kind.UNALLOCATED_GPU.value), ("GPU-1", Kind.OVER_MEMORY.value)
+    ]  # fmt: skip
+
+
+def test_a_pod_using_a_claim_not_prepared_here_is_not_judged() -> None:
+    claims = prepared("c", **{"GPU-1": 4096})
+    for found, known in (
+        (claimed("p", "c"), None),  # the node serves no DRA plugin, or has not read its specs yet
+        (claimed("p", "other"), claims),  # another driver's claim, or not prepared yet
+        (claimed("p", "c", template="t"), claims),  # a claim from a template, not made yet
+    ):
+        result = run([(10, 0, 9000)], {10: "p"}, by_uid(found), claims=known)
+        assert result.violations == () and usage(result, "p", "GPU-0").allocated_mib is None
+
+
+def test_a_claim_is_promised_once_however_many_pods_use_it() -> None:
+    claims = {**prepared("c", **{"GPU-1": 4096}), **prepared("idle", **{"GPU-2": None})}
+    found = by_uid(claimed("a", "c"), claimed("b", "c"), pod("p", alloc=grants((1, 1024)), limits=SHARE))
+    assert watchdog.promised(found, DEVICE, claims) == {"GPU-0": 0, "GPU-1": 4096 + 1024, "GPU-2": MIB}
+    assert watchdog.promised(found, DEVICE) == {"GPU-0": 0, "GPU-1": 1024, "GPU-2": 0}, "unknown claims: not counted"
 
 
 def test_processes_in_no_pod_count_in_the_gpu_total_only() -> None:

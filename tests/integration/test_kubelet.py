@@ -14,6 +14,7 @@ applied as containerd does). What the harness plays elsewhere is real here:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import shutil
 import subprocess
@@ -27,7 +28,7 @@ from typing import Any
 import orjson
 import pytest
 
-from sharegpu.agent import draplugin, fakenvml, podresources, reserve
+from sharegpu.agent import draplugin, fakenvml, podresources, reserve, watchdog
 from sharegpu.agent import runtime as agent_runtime
 from sharegpu.api import cdi, dra, names, paths
 from sharegpu.devcluster import controlplane, fakecri, fakedeviceplugin, stack
@@ -188,6 +189,82 @@ async def test_the_real_kubelet_prepares_a_claim_through_the_plugin_and_the_runt
                 return not spec_file.exists()
 
             await wait_for(unprepared, timeout=90, what="the kubelet unprepared the claim once the pod went")
+        finally:
+            if agent is not None:
+                await agent.stop()
+            await kube.close()
+
+
+async def test_the_real_kubelets_dra_pod_is_judged_by_its_claim_left_alone_within_it_and_evicted_over_it(
+    admin: client.KubeClient,
+    control_plane: controlplane.ControlPlane,
+    extender: ExtenderProcess,
+    namespace: str,
+    device_class: str,
+) -> None:
+    kube = stack.kube_for(control_plane, "sharegpu-agent")
+    agent: agent_runtime.Agent | None = None
+    async with real_node(admin, control_plane, namespace) as node:
+        try:
+            plugin_paths = draplugin.Paths.under(node.root / "plugins", node.root / "plugins_registry", node.cdi_dir)
+            proc = node.folder / "proc"
+            proc.mkdir()
+            nvml = node.nvml()
+            options = agent_runtime.Options(
+                interval=0.3, dra=True, dra_plugin=plugin_paths, on_violation=watchdog.Action.EVICT, proc=proc
+            )
+            agent = agent_runtime.Agent(kube, node.name, nvml.open(), options)
+            await agent.start()
+            await wait_for(lambda: get_or_none(admin, dra.slice_path(node.name)), what="the node's ResourceSlice")
+            await admin.create(dra.claim_path(namespace), builders.MakeClaim("c", namespace).ask(300, "4Gi").obj())
+            made = builders.MakePod("p", namespace).scheduler().grace(0)
+            made.node_selector({"kubernetes.io/hostname": node.name}).container(image="busybox").claim("c").gate()
+            body = made.obj()
+            body["spec"]["automountServiceAccountToken"] = False
+            pod = await admin.create(paths.pods(namespace), body)
+
+            async def running() -> bool:
+                found = await admin.get(paths.pod(namespace, "p"))
+                return found["status"].get("phase") == "Running" and bool(node.cri.running(namespace, "p"))
+
+            await explained(control_plane, node, running, "the kubelet ran the DRA pod")
+            claim = await admin.get(dra.claim_path(namespace, "c"))
+            (result,) = claim["status"]["allocation"]["devices"]["results"]
+            index = int(result["device"].removeprefix("gpu-"))
+            # A process of the pod's container on the claim's GPU, as NVML and the pod's cgroup show it.
+            (proc / "4343").mkdir()
+            (proc / "4343" / "cgroup").write_text(f"0::/kubepods/besteffort/pod{pod['metadata']['uid']}/{'c' * 64}\n")
+            old = "processes: [{pid: 42, gpu: 2, usedMiB: 2048}]"
+
+            def uses(mib: int) -> None:
+                write_nvml(
+                    nvml.path, NVML_FILE.replace(old, f"processes: [{{pid: 4343, gpu: {index}, usedMiB: {mib}}}]")
+                )
+
+            uses(3072)  # within the claim's 4 GiB
+
+            async def judged() -> bool:
+                usages = agent.usage.usages if agent is not None and agent.usage is not None else ()
+                return any(u.pod.name == "p" and u.allocated_mib == 4096 for u in usages)
+
+            await wait_for(judged, what="the watchdog judging the pod by its claim's 4096 MiB")
+            await asyncio.sleep(1.5)  # several passes
+            assert agent.usage is not None and agent.usage.violations == ()
+            found = await admin.get(paths.pod(namespace, "p"))
+            assert not found["metadata"].get("deletionTimestamp"), "a DRA pod within its claim is left alone"
+
+            uses(6144)  # over it
+
+            async def evicted() -> bool:
+                gone = await get_or_none(admin, paths.pod(namespace, "p"))
+                return gone is None or bool(gone["metadata"].get("deletionTimestamp"))
+
+            await wait_for(evicted, what="the DRA pod over its claim's memory evicted")
+            events, _ = await admin.list_all(paths.events(namespace))
+            said = [
+                e["message"] for e in events if e["reason"] == "GPUPodEvicted" and e["involvedObject"]["name"] == "p"
+            ]
+            assert said and "uses 6144 MiB" in said[0] and "4096 MiB" in said[0], said
         finally:
             if agent is not None:
                 await agent.stop()

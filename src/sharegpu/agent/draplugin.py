@@ -12,7 +12,9 @@ Two gRPC services, each on a unix socket:
   toolkit's device of that GPU, and sharegpu's device of the claim's request (on the request's first
   device). `NodeUnprepareResources` removes the claim's spec. Both are idempotent, across agent
   restarts too: the spec file is the only state, named by the claim's UID; preparing again writes
-  the same file, unpreparing one that is gone is done.
+  the same file, unpreparing one that is gone is done. The spec also records which claim it is and
+  what it holds per GPU (`api.cdi.PreparedClaim`, an annotation); `claims` keeps those, read back
+  from the files at `start`, for the usage watchdog to judge the pods that use them.
 - **Registration** (`pluginregistration.Registration`) on `<plugins_registry>/<driver>-reg.sock`:
   `GetInfo` says what the plugin is (type `DRAPlugin`, the driver, the socket above, the versions it
   serves); `NotifyRegistrationStatus` is logged, a refusal with its reason. The kubelet finds the
@@ -95,6 +97,9 @@ class DraPlugin:
         """The node's GPUs as its Device says them now (None until discovered)."""
         self.enforcement = enforcement
         """The limits the node enforces now (what its proven isolation modes give)."""
+        self.claims: dict[tuple[str, str], cdi.PreparedClaim] | None = None
+        """(namespace, name) -> each claim prepared here, from its spec (None until read at `start`):
+        what the watchdog judges the pods that use it by."""
         self.registered: bool | None = None
         """What the kubelet last said of the registration (None: nothing yet)."""
         self.registration_error = ""
@@ -107,6 +112,7 @@ class DraPlugin:
         """Serve the plugin, then register it (the kubelet may call the plugin as soon as it sees the
         registration socket)."""
         self.paths.cdi_dir.mkdir(parents=True, exist_ok=True)
+        self.claims = await asyncio.to_thread(self._recover)
         prepare = grpc.unary_unary_rpc_method_handler(
             self._prepare,
             request_deserializer=pb.NodePrepareResourcesRequest.FromString,
@@ -233,7 +239,10 @@ class DraPlugin:
         if missing:
             raise ClaimNotPreparable(f"{where}: GPU(s) {missing} are not on this node")
         requests = [cdi.RequestDevices(c.name, c.devices) for c in held.containers]
-        self._write(uid, cdi.spec(uid, requests, uuid_of, self.enforcement()))
+        prepared = cdi.PreparedClaim.of(namespace, name, uid, requests, uuid_of)
+        self._write(uid, cdi.spec(uid, requests, uuid_of, self.enforcement(), prepared))
+        if self.claims is not None:
+            self.claims[(namespace, name)] = prepared
         devices = []
         first: set[str] = set()
         for result in results:
@@ -255,6 +264,9 @@ class DraPlugin:
     def unprepare(self, uid: str) -> bool:
         """Remove the claim's CDI spec: True if there was one."""
         path = self.paths.cdi_dir / cdi.file_name(uid)
+        if self.claims is not None:
+            for key in [k for k, c in self.claims.items() if c.uid == uid]:
+                del self.claims[key]
         try:
             path.unlink()
         except FileNotFoundError:
@@ -266,6 +278,25 @@ class DraPlugin:
         """The CDI spec files of the claims prepared here (what survives an agent restart)."""
         prefix = cdi.file_name("")
         return sorted(p.name for p in self.paths.cdi_dir.glob(f"{prefix.removesuffix('.json')}*.json"))
+
+    def _recover(self) -> dict[tuple[str, str], cdi.PreparedClaim]:
+        """The claims prepared here, read back from their specs (an agent that restarts meets pods that
+        still use them); a spec that does not say its claim is left out (logged): its pods go unjudged."""
+        out = {}
+        for name in self.prepared():
+            try:
+                body = orjson.loads((self.paths.cdi_dir / name).read_bytes())
+            except (OSError, orjson.JSONDecodeError) as error:
+                log.warning("DRA plugin: cannot read the CDI spec %s: %s", name, error)
+                continue
+            found = cdi.PreparedClaim.of_spec(body) if isinstance(body, dict) else None
+            if found is None:
+                log.warning(
+                    "DRA plugin: the CDI spec %s does not say which claim it is for: its pods go unjudged", name
+                )
+                continue
+            out[(found.namespace, found.name)] = found
+        return out
 
     def _write(self, uid: str, body: dict[str, Any]) -> None:
         """Atomically: a runtime reading the directory sees the old file or the new one, never half."""

@@ -17,7 +17,7 @@ from pathlib import Path
 import msgspec
 
 from sharegpu.agent import hamicore, mps, notices, nvml, proof, watchdog
-from sharegpu.api import events, handoff, names, paths, wire
+from sharegpu.api import cdi, events, handoff, names, paths, wire
 from sharegpu.api import pods as api_pods
 from sharegpu.core import devices
 from sharegpu.core import errors as core_errors
@@ -93,10 +93,17 @@ class Isolation:
         """(mode, subject, reason) of the failed proofs told in a Warning event."""
         self.node_uid = ""
 
-    async def apply(self, spec: wire.DeviceSpec, gpus: list[nvml.Gpu], live: dict[str, wire.Pod]) -> wire.DeviceSpec:
+    async def apply(
+        self,
+        spec: wire.DeviceSpec,
+        gpus: list[nvml.Gpu],
+        live: dict[str, wire.Pod],
+        claims: Mapping[tuple[str, str], cdi.PreparedClaim] | None = None,
+    ) -> wire.DeviceSpec:
         """`spec` with the isolation modes the node offers now, what each enforces, and its MPS daemons
-        (`live`: the node's pods by UID, whose grants no probe may take memory from)."""
-        promised = watchdog.promised(live, spec)
+        (`live`: the node's pods by UID, and `claims`: the ResourceClaims prepared here, whose grants no
+        probe may take memory from)."""
+        promised = watchdog.promised(live, spec, claims)
         room = {g.uuid: g.memory_mib - promised.get(g.uuid, 0) for g in spec.gpus if g.healthy}
         hami = await self._hami_core(room)
         if self.supervisor is not None:

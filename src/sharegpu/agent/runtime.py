@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -55,9 +55,9 @@ from sharegpu.agent import (
     repair,
     watchdog,
 )
+from sharegpu.api import cdi, handoff, names, paths, resources, wire
 from sharegpu.api import devices as api_devices
 from sharegpu.api import groups as api_groups
-from sharegpu.api import handoff, names, paths, resources, wire
 from sharegpu.core import devices
 from sharegpu.kube import client, errors, informer, reconcile, reviews
 from sharegpu.kube import events as kube_events
@@ -219,7 +219,8 @@ class Agent:
         held = inventory.held_uuids(list(self.pods.values()), previous)
         spec = inventory.device_spec(gpus, links, unhealthy, previous, held)
         live = self._live()
-        spec = await self.isolation.apply(spec, gpus, live)
+        claims = self.plugin.claims if self.plugin is not None else None
+        spec = await self.isolation.apply(spec, gpus, live, claims)
         if self.options.dra:
             spec = msgspec.structs.replace(spec, dra=True)
         if current is None:
@@ -241,7 +242,7 @@ class Agent:
         if self.repair is not None and assigned is not None:
             settled = await self.repair.repair(assigned, live, spec)
             await self.repair.compare_allocatable(spec, ids)
-        await self._watch_usage(spec, live, ids, assigned, act=settled)
+        await self._watch_usage(spec, live, ids, assigned, claims, act=settled)
         self.last_success = self.clock()
 
     # ----------------------------------------------------------------- usage watchdog
@@ -259,6 +260,7 @@ class Agent:
         live: dict[str, wire.Pod],
         ids: drift.DeviceIds,
         assigned: list[podresources.Assigned] | None,
+        claims: Mapping[tuple[str, str], cdi.PreparedClaim] | None,
         *,
         act: bool,
     ) -> None:
@@ -272,6 +274,7 @@ class Agent:
         self.usage = watchdog.assess(
             processes, owners.get, live, spec, assigned=given if assigned is not None else None,
             slack_mib=self.options.slack_mib, groups=self.admits if self.group_informer.synced.is_set() else None,
+            claims=claims,
         )  # fmt: skip
         if act:
             await self.enforcer.enforce(self.usage, self.options.on_violation)

@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from sharegpu.agent import cgroups, nvml
-from sharegpu.api import names, quantity, wire
+from sharegpu.api import cdi, names, quantity, wire
 from sharegpu.api import pods as api_pods
 from sharegpu.core import errors, units
 
@@ -217,6 +217,7 @@ def assess(
     slack_mib: int = 0,
     sm_percent: Mapping[str, int] | None = None,
     groups: Mapping[tuple[str, str], Collection[str]] | None = None,
+    claims: Mapping[tuple[str, str], cdi.PreparedClaim] | None = None,
 ) -> Assessment:
     """One pass's `Assessment` (see the module docstring).
 
@@ -227,10 +228,12 @@ def assess(
     (NVML counts each process's CUDA context, which a limit enforced inside the process may not);
     `sm_percent`: UUID -> SM utilisation, where read; `groups`: the SharedDeviceGroups that exist,
     (namespace, name) -> the namespaces whose pods may join it (its own included), None while not
-    known (then no pod labelled with a group is judged).
+    known (then no pod labelled with a group is judged); `claims`: the ResourceClaims prepared on this
+    node by sharegpu's DRA plugin, (namespace, name) -> what each holds, None where the node serves no
+    DRA plugin or has not read them yet (then no pod that uses a claim is judged).
     """
     index_of = {gpu.uuid: gpu.index for gpu in device.gpus}
-    grants = _Grants(pods, device, assigned or {}, groups)
+    grants = _Grants(pods, device, assigned or {}, groups, claims)
     owners: dict[int, cgroups.Owner | None] = {}
     tallies: dict[str, list[int]] = {gpu.uuid: [0, 0, 0] for gpu in device.gpus}
     by_pod: dict[tuple[str, str], dict[int, int]] = {}
@@ -302,19 +305,28 @@ def _violation(usage: Usage, slack_mib: int) -> Violation | None:
     return Violation(Kind.OVER_MEMORY, pod, usage.uuid, usage.index, used, allocated, pids, tuple(kill), message)
 
 
-def promised(pods: Mapping[str, wire.Pod], device: wire.DeviceSpec) -> dict[str, int]:
-    """GPU UUID -> MiB of it the node's live pods (by UID) were promised: their grants, a grant with no
-    memory limit or a whole GPU counting all of it. Reservation pods count nothing (the sharing pods
-    on their GPU do), a group's members nothing (their holder does), a pod whose grant cannot be
-    told nothing."""
-    grants = _Grants(pods, device, {})
+def promised(
+    pods: Mapping[str, wire.Pod],
+    device: wire.DeviceSpec,
+    claims: Mapping[tuple[str, str], cdi.PreparedClaim] | None = None,
+) -> dict[str, int]:
+    """GPU UUID -> MiB of it the node's live pods (by UID) and prepared claims were promised: their
+    grants, a grant with no memory limit or a whole GPU counting all of it. Reservation pods count
+    nothing (the sharing pods on their GPU do), a group's members nothing (their holder does), a pod
+    whose grant cannot be told nothing; a claim counts once, whether no pod, one or several use it
+    (and a pod that uses claims, nothing more)."""
+    grants = _Grants(pods, device, {}, claims=claims)
     out = dict.fromkeys(grants.capacity, 0)
+    for claim in (claims or {}).values():
+        for uuid, mib in claim.gpus.items():
+            if uuid in out:
+                out[uuid] += grants.capacity[uuid] if mib is None else mib
     for uid, pod in pods.items():
         labels = pod.metadata.labels
         if api_pods.is_reservation(pod) or (api_pods.role(pod) is None and _group(labels) is not None):
             continue
         grant = grants.of(uid)
-        if not grant.judged:
+        if not grant.judged or grant.by_claims:
             continue
         for uuid, capacity in grants.capacity.items():
             given = grant.allocated(uuid, grants.capacity)
@@ -342,6 +354,8 @@ class _Grant:
     memory: Mapping[str, int | None]
     unnamed: bool = False
     judged: bool = True
+    by_claims: bool = False
+    """What the ResourceClaims it uses hold (counted once per claim by `promised`)."""
 
     def allocated(self, uuid: str, capacity: Mapping[str, int]) -> int | None:
         if not self.judged:
@@ -363,10 +377,12 @@ class _Grants:
         device: wire.DeviceSpec,
         assigned: Mapping[str, Collection[str]],
         groups: Mapping[tuple[str, str], Collection[str]] | None = None,
+        claims: Mapping[tuple[str, str], cdi.PreparedClaim] | None = None,
     ) -> None:
         self.pods = pods
         self.assigned = assigned
         self.groups = groups
+        self.claims = claims
         self.capacity = {gpu.uuid: gpu.memory_mib for gpu in device.gpus}
         self.by_index = {gpu.index: gpu.uuid for gpu in device.gpus}
         self.reserved: dict[int, set[str]] = {}
@@ -403,6 +419,8 @@ class _Grants:
             return _UNJUDGED
         memory: dict[str, int | None] = {}
         whole = _device_plugin_gpus(pod)
+        if alloc is None and not whole and pod.spec.resource_claims:
+            return self._claimed(pod)
         if alloc is not None and alloc.exclusive:
             whole = True
         elif alloc is not None:
@@ -415,6 +433,21 @@ class _Grants:
         named = self._named(pod)
         memory.update({uuid: self.capacity.get(uuid) for uuid in named})
         return _Grant(memory, unnamed=not named)
+
+    def _claimed(self, pod: wire.Pod) -> _Grant:
+        """What the claims a pod uses hold, summed per GPU; not judged while any of them is unknown
+        here (not made yet, not prepared yet, another driver's, or the plugin not read yet)."""
+        if self.claims is None:
+            return _UNJUDGED
+        memory: dict[str, int | None] = {}
+        for ref in api_pods.claim_refs(pod):
+            found = self.claims.get((pod.metadata.namespace, ref.claim)) if ref.claim else None
+            if found is None:
+                return _UNJUDGED
+            for uuid, mib in found.gpus.items():
+                before = memory.get(uuid, 0)
+                memory[uuid] = None if before is None or mib is None else before + mib
+        return _Grant(memory, by_claims=True)
 
     def _named(self, pod: wire.Pod) -> set[str]:
         """The UUIDs of the device plugin's GPUs known to be the pod's: the kubelet's word and the pod's report."""

@@ -16,11 +16,13 @@ Pure: no I/O. `agent.draplugin` writes and removes the files.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Annotated, Any, Final
 
-from sharegpu.api import handoff
+import msgspec
+
+from sharegpu.api import handoff, names
 from sharegpu.core import allocation, errors
 
 VERSION: Final = "0.6.0"
@@ -88,13 +90,59 @@ def _bind(host: str, container: str, *, read_only: bool) -> dict[str, Any]:
     return {"hostPath": host, "containerPath": container, "options": options}
 
 
+class PreparedClaim(msgspec.Struct, frozen=True, kw_only=True):
+    """A claim prepared on a node, as its CDI spec records it (the `names.CDI_CLAIM` annotation, read
+    back by `of_spec` after an agent restart): which claim, and the memory it holds on each GPU. The
+    node agent's watchdog judges the pods that use it by this."""
+
+    namespace: str
+    name: str
+    uid: str
+    gpus: dict[str, Annotated[int, msgspec.Meta(gt=0)] | None]
+    """GPU UUID -> MiB the claim holds there (None: no memory limit)."""
+
+    @classmethod
+    def of(
+        cls, namespace: str, name: str, uid: str, requests: Sequence[RequestDevices], uuid_of: Mapping[int, str]
+    ) -> PreparedClaim:
+        """What a claim's requests hold per GPU: summed over them; no limit where a grant has none."""
+        held: dict[str, int | None] = {}
+        for request in requests:
+            for grant in request.grants:
+                uuid = uuid_of[grant.index]
+                before = held.get(uuid, 0)
+                held[uuid] = None if before is None or not grant.memory_mib else before + grant.memory_mib
+        return cls(namespace=namespace, name=name, uid=uid, gpus=dict(sorted(held.items())))
+
+    def annotations(self) -> dict[str, str]:
+        return {names.CDI_CLAIM: msgspec.json.encode(self).decode()}
+
+    @classmethod
+    def of_spec(cls, body: Mapping[str, Any]) -> PreparedClaim | None:
+        """The claim a spec (`spec`) was written for; None for one that does not say (written by an
+        agent before the annotation) or says it in a shape this one cannot read."""
+        text = (body.get("annotations") or {}).get(names.CDI_CLAIM)
+        if not isinstance(text, str):
+            return None
+        try:
+            return msgspec.json.decode(text, type=cls)
+        except msgspec.DecodeError:  # a ValidationError too
+            return None
+
+
 def spec(
-    claim_uid: str, requests: Sequence[RequestDevices], uuid_of: dict[int, str], enforce: handoff.Enforcement
+    claim_uid: str,
+    requests: Sequence[RequestDevices],
+    uuid_of: dict[int, str],
+    enforce: handoff.Enforcement,
+    prepared: PreparedClaim | None = None,
 ) -> dict[str, Any]:
-    """The CDI spec of one prepared claim."""
+    """The CDI spec of one prepared claim (`prepared`: recorded in its annotations)."""
+    out: dict[str, Any] = {"cdiVersion": VERSION, "kind": KIND}
+    if prepared is not None:
+        out["annotations"] = prepared.annotations()
     return {
-        "cdiVersion": VERSION,
-        "kind": KIND,
+        **out,
         "devices": [
             {"name": device_name(claim_uid, r.request), "containerEdits": edits(r.grants, uuid_of, enforce)}
             for r in requests
