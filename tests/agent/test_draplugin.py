@@ -183,6 +183,24 @@ async def test_the_plugin_knows_what_each_claim_prepared_here_holds_across_a_res
         await second.stop()
 
 
+async def test_a_restarted_plugin_removes_the_specs_of_claims_that_are_gone(setup: Setup) -> None:
+    kept, gone, renewed = (setup.claim(allocated(name)) for name in ("kept", "gone", "renewed"))
+    first = setup.plugin()
+    await first.start()
+    await setup.kubelet.prepare(("kept", kept), ("gone", gone), ("renewed", renewed))
+    await first.stop()
+    await setup.api.delete(f"{CLAIMS}/gone")
+    await setup.api.delete(f"{CLAIMS}/renewed")
+    setup.claim(allocated("renewed"))  # made again: another UID, not the claim that was prepared
+    second = setup.plugin()
+    await second.start()
+    try:
+        assert second.claims is not None and sorted(c.name for c in second.claims.values()) == ["kept"]
+        assert [setup.cdi_file(u).exists() for u in (kept, gone, renewed)] == [True, False, False]
+    finally:
+        await second.stop()
+
+
 def test_a_spec_that_says_its_claim_wrongly_says_nothing() -> None:
     for text in ("{", '{"namespace": "n", "name": "c", "uid": "u", "gpus": {"GPU-1": 0}}', "[]"):
         assert cdi.PreparedClaim.of_spec({"annotations": {names.CDI_CLAIM: text}}) is None, text

@@ -274,6 +274,34 @@ def test_a_dra_pod_is_judged_by_the_claims_prepared_for_it() -> None:
     ]  # fmt: skip
 
 
+def test_the_pods_that_share_a_claim_are_held_to_it_together() -> None:
+    claims = prepared("c", **{"GPU-1": 4096})
+    found = by_uid(claimed("a", "c"), claimed("b", "c"))
+    within = run([(10, 1, 2000), (20, 1, 2000)], {10: "a", 20: "b"}, found, claims=claims)
+    assert within.violations == ()
+    # Each within the claim alone, 5000 MiB together: the largest process goes (or its pod).
+    over = run([(10, 1, 2000), (11, 1, 500), (20, 1, 2500)], {10: "a", 11: "a", 20: "b"}, found, claims=claims)
+    (violation,) = over.violations
+    assert (violation.pod.name, violation.kind, violation.kill, violation.allocated_mib) == (
+        "b", Kind.OVER_MEMORY, (20,), 4096
+    )  # fmt: skip
+    assert violation.message == (
+        "pods ns/a, ns/b use 5000 MiB of GPU GPU-1 (index 1) together; their claim(s) ns/c hold 4096 MiB"
+    )
+    # Two containers of one pod share its claim as one: they are the pod's processes, summed as always.
+    one = run([(10, 1, 3000), (11, 1, 3000)], {10: "a", 11: "a"}, by_uid(claimed("a", "c")), claims=claims)
+    assert [(v.pod.name, v.used_mib, v.allocated_mib) for v in one.violations] == [("a", 6000, 4096)]
+
+
+def test_pods_linked_through_any_shared_claim_are_one_pool_counting_each_claim_once() -> None:
+    claims = {**prepared("c", **{"GPU-1": 4096}), **prepared("d", **{"GPU-1": 2048})}
+    found = by_uid(claimed("a", "c", "d"), claimed("b", "c"), claimed("x", "d"))  # a-c-b and a-d-x: one pool
+    within = run([(10, 1, 3000), (20, 1, 1500), (30, 1, 1500)], {10: "a", 20: "b", 30: "x"}, found, claims=claims)
+    assert within.violations == (), "6000 of the 6144 MiB c and d hold"
+    over = run([(10, 1, 3000), (20, 1, 1500), (30, 1, 2000)], {10: "a", 20: "b", 30: "x"}, found, claims=claims)
+    assert [(v.pod.name, v.kill, v.allocated_mib) for v in over.violations] == [("a", (10,), 6144)]
+
+
 def test_a_pod_using_a_claim_not_prepared_here_is_not_judged() -> None:
     claims = prepared("c", **{"GPU-1": 4096})
     for found, known in (

@@ -392,6 +392,32 @@ async def test_the_agent_s_kubelet_plugin_prepares_a_claim_allocated_on_its_node
         assert "not the another-uid the kubelet names" in wrong.claims["another-uid"].error
         await kubelet.unprepare(("c", uid))
         assert not spec_file.exists()
+        # /readyz: not ready until the kubelet has registered the plugin.
+        assert agent.readiness()[1]["draPlugin"] == "waiting for the kubelet to register it"
+        assert not agent.readiness()[0]
+        await kubelet.notify(False, "driver name taken")
+        assert agent.readiness()[1]["draPlugin"] == "the kubelet refused its registration: driver name taken"
+        await kubelet.notify(True, "")
+        ready = agent.readiness
+
+        async def registered() -> bool:
+            return ready()[0]
+
+        await wait_for(registered, what="the agent ready once the kubelet registered its plugin")
+        # A claim prepared, then gone while the agent was down: its spec is collected at the next start.
+        await kubelet.prepare(("c", uid))
+        await agent.stop()
+        await admin.delete(f"{claims}/c")
+        agent = agent_runtime.Agent(kube, name, fakenvml.FakeNvml(nvml_path).open(), options)
+        await agent.start()
+        assert not spec_file.exists() and agent.plugin is not None and agent.plugin.claims == {}
+        # Without --dra, the node's ResourceSlice goes (the agent's own RBAC and policy allow it).
+        await agent.stop()
+        agent = agent_runtime.Agent(
+            kube, name, fakenvml.FakeNvml(nvml_path).open(), agent_runtime.Options(interval=0.5)
+        )
+        await agent.start()
+        assert await get_or_none(admin, dra.slice_path(name)) is None
     finally:
         await agent.stop()
         await kube.close()

@@ -165,7 +165,7 @@ RIGHTS: dict[str, dict[str, dict[str, str]]] = {
         "any namespace": {
             "/events": "create", "/nodes": "get patch", "/pods": "list watch", "/pods/eviction": "create",
             "authentication.k8s.io/tokenreviews": "create", "authorization.k8s.io/subjectaccessreviews": "create",
-            "resource.k8s.io/resourceclaims": "get", "resource.k8s.io/resourceslices": "create get update",
+            "resource.k8s.io/resourceclaims": "get", "resource.k8s.io/resourceslices": "create delete get update",
             "sharegpu.io/devices": "create get update", "sharegpu.io/shareddevicegroups": "get list watch",
         },
         "sharegpu-system": {},

@@ -113,6 +113,7 @@ class DraPlugin:
         registration socket)."""
         self.paths.cdi_dir.mkdir(parents=True, exist_ok=True)
         self.claims = await asyncio.to_thread(self._recover)
+        await self._collect()
         prepare = grpc.unary_unary_rpc_method_handler(
             self._prepare,
             request_deserializer=pb.NodePrepareResourcesRequest.FromString,
@@ -278,6 +279,22 @@ class DraPlugin:
         """The CDI spec files of the claims prepared here (what survives an agent restart)."""
         prefix = cdi.file_name("")
         return sorted(p.name for p in self.paths.cdi_dir.glob(f"{prefix.removesuffix('.json')}*.json"))
+
+    async def _collect(self) -> None:
+        """Remove the specs of claims that no longer exist (or exist again under another UID): their
+        pods are gone, and the kubelet will not unprepare what it no longer knows. A claim that cannot
+        be read now keeps its spec."""
+        for (namespace, name), claim in sorted((self.claims or {}).items()):
+            try:
+                found = await self.api.get(dra.claim_path(namespace, name))
+            except kube_errors.NotFoundError:
+                found = None
+            except kube_errors.KubeError as error:
+                log.warning("DRA plugin: cannot tell whether claim %s/%s still exists: %s", namespace, name, error)
+                continue
+            if found is None or (found.get("metadata") or {}).get("uid") != claim.uid:
+                log.info("DRA plugin: claim %s/%s (UID %s) is gone: its CDI spec removed", namespace, name, claim.uid)
+                self.unprepare(claim.uid)
 
     def _recover(self) -> dict[tuple[str, str], cdi.PreparedClaim]:
         """The claims prepared here, read back from their specs (an agent that restarts meets pods that

@@ -37,8 +37,14 @@ class SlicePublisher:
         self._version = ""
         """The slice's resourceVersion after that write."""
         self._served: bool | None = None
+        """Whether the API server serves resource.k8s.io/v1 (None: not asked yet)."""
         self._asked_at: float | None = None
         self._node_uid = ""
+
+    @property
+    def unserved(self) -> bool:
+        """The API server was found not to serve resource.k8s.io/v1 (no claim can come here)."""
+        return self._served is False
 
     async def publish(self, spec: wire.DeviceSpec, held: frozenset[str] = frozenset()) -> None:
         """Write the slice for `spec` if it changed (`held`: GPUs pods of the extender path hold, tainted).

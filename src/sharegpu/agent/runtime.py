@@ -55,7 +55,7 @@ from sharegpu.agent import (
     repair,
     watchdog,
 )
-from sharegpu.api import cdi, handoff, names, paths, resources, wire
+from sharegpu.api import cdi, dra, handoff, names, paths, resources, wire
 from sharegpu.api import devices as api_devices
 from sharegpu.api import groups as api_groups
 from sharegpu.core import devices
@@ -169,6 +169,8 @@ class Agent:
             self.admits[key] = frozenset((key[0], *group.spec.members.namespaces))
 
     async def start(self) -> None:
+        if not self.options.dra:
+            await self._withdraw_slice()
         self.tasks = [
             asyncio.create_task(self.pod_informer.run(), name="agent-pods"),
             asyncio.create_task(self.group_informer.run(), name="agent-groups"),
@@ -182,6 +184,19 @@ class Agent:
         if self.plugin is not None:
             await self.plugin.start()
             self.tasks.append(asyncio.create_task(self.plugin.keep_registered(), name="agent-dra-registration"))
+
+    async def _withdraw_slice(self) -> None:
+        """Delete this node's ResourceSlice, left by the agent when it served DRA (without `--dra` no
+        claim may be placed here); one that cannot be deleted now is logged and left."""
+        try:
+            await self.api.delete(dra.slice_path(self.node))
+        except errors.NotFoundError:
+            return
+        except errors.KubeError as error:
+            log.warning("cannot delete ResourceSlice %s left from when this node served DRA: %s",
+                        dra.slice_name(self.node), error)  # fmt: skip
+            return
+        log.info("ResourceSlice %s deleted: this node does not serve DRA now", dra.slice_name(self.node))
 
     def _enforcement(self) -> handoff.Enforcement:
         """The limits this node enforces for a claim (it demands no mode: what the extender path gives
@@ -284,8 +299,9 @@ class Agent:
         return processes, {p.pid: cgroups.read_owner(p.pid, self.options.proc) for p in processes}
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:
-        """Ready once both informers listed, the last pass succeeded (within three intervals) and the
-        API accepts the agent's credentials."""
+        """Ready once both informers listed, the last pass succeeded (within three intervals), the
+        API accepts the agent's credentials and, where it serves the kubelet's DRA plugin, the kubelet
+        has registered the plugin."""
         fresh = self.last_success is not None and self.clock() - self.last_success <= 3 * self.interval + 5
         refused = self.api.refused
         ready = self.pod_informer.ready and self.group_informer.ready and fresh and not refused
@@ -295,6 +311,15 @@ class Agent:
             detail["kubelet"] = self.repair.problem
         if self.publisher is not None and self.publisher.problem:
             detail["dra"] = self.publisher.problem
+        if self.plugin is not None:
+            registered = self.plugin.registered
+            # Where no claim can come (resource.k8s.io/v1 not served), the kubelet may never register it.
+            ready = ready and (registered is True or (self.publisher is not None and self.publisher.unserved))
+            detail["draPlugin"] = (
+                "registered" if registered else
+                f"the kubelet refused its registration: {self.plugin.registration_error}" if registered is False else
+                "waiting for the kubelet to register it"
+            )  # fmt: skip
         return ready, detail
 
     def _read(self) -> tuple[list[nvml.Gpu], list[nvml.Link], set[str]]:

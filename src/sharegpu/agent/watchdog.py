@@ -43,7 +43,7 @@ from __future__ import annotations
 import contextlib
 import enum
 from collections.abc import Callable, Collection, Mapping, Sequence, Set
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
 from sharegpu.agent import cgroups, nvml
@@ -262,7 +262,9 @@ def assess(
             )
         )  # fmt: skip
     usages.sort(key=lambda u: (u.pod.namespace, u.pod.name, u.pod.uid, _gpu_order(u.index, u.uuid)))
-    violations = [v for v in (_violation(u, slack_mib) for u in usages) if v is not None]
+    pooled, shared = _shared_claims(usages, grants, slack_mib)
+    alone = (_violation(u, slack_mib) for u in usages if (u.pod.uid, u.uuid) not in pooled)
+    violations = [v for v in alone if v is not None] + shared
     sm = sm_percent or {}
     gpus = sorted(
         (
@@ -275,6 +277,67 @@ def assess(
         key=lambda g: _gpu_order(g.index, g.uuid),
     )  # fmt: skip
     return Assessment(tuple(usages), tuple(gpus), tuple(violations))
+
+
+def _shared_claims(
+    usages: Sequence[Usage], grants: _Grants, slack_mib: int
+) -> tuple[set[tuple[str, str]], list[Violation]]:
+    """The pods that use a ResourceClaim together with another pod on a GPU, judged together: a claim
+    is one share however many pods use it (`api.lifetimes`), so their memory there is summed against
+    what their claims hold there, each counted once (pods linked through any shared claim form one
+    pool). Returns the (pod UID, UUID) pairs judged so, and their violations: one per pod whose
+    processes are among the largest of the pool that, killed, bring it back within (an eviction of
+    those pods does the same)."""
+    on_gpu: dict[str, list[Usage]] = {}
+    for usage in usages:
+        grant = grants.of(usage.pod.uid)
+        if grant.by_claims and grant.claimed.get(usage.uuid):
+            on_gpu.setdefault(usage.uuid, []).append(usage)
+    pooled: set[tuple[str, str]] = set()
+    violations: list[Violation] = []
+    for uuid, members in on_gpu.items():
+        claimed = {u.pod.uid: grants.of(u.pod.uid).claimed[uuid] for u in members}
+        for pool in _linked(members, claimed):
+            if len(pool) < 2:
+                continue
+            pooled.update((u.pod.uid, uuid) for u in pool)
+            keys = sorted(set().union(*(claimed[u.pod.uid] for u in pool)))
+            held = [grants.claims[k].gpus.get(uuid) for k in keys] if grants.claims is not None else [None]
+            if any(mib is None for mib in held):
+                continue  # a claim without a memory limit there
+            allocated = sum(mib or 0 for mib in held)
+            used = sum(u.used_mib for u in pool)
+            if used <= allocated + slack_mib:
+                continue
+            largest = sorted(((mib, pid, u) for u in pool for pid, mib in u.processes), key=lambda p: (-p[0], p[1]))
+            kill: dict[str, list[int]] = {}
+            left = used
+            for mib, pid, usage in largest:
+                if left <= allocated + slack_mib:
+                    break
+                kill.setdefault(usage.pod.uid, []).append(pid)
+                left -= mib
+            gpu = f"GPU {uuid}" + ("" if pool[0].index is None else f" (index {pool[0].index})")
+            claims = ", ".join(f"{ns}/{name}" for ns, name in keys)
+            who = ", ".join(u.pod.key for u in pool)
+            message = f"pods {who} use {used} MiB of {gpu} together; their claim(s) {claims} hold {allocated} MiB"
+            for usage in pool:
+                if usage.pod.uid in kill:
+                    pids = tuple(pid for pid, _ in sorted(usage.processes, key=lambda p: (-p[1], p[0])))
+                    violations.append(Violation(Kind.OVER_MEMORY, usage.pod, uuid, usage.index, usage.used_mib,
+                                                allocated, pids, tuple(kill[usage.pod.uid]), message))  # fmt: skip
+    return pooled, violations
+
+
+def _linked(members: Sequence[Usage], keys: Mapping[str, frozenset[tuple[str, str]]]) -> list[list[Usage]]:
+    """`members` grouped so that two whose pods (`keys`: by UID) share a claim are in one group."""
+    groups: list[tuple[set[tuple[str, str]], list[Usage]]] = []
+    for member in members:
+        mine = set(keys[member.pod.uid])
+        joined = [g for g in groups if g[0] & mine]
+        merged = (mine.union(*(g[0] for g in joined)), [u for g in joined for u in g[1]] + [member])
+        groups = [g for g in groups if not any(g is j for j in joined)] + [merged]
+    return [sorted(g[1], key=lambda u: (u.pod.namespace, u.pod.name, u.pod.uid)) for g in groups]
 
 
 def _gpu_order(index: int | None, uuid: str) -> tuple[bool, int, str]:
@@ -356,6 +419,8 @@ class _Grant:
     judged: bool = True
     by_claims: bool = False
     """What the ResourceClaims it uses hold (counted once per claim by `promised`)."""
+    claimed: Mapping[str, frozenset[tuple[str, str]]] = field(default_factory=dict)
+    """GPU UUID -> the claims it uses that hold memory there, (namespace, name)."""
 
     def allocated(self, uuid: str, capacity: Mapping[str, int]) -> int | None:
         if not self.judged:
@@ -440,14 +505,19 @@ class _Grants:
         if self.claims is None:
             return _UNJUDGED
         memory: dict[str, int | None] = {}
+        claimed: dict[str, set[tuple[str, str]]] = {}
         for ref in api_pods.claim_refs(pod):
-            found = self.claims.get((pod.metadata.namespace, ref.claim)) if ref.claim else None
+            key = (pod.metadata.namespace, ref.claim)
+            found = self.claims.get(key) if ref.claim else None
             if found is None:
                 return _UNJUDGED
             for uuid, mib in found.gpus.items():
+                if uuid in claimed and key in claimed[uuid]:
+                    continue  # named twice in the pod: counted once
+                claimed.setdefault(uuid, set()).add(key)
                 before = memory.get(uuid, 0)
                 memory[uuid] = None if before is None or mib is None else before + mib
-        return _Grant(memory, by_claims=True)
+        return _Grant(memory, by_claims=True, claimed={u: frozenset(k) for u, k in claimed.items()})
 
     def _named(self, pod: wire.Pod) -> set[str]:
         """The UUIDs of the device plugin's GPUs known to be the pod's: the kubelet's word and the pod's report."""
