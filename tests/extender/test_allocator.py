@@ -220,6 +220,45 @@ async def test_a_claim_sharegpu_cannot_allocate_keeps_its_pod_gated_and_says_why
     assert "CEL selectors are not supported" in event["message"]
 
 
+async def test_a_container_that_would_get_several_of_sharegpus_devices_keeps_its_pod_gated(
+    harness: Callable[..., Any],
+) -> None:
+    h: Harness = await harness(nodes=0, gpus=2, dra=1)
+    two = builders.MakeClaim("two").ask(300, "1Gi", request="a").ask(300, "1Gi", request="b").obj()
+    for claim in (two, builders.MakeClaim("x").ask(300, "1Gi").obj(), builders.MakeClaim("y").ask(300, "1Gi").obj()):
+        h.server.put_object(CLAIMS, claim)
+    # One container using two claims; one using a claim of two requests; each refused with why.
+    both = builders.MakePod("both", "ns").container().claim("x", "gx").claim("y", "gy").gate()
+    h.server.put_object(paths.pods("ns"), both.obj())
+    h.server.put_object(paths.pods("ns"), builders.MakePod("pair", "ns").container().claim("two").gate().obj())
+    await settle(h.server)
+    await run(h)
+    said = {e["involvedObject"]["name"]: e["message"] for e in h.server.list_objects(paths.events("ns"))
+            if e["reason"] == "ClaimNotAllocated"}  # fmt: skip
+    assert said["both"].endswith(
+        "container main would get 2 requests of sharegpu's class (x/gpu, y/gpu), but a container takes one: "
+        "ask for several GPUs in one request (count), or give each request its own container"
+    ), said["both"]
+    assert "container main would get 2 requests of sharegpu's class (two/a, two/b)" in said["pair"]
+    assert not results(h, "x") and not results(h, "two") and gates(h, "both") == [names.DRA_GATE]
+    # Each request its own container (the container names one request): placed.
+    split = builders.MakePod("split", "ns").container("a").container("b").claim("two", "g")
+    body = split.gate().obj()
+    for container, request in zip(body["spec"]["containers"], ("a", "b"), strict=True):
+        container["resources"] = {"claims": [{"name": "g", "request": request}]}
+    h.server.remove_object(paths.pod("ns", "pair"))
+    h.server.put_object(paths.pods("ns"), body)
+    await settle(h.server)
+    await run(h)
+    assert len(results(h, "two")) == 2 and gates(h, "split") == []
+    # One request of two GPUs is one device: placed.
+    h.server.put_object(CLAIMS, builders.MakeClaim("wide").ask(300, "1Gi", count=2).obj())
+    h.server.put_object(paths.pods("ns"), builders.MakePod("wide", "ns").container().claim("wide").gate().obj())
+    await settle(h.server)
+    await run(h)
+    assert len(results(h, "wide")) == 2 and gates(h, "wide") == []
+
+
 async def test_a_pod_s_node_selector_and_taints_choose_among_the_dra_nodes(harness: Callable[..., Any]) -> None:
     h: Harness = await harness(nodes=0, dra=2)
     await claimed(h, "a", 300, nodeSelector={"kubernetes.io/hostname": "d1"})
@@ -301,8 +340,8 @@ async def test_a_pod_s_claims_go_to_one_node_all_of_them_or_none(harness: Callab
     h: Harness = await harness(nodes=0, gpus=1, dra=2)
     for name in ("x", "y", "z"):
         h.server.put_object(CLAIMS, builders.MakeClaim(name).ask(600, "1Gi").obj())
-    both = builders.MakePod("both", "ns").container().claim("x", "first").claim("y", "second").gate()
-    h.server.put_object(paths.pods("ns"), both.obj())
+    both = builders.MakePod("both", "ns").container().container("other").claim("x", "first")
+    h.server.put_object(paths.pods("ns"), both.claim("y", "second", container=1).gate().obj())
     await settle(h.server)
     await run(h)
     assert not results(h, "x") and not results(h, "y"), "two 600-milli shares fit no one-GPU node together"

@@ -300,6 +300,9 @@ class Record:
     """Its preemption policy lets it preempt others (not `Never`)."""
     claims: tuple[ClaimRef, ...] = ()
     """Its `spec.resourceClaims` (DRA), each with the claim it names or that was made for it."""
+    container_claims: tuple[tuple[str, tuple[wire.ContainerClaim, ...]], ...] = ()
+    """(container name, its `resources.claims`) of each container (init containers first) that uses
+    a claim."""
     gate: int = -1
     """Where sharegpu's scheduling gate (`names.DRA_GATE`) is in its `spec.schedulingGates` (-1: not
     there): the allocator removes it by that position, after checking it is still there."""
@@ -398,6 +401,7 @@ def record(pod: wire.Pod, previous: Record | None = None) -> Record:
         priority=pod.spec.priority or 0,
         preempts=pod.spec.preemption_policy != NEVER,
         claims=claim_refs(pod) if pod.spec.resource_claims else (),
+        container_claims=tuple((c.name, tuple(c.resources.claims)) for _, c in containers(pod) if c.resources.claims),
         gate=next((i for i, g in enumerate(pod.spec.scheduling_gates) if g.name == names.DRA_GATE), -1),
         terms=constraints.PodTerms.of(pod.spec) if pod.spec.resource_claims else None,
     )

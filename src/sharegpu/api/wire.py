@@ -112,9 +112,18 @@ class WatchEvent(Message, kw_only=True, frozen=True):
 # ----------------------------------------------------------------- pods
 
 
+class ContainerClaim(Message, kw_only=True, frozen=True):
+    """One of a container's `resources.claims`: a pod claim entry by name, and one request of it ("":
+    every request of the claim)."""
+
+    name: str
+    request: str = ""
+
+
 class ResourceRequirements(Message, kw_only=True, frozen=True):
     limits: dict[str, Quantity] = {}
     requests: dict[str, Quantity] = {}
+    claims: list[ContainerClaim] = []
 
     def merged(self) -> dict[str, Quantity]:
         """Requests overlaid with limits (limits win): what a container asks for."""

@@ -61,7 +61,7 @@ import logging
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -282,6 +282,7 @@ class ClaimAllocator:
         if claims is None:
             return None
         problems = [c.problem for c in claims if c.problem is not None]
+        problems += _crowded(record, claims)
         if problems:
             await self._say(record, "; ".join(problems))
             return None
@@ -573,3 +574,28 @@ class ClaimAllocator:
             self.unused_since.pop(key, None)
             self.metrics.claims.labels("cleared").inc()
             log.warning("claim %s: allocated for %.0f s with no pod using or waiting for it; cleared", key, now - since)
+
+
+def _crowded(record: pods.Record, claims: Sequence[dra.ClaimRecord]) -> list[str]:
+    """Why a container of the pod would get more than one of sharegpu's devices: each of a claim's
+    requests is one CDI device, and each device sets the container's NVIDIA_VISIBLE_DEVICES, its
+    unindexed memory limit and its MPS pipe, of which the runtime keeps the last. One request of
+    several GPUs (count: 2) is one device, and gets them all."""
+    ours = {c.name: c for c in claims}
+    claim_of = {ref.name: ours[ref.claim] for ref in record.claims if ref.claim in ours}
+    out = []
+    for container, used in record.container_claims:
+        asks = [
+            f"{claim_of[u.name].name}/{request}"
+            for u in used
+            if u.name in claim_of
+            for request, _ in claim_of[u.name].asks
+            if not u.request or u.request == request
+        ]
+        if len(asks) > 1:
+            out.append(
+                f"container {container} would get {len(asks)} requests of sharegpu's class ({', '.join(asks)}), "
+                "but a container takes one: ask for several GPUs in one request (count), or give each "
+                "request its own container"
+            )
+    return out
