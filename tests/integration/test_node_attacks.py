@@ -12,13 +12,13 @@ from typing import Any
 
 import pytest
 
-from sharegpu.api import dra, groups, names, paths, pods
+from sharegpu.api import dra, groups, names, paths, pods, wire
 from sharegpu.core import units
 from sharegpu.devcluster import controlplane, stack
 from sharegpu.extender import reservations
-from sharegpu.kube import client
+from sharegpu.kube import client, leader
 from sharegpu.kube import errors as kube_errors
-from tests.builders import MakeDevice, MakeNode, MakePod
+from tests.builders import MakeAllocation, MakeClaim, MakeDevice, MakeNode, MakePod
 from tests.integration.conftest import RunningWebhook, get_or_none, wait_for
 
 Json = dict[str, Any]
@@ -266,3 +266,67 @@ async def test_the_controller_changes_only_the_groups_labels_of_a_node(
                           "changes only the SharedDeviceGroups' labels")  # fmt: skip
     finally:
         await controller.close()
+
+
+async def test_an_old_leaders_claim_write_that_arrives_after_the_lease_moved_is_refused(
+    admin: client.KubeClient, control_plane: controlplane.ControlPlane, two_nodes: tuple[Node, Node], namespace: str
+) -> None:
+    """Two extender replicas (their tokens bound to their pods, as in a cluster): a claim's allocation
+    written by the one that holds the Lease passes; the same write from the other, or from the first
+    once the Lease has moved (a write held in flight past the new leader's fence), is refused by the
+    API server (the `sharegpu-leader` policy)."""
+    if not await client.serves_when_answered(admin, dra.API_VERSION):
+        pytest.skip("no resource.k8s.io/v1 here: no claims")
+    here, _ = two_nodes
+    first = await bound(admin, control_plane, "extender", await here.pod(f"ext-a-{here.name}", "extender"))
+    second = await bound(admin, control_plane, "extender", await here.pod(f"ext-b-{here.name}", "extender"))
+    lease = paths.lease(SYSTEM, names.EXTENDER_LEASE)
+    before = await get_or_none(admin, lease)
+
+    async def hand_to(pod: str) -> None:
+        spec = {"holderIdentity": leader.identity(pod), "leaseDurationSeconds": 3600}
+        current = await get_or_none(admin, lease)
+        if current is None:
+            body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                    "metadata": {"name": names.EXTENDER_LEASE, "namespace": SYSTEM}, "spec": spec}  # fmt: skip
+            await admin.create(paths.leases(SYSTEM), body)
+        else:
+            current["spec"] = {**current["spec"], **spec}
+            await admin.replace(lease, current)
+
+    for name in ("lead", "other", "late", "new"):
+        await admin.create(dra.claim_path(namespace), MakeClaim(name, namespace).ask(300, "4Gi").obj())
+
+    async def allocate(kube: client.KubeClient, name: str) -> Any:
+        claim = await admin.get(dra.claim_path(namespace, name))
+        placed = MakeAllocation(f"{namespace}/{name}#claim", here.name).grant(0, 300, 4096, container="gpu").obj()
+        claim["status"] = {"allocation": dra.claim_allocation(placed, [str(uuid.uuid4())], wire.timestamp(1e9))}
+        return await kube.replace(f"{dra.claim_path(namespace, name)}/status", claim)
+
+    def passes(kube: client.KubeClient, name: str) -> Callable[[], Any]:
+        async def attempt() -> bool:
+            try:
+                await allocate(kube, name)
+            except kube_errors.ForbiddenError:
+                return False  # the policy has not read the Lease's new holder yet
+            return True
+
+        return attempt
+
+    try:
+        await hand_to(f"ext-a-{here.name}")
+        await wait_for(passes(first, "lead"), what="the leader's write let through")
+        await refused(lambda: allocate(second, "other"), f"pod ext-b-{here.name} does not")
+        await hand_to(f"ext-b-{here.name}")  # the leader changes while ext-a's write is in flight
+        await wait_for(passes(second, "new"), what="the new leader's write let through")
+        await refused(lambda: allocate(first, "late"), "only the extender that holds the Lease sharegpu-extender")
+        assert not ((await admin.get(dra.claim_path(namespace, "late"))).get("status") or {}).get("allocation")
+    finally:
+        await first.close()
+        await second.close()
+        if before is None:
+            await admin.delete(lease)
+        else:
+            current = await admin.get(lease)
+            current["spec"] = before["spec"]
+            await admin.replace(lease, current)

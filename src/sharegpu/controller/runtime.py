@@ -20,9 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import secrets
-import socket
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
@@ -85,7 +82,7 @@ class Controller:
     def __init__(self, api: client.KubeApi, options: Options, clock: Callable[[], float] = time.time) -> None:
         self.api = api
         self.options = options
-        self.identity = options.identity or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(2)}"
+        self.identity = options.identity or leader.identity()
         self.recorder = kube_events.Recorder(api, names.CONTROLLER, self.identity, clock)
         self.budgets = budgets.BudgetReconciler(api, self.recorder, clock, write_every=options.write_every)
         self.ids = inventory.GpuIds()

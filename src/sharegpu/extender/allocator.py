@@ -48,6 +48,8 @@ Then the takeovers and leftovers:
 
 A new leader waits `fence` seconds before its first write: by then every write the previous leader
 had sent has landed or failed, and the watch shows it, so no two leaders' decisions meet on one GPU.
+A write held in flight longer than that cannot land at all: the policy `sharegpu-leader` refuses the
+extender's changes of claims from any pod but the Lease holder's, when the API server handles them.
 Meanwhile it only makes missing templates (a creation cannot clash: the template exists or not), so
 the claims are made and ready when the fence ends.
 """

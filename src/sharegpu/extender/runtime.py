@@ -13,9 +13,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-import os
-import secrets
-import socket
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -87,7 +84,7 @@ class Extender:
         self.cache = extender_cache.ClusterCache(options.policy, clock=clock, shapes=options.shapes)
         self.quota = extender_quotas.QuotaGuard(self.cache)
         self.metrics.report(lambda: extender_metrics.view(self.cache, self.quota) if self.startup else None)
-        identity = options.identity or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(2)}"
+        identity = options.identity or leader.identity()
         recorder = kube_events.Recorder(api, "sharegpu-extender", identity, time.time)
         self.recorder = recorder
         self.preemptor = (

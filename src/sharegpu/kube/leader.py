@@ -10,6 +10,11 @@ anyone else may take over; one that stops cleanly releases the Lease so the next
 
 `leading` is set while this process leads; `run_while_leading` runs work only then and cancels it
 the moment leadership is lost.
+
+A candidate's identity (`identity`) begins with its pod's name and `SEPARATOR`, which no pod name
+holds: the ValidatingAdmissionPolicy `sharegpu-leader` lets the extender's writes of claims through
+only from the pod whose name begins the Lease's holder, so a write an old leader sent is refused if
+it arrives after another took the Lease, however late.
 """
 
 from __future__ import annotations
@@ -18,15 +23,28 @@ import asyncio
 import contextlib
 import datetime
 import logging
+import os
+import secrets
+import socket
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from sharegpu.api import paths, wire
 from sharegpu.kube import client, errors, informer
 
 log = logging.getLogger(__name__)
 Json = dict[str, Any]
+
+
+SEPARATOR: Final = "_"
+"""Between the pod's name and the rest of an identity (a pod's name is a DNS subdomain: never "_")."""
+
+
+def identity(pod: str | None = None) -> str:
+    """This process's identity as a candidate: `<pod>_<pid>-<4 hex>`, the pod's name being the host's
+    (a pod's hostname is its name) unless given, so two processes of one pod differ too."""
+    return f"{pod or socket.gethostname()}{SEPARATOR}{os.getpid()}-{secrets.token_hex(2)}"
 
 
 def _micro_time() -> str:
