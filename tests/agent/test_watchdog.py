@@ -4,7 +4,7 @@ what to do about them pass after pass."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Final
 
 import pytest
 from hypothesis import given, settings
@@ -204,12 +204,19 @@ def test_a_device_plugin_pod_without_an_allocation_holds_what_it_was_given() -> 
     assert [v.uuid for v in result.violations] == ["GPU-2"]
 
 
-def test_a_group_member_holds_what_the_groups_holder_holds() -> None:
-    group = {names.LABEL_GROUP_NAMESPACE: "team", names.LABEL_GROUP_NAME: "pair"}
-    holder = pod(
+GROUP: Final = {names.LABEL_GROUP_NAMESPACE: "team", names.LABEL_GROUP_NAME: "pair"}
+
+
+def group_holder() -> wire.Pod:
+    """The holder pod of SharedDeviceGroup team/pair: 8192 MiB of GPU 0."""
+    return pod(
         "holder", namespace=names.HOLDING_NAMESPACE, alloc=grants((0, 8192)), limits=SHARE,
-        labels={names.LABEL_ROLE: names.ROLE_GROUP_HOLDER, **group},
+        labels={names.LABEL_ROLE: names.ROLE_GROUP_HOLDER, **GROUP},
     )  # fmt: skip
+
+
+def test_a_group_member_holds_what_the_groups_holder_holds() -> None:
+    group, holder = GROUP, group_holder()
     member = pod("m", namespace="team", labels=group)
     known = {("team", "pair"): frozenset({"team"})}
     result = run([(50, 0, 8000), (51, 1, 10)], {50: "m", 51: "m"}, by_uid(holder, member), groups=known)
@@ -224,11 +231,7 @@ def test_a_group_member_holds_what_the_groups_holder_holds() -> None:
 def test_a_pod_labelled_with_a_group_that_does_not_admit_it_is_judged_on_its_own() -> None:
     """A label is anyone's to set (a namespace the webhook skips, a group removed from its members):
     outside the namespaces the group admits, or naming no group, a pod gets nothing of the holder's."""
-    group = {names.LABEL_GROUP_NAMESPACE: "team", names.LABEL_GROUP_NAME: "pair"}
-    holder = pod(
-        "holder", namespace=names.HOLDING_NAMESPACE, alloc=grants((0, 8192)), limits=SHARE,
-        labels={names.LABEL_ROLE: names.ROLE_GROUP_HOLDER, **group},
-    )  # fmt: skip
+    group, holder = GROUP, group_holder()
     intruder = pod("m", namespace="elsewhere", labels=group)
     for groups in ({("team", "pair"): frozenset({"team", "friends"})}, {}):
         result = run([(50, 0, 8000)], {50: "m"}, by_uid(holder, intruder), groups=groups)

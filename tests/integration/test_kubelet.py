@@ -20,7 +20,7 @@ import shutil
 import subprocess
 import tempfile
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -63,6 +63,30 @@ class RealNode:
         path = self.folder / "nvml.yaml"
         write_nvml(path, NVML_FILE)
         return fakenvml.FakeNvml(path)
+
+    @property
+    def plugin_paths(self) -> draplugin.Paths:
+        """Where the agent serves the DRA plugin for this kubelet, and writes its CDI specs."""
+        return draplugin.Paths.under(self.root / "plugins", self.root / "plugins_registry", self.cdi_dir)
+
+    async def claim_pod(self, admin: client.KubeClient, namespace: str) -> Json:
+        """Claim `c` (300 milli, 4 GiB of sharegpu's class) and pod `p` using it, gated, bound for this node."""
+        await admin.create(dra.claim_path(namespace), builders.MakeClaim("c", namespace).ask(300, "4Gi").obj())
+        made = builders.MakePod("p", namespace).scheduler().grace(0)
+        made.node_selector({"kubernetes.io/hostname": self.name}).container(image="busybox").claim("c").gate()
+        body = made.obj()
+        body["spec"]["automountServiceAccountToken"] = False
+        pod: Json = await admin.create(paths.pods(namespace), body)
+        return pod
+
+    def running(self, admin: client.KubeClient, namespace: str) -> Callable[[], Awaitable[bool]]:
+        """Whether pod `p` runs: Running, and its container in this node's runtime."""
+
+        async def check() -> bool:
+            found = await admin.get(paths.pod(namespace, "p"))
+            return found["status"].get("phase") == "Running" and bool(self.cri.running(namespace, "p"))
+
+        return check
 
 
 def _unmount_under(folder: Path) -> None:
@@ -130,7 +154,7 @@ async def test_the_real_kubelet_prepares_a_claim_through_the_plugin_and_the_runt
     agent: agent_runtime.Agent | None = None
     async with real_node(admin, control_plane, namespace) as node:
         try:
-            plugin_paths = draplugin.Paths.under(node.root / "plugins", node.root / "plugins_registry", node.cdi_dir)
+            plugin_paths = node.plugin_paths
             options = agent_runtime.Options(interval=0.5, dra=True, dra_plugin=plugin_paths)
             agent = agent_runtime.Agent(kube, node.name, node.nvml().open(), options)
             await agent.start()
@@ -144,12 +168,7 @@ async def test_the_real_kubelet_prepares_a_claim_through_the_plugin_and_the_runt
             await wait_for(lambda: get_or_none(admin, dra.slice_path(node.name)), what="the node's ResourceSlice")
 
             claims = dra.claim_path(namespace)
-            await admin.create(claims, builders.MakeClaim("c", namespace).ask(300, "4Gi").obj())
-            made = builders.MakePod("p", namespace).scheduler().grace(0)
-            made.node_selector({"kubernetes.io/hostname": node.name}).container(image="busybox").claim("c").gate()
-            body = made.obj()
-            body["spec"]["automountServiceAccountToken"] = False
-            await admin.create(paths.pods(namespace), body)
+            await node.claim_pod(admin, namespace)
 
             async def bound() -> str | None:
                 found = await admin.get(paths.pod(namespace, "p"))
@@ -171,11 +190,7 @@ async def test_the_real_kubelet_prepares_a_claim_through_the_plugin_and_the_runt
             assert f"{names.DOMAIN}/claim" == written["kind"]
             assert f"NVIDIA_VISIBLE_DEVICES=GPU-{index}" in written["devices"][0]["containerEdits"]["env"]
 
-            async def running() -> bool:
-                found = await admin.get(paths.pod(namespace, "p"))
-                return found["status"].get("phase") == "Running" and bool(node.cri.running(namespace, "p"))
-
-            await explained(control_plane, node, running, "the kubelet ran the pod's container")
+            await explained(control_plane, node, node.running(admin, namespace), "the kubelet ran the pod's container")
             # What the runtime gave the container: the GPU the claim holds (the toolkit's CDI device, its
             # device node) and the hand-off's variables from sharegpu's spec, both named by the kubelet.
             (container,) = node.cri.running(namespace, "p").values()
@@ -206,28 +221,17 @@ async def test_the_real_kubelets_dra_pod_is_judged_by_its_claim_left_alone_withi
     agent: agent_runtime.Agent | None = None
     async with real_node(admin, control_plane, namespace) as node:
         try:
-            plugin_paths = draplugin.Paths.under(node.root / "plugins", node.root / "plugins_registry", node.cdi_dir)
             proc = node.folder / "proc"
             proc.mkdir()
             nvml = node.nvml()
             options = agent_runtime.Options(
-                interval=0.3, dra=True, dra_plugin=plugin_paths, on_violation=watchdog.Action.EVICT, proc=proc
+                interval=0.3, dra=True, dra_plugin=node.plugin_paths, on_violation=watchdog.Action.EVICT, proc=proc
             )
             agent = agent_runtime.Agent(kube, node.name, nvml.open(), options)
             await agent.start()
             await wait_for(lambda: get_or_none(admin, dra.slice_path(node.name)), what="the node's ResourceSlice")
-            await admin.create(dra.claim_path(namespace), builders.MakeClaim("c", namespace).ask(300, "4Gi").obj())
-            made = builders.MakePod("p", namespace).scheduler().grace(0)
-            made.node_selector({"kubernetes.io/hostname": node.name}).container(image="busybox").claim("c").gate()
-            body = made.obj()
-            body["spec"]["automountServiceAccountToken"] = False
-            pod = await admin.create(paths.pods(namespace), body)
-
-            async def running() -> bool:
-                found = await admin.get(paths.pod(namespace, "p"))
-                return found["status"].get("phase") == "Running" and bool(node.cri.running(namespace, "p"))
-
-            await explained(control_plane, node, running, "the kubelet ran the DRA pod")
+            pod = await node.claim_pod(admin, namespace)
+            await explained(control_plane, node, node.running(admin, namespace), "the kubelet ran the DRA pod")
             claim = await admin.get(dra.claim_path(namespace, "c"))
             (result,) = claim["status"]["allocation"]["devices"]["results"]
             index = int(result["device"].removeprefix("gpu-"))

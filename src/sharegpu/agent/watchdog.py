@@ -402,10 +402,7 @@ def slots(pods: Mapping[str, wire.Pod], device: wire.DeviceSpec) -> dict[int, fr
     reservation pods reported, else the Device's GPU of that index (as `promised` counts them)."""
     grants = _Grants(pods, device, {})
     indexes = set(grants.by_index) | set(grants.reserved)
-    return {
-        i: frozenset(grants.reserved.get(i) or ({grants.by_index[i]} if i in grants.by_index else set()))
-        for i in indexes
-    }
+    return {i: frozenset(grants.slot(i)) for i in indexes}
 
 
 @dataclass(frozen=True, slots=True)
@@ -491,13 +488,18 @@ class _Grants:
         elif alloc is not None:
             for index, (_, mib) in alloc.gpu_usage().items():
                 limited = all(g.memory_mib for c in alloc.containers for g in c.devices if g.index == index)
-                slot = self.reserved.get(index) or ({self.by_index[index]} if index in self.by_index else set())
+                slot = self.slot(index)
                 memory.update(dict.fromkeys(slot, mib if limited else None))
         if not whole:
             return _Grant(memory)
         named = self._named(pod)
         memory.update({uuid: self.capacity.get(uuid) for uuid in named})
         return _Grant(memory, unnamed=not named)
+
+    def slot(self, index: int) -> set[str]:
+        """The UUIDs GPU index `index` of the allocations stands for: what its reservation pods reported,
+        else the Device's GPU of that index (none where neither is known)."""
+        return self.reserved.get(index) or ({self.by_index[index]} if index in self.by_index else set())
 
     def _claimed(self, pod: wire.Pod) -> _Grant:
         """What the claims a pod uses hold, summed per GPU; not judged while any of them is unknown
