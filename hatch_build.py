@@ -18,6 +18,7 @@ PROTOS = (
     "sharegpu/agent/podresources.proto",
     "sharegpu/agent/draplugin.proto",
     "sharegpu/agent/pluginregistration.proto",
+    "sharegpu/agent/csi.proto",
     "sharegpu/devcluster/cri.proto",
     "sharegpu/devcluster/deviceplugin.proto",
 )

@@ -83,7 +83,7 @@ async def test_the_kubelet_learns_what_the_plugin_is_and_tells_it_the_outcome(se
         said = []
         for registered, error in ((False, "driver name taken"), (True, "")):
             await setup.kubelet.notify(registered, error)
-            said.append((plugin.registered, plugin.registration_error))
+            said.append((plugin.registration.registered, plugin.registration.error))
         assert said == [(False, "driver name taken"), (True, "")]
     finally:
         await plugin.stop()
@@ -234,7 +234,7 @@ async def test_a_claim_that_cannot_be_prepared_is_answered_with_its_reason(setup
 async def test_a_registration_socket_that_went_is_served_again(setup: Setup) -> None:
     plugin = setup.plugin()
     await plugin.start()
-    keeper = asyncio.create_task(plugin.keep_registered(every=0.05))
+    keeper = asyncio.create_task(plugin.registration.keep(every=0.05))
     try:
         setup.paths.registration_socket.unlink()
         for _ in range(100):

@@ -73,8 +73,8 @@ def test_the_layout_names_each_gpus_directories() -> None:
         "CUDA_MPS_PIPE_DIRECTORY": "/run/x/GPU-a1/pipe",
         "CUDA_MPS_LOG_DIRECTORY": "/run/x/GPU-a1/log",
     }
-    assert mps.Layout().pipe("GPU-a1") == Path(handoff.MPS_HOST_ROOT, handoff.mps_directory("GPU-a1"), "pipe"), (
-        "where the webhook's subPathExpr mount finds it"
+    assert mps.Layout().tenant("GPU-a1") == Path(handoff.mps_tenant_folder("GPU-a1")), (
+        "where the DRA path's CDI spec mounts it from"
     )
     assert mps.Layout().pipe("GPU-a1") == Path("/run/sharegpu/mps/GPU-a1/pipe")
 

@@ -190,7 +190,8 @@ async def test_the_rendered_components_run_and_place_a_gpu_pod(
     agent_health = controlplane.free_port()
     rendered = container(docs, "DaemonSet", "sharegpu-agent")["args"]
     processes.start("agent", sharegpu([
-        *localize(rendered, NODE_NAME=node.name), "--fake-nvml", str(nvml), "--kubelet-socket", "",
+        # No kubelet here to register the volume plugin (test_kubelet.py runs it under a real one).
+        *localize(rendered, NODE_NAME=node.name), "--fake-nvml", str(nvml), "--kubelet-socket", "", "--no-volumes",
         "--host=127.0.0.1", f"--health-port={agent_health}", "--hami-core-dir", str(tmp_path / "hami"),
         "--kubeconfig", str(control_plane.kubeconfig("sharegpu-agent")),
     ]))  # fmt: skip

@@ -162,7 +162,7 @@ async def test_the_real_kubelet_prepares_a_claim_through_the_plugin_and_the_runt
             assert plugin is not None
 
             async def plugin_registered() -> bool:
-                return plugin.registered is True
+                return plugin.registration.registered is True
 
             await wait_for(plugin_registered, timeout=60, what="the kubelet registered sharegpu's DRA plugin")
             await wait_for(lambda: get_or_none(admin, dra.slice_path(node.name)), what="the node's ResourceSlice")

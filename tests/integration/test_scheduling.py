@@ -484,7 +484,7 @@ async def test_isolation_demands_place_only_where_offered_and_hand_offs_match_th
     uuid = wired["main.NVIDIA_VISIBLE_DEVICES"]
     assert wired == {
         "main.NVIDIA_VISIBLE_DEVICES": uuid, "main.CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "30",
-        "main.CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=1024M", "main.SHAREGPU_MPS_GPU": uuid,
+        "main.CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=1024M",
         "main.SHAREGPU_PRELOAD": "",
     }  # fmt: skip
     preloaded = await wait_for(lambda: data("sharegpu-handoff-hami"), what="HAMi-core pod's hand-off")

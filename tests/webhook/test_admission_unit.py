@@ -453,25 +453,23 @@ def test_a_group_with_live_members_cannot_be_deleted() -> None:
 def test_a_pod_demanding_mps_is_wired_to_its_gpu_s_mps_directory() -> None:
     pod = sharing_pod({names.ISOLATION: "mps"})
     out = applied(pod, admission.mutate(review(pod), POLICY))
-    cm = out["metadata"]["annotations"][names.HANDOFF]
+    assert out["metadata"]["annotations"][names.HANDOFF].startswith(names.HANDOFF_PREFIX)
     main = out["spec"]["containers"][0]
     env = {e["name"]: e for e in main["env"]}
-    assert env["SHAREGPU_MPS_GPU"]["valueFrom"]["configMapKeyRef"] == {
-        "name": cm, "key": "main.SHAREGPU_MPS_GPU", "optional": False,
-    }, "required: the mount's subPathExpr needs it"  # fmt: skip
+    assert "SHAREGPU_MPS_GPU" not in env, "the GPU's folder is chosen node-side, not by a variable"
     assert env["CUDA_MPS_PIPE_DIRECTORY"]["value"] == "/run/sharegpu/mps/pipe"
     assert main["volumeMounts"] == [
-        {"name": "sharegpu-mps", "mountPath": "/run/sharegpu/mps", "subPathExpr": "$(SHAREGPU_MPS_GPU)/tenant",
-         "readOnly": True}
+        {"name": "sharegpu-mps-0", "mountPath": "/run/sharegpu/mps", "readOnly": True}
     ], "the GPU's tenant folder (a link to the daemon's control socket alone), read-only"  # fmt: skip
     assert "CUDA_MPS_LOG_DIRECTORY" not in env
     assert out["spec"]["volumes"] == [
-        {"name": "sharegpu-mps", "hostPath": {"path": "/run/sharegpu/mps", "type": "Directory"}}
-    ]
+        {"name": "sharegpu-mps-0", "csi": {"driver": "volumes.sharegpu.io", "readOnly": True,
+                                           "volumeAttributes": {"folder": "mps", "container": "main"}}}
+    ], "an inline volume the agent binds from the node: no hostPath, so PodSecurity restricted admits it"  # fmt: skip
     assert admission.validate(review(out), POLICY).response.allowed
     assert applied(out, admission.mutate(review(out), POLICY)) == out, "reinvocation changes nothing"
     plain = applied(sharing_pod(), admission.mutate(review(sharing_pod()), POLICY))
-    assert "volumes" not in plain["spec"], "no hostPath for pods that do not demand MPS"
+    assert "volumes" not in plain["spec"], "no node folder for pods that do not demand MPS"
 
 
 def test_an_unknown_or_misplaced_isolation_demand_is_refused_naming_it() -> None:
@@ -654,3 +652,26 @@ def test_a_gpu_pod_for_a_scheduler_sharegpu_does_not_take_over_is_refused_and_on
     cpu = MakePod("p", "ns").container(image="x").obj()
     cpu["spec"]["schedulerName"] = "my-scheduler"
     assert _admitted(cpu).response.allowed, "a pod asking for no GPU goes where it likes"
+
+
+def test_a_pods_gpu_request_annotations_cannot_change_after_creation_but_others_can() -> None:
+    """The node reads a placed pod's isolation demand (which MPS folder it may mount, which ceiling it
+    raises): a tenant who changed it after placement would reach what it was not placed for."""
+    pod = sharing_pod({names.ISOLATION: "hami-core"})
+    made = applied(pod, admission.mutate(review(pod), POLICY))
+    for key, value in ((names.ISOLATION, "mps"), (names.LIMIT_MILLI, "1000"), (names.ISOLATION, None)):
+        changed = copy.deepcopy(made)
+        if value is None:
+            del changed["metadata"]["annotations"][key]
+        else:
+            changed["metadata"]["annotations"][key] = value
+        refused = admission.validate(_review(changed, "UPDATE", made), POLICY)
+        assert f"annotation {key} is part of the pod's GPU request and cannot change after creation" in _refusal(
+            refused
+        )
+        system = _review(changed, "UPDATE", made)
+        system["request"]["userInfo"]["username"] = next(iter(POLICY.system_users))
+        assert admission.validate(system, POLICY).response.allowed, "sharegpu's own accounts are not judged"
+    labelled = copy.deepcopy(made)
+    labelled["metadata"]["annotations"]["team"] = "a"
+    assert admission.validate(_review(labelled, "UPDATE", made), POLICY).response.allowed

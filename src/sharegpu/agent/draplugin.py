@@ -15,12 +15,8 @@ Two gRPC services, each on a unix socket:
   the same file, unpreparing one that is gone is done. The spec also records which claim it is and
   what it holds per GPU (`api.cdi.PreparedClaim`, an annotation); `claims` keeps those, read back
   from the files at `start`, for the usage watchdog to judge the pods that use them.
-- **Registration** (`pluginregistration.Registration`) on `<plugins_registry>/<driver>-reg.sock`:
-  `GetInfo` says what the plugin is (type `DRAPlugin`, the driver, the socket above, the versions it
-  serves); `NotifyRegistrationStatus` is logged, a refusal with its reason. The kubelet finds the
-  socket by watching that directory; a kubelet that restarts scans it again. The agent checks every
-  few seconds that its registration socket is still there and serves a new one where it is not
-  (a directory cleaned by hand, a kubelet that removed it).
+- **Registration** on `<plugins_registry>/<driver>-reg.sock` (`agent.registration`: type
+  `DRAPlugin`, the driver, the socket above, the versions it serves), kept served while the agent runs.
 
 Errors per claim go back in the answer (`error`), naming the claim and what is wrong; the kubelet
 retries them. Nothing here raises into gRPC.
@@ -42,7 +38,7 @@ import grpc
 import orjson
 
 from sharegpu.agent import draplugin_pb2 as pb
-from sharegpu.agent import pluginregistration_pb2 as reg
+from sharegpu.agent import registration
 from sharegpu.api import cdi, dra, handoff, wire
 from sharegpu.core import errors
 from sharegpu.kube import client
@@ -56,12 +52,9 @@ REGISTRY_DIR: Final = Path("/var/lib/kubelet/plugins_registry")
 CDI_DIR: Final = Path("/var/run/cdi")
 SERVICES: Final = ("k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin", "k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin")
 VERSIONS: Final = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
-REGISTRATION: Final = "pluginregistration.Registration"
 PLUGIN_TYPE: Final = "DRAPlugin"
 PREPARE: Final = "NodePrepareResources"
 UNPREPARE: Final = "NodeUnprepareResources"
-GET_INFO: Final = "GetInfo"
-NOTIFY: Final = "NotifyRegistrationStatus"
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,11 +93,10 @@ class DraPlugin:
         self.claims: dict[tuple[str, str], cdi.PreparedClaim] | None = None
         """(namespace, name) -> each claim prepared here, from its spec (None until read at `start`):
         what the watchdog judges the pods that use it by."""
-        self.registered: bool | None = None
-        """What the kubelet last said of the registration (None: nothing yet)."""
-        self.registration_error = ""
+        self.registration = registration.Registration(
+            paths.registration_socket, PLUGIN_TYPE, dra.DRIVER, paths.plugin_socket, VERSIONS
+        )
         self._plugin: grpc.aio.Server | None = None
-        self._registration: grpc.aio.Server | None = None
 
     # ----------------------------------------------------------------- serving
 
@@ -126,60 +118,13 @@ class DraPlugin:
         )
         handlers = [grpc.method_handlers_generic_handler(s, {PREPARE: prepare, UNPREPARE: unprepare}) for s in SERVICES]
         self._plugin = await unixgrpc.serve(self.paths.plugin_socket, handlers)
-        await self._register()
-
-    async def _register(self) -> None:
-        info = grpc.unary_unary_rpc_method_handler(
-            self._get_info,
-            request_deserializer=reg.InfoRequest.FromString,
-            response_serializer=reg.PluginInfo.SerializeToString,
-        )
-        notify = grpc.unary_unary_rpc_method_handler(
-            self._notify,
-            request_deserializer=reg.RegistrationStatus.FromString,
-            response_serializer=reg.RegistrationStatusResponse.SerializeToString,
-        )
-        handler = grpc.method_handlers_generic_handler(REGISTRATION, {GET_INFO: info, NOTIFY: notify})
-        self._registration = await unixgrpc.serve(self.paths.registration_socket, [handler])
-        log.info("DRA plugin %s: serving %s, registration at %s", dra.DRIVER, self.paths.plugin_socket,
-                 self.paths.registration_socket)  # fmt: skip
-
-    async def keep_registered(self, every: float = 5.0) -> None:
-        """Serve a new registration socket whenever the one served is gone (until cancelled)."""
-        while True:
-            await asyncio.sleep(every)
-            if not self.paths.registration_socket.exists():
-                log.warning("DRA plugin: registration socket %s is gone; serving it again",
-                            self.paths.registration_socket)  # fmt: skip
-                await unixgrpc.stop(self._registration, None)
-                self._registration = None
-                self.registered = None
-                await self._register()
+        await self.registration.start()
 
     async def stop(self) -> None:
         """Stop both services and remove their sockets (the CDI specs stay: pods may still run)."""
-        await unixgrpc.stop(self._registration, self.paths.registration_socket)
+        await self.registration.stop()
         await unixgrpc.stop(self._plugin, self.paths.plugin_socket)
-        self._registration = self._plugin = None
-
-    # ----------------------------------------------------------------- registration
-
-    async def _get_info(self, request: reg.InfoRequest, context: Any) -> reg.PluginInfo:
-        return reg.PluginInfo(
-            type=PLUGIN_TYPE,
-            name=dra.DRIVER,
-            endpoint=str(self.paths.plugin_socket),
-            supported_versions=list(VERSIONS),
-        )
-
-    async def _notify(self, request: reg.RegistrationStatus, context: Any) -> reg.RegistrationStatusResponse:
-        self.registered = request.plugin_registered
-        self.registration_error = request.error
-        if request.plugin_registered:
-            log.info("DRA plugin %s: registered with the kubelet", dra.DRIVER)
-        else:
-            log.error("DRA plugin %s: the kubelet refused the registration: %s", dra.DRIVER, request.error)
-        return reg.RegistrationStatusResponse()
+        self._plugin = None
 
     # ----------------------------------------------------------------- prepare and unprepare
 

@@ -359,12 +359,12 @@ def handed(gpu: nvml.Gpu, milli: int, enforce: handoff.Enforcement) -> dict[str,
 
 def mps_client_env(gpu: nvml.Gpu, milli: int, layout: mps.Layout) -> dict[str, str]:
     """The hand-off's MPS variables as a process on the host sees them: the container's pipe directory
-    (in the mount of its GPU's tenant folder, SHAREGPU_MPS_GPU/tenant) mapped to that folder, no log
-    directory (a tenant has none), and the GPU made visible by UUID (the container runtime's part)."""
+    (in the mount of its GPU's tenant folder, which the agent's volume plugin binds) mapped to that
+    folder, no log directory (a tenant has none), and the GPU made visible by UUID (the container
+    runtime's part)."""
     values = handed(gpu, milli, handoff.Enforcement(mps=True))
-    folder = layout.root / values[handoff.MPS_GPU] / handoff.MPS_TENANT
     env = {key: value for key, value in values.items() if key.startswith("CUDA_")}
-    env[handoff.MPS_PIPE] = str(folder / Path(handoff.MPS_CLIENT_PIPE).relative_to(handoff.MPS_MOUNT))
+    env[handoff.MPS_PIPE] = str(layout.tenant_pipe(gpu.uuid))
     env[mps.VISIBLE_DEVICES] = gpu.uuid
     return env
 

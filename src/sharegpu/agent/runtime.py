@@ -53,6 +53,7 @@ from sharegpu.agent import (
     proof,
     publication,
     repair,
+    volumes,
     watchdog,
 )
 from sharegpu.api import cdi, dra, handoff, names, paths, resources, wire
@@ -97,6 +98,9 @@ class Options:
     """Also publish the node's GPUs as a ResourceSlice of sharegpu's DRA driver (`agent.publication`)."""
     dra_plugin: draplugin.Paths | None = None
     """With `dra`: serve the kubelet's DRA plugin on these sockets (`agent.draplugin`); None: not served."""
+    volumes: volumes.Paths | None = None
+    """Serve the kubelet's CSI plugin that binds sharing pods' node folders on these sockets
+    (`agent.volumes`); None: not served (such pods of the extender path cannot start here)."""
 
 
 class Agent:
@@ -110,6 +114,7 @@ class Agent:
         supervisor: mps.Supervisor | None = None,
         kubelet: podresources.PodResources | None = None,
         prover: proof.Prover | None = None,
+        mounter: volumes.Mounter | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
     ) -> None:
@@ -133,6 +138,18 @@ class Agent:
             else None
         )
         """The kubelet's DRA plugin of this node (prepares sharegpu's claims); None: not served."""
+        folders = volumes.Folders(supervisor.layout if supervisor is not None else None, options.hami_core_dir)
+        self.volumes = (
+            volumes.VolumesPlugin(
+                node,
+                options.volumes,
+                lambda context: volumes.resolve(context, self._live(), self.written, folders),
+                mounter,
+            )
+            if options.volumes is not None
+            else None
+        )
+        """The kubelet's CSI plugin of this node (binds sharing pods' node folders); None: not served."""
         self.repair = (
             repair.DriftRepair(api, kubelet, self.warnings, options.drift_grace, wall) if kubelet is not None else None
         )
@@ -183,7 +200,10 @@ class Agent:
         ]
         if self.plugin is not None:
             await self.plugin.start()
-            self.tasks.append(asyncio.create_task(self.plugin.keep_registered(), name="agent-dra-registration"))
+            self.tasks.append(asyncio.create_task(self.plugin.registration.keep(), name="agent-dra-registration"))
+        if self.volumes is not None:
+            await self.volumes.start()
+            self.tasks.append(asyncio.create_task(self.volumes.registration.keep(), name="agent-volumes-registration"))
 
     async def _withdraw_slice(self) -> None:
         """Delete this node's ResourceSlice, left by the agent when it served DRA (without `--dra` no
@@ -210,6 +230,8 @@ class Agent:
         await informer.cancel(reversed(self.tasks))
         if self.plugin is not None:
             await self.plugin.stop()
+        if self.volumes is not None:
+            await self.volumes.stop()
         if self.supervisor is not None:
             await self.supervisor.stop()
 
@@ -300,8 +322,8 @@ class Agent:
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:
         """Ready once both informers listed, the last pass succeeded (within three intervals), the
-        API accepts the agent's credentials and, where it serves the kubelet's DRA plugin, the kubelet
-        has registered the plugin."""
+        API accepts the agent's credentials and the kubelet has registered the plugins the agent serves
+        (DRA, volumes)."""
         fresh = self.last_success is not None and self.clock() - self.last_success <= 3 * self.interval + 5
         refused = self.api.refused
         ready = self.pod_informer.ready and self.group_informer.ready and fresh and not refused
@@ -312,14 +334,13 @@ class Agent:
         if self.publisher is not None and self.publisher.problem:
             detail["dra"] = self.publisher.problem
         if self.plugin is not None:
-            registered = self.plugin.registered
+            registered = self.plugin.registration.registered
             # Where no claim can come (resource.k8s.io/v1 not served), the kubelet may never register it.
             ready = ready and (registered is True or (self.publisher is not None and self.publisher.unserved))
-            detail["draPlugin"] = (
-                "registered" if registered else
-                f"the kubelet refused its registration: {self.plugin.registration_error}" if registered is False else
-                "waiting for the kubelet to register it"
-            )  # fmt: skip
+            detail["draPlugin"] = self.plugin.registration.status()
+        if self.volumes is not None:
+            ready = ready and self.volumes.registration.registered is True
+            detail["volumesPlugin"] = self.volumes.registration.status()
         return ready, detail
 
     def _read(self) -> tuple[list[nvml.Gpu], list[nvml.Link], set[str]]:

@@ -16,7 +16,12 @@ not exist yet). Per container, keys `<container>.<VARIABLE>`:
   author preloads) and mounts the node's directory read-only, so the limits below take effect in every
   process of the container (other pods get the limits; an image must bring HAMi-core to apply them);
 - NVIDIA MPS limits: CUDA_MPS_ACTIVE_THREAD_PERCENTAGE and CUDA_MPS_PINNED_DEVICE_MEM_LIMIT
-  ("0=4096M,1=4096M"), and SHAREGPU_MPS_GPU (the UUID whose MPS directory the container mounts).
+  ("0=4096M,1=4096M").
+
+The node-side folders such a pod needs (its GPU's MPS tenant folder, the node's HAMi-core library)
+are not hostPaths: the webhook gives the pod inline CSI volumes of the agent's driver
+(`names.VOLUMES_DRIVER`; `mps_volume`, `hami_volume`), which the agent binds read-only from what it
+knows of the pod (`agent.volumes`), so the pod's namespace can stay PodSecurity `restricted`.
 
 `variables` says which keys a container may read; the webhook adds exactly those env references
 (`reference`; all but NVIDIA_VISIBLE_DEVICES optional), and the extender writes those of them that
@@ -41,11 +46,10 @@ SM_LIMIT: Final = "CUDA_DEVICE_SM_LIMIT"
 MEMORY_LIMIT: Final = "CUDA_DEVICE_MEMORY_LIMIT"
 MPS_THREADS: Final = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
 MPS_MEMORY: Final = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
-MPS_GPU: Final = "SHAREGPU_MPS_GPU"
-"""The GPU whose MPS directory a container mounts (the volume mount's subPathExpr reads it)."""
 MPS_PIPE: Final = "CUDA_MPS_PIPE_DIRECTORY"
 MPS_LOG: Final = "CUDA_MPS_LOG_DIRECTORY"
 MPS_VOLUME: Final = "sharegpu-mps"
+"""The prefix of a pod's MPS volumes: one per wired container, `sharegpu-mps-<position>`."""
 MPS_HOST_ROOT: Final = "/run/sharegpu/mps"
 """On the node: one directory per GPU UUID, holding `pipe/` and `log/` of its MPS control daemon."""
 MPS_MOUNT: Final = "/run/sharegpu/mps"
@@ -83,7 +87,6 @@ PROTECTED: Final = frozenset(
         MEMORY_LIMIT,
         MPS_THREADS,
         MPS_MEMORY,
-        MPS_GPU,
         PRELOAD,
         "NVIDIA_DRIVER_CAPABILITIES",
         "CUDA_VISIBLE_DEVICES",
@@ -133,9 +136,8 @@ def hides_gpus(env: wire.EnvVar) -> bool:
     return env.name == VISIBLE_DEVICES and env.value == NO_GPU and env.value_from is None
 
 
-def variables(gpu_count: int, limits_memory: bool, mps: bool = False, preload: bool = False) -> tuple[str, ...]:
-    """The hand-off variables a container with `gpu_count` shared GPUs may read (`mps`: it is wired to
-    its GPU's MPS daemon, and reads which one; that reference is required; `preload`: it preloads
+def variables(gpu_count: int, limits_memory: bool, preload: bool = False) -> tuple[str, ...]:
+    """The hand-off variables a container with `gpu_count` shared GPUs may read (`preload`: it preloads
     what SHAREGPU_PRELOAD names)."""
     out = [VISIBLE_DEVICES, SM_LIMIT, MPS_THREADS]
     if preload:
@@ -143,8 +145,6 @@ def variables(gpu_count: int, limits_memory: bool, mps: bool = False, preload: b
     if limits_memory:
         out += [MEMORY_LIMIT] if gpu_count == 1 else [f"{MEMORY_LIMIT}_{i}" for i in range(gpu_count)]
         out.append(MPS_MEMORY)
-    if mps:
-        out.append(MPS_GPU)
     return tuple(out)
 
 
@@ -156,7 +156,7 @@ class Enforcement:
     """The node has HAMi-core's library (and the pod demanded no other mode): SHAREGPU_PRELOAD names
     it, CUDA_DEVICE_SM_LIMIT and CUDA_DEVICE_MEMORY_LIMIT* are its limits."""
     mps: bool = False
-    """The node runs MPS daemons and the pod is wired to them: CUDA_MPS_* and SHAREGPU_MPS_GPU."""
+    """The node runs MPS daemons and the pod is wired to them: CUDA_MPS_*."""
 
     @classmethod
     def of(cls, offered: frozenset[devices.Isolation], demanded: devices.Isolation | None) -> Enforcement:
@@ -169,20 +169,15 @@ class Enforcement:
 EVERY_LIMIT: Final = Enforcement(hami_core=True, mps=True)
 
 
-def mps_wiring(container: dict[str, Any], configmap: str) -> None:
-    """Wire a container to the MPS daemon of the GPU it will get: that GPU's tenant folder mounted
-    read-only at `MPS_MOUNT` through subPathExpr $(SHAREGPU_MPS_GPU)/`MPS_TENANT` (a required hand-off
-    reference: the container waits for its GPU), and the MPS client's pipe directory pointing there."""
-    name = container.get("name", "")
-    env = [e for e in container.get("env") or [] if e.get("name") not in (MPS_GPU, MPS_PIPE, MPS_LOG)]
-    ref = reference(configmap, name, MPS_GPU)
-    ref["valueFrom"]["configMapKeyRef"]["optional"] = False
-    env += [ref, {"name": MPS_PIPE, "value": MPS_CLIENT_PIPE}]
+def mps_wiring(container: dict[str, Any], volume: str) -> None:
+    """Wire a container to the MPS daemon of the GPU it will get: the pod volume `volume` (`mps_volume`:
+    that GPU's tenant folder, bound by the agent) mounted read-only at `MPS_MOUNT`, and the MPS
+    client's pipe directory pointing there."""
+    env = [e for e in container.get("env") or [] if e.get("name") not in (MPS_PIPE, MPS_LOG)]
+    env.append({"name": MPS_PIPE, "value": MPS_CLIENT_PIPE})
     container["env"] = env
-    mounts = [m for m in container.get("volumeMounts") or [] if m.get("name") != MPS_VOLUME]
-    mounts.append(
-        {"name": MPS_VOLUME, "mountPath": MPS_MOUNT, "subPathExpr": f"$({MPS_GPU})/{MPS_TENANT}", "readOnly": True}
-    )
+    mounts = [m for m in container.get("volumeMounts") or [] if m.get("mountPath") != MPS_MOUNT]
+    mounts.append({"name": volume, "mountPath": MPS_MOUNT, "readOnly": True})
     container["volumeMounts"] = mounts
 
 
@@ -214,10 +209,29 @@ def preload_wiring(container: dict[str, Any]) -> str | None:
     return noted
 
 
+VOLUME_FOLDER: Final = "folder"
+"""The attribute of a volume of the agent's driver that says which folder it is (`FOLDER_*`)."""
+VOLUME_CONTAINER: Final = "container"
+"""The attribute of an MPS volume that names the container it is for (its GPU's folder is bound)."""
+FOLDER_MPS: Final = "mps"
+FOLDER_HAMI_CORE: Final = "hami-core"
+
+
+def _node_folder(name: str, attributes: dict[str, str]) -> dict[str, Any]:
+    """A pod volume the agent binds read-only from the node (`agent.volumes`)."""
+    return {"name": name, "csi": {"driver": names.VOLUMES_DRIVER, "readOnly": True, "volumeAttributes": attributes}}
+
+
 def hami_volume() -> dict[str, Any]:
     """The pod volume `preload_wiring` mounts: the node's installed library (a pod that demands
     hami-core is placed only where the agent installed it)."""
-    return {"name": HAMI_VOLUME, "hostPath": {"path": HAMI_HOST_DIR, "type": "Directory"}}
+    return _node_folder(HAMI_VOLUME, {VOLUME_FOLDER: FOLDER_HAMI_CORE})
+
+
+def mps_volume(volume: str, container: str) -> dict[str, Any]:
+    """The pod volume `volume` that `mps_wiring` mounts in container `container`: the tenant folder of
+    the GPU that container holds."""
+    return _node_folder(volume, {VOLUME_FOLDER: FOLDER_MPS, VOLUME_CONTAINER: container})
 
 
 def with_volume(spec: dict[str, Any], volume: dict[str, Any]) -> None:
@@ -241,11 +255,6 @@ def percent_of(grants: Sequence[allocation.DeviceGrant]) -> int:
 def mps_tenant_folder(uuid: str) -> str:
     """The host folder a tenant of GPU `uuid`'s daemon mounts (`MPS_TENANT` in its directory)."""
     return f"{MPS_HOST_ROOT}/{mps_directory(uuid)}/{MPS_TENANT}"
-
-
-def mps_volume() -> dict[str, Any]:
-    """The pod volume `mps_wiring` mounts: the node's MPS directories (created by the agent)."""
-    return {"name": MPS_VOLUME, "hostPath": {"path": MPS_HOST_ROOT, "type": "Directory"}}
 
 
 def key(container: str, variable: str) -> str:
@@ -296,9 +305,7 @@ def values(grants: Sequence[allocation.DeviceGrant], uuid_of: dict[int, str], en
         env[MPS_THREADS] = str(percent)
         if limits_memory:
             env[MPS_MEMORY] = ",".join(f"{position}={grant.memory_mib}M" for position, grant in enumerate(grants))
-        if len(grants) == 1:  # one daemon per GPU: a process reaches one (several GPUs are refused at admission)
-            env[MPS_GPU] = mps_directory(uuid_of[grants[0].index])
-    every = variables(len(grants), limits_memory, mps=True, preload=True)
+    every = variables(len(grants), limits_memory, preload=True)
     assert set(env) <= set(every), "hand-off values and variables disagree"
     return env
 

@@ -84,6 +84,9 @@ milli-GPU, whole GPUs at 1000; count x per-GPU memory in MiB when given in MiB),
 ResourceQuota on `requests.<name>` counts a pod of 3 GPUs at 500 milli as 1500, not 500.
 Nothing schedules by them (ignoredByScheduler; the kubelet ignores resources its node lacks)."""
 
+VOLUMES_DRIVER: Final = f"volumes.{DOMAIN}"
+"""The agent's CSI driver: the node-side folders a sharing pod mounts, as inline volumes (`agent.volumes`)."""
+
 # ----------------------------------------------------------------- annotations
 ALLOCATION: Final = f"{DOMAIN}/allocation"
 LIMIT_MILLI: Final = f"{DOMAIN}/gpu-limit-milli"

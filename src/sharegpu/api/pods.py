@@ -329,6 +329,19 @@ class Record:
         return bool(self.node) and not self.terminal and not self.deleting
 
 
+def slot_of(pod: wire.Pod) -> Slot | None:
+    """The GPU a reservation pod holds (index -1 where its slot label is not a number); None for any
+    other pod."""
+    if not is_reservation(pod):
+        return None
+    labels = pod.metadata.labels
+    try:
+        index = int(labels.get(names.LABEL_SLOT, ""))
+    except ValueError:
+        index = -1
+    return Slot(labels.get(names.LABEL_NODE, ""), index, pod.metadata.annotations.get(names.GPU_UUID))
+
+
 def record(pod: wire.Pod, previous: Record | None = None) -> Record:
     """The `Record` of a pod. Parsing is skipped for what did not change since `previous`."""
     meta = pod.metadata
@@ -339,13 +352,7 @@ def record(pod: wire.Pod, previous: Record | None = None) -> Record:
     except errors.InvalidInputError:
         host = None
     cpu, memory = host or (0, 0)
-    slot = None
-    if is_reservation(pod):
-        try:
-            index = int(meta.labels.get(names.LABEL_SLOT, ""))
-        except ValueError:
-            index = -1
-        slot = Slot(meta.labels.get(names.LABEL_NODE, ""), index, annotations.get(names.GPU_UUID))
+    slot = slot_of(pod)
     gpu = slot is None and wants_gpu(pod)
     parsed: requests.PodRequest | None = None
     problem: str | None = None

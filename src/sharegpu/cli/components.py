@@ -245,12 +245,18 @@ Dra = Annotated[
         "kubelet's DRA plugin (docs/dra.md).",
     ),
 ]
+Volumes = Annotated[
+    bool,
+    typer.Option(
+        help="Serve the kubelet's CSI plugin that binds sharing pods' node folders (their GPU's MPS tenant "
+        "folder, HAMi-core's library) into their volumes, read-only; off: such pods of the extender path "
+        "cannot start here (docs/isolation.md).",
+    ),
+]
 KubeletPluginsDir = Annotated[
-    Path, typer.Option(help="With --dra: where the kubelet's DRA plugin sockets go (the plugin's own folder under it).")
+    Path, typer.Option(help="Where the kubelet's plugin sockets go (each plugin's own folder under it).")
 ]
-KubeletRegistryDir = Annotated[
-    Path, typer.Option(help="With --dra: the kubelet's plugin registration folder (it watches it).")
-]
+KubeletRegistryDir = Annotated[Path, typer.Option(help="The kubelet's plugin registration folder (it watches it).")]
 CdiDir = Annotated[
     Path, typer.Option(help="With --dra: where the CDI specs of prepared claims go (the runtime reads it).")
 ]
@@ -282,6 +288,7 @@ def agent(
     probe_libcuda: ProbeLibcuda = "libcuda.so.1",
     probe_dir: ProbeDir = Path("/run/sharegpu/probe"),
     dra: Dra = False,
+    volumes: Volumes = True,
     kubelet_plugins_dir: KubeletPluginsDir = Path("/var/lib/kubelet/plugins"),
     kubelet_registry_dir: KubeletRegistryDir = Path("/var/lib/kubelet/plugins_registry"),
     cdi_dir: CdiDir = Path("/var/run/cdi"),
@@ -311,6 +318,7 @@ def agent(
     from sharegpu.agent import draplugin, fakenvml, nvml, podresources, proof, watchdog
     from sharegpu.agent import mps as agent_mps
     from sharegpu.agent import runtime as agent_runtime
+    from sharegpu.agent import volumes as agent_volumes
 
     configure(log_level, log_format)
     source: agent_runtime.Source
@@ -325,6 +333,7 @@ def agent(
         hami_core_dir=hami_core_dir, on_violation=action, proc=proc, slack_mib=slack_mib,
         hami_core_compute=hami_core_enforces_compute, dra=dra,
         dra_plugin=draplugin.Paths.under(kubelet_plugins_dir, kubelet_registry_dir, cdi_dir) if dra else None,
+        volumes=agent_volumes.Paths.under(kubelet_plugins_dir, kubelet_registry_dir) if volumes else None,
     )  # fmt: skip
     supervisor = agent_mps.Supervisor(mps_binary, agent_mps.Layout(mps_root), proc=proc) if mps else None
     # A fake NVML has no GPU to probe: its modes are offered unproven.

@@ -106,12 +106,13 @@ def _add_handoff(obj: Json, parsed: requests.PodRequest, audit: list[str]) -> No
     """Give a sharing pod its hand-off ConfigMap (a fresh name: no pod name or UID exists yet) and the
     env references its GPU containers read; a pod that demands isolation hami-core also preloads the
     node's library (`api.handoff.preload_wiring`), one that demands mps is wired to its GPU's MPS
-    directory (`api.handoff.mps_wiring`). Both mount a hostPath, so only pods that ask get them."""
+    daemon (`api.handoff.mps_wiring`). Both folders are volumes of the agent's CSI driver, which binds
+    them from the node (no hostPath), and only pods that ask get them."""
     name = handoff.new_name()
     obj["metadata"].setdefault("annotations", {})[names.HANDOFF] = name
     mps = parsed.demand.isolation is devices.Isolation.MPS
     preload = parsed.demand.isolation is devices.Isolation.HAMI_CORE
-    for container, request in _paired(obj, parsed):
+    for position, (container, request) in enumerate(_paired(obj, parsed)):
         gpu = request.gpu
         if gpu is None or gpu.whole:
             continue
@@ -123,11 +124,11 @@ def _add_handoff(obj: Json, parsed: requests.PodRequest, audit: list[str]) -> No
             if author is not None:
                 audit.append(f"container {request.name}: {handoff.LD_PRELOAD} {author} preloaded after HAMi-core's")
         if mps:
-            handoff.mps_wiring(container, name)
+            volume = f"{handoff.MPS_VOLUME}-{position}"
+            handoff.mps_wiring(container, volume)
+            handoff.with_volume(obj["spec"], handoff.mps_volume(volume, request.name))
     if preload:
         handoff.with_volume(obj["spec"], handoff.hami_volume())
-    if mps:
-        handoff.with_volume(obj["spec"], handoff.mps_volume())
 
 
 def quota_totals(request: requests.ContainerRequest) -> dict[str, str]:
@@ -535,6 +536,13 @@ def guard(pod: wire.Pod, old: wire.Pod | None) -> str | None:
                 return f"annotation {key} is set by sharegpu only and cannot be changed"
         elif key in annotations and key != names.HANDOFF:
             return f"annotation {key} is set by sharegpu only"
+    before = old.metadata.annotations if old is not None else annotations
+    for key in pods.REQUEST_ANNOTATIONS:
+        if annotations.get(key) != before.get(key):
+            return (
+                f"annotation {key} is part of the pod's GPU request and cannot change after creation "
+                "(the node and the books read it as placed): delete the pod and create it again"
+            )
     own = annotations.get(names.HANDOFF)
     try:
         joined = api_groups.membership(annotations, pod.metadata.namespace)
