@@ -393,14 +393,37 @@ def test_the_admission_policies_are_the_files_the_stack_applies_and_name_what_sh
     assert policy["spec"]["failurePolicy"] == "Fail"
 
 
-def test_the_agent_runs_under_the_runtimes_seccomp_filter_and_mounts_only_its_own_plugin_folder() -> None:
+def test_the_agent_runs_under_the_runtimes_seccomp_filter_and_mounts_only_its_own_plugin_folders() -> None:
     agent = one(render("1.37.2", "agent.dra=true"), "DaemonSet", "sharegpu-agent")["spec"]["template"]["spec"]
     (container,) = agent["containers"]
     assert container["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
-    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["KILL", "DAC_READ_SEARCH"]}
     paths_ = {v["hostPath"]["path"] for v in agent["volumes"] if "hostPath" in v}
-    assert f"/var/lib/kubelet/plugins/{dra.DRIVER}" in paths_
+    assert {f"/var/lib/kubelet/plugins/{dra.DRIVER}", f"/var/lib/kubelet/plugins/{names.VOLUMES_DRIVER}"} <= paths_
     assert "/var/lib/kubelet/plugins" not in paths_, "other drivers' sockets are not the agent's"
+
+
+def test_the_volume_plugin_is_the_codes_driver_and_only_it_makes_the_agent_privileged() -> None:
+    docs = render("1.37.2")
+    driver = one(docs, "CSIDriver", names.VOLUMES_DRIVER)
+    assert [driver] == stack.manifests("files/volumes/csidriver.yaml"), "the file the tests apply"
+    assert driver["spec"] == {"attachRequired": False, "podInfoOnMount": True, "fsGroupPolicy": "None",
+                              "volumeLifecycleModes": ["Ephemeral"]}, "each mount names its pod"  # fmt: skip
+    agent = one(docs, "DaemonSet", "sharegpu-agent")["spec"]["template"]["spec"]
+    (container,) = agent["containers"]
+    assert container["securityContext"]["privileged"] is True
+    assert {"name": "kubelet-pods", "mountPath": "/var/lib/kubelet/pods", "mountPropagation": "Bidirectional"} in (
+        container["volumeMounts"]
+    ), "its binds reach the host"
+    assert "--no-volumes" not in container["args"]
+
+    docs = render("1.37.2", "agent.volumes=false")
+    assert [d for d in docs if d["kind"] == "CSIDriver"] == []
+    (container,) = one(docs, "DaemonSet", "sharegpu-agent")["spec"]["template"]["spec"]["containers"]
+    context = container["securityContext"]
+    assert "privileged" not in context and context["allowPrivilegeEscalation"] is False
+    assert context["capabilities"] == {"drop": ["ALL"], "add": ["KILL", "DAC_READ_SEARCH"]}
+    assert "--no-volumes" in container["args"]
+    assert all(m["name"] not in ("kubelet-pods", "kubelet-registry") for m in container["volumeMounts"])
 
 
 def test_network_policies_let_in_only_the_webhooks_callers_and_the_scrapes_and_are_off_on_request() -> None:

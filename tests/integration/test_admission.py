@@ -320,7 +320,7 @@ async def test_a_pod_demanding_hami_core_preloads_it_and_the_api_server_stores_t
     admin: client.KubeClient, webhook: RunningWebhook, namespace: str
 ) -> None:
     """The stored pod reads SHAREGPU_PRELOAD from its hand-off before LD_PRELOAD composes it with the
-    author's library, and mounts the node's HAMi-core folder read-only (a hostPath the API accepts)."""
+    author's library, and mounts the node's HAMi-core folder read-only (an inline CSI volume the API accepts)."""
     manifest = bare_pod("hami", {"sharegpu.io/gpu": "1", "sharegpu.io/gpu-milli": "300"})
     manifest["metadata"]["annotations"] = {names.ISOLATION: "hami-core"}
     manifest["spec"]["containers"][0]["env"] = [{"name": "LD_PRELOAD", "value": "/lib/libjemalloc.so"}]
@@ -332,9 +332,10 @@ async def test_a_pod_demanding_hami_core_preloads_it_and_the_api_server_stores_t
     assert main["env"][-1]["value"] == "$(SHAREGPU_PRELOAD) /lib/libjemalloc.so"
     assert main["volumeMounts"][-1] == {"name": "sharegpu-hami-core", "mountPath": "/run/sharegpu/hami-core",
                                         "readOnly": True}  # fmt: skip
-    assert {"name": "sharegpu-hami-core", "hostPath": {"path": "/run/sharegpu/hami-core", "type": "Directory"}} in (
+    assert {"name": "sharegpu-hami-core", "csi": {"driver": names.VOLUMES_DRIVER, "readOnly": True,
+                                                 "volumeAttributes": {"folder": "hami-core"}}} in (
         stored["spec"]["volumes"]
-    )
+    ), "an inline volume the agent binds from the node"  # fmt: skip
 
 
 async def test_multi_container_pods_get_a_hand_off_per_gpu_container(

@@ -77,7 +77,7 @@ def path_of(doc: Json) -> str:
         "ValidatingAdmissionPolicyBinding": "validatingadmissionpolicybindings",
         "MutatingAdmissionPolicy": "mutatingadmissionpolicies",
         "MutatingAdmissionPolicyBinding": "mutatingadmissionpolicybindings",
-        "NetworkPolicy": "networkpolicies", "Namespace": "namespaces",
+        "NetworkPolicy": "networkpolicies", "Namespace": "namespaces", "CSIDriver": "csidrivers",
     }[doc["kind"]]  # fmt: skip
     namespace = doc["metadata"].get("namespace")
     where = f"{base}/namespaces/{namespace}/{plural}" if namespace else f"{base}/{plural}"

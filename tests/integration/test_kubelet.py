@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import shutil
 import subprocess
 import tempfile
@@ -28,13 +29,14 @@ from typing import Any
 import orjson
 import pytest
 
-from sharegpu.agent import draplugin, fakenvml, podresources, reserve, watchdog
+from sharegpu.agent import draplugin, fakenvml, mps, podresources, reserve, volumes, watchdog
 from sharegpu.agent import runtime as agent_runtime
-from sharegpu.api import cdi, dra, names, paths
+from sharegpu.api import cdi, dra, handoff, names, paths
 from sharegpu.devcluster import controlplane, fakecri, fakedeviceplugin, stack
 from sharegpu.devcluster.stack import ExtenderProcess
-from sharegpu.kube import client
+from sharegpu.kube import client, errors
 from tests import builders
+from tests.agent.fake_mps_daemon import write_fake_daemon
 from tests.builders import NVML_FILE, write_nvml
 from tests.integration.conftest import Json, get_or_none, gpu_pod, wait_for
 
@@ -275,6 +277,84 @@ async def test_the_real_kubelets_dra_pod_is_judged_by_its_claim_left_alone_withi
             await kube.close()
 
 
+@dataclass
+class ExtenderNode:
+    """A real node served as the extender path serves one: the fake NVIDIA device plugin registered
+    with the kubelet, reservations reporting their GPU as `sharegpu reserve` does, the agent (its own
+    RBAC) reading the kubelet's PodResources."""
+
+    node: RealNode
+    plugin: fakedeviceplugin.FakeDevicePlugin
+    lister: podresources.KubeletPodResources
+    agent: agent_runtime.Agent
+
+    def running(self, admin: client.KubeClient, namespace: str, name: str) -> Callable[[], Awaitable[bool]]:
+        async def check() -> bool:
+            found = await admin.get(paths.pod(namespace, name))
+            return found["status"].get("phase") == "Running" and bool(self.node.cri.running(namespace, name))
+
+        return check
+
+    async def reservation(self, admin: client.KubeClient) -> tuple[str, str]:
+        """The node's one reservation pod: its name and the GPU it reported."""
+        items, _ = await admin.list_all(
+            paths.pods(names.HOLDING_NAMESPACE), {"labelSelector": f"{names.LABEL_NODE}={self.node.name}"}
+        )
+        (reservation,) = items
+        return reservation["metadata"]["name"], reservation["metadata"]["annotations"][names.GPU_UUID]
+
+
+@contextlib.asynccontextmanager
+async def extender_node(
+    admin: client.KubeClient,
+    control_plane: controlplane.ControlPlane,
+    node: RealNode,
+    options: agent_runtime.Options | None = None,
+    supervisor: mps.Supervisor | None = None,
+) -> AsyncIterator[ExtenderNode]:
+    kube = stack.kube_for(control_plane, "sharegpu-agent")
+    agent: agent_runtime.Agent | None = None
+    plugin: fakedeviceplugin.FakeDevicePlugin | None = None
+    lister: podresources.KubeletPodResources | None = None
+    try:
+
+        async def play_reserve(container: fakecri.Container) -> None:
+            """What `sharegpu reserve` does in a reservation's container: report the GPU its
+            environment names (here from the device plugin's Allocate, through the kubelet)."""
+            if container.namespace == names.HOLDING_NAMESPACE and container.pod.startswith(names.RESERVATION_PREFIX):
+                await reserve.report_until_done(admin, container.namespace, container.pod, container.env)
+
+        node.cri.on_start.append(play_reserve)
+        plugin = fakedeviceplugin.FakeDevicePlugin(UUIDS, node.name)
+        await plugin.start()
+
+        async def offered() -> bool:
+            found = await admin.get(paths.node(node.name))
+            return bool(found["status"].get("allocatable", {}).get(names.NVIDIA_GPU) == str(len(UUIDS)))
+
+        await explained(control_plane, node, offered, "the kubelet offers the device plugin's GPUs")
+        lister = podresources.KubeletPodResources(node.root / "pod-resources" / "kubelet.sock", 5.0)
+        agent = agent_runtime.Agent(
+            kube,
+            node.name,
+            node.nvml().open(),
+            options or agent_runtime.Options(interval=0.5),
+            kubelet=lister,
+            supervisor=supervisor,
+        )
+        await agent.start()
+        await wait_for(lambda: get_or_none(admin, paths.device(node.name)), what="the node's Device")
+        yield ExtenderNode(node, plugin, lister, agent)
+    finally:
+        if agent is not None:
+            await agent.stop()
+        if lister is not None:
+            await lister.close()
+        if plugin is not None:
+            await plugin.stop()
+        await kube.close()
+
+
 async def test_the_real_kubelet_runs_the_extender_path_device_plugin_hand_off_and_pod_resources(
     admin: client.KubeClient,
     control_plane: controlplane.ControlPlane,
@@ -282,85 +362,139 @@ async def test_the_real_kubelet_runs_the_extender_path_device_plugin_hand_off_an
     webhook: Any,
     namespace: str,
 ) -> None:
-    kube = stack.kube_for(control_plane, "sharegpu-agent")
-    agent: agent_runtime.Agent | None = None
-    plugin: fakedeviceplugin.FakeDevicePlugin | None = None
-    lister: podresources.KubeletPodResources | None = None
+    async with real_node(admin, control_plane, namespace) as node, extender_node(admin, control_plane, node) as served:
+        body = gpu_pod("shared", namespace, milli=250, memory=2048)
+        body["spec"]["automountServiceAccountToken"] = False
+        await admin.create(paths.pods(namespace), body)
+        await explained(
+            control_plane, node, served.running(admin, namespace, "shared"), "the kubelet ran the sharing pod"
+        )
+        r_name, reported = await served.reservation(admin)
+        assert (reported,) in served.plugin.allocated, "the kubelet allocated the reservation's GPU through the plugin"
+        (main,) = node.cri.running(namespace, "shared").values()
+        assert main.env["NVIDIA_VISIBLE_DEVICES"] == reported, "the kubelet resolved the hand-off for the container"
+        # The node offers no HAMi-core, so no limit is written: the kubelet leaves the optional reference out.
+        assert "CUDA_DEVICE_MEMORY_LIMIT" not in main.env
+        (held,) = [a for a in await served.lister.assigned() if a.pod == r_name and a.resource == names.NVIDIA_GPU]
+        assert held.device_ids == (reported,), "the kubelet's PodResources API names the same GPU"
+
+        # A reservation that misreports its GPU is corrected from the kubelet's own PodResources.
+        wrong = next(u for u in UUIDS if u != reported)
+        await admin.patch(
+            paths.pod(names.HOLDING_NAMESPACE, r_name), {"metadata": {"annotations": {names.GPU_UUID: wrong}}}
+        )
+
+        async def corrected() -> bool:
+            found = await admin.get(paths.pod(names.HOLDING_NAMESPACE, r_name))
+            return bool(found["metadata"]["annotations"][names.GPU_UUID] == reported)
+
+        await wait_for(corrected, timeout=60, what="the agent corrected the reservation from PodResources")
+
+        await admin.delete(paths.pod(namespace, "shared"), grace_period=0)
+
+        async def stopped() -> bool:
+            return not node.cri.running(names.HOLDING_NAMESPACE, r_name) and not node.cri.running(namespace, "shared")
+
+        await explained(control_plane, node, stopped, "the kubelet stopped the reservation once its sharer went")
+
+
+RESTRICTED = {
+    "pod-security.kubernetes.io/enforce": "restricted",
+    "pod-security.kubernetes.io/enforce-version": "latest",
+}
+"""A tenant namespace at PodSecurity restricted."""
+
+
+def restricted_pod(body: Json) -> Json:
+    """`body` made to meet PodSecurity restricted."""
+    body["spec"]["securityContext"] = {
+        "runAsNonRoot": True,
+        "runAsUser": 4242,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    for container in body["spec"]["containers"]:
+        container["securityContext"] = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+    body["spec"]["automountServiceAccountToken"] = False
+    return body
+
+
+async def test_an_mps_pod_in_a_restricted_namespace_gets_its_gpus_tenant_folder_bound_by_the_agent(
+    admin: client.KubeClient,
+    control_plane: controlplane.ControlPlane,
+    extender: ExtenderProcess,
+    webhook: Any,
+    namespace: str,
+) -> None:
+    """Issue 38 item 6 on the extender path: the namespace stays PodSecurity restricted (a hostPath to
+    the MPS folders is refused there), yet a pod that demands mps runs: the kubelet asks the agent's
+    CSI plugin to publish the pod's inline volume, and the agent binds, read-only, the tenant folder of
+    the GPU the pod's reservation reported (holding only the link to that daemon's control socket).
+    A pod of the namespace that names the driver without an mps allocation gets nothing: the kubelet
+    cannot mount it, and says why. Deleting the pod unbinds the folder."""
+    await admin.patch(paths.namespace(namespace), {"metadata": {"labels": RESTRICTED}})
+    for doc in stack.manifests("files/volumes/csidriver.yaml"):  # as the chart ships it
+        await stack.apply(admin, doc)
+    folder = Path(tempfile.mkdtemp(prefix="mps-", dir="/tmp"))
+    supervisor = mps.Supervisor(write_fake_daemon(folder / "bin"), mps.Layout(folder / "mps"))
     async with real_node(admin, control_plane, namespace) as node:
-        try:
+        options = agent_runtime.Options(
+            interval=0.5, volumes=volumes.Paths.under(node.root / "plugins", node.root / "plugins_registry")
+        )
+        async with extender_node(admin, control_plane, node, options, supervisor) as served:
 
-            async def play_reserve(container: fakecri.Container) -> None:
-                """What `sharegpu reserve` does in a reservation's container: report the GPU its
-                environment names (here from the device plugin's Allocate, through the kubelet)."""
-                if container.namespace == names.HOLDING_NAMESPACE and container.pod.startswith(
-                    names.RESERVATION_PREFIX
-                ):
-                    await reserve.report_until_done(admin, container.namespace, container.pod, container.env)
+            async def offers_mps() -> bool:
+                found = await get_or_none(admin, paths.device(node.name))
+                return found is not None and "mps" in found["spec"].get("isolation", [])
 
-            node.cri.on_start.append(play_reserve)
-            plugin = fakedeviceplugin.FakeDevicePlugin(UUIDS, node.name)
-            await plugin.start()
+            await wait_for(offers_mps, what="the node offers mps")
+            plugin = served.agent.volumes
+            assert plugin is not None
 
-            async def offered() -> bool:
-                found = await admin.get(paths.node(node.name))
-                return bool(found["status"].get("allocatable", {}).get(names.NVIDIA_GPU) == str(len(UUIDS)))
+            async def registered() -> bool:
+                return plugin.registration.registered is True
 
-            await explained(control_plane, node, offered, "the kubelet offers the device plugin's GPUs")
-            lister = podresources.KubeletPodResources(node.root / "pod-resources" / "kubelet.sock", 5.0)
-            agent = agent_runtime.Agent(
-                kube, node.name, node.nvml().open(), agent_runtime.Options(interval=0.5), kubelet=lister
+            await explained(control_plane, node, registered, "the kubelet registered the volume plugin")
+
+            refused = restricted_pod(gpu_pod("hostpath", namespace, milli=250, memory=2048))
+            refused["spec"]["volumes"] = [{"name": "mps", "hostPath": {"path": handoff.MPS_HOST_ROOT}}]
+            with pytest.raises(errors.ForbiddenError, match="restricted"):
+                await admin.create(paths.pods(namespace), refused)
+
+            body = restricted_pod(
+                gpu_pod("mps", namespace, milli=250, memory=2048, annotations={names.ISOLATION: "mps"})
             )
-            await agent.start()
-            await wait_for(lambda: get_or_none(admin, paths.device(node.name)), what="the node's Device")
-
-            body = gpu_pod("shared", namespace, milli=250, memory=2048)
-            body["spec"]["automountServiceAccountToken"] = False
             await admin.create(paths.pods(namespace), body)
+            await explained(control_plane, node, served.running(admin, namespace, "mps"), "the kubelet ran the mps pod")
+            _, reported = await served.reservation(admin)
+            (main,) = node.cri.running(namespace, "mps").values()
+            assert main.env["NVIDIA_VISIBLE_DEVICES"] == reported
+            assert main.env[handoff.MPS_PIPE] == handoff.MPS_CLIENT_PIPE
+            (host,) = [h for h, c in main.mounts if c == handoff.MPS_MOUNT]
+            assert host.startswith(str(node.root / "pods")), "a volume the kubelet published, not a host path"
+            assert os.path.samefile(host, supervisor.layout.tenant(reported)), "the reported GPU's tenant folder"
+            assert sorted(p.name for p in Path(host).iterdir()) == ["pipe"]
+            assert (Path(host) / "pipe" / "control").exists(), "the link to the daemon's control socket"
+            with pytest.raises(OSError, match="Read-only file system"):
+                (Path(host) / "planted").write_text("x")
 
-            async def running() -> bool:
-                found = await admin.get(paths.pod(namespace, "shared"))
-                return found["status"].get("phase") == "Running" and bool(node.cri.running(namespace, "shared"))
+            # A tenant's own pod naming the driver: no mps allocation, nothing bound, the kubelet says why.
+            posing = restricted_pod(builders.MakePod("posing", namespace).grace(0).container(image="busybox").obj())
+            posing["spec"]["nodeName"] = node.name
+            posing["spec"]["volumes"] = [handoff.mps_volume("mps", "main")]
+            posing["spec"]["containers"][0]["volumeMounts"] = [{"name": "mps", "mountPath": handoff.MPS_MOUNT}]
+            await admin.create(paths.pods(namespace), posing)
 
-            await explained(control_plane, node, running, "the kubelet ran the sharing pod")
-            items, _ = await admin.list_all(
-                paths.pods(names.HOLDING_NAMESPACE), {"labelSelector": f"{names.LABEL_NODE}={node.name}"}
-            )
-            (reservation,) = items
-            r_name = reservation["metadata"]["name"]
-            reported = reservation["metadata"]["annotations"][names.GPU_UUID]
-            assert (reported,) in plugin.allocated, "the kubelet allocated the reservation's GPU through the plugin"
-            (main,) = node.cri.running(namespace, "shared").values()
-            assert main.env["NVIDIA_VISIBLE_DEVICES"] == reported, "the kubelet resolved the hand-off for the container"
-            # The node offers no HAMi-core, so no limit is written: the kubelet leaves the optional reference out.
-            assert "CUDA_DEVICE_MEMORY_LIMIT" not in main.env
-            (held,) = [a for a in await lister.assigned() if a.pod == r_name and a.resource == names.NVIDIA_GPU]
-            assert held.device_ids == (reported,), "the kubelet's PodResources API names the same GPU"
+            async def told() -> list[Json]:
+                found = await admin.get(paths.events(namespace), fieldSelector="involvedObject.name=posing")
+                return [e for e in found["items"] if "does not demand isolation mps" in e.get("message", "")]
 
-            # A reservation that misreports its GPU is corrected from the kubelet's own PodResources.
-            wrong = next(u for u in UUIDS if u != reported)
-            await admin.patch(
-                paths.pod(names.HOLDING_NAMESPACE, r_name), {"metadata": {"annotations": {names.GPU_UUID: wrong}}}
-            )
+            await explained(control_plane, node, told, "the kubelet's event: the plugin refused the mount")
+            assert not node.cri.running(namespace, "posing")
 
-            async def corrected() -> bool:
-                found = await admin.get(paths.pod(names.HOLDING_NAMESPACE, r_name))
-                return bool(found["metadata"]["annotations"][names.GPU_UUID] == reported)
+            await admin.delete(paths.pod(namespace, "mps"), grace_period=0)
 
-            await wait_for(corrected, timeout=60, what="the agent corrected the reservation from PodResources")
+            async def unbound() -> bool:
+                return not node.cri.running(namespace, "mps") and host not in Path("/proc/self/mountinfo").read_text()
 
-            await admin.delete(paths.pod(namespace, "shared"), grace_period=0)
-
-            async def stopped() -> bool:
-                return not node.cri.running(names.HOLDING_NAMESPACE, r_name) and not node.cri.running(
-                    namespace, "shared"
-                )
-
-            await explained(control_plane, node, stopped, "the kubelet stopped the reservation once its sharer went")
-        finally:
-            if agent is not None:
-                await agent.stop()
-            if lister is not None:
-                await lister.close()
-            if plugin is not None:
-                await plugin.stop()
-            await kube.close()
+            await explained(control_plane, node, unbound, "the folder unbound once the pod went")
+    shutil.rmtree(folder, ignore_errors=True)

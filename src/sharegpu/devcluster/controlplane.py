@@ -216,6 +216,8 @@ class ControlPlane:
                 "--service-account-issuer=https://kubernetes.default.svc",
                 f"--token-auth-file={tokens}",
                 "--authorization-mode=RBAC",
+                # As kubeadm and the managed offerings run it: the chart's agent is privileged.
+                "--allow-privileged=true",
                 "--service-cluster-ip-range=10.0.0.0/24",
                 "--disable-admission-plugins=ServiceAccount",
                 "--enable-priority-and-fairness=false",

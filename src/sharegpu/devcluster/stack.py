@@ -53,6 +53,7 @@ _PATHS = {
     "PriorityClass": paths.PRIORITY_CLASSES,
     "ValidatingAdmissionPolicy": paths.ADMISSION_POLICIES,
     "ValidatingAdmissionPolicyBinding": paths.ADMISSION_POLICY_BINDINGS,
+    "CSIDriver": "/apis/storage.k8s.io/v1/csidrivers",
 }
 HARNESS_USERS = {
     names.account("agent"): controlplane.NODE_HARNESS,
