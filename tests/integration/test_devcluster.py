@@ -1,7 +1,7 @@
 """`sharegpu devcluster` as a newcomer runs it: the whole stack comes up (each fake node's Device
 written by its own agent), survives a pod near the API's size limit, and Ctrl-C stops every process
 it started (once, a dead informer's exception crashed the shutdown and left etcd, kube-apiserver,
-kube-scheduler and the extender running)."""
+kube-scheduler and the extender running). With `--dra`, the DRA walk-through of docs/quickstart.md."""
 
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 
-from sharegpu.api import names, paths
+from sharegpu.api import dra, names, paths
 from sharegpu.kube import client
 from tests.builders import MakePod
 from tests.integration.conftest import get_or_none, gpu_pod, wait_for
@@ -35,13 +36,16 @@ def survivors(folder: Path) -> dict[int, str]:
     return found
 
 
-async def test_devcluster_runs_a_pod_and_stops_everything_on_ctrl_c(tmp_path: Path) -> None:
-    folder = tmp_path / "dev"
+@contextlib.asynccontextmanager
+async def devcluster(folder: Path, *args: str) -> AsyncIterator[client.KubeClient]:
+    """`sharegpu devcluster --nodes 1 --gpus 2 ARGS`, started, its admin client; Ctrl-C at the end must
+    stop every process it started."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "sharegpu", "devcluster", "--nodes", "1", "--gpus", "2", "--workdir", str(folder)],
+        [sys.executable, "-m", "sharegpu", "devcluster", "--nodes", "1", "--gpus", "2", "--workdir", str(folder),
+         *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
-    )
+    )  # fmt: skip
     assert process.stdout is not None
     kubeconfig = ""
     try:
@@ -54,42 +58,7 @@ async def test_devcluster_runs_a_pod_and_stops_everything_on_ctrl_c(tmp_path: Pa
         assert kubeconfig, "no kubeconfig printed"
         async with client.KubeClient.connect(kubeconfig) as kube:
             await kube.create(paths.NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "try"}})
-            huge = MakePod("huge").container("c", image="x", env={"B": "x" * 700_000})
-            await kube.create(paths.pods("try"), huge.obj())
-            pod = gpu_pod("first", "try", milli=500)
-            pod["spec"].pop("nodeSelector")
-            await kube.create(paths.pods("try"), pod)
-            # As a newcomer writes it for Koordinator: no sharegpu schedulerName, another format.
-            koord = gpu_pod("koord", "try")
-            koord["spec"].pop("nodeSelector")
-            koord["spec"]["schedulerName"] = "koord-scheduler"
-            koord["spec"]["containers"][0]["resources"] = {"limits": {"koordinator.sh/gpu-core": "30"}}
-            await kube.create(paths.pods("try"), koord)
-
-            async def bound(name: str) -> bool:
-                found = await kube.get(paths.pod("try", name))
-                annotations = found["metadata"].get("annotations") or {}
-                if not found["spec"].get("nodeName") or names.ALLOCATION not in annotations:
-                    return False
-                handoff = await get_or_none(kube, paths.configmap("try", annotations[names.HANDOFF]))
-                return bool(handoff and (handoff.get("data") or {}).get("main.NVIDIA_VISIBLE_DEVICES"))
-
-            for name in ("first", "koord"):
-                await wait_for(functools.partial(bound, name), timeout=60, what=f"pod {name} with its hand-off")
-                await kube.delete(paths.pod("try", name), grace_period=0)
-
-            # The node's agent wrote its Device (owned by the Node) from its fake NVML file, and follows it.
-            device = await kube.get(paths.device("gpu-node-0"))
-            assert [r["kind"] for r in device["metadata"]["ownerReferences"]] == ["Node"]
-            assert device["spec"]["isolation"] == ["hami-core"]
-            nvml = folder / "nvml" / "gpu-node-0.yaml"
-            nvml.write_text(nvml.read_text() + "faults: {unreadable: [1]}\n")
-
-            async def unhealthy() -> bool:
-                gpus = (await kube.get(paths.device("gpu-node-0")))["spec"]["gpus"]
-                return [g.get("healthy", True) for g in gpus] == [True, False]
-
-            await wait_for(unhealthy, timeout=30, what="GPU 1 unhealthy in the agent's Device")
+            yield kube
         assert survivors(folder), "the devcluster's processes are running"
         process.send_signal(signal.SIGINT)
         assert await asyncio.to_thread(process.wait, 60) == 0
@@ -106,3 +75,78 @@ async def test_devcluster_runs_a_pod_and_stops_everything_on_ctrl_c(tmp_path: Pa
         for pid in survivors(folder):  # leave nothing running, even when the test fails
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+async def test_devcluster_runs_a_pod_and_stops_everything_on_ctrl_c(tmp_path: Path) -> None:
+    folder = tmp_path / "dev"
+    async with devcluster(folder) as kube:
+        huge = MakePod("huge").container("c", image="x", env={"B": "x" * 700_000})
+        await kube.create(paths.pods("try"), huge.obj())
+        pod = gpu_pod("first", "try", milli=500)
+        pod["spec"].pop("nodeSelector")
+        await kube.create(paths.pods("try"), pod)
+        # As a newcomer writes it for Koordinator: no sharegpu schedulerName, another format.
+        koord = gpu_pod("koord", "try")
+        koord["spec"].pop("nodeSelector")
+        koord["spec"]["schedulerName"] = "koord-scheduler"
+        koord["spec"]["containers"][0]["resources"] = {"limits": {"koordinator.sh/gpu-core": "30"}}
+        await kube.create(paths.pods("try"), koord)
+
+        async def bound(name: str) -> bool:
+            found = await kube.get(paths.pod("try", name))
+            annotations = found["metadata"].get("annotations") or {}
+            if not found["spec"].get("nodeName") or names.ALLOCATION not in annotations:
+                return False
+            handoff = await get_or_none(kube, paths.configmap("try", annotations[names.HANDOFF]))
+            return bool(handoff and (handoff.get("data") or {}).get("main.NVIDIA_VISIBLE_DEVICES"))
+
+        for name in ("first", "koord"):
+            await wait_for(functools.partial(bound, name), timeout=60, what=f"pod {name} with its hand-off")
+            await kube.delete(paths.pod("try", name), grace_period=0)
+
+        # The node's agent wrote its Device (owned by the Node) from its fake NVML file, and follows it.
+        device = await kube.get(paths.device("gpu-node-0"))
+        assert [r["kind"] for r in device["metadata"]["ownerReferences"]] == ["Node"]
+        assert device["spec"]["isolation"] == ["hami-core"]
+        nvml = folder / "nvml" / "gpu-node-0.yaml"
+        nvml.write_text(nvml.read_text() + "faults: {unreadable: [1]}\n")
+
+        async def unhealthy() -> bool:
+            gpus = (await kube.get(paths.device("gpu-node-0")))["spec"]["gpus"]
+            return [g.get("healthy", True) for g in gpus] == [True, False]
+
+        await wait_for(unhealthy, timeout=30, what="GPU 1 unhealthy in the agent's Device")
+
+
+async def test_devcluster_dra_places_a_pod_as_kubernetes_documents_dra_and_one_in_another_format(
+    tmp_path: Path,
+) -> None:
+    """The DRA walk-through of docs/quickstart.md: `sharegpu devcluster --dra` makes its node a DRA
+    node (a ResourceSlice of sharegpu's driver), a pod written as Kubernetes documents DRA (a claim
+    template of sharegpu's class, no gate, no scheduler named) and a Koordinator-format pod (turned
+    into a claim by the webhook) are both placed by sharegpu and bound, their claims allocated."""
+    async with devcluster(tmp_path / "dev", "--dra") as kube:
+        slices = (await kube.get(dra.SLICES))["items"]
+        assert [s["spec"]["nodeName"] for s in slices] == ["gpu-node-0"]
+        request = {"name": "gpu", "exactly": {"deviceClassName": dra.CLASS,
+                   "capacity": {"requests": {dra.MILLI: "250", dra.MEMORY: "10Gi"}}}}  # fmt: skip
+        template = {"apiVersion": dra.API_VERSION, "kind": "ResourceClaimTemplate", "metadata": {"name": "quarter"},
+                    "spec": {"spec": {"devices": {"requests": [request]}}}}  # fmt: skip
+        await kube.create(dra.template_path("try"), template)
+        documented = MakePod("documented").container(image="busybox").obj()
+        documented["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "quarter"}]
+        documented["spec"]["containers"][0]["resources"] = {"claims": [{"name": "gpu"}]}
+        await kube.create(paths.pods("try"), documented)
+        koord = MakePod("koord").container(image="busybox", limits={"koordinator.sh/gpu-core": "30"}).obj()
+        await kube.create(paths.pods("try"), koord)
+
+        async def placed(name: str) -> bool:
+            found = await kube.get(paths.pod("try", name))
+            statuses = found["status"].get("resourceClaimStatuses") or []
+            if found["spec"].get("nodeName") != "gpu-node-0" or not statuses:
+                return False
+            claim = await kube.get(dra.claim_path("try", statuses[0]["resourceClaimName"]))
+            return bool((claim.get("status") or {}).get("allocation"))
+
+        for name in ("documented", "koord"):
+            await wait_for(functools.partial(placed, name), timeout=90, what=f"pod {name} bound, its claim allocated")

@@ -199,6 +199,49 @@ async def test_a_pod_in_another_system_s_format_goes_the_dra_way_through_the_web
     assert template_made["metadata"]["labels"][names.LABEL_ROLE] == names.ROLE_CLAIM_TEMPLATE
 
 
+async def test_a_pod_written_as_kubernetes_documents_dra_is_gated_by_the_webhook_and_placed_by_sharegpu(
+    admin: client.KubeClient,
+    extender: ExtenderProcess,
+    webhook: Any,
+    nodes: Callable[..., Any],
+    namespace: str,
+    device_class: str,
+) -> None:
+    """Issue 39 item 7: a pod as Kubernetes' DRA documents write it (a claim template of sharegpu's
+    class, no scheduling gate, no scheduler named) is gated at admission, so kube-scheduler never
+    tries (and fails) it; sharegpu allocates its claim and lifts the gate, and it is bound. A pod whose
+    template does not exist yet is gated too, and placed once it does. A pod whose claim is of
+    another class is not held back by sharegpu (the webhook reads its template: not gated)."""
+    dra_nodes = await nodes(1, gpus=1, dra=True)
+    await template(admin, namespace, "half", 500, "4Gi")
+
+    def documented(name: str, template_name: str) -> Json:
+        body = dra_pod(name, namespace, template_name)
+        del body["spec"]["schedulingGates"]
+        body["spec"].pop("schedulerName", None)
+        return body
+
+    created = await admin.create(paths.pods(namespace), documented("docs", "half"))
+    assert [g["name"] for g in created["spec"].get("schedulingGates", [])] == [names.DRA_GATE]
+    assert "gated" in created["metadata"]["annotations"][names.TRANSLATED]
+    early = await admin.create(paths.pods(namespace), documented("early", "later"))
+    assert [g["name"] for g in early["spec"].get("schedulingGates", [])] == [names.DRA_GATE], "not known yet: held"
+    node = await wait_for(functools.partial(node_of, admin, namespace, "docs"), timeout=90, what="docs bound")
+    assert node == dra_nodes[0]
+    claim = await claim_of(admin, namespace, "docs")
+    assert claim is not None and where(claim) == [(node, "gpu-0", 500)]
+
+    await template(admin, namespace, "later", 250, "2Gi")
+    assert await wait_for(functools.partial(node_of, admin, namespace, "early"), timeout=90, what="early bound") == node
+
+    other = {"name": "gpu", "exactly": {"deviceClassName": "gpu.example.com"}}
+    body = {"apiVersion": dra.API_VERSION, "kind": "ResourceClaimTemplate", "metadata": {"name": "theirs"},
+            "spec": {"spec": {"devices": {"requests": [other]}}}}  # fmt: skip
+    await admin.create(dra.template_path(namespace), body)
+    foreign = await admin.create(paths.pods(namespace), documented("foreign", "theirs"))
+    assert not foreign["spec"].get("schedulingGates"), "another driver's claim: left to kube-scheduler"
+
+
 async def shares_on(admin: client.KubeClient, namespace: str) -> dict[tuple[str, str], tuple[int, int]]:
     """(milli, MiB) the API server shows allocated per (node, device), over the namespace's claims."""
     out: dict[tuple[str, str], tuple[int, int]] = {}

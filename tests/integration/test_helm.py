@@ -140,6 +140,12 @@ async def test_install_upgrade_and_uninstall_with_the_charts_conditions_evaluate
         with pytest.raises(kube_errors.ApiError) as refused:
             await kube.create(f"/api/v1/namespaces/{namespace}/pods", bare_pod(name, limits, pod_annotations))
         assert "sharegpu" in str(refused.value) and "webhook" in str(refused.value), (fmt, str(refused.value))
+    # A pod written as Kubernetes documents DRA (a claim, no GPU resource) reaches it too: it may need the gate.
+    claiming = bare_pod("claiming", {"cpu": "100m"})
+    claiming["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "any"}]
+    with pytest.raises(kube_errors.ApiError) as refused:
+        await kube.create(f"/api/v1/namespaces/{namespace}/pods", claiming)
+    assert "sharegpu" in str(refused.value) and "webhook" in str(refused.value), str(refused.value)
 
     # A webhook answers at a URL, the chart's conditions kept: a GPU pod is translated.
     running = RunningWebhook(tmp_path_factory.mktemp("hook"))

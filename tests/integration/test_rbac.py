@@ -141,6 +141,7 @@ RIGHTS: dict[str, dict[str, dict[str, str]]] = {
             "scheduling.k8s.io/priorityclasses": "get list watch",
             "sharegpu.io/clustergpubudgets": "get list watch", "sharegpu.io/devices": "get list watch",
             "sharegpu.io/gpubudgets": "get list watch", "sharegpu.io/shareddevicegroups": "get list watch",
+            "resource.k8s.io/resourceclaims": "get", "resource.k8s.io/resourceclaimtemplates": "get",
         },
         "sharegpu-system": {},
         "sharegpu-gpus": {},

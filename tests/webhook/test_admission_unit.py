@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 from sharegpu.api import admission as api_admission
-from sharegpu.api import budgets, groups, names, paths, wire
+from sharegpu.api import budgets, dra, groups, names, paths, wire
 from sharegpu.kube import client, fake
 from sharegpu.webhook import admission, server
 from tests.builders import MakePod
@@ -675,3 +675,57 @@ def test_a_pods_gpu_request_annotations_cannot_change_after_creation_but_others_
     labelled = copy.deepcopy(made)
     labelled["metadata"]["annotations"]["team"] = "a"
     assert admission.validate(_review(labelled, "UPDATE", made), POLICY).response.allowed
+
+
+def claiming_pod(*entries: tuple[str, str]) -> Json:
+    """A pod written as Kubernetes documents DRA: (entry, template) claims, no gate, no GPU resource."""
+    pod = MakePod("p").container(image="x").obj()
+    pod["spec"]["resourceClaims"] = [{"name": e, "resourceClaimTemplateName": t} for e, t in entries]
+    pod["spec"]["containers"][0]["resources"] = {"claims": [{"name": e} for e, _ in entries]}
+    return pod
+
+
+@pytest.mark.parametrize(
+    ("seen", "gated"),
+    [(None, True), ({"gpu": True}, True), ({"gpu": None}, True), ({"gpu": False}, False),
+     ({"gpu": False, "nic": None}, True), ({"gpu": False, "nic": False}, False)],
+)  # fmt: skip
+def test_a_pod_whose_claims_may_be_sharegpus_is_gated_and_one_of_another_class_is_not(
+    seen: dict[str, bool | None] | None, gated: bool
+) -> None:
+    pod = claiming_pod(("gpu", "t1"), ("nic", "t2")) if seen and "nic" in seen else claiming_pod(("gpu", "t1"))
+    out = applied(pod, admission.mutate(review(pod), POLICY, seen))
+    gates = [g["name"] for g in out["spec"].get("schedulingGates", [])]
+    assert gates == ([names.DRA_GATE] if gated else [])
+    assert (out["spec"].get("schedulerName") == names.SCHEDULER_NAME) is gated, "sharegpu's scheduler takes it"
+    if gated:
+        assert (
+            "gated (sharegpu.io/dra-allocation) until sharegpu allocates them"
+            in (out["metadata"]["annotations"][names.TRANSLATED])
+        )
+        assert applied(out, admission.mutate(review(out), POLICY, seen)) == out, "reinvoked: one gate"
+    system = applied(pod, admission.mutate(review(pod, user=next(iter(POLICY.system_users))), POLICY, seen))
+    assert not system["spec"].get("schedulingGates"), "sharegpu's own pods are not held"
+
+
+async def test_the_webhook_reads_a_new_pods_claims_and_templates_to_tell_whose_they_are() -> None:
+    api = fake.FakeApiServer()
+    ours = {"devices": {"requests": [{"name": "g", "exactly": {"deviceClassName": dra.CLASS}}]}}
+    either = [{"name": "a", "deviceClassName": "gpu.example.com"}, {"name": "b", "deviceClassName": dra.CLASS}]
+    alternative = {"devices": {"requests": [{"name": "g", "firstAvailable": either}]}}
+    theirs = {"devices": {"requests": [{"name": "g", "exactly": {"deviceClassName": "gpu.example.com"}}]}}
+    api.put_object(dra.template_path("ns"), {"metadata": {"name": "ours", "namespace": "ns"}, "spec": {"spec": ours}})
+    api.put_object(
+        dra.template_path("ns"), {"metadata": {"name": "alt", "namespace": "ns"}, "spec": {"spec": alternative}}
+    )
+    api.put_object(dra.claim_path("ns"), {"metadata": {"name": "theirs", "namespace": "ns"}, "spec": theirs})
+    hook = server.Webhook(POLICY)
+    hook.kube = client.KubeClient(api)
+    pod = claiming_pod(("a", "ours"), ("b", "alt"), ("c", "missing"))
+    pod["spec"]["resourceClaims"].append({"name": "d", "resourceClaimName": "theirs"})
+    # The fake serves no discovery document: as an API server without resource.k8s.io/v1, no claim is ours.
+    assert await hook._learn_claims(review(pod)) == {"a": False, "b": False, "c": False, "d": False}
+    hook._served = True
+    assert await hook._learn_claims(review(pod)) == {"a": True, "b": True, "c": None, "d": False}
+    assert await hook._learn_claims(review(MakePod("plain").container(image="x").obj())) is None
+    await hook.kube.close()

@@ -264,6 +264,26 @@ class ResourceClaim(wire.Message, kw_only=True, frozen=True):
     status: ClaimStatus = msgspec.field(default_factory=ClaimStatus)
 
 
+class TemplateSpec(wire.Message, kw_only=True, frozen=True):
+    spec: ClaimSpec = msgspec.field(default_factory=ClaimSpec)
+
+
+class ResourceClaimTemplate(wire.Message, kw_only=True, frozen=True):
+    """What sharegpu reads of a ResourceClaimTemplate: the claim it makes."""
+
+    metadata: wire.ObjectMeta = msgspec.field(default_factory=wire.ObjectMeta)
+    spec: TemplateSpec = msgspec.field(default_factory=TemplateSpec)
+
+
+def asks_class(spec: ClaimSpec) -> bool:
+    """Whether a claim's spec (or the one a template makes) asks for sharegpu's class in any request,
+    exactly or among its `firstAvailable` alternatives."""
+    return any(
+        (r.exactly is not None and r.exactly.device_class_name == CLASS) or any(_of_class(s) for s in r.first_available)
+        for r in spec.devices.requests
+    )
+
+
 def gpu_request(request: DeviceRequest) -> requests.GpuRequest | None:
     """What one request of a claim asks of sharegpu's GPUs, in sharegpu's units; None when it is not
     a request of the driver's class. Its capacity requests are rounded up as the slice's request

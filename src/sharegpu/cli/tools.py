@@ -45,6 +45,14 @@ def devcluster(
         list[Compat] | None,
         typer.Option(help="Serve another system's resources too (CRDs installed, controller told; repeat)."),
     ] = None,
+    dra: Annotated[
+        bool,
+        typer.Option(
+            "--dra",
+            help="Try the DRA path: the nodes serve claims of sharegpu's DeviceClass (ResourceSlices), and GPU "
+            "pods in any format become claims (Kubernetes 1.36 or later; docs/quickstart.md).",
+        ),
+    ] = False,
 ) -> None:
     """Run the whole stack on this machine until Ctrl-C, and print the kubeconfig to use with kubectl.
 
@@ -63,7 +71,7 @@ def devcluster(
 
     def make_stack() -> stack.Stack:
         compats = tuple(c.value for c in compat or ())
-        return stack.Stack(folder, policy, webhook=webhook, controller=controller, compat=compats)
+        return stack.Stack(folder, policy, webhook=webhook, controller=controller, compat=compats, dra=dra)
 
     with reported(errors.SharegpuError, RuntimeError):
         asyncio.run(_run_until_stopped(make_stack, _FakeNodes(nodes, gpus, model, gpu_memory), folder))
@@ -121,12 +129,17 @@ async def _run_until_stopped(make_stack: Callable[[], Stack], nodes: _FakeNodes,
 
 async def _bring_up(whole: Stack, nodes: _FakeNodes, folder: Path) -> None:
     """Start the stack with its fake GPU nodes, and print how to use it."""
+    from sharegpu.api import dra
+
     await whole.start(harness=True)
     assert whole.harness is not None and whole.extender is not None
     nvml_files = await whole.add_gpu_nodes(nodes.inventories())
     shown = console()
     shown.print(f"[bold]sharegpu devcluster[/bold]: {nodes.count} nodes x {nodes.gpus} {nodes.model}")
     shown.print(f"  agents: one per node; edit its fake NVML file in {nvml_files} (docs/agent.md)")
+    if whole.dra:
+        shown.print(f"  DRA: the nodes serve claims of DeviceClass {dra.CLASS} (a ResourceSlice each); GPU pods in "
+                    "any format become claims, and pods may name the class in their own claims")  # fmt: skip
     shown.print(f"  export KUBECONFIG={whole.plane.kubeconfig('admin')}")
     shown.print(f"  extender: {whole.extender.health_url}/debug/nodes   logs: {folder / 'logs'}")
     if whole.controller is not None:

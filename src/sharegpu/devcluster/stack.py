@@ -28,8 +28,8 @@ import yaml
 from prometheus_client import parser
 
 from sharegpu.agent import runtime as agent_runtime
-from sharegpu.api import names, paths
-from sharegpu.core import devices, policies
+from sharegpu.api import dra, names, paths
+from sharegpu.core import devices, errors, policies
 from sharegpu.devcluster import agents, controlplane, fakecluster
 from sharegpu.kube import client, credentials, transport
 from sharegpu.kube import errors as kube_errors
@@ -390,8 +390,10 @@ class WebhookProcess(_ComponentProcess):
 
     name = "webhook"
 
-    def __init__(self, plane: controlplane.ControlPlane) -> None:
+    def __init__(self, plane: controlplane.ControlPlane, extra: tuple[str, ...] = ()) -> None:
         self.plane = plane
+        self.extra = extra
+        """More arguments (`--default-path dra`)."""
         self.port = controlplane.free_port()
         self.folder = plane.workdir / f"webhook-{self.port}"
         self.log = plane.workdir / "logs" / f"webhook-{self.port}.log"
@@ -406,7 +408,7 @@ class WebhookProcess(_ComponentProcess):
             sys.executable, "-m", "sharegpu", "webhook",
             "--bootstrap", str(self.folder), "--url", self.url, "--ip-address", "127.0.0.1",
             "--kubeconfig", str(self.plane.kubeconfig("sharegpu-webhook")),
-            "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "WARNING",
+            "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "WARNING", *self.extra,
         ]  # fmt: skip
         self._spawn(argv)
 
@@ -465,9 +467,13 @@ class Stack:
         webhook: bool = False,
         controller: bool = False,
         compat: tuple[str, ...] = (),
+        dra: bool = False,
     ) -> None:
         self.plane = controlplane.ControlPlane(workdir, controlplane.binaries())
         self.compat = compat
+        self.dra = dra
+        """The GPU nodes serve DRA claims (their agents publish ResourceSlices), sharegpu's DeviceClass
+        is made, and the webhook sends GPU pods the DRA way (`--default-path dra`)."""
         self.policy = policy
         self.extender_args = extender_args
         self.with_webhook = webhook
@@ -492,8 +498,9 @@ class Stack:
             self.agent_api = kube_for(self.plane, "sharegpu-agent", connections=32)
             interval = max(10.0, len(nodes) / 20)
             options = agent_runtime.Options(
-                interval=interval, hami_core_library=library, hami_core_dir=self.plane.workdir / "hami-core-installed"
-            )
+                interval=interval, hami_core_library=library, hami_core_dir=self.plane.workdir / "hami-core-installed",
+                dra=self.dra,
+            )  # fmt: skip
             self.agents = agents.NodeAgents(self.agent_api, folder, options)
         await self.harness.add_nodes(nodes, publish=False)
         await self.agents.add(nodes)
@@ -507,9 +514,16 @@ class Stack:
             raise
 
     async def _start(self, harness: bool) -> None:
+        if self.dra and tuple(int(p) for p in self.plane.version.split(".")[:2]) < (1, 36):
+            raise errors.SharegpuError(
+                f"DRA needs Kubernetes 1.36 or later (consumable capacity), this control plane is {self.plane.version}"
+            )
         self.plane.start()
         self.admin = kube_for(self.plane, "admin", connections=128)
         await install(self.admin, self.compat)
+        if self.dra:
+            with contextlib.suppress(kube_errors.ConflictError):
+                await self.admin.create(dra.DEVICE_CLASSES, dra.device_class())
         self.extender = ExtenderProcess(self.plane, self.policy, *self.extender_args)
         self.extender.start()
         await self.extender.wait_ready()
@@ -517,7 +531,7 @@ class Stack:
         if self.with_webhook:
             for doc in manifests(BOOTSTRAP_RBAC):
                 await apply(self.admin, doc)
-            self.webhook = WebhookProcess(self.plane)
+            self.webhook = WebhookProcess(self.plane, ("--default-path", names.PATH_DRA) if self.dra else ())
             self.webhook.start()
             await self.webhook.wait_ready(self.admin)
         if self.with_controller:

@@ -233,8 +233,9 @@ class ClaimAllocator:
     # ----------------------------------------------------------------- one pod
 
     async def _claims_of(self, record: pods.Record) -> list[dra.ClaimRecord] | None:
-        """The pod's claims of the class; None while a template's claim is not made yet (a template of
-        sharegpu's own that the namespace lacks is made here: the webhook names it, without writing)."""
+        """The pod's claims of the class; None while any of its claims is not made (or not seen) yet (a
+        template of sharegpu's own that the namespace lacks is made here: the webhook names it, without
+        writing)."""
         namespace = record.key.split("/", 1)[0]
         found = []
         for ref in record.claims:
@@ -243,7 +244,9 @@ class ClaimAllocator:
                     await self._make_template(namespace, ref.template)
                 return None
             claim = self.cache.claim_records.get(dra.claim_key(namespace, ref.claim))
-            if claim is not None and claim.ours:
+            if claim is None:
+                return None  # not made yet, or not seen yet: it may be of the class
+            if claim.ours:
                 found.append(claim)
         return found
 

@@ -387,8 +387,31 @@ def _patch(before: Json, after: Json) -> list[Json]:
     return ops
 
 
-def mutate(body: Any, policy: Policy) -> Answer:
-    """The mutating decision for a Pod review."""
+def _gate_for_claims(obj: Json, seen: Mapping[str, bool | None] | None, audit: list[str]) -> bool:
+    """Hold a pod whose ResourceClaims may be of sharegpu's class behind `names.DRA_GATE`, as when the
+    webhook turned its request into a claim: a pod written as Kubernetes documents DRA (no gate) would
+    otherwise reach kube-scheduler, which cannot allocate sharegpu's class, and whose PostFilter would
+    race sharegpu's allocator. `seen`: per `spec.resourceClaims` entry, whether its claim (or template)
+    asks for sharegpu's class; an entry not known (not made yet, not readable, no `seen` at all) counts
+    as sharegpu's. The allocator lets a gated pod go at once when, its claims made, none is of the class.
+    Returns whether the pod may use sharegpu's claims (then sharegpu's scheduler takes it, as a GPU pod)."""
+    spec = obj.get("spec") or {}
+    maybe = [
+        str(e.get("name", "")) for e in spec.get("resourceClaims") or [] if (seen or {}).get(e.get("name")) is not False
+    ]
+    gates = spec.get("schedulingGates") or []
+    if not maybe:
+        return False
+    if not any(g.get("name") == names.DRA_GATE for g in gates):
+        spec["schedulingGates"] = [*gates, {"name": names.DRA_GATE}]
+        audit.append(f"resource claims {', '.join(maybe)} of sharegpu's class (or not made yet): "
+                     f"gated ({names.DRA_GATE}) until sharegpu allocates them")  # fmt: skip
+    return True
+
+
+def mutate(body: Any, policy: Policy, seen: Mapping[str, bool | None] | None = None) -> Answer:
+    """The mutating decision for a Pod review (`seen`: what `_gate_for_claims` knows of its
+    ResourceClaims, read from the API by the server)."""
     uid = ""
     try:
         request = api_admission.review(body).request
@@ -414,6 +437,9 @@ def mutate(body: Any, policy: Policy) -> Answer:
             annotations[names.TRANSLATED] = "; ".join(audit)
             return api_admission.allow(uid, patch=_patch(original, out), audit={"translated": "; ".join(audit)})
         _hide_gpus(out, parsed, audit)
+        if not _is_system(request, policy) and _gate_for_claims(out, seen, audit):
+            metadata = out.setdefault("metadata", {})
+            audit += _take_over(out.setdefault("spec", {}), metadata.setdefault("annotations", {}), policy)
         if parsed.demand.count == 0:
             if audit:
                 out["metadata"].setdefault("annotations", {})[names.TRANSLATED] = "; ".join(audit)
@@ -665,11 +691,12 @@ def validate_eviction(body: Any, policy: Policy, pod_node: str) -> Answer:
         return api_admission.deny(uid, f"sharegpu: {exc}", code=400)
 
 
-def review(kind: str, body: Any, policy: Policy) -> Answer:
-    """The decision for pods and Devices (group deletions need the API: `validate_group_deletion`)."""
+def review(kind: str, body: Any, policy: Policy, seen: Mapping[str, bool | None] | None = None) -> Answer:
+    """The decision for pods and Devices (group deletions need the API: `validate_group_deletion`;
+    `seen`: see `mutate`)."""
     if kind == "devices":
         return validate_device(body, policy)
-    return mutate(body, policy) if kind == "mutate" else validate(body, policy)
+    return mutate(body, policy, seen) if kind == "mutate" else validate(body, policy)
 
 
 def with_inventory(policy: Policy, inventory: list[tuple[str, int]]) -> Policy:

@@ -20,7 +20,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Awaitable, Callable, Collection, Iterator
+from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from sharegpu.api import admission as api_admission
-from sharegpu.api import budgets, groups, names, paths, resources, wire
+from sharegpu.api import budgets, dra, groups, names, paths, resources, wire
 from sharegpu.core import errors
 from sharegpu.kube import client, informer, reviews
 from sharegpu.kube import errors as kube_errors
@@ -39,6 +39,10 @@ from sharegpu.serving import access, tls
 from sharegpu.webhook import admission
 
 log = logging.getLogger(__name__)
+
+CLAIM_READ_TIMEOUT = 1.5
+"""Seconds a new pod's admission waits for each of its claims (or templates) to be read (the API
+server gives the webhook 5 s in all)."""
 MAX_BODY = 8 * 1024 * 1024
 Handler = Callable[[web.Request], Awaitable[web.Response]]
 Judge = Callable[[web.Request], Awaitable[api_admission.ReviewResponse | web.Response]]
@@ -98,6 +102,8 @@ class Webhook:
         self.groups: dict[str, groups.SharedDeviceGroup] = {}
         self.informers: list[informer.Informer[Any, Any]] = []
         self.kube: client.KubeApi | None = None
+        self._served: bool | None = None
+        """Whether the API server serves resource.k8s.io/v1 (None: not asked yet)."""
         self.metrics = Metrics(self)
 
     def follow(self, kube: client.KubeApi) -> None:
@@ -169,9 +175,11 @@ class Webhook:
                 return web.json_response({"error": f"malformed JSON: {exc}"}, status=400)
             except web.HTTPRequestEntityTooLarge:
                 return web.json_response({"error": "request body too large"}, status=413)
+            claims = None
             if kind == "mutate":
                 await self._learn_namespace(body)
-            return handle_review(kind, body, self.policy)
+                claims = await self._learn_claims(body)
+            return handle_review(kind, body, self.policy, claims)
 
         return handle
 
@@ -300,6 +308,61 @@ class Webhook:
             return
         self.on_namespace(wire.EventType.ADDED, found)
 
+    async def _learn_claims(self, body: Any) -> dict[str, bool | None] | None:
+        """For a new pod with ResourceClaims: per `spec.resourceClaims` entry, whether its claim (or the
+        template it is made from) asks for sharegpu's class, read from the API at this moment (None:
+        not made yet, or not readable within `CLAIM_READ_TIMEOUT`: held as sharegpu's). Where
+        resource.k8s.io/v1 is not served no claim is sharegpu's. None for any other review, or
+        without the API (every entry then counts as sharegpu's)."""
+        request = body.get("request") if isinstance(body, dict) else None
+        if self.kube is None or not isinstance(request, dict) or request.get("operation") != "CREATE":
+            return None
+        spec = (request.get("object") or {}).get("spec") or {}
+        entries = [e for e in spec.get("resourceClaims") or [] if isinstance(e, dict)]
+        if not entries:
+            return None
+        if not await self._dra_served():
+            return {str(e.get("name", "")): False for e in entries}
+        namespace = str(request.get("namespace") or "")
+        out: dict[str, bool | None] = {}
+        for entry in entries:
+            out[str(entry.get("name", ""))] = await self._asks_class(namespace, entry)
+        return out
+
+    async def _asks_class(self, namespace: str, entry: dict[str, Any]) -> bool | None:
+        claim, template = entry.get("resourceClaimName"), entry.get("resourceClaimTemplateName")
+        assert self.kube is not None
+        try:
+            if isinstance(claim, str) and claim:
+                read = self.kube.get(dra.claim_path(namespace, claim))
+                found = wire.convert(await asyncio.wait_for(read, CLAIM_READ_TIMEOUT), dra.ResourceClaim).spec
+            elif isinstance(template, str) and template:
+                read = self.kube.get(dra.template_path(namespace, template))
+                made = wire.convert(await asyncio.wait_for(read, CLAIM_READ_TIMEOUT), dra.ResourceClaimTemplate)
+                found = made.spec.spec
+            else:
+                return None
+        except kube_errors.NotFoundError:
+            return None
+        except (errors.SharegpuError, TimeoutError) as exc:
+            log.warning("pod in %s: could not read its claim %s: %s (held as sharegpu's)", namespace,
+                        claim or template, exc or "timed out")  # fmt: skip
+            return None
+        return dra.asks_class(found)
+
+    async def _dra_served(self) -> bool:
+        """Whether the API server serves resource.k8s.io/v1 (asked once; an error counts as served)."""
+        if self._served is None and self.kube is not None:
+            try:
+                await asyncio.wait_for(self.kube.get(f"/apis/{dra.API_VERSION}"), CLAIM_READ_TIMEOUT)
+                self._served = True
+            except kube_errors.NotFoundError:
+                self._served = False
+            except (errors.SharegpuError, TimeoutError) as exc:
+                log.warning("could not learn whether %s is served: %s", dra.API_VERSION, exc or "timed out")
+                return True
+        return self._served is not False
+
     def on_priority_class(self, kind: wire.EventType, item: wire.PriorityClass) -> None:
         if kind == wire.EventType.DELETED:
             self.priority_classes.pop(item.metadata.name, None)
@@ -309,10 +372,12 @@ class Webhook:
         self.policy = dataclasses.replace(self.policy, priority_classes=dict(self.priority_classes))
 
 
-def handle_review(kind: str, body: Any, policy: admission.Policy) -> api_admission.ReviewResponse:
+def handle_review(
+    kind: str, body: Any, policy: admission.Policy, claims: Mapping[str, bool | None] | None = None
+) -> api_admission.ReviewResponse:
     """Never raises: a review that cannot be judged is refused with the reason."""
     try:
-        return admission.review(kind, body, policy)
+        return admission.review(kind, body, policy, claims)
     except Exception as exc:  # a bug must not allow a pod through, nor crash the server
         log.exception("admission %s failed", kind)
         uid = ""

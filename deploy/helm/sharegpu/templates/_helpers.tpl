@@ -103,8 +103,9 @@ prometheus.io/scheme: https
 {{- /* A pod concerns GPUs when a container (of any kind) asks for a GPU resource, sets or loads GPU
      variables (but for NVIDIA_VISIBLE_DEVICES=void, which hides every GPU: the no-GPU policy sets it
      before the webhooks' conditions are evaluated), the pod has ephemeral containers (`kubectl
-     debug`), or the pod carries sharegpu's (or a translated system's: KubeShare's kubeshare/*, KAI's
-     gpu-fraction and gpu-memory) annotations.
+     debug`), the pod uses ResourceClaims (a claim of sharegpu's class is gated until sharegpu
+     allocates it), or the pod carries sharegpu's (or a translated system's: KubeShare's kubeshare/*,
+     KAI's gpu-fraction and gpu-memory) annotations.
      The webhook's matchConditions and, negated, the no-GPU MutatingAdmissionPolicy's: between them
      every pod. */ -}}
 {{- define "sharegpu.concernsGpus" -}}
@@ -114,6 +115,7 @@ cs.exists(c, (has(c.resources) && ((has(c.resources.limits) && c.resources.limit
 || (has(c.env) && c.env.exists(e, (e.name.startsWith('NVIDIA_') && !(e.name == 'NVIDIA_VISIBLE_DEVICES' && has(e.value) && e.value == 'void')) || e.name.startsWith('CUDA_') || e.name.startsWith('SHAREGPU_') || e.name == 'LD_PRELOAD'))
 || has(c.envFrom)))
 || (has(object.spec.ephemeralContainers) && size(object.spec.ephemeralContainers) > 0)
+|| (has(object.spec.resourceClaims) && size(object.spec.resourceClaims) > 0)
 || (has(object.metadata.annotations) && object.metadata.annotations.exists(k, k.startsWith('sharegpu.io/') || k.startsWith('deviceshare.io/') || k.startsWith('nvidia.com/') || k.startsWith('kubeshare/') || k.startsWith('gpu-')))
 {{- end }}
 
