@@ -211,7 +211,8 @@ async def test_a_pod_written_as_kubernetes_documents_dra_is_gated_by_the_webhook
     class, no scheduling gate, no scheduler named) is gated at admission, so kube-scheduler never
     tries (and fails) it; sharegpu allocates its claim and lifts the gate, and it is bound. A pod whose
     template does not exist yet is gated too, and placed once it does. A pod whose claim is of
-    another class is not held back by sharegpu (the webhook reads its template: not gated)."""
+    another class is not held back by sharegpu (the webhook reads its template: not gated; a claim
+    made only after the pod is held, then let go once it is seen to be another class's)."""
     dra_nodes = await nodes(1, gpus=1, dra=True)
     await template(admin, namespace, "half", 500, "4Gi")
 
@@ -240,6 +241,20 @@ async def test_a_pod_written_as_kubernetes_documents_dra_is_gated_by_the_webhook
     await admin.create(dra.template_path(namespace), body)
     foreign = await admin.create(paths.pods(namespace), documented("foreign", "theirs"))
     assert not foreign["spec"].get("schedulingGates"), "another driver's claim: left to kube-scheduler"
+
+    # A claim named by the pod, not made yet: held; made of another class: let go by the allocator.
+    waiting = documented("waiting", "unused")
+    waiting["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": "their-claim"}]
+    held = await admin.create(paths.pods(namespace), waiting)
+    assert [g["name"] for g in held["spec"].get("schedulingGates", [])] == [names.DRA_GATE]
+    claim = {"apiVersion": dra.API_VERSION, "kind": "ResourceClaim", "metadata": {"name": "their-claim"},
+             "spec": {"devices": {"requests": [other]}}}  # fmt: skip
+    await admin.create(dra.claim_path(namespace), claim)
+
+    async def let_go() -> bool:
+        return not (await admin.get(paths.pod(namespace, "waiting")))["spec"].get("schedulingGates")
+
+    await wait_for(let_go, timeout=60, what="the allocator let the pod of another class's claim go")
 
 
 async def shares_on(admin: client.KubeClient, namespace: str) -> dict[tuple[str, str], tuple[int, int]]:

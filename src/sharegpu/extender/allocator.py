@@ -243,10 +243,11 @@ class ClaimAllocator:
                 if dra.template_shape(ref.template) is not None:
                     await self._make_template(namespace, ref.template)
                 return None
-            claim = self.cache.claim_records.get(dra.claim_key(namespace, ref.claim))
-            if claim is None:
+            key = dra.claim_key(namespace, ref.claim)
+            claim = self.cache.claim_records.get(key)
+            if claim is None and key not in self.cache.foreign_claims:
                 return None  # not made yet, or not seen yet: it may be of the class
-            if claim.ours:
+            if claim is not None and claim.ours:
                 found.append(claim)
         return found
 

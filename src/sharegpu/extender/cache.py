@@ -113,6 +113,9 @@ class ClusterCache:
         """DRA claims of sharegpu's driver that hold GPUs (`api.dra.claim_key` -> what they hold)."""
         self.claim_records: dict[units.PodKey, dra.ClaimRecord] = {}
         """Claims of sharegpu's class or holding its devices, as the API shows them."""
+        self.foreign_claims: set[units.PodKey] = set()
+        """The other claims the watch shows (their keys only): a gated pod that uses one is not waiting
+        for it to be made."""
         self.claims_assumed: dict[units.PodKey, allocation.Allocation] = {}
         """Claims the DRA allocator has decided and is writing (or wrote), until the watch shows them
         allocated: an event from before the write, showing the claim unallocated, does not free them."""
@@ -355,12 +358,15 @@ class ClusterCache:
         alloc = None
         if kind == wire.EventType.DELETED:
             self.claim_records.pop(key, None)
+            self.foreign_claims.discard(key)
             self.cleared.pop(key, None)  # kept only for claims that exist (a replica not leading never takes them)
         else:
             if record.ours or record.holds_ours():
                 self.claim_records[key] = record
+                self.foreign_claims.discard(key)
             else:
                 self.claim_records.pop(key, None)
+                self.foreign_claims.add(key)
             try:
                 alloc = dra.held(record, self._memory_of())
             except errors.InvalidInputError as exc:
