@@ -8,6 +8,7 @@ import msgspec
 import pytest
 
 from sharegpu.agent import fakenvml, inventory, nvml
+from sharegpu.api import devices as api_devices
 from sharegpu.api import names, wire
 from sharegpu.core import units
 from tests.builders import NVML_FILE, MakeAllocation, write_nvml
@@ -76,7 +77,7 @@ def test_a_device_spec_keeps_indexes_by_uuid_and_a_held_gpu_that_vanished() -> N
     # B falls off the bus: NVML renumbers C and D to 1 and 2; pods still hold B.
     second = inventory.device_spec(gpus("A", "C", "D"), [], {}, first, {"B"})
     assert [(g.index, g.uuid, g.healthy, g.reason) for g in second.gpus] == [
-        (0, "A", True, ""), (1, "B", False, inventory.GONE), (2, "C", True, ""), (3, "D", True, "")
+        (0, "A", True, ""), (1, "B", False, api_devices.GONE), (2, "C", True, ""), (3, "D", True, "")
     ]  # fmt: skip
     # Once nothing holds it, it is dropped; a new GPU takes a free index.
     third = inventory.device_spec(gpus("A", "C", "D", "E"), [], {"C": "XID 79"}, second, set())

@@ -16,6 +16,7 @@ import prometheus_client
 
 from sharegpu.agent import cudaprobe, fakekubelet, fakenvml, hamicore, inventory, mps, podresources, proof, watchdog
 from sharegpu.agent import runtime as agent_runtime
+from sharegpu.api import devices as api_devices
 from sharegpu.api import groups as api_groups
 from sharegpu.api import names, paths, resources, wire
 from sharegpu.kube import client, fake
@@ -81,7 +82,7 @@ async def test_the_agent_publishes_and_keeps_its_nodes_device(tmp_path: Path) ->
                    .replace("processes: [{pid: 42, gpu: 2, usedMiB: 2048}]", "faults: {unreadable: [1]}"))  # fmt: skip
         device = await one_pass(agent, server)
         assert [(g.uuid, g.healthy, g.reason) for g in device.spec.gpus] == [
-            ("GPU-0", True, ""), ("GPU-1", False, "NVML cannot read it"), ("GPU-2", False, inventory.GONE)
+            ("GPU-0", True, ""), ("GPU-1", False, "NVML cannot read it"), ("GPU-2", False, api_devices.GONE)
         ]  # fmt: skip
 
         # A critical XID on GPU-0 marks it for good (the XID task wakes the loop).

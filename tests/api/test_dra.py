@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 import pytest
 
+from sharegpu.api import devices as api_devices
 from sharegpu.api import dra, wire
 from sharegpu.core import errors, requests
 from tests.builders import MakeAllocation
@@ -47,14 +49,69 @@ def test_each_gpu_is_a_shareable_device_with_its_attributes_and_capacities() -> 
     assert "taints" not in first
 
 
-def test_an_unhealthy_gpu_is_tainted_with_its_reason_as_a_label_value() -> None:
+def test_an_unhealthy_gpu_is_tainted_with_its_reason_as_a_label_value_graded_by_how_long_it_lasts() -> None:
     third = dra.resource_slice("n0", "u", spec())["spec"]["devices"][2]
     assert third["taints"] == [
-        {"key": "gpu.sharegpu.io/unhealthy", "value": "XID-79--fell-off-the-bus", "effect": "NoSchedule"}
-    ]
+        {"key": "gpu.sharegpu.io/unhealthy", "value": "XID-79--fell-off-the-bus", "effect": "NoExecute"}
+    ], "an XID lasts until a reset: its pods cannot go on"
     long = wire.GpuSpec(index=0, uuid="GPU-x", model="m", memory_mib=1, healthy=False, reason="x" * 100)
     [taint] = dra.device(long, [])["taints"]
-    assert len(taint["value"]) == 63
+    assert len(taint["value"]) == 63 and taint["effect"] == "NoSchedule"
+    for reason, effect in [(api_devices.xid(48), "NoExecute"), (api_devices.GONE, "NoExecute"),
+                           (api_devices.UNREADABLE, "NoSchedule")]:  # fmt: skip
+        gpu = msgspec.structs.replace(long, reason=reason)
+        assert [t["effect"] for t in dra.device(gpu, [])["taints"]] == [effect], reason
+
+
+@pytest.mark.parametrize(
+    ("toleration", "taint", "takes"),
+    [
+        ({"key": "maint", "operator": "Exists"}, ("maint", "", "NoSchedule"), True),
+        ({"key": "maint", "value": "yes"}, ("maint", "yes", "NoExecute"), True),
+        ({"key": "maint", "value": "no"}, ("maint", "yes", "NoExecute"), False),
+        ({"key": "maint", "operator": "Exists", "effect": "NoSchedule"}, ("maint", "", "NoExecute"), False),
+        ({"operator": "Exists"}, ("anything", "x", "NoExecute"), True),
+        ({"key": "other", "operator": "Exists"}, ("maint", "", "NoSchedule"), False),
+        ({"value": "x"}, ("maint", "x", "NoSchedule"), False),
+    ],
+)  # fmt: skip
+def test_tolerations_take_taints_as_kubernetes_matches_them(
+    toleration: dict[str, str], taint: tuple[str, str, str], takes: bool
+) -> None:
+    key, value, effect = taint
+    found = wire.convert(toleration, dra.DeviceToleration)
+    assert dra.tolerates([found], dra.DeviceTaint(key=key, value=value, effect=effect)) is takes
+
+
+def test_a_taint_rule_selects_by_driver_pool_and_device_and_without_a_selector_nothing() -> None:
+    def rule(selector: dict[str, str] | None) -> dra.TaintRule:
+        spec: dict[str, Any] = {"taint": {"key": "k", "effect": "NoSchedule"}}
+        if selector is not None:
+            spec["deviceSelector"] = selector
+        return wire.convert({"metadata": {"name": "r"}, "spec": spec}, dra.TaintRule)
+
+    assert rule({}).selects("n0", 3), "the empty selector: every device"
+    assert not rule(None).selects("n0", 3), "no selector: none"
+    assert rule({"driver": dra.DRIVER, "pool": "n0", "device": "gpu-3"}).selects("n0", 3)
+    assert not rule({"driver": "gpu.nvidia.com"}).selects("n0", 3)
+    assert not rule({"pool": "n1"}).selects("n0", 3)
+    assert not rule({"device": "gpu-1"}).selects("n0", 3)
+
+
+def test_a_claim_tolerates_a_taint_when_every_request_of_the_class_does() -> None:
+    def request(name: str, tolerations: list[dict[str, str]]) -> dict[str, Any]:
+        return {"name": name, "exactly": {"deviceClassName": dra.CLASS, "tolerations": tolerations,
+                                          "capacity": {"requests": {dra.MILLI: "100", dra.MEMORY: "1Gi"}}}}  # fmt: skip
+
+    def record(*requests_: dict[str, Any]) -> dra.ClaimRecord:
+        body = {"metadata": {"name": "c", "namespace": "ns"}, "spec": {"devices": {"requests": list(requests_)}}}
+        return dra.claim_record(wire.convert(body, dra.ResourceClaim))
+
+    maint = dra.DeviceTaint(key="maint", effect="NoSchedule")
+    exists = {"key": "maint", "operator": "Exists"}
+    assert record(request("a", [exists])).tolerates(maint)
+    assert not record(request("a", [exists]), request("b", [])).tolerates(maint)
+    assert not record(request("a", [])).tolerates(maint)
 
 
 def claim(results: list[Any], name: str = "c") -> dra.ClaimRecord:

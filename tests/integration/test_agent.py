@@ -15,6 +15,7 @@ from pathlib import Path
 from sharegpu.agent import draplugin, fakekubelet, fakenvml, inventory, mps, podresources, proof, watchdog
 from sharegpu.agent import runtime as agent_runtime
 from sharegpu.api import cdi, dra, names, paths, wire
+from sharegpu.api import devices as api_devices
 from sharegpu.core import devices
 from sharegpu.devcluster import controlplane, fakecluster, stack
 from sharegpu.kube import client
@@ -79,7 +80,7 @@ async def test_the_agent_publishes_its_nodes_device_and_follows_an_xid(
             return gone[0] if gone and not gone[0].healthy else None
 
         vanished = await wait_for(kept_marked, what="the vanished GPU kept and marked while a pod holds it")
-        assert vanished.reason == inventory.GONE and vanished.index == 2
+        assert vanished.reason == api_devices.GONE and vanished.index == 2
         await admin.delete(paths.pod(namespace, "holder"), grace_period=0)
 
         async def dropped() -> bool:

@@ -7,6 +7,7 @@ The nodes are DRA nodes as an agent with --dra leaves them (Device `spec.dra`, a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import random
 from collections.abc import Callable
@@ -24,6 +25,7 @@ from sharegpu.devcluster import agents, controlplane, fakecluster, oracle, stack
 from sharegpu.devcluster.stack import ExtenderProcess
 from sharegpu.extender import cache as extender_cache
 from sharegpu.kube import client
+from sharegpu.kube import errors as kube_errors
 from tests import builders
 from tests.integration.conftest import Json, events, get_or_none, wait_for
 
@@ -448,3 +450,90 @@ async def test_a_gpu_the_agent_finds_unhealthy_is_tainted_and_gets_no_new_claim_
     finally:
         await agent.stop()
         await kube.close()
+
+
+async def test_device_taint_rules_keep_claims_off_tolerations_let_them_on_and_no_execute_evicts_once(
+    admin: client.KubeClient,
+    extender: ExtenderProcess,
+    nodes: Callable[..., Any],
+    namespace: str,
+    device_class: str,
+) -> None:
+    """Issue 39 item 4, on 1.37.2 (DeviceTaintRule served in resource.k8s.io/v1, DRADeviceTaints and
+    DRADeviceTaintRules on by default): a NoSchedule rule on GPU 0 sends a claim to GPU 1; with both
+    tainted a claim waits, gated, and its event names the taints it does not tolerate; a claim whose
+    request tolerates them is placed on a tainted GPU. A NoExecute rule on a bound pod's GPU: the
+    pod is evicted by kube-controller-manager's device taint eviction, once (its DisruptionTarget
+    condition, one event), and sharegpu does nothing more to it; its claim's GPU takes no new claim."""
+    (node,) = await nodes(1, gpus=2, dra=True)
+    await template(admin, namespace, "small", 200, "2Gi")
+    maint = {"key": f"maint-{namespace}", "value": "yes", "effect": "NoSchedule"}
+
+    async def rule(name: str, device: int, taint: Json) -> None:
+        selector = {"driver": dra.DRIVER, "pool": node, "device": dra.device_name(device)}
+        body = {"apiVersion": dra.API_VERSION, "kind": "DeviceTaintRule", "metadata": {"name": f"{namespace}-{name}"},
+                "spec": {"deviceSelector": selector, "taint": taint}}  # fmt: skip
+        await admin.create(dra.TAINT_RULES, body)
+
+    try:
+        await rule("gpu0", 0, maint)
+        await asyncio.sleep(1.0)  # the extender's watch
+        await admin.create(paths.pods(namespace), dra_pod("first", namespace, "small"))
+        await wait_for(functools.partial(node_of, admin, namespace, "first"), timeout=90, what="first bound")
+        first = await claim_of(admin, namespace, "first")
+        assert first is not None and where(first) == [(node, "gpu-1", 200)], "the untainted GPU"
+
+        await rule("gpu1", 1, maint)
+        await asyncio.sleep(1.0)
+        await admin.create(paths.pods(namespace), dra_pod("second", namespace, "small"))
+
+        async def said() -> str | None:
+            found = [
+                e
+                for e in await events(admin, namespace, "ClaimNotAllocated")
+                if e["involvedObject"]["name"] == "second"
+            ]
+            return str(found[-1]["message"]) if found else None
+
+        message = await wait_for(said, timeout=60, what="the second pod's claim refused with its reason")
+        assert f"tainted, not tolerated by the claim's requests: {node}/gpu-0 maint-{namespace}=yes:NoSchedule" in (
+            message
+        ), message
+
+        tolerant = {"name": "gpu", "exactly": {"deviceClassName": dra.CLASS, "tolerations": [
+            {"key": f"maint-{namespace}", "operator": "Exists"}],
+            "capacity": {"requests": {dra.MILLI: "200", dra.MEMORY: "2Gi"}}}}  # fmt: skip
+        await admin.create(dra.template_path(namespace), {
+            "apiVersion": dra.API_VERSION, "kind": "ResourceClaimTemplate", "metadata": {"name": "tolerant"},
+            "spec": {"spec": {"devices": {"requests": [tolerant]}}}})  # fmt: skip
+        await admin.create(paths.pods(namespace), dra_pod("tolerant", namespace, "tolerant"))
+        await wait_for(functools.partial(node_of, admin, namespace, "tolerant"), timeout=90, what="tolerant bound")
+        placed = await claim_of(admin, namespace, "tolerant")
+        assert placed is not None and where(placed)[0][0] == node, "a tainted GPU, tolerated"
+        assert not await node_of(admin, namespace, "second"), "the intolerant one still waits"
+
+        # NoExecute on GPU 1, where `first` runs: kube-controller-manager evicts it, once.
+        await rule("evict", 1, {"key": f"gone-{namespace}", "effect": "NoExecute"})
+
+        async def evicted() -> Json | None:
+            found = await get_or_none(admin, paths.pod(namespace, "first"))
+            if found is None:
+                return {"gone": True}
+            conditions = found["status"].get("conditions") or []
+            return found if any(c.get("reason") == "DeletionByDeviceTaintManager" for c in conditions) else None
+
+        await wait_for(evicted, timeout=90, what="first evicted by kube-controller-manager's device taint eviction")
+        await asyncio.sleep(5.0)  # time for any second eviction or sharegpu action to show
+        told = [
+            e
+            for e in await events(admin, namespace, "DeviceTaintManagerEviction")
+            if e["involvedObject"]["name"] == "first"
+        ]
+        assert len(told) == 1 and told[0].get("count", 1) == 1, told
+        listed = (await admin.get(paths.events(namespace)))["items"]
+        ours = [e for e in listed if e["involvedObject"]["name"] == "first" and "sharegpu" in str(e.get("source"))]
+        assert [e["reason"] for e in ours if e["reason"] != "ClaimNotAllocated"] == [], ours
+    finally:
+        for name in ("gpu0", "gpu1", "evict"):
+            with contextlib.suppress(kube_errors.NotFoundError):
+                await admin.delete(f"{dra.TAINT_RULES}/{namespace}-{name}")

@@ -127,6 +127,7 @@ RIGHTS: dict[str, dict[str, dict[str, str]]] = {
             "resource.k8s.io/resourceclaims/binding": "patch update",
             "resource.k8s.io/resourceclaims/status": "patch update",
             "resource.k8s.io/resourceclaimtemplates": "create", "scheduling.k8s.io/priorityclasses": "get list watch",
+            "resource.k8s.io/devicetaintrules": "list watch",
             "sharegpu.io/clustergpubudgets": "get list watch", "sharegpu.io/devices": "get list watch",
             "sharegpu.io/gpubudgets": "get list watch",
         },

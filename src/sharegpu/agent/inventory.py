@@ -18,10 +18,10 @@ from typing import Final
 import msgspec
 
 from sharegpu.agent import nvml
+from sharegpu.api import devices as api_devices
 from sharegpu.api import names, wire
 from sharegpu.core import allocation, devices, errors, units
 
-GONE: Final = "gone from NVML while pods hold it"
 MODEL_LABEL: Final = f"{names.DOMAIN}/gpu-model"
 COUNT_LABEL: Final = f"{names.DOMAIN}/gpu-count"
 HEALTHY_LABEL: Final = f"{names.DOMAIN}/gpu-healthy"
@@ -83,7 +83,7 @@ def device_spec(
         )
         for g in gpus
     ]  # fmt: skip
-    out += [msgspec.structs.replace(g, healthy=False, reason=GONE) for g in kept]
+    out += [msgspec.structs.replace(g, healthy=False, reason=api_devices.GONE) for g in kept]
     out.sort(key=lambda g: g.index)
     nvlinks = sorted(
         tuple(sorted((index_of[gpus[link.a].uuid], index_of[gpus[link.b].uuid]))) for link in links if link.nvlinks

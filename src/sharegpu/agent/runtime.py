@@ -241,7 +241,7 @@ class Agent:
             for event in events:
                 if event.code in nvml.CRITICAL_XIDS and event.uuid not in self.xids:
                     log.warning("GPU %s: critical XID %d; unhealthy from now on", event.uuid, event.code)
-                    self.xids[event.uuid] = f"XID {event.code}"
+                    self.xids[event.uuid] = api_devices.xid(event.code)
                     self.loop.wake()
                 else:
                     log.info("GPU %s: XID %d (not the GPU's fault)", event.uuid, event.code)
@@ -250,7 +250,7 @@ class Agent:
 
     async def reconcile(self) -> None:
         gpus, links, unreadable = await asyncio.to_thread(self._read)
-        unhealthy = {**dict.fromkeys(unreadable, "NVML cannot read it"), **self.xids}
+        unhealthy = {**dict.fromkeys(unreadable, api_devices.UNREADABLE), **self.xids}
         current = await self._current()
         previous = current.spec if current is not None else None
         held = inventory.held_uuids(list(self.pods.values()), previous)

@@ -15,6 +15,24 @@ from typing import Final
 from sharegpu.api import constraints, names, quantity, wire
 from sharegpu.core import devices, errors, units
 
+UNREADABLE: Final = "NVML cannot read it"
+"""Why a GPU is unhealthy while NVML cannot read it (it may pass)."""
+GONE: Final = "gone from NVML while pods hold it"
+"""Why a GPU that vanished is kept, unhealthy, while pods hold it."""
+XID_PREFIX: Final = "XID "
+
+
+def xid(code: int) -> str:
+    """Why a GPU is unhealthy after a critical XID (`XID 79`): until it is reset and the agent restarted."""
+    return f"{XID_PREFIX}{code}"
+
+
+def lasting(reason: str) -> bool:
+    """Whether an unhealthy GPU's reason lasts until the GPU is reset or comes back (a critical XID,
+    gone while pods hold it): the pods using it cannot go on. One that may pass (NVML cannot read
+    it) does not."""
+    return reason.startswith(XID_PREFIX) or reason == GONE
+
 
 @dataclass(frozen=True, slots=True)
 class NodeFacts:

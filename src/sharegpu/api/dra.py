@@ -13,10 +13,19 @@ named `gpu-<index>`:
   Mi: a claim asks `4Gi` or `4096Mi`) and `milli` (compute, 1000 = the whole GPU), each with a
   request policy that keeps requests in sharegpu's units: memory in steps of 1 MiB, compute in
   steps of 1 milli-GPU, a claim that says nothing taking 1 milli-GPU and 1 MiB;
-- an unhealthy GPU carries a NoSchedule device taint (`<driver>/unhealthy`, its reason as the
-  value, cut to the API's 63 characters), so no new claim is given it; so does a GPU that pods of
-  the extender path still hold (`<driver>/held-by-pods`: a node turned to DRA while they run),
-  until they are gone.
+- an unhealthy GPU carries a device taint (`<driver>/unhealthy`, its reason as the value, cut to
+  the API's 63 characters), graded by the reason (`api.devices.lasting`): NoExecute where it lasts
+  until the GPU is reset or back (a critical XID, gone from NVML while pods hold it: the pods using
+  it cannot go on, and kube-controller-manager evicts them), NoSchedule where it may pass (NVML
+  cannot read it); so no new claim is given it. A GPU that pods of the extender path still hold
+  carries a NoSchedule taint (`<driver>/held-by-pods`: a node turned to DRA while they run), until
+  they are gone.
+
+Taints an administrator puts on devices (`DeviceTaintRule`, selecting by driver, pool and device)
+and the tolerations of a claim's requests are read here too: `TaintRule.selects` says which of
+sharegpu's devices a rule taints, `tolerates` whether a request's tolerations take a taint (as
+Kubernetes matches them: key, operator Equal or Exists, effect; an empty key with Exists takes
+every key), and `ClaimRecord.tolerates` whether every request of the claim does.
 
 A claim of the driver's, whoever allocated it, holds part of a GPU: `ResourceClaim` is what sharegpu
 reads of one, `ClaimRecord` what its cache keeps (`gpu_request` reads each request of the class in
@@ -45,6 +54,7 @@ from typing import Any, Final
 
 import msgspec
 
+from sharegpu.api import devices as api_devices
 from sharegpu.api import names, quantity, wire
 from sharegpu.core import allocation, errors, requests, units
 
@@ -158,7 +168,8 @@ def device(gpu: wire.GpuSpec, nvlinks: list[tuple[int, int]], held: bool = False
     taints = []
     if not gpu.healthy:
         reason = (gpu.reason or "unhealthy")[:TAINT_VALUE_MAX]
-        taints.append({"key": UNHEALTHY, "value": _taint_value(reason), "effect": "NoSchedule"})
+        effect = NO_EXECUTE if api_devices.lasting(gpu.reason) else NO_SCHEDULE
+        taints.append({"key": UNHEALTHY, "value": _taint_value(reason), "effect": effect})
     if held:
         taints.append({"key": HELD, "value": "extender-path", "effect": "NoSchedule"})
     if taints:
@@ -231,6 +242,74 @@ class CapacityRequirements(wire.Message, kw_only=True, frozen=True):
     requests: dict[str, wire.Quantity] = msgspec.field(default_factory=dict)
 
 
+class DeviceTaint(wire.Message, kw_only=True, frozen=True):
+    key: str
+    value: str = ""
+    effect: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.key}={self.value}:{self.effect}" if self.value else f"{self.key}:{self.effect}"
+
+
+class DeviceToleration(wire.Message, kw_only=True, frozen=True):
+    key: str = ""
+    operator: str = "Equal"
+    value: str = ""
+    effect: str = ""
+    toleration_seconds: int | None = None
+
+
+def tolerates(tolerations: Sequence[DeviceToleration], taint: DeviceTaint) -> bool:
+    """Whether any of `tolerations` takes `taint`, as Kubernetes matches them: the effect (empty:
+    any), the key (empty with Exists: any key), and the value under Equal (the default operator)."""
+    for toleration in tolerations:
+        if toleration.effect and toleration.effect != taint.effect:
+            continue
+        if toleration.operator == "Exists":
+            if not toleration.key or toleration.key == taint.key:
+                return True
+        elif toleration.key == taint.key and toleration.value == taint.value:
+            return True
+    return False
+
+
+class TaintSelector(wire.Message, kw_only=True, frozen=True):
+    driver: str | None = None
+    pool: str | None = None
+    device: str | None = None
+
+
+class TaintRuleSpec(wire.Message, kw_only=True, frozen=True):
+    device_selector: TaintSelector | None = None
+    taint: DeviceTaint
+
+
+class TaintRule(wire.Message, kw_only=True, frozen=True):
+    """A DeviceTaintRule (`resource.k8s.io/v1` from Kubernetes 1.37): one taint on every device its
+    selector picks (without a selector, none)."""
+
+    metadata: wire.ObjectMeta = msgspec.field(default_factory=wire.ObjectMeta)
+    spec: TaintRuleSpec
+
+    def selects(self, node: str, index: int) -> bool:
+        """Whether it taints GPU `index` of `node` (sharegpu's pool is the node, its device `gpu-<index>`)."""
+        chosen = self.spec.device_selector
+        if chosen is None:
+            return False
+        return (
+            chosen.driver in (None, DRIVER)
+            and chosen.pool in (None, node)
+            and chosen.device in (None, device_name(index))
+        )
+
+
+TAINT_RULES: Final = f"/apis/{GROUP}/{VERSION}/devicetaintrules"
+NO_SCHEDULE: Final = "NoSchedule"
+NO_EXECUTE: Final = "NoExecute"
+KEEPING_OFF: Final = (NO_SCHEDULE, NO_EXECUTE)
+"""The effects that keep new claims off a device (`None` is informational)."""
+
+
 class ExactRequest(wire.Message, kw_only=True, frozen=True):
     device_class_name: str = ""
     allocation_mode: str = ""
@@ -238,6 +317,7 @@ class ExactRequest(wire.Message, kw_only=True, frozen=True):
     capacity: CapacityRequirements | None = None
     selectors: list[Any] = msgspec.field(default_factory=list)
     admin_access: bool | None = None
+    tolerations: list[DeviceToleration] = msgspec.field(default_factory=list)
 
 
 class DeviceRequest(wire.Message, kw_only=True, frozen=True):
@@ -482,6 +562,8 @@ class ClaimRecord:
     resource_version: str
     asks: tuple[tuple[str, requests.GpuRequest], ...]
     """Its requests of sharegpu's class, by request name (what the allocator places)."""
+    tolerations: tuple[tuple[DeviceToleration, ...], ...]
+    """Per request of `asks`, its tolerations."""
     problem: str | None
     """Why sharegpu cannot allocate it (None: it can, or it asks nothing of sharegpu)."""
     allocation: ClaimAllocation | None
@@ -506,6 +588,11 @@ class ClaimRecord:
     def allocated(self) -> bool:
         return self.allocation is not None
 
+    def tolerates(self, taint: DeviceTaint) -> bool:
+        """Whether every request of sharegpu's class tolerates `taint` (any of them may land on the
+        tainted GPU; a claim with no such request tolerates nothing)."""
+        return bool(self.tolerations) and all(tolerates(t, taint) for t in self.tolerations)
+
     def holds_ours(self) -> bool:
         """Its allocation holds devices of sharegpu's driver (whoever allocated it)."""
         return self.allocation is not None and any(r.driver == DRIVER for r in self.allocation.devices.results)
@@ -521,6 +608,7 @@ def claim_record(claim: ResourceClaim, previous: ClaimRecord | None = None) -> C
     meta = claim.metadata
     key = claim_key(meta.namespace, meta.name)
     asks: list[tuple[str, requests.GpuRequest]] = []
+    tolerations: list[tuple[DeviceToleration, ...]] = []
     problem = None
     others = []
     try:
@@ -528,6 +616,7 @@ def claim_record(claim: ResourceClaim, previous: ClaimRecord | None = None) -> C
             found = gpu_request(request)
             if found is not None:
                 asks.append((request.name, found))
+                tolerations.append(tuple(request.exactly.tolerations) if request.exactly is not None else ())
             else:
                 others.append(request.name)
         if asks and others:
@@ -548,6 +637,7 @@ def claim_record(claim: ResourceClaim, previous: ClaimRecord | None = None) -> C
         uid=meta.uid,
         resource_version=meta.resource_version,
         asks=tuple(asks) if problem is None else (),
+        tolerations=tuple(tolerations) if problem is None else (),
         problem=problem,
         allocation=claim.status.allocation,
         reserved=tuple(c.uid for c in claim.status.reserved_for),

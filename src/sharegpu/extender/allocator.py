@@ -57,20 +57,21 @@ the claims are made and ready when the fence ends.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import hashlib
 import logging
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from sharegpu.api import constraints, dra, events, names, paths, pods, reasons, wire
-from sharegpu.core import allocation, errors, fit, units
+from sharegpu.core import allocation, errors, fit, fleet, units
 from sharegpu.extender import budgets as extender_budgets
 from sharegpu.extender import cache as extender_cache
 from sharegpu.extender import metrics as extender_metrics
@@ -436,13 +437,15 @@ class ClaimAllocator:
                 f"none of the {dra_nodes} node(s) serving DRA claims admits the pod (node selector, affinity, taints)"
             )
         placer = cache.placer
-        decision = placer.decide(request.demand, rows)
+        with _tolerating(cache.state, cache.tolerated(claim)):
+            decision = placer.decide(request.demand, rows)
         if not decision.status.ok:
             diagnosis = fit.diagnose(cache.state, request.demand, rows)
             failed = reasons.failures([cache.state.names[r] for r in rows.tolist()], diagnosis, request.demand)
             text = failed.message(len(rows))
             if turned_away:
                 text += f" ({turned_away} more turned away by the pod's node constraints)"
+            text += _untolerated(cache, claim, {cache.state.names[r] for r in rows.tolist()})
             return f"claim {claim.namespace}/{claim.name}: {text}"
         placed = placer.allocation_for(request, decision)
         # The pod holds its CPU and memory itself once bound: the claim holds only its GPU shares.
@@ -580,6 +583,38 @@ class ClaimAllocator:
             self.unused_since.pop(key, None)
             self.metrics.claims.labels("cleared").inc()
             log.warning("claim %s: allocated for %.0f s with no pod using or waiting for it; cleared", key, now - since)
+
+
+@contextlib.contextmanager
+def _tolerating(state: fleet.FleetState, gpus: Sequence[tuple[str, int]]) -> Iterator[None]:
+    """For one decision, the GPUs a claim's tolerations let it onto count healthy (the fleet counts
+    a GPU that a DeviceTaintRule keeps new claims off unhealthy); the nodes' versions move on before
+    and after, so placement's per-node caches never keep what was seen meanwhile."""
+    marked = [(row, index) for node, index in gpus if (row := state.row(node)) is not None]
+    for row, index in marked:
+        state.healthy[row, index] = True
+        state.version[row] += 1
+    try:
+        yield
+    finally:
+        for row, index in marked:
+            state.healthy[row, index] = False
+            state.version[row] += 1
+
+
+def _untolerated(cache: extender_cache.ClusterCache, claim: dra.ClaimRecord, nodes: set[str]) -> str:
+    """What the candidates' device taints that the claim does not tolerate are (empty: none)."""
+    found = [
+        f"{node}/{dra.device_name(index)} {taint} (DeviceTaintRule {rule})"
+        for (node, index), pairs in sorted(cache.taints.items())
+        if node in nodes
+        for rule, taint in pairs
+        if not claim.tolerates(taint)
+    ]
+    if not found:
+        return ""
+    more = f" and {len(found) - 3} more" if len(found) > 3 else ""
+    return f"; tainted, not tolerated by the claim's requests: {', '.join(found[:3])}{more}"
 
 
 def _crowded(record: pods.Record, claims: Sequence[dra.ClaimRecord]) -> list[str]:

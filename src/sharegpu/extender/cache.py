@@ -16,6 +16,7 @@ Everything here runs in one event loop and nothing awaits: handlers and decision
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import time
@@ -142,6 +143,12 @@ class ClusterCache:
         self._placer: placer.Placer | None = None
         self._overrides: dict[str, Placer] = {}
         self._names: lookup.NameIndex | None = None
+        self.taint_rules: dict[str, dra.TaintRule] = {}
+        """DeviceTaintRules by name (where the API serves them)."""
+        self.taints: dict[tuple[str, int], tuple[tuple[str, dra.DeviceTaint], ...]] = {}
+        """(node, GPU index) of a DRA node -> the (rule, taint) pairs that keep new claims off it
+        (NoSchedule, NoExecute), as of the last rebuild. The fleet counts such a GPU unhealthy; the
+        allocator lets a claim that tolerates them all onto it (`tolerated`)."""
         self._dra_nodes: frozenset[str] = frozenset()
         self.dra_rows: fleet.BoolArray = np.zeros(0, dtype=np.bool_)
         """Fleet rows of nodes that serve DRA claims only (the allocator's); `pod_rows` the others."""
@@ -153,6 +160,7 @@ class ClusterCache:
         out = []
         ignored = []
         dra_nodes: set[str] = set()
+        taints: dict[tuple[str, int], tuple[tuple[str, dra.DeviceTaint], ...]] = {}
         for name, device in sorted(self.devices.items()):
             node = self.nodes.get(name)
             if node is None or not node.schedulable:
@@ -161,15 +169,18 @@ class ClusterCache:
                 ignored.append(name)
                 log.error("ignoring node %s: %s", name, device.problem)
                 continue
+            gpus = device.gpus
             if device.dra:
                 dra_nodes.add(name)  # its GPUs go to DRA claims only: one path per node
+                gpus, tainted = self._tainted(name, gpus)
+                taints.update(tainted)
             try:
                 out.append(
                     devices.NodeInventory(
                         units.NodeName(name),
                         units.MilliCpu(node.cpu_milli),
                         units.MiB(node.memory_mib),
-                        device.gpus,
+                        gpus,
                         device.nvlinks,
                         device.isolation,
                         device.compute_isolation,
@@ -180,7 +191,54 @@ class ClusterCache:
                 log.error("ignoring node %s: %s", name, exc)
         self.counters.ignored_nodes = ignored
         self._dra_nodes = frozenset(dra_nodes)
+        self.taints = taints
         return out
+
+    def _tainted(
+        self, node: str, gpus: tuple[devices.GpuDevice, ...]
+    ) -> tuple[tuple[devices.GpuDevice, ...], dict[tuple[str, int], tuple[tuple[str, dra.DeviceTaint], ...]]]:
+        """A DRA node's GPUs with those the DeviceTaintRules keep new claims off counted unhealthy,
+        and those taints per GPU."""
+        if not self.taint_rules:
+            return gpus, {}
+        found: dict[tuple[str, int], tuple[tuple[str, dra.DeviceTaint], ...]] = {}
+        out = []
+        for gpu in gpus:
+            pairs = tuple(
+                (name, rule.spec.taint)
+                for name, rule in sorted(self.taint_rules.items())
+                if rule.spec.taint.effect in dra.KEEPING_OFF and rule.selects(node, gpu.index)
+            )
+            if pairs:
+                found[(node, gpu.index)] = pairs
+            out.append(dataclasses.replace(gpu, healthy=False) if pairs and gpu.healthy else gpu)
+        return tuple(out), found
+
+    def on_taint_rule(self, kind: wire.EventType, rule: dra.TaintRule) -> None:
+        """A DeviceTaintRule as the watch shows it: the fleet is rebuilt with its taints."""
+        name = rule.metadata.name
+        if kind == wire.EventType.DELETED:
+            if self.taint_rules.pop(name, None) is None:
+                return
+            self.freed_at = self.clock()
+        else:
+            if self.taint_rules.get(name) == rule:
+                return
+            self.taint_rules[name] = rule
+        self._dirty = True
+
+    def tolerated(self, claim: dra.ClaimRecord) -> list[tuple[str, int]]:
+        """The (node, GPU index) of GPUs kept off only by taints `claim` tolerates, and healthy
+        otherwise (the agent's own health is not tolerated: an unhealthy GPU takes no claim)."""
+        out = []
+        for (node, index), pairs in self.taints.items():
+            if all(claim.tolerates(taint) for _, taint in pairs) and self._healthy(node, index):
+                out.append((node, index))
+        return out
+
+    def _healthy(self, node: str, index: int) -> bool:
+        device = self.devices.get(node)
+        return device is not None and any(g.index == index and g.healthy for g in device.gpus)
 
     def rebuild(self) -> None:
         """New fleet arrays from the inventory, then every bound pod and assumed decision re-applied."""

@@ -212,6 +212,13 @@ class Extender:
                 informer.Informer(self.api, paths.PRIORITY_CLASSES, wire.PriorityClass, informer.identity,
                                   guard.on_priority_class, name="priorityclasses"),
             ]  # fmt: skip
+            if await client.serves_when_answered(self.api, dra.API_VERSION, resource="devicetaintrules"):
+                self.informers.append(informer.Informer(
+                    self.api, dra.TAINT_RULES, dra.TaintRule, informer.identity,
+                    self._changed(self.cache.on_taint_rule), name="devicetaintrules",
+                ))  # fmt: skip
+            else:
+                log.info("DeviceTaintRules are not served (Kubernetes 1.37 serves them): none is honoured")
         self.tasks = [asyncio.create_task(i.run(), name=f"informer-{i.name}") for i in self.informers]
         await asyncio.gather(*(i.synced.wait() for i in self.informers))
         listed = max((i.listed_at or started) for i in self.informers)

@@ -324,18 +324,25 @@ class KubeClient:
                 return
 
 
-async def serves(api: KubeApi, group_version: str) -> bool:
-    """Whether the API server serves `group_version` (e.g. "resource.k8s.io/v1"): its discovery
-    document answers; 404 means it does not (an older Kubernetes, or the API turned off)."""
+async def serves(api: KubeApi, group_version: str, resource: str | None = None) -> bool:
+    """Whether the API server serves `group_version` (e.g. "resource.k8s.io/v1"), and in it
+    `resource` where given ("devicetaintrules"): its discovery document answers (and lists it); 404
+    means it does not (an older Kubernetes, or the API turned off)."""
     try:
-        await api.get(f"/apis/{group_version}")
+        found = await api.get(f"/apis/{group_version}")
     except errors.NotFoundError:
         return False
-    return True
+    if resource is None:
+        return True
+    listed = found.get("resources") if isinstance(found, dict) else None
+    return any(isinstance(r, dict) and r.get("name") == resource for r in listed or [])
 
 
 async def serves_when_answered(
-    api: KubeApi, group_version: str, sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+    api: KubeApi,
+    group_version: str,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    resource: str | None = None,
 ) -> bool:
     """`serves`, asked again after any error but 404 (the API server restarting, 429, 5xx, a lost
     connection; a 401 or 403 while it loads its credentials and RBAC after a restart) with backoff
@@ -344,7 +351,7 @@ async def serves_when_answered(
     wait = 0.5
     while True:
         try:
-            return await serves(api, group_version)
+            return await serves(api, group_version, resource)
         except errors.KubeError as exc:
             log.warning("asking whether %s is served: %s; asking again in %.1f s", group_version, exc, wait)
             await sleep(wait)
