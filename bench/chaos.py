@@ -16,10 +16,12 @@ runs under the same faults).
 With `--dra`, half the nodes serve DRA claims (as agents run with --dra leave them: a Device that
 says so and a ResourceSlice), sharegpu's DeviceClass exists, and 40% of the churn's pods ask the DRA
 way: gated, their GPU a claim from the template for their share (`sharegpu-1x<milli>m-<MiB>mi`, which
-the allocator makes). The extender then also allocates claims under the faults, and three more kinds
-hit it: 409 on its claim writes, and claim writes and gate lifts the API server carried out whose
-answer was lost. The oracle then counts claims in the same ledger as the pods (`oracle.inspect`
-with claims).
+the allocator makes). The extender then also allocates claims under the faults, and more kinds hit
+it: 409 on its claim writes, claim writes and gate lifts the API server carried out whose answer was
+lost, DeviceTaintRules (NoSchedule) put on a random DRA GPU and taken away a few seconds later (all
+gone before the verdict), and claims shared by two pods (a ResourceClaim by name, both pods gated
+on it). The oracle then counts claims in the same ledger as the pods (`oracle.inspect` with
+claims), each shared claim once.
 
     python bench/chaos.py --nodes 50 --pods 600 [--dra] [--seeds 1-20] [--json PATH] [--logs DIR]
 
@@ -51,6 +53,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import random
 import shutil
@@ -164,6 +167,8 @@ class Chaos:
         self.doubles: set[str] = set()
         self.dra = dra
         self.dra_created = 0
+        self.taint_rules: set[str] = set()
+        self.untainting: list[asyncio.Task[None]] = []
 
     @property
     def api(self) -> client.KubeClient:
@@ -296,9 +301,60 @@ class Chaos:
             proxy.lose(times=2, method="PATCH", path=f"/apis/{dra.GROUP}/")
         elif kind == "gate-answer-lost":
             proxy.lose(times=2, method="PATCH", path=f"/api/v1/namespaces/{NS}/pods/")
+        elif kind == "taint-rule":
+            await self.taint_for_a_while()
+        elif kind == "shared-claim":
+            await self.shared_claim()
         elif kind in ("kube-apiserver", "etcd"):
             await asyncio.to_thread(self.plane.restart, kind, down_for=self.rng.uniform(0.5, 2.0))
         self.count(kind)
+
+    async def taint_for_a_while(self) -> None:
+        """A DeviceTaintRule (NoSchedule) on a random GPU of a DRA node, deleted 2 to 10 s later."""
+        name = f"chaos-{uuid.uuid4().hex[:8]}"
+        node = f"c{self.rng.randrange(self.nodes // 2):03d}"
+        selector = {"driver": dra.DRIVER, "pool": node, "device": dra.device_name(self.rng.randrange(4))}
+        body = {"apiVersion": dra.API_VERSION, "kind": "DeviceTaintRule", "metadata": {"name": name},
+                "spec": {"deviceSelector": selector, "taint": {"key": "chaos", "value": "maintenance",
+                                                              "effect": "NoSchedule"}}}  # fmt: skip
+        await self.guarded(lambda: self.api.create(dra.TAINT_RULES, body))
+        self.taint_rules.add(name)
+
+        async def untaint() -> None:
+            await asyncio.sleep(self.rng.uniform(2.0, 10.0))
+            await self.untaint(name)
+
+        self.untainting.append(asyncio.create_task(untaint()))
+
+    async def shared_claim(self) -> None:
+        """A ResourceClaim of sharegpu's class used by two new pods (by name), both gated."""
+        claim = f"shared-{uuid.uuid4().hex[:8]}"
+        milli = self.rng.choice([100, 200, 300])
+        request = {"name": "gpu", "exactly": {"deviceClassName": dra.CLASS, "capacity": {"requests": {
+            dra.MILLI: str(milli), dra.MEMORY: f"{DRA_MEMORY_MIB}Mi"}}}}  # fmt: skip
+        body = {"apiVersion": dra.API_VERSION, "kind": "ResourceClaim", "metadata": {"name": claim, "namespace": NS},
+                "spec": {"devices": {"requests": [request]}}}  # fmt: skip
+        await self.guarded(lambda: self.api.create(dra.claim_path(NS), body))
+        for n in range(2):
+            name = f"{claim}-{n}"
+            pod = dra_pod_body(name, "chaos-low", milli, {"cpu": "100m", "memory": "64Mi"})
+            pod["spec"]["resourceClaims"] = [{"name": dra.POD_CLAIM, "resourceClaimName": claim}]
+            await self.guarded(lambda pod=pod: self.api.create(paths.pods(NS), pod))
+            self.created.add(name)
+            self.dra_created += 1
+
+    async def untaint_all(self) -> None:
+        """Every taint rule gone (before the verdict: room the rules took is room again)."""
+        for task in self.untainting:
+            task.cancel()
+        await asyncio.gather(*self.untainting, return_exceptions=True)
+        for name in sorted(self.taint_rules):
+            await self.untaint(name)
+
+    async def untaint(self, name: str) -> None:
+        with contextlib.suppress(kube_errors.NotFoundError):
+            await self.guarded(lambda: self.api.delete(f"{dra.TAINT_RULES}/{name}"))
+        self.taint_rules.discard(name)
 
     # ----------------------------------------------------------------- churn
 
@@ -320,7 +376,7 @@ class Chaos:
                  "kube-apiserver", "etcd", "binding-answer-lost", "binding-503-after-commit",
                  "write-answer-lost"]  # fmt: skip
         if self.dra:
-            kinds += ["claim-409", "claim-answer-lost", "gate-answer-lost"]
+            kinds += ["claim-409", "claim-answer-lost", "gate-answer-lost", "taint-rule", "shared-claim"]
         plan = [k for k in kinds for _ in range(2)] + self.rng.sample(kinds, 4)
         self.rng.shuffle(plan)
         at = sorted(self.rng.sample(range(10, total - 10), len(plan)))
@@ -458,6 +514,7 @@ class Chaos:
         return out, pod_list
 
     async def verdict(self, idle_wait: float) -> dict[str, Any]:
+        await self.untaint_all()
         await asyncio.sleep(idle_wait)
         # Pending pods first: kube-scheduler's informers may be backing off after the last fault, and
         # a restarted allocator waits out its fence; what the oracle then reads is the settled state.

@@ -86,7 +86,7 @@ async def test_a_gated_pod_s_claim_is_allocated_on_a_dra_node_and_its_gate_lifte
     key = dra.claim_key("ns", "a")
     entry = h.extender.cache.ledger.get(key)
     assert entry is not None and entry.phase.value == "Added", "the watch confirmed it"
-    assert not h.extender.cache.claims_assumed
+    assert not h.extender.cache.claims.assumed
 
 
 async def test_claims_share_a_gpu_up_to_its_capacity_and_never_beyond(harness: Callable[..., Any]) -> None:
@@ -161,7 +161,7 @@ async def test_a_lost_request_is_forgotten_once_it_can_no_longer_land(harness: C
     h.clock.advance(10)
     await run(h)
     assert key in allocator.unsure, "unchanged and within the deadline: it could still land"
-    assert key in h.extender.cache.claims_assumed
+    assert key in h.extender.cache.claims.assumed
     h.clock.advance(61)
     await run(h)
     assert key not in allocator.unsure
@@ -173,7 +173,7 @@ async def test_an_event_from_before_the_write_does_not_free_the_hold(harness: Ca
     h: Harness = await harness(nodes=0, gpus=1, dra=1)
     cache = h.extender.cache
     await claimed(h, "a", 600)
-    record = cache.claim_records[dra.claim_key("ns", "a")]
+    record = cache.claims.records[dra.claim_key("ns", "a")]
     await run(h)
     assert results(h, "a")
     cache.on_claim(wire.EventType.MODIFIED, record)  # a stale event: the claim as it was before
@@ -345,7 +345,7 @@ async def test_a_pod_s_claims_go_to_one_node_all_of_them_or_none(harness: Callab
     await settle(h.server)
     await run(h)
     assert not results(h, "x") and not results(h, "y"), "two 600-milli shares fit no one-GPU node together"
-    assert not h.extender.cache.claims_assumed and int(h.extender.cache.state.milli_free.sum()) == 2000
+    assert not h.extender.cache.claims.assumed and int(h.extender.cache.state.milli_free.sum()) == 2000
     (event,) = [e for e in h.server.list_objects(paths.events("ns")) if e["reason"] == "ClaimNotAllocated"]
     assert "no GPU with 600 milli-GPU free" in event["message"]
     h.server.put_object(paths.pods("ns"), builders.MakePod("pair", "ns").container().claim("z", "a").gate().obj())

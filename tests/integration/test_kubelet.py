@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import shutil
 import subprocess
@@ -271,6 +272,107 @@ async def test_the_real_kubelets_dra_pod_is_judged_by_its_claim_left_alone_withi
                 e["message"] for e in events if e["reason"] == "GPUPodEvicted" and e["involvedObject"]["name"] == "p"
             ]
             assert said and "uses 6144 MiB" in said[0] and "4096 MiB" in said[0], said
+        finally:
+            if agent is not None:
+                await agent.stop()
+            await kube.close()
+
+
+async def test_pods_and_containers_sharing_a_claim_get_one_share_and_are_judged_together(
+    admin: client.KubeClient,
+    control_plane: controlplane.ControlPlane,
+    extender: ExtenderProcess,
+    namespace: str,
+    device_class: str,
+) -> None:
+    """Issue 39 item 2 with the real kubelet: a claim used by two pods, and one used by two containers
+    of a pod, is allocated once (one result, one share of the GPU) and prepared once; every consumer's
+    container gets the same devices. The watchdog holds the consumers of a claim to it together: two
+    pods at 2048 + 1536 MiB of the claim's 4096 are left alone; when the second grows to 3072 (5120 in
+    all) it, the pool's largest, is evicted, and the first is not."""
+    kube = stack.kube_for(control_plane, "sharegpu-agent")
+    agent: agent_runtime.Agent | None = None
+    async with real_node(admin, control_plane, namespace) as node:
+        try:
+            proc = node.folder / "proc"
+            proc.mkdir()
+            nvml = node.nvml()
+            options = agent_runtime.Options(
+                interval=0.3, dra=True, dra_plugin=node.plugin_paths, on_violation=watchdog.Action.EVICT, proc=proc
+            )
+            agent = agent_runtime.Agent(kube, node.name, nvml.open(), options)
+            await agent.start()
+            await wait_for(lambda: get_or_none(admin, dra.slice_path(node.name)), what="the node's ResourceSlice")
+            first = await node.claim_pod(admin, namespace)  # claim c and pod p
+            made = builders.MakePod("q", namespace).scheduler().grace(0)
+            made.node_selector({"kubernetes.io/hostname": node.name}).container(image="busybox").claim("c").gate()
+            body = made.obj()
+            body["spec"]["automountServiceAccountToken"] = False
+            second = await admin.create(paths.pods(namespace), body)
+            await admin.create(dra.claim_path(namespace), builders.MakeClaim("d", namespace).ask(200, "2Gi").obj())
+            both = builders.MakePod("two", namespace).scheduler().grace(0)
+            both.node_selector({"kubernetes.io/hostname": node.name})
+            both.container("a", image="busybox").container("b", image="busybox").claim("d").gate()
+            body = both.obj()
+            body["spec"]["containers"][1]["resources"] = {"claims": [{"name": "gpu"}]}  # both containers use it
+            body["spec"]["automountServiceAccountToken"] = False
+            await admin.create(paths.pods(namespace), body)
+
+            async def running(name: str) -> bool:
+                found = await admin.get(paths.pod(namespace, name))
+                return found["status"].get("phase") == "Running" and bool(node.cri.running(namespace, name))
+
+            for name in ("p", "q", "two"):
+                await explained(control_plane, node, functools.partial(running, name), f"the kubelet ran {name}")
+            claim = await admin.get(dra.claim_path(namespace, "c"))
+            (result,) = claim["status"]["allocation"]["devices"]["results"]
+            assert result["consumedCapacity"][dra.MILLI] == "300", "one share, however many use it"
+            assert {r["name"] for r in claim["status"]["reservedFor"]} == {"p", "q"}
+            index = int(result["device"].removeprefix("gpu-"))
+            specs = [f for f in node.plugin_paths.cdi_dir.iterdir() if f.name != "nvidia.json"]
+            assert len(specs) == 2, "one spec per claim (c and d), not per consumer"
+            devices_of = [
+                set(c.cdi_devices) for n in ("p", "q", "two") for c in node.cri.running(namespace, n).values()
+            ]
+            assert len(devices_of) == 4 and devices_of[0] == devices_of[1] and devices_of[2] == devices_of[3]
+            shared = await admin.get(dra.claim_path(namespace, "d"))
+            assert len(shared["status"]["allocation"]["devices"]["results"]) == 1
+
+            def process(pid: int, pod: Json) -> None:
+                (proc / str(pid)).mkdir()
+                (proc / str(pid) / "cgroup").write_text(
+                    f"0::/kubepods/besteffort/pod{pod['metadata']['uid']}/{'c' * 64}\n"
+                )
+
+            process(4343, first)
+            process(4444, second)
+            old = "processes: [{pid: 42, gpu: 2, usedMiB: 2048}]"
+
+            def uses(p_mib: int, q_mib: int) -> None:
+                listed = ", ".join(
+                    f"{{pid: {pid}, gpu: {index}, usedMiB: {mib}}}" for pid, mib in ((4343, p_mib), (4444, q_mib))
+                )
+                write_nvml(nvml.path, NVML_FILE.replace(old, f"processes: [{listed}]"))
+
+            uses(2048, 1536)  # 3584 of the claim's 4096: within, together
+
+            async def judged() -> bool:
+                usages = agent.usage.usages if agent is not None and agent.usage is not None else ()
+                return {u.pod.name for u in usages} == {"p", "q"}
+
+            await wait_for(judged, what="the watchdog judging both consumers of the claim")
+            await asyncio.sleep(1.5)  # several passes
+            assert agent.usage is not None and agent.usage.violations == (), agent.usage.violations
+
+            uses(2048, 3072)  # 5120 together: over
+
+            async def evicted() -> bool:
+                gone = await get_or_none(admin, paths.pod(namespace, "q"))
+                return gone is None or bool(gone["metadata"].get("deletionTimestamp"))
+
+            await wait_for(evicted, what="the pool's largest consumer evicted")
+            kept = await admin.get(paths.pod(namespace, "p"))
+            assert not kept["metadata"].get("deletionTimestamp"), "the other consumer is left alone"
         finally:
             if agent is not None:
                 await agent.stop()

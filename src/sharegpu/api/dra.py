@@ -484,7 +484,29 @@ _DEVICE = re.compile(r"^gpu-(\d+)$")
 
 
 def claim_key(namespace: str, name: str) -> units.PodKey:
+    """The ledger's key of claim `namespace/name` (`ClaimName.of` reads it back)."""
     return units.PodKey(f"{namespace}/{name}{CLAIM_KEY_SUFFIX}")
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimName:
+    """A claim's namespace and name, read back from its ledger key."""
+
+    namespace: str
+    name: str
+
+    @classmethod
+    def of(cls, key: str) -> ClaimName | None:
+        """The claim a ledger key stands for; None for a pod's key."""
+        if not key.endswith(CLAIM_KEY_SUFFIX):
+            return None
+        namespace, _, name = key.removesuffix(CLAIM_KEY_SUFFIX).partition("/")
+        return cls(namespace, name)
+
+
+def is_claim_key(key: str) -> bool:
+    """Whether a ledger key is a claim's (not a pod's)."""
+    return key.endswith(CLAIM_KEY_SUFFIX)
 
 
 def held(claim: ClaimRecord, memory_of: Mapping[tuple[str, int], int]) -> allocation.Allocation | None:

@@ -216,17 +216,17 @@ class ClaimAllocator:
         placed that the watch then showed unallocated again was taken back by kube-scheduler: its pod
         avoids that node."""
         for key in list(self.unsure):
-            shown = self.cache.claim_records.get(key)
-            if shown is not None and shown.allocated and key not in self.cache.claims_assumed:
+            shown = self.cache.claims.records.get(key)
+            if shown is not None and shown.allocated and key not in self.cache.claims.assumed:
                 del self.unsure[key]  # the watch shows the write that was not answered
-        cleared, self.cache.cleared = self.cache.cleared, {}
+        cleared, self.cache.claims.cleared = self.cache.claims.cleared, {}
         for key, node in cleared.items():
             placed = self.placed_on.pop(key, None)
             if placed is not None and placed[1] == node:
                 self.avoid.setdefault(placed[0], set()).add(node)
                 self.metrics.claims.labels("taken-back").inc()
                 log.info("claim %s: kube-scheduler cleared its allocation on %s; its pod avoids that node", key, node)
-        for key in [k for k in self.placed_on if k not in self.cache.claim_records]:
+        for key in [k for k in self.placed_on if k not in self.cache.claims.records]:
             del self.placed_on[key]
         waiting = {r.uid for r in map(self.cache.record, self.cache.claiming) if r is not None and r.gated}
         self.lifted = {uid: version for uid, version in self.lifted.items() if uid in waiting}
@@ -245,8 +245,8 @@ class ClaimAllocator:
                     await self._make_template(namespace, ref.template)
                 return None
             key = dra.claim_key(namespace, ref.claim)
-            claim = self.cache.claim_records.get(key)
-            if claim is None and key not in self.cache.foreign_claims:
+            claim = self.cache.claims.records.get(key)
+            if claim is None and key not in self.cache.claims.foreign:
                 return None  # not made yet, or not seen yet: it may be of the class
             if claim is not None and claim.ours:
                 found.append(claim)
@@ -293,7 +293,7 @@ class ClaimAllocator:
         if problems:
             await self._say(record, "; ".join(problems))
             return None
-        done = [c for c in claims if c.allocated or c.key in self.cache.claims_assumed]
+        done = [c for c in claims if c.allocated or c.key in self.cache.claims.assumed]
         todo = [c for c in claims if c not in done]
         if todo and self.budgets is not None:
             held_back = self.budgets.refusal(record.key.split("/", 1)[0], record.priority)
@@ -305,21 +305,21 @@ class ClaimAllocator:
         decided: list[tuple[dra.ClaimRecord, allocation.Allocation]] = []
         for claim in todo:
             if len(nodes) > 1:
-                await self._say(record, f"its claims are allocated on several nodes: {sorted(n for n in nodes if n)}")
-                placed: allocation.Allocation | str = "several nodes"
+                placed = Placement(
+                    refusal=f"its claims are allocated on several nodes: {sorted(n for n in nodes if n)}"
+                )
             else:
                 placed = self._place(record, claim, next(iter(nodes)) if nodes else None)
-                if isinstance(placed, str):
-                    await self._say(record, placed)
-            if isinstance(placed, str):
+            if placed.allocation is None:
+                await self._say(record, placed.refusal)
                 for undone, _ in decided:
                     self.cache.forget_claim(undone.key)
                 return None
-            decided.append((claim, placed))
-            nodes.add(placed.node)
+            decided.append((claim, placed.allocation))
+            nodes.add(placed.allocation.node)
         if decided and fresh and decided[0][1].node in self._room:
             self._room[decided[0][1].node] -= 1
-        shown = all(c.allocated and c.key not in self.cache.claims_assumed for c in claims)
+        shown = all(c.allocated and c.key not in self.cache.claims.assumed for c in claims)
         lift = not decided and shown and record.gated and self.lifted.get(record.uid) != record.resource_version
         if not decided and not lift:
             return None
@@ -344,7 +344,7 @@ class ClaimAllocator:
                     self.cache.forget_claim(claim.key)
 
     def _node_of(self, claim: dra.ClaimRecord) -> str | None:
-        held = self.cache.claims.get(claim.key) or self.cache.claims_assumed.get(claim.key)
+        held = self.cache.claims.holding(claim.key)
         return held.node if held is not None else None
 
     def _pod_room(self) -> dict[str, int]:
@@ -360,7 +360,7 @@ class ClaimAllocator:
             namespace = key.split("/", 1)[0]
             for ref in record.claims:
                 claim = dra.claim_key(namespace, ref.claim) if ref.claim else None
-                held = (cache.claims.get(claim) or cache.claims_assumed.get(claim)) if claim else None
+                held = cache.claims.holding(claim) if claim else None
                 if held is not None:
                     incoming[held.node] += 1
                     break
@@ -407,13 +407,13 @@ class ClaimAllocator:
         facts = self.cache.nodes.get(name)
         return facts is None or facts.terms is None or terms.allows(facts.terms)
 
-    def _place(self, record: pods.Record, claim: dra.ClaimRecord, node: str | None) -> allocation.Allocation | str:
-        """The claim's allocation, held in the ledger; or why it fits nowhere."""
+    def _place(self, record: pods.Record, claim: dra.ClaimRecord, node: str | None) -> Placement:
+        """The claim's allocation, held in the ledger, or why it fits nowhere."""
         cache = self.cache
         try:
             request = claim.pod_request(record.cpu_milli, record.memory_mib)
         except errors.InvalidInputError as exc:
-            return f"claim {claim.namespace}/{claim.name}: {exc}"
+            return Placement(refusal=f"claim {claim.namespace}/{claim.name}: {exc}")
         rows, turned_away = self._rows(record, node)
         full = 0
         if node is None and self._room:
@@ -422,19 +422,22 @@ class ClaimAllocator:
             full = len(rows) - len(open_rows)
             rows = np.array(open_rows, dtype=np.int64)
         if not len(rows) and full:
-            return (
-                f"claim {claim.namespace}/{claim.name}: the {full} node(s) serving DRA claims that admit the pod "
-                f"hold as many pods as they take (allocatable pods)"
+            return Placement(
+                refusal=f"claim {claim.namespace}/{claim.name}: the {full} node(s) serving DRA claims that admit "
+                "the pod hold as many pods as they take (allocatable pods)"
             )
         if not len(rows):
             if node is not None:
                 where = f"claim {claim.namespace}/{claim.name}"
-                return f"{where} must join its pod's other claims on {node}, which serves no DRA claims"
+                return Placement(
+                    refusal=f"{where} must join its pod's other claims on {node}, which serves no DRA claims"
+                )
             dra_nodes = int(cache.dra_rows.sum())
             if not dra_nodes:
-                return "no node serves sharegpu's DRA claims (agents with --dra publish them)"
-            return (
-                f"none of the {dra_nodes} node(s) serving DRA claims admits the pod (node selector, affinity, taints)"
+                return Placement(refusal="no node serves sharegpu's DRA claims (agents with --dra publish them)")
+            return Placement(
+                refusal=f"none of the {dra_nodes} node(s) serving DRA claims admits the pod "
+                "(node selector, affinity, taints)"
             )
         placer = cache.placer
         with _tolerating(cache.state, cache.tolerated(claim)):
@@ -446,13 +449,13 @@ class ClaimAllocator:
             if turned_away:
                 text += f" ({turned_away} more turned away by the pod's node constraints)"
             text += _untolerated(cache, claim, {cache.state.names[r] for r in rows.tolist()})
-            return f"claim {claim.namespace}/{claim.name}: {text}"
+            return Placement(refusal=f"claim {claim.namespace}/{claim.name}: {text}")
         placed = placer.allocation_for(request, decision)
         # The pod holds its CPU and memory itself once bound: the claim holds only its GPU shares.
         placed = dataclasses.replace(placed, cpu_milli=0, memory_mib=0)
         if not cache.assume_claim(placed):
-            return f"claim {claim.namespace}/{claim.name}: the decision did not fit the ledger"
-        return placed
+            return Placement(refusal=f"claim {claim.namespace}/{claim.name}: the decision did not fit the ledger")
+        return Placement(allocation=placed)
 
     # ----------------------------------------------------------------- writes
 
@@ -536,9 +539,12 @@ class ClaimAllocator:
         for key, unsure in list(self.unsure.items()):
             if now - unsure.at < self.settle:
                 continue
-            namespace, name = key.removesuffix(dra.CLAIM_KEY_SUFFIX).split("/", 1)
+            named = dra.ClaimName.of(key)
+            if named is None:
+                del self.unsure[key]
+                continue
             try:
-                found: dict[str, Any] | None = await self.api.get(dra.claim_path(namespace, name))
+                found: dict[str, Any] | None = await self.api.get(dra.claim_path(named.namespace, named.name))
             except kube_errors.NotFoundError:
                 found = None
             except errors.SharegpuError as exc:
@@ -546,7 +552,7 @@ class ClaimAllocator:
                 continue
             del self.unsure[key]
             if found is not None and (found.get("status") or {}).get("allocation"):
-                # it landed: its hold (`ClusterCache.claims_assumed`) stays until the watch shows it
+                # it landed: its hold (`ClaimTable.assumed`) stays until the watch shows it
                 self.metrics.unknown.labels("claim-allocation", "done").inc()
                 continue
             unchanged = found is not None and found["metadata"].get("resourceVersion") == unsure.resource_version
@@ -566,9 +572,9 @@ class ClaimAllocator:
                 continue
             namespace = key.split("/", 1)[0]
             waiting.update(dra.claim_key(namespace, ref.claim) for ref in record.claims if ref.claim)
-        for key, claim in self.cache.claim_records.items():
+        for key, claim in self.cache.claims.records.items():
             unused = claim.ours and claim.allocated and not claim.reserved and key not in waiting
-            if not unused or key in self.cache.claims_assumed:
+            if not unused or key in self.cache.claims.assumed:
                 self.unused_since.pop(key, None)
                 continue
             since = self.unused_since.setdefault(key, now)
@@ -583,6 +589,14 @@ class ClaimAllocator:
             self.unused_since.pop(key, None)
             self.metrics.claims.labels("cleared").inc()
             log.warning("claim %s: allocated for %.0f s with no pod using or waiting for it; cleared", key, now - since)
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """What placing one claim came to: its allocation (held in the ledger), or why it fits nowhere."""
+
+    allocation: allocation.Allocation | None = None
+    refusal: str = ""
 
 
 @contextlib.contextmanager

@@ -9,7 +9,11 @@ the bind fails (`forget`) or, if neither ever happens, when they expire (`stale_
 
 Pods are kept as `api.pods.Record`s (the facts placement needs, parsed once per event), not as the
 objects themselves. Reservation pods are kept apart (`reservations`): the reservation reconciler
-decides about them; the cache only counts who shares which GPU (`sharers`, `shared_slots`).
+decides about them; the cache only counts who shares which GPU (`sharers`, `shared_slots`). DRA
+claims are kept in their own tables (`claims`, `extender.claims`): what those of sharegpu's driver
+hold goes into the same ledger as the pods. DeviceTaintRules (`taint_rules`) count the GPUs of DRA
+nodes they taint unhealthy in the fleet; the allocator lets a claim that tolerates the taints onto
+them (`tolerated`).
 
 Everything here runs in one event loop and nothing awaits: handlers and decisions never interleave.
 """
@@ -30,6 +34,7 @@ from sharegpu.api import devices as api_devices
 from sharegpu.api import dra, pods, wire
 from sharegpu.core import allocation, devices, errors, fleet, frag, placer, policies, units
 from sharegpu.core import ledger as core_ledger
+from sharegpu.extender import claims as claim_tables
 from sharegpu.extender import lookup
 
 log = logging.getLogger(__name__)
@@ -110,19 +115,8 @@ class ClusterCache:
         self.pods_on: Counter[str] = Counter()
         """Pods bound to each node that have not ended, reservations included (what its pod capacity,
         `allocatable.pods`, is counted against)."""
-        self.claims: dict[units.PodKey, allocation.Allocation] = {}
-        """DRA claims of sharegpu's driver that hold GPUs (`api.dra.claim_key` -> what they hold)."""
-        self.claim_records: dict[units.PodKey, dra.ClaimRecord] = {}
-        """Claims of sharegpu's class or holding its devices, as the API shows them."""
-        self.foreign_claims: set[units.PodKey] = set()
-        """The other claims the watch shows (their keys only): a gated pod that uses one is not waiting
-        for it to be made."""
-        self.claims_assumed: dict[units.PodKey, allocation.Allocation] = {}
-        """Claims the DRA allocator has decided and is writing (or wrote), until the watch shows them
-        allocated: an event from before the write, showing the claim unallocated, does not free them."""
-        self.cleared: dict[units.PodKey, str] = {}
-        """Claims the watch showed allocated and then not (kube-scheduler's PostFilter took the
-        allocation back, or it was freed) -> the node they were on; the allocator takes them."""
+        self.claims = claim_tables.ClaimTable()
+        """DRA claims (`extender.claims`): what those of sharegpu's driver hold is counted in the ledger."""
         self.claiming: set[units.PodKey] = set()
         """Pods with `spec.resourceClaims` or sharegpu's scheduling gate that are not bound yet (nor
         finished, nor being deleted)."""
@@ -271,9 +265,9 @@ class ClusterCache:
                 log.error("pod %s on %s conflicts with the ledger: %s", record.key, record.node, result.message)
         for record in rest:
             self._account(record)
-        for alloc in self.claims.values():
+        for alloc in self.claims.held.values():
             self._add_claim(self._ledger, alloc)
-        for key, alloc in list(self.claims_assumed.items()):
+        for key, alloc in list(self.claims.assumed.items()):
             if key not in self._ledger and not self._ledger.assume(alloc).ok:
                 log.warning("claim %s being allocated no longer fits after the inventory changed", key)
         for node, gpus in self.holds.values():
@@ -407,41 +401,19 @@ class ClusterCache:
             self._account(record)
 
     def on_claim(self, kind: wire.EventType, record: dra.ClaimRecord) -> None:
-        """A DRA claim, as the watch shows it. One of sharegpu's class is kept for the allocator; one
-        holding the driver's GPUs, whoever allocated it, is held in the one ledger beside the pods: no
-        GPU is given twice, or past its capacity, across the two paths (a claim that does not fit is
-        counted all the same and blocks its GPU, as a bound pod would). A claim the allocator is
-        writing stays held while the watch still shows it unallocated."""
-        key = record.key
-        alloc = None
-        if kind == wire.EventType.DELETED:
-            self.claim_records.pop(key, None)
-            self.foreign_claims.discard(key)
-            self.cleared.pop(key, None)  # kept only for claims that exist (a replica not leading never takes them)
-        else:
-            if record.ours or record.holds_ours():
-                self.claim_records[key] = record
-                self.foreign_claims.discard(key)
-            else:
-                self.claim_records.pop(key, None)
-                self.foreign_claims.add(key)
-            try:
-                alloc = dra.held(record, self._memory_of())
-            except errors.InvalidInputError as exc:
-                self.counters.invalid += 1
-                log.error("claim %s is not counted: %s", key, exc)
-        old = self.claims.pop(key, None)
-        if alloc is not None:
-            self.claims[key] = alloc
-        elif old is not None and kind != wire.EventType.DELETED:
-            self.cleared[key] = old.node
-        writing = key in self.claims_assumed
-        if kind == wire.EventType.DELETED and writing:
+        """A DRA claim, as the watch shows it (`claims`). One holding the driver's GPUs, whoever
+        allocated it, is held in the one ledger beside the pods: no GPU is given twice, or past its
+        capacity, across the two paths (a claim that does not fit is counted all the same and blocks
+        its GPU, as a bound pod would). A claim the allocator is writing stays held while the watch
+        still shows it unallocated."""
+        seen = self.claims.observe(kind, record, self._memory_of())
+        key, old, alloc = seen.key, seen.old, seen.new
+        if seen.invalid is not None:
+            self.counters.invalid += 1
+            log.error("claim %s is not counted: %s", key, seen.invalid)
+        if seen.forget:
             self.forget_claim(key)
-            writing = False
-        if alloc is not None and writing:
-            del self.claims_assumed[key]  # the watch shows it: the ledger's entry becomes the API's
-        elif alloc is None and writing:
+        elif seen.as_decided:
             return  # shown from before the write landed: held as decided
         if old == alloc or self._dirty or self._ledger is None:
             if alloc is not None and not self._dirty and self._ledger is not None and key not in self._ledger:
@@ -457,12 +429,12 @@ class ClusterCache:
         """Hold a claim the allocator decided, before it writes it (the next decision sees it)."""
         if not self.ledger.assume(alloc).ok:
             return False
-        self.claims_assumed[alloc.pod] = alloc
+        self.claims.assumed[alloc.pod] = alloc
         return True
 
     def forget_claim(self, key: units.PodKey) -> bool:
         """Undo `assume_claim` (its write failed, or can no longer land): True if there was one."""
-        if self.claims_assumed.pop(key, None) is None:
+        if self.claims.assumed.pop(key, None) is None:
             return False
         if not self._dirty and self._ledger is not None:
             self._ledger.forget(key)
@@ -609,7 +581,7 @@ class ClusterCache:
         if self._dra_nodes:
             for key, entry in self.ledger.entries():
                 alloc = entry.alloc
-                if alloc.node in self._dra_nodes and not alloc.exclusive and not key.endswith(dra.CLAIM_KEY_SUFFIX):
+                if alloc.node in self._dra_nodes and not alloc.exclusive and not dra.is_claim_key(key):
                     out.update((alloc.node, index) for index in alloc.gpu_usage())
         return out
 

@@ -91,7 +91,7 @@ class OvercommitReconciler:
         for gpu in found:
             await self._report(gpu)
             await self._repair(gpu)
-        for key in [k for k in self.tried if self.cache.record(k) is None and k not in self.cache.claim_records]:
+        for key in [k for k in self.tried if self.cache.record(k) is None and k not in self.cache.claims.records]:
             del self.tried[key]
         # What was said of GPUs that are fine again is forgotten (said again, should they not be).
         current = {gpu.where for gpu in found}
@@ -130,14 +130,14 @@ class OvercommitReconciler:
         return True
 
     async def _repair(self, gpu: ledger.Overcommit) -> None:
-        claim_keys = [k for k in gpu.pods if k.endswith(dra.CLAIM_KEY_SUFFIX)]
-        claims = [self.cache.claim_records.get(k) for k in claim_keys]
+        claim_keys = [k for k in gpu.pods if dra.is_claim_key(k)]
+        claims = [self.cache.claims.records.get(k) for k in claim_keys]
         tenants = [self.cache.record(key) for key in gpu.pods if key not in claim_keys]
         if any(r is None or r.deleting or r.terminal for r in tenants) or any(c is None or c.deleting for c in claims):
             return  # one is leaving: the ledger checks the GPU again when it has gone
         unused = [
             c for c in claims
-            if c is not None and c.allocated and not c.reserved and c.key not in self.cache.claims_assumed
+            if c is not None and c.allocated and not c.reserved and c.key not in self.cache.claims.assumed
         ]  # fmt: skip
         if unused:
             await self._clear(gpu, max(unused, key=lambda c: (c.created, c.key)))
