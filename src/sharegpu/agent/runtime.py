@@ -17,11 +17,14 @@ and serves /healthz, /readyz and /metrics. The `Agent` runs the pass and hands e
   (per-pod and per-GPU usage on /metrics), and on a violation `agent.actions` acts as configured
   (`--on-violation`: report, kill, evict) — not while a reservation's reported GPU is being
   corrected. A second informer keeps the SharedDeviceGroups (which namespaces each admits): a pod
-  labelled with a group counts as its member only in those.
+  labelled with a group counts as its member only in those;
+- the kubelet's plugins: the volume plugin (`agent.volumes`, unless `Options.volumes` is None),
+  which binds a sharing pod's MPS tenant folder or HAMi-core's library into its volumes, and with
+  `--dra` the ResourceSlice (`agent.publication`) and the DRA plugin (`agent.draplugin`).
 
-/readyz is ok once both informers listed, the last pass succeeded, and the API accepts the
-agent's credentials; while the kubelet's socket is gone (a kubelet restart) its detail says so and
-the agent stays ready.
+/readyz is ok once both informers listed, the last pass succeeded, the API accepts the agent's
+credentials, and the kubelet has registered the plugins the agent serves; while the kubelet's
+PodResources socket is gone (a kubelet restart) its detail says so and the agent stays ready.
 """
 
 from __future__ import annotations

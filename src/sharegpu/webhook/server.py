@@ -8,7 +8,9 @@ kubeconfig, the webhook follows the Device inventory (largest GPU memory, models
 the GPUBudgets and ClusterGPUBudgets (an exhausted one refuses or demotes new GPU pods; cluster ones
 by the labels of the namespaces, which it also follows, and asks for a namespace it has not seen
 yet) and the PriorityClasses (what a demoted pod must carry); /readyz is false until those informers
-have listed, and again whenever one cannot watch.
+have listed, and again whenever one cannot watch. Before it judges a new pod that names
+ResourceClaims, it reads each claim or template from the API (`_learn_claims`): a pod whose claims
+may be of sharegpu's class is gated for sharegpu's allocator.
 
 Malformed bodies never crash the server: anything that is not a JSON AdmissionReview gets a 400
 with a message; a review that cannot be judged is refused (never allowed).
