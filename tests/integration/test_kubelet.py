@@ -92,6 +92,24 @@ class RealNode:
         return check
 
 
+@contextlib.asynccontextmanager
+async def dra_agent(
+    control_plane: controlplane.ControlPlane, node: RealNode, **settings: Any
+) -> AsyncIterator[tuple[agent_runtime.Agent, fakenvml.FakeNvml]]:
+    """The agent with --dra (its own RBAC) serving the kubelet's DRA plugin on `node`, on the node's
+    fake NVML (`settings`: more of its Options; a pass every 0.5 s unless said), and that NVML."""
+    kube = stack.kube_for(control_plane, "sharegpu-agent")
+    nvml = node.nvml()
+    options = agent_runtime.Options(dra=True, dra_plugin=node.plugin_paths, **{"interval": 0.5, **settings})
+    agent = agent_runtime.Agent(kube, node.name, nvml.open(), options)
+    try:
+        await agent.start()
+        yield agent, nvml
+    finally:
+        await agent.stop()
+        await kube.close()
+
+
 def _unmount_under(folder: Path) -> None:
     """Volumes the kubelet mounted (a pod's tmpfs) and did not unmount before it stopped."""
     with open("/proc/mounts") as mounts:
@@ -153,64 +171,53 @@ async def test_the_real_kubelet_prepares_a_claim_through_the_plugin_and_the_runt
     namespace: str,
     device_class: str,
 ) -> None:
-    kube = stack.kube_for(control_plane, "sharegpu-agent")
-    agent: agent_runtime.Agent | None = None
-    async with real_node(admin, control_plane, namespace) as node:
-        try:
-            plugin_paths = node.plugin_paths
-            options = agent_runtime.Options(interval=0.5, dra=True, dra_plugin=plugin_paths)
-            agent = agent_runtime.Agent(kube, node.name, node.nvml().open(), options)
-            await agent.start()
-            plugin = agent.plugin
-            assert plugin is not None
+    async with real_node(admin, control_plane, namespace) as node, dra_agent(control_plane, node) as (agent, _):
+        plugin = agent.plugin
+        assert plugin is not None
 
-            async def plugin_registered() -> bool:
-                return plugin.registration.registered is True
+        async def plugin_registered() -> bool:
+            return plugin.registration.registered is True
 
-            await wait_for(plugin_registered, timeout=60, what="the kubelet registered sharegpu's DRA plugin")
-            await wait_for(lambda: get_or_none(admin, dra.slice_path(node.name)), what="the node's ResourceSlice")
+        await wait_for(plugin_registered, timeout=60, what="the kubelet registered sharegpu's DRA plugin")
+        await wait_for(lambda: get_or_none(admin, dra.slice_path(node.name)), what="the node's ResourceSlice")
 
-            claims = dra.claim_path(namespace)
-            await node.claim_pod(admin, namespace)
+        claims = dra.claim_path(namespace)
+        await node.claim_pod(admin, namespace)
 
-            async def bound() -> str | None:
-                found = await admin.get(paths.pod(namespace, "p"))
-                node_name: str | None = found["spec"].get("nodeName")
-                return node_name
+        async def bound() -> str | None:
+            found = await admin.get(paths.pod(namespace, "p"))
+            node_name: str | None = found["spec"].get("nodeName")
+            return node_name
 
-            assert await wait_for(bound, timeout=90, what="the pod bound to the kubelet's node") == node.name
-            claim = await admin.get(f"{claims}/c")
-            uid = claim["metadata"]["uid"]
-            spec_file = plugin_paths.cdi_dir / cdi.file_name(uid)
+        assert await wait_for(bound, timeout=90, what="the pod bound to the kubelet's node") == node.name
+        claim = await admin.get(f"{claims}/c")
+        uid = claim["metadata"]["uid"]
+        spec_file = node.plugin_paths.cdi_dir / cdi.file_name(uid)
 
-            async def prepared() -> bool:
-                return spec_file.exists()
+        async def prepared() -> bool:
+            return spec_file.exists()
 
-            await explained(control_plane, node, prepared, "the kubelet prepared the claim through the plugin")
-            (result,) = claim["status"]["allocation"]["devices"]["results"]
-            index = int(result["device"].removeprefix("gpu-"))
-            written = orjson.loads(spec_file.read_bytes())
-            assert f"{names.DOMAIN}/claim" == written["kind"]
-            assert f"NVIDIA_VISIBLE_DEVICES=GPU-{index}" in written["devices"][0]["containerEdits"]["env"]
+        await explained(control_plane, node, prepared, "the kubelet prepared the claim through the plugin")
+        (result,) = claim["status"]["allocation"]["devices"]["results"]
+        index = int(result["device"].removeprefix("gpu-"))
+        written = orjson.loads(spec_file.read_bytes())
+        assert f"{names.DOMAIN}/claim" == written["kind"]
+        assert f"NVIDIA_VISIBLE_DEVICES=GPU-{index}" in written["devices"][0]["containerEdits"]["env"]
 
-            await explained(control_plane, node, node.running(admin, namespace), "the kubelet ran the pod's container")
-            # What the runtime gave the container: the GPU the claim holds (the toolkit's CDI device, its
-            # device node) and the hand-off's variables from sharegpu's spec, both named by the kubelet.
-            (container,) = node.cri.running(namespace, "p").values()
-            assert set(container.cdi_devices) == {cdi.nvidia_device(f"GPU-{index}"), cdi.device_id(uid, "gpu")}
-            assert f"/dev/nvidia{index}" in container.device_nodes
-            assert container.env["NVIDIA_VISIBLE_DEVICES"] == f"GPU-{index}"
+        await explained(control_plane, node, node.running(admin, namespace), "the kubelet ran the pod's container")
+        # What the runtime gave the container: the GPU the claim holds (the toolkit's CDI device, its
+        # device node) and the hand-off's variables from sharegpu's spec, both named by the kubelet.
+        (container,) = node.cri.running(namespace, "p").values()
+        assert set(container.cdi_devices) == {cdi.nvidia_device(f"GPU-{index}"), cdi.device_id(uid, "gpu")}
+        assert f"/dev/nvidia{index}" in container.device_nodes
+        assert container.env["NVIDIA_VISIBLE_DEVICES"] == f"GPU-{index}"
 
-            await admin.delete(paths.pod(namespace, "p"), grace_period=0)
+        await admin.delete(paths.pod(namespace, "p"), grace_period=0)
 
-            async def unprepared() -> bool:
-                return not spec_file.exists()
+        async def unprepared() -> bool:
+            return not spec_file.exists()
 
-            await wait_for(unprepared, timeout=90, what="the kubelet unprepared the claim once the pod went")
-        finally:
-            if agent is not None:
-                await agent.stop()
-            await kube.close()
+        await wait_for(unprepared, timeout=90, what="the kubelet unprepared the claim once the pod went")
 
 
 async def test_the_real_kubelets_dra_pod_is_judged_by_its_claim_left_alone_within_it_and_evicted_over_it(
@@ -220,18 +227,11 @@ async def test_the_real_kubelets_dra_pod_is_judged_by_its_claim_left_alone_withi
     namespace: str,
     device_class: str,
 ) -> None:
-    kube = stack.kube_for(control_plane, "sharegpu-agent")
-    agent: agent_runtime.Agent | None = None
     async with real_node(admin, control_plane, namespace) as node:
-        try:
-            proc = node.folder / "proc"
-            proc.mkdir()
-            nvml = node.nvml()
-            options = agent_runtime.Options(
-                interval=0.3, dra=True, dra_plugin=node.plugin_paths, on_violation=watchdog.Action.EVICT, proc=proc
-            )
-            agent = agent_runtime.Agent(kube, node.name, nvml.open(), options)
-            await agent.start()
+        proc = node.folder / "proc"
+        proc.mkdir()
+        settings = {"interval": 0.3, "on_violation": watchdog.Action.EVICT, "proc": proc}
+        async with dra_agent(control_plane, node, **settings) as (agent, nvml):
             await wait_for(lambda: get_or_none(admin, dra.slice_path(node.name)), what="the node's ResourceSlice")
             pod = await node.claim_pod(admin, namespace)
             await explained(control_plane, node, node.running(admin, namespace), "the kubelet ran the DRA pod")
@@ -251,7 +251,7 @@ async def test_the_real_kubelets_dra_pod_is_judged_by_its_claim_left_alone_withi
             uses(3072)  # within the claim's 4 GiB
 
             async def judged() -> bool:
-                usages = agent.usage.usages if agent is not None and agent.usage is not None else ()
+                usages = agent.usage.usages if agent.usage is not None else ()
                 return any(u.pod.name == "p" and u.allocated_mib == 4096 for u in usages)
 
             await wait_for(judged, what="the watchdog judging the pod by its claim's 4096 MiB")
@@ -272,10 +272,6 @@ async def test_the_real_kubelets_dra_pod_is_judged_by_its_claim_left_alone_withi
                 e["message"] for e in events if e["reason"] == "GPUPodEvicted" and e["involvedObject"]["name"] == "p"
             ]
             assert said and "uses 6144 MiB" in said[0] and "4096 MiB" in said[0], said
-        finally:
-            if agent is not None:
-                await agent.stop()
-            await kube.close()
 
 
 async def test_pods_and_containers_sharing_a_claim_get_one_share_and_are_judged_together(
@@ -290,18 +286,11 @@ async def test_pods_and_containers_sharing_a_claim_get_one_share_and_are_judged_
     container gets the same devices. The watchdog holds the consumers of a claim to it together: two
     pods at 2048 + 1536 MiB of the claim's 4096 are left alone; when the second grows to 3072 (5120 in
     all) it, the pool's largest, is evicted, and the first is not."""
-    kube = stack.kube_for(control_plane, "sharegpu-agent")
-    agent: agent_runtime.Agent | None = None
     async with real_node(admin, control_plane, namespace) as node:
-        try:
-            proc = node.folder / "proc"
-            proc.mkdir()
-            nvml = node.nvml()
-            options = agent_runtime.Options(
-                interval=0.3, dra=True, dra_plugin=node.plugin_paths, on_violation=watchdog.Action.EVICT, proc=proc
-            )
-            agent = agent_runtime.Agent(kube, node.name, nvml.open(), options)
-            await agent.start()
+        proc = node.folder / "proc"
+        proc.mkdir()
+        settings = {"interval": 0.3, "on_violation": watchdog.Action.EVICT, "proc": proc}
+        async with dra_agent(control_plane, node, **settings) as (agent, nvml):
             await wait_for(lambda: get_or_none(admin, dra.slice_path(node.name)), what="the node's ResourceSlice")
             first = await node.claim_pod(admin, namespace)  # claim c and pod p
             made = builders.MakePod("q", namespace).scheduler().grace(0)
@@ -357,7 +346,7 @@ async def test_pods_and_containers_sharing_a_claim_get_one_share_and_are_judged_
             uses(2048, 1536)  # 3584 of the claim's 4096: within, together
 
             async def judged() -> bool:
-                usages = agent.usage.usages if agent is not None and agent.usage is not None else ()
+                usages = agent.usage.usages if agent.usage is not None else ()
                 return {u.pod.name for u in usages} == {"p", "q"}
 
             await wait_for(judged, what="the watchdog judging both consumers of the claim")
@@ -373,10 +362,6 @@ async def test_pods_and_containers_sharing_a_claim_get_one_share_and_are_judged_
             await wait_for(evicted, what="the pool's largest consumer evicted")
             kept = await admin.get(paths.pod(namespace, "p"))
             assert not kept["metadata"].get("deletionTimestamp"), "the other consumer is left alone"
-        finally:
-            if agent is not None:
-                await agent.stop()
-            await kube.close()
 
 
 @dataclass

@@ -106,16 +106,8 @@ class DraPlugin:
         self.paths.cdi_dir.mkdir(parents=True, exist_ok=True)
         self.claims = await asyncio.to_thread(self._recover)
         await self._collect()
-        prepare = grpc.unary_unary_rpc_method_handler(
-            self._prepare,
-            request_deserializer=pb.NodePrepareResourcesRequest.FromString,
-            response_serializer=pb.NodePrepareResourcesResponse.SerializeToString,
-        )
-        unprepare = grpc.unary_unary_rpc_method_handler(
-            self._unprepare,
-            request_deserializer=pb.NodeUnprepareResourcesRequest.FromString,
-            response_serializer=pb.NodeUnprepareResourcesResponse.SerializeToString,
-        )
+        prepare = unixgrpc.unary(self._prepare, pb.NodePrepareResourcesRequest, pb.NodePrepareResourcesResponse)
+        unprepare = unixgrpc.unary(self._unprepare, pb.NodeUnprepareResourcesRequest, pb.NodeUnprepareResourcesResponse)
         handlers = [grpc.method_handlers_generic_handler(s, {PREPARE: prepare, UNPREPARE: unprepare}) for s in SERVICES]
         self._plugin = await unixgrpc.serve(self.paths.plugin_socket, handlers)
         await self.registration.start()

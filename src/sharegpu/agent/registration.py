@@ -39,16 +39,8 @@ class Registration:
 
     async def start(self) -> None:
         """Serve the registration socket (the plugin's own service must already be served)."""
-        info = grpc.unary_unary_rpc_method_handler(
-            self._get_info,
-            request_deserializer=reg.InfoRequest.FromString,
-            response_serializer=reg.PluginInfo.SerializeToString,
-        )
-        notify = grpc.unary_unary_rpc_method_handler(
-            self._notify,
-            request_deserializer=reg.RegistrationStatus.FromString,
-            response_serializer=reg.RegistrationStatusResponse.SerializeToString,
-        )
+        info = unixgrpc.unary(self._get_info, reg.InfoRequest, reg.PluginInfo)
+        notify = unixgrpc.unary(self._notify, reg.RegistrationStatus, reg.RegistrationStatusResponse)
         handler = grpc.method_handlers_generic_handler(SERVICE, {GET_INFO: info, NOTIFY: notify})
         self._server = await unixgrpc.serve(self.socket, [handler])
         log.info("%s %s: serving %s, registration at %s", self.info.type, self.info.name, self.info.endpoint,

@@ -302,19 +302,21 @@ class VolumesPlugin:
     async def start(self) -> None:
         """Serve the plugin, then register it."""
         identity = {
-            "GetPluginInfo": _unary(self._info, pb.GetPluginInfoRequest, pb.GetPluginInfoResponse),
-            "GetPluginCapabilities": _unary(
+            "GetPluginInfo": unixgrpc.unary(self._info, pb.GetPluginInfoRequest, pb.GetPluginInfoResponse),
+            "GetPluginCapabilities": unixgrpc.unary(
                 self._plugin_capabilities, pb.GetPluginCapabilitiesRequest, pb.GetPluginCapabilitiesResponse
             ),
-            "Probe": _unary(self._probe, pb.ProbeRequest, pb.ProbeResponse),
+            "Probe": unixgrpc.unary(self._probe, pb.ProbeRequest, pb.ProbeResponse),
         }
         node = {
-            "NodeGetInfo": _unary(self._node_info, pb.NodeGetInfoRequest, pb.NodeGetInfoResponse),
-            "NodeGetCapabilities": _unary(
+            "NodeGetInfo": unixgrpc.unary(self._node_info, pb.NodeGetInfoRequest, pb.NodeGetInfoResponse),
+            "NodeGetCapabilities": unixgrpc.unary(
                 self._node_capabilities, pb.NodeGetCapabilitiesRequest, pb.NodeGetCapabilitiesResponse
             ),
-            "NodePublishVolume": _unary(self._publish, pb.NodePublishVolumeRequest, pb.NodePublishVolumeResponse),
-            "NodeUnpublishVolume": _unary(
+            "NodePublishVolume": unixgrpc.unary(
+                self._publish, pb.NodePublishVolumeRequest, pb.NodePublishVolumeResponse
+            ),
+            "NodeUnpublishVolume": unixgrpc.unary(
                 self._unpublish, pb.NodeUnpublishVolumeRequest, pb.NodeUnpublishVolumeResponse
             ),
         }
@@ -376,9 +378,3 @@ class VolumesPlugin:
         except OSError as exc:
             await context.abort(grpc.StatusCode.INTERNAL, f"cannot unmount {request.target_path}: {exc}")
         return pb.NodeUnpublishVolumeResponse()
-
-
-def _unary(handler: Any, request: Any, response: Any) -> grpc.RpcMethodHandler[Any, Any]:
-    return grpc.unary_unary_rpc_method_handler(
-        handler, request_deserializer=request.FromString, response_serializer=response.SerializeToString
-    )

@@ -16,6 +16,13 @@ else:
 """The base of a handler that routes methods itself (the fakes answering raw messages)."""
 
 
+def unary(handler: Any, request: Any, response: Any) -> grpc.RpcMethodHandler[Any, Any]:
+    """A unary method served by `handler`, its messages the protobuf types `request` and `response`."""
+    return grpc.unary_unary_rpc_method_handler(
+        handler, request_deserializer=request.FromString, response_serializer=response.SerializeToString
+    )
+
+
 def raw(value: bytes) -> bytes:
     """The (de)serializer of a handler that reads and writes its messages' bytes itself."""
     return value
