@@ -30,7 +30,7 @@ from sharegpu.cli.options import (
     health_tls,
     leader_election,
 )
-from sharegpu.core import errors, policies
+from sharegpu.core import errors, policy_names
 
 ViolationAction = Literal["report", "kill", "evict"]
 """The agent's `--on-violation`: the values of `agent.watchdog.Action` (a test keeps them equal)."""
@@ -52,7 +52,7 @@ def extender(
     health_port: Annotated[int, typer.Option(help="Port of /healthz, /readyz, /metrics and /debug.")] = 8889,
     policy: Annotated[
         str, typer.Option(help="Placement policy (see `sharegpu policies`).", autocompletion=complete_policy)
-    ] = policies.DEFAULT,
+    ] = policy_names.DEFAULT,
     image: Annotated[
         str, typer.Option(help="Image of reservation pods (runs `sharegpu reserve`).")
     ] = "sharegpu:latest",
@@ -101,6 +101,8 @@ def extender(
 
     configure(log_level, log_format)
     with reported():
+        from sharegpu.core import policies
+
         policies.check(policy)
         if (tls_cert is None) != (tls_key is None):
             raise UsageError("--tls-cert and --tls-key go together")

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from sharegpu.cli.boundary import UsageError
-from sharegpu.core import errors, policies
+from sharegpu.core import errors
 
 if TYPE_CHECKING:
     from sharegpu.serving import tls
@@ -82,6 +82,8 @@ def health_tls(cert: Path | None, key: Path | None, plain: bool) -> tls.HealthTl
 
 
 def complete_policy(incomplete: str) -> list[str]:
+    from sharegpu.core import policies  # numpy: only when completing
+
     return [name for name in [*policies.REGISTRY, *policies.ALIASES] if name.startswith(incomplete)]
 
 

@@ -24,10 +24,9 @@ from rich.table import Table
 
 from sharegpu.cli.boundary import UsageError, console, reported
 from sharegpu.cli.options import complete_policies
-from sharegpu.core import policies
-from sharegpu.sim import report, runner
 
 if TYPE_CHECKING:
+    from sharegpu.sim import report, runner
     from sharegpu.sim.bound import BoundRun
 
 DEFAULT_POLICIES = "random,bestfit,fgd,fgd-balance"
@@ -60,6 +59,8 @@ def parse_seeds(text: str) -> list[int]:
 
 
 def parse_policies(values: list[str]) -> list[str]:
+    from sharegpu.core import policies
+
     chosen = [name.strip() for value in values for name in value.split(",") if name.strip()]
     if not chosen:
         raise UsageError("--policy: give at least one policy")
@@ -86,6 +87,8 @@ def check_trace_options(
 def read_traces(nodes: Path | None, pods: list[Path] | None, seeds: str) -> tuple[list[int], list[runner.Source]]:
     """The seeds, and the traces to replay (the embedded synthetic workload when no files are named),
     every file read once here so that a bad one fails before any worker starts."""
+    from sharegpu.sim import runner
+
     seed_list = parse_seeds(seeds)
     if nodes is None or not pods:
         sources = [runner.Source(runner.SYNTHETIC)]
@@ -135,6 +138,8 @@ def simulate(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
     """Replay a workload through the placement policies and report allocation and fragmentation."""
+    from sharegpu.sim import report, runner
+
     shown = console()
     with reported():
         time_scale_in_range = (0 < time_scale <= 1e6, f"--time-scale must be in (0, 1000000], got {time_scale}")
@@ -171,6 +176,8 @@ def simulate(
 
 def _run_all(specs: list[runner.RunSpec], jobs: int, shown: Console, quiet: bool) -> list[runner.RunResult]:
     """Every run, on `jobs` worker processes (0: one per core), under a progress bar unless `quiet`."""
+    from sharegpu.sim import runner
+
     with Progress(
         TextColumn("[bold]simulating"),
         BarColumn(),
@@ -282,6 +289,8 @@ def _bound_table(runs: list[BoundRun]) -> Table:
 
 def list_policies() -> None:
     """List the placement policies."""
+    from sharegpu.core import policies
+
     table = Table(title="Placement policies")
     table.add_column("name")
     table.add_column("what it does")

@@ -18,7 +18,7 @@ from rich.table import Table
 from sharegpu.cli.boundary import UsageError, console, reported
 from sharegpu.cli.logs import configure
 from sharegpu.cli.options import Compat, Kubeconfig, complete_policy
-from sharegpu.core import errors, policies
+from sharegpu.core import errors, policy_names
 
 if TYPE_CHECKING:
     from sharegpu.agent.gpucheck import Report
@@ -33,7 +33,7 @@ def devcluster(
     gpu_memory: Annotated[int, typer.Option(help="GPU memory in MiB.")] = 81920,
     policy: Annotated[
         str, typer.Option(help="Placement policy of the extender.", autocompletion=complete_policy)
-    ] = policies.DEFAULT,
+    ] = policy_names.DEFAULT,
     workdir: Annotated[
         Path | None, typer.Option(help="Where to keep state and logs.", show_default="a new temporary folder")
     ] = None,
@@ -66,6 +66,8 @@ def devcluster(
     with reported():
         if not 1 <= nodes <= 5000 or not 1 <= gpus <= 63:
             raise UsageError("--nodes must be 1..5000 and --gpus 1..63")
+        from sharegpu.core import policies
+
         policies.check(policy)
     folder = workdir or Path(tempfile.mkdtemp(prefix="sharegpu-devcluster-"))
 

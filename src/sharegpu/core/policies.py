@@ -18,7 +18,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from sharegpu.core import errors, fleet, frag, peers, requests, units
+from sharegpu.core import errors, fleet, frag, peers, policy_names, requests, units
 from sharegpu.core.scoring import (
     Batch,
     Policy,
@@ -421,9 +421,8 @@ REGISTRY: dict[str, type[Policy]] = {cls.name: cls for cls in (*OURS, *peers.PEE
 """Every policy by name: sharegpu's and the paper's (`OURS`), then the peers' (`core.peers`)."""
 PAPER_POLICIES = ("random", "dotprod", "clustering", "packing", "bestfit", "fgd")
 """The policies the openb paper compares, in its tables' order (bench/openb_table.py prints them beside ours)."""
-DEFAULT = "fgd-balance"
-"""The extender's policy unless told otherwise; the name `default` stands for it wherever a policy is named."""
-ALIASES = {"default": DEFAULT}
+DEFAULT = policy_names.DEFAULT
+ALIASES = policy_names.ALIASES
 
 
 def names() -> list[str]:
