@@ -7,7 +7,10 @@
 #
 # The base: the Docker official image python:3.11.16-slim-trixie (Debian 13), pinned by tag and by the
 # digest of its multi-platform index as docker-library/repo-info records it
-# (repos/python/remote/3.11.16-slim-trixie.md). To move it, change both stages' FROM lines together.
+# (repos/python/remote/3.11.16-slim-trixie.md), as the default of the build argument BASE, which both
+# stages use. Where that image cannot be pulled, scripts/build-image makes a base from Debian's own
+# packages (bookworm's python3 and python3-venv: the same Python minor, 3.11) and passes it as BASE:
+# the build uses only `python3 -m venv`, which both bases have.
 #
 # The image runs as uid 65532. The agent's DaemonSet must run it as root instead (runAsUser: 0): it reads
 # the kubelet's PodResources socket and the host's /proc, and kills processes that overrun their
@@ -15,8 +18,10 @@
 # driver, mounted by the NVIDIA container toolkit into the containers that are given GPUs: the image
 # leaves NVIDIA_DRIVER_CAPABILITIES unset, so they get its default, compute and utility.
 
+ARG BASE=python:3.11.16-slim-trixie@sha256:be1575ed968de893bd54f4c56315ff7c4736ce522c1bca08fd521731aafc0d76
+
 # ---- build: the wheel, with the project's own build backend, then a virtual environment from it ----
-FROM python:3.11.16-slim-trixie@sha256:be1575ed968de893bd54f4c56315ff7c4736ce522c1bca08fd521731aafc0d76 AS build
+FROM ${BASE} AS build
 
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1 \
@@ -32,15 +37,17 @@ COPY src ./src
 COPY deploy ./deploy
 COPY scripts/build-controlplane ./scripts/build-controlplane
 COPY controlplane ./controlplane
-RUN pip wheel --no-deps --wheel-dir /dist .
+# The build's own pip lives in a virtual environment of its own (a Debian base has no pip outside one).
+RUN python3 -m venv /opt/build \
+    && /opt/build/bin/pip wheel --no-deps --wheel-dir /dist .
 
 # The runtime environment: the wheel and its pinned runtime dependencies only (no [dev] extra, no pip).
-RUN python -m venv --without-pip /opt/sharegpu \
-    && pip --python /opt/sharegpu/bin/python install /dist/sharegpu-*.whl \
+RUN python3 -m venv --without-pip /opt/sharegpu \
+    && /opt/build/bin/pip --python /opt/sharegpu/bin/python install /dist/sharegpu-*.whl \
     && /opt/sharegpu/bin/sharegpu --version
 
 # ---- runtime: the base image, the environment, an unprivileged user ----
-FROM python:3.11.16-slim-trixie@sha256:be1575ed968de893bd54f4c56315ff7c4736ce522c1bca08fd521731aafc0d76
+FROM ${BASE}
 
 LABEL org.opencontainers.image.title="sharegpu" \
       org.opencontainers.image.description="Share NVIDIA GPUs between Kubernetes pods: the scheduler extender, admission webhook, controller, node agent and reservation holder in one image." \
