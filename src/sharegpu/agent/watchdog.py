@@ -517,8 +517,7 @@ class _Grants:
                 if uuid in claimed and key in claimed[uuid]:
                     continue  # named twice in the pod: counted once
                 claimed.setdefault(uuid, set()).add(key)
-                before = memory.get(uuid, 0)
-                memory[uuid] = None if before is None or mib is None else before + mib
+                memory[uuid] = cdi.summed(memory.get(uuid, 0), mib)
         return _Grant(memory, by_claims=True, claimed={u: frozenset(k) for u, k in claimed.items()})
 
     def _named(self, pod: wire.Pod) -> set[str]:

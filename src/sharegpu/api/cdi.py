@@ -110,8 +110,7 @@ class PreparedClaim(msgspec.Struct, frozen=True, kw_only=True):
         for request in requests:
             for grant in request.grants:
                 uuid = uuid_of[grant.index]
-                before = held.get(uuid, 0)
-                held[uuid] = None if before is None or not grant.memory_mib else before + grant.memory_mib
+                held[uuid] = summed(held.get(uuid, 0), grant.memory_mib or None)
         return cls(namespace=namespace, name=name, uid=uid, gpus=dict(sorted(held.items())))
 
     def annotations(self) -> dict[str, str]:
@@ -128,6 +127,11 @@ class PreparedClaim(msgspec.Struct, frozen=True, kw_only=True):
             return msgspec.json.decode(text, type=cls)
         except msgspec.DecodeError:  # a ValidationError too
             return None
+
+
+def summed(before: int | None, mib: int | None) -> int | None:
+    """Memory held together, in MiB: the sum, or None (no limit) once any part has none."""
+    return None if before is None or mib is None else before + mib
 
 
 def spec(
