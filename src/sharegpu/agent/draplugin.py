@@ -47,8 +47,6 @@ from sharegpu.serving import unixgrpc
 
 log = logging.getLogger(__name__)
 
-PLUGINS_DIR: Final = Path("/var/lib/kubelet/plugins")
-REGISTRY_DIR: Final = Path("/var/lib/kubelet/plugins_registry")
 CDI_DIR: Final = Path("/var/run/cdi")
 SERVICES: Final = ("k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin", "k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin")
 VERSIONS: Final = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
@@ -64,8 +62,13 @@ class Paths:
     cdi_dir: Path
 
     @classmethod
-    def under(cls, plugins: Path = PLUGINS_DIR, registry: Path = REGISTRY_DIR, cdi_dir: Path = CDI_DIR) -> Paths:
-        return cls(plugins / dra.DRIVER / "dra.sock", registry / f"{dra.DRIVER}-reg.sock", cdi_dir)
+    def under(
+        cls,
+        plugins: Path = registration.PLUGINS_DIR,
+        registry: Path = registration.REGISTRY_DIR,
+        cdi_dir: Path = CDI_DIR,
+    ) -> Paths:
+        return cls(*registration.sockets(dra.DRIVER, "dra.sock", plugins, registry), cdi_dir)
 
 
 class ClaimNotPreparable(errors.SharegpuError):

@@ -20,9 +20,19 @@ from sharegpu.serving import unixgrpc
 
 log = logging.getLogger(__name__)
 
+PLUGINS_DIR: Final = Path("/var/lib/kubelet/plugins")
+"""Where a plugin's own socket goes, in a folder named after its driver."""
+REGISTRY_DIR: Final = Path("/var/lib/kubelet/plugins_registry")
+"""The folder the kubelet watches for registration sockets."""
 SERVICE: Final = "pluginregistration.Registration"
 GET_INFO: Final = "GetInfo"
 NOTIFY: Final = "NotifyRegistrationStatus"
+
+
+def sockets(driver: str, socket: str, plugins: Path, registry: Path) -> tuple[Path, Path]:
+    """A plugin's own socket (`<plugins>/<driver>/<socket>`) and its registration socket
+    (`<registry>/<driver>-reg.sock`)."""
+    return plugins / driver / socket, registry / f"{driver}-reg.sock"
 
 
 class Registration:

@@ -52,8 +52,6 @@ from sharegpu.serving import unixgrpc
 
 log = logging.getLogger(__name__)
 
-PLUGINS_DIR: Final = Path("/var/lib/kubelet/plugins")
-REGISTRY_DIR: Final = Path("/var/lib/kubelet/plugins_registry")
 PLUGIN_TYPE: Final = "CSIPlugin"
 VERSIONS: Final = ("1.0.0",)
 IDENTITY: Final = "csi.v1.Identity"
@@ -71,9 +69,8 @@ class Paths:
     registration_socket: Path
 
     @classmethod
-    def under(cls, plugins: Path = PLUGINS_DIR, registry: Path = REGISTRY_DIR) -> Paths:
-        driver = names.VOLUMES_DRIVER
-        return cls(plugins / driver / "csi.sock", registry / f"{driver}-reg.sock")
+    def under(cls, plugins: Path = registration.PLUGINS_DIR, registry: Path = registration.REGISTRY_DIR) -> Paths:
+        return cls(*registration.sockets(names.VOLUMES_DRIVER, "csi.sock", plugins, registry))
 
 
 # ----------------------------------------------------------------- what to bind
