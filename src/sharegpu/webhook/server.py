@@ -356,10 +356,7 @@ class Webhook:
         """Whether the API server serves resource.k8s.io/v1 (asked once; an error counts as served)."""
         if self._served is None and self.kube is not None:
             try:
-                await asyncio.wait_for(self.kube.get(f"/apis/{dra.API_VERSION}"), CLAIM_READ_TIMEOUT)
-                self._served = True
-            except kube_errors.NotFoundError:
-                self._served = False
+                self._served = await asyncio.wait_for(client.serves(self.kube, dra.API_VERSION), CLAIM_READ_TIMEOUT)
             except (errors.SharegpuError, TimeoutError) as exc:
                 log.warning("could not learn whether %s is served: %s", dra.API_VERSION, exc or "timed out")
                 return True
