@@ -62,6 +62,18 @@ class RealNode:
     def cdi_dir(self) -> Path:
         return self.folder / "cdi"
 
+    @property
+    def proc(self) -> Path:
+        """The node's /proc as an agent given it as `proc` reads it (`process`)."""
+        return self.folder / "proc"
+
+    def process(self, pid: int, pod: Json) -> None:
+        """Process `pid` in a container of `pod`, as its cgroup file says."""
+        (self.proc / str(pid)).mkdir()
+        (self.proc / str(pid) / "cgroup").write_text(
+            f"0::/kubepods/besteffort/pod{pod['metadata']['uid']}/{'c' * 64}\n"
+        )
+
     def nvml(self) -> fakenvml.FakeNvml:
         path = self.folder / "nvml.yaml"
         write_nvml(path, NVML_FILE)
@@ -108,6 +120,23 @@ async def dra_agent(
     finally:
         await agent.stop()
         await kube.close()
+
+
+@contextlib.asynccontextmanager
+async def evicting_dra_agent(
+    control_plane: controlplane.ControlPlane, node: RealNode
+) -> AsyncIterator[tuple[agent_runtime.Agent, fakenvml.FakeNvml]]:
+    """`dra_agent` with its watchdog evicting, seeing the node's processes in `node.proc` (`node.process`)."""
+    node.proc.mkdir(exist_ok=True)
+    settings = {"interval": 0.3, "on_violation": watchdog.Action.EVICT, "proc": node.proc}
+    async with dra_agent(control_plane, node, **settings) as found:
+        yield found
+
+
+async def leaving(admin: client.KubeClient, namespace: str, name: str) -> bool:
+    """Whether pod `name` is gone or being deleted."""
+    gone = await get_or_none(admin, paths.pod(namespace, name))
+    return gone is None or bool(gone["metadata"].get("deletionTimestamp"))
 
 
 def _unmount_under(folder: Path) -> None:
@@ -227,51 +256,41 @@ async def test_the_real_kubelets_dra_pod_is_judged_by_its_claim_left_alone_withi
     namespace: str,
     device_class: str,
 ) -> None:
-    async with real_node(admin, control_plane, namespace) as node:
-        proc = node.folder / "proc"
-        proc.mkdir()
-        settings = {"interval": 0.3, "on_violation": watchdog.Action.EVICT, "proc": proc}
-        async with dra_agent(control_plane, node, **settings) as (agent, nvml):
-            await wait_for(lambda: get_or_none(admin, dra.slice_path(node.name)), what="the node's ResourceSlice")
-            pod = await node.claim_pod(admin, namespace)
-            await explained(control_plane, node, node.running(admin, namespace), "the kubelet ran the DRA pod")
-            claim = await admin.get(dra.claim_path(namespace, "c"))
-            (result,) = claim["status"]["allocation"]["devices"]["results"]
-            index = int(result["device"].removeprefix("gpu-"))
-            # A process of the pod's container on the claim's GPU, as NVML and the pod's cgroup show it.
-            (proc / "4343").mkdir()
-            (proc / "4343" / "cgroup").write_text(f"0::/kubepods/besteffort/pod{pod['metadata']['uid']}/{'c' * 64}\n")
-            old = "processes: [{pid: 42, gpu: 2, usedMiB: 2048}]"
+    async with real_node(admin, control_plane, namespace) as node, evicting_dra_agent(control_plane, node) as pair:
+        agent, nvml = pair
+        await wait_for(lambda: get_or_none(admin, dra.slice_path(node.name)), what="the node's ResourceSlice")
+        pod = await node.claim_pod(admin, namespace)
+        await explained(control_plane, node, node.running(admin, namespace), "the kubelet ran the DRA pod")
+        claim = await admin.get(dra.claim_path(namespace, "c"))
+        (result,) = claim["status"]["allocation"]["devices"]["results"]
+        index = int(result["device"].removeprefix("gpu-"))
+        # A process of the pod's container on the claim's GPU, as NVML and the pod's cgroup show it.
+        node.process(4343, pod)
+        old = "processes: [{pid: 42, gpu: 2, usedMiB: 2048}]"
 
-            def uses(mib: int) -> None:
-                write_nvml(
-                    nvml.path, NVML_FILE.replace(old, f"processes: [{{pid: 4343, gpu: {index}, usedMiB: {mib}}}]")
-                )
+        def uses(mib: int) -> None:
+            write_nvml(nvml.path, NVML_FILE.replace(old, f"processes: [{{pid: 4343, gpu: {index}, usedMiB: {mib}}}]"))
 
-            uses(3072)  # within the claim's 4 GiB
+        uses(3072)  # within the claim's 4 GiB
 
-            async def judged() -> bool:
-                usages = agent.usage.usages if agent.usage is not None else ()
-                return any(u.pod.name == "p" and u.allocated_mib == 4096 for u in usages)
+        async def judged() -> bool:
+            usages = agent.usage.usages if agent.usage is not None else ()
+            return any(u.pod.name == "p" and u.allocated_mib == 4096 for u in usages)
 
-            await wait_for(judged, what="the watchdog judging the pod by its claim's 4096 MiB")
-            await asyncio.sleep(1.5)  # several passes
-            assert agent.usage is not None and agent.usage.violations == ()
-            found = await admin.get(paths.pod(namespace, "p"))
-            assert not found["metadata"].get("deletionTimestamp"), "a DRA pod within its claim is left alone"
+        await wait_for(judged, what="the watchdog judging the pod by its claim's 4096 MiB")
+        await asyncio.sleep(1.5)  # several passes
+        assert agent.usage is not None and agent.usage.violations == ()
+        found = await admin.get(paths.pod(namespace, "p"))
+        assert not found["metadata"].get("deletionTimestamp"), "a DRA pod within its claim is left alone"
 
-            uses(6144)  # over it
+        uses(6144)  # over it
 
-            async def evicted() -> bool:
-                gone = await get_or_none(admin, paths.pod(namespace, "p"))
-                return gone is None or bool(gone["metadata"].get("deletionTimestamp"))
-
-            await wait_for(evicted, what="the DRA pod over its claim's memory evicted")
-            events, _ = await admin.list_all(paths.events(namespace))
-            said = [
-                e["message"] for e in events if e["reason"] == "GPUPodEvicted" and e["involvedObject"]["name"] == "p"
-            ]
-            assert said and "uses 6144 MiB" in said[0] and "4096 MiB" in said[0], said
+        await wait_for(
+            functools.partial(leaving, admin, namespace, "p"), what="the DRA pod over its claim's memory evicted"
+        )
+        events, _ = await admin.list_all(paths.events(namespace))
+        said = [e["message"] for e in events if e["reason"] == "GPUPodEvicted" and e["involvedObject"]["name"] == "p"]
+        assert said and "uses 6144 MiB" in said[0] and "4096 MiB" in said[0], said
 
 
 async def test_pods_and_containers_sharing_a_claim_get_one_share_and_are_judged_together(
@@ -286,82 +305,67 @@ async def test_pods_and_containers_sharing_a_claim_get_one_share_and_are_judged_
     container gets the same devices. The watchdog holds the consumers of a claim to it together: two
     pods at 2048 + 1536 MiB of the claim's 4096 are left alone; when the second grows to 3072 (5120 in
     all) it, the pool's largest, is evicted, and the first is not."""
-    async with real_node(admin, control_plane, namespace) as node:
-        proc = node.folder / "proc"
-        proc.mkdir()
-        settings = {"interval": 0.3, "on_violation": watchdog.Action.EVICT, "proc": proc}
-        async with dra_agent(control_plane, node, **settings) as (agent, nvml):
-            await wait_for(lambda: get_or_none(admin, dra.slice_path(node.name)), what="the node's ResourceSlice")
-            first = await node.claim_pod(admin, namespace)  # claim c and pod p
-            made = builders.MakePod("q", namespace).scheduler().grace(0)
-            made.node_selector({"kubernetes.io/hostname": node.name}).container(image="busybox").claim("c").gate()
-            body = made.obj()
-            body["spec"]["automountServiceAccountToken"] = False
-            second = await admin.create(paths.pods(namespace), body)
-            await admin.create(dra.claim_path(namespace), builders.MakeClaim("d", namespace).ask(200, "2Gi").obj())
-            both = builders.MakePod("two", namespace).scheduler().grace(0)
-            both.node_selector({"kubernetes.io/hostname": node.name})
-            both.container("a", image="busybox").container("b", image="busybox").claim("d").gate()
-            body = both.obj()
-            body["spec"]["containers"][1]["resources"] = {"claims": [{"name": "gpu"}]}  # both containers use it
-            body["spec"]["automountServiceAccountToken"] = False
-            await admin.create(paths.pods(namespace), body)
+    async with real_node(admin, control_plane, namespace) as node, evicting_dra_agent(control_plane, node) as pair:
+        agent, nvml = pair
+        await wait_for(lambda: get_or_none(admin, dra.slice_path(node.name)), what="the node's ResourceSlice")
+        first = await node.claim_pod(admin, namespace)  # claim c and pod p
+        made = builders.MakePod("q", namespace).scheduler().grace(0)
+        made.node_selector({"kubernetes.io/hostname": node.name}).container(image="busybox").claim("c").gate()
+        body = made.obj()
+        body["spec"]["automountServiceAccountToken"] = False
+        second = await admin.create(paths.pods(namespace), body)
+        await admin.create(dra.claim_path(namespace), builders.MakeClaim("d", namespace).ask(200, "2Gi").obj())
+        both = builders.MakePod("two", namespace).scheduler().grace(0)
+        both.node_selector({"kubernetes.io/hostname": node.name})
+        both.container("a", image="busybox").container("b", image="busybox").claim("d").gate()
+        body = both.obj()
+        body["spec"]["containers"][1]["resources"] = {"claims": [{"name": "gpu"}]}  # both containers use it
+        body["spec"]["automountServiceAccountToken"] = False
+        await admin.create(paths.pods(namespace), body)
 
-            async def running(name: str) -> bool:
-                found = await admin.get(paths.pod(namespace, name))
-                return found["status"].get("phase") == "Running" and bool(node.cri.running(namespace, name))
+        async def running(name: str) -> bool:
+            found = await admin.get(paths.pod(namespace, name))
+            return found["status"].get("phase") == "Running" and bool(node.cri.running(namespace, name))
 
-            for name in ("p", "q", "two"):
-                await explained(control_plane, node, functools.partial(running, name), f"the kubelet ran {name}")
-            claim = await admin.get(dra.claim_path(namespace, "c"))
-            (result,) = claim["status"]["allocation"]["devices"]["results"]
-            assert result["consumedCapacity"][dra.MILLI] == "300", "one share, however many use it"
-            assert {r["name"] for r in claim["status"]["reservedFor"]} == {"p", "q"}
-            index = int(result["device"].removeprefix("gpu-"))
-            specs = [f for f in node.plugin_paths.cdi_dir.iterdir() if f.name != "nvidia.json"]
-            assert len(specs) == 2, "one spec per claim (c and d), not per consumer"
-            devices_of = [
-                set(c.cdi_devices) for n in ("p", "q", "two") for c in node.cri.running(namespace, n).values()
-            ]
-            assert len(devices_of) == 4 and devices_of[0] == devices_of[1] and devices_of[2] == devices_of[3]
-            shared = await admin.get(dra.claim_path(namespace, "d"))
-            assert len(shared["status"]["allocation"]["devices"]["results"]) == 1
+        for name in ("p", "q", "two"):
+            await explained(control_plane, node, functools.partial(running, name), f"the kubelet ran {name}")
+        claim = await admin.get(dra.claim_path(namespace, "c"))
+        (result,) = claim["status"]["allocation"]["devices"]["results"]
+        assert result["consumedCapacity"][dra.MILLI] == "300", "one share, however many use it"
+        assert {r["name"] for r in claim["status"]["reservedFor"]} == {"p", "q"}
+        index = int(result["device"].removeprefix("gpu-"))
+        specs = [f for f in node.plugin_paths.cdi_dir.iterdir() if f.name != "nvidia.json"]
+        assert len(specs) == 2, "one spec per claim (c and d), not per consumer"
+        devices_of = [set(c.cdi_devices) for n in ("p", "q", "two") for c in node.cri.running(namespace, n).values()]
+        assert len(devices_of) == 4 and devices_of[0] == devices_of[1] and devices_of[2] == devices_of[3]
+        shared = await admin.get(dra.claim_path(namespace, "d"))
+        assert len(shared["status"]["allocation"]["devices"]["results"]) == 1
 
-            def process(pid: int, pod: Json) -> None:
-                (proc / str(pid)).mkdir()
-                (proc / str(pid) / "cgroup").write_text(
-                    f"0::/kubepods/besteffort/pod{pod['metadata']['uid']}/{'c' * 64}\n"
-                )
+        node.process(4343, first)
+        node.process(4444, second)
+        old = "processes: [{pid: 42, gpu: 2, usedMiB: 2048}]"
 
-            process(4343, first)
-            process(4444, second)
-            old = "processes: [{pid: 42, gpu: 2, usedMiB: 2048}]"
+        def uses(p_mib: int, q_mib: int) -> None:
+            listed = ", ".join(
+                f"{{pid: {pid}, gpu: {index}, usedMiB: {mib}}}" for pid, mib in ((4343, p_mib), (4444, q_mib))
+            )
+            write_nvml(nvml.path, NVML_FILE.replace(old, f"processes: [{listed}]"))
 
-            def uses(p_mib: int, q_mib: int) -> None:
-                listed = ", ".join(
-                    f"{{pid: {pid}, gpu: {index}, usedMiB: {mib}}}" for pid, mib in ((4343, p_mib), (4444, q_mib))
-                )
-                write_nvml(nvml.path, NVML_FILE.replace(old, f"processes: [{listed}]"))
+        uses(2048, 1536)  # 3584 of the claim's 4096: within, together
 
-            uses(2048, 1536)  # 3584 of the claim's 4096: within, together
+        async def judged() -> bool:
+            usages = agent.usage.usages if agent.usage is not None else ()
+            return {u.pod.name for u in usages} == {"p", "q"}
 
-            async def judged() -> bool:
-                usages = agent.usage.usages if agent.usage is not None else ()
-                return {u.pod.name for u in usages} == {"p", "q"}
+        await wait_for(judged, what="the watchdog judging both consumers of the claim")
+        await asyncio.sleep(1.5)  # several passes
+        assert agent.usage is not None and agent.usage.violations == (), agent.usage.violations
 
-            await wait_for(judged, what="the watchdog judging both consumers of the claim")
-            await asyncio.sleep(1.5)  # several passes
-            assert agent.usage is not None and agent.usage.violations == (), agent.usage.violations
+        uses(2048, 3072)  # 5120 together: over
 
-            uses(2048, 3072)  # 5120 together: over
-
-            async def evicted() -> bool:
-                gone = await get_or_none(admin, paths.pod(namespace, "q"))
-                return gone is None or bool(gone["metadata"].get("deletionTimestamp"))
-
-            await wait_for(evicted, what="the pool's largest consumer evicted")
-            kept = await admin.get(paths.pod(namespace, "p"))
-            assert not kept["metadata"].get("deletionTimestamp"), "the other consumer is left alone"
+        await wait_for(functools.partial(leaving, admin, namespace, "q"), what="the pool's largest consumer evicted")
+        kept = await admin.get(paths.pod(namespace, "p"))
+        assert not kept["metadata"].get("deletionTimestamp"), "the other consumer is left alone"
 
 
 @dataclass
