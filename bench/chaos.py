@@ -20,15 +20,20 @@ the allocator makes). The extender then also allocates claims under the faults, 
 it: 409 on its claim writes, claim writes and gate lifts the API server carried out whose answer was
 lost, DeviceTaintRules (NoSchedule) put on a random DRA GPU and taken away a few seconds later (all
 gone before the verdict), and claims shared by two pods (a ResourceClaim by name, both pods gated
-on it). The oracle then counts claims in the same ledger as the pods (`oracle.inspect` with
-claims), each shared claim once.
+on it). Two extender replicas then elect a leader (on shorter terms: `ELECTION`, `FENCE`), each
+through its own proxy on a token bound to a pod of its own, as the chart's replicas are, so that the
+`sharegpu-leader` policy judges their claim writes; a killed extender is either replica, and one
+more fault: a write delayed across a leader change (the leader's next claim write held in its proxy
+while the leader stalls, until the other has taken the Lease and waited out its fence; then it goes
+on, and the API server must refuse it). The oracle then counts claims in the same ledger as the pods
+(`oracle.inspect` with claims), each shared claim once.
 
     python bench/chaos.py --nodes 50 --pods 600 [--dra] [--seeds 1-20] [--json PATH] [--logs DIR]
 
 Each seed is one run on a fresh stack. Writes {"runs": [{"seed", "faults_injected", "overcommits",
 "double_allocations", "leaked_reservations", "leaked_allocations", "stuck_pods", "lost_pods",
-"wrong_preemptions", "preempted", "faults", "details", ...}],
-"all_zero"} (target: at least 20 faults per run, every other figure 0 on every seed). The exit
+"wrong_preemptions", "late_writes_landed", "late_write_answers", "preempted", "faults", "details",
+...}], "all_zero"} (target: at least 20 faults per run, every other figure 0 on every seed). The exit
 status is 1 when any seed found a problem.
 
 - overcommits / double_allocations: GPUs over capacity, or held whole and shared, at any check
@@ -45,7 +50,8 @@ status is 1 when any seed found a problem.
   last restart);
 - lost_pods: pods the churn created and did not delete that are gone, unless an event says they
   were preempted;
-- wrong_preemptions: preempted pods of the high priority (nothing outranks them).
+- wrong_preemptions: preempted pods of the high priority (nothing outranks them);
+- late_writes_landed: claim writes delayed across a leader change that the API server took.
 "preempted" (not a problem) counts the pods preempted.
 """
 
@@ -62,6 +68,7 @@ import sys
 import tempfile
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -73,7 +80,7 @@ from sharegpu.core import devices, fleet, policies
 from sharegpu.core import ledger as core_ledger
 from sharegpu.core import placer as core_placer
 from sharegpu.devcluster import controlplane, fakecluster, faults, oracle, stack
-from sharegpu.kube import client
+from sharegpu.kube import client, leader
 from sharegpu.kube import errors as kube_errors
 
 Json = dict[str, Any]
@@ -147,6 +154,35 @@ def dra_pod_body(name: str, priority: str, milli: int, limits: dict[str, str]) -
     }
 
 
+ELECTION = ("--lease-duration", "6", "--renew-deadline", "4", "--retry-period", "1")
+"""With --dra: two extender replicas elect a leader on shorter terms than the chart's (15, 10, 2 s), so
+that a leader change fits a run."""
+FENCE = 8.0
+"""With --dra: the replicas' --dra-fence (more than a Lease's duration past its renew deadline, as
+`extender.allocator.FENCE` is for the chart's terms)."""
+
+
+@dataclass
+class Replica:
+    """One extender process, its fault proxy and its token file; with --dra, the pod its token is bound to."""
+
+    pod: str
+    token_file: Path
+    proxy: faults.FaultProxy
+    process: stack.ExtenderProcess
+    args: tuple[str, ...]
+
+    def start(self) -> None:
+        """(Re)start the process; with a pod, as a new candidate for the Lease whose identity names it."""
+        self.process.extra = (*self.args, "--identity", leader.identity(self.pod)) if self.pod else self.args
+        self.process.start()
+
+    def write_token(self, token: str) -> None:
+        temporary = self.token_file.with_suffix(".tmp")
+        temporary.write_text(token)
+        temporary.replace(self.token_file)
+
+
 class Chaos:
     def __init__(self, workdir: Path, nodes: int, rng: random.Random, *, dra: bool = False) -> None:
         self.plane = controlplane.ControlPlane(workdir, controlplane.binaries())
@@ -155,9 +191,7 @@ class Chaos:
         self.rng = rng
         self.admin: client.KubeClient | None = None
         self.harness: fakecluster.FakeCluster | None = None
-        self.proxy: faults.FaultProxy | None = None
-        self.extender: stack.ExtenderProcess | None = None
-        self.token_file = workdir / "token"
+        self.replicas: list[Replica] = []
         self.secret = ""
         self.faults: dict[str, int] = {}
         self.created: set[str] = set()
@@ -169,6 +203,20 @@ class Chaos:
         self.dra_created = 0
         self.taint_rules: set[str] = set()
         self.untainting: list[asyncio.Task[None]] = []
+        self.late_writes_landed: list[str] = []
+        """Claim writes an old leader sent, held past a leader change, that the API server took."""
+        self.late_answers: dict[int, int] = {}
+        """The API server's answers to those writes (403: the policy; 409: the claim changed since), by
+        status (0: the fault found nothing to hold)."""
+
+    @property
+    def proxy(self) -> faults.FaultProxy:
+        """The proxy of the replica kube-scheduler calls (the only one without --dra)."""
+        return self.replicas[0].proxy
+
+    @property
+    def extender(self) -> stack.ExtenderProcess:
+        return self.replicas[0].process
 
     @property
     def api(self) -> client.KubeClient:
@@ -191,20 +239,26 @@ class Chaos:
             if doc["kind"].endswith("Binding"):
                 doc["roleRef"]["name"] += "-sa"
             await stack.apply(self.api, doc)
-        await self.rotate_token(count=False)
         assert self.plane.bundle is not None
-        self.proxy = faults.FaultProxy(self.plane.url, str(self.plane.bundle.ca_cert))
-        await self.proxy.start()
-        kubeconfig = self.workdir / "extender-kubeconfig"
-        kubeconfig.write_text(json.dumps({
-            "apiVersion": "v1", "kind": "Config", "current-context": "c",
-            "clusters": [{"name": "c", "cluster": {"server": self.proxy.url}}],
-            "users": [{"name": "sa", "user": {"tokenFile": str(self.token_file)}}],
-            "contexts": [{"name": "c", "context": {"cluster": "c", "user": "sa"}}],
-        }))  # fmt: skip
-        self.extender = stack.ExtenderProcess(self.plane, "fgd-used", "--no-leader-elect", kubeconfig=kubeconfig)
-        self.extender.start()
-        await self.extender.wait_ready(timeout=120)
+        for n in range(2 if self.dra else 1):
+            pod = await self.replica_pod(f"sharegpu-extender-{n}") if self.dra else ""
+            proxy = faults.FaultProxy(self.plane.url, str(self.plane.bundle.ca_cert))
+            await proxy.start()
+            token_file = self.workdir / f"token-{n}"
+            kubeconfig = self.workdir / f"extender-kubeconfig-{n}"
+            kubeconfig.write_text(json.dumps({
+                "apiVersion": "v1", "kind": "Config", "current-context": "c",
+                "clusters": [{"name": "c", "cluster": {"server": proxy.url}}],
+                "users": [{"name": "sa", "user": {"tokenFile": str(token_file)}}],
+                "contexts": [{"name": "c", "context": {"cluster": "c", "user": "sa"}}],
+            }))  # fmt: skip
+            args = (*ELECTION, "--dra-fence", str(FENCE)) if self.dra else ("--no-leader-elect",)
+            process = stack.ExtenderProcess(self.plane, "fgd-used", *args, kubeconfig=kubeconfig)
+            self.replicas.append(Replica(pod, token_file, proxy, process, args))
+        await self.rotate_token(count=False)
+        for replica in self.replicas:
+            replica.start()
+            await replica.process.wait_ready(timeout=120)
         self.plane.start_scheduler(stack.scheduler_config(self.plane, self.extender))
         self.harness = fakecluster.FakeCluster(self.api)
         await self.harness.start()
@@ -227,7 +281,7 @@ class Chaos:
 
     async def stop(self) -> None:
         """Stop everything, whatever failed (a broken part must not keep the others running)."""
-        for part in (self.harness, self.proxy):
+        for part in (self.harness, *(r.proxy for r in self.replicas)):
             if part is not None:
                 try:
                     await part.stop()
@@ -235,14 +289,39 @@ class Chaos:
                     print(f"stop: {exc}", file=sys.stderr)
         if self.admin is not None:
             await self.admin.close()
-        if self.extender is not None:
-            self.extender.kill()
+        for replica in self.replicas:
+            replica.process.resume()
+            replica.process.kill()
         self.plane.stop()
 
     # ----------------------------------------------------------------- faults
 
+    async def replica_pod(self, name: str) -> str:
+        """A pod of the extender's ServiceAccount that no scheduler places, for a replica's token to be
+        bound to (as the kubelet binds a projected token to its pod): the `sharegpu-leader` policy
+        judges the claim writes of such a token by the Lease's holder."""
+        body = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": names.SYSTEM_NAMESPACE},
+                "spec": {"schedulerName": "chaos-nobody", "serviceAccountName": "sharegpu-extender",
+                         "securityContext": {"runAsNonRoot": True, "runAsUser": 65532,
+                                             "seccompProfile": {"type": "RuntimeDefault"}},
+                         "containers": [{"name": "extender", "image": "sharegpu",
+                                         "securityContext": {"allowPrivilegeEscalation": False,
+                                                             "capabilities": {"drop": ["ALL"]}}}]}}  # fmt: skip
+        await self.api.create(paths.pods(names.SYSTEM_NAMESPACE), body)
+        return name
+
     async def rotate_token(self, count: bool = True) -> None:
-        """What the kubelet does with a projected token: a new one in the file; then the old one dies."""
+        """What the kubelet does with a projected token: a new one in the file. Without --dra the token
+        is bound to a Secret, which is then deleted (the old token dies); with --dra each replica's is
+        bound to its pod, and the old one lives on until it expires, as the kubelet's rotation leaves it."""
+        if self.dra:
+            for replica in self.replicas:
+                pod = await self.api.get(paths.pod(names.SYSTEM_NAMESPACE, replica.pod))
+                token = await stack.issue_token(self.api, names.SYSTEM_NAMESPACE, "sharegpu-extender", pod)
+                replica.write_token(token)
+            if count:
+                self.count("token-rotated")
+            return
         old = self.secret
         self.secret = f"extender-token-{uuid.uuid4().hex[:6]}"
         made = await self.api.create(
@@ -255,17 +334,71 @@ class Chaos:
             {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
              "spec": {"expirationSeconds": 3600, "boundObjectRef": ref}},
         )  # fmt: skip
-        temporary = self.token_file.with_suffix(".tmp")
-        temporary.write_text(answer["status"]["token"])
-        temporary.replace(self.token_file)
+        self.replicas[0].write_token(answer["status"]["token"])
         if old:
             await self.api.delete(f"{paths.secrets(names.SYSTEM_NAMESPACE)}/{old}")
         if count:
             self.count("token-rotated-and-revoked")
 
+    async def leader(self) -> Replica | None:
+        """The replica whose pod holds the Lease now (None: none does)."""
+        try:
+            lease = await self.api.get(paths.lease(names.SYSTEM_NAMESPACE, names.EXTENDER_LEASE))
+        except kube_errors.KubeError:
+            return None
+        holder = lease.get("spec", {}).get("holderIdentity") or ""
+        return next((r for r in self.replicas if holder.startswith(r.pod + leader.SEPARATOR)), None)
+
+    async def late_write(self) -> None:
+        """An old leader's claim write held in flight past a leader change: the leader's next write of a
+        claim is held in its proxy, the leader stalls (SIGSTOP) until the other replica holds the Lease
+        and has waited out its fence (placing the claims meanwhile), then the write goes on. The API
+        server must refuse it (the `sharegpu-leader` policy, or a 409 when the claim changed since)."""
+        old = await self.leader()
+        if old is None:
+            self.late_answers[0] = self.late_answers.get(0, 0) + 1  # not thrown: nobody led
+            return
+        held = old.proxy.hold("PATCH", f"/apis/{dra.GROUP}/", contains="/resourceclaims/")
+        name = f"late-{uuid.uuid4().hex[:6]}"  # a claim to write, whatever the churn asks meanwhile
+        await self.guarded(lambda: self.api.create(paths.pods(NS), dra_pod_body(name, "chaos-low", 100, {})))
+        self.created.add(name)
+        self.dra_created += 1
+        try:
+            await asyncio.wait_for(held.arrived.wait(), timeout=60)
+        except TimeoutError:
+            held.release()
+            self.late_answers[0] = self.late_answers.get(0, 0) + 1  # not thrown: no write came
+            return
+        old.process.pause()
+        try:
+            new = await self.until_leader(lambda r: r is not None and r is not old, timeout=120)
+            if new is None:
+                raise RuntimeError("no other replica took the Lease from a stalled leader in 120 s")
+            # Anywhere from the moment the Lease moved (the claim as the old leader read it: the policy
+            # refuses) to past the new leader's fence (which may have written the claim since: a 409).
+            await asyncio.sleep(self.rng.uniform(0.0, FENCE + 2))
+        finally:
+            held.release()
+            await held.answered.wait()
+            old.process.resume()
+        print(f"    held {held.request}: answered {held.status} after the leader changed", flush=True)
+        self.late_answers[held.status] = self.late_answers.get(held.status, 0) + 1
+        if 200 <= held.status < 300:
+            self.late_writes_landed.append(f"{held.request} ({held.status})")
+
+    async def until_leader(self, wanted: Any, timeout: float) -> Replica | None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = await self.leader()
+            if wanted(found):
+                return found
+            await asyncio.sleep(0.5)
+        return None
+
     async def inject(self, kind: str) -> None:
-        assert self.proxy is not None and self.extender is not None
         proxy = self.proxy
+        if kind.startswith(("claim-", "gate-")):  # the leader's writes
+            proxy = (await self.leader() or self.replicas[0]).proxy
         if kind == "429":
             proxy.fail(429, times=5, retry_after=1)
         elif kind == "409":
@@ -291,10 +424,11 @@ class Chaos:
         elif kind == "token":
             await self.rotate_token(count=False)
         elif kind == "kill-extender":
-            self.extender.kill(signal.SIGKILL)
+            victim = self.rng.choice(self.replicas)
+            victim.process.kill(signal.SIGKILL)
             await asyncio.sleep(self.rng.uniform(0.2, 2.0))
-            self.extender.start()
-            await self.extender.wait_ready(timeout=120)
+            victim.start()
+            await victim.process.wait_ready(timeout=120)
         elif kind == "claim-409":
             proxy.fail(409, times=2, method="PATCH", path=f"/apis/{dra.GROUP}/")
         elif kind == "claim-answer-lost":
@@ -305,6 +439,8 @@ class Chaos:
             await self.taint_for_a_while()
         elif kind == "shared-claim":
             await self.shared_claim()
+        elif kind == "late-write":
+            await self.late_write()
         elif kind in ("kube-apiserver", "etcd"):
             await asyncio.to_thread(self.plane.restart, kind, down_for=self.rng.uniform(0.5, 2.0))
         self.count(kind)
@@ -376,7 +512,7 @@ class Chaos:
                  "kube-apiserver", "etcd", "binding-answer-lost", "binding-503-after-commit",
                  "write-answer-lost"]  # fmt: skip
         if self.dra:
-            kinds += ["claim-409", "claim-answer-lost", "gate-answer-lost", "taint-rule", "shared-claim"]
+            kinds += ["claim-409", "claim-answer-lost", "gate-answer-lost", "taint-rule", "shared-claim", "late-write"]
         plan = [k for k in kinds for _ in range(2)] + self.rng.sample(kinds, 4)
         self.rng.shuffle(plan)
         at = sorted(self.rng.sample(range(10, total - 10), len(plan)))
@@ -571,6 +707,8 @@ class Chaos:
             "stuck_pods": len(stuck),
             "lost_pods": len(lost),
             "wrong_preemptions": len(wrong),
+            "late_writes_landed": len(self.late_writes_landed),
+            "late_write_answers": {str(k): v for k, v in sorted(self.late_answers.items())},
             "preempted": len(preempted),
             "faults": dict(sorted(self.faults.items())),
             "details": {
@@ -582,6 +720,7 @@ class Chaos:
                 "stuck_pods": stuck[:20],
                 "lost_pods": lost[:20],
                 "wrong_preemptions": wrong[:20],
+                "late_writes_landed": self.late_writes_landed[:20],
             },
             "pods_created": len(self.created),
             "pods_bound_at_end": found.bound + found.claims_bound,
@@ -615,7 +754,7 @@ async def run(args: argparse.Namespace, seed: int) -> dict[str, Any]:
 
 COUNTS = (
     "overcommits", "double_allocations", "leaked_reservations", "leaked_allocations", "stuck_pods", "lost_pods",
-    "wrong_preemptions",
+    "wrong_preemptions", "late_writes_landed",
 )  # fmt: skip
 
 

@@ -304,6 +304,40 @@ async def test_a_new_leader_makes_missing_templates_during_its_fence(harness: Ca
     assert not results(h, "a"), "but nothing allocated before the fence ends"
 
 
+async def test_pods_that_arrive_while_a_template_is_made_are_seen_next_pass(harness: Callable[..., Any]) -> None:
+    """The template creations await the API server; pods the watch brings meanwhile must not break the
+    pass (it read the waiting pods as they changed: "Set changed size during iteration"). A new leader
+    makes templates during its fence."""
+    h: Harness = await harness(nodes=0, dra=1, dra_fence=20.0)
+    allocator = h.extender.allocator
+    assert allocator is not None
+    create = allocator.api.create
+    shapes = [dra.Shape(1, milli, memory_mib=2048) for milli in (100, 200, 300, 400)]
+
+    def waiting(name: str, shape: dra.Shape) -> Json:
+        body = builders.MakePod(name, "ns").container().gate().obj()
+        body["spec"]["resourceClaims"] = [{"name": dra.POD_CLAIM, "resourceClaimTemplateName": shape.name}]
+        return body
+
+    async def create_while_pods_arrive(path: str, body: Json) -> Any:
+        made = await create(path, body)
+        if path == dra.template_path("ns"):
+            arrived = len(h.server.list_objects(paths.pods("ns")))
+            if arrived < len(shapes):
+                h.server.put_object(paths.pods("ns"), waiting(f"p{arrived}", shapes[arrived]))
+                await settle(h.server)
+        return made
+
+    allocator.api.create = create_while_pods_arrive  # type: ignore[method-assign]
+    h.server.put_object(paths.pods("ns"), waiting("p0", shapes[0]))
+    await settle(h.server)
+    for _ in range(len(shapes)):
+        await allocator.reconcile()
+        await settle(h.server)
+    for shape in shapes:
+        assert h.server.get_object(dra.template_path("ns", shape.name)) is not None, shape.name
+
+
 async def test_the_template_the_webhook_named_is_made_where_missing(harness: Callable[..., Any]) -> None:
     h: Harness = await harness(nodes=0, dra=1)
     shape = dra.Shape(1, 500, memory_permille=250)

@@ -1,8 +1,9 @@
 """A proxy between one component and the API server that throws, on demand, the faults real
 clusters throw at clients: 429 with Retry-After, 409, 5xx, watch connections cut, watches expired
-with a 410 ERROR event, and answers lost after the API server carried the request out (the
+with a 410 ERROR event, answers lost after the API server carried the request out (the
 connection closed with no answer, or a 5xx instead of the answer, as a load balancer or a restarting
-API server gives). Everything else passes through unchanged (credentials included), so the
+API server gives), and requests held in flight until released (a write delayed on the network while
+its sender stalls, `hold`). Everything else passes through unchanged (credentials included), so the
 component talks to the real API server and meets the faults on its own wire.
 
 The component's kubeconfig points at `FaultProxy.url` (plain HTTP on loopback); the proxy speaks
@@ -14,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ssl
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
@@ -48,11 +49,38 @@ class _Fault:
         )
 
 
+@dataclass
+class Held:
+    """The first request that matches, held before it is forwarded until `release` (`FaultProxy.hold`)."""
+
+    method: str
+    path: str
+    contains: str
+    arrived: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set when a request is held."""
+    answered: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set when the released request has the API server's answer (or the proxy could not forward it)."""
+    request: str = ""
+    """The held request's method and path."""
+    status: int = 0
+    """The API server's answer to it once released (0: a fault answered it first; 503: it could not be
+    forwarded)."""
+    _released: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def matches(self, method: str, path: str) -> bool:
+        return method == self.method and path.startswith(self.path) and self.contains in path
+
+    def release(self) -> None:
+        """Forward the held request now (or, if none was held yet, hold none)."""
+        self._released.set()
+
+
 class FaultProxy:
     def __init__(self, upstream: str, ca_file: str) -> None:
         self.upstream = upstream.rstrip("/")
         self._ssl = ssl.create_default_context(cafile=ca_file)
         self._faults: list[_Fault] = []
+        self._holds: list[Held] = []
         self._watches: dict[int, tuple[web.Request, web.StreamResponse]] = {}
         self._session: aiohttp.ClientSession | None = None
         self._runner: web.AppRunner | None = None
@@ -109,6 +137,14 @@ class FaultProxy:
         self._faults.append(_Fault(LOST, times, method, path, None, after_commit=True, ending=ending))
         self._count("answer-lost-after-commit")
 
+    def hold(self, method: str, path: str, contains: str = "") -> Held:
+        """Hold the next `method` request under `path` (with `contains` in it) before forwarding it,
+        until the returned `Held` is released."""
+        held = Held(method, path, contains)
+        self._holds.append(held)
+        self._count("held")
+        return held
+
     def clear(self) -> None:
         """Drop every fault not yet thrown."""
         self._faults.clear()
@@ -154,6 +190,22 @@ class FaultProxy:
         assert self._session is not None
         self.requests += 1
         watch = request.query.get("watch") in ("1", "true")
+        self._holds = [h for h in self._holds if not h._released.is_set()]  # released before any came
+        held = next((h for h in self._holds if not watch and h.matches(request.method, request.path)), None)
+        if held is not None:
+            self._holds.remove(held)
+            held.request = f"{request.method} {request.path}"
+            held.arrived.set()
+            await held._released.wait()
+        try:
+            response = await self._forward(request, watch, held)
+        finally:
+            if held is not None:
+                held.answered.set()
+        return response
+
+    async def _forward(self, request: web.Request, watch: bool, held: Held | None) -> web.StreamResponse:
+        assert self._session is not None
         fault = self._matching_fault("WATCH" if watch else request.method, request.path)
         if fault is not None and not fault.after_commit:
             return self._answer(request, fault)
@@ -167,7 +219,11 @@ class FaultProxy:
             )  # fmt: skip
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             body = {"kind": "Status", "code": 503, "reason": "ServiceUnavailable", "message": f"upstream: {exc}"}
+            if held is not None:
+                held.status = 503
             return web.Response(status=503, body=orjson.dumps(body), content_type="application/json")
+        if held is not None:
+            held.status = upstream.status
         async with upstream:
             if fault is not None:
                 await upstream.read()  # carried out: now the answer goes astray

@@ -265,6 +265,15 @@ class _ComponentProcess:
             os.killpg(self.process.pid, sig)
             self.process.wait(timeout=15)
 
+    def pause(self) -> None:
+        """Stop the process where it is (SIGSTOP), as a long stall would; `resume` lets it go on."""
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGCONT)
+
     async def _wait_ready(self, readyz: str, timeout: float) -> None:
         """Until `readyz` answers 200 (ControlPlaneError if the process exits or time runs out)."""
         deadline = time.monotonic() + timeout

@@ -255,7 +255,7 @@ class ClaimAllocator:
     async def _make_templates(self) -> None:
         """The missing templates of sharegpu's the waiting pods name (so that kube-controller-manager
         makes their claims while a new leader waits out its fence)."""
-        for key in self.cache.claiming:
+        for key in sorted(self.cache.claiming):  # a copy: the watch changes the set while a creation waits
             record = self.cache.record(key)
             if record is None or record.node:
                 continue
