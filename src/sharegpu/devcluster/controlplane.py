@@ -262,18 +262,24 @@ class ControlPlane:
         """The kubelet was built with the control plane (the suite's version: scripts/build-controlplane)."""
         return (self.bin_dir / "kubelet").is_file()
 
-    def start_kubelet(self, node: str, root_dir: Path, runtime_endpoint: str, labels: dict[str, str]) -> str:
+    def start_kubelet(
+        self, node: str, root_dir: Path, runtime_endpoint: str, labels: dict[str, str], *, cgroup_root: str = ""
+    ) -> str:
         """A real kubelet (as the cluster's admin) registering `node`, with its state under `root_dir`
-        and the container runtime at `runtime_endpoint` (the project's fake CRI). Flags for a machine
-        without a real runtime or systemd: cgroup v1 allowed (1.37 refuses it by default), no QoS
-        cgroups, no node allocatable enforcement, swap allowed, only a random port served. Returns
-        the process's name (for `stop_process` and `log`)."""
+        and the container runtime at `runtime_endpoint`. Flags for a machine without systemd: cgroup v1
+        allowed (1.37 refuses it by default), no node allocatable enforcement, swap allowed, only a
+        random port served. With the project's fake CRI no cgroups at all; with `cgroup_root` (a real
+        runtime) per-pod cgroups under that cgroup of its own (`containerd.make_cgroup` it first), so that
+        kubelets side by side do not share one. Returns the process's name (for `stop_process` and
+        `log`)."""
         name = f"kubelet-{node}"
         root_dir.mkdir(parents=True, exist_ok=True)
         config = root_dir / "kubelet.yaml"  # what has no flag: the pods' logs stay under root_dir
         config.write_text(
             f"apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\npodLogsDir: {root_dir / 'logs'}\n"
         )
+        cgroups = ["--cgroups-per-qos=true", f"--cgroup-root={cgroup_root}"] if cgroup_root else [
+            "--cgroups-per-qos=false"]  # fmt: skip
         self._spawn(
             name,
             [
@@ -285,7 +291,7 @@ class ControlPlane:
                 f"--cert-dir={root_dir / 'pki'}",
                 f"--container-runtime-endpoint={runtime_endpoint}",
                 f"--node-labels={','.join(f'{k}={v}' for k, v in sorted(labels.items()))}",
-                "--fail-cgroupv1=false", "--fail-swap-on=false", "--cgroups-per-qos=false",
+                "--fail-cgroupv1=false", "--fail-swap-on=false", *cgroups,
                 "--enforce-node-allocatable=", "--cgroup-driver=cgroupfs",
                 f"--port={free_port()}", "--read-only-port=0", "--healthz-port=0",
                 "--v=2",

@@ -25,6 +25,8 @@ import asyncio
 import hashlib
 import itertools
 import logging
+import os
+import stat
 import time
 import uuid
 from collections import Counter
@@ -176,18 +178,31 @@ def resolve_cdi(dirs: Iterable[Path], wanted: Iterable[str]) -> _Edits:
     return out
 
 
-def toolkit_spec(uuids: Iterable[str]) -> dict[str, Any]:
+def toolkit_spec(uuids: Iterable[str], device_dir: Path | None = None) -> dict[str, Any]:
     """The NVIDIA container toolkit's CDI spec for the GPUs `uuids` in the shape `nvidia-ctk cdi
     generate --device-name-strategy=uuid` writes (kind nvidia.com/gpu, a device per UUID giving its
-    device node), for a node that has no toolkit: index i's node is /dev/nvidia<i>."""
+    device node), for a node that has no toolkit: index i's node is /dev/nvidia<i>, taken from
+    `device_dir` (`fake_device_nodes`) when given, for a real runtime to create in the container."""
+
+    def node(name: str) -> dict[str, str]:
+        return {"path": f"/dev/{name}"} | ({"hostPath": str(device_dir / name)} if device_dir is not None else {})
+
     return {
         "cdiVersion": "0.6.0",
         "kind": "nvidia.com/gpu",
-        "devices": [
-            {"name": u, "containerEdits": {"deviceNodes": [{"path": f"/dev/nvidia{i}"}]}} for i, u in enumerate(uuids)
-        ],
-        "containerEdits": {"deviceNodes": [{"path": "/dev/nvidiactl"}, {"path": "/dev/nvidia-uvm"}]},
+        "devices": [{"name": u, "containerEdits": {"deviceNodes": [node(f"nvidia{i}")]}} for i, u in enumerate(uuids)],
+        "containerEdits": {"deviceNodes": [node("nvidiactl"), node("nvidia-uvm")]},
     }
+
+
+def fake_device_nodes(device_dir: Path, count: int) -> None:
+    """Character devices in `device_dir` numbered as the NVIDIA driver's are (major 195: nvidia<i> minor
+    i, nvidiactl 255; nvidia-uvm, whose major is dynamic, 195/254 here), for `toolkit_spec`'s hostPaths."""
+    device_dir.mkdir(parents=True, exist_ok=True)
+    for name, minor in [*((f"nvidia{i}", i) for i in range(count)), ("nvidiactl", 255), ("nvidia-uvm", 254)]:
+        path = device_dir / name
+        if not path.exists():
+            os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(195, minor))
 
 
 def _now() -> int:

@@ -1,0 +1,202 @@
+"""Pods on a real container runtime: the real kubelet (1.37) on containerd (built from its Go module,
+`devcluster.containerd`) running Debian's runc, the node with a containerd, pod network and cgroup
+root of its own. What the fake CRI plays in test_kubelet is done for real here:
+
+- a pod's container is a process: its network on the node's bridge, its cgroup the kubelet's per-pod
+  cgroup under the node's own root, read from inside the container;
+- the DRA path's CDI devices are applied by containerd itself: the claim's GPU (the fake toolkit's
+  device node, a real character device) and sharegpu's variables, as the container sees them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import random
+import shutil
+import tempfile
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+import pytest
+
+from sharegpu.agent import draplugin, fakenvml
+from sharegpu.agent import runtime as agent_runtime
+from sharegpu.api import dra, paths
+from sharegpu.devcluster import containerd, controlplane, fakecri, stack
+from sharegpu.devcluster.stack import ExtenderProcess
+from sharegpu.kube import client
+from tests import builders
+from tests.builders import NVML_FILE, write_nvml
+from tests.integration.conftest import Json, get_or_none, wait_for
+
+UUIDS = ("GPU-0", "GPU-1", "GPU-2")
+"""The GPUs of NVML_FILE."""
+
+
+@dataclass
+class Node:
+    name: str
+    folder: Path
+    runtime: containerd.Containerd
+    kubelet: str
+    cgroup: str
+
+    @property
+    def root(self) -> Path:
+        return self.folder / "root"
+
+    def container(self, pod: str, name: str = "main") -> str:
+        """The id of the running container `name` of `pod` (empty while there is none)."""
+        found = self.runtime.crictl("ps", "--name", f"^{name}$", "--label", f"io.kubernetes.pod.name={pod}",
+                                    "-o", "json")  # fmt: skip
+        running = [c["id"] for c in json.loads(found.stdout)["containers"] if c["state"] == "CONTAINER_RUNNING"]
+        return running[0] if running else ""
+
+    def inside(self, container: str, *command: str) -> str:
+        """What `command` prints inside the container (exec through the CRI)."""
+        return self.runtime.crictl("exec", container, *command).stdout
+
+
+@contextlib.asynccontextmanager
+async def containerd_node(
+    admin: client.KubeClient, control_plane: controlplane.ControlPlane, namespace: str
+) -> AsyncIterator[Node]:
+    if tuple(int(p) for p in control_plane.version.split(".")[:2]) < (1, 37) or not control_plane.has_kubelet:
+        pytest.skip("the kubelet is built with the suite's control plane (1.37)")
+    bin_dir = await asyncio.to_thread(containerd.binaries)
+    name = f"ctd-{uuid.uuid4().hex[:6]}"
+    folder = Path(tempfile.mkdtemp(prefix="cn-", dir="/tmp"))
+    runtime = containerd.Containerd(folder / "c", bin_dir, random.randrange(1, 250))
+    cgroup = f"sharegpu-{name}"
+    kubelet = ""
+    try:
+        runtime.start()
+        await asyncio.to_thread(runtime.wait_ready)
+        runtime.load(containerd.sandbox_archive(bin_dir, folder))
+        runtime.load(containerd.busybox_archive(folder))
+        fakecri.fake_device_nodes(folder / "dev", len(UUIDS))
+        spec = fakecri.toolkit_spec(UUIDS, device_dir=folder / "dev")
+        (runtime.cdi_dir / "nvidia.json").write_bytes(orjson.dumps(spec))
+        containerd.make_cgroup(cgroup)
+        labels = {"sharegpu.io/test": namespace}
+        kubelet = control_plane.start_kubelet(name, folder / "root", runtime.endpoint, labels, cgroup_root=f"/{cgroup}")
+
+        async def ready() -> bool:
+            found = await get_or_none(admin, paths.node(name))
+            conditions = ((found or {}).get("status") or {}).get("conditions") or []
+            return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+        try:
+            await wait_for(ready, timeout=90, what=f"the kubelet's node {name} Ready on containerd")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{control_plane.log(kubelet)[-4000:]}") from None
+        await admin.patch(paths.node(name), {"spec": {"taints": None}})  # no node lifecycle controller here
+        yield Node(name, folder, runtime, kubelet, cgroup)
+    finally:
+        if kubelet:
+            control_plane.stop_process(kubelet)
+        with contextlib.suppress(Exception):
+            await admin.delete(paths.node(name))
+        runtime.stop()
+        containerd.remove_cgroup(cgroup)
+        containerd.unmount_under(folder)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def busybox(made: builders.MakePod, command: str = "sleep 3600") -> Json:
+    """`made` (its containers added) running `command` in the busybox image, which is never pulled."""
+    body = made.obj()
+    for container in body["spec"]["containers"]:
+        container.update({"image": containerd.BUSYBOX_IMAGE, "command": ["sh", "-c", command],
+                          "imagePullPolicy": "Never"})  # fmt: skip
+    body["spec"]["automountServiceAccountToken"] = False
+    return body
+
+
+async def explained(control_plane: controlplane.ControlPlane, node: Node, predicate: object, what: str) -> object:
+    """`wait_for`, with the end of the kubelet's and containerd's logs when it times out."""
+    try:
+        return await wait_for(predicate, timeout=90, what=what)  # type: ignore[arg-type]
+    except AssertionError as exc:
+        logs = f"{control_plane.log(node.kubelet)[-4000:]}\n--- containerd\n{node.runtime.log.read_text()[-3000:]}"
+        raise AssertionError(f"{exc}\n{logs}") from None
+
+
+async def test_a_pod_runs_in_containerd_on_the_node_s_network_under_its_own_per_pod_cgroup(
+    admin: client.KubeClient, control_plane: controlplane.ControlPlane, namespace: str
+) -> None:
+    async with containerd_node(admin, control_plane, namespace) as node:
+        made = await admin.create(
+            paths.pods(namespace), busybox(builders.MakePod("p", namespace).grace(0).node(node.name).container())
+        )
+
+        async def running() -> str:
+            found = await admin.get(paths.pod(namespace, "p"))
+            return node.container("p") if found["status"].get("phase") == "Running" else ""
+
+        container = await explained(control_plane, node, running, "the pod's container running in containerd")
+        assert isinstance(container, str)
+        found = await admin.get(paths.pod(namespace, "p"))
+        assert found["status"]["podIP"].startswith(node.runtime.subnet.rsplit(".", 2)[0] + "."), found["status"]
+        cgroups = node.inside(container, "cat", "/proc/self/cgroup")
+        uid = made["metadata"]["uid"]
+        memory = next(line for line in cgroups.splitlines() if ":memory:" in line)
+        assert f"/{node.cgroup}/kubepods/besteffort/pod{uid}/{container}" in memory, cgroups
+        await admin.delete(paths.pod(namespace, "p"), grace_period=0)
+
+        async def gone() -> bool:
+            listed = json.loads(node.runtime.crictl("ps", "-a", "-o", "json").stdout)["containers"]
+            return not listed and await get_or_none(admin, paths.pod(namespace, "p")) is None
+
+        await explained(control_plane, node, gone, "the pod and its container gone")
+
+
+async def test_containerd_applies_the_claim_s_cdi_devices_the_container_sees_its_gpu_and_sharegpu_s_variables(
+    admin: client.KubeClient,
+    control_plane: controlplane.ControlPlane,
+    extender: ExtenderProcess,
+    namespace: str,
+    device_class: str,
+) -> None:
+    async with containerd_node(admin, control_plane, namespace) as node:
+        kube = stack.kube_for(control_plane, "sharegpu-agent")
+        nvml_file = node.folder / "nvml.yaml"
+        write_nvml(nvml_file, NVML_FILE)
+        plugin_paths = draplugin.Paths.under(
+            node.root / "plugins", node.root / "plugins_registry", node.runtime.cdi_dir
+        )
+        options = agent_runtime.Options(dra=True, dra_plugin=plugin_paths, interval=0.5)
+        agent = agent_runtime.Agent(kube, node.name, fakenvml.FakeNvml(nvml_file).open(), options)
+        await agent.start()
+        try:
+            await wait_for(lambda: get_or_none(admin, dra.slice_path(node.name)), what="the node's ResourceSlice")
+            await admin.create(dra.claim_path(namespace), builders.MakeClaim("c", namespace).ask(300, "4Gi").obj())
+            made = builders.MakePod("p", namespace).scheduler().grace(0).container().claim("c").gate()
+            await admin.create(
+                paths.pods(namespace), busybox(made.node_selector({"kubernetes.io/hostname": node.name}))
+            )
+
+            async def running() -> str:
+                found = await admin.get(paths.pod(namespace, "p"))
+                return node.container("p") if found["status"].get("phase") == "Running" else ""
+
+            container = await explained(control_plane, node, running, "the DRA pod running in containerd")
+            assert isinstance(container, str)
+            claim = await admin.get(dra.claim_path(namespace, "c"))
+            (result,) = claim["status"]["allocation"]["devices"]["results"]
+            index = int(result["device"].removeprefix("gpu-"))
+            env = dict(line.split("=", 1) for line in node.inside(container, "env").splitlines() if "=" in line)
+            assert env["NVIDIA_VISIBLE_DEVICES"] == f"GPU-{index}"
+            devices = node.inside(container, "ls", "-l", "/dev").splitlines()
+            named = {line.split()[-1]: line for line in devices if line.startswith("c")}
+            assert f"nvidia{index}" in named and named[f"nvidia{index}"].split()[4:6] == ["195,", str(index)], devices
+            assert {f"nvidia{i}" for i in range(len(UUIDS)) if i != index}.isdisjoint(named), "only the claim's GPU"
+            assert {"nvidiactl", "nvidia-uvm"} <= set(named)
+        finally:
+            await agent.stop()
+            await kube.close()
