@@ -14,20 +14,15 @@ import asyncio
 import contextlib
 import json
 import random
-import shutil
-import tempfile
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
-from pathlib import Path
 
-import orjson
 import pytest
 
 from sharegpu.agent import draplugin, fakenvml
 from sharegpu.agent import runtime as agent_runtime
 from sharegpu.api import dra, paths
-from sharegpu.devcluster import containerd, controlplane, fakecri, stack
+from sharegpu.devcluster import containerd, controlplane, stack
 from sharegpu.devcluster.stack import ExtenderProcess
 from sharegpu.kube import client
 from tests import builders
@@ -38,74 +33,20 @@ UUIDS = ("GPU-0", "GPU-1", "GPU-2")
 """The GPUs of NVML_FILE."""
 
 
-@dataclass
-class Node:
-    name: str
-    folder: Path
-    runtime: containerd.Containerd
-    kubelet: str
-    cgroup: str
-
-    @property
-    def root(self) -> Path:
-        return self.folder / "root"
-
-    def container(self, pod: str, name: str = "main") -> str:
-        """The id of the running container `name` of `pod` (empty while there is none)."""
-        found = self.runtime.crictl("ps", "--name", f"^{name}$", "--label", f"io.kubernetes.pod.name={pod}",
-                                    "-o", "json")  # fmt: skip
-        running = [c["id"] for c in json.loads(found.stdout)["containers"] if c["state"] == "CONTAINER_RUNNING"]
-        return running[0] if running else ""
-
-    def inside(self, container: str, *command: str) -> str:
-        """What `command` prints inside the container (exec through the CRI)."""
-        return self.runtime.crictl("exec", container, *command).stdout
-
-
 @contextlib.asynccontextmanager
 async def containerd_node(
     admin: client.KubeClient, control_plane: controlplane.ControlPlane, namespace: str
-) -> AsyncIterator[Node]:
+) -> AsyncIterator[containerd.Node]:
     if tuple(int(p) for p in control_plane.version.split(".")[:2]) < (1, 37) or not control_plane.has_kubelet:
         pytest.skip("the kubelet is built with the suite's control plane (1.37)")
     bin_dir = await asyncio.to_thread(containerd.binaries)
-    name = f"ctd-{uuid.uuid4().hex[:6]}"
-    folder = Path(tempfile.mkdtemp(prefix="cn-", dir="/tmp"))
-    runtime = containerd.Containerd(folder / "c", bin_dir, random.randrange(1, 250))
-    cgroup = f"sharegpu-{name}"
-    kubelet = ""
+    node = containerd.Node.make(f"ctd-{uuid.uuid4().hex[:6]}", bin_dir, random.randrange(1, 250), UUIDS)
     try:
-        runtime.start()
-        await asyncio.to_thread(runtime.wait_ready)
-        runtime.load(containerd.sandbox_archive(bin_dir, folder))
-        runtime.load(containerd.busybox_archive(folder))
-        fakecri.fake_device_nodes(folder / "dev", len(UUIDS))
-        spec = fakecri.toolkit_spec(UUIDS, device_dir=folder / "dev")
-        (runtime.cdi_dir / "nvidia.json").write_bytes(orjson.dumps(spec))
-        containerd.make_cgroup(cgroup)
-        labels = {"sharegpu.io/test": namespace}
-        kubelet = control_plane.start_kubelet(name, folder / "root", runtime.endpoint, labels, cgroup_root=f"/{cgroup}")
-
-        async def ready() -> bool:
-            found = await get_or_none(admin, paths.node(name))
-            conditions = ((found or {}).get("status") or {}).get("conditions") or []
-            return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
-
-        try:
-            await wait_for(ready, timeout=90, what=f"the kubelet's node {name} Ready on containerd")
-        except AssertionError as exc:
-            raise AssertionError(f"{exc}\n{control_plane.log(kubelet)[-4000:]}") from None
-        await admin.patch(paths.node(name), {"spec": {"taints": None}})  # no node lifecycle controller here
-        yield Node(name, folder, runtime, kubelet, cgroup)
+        images = [containerd.sandbox_archive(bin_dir, node.folder), containerd.busybox_archive(node.folder)]
+        await node.start(control_plane, admin, images, {"sharegpu.io/test": namespace})
+        yield node
     finally:
-        if kubelet:
-            control_plane.stop_process(kubelet)
-        with contextlib.suppress(Exception):
-            await admin.delete(paths.node(name))
-        runtime.stop()
-        containerd.remove_cgroup(cgroup)
-        containerd.unmount_under(folder)
-        shutil.rmtree(folder, ignore_errors=True)
+        await node.stop(control_plane, admin)
 
 
 def busybox(made: builders.MakePod, command: str = "sleep 3600") -> Json:
@@ -118,7 +59,9 @@ def busybox(made: builders.MakePod, command: str = "sleep 3600") -> Json:
     return body
 
 
-async def explained(control_plane: controlplane.ControlPlane, node: Node, predicate: object, what: str) -> object:
+async def explained(
+    control_plane: controlplane.ControlPlane, node: containerd.Node, predicate: object, what: str
+) -> object:
     """`wait_for`, with the end of the kubelet's and containerd's logs when it times out."""
     try:
         return await wait_for(predicate, timeout=90, what=what)  # type: ignore[arg-type]

@@ -10,13 +10,15 @@ so the images a node needs are made from files and imported (`image_archive`, `C
 the sandbox image (our pause program, under `SANDBOX_IMAGE`, the name the configuration pins) and a
 busybox image (Debian's static busybox, `BUSYBOX_IMAGE`).
 
-`stop` leaves nothing behind: the pods are removed through the CRI (their network namespaces and
+`Node` is a test node on it: containerd, the real kubelet, fake GPUs (device nodes and the toolkit's
+CDI spec). `stop` leaves nothing behind: the pods are removed through the CRI (their network namespaces and
 mounts with them), containerd stops, any shim left is killed, what is still mounted under the node's
 folder is unmounted, and its bridge is deleted.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import gzip
 import hashlib
@@ -27,12 +29,16 @@ import shutil
 import signal
 import subprocess
 import tarfile
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from sharegpu.devcluster import controlplane
+from sharegpu.api import paths
+from sharegpu.devcluster import controlplane, fakecri
+from sharegpu.kube import client
+from sharegpu.kube import errors as kube_errors
 
 VERSION: Final = "2.4.2"
 """containerd's release (`controlplane/containerd-2.4/go.mod`)."""
@@ -138,7 +144,7 @@ def image_archive(path: Path, name: str, entries: list[Entry], command: list[str
     config = {
         "architecture": "amd64",
         "os": "linux",
-        "config": {"Cmd": command, "Env": ["PATH=/bin:/usr/bin"], "WorkingDir": "/"},
+        "config": {"Cmd": command, "Env": ["PATH=/usr/local/bin:/bin:/usr/bin"], "WorkingDir": "/"},
         "rootfs": {"type": "layers", "diff_ids": [f"sha256:{hashlib.sha256(raw).hexdigest()}"]},
     }
     config_bytes = json.dumps(config, sort_keys=True).encode()
@@ -172,6 +178,14 @@ def image_archive(path: Path, name: str, entries: list[Entry], command: list[str
 
 def sandbox_archive(bin_dir: Path, folder: Path) -> Path:
     return image_archive(folder / "pause.tar", SANDBOX_IMAGE, [Entry("pause", bin_dir / "pause")], ["/pause"])
+
+
+def scheduler_archive(k8s_bin: Path, version: str, folder: Path) -> Path:
+    """kube-scheduler's image as the chart names it (registry.k8s.io/kube-scheduler:v<version>), made
+    from the binary the suite builds (static, as the official image's is), at the same path."""
+    entries = [Entry("usr/local/bin/kube-scheduler", k8s_bin / "kube-scheduler")]
+    name = f"registry.k8s.io/kube-scheduler:v{version}"
+    return image_archive(folder / "kube-scheduler.tar", name, entries, ["/usr/local/bin/kube-scheduler"])
 
 
 def busybox_archive(folder: Path) -> Path:
@@ -376,3 +390,102 @@ def remove_cgroup(name: str) -> None:
                 folder.rmdir()
         with contextlib.suppress(OSError):
             top.rmdir()
+
+
+# ----------------------------------------------------------------- a node: containerd and the kubelet
+
+
+@dataclass
+class Node:
+    """A test node with a real runtime: its containerd, the real kubelet on it (per-pod cgroups under
+    the cgroup `/sharegpu-<name>`), the images it needs, and the GPUs a node without them can fake: a
+    character device per GPU and the NVIDIA toolkit's CDI spec naming them (`fakecri.toolkit_spec`)."""
+
+    name: str
+    folder: Path
+    runtime: Containerd
+    gpus: tuple[str, ...] = ()
+    """The UUIDs of its fake GPUs (index i: /dev/nvidia<i>)."""
+    kubelet: str = ""
+
+    @classmethod
+    def make(cls, name: str, bin_dir: Path, number: int, gpus: tuple[str, ...] = ()) -> Node:
+        """A node `name` under a new short folder in /tmp (unix socket paths stay short)."""
+        folder = Path(tempfile.mkdtemp(prefix=f"sg-{number}-", dir="/tmp"))
+        return cls(name, folder, Containerd(folder / "c", bin_dir, number), gpus)
+
+    @property
+    def root(self) -> Path:
+        """The kubelet's --root-dir."""
+        return self.folder / "root"
+
+    @property
+    def cgroup(self) -> str:
+        return f"sharegpu-{self.name}"
+
+    async def start(
+        self, plane: controlplane.ControlPlane, admin: client.KubeApi, images: list[Path], labels: dict[str, str]
+    ) -> None:
+        """containerd with `images` imported, then the kubelet, until the node is Ready (its
+        registration taint lifted: no node lifecycle controller runs here)."""
+        runtime = self.runtime
+        runtime.start()
+        await asyncio.to_thread(runtime.wait_ready)
+        for archive in images:
+            await asyncio.to_thread(runtime.load, archive)
+        if self.gpus:
+            fakecri.fake_device_nodes(self.folder / "dev", len(self.gpus))
+            spec = fakecri.toolkit_spec(self.gpus, device_dir=self.folder / "dev")
+            (runtime.cdi_dir / "nvidia.json").write_text(json.dumps(spec))
+        make_cgroup(self.cgroup)
+        self.kubelet = plane.start_kubelet(
+            self.name, self.root, runtime.endpoint, labels, cgroup_root=f"/{self.cgroup}"
+        )
+        deadline = time.monotonic() + 90
+        while not await self._ready(admin):
+            if time.monotonic() > deadline:
+                raise controlplane.ControlPlaneError(
+                    f"node {self.name} not Ready in 90 s:\n{plane.log(self.kubelet)[-3000:]}"
+                )
+            await asyncio.sleep(0.5)
+        await admin.patch(paths.node(self.name), {"spec": {"taints": None}})
+
+    async def _ready(self, admin: client.KubeApi) -> bool:
+        try:
+            found = await admin.get(paths.node(self.name))
+        except kube_errors.NotFoundError:
+            return False
+        conditions = (found.get("status") or {}).get("conditions") or []
+        return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+    async def stop(self, plane: controlplane.ControlPlane, admin: client.KubeApi | None) -> None:
+        """The kubelet, the Node object, containerd and all it ran, the cgroups and the folder: gone."""
+        if self.kubelet:
+            plane.stop_process(self.kubelet)
+        if admin is not None:
+            with contextlib.suppress(Exception):
+                await admin.delete(paths.node(self.name))
+        await asyncio.to_thread(self.runtime.stop)
+        remove_cgroup(self.cgroup)
+        unmount_under(self.folder)
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+    def container(self, pod: str, name: str = "main") -> str:
+        """The id of the running container `name` of `pod` (empty while there is none)."""
+        found = self.runtime.crictl("ps", "--name", f"^{name}$", "--label", f"io.kubernetes.pod.name={pod}",
+                                    "-o", "json")  # fmt: skip
+        running = [c["id"] for c in json.loads(found.stdout)["containers"] if c["state"] == "CONTAINER_RUNNING"]
+        return running[0] if running else ""
+
+    def logs(self, pod: str, name: str, lines: int = 15) -> str:
+        """The last `lines` of the output of the latest container `name` of `pod` (for a failure's message)."""
+        found = self.runtime.crictl("ps", "-a", "--name", f"^{name}$", "--label", f"io.kubernetes.pod.name={pod}",
+                                    "-q", check=False).stdout.split()  # fmt: skip
+        if not found:
+            return f"{pod}/{name}: no container"
+        done = self.runtime.crictl("logs", "--tail", str(lines), found[0], check=False)
+        return f"{pod}/{name}:\n{done.stdout}{done.stderr}"
+
+    def inside(self, container: str, *command: str) -> str:
+        """What `command` prints inside the container (exec through the CRI)."""
+        return self.runtime.crictl("exec", container, *command).stdout

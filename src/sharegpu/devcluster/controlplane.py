@@ -89,6 +89,20 @@ IDENTITIES = (
 )
 
 
+SERVICE_RANGE = "10.0.0.0/24"
+"""The Services' addresses."""
+KUBERNETES_SERVICE = "10.0.0.1"
+"""The `kubernetes` Service's address (the first of SERVICE_RANGE), as pods call the API server."""
+
+
+def host_address() -> str:
+    """This machine's address on its default route (no packet is sent): what pods in containers reach
+    the API server by."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect(("10.255.255.255", 1))
+        return str(s.getsockname()[0])
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -124,6 +138,12 @@ class ControlPlane:
     bundle: certs.Bundle | None = None
     version: str = field(default_factory=k8s_version)
     """The Kubernetes release of the binaries (the chart is rendered for it)."""
+    pod_network: bool = False
+    """Pods in real containers call the API server (`devcluster.containerd` nodes): it then listens on
+    every address, advertises this machine's (`host_address`) as the `kubernetes` Service's endpoint,
+    its certificate names that Service, and the ServiceAccount admission plugin gives pods their
+    tokens; `start_kube_proxy` routes Service addresses. Otherwise loopback only and no tokens in pods
+    (the fake nodes run no process that would read one)."""
 
     # ----------------------------------------------------------------- addresses and credentials
 
@@ -175,7 +195,12 @@ class ControlPlane:
 
     def _start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.bundle = certs.make_bundle(self.workdir / "pki")
+        names = ("kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local")
+        self.bundle = (
+            certs.make_bundle(self.workdir / "pki", dns_names=names, ip_addresses=(KUBERNETES_SERVICE, host_address()))
+            if self.pod_network
+            else certs.make_bundle(self.workdir / "pki")
+        )
         tokens = self.workdir / "tokens.csv"
         tokens.write_text("".join(f'{i.token},{i.user},{i.user},"{",".join(i.groups)}"\n' for i in self.identities))
         etcd_port, peer_port = free_port(), free_port()
@@ -207,7 +232,11 @@ class ControlPlane:
                 str(self.bin_dir / "kube-apiserver"),
                 f"--etcd-servers=http://127.0.0.1:{etcd_port}",
                 f"--secure-port={self.port}",
-                "--bind-address=127.0.0.1",
+                *(
+                    ["--bind-address=0.0.0.0", f"--advertise-address={host_address()}"]
+                    if self.pod_network
+                    else ["--bind-address=127.0.0.1"]
+                ),
                 f"--tls-cert-file={b.serving_cert}",
                 f"--tls-private-key-file={b.serving_key}",
                 f"--client-ca-file={b.ca_cert}",
@@ -218,8 +247,8 @@ class ControlPlane:
                 "--authorization-mode=RBAC",
                 # As kubeadm and the managed offerings run it: the chart's agent is privileged.
                 "--allow-privileged=true",
-                "--service-cluster-ip-range=10.0.0.0/24",
-                "--disable-admission-plugins=ServiceAccount",
+                f"--service-cluster-ip-range={SERVICE_RANGE}",
+                *([] if self.pod_network else ["--disable-admission-plugins=ServiceAccount"]),
                 "--enable-priority-and-fairness=false",
                 "--max-requests-inflight=2000",
                 "--max-mutating-requests-inflight=1000",
@@ -252,10 +281,44 @@ class ControlPlane:
             [str(binary or self.bin_dir / "kube-scheduler"), f"--config={config}", "--secure-port=0", "--v=1"],
         )
 
+    def start_default_scheduler(self) -> str:
+        """The cluster's own kube-scheduler (profile default-scheduler), which places the pods no other
+        scheduler is named for (the chart's components among them). Returns the process's name."""
+        config = self.workdir / "default-scheduler.yaml"
+        config.write_text(json.dumps({
+            "apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "KubeSchedulerConfiguration",
+            "clientConnection": {"kubeconfig": str(self.kubeconfig("system:kube-scheduler"))},
+            "leaderElection": {"leaderElect": False},
+        }))  # fmt: skip
+        self.start_scheduler(config, name="default-scheduler")
+        return "default-scheduler"
+
     def start_peer(self, name: str, argv: list[str]) -> None:
         """A peer's own process that is not built on kube-scheduler's framework (HAMi's extender, for
         bench/peers.py), as the cluster's admin: KUBECONFIG names the admin's kubeconfig."""
         self._spawn(name, ["env", f"KUBECONFIG={self.kubeconfig('admin')}", *argv])
+
+    def start_kube_proxy(self, cluster_cidr: str) -> str:
+        """kube-proxy (iptables) for this machine, as the cluster's admin: every test node shares the
+        machine's network namespace, so one serves them all, routing Service addresses to pods and to
+        the API server, for pods and for this machine's processes (the API server calling a webhook).
+        Every Service's traffic is masqueraded (pods of one node's bridge reach each other through a
+        Service too); conntrack's sysctls are left alone. Returns the process's name."""
+        address = host_address()
+        self._spawn(
+            "kube-proxy",
+            [
+                str(self.bin_dir / "kube-proxy"),
+                f"--kubeconfig={self.kubeconfig('admin')}",
+                "--proxy-mode=iptables", f"--cluster-cidr={cluster_cidr}", "--masquerade-all",
+                f"--hostname-override={socket.gethostname()}", f"--bind-address={address}",
+                "--conntrack-max-per-core=0", "--conntrack-tcp-timeout-established=0",
+                "--conntrack-tcp-timeout-close-wait=0",
+                f"--healthz-bind-address=127.0.0.1:{free_port()}", f"--metrics-bind-address=127.0.0.1:{free_port()}",
+                "--v=2",
+            ],
+        )  # fmt: skip
+        return "kube-proxy"
 
     @property
     def has_kubelet(self) -> bool:

@@ -185,13 +185,15 @@ def write_ca(folder: Path, common: str) -> tuple[x509.Certificate, Key, Path]:
     return cert, key, path
 
 
-def make_bundle(folder: Path) -> Bundle:
-    """The local control plane's PKI (throw-away: not for production)."""
+def make_bundle(folder: Path, *, dns_names: Sequence[str] = (), ip_addresses: Sequence[str] = ()) -> Bundle:
+    """The local control plane's PKI (throw-away: not for production); the API server's certificate
+    is for localhost and 127.0.0.1, and the names and addresses given."""
     folder.mkdir(parents=True, exist_ok=True)
     ca_cert, ca_key = new_ca("sharegpu-test-ca", days=30)
     serving, serving_key = issue_serving(
-        ca_cert, ca_key, "kube-apiserver", dns_names=("localhost",), ip_addresses=("127.0.0.1",), days=30
-    )
+        ca_cert, ca_key, "kube-apiserver", dns_names=("localhost", *dns_names),
+        ip_addresses=("127.0.0.1", *ip_addresses), days=30,
+    )  # fmt: skip
     sa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     bundle = Bundle(
         ca_cert=folder / "ca.crt",
