@@ -22,7 +22,10 @@ Check = tuple[str, str, str, str, str, str]
 
 ALLOWED: dict[str, list[Check]] = {
     "scheduler": [("create", "", "pods", "team", "", "binding"), ("list", "", "nodes", "", "", ""),
-                  ("update", "coordination.k8s.io", "leases", SYSTEM, "sharegpu-scheduler", "")],
+                  ("update", "coordination.k8s.io", "leases", SYSTEM, "sharegpu-scheduler", ""),
+                  # the chart runs the extender in kube-scheduler's pod: its roles are bound to this account too
+                  ("update", "coordination.k8s.io", "leases", SYSTEM, "sharegpu-extender", ""),
+                  ("patch", "resource.k8s.io", "resourceclaims", "team", "c", "status")],
     "extender": [("create", "", "pods", "team", "", "binding"), ("list", "sharegpu.io", "devices", "", "", ""),
                  ("create", "", "pods", HOLDING, "", ""), ("patch", "", "configmaps", "team", "", ""),
                  ("update", "coordination.k8s.io", "leases", SYSTEM, "sharegpu-extender", ""),
@@ -46,8 +49,8 @@ ALLOWED: dict[str, list[Check]] = {
     "reserve": [("patch", "", "pods", HOLDING, "sharegpu-reserve-n1-0", ""), ("get", "", "pods", HOLDING, "r", "")],
 }  # fmt: skip
 REFUSED: dict[str, list[Check]] = {
-    "scheduler": [("get", "", "secrets", SYSTEM, "", ""), ("update", "coordination.k8s.io", "leases", SYSTEM,
-                  "sharegpu-extender", "")],
+    "scheduler": [("get", "", "secrets", SYSTEM, "", ""), ("create", "", "pods", "team", "", ""),
+                  ("delete", "sharegpu.io", "devices", "", "n1", "")],
     "extender": [("get", "", "secrets", SYSTEM, "", ""), ("list", "", "secrets", "", "", ""),
                  ("create", "", "pods", "team", "", ""), ("create", "", "pods", SYSTEM, "", ""),
                  ("delete", "sharegpu.io", "devices", "", "n1", ""),

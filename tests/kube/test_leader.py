@@ -1,11 +1,12 @@
 """Lease-based leader election over the fake API server: one leader at a time, clean hand-over,
-take-over after a partitioned leader steps down, and work that runs only while leading."""
+take-over after a partitioned leader steps down, work that runs only while leading, and a follower
+that leads exactly while a process of its pod holds the Lease."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 
 from sharegpu.kube import client, errors, fake, informer, leader, transport
 
@@ -49,7 +50,7 @@ async def running(*electors: leader.LeaderElector) -> AsyncIterator[list[asyncio
 
 
 async def watch_leaders(
-    electors: list[leader.LeaderElector], seconds: float, until: Callable[[], bool] = lambda: False
+    electors: Sequence[leader.Leadership], seconds: float, until: Callable[[], bool] = lambda: False
 ) -> int:
     """The most electors that led at the same moment during `seconds` (or until `until()` holds)."""
     most = 0
@@ -133,3 +134,63 @@ def test_timings_must_nest() -> None:
         leader.LeaderElector(
             client.KubeClient(fake.FakeApiServer()), "ns", "l", "a", lease_duration=1, renew_deadline=2
         )
+
+
+def follower(kube: client.KubeClient, pod: str) -> leader.Follower:
+    return leader.Follower(kube, "ns", "lock", pod, lease_duration=LEASE, renew_deadline=DEADLINE, retry_period=RETRY)
+
+
+async def test_a_follower_leads_exactly_while_a_process_of_its_pod_holds_the_lease() -> None:
+    """Two pods, each a campaigning process (kube-scheduler's identity: `<pod>_<uuid>`) and a follower
+    (the extender beside it): the followers lead where their pod's process leads, never both, and
+    the lead moves with the Lease; the followers never write it."""
+    server = fake.FakeApiServer()
+    a, b = elector(client.KubeClient(server), "pod-a_1111"), elector(client.KubeClient(server), "pod-b_2222")
+    fa, fb = follower(client.KubeClient(server), "pod-a"), follower(client.KubeClient(server), "pod-b")
+    followers = [fa, fb]
+    f_tasks = [asyncio.create_task(f.run()) for f in followers]
+    try:
+        async with running(a) as first:
+            await asyncio.wait_for(fa.leading.wait(), 2)
+            async with running(b):
+                assert await watch_leaders(followers, 0.5) == 1
+                assert [f.is_leader for f in followers] == [True, False]
+                await informer.cancel(first)  # pod-a's process goes; pod-b's takes the Lease
+                most = await watch_leaders(followers, 2.0, until=lambda: fb.is_leader)
+                assert most == 1 and [f.is_leader for f in followers] == [False, True]
+        lease = server.get_object("/apis/coordination.k8s.io/v1/namespaces/ns/leases/lock")
+        assert lease is not None and lease["spec"]["leaseTransitions"] == 1, "only the campaigners wrote it"
+    finally:
+        await informer.cancel(f_tasks)
+
+
+async def test_a_follower_steps_down_when_it_cannot_read_the_lease_or_its_holder_stops_renewing() -> None:
+    server = fake.FakeApiServer()
+    holder_link, link = Partition(server), Partition(server)
+    holder = elector(client.KubeClient(holder_link), "pod-a_1111")
+    f = follower(client.KubeClient(link), "pod-a")
+    prefix = follower(client.KubeClient(server), "pod")  # a pod whose name only begins the holder's pod's
+    loop = asyncio.get_running_loop()
+
+    async def stepped_down() -> float:
+        began = loop.time()
+        while f.is_leader and loop.time() - began < 3:
+            await asyncio.sleep(0.01)
+        assert not f.is_leader
+        return loop.time() - began
+
+    tasks = [asyncio.create_task(f.run()), asyncio.create_task(prefix.run())]
+    try:
+        async with running(holder):
+            await asyncio.wait_for(f.leading.wait(), 2)
+            assert not prefix.is_leader, "pod-a's process is not pod's"
+            link.cut = True  # the follower cannot read the Lease
+            assert await stepped_down() < LEASE, "stepped down before another could take the Lease"
+            link.cut = False
+            await asyncio.wait_for(f.leading.wait(), 2)
+            holder_link.cut = True  # the holder stops renewing (not released: the Lease still names it)
+            await stepped_down()
+            lease = server.get_object("/apis/coordination.k8s.io/v1/namespaces/ns/leases/lock")
+            assert lease is not None and lease["spec"]["holderIdentity"] == "pod-a_1111"
+    finally:
+        await informer.cancel(tasks)

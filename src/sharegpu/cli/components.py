@@ -74,6 +74,14 @@ def extender(
     leader_elect: Annotated[
         bool, typer.Option(help="Run the background reconcilers only while holding the sharegpu-extender Lease.")
     ] = True,
+    follow_scheduler: Annotated[
+        bool,
+        typer.Option(
+            help="Lead while the kube-scheduler of this pod holds the sharegpu-extender Lease, not campaigning "
+            "for it (the chart: the two share a pod and a Lease; --identity's pod part, the hostname by default, "
+            "names the pod)."
+        ),
+    ] = False,
     election: LeaderElection = ELECTION_DEFAULTS,
     reservation_idle: Annotated[
         float, typer.Option(help="Seconds a reservation pod with no sharers is kept before it is deleted.")
@@ -121,7 +129,8 @@ def extender(
     options = runtime.Options(
         kubeconfig=kubeconfig, host=host, port=port, health_port=health_port, policy=policy, image=image,
         narrow=narrow, shapes=shapes, tls_cert=tls_cert, tls_key=tls_key, client_ca=client_ca,
-        leader_elect=leader_elect, lease_duration=election.lease_duration, renew_deadline=election.renew_deadline,
+        leader_elect=leader_elect, follow_scheduler=follow_scheduler, lease_duration=election.lease_duration,
+        renew_deadline=election.renew_deadline,
         retry_period=election.retry_period, reservation_idle=reservation_idle, assume_ttl=assume_ttl,
         identity=election.identity, preemption=preemption, dra_fence=dra_fence, metrics_auth=metrics_auth,
         health_tls=health,

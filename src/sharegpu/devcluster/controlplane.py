@@ -337,9 +337,11 @@ class ControlPlane:
         `log`)."""
         name = f"kubelet-{node}"
         root_dir.mkdir(parents=True, exist_ok=True)
-        config = root_dir / "kubelet.yaml"  # what has no flag: the pods' logs stay under root_dir
+        # What has no flag: the pods' logs stay under root_dir, and the machine's firewall is left alone.
+        config = root_dir / "kubelet.yaml"
         config.write_text(
-            f"apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\npodLogsDir: {root_dir / 'logs'}\n"
+            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n"
+            f"podLogsDir: {root_dir / 'logs'}\nmakeIPTablesUtilChains: false\n"
         )
         cgroups = ["--cgroups-per-qos=true", f"--cgroup-root={cgroup_root}"] if cgroup_root else [
             "--cgroups-per-qos=false"]  # fmt: skip
@@ -387,6 +389,10 @@ class ControlPlane:
     def stop(self) -> None:
         for name in reversed(list(self.processes)):
             self.stop_process(name)
+        if "kube-proxy" in self.argv:  # its rules outlive it
+            subprocess.run(
+                [str(self.bin_dir / "kube-proxy"), "--cleanup"], capture_output=True, check=False, timeout=60
+            )
         shutil.rmtree(self.workdir / "etcd", ignore_errors=True)  # logs stay for post-mortems
 
     def log(self, name: str) -> str:

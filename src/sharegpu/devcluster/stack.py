@@ -383,6 +383,7 @@ def scheduler_config(
         "${EXTENDER_CLIENT_KEY}": str(extender.pki.client_key),
         "${EXTENDER_CA}": str(extender.pki.ca),
         "${LEADER_ELECT}": "true" if leader_elect else "false",
+        "${LEASE_NAME}": "sharegpu-scheduler",  # its own: the local stack's extenders elect on theirs
         "${LEASE_DURATION}": f"{lease[0]:g}s",
         "${RENEW_DEADLINE}": f"{lease[1]:g}s",
         "${RETRY_PERIOD}": f"{lease[2]:g}s",

@@ -6,6 +6,7 @@ hand-off and over-commit reconcilers run only while this replica holds the `shar
 Lease (with `leader_elect` off, a single replica always holds it). Bindings whose outcome is
 unknown are read back every second, stale assumptions resolved every few seconds. The process
 is ready once every informer has listed; `/readyz` stays honest afterwards (see `readiness`).
+With `follow_scheduler` the replica leads while the kube-scheduler of its pod holds that Lease.
 """
 
 from __future__ import annotations
@@ -56,6 +57,9 @@ class Options:
     client_ca: Path | None = None
     """With it, filter/prioritize/bind require a client certificate signed by this CA."""
     leader_elect: bool = True
+    follow_scheduler: bool = False
+    """Lead while the kube-scheduler of this pod holds the Lease, not campaigning for it
+    (`kube.leader.Follower`: the chart runs the two in one pod, on one Lease)."""
     lease_duration: float = 15.0
     renew_deadline: float = 10.0
     retry_period: float = 2.0
@@ -104,19 +108,14 @@ class Extender:
         self.overcommit = extender_overcommit.OvercommitReconciler(self.cache, api, recorder, self.metrics, clock=clock)
         self.allocator: extender_allocator.ClaimAllocator | None = None
         """The DRA allocator, where resource.k8s.io/v1 is served (set by `start`)."""
-        self.elector: leader.LeaderElector | leader.Solo = (
-            leader.LeaderElector(
-                api,
-                names.SYSTEM_NAMESPACE,
-                names.EXTENDER_LEASE,
-                identity,
-                lease_duration=options.lease_duration,
-                renew_deadline=options.renew_deadline,
-                retry_period=options.retry_period,
-            )
-            if options.leader_elect
-            else leader.Solo()
-        )
+        self.elector: leader.LeaderElector | leader.Follower | leader.Solo = leader.Solo()
+        if options.leader_elect or options.follow_scheduler:
+            kind = leader.Follower if options.follow_scheduler else leader.LeaderElector
+            who = identity.split(leader.SEPARATOR, 1)[0] if options.follow_scheduler else identity  # its pod
+            self.elector = kind(
+                api, names.SYSTEM_NAMESPACE, names.EXTENDER_LEASE, who, lease_duration=options.lease_duration,
+                renew_deadline=options.renew_deadline, retry_period=options.retry_period,
+            )  # fmt: skip
         changed = self._changed
         self.informers: list[informer.Informer[Any, Any]] = [
             informer.Informer(

@@ -9,7 +9,8 @@ gets a 409). A leader that cannot renew for `renew_deadline` (< `lease_duration`
 anyone else may take over; one that stops cleanly releases the Lease so the next takes over at once.
 
 `leading` is set while this process leads; `run_while_leading` runs work only then and cancels it
-the moment leadership is lost.
+the moment leadership is lost. `Follower` leads while another process of its pod holds the Lease
+(the chart's extender follows the kube-scheduler in its pod), never writing it.
 
 A candidate's identity (`identity`) begins with its pod's name and `SEPARATOR`, which no pod name
 holds: the ValidatingAdmissionPolicy `sharegpu-leader` lets the extender's writes of claims through
@@ -174,6 +175,100 @@ class LeaderElector:
         current["spec"].update({"holderIdentity": None, "leaseDurationSeconds": 1, "renewTime": _micro_time()})
         await self.api.replace(self.path, current)
         log.info("leader election %s: %s released the lease", self.name, self.identity)
+
+
+class Follower:
+    """Leads while another process of this pod holds the Lease, never writing it: the chart's
+    extender follows the kube-scheduler beside it in its pod, which elects on the same Lease (the
+    `sharegpu-leader` policy reads its holder: both containers' claim writes then pass from the
+    leading pod only, and the extender's reconcilers run where the scheduler that calls it leads).
+
+    Every `retry_period` it reads the Lease. It leads while the holder's identity begins with
+    `pod` and SEPARATOR (kube-scheduler's identity is `<hostname>_<uuid>`, a pod's hostname its
+    name), the record has changed within its `leaseDurationSeconds` as measured on this clock (a
+    holder that stopped renewing is about to be replaced), and a read succeeded within
+    `renew_deadline` (one that cannot read steps down before another could take over)."""
+
+    def __init__(
+        self,
+        api: client.KubeApi,
+        namespace: str,
+        name: str,
+        pod: str,
+        *,
+        lease_duration: float = 15.0,
+        renew_deadline: float = 10.0,
+        retry_period: float = 2.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not retry_period < renew_deadline < lease_duration:
+            raise ValueError("leader election needs retry_period < renew_deadline < lease_duration")
+        self.api = api
+        self.namespace = namespace
+        self.name = name
+        self.pod = pod
+        self.lease_duration = lease_duration
+        self.renew_deadline = renew_deadline
+        self.retry_period = retry_period
+        self.clock = clock
+        self.leading = asyncio.Event()
+        self.transitions = 0
+        self._observed: tuple[Any, ...] | None = None
+        self._observed_at = 0.0
+        self._read_at = -float("inf")
+
+    @property
+    def is_leader(self) -> bool:
+        return self.leading.is_set()
+
+    async def run(self) -> None:
+        """Follow the Lease until cancelled."""
+        try:
+            while True:
+                try:
+                    await self.observe()
+                except asyncio.CancelledError:
+                    raise
+                except errors.KubeError as exc:
+                    log.warning("following the lease %s: %s", self.name, exc)
+                if self.is_leader and self.clock() - self._read_at > self.renew_deadline:
+                    log.error("lease %s: not read for %.0f s; stepping down", self.name, self.renew_deadline)
+                    self.leading.clear()
+                await asyncio.sleep(self.retry_period)
+        finally:
+            self.leading.clear()
+
+    async def observe(self) -> None:
+        """One read of the Lease, and what it says about leading."""
+        now = self.clock()
+        try:
+            current = await self.api.get(paths.lease(self.namespace, self.name))
+        except errors.NotFoundError:
+            self._read_at = now
+            self._set(False, "nobody holds it")
+            return
+        self._read_at = now
+        spec = wire.convert(current, wire.Lease).spec
+        record = (spec.holder_identity, spec.renew_time, spec.acquire_time, spec.lease_duration_seconds)
+        if record != self._observed:
+            self._observed, self._observed_at = record, now
+        holder = spec.holder_identity or ""
+        duration = float(spec.lease_duration_seconds or self.lease_duration)
+        if not holder.startswith(self.pod + SEPARATOR):
+            self._set(False, f"{holder or 'nobody'} holds it")
+        elif now - self._observed_at >= duration:
+            self._set(False, f"{holder} stopped renewing it")
+        else:
+            self._set(True, f"{holder}, beside this process, holds it")
+
+    def _set(self, leading: bool, why: str) -> None:
+        if leading and not self.is_leader:
+            self.transitions += 1
+            log.info("lease %s: leading (%s)", self.name, why)
+            self.leading.set()
+        elif not leading and self.is_leader:
+            log.error("lease %s: stepping down (%s)", self.name, why)
+            self.leading.clear()
 
 
 class Leadership(Protocol):
