@@ -18,9 +18,10 @@ whose annotations carry the allocation: the binding and the record are one atomi
 runs shielded: if kube-scheduler gives up on the HTTP call, the binding still completes or fails
 for real. Its outcome is one of three
 (`kube.errors.outcome`): done (the watch confirms the assumption), refused (a 4xx the API server
-stated, a 409 included, or a request that never left: the assumption is forgotten, exactly once),
-or unknown (the answer was lost after the request went out, or a 5xx came back from anything on
-the way: the binding may have happened). An unknown binding keeps its assumption, so nothing else
+stated, or a request that never left: the assumption is forgotten, exactly once), or unknown (the
+answer was lost after the request went out, a 5xx came back from anything on the way, or a 409,
+which pods/binding also answers for a storage error after its commit: the binding may have
+happened). An unknown binding keeps its assumption, so nothing else
 is placed in its room, until the truth is read (`settle`): the pod seen bound, by the watch or a
 read, confirms it (with the allocation the API shows); the pod seen unbound by a read made at
 least `settle_after` seconds after the attempt, or gone, forgets it. Meanwhile filter offers the
@@ -490,7 +491,11 @@ class SchedulingService:
                 return self._bind_failed(BindOutcome.ERROR, f"pod {key}: {refused}")
             await self.api.create(paths.binding(args.pod_namespace, args.pod_name), _binding(key, args, alloc))
         except BaseException as exc:
-            if kube_errors.outcome(exc) is kube_errors.Outcome.REFUSED:
+            # pods/binding answers 409 for any error of its storage write too, one after the commit
+            # among them (an etcd connection reset: "Operation cannot be fulfilled on pods/binding ...:
+            # rpc error: code = Unavailable"), so its 409 is no refusal: it is read back like a 5xx.
+            storage = isinstance(exc, kube_errors.ConflictError)
+            if kube_errors.outcome(exc) is kube_errors.Outcome.REFUSED and not storage:
                 self.cache.forget(key)
                 return self._bind_failed(BindOutcome.ERROR, f"binding {key} to {args.node} failed: {exc}")
             self.unsure[key] = self.clock()  # it may have happened: the assumption holds its room
