@@ -31,6 +31,8 @@ from tests import builders
 from tests.conftest import REPO, helm
 from tests.integration.conftest import wait_for
 
+pytestmark = pytest.mark.runtime
+
 Json = dict[str, Any]
 SYSTEM = names.SYSTEM_NAMESPACE
 ADMISSION = "/apis/admissionregistration.k8s.io/v1"

@@ -29,6 +29,8 @@ from tests import builders
 from tests.builders import NVML_FILE, write_nvml
 from tests.integration.conftest import Json, get_or_none, wait_for
 
+pytestmark = pytest.mark.runtime
+
 UUIDS = ("GPU-0", "GPU-1", "GPU-2")
 """The GPUs of NVML_FILE."""
 
