@@ -246,6 +246,8 @@ def test_every_component_has_its_own_service_account_and_the_shipped_rbac() -> N
         (["--set", "webhook.bogus=1"], "at '/webhook': additional properties 'bogus' not allowed"),
         (["--set", "scheduler.leaderElection.leaseDuration=soon"], "/scheduler/leaderElection/leaseDuration"),
         (["--set", "controller.compat={volcano}"], "/controller/compat/0"),
+        (["--set", "scheduler.leaderElection.retryPeriod=2m"], "/scheduler/leaderElection/retryPeriod"),
+        (["--set", "agent.paths.kubelet=var/lib/kubelet"], "/agent/paths/kubelet"),
     ],
 )
 def test_bad_values_are_refused_naming_the_value(args: list[str], message: str) -> None:
@@ -400,6 +402,36 @@ def test_the_agent_runs_under_the_runtimes_seccomp_filter_and_mounts_only_its_ow
     paths_ = {v["hostPath"]["path"] for v in agent["volumes"] if "hostPath" in v}
     assert {f"/var/lib/kubelet/plugins/{dra.DRIVER}", f"/var/lib/kubelet/plugins/{names.VOLUMES_DRIVER}"} <= paths_
     assert "/var/lib/kubelet/plugins" not in paths_, "other drivers' sockets are not the agent's"
+
+
+def test_the_agent_mounts_and_names_the_nodes_folders_where_the_values_say_at_the_same_paths() -> None:
+    """A distribution that moves the kubelet's root (k0s) and the runtime's CDI folder: every host path
+    of the agent is under the values, mounted at the same path, and the agent is told each."""
+    docs = render("1.37.2", "agent.dra=true", "agent.paths.kubelet=/var/lib/k0s/kubelet/", "agent.paths.cdi=/etc/cdi")
+    agent = one(docs, "DaemonSet", "sharegpu-agent")["spec"]["template"]["spec"]
+    (container,) = agent["containers"]
+    hosts = {v["name"]: v["hostPath"]["path"] for v in agent["volumes"] if "hostPath" in v}
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    kubelet = {n: p for n, p in hosts.items() if "kubelet" in p}
+    assert set(kubelet) == {"pod-resources", "kubelet-registry", "kubelet-plugin", "volumes-plugin", "kubelet-pods"}
+    assert all(p.startswith("/var/lib/k0s/kubelet/") and mounts[n] == p for n, p in kubelet.items()), hosts
+    assert hosts["cdi"] == mounts["cdi"] == "/etc/cdi"
+    args = container["args"]
+    for flag in ("--kubelet-socket=/var/lib/k0s/kubelet/pod-resources/kubelet.sock",
+                 "--kubelet-plugins-dir=/var/lib/k0s/kubelet/plugins",
+                 "--kubelet-registry-dir=/var/lib/k0s/kubelet/plugins_registry", "--cdi-dir=/etc/cdi"):  # fmt: skip
+        assert flag in args, args
+
+
+def test_the_extender_follows_the_lease_kube_scheduler_elects_on_with_the_same_terms() -> None:
+    docs = render("1.37.2", "scheduler.leaderElection.leaseDuration=20s")
+    pod = one(docs, "Deployment", "sharegpu-scheduler")["spec"]["template"]["spec"]
+    extender = next(c for c in pod["containers"] if c["name"] == "extender")
+    assert "--follow-scheduler" in extender["args"] and "--lease-duration=20" in extender["args"]
+    assert "--leader-elect" not in extender["args"]
+    config = yaml.safe_load(one(docs, "ConfigMap", "sharegpu-scheduler")["data"]["config.yaml"])
+    assert config["leaderElection"]["resourceName"] == names.EXTENDER_LEASE
+    assert config["leaderElection"]["leaseDuration"] == "20s"
 
 
 def test_the_volume_plugin_is_the_codes_driver_and_only_it_makes_the_agent_privileged() -> None:
