@@ -7,12 +7,18 @@ credentials) and must become Ready by its own probes; the extender beside the ku
 holds the Lease leads; the API server must reach the webhook through its Service; `helm uninstall`
 must leave nothing of sharegpu but its CRDs (and the namespace, which Helm made and leaves).
 
-Not here yet: the agent's DaemonSet (it needs the fake NVIDIA runtime that gives a container NVML),
-hence no GPU pod placed and run by the chart's scheduler."""
+The node's GPUs are fake, given as a real node gives them: character devices, the NVIDIA device
+plugin (fake) offering nvidia.com/gpu to the kubelet, and the NVIDIA container runtime (fake:
+`devcluster.nvidiaruntime`, in front of runc) that gives a container asking by its environment its
+GPUs' device nodes and, for NVML, the node's fake NVML file. So the agent's DaemonSet runs in its
+container as the chart runs it, and a sharing pod and a whole-GPU pod are placed by the chart's
+scheduler and run; what each container sees (its NVIDIA_VISIBLE_DEVICES, its /dev) is read from
+inside it and must be what its allocation says."""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib.metadata
 import json
 import os
@@ -24,7 +30,7 @@ from typing import Any
 
 import pytest
 
-from sharegpu.api import names, paths
+from sharegpu.api import names, paths, pods, wire
 from sharegpu.devcluster import containerd, controlplane, stack
 from sharegpu.kube import client
 from tests import builders
@@ -40,6 +46,8 @@ RBAC = "/apis/rbac.authorization.k8s.io/v1"
 VERSION = importlib.metadata.version("sharegpu")
 """The image's tag (scripts/build-image tags it with the project's version)."""
 CLUSTER_CIDR = "10.244.0.0/16"
+UUIDS = ("GPU-0", "GPU-1", "GPU-2")
+"""The node's fake GPUs."""
 """The nodes' pod networks (each node's containerd takes a /24 of it)."""
 
 
@@ -77,7 +85,7 @@ async def kube(plane: controlplane.ControlPlane) -> AsyncIterator[client.KubeCli
 @pytest.fixture(scope="module")
 async def node(plane: controlplane.ControlPlane, kube: client.KubeClient) -> AsyncIterator[containerd.Node]:
     bin_dir = await asyncio.to_thread(containerd.binaries)
-    made = containerd.Node.make("gpu-node-1", bin_dir, random.randrange(1, 250))
+    made = containerd.Node.make("gpu-node-1", bin_dir, random.randrange(1, 250), UUIDS)
     try:
         images = [
             containerd.sandbox_archive(bin_dir, made.folder),
@@ -85,7 +93,7 @@ async def node(plane: controlplane.ControlPlane, kube: client.KubeClient) -> Asy
             containerd.scheduler_archive(plane.bin_dir, plane.version, made.folder),
             await asyncio.to_thread(image_archive),
         ]
-        await made.start(plane, kube, images, {})
+        await made.start(plane, kube, images, {"nvidia.com/gpu.present": "true"})
         yield made
     finally:
         await made.stop(plane, kube)
@@ -121,12 +129,23 @@ def describe(pods: list[Json]) -> str:
     return "\n".join(lines)
 
 
-async def test_helm_install_runs_every_component_in_containerd_ready_by_its_own_probes(
+def busybox(name: str, namespace: str, limits: dict[str, str]) -> Json:
+    """A pod that prints its environment and its devices, then sleeps (the image is never pulled)."""
+    body = builders.MakePod(name, namespace).grace(0).container(image=containerd.BUSYBOX_IMAGE).obj()
+    body["spec"]["containers"][0].update({
+        "command": ["sh", "-c", "sleep 3600"], "imagePullPolicy": "Never", "resources": {"limits": limits},
+    })  # fmt: skip
+    body["spec"]["automountServiceAccountToken"] = False
+    return body
+
+
+async def test_helm_install_runs_every_component_in_containerd_and_places_and_runs_gpu_pods(
     plane: controlplane.ControlPlane, kube: client.KubeClient, node: containerd.Node, tmp_path: Path
 ) -> None:
     values = {
         "image": {"repository": "localhost/sharegpu", "tag": VERSION, "pullPolicy": "Never"},
-        "agent": {"nodeSelector": {"sharegpu.io/no-agent-yet": "true"}},
+        # The node's kubelet and CDI folders are its own (chart values, mounted at the same paths).
+        "agent": {"paths": {"kubelet": str(node.root), "cdi": str(node.runtime.cdi_dir)}},
     }
     (tmp_path / "values.json").write_text(json.dumps(values))
     await run_helm(plane, "install", "sharegpu", str(stack.CHART), "-n", SYSTEM, "--create-namespace",
@@ -134,7 +153,7 @@ async def test_helm_install_runs_every_component_in_containerd_ready_by_its_own_
 
     async def all_ready() -> bool:
         found = await pods_of(kube, SYSTEM)
-        return len(found) >= 6 and all(ready(p) for p in found)
+        return len(found) >= 7 and all(ready(p) for p in found)
 
     try:
         await wait_for(all_ready, timeout=240, what="every component's pod Ready")
@@ -145,7 +164,11 @@ async def test_helm_install_runs_every_component_in_containerd_ready_by_its_own_
         ]
         raise AssertionError(f"{exc}\n{describe(found)}\n" + "\n".join(logs)) from None
     kinds = sorted(p["metadata"]["labels"].get("app.kubernetes.io/component", "") for p in await pods_of(kube, SYSTEM))
-    assert kinds == ["controller", "controller", "scheduler", "scheduler", "webhook", "webhook"], kinds
+    assert kinds == ["agent", "controller", "controller", "scheduler", "scheduler", "webhook", "webhook"], kinds
+
+    # The agent, in its container, read the node's GPUs through the (fake) NVIDIA runtime.
+    device = await kube.get(paths.device(node.name))
+    assert [g["uuid"] for g in device["spec"]["gpus"]] == list(UUIDS)
 
     # The scheduling pods lead together: kube-scheduler holds the Lease, the extender beside it follows.
     lease = await kube.get(paths.lease(SYSTEM, names.EXTENDER_LEASE))
@@ -153,14 +176,46 @@ async def test_helm_install_runs_every_component_in_containerd_ready_by_its_own_
     assert holder.startswith("sharegpu-scheduler-"), lease["spec"]
     assert "leading" in node.logs(holder, "extender", lines=200), node.logs(holder, "extender")
 
-    # The API server calls the webhook through its Service (kube-proxy): a GPU pod is sharegpu's.
+    # GPU pods, sent to sharegpu by the webhook (the API server calls it through its Service), placed
+    # by the chart's scheduler and run: what each container sees is what its allocation says.
     await kube.create(paths.NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team"}})
-    body = builders.MakePod("gpu", "team").container(image=containerd.BUSYBOX_IMAGE).obj()
-    body["spec"]["containers"][0]["resources"] = {"limits": {names.NVIDIA_GPU: "1"}}
-    made = await kube.create(paths.pods("team"), body)
-    assert made["spec"]["schedulerName"] == names.SCHEDULER_NAME
-    await kube.delete(paths.pod("team", "gpu"), grace_period=0)
+    share = await kube.create(paths.pods("team"), busybox("share", "team", {names.GPU: "1", names.GPU_MILLI: "300"}))
+    assert share["spec"]["schedulerName"] == names.SCHEDULER_NAME
+    await kube.create(paths.pods("team"), busybox("whole", "team", {names.NVIDIA_GPU: "1"}))
 
+    async def running(pod: str) -> str:
+        found = await kube.get(paths.pod("team", pod))
+        return node.container(pod) if found["status"].get("phase") == "Running" else ""
+
+    seen: dict[str, tuple[dict[str, str], set[str]]] = {}
+    for pod in ("share", "whole"):
+        try:
+            container = await wait_for(functools.partial(running, pod), timeout=120, what=f"pod {pod} running")
+        except AssertionError as exc:
+            found = await pods_of(kube, "team") + await pods_of(kube, names.HOLDING_NAMESPACE)
+            raise AssertionError(f"{exc}\n{describe(found)}") from None
+        env = dict(line.split("=", 1) for line in node.inside(container, "env").splitlines() if "=" in line)
+        dev = {
+            line.split()[-1] for line in node.inside(container, "ls", "-l", "/dev").splitlines() if line.startswith("c")
+        }
+        seen[pod] = (env, {d for d in dev if d.startswith("nvidia") and d[6:].isdigit()})
+    placed = await kube.get(paths.pod("team", "share"))
+    allocation = pods.allocation_of(wire.convert(placed, wire.Pod))
+    assert allocation is not None and len(allocation.gpu_indices) == 1
+    (index,) = allocation.gpu_indices
+    env, gpus = seen["share"]
+    assert env["NVIDIA_VISIBLE_DEVICES"] == UUIDS[index] and gpus == {f"nvidia{index}"}, seen["share"]
+    env, gpus = seen["whole"]
+    (whole,) = gpus
+    assert env["NVIDIA_VISIBLE_DEVICES"] == UUIDS[int(whole[6:])] and whole != f"nvidia{index}", seen["whole"]
+
+    for pod in ("share", "whole"):
+        await kube.delete(paths.pod("team", pod), grace_period=0)
+
+    async def reservations_gone() -> bool:
+        return not await pods_of(kube, names.HOLDING_NAMESPACE)
+
+    await wait_for(reservations_gone, timeout=90, what="the GPU's reservation gone with its sharer")
     await run_helm(plane, "uninstall", "sharegpu", "-n", SYSTEM, "--wait")
 
     async def nothing_left() -> bool:
@@ -174,6 +229,7 @@ async def test_helm_install_runs_every_component_in_containerd_ready_by_its_own_
                            ("ClusterRole", f"{RBAC}/clusterroles"),
                            ("ClusterRoleBinding", f"{RBAC}/clusterrolebindings"),
                            ("Deployment", f"/apis/apps/v1/namespaces/{SYSTEM}/deployments"),
+                           ("DaemonSet", f"/apis/apps/v1/namespaces/{SYSTEM}/daemonsets"),
                            ("Service", f"/api/v1/namespaces/{SYSTEM}/services"),
                            ("ServiceAccount", f"/api/v1/namespaces/{SYSTEM}/serviceaccounts"))
         for item in (await kube.get(path))["items"]

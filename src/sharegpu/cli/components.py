@@ -285,7 +285,12 @@ OnViolation = Annotated[
 def agent(
     node: Annotated[str, typer.Option(help="This node's name (in a DaemonSet: the downward API's spec.nodeName).")],
     fake_nvml: Annotated[
-        Path | None, typer.Option(help="Read GPUs from this file instead of NVML (docs/agent.md: its format).")
+        Path | None,
+        typer.Option(
+            help="Read GPUs from this file instead of NVML (docs/agent.md: its format); a test node's fake "
+            "NVIDIA runtime names it in the environment, as the real one gives the container NVML.",
+            envvar="SHAREGPU_FAKE_NVML",
+        ),
     ] = None,
     kubeconfig: Kubeconfig = None,
     interval: Annotated[float, typer.Option(help="Seconds between inventory passes.", min=0.5)] = 10.0,

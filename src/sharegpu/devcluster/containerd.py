@@ -28,6 +28,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tarfile
 import tempfile
 import time
@@ -36,7 +37,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from sharegpu.api import paths
-from sharegpu.devcluster import controlplane, fakecri
+from sharegpu.devcluster import controlplane, fakecri, fakedeviceplugin
 from sharegpu.kube import client
 from sharegpu.kube import errors as kube_errors
 
@@ -206,6 +207,10 @@ class Containerd:
     bin_dir: Path
     number: int
     """Distinguishes the node's bridge and pod subnet from the other nodes' (0..250)."""
+    gpus: tuple[Path, Path] | None = None
+    """The node's fake NVML file and device folder: runc then runs behind the fake NVIDIA runtime
+    (`nvidiaruntime`), which gives containers that ask for GPUs by their environment what the real
+    one gives (the agent's DaemonSet among them)."""
     process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
     @property
@@ -255,12 +260,25 @@ state = '{f / "state"}'
   cdi_spec_dirs = ['{self.cdi_dir}']
   restrict_oom_score_adj = true
 [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
-  BinaryName = '{runc()}'
+  BinaryName = '{self.runtime_binary()}'
   SystemdCgroup = false
 [plugins.'io.containerd.cri.v1.runtime'.cni]
   bin_dirs = ['{self.bin_dir}']
   conf_dir = '{f / "cni"}'
 """
+
+    def runtime_binary(self) -> Path:
+        """runc, or with `gpus` a script that runs it behind the fake NVIDIA runtime."""
+        if self.gpus is None:
+            return runc()
+        nvml, devices = self.gpus
+        script = self.folder / "nvidia-container-runtime"
+        script.write_text(
+            f"#!/bin/sh\nexec {sys.executable} -m sharegpu.devcluster.nvidiaruntime --runc {runc()} "
+            f'--nvml {nvml} --devices {devices} -- "$@"\n'
+        )
+        script.chmod(0o755)
+        return script
 
     def network(self) -> dict[str, Any]:
         """The node's pod network (a CNI configuration list): a bridge of its own, addresses from its subnet."""
@@ -380,16 +398,26 @@ def make_cgroup(name: str) -> None:
 
 
 def remove_cgroup(name: str) -> None:
-    """`/name` and the cgroups under it, in every hierarchy, deepest first (left where a process stays)."""
+    """`/name` and the cgroups under it, in every hierarchy, deepest first; a process still in one
+    (a container whose shim was killed outlives it) is killed first."""
     for hierarchy in _hierarchies():
         top = hierarchy / name
         if not top.is_dir():
             continue
-        for folder in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
-            with contextlib.suppress(OSError):
-                folder.rmdir()
-        with contextlib.suppress(OSError):
-            top.rmdir()
+        folders = sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True)
+        for folder in [*folders, top]:
+            for _ in range(50):
+                with contextlib.suppress(OSError):
+                    for pid in (folder / "cgroup.procs").read_text().split():
+                        with contextlib.suppress(ProcessLookupError):
+                            os.kill(int(pid), signal.SIGKILL)
+                try:
+                    folder.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.1)  # the killed processes are still leaving
 
 
 # ----------------------------------------------------------------- a node: containerd and the kubelet
@@ -399,20 +427,30 @@ def remove_cgroup(name: str) -> None:
 class Node:
     """A test node with a real runtime: its containerd, the real kubelet on it (per-pod cgroups under
     the cgroup `/sharegpu-<name>`), the images it needs, and the GPUs a node without them can fake: a
-    character device per GPU and the NVIDIA toolkit's CDI spec naming them (`fakecri.toolkit_spec`)."""
+    character device per GPU, the NVIDIA toolkit's CDI spec naming them (`fakecri.toolkit_spec`), a
+    fake NVML file, the fake NVIDIA runtime (`nvidiaruntime`) and device plugin."""
 
     name: str
     folder: Path
     runtime: Containerd
     gpus: tuple[str, ...] = ()
-    """The UUIDs of its fake GPUs (index i: /dev/nvidia<i>)."""
+    """The UUIDs of its fake GPUs (index i: /dev/nvidia<i>), which the fake NVIDIA device plugin
+    offers the kubelet as nvidia.com/gpu."""
     kubelet: str = ""
+    plugin: fakedeviceplugin.FakeDevicePlugin | None = None
 
     @classmethod
     def make(cls, name: str, bin_dir: Path, number: int, gpus: tuple[str, ...] = ()) -> Node:
-        """A node `name` under a new short folder in /tmp (unix socket paths stay short)."""
+        """A node `name` under a new short folder in /tmp (unix socket paths stay short); with `gpus`,
+        its fake GPUs reach containers through the fake NVIDIA runtime too."""
         folder = Path(tempfile.mkdtemp(prefix=f"sg-{number}-", dir="/tmp"))
-        return cls(name, folder, Containerd(folder / "c", bin_dir, number), gpus)
+        runtime = Containerd(folder / "c", bin_dir, number, (folder / "nvml.yaml", folder / "dev") if gpus else None)
+        return cls(name, folder, runtime, gpus)
+
+    @property
+    def nvml(self) -> Path:
+        """The node's fake NVML file (`agent.fakenvml`'s format): what its GPUs report."""
+        return self.folder / "nvml.yaml"
 
     @property
     def root(self) -> Path:
@@ -429,11 +467,19 @@ class Node:
         """containerd with `images` imported, then the kubelet, until the node is Ready (its
         registration taint lifted: no node lifecycle controller runs here)."""
         runtime = self.runtime
+        # A mount of its own, shared: pods' Bidirectional mounts (the agent's CSI plugin) need one.
+        for args in (["--bind", str(self.folder), str(self.folder)], ["--make-rshared", str(self.folder)]):
+            subprocess.run(["mount", *args], check=True, capture_output=True)
         runtime.start()
         await asyncio.to_thread(runtime.wait_ready)
         for archive in images:
             await asyncio.to_thread(runtime.load, archive)
         if self.gpus:
+            if not self.nvml.exists():
+                rows = "".join(
+                    f"  - {{uuid: {u}, model: NVIDIA A100-SXM4-80GB, memoryMiB: 81920}}\n" for u in self.gpus
+                )
+                self.nvml.write_text(f"gpus:\n{rows}")
             fakecri.fake_device_nodes(self.folder / "dev", len(self.gpus))
             spec = fakecri.toolkit_spec(self.gpus, device_dir=self.folder / "dev")
             (runtime.cdi_dir / "nvidia.json").write_text(json.dumps(spec))
@@ -449,6 +495,10 @@ class Node:
                 )
             await asyncio.sleep(0.5)
         await admin.patch(paths.node(self.name), {"spec": {"taints": None}})
+        if self.gpus:
+            # The kubelet's device plugin folder is fixed, whatever its --root-dir: one such node per machine.
+            self.plugin = fakedeviceplugin.FakeDevicePlugin(self.gpus, self.name)
+            await self.plugin.start()
 
     async def _ready(self, admin: client.KubeApi) -> bool:
         try:
@@ -460,6 +510,8 @@ class Node:
 
     async def stop(self, plane: controlplane.ControlPlane, admin: client.KubeApi | None) -> None:
         """The kubelet, the Node object, containerd and all it ran, the cgroups and the folder: gone."""
+        if self.plugin is not None:
+            await self.plugin.stop()
         if self.kubelet:
             plane.stop_process(self.kubelet)
         if admin is not None:
