@@ -13,7 +13,10 @@ plugin (fake) offering nvidia.com/gpu to the kubelet, and the NVIDIA container r
 GPUs' device nodes and, for NVML, the node's fake NVML file. So the agent's DaemonSet runs in its
 container as the chart runs it, and a sharing pod and a whole-GPU pod are placed by the chart's
 scheduler and run; what each container sees (its NVIDIA_VISIBLE_DEVICES, its /dev) is read from
-inside it and must be what its allocation says."""
+inside it and must be what its allocation says. Then faults with real containers (the agent's pod
+deleted, the leading extender's container stopped) and a `helm upgrade` with changed values: every
+component comes back Ready, every placed pod keeps its allocation and runs on, and the oracle finds
+no GPU over-committed or held twice."""
 
 from __future__ import annotations
 
@@ -31,7 +34,7 @@ from typing import Any
 import pytest
 
 from sharegpu.api import names, paths, pods, wire
-from sharegpu.devcluster import containerd, controlplane, stack
+from sharegpu.devcluster import containerd, controlplane, oracle, stack
 from sharegpu.kube import client
 from tests import builders
 from tests.conftest import REPO, helm
@@ -208,6 +211,31 @@ async def test_helm_install_runs_every_component_in_containerd_and_places_and_ru
     env, gpus = seen["whole"]
     (whole,) = gpus
     assert env["NVIDIA_VISIBLE_DEVICES"] == UUIDS[int(whole[6:])] and whole != f"nvidia{index}", seen["whole"]
+
+    # Faults with real containers, then an upgrade: every placed pod keeps its allocation and runs on.
+    agent = next(
+        p for p in await pods_of(kube, SYSTEM) if p["metadata"]["labels"].get("app.kubernetes.io/component") == "agent"
+    )
+    await kube.delete(paths.pod(SYSTEM, agent["metadata"]["name"]))  # the DaemonSet makes another
+    lease = await kube.get(paths.lease(SYSTEM, names.EXTENDER_LEASE))
+    leader = lease["spec"]["holderIdentity"].split("_", 1)[0]
+    node.runtime.crictl("stop", "--timeout", "0", node.container(leader, "extender"))  # the kubelet restarts it
+    await wait_for(all_ready, timeout=180, what="every component Ready again after the faults")
+    values["extender"] = {"logLevel": "DEBUG"}
+    (tmp_path / "values.json").write_text(json.dumps(values))
+    await run_helm(plane, "upgrade", "sharegpu", str(stack.CHART), "-n", SYSTEM, "-f", str(tmp_path / "values.json"))
+
+    async def upgraded() -> bool:
+        found = await pods_of(kube, SYSTEM)
+        args = [c.get("args", []) for p in found for c in p["spec"]["containers"] if c["name"] == "extender"]
+        return len(found) == 7 and all(ready(p) for p in found) and all("--log-level=DEBUG" in a for a in args)
+
+    await wait_for(upgraded, timeout=240, what="the upgraded release Ready")
+    after = await kube.get(paths.pod("team", "share"))
+    assert after["metadata"]["annotations"] == placed["metadata"]["annotations"], "the allocation kept"
+    assert [await running(pod) != "" for pod in ("share", "whole")] == [True, True]
+    judged = await oracle.inspect(kube)
+    assert (judged.overcommits, judged.double_allocations, judged.unheld) == ([], [], []), judged
 
     for pod in ("share", "whole"):
         await kube.delete(paths.pod("team", pod), grace_period=0)
