@@ -14,9 +14,10 @@ GPUs' device nodes and, for NVML, the node's fake NVML file. So the agent's Daem
 container as the chart runs it, and a sharing pod and a whole-GPU pod are placed by the chart's
 scheduler and run; what each container sees (its NVIDIA_VISIBLE_DEVICES, its /dev) is read from
 inside it and must be what its allocation says. Then faults with real containers (the agent's pod
-deleted, the leading extender's container stopped) and a `helm upgrade` with changed values: every
-component comes back Ready, every placed pod keeps its allocation and runs on, and the oracle finds
-no GPU over-committed or held twice."""
+deleted, the leading extender's container stopped, containerd and the kubelet killed and restarted)
+and a `helm upgrade` with changed values: every component comes back Ready, every placed pod keeps
+its allocation and runs on (its container the same), and the oracle finds no GPU over-committed or
+held twice."""
 
 from __future__ import annotations
 
@@ -220,7 +221,11 @@ async def test_helm_install_runs_every_component_in_containerd_and_places_and_ru
     lease = await kube.get(paths.lease(SYSTEM, names.EXTENDER_LEASE))
     leader = lease["spec"]["holderIdentity"].split("_", 1)[0]
     node.runtime.crictl("stop", "--timeout", "0", node.container(leader, "extender"))  # the kubelet restarts it
+    before = {pod: await running(pod) for pod in ("share", "whole")}
+    await asyncio.to_thread(node.runtime.restart)  # containerd crashes and comes back: containers run on
+    await asyncio.to_thread(plane.restart, node.kubelet, down_for=1.0)  # so does the kubelet
     await wait_for(all_ready, timeout=180, what="every component Ready again after the faults")
+    assert {pod: await running(pod) for pod in ("share", "whole")} == before, "the GPU pods' containers ran on"
     values["extender"] = {"logLevel": "DEBUG"}
     (tmp_path / "values.json").write_text(json.dumps(values))
     await run_helm(plane, "upgrade", "sharegpu", str(stack.CHART), "-n", SYSTEM, "-f", str(tmp_path / "values.json"))
