@@ -11,8 +11,8 @@ The node's GPUs are fake, given as a real node gives them: character devices, th
 plugin (fake) offering nvidia.com/gpu to the kubelet, and the NVIDIA container runtime (fake:
 `devcluster.nvidiaruntime`, in front of runc) that gives a container asking by its environment its
 GPUs' device nodes and, for NVML, the node's fake NVML file. So the agent's DaemonSet runs in its
-container as the chart runs it, and a sharing pod and a whole-GPU pod are placed by the chart's
-scheduler and run; what each container sees (its NVIDIA_VISIBLE_DEVICES, its /dev) is read from
+container as the chart runs it, and a sharing pod, a whole-GPU pod and a pod written for HAMi are
+placed by the chart's scheduler and run; what each container sees (its NVIDIA_VISIBLE_DEVICES, its /dev) is read from
 inside it and must be what its allocation says. Then faults with real containers (the agent's pod
 deleted, the leading extender's container stopped, containerd and the kubelet killed and restarted)
 and a `helm upgrade` with changed values: every component comes back Ready, every placed pod keeps
@@ -37,6 +37,7 @@ import pytest
 from sharegpu.api import names, paths, pods, wire
 from sharegpu.devcluster import containerd, controlplane, oracle, stack
 from sharegpu.kube import client
+from sharegpu.webhook import translate
 from tests import builders
 from tests.conftest import REPO, helm
 from tests.integration.conftest import wait_for
@@ -186,13 +187,16 @@ async def test_helm_install_runs_every_component_in_containerd_and_places_and_ru
     share = await kube.create(paths.pods("team"), busybox("share", "team", {names.GPU: "1", names.GPU_MILLI: "300"}))
     assert share["spec"]["schedulerName"] == names.SCHEDULER_NAME
     await kube.create(paths.pods("team"), busybox("whole", "team", {names.NVIDIA_GPU: "1"}))
+    # Written for HAMi (a quarter of a GPU's cores, 2 GiB of its memory): translated by the webhook.
+    hami = {names.NVIDIA_GPU: "1", translate.HAMI_CORES: "25", translate.HAMI_MEMORY: "2048"}
+    await kube.create(paths.pods("team"), busybox("hami", "team", hami))
 
     async def running(pod: str) -> str:
         found = await kube.get(paths.pod("team", pod))
         return node.container(pod) if found["status"].get("phase") == "Running" else ""
 
     seen: dict[str, tuple[dict[str, str], set[str]]] = {}
-    for pod in ("share", "whole"):
+    for pod in ("share", "whole", "hami"):
         try:
             container = await wait_for(functools.partial(running, pod), timeout=120, what=f"pod {pod} running")
         except AssertionError as exc:
@@ -212,6 +216,12 @@ async def test_helm_install_runs_every_component_in_containerd_and_places_and_ru
     env, gpus = seen["whole"]
     (whole,) = gpus
     assert env["NVIDIA_VISIBLE_DEVICES"] == UUIDS[int(whole[6:])] and whole != f"nvidia{index}", seen["whole"]
+    translated = pods.allocation_of(wire.convert(await kube.get(paths.pod("team", "hami")), wire.Pod))
+    assert translated is not None and translated.gpu_usage() and not translated.exclusive, translated
+    (hami_index,) = translated.gpu_indices
+    assert translated.gpu_usage()[hami_index] == (250, 2048), translated.gpu_usage()
+    env, gpus = seen["hami"]
+    assert env["NVIDIA_VISIBLE_DEVICES"] == UUIDS[hami_index] and gpus == {f"nvidia{hami_index}"}, seen["hami"]
 
     # Faults with real containers, then an upgrade: every placed pod keeps its allocation and runs on.
     agent = next(
@@ -221,11 +231,11 @@ async def test_helm_install_runs_every_component_in_containerd_and_places_and_ru
     lease = await kube.get(paths.lease(SYSTEM, names.EXTENDER_LEASE))
     leader = lease["spec"]["holderIdentity"].split("_", 1)[0]
     node.runtime.crictl("stop", "--timeout", "0", node.container(leader, "extender"))  # the kubelet restarts it
-    before = {pod: await running(pod) for pod in ("share", "whole")}
+    before = {pod: await running(pod) for pod in ("share", "whole", "hami")}
     await asyncio.to_thread(node.runtime.restart)  # containerd crashes and comes back: containers run on
     await asyncio.to_thread(plane.restart, node.kubelet, down_for=1.0)  # so does the kubelet
     await wait_for(all_ready, timeout=180, what="every component Ready again after the faults")
-    assert {pod: await running(pod) for pod in ("share", "whole")} == before, "the GPU pods' containers ran on"
+    assert {pod: await running(pod) for pod in ("share", "whole", "hami")} == before, "the GPU pods' containers ran on"
     values["extender"] = {"logLevel": "DEBUG"}
     (tmp_path / "values.json").write_text(json.dumps(values))
     await run_helm(plane, "upgrade", "sharegpu", str(stack.CHART), "-n", SYSTEM, "-f", str(tmp_path / "values.json"))
@@ -238,11 +248,11 @@ async def test_helm_install_runs_every_component_in_containerd_and_places_and_ru
     await wait_for(upgraded, timeout=240, what="the upgraded release Ready")
     after = await kube.get(paths.pod("team", "share"))
     assert after["metadata"]["annotations"] == placed["metadata"]["annotations"], "the allocation kept"
-    assert [await running(pod) != "" for pod in ("share", "whole")] == [True, True]
+    assert [await running(pod) != "" for pod in ("share", "whole", "hami")] == [True, True, True]
     judged = await oracle.inspect(kube)
     assert (judged.overcommits, judged.double_allocations, judged.unheld) == ([], [], []), judged
 
-    for pod in ("share", "whole"):
+    for pod in ("share", "whole", "hami"):
         await kube.delete(paths.pod("team", pod), grace_period=0)
 
     async def reservations_gone() -> bool:
