@@ -184,7 +184,10 @@ class Replica:
 
 
 class Chaos:
-    def __init__(self, workdir: Path, nodes: int, rng: random.Random, *, dra: bool = False) -> None:
+    def __init__(
+        self, workdir: Path, nodes: int, rng: random.Random, *, dra: bool = False, log_level: str = "WARNING"
+    ) -> None:
+        self.log_level = log_level
         self.plane = controlplane.ControlPlane(workdir, controlplane.binaries())
         self.workdir = workdir
         self.nodes = nodes
@@ -253,6 +256,7 @@ class Chaos:
                 "contexts": [{"name": "c", "context": {"cluster": "c", "user": "sa"}}],
             }))  # fmt: skip
             args = (*ELECTION, "--dra-fence", str(FENCE)) if self.dra else ("--no-leader-elect",)
+            args = (*args, "--log-level", self.log_level)
             process = stack.ExtenderProcess(self.plane, "fgd-used", *args, kubeconfig=kubeconfig)
             self.replicas.append(Replica(pod, token_file, proxy, process, args))
         await self.rotate_token(count=False)
@@ -733,7 +737,7 @@ class Chaos:
 async def run(args: argparse.Namespace, seed: int) -> dict[str, Any]:
     rng = random.Random(seed)
     with tempfile.TemporaryDirectory(prefix="sharegpu-chaos-") as tmp:
-        chaos = Chaos(Path(tmp), args.nodes, rng, dra=args.dra)
+        chaos = Chaos(Path(tmp), args.nodes, rng, dra=args.dra, log_level=args.log_level)
         started = time.perf_counter()
         try:
             await chaos.start()
@@ -784,6 +788,12 @@ def main() -> int:
     parser.add_argument("--dra", action="store_true", help="half the nodes serve DRA claims; 40%% of pods ask that way")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--logs", type=Path, help="copy every component's log into DIR/seed-N at the end of each run")
+    parser.add_argument(
+        "--log-level",
+        default="WARNING",
+        choices=["DEBUG", "INFO", "WARNING"],
+        help="the extenders' log level (INFO: every binding and claim, to read after a bad verdict)",
+    )
     args = parser.parse_args()
     chosen = [args.seed] if args.seed is not None else args.seeds
     runs = []
