@@ -186,6 +186,31 @@ async def test_a_binding_whose_answer_was_lost_keeps_its_room_until_it_is_read_b
     h.server.faults.clear()
 
 
+@pytest.mark.parametrize("then", ["stale-view", "rebuild"])
+async def test_a_binding_read_back_as_done_keeps_its_room_against_older_views(
+    harness: Callable[..., Any], then: str
+) -> None:
+    """A binding whose answer was lost, read back as done before the watch shows it: an older view
+    of the pod (unbound: a relist served from a lagging cache after an API server restart) or a
+    ledger rebuild (a Device changed) must not give its room away (bench/chaos.py --dra seed 19: one
+    GPU at 1500 milli). A pod once bound never becomes unbound, so such a view is stale."""
+    h: Harness = await harness(nodes=1, gpus=1)
+    unbound = await h.create(gpu_pod("a", milli=600))
+    second = await h.create(gpu_pod("b", milli=600))
+    _late_watches(h)
+    h.server.fail(503, method="POST", path=paths.binding("ns", "a"), after_commit=True)
+    assert "outcome unknown" in (await _bind(h, "a")).error
+    assert await h.extender.scheduling.settle(units.PodKey("ns/a")) is True, "read back: bound"
+    cache = h.extender.cache
+    if then == "stale-view":
+        cache.on_pod(wire.EventType.MODIFIED, pods.record(wire.convert(unbound, wire.Pod)))
+    else:
+        cache.rebuild()
+    assert int(cache.state.milli_free[0, 0]) == 400, "its share is still held"
+    assert h.extender.scheduling.filter(h.args(second)).node_names == [], "nothing placed in its room"
+    h.server.faults.clear()
+
+
 async def test_a_binding_lost_on_its_way_in_is_read_back_then_written_again(harness: Callable[..., Any]) -> None:
     h: Harness = await harness(nodes=1, gpus=1, assume_ttl=30.0)
     pod = await h.create(gpu_pod("a", milli=600))

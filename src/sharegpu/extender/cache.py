@@ -125,6 +125,9 @@ class ClusterCache:
         self.pending: set[units.PodKey] = set()
         """Pods that ask for a GPU and are not bound yet (nor finished, nor being deleted)."""
         self.assumed: dict[units.PodKey, allocation.Allocation] = {}
+        self.confirmed: dict[units.PodKey, allocation.Allocation] = {}
+        """Pods a read showed bound (a binding whose answer was lost) before the watch does: held
+        against older views of them and across rebuilds until the watch shows them bound or gone."""
         self.freed_at = 0.0
         """When (by `clock`) room last appeared: a placed pod gone or finished, an assumption
         forgotten, a hold released, a node or Device changed."""
@@ -272,6 +275,10 @@ class ClusterCache:
                 log.warning("claim %s being allocated no longer fits after the inventory changed", key)
         for node, gpus in self.holds.values():
             self._hold(state, node, gpus, +1)
+        for key, alloc in self.confirmed.items():
+            if key not in self._ledger and not self._ledger.add(alloc).ok:
+                self.counters.conflicts += 1
+                log.error("pod %s, read back bound on %s, conflicts with the ledger", key, alloc.node)
         for key, alloc in list(self.assumed.items()):
             if key in self._ledger:
                 continue
@@ -362,6 +369,9 @@ class ClusterCache:
     def on_pod(self, kind: wire.EventType, record: pods.Record) -> None:
         key = record.key
         previous = self.pods.get(key) or self.reservations.get(key)  # what was counted for it
+        stale = previous is not None and previous.node and not record.node and previous.uid == record.uid
+        if kind != wire.EventType.DELETED and stale:
+            return  # an older view (a relist from a lagging cache): a bound pod is never unbound
         if previous is not None and previous.node and not previous.terminal:
             self.pods_on[previous.node] -= 1
             if not self.pods_on[previous.node]:
@@ -376,6 +386,7 @@ class ClusterCache:
             return
         if kind == wire.EventType.DELETED:
             self.pods.pop(key, None)
+            self.confirmed.pop(key, None)
             self.handoff_pods.discard(key)
             self.pending.discard(key)
             self.claiming.discard(key)
@@ -461,6 +472,9 @@ class ClusterCache:
         if not node or record.terminal or self._state.row(node) is None:
             if node and record.terminal:
                 self.assumed.pop(key, None)
+                self.confirmed.pop(key, None)
+            elif key in self.confirmed:
+                return  # read back bound: this view is older
             if key in ledger and (node or key not in self.assumed):
                 ledger.remove(key)
                 self.assumed.pop(key, None)
@@ -474,6 +488,7 @@ class ClusterCache:
             alloc = self._derived_allocation(record, node)
             if alloc is None:
                 return
+        self.confirmed.pop(key, None)  # the watch shows it bound: the record counts it from now on
         entry = ledger.get(key)
         if entry is not None and entry.alloc == alloc and entry.phase is core_ledger.Phase.ADDED:
             return
@@ -557,8 +572,10 @@ class ClusterCache:
         return True
 
     def confirm(self, alloc: allocation.Allocation) -> bool:
-        """The API shows the assumed pod bound with this allocation (the watch has not yet): keep it as added."""
+        """The API shows the assumed pod bound with this allocation (the watch has not yet): keep it as
+        added, and against older views of the pod and rebuilds until the watch shows it (`confirmed`)."""
         self.assumed.pop(alloc.pod, None)
+        self.confirmed[alloc.pod] = alloc
         return self.ledger.add(alloc).ok
 
     def stale_assumptions(self, ttl: float) -> list[units.PodKey]:
