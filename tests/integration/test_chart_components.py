@@ -142,9 +142,11 @@ async def test_the_rendered_components_run_and_place_a_gpu_pod(
     # The extender, beside the scheduler: its rendered arguments; loopback and free ports.
     port, health = controlplane.free_port(), controlplane.free_port()
     rendered = container(docs, "Deployment", "sharegpu-scheduler", 1)["args"]
-    assert "--host=0.0.0.0" in rendered and "--leader-elect" in rendered
+    assert "--host=0.0.0.0" in rendered and "--follow-scheduler" in rendered
+    # It follows the kube-scheduler of its pod on the Lease; here, with no pod, it campaigns for it.
+    campaigning = ["--leader-elect" if a == "--follow-scheduler" else a for a in localize(rendered)]
     processes.start("extender", sharegpu([
-        *localize(rendered), "--host=127.0.0.1", f"--port={port}", f"--health-port={health}",
+        *campaigning, "--host=127.0.0.1", f"--port={port}", f"--health-port={health}",
         "--kubeconfig", str(control_plane.kubeconfig("sharegpu-extender")), f"--identity={IDENTITY}",
     ]))  # fmt: skip
     # Every health port serves the rendered health certificate, checked by its name as the PodMonitor does.

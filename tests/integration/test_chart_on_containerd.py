@@ -207,21 +207,30 @@ async def test_helm_install_runs_every_component_in_containerd_and_places_and_ru
             line.split()[-1] for line in node.inside(container, "ls", "-l", "/dev").splitlines() if line.startswith("c")
         }
         seen[pod] = (env, {d for d in dev if d.startswith("nvidia") and d[6:].isdigit()})
-    placed = await kube.get(paths.pod("team", "share"))
-    allocation = pods.allocation_of(wire.convert(placed, wire.Pod))
-    assert allocation is not None and len(allocation.gpu_indices) == 1
-    (index,) = allocation.gpu_indices
-    env, gpus = seen["share"]
-    assert env["NVIDIA_VISIBLE_DEVICES"] == UUIDS[index] and gpus == {f"nvidia{index}"}, seen["share"]
+    # A shared GPU is the one its slot's reservation pod holds (the kubelet picks it from the device
+    # plugin's, and the reservation reports it): a sharing container sees exactly that one.
+    held: dict[int, str] = {}
+    for reservation in await pods_of(kube, names.HOLDING_NAMESPACE):
+        slot = pods.record(wire.convert(reservation, wire.Pod)).reservation
+        if slot is not None and slot.node == node.name and slot.uuid:
+            held[slot.index] = slot.uuid
+
+    def sees_its_slot(pod: str, milli: int, memory_mib: int | None = None) -> str:
+        allocation = pods.allocation_of(wire.convert(placed[pod], wire.Pod))
+        assert allocation is not None and not allocation.exclusive and len(allocation.gpu_indices) == 1
+        (index,) = allocation.gpu_indices
+        used = allocation.gpu_usage()[index]
+        assert used[0] == milli and memory_mib in (None, used[1]), allocation.gpu_usage()
+        env, gpus = seen[pod]
+        uuid = held[index]
+        assert env["NVIDIA_VISIBLE_DEVICES"] == uuid and gpus == {f"nvidia{UUIDS.index(uuid)}"}, (pod, seen[pod])
+        return uuid
+
+    placed = {pod: await kube.get(paths.pod("team", pod)) for pod in ("share", "hami")}
+    shared = {sees_its_slot("share", 300), sees_its_slot("hami", 250, 2048)}
     env, gpus = seen["whole"]
     (whole,) = gpus
-    assert env["NVIDIA_VISIBLE_DEVICES"] == UUIDS[int(whole[6:])] and whole != f"nvidia{index}", seen["whole"]
-    translated = pods.allocation_of(wire.convert(await kube.get(paths.pod("team", "hami")), wire.Pod))
-    assert translated is not None and translated.gpu_usage() and not translated.exclusive, translated
-    (hami_index,) = translated.gpu_indices
-    assert translated.gpu_usage()[hami_index] == (250, 2048), translated.gpu_usage()
-    env, gpus = seen["hami"]
-    assert env["NVIDIA_VISIBLE_DEVICES"] == UUIDS[hami_index] and gpus == {f"nvidia{hami_index}"}, seen["hami"]
+    assert env["NVIDIA_VISIBLE_DEVICES"] == UUIDS[int(whole[6:])] not in shared, (seen["whole"], shared)
 
     # Faults with real containers, then an upgrade: every placed pod keeps its allocation and runs on.
     agent = next(
@@ -247,7 +256,7 @@ async def test_helm_install_runs_every_component_in_containerd_and_places_and_ru
 
     await wait_for(upgraded, timeout=240, what="the upgraded release Ready")
     after = await kube.get(paths.pod("team", "share"))
-    assert after["metadata"]["annotations"] == placed["metadata"]["annotations"], "the allocation kept"
+    assert after["metadata"]["annotations"] == placed["share"]["metadata"]["annotations"], "the allocation kept"
     assert [await running(pod) != "" for pod in ("share", "whole", "hami")] == [True, True, True]
     judged = await oracle.inspect(kube)
     assert (judged.overcommits, judged.double_allocations, judged.unheld) == ([], [], []), judged
