@@ -191,9 +191,7 @@ async def test_helm_install_runs_every_component_in_containerd_and_places_and_ru
     hami = {names.NVIDIA_GPU: "1", translate.HAMI_CORES: "25", translate.HAMI_MEMORY: "2048"}
     await kube.create(paths.pods("team"), busybox("hami", "team", hami))
 
-    async def running(pod: str) -> str:
-        found = await kube.get(paths.pod("team", pod))
-        return node.container(pod) if found["status"].get("phase") == "Running" else ""
+    running = functools.partial(node.running, kube, "team")
 
     seen: dict[str, tuple[dict[str, str], set[str]]] = {}
     for pod in ("share", "whole", "hami"):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import random
 import uuid
@@ -80,10 +81,7 @@ async def test_a_pod_runs_in_containerd_on_the_node_s_network_under_its_own_per_
             paths.pods(namespace), busybox(builders.MakePod("p", namespace).grace(0).node(node.name).container())
         )
 
-        async def running() -> str:
-            found = await admin.get(paths.pod(namespace, "p"))
-            return node.container("p") if found["status"].get("phase") == "Running" else ""
-
+        running = functools.partial(node.running, admin, namespace, "p")
         container = await explained(control_plane, node, running, "the pod's container running in containerd")
         assert isinstance(container, str)
         found = await admin.get(paths.pod(namespace, "p"))
@@ -126,10 +124,7 @@ async def test_containerd_applies_the_claim_s_cdi_devices_the_container_sees_its
                 paths.pods(namespace), busybox(made.node_selector({"kubernetes.io/hostname": node.name}))
             )
 
-            async def running() -> str:
-                found = await admin.get(paths.pod(namespace, "p"))
-                return node.container("p") if found["status"].get("phase") == "Running" else ""
-
+            running = functools.partial(node.running, admin, namespace, "p")
             container = await explained(control_plane, node, running, "the DRA pod running in containerd")
             assert isinstance(container, str)
             claim = await admin.get(dra.claim_path(namespace, "c"))

@@ -538,6 +538,11 @@ class Node:
         running = [c["id"] for c in json.loads(found.stdout)["containers"] if c["state"] == "CONTAINER_RUNNING"]
         return running[0] if running else ""
 
+    async def running(self, admin: client.KubeApi, namespace: str, pod: str, name: str = "main") -> str:
+        """The id of container `name` of `pod` while the API shows the pod Running (empty otherwise)."""
+        found = await admin.get(paths.pod(namespace, pod))
+        return self.container(pod, name) if found["status"].get("phase") == "Running" else ""
+
     def logs(self, pod: str, name: str, lines: int = 15) -> str:
         """The last `lines` of the output of the latest container `name` of `pod` (for a failure's message)."""
         found = self.runtime.crictl("ps", "-a", "--name", f"^{name}$", "--label", f"io.kubernetes.pod.name={pod}",
