@@ -373,6 +373,7 @@ def test_the_dra_device_class_is_rendered_only_where_dra_is_on_and_served() -> N
     assert made["apiVersion"] == "resource.k8s.io/v1" and made["metadata"]["name"] == dra.DRIVER
     assert made["spec"]["selectors"] == [{"cel": {"expression": dra.CLASS_SELECTOR}}], "one definition, chart and code"
     assert classes(*served) == [], "off unless agent.dra"
+    assert len(classes(*served, "--set", "agent.draNodeSelector.a=b")) == 1, "or some nodes serve DRA"
     assert classes("--kube-version", "1.32.2", "--set", "agent.dra=true") == [], "not served on 1.32"
 
 
@@ -421,6 +422,34 @@ def test_the_agent_mounts_and_names_the_nodes_folders_where_the_values_say_at_th
                  "--kubelet-plugins-dir=/var/lib/k0s/kubelet/plugins",
                  "--kubelet-registry-dir=/var/lib/k0s/kubelet/plugins_registry", "--cdi-dir=/etc/cdi"):  # fmt: skip
         assert flag in args, args
+
+
+def test_a_dra_node_selector_splits_the_agents_so_that_each_node_serves_one_path() -> None:
+    """With agent.draNodeSelector, the nodes it picks get the agent with --dra, every other node the
+    agent without it: the two DaemonSets' node affinities are each other's complement, their pods'
+    selectors do not overlap, and the DeviceClass is rendered; setting agent.dra as well is refused."""
+    docs = render("1.37.2", r"agent.draNodeSelector.sharegpu\.io/dra=yes", "agent.draNodeSelector.rack=r1")
+    plain, dra_ = (one(docs, "DaemonSet", n)["spec"] for n in ("sharegpu-agent", "sharegpu-agent-dra"))
+    assert plain["selector"] != dra_["selector"]
+    for spec in (plain, dra_):
+        assert spec["selector"]["matchLabels"].items() <= spec["template"]["metadata"]["labels"].items()
+    assert "--dra" not in plain["template"]["spec"]["containers"][0]["args"]
+    assert "--dra" in dra_["template"]["spec"]["containers"][0]["args"]
+
+    def terms(spec: Json) -> list[list[Json]]:
+        affinity = spec["template"]["spec"]["affinity"]["nodeAffinity"][
+            "requiredDuringSchedulingIgnoredDuringExecution"
+        ]
+        return [t["matchExpressions"] for t in affinity["nodeSelectorTerms"]]
+
+    wanted = [{"key": "rack", "values": ["r1"]}, {"key": "sharegpu.io/dra", "values": ["yes"]}]
+    assert terms(dra_) == [[{**w, "operator": "In"} for w in wanted]], "all the labels"
+    assert terms(plain) == [[{**w, "operator": "NotIn"}] for w in wanted], "any label missing"
+    done = run_helm("template", "s", str(stack.CHART), "-n", names.SYSTEM_NAMESPACE, "--set", "agent.dra=true",
+                    "--set", "agent.draNodeSelector.a=b")  # fmt: skip
+    assert done.returncode != 0 and "agent.dra and agent.draNodeSelector: set one" in done.stderr, done.stderr
+    single = [d["metadata"]["name"] for d in render("1.37.2", "agent.dra=true") if d["kind"] == "DaemonSet"]
+    assert single == ["sharegpu-agent"]
 
 
 def test_the_extender_follows_the_lease_kube_scheduler_elects_on_with_the_same_terms() -> None:

@@ -1,19 +1,22 @@
 """The chart installed for real: `helm install` with the image the repository builds
 (scripts/build-image) and kube-scheduler's image made from the binary the suite builds, into a
-control plane whose pods reach the API server through its `kubernetes` Service (kube-proxy), on a
-node whose runtime is containerd and runc under the real kubelet. Every component then runs in a
+control plane whose pods reach the API server through its `kubernetes` Service (kube-proxy), on two
+nodes side by side whose runtime is containerd and runc under the real kubelet. Every component then runs in a
 container as the chart runs it (its user, read-only root, probes, mounts, RBAC, in-cluster
 credentials) and must become Ready by its own probes; the extender beside the kube-scheduler that
 holds the Lease leads; the API server must reach the webhook through its Service; `helm uninstall`
 must leave nothing of sharegpu but its CRDs (and the namespace, which Helm made and leaves).
 
-The node's GPUs are fake, given as a real node gives them: character devices, the NVIDIA device
+The nodes' GPUs are fake, given as a real node gives them: character devices, the NVIDIA device
 plugin (fake) offering nvidia.com/gpu to the kubelet, and the NVIDIA container runtime (fake:
 `devcluster.nvidiaruntime`, in front of runc) that gives a container asking by its environment its
 GPUs' device nodes and, for NVML, the node's fake NVML file. So the agent's DaemonSet runs in its
-container as the chart runs it, and a sharing pod, a whole-GPU pod and a pod written for HAMi are
-placed by the chart's scheduler and run; what each container sees (its NVIDIA_VISIBLE_DEVICES, its /dev) is read from
-inside it and must be what its allocation says. Then faults with real containers (the agent's pod
+container as the chart runs it (with the DRA driver on: each node's GPUs are also a ResourceSlice),
+and a sharing pod, a whole-GPU pod and a pod written for HAMi are placed by the chart's scheduler,
+a pod with a claim of sharegpu's class (written as Kubernetes documents DRA, no gate) by sharegpu's
+allocator, and all run; what each container sees (its NVIDIA_VISIBLE_DEVICES, its /dev, for the
+claim what containerd applied of its CDI devices) is read from inside it and must be what its
+allocation says. Then faults with real containers (the agent's pod
 deleted, the leading extender's container stopped, containerd and the kubelet killed and restarted)
 and a `helm upgrade` with changed values: every component comes back Ready, every placed pod keeps
 its allocation and runs on (its container the same), and the oracle finds no GPU over-committed or
@@ -34,7 +37,7 @@ from typing import Any
 
 import pytest
 
-from sharegpu.api import names, paths, pods, wire
+from sharegpu.api import dra, names, paths, pods, wire
 from sharegpu.devcluster import containerd, controlplane, oracle, stack
 from sharegpu.kube import client
 from sharegpu.webhook import translate
@@ -51,9 +54,11 @@ RBAC = "/apis/rbac.authorization.k8s.io/v1"
 VERSION = importlib.metadata.version("sharegpu")
 """The image's tag (scripts/build-image tags it with the project's version)."""
 CLUSTER_CIDR = "10.244.0.0/16"
-UUIDS = ("GPU-0", "GPU-1", "GPU-2")
-"""The node's fake GPUs."""
 """The nodes' pod networks (each node's containerd takes a /24 of it)."""
+GPUS = {"gpu-node-1": ("GPU-0", "GPU-1", "GPU-2"), "dra-node-1": ("GPU-3", "GPU-4")}
+"""Each node's fake GPUs (the i-th is its /dev/nvidia<i>)."""
+DRA_NODES = {"sharegpu.io/dra": "true"}
+"""The label of the nodes that serve DRA claims (chart value agent.draNodeSelector)."""
 
 
 def image_archive() -> Path:
@@ -88,20 +93,33 @@ async def kube(plane: controlplane.ControlPlane) -> AsyncIterator[client.KubeCli
 
 
 @pytest.fixture(scope="module")
-async def node(plane: controlplane.ControlPlane, kube: client.KubeClient) -> AsyncIterator[containerd.Node]:
+async def nodes(
+    plane: controlplane.ControlPlane, kube: client.KubeClient, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[dict[str, containerd.Node]]:
+    """Two nodes with GPUs on this machine, each its own containerd, kubelet and mount namespace: one
+    serves the extender path, one (labelled `DRA_NODES`) DRA claims."""
     bin_dir = await asyncio.to_thread(containerd.binaries)
-    made = containerd.Node.make("gpu-node-1", bin_dir, random.randrange(1, 250), UUIDS)
+    folder = tmp_path_factory.mktemp("images")
+    images = [
+        containerd.sandbox_archive(bin_dir, folder),
+        containerd.busybox_archive(folder),
+        containerd.scheduler_archive(plane.bin_dir, plane.version, folder),
+        await asyncio.to_thread(image_archive),
+    ]
+    first = random.randrange(1, 249)
+    made = {name: containerd.Node.make(name, bin_dir, first + i, gpus) for i, (name, gpus) in enumerate(GPUS.items())}
     try:
-        images = [
-            containerd.sandbox_archive(bin_dir, made.folder),
-            containerd.busybox_archive(made.folder),
-            containerd.scheduler_archive(plane.bin_dir, plane.version, made.folder),
-            await asyncio.to_thread(image_archive),
-        ]
-        await made.start(plane, kube, images, {"nvidia.com/gpu.present": "true"})
+        labels = {"nvidia.com/gpu.present": "true"}
+        await asyncio.gather(
+            *(
+                n.start(plane, kube, images, labels | (DRA_NODES if n.name.startswith("dra") else {}))
+                for n in made.values()
+            )
+        )
         yield made
     finally:
-        await made.stop(plane, kube)
+        for node in made.values():
+            await node.stop(plane, kube)
 
 
 async def run_helm(plane: controlplane.ControlPlane, *args: str) -> str:
@@ -134,55 +152,78 @@ def describe(pods: list[Json]) -> str:
     return "\n".join(lines)
 
 
-def busybox(name: str, namespace: str, limits: dict[str, str]) -> Json:
-    """A pod that prints its environment and its devices, then sleeps (the image is never pulled)."""
-    body = builders.MakePod(name, namespace).grace(0).container(image=containerd.BUSYBOX_IMAGE).obj()
-    body["spec"]["containers"][0].update({
-        "command": ["sh", "-c", "sleep 3600"], "imagePullPolicy": "Never", "resources": {"limits": limits},
-    })  # fmt: skip
+def busybox(name: str, namespace: str, limits: dict[str, str], claim: str = "") -> Json:
+    """A pod that sleeps (the image is never pulled), with `limits` or the ResourceClaim `claim`."""
+    made = builders.MakePod(name, namespace).grace(0).container(image=containerd.BUSYBOX_IMAGE)
+    body = (made.claim(claim) if claim else made).obj()
+    body["spec"]["containers"][0].update({"command": ["sh", "-c", "sleep 3600"], "imagePullPolicy": "Never"})
+    body["spec"]["containers"][0].setdefault("resources", {})["limits"] = limits
     body["spec"]["automountServiceAccountToken"] = False
     return body
 
 
+def on(nodes: dict[str, containerd.Node], pod: Json) -> containerd.Node:
+    """The node a pod was bound to."""
+    return nodes[pod["spec"]["nodeName"]]
+
+
+async def seen_from_inside(node: containerd.Node, container: str) -> tuple[dict[str, str], set[str]]:
+    """A container's environment and the GPU device nodes in its /dev."""
+    env = dict(line.split("=", 1) for line in node.inside(container, "env").splitlines() if "=" in line)
+    dev = {line.split()[-1] for line in node.inside(container, "ls", "-l", "/dev").splitlines() if line.startswith("c")}
+    return env, {d for d in dev if d.startswith("nvidia") and d[6:].isdigit()}
+
+
 async def test_helm_install_runs_every_component_in_containerd_and_places_and_runs_gpu_pods(
-    plane: controlplane.ControlPlane, kube: client.KubeClient, node: containerd.Node, tmp_path: Path
+    plane: controlplane.ControlPlane, kube: client.KubeClient, nodes: dict[str, containerd.Node], tmp_path: Path
 ) -> None:
-    values = {
+    # The chart's default node paths (/var/lib/kubelet, /var/run/cdi) are each node's own.
+    values: Json = {
         "image": {"repository": "localhost/sharegpu", "tag": VERSION, "pullPolicy": "Never"},
-        # The node's kubelet and CDI folders are its own (chart values, mounted at the same paths).
-        "agent": {"paths": {"kubelet": str(node.root), "cdi": str(node.runtime.cdi_dir)}},
+        "agent": {"draNodeSelector": DRA_NODES},
     }
     (tmp_path / "values.json").write_text(json.dumps(values))
     await run_helm(plane, "install", "sharegpu", str(stack.CHART), "-n", SYSTEM, "--create-namespace",
                    "-f", str(tmp_path / "values.json"))  # fmt: skip
+    components = ["agent", "agent-dra", "controller", "controller", "scheduler", "scheduler", "webhook", "webhook"]
 
     async def all_ready() -> bool:
         found = await pods_of(kube, SYSTEM)
-        return len(found) >= 7 and all(ready(p) for p in found)
+        return len(found) >= len(components) and all(ready(p) for p in found)
 
     try:
         await wait_for(all_ready, timeout=240, what="every component's pod Ready")
     except AssertionError as exc:
         found = await pods_of(kube, SYSTEM)
         logs = [
-            node.logs(p["metadata"]["name"], c["name"]) for p in found if not ready(p) for c in p["spec"]["containers"]
+            on(nodes, p).logs(p["metadata"]["name"], c["name"])
+            for p in found
+            if not ready(p) and p["spec"].get("nodeName")
+            for c in p["spec"]["containers"]
         ]
         raise AssertionError(f"{exc}\n{describe(found)}\n" + "\n".join(logs)) from None
     kinds = sorted(p["metadata"]["labels"].get("app.kubernetes.io/component", "") for p in await pods_of(kube, SYSTEM))
-    assert kinds == ["agent", "controller", "controller", "scheduler", "scheduler", "webhook", "webhook"], kinds
+    assert kinds == components, kinds
 
-    # The agent, in its container, read the node's GPUs through the (fake) NVIDIA runtime.
-    device = await kube.get(paths.device(node.name))
-    assert [g["uuid"] for g in device["spec"]["gpus"]] == list(UUIDS)
+    # Each agent, in its container, read its node's GPUs through the (fake) NVIDIA runtime; the DRA
+    # node's published them as its ResourceSlice too, and says it serves DRA claims only.
+    for name, uuids in GPUS.items():
+        device = await kube.get(paths.device(name))
+        assert [g["uuid"] for g in device["spec"]["gpus"]] == list(uuids)
+        assert bool(device["spec"].get("dra")) == name.startswith("dra"), device["spec"]
+    published = (await kube.get(dra.SLICES))["items"]
+    assert [(s["spec"]["nodeName"], len(s["spec"]["devices"])) for s in published] == [("dra-node-1", 2)]
 
     # The scheduling pods lead together: kube-scheduler holds the Lease, the extender beside it follows.
     lease = await kube.get(paths.lease(SYSTEM, names.EXTENDER_LEASE))
     holder = lease["spec"]["holderIdentity"].split("_", 1)[0]
     assert holder.startswith("sharegpu-scheduler-"), lease["spec"]
-    assert "leading" in node.logs(holder, "extender", lines=200), node.logs(holder, "extender")
+    leading = on(nodes, await kube.get(paths.pod(SYSTEM, holder)))
+    assert "leading" in leading.logs(holder, "extender", lines=200), leading.logs(holder, "extender")
 
     # GPU pods, sent to sharegpu by the webhook (the API server calls it through its Service), placed
-    # by the chart's scheduler and run: what each container sees is what its allocation says.
+    # by the chart's scheduler (or, for the claim, sharegpu's allocator) and run: what each container
+    # sees is what its allocation says.
     await kube.create(paths.NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team"}})
     share = await kube.create(paths.pods("team"), busybox("share", "team", {names.GPU: "1", names.GPU_MILLI: "300"}))
     assert share["spec"]["schedulerName"] == names.SCHEDULER_NAME
@@ -190,28 +231,41 @@ async def test_helm_install_runs_every_component_in_containerd_and_places_and_ru
     # Written for HAMi (a quarter of a GPU's cores, 2 GiB of its memory): translated by the webhook.
     hami = {names.NVIDIA_GPU: "1", translate.HAMI_CORES: "25", translate.HAMI_MEMORY: "2048"}
     await kube.create(paths.pods("team"), busybox("hami", "team", hami))
+    # Written as Kubernetes documents DRA (a claim of sharegpu's class, no scheduling gate).
+    await kube.create(dra.claim_path("team"), builders.MakeClaim("c", "team").ask(300, "4Gi").obj())
+    dra_pod = await kube.create(paths.pods("team"), busybox("dra", "team", {}, claim="c"))
+    assert {"name": names.DRA_GATE} in dra_pod["spec"].get("schedulingGates", []), "the webhook gates it"
+    everyone = ("share", "whole", "hami", "dra")
 
-    running = functools.partial(node.running, kube, "team")
+    async def running(pod: str) -> str:
+        found = await kube.get(paths.pod("team", pod))
+        return await on(nodes, found).running(kube, "team", pod) if found["spec"].get("nodeName") else ""
 
     seen: dict[str, tuple[dict[str, str], set[str]]] = {}
-    for pod in ("share", "whole", "hami"):
+    placed: dict[str, Json] = {}
+    for pod in everyone:
         try:
             container = await wait_for(functools.partial(running, pod), timeout=120, what=f"pod {pod} running")
         except AssertionError as exc:
             found = await pods_of(kube, "team") + await pods_of(kube, names.HOLDING_NAMESPACE)
-            raise AssertionError(f"{exc}\n{describe(found)}") from None
-        env = dict(line.split("=", 1) for line in node.inside(container, "env").splitlines() if "=" in line)
-        dev = {
-            line.split()[-1] for line in node.inside(container, "ls", "-l", "/dev").splitlines() if line.startswith("c")
-        }
-        seen[pod] = (env, {d for d in dev if d.startswith("nvidia") and d[6:].isdigit()})
+            events = [f"{e['involvedObject']['name']}: {e['reason']} {e['message']}"
+                      for e in (await kube.get("/api/v1/namespaces/team/events"))["items"]]  # fmt: skip
+            logs = [leading.logs(holder, c, lines=40) for c in ("kube-scheduler", "extender")]
+            raise AssertionError("\n".join([str(exc), describe(found), *events, *logs])) from None
+        placed[pod] = await kube.get(paths.pod("team", pod))
+        seen[pod] = await seen_from_inside(on(nodes, placed[pod]), container)
+
+    def gpu_of(pod: str, uuid: str) -> str:
+        """The device node of `uuid` on `pod`'s node."""
+        return f"nvidia{on(nodes, placed[pod]).gpus.index(uuid)}"
+
     # A shared GPU is the one its slot's reservation pod holds (the kubelet picks it from the device
     # plugin's, and the reservation reports it): a sharing container sees exactly that one.
-    held: dict[int, str] = {}
+    held: dict[tuple[str, int], str] = {}
     for reservation in await pods_of(kube, names.HOLDING_NAMESPACE):
         slot = pods.record(wire.convert(reservation, wire.Pod)).reservation
-        if slot is not None and slot.node == node.name and slot.uuid:
-            held[slot.index] = slot.uuid
+        if slot is not None and slot.uuid:
+            held[slot.node, slot.index] = slot.uuid
 
     def sees_its_slot(pod: str, milli: int, memory_mib: int | None = None) -> str:
         allocation = pods.allocation_of(wire.convert(placed[pod], wire.Pod))
@@ -220,29 +274,36 @@ async def test_helm_install_runs_every_component_in_containerd_and_places_and_ru
         used = allocation.gpu_usage()[index]
         assert used[0] == milli and memory_mib in (None, used[1]), allocation.gpu_usage()
         env, gpus = seen[pod]
-        uuid = held[index]
-        assert env["NVIDIA_VISIBLE_DEVICES"] == uuid and gpus == {f"nvidia{UUIDS.index(uuid)}"}, (pod, seen[pod])
+        uuid = held[placed[pod]["spec"]["nodeName"], index]
+        assert env["NVIDIA_VISIBLE_DEVICES"] == uuid and gpus == {gpu_of(pod, uuid)}, (pod, seen[pod])
         return uuid
 
-    placed = {pod: await kube.get(paths.pod("team", pod)) for pod in ("share", "hami")}
     shared = {sees_its_slot("share", 300), sees_its_slot("hami", 250, 2048)}
     env, gpus = seen["whole"]
-    (whole,) = gpus
-    assert env["NVIDIA_VISIBLE_DEVICES"] == UUIDS[int(whole[6:])] not in shared, (seen["whole"], shared)
+    assert len(gpus) == 1 and env["NVIDIA_VISIBLE_DEVICES"] not in shared, (seen["whole"], shared)
+    assert gpus == {gpu_of("whole", env["NVIDIA_VISIBLE_DEVICES"])}, seen["whole"]
+    # The claim's GPU, as containerd applied the CDI device the agent's kubelet plugin wrote.
+    claim = await kube.get(dra.claim_path("team", "c"))
+    (result,) = claim["status"]["allocation"]["devices"]["results"]
+    assert result["pool"] == placed["dra"]["spec"]["nodeName"] == "dra-node-1", (result, placed["dra"]["spec"])
+    index = int(result["device"].removeprefix("gpu-"))
+    env, gpus = seen["dra"]
+    assert env["NVIDIA_VISIBLE_DEVICES"] == on(nodes, placed["dra"]).gpus[index] and gpus == {f"nvidia{index}"}, env
 
     # Faults with real containers, then an upgrade: every placed pod keeps its allocation and runs on.
-    agent = next(
-        p for p in await pods_of(kube, SYSTEM) if p["metadata"]["labels"].get("app.kubernetes.io/component") == "agent"
-    )
-    await kube.delete(paths.pod(SYSTEM, agent["metadata"]["name"]))  # the DaemonSet makes another
+    for agent in await pods_of(kube, SYSTEM):
+        if agent["metadata"]["labels"].get("app.kubernetes.io/component") == "agent":
+            await kube.delete(paths.pod(SYSTEM, agent["metadata"]["name"]))  # the DaemonSet makes another
     lease = await kube.get(paths.lease(SYSTEM, names.EXTENDER_LEASE))
     leader = lease["spec"]["holderIdentity"].split("_", 1)[0]
-    node.runtime.crictl("stop", "--timeout", "0", node.container(leader, "extender"))  # the kubelet restarts it
-    before = {pod: await running(pod) for pod in ("share", "whole", "hami")}
-    await asyncio.to_thread(node.runtime.restart)  # containerd crashes and comes back: containers run on
-    await asyncio.to_thread(plane.restart, node.kubelet, down_for=1.0)  # so does the kubelet
+    leading = on(nodes, await kube.get(paths.pod(SYSTEM, leader)))
+    leading.runtime.crictl("stop", "--timeout", "0", leading.container(leader, "extender"))  # the kubelet restarts it
+    before = {pod: await running(pod) for pod in everyone}
+    for node in nodes.values():
+        await asyncio.to_thread(node.runtime.restart)  # containerd crashes and comes back: containers run on
+        await asyncio.to_thread(plane.restart, node.kubelet, down_for=1.0)  # so does the kubelet
     await wait_for(all_ready, timeout=180, what="every component Ready again after the faults")
-    assert {pod: await running(pod) for pod in ("share", "whole", "hami")} == before, "the GPU pods' containers ran on"
+    assert {pod: await running(pod) for pod in everyone} == before, "the GPU pods' containers ran on"
     values["extender"] = {"logLevel": "DEBUG"}
     (tmp_path / "values.json").write_text(json.dumps(values))
     await run_helm(plane, "upgrade", "sharegpu", str(stack.CHART), "-n", SYSTEM, "-f", str(tmp_path / "values.json"))
@@ -250,16 +311,21 @@ async def test_helm_install_runs_every_component_in_containerd_and_places_and_ru
     async def upgraded() -> bool:
         found = await pods_of(kube, SYSTEM)
         args = [c.get("args", []) for p in found for c in p["spec"]["containers"] if c["name"] == "extender"]
-        return len(found) == 7 and all(ready(p) for p in found) and all("--log-level=DEBUG" in a for a in args)
+        return (
+            len(found) == len(components)
+            and all(ready(p) for p in found)
+            and all("--log-level=DEBUG" in a for a in args)
+        )
 
     await wait_for(upgraded, timeout=240, what="the upgraded release Ready")
     after = await kube.get(paths.pod("team", "share"))
     assert after["metadata"]["annotations"] == placed["share"]["metadata"]["annotations"], "the allocation kept"
-    assert [await running(pod) != "" for pod in ("share", "whole", "hami")] == [True, True, True]
+    assert (await kube.get(dra.claim_path("team", "c")))["status"]["allocation"] == claim["status"]["allocation"]
+    assert [await running(pod) != "" for pod in everyone] == [True] * len(everyone)
     judged = await oracle.inspect(kube)
     assert (judged.overcommits, judged.double_allocations, judged.unheld) == ([], [], []), judged
 
-    for pod in ("share", "whole", "hami"):
+    for pod in everyone:
         await kube.delete(paths.pod("team", pod), grace_period=0)
 
     async def reservations_gone() -> bool:
@@ -281,8 +347,16 @@ async def test_helm_install_runs_every_component_in_containerd_and_places_and_ru
                            ("Deployment", f"/apis/apps/v1/namespaces/{SYSTEM}/deployments"),
                            ("DaemonSet", f"/apis/apps/v1/namespaces/{SYSTEM}/daemonsets"),
                            ("Service", f"/api/v1/namespaces/{SYSTEM}/services"),
-                           ("ServiceAccount", f"/api/v1/namespaces/{SYSTEM}/serviceaccounts"))
+                           ("ServiceAccount", f"/api/v1/namespaces/{SYSTEM}/serviceaccounts"),
+                           ("DeviceClass", dra.DEVICE_CLASSES))
         for item in (await kube.get(path))["items"]
-        if item["metadata"]["name"].startswith("sharegpu")
+        if item["metadata"]["name"].startswith("sharegpu") or item["metadata"]["name"] == dra.CLASS
     ]  # fmt: skip
     assert left == [], left
+
+    # The kubelets take the driver's ResourceSlices down once its plugin is gone.
+    async def slices_gone() -> bool:
+        found = (await kube.get(dra.SLICES))["items"]
+        return not [s for s in found if s["spec"]["driver"] == dra.DRIVER]
+
+    await wait_for(slices_gone, timeout=120, what="the driver's ResourceSlices gone")

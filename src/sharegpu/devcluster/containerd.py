@@ -11,9 +11,14 @@ the sandbox image (our pause program, under `SANDBOX_IMAGE`, the name the config
 busybox image (Debian's static busybox, `BUSYBOX_IMAGE`).
 
 `Node` is a test node on it: containerd, the real kubelet, fake GPUs (device nodes and the toolkit's
-CDI spec). `stop` leaves nothing behind: the pods are removed through the CRI (their network namespaces and
-mounts with them), containerd stops, any shim left is killed, what is still mounted under the node's
-folder is unmounted, and its bridge is deleted.
+CDI spec). Each node's containerd and kubelet run in a mount namespace of the node's own
+(`MountNamespace`), where the machine paths a node's kubelet, runtime and agent use (`NODE_PATHS`:
+the kubelet's root, whose device plugin folder the kubelet fixes, the CDI folder, ...) are folders
+of the node's: so the chart's default paths hold, and several nodes with GPUs run side by side on
+one machine. `stop` leaves nothing behind: the pods are removed through
+the CRI (their network namespaces and mounts with them), containerd stops, any shim left is killed,
+the namespace's holder ends, what is still mounted under the node's folder is unmounted, and its
+bridge is deleted.
 """
 
 from __future__ import annotations
@@ -211,6 +216,10 @@ class Containerd:
     """The node's fake NVML file and device folder: runc then runs behind the fake NVIDIA runtime
     (`nvidiaruntime`), which gives containers that ask for GPUs by their environment what the real
     one gives (the agent's DaemonSet among them)."""
+    cdi: Path | None = None
+    """The folder of CDI specs it reads (default: `cdi` in its own folder)."""
+    enter: tuple[str, ...] = ()
+    """A prefix that starts containerd in the node's mount namespace (`MountNamespace.enter`)."""
     process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
     @property
@@ -224,7 +233,7 @@ class Containerd:
 
     @property
     def cdi_dir(self) -> Path:
-        return self.folder / "cdi"
+        return self.cdi or self.folder / "cdi"
 
     @property
     def log(self) -> Path:
@@ -288,13 +297,13 @@ state = '{f / "state"}'
         return {"cniVersion": "1.0.0", "name": f"sharegpu-{self.number}", "plugins": [bridge]}
 
     def start(self) -> None:
-        for sub in ("cdi", "cni", "ipam"):
-            (self.folder / sub).mkdir(parents=True, exist_ok=True)
+        for sub in (self.cdi_dir, self.folder / "cni", self.folder / "ipam"):
+            sub.mkdir(parents=True, exist_ok=True)
         (self.folder / "config.toml").write_text(self.config())
         (self.folder / "cni" / "10-sharegpu.conflist").write_text(json.dumps(self.network()))
         with self.log.open("ab") as handle:
             self.process = subprocess.Popen(
-                [str(self.bin_dir / "containerd"), "--config", str(self.folder / "config.toml")],
+                [*self.enter, str(self.bin_dir / "containerd"), "--config", str(self.folder / "config.toml")],
                 stdout=handle, stderr=subprocess.STDOUT, start_new_session=True,
             )  # fmt: skip
 
@@ -429,6 +438,65 @@ def remove_cgroup(name: str) -> None:
                     time.sleep(0.1)  # the killed processes are still leaving
 
 
+# ----------------------------------------------------------------- a node's mount namespace
+
+
+KUBELET_ROOT: Final = Path("/var/lib/kubelet")
+CDI: Final = Path("/run/cdi")
+NODE_PATHS: Final = (KUBELET_ROOT, CDI, Path("/run/sharegpu"), Path("/usr/local/vgpu"))
+"""The machine paths a node has of its own in its mount namespace: the kubelet's root (its device
+plugin folder, which the kubelet fixes at `/var/lib/kubelet/device-plugins` whatever `--root-dir`
+says, with it), the CDI folder, and the folders the agent's DaemonSet mounts from the node."""
+
+
+@dataclass
+class MountNamespace:
+    """A mount namespace of a node's own, held by a process that waits in it: a slave of the machine's
+    (what the machine mounts reaches it; nothing mounted in it reaches the machine), in which each
+    of `NODE_PATHS` is a folder under the node's own, and mounts under the node's folder propagate
+    both ways (pods' Bidirectional mounts reach the kubelet and containerd, which run in it through
+    `enter`). So the chart's default paths hold on every node, and several nodes with GPUs run side
+    by side on one machine. It goes, with everything mounted in it, when its last process does."""
+
+    folder: Path
+    """The node's folder (a shared mount of its own already)."""
+    process: subprocess.Popen[str] | None = field(default=None, repr=False)
+
+    def path(self, inside: Path) -> Path:
+        """The machine's path of what the namespace sees at `inside` (one of `NODE_PATHS`)."""
+        return self.folder / "paths" / inside.relative_to("/").as_posix().replace("/", "-")
+
+    def start(self) -> None:
+        script = [f"mount --make-rshared {self.folder}"]
+        for inside in NODE_PATHS:
+            self.path(inside).mkdir(parents=True, exist_ok=True)
+            script += [f"mkdir -p {inside}", f"mount --bind {self.path(inside)} {inside}"]
+        self.process = subprocess.Popen(
+            ["unshare", "--mount", "--propagation", "slave", "sh", "-c",
+             " && ".join([*script, "echo ready", "exec sleep infinity"])],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        )  # fmt: skip
+        assert self.process.stdout is not None
+        if self.process.stdout.readline().strip() != "ready":
+            _, err = self.process.communicate(timeout=10)
+            self.process = None
+            raise controlplane.ControlPlaneError(f"the node's mount namespace: {err.strip()}")
+
+    @property
+    def enter(self) -> tuple[str, ...]:
+        """The command prefix that runs a program in the namespace."""
+        assert self.process is not None, "start it first"
+        return ("nsenter", f"--mount=/proc/{self.process.pid}/ns/mnt", "--")
+
+    def stop(self) -> None:
+        """Its holder ends: the namespace goes once the processes started in it have."""
+        if self.process is not None:
+            if self.process.poll() is None:
+                self.process.kill()
+            self.process.communicate(timeout=10)  # and its pipes closed
+        self.process = None
+
+
 # ----------------------------------------------------------------- a node: containerd and the kubelet
 
 
@@ -442,6 +510,7 @@ class Node:
     name: str
     folder: Path
     runtime: Containerd
+    mounts: MountNamespace
     gpus: tuple[str, ...] = ()
     """The UUIDs of its fake GPUs (index i: /dev/nvidia<i>), which the fake NVIDIA device plugin
     offers the kubelet as nvidia.com/gpu."""
@@ -453,8 +522,10 @@ class Node:
         """A node `name` under a new short folder in /tmp (unix socket paths stay short); with `gpus`,
         its fake GPUs reach containers through the fake NVIDIA runtime too."""
         folder = Path(tempfile.mkdtemp(prefix=f"sg-{number}-", dir="/tmp"))
-        runtime = Containerd(folder / "c", bin_dir, number, (folder / "nvml.yaml", folder / "dev") if gpus else None)
-        return cls(name, folder, runtime, gpus)
+        mounts = MountNamespace(folder)
+        fake = (folder / "nvml.yaml", folder / "dev") if gpus else None
+        runtime = Containerd(folder / "c", bin_dir, number, fake, cdi=mounts.path(CDI))
+        return cls(name, folder, runtime, mounts, gpus)
 
     @property
     def nvml(self) -> Path:
@@ -463,8 +534,8 @@ class Node:
 
     @property
     def root(self) -> Path:
-        """The kubelet's --root-dir."""
-        return self.folder / "root"
+        """The kubelet's root (`KUBELET_ROOT` to the node's processes and pods)."""
+        return self.mounts.path(KUBELET_ROOT)
 
     @property
     def cgroup(self) -> str:
@@ -479,6 +550,8 @@ class Node:
         # A mount of its own, shared: pods' Bidirectional mounts (the agent's CSI plugin) need one.
         for args in (["--bind", str(self.folder), str(self.folder)], ["--make-rshared", str(self.folder)]):
             subprocess.run(["mount", *args], check=True, capture_output=True)
+        self.mounts.start()
+        runtime.enter = self.mounts.enter
         runtime.start()
         await asyncio.to_thread(runtime.wait_ready)
         for archive in images:
@@ -494,8 +567,9 @@ class Node:
             (runtime.cdi_dir / "nvidia.json").write_text(json.dumps(spec))
         make_cgroup(self.cgroup)
         self.kubelet = plane.start_kubelet(
-            self.name, self.root, runtime.endpoint, labels, cgroup_root=f"/{self.cgroup}"
-        )
+            self.name, self.root, runtime.endpoint, labels, cgroup_root=f"/{self.cgroup}",
+            enter=self.mounts.enter, root_seen_as=KUBELET_ROOT,
+        )  # fmt: skip
         deadline = time.monotonic() + 90
         while not await self._ready(admin):
             if time.monotonic() > deadline:
@@ -505,8 +579,7 @@ class Node:
             await asyncio.sleep(0.5)
         await admin.patch(paths.node(self.name), {"spec": {"taints": None}})
         if self.gpus:
-            # The kubelet's device plugin folder is fixed, whatever its --root-dir: one such node per machine.
-            self.plugin = fakedeviceplugin.FakeDevicePlugin(self.gpus, self.name)
+            self.plugin = fakedeviceplugin.FakeDevicePlugin(self.gpus, self.name, self.root / "device-plugins")
             await self.plugin.start()
 
     async def _ready(self, admin: client.KubeApi) -> bool:
@@ -528,6 +601,7 @@ class Node:
                 await admin.delete(paths.node(self.name))
         await asyncio.to_thread(self.runtime.stop)
         remove_cgroup(self.cgroup)
+        self.mounts.stop()
         unmount_under(self.folder)
         shutil.rmtree(self.folder, ignore_errors=True)
 

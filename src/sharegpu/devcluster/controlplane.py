@@ -326,15 +326,24 @@ class ControlPlane:
         return (self.bin_dir / "kubelet").is_file()
 
     def start_kubelet(
-        self, node: str, root_dir: Path, runtime_endpoint: str, labels: dict[str, str], *, cgroup_root: str = ""
+        self,
+        node: str,
+        root_dir: Path,
+        runtime_endpoint: str,
+        labels: dict[str, str],
+        *,
+        cgroup_root: str = "",
+        enter: tuple[str, ...] = (),
+        root_seen_as: Path | None = None,
     ) -> str:
         """A real kubelet (as the cluster's admin) registering `node`, with its state under `root_dir`
         and the container runtime at `runtime_endpoint`. Flags for a machine without systemd: cgroup v1
         allowed (1.37 refuses it by default), no node allocatable enforcement, swap allowed, only a
         random port served. With the project's fake CRI no cgroups at all; with `cgroup_root` (a real
         runtime) per-pod cgroups under that cgroup of its own (`containerd.make_cgroup` it first), so that
-        kubelets side by side do not share one. Returns the process's name (for `stop_process` and
-        `log`)."""
+        kubelets side by side do not share one; `enter` prefixes its command (a node's mount namespace,
+        `containerd.MountNamespace`), in which it finds `root_dir` at `root_seen_as`. Returns the
+        process's name (for `stop_process` and `log`)."""
         name = f"kubelet-{node}"
         root_dir.mkdir(parents=True, exist_ok=True)
         # What has no flag: the pods' logs stay under root_dir, and the machine's firewall is left alone.
@@ -348,11 +357,12 @@ class ControlPlane:
         self._spawn(
             name,
             [
+                *enter,
                 str(self.bin_dir / "kubelet"),
                 f"--kubeconfig={self.kubeconfig('admin')}",
                 f"--config={config}",
                 f"--hostname-override={node}",
-                f"--root-dir={root_dir}",
+                f"--root-dir={root_seen_as or root_dir}",
                 f"--cert-dir={root_dir / 'pki'}",
                 f"--container-runtime-endpoint={runtime_endpoint}",
                 f"--node-labels={','.join(f'{k}={v}' for k, v in sorted(labels.items()))}",
