@@ -26,23 +26,18 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import importlib.metadata
 import json
-import os
-import random
-import subprocess
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from sharegpu.api import dra, names, paths, pods, wire
-from sharegpu.devcluster import containerd, controlplane, oracle, stack
+from sharegpu.devcluster import containerd, controlplane, oracle, realcluster, stack
 from sharegpu.kube import client
 from sharegpu.webhook import translate
 from tests import builders
-from tests.conftest import REPO, helm
 from tests.integration.conftest import wait_for
 
 pytestmark = pytest.mark.runtime
@@ -51,96 +46,46 @@ Json = dict[str, Any]
 SYSTEM = names.SYSTEM_NAMESPACE
 ADMISSION = "/apis/admissionregistration.k8s.io/v1"
 RBAC = "/apis/rbac.authorization.k8s.io/v1"
-VERSION = importlib.metadata.version("sharegpu")
-"""The image's tag (scripts/build-image tags it with the project's version)."""
-CLUSTER_CIDR = "10.244.0.0/16"
-"""The nodes' pod networks (each node's containerd takes a /24 of it)."""
 GPUS = {"gpu-node-1": ("GPU-0", "GPU-1", "GPU-2"), "dra-node-1": ("GPU-3", "GPU-4")}
 """Each node's fake GPUs (the i-th is its /dev/nvidia<i>)."""
-DRA_NODES = {"sharegpu.io/dra": "true"}
-"""The label of the nodes that serve DRA claims (chart value agent.draNodeSelector)."""
-
-
-def image_archive() -> Path:
-    """sharegpu's image as scripts/build-image writes it (built here when missing: a minute or two);
-    SHAREGPU_IMAGE_ARCHIVE names another."""
-    named = os.environ.get("SHAREGPU_IMAGE_ARCHIVE")
-    if named:
-        return Path(named)
-    archive = REPO / "out" / f"sharegpu-{VERSION}.oci.tar"
-    if not archive.is_file():
-        subprocess.run([REPO / "scripts" / "build-image"], check=True, capture_output=True, timeout=1200)
-    return archive
 
 
 @pytest.fixture(scope="module")
-def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[controlplane.ControlPlane]:
-    made = controlplane.ControlPlane(tmp_path_factory.mktemp("real"), controlplane.binaries(), pod_network=True)
-    if tuple(int(p) for p in made.version.split(".")[:2]) < (1, 37) or not made.has_kubelet:
-        pytest.skip("the kubelet and kube-proxy are built with the suite's control plane (1.37)")
-    made.start()
-    made.start_kube_proxy(CLUSTER_CIDR)
-    made.start_default_scheduler()
-    yield made
-    made.stop()
-
-
-@pytest.fixture(scope="module")
-async def kube(plane: controlplane.ControlPlane) -> AsyncIterator[client.KubeClient]:
-    made = stack.kube_for(plane, "admin")
-    yield made
-    await made.close()
-
-
-@pytest.fixture(scope="module")
-async def nodes(
-    plane: controlplane.ControlPlane, kube: client.KubeClient, tmp_path_factory: pytest.TempPathFactory
-) -> AsyncIterator[dict[str, containerd.Node]]:
+async def cluster(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[realcluster.RealCluster]:
     """Two nodes with GPUs on this machine, each its own containerd, kubelet and mount namespace: one
-    serves the extender path, one (labelled `DRA_NODES`) DRA claims."""
-    bin_dir = await asyncio.to_thread(containerd.binaries)
-    folder = tmp_path_factory.mktemp("images")
-    images = [
-        containerd.sandbox_archive(bin_dir, folder),
-        containerd.busybox_archive(folder),
-        containerd.scheduler_archive(plane.bin_dir, plane.version, folder),
-        await asyncio.to_thread(image_archive),
-    ]
-    first = random.randrange(1, 249)
-    made = {name: containerd.Node.make(name, bin_dir, first + i, gpus) for i, (name, gpus) in enumerate(GPUS.items())}
+    serves the extender path, one (labelled `realcluster.DRA_NODES`) DRA claims."""
+    version = tuple(int(part) for part in controlplane.k8s_version().split(".")[:2])
+    if version < (1, 37) or not (controlplane.binaries() / "kubelet").is_file():
+        pytest.skip("the kubelet and kube-proxy are built with the suite's control plane (1.37)")
+    made = realcluster.RealCluster(tmp_path_factory.mktemp("real"), GPUS, frozenset({"dra-node-1"}))
     try:
-        labels = {"nvidia.com/gpu.present": "true"}
-        await asyncio.gather(
-            *(
-                n.start(plane, kube, images, labels | (DRA_NODES if n.name.startswith("dra") else {}))
-                for n in made.values()
-            )
-        )
+        await made.start_nodes()
         yield made
     finally:
-        for node in made.values():
-            await node.stop(plane, kube)
+        await made.stop()
 
 
-async def run_helm(plane: controlplane.ControlPlane, *args: str) -> str:
-    env = {**os.environ, "KUBECONFIG": str(plane.kubeconfig("admin"))}
-    process = await asyncio.create_subprocess_exec(
-        helm(), *args, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
-    )
-    out, err = await asyncio.wait_for(process.communicate(), 300)
-    assert process.returncode == 0, f"helm {' '.join(args)}: {err.decode()}"
-    return out.decode()
+@pytest.fixture(scope="module")
+def plane(cluster: realcluster.RealCluster) -> controlplane.ControlPlane:
+    assert cluster.plane is not None
+    return cluster.plane
+
+
+@pytest.fixture(scope="module")
+def kube(cluster: realcluster.RealCluster) -> client.KubeClient:
+    assert cluster.kube is not None
+    return cluster.kube
+
+
+@pytest.fixture(scope="module")
+def nodes(cluster: realcluster.RealCluster) -> dict[str, containerd.Node]:
+    return cluster.nodes
 
 
 async def pods_of(kube: client.KubeClient, namespace: str) -> list[Json]:
     listed = await kube.get(paths.pods(namespace))
     found: list[Json] = listed["items"]
     return found
-
-
-def ready(pod: Json) -> bool:
-    conditions = (pod.get("status") or {}).get("conditions") or []
-    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
 
 
 def describe(pods: list[Json]) -> str:
@@ -175,21 +120,23 @@ async def seen_from_inside(node: containerd.Node, container: str) -> tuple[dict[
 
 
 async def test_helm_install_runs_every_component_in_containerd_and_places_and_runs_gpu_pods(
-    plane: controlplane.ControlPlane, kube: client.KubeClient, nodes: dict[str, containerd.Node], tmp_path: Path
+    cluster: realcluster.RealCluster,
+    plane: controlplane.ControlPlane,
+    kube: client.KubeClient,
+    nodes: dict[str, containerd.Node],
+    tmp_path: Path,
 ) -> None:
     # The chart's default node paths (/var/lib/kubelet, /var/run/cdi) are each node's own.
-    values: Json = {
-        "image": {"repository": "localhost/sharegpu", "tag": VERSION, "pullPolicy": "Never"},
-        "agent": {"draNodeSelector": DRA_NODES},
-    }
+    values = cluster.values()
+    assert values["agent"] == {"draNodeSelector": realcluster.DRA_NODES}
     (tmp_path / "values.json").write_text(json.dumps(values))
-    await run_helm(plane, "install", "sharegpu", str(stack.CHART), "-n", SYSTEM, "--create-namespace",
+    await cluster.helm("install", "sharegpu", str(stack.CHART), "-n", SYSTEM, "--create-namespace",
                    "-f", str(tmp_path / "values.json"))  # fmt: skip
     components = ["agent", "agent-dra", "controller", "controller", "scheduler", "scheduler", "webhook", "webhook"]
 
     async def all_ready() -> bool:
         found = await pods_of(kube, SYSTEM)
-        return len(found) >= len(components) and all(ready(p) for p in found)
+        return len(found) >= len(components) and all(realcluster.ready(p) for p in found)
 
     try:
         await wait_for(all_ready, timeout=240, what="every component's pod Ready")
@@ -198,7 +145,7 @@ async def test_helm_install_runs_every_component_in_containerd_and_places_and_ru
         logs = [
             on(nodes, p).logs(p["metadata"]["name"], c["name"])
             for p in found
-            if not ready(p) and p["spec"].get("nodeName")
+            if not realcluster.ready(p) and p["spec"].get("nodeName")
             for c in p["spec"]["containers"]
         ]
         raise AssertionError(f"{exc}\n{describe(found)}\n" + "\n".join(logs)) from None
@@ -306,14 +253,14 @@ async def test_helm_install_runs_every_component_in_containerd_and_places_and_ru
     assert {pod: await running(pod) for pod in everyone} == before, "the GPU pods' containers ran on"
     values["extender"] = {"logLevel": "DEBUG"}
     (tmp_path / "values.json").write_text(json.dumps(values))
-    await run_helm(plane, "upgrade", "sharegpu", str(stack.CHART), "-n", SYSTEM, "-f", str(tmp_path / "values.json"))
+    await cluster.helm("upgrade", "sharegpu", str(stack.CHART), "-n", SYSTEM, "-f", str(tmp_path / "values.json"))
 
     async def upgraded() -> bool:
         found = await pods_of(kube, SYSTEM)
         args = [c.get("args", []) for p in found for c in p["spec"]["containers"] if c["name"] == "extender"]
         return (
             len(found) == len(components)
-            and all(ready(p) for p in found)
+            and all(realcluster.ready(p) for p in found)
             and all("--log-level=DEBUG" in a for a in args)
         )
 
@@ -332,7 +279,7 @@ async def test_helm_install_runs_every_component_in_containerd_and_places_and_ru
         return not await pods_of(kube, names.HOLDING_NAMESPACE)
 
     await wait_for(reservations_gone, timeout=90, what="the GPU's reservation gone with its sharer")
-    await run_helm(plane, "uninstall", "sharegpu", "-n", SYSTEM, "--wait")
+    await cluster.helm("uninstall", "sharegpu", "-n", SYSTEM, "--wait")
 
     async def nothing_left() -> bool:
         return not await pods_of(kube, SYSTEM)

@@ -10,11 +10,11 @@ from typing import Any
 
 import orjson
 
-from sharegpu.api import names, paths, reasons, resources
+from sharegpu.api import dra, names, paths, reasons, resources
 from sharegpu.core import allocation, devices, requests, units
 from sharegpu.extender import routes
 from sharegpu.kubectl import read, render, views
-from tests.builders import MakeAllocation
+from tests.builders import MakeAllocation, MakeClaim
 from tests.extender.conftest import Harness, gpu_pod, settle
 from tests.kubectl.conftest import snapshot
 
@@ -106,6 +106,26 @@ async def test_inventory_shows_each_gpu_with_the_pods_holding_it_as_their_alloca
     }
     assert from_json == expected
     assert document["totals"]["milli"] == {"capacity": 4000, "used": 2600, "free": 1400}
+
+
+async def test_inventory_counts_the_shares_dra_claims_hold_beside_the_pods(placed: Callable[..., Any]) -> None:
+    """A claim of sharegpu's class that its allocator placed holds its share of the GPU in the
+    inventory, named as a claim, as the extender's ledger counts it."""
+    h: Harness = await placed(nodes=1, gpus=2)
+    await h.schedule(await h.create(gpu_pod("a", milli=500)))
+    claim = MakeClaim("c", "team").ask(250, "2Gi").obj()
+    result = {"request": "gpu", "driver": dra.DRIVER, "pool": "n0", "device": dra.device_name(1),
+              "consumedCapacity": {dra.MILLI: "250", dra.MEMORY: "2Gi"}}  # fmt: skip
+    claim["status"] = {"allocation": {"devices": {"results": [result]}}}
+    h.server.put_object(dra.claim_path("team"), claim)
+    await settle(h.server)
+
+    inventory = views.inventory(await snapshot(h))
+    (node,) = inventory.nodes
+    holders = {g.index: {(x.pod, x.milli, x.memory_mib) for x in g.holders} for g in node.gpus}
+    assert holders[1] == {("claim team/c", 250, 2048)}, holders
+    assert inventory.totals().milli_used == 750
+    assert "claim team/c" in render.plain(render.inventory_table(inventory))
 
 
 async def test_inventory_names_the_nodes_it_leaves_out_and_unhealthy_gpus(placed: Callable[..., Any]) -> None:

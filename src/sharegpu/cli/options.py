@@ -34,6 +34,13 @@ class Compat(enum.StrEnum):
     KUBESHARE = "kubeshare"
 
 
+class Runtime(enum.StrEnum):
+    """The container runtime of devcluster's nodes (`--runtime`)."""
+
+    FAKE = "fake"
+    CONTAINERD = "containerd"
+
+
 Kubeconfig = Annotated[
     str | None, typer.Option(help="kubeconfig file.", show_default="$KUBECONFIG, ~/.kube/config, or in-cluster")
 ]

@@ -17,12 +17,13 @@ from rich.table import Table
 
 from sharegpu.cli.boundary import UsageError, console, reported
 from sharegpu.cli.logs import configure
-from sharegpu.cli.options import Compat, Kubeconfig, complete_policy
+from sharegpu.cli.options import Compat, Kubeconfig, Runtime, complete_policy
 from sharegpu.core import errors, policy_names
 
 if TYPE_CHECKING:
     from sharegpu.agent.gpucheck import Report
     from sharegpu.core.devices import NodeInventory
+    from sharegpu.devcluster.realcluster import RealCluster
     from sharegpu.devcluster.stack import Stack
 
 
@@ -53,6 +54,14 @@ def devcluster(
             "pods in any format become claims (Kubernetes 1.36 or later; docs/quickstart.md).",
         ),
     ] = False,
+    runtime: Annotated[
+        Runtime,
+        typer.Option(
+            help="The nodes' container runtime. fake: no container runs, thousands of nodes; containerd: "
+            "containerd and runc under the real kubelet (run as root; a few nodes), and sharegpu installed by its "
+            "chart from the image scripts/build-image builds, every component in its container.",
+        ),
+    ] = Runtime.FAKE,
 ) -> None:
     """Run the whole stack on this machine until Ctrl-C, and print the kubeconfig to use with kubectl.
 
@@ -69,7 +78,21 @@ def devcluster(
         from sharegpu.core import policies
 
         policies.check(policy)
+        if runtime is Runtime.CONTAINERD:
+            if nodes > 8 or gpus > 8:
+                raise UsageError(
+                    "with --runtime containerd, --nodes and --gpus must be 1..8 (a node is a real kubelet)"
+                )
+            if compat or not webhook or not controller:
+                raise UsageError(
+                    "with --runtime containerd the chart installs sharegpu: --compat, --no-webhook and "
+                    "--no-controller are for the fake runtime"
+                )
     folder = workdir or Path(tempfile.mkdtemp(prefix="sharegpu-devcluster-"))
+    if runtime is Runtime.CONTAINERD:
+        with reported(errors.SharegpuError, RuntimeError, OSError):
+            asyncio.run(_run_real_until_stopped(folder, nodes, gpus, policy, dra))
+        return
 
     def make_stack() -> stack.Stack:
         compats = tuple(c.value for c in compat or ())
@@ -152,6 +175,54 @@ async def _bring_up(whole: Stack, nodes: _FakeNodes, folder: Path) -> None:
         shown.print("  Ctrl-C stops everything", highlight=False)
     else:
         shown.print("  pods use schedulerName: sharegpu-scheduler; Ctrl-C stops everything", highlight=False)
+    shown.file.flush()
+
+
+async def _run_real_until_stopped(folder: Path, nodes: int, gpus: int, policy: str, dra: bool) -> None:
+    """A devcluster on containerd, with the chart installed, until SIGINT or SIGTERM; everything it
+    started is stopped, also when starting fails or is interrupted."""
+    from sharegpu.devcluster import realcluster
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    uuids = {f"gpu-node-{n}": tuple(f"GPU-{n}-{i}" for i in range(gpus)) for n in range(nodes)}
+    whole = realcluster.RealCluster(folder, uuids, frozenset(uuids) if dra else frozenset())
+    starting = asyncio.create_task(_bring_up_real(whole, policy))
+    waiting = asyncio.create_task(stop.wait())
+    try:
+        await asyncio.wait({starting, waiting}, return_when=asyncio.FIRST_COMPLETED)
+        if starting.done():
+            starting.result()
+            await waiting
+    finally:
+        for task in (starting, waiting):
+            task.cancel()
+        await asyncio.gather(starting, waiting, return_exceptions=True)
+        await whole.stop()
+
+
+async def _bring_up_real(whole: RealCluster, policy: str) -> None:
+    """Start the nodes, install the chart, and print how to use the cluster."""
+    from sharegpu.api import dra
+    from sharegpu.devcluster import containerd, realcluster
+
+    shown = console()
+    shown.print("[bold]sharegpu devcluster --runtime containerd[/bold]: starting (the first run builds "
+                "containerd and the image: minutes)")  # fmt: skip
+    shown.file.flush()
+    await whole.start_nodes()
+    await whole.install(whole.values(extender={"policy": policy}))
+    assert whole.plane is not None
+    shown.print(f"  nodes: {', '.join(whole.nodes)}, each containerd v{containerd.VERSION} and runc under the real "
+                "kubelet, with fake GPUs (device nodes, the NVIDIA device plugin and runtime, faked)")  # fmt: skip
+    if whole.dra:
+        shown.print(f"  DRA: every node serves claims of DeviceClass {dra.CLASS}")
+    shown.print(f"  sharegpu: helm release {realcluster.RELEASE} in {realcluster.SYSTEM}, every component Ready")
+    shown.print(f"  export KUBECONFIG={whole.plane.kubeconfig('admin')}")
+    shown.print(f"  a shell image for pods: {containerd.BUSYBOX_IMAGE} (imagePullPolicy: Never; nothing can be pulled)")
+    shown.print("  Ctrl-C stops everything", highlight=False)
     shown.file.flush()
 
 

@@ -240,6 +240,10 @@ class ControlPlane:
                 f"--tls-cert-file={b.serving_cert}",
                 f"--tls-private-key-file={b.serving_key}",
                 f"--client-ca-file={b.ca_cert}",
+                # The kubelets by their InternalIP (no DNS here knows the nodes' names), as a superuser.
+                f"--kubelet-client-certificate={b.kubelet_client_cert}",
+                f"--kubelet-client-key={b.kubelet_client_key}",
+                "--kubelet-preferred-address-types=InternalIP,Hostname",
                 f"--service-account-key-file={b.sa_pub}",
                 f"--service-account-signing-key-file={b.sa_key}",
                 "--service-account-issuer=https://kubernetes.default.svc",
@@ -345,6 +349,7 @@ class ControlPlane:
         `containerd.MountNamespace`), in which it finds `root_dir` at `root_seen_as`. Returns the
         process's name (for `stop_process` and `log`)."""
         name = f"kubelet-{node}"
+        assert self.bundle is not None, "start the control plane first"
         root_dir.mkdir(parents=True, exist_ok=True)
         # What has no flag: the pods' logs stay under root_dir, and the machine's firewall is left alone.
         config = root_dir / "kubelet.yaml"
@@ -364,6 +369,7 @@ class ControlPlane:
                 f"--hostname-override={node}",
                 f"--root-dir={root_seen_as or root_dir}",
                 f"--cert-dir={root_dir / 'pki'}",
+                f"--client-ca-file={self.bundle.ca_cert}",  # the API server's calls (logs, exec)
                 f"--container-runtime-endpoint={runtime_endpoint}",
                 f"--node-labels={','.join(f'{k}={v}' for k, v in sorted(labels.items()))}",
                 "--fail-cgroupv1=false", "--fail-swap-on=false", *cgroups,

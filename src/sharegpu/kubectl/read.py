@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from typing import Any, TypeVar
 
 from sharegpu.api import budgets as api_budgets
+from sharegpu.api import dra, paths, resources, wire
 from sharegpu.api import groups as api_groups
-from sharegpu.api import paths, resources, wire
 from sharegpu.api import quotas as api_quotas
 from sharegpu.kube import client
 from sharegpu.kube import errors as kube_errors
@@ -39,19 +39,28 @@ async def _list(
 
 
 async def cluster(api: client.KubeApi, node_selector: str = "", quotas: bool = True) -> views.Listing:
-    """Nodes (those `node_selector` selects, if given), Devices, every pod and, with `quotas`, every
-    ResourceQuota: what the extender's cache and quota guard are built from."""
+    """Nodes (those `node_selector` selects, if given), Devices, every pod, every ResourceClaim (none
+    where resource.k8s.io/v1 is not served) and, with `quotas`, every ResourceQuota: what the
+    extender's cache and quota guard are built from."""
     node_params = {"labelSelector": node_selector} if node_selector else None
-    nodes, devices, pods, quota_items = await asyncio.gather(
+    nodes, devices, pods, claims, quota_items = await asyncio.gather(
         _list(api, paths.NODES, wire.Node, "nodes", node_params),
         _list(api, paths.DEVICES, wire.Device, "Device resources (devices.sharegpu.io)"),
         _list(api, paths.PODS, wire.Pod, "pods"),
+        _claims(api),
         _list(api, paths.RESOURCE_QUOTAS, api_quotas.ResourceQuota, "resourcequotas") if quotas else _none(),
     )
     if node_selector:  # the Devices of the nodes left out are no concern of this listing
         chosen = {n.metadata.name for n in nodes}
         devices = [d for d in devices if d.metadata.name in chosen]
-    return views.Listing(tuple(nodes), tuple(devices), tuple(pods), tuple(quota_items))
+    return views.Listing(tuple(nodes), tuple(devices), tuple(pods), tuple(quota_items), tuple(claims))
+
+
+async def _claims(api: client.KubeApi) -> list[dra.ResourceClaim]:
+    try:
+        return await _list(api, dra.CLAIMS, dra.ResourceClaim, "resourceclaims")
+    except Missing:
+        return []  # before Kubernetes 1.34: no DRA path
 
 
 async def _none() -> list[api_quotas.ResourceQuota]:

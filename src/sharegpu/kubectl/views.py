@@ -22,8 +22,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from sharegpu.api import budgets as api_budgets
+from sharegpu.api import dra, names, pods, reasons, wire
 from sharegpu.api import groups as api_groups
-from sharegpu.api import names, pods, reasons, wire
 from sharegpu.api import quotas as api_quotas
 from sharegpu.core import allocation, errors, fit, policies, requests, units
 from sharegpu.extender import cache as extender_cache
@@ -47,6 +47,8 @@ class Listing:
     devices: tuple[wire.Device, ...]
     pods: tuple[wire.Pod, ...]
     quotas: tuple[api_quotas.ResourceQuota, ...] = ()
+    claims: tuple[dra.ResourceClaim, ...] = ()
+    """ResourceClaims (the DRA path's shares: sharegpu's class's count, as in the extender's ledger)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +73,8 @@ def cluster(listing: Listing, policy: str = policies.DEFAULT) -> Cluster:
         cache.on_device(wire.EventType.ADDED, extender_cache.device_record(device))
     for pod in listing.pods:
         cache.on_pod(wire.EventType.ADDED, pods.record(pod))
+    for claim in listing.claims:
+        cache.on_claim(wire.EventType.ADDED, dra.claim_record(claim))
     for quota in listing.quotas:
         guard.on_quota(wire.EventType.ADDED, quota)
     cache.rebuild()
@@ -175,7 +179,9 @@ def inventory(view: Cluster, only: Sequence[str] = ()) -> Inventory:
     holders: dict[tuple[str, int], list[Holder]] = {}
     for key, entry in cache.ledger.entries():
         for index, (milli, memory) in entry.alloc.gpu_usage().items():
-            holders.setdefault((entry.alloc.node, index), []).append(Holder(str(key), milli, memory, entry.phase.value))
+            claim = dra.ClaimName.of(key)
+            holder = f"claim {claim.namespace}/{claim.name}" if claim is not None else str(key)
+            holders.setdefault((entry.alloc.node, index), []).append(Holder(holder, milli, memory, entry.phase.value))
     reservations: dict[tuple[str, int], pods.Record] = {}
     for record in cache.live_reservations():
         slot = record.reservation

@@ -26,7 +26,8 @@ Key = ec.EllipticCurvePrivateKey
 
 @dataclass(frozen=True, slots=True)
 class Bundle:
-    """The local control plane's PKI: CA, API server certificate, service-account key pair."""
+    """The local control plane's PKI: CA, API server certificate, service-account key pair, and the
+    API server's client certificate for the kubelets (logs, exec, port-forward)."""
 
     ca_cert: Path
     ca_key: Path
@@ -34,6 +35,8 @@ class Bundle:
     serving_key: Path
     sa_key: Path
     sa_pub: Path
+    kubelet_client_cert: Path
+    kubelet_client_key: Path
 
 
 def _key_bytes(key: Key | rsa.RSAPrivateKey) -> bytes:
@@ -50,8 +53,10 @@ def _write(path: Path, data: bytes, mode: int = 0o600) -> None:
     temporary.replace(path)
 
 
-def _name(common: str) -> x509.Name:
-    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common)])
+def _name(common: str, groups: Sequence[str] = ()) -> x509.Name:
+    """CN `common`, and an O per group (how Kubernetes reads a client certificate's groups)."""
+    organizations = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, g) for g in groups]
+    return x509.Name([*organizations, x509.NameAttribute(NameOID.COMMON_NAME, common)])
 
 
 def subject_names(dns_names: Sequence[str], ip_addresses: Sequence[str]) -> list[x509.GeneralName]:
@@ -109,12 +114,13 @@ def _leaf(
     usage: x509.ObjectIdentifier,
     names: list[x509.GeneralName] | None,
     at: datetime.datetime | None = None,
+    groups: Sequence[str] = (),
 ) -> tuple[x509.Certificate, Key]:
     now = at or datetime.datetime.now(datetime.UTC)
     key = ec.generate_private_key(ec.SECP256R1())
     builder = (
         x509.CertificateBuilder()
-        .subject_name(_name(common))
+        .subject_name(_name(common, groups))
         .issuer_name(ca_cert.subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
@@ -144,9 +150,11 @@ def issue_serving(
     return _leaf(ca_cert, ca_key, common, days, ExtendedKeyUsageOID.SERVER_AUTH, names, at)
 
 
-def issue_client(ca_cert: x509.Certificate, ca_key: Key, common: str, days: int = 365) -> tuple[x509.Certificate, Key]:
-    """A client certificate (e.g. kube-scheduler's, to call the extender)."""
-    return _leaf(ca_cert, ca_key, common, days, ExtendedKeyUsageOID.CLIENT_AUTH, None)
+def issue_client(
+    ca_cert: x509.Certificate, ca_key: Key, common: str, days: int = 365, groups: Sequence[str] = ()
+) -> tuple[x509.Certificate, Key]:
+    """A client certificate (e.g. kube-scheduler's, to call the extender), of user `common` in `groups`."""
+    return _leaf(ca_cert, ca_key, common, days, ExtendedKeyUsageOID.CLIENT_AUTH, None, groups=groups)
 
 
 def pem(cert: x509.Certificate) -> bytes:
@@ -195,6 +203,10 @@ def make_bundle(folder: Path, *, dns_names: Sequence[str] = (), ip_addresses: Se
         ip_addresses=("127.0.0.1", *ip_addresses), days=30,
     )  # fmt: skip
     sa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    # As kubeadm's apiserver-kubelet-client: the kubelets authorise it (a superuser) through the API server.
+    kubelet_client, kubelet_client_key = issue_client(
+        ca_cert, ca_key, "kube-apiserver-kubelet-client", days=30, groups=("system:masters",)
+    )
     bundle = Bundle(
         ca_cert=folder / "ca.crt",
         ca_key=folder / "ca.key",
@@ -202,7 +214,11 @@ def make_bundle(folder: Path, *, dns_names: Sequence[str] = (), ip_addresses: Se
         serving_key=folder / "apiserver.key",
         sa_key=folder / "sa.key",
         sa_pub=folder / "sa.pub",
+        kubelet_client_cert=folder / "apiserver-kubelet-client.crt",
+        kubelet_client_key=folder / "apiserver-kubelet-client.key",
     )
+    _write(bundle.kubelet_client_cert, pem(kubelet_client), 0o644)
+    _write(bundle.kubelet_client_key, _key_bytes(kubelet_client_key))
     _write(bundle.ca_cert, pem(ca_cert), 0o644)
     _write(bundle.ca_key, _key_bytes(ca_key))
     _write(bundle.serving_cert, pem(serving), 0o644)
