@@ -213,12 +213,14 @@ async def _bring_up_real(whole: RealCluster, policy: str) -> None:
                 "containerd and the image: minutes)")  # fmt: skip
     shown.file.flush()
     await whole.start_nodes()
-    await whole.install(whole.values(extender={"policy": policy}))
+    # As the fake devcluster's --dra: GPU pods in any format go the DRA way.
+    webhook = {"defaultPath": "dra"} if whole.dra else {}
+    await whole.install(whole.values(extender={"policy": policy}, webhook=webhook))
     assert whole.plane is not None
     shown.print(f"  nodes: {', '.join(whole.nodes)}, each containerd v{containerd.VERSION} and runc under the real "
                 "kubelet, with fake GPUs (device nodes, the NVIDIA device plugin and runtime, faked)")  # fmt: skip
     if whole.dra:
-        shown.print(f"  DRA: every node serves claims of DeviceClass {dra.CLASS}")
+        shown.print(f"  DRA: every node serves claims of DeviceClass {dra.CLASS}; GPU pods in any format become claims")
     shown.print(f"  sharegpu: helm release {realcluster.RELEASE} in {realcluster.SYSTEM}, every component Ready")
     shown.print(f"  export KUBECONFIG={whole.plane.kubeconfig('admin')}")
     shown.print(f"  a shell image for pods: {containerd.BUSYBOX_IMAGE} (imagePullPolicy: Never; nothing can be pulled)")
