@@ -384,6 +384,15 @@ COMPAT_REFUSED = "Invalid value for '--compat': 'volcano' is not one of 'devices
         (["webhook", "--bootstrap", "/tmp/b", "--ip-address", "not-an-ip"], "'not-an-ip' is not an IP address"),
         (["devcluster", "--policy", "nope"], "unknown policy 'nope'"),
         (["devcluster", "--compat", "volcano"], COMPAT_REFUSED),
+        (
+            ["devcluster", "--runtime", "containerd", "--nodes", "9"],
+            "with --runtime containerd, --nodes and --gpus must be 1..8",
+        ),
+        (
+            ["devcluster", "--runtime", "containerd", "--no-controller"],
+            "with --runtime containerd the chart installs sharegpu: --compat, --no-webhook",
+        ),
+        (["devcluster", "--runtime", "docker"], "Invalid value for '--runtime': 'docker' is not one of 'fake',"),
         (["controller", "--compat", "volcano"], COMPAT_REFUSED),
         (["crds", "--compat", "volcano"], COMPAT_REFUSED),
         (

@@ -14,11 +14,18 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
 
 from sharegpu.api import dra, names, paths
 from sharegpu.kube import client
 from tests.builders import MakePod
+from tests.conftest import REPO
 from tests.integration.conftest import get_or_none, gpu_pod, wait_for
+
+Json = dict[str, Any]
 
 
 def survivors(folder: Path) -> dict[int, str]:
@@ -68,9 +75,13 @@ async def devcluster(folder: Path, *args: str) -> AsyncIterator[client.KubeClien
             await asyncio.sleep(0.2)
         assert survivors(folder) == {}
     finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+        if process.poll() is None:  # the test failed: stop it as a user would, so that it cleans up
+            process.send_signal(signal.SIGINT)
+            try:
+                await asyncio.to_thread(process.wait, 90)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
         process.stdout.close()
         for pid in survivors(folder):  # leave nothing running, even when the test fails
             with contextlib.suppress(ProcessLookupError):
@@ -150,3 +161,52 @@ async def test_devcluster_dra_places_a_pod_as_kubernetes_documents_dra_and_one_i
 
         for name in ("documented", "koord"):
             await wait_for(functools.partial(placed, name), timeout=90, what=f"pod {name} bound, its claim allocated")
+
+
+def quickstart_manifests() -> list[Json]:
+    """The manifests of docs/quickstart.md's walk-through on containerd (its `kubectl apply` heredocs)."""
+    text = (REPO / "docs" / "quickstart.md").read_text()
+    section = text.split("### With real containers", 1)[1].split("\n## ", 1)[0]
+    bodies = [part.split("\nYAML\n", 1)[0] for part in section.split("kubectl apply -f - <<'YAML'\n")[1:]]
+    return [doc for body in bodies for doc in yaml.safe_load_all(body) if doc]
+
+
+@pytest.mark.runtime
+async def test_devcluster_on_containerd_runs_the_quickstart_pods_in_containers_and_leaves_nothing(
+    tmp_path: Path,
+) -> None:
+    """`sharegpu devcluster --runtime containerd --dra` as docs/quickstart.md walks through it: the chart
+    installed from the built image, the walk-through's pods (HAMi's format, and a claim template of
+    sharegpu's class) run in containerd, their logs (read through the API server, from the kubelet)
+    show the GPU each was given; Ctrl-C leaves no process, mount or bridge behind."""
+    manifests = quickstart_manifests()
+    assert [m["kind"] for m in manifests] == ["Pod", "ResourceClaimTemplate", "Pod"], manifests
+    async with devcluster(tmp_path / "dev", "--runtime", "containerd", "--dra") as kube:
+        for manifest in manifests:
+            manifest["metadata"]["namespace"] = "try"
+            path = paths.pods("try") if manifest["kind"] == "Pod" else dra.template_path("try")
+            await kube.create(path, manifest)
+
+        async def logged(name: str) -> str:
+            found = await kube.get(paths.pod("try", name))
+            if found["status"].get("phase") != "Running":
+                return ""
+            text = (await kube.send("GET", f"{paths.pod('try', name)}/log")).decode()
+            return text if "NVIDIA_VISIBLE_DEVICES=" in text else ""
+
+        for pod in ("share", "trainer"):
+            text = await wait_for(functools.partial(logged, pod), timeout=120, what=f"pod {pod} running, its log")
+            assert isinstance(text, str)
+            visible = next(line for line in text.splitlines() if line.startswith("NVIDIA_VISIBLE_DEVICES="))
+            uuid = visible.split("=", 1)[1]
+            assert uuid in {"GPU-0-0", "GPU-0-1"}, text
+            assert {line for line in text.splitlines() if line.startswith("nvidia")} == {
+                f"nvidia{uuid[-1]}", "nvidiactl", "nvidia-uvm"}, text  # fmt: skip
+            claim = (await kube.get(paths.pod("try", pod)))["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
+            allocated = await kube.get(dra.claim_path("try", claim))
+            (result,) = allocated["status"]["allocation"]["devices"]["results"]
+            assert result["device"] == dra.device_name(int(uuid[-1])), (result, uuid)
+    mounts = Path("/proc/self/mountinfo").read_text()
+    assert "/tmp/sg-" not in mounts, "a node's mount left behind"
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True).stdout
+    assert "sgbr" not in links, links

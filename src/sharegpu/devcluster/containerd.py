@@ -4,7 +4,8 @@ of its own, so that several run side by side on one machine, each a node of its 
 
 A node's containerd serves the CRI with CDI on (the specs in its `cdi` folder: the fake NVIDIA
 toolkit's and sharegpu's DRA plugin's, applied by containerd itself), `restrict_oom_score_adj` (this
-machine refuses the negative OOM scores CRI gives sandboxes), no NRI, and a bridge network of its own
+machine refuses the negative OOM scores CRI gives sandboxes), no NRI, pods' network namespaces under
+its own state folder, and a bridge network of its own
 (`sgbr<n>`, 10.244.<n>.0/24, the CNI plugins from the same build). Registries cannot be reached here,
 so the images a node needs are made from files and imported (`image_archive`, `Containerd.load`):
 the sandbox image (our pause program, under `SANDBOX_IMAGE`, the name the configuration pins) and a
@@ -268,6 +269,7 @@ state = '{f / "state"}'
   enable_cdi = true
   cdi_spec_dirs = ['{self.cdi_dir}']
   restrict_oom_score_adj = true
+  netns_mounts_under_state_dir = true
 [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
   BinaryName = '{self.runtime_binary()}'
   SystemdCgroup = false
