@@ -14,9 +14,7 @@ LEASE, DEADLINE, RETRY = 0.6, 0.4, 0.05
 
 
 def elector(kube: client.KubeClient, identity: str) -> leader.LeaderElector:
-    return leader.LeaderElector(
-        kube, "ns", "lock", identity, lease_duration=LEASE, renew_deadline=DEADLINE, retry_period=RETRY
-    )
+    return leader.LeaderElector(kube, "ns", "lock", identity, leader.Terms(LEASE, DEADLINE, RETRY))
 
 
 class Partition:
@@ -131,13 +129,13 @@ def test_timings_must_nest() -> None:
     import pytest
 
     with pytest.raises(ValueError, match="retry_period < renew_deadline < lease_duration"):
-        leader.LeaderElector(
-            client.KubeClient(fake.FakeApiServer()), "ns", "l", "a", lease_duration=1, renew_deadline=2
-        )
+        leader.Terms(lease_duration=1, renew_deadline=2)
+    with pytest.raises(ValueError, match="0 < retry_period"):
+        leader.Terms(retry_period=0)
 
 
 def follower(kube: client.KubeClient, pod: str) -> leader.Follower:
-    return leader.Follower(kube, "ns", "lock", pod, lease_duration=LEASE, renew_deadline=DEADLINE, retry_period=RETRY)
+    return leader.Follower(kube, "ns", "lock", pod, leader.Terms(LEASE, DEADLINE, RETRY))
 
 
 async def test_a_follower_leads_exactly_while_a_process_of_its_pod_holds_the_lease() -> None:

@@ -106,8 +106,7 @@ class Controller:
         if options.leader_elect:
             self.elector = leader.LeaderElector(
                 api, names.SYSTEM_NAMESPACE, names.CONTROLLER_LEASE, self.identity,
-                lease_duration=options.lease_duration, renew_deadline=options.renew_deadline,
-                retry_period=options.retry_period,
+                leader.Terms(options.lease_duration, options.renew_deadline, options.retry_period),
             )  # fmt: skip
         self.informers: list[informer.Informer[Any, Any]] = [
             informer.Informer(api, paths.PODS, lifetimes.TimedPod, budgets.pod_books, self.budgets.on_pod, name="pods"),

@@ -113,8 +113,8 @@ class Extender:
             kind = leader.Follower if options.follow_scheduler else leader.LeaderElector
             who = identity.split(leader.SEPARATOR, 1)[0] if options.follow_scheduler else identity  # its pod
             self.elector = kind(
-                api, names.SYSTEM_NAMESPACE, names.EXTENDER_LEASE, who, lease_duration=options.lease_duration,
-                renew_deadline=options.renew_deadline, retry_period=options.retry_period,
+                api, names.SYSTEM_NAMESPACE, names.EXTENDER_LEASE, who,
+                leader.Terms(options.lease_duration, options.renew_deadline, options.retry_period),
             )  # fmt: skip
         changed = self._changed
         self.informers: list[informer.Informer[Any, Any]] = [

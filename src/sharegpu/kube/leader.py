@@ -29,6 +29,7 @@ import secrets
 import socket
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
 from sharegpu.api import paths, wire
@@ -52,35 +53,42 @@ def _micro_time() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-class LeaderElector:
+@dataclass(frozen=True, slots=True)
+class Terms:
+    """A Lease's timings, in seconds, as client-go's leaderelection names them (kube-scheduler's
+    `leaderElection` and the components' `--lease-duration`, `--renew-deadline`, `--retry-period`)."""
+
+    lease_duration: float = 15.0
+    renew_deadline: float = 10.0
+    retry_period: float = 2.0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.retry_period < self.renew_deadline < self.lease_duration:
+            raise ValueError("leader election needs 0 < retry_period < renew_deadline < lease_duration")
+
+
+class _OnLease:
+    """What an elector and a follower share: the Lease they read, its terms, the clock they measure
+    them on, and `leading`, set while this process leads."""
+
     def __init__(
         self,
         api: client.KubeApi,
         namespace: str,
         name: str,
-        identity: str,
-        *,
-        lease_duration: float = 15.0,
-        renew_deadline: float = 10.0,
-        retry_period: float = 2.0,
+        terms: Terms = Terms(),
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if not retry_period < renew_deadline < lease_duration:
-            raise ValueError("leader election needs retry_period < renew_deadline < lease_duration")
         self.api = api
         self.namespace = namespace
         self.name = name
-        self.identity = identity
-        self.lease_duration = lease_duration
-        self.renew_deadline = renew_deadline
-        self.retry_period = retry_period
+        self.terms = terms
         self.clock = clock
         self.leading = asyncio.Event()
         self.transitions = 0
         """Times this process became leader."""
         self._observed: tuple[Any, ...] | None = None
         self._observed_at = 0.0
-        self._renewed_at = 0.0
 
     @property
     def path(self) -> str:
@@ -89,6 +97,23 @@ class LeaderElector:
     @property
     def is_leader(self) -> bool:
         return self.leading.is_set()
+
+
+class LeaderElector(_OnLease):
+    """A candidate for the Lease, under `identity` (see `identity()`)."""
+
+    def __init__(
+        self,
+        api: client.KubeApi,
+        namespace: str,
+        name: str,
+        identity: str,
+        terms: Terms = Terms(),
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__(api, namespace, name, terms, clock)
+        self.identity = identity
+        self._renewed_at = 0.0
 
     async def run(self) -> None:
         """Campaign and renew until cancelled; releases the Lease on the way out if it holds it."""
@@ -102,12 +127,14 @@ class LeaderElector:
                     log.warning("leader election %s: %s", self.name, exc)
                 except Exception:
                     log.exception("leader election %s: unexpected failure", self.name)
-                if self.is_leader and self.clock() - self._renewed_at > self.renew_deadline:
+                if self.is_leader and self.clock() - self._renewed_at > self.terms.renew_deadline:
                     log.error(
-                        "leader election %s: could not renew for %.0f s; stepping down", self.name, self.renew_deadline
+                        "leader election %s: could not renew for %.0f s; stepping down",
+                        self.name,
+                        self.terms.renew_deadline,
                     )
                     self.leading.clear()
-                await asyncio.sleep(self.retry_period)
+                await asyncio.sleep(self.terms.retry_period)
         finally:
             if self.is_leader:
                 self.leading.clear()
@@ -129,7 +156,7 @@ class LeaderElector:
         if record != self._observed:
             self._observed, self._observed_at = record, now
         holder = spec.holder_identity or ""
-        duration = float(spec.lease_duration_seconds or self.lease_duration)
+        duration = float(spec.lease_duration_seconds or self.terms.lease_duration)
         mine = holder == self.identity
         if not mine and holder and now - self._observed_at < duration:
             if self.is_leader:
@@ -157,7 +184,7 @@ class LeaderElector:
         stamp = _micro_time()
         spec = {
             "holderIdentity": self.identity,
-            "leaseDurationSeconds": round(self.lease_duration),
+            "leaseDurationSeconds": round(self.terms.lease_duration),
             "acquireTime": stamp if acquired or previous is None else previous.acquire_time,
             "renewTime": stamp,
             "leaseTransitions": transitions,
@@ -177,7 +204,7 @@ class LeaderElector:
         log.info("leader election %s: %s released the lease", self.name, self.identity)
 
 
-class Follower:
+class Follower(_OnLease):
     """Leads while another process of this pod holds the Lease, never writing it: the chart's
     extender follows the kube-scheduler beside it in its pod, which elects on the same Lease (the
     `sharegpu-leader` policy reads its holder: both containers' claim writes then pass from the
@@ -195,31 +222,12 @@ class Follower:
         namespace: str,
         name: str,
         pod: str,
-        *,
-        lease_duration: float = 15.0,
-        renew_deadline: float = 10.0,
-        retry_period: float = 2.0,
+        terms: Terms = Terms(),
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if not retry_period < renew_deadline < lease_duration:
-            raise ValueError("leader election needs retry_period < renew_deadline < lease_duration")
-        self.api = api
-        self.namespace = namespace
-        self.name = name
+        super().__init__(api, namespace, name, terms, clock)
         self.pod = pod
-        self.lease_duration = lease_duration
-        self.renew_deadline = renew_deadline
-        self.retry_period = retry_period
-        self.clock = clock
-        self.leading = asyncio.Event()
-        self.transitions = 0
-        self._observed: tuple[Any, ...] | None = None
-        self._observed_at = 0.0
         self._read_at = -float("inf")
-
-    @property
-    def is_leader(self) -> bool:
-        return self.leading.is_set()
 
     async def run(self) -> None:
         """Follow the Lease until cancelled."""
@@ -231,10 +239,10 @@ class Follower:
                     raise
                 except errors.KubeError as exc:
                     log.warning("following the lease %s: %s", self.name, exc)
-                if self.is_leader and self.clock() - self._read_at > self.renew_deadline:
-                    log.error("lease %s: not read for %.0f s; stepping down", self.name, self.renew_deadline)
+                if self.is_leader and self.clock() - self._read_at > self.terms.renew_deadline:
+                    log.error("lease %s: not read for %.0f s; stepping down", self.name, self.terms.renew_deadline)
                     self.leading.clear()
-                await asyncio.sleep(self.retry_period)
+                await asyncio.sleep(self.terms.retry_period)
         finally:
             self.leading.clear()
 
@@ -242,7 +250,7 @@ class Follower:
         """One read of the Lease, and what it says about leading."""
         now = self.clock()
         try:
-            current = await self.api.get(paths.lease(self.namespace, self.name))
+            current = await self.api.get(self.path)
         except errors.NotFoundError:
             self._read_at = now
             self._set(False, "nobody holds it")
@@ -253,7 +261,7 @@ class Follower:
         if record != self._observed:
             self._observed, self._observed_at = record, now
         holder = spec.holder_identity or ""
-        duration = float(spec.lease_duration_seconds or self.lease_duration)
+        duration = float(spec.lease_duration_seconds or self.terms.lease_duration)
         if not holder.startswith(self.pod + SEPARATOR):
             self._set(False, f"{holder or 'nobody'} holds it")
         elif now - self._observed_at >= duration:
