@@ -19,6 +19,7 @@ from typing import Any, Self
 from sharegpu.api import devices as api_devices
 from sharegpu.api import dra, names, pods, wire
 from sharegpu.core import allocation, devices, requests, units
+from sharegpu.devcluster.containerd import BUSYBOX_IMAGE
 
 Json = dict[str, Any]
 
@@ -216,6 +217,14 @@ class MakePod(_Builder):
         self._spec.setdefault("resourceClaims", []).append({"name": name, "resourceClaimName": claim})
         resources = self._spec["containers"][container].setdefault("resources", {})
         resources.setdefault("claims", []).append({"name": name})
+        return self
+
+    def busybox(self, command: str = "sleep 3600") -> Self:
+        """Every container (add them first) runs `command` in the busybox image the real-container
+        nodes have (`devcluster.containerd.BUSYBOX_IMAGE`, never pulled); no service account token."""
+        for container in self._spec["containers"]:
+            container.update({"image": BUSYBOX_IMAGE, "command": ["sh", "-c", command], "imagePullPolicy": "Never"})
+        self._spec["automountServiceAccountToken"] = False
         return self
 
     def gate(self, gate: str = names.DRA_GATE) -> Self:

@@ -98,13 +98,9 @@ def describe(pods: list[Json]) -> str:
 
 
 def busybox(name: str, namespace: str, limits: dict[str, str], claim: str = "") -> Json:
-    """A pod that sleeps (the image is never pulled), with `limits` or the ResourceClaim `claim`."""
-    made = builders.MakePod(name, namespace).grace(0).container(image=containerd.BUSYBOX_IMAGE)
-    body = (made.claim(claim) if claim else made).obj()
-    body["spec"]["containers"][0].update({"command": ["sh", "-c", "sleep 3600"], "imagePullPolicy": "Never"})
-    body["spec"]["containers"][0].setdefault("resources", {})["limits"] = limits
-    body["spec"]["automountServiceAccountToken"] = False
-    return body
+    """A pod that sleeps in the busybox image, with `limits` or the ResourceClaim `claim`."""
+    made = builders.MakePod(name, namespace).grace(0).container(limits=limits)
+    return (made.claim(claim) if claim else made).busybox().obj()
 
 
 def on(nodes: dict[str, containerd.Node], pod: Json) -> containerd.Node:

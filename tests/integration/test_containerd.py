@@ -28,7 +28,7 @@ from sharegpu.devcluster.stack import ExtenderProcess
 from sharegpu.kube import client
 from tests import builders
 from tests.builders import NVML_FILE, write_nvml
-from tests.integration.conftest import Json, get_or_none, wait_for
+from tests.integration.conftest import get_or_none, wait_for
 
 pytestmark = pytest.mark.runtime
 
@@ -52,16 +52,6 @@ async def containerd_node(
         await node.stop(control_plane, admin)
 
 
-def busybox(made: builders.MakePod, command: str = "sleep 3600") -> Json:
-    """`made` (its containers added) running `command` in the busybox image, which is never pulled."""
-    body = made.obj()
-    for container in body["spec"]["containers"]:
-        container.update({"image": containerd.BUSYBOX_IMAGE, "command": ["sh", "-c", command],
-                          "imagePullPolicy": "Never"})  # fmt: skip
-    body["spec"]["automountServiceAccountToken"] = False
-    return body
-
-
 async def explained(
     control_plane: controlplane.ControlPlane, node: containerd.Node, predicate: object, what: str
 ) -> object:
@@ -78,7 +68,7 @@ async def test_a_pod_runs_in_containerd_on_the_node_s_network_under_its_own_per_
 ) -> None:
     async with containerd_node(admin, control_plane, namespace) as node:
         made = await admin.create(
-            paths.pods(namespace), busybox(builders.MakePod("p", namespace).grace(0).node(node.name).container())
+            paths.pods(namespace), builders.MakePod("p", namespace).grace(0).node(node.name).container().busybox().obj()
         )
 
         running = functools.partial(node.running, admin, namespace, "p")
@@ -121,7 +111,7 @@ async def test_containerd_applies_the_claim_s_cdi_devices_the_container_sees_its
             await admin.create(dra.claim_path(namespace), builders.MakeClaim("c", namespace).ask(300, "4Gi").obj())
             made = builders.MakePod("p", namespace).scheduler().grace(0).container().claim("c").gate()
             await admin.create(
-                paths.pods(namespace), busybox(made.node_selector({"kubernetes.io/hostname": node.name}))
+                paths.pods(namespace), made.node_selector({"kubernetes.io/hostname": node.name}).busybox().obj()
             )
 
             running = functools.partial(node.running, admin, namespace, "p")
