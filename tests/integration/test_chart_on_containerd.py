@@ -26,15 +26,13 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from sharegpu.api import dra, names, paths, pods, wire
-from sharegpu.devcluster import containerd, controlplane, oracle, realcluster, stack
+from sharegpu.devcluster import containerd, controlplane, oracle, realcluster
 from sharegpu.kube import client
 from sharegpu.webhook import translate
 from tests import builders
@@ -120,14 +118,11 @@ async def test_helm_install_runs_every_component_in_containerd_and_places_and_ru
     plane: controlplane.ControlPlane,
     kube: client.KubeClient,
     nodes: dict[str, containerd.Node],
-    tmp_path: Path,
 ) -> None:
     # The chart's default node paths (/var/lib/kubelet, /var/run/cdi) are each node's own.
     values = cluster.values()
     assert values["agent"] == {"draNodeSelector": realcluster.DRA_NODES}
-    (tmp_path / "values.json").write_text(json.dumps(values))
-    await cluster.helm("install", "sharegpu", str(stack.CHART), "-n", SYSTEM, "--create-namespace",
-                   "-f", str(tmp_path / "values.json"))  # fmt: skip
+    await cluster.release("install", values)
     components = ["agent", "agent-dra", "controller", "controller", "scheduler", "scheduler", "webhook", "webhook"]
 
     async def all_ready() -> bool:
@@ -248,8 +243,7 @@ async def test_helm_install_runs_every_component_in_containerd_and_places_and_ru
     await wait_for(all_ready, timeout=180, what="every component Ready again after the faults")
     assert {pod: await running(pod) for pod in everyone} == before, "the GPU pods' containers ran on"
     values["extender"] = {"logLevel": "DEBUG"}
-    (tmp_path / "values.json").write_text(json.dumps(values))
-    await cluster.helm("upgrade", "sharegpu", str(stack.CHART), "-n", SYSTEM, "-f", str(tmp_path / "values.json"))
+    await cluster.release("upgrade", values)
 
     async def upgraded() -> bool:
         found = await pods_of(kube, SYSTEM)

@@ -7,9 +7,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Protocol, TypeVar
 
 import orjson
 import typer
@@ -90,8 +90,15 @@ def devcluster(
                 )
     folder = workdir or Path(tempfile.mkdtemp(prefix="sharegpu-devcluster-"))
     if runtime is Runtime.CONTAINERD:
+        from sharegpu.devcluster import realcluster
+
+        uuids = {f"gpu-node-{n}": tuple(f"GPU-{n}-{i}" for i in range(gpus)) for n in range(nodes)}
+
+        def make_real() -> realcluster.RealCluster:
+            return realcluster.RealCluster(folder, uuids, frozenset(uuids) if dra else frozenset())
+
         with reported(errors.SharegpuError, RuntimeError, OSError):
-            asyncio.run(_run_real_until_stopped(folder, nodes, gpus, policy, dra))
+            asyncio.run(_run_until_stopped(make_real, lambda whole: _bring_up_real(whole, policy)))
         return
 
     def make_stack() -> stack.Stack:
@@ -99,7 +106,8 @@ def devcluster(
         return stack.Stack(folder, policy, webhook=webhook, controller=controller, compat=compats, dra=dra)
 
     with reported(errors.SharegpuError, RuntimeError):
-        asyncio.run(_run_until_stopped(make_stack, _FakeNodes(nodes, gpus, model, gpu_memory), folder))
+        fake = _FakeNodes(nodes, gpus, model, gpu_memory)
+        asyncio.run(_run_until_stopped(make_stack, lambda whole: _bring_up(whole, fake, folder)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,17 +136,24 @@ class _FakeNodes:
         ]
 
 
-async def _run_until_stopped(make_stack: Callable[[], Stack], nodes: _FakeNodes, folder: Path) -> None:
-    """Start the stack and its fake GPU nodes, then run until SIGINT or SIGTERM.
+class _Stoppable(Protocol):
+    async def stop(self) -> None: ...
+
+
+S = TypeVar("S", bound=_Stoppable)
+
+
+async def _run_until_stopped(make: Callable[[], S], bring_up: Callable[[S], Coroutine[Any, Any, None]]) -> None:
+    """Make the cluster, bring it up, then run until SIGINT or SIGTERM.
 
     Signals are handled from the first moment: Ctrl-C while the control plane starts stops what has
-    started, and never leaves a process behind."""
+    started, and never leaves a process behind; a start-up failure is reported after the same."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    whole = make_stack()
-    starting = asyncio.create_task(_bring_up(whole, nodes, folder))
+    whole = make()
+    starting = asyncio.create_task(bring_up(whole))
     waiting = asyncio.create_task(stop.wait())
     try:
         await asyncio.wait({starting, waiting}, return_when=asyncio.FIRST_COMPLETED)
@@ -176,31 +191,6 @@ async def _bring_up(whole: Stack, nodes: _FakeNodes, folder: Path) -> None:
     else:
         shown.print("  pods use schedulerName: sharegpu-scheduler; Ctrl-C stops everything", highlight=False)
     shown.file.flush()
-
-
-async def _run_real_until_stopped(folder: Path, nodes: int, gpus: int, policy: str, dra: bool) -> None:
-    """A devcluster on containerd, with the chart installed, until SIGINT or SIGTERM; everything it
-    started is stopped, also when starting fails or is interrupted."""
-    from sharegpu.devcluster import realcluster
-
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    uuids = {f"gpu-node-{n}": tuple(f"GPU-{n}-{i}" for i in range(gpus)) for n in range(nodes)}
-    whole = realcluster.RealCluster(folder, uuids, frozenset(uuids) if dra else frozenset())
-    starting = asyncio.create_task(_bring_up_real(whole, policy))
-    waiting = asyncio.create_task(stop.wait())
-    try:
-        await asyncio.wait({starting, waiting}, return_when=asyncio.FIRST_COMPLETED)
-        if starting.done():
-            starting.result()
-            await waiting
-    finally:
-        for task in (starting, waiting):
-            task.cancel()
-        await asyncio.gather(starting, waiting, return_exceptions=True)
-        await whole.stop()
 
 
 async def _bring_up_real(whole: RealCluster, policy: str) -> None:

@@ -11,6 +11,7 @@ same parts (`start_nodes`, then their own `helm install`).
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib.metadata
 import json
 import os
@@ -62,6 +63,7 @@ def image_archive() -> Path:
     return archive
 
 
+@functools.cache
 def helm_binary() -> str:
     """Helm: SHAREGPU_HELM, else `helm` on the PATH, else the pinned one scripts/tools installs."""
     named = os.environ.get("SHAREGPU_HELM") or shutil.which("helm")
@@ -142,11 +144,16 @@ class RealCluster:
             raise controlplane.ControlPlaneError(f"helm {' '.join(args)}: {err.decode().strip()}")
         return out.decode()
 
-    async def install(self, values: dict[str, Any], *, timeout: float = 300) -> None:
-        """`helm install` the chart with `values`, until every component's pod is Ready."""
+    async def release(self, verb: str, values: dict[str, Any]) -> str:
+        """`helm install` or `helm upgrade` of sharegpu's release with `values`."""
         file = self.workdir / "values.json"
         file.write_text(json.dumps(values))
-        await self.helm("install", RELEASE, str(stack.CHART), "-n", SYSTEM, "--create-namespace", "-f", str(file))
+        made = ("--create-namespace",) if verb == "install" else ()
+        return await self.helm(verb, RELEASE, str(stack.CHART), "-n", SYSTEM, *made, "-f", str(file))
+
+    async def install(self, values: dict[str, Any], *, timeout: float = 300) -> None:
+        """`helm install` the chart with `values`, until every component's pod is Ready."""
+        await self.release("install", values)
         deadline = asyncio.get_running_loop().time() + timeout
         while not await self.components_ready():
             if asyncio.get_running_loop().time() > deadline:
