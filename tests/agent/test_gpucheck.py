@@ -30,11 +30,16 @@ from sharegpu.agent.gpucheck import Burn, Check, Result
 from sharegpu.api import handoff
 from tests.agent.fake_mps_daemon import write_fake_daemon
 
-H200 = nvml.Gpu(0, "GPU-5b6c1e9a-0d1f-4a8e-9c3b-7e2f1a0b9c8d", 0, "NVIDIA H200", 143771)
-OTHER = nvml.Gpu(1, "GPU-0f9e8d7c-6b5a-4938-8271-605f4e3d2c1b", 1, "NVIDIA H200", 143771)
+H200 = nvml.Gpu(
+    0, "GPU-5b6c1e9a-0d1f-4a8e-9c3b-7e2f1a0b9c8d", 0, "NVIDIA H200", 143771, architecture="Hopper",
+    compute_capability="9.0", driver_version="570.86.15", pci_bus_id="0000:18:00.0",
+)  # fmt: skip
+OTHER = dataclasses.replace(
+    H200, index=1, uuid="GPU-0f9e8d7c-6b5a-4938-8271-605f4e3d2c1b", minor=1, pci_bus_id="0000:2a:00.0"
+)
 SMI = (
-    "0, GPU-5b6c1e9a-0d1f-4a8e-9c3b-7e2f1a0b9c8d, NVIDIA H200, 143771, 00000000:18:00.0, 570.86.15\n"
-    "1, GPU-0f9e8d7c-6b5a-4938-8271-605f4e3d2c1b, NVIDIA H200, 143771, 00000000:2A:00.0, 570.86.15\n"
+    "0, GPU-5b6c1e9a-0d1f-4a8e-9c3b-7e2f1a0b9c8d, NVIDIA H200, 143771, 00000000:18:00.0, 570.86.15, 9.0\n"
+    "1, GPU-0f9e8d7c-6b5a-4938-8271-605f4e3d2c1b, NVIDIA H200, 143771, 00000000:2A:00.0, 570.86.15, 9.0\n"
 )
 FULL = 1341.0
 """The fake GPU's launches per second for one unlimited client."""
@@ -47,12 +52,12 @@ HOLDER = nvml.GpuProcess(HOLDER_PID, H200.uuid, 1536)
 
 def test_nvidia_smis_csv_is_parsed() -> None:
     rows = gpucheck.parse_smi(SMI + "\n")
-    assert [(r.index, r.uuid, r.name, r.memory_mib, r.bus_id, r.driver) for r in rows] == [
-        (0, H200.uuid, "NVIDIA H200", 143771, "00000000:18:00.0", "570.86.15"),
-        (1, OTHER.uuid, "NVIDIA H200", 143771, "00000000:2A:00.0", "570.86.15"),
+    assert [(r.index, r.uuid, r.name, r.memory_mib, r.bus_id, r.driver, r.compute_cap) for r in rows] == [
+        (0, H200.uuid, "NVIDIA H200", 143771, "00000000:18:00.0", "570.86.15", "9.0"),
+        (1, OTHER.uuid, "NVIDIA H200", 143771, "00000000:2A:00.0", "570.86.15", "9.0"),
     ]
     assert gpucheck.SMI_QUERY == (
-        "--query-gpu=index,uuid,name,memory.total,pci.bus_id,driver_version",
+        "--query-gpu=index,uuid,name,memory.total,pci.bus_id,driver_version,compute_cap",
         "--format=csv,noheader,nounits",
     )
 
@@ -60,8 +65,8 @@ def test_nvidia_smis_csv_is_parsed() -> None:
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("0, GPU-a, NVIDIA H200, 143771\n", "4 fields, not 6"),
-        ("0, GPU-a, NVIDIA H200, [N/A], 00000000:18:00.0, 570.86.15\n", "not a number"),
+        ("0, GPU-a, NVIDIA H200, 143771\n", "4 fields, not 7"),
+        ("0, GPU-a, NVIDIA H200, [N/A], 00000000:18:00.0, 570.86.15, 9.0\n", "not a number"),
     ],
 )
 def test_nvidia_smis_csv_that_is_not_as_asked_is_refused(text: str, message: str) -> None:
@@ -83,16 +88,19 @@ def test_discovery_names_each_mismatch() -> None:
     listed = gpucheck.parse_smi(SMI)
     wrong = [
         listed[0],
-        gpucheck.SmiGpu(1, "GPU-other", "NVIDIA H100 80GB HBM3", 81559, listed[1].bus_id, listed[1].driver),
+        gpucheck.SmiGpu(1, "GPU-other", "NVIDIA H100 80GB HBM3", 81559, "00000000:2B:00.0", "570.86.10", "9.1"),
     ]
     assert gpucheck.compare([H200, OTHER], wrong) == [
         f"GPU 1: UUID '{OTHER.uuid}' (NVML) vs 'GPU-other' (nvidia-smi)",
         "GPU 1: model 'NVIDIA H200' (NVML) vs 'NVIDIA H100 80GB HBM3' (nvidia-smi)",
         "GPU 1: memory MiB 143771 (NVML) vs 81559 (nvidia-smi)",
+        "GPU 1: PCI bus ID '0000:2a:00.0' (NVML) vs '0000:2b:00.0' (nvidia-smi)",
+        "GPU 1: driver version '570.86.15' (NVML) vs '570.86.10' (nvidia-smi)",
+        "GPU 1: compute capability '9.0' (NVML) vs '9.1' (nvidia-smi)",
     ]
     check = gpucheck.discovery_check([H200, OTHER], wrong)
-    assert check.result is Result.FAIL and check.figures["mismatches"] == 3
-    assert check.detail == f"GPU 1: UUID '{OTHER.uuid}' (NVML) vs 'GPU-other' (nvidia-smi) (and 2 more)"
+    assert check.result is Result.FAIL and check.figures["mismatches"] == 6
+    assert check.detail == f"GPU 1: UUID '{OTHER.uuid}' (NVML) vs 'GPU-other' (nvidia-smi) (and 5 more)"
     assert gpucheck.compare([H200, OTHER], listed[:1]) == [
         "NVML sees 2 GPU(s), nvidia-smi lists 1",
         f"GPU 1 ({OTHER.uuid}): not listed by nvidia-smi",

@@ -128,3 +128,100 @@ def test_a_nodes_inventory_becomes_a_fake_nvml_file_that_reads_back_the_same() -
         (g.uuid, g.model, g.memory_mib, g.numa_node, g.pcie_switch) for g in node.gpus
     ]
     assert {(link.a, link.b) for link in fake.nvlinks} == set(node.nvlinks)
+
+
+def test_the_fake_reports_what_dra_selectors_read_from_its_file_or_its_models_defaults(tmp_path: Path) -> None:
+    path = tmp_path / "nvml.yaml"
+    write_nvml(
+        path,
+        "driverVersion: 535.104.05\ncudaDriverVersion: '12.2'\ngpus:\n"
+        "  - {uuid: a, model: Tesla T4}\n"
+        "  - {uuid: b, model: NVIDIA H100 80GB HBM3, architecture: Hopper, computeCapability: '9.0',"
+        " pciBusId: 0000:3b:00.0, pcieRoot: pci0000:3a}\n"
+        "  - {uuid: c, model: Mystery GPU}\n",
+    )
+    found = fakenvml.FakeNvml(path).open().gpus()
+    assert [(g.architecture, g.compute_capability, g.pci_bus_id, g.pcie_root) for g in found] == [
+        ("Turing", "7.5", "0000:01:00.0", "pci0000:00"),
+        ("Hopper", "9.0", "0000:3b:00.0", "pci0000:3a"),
+        ("", "", "0000:03:00.0", "pci0000:00"),
+    ]
+    assert {(g.driver_version, g.cuda_driver_version) for g in found} == {("535.104.05", "12.2")}
+    spec = inventory.device_spec(found, [], {}, None, set())
+    assert [(g.architecture, g.compute_capability, g.pcie_root) for g in spec.gpus][1] == (
+        "Hopper",
+        "9.0",
+        "pci0000:3a",
+    )
+    write_nvml(path, "gpus: [{uuid: a, computeCapability: eight}]")
+    with pytest.raises(fakenvml.FakeNvmlError, match="computeCapability"):
+        fakenvml.FakeNvml(path).open()
+
+
+def test_a_pci_devices_root_complex_and_address_are_read_as_kubernetes_reads_them(tmp_path: Path) -> None:
+    device = tmp_path / "devices" / "pci0000:3a" / "0000:3a:00.0" / "0000:3b:00.0"
+    device.mkdir(parents=True)
+    listed = tmp_path / "bus" / "pci" / "devices"
+    listed.mkdir(parents=True)
+    (listed / "0000:3b:00.0").symlink_to("../../../devices/pci0000:3a/0000:3a:00.0/0000:3b:00.0")
+    (listed / "0000:5e:00.0").symlink_to("../../../elsewhere/0000:5e:00.0")
+    assert nvml.sysfs_address("00000000:3B:00.0") == "0000:3b:00.0"
+    assert nvml.pcie_root("0000:3b:00.0", tmp_path) == "pci0000:3a"
+    assert nvml.pcie_root("0000:5e:00.0", tmp_path) == ""  # not under devices/pci*: unknown
+    assert nvml.pcie_root("0000:99:00.0", tmp_path) == ""  # no such device
+
+
+class UnsupportedError(Exception):
+    """NVML's error, in the stand-in library."""
+
+
+def test_nvml_answers_become_what_the_slice_publishes() -> None:
+    """The adapter over nvidia-ml-py, on a stand-in for the library: architecture numbers by the
+    library's own names, CUDA's version number as major.minor, the bus ID in sysfs's form (the
+    real calls are held against nvidia-smi by `sharegpu gpu-check` on a GPU)."""
+
+    class Lib:
+        NVMLError = UnsupportedError
+        NVML_DEVICE_ARCH_AMPERE = 7
+        NVML_DEVICE_ARCH_HOPPER = 9
+        NVML_DEVICE_ARCH_UNKNOWN = 0xFFFFFFFF
+        NVML_DEVICE_MIG_ENABLE = 1
+
+        def nvmlDeviceGetPciInfo(self, handle: object) -> object:  # noqa: N802 - NVML's name
+            return type("Pci", (), {"busId": b"00000000:3B:00.0"})()
+
+        def nvmlDeviceGetMigMode(self, handle: object) -> tuple[int, int]:  # noqa: N802
+            raise UnsupportedError("not supported")
+
+        def nvmlDeviceGetArchitecture(self, handle: object) -> int:  # noqa: N802
+            return 9
+
+        def nvmlDeviceGetCudaComputeCapability(self, handle: object) -> tuple[int, int]:  # noqa: N802
+            return (9, 0)
+
+        def nvmlSystemGetDriverVersion(self) -> bytes:  # noqa: N802
+            return b"570.86.15"
+
+        def nvmlSystemGetCudaDriverVersion(self) -> int:  # noqa: N802
+            return 12080
+
+        def nvmlDeviceGetUUID(self, handle: object) -> str:  # noqa: N802
+            return "GPU-h"
+
+        def nvmlDeviceGetMinorNumber(self, handle: object) -> int:  # noqa: N802
+            return 3
+
+        def nvmlDeviceGetName(self, handle: object) -> str:  # noqa: N802
+            return "NVIDIA H200"
+
+        def nvmlDeviceGetMemoryInfo(self, handle: object) -> object:  # noqa: N802
+            return type("Memory", (), {"total": 143771 << 20})()
+
+    reader = nvml.Nvml()
+    reader.lib = Lib()
+    reader.handles = [object()]
+    (gpu,) = reader.gpus()
+    assert (gpu.architecture, gpu.compute_capability, gpu.driver_version, gpu.cuda_driver_version) == (
+        "Hopper", "9.0", "570.86.15", "12.8"
+    )  # fmt: skip
+    assert (gpu.pci_bus_id, gpu.mig, gpu.memory_mib) == ("0000:3b:00.0", False, 143771)

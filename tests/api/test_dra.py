@@ -221,3 +221,29 @@ def test_memory_is_asked_in_mib_or_as_a_share_not_both() -> None:
             "capacity": {"requests": {"memory": "1Gi", "memoryPermille": "100"}}}}  # fmt: skip
     with pytest.raises(errors.InvalidRequestError, match="memory or memoryPermille, not both"):
         dra.gpu_request(wire.convert(both, dra.DeviceRequest))
+
+
+def test_a_device_publishes_what_nvidias_driver_does_by_its_names_and_kubernetes_standard_ones() -> None:
+    known = wire.GpuSpec(
+        index=0, uuid="GPU-a", model="NVIDIA A100-SXM4-40GB", memory_mib=40960, architecture="Ampere",
+        compute_capability="8.0", driver_version="535.104.05", cuda_driver_version="12.2",
+        pci_bus_id="0000:07:00.0", pcie_root="pci0000:00",
+    )  # fmt: skip
+    attributes = dra.device(known, [])["attributes"]
+    ours = {k.removeprefix(f"{dra.DRIVER}/"): v for k, v in attributes.items() if k.startswith(dra.DRIVER)}
+    assert {k: ours[k] for k in ("type", "productName", "architecture", "pcieBusID")} == {
+        "type": {"string": "gpu"},
+        "productName": {"string": "NVIDIA A100-SXM4-40GB"},
+        "architecture": {"string": "Ampere"},
+        "pcieBusID": {"string": "0000:07:00.0"},
+    }
+    assert (ours["cudaComputeCapability"], ours["driverVersion"], ours["cudaDriverVersion"]) == (
+        {"version": "8.0.0"}, {"version": "535.104.5"}, {"version": "12.2.0"}  # strict semver, as the API wants
+    )  # fmt: skip
+    assert attributes["resource.kubernetes.io/pcieRoot"] == {"string": "pci0000:00"}
+    assert attributes["resource.kubernetes.io/pciBusID"] == {"string": "0000:07:00.0"}
+    unknown = dra.device(wire.GpuSpec(index=1, uuid="GPU-b", model="X", memory_mib=1, driver_version="r5xx"), [])
+    names_published = set(unknown["attributes"])
+    assert not names_published & {f"{dra.DRIVER}/{n}" for n in ("architecture", "driverVersion", "pcieBusID")}
+    assert not any(n.startswith("resource.kubernetes.io/") for n in names_published)
+    assert len(attributes) + len(dra.device(known, [])["capacity"]) <= 32  # the API's limit per device

@@ -12,6 +12,12 @@ The file (YAML or JSON; docs/agent.md shows a full one):
         numaNode: 0
         pcieSwitch: 0           # GPUs with the same value share a PCIe switch; absent: none
         mig: false
+        architecture: Ampere    # default: the model's (a table of common models), else none
+        computeCapability: "8.0"
+        pciBusId: 0000:07:00.0  # default: 0000:<index + 1>:00.0
+        pcieRoot: pci0000:00    # default: pci0000:<8 GPUs a root>
+    driverVersion: 550.54.15    # the node's driver
+    cudaDriverVersion: "12.4"
     nvlinks: [{a: 0, b: 1, count: 12}]
     processes: [{pid: 4242, gpu: 0, usedMiB: 2048}]
     faults:
@@ -56,6 +62,23 @@ class FakeGpu(_Message, kw_only=True, frozen=True):
     numa_node: Annotated[int, Meta(ge=0)] = 0
     pcie_switch: Annotated[int, Meta(ge=0)] | None = None
     mig: bool = False
+    architecture: str | None = None
+    compute_capability: Annotated[str, Meta(pattern=r"^[0-9]+\.[0-9]+$")] | None = None
+    pci_bus_id: Annotated[str, Meta(pattern=r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")] | None = None
+    pcie_root: Annotated[str, Meta(pattern=r"^pci[0-9a-f]{4}:[0-9a-f]{2}$")] | None = None
+
+
+_MODELS: dict[str, tuple[str, str]] = {
+    "B200": ("Blackwell", "10.0"), "H200": ("Hopper", "9.0"), "H100": ("Hopper", "9.0"), "H800": ("Hopper", "9.0"),
+    "H20": ("Hopper", "9.0"), "L40": ("Ada", "8.9"), "L4": ("Ada", "8.9"), "A100": ("Ampere", "8.0"),
+    "A800": ("Ampere", "8.0"), "A30": ("Ampere", "8.0"), "A10": ("Ampere", "8.6"), "T4": ("Turing", "7.5"),
+    "V100": ("Volta", "7.0"), "P100": ("Pascal", "6.0"),
+}  # fmt: skip
+"""What a fake GPU of a model reports when its file does not say (the first name found in the model)."""
+
+
+def _known(model: str) -> tuple[str, str]:
+    return next((found for name, found in _MODELS.items() if name in model), ("", ""))
 
 
 class FakeLink(_Message, kw_only=True, frozen=True):
@@ -81,6 +104,8 @@ class FakeXid(_Message, kw_only=True, frozen=True):
 
 
 class FakeConfig(_Message, kw_only=True, frozen=True):
+    driver_version: str = "550.54.15"
+    cuda_driver_version: str = "12.4"
     gpus: list[FakeGpu] = []
     nvlinks: list[FakeLink] = []
     processes: list[FakeProcess] = []
@@ -184,13 +209,22 @@ class FakeNvml:
     # ----------------------------------------------------------------- Discovery
 
     def gpus(self) -> list[nvml.Gpu]:
-        return [
-            nvml.Gpu(
-                index=i, uuid=g.uuid, minor=g.minor if g.minor is not None else i, model=g.model,
-                memory_mib=g.memory_mib, numa_node=g.numa_node, pcie_switch=g.pcie_switch, mig=g.mig,
-            )
-            for i, g in enumerate(self.config.gpus)
-        ]  # fmt: skip
+        config = self.config
+        out = []
+        for i, g in enumerate(config.gpus):
+            architecture, capability = _known(g.model)
+            out.append(
+                nvml.Gpu(
+                    index=i, uuid=g.uuid, minor=g.minor if g.minor is not None else i, model=g.model,
+                    memory_mib=g.memory_mib, numa_node=g.numa_node, pcie_switch=g.pcie_switch, mig=g.mig,
+                    architecture=g.architecture if g.architecture is not None else architecture,
+                    compute_capability=g.compute_capability if g.compute_capability is not None else capability,
+                    driver_version=config.driver_version, cuda_driver_version=config.cuda_driver_version,
+                    pci_bus_id=g.pci_bus_id or f"0000:{i + 1:02x}:00.0",
+                    pcie_root=g.pcie_root or f"pci0000:{i // 8:02x}",
+                )
+            )  # fmt: skip
+        return out
 
     def links(self) -> list[nvml.Link]:
         gpus = self.config.gpus

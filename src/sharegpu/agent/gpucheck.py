@@ -2,7 +2,8 @@
 
 Each check is PASS, FAIL or SKIP, with figures and a one-line detail (`Check`):
 
-- discovery: NVML (`agent.nvml`) and nvidia-smi agree on each GPU's index, UUID, model and memory;
+- discovery: NVML (`agent.nvml`) and nvidia-smi agree on each GPU's index, UUID, model, memory, PCI
+  bus ID, driver version and compute capability (the last three are what DRA selectors read);
 - processes: a child holding `HOLD_MIB` on the GPU is listed by NVML with that memory at least;
 - mps-memory: a client given exactly the environment the hand-off writes for a `LOW_MILLI`,
   `LIMIT_MIB` grant (`api.handoff.values`), pointed at an MPS daemon the supervisor (`agent.mps`)
@@ -76,7 +77,7 @@ MIN_SECONDS: Final = 5
 """The shortest compute measurement (its second half is what counts)."""
 READY_SECONDS: Final = 120.0
 """How long a child has to load (the driver compiles the kernel; an MPS client connects)."""
-SMI_FIELDS: Final = ("index", "uuid", "name", "memory.total", "pci.bus_id", "driver_version")
+SMI_FIELDS: Final = ("index", "uuid", "name", "memory.total", "pci.bus_id", "driver_version", "compute_cap")
 SMI_QUERY: Final = (f"--query-gpu={','.join(SMI_FIELDS)}", "--format=csv,noheader,nounits")
 SHARED_CACHE: Final = cudaprobe.SHARED_CACHE
 CONTROLLED_PREFIXES: Final = ("CUDA_MPS_", "CUDA_DEVICE_")
@@ -169,6 +170,7 @@ class SmiGpu:
     memory_mib: int
     bus_id: str
     driver: str
+    compute_cap: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,9 +251,9 @@ def parse_smi(text: str) -> list[SmiGpu]:
             continue
         if len(row) != len(SMI_FIELDS):
             raise ChildError(f"nvidia-smi printed {len(row)} fields, not {len(SMI_FIELDS)}: {', '.join(row)!r}")
-        index, uuid, name, memory, bus, driver = (field.strip() for field in row)
+        index, uuid, name, memory, bus, driver, capability = (field.strip() for field in row)
         try:
-            out.append(SmiGpu(int(index), uuid, name, int(memory), bus, driver))
+            out.append(SmiGpu(int(index), uuid, name, int(memory), bus, driver, capability))
         except ValueError:
             raise ChildError(
                 f"nvidia-smi printed an index or memory that is not a number: {', '.join(row)!r}"
@@ -274,6 +276,9 @@ def compare(found: Sequence[nvml.Gpu], listed: Sequence[SmiGpu]) -> list[str]:
             ("UUID", gpu.uuid, row.uuid),
             ("model", gpu.model, row.name),
             ("memory MiB", gpu.memory_mib, row.memory_mib),
+            ("PCI bus ID", gpu.pci_bus_id, nvml.sysfs_address(row.bus_id)),
+            ("driver version", gpu.driver_version, row.driver),
+            ("compute capability", gpu.compute_capability, row.compute_cap),
         )
         problems += [
             f"GPU {gpu.index}: {what} {ours!r} (NVML) vs {theirs!r} (nvidia-smi)"

@@ -79,7 +79,9 @@ def device_spec(
             index=index_of[g.uuid], uuid=g.uuid, model=g.model, memory_mib=g.memory_mib,
             healthy=g.uuid not in unhealthy, numa_node=g.numa_node,
             pcie_switch=g.pcie_switch if g.pcie_switch is not None else _switch(group, g.index, index_of, gpus),
-            minor=g.minor, mig=g.mig, reason=unhealthy.get(g.uuid, ""),
+            minor=g.minor, mig=g.mig, reason=unhealthy.get(g.uuid, ""), architecture=g.architecture,
+            compute_capability=g.compute_capability, driver_version=g.driver_version,
+            cuda_driver_version=g.cuda_driver_version, pci_bus_id=g.pci_bus_id, pcie_root=g.pcie_root,
         )
         for g in gpus
     ]  # fmt: skip

@@ -3,7 +3,8 @@
 Three roles, each its own Protocol, so a reader depends only on what it uses and the fake
 (`agent.fakenvml`) can stand in for any of them:
 
-- `Discovery`: the GPUs (UUID, index, minor number, model, memory, NUMA node, PCIe switch, MIG mode)
+- `Discovery`: the GPUs (UUID, index, minor number, model, memory, NUMA node, PCIe switch, MIG mode,
+  architecture, CUDA compute capability, driver and CUDA driver versions, PCI bus ID and PCIe root)
   and the links between every pair (NVLink count, same PCIe switch, same NUMA node);
 - `Health`: XID events and the GPUs NVML can no longer read;
 - `Processes`: the processes running on each GPU, with the memory they use.
@@ -40,6 +41,18 @@ class Gpu:
     pcie_switch: int | None = None
     """An identifier shared by the GPUs behind one PCIe switch; None if not known."""
     mig: bool = False
+    architecture: str = ""
+    """Its architecture's name ("Ampere", "Hopper"); empty if NVML cannot say."""
+    compute_capability: str = ""
+    """CUDA compute capability, "major.minor" ("8.0")."""
+    driver_version: str = ""
+    """The node's NVIDIA driver version ("550.54.15")."""
+    cuda_driver_version: str = ""
+    """The CUDA version the driver supports ("12.4")."""
+    pci_bus_id: str = ""
+    """Its PCI address as sysfs writes it ("0000:3b:00.0")."""
+    pcie_root: str = ""
+    """The PCIe root complex it hangs under ("pci0000:00"), from sysfs; empty if unknown."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +152,18 @@ class Nvml:
         mig = False
         with contextlib.suppress(lib.NVMLError):  # not supported before Ampere
             mig = lib.nvmlDeviceGetMigMode(handle)[0] == lib.NVML_DEVICE_MIG_ENABLE
+        architecture = capability = driver = cuda = ""
+        with contextlib.suppress(lib.NVMLError):
+            architecture = _architectures(lib).get(int(lib.nvmlDeviceGetArchitecture(handle)), "")
+        with contextlib.suppress(lib.NVMLError):
+            major, minor = lib.nvmlDeviceGetCudaComputeCapability(handle)
+            capability = f"{major}.{minor}"
+        with contextlib.suppress(lib.NVMLError):
+            driver = _text(lib.nvmlSystemGetDriverVersion())
+        with contextlib.suppress(lib.NVMLError):
+            version = int(lib.nvmlSystemGetCudaDriverVersion())  # 12040 is CUDA 12.4
+            cuda = f"{version // 1000}.{version % 1000 // 10}"
+        address = sysfs_address(bus)
         return Gpu(
             index=index,
             uuid=_text(lib.nvmlDeviceGetUUID(handle)),
@@ -148,6 +173,12 @@ class Nvml:
             numa_node=_numa_node(bus),
             pcie_switch=None,
             mig=mig,
+            architecture=architecture,
+            compute_capability=capability,
+            driver_version=driver,
+            cuda_driver_version=cuda,
+            pci_bus_id=address,
+            pcie_root=pcie_root(address),
         )
 
     def links(self) -> list[Link]:
@@ -232,11 +263,42 @@ def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def _numa_node(bus_id: str) -> int:
-    """The NUMA node of a PCI device, from sysfs (NVML's own call needs a newer driver); 0 if unknown."""
+def _architectures(lib: Any) -> dict[int, str]:
+    """NVML's architecture numbers by name, from the library's own constants (NVML_DEVICE_ARCH_AMPERE...)."""
+    prefix = "NVML_DEVICE_ARCH_"
+    return {
+        int(getattr(lib, name)): name.removeprefix(prefix).title()
+        for name in dir(lib)
+        if name.startswith(prefix) and name != f"{prefix}UNKNOWN"
+    }
+
+
+def sysfs_address(bus_id: str) -> str:
+    """NVML's PCI bus ID ("00000000:3B:00.0") as sysfs and Kubernetes write it ("0000:3b:00.0")."""
     address = bus_id.lower()
     if len(address.split(":")[0]) == 8:  # NVML pads the domain to 8 digits, sysfs to 4
         address = address[4:]
+    return address
+
+
+def pcie_root(address: str, sys: Path = Path("/sys")) -> str:
+    """The PCIe root complex of a PCI device ("pci0000:00"): the first step of its sysfs path under
+    /sys/devices, as Kubernetes' standard `pcieRoot` attribute names it; empty if unknown."""
+    if not address:
+        return ""
+    try:
+        target = (sys / "bus" / "pci" / "devices" / address).resolve(strict=True)
+    except OSError:
+        return ""
+    parts = target.relative_to(sys.resolve()).parts if target.is_relative_to(sys.resolve()) else ()
+    if len(parts) < 3 or parts[0] != "devices" or not parts[1].startswith("pci") or parts[-1] != address:
+        return ""
+    return parts[1]
+
+
+def _numa_node(bus_id: str) -> int:
+    """The NUMA node of a PCI device, from sysfs (NVML's own call needs a newer driver); 0 if unknown."""
+    address = sysfs_address(bus_id)
     try:
         value = int(Path(f"/sys/bus/pci/devices/{address}/numa_node").read_text().strip())
     except (OSError, ValueError):

@@ -8,7 +8,11 @@ named `gpu-<index>`:
 - attributes, under the driver's domain: `uuid`, `model`, `index`, `numaNode`, `pcieSwitch` (where
   known), `nvlinkPeers` (the indexes it is NVLinked to, comma-separated), `mig`, and `allocator:
   sharegpu`, which the class's selector (`CLASS_SELECTOR`) turns away from kube-scheduler's own
-  allocator, so that sharegpu allocates the class's claims alone;
+  allocator, so that sharegpu allocates the class's claims alone; and, by the names NVIDIA's DRA
+  driver gives them (so that a selector written for `gpu.nvidia.com` moves over by changing its
+  domain), `type` (`gpu`), `productName`, `architecture`, `cudaComputeCapability`, `driverVersion`
+  and `cudaDriverVersion` (versions), `pcieBusID`, each where the agent knows it; and Kubernetes'
+  standard `resource.kubernetes.io/pcieRoot` and `resource.kubernetes.io/pciBusID`;
 - capacities that several claims share (`allowMultipleAllocations`): `memory` (the GPU's memory, in
   Mi: a claim asks `4Gi` or `4096Mi`) and `milli` (compute, 1000 = the whole GPU), each with a
   request policy that keeps requests in sharegpu's units: memory in steps of 1 MiB, compute in
@@ -55,7 +59,7 @@ from typing import Any, Final
 import msgspec
 
 from sharegpu.api import devices as api_devices
-from sharegpu.api import names, quantity, wire
+from sharegpu.api import names, quantity, selectors, wire
 from sharegpu.core import allocation, errors, requests, units
 
 DRIVER: Final = f"gpu.{names.DOMAIN}"
@@ -150,9 +154,15 @@ def device(gpu: wire.GpuSpec, nvlinks: list[tuple[int, int]], held: bool = False
     }
     if gpu.pcie_switch is not None:
         attributes["pcieSwitch"] = _attribute(gpu.pcie_switch)
+    attributes.update(_nvidia_named(gpu))
+    qualified = {f"{DRIVER}/{key}": value for key, value in attributes.items()}
+    if gpu.pcie_root:
+        qualified[f"{STANDARD}/pcieRoot"] = _attribute(gpu.pcie_root)
+    if gpu.pci_bus_id:
+        qualified[f"{STANDARD}/pciBusID"] = _attribute(gpu.pci_bus_id)
     out: dict[str, Any] = {
         "name": device_name(gpu.index),
-        "attributes": {f"{DRIVER}/{key}": value for key, value in attributes.items()},
+        "attributes": qualified,
         "capacity": {
             MEMORY: {
                 "value": f"{gpu.memory_mib}Mi",
@@ -174,6 +184,28 @@ def device(gpu: wire.GpuSpec, nvlinks: list[tuple[int, int]], held: bool = False
         taints.append({"key": HELD, "value": "extender-path", "effect": "NoSchedule"})
     if taints:
         out["taints"] = taints
+    return out
+
+
+STANDARD: Final = "resource.kubernetes.io"
+"""The domain of Kubernetes' standard device attributes (`pcieRoot`, `pciBusID`)."""
+
+
+def _nvidia_named(gpu: wire.GpuSpec) -> dict[str, Any]:
+    """The attributes NVIDIA's DRA driver publishes, by its names, that the agent knows."""
+    out: dict[str, Any] = {"type": _attribute("gpu"), "productName": _attribute(gpu.model)}
+    if gpu.architecture:
+        out["architecture"] = _attribute(gpu.architecture)
+    for name, text in (
+        ("cudaComputeCapability", gpu.compute_capability),
+        ("driverVersion", gpu.driver_version),
+        ("cudaDriverVersion", gpu.cuda_driver_version),
+    ):
+        version = selectors.published_version(text) if text else None
+        if version is not None:
+            out[name] = {"version": version}
+    if gpu.pci_bus_id:
+        out["pcieBusID"] = _attribute(gpu.pci_bus_id)
     return out
 
 

@@ -157,6 +157,17 @@ def _normalized(text: str) -> str:
     return ".".join(parts)
 
 
+def published_version(text: str) -> str | None:
+    """A version as a slice publishes it (a `version` attribute must be strict semver): "12.4" as
+    "12.4.0", "535.104.05" as "535.104.5"; None for what normalisation cannot make one."""
+    try:
+        found = version_value(text, normalize=True)
+    except ValueError:
+        return None
+    pre = f"-{found.pre}" if found.pre else ""
+    return f"{found.major}.{found.minor}.{found.patch}{pre}"
+
+
 def _is_version(text: str, normalize: bool = False) -> bool:
     try:
         version_value(text, normalize)

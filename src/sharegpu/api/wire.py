@@ -396,6 +396,14 @@ class GpuSpec(Message, kw_only=True, frozen=True):
     mig: bool = False
     reason: str = ""
     """Why the GPU is unhealthy (an XID, an NVML error, gone while pods hold it)."""
+    architecture: str = ""
+    compute_capability: str = ""
+    """CUDA compute capability, "major.minor"."""
+    driver_version: str = ""
+    cuda_driver_version: str = ""
+    pci_bus_id: str = msgspec.field(default="", name="pciBusID")
+    pcie_root: str = ""
+    """What the DRA slice publishes for selectors (`api.dra.device`); empty where NVML cannot say."""
 
 
 class MpsDaemon(Message, kw_only=True, frozen=True):
