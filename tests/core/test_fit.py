@@ -268,3 +268,20 @@ def test_the_model_mask_is_membership_and_padding_is_no_model() -> None:
         np.testing.assert_array_equal(state.model_mask(models, slice(None)), expected)
         rows = np.array([2, 0], dtype=np.int64)
         np.testing.assert_array_equal(state.model_mask(models, rows), expected[rows])
+
+
+def test_a_demand_naming_a_selection_takes_only_its_gpus_and_says_so_where_it_cannot() -> None:
+    b = ledger(node("t4", 2, "T4"), node("a100", 2, "A100"))
+    b.state.select("picked", [("t4", 1), ("a100", 0), ("a100", 7), ("nowhere", 0)])  # no such GPU: left out
+    assert b.state.selection_mask("picked", ALL)[:, :2].tolist() == [[False, True], [True, False]]
+    assert not b.state.selection_mask("unknown", ALL).any(), "an unknown selection picks nothing"
+    one = pod("ns/p", count=1, milli=300, selection="picked").demand
+    assert fit.evaluate(b.state, one, ALL).eligible[:, :2].tolist() == [[False, True], [True, False]]
+    both = pod("ns/q", count=2, milli=300, selection="picked").demand
+    assert fit.evaluate(b.state, both, ALL).feasible.tolist() == [False, False]
+    verdict = fit.explain_node(b.state, both, 0)
+    assert verdict.code is status.Code.UNSCHEDULABLE_AND_UNRESOLVABLE
+    assert (status.Resource.SELECTOR, 0) in {(r.resource, r.gpu) for r in verdict.reasons}
+    diagnosis = fit.diagnose(b.state, both, ALL)
+    assert [fit.Shortfall(int(s)) for s in diagnosis.shortfall] == [fit.Shortfall.UNSELECTED] * 2
+    assert not one.needs_at_least(dataclasses.replace(one, selection="")), "another selection is another demand"

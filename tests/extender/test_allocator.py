@@ -210,14 +210,78 @@ async def test_an_allocation_no_pod_uses_or_waits_for_is_cleared(harness: Callab
 
 async def test_a_claim_sharegpu_cannot_allocate_keeps_its_pod_gated_and_says_why(harness: Callable[..., Any]) -> None:
     h: Harness = await harness(nodes=0, dra=1)
-    body = builders.MakeClaim("sel").ask(300, "1Gi", selectors=[{"cel": {"expression": "true"}}]).obj()
+    unknown = {"cel": {"expression": '"gpu".find("g") == "g"'}}  # Kubernetes' regex library: not loaded here
+    body = builders.MakeClaim("sel").ask(300, "1Gi", selectors=[unknown]).obj()
     h.server.put_object(CLAIMS, body)
     h.server.put_object(paths.pods("ns"), builders.MakePod("sel", "ns").container().claim("sel").gate().obj())
     await settle(h.server)
     await run(h)
     assert not results(h, "sel") and gates(h, "sel") == [names.DRA_GATE]
     (event,) = [e for e in h.server.list_objects(paths.events("ns")) if e["reason"] == "ClaimNotAllocated"]
-    assert "CEL selectors are not supported" in event["message"]
+    assert "claim request 'gpu': selector #0 does not compile here" in event["message"]
+    assert "undeclared reference to 'find'" in event["message"]
+
+
+def selected(expression: str) -> list[Json]:
+    return [{"cel": {"expression": expression}}]
+
+
+GPU = f'device.attributes["{dra.DRIVER}"]'
+
+
+async def test_a_claims_selectors_pick_the_gpus_it_may_get(harness: Callable[..., Any]) -> None:
+    h: Harness = await harness(nodes=0, gpus=2, dra=2)
+    picks = selected(f'{GPU}.index == 1 && device.capacity["{dra.DRIVER}"].memory.compareTo(quantity("16Gi")) == 0')
+    h.server.put_object(CLAIMS, builders.MakeClaim("one").ask(300, "1Gi", selectors=picks).obj())
+    on_d1 = selected(f'{GPU}.uuid.startsWith("GPU-d1-") && {GPU}.productName == "T4"')
+    h.server.put_object(CLAIMS, builders.MakeClaim("d1").ask(300, "1Gi", selectors=on_d1).obj())
+    for name in ("one", "d1"):
+        h.server.put_object(paths.pods("ns"), builders.MakePod(name, "ns").container().claim(name).gate().obj())
+    await settle(h.server)
+    await run(h)
+    assert [r["device"] for r in results(h, "one")] == ["gpu-1"]
+    assert {r["pool"] for r in results(h, "d1")} == {"d1"}
+
+
+async def test_a_claim_no_gpu_passes_or_whose_selector_fails_says_so(harness: Callable[..., Any]) -> None:
+    h: Harness = await harness(nodes=0, gpus=2, dra=1)
+    none = selected(f'{GPU}.productName == "NVIDIA H100 80GB HBM3"')
+    failing = selected(f'{GPU}.architecture == "Turing"')  # this node's agent did not say: no such attribute
+    for name, picks in (("none", none), ("failing", failing)):
+        h.server.put_object(CLAIMS, builders.MakeClaim(name).ask(300, "1Gi", selectors=picks).obj())
+        h.server.put_object(paths.pods("ns"), builders.MakePod(name, "ns").container().claim(name).gate().obj())
+    await settle(h.server)
+    await run(h)
+    assert not results(h, "none") and not results(h, "failing")
+    said = {e["involvedObject"]["name"]: e["message"] for e in h.server.list_objects(paths.events("ns"))
+            if e["reason"] == "ClaimNotAllocated"}  # fmt: skip
+    assert "0/1 nodes are available: 1 sharegpu: no GPU the device selectors pick" in said["none"]
+    assert (
+        "a device selector failed on d0/gpu-0:" in said["failing"]
+        and 'not found in map : "architecture"' in (said["failing"])
+    )
+
+
+async def test_selectors_an_administrator_adds_to_sharegpus_class_narrow_every_claim(
+    harness: Callable[..., Any],
+) -> None:
+    h: Harness = await harness(nodes=0, gpus=2, dra=1)
+    narrowed = dra.device_class(expression=dra.CLASS_SELECTOR)
+    narrowed["spec"]["selectors"].append({"cel": {"expression": f"{GPU}.index == 0"}})
+    h.server.put_object(dra.DEVICE_CLASSES, narrowed)
+    await settle(h.server)
+    await claimed(h, "a", 600)
+    await claimed(h, "b", 600)
+    await run(h)
+    assert [r["device"] for r in results(h, "a")] == ["gpu-0"], "the class's own selector is not applied"
+    assert not results(h, "b"), "gpu-1 is outside the class"
+    narrowed["spec"]["selectors"][1] = {"cel": {"expression": '"x".find("x") == "x"'}}
+    h.server.remove_object(f"{dra.DEVICE_CLASSES}/{dra.CLASS}")
+    h.server.put_object(dra.DEVICE_CLASSES, narrowed)
+    await settle(h.server)
+    await run(h)
+    said = [e["message"] for e in h.server.list_objects(paths.events("ns")) if e["reason"] == "ClaimNotAllocated"]
+    assert any(f"DeviceClass {dra.CLASS}: selector #0 does not compile here" in m for m in said)
 
 
 async def test_a_container_that_would_get_several_of_sharegpus_devices_keeps_its_pod_gated(

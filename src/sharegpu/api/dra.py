@@ -69,8 +69,8 @@ VERSION: Final = "v1"
 API_VERSION: Final = f"{GROUP}/{VERSION}"
 SLICES: Final = f"/apis/{GROUP}/{VERSION}/resourceslices"
 CLAIMS: Final = f"/apis/{GROUP}/{VERSION}/resourceclaims"
-DEVICE_CLASSES: Final = f"/apis/{GROUP}/{VERSION}/deviceclasses"
 """Every namespace's ResourceClaims (the extender's cache lists and watches them)."""
+DEVICE_CLASSES: Final = f"/apis/{GROUP}/{VERSION}/deviceclasses"
 MEMORY: Final = "memory"
 """The capacity a claim asks GPU memory of (a quantity; the device's is in Mi)."""
 MILLI: Final = "milli"
@@ -414,10 +414,6 @@ def gpu_request(request: DeviceRequest) -> requests.GpuRequest | None:
     where = f"claim request {request.name!r}"
     if exact.allocation_mode not in ("", "ExactCount"):
         raise errors.InvalidRequestError(f"{where}: allocationMode {exact.allocation_mode} is not supported")
-    if exact.selectors:
-        raise errors.InvalidRequestError(
-            f"{where}: CEL selectors are not supported for class {CLASS} (sharegpu allocates its claims itself)"
-        )
     if exact.admin_access:
         raise errors.InvalidRequestError(f"{where}: adminAccess is not supported for class {CLASS}")
     asked = exact.capacity.requests if exact.capacity is not None else {}
@@ -627,6 +623,9 @@ class ClaimRecord:
     deleting: bool
     created: str = ""
     """Its creation timestamp (RFC 3339: ordered as text)."""
+    selectors: tuple[selectors.Selector, ...] = ()
+    """The CEL selectors of its requests of sharegpu's class, compiled: sharegpu places a claim's
+    requests as one unit, so each GPU it gives the claim must pass all of them."""
 
     @property
     def protected(self) -> bool:
@@ -651,11 +650,12 @@ class ClaimRecord:
         """Its allocation holds devices of sharegpu's driver (whoever allocated it)."""
         return self.allocation is not None and any(r.driver == DRIVER for r in self.allocation.devices.results)
 
-    def pod_request(self, cpu_milli: int, memory_mib: int) -> requests.PodRequest:
+    def pod_request(self, cpu_milli: int, memory_mib: int, selection: str = "") -> requests.PodRequest:
         """What placing it asks: its requests as the containers of one request keyed by the claim, with
         the host CPU and memory of the pod that uses it (checked, not held: the pod holds them once
-        bound). InvalidRequestError for requests that cannot go together (whole and fractional)."""
-        return _request(self.key, self.asks, cpu_milli, memory_mib)
+        bound), on the GPUs of the fleet's selection `selection` (its device selectors'; empty: any).
+        InvalidRequestError for requests that cannot go together (whole and fractional)."""
+        return _request(self.key, self.asks, cpu_milli, memory_mib, selection)
 
 
 def claim_record(claim: ResourceClaim, previous: ClaimRecord | None = None) -> ClaimRecord:
@@ -663,6 +663,7 @@ def claim_record(claim: ResourceClaim, previous: ClaimRecord | None = None) -> C
     key = claim_key(meta.namespace, meta.name)
     asks: list[tuple[str, requests.GpuRequest]] = []
     tolerations: list[tuple[DeviceToleration, ...]] = []
+    chosen: list[selectors.Selector] = []
     problem = None
     others = []
     try:
@@ -670,7 +671,9 @@ def claim_record(claim: ResourceClaim, previous: ClaimRecord | None = None) -> C
             found = gpu_request(request)
             if found is not None:
                 asks.append((request.name, found))
-                tolerations.append(tuple(request.exactly.tolerations) if request.exactly is not None else ())
+                exact = request.exactly
+                tolerations.append(tuple(exact.tolerations) if exact is not None else ())
+                chosen += compiled(exact.selectors if exact is not None else [], f"claim request {request.name!r}")
             else:
                 others.append(request.name)
         if asks and others:
@@ -698,13 +701,57 @@ def claim_record(claim: ResourceClaim, previous: ClaimRecord | None = None) -> C
         finalizers=tuple(meta.finalizers),
         deleting=meta.deletion_timestamp is not None,
         created=meta.creation_timestamp or "",
+        selectors=tuple(dict.fromkeys(chosen)) if problem is None else (),
     )
 
 
+def compiled(written: Sequence[Any], where: str) -> list[selectors.Selector]:
+    """The CEL selectors of a request or a class (`[{"cel": {"expression": ...}}]`), compiled;
+    InvalidRequestError naming the one that is malformed or does not compile here."""
+    out = []
+    for i, selector in enumerate(written):
+        expression = selector.get("cel", {}).get("expression") if isinstance(selector, dict) else None
+        if not isinstance(expression, str):
+            raise errors.InvalidRequestError(f"{where}: selector #{i} is not a CEL selector")
+        found = selectors.compile_selector(expression)
+        if isinstance(found, selectors.Problem):
+            raise errors.InvalidRequestError(f"{where}: selector #{i} does not compile here: {found.message}")
+        out.append(found)
+    return out
+
+
+class DeviceClassSpec(wire.Message, kw_only=True, frozen=True):
+    selectors: list[Any] = msgspec.field(default_factory=list)
+
+
+class DeviceClass(wire.Message, kw_only=True, frozen=True):
+    """What sharegpu reads of a DeviceClass: its selectors."""
+
+    metadata: wire.ObjectMeta = msgspec.field(default_factory=wire.ObjectMeta)
+    spec: DeviceClassSpec = msgspec.field(default_factory=DeviceClassSpec)
+
+
+def class_selectors(found: DeviceClass) -> tuple[selectors.Selector, ...]:
+    """The selectors of sharegpu's DeviceClass that sharegpu's allocator applies: all but
+    `CLASS_SELECTOR`, which only keeps kube-scheduler's allocator away (an administrator may add
+    others, to narrow the class: sharegpu honours them as kube-scheduler would). InvalidRequestError
+    naming one that does not compile here."""
+    kept = [
+        s
+        for s in found.spec.selectors
+        if not (isinstance(s, dict) and " ".join(str(s.get("cel", {}).get("expression", "")).split()) == CLASS_SELECTOR)
+    ]
+    return tuple(compiled(kept, f"DeviceClass {found.metadata.name}"))
+
+
 def _request(
-    key: units.PodKey, asks: Sequence[tuple[str, requests.GpuRequest]], cpu_milli: int = 0, memory_mib: int = 0
+    key: units.PodKey,
+    asks: Sequence[tuple[str, requests.GpuRequest]],
+    cpu_milli: int = 0,
+    memory_mib: int = 0,
+    selection: str = "",
 ) -> requests.PodRequest:
     """A claim's requests as the containers of one request (InvalidRequestError when they cannot go
     together: whole and fractional)."""
     containers = tuple(requests.ContainerRequest(name, gpu) for name, gpu in asks)
-    return requests.PodRequest(key, containers, cpu_milli=cpu_milli, memory_mib=memory_mib)
+    return requests.PodRequest(key, containers, cpu_milli=cpu_milli, memory_mib=memory_mib, selection=selection)

@@ -40,6 +40,7 @@ RESOURCE_NAMES: Final = {
     status.Resource.ISOLATION: names.ISOLATION,
     status.Resource.OVERCOMMITTED: "over-commit",
     status.Resource.HELD: "preemption",
+    status.Resource.SELECTOR: "device selectors",
 }
 """The name a user knows each `core.status.Resource` by."""
 
@@ -110,6 +111,8 @@ def _text(kind: fit.Shortfall, demand: requests.GpuDemand, rows: np.ndarray, d: 
         return f"isolation {mode} not offered on the node"
     if kind is fit.Shortfall.MODEL:
         return f"no GPU of model {models}" if n == 1 else f"fewer than {n} GPUs of model {models}"
+    if kind is fit.Shortfall.UNSELECTED:
+        return "no GPU the device selectors pick" if n == 1 else f"fewer than {n} GPUs the device selectors pick"
     if kind is fit.Shortfall.UNHEALTHY:
         return "no healthy GPU" if n == 1 else f"fewer than {n} healthy GPUs"
     if kind is fit.Shortfall.OVERCOMMITTED:

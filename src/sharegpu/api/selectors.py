@@ -31,6 +31,7 @@ device is not allocated by kube-scheduler at all).
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -373,6 +374,7 @@ class Selector:
         return Verdict(bool(value))
 
 
+@functools.lru_cache(maxsize=4096)
 def compile_selector(expression: str) -> Selector | Problem:
     """`expression` compiled against the device environment, or why it does not compile here."""
     try:

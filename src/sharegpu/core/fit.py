@@ -32,9 +32,11 @@ class Fit:
 
 
 def model_mask(state: fleet.FleetState, demand: requests.GpuDemand, rows: fleet.IntArray | slice) -> fleet.BoolArray:
-    if not demand.models:
-        return state.present[rows]
-    return state.model_mask(demand.models, rows)
+    """(rows, width) bool: the GPU is of a model the demand allows and in the selection it names."""
+    found = state.present[rows] if not demand.models else state.model_mask(demand.models, rows)
+    if demand.selection:
+        found = found & state.selection_mask(demand.selection, rows)
+    return found
 
 
 def isolation_mask(
@@ -55,7 +57,7 @@ def eligible_gpus(state: fleet.FleetState, demand: requests.GpuDemand, rows: fle
     ok = state.present[rows] & state.healthy[rows] & ~state.blocked[rows] & free
     if demand.isolation is not None:
         ok &= isolation_mask(state, demand, rows)[:, None]
-    if demand.models:
+    if demand.models or demand.selection:
         ok &= model_mask(state, demand, rows)
     if demand.whole:
         ok &= (state.milli_free[rows] == state.milli_capacity[rows]) & (state.tenants[rows] == 0)
@@ -116,9 +118,12 @@ def explain_node(state: fleet.FleetState, demand: requests.GpuDemand, row: int) 
         free = int(state.milli_free[row, index])
         if not models[index]:
             model = state.model_names[state.model_id[row, index]]
-            reasons.append(
-                status.Reason(R.GPU_MODEL, 1, 0, 1, name, index, detail=f"model {model} not in {sorted(demand.models)}")
-            )
+            if demand.models and model not in demand.models:
+                detail = f"model {model} not in {sorted(demand.models)}"
+                reasons.append(status.Reason(R.GPU_MODEL, 1, 0, 1, name, index, detail=detail))
+            else:
+                detail = "not picked by the device selectors"
+                reasons.append(status.Reason(R.SELECTOR, 1, 0, 1, name, index, detail=detail))
             continue
         if not state.healthy[row, index]:
             reasons.append(status.Reason(R.GPU_HEALTH, 1, 0, 1, name, index, detail="GPU is unhealthy"))
@@ -152,7 +157,8 @@ def explain_node(state: fleet.FleetState, demand: requests.GpuDemand, row: int) 
                 R.GPU_COUNT, demand.count, int(eligible.sum()), int(state.gpu_count[row]), name, detail=detail
             )
         )
-    code = status.Code.UNSCHEDULABLE_AND_UNRESOLVABLE if unresolvable or not models.any() else status.Code.UNSCHEDULABLE
+    too_few = int(models.sum()) < demand.count  # of an allowed model and selected: fixed as the node is built
+    code = status.Code.UNSCHEDULABLE_AND_UNRESOLVABLE if unresolvable or too_few else status.Code.UNSCHEDULABLE
     return status.Status(code, f"pod does not fit on {name}", tuple(reasons))
 
 
@@ -198,6 +204,8 @@ class Shortfall(enum.IntEnum):
     ledger blocks a GPU whose tenants do not fit on it together until they do)."""
     HELD = 11
     """Enough GPUs otherwise, but too few of them not kept for a pod that preempted their tenants."""
+    UNSELECTED = 12
+    """Enough GPUs of an allowed model, but too few of them picked by the request's device selectors."""
 
     @property
     def resolvable(self) -> bool:
@@ -206,6 +214,7 @@ class Shortfall(enum.IntEnum):
             Shortfall.TOO_FEW_GPUS,
             Shortfall.ISOLATION,
             Shortfall.MODEL,
+            Shortfall.UNSELECTED,
             Shortfall.UNHEALTHY,
             Shortfall.HELD,
         )
@@ -248,8 +257,12 @@ def diagnose(state: fleet.FleetState, demand: requests.GpuDemand, rows: fleet.In
         mark(Shortfall.TOO_FEW_GPUS, state.gpu_count[rows] < need, state.gpu_count[rows])
         offered = isolation_mask(state, demand, rows)
         mark(Shortfall.ISOLATION, ~offered)
-        modelled = present & model_mask(state, demand, rows) & offered[:, None]
+        allowed = state.model_mask(demand.models, rows) if demand.models else present
+        modelled = present & allowed & offered[:, None]
         mark(Shortfall.MODEL, modelled.sum(axis=1) < need, modelled.sum(axis=1))
+        if demand.selection:
+            modelled &= state.selection_mask(demand.selection, rows)
+            mark(Shortfall.UNSELECTED, modelled.sum(axis=1) < need, modelled.sum(axis=1))
         healthy = modelled & state.healthy[rows]
         mark(Shortfall.UNHEALTHY, healthy.sum(axis=1) < need, healthy.sum(axis=1))
         healthy &= ~state.blocked[rows]

@@ -13,6 +13,10 @@ server shows them, do not fit on it together (an over-commit some fault let thro
 `held` marks GPUs kept for a pod that preempted their tenants (`hold`): no other pod is placed there
 until its owner lets go.
 
+`selections` are named sets of GPUs (`select`): a demand that names one (`GpuDemand.selection`, a
+DRA claim's device selectors) takes only its GPUs. They are part of the fleet as built: a new fleet
+has none until they are selected again.
+
 Not thread-safe: one owner (the ledger) mutates it; async callers serialise through the owner.
 """
 
@@ -68,6 +72,7 @@ class FleetState:
         self.version: IntArray = np.zeros(n, dtype=np.int64)
         self._tag_ids: dict[str, int] = {}
         self._model_tables: dict[frozenset[str], BoolArray] = {}
+        self.selections: dict[str, BoolArray] = {}
         self._reset_usage()
 
     # ----------------------------------------------------------------- construction helpers
@@ -124,6 +129,23 @@ class FleetState:
             self._model_tables[wanted] = table
         found: BoolArray = table[self.model_id[rows]]
         return found
+
+    def select(self, name: str, gpus: Iterable[tuple[str, int]]) -> None:
+        """Name the set of GPUs `gpus` ((node, index) pairs; those the fleet does not have are left out)."""
+        mask = np.zeros(self.present.shape, dtype=np.bool_)
+        for node, index in gpus:
+            row = self.row_of.get(node)
+            if row is not None and 0 <= index < self.width:
+                mask[row, index] = True
+        self.selections[name] = mask & self.present
+
+    def selection_mask(self, name: str, rows: IntArray | slice) -> BoolArray:
+        """(rows, width) bool: the GPU is in the selection `name` (an unknown name selects none)."""
+        found = self.selections.get(name)
+        if found is None:
+            return np.zeros(self.present[rows].shape, dtype=np.bool_)
+        picked: BoolArray = found[rows]
+        return picked
 
     def tag_id(self, label: str | None) -> int:
         """Integer id of a co-tenancy label (0 for none); ids are stable for the fleet's life."""

@@ -126,6 +126,9 @@ class GpuDemand:
     """The isolation mode the pod demands: only nodes that offer it take the pod."""
     compute: bool = False
     """The pod demands its compute share enforced: only nodes where its isolation mode does take it."""
+    selection: str = ""
+    """The name of a set of GPUs the fleet holds (`fleet.FleetState.select`): only those take it
+    (a DRA claim's device selectors); empty: any GPU."""
 
     @property
     def whole(self) -> bool:
@@ -150,6 +153,7 @@ class GpuDemand:
             and self.cotenancy == other.cotenancy
             and self.isolation == other.isolation
             and self.compute == other.compute
+            and self.selection == other.selection
             and self.count >= other.count
             and self.milli >= other.milli
             and self.memory_mib >= other.memory_mib
@@ -171,6 +175,8 @@ class PodRequest:
     isolation: devices.Isolation | None = None
     compute: bool = False
     """A compute guarantee: its isolation mode must enforce its compute share where it runs."""
+    selection: str = ""
+    """`GpuDemand.selection`."""
     demand: GpuDemand = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -230,6 +236,7 @@ def _whole_demand(pod: PodRequest, app: list[GpuRequest], init: list[GpuRequest]
         cpu_milli=pod.cpu_milli,
         host_memory_mib=pod.memory_mib,
         cotenancy=rules,
+        selection=pod.selection,
     )
 
 
@@ -276,6 +283,7 @@ def _shared_demand(pod: PodRequest, app: list[GpuRequest], init: list[GpuRequest
         cotenancy=rules,
         isolation=pod.isolation,
         compute=pod.compute,
+        selection=pod.selection,
     )
 
 
@@ -301,6 +309,7 @@ def simple_pod(
     host_memory_mib: int = 0,
     cotenancy: CoTenancy = NO_RULES,
     limit_milli: int | None = None,
+    selection: str = "",
 ) -> PodRequest:
     """A one-container pod; `count=0` makes a pod that wants no GPU."""
     gpu = (
@@ -320,5 +329,6 @@ def simple_pod(
         containers=(ContainerRequest("main", gpu),),
         cpu_milli=cpu_milli,
         memory_mib=host_memory_mib,
+        selection=selection,
         cotenancy=cotenancy,
     )

@@ -30,6 +30,8 @@ class Resource(enum.Enum):
     """The GPU's tenants do not fit on it together; it takes no new one until they do."""
     HELD = "gpu-held"
     """The GPU is kept for a pod that preempted its tenants."""
+    SELECTOR = "gpu-selector"
+    """The GPU is not among those the request's device selectors pick."""
 
 
 class Code(enum.Enum):

@@ -13,13 +13,15 @@ claims of the class, oldest first:
   PriorityClass (`extender.budgets`), with the event below saying so.
 - **Waits** for the claims a template makes (kube-controller-manager names them in the pod's
   status), first making the namespace's template for a shape the webhook named
-  (`api.dra.template_name`) when it is missing; a claim sharegpu cannot allocate (CEL selectors,
-  several classes, allocationMode All...) keeps the pod gated, with a Warning event
-  `ClaimNotAllocated` that says why. A gated pod with no claim of the class is let go at once.
+  (`api.dra.template_name`) when it is missing; a claim sharegpu cannot allocate (several classes,
+  allocationMode All, a selector that does not compile here...) keeps the pod gated, with a Warning
+  event `ClaimNotAllocated` that says why. A gated pod with no claim of the class is let go at once.
 - **Places** each unallocated claim with the configured policy (the same `Placer` the extender
   uses, over the nodes that serve DRA claims only: `ClusterCache.dra_rows`), among the nodes the
   pod's node selector, required node affinity and tolerations admit and whose CPU and memory it
-  fits. Claims of one pod go to one node. The decision is held in the one ledger at once
+  fits, on the GPUs the claim's CEL selectors and those sharegpu's DeviceClass adds pick
+  (`ClusterCache.selection`; a GPU a selector fails on is not picked, and the event names the
+  failure). Claims of one pod go to one node. The decision is held in the one ledger at once
   (`ClusterCache.assume_claim`), so the next decision sees it, before anything is written.
 - **Writes** the allocation: the finalizer `resource.kubernetes.io/delete-protection` first (so the
   resourceclaim controller frees the claim when its pod goes), then `status.allocation` with its
@@ -290,6 +292,8 @@ class ClaimAllocator:
             return None
         problems = [c.problem for c in claims if c.problem is not None]
         problems += _crowded(record, claims)
+        if self.cache.class_problem is not None and any(c.ours for c in claims):
+            problems.append(self.cache.class_problem)
         if problems:
             await self._say(record, "; ".join(problems))
             return None
@@ -410,8 +414,10 @@ class ClaimAllocator:
     def _place(self, record: pods.Record, claim: dra.ClaimRecord, node: str | None) -> Placement:
         """The claim's allocation, held in the ledger, or why it fits nowhere."""
         cache = self.cache
+        chosen = (*cache.class_selectors, *claim.selectors)
+        selection = cache.selection(chosen) if chosen else None
         try:
-            request = claim.pod_request(record.cpu_milli, record.memory_mib)
+            request = claim.pod_request(record.cpu_milli, record.memory_mib, selection.name if selection else "")
         except errors.InvalidInputError as exc:
             return Placement(refusal=f"claim {claim.namespace}/{claim.name}: {exc}")
         rows, turned_away = self._rows(record, node)
@@ -449,6 +455,9 @@ class ClaimAllocator:
             if turned_away:
                 text += f" ({turned_away} more turned away by the pod's node constraints)"
             text += _untolerated(cache, claim, {cache.state.names[r] for r in rows.tolist()})
+            if selection is not None and selection.failures:
+                more = f" and {len(selection.failures) - 1} more" if len(selection.failures) > 1 else ""
+                text += f"; a device selector failed on {selection.failures[0]}{more}"
             return Placement(refusal=f"claim {claim.namespace}/{claim.name}: {text}")
         placed = placer.allocation_for(request, decision)
         # The pod holds its CPU and memory itself once bound: the claim holds only its GPU shares.

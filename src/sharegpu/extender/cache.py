@@ -13,7 +13,9 @@ decides about them; the cache only counts who shares which GPU (`sharers`, `shar
 claims are kept in their own tables (`claims`, `extender.claims`): what those of sharegpu's driver
 hold goes into the same ledger as the pods. DeviceTaintRules (`taint_rules`) count the GPUs of DRA
 nodes they taint unhealthy in the fleet; the allocator lets a claim that tolerates the taints onto
-them (`tolerated`).
+them (`tolerated`). Device selectors (sharegpu's DeviceClass's, `class_selectors`, and a claim's)
+name the set of DRA GPUs they all pick in the fleet (`selection`), each node's devices judged once
+per version of its Device.
 
 Everything here runs in one event loop and nothing awaits: handlers and decisions never interleave.
 """
@@ -31,7 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from sharegpu.api import devices as api_devices
-from sharegpu.api import dra, pods, wire
+from sharegpu.api import dra, pods, selectors, wire
 from sharegpu.core import allocation, devices, errors, fleet, frag, placer, policies, units
 from sharegpu.core import ledger as core_ledger
 from sharegpu.extender import claims as claim_tables
@@ -66,6 +68,9 @@ class DeviceRecord:
     compute_isolation: frozenset[devices.Isolation] = frozenset()
     dra: bool = False
     """The node serves DRA claims only (`wire.DeviceSpec.dra`): no pod is placed there."""
+    selectable: tuple[tuple[int, selectors.Device], ...] = ()
+    """A DRA node's GPUs (by index) as device selectors see them: the devices of the slice its agent
+    publishes (`api.dra.device`)."""
 
 
 def device_record(device: wire.Device, previous: DeviceRecord | None = None) -> DeviceRecord:
@@ -75,9 +80,18 @@ def device_record(device: wire.Device, previous: DeviceRecord | None = None) -> 
         compute = api_devices.compute_modes(device)
     except errors.InvalidInputError as exc:
         return DeviceRecord(device.metadata.name, (), frozenset(), str(exc))
+    selectable: tuple[tuple[int, selectors.Device], ...] = ()
+    if device.spec.dra:
+        try:
+            selectable = tuple(
+                (g.index, selectors.Device.of(dra.DRIVER, dra.device(g, device.spec.nvlinks))) for g in device.spec.gpus
+            )
+        except errors.InvalidInputError as exc:
+            return DeviceRecord(device.metadata.name, (), frozenset(), str(exc))
     return DeviceRecord(
-        device.metadata.name, found, links, isolation=modes, compute_isolation=compute, dra=device.spec.dra
-    )
+        device.metadata.name, found, links, isolation=modes, compute_isolation=compute, dra=device.spec.dra,
+        selectable=selectable,
+    )  # fmt: skip
 
 
 def node_record(node: wire.Node, previous: api_devices.NodeFacts | None = None) -> api_devices.NodeFacts:
@@ -95,6 +109,34 @@ class Counters:
     expired: int = 0
     """Assumptions forgotten because their bind never completed."""
     ignored_nodes: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class Selection:
+    """A set of GPUs device selectors picked (`ClusterCache.selection`)."""
+
+    name: str
+    """Its name in the fleet (`GpuDemand.selection`)."""
+    failures: tuple[str, ...]
+    """Per device a selector failed on: where, which and why (a device that fails is not picked)."""
+
+
+def _judged(
+    node: str, record: DeviceRecord, chosen: tuple[selectors.Selector, ...]
+) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    picked: list[int] = []
+    failed: list[str] = []
+    for index, device in record.selectable:
+        for selector in chosen:
+            verdict = selector.judge(device)
+            if verdict.error:
+                failed.append(f"{node}/{dra.device_name(index)}: {selector.expression!r}: {verdict.error}")
+                break
+            if not verdict.matches:
+                break
+        else:
+            picked.append(index)
+    return tuple(picked), tuple(failed)
 
 
 class ClusterCache:
@@ -146,6 +188,13 @@ class ClusterCache:
         """(node, GPU index) of a DRA node -> the (rule, taint) pairs that keep new claims off it
         (NoSchedule, NoExecute), as of the last rebuild. The fleet counts such a GPU unhealthy; the
         allocator lets a claim that tolerates them all onto it (`tolerated`)."""
+        self.class_selectors: tuple[selectors.Selector, ...] = ()
+        """The selectors of sharegpu's DeviceClass its allocator applies (`api.dra.class_selectors`)."""
+        self.class_problem: str | None = None
+        """Why the class's selectors cannot be applied (one does not compile here): no claim is placed."""
+        self._verdicts: dict[tuple[str, str], tuple[DeviceRecord, tuple[int, ...], tuple[str, ...]]] = {}
+        self._selected: dict[str, tuple[str, ...]] = {}
+        self._selected_in: int = 0
         self._dra_nodes: frozenset[str] = frozenset()
         self.dra_rows: fleet.BoolArray = np.zeros(0, dtype=np.bool_)
         """Fleet rows of nodes that serve DRA claims only (the allocator's); `pod_rows` the others."""
@@ -223,6 +272,47 @@ class ClusterCache:
                 return
             self.taint_rules[name] = rule
         self._dirty = True
+
+    def on_device_class(self, kind: wire.EventType, found: dra.DeviceClass) -> None:
+        """A DeviceClass as the watch shows it: sharegpu's gives the selectors every claim's GPUs pass."""
+        if found.metadata.name != dra.CLASS:
+            return
+        chosen: tuple[selectors.Selector, ...] = ()
+        problem = None
+        if kind != wire.EventType.DELETED:
+            try:
+                chosen = dra.class_selectors(found)
+            except errors.InvalidInputError as exc:
+                problem = str(exc)
+        self.class_selectors, self.class_problem = chosen, problem
+
+    def selection(self, chosen: tuple[selectors.Selector, ...]) -> Selection:
+        """The set of DRA GPUs every one of `chosen` picks, named in the fleet (`FleetState.select`),
+        with what failed on the devices that it left out. Judged as kube-scheduler judges a device:
+        the selectors in order, the first that does not match or fails decides."""
+        state = self.state
+        name = "cel:" + hashlib.sha256("\0".join(s.expression for s in chosen).encode()).hexdigest()[:16]
+        if self._selected_in != id(state):
+            self._selected, self._selected_in = {}, id(state)
+        found = self._selected.get(name)
+        if found is not None and name in state.selections:
+            return Selection(name, found)
+        if len(self._verdicts) > 200_000:  # selections long gone, nodes long changed
+            self._verdicts.clear()
+        picked: list[tuple[str, int]] = []
+        failed: list[str] = []
+        for node, record in self.devices.items():
+            if not record.dra or state.row(node) is None:
+                continue
+            memo = self._verdicts.get((name, node))
+            if memo is None or memo[0] is not record:
+                memo = (record, *_judged(node, record, chosen))
+                self._verdicts[(name, node)] = memo
+            picked += [(node, index) for index in memo[1]]
+            failed += memo[2]
+        state.select(name, picked)
+        self._selected[name] = tuple(failed)
+        return Selection(name, tuple(failed))
 
     def tolerated(self, claim: dra.ClaimRecord) -> list[tuple[str, int]]:
         """The (node, GPU index) of GPUs kept off only by taints `claim` tolerates, and healthy

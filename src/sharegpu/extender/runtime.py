@@ -211,6 +211,10 @@ class Extender:
                 informer.Informer(self.api, paths.PRIORITY_CLASSES, wire.PriorityClass, informer.identity,
                                   guard.on_priority_class, name="priorityclasses"),
             ]  # fmt: skip
+            self.informers.append(informer.Informer(
+                self.api, dra.DEVICE_CLASSES, dra.DeviceClass, informer.identity,
+                self._changed(self.cache.on_device_class), name="deviceclasses",
+            ))  # fmt: skip
             if await client.serves_when_answered(self.api, dra.API_VERSION, resource="devicetaintrules"):
                 self.informers.append(informer.Informer(
                     self.api, dra.TAINT_RULES, dra.TaintRule, informer.identity,
