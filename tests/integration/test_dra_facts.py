@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from sharegpu.api import dra as api_dra
-from sharegpu.api import paths, quantity, wire
+from sharegpu.api import paths, quantity, selectors, wire
 from sharegpu.devcluster import controlplane, stack
 from sharegpu.kube import client
 from sharegpu.kube import errors as kube_errors
@@ -825,3 +825,82 @@ async def test_fact_9_postfilter_clears_an_unreserved_allocation_whose_pod_fits_
     status = api_dra.claim_allocation(placed, [str(uuid.uuid4())], wire.timestamp(time.time()))
     await dra.write_allocation("moved", status)
     assert await dra.bound("moved") == node_b
+
+
+PARITY_GPUS = (
+    ("NVIDIA A100-SXM4-40GB", "Ampere", "8.0", 40960, "pci0000:00", 0),
+    ("NVIDIA A100-SXM4-80GB", "Ampere", "8.0", 81920, "pci0000:00", 0),
+    ("NVIDIA H100 80GB HBM3", "Hopper", "9.0", 81559, "pci0000:80", None),
+    ("NVIDIA L40S", "Ada", "8.9", 46068, "pci0000:80", None),
+)
+_G = f'device.attributes["{DRIVER}"]'
+_C = f'device.capacity["{DRIVER}"]'
+PARITY_SELECTORS = (
+    f'{_G}.productName.startsWith("NVIDIA A100")',
+    f'{_G}.cudaComputeCapability.isGreaterThan(semver("8.0.0"))',
+    f'{_G}.driverVersion == semver("535.104.5") && {_G}.cudaDriverVersion.compareTo(semver("12.2.0")) == 0',
+    f'{_C}.memory.compareTo(quantity("40Gi")) > 0',
+    f'{_C}.memory.isLessThan(quantity("81559Mi")) || {_C}.memory == quantity("80Gi")',
+    'device.attributes["resource.kubernetes.io"].pcieRoot == "pci0000:80"',
+    f'cel.bind(g, {_G}, g.architecture in ["Hopper", "Ada"] && g.index % 2 == 1)',
+    f'"pcieSwitch" in {_G}',
+    'device.attributes["gpu.nvidia.com"].?productName.orValue("none") == "none"',
+    f'{_G}.productName.lowerAscii().contains("h100") || {_G}.pcieBusID.split(":")[1] == "02"',
+    'sign(quantity("1")) == 1 && quantity("2k").add(quantity("500")).asApproximateFloat() == 2500.0',
+    f'semver("v9", true).major() == 9 && isSemver("9.0.0") && {_G}.cudaComputeCapability.major() >= 9',
+    f"{_C}.milli.isInteger() && {_C}.milli.asInteger() == 1000 && device.allowMultipleAllocations",
+    f'{_G}.productName == "nothing"',
+    f"{_G}.pcieSwitch == 0",  # the GPUs without a switch lack the attribute: an error on them
+)
+
+
+async def test_fact_10_device_selectors_get_the_same_answers_from_kube_scheduler_and_sharegpu(dra: Dra) -> None:
+    """Fact 10: CEL selectors (Kubernetes' quantity and semver libraries, bindings, optional values,
+    strings, an absent domain, the standard pcieRoot) pick the same devices in kube-scheduler's
+    allocator as in sharegpu's (`api.selectors`), on the devices sharegpu's agent publishes
+    (`api.dra.device`). kube-scheduler allocates a claim of `allocationMode: All` on a class it
+    allocates: every device the selector picks (a shared device, once with its default capacity);
+    none picked: the pod stays Pending; a selector that fails on a device (a missing attribute): the
+    claim is not allocated, "CEL runtime error" (sharegpu names the failure and leaves the device out)."""
+    node = await dra.node()
+    devices = []
+    for index, (model, architecture, capability, memory, root, switch) in enumerate(PARITY_GPUS):
+        spec = wire.GpuSpec(
+            index=index, uuid=f"GPU-{uuid.uuid4()}", model=model, memory_mib=memory, pcie_switch=switch,
+            architecture=architecture, compute_capability=capability, driver_version="535.104.05",
+            cuda_driver_version="12.2", pci_bus_id=f"0000:{index + 1:02x}:00.0", pcie_root=root,
+        )  # fmt: skip
+        device = api_dra.device(spec, [(0, 1)])
+        device["attributes"][f"{DRIVER}/test"] = {"string": dra.namespace}  # what the test's class selects on
+        devices.append(device)
+    made = await dra.make(resource_path("resourceslices"), slice_body(node, devices))
+    device_class = await dra.device_class()
+    for i, expression in enumerate(PARITY_SELECTORS):
+        exactly = {"deviceClassName": device_class, "allocationMode": "All",
+                   "selectors": [{"cel": {"expression": expression}}]}  # fmt: skip
+        await dra.claim(f"sel-{i}", {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}})
+        await dra.pod(f"sel-{i}", claim=f"sel-{i}")
+
+    async def answer(pod: str) -> tuple[str, frozenset[str]] | None:
+        if await dra.node_of(pod):
+            return "picked", frozenset(r["device"] for r in results(await dra.get_claim(pod)))
+        refused = await dra.unschedulable(pod)
+        if refused is None:
+            return None
+        return ("failed" if "CEL runtime error" in refused else "none"), frozenset()
+
+    published = (await dra.kube.get(resource_path("resourceslices", name=made["metadata"]["name"])))["spec"]["devices"]
+    seen = [(d["name"], selectors.Device.of(DRIVER, d)) for d in published]
+    kinds = set()
+    for i, expression in enumerate(PARITY_SELECTORS):
+        theirs = await dra.until(functools.partial(answer, f"sel-{i}"), f"kube-scheduler's answer to {expression}")
+        compiled = selectors.compile_selector(expression)
+        assert isinstance(compiled, selectors.Selector), compiled
+        verdicts = {name: compiled.judge(device) for name, device in seen}
+        picked = frozenset(name for name, v in verdicts.items() if v.matches)
+        failed = any(v.error for v in verdicts.values())
+        ours = ("failed" if failed else "picked" if picked else "none"), (frozenset() if failed else picked)
+        assert ours == theirs, f"selector {expression!r}: sharegpu {ours}, kube-scheduler {theirs}"
+        print(f"{expression}: {ours[0]} {sorted(ours[1])}")  # the table, with -s
+        kinds.add(ours[0])
+    assert kinds == {"picked", "none", "failed"}
