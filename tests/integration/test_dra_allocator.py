@@ -537,3 +537,64 @@ async def test_device_taint_rules_keep_claims_off_tolerations_let_them_on_and_no
         for name in ("gpu0", "gpu1", "evict"):
             with contextlib.suppress(kube_errors.NotFoundError):
                 await admin.delete(f"{dra.TAINT_RULES}/{namespace}-{name}")
+
+
+async def test_claims_get_only_the_gpus_their_selectors_and_the_class_s_pick(
+    admin: client.KubeClient,
+    extender: ExtenderProcess,
+    nodes: Callable[..., Any],
+    namespace: str,
+    device_class: str,
+) -> None:
+    """CEL selectors on the real stack: the agents publish what NVML (here the fake) says, the extender
+    judges each claim's selectors on it, and kube-scheduler binds the pod where its claim went; a claim
+    no GPU passes stays gated with an event saying so; a selector an administrator adds to sharegpu's
+    DeviceClass narrows every claim from then on."""
+    gpu = f'device.attributes["{dra.DRIVER}"]'
+    (node,) = await nodes(1, gpus=2, model="T4", dra=True)  # Turing, 7.5, as the fake NVML knows a T4
+
+    async def selective(name: str, expression: str) -> None:
+        request = {
+            "name": "gpu",
+            "exactly": {
+                "deviceClassName": dra.CLASS,
+                "selectors": [{"cel": {"expression": expression}}],
+                "capacity": {"requests": {dra.MILLI: "300", dra.MEMORY: "1Gi"}},
+            },
+        }
+        body = {"apiVersion": dra.API_VERSION, "kind": "ResourceClaimTemplate", "metadata": {"name": name},
+                "spec": {"spec": {"devices": {"requests": [request]}}}}  # fmt: skip
+        await admin.create(dra.template_path(namespace), body)
+        await admin.create(paths.pods(namespace), dra_pod(name, namespace, name))
+
+    await selective("second", f'{gpu}.index == 1 && {gpu}.architecture == "Turing" && '
+                              f'{gpu}.cudaComputeCapability.compareTo(semver("7.5.0")) == 0')  # fmt: skip
+    await selective("newer", f'{gpu}.cudaComputeCapability.isGreaterThan(semver("8.0.0"))')
+    assert await wait_for(lambda: node_of(admin, namespace, "second"), timeout=60, what="the selective pod bound")
+    claim = await claim_of(admin, namespace, "second")
+    assert claim is not None and where(claim) == [(node, "gpu-1", 300)]
+
+    async def refused() -> str | None:
+        said = [
+            e for e in await events(admin, namespace, "ClaimNotAllocated") if e["involvedObject"]["name"] == "newer"
+        ]
+        return str(said[-1]["message"]) if said else None
+
+    assert "no GPU the device selectors pick" in await wait_for(refused, timeout=30, what="the refusal of 'newer'")
+    assert await node_of(admin, namespace, "newer") is None
+
+    narrowed = dra.device_class()
+    narrowed["spec"]["selectors"].append({"cel": {"expression": f"{gpu}.index == 0"}})
+    current = await admin.get(f"{dra.DEVICE_CLASSES}/{dra.CLASS}")
+    try:
+        await admin.replace(f"{dra.DEVICE_CLASSES}/{dra.CLASS}", {**narrowed, "metadata": current["metadata"]})
+        await template(admin, namespace, "any", 300, "1Gi")
+        await admin.create(paths.pods(namespace), dra_pod("any", namespace, "any"))
+        assert await wait_for(lambda: node_of(admin, namespace, "any"), timeout=60, what="the plain pod bound")
+        claim = await claim_of(admin, namespace, "any")
+        assert claim is not None and where(claim) == [(node, "gpu-0", 300)], "the class's selector narrows it"
+    finally:
+        current = await admin.get(f"{dra.DEVICE_CLASSES}/{dra.CLASS}")
+        await admin.replace(
+            f"{dra.DEVICE_CLASSES}/{dra.CLASS}", {**dra.device_class(), "metadata": current["metadata"]}
+        )

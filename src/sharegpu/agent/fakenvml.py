@@ -116,7 +116,13 @@ class FakeConfig(_Message, kw_only=True, frozen=True):
 def describe(node: devices.NodeInventory) -> str:
     """The fake NVML file of a node's inventory (its GPUs in index order, its NVLinks): what
     `sharegpu devcluster` gives each fake node's agent."""
-    config = FakeConfig(
+    text: str = yaml.safe_dump(msgspec.to_builtins(configured(node)), sort_keys=False)
+    return text
+
+
+def configured(node: devices.NodeInventory) -> FakeConfig:
+    """`describe`'s configuration, unwritten."""
+    return FakeConfig(
         gpus=[
             FakeGpu(uuid=g.uuid, model=g.model, memory_mib=g.memory_mib, numa_node=g.numa_node,
                     pcie_switch=g.pcie_switch)
@@ -124,8 +130,6 @@ def describe(node: devices.NodeInventory) -> str:
         ],
         nvlinks=[FakeLink(a=a, b=b, count=1) for a, b in sorted(node.nvlinks)],
     )  # fmt: skip
-    text: str = yaml.safe_dump(msgspec.to_builtins(config), sort_keys=False)
-    return text
 
 
 def parse(text: str, source: str = "the fake NVML file") -> FakeConfig:
@@ -155,6 +159,25 @@ def parse(text: str, source: str = "the fake NVML file") -> FakeConfig:
         if link.a == link.b:
             raise FakeNvmlError(f"{source}: nvlinks[{i}] links GPU {link.a} to itself")
     return config
+
+
+def reported(config: FakeConfig) -> list[nvml.Gpu]:
+    """The GPUs a fake NVML with `config` reports (what the file says, the rest from its defaults)."""
+    out = []
+    for i, g in enumerate(config.gpus):
+        architecture, capability = _known(g.model)
+        out.append(
+            nvml.Gpu(
+                index=i, uuid=g.uuid, minor=g.minor if g.minor is not None else i, model=g.model,
+                memory_mib=g.memory_mib, numa_node=g.numa_node, pcie_switch=g.pcie_switch, mig=g.mig,
+                architecture=g.architecture if g.architecture is not None else architecture,
+                compute_capability=g.compute_capability if g.compute_capability is not None else capability,
+                driver_version=config.driver_version, cuda_driver_version=config.cuda_driver_version,
+                pci_bus_id=g.pci_bus_id or f"0000:{i + 1:02x}:00.0",
+                pcie_root=g.pcie_root or f"pci0000:{i // 8:02x}",
+            )
+        )  # fmt: skip
+    return out
 
 
 class FakeNvml:
@@ -209,22 +232,7 @@ class FakeNvml:
     # ----------------------------------------------------------------- Discovery
 
     def gpus(self) -> list[nvml.Gpu]:
-        config = self.config
-        out = []
-        for i, g in enumerate(config.gpus):
-            architecture, capability = _known(g.model)
-            out.append(
-                nvml.Gpu(
-                    index=i, uuid=g.uuid, minor=g.minor if g.minor is not None else i, model=g.model,
-                    memory_mib=g.memory_mib, numa_node=g.numa_node, pcie_switch=g.pcie_switch, mig=g.mig,
-                    architecture=g.architecture if g.architecture is not None else architecture,
-                    compute_capability=g.compute_capability if g.compute_capability is not None else capability,
-                    driver_version=config.driver_version, cuda_driver_version=config.cuda_driver_version,
-                    pci_bus_id=g.pci_bus_id or f"0000:{i + 1:02x}:00.0",
-                    pcie_root=g.pcie_root or f"pci0000:{i // 8:02x}",
-                )
-            )  # fmt: skip
-        return out
+        return reported(self.config)
 
     def links(self) -> list[nvml.Link]:
         gpus = self.config.gpus

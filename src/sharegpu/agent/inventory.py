@@ -79,9 +79,7 @@ def device_spec(
             index=index_of[g.uuid], uuid=g.uuid, model=g.model, memory_mib=g.memory_mib,
             healthy=g.uuid not in unhealthy, numa_node=g.numa_node,
             pcie_switch=g.pcie_switch if g.pcie_switch is not None else _switch(group, g.index, index_of, gpus),
-            minor=g.minor, mig=g.mig, reason=unhealthy.get(g.uuid, ""), architecture=g.architecture,
-            compute_capability=g.compute_capability, driver_version=g.driver_version,
-            cuda_driver_version=g.cuda_driver_version, pci_bus_id=g.pci_bus_id, pcie_root=g.pcie_root,
+            minor=g.minor, mig=g.mig, reason=unhealthy.get(g.uuid, ""), **_facts(g),
         )
         for g in gpus
     ]  # fmt: skip
@@ -91,6 +89,25 @@ def device_spec(
         tuple(sorted((index_of[gpus[link.a].uuid], index_of[gpus[link.b].uuid]))) for link in links if link.nvlinks
     )
     return wire.DeviceSpec(gpus=out, nvlinks=[(a, b) for a, b in nvlinks])
+
+
+def _facts(gpu: nvml.Gpu) -> dict[str, str]:
+    """What NVML says of a GPU that the Device carries for DRA selectors only."""
+    return {
+        "architecture": gpu.architecture, "compute_capability": gpu.compute_capability,
+        "driver_version": gpu.driver_version, "cuda_driver_version": gpu.cuda_driver_version,
+        "pci_bus_id": gpu.pci_bus_id, "pcie_root": gpu.pcie_root,
+    }  # fmt: skip
+
+
+def with_facts(spec: wire.DeviceSpec, gpus: Sequence[nvml.Gpu]) -> wire.DeviceSpec:
+    """`spec` with what NVML says of each of its GPUs (by UUID) for DRA selectors: what a simulated
+    node (`sharegpu devcluster`'s fake nodes) publishes as its agent on the fake NVML would."""
+    said = {g.uuid: g for g in gpus}
+    return msgspec.structs.replace(
+        spec,
+        gpus=[msgspec.structs.replace(g, **_facts(said[g.uuid])) if g.uuid in said else g for g in spec.gpus],
+    )
 
 
 def _switch(

@@ -14,7 +14,9 @@ import logging
 import time
 from typing import Any
 
-from sharegpu.agent import reserve
+import msgspec
+
+from sharegpu.agent import fakenvml, inventory, reserve
 from sharegpu.api import devices as api_devices
 from sharegpu.api import dra as dra_api
 from sharegpu.api import names, paths, pods, quantity, wire
@@ -26,6 +28,15 @@ Json = dict[str, Any]
 log = logging.getLogger(__name__)
 RETRY = 0.5
 """Seconds before a pod whose handling met a temporary API error is handled again."""
+
+
+def described(node: devices.NodeInventory) -> wire.Device:
+    """The Device an agent on the fake NVML describing `node` (`agent.fakenvml.describe`) publishes:
+    the inventory, with what that NVML says of each GPU for DRA selectors (architecture, compute
+    capability, driver, PCI addresses)."""
+    device = api_devices.device(node)
+    gpus = fakenvml.reported(fakenvml.configured(node))
+    return msgspec.structs.replace(device, spec=inventory.with_facts(device.spec, gpus))
 
 
 class FakeCluster:
@@ -83,14 +94,14 @@ class FakeCluster:
         if publish:
             await self.publish(node, dra=dra)
         if publish and dra:
-            spec = api_devices.device(node).spec
+            spec = described(node).spec
             await self.kube.create(dra_api.SLICES, dra_api.resource_slice(node.name, made["metadata"]["uid"], spec))
         self.inventory[node.name] = node
         self.held.setdefault(node.name, {})
 
     async def publish(self, node: devices.NodeInventory, *, dra: bool = False) -> None:
         """Create or replace the node's Device resource (what the node agent does)."""
-        device = wire.encode(api_devices.device(node))
+        device = wire.encode(described(node))
         if dra:
             device["spec"]["dra"] = True
         try:
