@@ -13,16 +13,15 @@ the fraction of pods placed on the same node.
 With `--dra`, the real side is the DRA path: the nodes serve sharegpu's DRA claims, every pod asks
 its GPUs by a claim of sharegpu's class (from the template for its shape, gated, as the webhook
 writes it), sharegpu's allocator places the claims and kube-scheduler binds the pods; a pod the
-allocator cannot place says so by a ClaimNotAllocated event. A claim cannot choose GPU models, and
-a pod with no GPU goes to kube-scheduler alone, so on both sides the arrivals are then the GPU pods
-only, without their model constraints.
+allocator cannot place says so by a ClaimNotAllocated event. A pod's GPU models go into its
+template's CEL selector (`productName in [...]`, as the webhook writes them). A pod with no GPU goes
+to kube-scheduler alone, so on both sides the arrivals are then the GPU pods only.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import json
 import random
 import sys
@@ -90,7 +89,7 @@ def dra_manifest(pod: trace.TracePod, name: str, namespace: str) -> Json:
 
 
 def shape_of(pod: trace.TracePod) -> dra.Shape:
-    return dra.Shape(pod.num_gpu, pod.gpu_milli) if pod.gpu_milli < 1000 else dra.Shape(pod.num_gpu, 1000)
+    return dra.Shape(pod.num_gpu, min(pod.gpu_milli, 1000), models=frozenset(pod.models))
 
 
 async def through_kubernetes(
@@ -203,8 +202,8 @@ def main() -> int:
     capacity = sum(n.gpu_count for n in sample) * 1000
     base = replay.build_workload(pods.pods, capacity, len(sample), 1.3, args.seed)
     arrivals = base.pods
-    if args.dra:  # GPU pods only, without model constraints: what a claim of sharegpu's class can ask
-        arrivals = tuple(dataclasses.replace(p, models=frozenset()) for p in arrivals if p.num_gpu)
+    if args.dra:  # GPU pods only: a pod without one goes to kube-scheduler alone
+        arrivals = tuple(p for p in arrivals if p.num_gpu)
     workload = replay.Workload(arrivals, cache.stable_priority(names))
     print(f"{args.nodes} openb nodes ({capacity // 1000} GPUs), {len(workload.pods)} arrivals, policy {POLICY}")
     simulated, sim_figure = in_simulator(sample, workload, pods)

@@ -9,7 +9,7 @@ import msgspec
 import pytest
 
 from sharegpu.api import devices as api_devices
-from sharegpu.api import dra, wire
+from sharegpu.api import dra, selectors, wire
 from sharegpu.core import errors, requests
 from tests.builders import MakeAllocation
 
@@ -247,3 +247,23 @@ def test_a_device_publishes_what_nvidias_driver_does_by_its_names_and_kubernetes
     assert not names_published & {f"{dra.DRIVER}/{n}" for n in ("architecture", "driverVersion", "pcieBusID")}
     assert not any(n.startswith("resource.kubernetes.io/") for n in names_published)
     assert len(attributes) + len(dra.device(known, [])["capacity"]) <= 32  # the API's limit per device
+
+
+def test_a_shape_with_gpu_models_names_its_template_and_the_template_selects_them() -> None:
+    models = frozenset({"NVIDIA A100-SXM4-80GB", 'odd "quoted" model'})
+    shape = dra.Shape(2, 300, memory_mib=4096, models=models)
+    assert shape.name.startswith("sharegpu-2x300m-4096mi-m") and shape.name == shape.name.lower()
+    assert dra.template_shape(shape.name) == shape
+    assert dra.template_shape("sharegpu-1x300m-4096mi-m1") is None, "not base32"
+    (request,) = dra.template("ns", shape.name)["spec"]["spec"]["devices"]["requests"]
+    (selector,) = request["exactly"]["selectors"]
+    compiled = selectors.compile_selector(selector["cel"]["expression"])
+    assert isinstance(compiled, selectors.Selector)
+    for model, picked in (("NVIDIA A100-SXM4-80GB", True), ('odd "quoted" model', True), ("T4", False)):
+        spec = wire.GpuSpec(index=0, uuid="GPU-a", model=model, memory_mib=81920)
+        assert compiled.judge(selectors.Device.of(dra.DRIVER, dra.device(spec, []))).matches is picked
+    body = {"metadata": {"name": "c", "namespace": "ns"}, "spec": dra.template("ns", shape.name)["spec"]["spec"]}
+    record = dra.claim_record(wire.convert(body, dra.ResourceClaim))
+    assert record.problem is None and [s.expression for s in record.selectors] == [selector["cel"]["expression"]]
+    with pytest.raises(errors.InvalidRequestError, match="too long to name a claim template after"):
+        dra.Shape(1, 300, models=frozenset(f"model number {i}" for i in range(20))).check()

@@ -516,6 +516,9 @@ def test_a_node_agent_writes_only_its_own_nodes_device() -> None:
     assert admission.validate_device(device_review("n2", {"username": "alice"}), POLICY).response.allowed
 
 
+TWO_MODELS = frozenset({"T4", "NVIDIA A10"})
+
+
 def test_a_pod_that_goes_the_dra_way_asks_by_a_claim_of_its_shape_and_waits_behind_the_gate() -> None:
     for limits, asked, template in (
         ({names.GPU: "1", names.GPU_MILLI: "300", names.GPU_MEMORY: "4096"}, {}, "sharegpu-1x300m-4096mi"),
@@ -524,6 +527,8 @@ def test_a_pod_that_goes_the_dra_way_asks_by_a_claim_of_its_shape_and_waits_behi
         ({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "3000", "nvidia.com/gpucores": "30"}, {},
          "sharegpu-1x300m-3000mi"),
         ({}, {"gpu-fraction": "0.5"}, "sharegpu-1x500m-500pm"),
+        ({names.GPU_MILLI: "300"}, {names.MODELS: "T4,NVIDIA A10"}, dra.Shape(1, 300, models=TWO_MODELS).name),
+        ({"nvidia.com/gpu": "1"}, {names.MODELS: "A100"}, dra.Shape(1, 1000, models=frozenset({"A100"})).name),
     ):  # fmt: skip
         pod = MakePod("p").annotations({names.PATH: names.PATH_DRA, **asked}).container(limits=limits).obj()
         out = applied(pod, admission.mutate(review(pod), POLICY))
@@ -560,8 +565,8 @@ def test_what_a_claim_cannot_carry_is_refused_naming_it() -> None:
     for pod, message in (
         (MakePod("p").annotations({**dra_path, names.ANTI_AFFINITY: "x"}).container(limits={names.GPU_MILLI: "300"}),
          "co-tenancy rules are not available on the DRA path"),
-        (MakePod("p").annotations({**dra_path, names.MODELS: "T4"}).container(limits={names.GPU_MILLI: "300"}),
-         "GPU models cannot be chosen on the DRA path yet"),
+        (MakePod("p").annotations({**dra_path, names.MODELS: ",".join(f"Model {i:03d} " * 4 for i in range(12))})
+         .container(limits={names.GPU_MILLI: "300"}), "are too long to name a claim template after"),
         (MakePod("p").annotations(dra_path).container(limits={names.GPU_MILLI: "300"})
          .container("b", limits={names.GPU_MILLI: "300"}), "the DRA path gives GPUs to one app container"),
         (MakePod("p").annotations({names.PATH: "sideways"}).container(limits={names.GPU_MILLI: "300"}),

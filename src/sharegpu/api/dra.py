@@ -50,6 +50,9 @@ Pure: no I/O. The agent writes the slice (`agent.publication`); the extender's c
 
 from __future__ import annotations
 
+import base64
+import binascii
+import json
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -445,24 +448,53 @@ def _of_class(sub: Any) -> bool:
 TEMPLATE_PREFIX: Final = "sharegpu-"
 POD_CLAIM: Final = "sharegpu-gpu"
 """The name of the claim entry (`spec.resourceClaims[]`) the webhook gives a pod it turns to the DRA path."""
-_TEMPLATE = re.compile(r"^sharegpu-(\d+)x(\d+)m-(\d+)(mi|pm)$")
+_TEMPLATE = re.compile(r"^sharegpu-(\d+)x(\d+)m-(\d+)(mi|pm)(?:-m([a-z2-7]+))?$")
+NAME_MAX: Final = 253
+"""The longest object name (a DNS subdomain)."""
 
 
 @dataclass(frozen=True, slots=True)
 class Shape:
     """What a claim template of sharegpu's asks: `count` GPUs with `milli` of each, and `memory_mib`
-    or `memory_permille` of each (0: none named)."""
+    or `memory_permille` of each (0: none named), of one of `models` (empty: any)."""
 
     count: int
     milli: int
     memory_mib: int = 0
     memory_permille: int = 0
+    models: frozenset[str] = frozenset()
 
     @property
     def name(self) -> str:
-        """The template's name: one per shape and namespace (`template_shape` reads it back)."""
+        """The template's name: one per shape and namespace (`template_shape` reads it back). The models
+        are written in it, base32 (lower case, a name's alphabet), so that the allocator, which makes a
+        missing template from its name alone, makes the selector they come to."""
         memory = f"{self.memory_permille}pm" if self.memory_permille else f"{self.memory_mib}mi"
-        return f"{TEMPLATE_PREFIX}{self.count}x{self.milli}m-{memory}"
+        name = f"{TEMPLATE_PREFIX}{self.count}x{self.milli}m-{memory}"
+        if self.models:
+            encoded = base64.b32encode("\n".join(sorted(self.models)).encode()).decode().rstrip("=").lower()
+            name += f"-m{encoded}"
+        return name
+
+    def check(self) -> None:
+        """InvalidRequestError for a shape no template can be named after (models too long to write in a
+        name, or one with a line break)."""
+        if any("\n" in m for m in self.models):
+            raise errors.InvalidRequestError("a GPU model name with a line break cannot be asked for on the DRA path")
+        if len(self.name) > NAME_MAX:
+            raise errors.InvalidRequestError(
+                f"the GPU models {sorted(self.models)} are too long to name a claim template after "
+                f"({len(self.name)} characters, at most {NAME_MAX}): allow fewer models, or ask with a "
+                "ResourceClaim of sharegpu's class and a selector on productName"
+            )
+
+    @property
+    def selector(self) -> str | None:
+        """The CEL selector of its models (None: any model)."""
+        if not self.models:
+            return None
+        listed = ", ".join(json.dumps(m) for m in sorted(self.models))
+        return f'device.attributes["{DRIVER}"].productName in [{listed}]'
 
 
 def template_shape(name: str) -> Shape | None:
@@ -473,9 +505,18 @@ def template_shape(name: str) -> Shape | None:
     count, milli, memory = (int(g) for g in found.groups()[:3])
     if not 1 <= count <= units.MAX_GPUS_PER_NODE or not 1 <= milli <= units.MILLI_PER_GPU:
         return None
+    models: frozenset[str] = frozenset()
+    if found.group(5):
+        encoded = found.group(5).upper()
+        try:
+            models = frozenset(base64.b32decode(encoded + "=" * (-len(encoded) % 8)).decode().split("\n"))
+        except (binascii.Error, UnicodeDecodeError):
+            return None
     if found.group(4) == "pm":
-        return Shape(count, milli, memory_permille=memory) if 1 <= memory <= units.PERMILLE else None
-    return Shape(count, milli, memory_mib=memory)
+        if not 1 <= memory <= units.PERMILLE:
+            return None
+        return Shape(count, milli, memory_permille=memory, models=models)
+    return Shape(count, milli, memory_mib=memory, models=models)
 
 
 def template(namespace: str, name: str) -> dict[str, Any]:
@@ -490,7 +531,10 @@ def template(namespace: str, name: str) -> dict[str, Any]:
         asked[MEMORY_PERMILLE] = str(shape.memory_permille)
     elif milli < units.MILLI_PER_GPU and shape.memory_mib:
         asked[MEMORY] = f"{shape.memory_mib}Mi"
-    request = {"name": "gpu", "exactly": {"deviceClassName": CLASS, "count": count, "capacity": {"requests": asked}}}
+    exactly: dict[str, Any] = {"deviceClassName": CLASS, "count": count, "capacity": {"requests": asked}}
+    if shape.selector is not None:
+        exactly["selectors"] = [{"cel": {"expression": shape.selector}}]
+    request = {"name": "gpu", "exactly": exactly}
     return {
         "apiVersion": API_VERSION,
         "kind": "ResourceClaimTemplate",

@@ -353,12 +353,11 @@ def _to_claims(obj: Json, parsed: requests.PodRequest, audit: list[str]) -> None
     container, request = wanting[0]
     gpu = request.gpu
     assert gpu is not None
-    if gpu.models:
-        raise errors.InvalidRequestError(f"container {request.name}: GPU models cannot be chosen on the DRA path yet")
     if gpu.whole:
-        shape = dra.Shape(gpu.count, gpu.milli)
+        shape = dra.Shape(gpu.count, gpu.milli, models=gpu.models)
     else:
-        shape = dra.Shape(gpu.count, gpu.milli, gpu.memory_mib, gpu.memory_permille)
+        shape = dra.Shape(gpu.count, gpu.milli, gpu.memory_mib, gpu.memory_permille, gpu.models)
+    shape.check()
     name = shape.name
     if gpu.limit != gpu.milli:
         audit.append(f"container {request.name}: burst limit {gpu.limit} milli-GPU not carried by a claim")
