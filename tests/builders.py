@@ -259,6 +259,17 @@ class MakeClaim(_Builder):
         self._obj["spec"]["devices"]["requests"].append({"name": request, "exactly": body})
         return self
 
+    def constraint(self, **constraint: Any) -> Self:
+        """A constraint between its devices (matchAttribute=..., distinctAttribute=...)."""
+        self._obj["spec"]["devices"].setdefault("constraints", []).append(dict(constraint))
+        return self
+
+    def config(self, driver: str = dra.DRIVER, parameters: Json | None = None) -> Self:
+        """Opaque parameters for `driver`."""
+        opaque = {"driver": driver, "parameters": parameters or {}}
+        self._obj["spec"]["devices"].setdefault("config", []).append({"opaque": opaque})
+        return self
+
 
 class MakeNode(_Builder):
     """A Node: labels, taints, allocatable resources and readiness only where set."""

@@ -11,7 +11,7 @@ import pytest
 from sharegpu.api import devices as api_devices
 from sharegpu.api import dra, selectors, wire
 from sharegpu.core import errors, requests
-from tests.builders import MakeAllocation
+from tests.builders import MakeAllocation, MakeClaim
 
 
 def spec() -> wire.DeviceSpec:
@@ -267,3 +267,28 @@ def test_a_shape_with_gpu_models_names_its_template_and_the_template_selects_the
     assert record.problem is None and [s.expression for s in record.selectors] == [selector["cel"]["expression"]]
     with pytest.raises(errors.InvalidRequestError, match="too long to name a claim template after"):
         dra.Shape(1, 300, models=frozenset(f"model number {i}" for i in range(20))).check()
+
+
+@pytest.mark.parametrize(
+    ("made", "field"),
+    [
+        (MakeClaim().ask(300, "1Gi", allocationMode="All"), "allocationMode All is not supported"),
+        (MakeClaim().ask(300, "1Gi", adminAccess=True), "adminAccess is not supported"),
+        (MakeClaim().ask(300, "1Gi").constraint(distinctAttribute="gpu.sharegpu.io/uuid"), "distinctAttribute"),
+        (MakeClaim().ask(300, "1Gi").constraint(matchAttribute="pcieRoot"), "must name its domain"),
+        (MakeClaim().ask(300, "1Gi").config(parameters={"isolation": "mps"}), "config[0].opaque: driver"),
+    ],
+)
+def test_what_sharegpu_cannot_honour_in_a_claim_is_refused_naming_the_field_and_what_to_write(
+    made: MakeClaim, field: str
+) -> None:
+    record = dra.claim_record(wire.convert(made.obj(), dra.ResourceClaim))
+    assert record.problem is not None and field in record.problem and not record.asks
+    assert any(hint in record.problem for hint in ("write", "ask", "remove", "watch", "must"))
+
+
+def test_match_attribute_and_another_drivers_config_are_taken() -> None:
+    made = MakeClaim().ask(300, "1Gi", count=2).constraint(matchAttribute="resource.kubernetes.io/pcieRoot")
+    made.config(driver="nic.example.com")
+    record = dra.claim_record(wire.convert(made.obj(), dra.ResourceClaim))
+    assert record.problem is None and record.match == ("resource.kubernetes.io/pcieRoot",)

@@ -539,3 +539,29 @@ async def test_a_pod_whose_claims_were_written_by_hand_is_held_to_its_namespaces
     await settle(h.server)
     await run(h)
     assert results(h, "denied") and results(h, "above"), "the budget gone, nothing holds them back"
+
+
+async def test_match_attribute_gives_a_claim_gpus_with_one_value_of_it(harness: Callable[..., Any]) -> None:
+    h: Harness = await harness(nodes=0, gpus=4, dra=1)  # PCIe switches: GPUs 0 and 1, 2 and 3
+    h.server.put_object(CLAIMS, builders.MakeClaim("pin").ask(1000, selectors=selected(f"{GPU}.index == 1")).obj())
+    h.server.put_object(paths.pods("ns"), builders.MakePod("pin", "ns").container().claim("pin").gate().obj())
+    await settle(h.server)
+    await run(h)
+    assert [r["device"] for r in results(h, "pin")] == ["gpu-1"]
+    switch = f"{dra.DRIVER}/pcieSwitch"
+    for name, count in (("pair", 2), ("three", 3), ("unknown", 1)):
+        made = builders.MakeClaim(name).ask(1000, count=count)
+        made.constraint(matchAttribute=f"{dra.DRIVER}/colour" if name == "unknown" else switch)
+        h.server.put_object(CLAIMS, made.obj())
+        h.server.put_object(paths.pods("ns"), builders.MakePod(name, "ns").container().claim(name).gate().obj())
+    await settle(h.server)
+    await run(h)
+    assert sorted(r["device"] for r in results(h, "pair")) == ["gpu-2", "gpu-3"], "gpu-0 and a free GPU differ"
+    assert not results(h, "three") and not results(h, "unknown")
+    said = {e["involvedObject"]["name"]: e["message"] for e in h.server.list_objects(paths.events("ns"))
+            if e["reason"] == "ClaimNotAllocated"}  # fmt: skip
+    assert f"with one value of {switch} (tried 2, the last: 0/1 nodes are available" in said["three"]
+    assert (
+        f"no GPU serving DRA claims has the attributes its matchAttribute names ({dra.DRIVER}/colour)"
+        in (said["unknown"])
+    )

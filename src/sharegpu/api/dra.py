@@ -361,9 +361,25 @@ class DeviceRequest(wire.Message, kw_only=True, frozen=True):
     first_available: list[Any] = msgspec.field(default_factory=list)
 
 
+class DeviceConstraint(wire.Message, kw_only=True, frozen=True):
+    requests: list[str] = msgspec.field(default_factory=list)
+    match_attribute: str | None = None
+    distinct_attribute: str | None = None
+
+
+class OpaqueConfig(wire.Message, kw_only=True, frozen=True):
+    driver: str = ""
+
+
+class DeviceConfig(wire.Message, kw_only=True, frozen=True):
+    requests: list[str] = msgspec.field(default_factory=list)
+    opaque: OpaqueConfig | None = None
+
+
 class DeviceClaim(wire.Message, kw_only=True, frozen=True):
     requests: list[DeviceRequest] = msgspec.field(default_factory=list)
-    constraints: list[Any] = msgspec.field(default_factory=list)
+    constraints: list[DeviceConstraint] = msgspec.field(default_factory=list)
+    config: list[DeviceConfig] = msgspec.field(default_factory=list)
 
 
 class ClaimSpec(wire.Message, kw_only=True, frozen=True):
@@ -410,15 +426,24 @@ def gpu_request(request: DeviceRequest) -> requests.GpuRequest | None:
     exact = request.exactly
     if request.first_available and any(_of_class(sub) for sub in request.first_available):
         raise errors.InvalidRequestError(
-            f"claim request {request.name!r}: firstAvailable is not supported for class {CLASS}; ask with `exactly`"
+            f"claim request {request.name!r}: firstAvailable is not supported for class {CLASS}: write the "
+            "alternative you want under `exactly` (sharegpu's placement already picks the GPU that fits)"
         )
     if exact is None or exact.device_class_name != CLASS:
         return None
     where = f"claim request {request.name!r}"
     if exact.allocation_mode not in ("", "ExactCount"):
-        raise errors.InvalidRequestError(f"{where}: allocationMode {exact.allocation_mode} is not supported")
+        raise errors.InvalidRequestError(
+            f"{where}: allocationMode {exact.allocation_mode} is not supported for class {CLASS} (a GPU shared "
+            "by claims has no 'all of it' to give, and nodes differ in GPUs): write allocationMode ExactCount "
+            "with count: N, and a selector for the GPUs you want"
+        )
     if exact.admin_access:
-        raise errors.InvalidRequestError(f"{where}: adminAccess is not supported for class {CLASS}")
+        raise errors.InvalidRequestError(
+            f"{where}: adminAccess is not supported for class {CLASS} (it would reach GPUs other claims hold, "
+            "outside the ledger): watch GPUs with `kubectl sharegpu inspect` and the agent's metrics, or run "
+            "a monitor as a privileged DaemonSet, as NVIDIA's DCGM exporter runs"
+        )
     asked = exact.capacity.requests if exact.capacity is not None else {}
     if MEMORY in asked and MEMORY_PERMILLE in asked:
         raise errors.InvalidRequestError(f"{where}: ask {MEMORY} or {MEMORY_PERMILLE}, not both")
@@ -670,6 +695,9 @@ class ClaimRecord:
     selectors: tuple[selectors.Selector, ...] = ()
     """The CEL selectors of its requests of sharegpu's class, compiled: sharegpu places a claim's
     requests as one unit, so each GPU it gives the claim must pass all of them."""
+    match: tuple[str, ...] = ()
+    """Attributes (fully qualified) its GPUs must all have, with one value (`matchAttribute`; applied to
+    all its requests, which sharegpu places as one unit)."""
 
     @property
     def protected(self) -> bool:
@@ -708,6 +736,7 @@ def claim_record(claim: ResourceClaim, previous: ClaimRecord | None = None) -> C
     asks: list[tuple[str, requests.GpuRequest]] = []
     tolerations: list[tuple[DeviceToleration, ...]] = []
     chosen: list[selectors.Selector] = []
+    match: tuple[str, ...] = ()
     problem = None
     others = []
     try:
@@ -725,9 +754,9 @@ def claim_record(claim: ResourceClaim, previous: ClaimRecord | None = None) -> C
                 f"its requests {others} are not of class {CLASS}: sharegpu allocates only claims whose every "
                 f"request is of its class (give the other devices a claim of their own)"
             )
-        if asks and claim.spec.devices.constraints:
-            raise errors.InvalidRequestError(f"constraints between requests are not supported for class {CLASS}")
         if asks:
+            match = _constraints(claim.spec.devices.constraints)
+            _configs(claim.spec.devices.config)
             _request(key, asks)  # they must go together (as placement will combine them)
     except errors.InvalidInputError as exc:
         problem = f"claim {meta.namespace}/{meta.name}: {exc}"
@@ -746,7 +775,39 @@ def claim_record(claim: ResourceClaim, previous: ClaimRecord | None = None) -> C
         deleting=meta.deletion_timestamp is not None,
         created=meta.creation_timestamp or "",
         selectors=tuple(dict.fromkeys(chosen)) if problem is None else (),
+        match=match if problem is None else (),
     )
+
+
+def _constraints(constraints: Sequence[DeviceConstraint]) -> tuple[str, ...]:
+    """The attributes a claim's devices must agree on (`matchAttribute`, fully qualified), or
+    InvalidRequestError naming a constraint sharegpu cannot honour."""
+    match = []
+    for i, constraint in enumerate(constraints):
+        where = f"constraints[{i}]"
+        if constraint.distinct_attribute is not None:
+            raise errors.InvalidRequestError(
+                f"{where}.distinctAttribute is not supported for class {CLASS} (sharegpu puts a claim's requests "
+                "on the same GPUs, as its containers share a pod's): ask one request for count: N, which gives N "
+                "distinct GPUs"
+            )
+        name = constraint.match_attribute
+        if name is None:
+            raise errors.InvalidRequestError(f"{where}: a constraint sharegpu does not know (only matchAttribute)")
+        if "/" not in name:
+            raise errors.InvalidRequestError(f"{where}.matchAttribute {name!r} must name its domain (domain/name)")
+        match.append(name)
+    return tuple(dict.fromkeys(match))
+
+
+def _configs(configs: Sequence[DeviceConfig]) -> None:
+    """InvalidRequestError for opaque parameters given to sharegpu's driver, which takes none."""
+    for i, config in enumerate(configs):
+        if config.opaque is not None and config.opaque.driver == DRIVER:
+            raise errors.InvalidRequestError(
+                f"config[{i}].opaque: driver {DRIVER} takes no parameters (a share's size is the request's "
+                "capacity, its GPUs the selectors): remove the config"
+            )
 
 
 def compiled(written: Sequence[Any], where: str) -> list[selectors.Selector]:
@@ -766,6 +827,7 @@ def compiled(written: Sequence[Any], where: str) -> list[selectors.Selector]:
 
 class DeviceClassSpec(wire.Message, kw_only=True, frozen=True):
     selectors: list[Any] = msgspec.field(default_factory=list)
+    config: list[DeviceConfig] = msgspec.field(default_factory=list)
 
 
 class DeviceClass(wire.Message, kw_only=True, frozen=True):
@@ -785,7 +847,12 @@ def class_selectors(found: DeviceClass) -> tuple[selectors.Selector, ...]:
         for s in found.spec.selectors
         if not (isinstance(s, dict) and " ".join(str(s.get("cel", {}).get("expression", "")).split()) == CLASS_SELECTOR)
     ]
-    return tuple(compiled(kept, f"DeviceClass {found.metadata.name}"))
+    where = f"DeviceClass {found.metadata.name}"
+    try:
+        _configs(found.spec.config)
+    except errors.InvalidRequestError as exc:
+        raise errors.InvalidRequestError(f"{where}: {exc}") from None
+    return tuple(compiled(kept, where))
 
 
 def _request(

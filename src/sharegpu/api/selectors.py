@@ -287,6 +287,11 @@ class Device:
             capacity.setdefault(domain, {})[key] = quantity_value(str(held.get("value", "0")))
         return cls(driver, attributes, capacity, bool(device.get("allowMultipleAllocations", False)))
 
+    def value_of(self, qualified: str) -> Any:
+        """The value of the attribute `domain/name` (None: the device has none), as CEL sees it."""
+        domain, _, name = qualified.partition("/")
+        return self.attributes.get(domain, {}).get(name)
+
     def variable(self, domains: frozenset[str]) -> dict[str, Any]:
         """The `device` variable, with an empty map for each of `domains` the device has nothing of."""
         found = self._variable.get("")

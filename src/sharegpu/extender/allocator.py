@@ -446,12 +446,28 @@ class ClaimAllocator:
                 "(node selector, affinity, taints)"
             )
         placer = cache.placer
+        groups: list[extender_cache.Selection | None] = [selection]
+        if claim.match:
+            groups = list(cache.matching(claim.match, selection))
+            if not groups:
+                return Placement(
+                    refusal=f"claim {claim.namespace}/{claim.name}: no GPU serving DRA claims has the attributes "
+                    f"its matchAttribute names ({', '.join(claim.match)}) among those its selectors pick"
+                )
+        decision = None
         with _tolerating(cache.state, cache.tolerated(claim)):
-            decision = placer.decide(request.demand, rows)
+            for group in groups:  # matchAttribute: the GPUs with one value of the attributes, in turn
+                request = claim.pod_request(record.cpu_milli, record.memory_mib, group.name if group else "")
+                decision = placer.decide(request.demand, rows)
+                if decision.status.ok:
+                    break
+        assert decision is not None
         if not decision.status.ok:
             diagnosis = fit.diagnose(cache.state, request.demand, rows)
             failed = reasons.failures([cache.state.names[r] for r in rows.tolist()], diagnosis, request.demand)
             text = failed.message(len(rows))
+            if claim.match:
+                text = f"with one value of {', '.join(claim.match)} (tried {len(groups)}, the last: {text})"
             if turned_away:
                 text += f" ({turned_away} more turned away by the pod's node constraints)"
             text += _untolerated(cache, claim, {cache.state.names[r] for r in rows.tolist()})

@@ -111,6 +111,10 @@ class Counters:
     ignored_nodes: list[str] = field(default_factory=list)
 
 
+MATCH_GROUPS = 64
+"""The most groups of GPUs with one value of a claim's `matchAttribute` attributes the allocator tries."""
+
+
 @dataclass(frozen=True, slots=True)
 class Selection:
     """A set of GPUs device selectors picked (`ClusterCache.selection`)."""
@@ -313,6 +317,33 @@ class ClusterCache:
         state.select(name, picked)
         self._selected[name] = tuple(failed)
         return Selection(name, tuple(failed))
+
+    def matching(self, attributes: tuple[str, ...], within: Selection | None) -> list[Selection]:
+        """The DRA GPUs (of `within`; all: None) grouped by the values they have of `attributes`
+        (fully qualified; a GPU lacking one is in no group), each group named in the fleet: largest
+        first, at most `MATCH_GROUPS`. A claim with `matchAttribute` gets its GPUs from one group."""
+        state = self.state
+        digest = hashlib.sha256("\0".join((within.name if within else "", *attributes)).encode())
+        key = f"match:{digest.hexdigest()[:16]}"
+        groups: dict[tuple[str, ...], list[tuple[str, int]]] = {}
+        for node, record in self.devices.items():
+            row = state.row(node)
+            if not record.dra or row is None:
+                continue
+            allowed = state.selection_mask(within.name, np.array([row]))[0] if within else None
+            for index, device in record.selectable:
+                if allowed is not None and not allowed[index]:
+                    continue
+                values = [device.value_of(name) for name in attributes]
+                if all(v is not None for v in values):
+                    groups.setdefault(tuple(str(v) for v in values), []).append((node, index))
+        out = []
+        ordered = sorted(groups.items(), key=lambda item: (-len(item[1]), item[0]))[:MATCH_GROUPS]
+        for i, (_, gpus) in enumerate(ordered):
+            name = f"{key}:{i}"
+            state.select(name, gpus)
+            out.append(Selection(name, within.failures if within else ()))
+        return out
 
     def tolerated(self, claim: dra.ClaimRecord) -> list[tuple[str, int]]:
         """The (node, GPU index) of GPUs kept off only by taints `claim` tolerates, and healthy
