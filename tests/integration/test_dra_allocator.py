@@ -598,3 +598,69 @@ async def test_claims_get_only_the_gpus_their_selectors_and_the_class_s_pick(
         await admin.replace(
             f"{dra.DEVICE_CLASSES}/{dra.CLASS}", {**dra.device_class(), "metadata": current["metadata"]}
         )
+
+
+async def test_each_request_feature_is_honoured_or_refused_by_name_on_the_real_api_server(
+    admin: client.KubeClient,
+    extender: ExtenderProcess,
+    nodes: Callable[..., Any],
+    namespace: str,
+    device_class: str,
+) -> None:
+    """What Kubernetes 1.37.2 accepts in a claim, each through the real API server: matchAttribute on
+    the standard pcieRoot is honoured; allocationMode All, adminAccess (in a namespace labelled for
+    it, as the API server demands), distinctAttribute, firstAvailable and opaque parameters for
+    sharegpu's driver keep the pod gated, with a ClaimNotAllocated event naming the field."""
+    await admin.patch(
+        paths.namespace(namespace), {"metadata": {"labels": {"resource.kubernetes.io/admin-access": "true"}}}
+    )
+    await nodes(1, gpus=2, dra=True)
+    capacity = {"requests": {dra.MILLI: "300", dra.MEMORY: "1Gi"}}
+    share = {"deviceClassName": dra.CLASS, "capacity": capacity}
+    root = "resource.kubernetes.io/pcieRoot"
+    specs: dict[str, tuple[Json, str | None]] = {
+        "matched": ({"requests": [{"name": "gpu", "exactly": {**share, "count": 2}}],
+                     "constraints": [{"matchAttribute": root}]}, None),
+        "all": ({"requests": [{"name": "gpu", "exactly": {"deviceClassName": dra.CLASS, "allocationMode": "All"}}]},
+                "allocationMode All is not supported"),
+        "admin": ({"requests": [{"name": "gpu", "exactly": {**share, "adminAccess": True}}]},
+                  "adminAccess is not supported"),
+        "distinct": ({"requests": [{"name": "gpu", "exactly": {**share, "count": 2}}],
+                      "constraints": [{"distinctAttribute": f"{dra.DRIVER}/uuid"}]},
+                     "distinctAttribute is not supported"),
+        "first": ({"requests": [{"name": "gpu", "firstAvailable": [{"name": "big", **share}]}]},
+                  "firstAvailable is not supported"),
+        "config": ({"requests": [{"name": "gpu", "exactly": share}],
+                    "config": [{"opaque": {"driver": dra.DRIVER, "parameters": {"isolation": "mps"}}}]},
+                   "driver gpu.sharegpu.io takes no parameters"),
+    }  # fmt: skip
+    for name, (spec, _) in specs.items():
+        body = {
+            "apiVersion": dra.API_VERSION,
+            "kind": "ResourceClaim",
+            "metadata": {"name": name},
+            "spec": {"devices": spec},
+        }
+        stored = await admin.create(dra.claim_path(namespace), body)
+        assert stored["spec"]["devices"] == {**spec, "requests": stored["spec"]["devices"]["requests"]}, (
+            "kept as written"
+        )
+        pod = builders.MakePod(name, namespace).scheduler().node_selector({"sharegpu.io/test": namespace}).grace(0)
+        made = pod.container(image="busybox", requests={"cpu": "100m"}).claim(name).gate().obj()
+        await admin.create(paths.pods(namespace), made)
+
+    assert await wait_for(lambda: node_of(admin, namespace, "matched"), timeout=60, what="the matched pod bound")
+    claim = await admin.get(dra.claim_path(namespace, "matched"))
+    assert sorted(d for _, d, _ in where(claim)) == ["gpu-0", "gpu-1"], "two GPUs under one PCIe root"
+
+    async def said() -> dict[str, str] | None:
+        found = {
+            e["involvedObject"]["name"]: str(e["message"]) for e in await events(admin, namespace, "ClaimNotAllocated")
+        }
+        return found if all(n in found for n, (_, why) in specs.items() if why) else None
+
+    refused = await wait_for(said, timeout=30, what="a refusal for each claim sharegpu cannot honour")
+    for name, (_, why) in specs.items():
+        if why is not None:
+            assert why in refused[name], (name, refused[name])
+            assert await node_of(admin, namespace, name) is None
