@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from sharegpu.api import dra as api_dra
-from sharegpu.api import paths, quantity, selectors, wire
+from sharegpu.api import names, paths, quantity, selectors, wire
 from sharegpu.devcluster import controlplane, stack
 from sharegpu.kube import client
 from sharegpu.kube import errors as kube_errors
@@ -904,3 +904,26 @@ async def test_fact_10_device_selectors_get_the_same_answers_from_kube_scheduler
         print(f"{expression}: {ours[0]} {sorted(ours[1])}")  # the table, with -s
         kinds.add(ours[0])
     assert kinds == {"picked", "none", "failed"}
+
+
+async def test_fact_11_an_extended_resource_of_sharegpus_class_gets_no_claim_kube_scheduler_cannot_allocate(
+    dra: Dra,
+) -> None:
+    """Fact 11 (KEP-5004 with sharegpu's class): a DeviceClass with sharegpu's selector
+    (`CLASS_SELECTOR`) and `extendedResourceName: sharegpu.io/gpu` makes kube-scheduler treat a pod's
+    `sharegpu.io/gpu` (a resource no node advertises) as a request of the class; but its own allocator
+    finds no device for the class, so the pod stays Pending ("cannot allocate all claims") and no
+    ResourceClaim is made at all: kube-scheduler creates the extended-resource claim only when its
+    allocator has allocated it, at binding. There is no claim for sharegpu's allocator to place, nor
+    a name to write one under. So pods written with sharegpu's resources reach DRA nodes through the
+    webhook, which turns their request into a claim of the class before scheduling (the DRA path);
+    the chart's class names no extended resource."""
+    await dra.node_with_gpu()
+    name = f"{dra.namespace}-{uuid.uuid4().hex[:4]}"
+    body = class_body(name, dra.namespace, names.GPU, sharegpu_only=True)
+    await dra.make(resource_path("deviceclasses"), body)
+    await dra.pod("asks", limits={names.GPU: "1"})
+    assert "cannot allocate all claims" in await dra.refused("asks")
+    made = await dra.kube.get(resource_path("resourceclaims", dra.namespace))
+    assert made["items"] == [], "kube-scheduler made no claim"
+    assert "extendedResourceClaimStatus" not in (await dra.get_pod("asks")).get("status", {})
