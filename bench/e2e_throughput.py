@@ -21,7 +21,14 @@ class made from a template for its share (as the webhook writes such a pod: gate
 allocator has allocated the claim), bound by kube-scheduler's DRA plugin. Before it, the same pods
 against a DeviceClass whose claims kube-scheduler's own DRA allocator places (first fit): what DRA
 costs here without sharegpu. Every phase also reports
-the p50 and p99 time from a pod's creation to its binding.
+the p50 and p99 time from a pod's creation to its binding, and the API requests kube-apiserver
+served per pod in it, by verb and resource (its `apiserver_request_total`, every client's: the
+requests a path costs, whoever sends them; watches and the bench's own creations included).
+
+With `--both`, one stack serves both paths: half the nodes serve DRA claims, the other half pods of
+the extender path, and the phases are plain, token, sharing pods (extender path) and DRA pods
+(sharegpu's allocator), so that the two paths are measured back to back on one stack (the first-fit
+phase is left out). `--runs 3` then gives the median of each figure.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ import asyncio
 import json
 import os
 import random
+import re
 import sys
 import tempfile
 import time
@@ -148,6 +156,25 @@ def processes(whole: stack.Stack) -> dict[str, int]:
     return found
 
 
+_REQUEST = re.compile(r"^apiserver_request_total\{([^}]*)\} ([0-9.e+]+)$")
+_LABEL = re.compile(r'(\w+)="([^"]*)"')
+
+
+async def api_requests(kube: client.KubeClient) -> dict[str, float]:
+    """kube-apiserver's requests so far, by "VERB resource[/subresource]" (its own metrics)."""
+    text = (await kube.send("GET", "/metrics")).decode()
+    found: dict[str, float] = {}
+    for line in text.splitlines():
+        matched = _REQUEST.match(line)
+        if matched is None:
+            continue
+        labels = dict(_LABEL.findall(matched.group(1)))
+        what = labels.get("resource", "") + (f"/{labels['subresource']}" if labels.get("subresource") else "")
+        key = f"{labels.get('verb', '?')} {what}"
+        found[key] = found.get(key, 0.0) + float(matched.group(2))
+    return found
+
+
 @dataclass(frozen=True)
 class Phase:
     rate: float
@@ -156,6 +183,16 @@ class Phase:
     p99_ms: float
     """Time from a pod's creation to its binding (seen by a watch)."""
     cpu: dict[str, float]
+    requests: dict[str, float]
+    """API requests per pod, by "VERB resource[/subresource]" (those at 0.01 or more)."""
+
+    @property
+    def writes(self) -> float:
+        """Writes per pod (POST, PUT, PATCH, DELETE)."""
+        return round(sum(n for k, n in self.requests.items() if k.split()[0] in WRITES), 2)
+
+
+WRITES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 
 async def measured(whole: stack.Stack, namespace: str, pods: list[Json], timeout: float) -> Phase:
@@ -163,10 +200,15 @@ async def measured(whole: stack.Stack, namespace: str, pods: list[Json], timeout
     assert whole.admin is not None
     pids = processes(whole)
     before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+    asked = await api_requests(whole.admin)
     rate, latencies = await schedule(whole.admin, namespace, pods, timeout)
+    await asyncio.sleep(2)  # the writes that follow a binding (a pod's status, a claim's) land
     spent = {name: (cpu_seconds(pid) - before[name]) * 1000 / len(pods) for name, pid in pids.items()}
     cpu = {name: round(ms, 2) for name, ms in sorted(spent.items(), key=lambda kv: -kv[1])}
-    return Phase(rate, percentile(latencies, 50), percentile(latencies, 99), cpu)
+    after = await api_requests(whole.admin)
+    per_pod = {k: round((n - asked.get(k, 0.0)) / len(pods), 2) for k, n in after.items()}
+    requests = {k: n for k, n in sorted(per_pod.items(), key=lambda kv: -kv[1]) if n >= 0.01}
+    return Phase(rate, percentile(latencies, 50), percentile(latencies, 99), cpu, requests)
 
 
 def percentile(values: list[float], which: int) -> float:
@@ -189,6 +231,8 @@ def show(title: str, found: Phase) -> None:
     parts = ", ".join(f"{name} {ms:.1f}" for name, ms in found.cpu.items() if ms >= 0.05)
     print(f"{title} {found.rate:7.1f} pods/s, creation to binding p50 {found.p50_ms:.0f} ms, "
           f"p99 {found.p99_ms:.0f} ms; CPU ms per pod: {parts} (total {sum(found.cpu.values()):.1f})")  # fmt: skip
+    writes = ", ".join(f"{k} {n:g}" for k, n in found.requests.items() if k.split()[0] in WRITES)
+    print(f"    API writes per pod: {found.writes:g} ({writes})")
 
 
 async def schedule(
@@ -252,29 +296,25 @@ async def why_not_scheduled(kube: client.KubeClient, namespace: str) -> dict[str
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="sharegpu-bench-") as tmp:
         # The DRA allocator writes at once (a new leader's fence guards against a previous one: none here).
-        whole = stack.Stack(Path(tmp), extender_args=("--dra-fence", "0") if args.dra else ())
+        dra_nodes = args.dra or args.both
+        whole = stack.Stack(Path(tmp), extender_args=("--dra-fence", "0") if dra_nodes else ())
         await whole.start(harness=False)
         try:
             assert whole.harness is not None and whole.admin is not None
             started = time.perf_counter()
             nodes = [f"bench-{i:04d}" for i in range(args.nodes)]
-            await whole.harness.add_nodes(
-                [
-                    devices.uniform_node(
-                        name,
-                        gpu_count=8,
-                        model="A100",
-                        gpu_memory_mib=81920,
-                        cpu_milli=128000,
-                        memory_mib=1 << 20,
-                        nvlink_all=True,
-                    )
-                    for name in nodes
-                ],
-                parallel=32,
-                dra=args.dra,
-            )
-            if args.dra:
+            made = [
+                devices.uniform_node(
+                    name, gpu_count=8, model="A100", gpu_memory_mib=81920, cpu_milli=128000, memory_mib=1 << 20,
+                    nvlink_all=True,
+                )
+                for name in nodes
+            ]  # fmt: skip
+            half = len(made) // 2 if args.both else 0  # --both: the first half serve the extender path
+            if half:
+                await whole.harness.add_nodes(made[:half], parallel=32)
+            await whole.harness.add_nodes(made[half:], parallel=32, dra=dra_nodes)
+            if dra_nodes:
                 await dra_classes(whole.admin)
             await advertise_tokens(whole.admin, nodes)
             print(f"{args.nodes} fake nodes with 8 GPUs each ready in {time.perf_counter() - started:.1f} s")
@@ -284,7 +324,20 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             rng = random.Random(3)
             shares = [100, 200, 250, 300, 500]
             first_fit: Phase | None = None
-            if args.dra:
+            extender: Phase | None = None
+            if args.both:
+
+                def shared_both(name: str, namespace: str) -> Json:
+                    return sharing_pod(name, namespace, rng.choice(shares), args.handoffs)
+
+                extender = await phase(whole, args, "sharing pods (through the extender):", "sharing", shared_both)
+                await templates(whole.admin, "bench-dra", shares, dra.CLASS)
+
+                def claimed_both(name: str, namespace: str) -> Json:
+                    return dra_pod(name, namespace, rng.choice(shares))
+
+                sharing = await phase(whole, args, "DRA pods (sharegpu's allocator):   ", "dra", claimed_both)
+            elif args.dra:
                 await templates(whole.admin, "bench-firstfit", shares, FIRST_FIT)
 
                 def by_scheduler(name: str, namespace: str) -> Json:
@@ -307,13 +360,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             connections = await whole.extender.connections()
             print(f"connections the extender accepted from kube-scheduler, by protocol: {connections}")
             allocator = await whole.extender.counted("sharegpu_extender_dra_claims_total", "outcome")
-            if args.dra:
+            if dra_nodes:
                 print(f"what the DRA allocator did, by outcome: {allocator}")
                 said = await why_not_scheduled(whole.admin, "bench-dra")
                 print(f"kube-scheduler's FailedScheduling events on DRA pods, by message: {said}")
         finally:
             await whole.stop()
-    path = "dra" if args.dra else "extender"
+    path = "dra" if dra_nodes else "extender"
     found: dict[str, Any] = {
         "path": path,
         "plain_pods_per_second": round(plain.rate, 2),
@@ -324,9 +377,19 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "p50_ms": {"plain": plain.p50_ms, "token": token.p50_ms, path: sharing.p50_ms},
         "p99_ms": {"plain": plain.p99_ms, "token": token.p99_ms, path: sharing.p99_ms},
         "cpu_ms_per_pod": {"plain": plain.cpu, "token": token.cpu, path: sharing.cpu},
+        "api_requests_per_pod": {"plain": plain.requests, "token": token.requests, path: sharing.requests},
+        "api_writes_per_pod": {"plain": plain.writes, "token": token.writes, path: sharing.writes},
         "extender_connections": connections,
         "allocator": allocator,
     }
+    if extender is not None:
+        found["extender_pods_per_second"] = round(extender.rate, 2)
+        found["dra_to_extender"] = round(sharing.rate / extender.rate, 3)
+        found["p50_ms"]["extender"] = extender.p50_ms
+        found["p99_ms"]["extender"] = extender.p99_ms
+        found["cpu_ms_per_pod"]["extender"] = extender.cpu
+        found["api_requests_per_pod"]["extender"] = extender.requests
+        found["api_writes_per_pod"]["extender"] = extender.writes
     if first_fit is not None:
         found["first_fit_pods_per_second"] = round(first_fit.rate, 2)
         found["first_fit"] = {"p50_ms": first_fit.p50_ms, "p99_ms": first_fit.p99_ms, "cpu_ms_per_pod": first_fit.cpu}
@@ -344,6 +407,7 @@ def main() -> int:
     parser.add_argument(
         "--handoffs", action="store_true", help="sharing pods name a hand-off ConfigMap, as the webhook's do"
     )
+    parser.add_argument("--both", action="store_true", help="both paths on one stack, back to back (see above)")
     args = parser.parse_args()
     runs = []
     for i in range(args.runs):
@@ -352,7 +416,19 @@ def main() -> int:
         runs.append(asyncio.run(run(args)))
         path = runs[-1]["path"]
         print(f"ratio {path}/plain: {runs[-1]['ratio']:.3f}; {path}/token: {runs[-1]['ratio_to_token']:.3f}")
+        if "dra_to_extender" in runs[-1]:
+            print(f"ratio dra/extender: {runs[-1]['dra_to_extender']:.3f}")
     result = sorted(runs, key=lambda r: float(r["ratio"]))[len(runs) // 2]
+    if args.both and args.runs > 1:
+        result = {
+            **result,
+            "median": {
+                key: sorted(float(r[key]) for r in runs)[len(runs) // 2]
+                for key in ("extender_pods_per_second", "dra_pods_per_second", "dra_to_extender")
+            }
+            | {f"p99_ms_{p}": sorted(float(r["p99_ms"][p]) for r in runs)[len(runs) // 2] for p in ("extender", "dra")},
+        }
+        print(f"medians of {args.runs} runs: {result['median']}")
     if args.runs > 1:
         result = {**result, "runs": runs}
         print(f"median ratio of {args.runs} runs: {result['ratio']:.3f} ({', '.join(str(r['ratio']) for r in runs)})")
