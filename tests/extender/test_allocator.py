@@ -10,6 +10,7 @@ from typing import Any
 
 from sharegpu.api import dra, names, paths, pods, quantity, wire
 from sharegpu.core import units
+from sharegpu.kube import client
 from tests import builders
 from tests.extender.conftest import Harness, gpu_pod, settle
 
@@ -565,3 +566,44 @@ async def test_match_attribute_gives_a_claim_gpus_with_one_value_of_it(harness: 
         f"no GPU serving DRA claims has the attributes its matchAttribute names ({dra.DRIVER}/colour)"
         in (said["unknown"])
     )
+
+
+async def test_the_claim_the_webhook_named_is_made_for_its_pod_and_allocated_without_a_finalizer_write(
+    harness: Callable[..., Any],
+) -> None:
+    h: Harness = await harness(nodes=0, dra=1, dra_fence=0.0)
+    name = dra.Shape(1, 500, memory_mib=2048).claim_name(bytes(range(10)))
+    body = builders.MakePod("p", "ns").container().gate().obj()
+    body["spec"]["resourceClaims"] = [{"name": dra.POD_CLAIM, "resourceClaimName": name}]
+    h.server.put_object(paths.pods("ns"), body)
+    await settle(h.server)
+    writes: list[tuple[str, str]] = []
+    allocator = h.extender.allocator
+    assert allocator is not None
+    patch = allocator.api.patch
+
+    async def counted(path: str, patched: Any, content_type: str = client.MERGE_PATCH) -> Any:
+        writes.append(("PATCH", path))
+        return await patch(path, patched, content_type)
+
+    allocator.api.patch = counted  # type: ignore[method-assign,assignment]
+    await run(h)
+    made = h.server.get_object(dra.claim_path("ns", name))
+    pod = h.server.get_object(paths.pod("ns", "p"))
+    assert made is not None and pod is not None
+    (owner,) = made["metadata"]["ownerReferences"]
+    assert (owner["kind"], owner["name"], owner["uid"]) == ("Pod", "p", pod["metadata"]["uid"]), "it goes with its pod"
+    assert made["metadata"]["finalizers"] == [dra.DELETE_PROTECTION]
+    assert made["metadata"]["labels"] == {names.LABEL_ROLE: names.ROLE_POD_CLAIM}
+    await settle(h.server)
+    await run(h)
+    assert [r["device"] for r in results(h, name)] == ["gpu-0"]
+    await run(h)
+    assert gates(h, "p") == []
+    assert ("PATCH", dra.claim_path("ns", name)) not in writes, "born with its finalizer: none written"
+    other = builders.MakePod("q", "ns").container().gate().obj()
+    other["spec"]["resourceClaims"] = [{"name": dra.POD_CLAIM, "resourceClaimName": "sharegpu-not-a-shape"}]
+    h.server.put_object(paths.pods("ns"), other)
+    await settle(h.server)
+    await run(h)
+    assert h.server.get_object(dra.claim_path("ns", "sharegpu-not-a-shape")) is None, "only names of sharegpu's form"

@@ -539,10 +539,18 @@ def test_a_pod_that_goes_the_dra_way_asks_by_a_claim_of_its_shape_and_waits_behi
             for r in (*names.GPU_RESOURCES, *names.QUOTA_RESOURCES, *limits)
         ), container
         assert container["resources"]["claims"] == [{"name": "sharegpu-gpu"}]
-        assert out["spec"]["resourceClaims"] == [{"name": "sharegpu-gpu", "resourceClaimTemplateName": template}]
+        (entry,) = out["spec"]["resourceClaims"]
+        claim = entry.pop("resourceClaimName")
+        assert (
+            entry == {"name": "sharegpu-gpu"} and claim.startswith(f"{template}-c") and len(claim) == len(template) + 18
+        )
+        assert dra.claim_shape(claim) == dra.template_shape(template), "the claim's name says its shape"
+        entry["resourceClaimName"] = claim
         assert out["spec"]["schedulingGates"] == [{"name": names.DRA_GATE}]
         assert names.HANDOFF not in out["metadata"]["annotations"], "the DRA path needs no hand-off"
-        assert template in out["metadata"]["annotations"][names.TRANSLATED]
+        assert claim in out["metadata"]["annotations"][names.TRANSLATED]
+        other = applied(pod, admission.mutate(review(pod), POLICY))
+        assert other["spec"]["resourceClaims"][0]["resourceClaimName"] != claim, "each pod a claim of its own"
         again = applied(out, admission.mutate(review(out), POLICY))
         assert again == out, "reinvocation changes nothing"
         assert answer_of(admission.validate(review(out), POLICY))["response"]["allowed"]

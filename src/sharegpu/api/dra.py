@@ -473,7 +473,9 @@ def _of_class(sub: Any) -> bool:
 TEMPLATE_PREFIX: Final = "sharegpu-"
 POD_CLAIM: Final = "sharegpu-gpu"
 """The name of the claim entry (`spec.resourceClaims[]`) the webhook gives a pod it turns to the DRA path."""
-_TEMPLATE = re.compile(r"^sharegpu-(\d+)x(\d+)m-(\d+)(mi|pm)(?:-m([a-z2-7]+))?$")
+_TEMPLATE = re.compile(r"^sharegpu-(\d+)x(\d+)m-(\d+)(mi|pm)(?:-m([a-z2-7]+))?(?:-c([a-z2-7]{16}))?$")
+POD_CLAIM_TOKEN_BYTES: Final = 10
+"""The random part of a pod's claim name (`Shape.claim_name`): 80 bits, 16 base32 characters."""
 NAME_MAX: Final = 253
 """The longest object name (a DNS subdomain)."""
 
@@ -501,15 +503,23 @@ class Shape:
             name += f"-m{encoded}"
         return name
 
+    def claim_name(self, token: bytes) -> str:
+        """The name of a claim of this shape for one pod (`token`: `POD_CLAIM_TOKEN_BYTES` random
+        bytes): the webhook names it in the pod, the allocator makes it (`pod_claim`) for the pod that
+        names it, owned by that pod. One claim per pod, made once it waits: no template, so
+        kube-controller-manager neither makes it nor writes the pod's status for it."""
+        return f"{self.name}-c{base64.b32encode(token).decode().lower()}"
+
     def check(self) -> None:
         """InvalidRequestError for a shape no template can be named after (models too long to write in a
         name, or one with a line break)."""
         if any("\n" in m for m in self.models):
             raise errors.InvalidRequestError("a GPU model name with a line break cannot be asked for on the DRA path")
-        if len(self.name) > NAME_MAX:
+        longest = len(self.claim_name(bytes(POD_CLAIM_TOKEN_BYTES)))
+        if longest > NAME_MAX:
             raise errors.InvalidRequestError(
                 f"the GPU models {sorted(self.models)} are too long to name a claim template after "
-                f"({len(self.name)} characters, at most {NAME_MAX}): allow fewer models, or ask with a "
+                f"({longest} characters, at most {NAME_MAX}): allow fewer models, or ask with a "
                 "ResourceClaim of sharegpu's class and a selector on productName"
             )
 
@@ -525,8 +535,20 @@ class Shape:
 def template_shape(name: str) -> Shape | None:
     """The shape a template name says; None for any other name."""
     found = _TEMPLATE.match(name)
-    if found is None:
+    if found is None or found.group(6):
         return None
+    return _shape(found)
+
+
+def claim_shape(name: str) -> Shape | None:
+    """The shape a pod's claim name (`Shape.claim_name`) says; None for any other name."""
+    found = _TEMPLATE.match(name)
+    if found is None or not found.group(6):
+        return None
+    return _shape(found)
+
+
+def _shape(found: re.Match[str]) -> Shape | None:
     count, milli, memory = (int(g) for g in found.groups()[:3])
     if not 1 <= count <= units.MAX_GPUS_PER_NODE or not 1 <= milli <= units.MILLI_PER_GPU:
         return None
@@ -550,6 +572,30 @@ def template(namespace: str, name: str) -> dict[str, Any]:
     shape = template_shape(name)
     if shape is None:
         raise errors.InvalidInputError(f"{name!r} is not a sharegpu claim template name")
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name, "namespace": namespace, "labels": {names.LABEL_ROLE: names.ROLE_CLAIM_TEMPLATE}},
+        "spec": {"spec": _claim_spec(shape)},
+    }
+
+
+def pod_claim(namespace: str, name: str, pod: str, pod_uid: str) -> dict[str, Any]:
+    """The ResourceClaim `name` (a `Shape.claim_name`) of `namespace` for the pod that names it: its
+    shape's request, owned by the pod (it goes with the pod), born with the finalizer
+    `DELETE_PROTECTION` (so kube-controller-manager frees it when the pod goes, and the allocator
+    writes no finalizer). InvalidInputError for a name that is not a pod's claim."""
+    shape = claim_shape(name)
+    if shape is None:
+        raise errors.InvalidInputError(f"{name!r} is not a sharegpu pod claim name")
+    owner = {"apiVersion": "v1", "kind": "Pod", "name": pod, "uid": pod_uid, "controller": True}
+    meta = {"name": name, "namespace": namespace, "labels": {names.LABEL_ROLE: names.ROLE_POD_CLAIM},
+            "finalizers": [DELETE_PROTECTION], "ownerReferences": [owner]}  # fmt: skip
+    return {"apiVersion": API_VERSION, "kind": "ResourceClaim", "metadata": meta, "spec": _claim_spec(shape)}
+
+
+def _claim_spec(shape: Shape) -> dict[str, Any]:
+    """The claim spec of a shape: one request `gpu` of the class."""
     count, milli = shape.count, shape.milli
     asked: dict[str, str] = {MILLI: str(milli)}
     if milli < units.MILLI_PER_GPU and shape.memory_permille:
@@ -560,12 +606,7 @@ def template(namespace: str, name: str) -> dict[str, Any]:
     if shape.selector is not None:
         exactly["selectors"] = [{"cel": {"expression": shape.selector}}]
     request = {"name": "gpu", "exactly": exactly}
-    return {
-        "apiVersion": API_VERSION,
-        "kind": "ResourceClaimTemplate",
-        "metadata": {"name": name, "namespace": namespace, "labels": {names.LABEL_ROLE: names.ROLE_CLAIM_TEMPLATE}},
-        "spec": {"spec": {"devices": {"requests": [request]}}},
-    }
+    return {"devices": {"requests": [request]}}
 
 
 def template_path(namespace: str, name: str | None = None) -> str:

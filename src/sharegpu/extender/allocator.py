@@ -168,6 +168,8 @@ class ClaimAllocator:
         """Per DRA node that says its pod capacity, how many more pods it takes (this pass)."""
         self.templates: dict[tuple[str, str], float] = {}
         """(namespace, template) of sharegpu's claim templates this allocator tried to make -> when."""
+        self.made: dict[tuple[str, str], float] = {}
+        """(namespace, claim) of the pods' claims of sharegpu's by name it tried to make -> when."""
         self.loop = reconcile.Loop("dra-allocator", self.reconcile)
 
     def wake(self) -> None:
@@ -249,6 +251,8 @@ class ClaimAllocator:
             key = dra.claim_key(namespace, ref.claim)
             claim = self.cache.claims.records.get(key)
             if claim is None and key not in self.cache.claims.foreign:
+                if dra.claim_shape(ref.claim) is not None:
+                    await self._make_claim(record, ref.claim)
                 return None  # not made yet, or not seen yet: it may be of the class
             if claim is not None and claim.ours:
                 found.append(claim)
@@ -256,7 +260,8 @@ class ClaimAllocator:
 
     async def _make_templates(self) -> None:
         """The missing templates of sharegpu's the waiting pods name (so that kube-controller-manager
-        makes their claims while a new leader waits out its fence)."""
+        makes their claims while a new leader waits out its fence), and their missing claims of
+        sharegpu's by name (`api.dra.pod_claim`)."""
         for key in sorted(self.cache.claiming):  # a copy: the watch changes the set while a creation waits
             record = self.cache.record(key)
             if record is None or record.node:
@@ -264,6 +269,33 @@ class ClaimAllocator:
             for ref in record.claims:
                 if not ref.claim and dra.template_shape(ref.template) is not None:
                     await self._make_template(key.split("/", 1)[0], ref.template)
+                elif ref.claim and dra.claim_shape(ref.claim) is not None:
+                    claim_key = dra.claim_key(key.split("/", 1)[0], ref.claim)
+                    if claim_key not in self.cache.claims.records and claim_key not in self.cache.claims.foreign:
+                        await self._make_claim(record, ref.claim)
+
+    async def _make_claim(self, record: pods.Record, name: str) -> None:
+        """Make the claim of sharegpu's `name` for the pod that names it (once; again after
+        `TEMPLATE_RETRY` if it is still not seen)."""
+        namespace, pod = record.key.split("/", 1)
+        now = self.clock()
+        last = self.made.get((namespace, name))
+        if last is not None and now - last < TEMPLATE_RETRY:
+            return
+        if len(self.made) > 4096:  # one entry per pod: only those that may still be retried are kept
+            self.made = {k: at for k, at in self.made.items() if now - at < TEMPLATE_RETRY}
+        self.made[(namespace, name)] = now
+        try:
+            await self.api.create(dra.claim_path(namespace), dra.pod_claim(namespace, name, pod, record.uid))
+        except kube_errors.ConflictError as exc:
+            if not exc.already_exists:
+                log.warning("claim %s/%s: %s", namespace, name, exc)
+            return
+        except errors.SharegpuError as exc:
+            log.warning("claim %s/%s for pod %s could not be made (tried again in %.0f s): %s",
+                        namespace, name, record.key, TEMPLATE_RETRY, exc)  # fmt: skip
+            return
+        self.metrics.claims.labels("made").inc()
 
     async def _make_template(self, namespace: str, name: str) -> None:
         now = self.clock()

@@ -94,7 +94,8 @@ class Metrics:
         self.claims = prometheus_client.Counter(
             "sharegpu_extender_dra_claims",
             "What the DRA allocator did with claims of sharegpu's class, by outcome (allocated, ungated, "
-            "cleared, template; taken-back: kube-scheduler cleared an allocation it wrote; refused, unknown: "
+            "cleared, template, made: a pod's claim by name it made; taken-back: kube-scheduler cleared an "
+            "allocation it wrote; refused, unknown: "
             "a write refused, or whose answer was lost)",
             ["outcome"],
             registry=r,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import secrets
 from collections.abc import Mapping
 from typing import Any
 
@@ -335,10 +336,12 @@ def path_of(namespace: str, annotations: Mapping[str, str], policy: Policy) -> s
 
 def _to_claims(obj: Json, parsed: requests.PodRequest, audit: list[str]) -> None:
     """Turn a pod's GPU request (any format, translated) into a DRA claim: its GPU container asks for
-    none of sharegpu's resources any more, and uses the claim `dra.POD_CLAIM` made from the namespace's
-    template for its shape (`dra.template_name`; sharegpu's allocator makes the template when it is
-    missing); the pod waits behind `names.DRA_GATE` until the claim is allocated. InvalidRequestError
-    for what a claim of sharegpu's class cannot carry yet, naming it."""
+    none of sharegpu's resources any more, and uses, as `dra.POD_CLAIM`, a claim of its own by name
+    (`Shape.claim_name`: its shape and a random part), which sharegpu's allocator makes for it
+    (`dra.pod_claim`, owned by the pod); the pod waits behind `names.DRA_GATE` until the claim is
+    allocated. A claim by name, not a template: kube-controller-manager then neither makes it nor
+    writes the pod's status for it, and the claim is born with its finalizer (two API writes fewer per
+    pod). InvalidRequestError for what a claim of sharegpu's class cannot carry yet, naming it."""
     other_path = f"ask on the extender path ({names.PATH}: {names.PATH_EXTENDER})"
     if not parsed.cotenancy.empty:
         raise errors.InvalidRequestError(f"co-tenancy rules are not available on the DRA path; {other_path}")
@@ -358,7 +361,12 @@ def _to_claims(obj: Json, parsed: requests.PodRequest, audit: list[str]) -> None
     else:
         shape = dra.Shape(gpu.count, gpu.milli, gpu.memory_mib, gpu.memory_permille, gpu.models)
     shape.check()
-    name = shape.name
+    spec = obj.setdefault("spec", {})
+    entries = spec.setdefault("resourceClaims", [])
+    kept = [e.get("resourceClaimName") for e in entries if e.get("name") == dra.POD_CLAIM]
+    # Reinvoked: the claim named the first time stays (its name is random).
+    named = kept[0] if kept and isinstance(kept[0], str) and dra.claim_shape(kept[0]) == shape else None
+    claim = named or shape.claim_name(secrets.token_bytes(dra.POD_CLAIM_TOKEN_BYTES))
     if gpu.limit != gpu.milli:
         audit.append(f"container {request.name}: burst limit {gpu.limit} milli-GPU not carried by a claim")
     resources = container.setdefault("resources", {})
@@ -371,14 +379,12 @@ def _to_claims(obj: Json, parsed: requests.PodRequest, audit: list[str]) -> None
     used = resources.setdefault("claims", [])
     if not any(c.get("name") == dra.POD_CLAIM for c in used):
         used.append({"name": dra.POD_CLAIM})
-    spec = obj.setdefault("spec", {})
-    entries = spec.setdefault("resourceClaims", [])
     entries[:] = [e for e in entries if e.get("name") != dra.POD_CLAIM]  # reinvoked: the same, once
-    entries.append({"name": dra.POD_CLAIM, "resourceClaimTemplateName": name})
+    entries.append({"name": dra.POD_CLAIM, "resourceClaimName": claim})
     gates = spec.setdefault("schedulingGates", [])
     if not any(g.get("name") == names.DRA_GATE for g in gates):
         gates.append({"name": names.DRA_GATE})
-    audit.append(f"container {request.name}: GPU request -> DRA claim {dra.POD_CLAIM} from template {name}")
+    audit.append(f"container {request.name}: GPU request -> DRA claim {claim} (made for the pod by sharegpu)")
 
 
 def _patch(before: Json, after: Json) -> list[Json]:
