@@ -15,13 +15,14 @@ runs under the same faults).
 
 With `--dra`, half the nodes serve DRA claims (as agents run with --dra leave them: a Device that
 says so and a ResourceSlice), sharegpu's DeviceClass exists, and 40% of the churn's pods ask the DRA
-way: gated, their GPU a claim from the template for their share (`sharegpu-1x<milli>m-<MiB>mi`, which
-the allocator makes). The extender then also allocates claims under the faults, and more kinds hit
-it: 409 on its claim writes, claim writes and gate lifts the API server carried out whose answer was
-lost, DeviceTaintRules (NoSchedule) put on a random DRA GPU and taken away a few seconds later (all
-gone before the verdict), and claims shared by two pods (a ResourceClaim by name, both pods gated
-on it). Two extender replicas then elect a leader (on shorter terms: `ELECTION`, `FENCE`), each
-through its own proxy on a token bound to a pod of its own, as the chart's replicas are, so that the
+way, as the webhook writes them: gated, their GPU a claim of their own by name
+(`sharegpu-1x<milli>m-<MiB>mi-c<random>`, which the allocator makes for the pod). The extender then
+also allocates claims under the faults, and more kinds hit it: 409 on its claim writes, claim writes
+and gate lifts the API server carried out whose answer was lost, DeviceTaintRules (NoSchedule) put
+on a random DRA GPU and taken away a few seconds later (all gone before the verdict), and claims
+shared by two pods (a ResourceClaim by name, both pods gated on it). Two extender replicas then
+elect a leader (on shorter terms: `ELECTION`, `FENCE`), each through its own proxy on a token bound
+to a pod of its own, as the chart's replicas are, so that the
 `sharegpu-leader` policy judges their claim writes; a killed extender is either replica, and one
 more fault: a write delayed across a leader change (the leader's next claim write held in its proxy
 while the leader stalls, until the other has taken the Lease and waited out its fence; then it goes
@@ -61,6 +62,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import random
 import shutil
 import signal
@@ -135,8 +137,9 @@ def pod_body(rng: random.Random, name: str, *, dra_share: float = 0.0) -> Json:
 
 
 def dra_pod_body(name: str, priority: str, milli: int, limits: dict[str, str]) -> Json:
-    """A pod that asks the DRA way, as the webhook leaves it: gated, a claim from its shape's template."""
+    """A pod that asks the DRA way, as the webhook leaves it: gated, a claim of its own by name."""
     shape = dra.Shape(1, milli, memory_mib=DRA_MEMORY_MIB)
+    claim = shape.claim_name(os.urandom(dra.POD_CLAIM_TOKEN_BYTES))
     container = {"name": "main", "image": "busybox",
                  "resources": {"limits": limits, "requests": limits, "claims": [{"name": dra.POD_CLAIM}]}}  # fmt: skip
     return {
@@ -148,7 +151,7 @@ def dra_pod_body(name: str, priority: str, milli: int, limits: dict[str, str]) -
             "priorityClassName": priority,
             "terminationGracePeriodSeconds": 0,
             "schedulingGates": [{"name": names.DRA_GATE}],
-            "resourceClaims": [{"name": dra.POD_CLAIM, "resourceClaimTemplateName": shape.name}],
+            "resourceClaims": [{"name": dra.POD_CLAIM, "resourceClaimName": claim}],
             "containers": [container],
         },
     }
@@ -611,7 +614,8 @@ class Chaos:
             record = pods.record(pod)
             if not record.key.startswith(f"{NS}/") or record.node or record.terminal or not record.claims:
                 continue
-            shape = dra.template_shape(record.claims[0].template)
+            first = record.claims[0]
+            shape = dra.template_shape(first.template) if first.template else dra.claim_shape(first.claim)
             if any((NS, ref.claim) in allocated for ref in record.claims):
                 stuck.append(f"claim allocated, pod not bound: {record.key}")
             elif shape is not None and any(m >= shape.milli and mib >= shape.memory_mib for m, mib in free.values()):

@@ -95,11 +95,17 @@ def token_pod(name: str, namespace: str) -> Json:
 
 
 def dra_pod(name: str, namespace: str, milli: int, *, gated: bool = True) -> Json:
-    """A pod of the DRA path, as the webhook writes it: its claim from the namespace's template for its
-    share, gated until sharegpu's allocator has allocated it (`gated` False: for kube-scheduler's)."""
+    """A pod of the DRA path, as the webhook writes it: a claim of its own by name, which sharegpu's
+    allocator makes, gated until the allocator has allocated it; `gated` False: a claim from the
+    namespace's template for its share (for kube-scheduler's own allocator)."""
     body = plain_pod(name, namespace)
     shape = dra.Shape(1, milli)
-    body["spec"]["resourceClaims"] = [{"name": dra.POD_CLAIM, "resourceClaimTemplateName": shape.name}]
+    entry = {"name": dra.POD_CLAIM}
+    if gated:
+        entry["resourceClaimName"] = shape.claim_name(os.urandom(dra.POD_CLAIM_TOKEN_BYTES))
+    else:
+        entry["resourceClaimTemplateName"] = shape.name
+    body["spec"]["resourceClaims"] = [entry]
     body["spec"]["containers"][0]["resources"]["claims"] = [{"name": dra.POD_CLAIM}]
     if gated:
         body["spec"]["schedulingGates"] = [{"name": names.DRA_GATE}]
@@ -331,7 +337,6 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     return sharing_pod(name, namespace, rng.choice(shares), args.handoffs)
 
                 extender = await phase(whole, args, "sharing pods (through the extender):", "sharing", shared_both)
-                await templates(whole.admin, "bench-dra", shares, dra.CLASS)
 
                 def claimed_both(name: str, namespace: str) -> Json:
                     return dra_pod(name, namespace, rng.choice(shares))
@@ -344,7 +349,6 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     return dra_pod(name, namespace, rng.choice(shares), gated=False)
 
                 first_fit = await phase(whole, args, "DRA pods (kube-scheduler's own):    ", "firstfit", by_scheduler)
-                await templates(whole.admin, "bench-dra", shares, dra.CLASS)  # as sharegpu's allocator makes them
 
                 def claimed(name: str, namespace: str) -> Json:
                     return dra_pod(name, namespace, rng.choice(shares))

@@ -49,12 +49,19 @@ def dra_pod(name: str, namespace: str, template_name: str) -> Json:
 
 
 async def claim_of(admin: client.KubeClient, namespace: str, pod: str) -> Json | None:
+    """The pod's (first) claim, by name or made from its template; None while it is not made."""
     found = await admin.get(paths.pod(namespace, pod))
+    by_name = found["spec"]["resourceClaims"][0].get("resourceClaimName")
     statuses = (found.get("status") or {}).get("resourceClaimStatuses") or []
-    if not statuses or not statuses[0].get("resourceClaimName"):
+    name = by_name or (statuses[0].get("resourceClaimName") if statuses else None)
+    if not name:
         return None
-    claim: Json = await admin.get(f"{dra.claim_path(namespace)}/{statuses[0]['resourceClaimName']}")
+    claim: Json | None = await get_or_none(admin, f"{dra.claim_path(namespace)}/{name}")
     return claim
+
+
+async def _none(read: Callable[[], Any]) -> bool:
+    return await read() is None
 
 
 def where(claim: Json) -> list[tuple[str, str, int]]:
@@ -179,16 +186,18 @@ async def test_a_pod_in_another_system_s_format_goes_the_dra_way_through_the_web
     device_class: str,
 ) -> None:
     """The whole DRA path: a pod asking the Koordinator way (half a GPU's compute and memory), with
-    `sharegpu.io/path: dra`, is turned by the webhook into a claim from the template for its shape,
-    gated; sharegpu's allocator makes the template, kube-controller-manager the claim, the allocator
-    allocates it (half of the 16 GiB in MiB) and lifts the gate, and kube-scheduler binds the pod."""
+    `sharegpu.io/path: dra`, is turned by the webhook into a claim of its own by name, gated;
+    sharegpu's allocator makes the claim (owned by the pod, with its finalizer), allocates it (half of
+    the 16 GiB in MiB) and lifts the gate, and kube-scheduler binds the pod. No template, and
+    kube-controller-manager writes nothing for the claim in the pod's status."""
     dra_nodes = await nodes(1, gpus=1, dra=True)
     limits = {"koordinator.sh/gpu-core": "50", "koordinator.sh/gpu-memory-ratio": "50", "cpu": "100m"}
     made = builders.MakePod("koord", namespace).annotations({names.PATH: names.PATH_DRA}).grace(0)
     made.node_selector({"sharegpu.io/test": namespace}).container(image="busybox", limits=limits, requests=limits)
     created = await admin.create(paths.pods(namespace), made.obj())
     shape = dra.Shape(1, 500, memory_permille=500)
-    assert created["spec"]["resourceClaims"] == [{"name": dra.POD_CLAIM, "resourceClaimTemplateName": shape.name}]
+    (entry,) = created["spec"]["resourceClaims"]
+    assert entry["name"] == dra.POD_CLAIM and dra.claim_shape(entry["resourceClaimName"]) == shape
     assert [g["name"] for g in created["spec"]["schedulingGates"]] == [names.DRA_GATE]
     assert not any("koordinator" in r for r in created["spec"]["containers"][0]["resources"].get("limits", {}))
     node = await wait_for(functools.partial(node_of, admin, namespace, "koord"), timeout=90, what="koord bound")
@@ -197,8 +206,16 @@ async def test_a_pod_in_another_system_s_format_goes_the_dra_way_through_the_web
     assert claim is not None and where(claim) == [(node, "gpu-0", 500)]
     (result,) = claim["status"]["allocation"]["devices"]["results"]
     assert quantity.parse(result["consumedCapacity"][dra.MEMORY]) == quantity.parse("8Gi")
-    template_made = await admin.get(dra.template_path(namespace, shape.name))
-    assert template_made["metadata"]["labels"][names.LABEL_ROLE] == names.ROLE_CLAIM_TEMPLATE
+    (owner,) = claim["metadata"]["ownerReferences"]
+    assert (owner["kind"], owner["name"], owner["uid"]) == ("Pod", "koord", created["metadata"]["uid"])
+    assert claim["metadata"]["finalizers"] == [dra.DELETE_PROTECTION]
+    assert claim["metadata"]["labels"][names.LABEL_ROLE] == names.ROLE_POD_CLAIM
+    assert await get_or_none(admin, dra.template_path(namespace, shape.name)) is None, "no template"
+    bound = await admin.get(paths.pod(namespace, "koord"))
+    assert not bound.get("status", {}).get("resourceClaimStatuses"), "kube-controller-manager wrote nothing"
+    await admin.delete(paths.pod(namespace, "koord"), grace_period=0)
+    gone = functools.partial(get_or_none, admin, dra.claim_path(namespace, entry["resourceClaimName"]))
+    await wait_for(lambda: _none(gone), timeout=60, what="the claim gone with its pod")
 
 
 async def test_a_pod_written_as_kubernetes_documents_dra_is_gated_by_the_webhook_and_placed_by_sharegpu(
