@@ -11,9 +11,10 @@ claims of the class, oldest first:
   judges a GPU pod at admission (a pod whose claims were written by hand never was): a used-up
   Deny budget keeps it gated, a used-up Demote budget unless the pod runs at or below the demotion
   PriorityClass (`extender.budgets`), with the event below saying so.
-- **Waits** for the claims a template makes (kube-controller-manager names them in the pod's
-  status), first making the namespace's template for a shape the webhook named
-  (`api.dra.template_name`) when it is missing; a claim sharegpu cannot allocate (several classes,
+- **Makes** the claim of sharegpu's the webhook named for the pod (`api.dra.pod_claim`: owned by
+  the pod, born with its finalizer) where it is missing, and **waits** for it, or for the claims a
+  template makes (kube-controller-manager names them in the pod's status), first making a template
+  of sharegpu's shape names (`api.dra.Shape`) when it is missing; a claim sharegpu cannot allocate (several classes,
   allocationMode All, a selector that does not compile here...) keeps the pod gated, with a Warning
   event `ClaimNotAllocated` that says why. A gated pod with no claim of the class is let go at once.
 - **Places** each unallocated claim with the configured policy (the same `Placer` the extender
@@ -93,7 +94,8 @@ default --request-timeout)."""
 WRITERS = 16
 """Pods whose claims are written at the same time (each pod's claims one after the other)."""
 TEMPLATE_RETRY = 10.0
-"""Seconds before a claim template is made again (one that could not be, or that went since)."""
+"""Seconds before a claim template, or a pod's claim by name, is made again (one that could not be,
+or that went since)."""
 ORPHAN_AFTER = 30.0
 """Seconds a claim of the class stays allocated with no pod using or waiting for it before it is cleared."""
 
