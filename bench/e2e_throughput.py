@@ -303,7 +303,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="sharegpu-bench-") as tmp:
         # The DRA allocator writes at once (a new leader's fence guards against a previous one: none here).
         dra_nodes = args.dra or args.both
-        whole = stack.Stack(Path(tmp), extender_args=("--dra-fence", "0") if dra_nodes else ())
+        gates = (f"--feature-gates={args.scheduler_gates}",) if args.scheduler_gates else ()
+        whole = stack.Stack(Path(tmp), extender_args=("--dra-fence", "0") if dra_nodes else (), scheduler_args=gates)
         await whole.start(harness=False)
         try:
             assert whole.harness is not None and whole.admin is not None
@@ -412,6 +413,12 @@ def main() -> int:
         "--handoffs", action="store_true", help="sharing pods name a hand-off ConfigMap, as the webhook's do"
     )
     parser.add_argument("--both", action="store_true", help="both paths on one stack, back to back (see above)")
+    parser.add_argument(
+        "--scheduler-gates",
+        default="",
+        help="feature gates of sharegpu's kube-scheduler (K=V,...), e.g. "
+        "NominatedNodeNameForExpectation=false: no nominatedNodeName write before a DRA pod's PreBind",
+    )
     args = parser.parse_args()
     runs = []
     for i in range(args.runs):

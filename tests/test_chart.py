@@ -575,3 +575,22 @@ def test_every_health_port_serves_tls_with_the_charts_health_certificate() -> No
             assert container[probe]["httpGet"]["scheme"] == "HTTPS", (name, probe)
         (volume,) = [v for v in spec["volumes"] if v["name"] == "health-tls"]
         assert volume["secret"]["secretName"] == "sharegpu-health-tls"
+
+
+def test_the_schedulers_feature_gates_are_rendered_as_its_flag_and_checked() -> None:
+    """scheduler.featureGates becomes one --feature-gates flag of sharegpu's kube-scheduler (none by
+    default); a gate's name or value of the wrong form is refused by the schema."""
+
+    def command(*values: str) -> list[str]:
+        deployment = one(render("1.37.2", *values), "Deployment", "sharegpu-scheduler")
+        found: list[str] = deployment["spec"]["template"]["spec"]["containers"][0]["command"]
+        return found
+
+    assert not any(a.startswith("--feature-gates") for a in command())
+    gates = command("scheduler.featureGates.NominatedNodeNameForExpectation=false",
+                    "scheduler.featureGates.OpportunisticBatching=true")  # fmt: skip
+    assert gates[-1] == "--feature-gates=NominatedNodeNameForExpectation=false,OpportunisticBatching=true"
+    for wrong, said in (("scheduler.featureGates.not-a-gate=false", "'not-a-gate' does not match pattern"),
+                        ("scheduler.featureGates.SomeGate=maybe", "want boolean")):  # fmt: skip
+        done = run_helm("template", "s", str(stack.CHART), "-n", names.SYSTEM_NAMESPACE, "--set", wrong)
+        assert done.returncode != 0 and said in done.stderr, (wrong, done.stderr)

@@ -277,13 +277,13 @@ class ControlPlane:
             ],
         )
 
-    def start_scheduler(self, config: Path, name: str = "kube-scheduler", binary: Path | None = None) -> None:
-        """kube-scheduler with `config`; or another scheduler built on its framework (`binary`: a
-        peer's, for bench/peers.py), with the same flags."""
-        self._spawn(
-            name,
-            [str(binary or self.bin_dir / "kube-scheduler"), f"--config={config}", "--secure-port=0", "--v=1"],
-        )
+    def start_scheduler(
+        self, config: Path, name: str = "kube-scheduler", binary: Path | None = None, extra: tuple[str, ...] = ()
+    ) -> None:
+        """kube-scheduler with `config` (and `extra` arguments); or another scheduler built on its
+        framework (`binary`: a peer's, for bench/peers.py), with the same flags."""
+        argv = [str(binary or self.bin_dir / "kube-scheduler"), f"--config={config}", "--secure-port=0", "--v=1"]
+        self._spawn(name, [*argv, *extra])
 
     def start_default_scheduler(self) -> str:
         """The cluster's own kube-scheduler (profile default-scheduler), which places the pods no other

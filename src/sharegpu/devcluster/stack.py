@@ -478,8 +478,11 @@ class Stack:
         controller: bool = False,
         compat: tuple[str, ...] = (),
         dra: bool = False,
+        scheduler_args: tuple[str, ...] = (),
     ) -> None:
         self.plane = controlplane.ControlPlane(workdir, controlplane.binaries())
+        self.scheduler_args = scheduler_args
+        """More arguments for sharegpu's kube-scheduler (`--feature-gates=...`)."""
         self.compat = compat
         self.dra = dra
         """The GPU nodes serve DRA claims (their agents publish ResourceSlices), sharegpu's DeviceClass
@@ -537,7 +540,7 @@ class Stack:
         self.extender = ExtenderProcess(self.plane, self.policy, *self.extender_args)
         self.extender.start()
         await self.extender.wait_ready()
-        self.plane.start_scheduler(scheduler_config(self.plane, self.extender))
+        self.plane.start_scheduler(scheduler_config(self.plane, self.extender), extra=self.scheduler_args)
         if self.with_webhook:
             for doc in manifests(BOOTSTRAP_RBAC):
                 await apply(self.admin, doc)
