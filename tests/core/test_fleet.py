@@ -65,3 +65,23 @@ def test_memory_by_ratio_resolves_per_gpu_and_never_below_the_mib_asked() -> Non
     assert state.memory_need(by_ratio, slice(None))[:, 0].tolist() == [4096, 20480]
     both = requests.GpuDemand(count=1, milli=300, memory_permille=250, memory_mib=8192)
     assert state.memory_need(both, np.array([0, 1]))[:, 0].tolist() == [8192, 20480]
+
+
+def test_a_device_claims_share_is_counted_apart_from_the_pods() -> None:
+    state = fleet.FleetState([node("n", 2)])
+    pod = MakeAllocation("ns/p", "n").grant(0, 300, container="m").obj()
+    claim = dataclasses.replace(
+        MakeAllocation("ns/c#claim", "n").grant(0, 200, container="gpu").obj(), device_claim=True
+    )
+    whole = dataclasses.replace(
+        MakeAllocation("ns/w#claim", "n").grant(1, 1000, container="gpu").obj(), device_claim=True, exclusive=True
+    )
+    before = fleet.FleetState([node("n", 2)])
+    for alloc in (pod, claim, whole):
+        state.apply(alloc, +1)
+    assert state.tenants[0, :2].tolist() == [2, 1] and state.claimed[0, :2].tolist() == [1, 0]
+    assert state.exclusive[0, :2].tolist() == [0, 1], "a whole claim counts as exclusive, not as a share"
+    assert not state.same_usage(before)
+    for alloc in (pod, claim, whole):
+        state.apply(alloc, -1)
+    assert state.same_usage(before) and not state.claimed.any()

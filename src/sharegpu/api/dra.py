@@ -684,7 +684,7 @@ def held(claim: ClaimRecord, memory_of: Mapping[tuple[str, int], int]) -> alloca
         )
     containers = tuple(allocation.ContainerAllocation(name, tuple(grants)) for name, grants in per_request.items())
     return allocation.Allocation(
-        key, units.NodeName(node), containers, exclusive=all(not r.consumed_capacity for r in mine)
+        key, units.NodeName(node), containers, exclusive=all(not r.consumed_capacity for r in mine), device_claim=True
     )
 
 

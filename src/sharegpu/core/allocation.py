@@ -50,6 +50,8 @@ class Allocation:
     cotenancy: requests.CoTenancy = requests.NO_RULES
     exclusive: bool = False
     """Whole GPUs: the pod holds its GPUs alone."""
+    device_claim: bool = False
+    """Held by a device claim (DRA), not by a pod: `pod` is the claim's key."""
     usage: Mapping[int, tuple[int, int]] = field(init=False, compare=False, repr=False)
     """Derived once: see `gpu_usage`."""
 

@@ -92,6 +92,9 @@ class FleetState:
         self.tenants: IntArray = np.zeros((n, g), dtype=np.int64)
         self.exclusive: IntArray = np.zeros((n, g), dtype=np.int64)
         """Per GPU: pods holding it whole (0 or 1 while the ledger's rules hold)."""
+        self.claimed: IntArray = np.zeros((n, g), dtype=np.int64)
+        """Per GPU: device claims holding a share of it (`Allocation.device_claim`, not whole): tenants
+        that are no pod."""
         self.affinity_tag: IntArray = np.zeros((n, g), dtype=np.int64)
         self.affinity_count: IntArray = np.zeros((n, g), dtype=np.int64)
         self.exclusion_tag: IntArray = np.zeros((n, g), dtype=np.int64)
@@ -228,6 +231,8 @@ class FleetState:
             self.tenants[row, index] += sign
             if alloc.exclusive:
                 self.exclusive[row, index] += sign
+            elif alloc.device_claim:
+                self.claimed[row, index] += sign
             self._mark(self.affinity_tag, self.affinity_count, row, index, rules.affinity, sign)
             self._mark(self.exclusion_tag, self.exclusion_count, row, index, rules.exclusion, sign)
             self._mark(self.group_tag, self.group_count, row, index, rules.group, sign)
@@ -326,6 +331,7 @@ class FleetState:
             (self.gmem_free, other.gmem_free),
             (self.tenants, other.tenants),
             (self.exclusive, other.exclusive),
+            (self.claimed, other.claimed),
         ]
         clear = ~(self.blocked | other.blocked)
         labelled = [

@@ -511,7 +511,7 @@ class ClaimAllocator:
             return Placement(refusal=f"claim {claim.namespace}/{claim.name}: {text}")
         placed = placer.allocation_for(request, decision)
         # The pod holds its CPU and memory itself once bound: the claim holds only its GPU shares.
-        placed = dataclasses.replace(placed, cpu_milli=0, memory_mib=0)
+        placed = dataclasses.replace(placed, cpu_milli=0, memory_mib=0, device_claim=True)
         if not cache.assume_claim(placed):
             return Placement(refusal=f"claim {claim.namespace}/{claim.name}: the decision did not fit the ledger")
         return Placement(allocation=placed)

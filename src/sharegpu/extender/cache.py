@@ -714,14 +714,8 @@ class ClusterCache:
         on DRA nodes only the shares of pods count (pods of the extender path still running on a node
         turned to DRA)."""
         state = self.state
-        shared = (state.tenants - state.exclusive > 0) & self.pod_rows[:, None]
-        out: set[tuple[str, int]] = {(state.names[r], int(s)) for r, s in np.argwhere(shared).tolist()}
-        if self._dra_nodes:
-            for key, entry in self.ledger.entries():
-                alloc = entry.alloc
-                if alloc.node in self._dra_nodes and not alloc.exclusive and not dra.is_claim_key(key):
-                    out.update((alloc.node, index) for index in alloc.gpu_usage())
-        return out
+        shared = state.tenants - state.exclusive - state.claimed > 0  # pods' shares: the fleet counts them
+        return {(state.names[r], int(s)) for r, s in np.argwhere(shared).tolist()}
 
     def live_reservations(self) -> Iterator[pods.Record]:
         return (r for r in self.reservations.values() if not r.terminal and not r.deleting)
