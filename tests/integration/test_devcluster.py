@@ -153,14 +153,25 @@ async def test_devcluster_dra_places_a_pod_as_kubernetes_documents_dra_and_one_i
 
         async def placed(name: str) -> bool:
             found = await kube.get(paths.pod("try", name))
-            statuses = found["status"].get("resourceClaimStatuses") or []
-            if found["spec"].get("nodeName") != "gpu-node-0" or not statuses:
+            if found["spec"].get("nodeName") != "gpu-node-0" or not (claim_name := claim_named(found)):
                 return False
-            claim = await kube.get(dra.claim_path("try", statuses[0]["resourceClaimName"]))
+            claim = await kube.get(dra.claim_path("try", claim_name))
             return bool((claim.get("status") or {}).get("allocation"))
 
         for name in ("documented", "koord"):
             await wait_for(functools.partial(placed, name), timeout=90, what=f"pod {name} bound, its claim allocated")
+
+
+def claim_named(pod: Json) -> str:
+    """The name of a pod's first claim: its own by name (the webhook's pods), or the one made from its
+    template (named in its status); "" while not made."""
+    statuses = (pod.get("status") or {}).get("resourceClaimStatuses") or []
+    by_name: str = pod["spec"]["resourceClaims"][0].get("resourceClaimName") or ""
+    return by_name or (statuses[0].get("resourceClaimName") or "" if statuses else "")
+
+
+async def claim_of(kube: client.KubeClient, namespace: str, pod: str) -> str:
+    return claim_named(await kube.get(paths.pod(namespace, pod)))
 
 
 def quickstart_manifests() -> list[Json]:
@@ -202,8 +213,7 @@ async def test_devcluster_on_containerd_runs_the_quickstart_pods_in_containers_a
             assert uuid in {"GPU-0-0", "GPU-0-1"}, text
             assert {line for line in text.splitlines() if line.startswith("nvidia")} == {
                 f"nvidia{uuid[-1]}", "nvidiactl", "nvidia-uvm"}, text  # fmt: skip
-            claim = (await kube.get(paths.pod("try", pod)))["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
-            allocated = await kube.get(dra.claim_path("try", claim))
+            allocated = await kube.get(dra.claim_path("try", await claim_of(kube, "try", pod)))
             (result,) = allocated["status"]["allocation"]["devices"]["results"]
             assert result["device"] == dra.device_name(int(uuid[-1])), (result, uuid)
     mounts = Path("/proc/self/mountinfo").read_text()
