@@ -330,3 +330,42 @@ async def test_an_old_leaders_claim_write_that_arrives_after_the_lease_moved_is_
             current = await admin.get(lease)
             current["spec"] = before["spec"]
             await admin.replace(lease, current)
+
+
+async def test_the_extender_makes_only_sharegpus_pod_claims(
+    admin: client.KubeClient, control_plane: controlplane.ControlPlane, system: None, namespace: str
+) -> None:
+    """The extender may create ResourceClaims (the claim the webhook named for a pod of the DRA path),
+    and RBAC cannot say which: the `sharegpu-pod-claims` policy keeps it, with its own credentials,
+    to claims of sharegpu's pod-claim name, owned by one Pod, of sharegpu's class only."""
+    if not await client.serves_when_answered(admin, dra.API_VERSION):
+        pytest.skip("no resource.k8s.io/v1 here: no claims")
+    pod = await admin.create(paths.pods(namespace), MakePod("owner", namespace).container(image="x").obj())
+    extender = stack.kube_for(control_plane, names.account("extender"))
+    name = dra.Shape(1, 300, memory_mib=4096).claim_name(bytes(10))
+    try:
+        made = dra.pod_claim(namespace, name, "owner", pod["metadata"]["uid"])
+
+        async def in_force() -> bool:  # the API server loads a new policy within a second or so
+            probe = {**made, "metadata": {**made["metadata"], "name": f"probe-{uuid.uuid4().hex[:8]}"}}
+            try:
+                await extender.create(dra.claim_path(namespace), probe)
+            except kube_errors.ForbiddenError:
+                return True
+            await admin.delete(dra.claim_path(namespace, probe["metadata"]["name"]))
+            return False
+
+        await wait_for(in_force, what="the sharegpu-pod-claims policy in force")
+        await extender.create(dra.claim_path(namespace), made)  # what the allocator makes: let through
+        wrong_name = {**made, "metadata": {**made["metadata"], "name": "anything"}}
+        await refused(lambda: extender.create(dra.claim_path(namespace), wrong_name), "only sharegpu pod claims")
+        other = dra.Shape(1, 300, memory_mib=4096).claim_name(bytes([1] * 10))
+        orphan = dra.pod_claim(namespace, other, "owner", pod["metadata"]["uid"])
+        del orphan["metadata"]["ownerReferences"]
+        await refused(lambda: extender.create(dra.claim_path(namespace), orphan), "owned by its one Pod")
+        foreign = dra.pod_claim(namespace, other, "owner", pod["metadata"]["uid"])
+        foreign["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"] = "gpu.nvidia.com"
+        await refused(lambda: extender.create(dra.claim_path(namespace), foreign), "sharegpu's class only")
+        assert await get_or_none(admin, dra.claim_path(namespace, other)) is None
+    finally:
+        await extender.close()
