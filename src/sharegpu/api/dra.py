@@ -42,8 +42,14 @@ share), so the one ledger counts DRA claims and sharing pods alike and never giv
 `consumedCapacity` per result, and an `allocationTimestamp`, without which the scheduler never binds
 the pod). `held(claim_allocation(a))` is `a` again.
 
-`Shape` names the claim template of one shape of request (`sharegpu-1x500m-500pm`): the webhook
-points a pod of the DRA path at it, and the allocator makes it where a namespace lacks it.
+`Shape` is one shape of request (`sharegpu-1x500m-500pm`, GPU models written in the name when
+asked): the webhook names a claim of it for each pod of the DRA path (`Shape.claim_name`, with a
+random part), which the allocator makes for that pod (`pod_claim`); a template of the shape's name
+(`template`) is made where a pod names one. A request's CEL selectors are compiled here
+(`compiled`, `api.selectors`), as are sharegpu's DeviceClass's (`class_selectors`); a claim's
+`matchAttribute` constraints are read, and what sharegpu cannot honour (`allocationMode: All`,
+`adminAccess`, `distinctAttribute`, `firstAvailable`, opaque config for its driver) is named in the
+claim's `problem`.
 
 Pure: no I/O. The agent writes the slice (`agent.publication`); the extender's cache counts claims.
 """
