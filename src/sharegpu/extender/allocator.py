@@ -168,10 +168,9 @@ class ClaimAllocator:
         watch shows it changed)."""
         self._room: dict[str, int] = {}
         """Per DRA node that says its pod capacity, how many more pods it takes (this pass)."""
-        self.templates: dict[tuple[str, str], float] = {}
-        """(namespace, template) of sharegpu's claim templates this allocator tried to make -> when."""
-        self.made: dict[tuple[str, str], float] = {}
-        """(namespace, claim) of the pods' claims of sharegpu's by name it tried to make -> when."""
+        self.tried: dict[str, float] = {}
+        """The templates of sharegpu's and the pods' claims by name this allocator tried to make ("<kind>
+        <namespace>/<name>") -> when."""
         self.loop = reconcile.Loop("dra-allocator", self.reconcile)
 
     def wake(self) -> None:
@@ -241,24 +240,25 @@ class ClaimAllocator:
 
     async def _claims_of(self, record: pods.Record) -> list[dra.ClaimRecord] | None:
         """The pod's claims of the class; None while any of its claims is not made (or not seen) yet (a
-        template of sharegpu's own that the namespace lacks is made here: the webhook names it, without
-        writing)."""
+        template of sharegpu's, or a pod's claim of sharegpu's by name, that is missing is made here:
+        the webhook names it, without writing)."""
         namespace = record.key.split("/", 1)[0]
         found = []
         for ref in record.claims:
-            if not ref.claim:
-                if dra.template_shape(ref.template) is not None:
-                    await self._make_template(namespace, ref.template)
-                return None
-            key = dra.claim_key(namespace, ref.claim)
-            claim = self.cache.claims.records.get(key)
-            if claim is None and key not in self.cache.claims.foreign:
-                if dra.claim_shape(ref.claim) is not None:
-                    await self._make_claim(record, ref.claim)
+            if self._missing(namespace, ref):
+                await self._make_for(record, ref)
                 return None  # not made yet, or not seen yet: it may be of the class
+            claim = self.cache.claims.records.get(dra.claim_key(namespace, ref.claim))
             if claim is not None and claim.ours:
                 found.append(claim)
         return found
+
+    def _missing(self, namespace: str, ref: pods.ClaimRef) -> bool:
+        """The claim `ref` names is not made yet (a template's), or not seen yet (by name)."""
+        if not ref.claim:
+            return True
+        key = dra.claim_key(namespace, ref.claim)
+        return key not in self.cache.claims.records and key not in self.cache.claims.foreign
 
     async def _make_templates(self) -> None:
         """The missing templates of sharegpu's the waiting pods name (so that kube-controller-manager
@@ -269,54 +269,44 @@ class ClaimAllocator:
             if record is None or record.node:
                 continue
             for ref in record.claims:
-                if not ref.claim and dra.template_shape(ref.template) is not None:
-                    await self._make_template(key.split("/", 1)[0], ref.template)
-                elif ref.claim and dra.claim_shape(ref.claim) is not None:
-                    claim_key = dra.claim_key(key.split("/", 1)[0], ref.claim)
-                    if claim_key not in self.cache.claims.records and claim_key not in self.cache.claims.foreign:
-                        await self._make_claim(record, ref.claim)
+                if self._missing(key.split("/", 1)[0], ref):
+                    await self._make_for(record, ref)
 
-    async def _make_claim(self, record: pods.Record, name: str) -> None:
-        """Make the claim of sharegpu's `name` for the pod that names it (once; again after
-        `TEMPLATE_RETRY` if it is still not seen)."""
+    async def _make_for(self, record: pods.Record, ref: pods.ClaimRef) -> None:
+        """Make what a missing claim of the pod's comes from, where the name is sharegpu's: the
+        template of a shape, or the pod's own claim by name (owned by the pod)."""
         namespace, pod = record.key.split("/", 1)
-        now = self.clock()
-        last = self.made.get((namespace, name))
-        if last is not None and now - last < TEMPLATE_RETRY:
-            return
-        if len(self.made) > 4096:  # one entry per pod: only those that may still be retried are kept
-            self.made = {k: at for k, at in self.made.items() if now - at < TEMPLATE_RETRY}
-        self.made[(namespace, name)] = now
-        try:
-            await self.api.create(dra.claim_path(namespace), dra.pod_claim(namespace, name, pod, record.uid))
-        except kube_errors.ConflictError as exc:
-            if not exc.already_exists:
-                log.warning("claim %s/%s: %s", namespace, name, exc)
-            return
-        except errors.SharegpuError as exc:
-            log.warning("claim %s/%s for pod %s could not be made (tried again in %.0f s): %s",
-                        namespace, name, record.key, TEMPLATE_RETRY, exc)  # fmt: skip
-            return
-        self.metrics.claims.labels("made").inc()
+        if not ref.claim and dra.template_shape(ref.template) is not None:
+            body = dra.template(namespace, ref.template)
+            await self._create_once("template", dra.template_path(namespace), body, announce=True)
+        elif ref.claim and dra.claim_shape(ref.claim) is not None:
+            body = dra.pod_claim(namespace, ref.claim, pod, record.uid)
+            await self._create_once("made", dra.claim_path(namespace), body, announce=False)
 
-    async def _make_template(self, namespace: str, name: str) -> None:
+    async def _create_once(self, outcome: str, collection: str, body: dict[str, Any], *, announce: bool) -> None:
+        """Create `body` in `collection` (once; again after `TEMPLATE_RETRY` if it is still not seen),
+        counted as `outcome`; one that exists already is left as it is."""
+        meta = body["metadata"]
+        what = f"{body['kind']} {meta['namespace']}/{meta['name']}"
         now = self.clock()
-        last = self.templates.get((namespace, name))
+        last = self.tried.get(what)
         if last is not None and now - last < TEMPLATE_RETRY:
             return
-        self.templates[(namespace, name)] = now
+        if len(self.tried) > 4096:  # one entry per pod claim: only those that may still be retried are kept
+            self.tried = {k: at for k, at in self.tried.items() if now - at < TEMPLATE_RETRY}
+        self.tried[what] = now
         try:
-            await self.api.create(dra.template_path(namespace), dra.template(namespace, name))
+            await self.api.create(collection, body)
         except kube_errors.ConflictError as exc:
             if not exc.already_exists:
-                log.warning("claim template %s/%s: %s", namespace, name, exc)
+                log.warning("%s: %s", what, exc)
             return
         except errors.SharegpuError as exc:
-            log.warning("claim template %s/%s could not be made (tried again in %.0f s): %s",
-                        namespace, name, TEMPLATE_RETRY, exc)  # fmt: skip
+            log.warning("%s could not be made (tried again in %.0f s): %s", what, TEMPLATE_RETRY, exc)
             return
-        self.metrics.claims.labels("template").inc()
-        log.info("claim template %s/%s made", namespace, name)
+        self.metrics.claims.labels(outcome).inc()
+        if announce:
+            log.info("%s made", what)
 
     async def _plan(self, record: pods.Record) -> Plan | None:
         """Decide the pod's unallocated claims (held in the ledger at once, so the next pod's decision
@@ -491,7 +481,8 @@ class ClaimAllocator:
         decision = None
         with _tolerating(cache.state, cache.tolerated(claim)):
             for group in groups:  # matchAttribute: the GPUs with one value of the attributes, in turn
-                request = claim.pod_request(record.cpu_milli, record.memory_mib, group.name if group else "")
+                if group is not selection:  # the request above names the claim's selection already
+                    request = claim.pod_request(record.cpu_milli, record.memory_mib, group.name if group else "")
                 decision = placer.decide(request.demand, rows)
                 if decision.status.ok:
                     break
