@@ -117,6 +117,17 @@ and placed (docs/dra.md); the webhook's --default-path otherwise."""
 PATH_DRA: Final = "dra"
 PATH_EXTENDER: Final = "extender"
 PATHS: Final = (PATH_EXTENDER, PATH_DRA)
+GANG: Final = f"{DOMAIN}/gang"
+"""On a pod: the gang (of the pod's namespace) it belongs to; its members are placed all or nothing
+(`api.gangs`)."""
+GANG_MIN: Final = f"{DOMAIN}/gang-min"
+"""On a gang's member: how many members must be placed together before any is bound."""
+GANG_TIMEOUT: Final = f"{DOMAIN}/gang-timeout"
+"""On a gang's member: seconds a placed gang's members have to reach their binding before the GPUs
+planned for them are given back (`api.gangs.DEFAULT_TIMEOUT` when absent)."""
+GANG_TOPOLOGY: Final = f"{DOMAIN}/gang-topology"
+"""On a gang's member: a node label; the gang is placed on nodes that share one value of it (a rack,
+a zone)."""
 SYSTEM_ONLY_ANNOTATIONS: Final = (ALLOCATION, GPU_UUID, HANDOFF)
 """Set by sharegpu only; the webhook refuses them from anyone else."""
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Final
 
-from sharegpu.api import constraints, names, quantity, wire
+from sharegpu.api import constraints, gangs, names, quantity, wire
 from sharegpu.core import allocation, devices, errors, requests, units
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
@@ -309,6 +309,9 @@ class Record:
     terms: constraints.PodTerms | None = None
     """Its own constraints on nodes: kept for pods with claims only (the DRA allocator picks their
     node before kube-scheduler does)."""
+    gang: gangs.Gang | None = None
+    """The gang it belongs to (`api.gangs`); None for none, or a malformed one (`problem` says why
+    for a GPU pod)."""
 
     @property
     def terminal(self) -> bool:
@@ -375,6 +378,11 @@ def record(pod: wire.Pod, previous: Record | None = None) -> Record:
     if gpu and problem is None and handoff is not None and not handoff.startswith(names.HANDOFF_PREFIX):
         problem = (f"annotation {names.HANDOFF} names ConfigMap {handoff!r}: sharegpu hands GPUs off only "
                    f"through ConfigMaps named {names.HANDOFF_PREFIX}* (the name the webhook gives)")  # fmt: skip
+    gang: gangs.Gang | None = None
+    try:
+        gang = gangs.of(meta.namespace, annotations)
+    except errors.InvalidInputError as exc:
+        problem = problem if problem is not None or not gpu else str(exc)
     text = annotations.get(names.ALLOCATION)
     alloc: allocation.Allocation | None = None
     if text:
@@ -411,6 +419,7 @@ def record(pod: wire.Pod, previous: Record | None = None) -> Record:
         container_claims=tuple((c.name, tuple(c.resources.claims)) for _, c in containers(pod) if c.resources.claims),
         gate=next((i for i, g in enumerate(pod.spec.scheduling_gates) if g.name == names.DRA_GATE), -1),
         terms=constraints.PodTerms.of(pod.spec) if pod.spec.resource_claims else None,
+        gang=gang,
     )
 
 

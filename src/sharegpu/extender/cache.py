@@ -170,6 +170,8 @@ class ClusterCache:
         """Pods that name a hand-off ConfigMap (the only ones the hand-off reconciler looks at)."""
         self.pending: set[units.PodKey] = set()
         """Pods that ask for a GPU and are not bound yet (nor finished, nor being deleted)."""
+        self.gangs: dict[str, set[units.PodKey]] = {}
+        """Gang (`api.gangs.Gang.key`) -> the pods that state it, in any phase."""
         self.assumed: dict[units.PodKey, allocation.Allocation] = {}
         self.confirmed: dict[units.PodKey, allocation.Allocation] = {}
         """Pods a read showed bound (a binding whose answer was lost) before the watch does: held
@@ -499,6 +501,7 @@ class ClusterCache:
                 del self.pods_on[previous.node]
         if kind != wire.EventType.DELETED and record.node and not record.terminal:
             self.pods_on[record.node] += 1
+        self._index_gang(key, previous, None if kind == wire.EventType.DELETED else record)
         if record.reservation is not None:
             if kind == wire.EventType.DELETED:
                 self.reservations.pop(key, None)
@@ -531,6 +534,24 @@ class ClusterCache:
             self.claiming.discard(key)
         if not self._dirty:
             self._account(record)
+
+    def _index_gang(self, key: units.PodKey, old: pods.Record | None, new: pods.Record | None) -> None:
+        was = old.gang.key if old is not None and old.gang is not None else None
+        now = new.gang.key if new is not None and new.gang is not None else None
+        if was == now:
+            return
+        if was is not None:
+            members = self.gangs.get(was)
+            if members is not None:
+                members.discard(key)
+                if not members:
+                    del self.gangs[was]
+        if now is not None:
+            self.gangs.setdefault(now, set()).add(key)
+
+    def gang_members(self, gang: str) -> list[pods.Record]:
+        """The pods that state gang `gang` (any phase), by name."""
+        return [self.pods[k] for k in sorted(self.gangs.get(gang, ())) if k in self.pods]
 
     def on_claim(self, kind: wire.EventType, record: dra.ClaimRecord) -> None:
         """A DRA claim, as the watch shows it (`claims`). One holding the driver's GPUs, whoever

@@ -100,6 +100,14 @@ class Metrics:
             ["outcome"],
             registry=r,
         )
+        self.gangs = prometheus_client.Counter(
+            "sharegpu_extender_gangs",
+            "Gang plans by outcome (planned: every needed member placed at once; released: all planned "
+            "members reached their binding; expired: given back at the gang's timeout; refused: a member "
+            "was turned away for its gang)",
+            ["outcome"],
+            registry=r,
+        )
         self.expired = prometheus_client.Counter(
             "sharegpu_extender_assumptions_expired",
             "Assumed placements forgotten because no binding followed",

@@ -48,6 +48,7 @@ from sharegpu.api import names, paths, pods, reasons, wire
 from sharegpu.core import allocation, errors, fit, requests, units
 from sharegpu.core import placer as core_placer
 from sharegpu.extender import cache as extender_cache
+from sharegpu.extender import gangs as extender_gangs
 from sharegpu.extender import lookup, preemption
 from sharegpu.extender import metrics as extender_metrics
 from sharegpu.extender import quotas as extender_quotas
@@ -151,6 +152,8 @@ class BindOutcome(enum.StrEnum):
     """Its allocation conflicts with the ledger."""
     UNKNOWN = "unknown"
     """The write's answer was lost; the allocation is held until it is read back."""
+    GANG = "gang-waiting"
+    """A gang member waited at its bind for the others in vain; its place is held, kube-scheduler tries again."""
 
 
 UNSURE_MESSAGE = "sharegpu: the outcome of this pod's last binding is being read back"
@@ -173,6 +176,8 @@ class SchedulingService:
         prepare: Prepare | None = None,
     ) -> None:
         self.cache = cache
+        self.gangs = extender_gangs.GangBook(cache, metrics, clock=clock)
+        """Gangs planned at once and bound together (`extender.gangs`)."""
         self.prepare = prepare
         """Readies a sharing pod's hand-off before its binding (`extender.handoff`); None: nothing to ready."""
         self.preemptor = preemptor
@@ -252,7 +257,7 @@ class SchedulingService:
         self._first_filter(key, args.pod.metadata.uid)
         if key in self.unsure:
             return self._filter_unsure(key, args)
-        if key not in self.binding:
+        if key not in self.binding and not self.gangs.holds(key):
             self.cache.forget(key)  # filtered again: an earlier reservation of this pod is void
         waiting = self.preemptor.waiting(key, args.pod.metadata.uid) if self.preemptor is not None else None
         if waiting is not None:
@@ -277,6 +282,10 @@ class SchedulingService:
             sent = offered.names()
             self._remember_outcome(key, 0, None, refused, tuple(sent))
             return api_extender.FilterResult(failed_nodes=dict.fromkeys(sent, refused))
+        if names.GANG in args.pod.metadata.annotations:
+            held = self._filter_gang(key, args)
+            if held is not None:
+                return held
         demand = request.demand
         placer = self._placer(args.pod)
         narrow = self.narrow and not pods.has_soft_preferences(args.pod)
@@ -321,6 +330,26 @@ class SchedulingService:
             return api_extender.FilterResult(node_names=[held.node])
         self._remember_outcome(key, 0, None, UNSURE_MESSAGE, tuple(sent))
         return api_extender.FilterResult(failed_nodes=dict.fromkeys(sent, UNSURE_MESSAGE))
+
+    def _filter_gang(self, key: units.PodKey, args: api_extender.Args) -> api_extender.FilterResult | None:
+        """A gang member: the node its gang's plan holds for it, or why it waits; None: it is placed as
+        any pod (its gang has its minimum running)."""
+        known = self.cache.record(key)
+        record = known if known is not None and known.uid == args.pod.metadata.uid else pods.record(args.pod)
+        verdict = self.gangs.consider(record)
+        if verdict.node is None and verdict.refusal is None:
+            return None
+        sent = self._candidates(args).names()
+        if verdict.node is not None and verdict.node in sent:
+            self.metrics.decisions.labels("filter", "feasible").inc()
+            self._remember_outcome(key, 1, verdict.node, "")
+            return api_extender.FilterResult(node_names=[verdict.node])
+        message = verdict.refusal or (
+            f"sharegpu: its gang's plan holds node {verdict.node} for it, which is not among the candidates"
+        )
+        self.metrics.decisions.labels("filter", "gang").inc()
+        self._remember_outcome(key, 0, None, message, tuple(sent))
+        return api_extender.FilterResult(failed_nodes=dict.fromkeys(sent, message))
 
     def _first_filter(self, key: units.PodKey, uid: str) -> None:
         seen = self.first_filtered.get(key)
@@ -468,7 +497,12 @@ class SchedulingService:
             return self._bind_failed(BindOutcome.ERROR, f"node {args.node} has no sharegpu inventory")
         if key in self.binding:
             return self._bind_failed(BindOutcome.ERROR, f"pod {key} is being bound")
-        held = self.cache.assumed.get(key) if self.reserved.pop(key, None) == record.uid else None
+        waiting = await self.gangs.arrive(key, record.uid)
+        if waiting is not None:
+            return self._bind_failed(BindOutcome.GANG, waiting)
+        gang_held = self.gangs.holds(key)
+        reserved = self.reserved.pop(key, None) == record.uid
+        held = self.cache.assumed.get(key) if reserved or gang_held else None
         if held is not None and held.node == args.node:
             alloc = held  # reserved by this pod's filter: the ledger holds it already
         else:
@@ -582,8 +616,9 @@ class SchedulingService:
         for key in [k for k in self.reserved if k not in self.cache.assumed]:
             del self.reserved[key]  # the reservation was resolved (bound, forgotten, pod gone)
         self._forget_first_filters()
+        self.gangs.settle(lambda k: k in self.binding or k in self.unsure)
         for key in self.cache.stale_assumptions(self.assume_ttl):
-            if key in self.binding or key in self.unsure:
+            if key in self.binding or key in self.unsure or self.gangs.holds(key):
                 continue
             namespace, name = key.split("/", 1)
             alloc = self.cache.assumed.get(key)

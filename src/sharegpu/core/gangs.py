@@ -1,0 +1,130 @@
+"""Gang placement: the members of a group placed together, all or nothing, by the one placer.
+
+`plan` answers where every waiting member of a gang goes, or that the gang does not fit now. It tries
+the members on a copy of nothing: it assumes them in the ledger one by one (so each sees the ones
+before it) and forgets them all again before it returns, so the ledger is as it was; the caller
+assumes the plan's allocations for real (they fit: nothing changed in between).
+
+Order and shape:
+- members largest first (GPUs x compute, then memory), so the hardest fit is tried while the room
+  is widest;
+- each member goes first to the nodes the gang already uses in this plan (the placer's policy
+  chooses among them), else to any node of the domain: a gang spreads over as few nodes as fit it,
+  which keeps its collective traffic on NVLink and inside a node where it can;
+- a *domain* is a set of nodes the whole gang must stay within (the nodes with one value of the
+  gang's topology label: a rack, a zone). Domains are tried tightest first (least free compute that
+  can still hold the gang), the first where every member fits wins; else the one where most fit.
+
+The plan succeeds when at least `need` members fit; the members that did not fit (beyond the
+minimum) are named in `left` and hold nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from sharegpu.core import allocation, fleet, requests, status, units
+from sharegpu.core import ledger as core_ledger
+from sharegpu.core import placer as core_placer
+
+MAX_DOMAINS = 32
+"""Domains tried per plan (tightest first): a bound on a plan's cost on a cluster of many racks."""
+
+
+@dataclass(frozen=True, slots=True)
+class Domain:
+    """Nodes a gang must stay within: one value of its topology label ("" for the whole cluster)."""
+
+    name: str
+    rows: fleet.IntArray
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    status: status.Status
+    allocations: tuple[allocation.Allocation, ...] = ()
+    domain: str = ""
+    left: tuple[units.PodKey, ...] = ()
+    """Members that did not fit (the plan succeeded with the others)."""
+
+    @property
+    def nodes(self) -> int:
+        """How many nodes the plan spreads the gang over."""
+        return len({a.node for a in self.allocations})
+
+
+def _size(member: requests.PodRequest) -> tuple[int, int, str]:
+    demand = member.demand
+    return (-demand.count * demand.milli, -demand.count * demand.memory_mib, member.key)
+
+
+def plan(
+    ledger: core_ledger.Ledger,
+    placer: core_placer.Placer,
+    members: Sequence[requests.PodRequest],
+    need: int,
+    domains: Sequence[Domain] | None = None,
+) -> Plan:
+    """Where `members` go together (at least `need` of them), within one of `domains` (default: all
+    nodes). The ledger is left as it was."""
+    if need > len(members):
+        return Plan(status.unschedulable(f"{len(members)} member(s) wait, the gang needs {need} placed together"))
+    state = ledger.state
+    ordered = sorted(members, key=_size)
+    candidates = _tightest(state, list(domains) if domains is not None else [Domain("", np.arange(len(state)))],
+                           ordered[-need:] if need else [])  # fmt: skip
+    best: Plan | None = None
+    for domain in candidates[:MAX_DOMAINS]:
+        found = _try(ledger, placer, ordered, domain)
+        if len(found.allocations) >= need and (best is None or len(found.allocations) > len(best.allocations)):
+            best = found
+            if not found.left:
+                break
+    if best is None:
+        where = f"any of {len(candidates)} domain(s)" if domains is not None else "the cluster"
+        return Plan(status.unschedulable(f"fewer than {need} of {len(members)} member(s) fit together in {where}"))
+    return best
+
+
+def _tightest(state: fleet.FleetState, domains: list[Domain], smallest: Sequence[requests.PodRequest]) -> list[Domain]:
+    """Domains that can hold the `smallest` members' compute, least free compute first."""
+    needed = sum(m.demand.count * m.demand.milli for m in smallest)
+    free = state.milli_free * state.present * state.healthy
+    ranked = []
+    for domain in domains:
+        room = int(free[domain.rows].sum()) if len(domain.rows) else 0
+        if room >= needed:
+            ranked.append((room, domain.name, domain))
+    ranked.sort(key=lambda item: (item[0], item[1]))
+    return [domain for _, _, domain in ranked]
+
+
+def _try(
+    ledger: core_ledger.Ledger, placer: core_placer.Placer, ordered: Sequence[requests.PodRequest], domain: Domain
+) -> Plan:
+    """Every member that fits within `domain`, assumed one after another, then all forgotten again."""
+    placed: list[allocation.Allocation] = []
+    left: list[units.PodKey] = []
+    used: list[int] = []
+    try:
+        for member in ordered:
+            decision = placer.decide(member.demand, np.array(used, dtype=np.int64)) if used else None
+            if decision is None or not decision.status.ok:
+                decision = placer.decide(member.demand, domain.rows)
+            if not decision.status.ok:
+                left.append(member.key)
+                continue
+            alloc = placer.allocation_for(member, decision)
+            if not ledger.assume(alloc).ok:
+                left.append(member.key)
+                continue
+            placed.append(alloc)
+            if decision.row not in used:
+                used.append(decision.row)
+    finally:
+        for alloc in placed:
+            ledger.forget(alloc.pod)
+    return Plan(status.SUCCESS, tuple(placed), domain.name, tuple(left))

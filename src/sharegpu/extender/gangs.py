@@ -1,0 +1,233 @@
+"""Gangs on the extender path: a gang's members planned at once, held as one unit, bound together.
+
+kube-scheduler hands the extender one pod at a time. When the first member of a gang (`api.gangs`)
+is filtered, the book plans every waiting member at once (`core.gangs.plan`, at least the gang's
+minimum less the members already running) and assumes every planned allocation in the ledger, so no
+other pod takes the gang's room while its members come through kube-scheduler one after another;
+each member's filter then answers the node planned for it. A member's bind waits (`arrive`) until
+every planned member has reached its bind, up to `barrier_wait` seconds (less than kube-scheduler's
+HTTP timeout for the extender); a member that waited in vain answers an error and kube-scheduler
+tries it again, its place still held. Once all have arrived the gang is *released*: every member
+binds, those still waiting at once, the others at their next try.
+
+A plan lasts the gang's timeout. A plan not released by then is given back whole (`expired`): every
+planned member not bound loses its assumption, so a gang that cannot complete holds nothing longer
+than its timeout. Members that disagree about the gang (its minimum, timeout, topology) are refused
+with the disagreement named until they agree.
+
+Plans live in memory, as every assumption does: a restarted extender plans the gang again from what
+the API server shows (members already bound count toward the minimum).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from sharegpu.api import gangs as api_gangs
+from sharegpu.api import pods
+from sharegpu.core import allocation, units
+from sharegpu.core import gangs as core_gangs
+from sharegpu.extender import cache as extender_cache
+from sharegpu.extender import metrics as extender_metrics
+
+log = logging.getLogger(__name__)
+
+BARRIER_WAIT = 4.0
+"""Seconds a member's bind waits for the others (kube-scheduler gives the extender 5 s an HTTP call)."""
+
+
+class Outcome(enum.StrEnum):
+    PLANNED = "planned"
+    RELEASED = "released"
+    EXPIRED = "expired"
+    REFUSED = "refused"
+
+
+@dataclass(slots=True)
+class Plan:
+    gang: api_gangs.Gang
+    members: dict[units.PodKey, tuple[str, allocation.Allocation]]
+    """Planned member -> (its UID, its allocation)."""
+    deadline: float
+    arrived: set[units.PodKey] = field(default_factory=set)
+    released: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """A gang member's filter: the node planned for it, or why it waits (both None: not held by a gang,
+    placed as any pod)."""
+
+    node: str | None = None
+    refusal: str | None = None
+
+
+FREE = Verdict()
+
+
+class GangBook:
+    def __init__(
+        self,
+        cache: extender_cache.ClusterCache,
+        metrics: extender_metrics.Metrics,
+        *,
+        clock: Callable[[], float],
+        barrier_wait: float = BARRIER_WAIT,
+    ) -> None:
+        self.cache = cache
+        self.metrics = metrics
+        self.clock = clock
+        self.barrier_wait = barrier_wait
+        self.plans: dict[str, Plan] = {}
+        self.member_of: dict[units.PodKey, str] = {}
+        """Planned member -> its gang's key."""
+
+    # ----------------------------------------------------------------- filter
+
+    def consider(self, record: pods.Record) -> Verdict:
+        """Where a gang member goes now, planning its gang if it must."""
+        gang = record.gang
+        if gang is None:
+            return FREE
+        plan = self.plans.get(gang.key)
+        if plan is not None:
+            held = plan.members.get(record.key)
+            if held is not None and held[0] == record.uid:
+                return Verdict(node=held[1].node)
+            if not plan.released.is_set():
+                return self._refuse(f"gang {gang.key}: its planned members are being bound; this pod follows them")
+            return FREE
+        members = self.cache.gang_members(gang.key)
+        for other in members:
+            if other.gang is not None and not other.terminal and not other.gang.agrees(gang):
+                return self._refuse(
+                    f"gang {gang.key}: its members disagree (pod {other.key} states minimum {other.gang.min_count}, "
+                    f"timeout {other.gang.timeout_s}s, topology {other.gang.topology or 'none'}; this pod minimum "
+                    f"{gang.min_count}, timeout {gang.timeout_s}s, topology {gang.topology or 'none'})"
+                )
+        live = [m for m in members if not m.terminal and not m.deleting]
+        running = sum(1 for m in live if m.node or not m.gpu)
+        need = gang.min_count - running
+        if need <= 0:
+            return FREE  # the gang has its minimum: later members are placed as any pod
+        waiting = [m for m in live if not m.node and m.gpu and m.request is not None and m.problem is None]
+        if record.key not in {m.key for m in waiting} and record.request is not None:
+            waiting.append(record)  # filtered before the watch showed it
+        if len(waiting) < need:
+            return self._refuse(
+                f"gang {gang.key} waits for its members: {running + len(waiting)} of {gang.min_count} "
+                "needed are here, and none is placed before they all fit"
+            )
+        found = core_gangs.plan(
+            self.cache.ledger,
+            self.cache.placer,
+            [m.request for m in waiting if m.request is not None],
+            need,
+            self._domains(gang.topology),
+        )
+        if not found.status.ok:
+            return self._refuse(f"gang {gang.key}: {found.status.message}")
+        return self._hold(gang, {m.key: m.uid for m in waiting}, found, record.key)
+
+    def _hold(
+        self, gang: api_gangs.Gang, uids: dict[units.PodKey, str], found: core_gangs.Plan, asking: units.PodKey
+    ) -> Verdict:
+        held: dict[units.PodKey, tuple[str, allocation.Allocation]] = {}
+        for alloc in found.allocations:
+            if not self.cache.assume(alloc):
+                for key in held:
+                    self.cache.forget(key)
+                return self._refuse(f"gang {gang.key}: its plan conflicts with the ledger; planned again next time")
+            held[alloc.pod] = (uids[alloc.pod], alloc)
+        self.plans[gang.key] = Plan(gang, held, self.clock() + gang.timeout_s)
+        for key in held:
+            self.member_of[key] = gang.key
+        self.metrics.gangs.labels(Outcome.PLANNED).inc()
+        log.info("gang %s: %d member(s) planned on %d node(s)%s", gang.key, len(held), found.nodes,
+                 f" in {gang.topology}={found.domain}" if gang.topology else "")  # fmt: skip
+        mine = held.get(asking)
+        if mine is None:
+            return self._refuse(f"gang {gang.key}: planned without this pod (no room for it now); it follows them")
+        return Verdict(node=mine[1].node)
+
+    def _refuse(self, why: str) -> Verdict:
+        self.metrics.gangs.labels(Outcome.REFUSED).inc()
+        return Verdict(refusal=why)
+
+    def _domains(self, label: str | None) -> list[core_gangs.Domain] | None:
+        """The nodes under each value of `label` (nodes without it are in none); None: the whole cluster."""
+        if label is None:
+            return None
+        state = self.cache.state
+        rows: dict[str, list[int]] = {}
+        for name, facts in self.cache.nodes.items():
+            value = facts.terms.labels.get(label) if facts.terms is not None else None
+            row = state.row(name)
+            if value is not None and row is not None:
+                rows.setdefault(value, []).append(row)
+        return [core_gangs.Domain(v, np.array(sorted(r), dtype=np.int64)) for v, r in sorted(rows.items())]
+
+    # ----------------------------------------------------------------- bind
+
+    async def arrive(self, key: units.PodKey, uid: str) -> str | None:
+        """A planned member reached its bind: wait for the others. None: bind now (released, or not a
+        planned member); else why not yet."""
+        gang_key = self.member_of.get(key)
+        plan = self.plans.get(gang_key) if gang_key is not None else None
+        if plan is None or plan.members[key][0] != uid:
+            return None
+        plan.arrived.add(key)
+        if not plan.released.is_set() and plan.arrived >= plan.members.keys():
+            plan.released.set()
+            self.metrics.gangs.labels(Outcome.RELEASED).inc()
+        if plan.released.is_set():
+            return None
+        try:
+            await asyncio.wait_for(plan.released.wait(), self.barrier_wait)
+        except TimeoutError:
+            return (
+                f"gang {plan.gang.key}: {len(plan.arrived)} of {len(plan.members)} planned members have reached "
+                "their binding; this one binds with the rest"
+            )
+        return None
+
+    # ----------------------------------------------------------------- life cycle
+
+    def holds(self, key: units.PodKey) -> bool:
+        """Whether a live plan holds this pod's assumption (its life is the plan's, not `assume_ttl`'s)."""
+        return key in self.member_of
+
+    def settle(self, busy: Callable[[units.PodKey], bool]) -> int:
+        """End plans whose members are all bound (complete) and give back plans past their deadline:
+        every member not bound (and not being bound: `busy`) loses its assumption. Returns how many
+        plans were given back."""
+        now = self.clock()
+        given_back = 0
+        for gang_key, plan in list(self.plans.items()):
+            bound = [k for k in plan.members if (r := self.cache.record(k)) is not None and r.node]
+            if len(bound) == len(plan.members):
+                self._end(gang_key, plan)
+                continue
+            if now < plan.deadline or any(busy(k) for k in plan.members):
+                continue
+            for key in plan.members:
+                if key not in bound:
+                    self.cache.forget(key)
+            self._end(gang_key, plan)
+            given_back += 1
+            self.metrics.gangs.labels(Outcome.EXPIRED).inc()
+            log.warning("gang %s: %d of %d planned member(s) bound by its timeout (%d s); the rest given back",
+                        gang_key, len(bound), len(plan.members), plan.gang.timeout_s)  # fmt: skip
+        return given_back
+
+    def _end(self, gang_key: str, plan: Plan) -> None:
+        del self.plans[gang_key]
+        for key in plan.members:
+            if self.member_of.get(key) == gang_key:
+                del self.member_of[key]

@@ -1,0 +1,90 @@
+"""Gang plans: all or nothing, at least the minimum, the ledger left as it was, packed onto few nodes,
+and kept within one domain of the gang's topology label, the tightest that holds it."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from sharegpu.core import fleet, gangs, policies
+from sharegpu.core import ledger as core_ledger
+from sharegpu.core import placer as core_placer
+from tests.conftest import node, pod
+
+
+def setup(*nodes: object, policy: str = "binpack") -> tuple[core_ledger.Ledger, core_placer.Placer]:
+    state = fleet.FleetState(list(nodes))  # type: ignore[arg-type]
+    return core_ledger.Ledger(state), core_placer.Placer(state, policies.make(policy))
+
+
+def test_a_gang_that_fits_is_planned_whole_and_the_ledger_is_left_as_it_was() -> None:
+    ledger, placer = setup(node("a", gpus=4), node("b", gpus=4))
+    before = ledger.state.milli_free.copy()
+    members = [pod(f"ns/w{i}", count=1, milli=500) for i in range(6)]
+    found = gangs.plan(ledger, placer, members, need=6)
+    assert found.status.ok, found.status.message
+    assert sorted(a.pod for a in found.allocations) == sorted(m.key for m in members)
+    assert not found.left
+    assert np.array_equal(ledger.state.milli_free, before) and len(ledger) == 0
+    for alloc in found.allocations:  # the plan is assumable as it stands, member after member
+        assert ledger.assume(alloc).ok
+
+
+def test_a_gang_is_packed_onto_as_few_nodes_as_hold_it_even_under_spread() -> None:
+    ledger, placer = setup(node("a", gpus=4), node("b", gpus=4), node("c", gpus=4), policy="spread")
+    members = [pod(f"ns/w{i}", count=1, milli=1000) for i in range(4)]
+    found = gangs.plan(ledger, placer, members, need=4)
+    assert found.status.ok and found.nodes == 1
+
+
+def test_nothing_is_planned_when_fewer_than_the_minimum_fit() -> None:
+    ledger, placer = setup(node("a", gpus=2), node("b", gpus=2))
+    members = [pod(f"ns/w{i}", count=1, milli=1000) for i in range(5)]
+    found = gangs.plan(ledger, placer, members, need=5)
+    assert not found.status.ok and found.allocations == ()
+    assert "fewer than 5 of 5" in found.status.message
+    assert len(ledger) == 0
+
+
+def test_a_minimum_below_the_size_plans_every_member_that_fits_and_names_the_rest() -> None:
+    ledger, placer = setup(node("a", gpus=2), node("b", gpus=2))
+    members = [pod(f"ns/w{i}", count=1, milli=1000) for i in range(5)]
+    found = gangs.plan(ledger, placer, members, need=3)
+    assert found.status.ok and len(found.allocations) == 4 and len(found.left) == 1
+
+
+def test_too_few_members_waiting_is_refused_before_any_placement() -> None:
+    ledger, placer = setup(node("a", gpus=8))
+    found = gangs.plan(ledger, placer, [pod("ns/w0", count=1, milli=100)], need=2)
+    assert not found.status.ok and "1 member(s) wait, the gang needs 2" in found.status.message
+
+
+def test_the_gang_stays_in_one_domain_the_tightest_that_holds_it() -> None:
+    nodes = [node("r1a", gpus=4), node("r1b", gpus=4), node("r2a", gpus=4), node("r2b", gpus=4)]
+    ledger, placer = setup(*nodes)
+    # rack 2 is half full: the gang of 4 whole GPUs fits in either rack, rack 2 is the tighter one
+    ledger.assume(placer.allocation_on(pod("ns/other", count=4, milli=1000), 2, (0, 1, 2, 3)))
+    racks = [gangs.Domain("r1", np.array([0, 1])), gangs.Domain("r2", np.array([2, 3]))]
+    found = gangs.plan(ledger, placer, [pod(f"ns/w{i}", count=1, milli=1000) for i in range(4)], 4, racks)
+    assert found.status.ok and found.domain == "r2"
+    assert {a.node for a in found.allocations} == {"r2b"}
+    # six members fit in no single rack's free room of 4 (rack 2) or... rack 1 holds 8: rack 1
+    found = gangs.plan(ledger, placer, [pod(f"ns/v{i}", count=1, milli=1000) for i in range(6)], 6, racks)
+    assert found.status.ok and found.domain == "r1"
+    assert {a.node for a in found.allocations} == {"r1a", "r1b"}
+
+
+def test_a_gang_split_across_domains_is_refused_though_the_cluster_has_room() -> None:
+    ledger, placer = setup(node("r1a", gpus=2), node("r2a", gpus=2))
+    racks = [gangs.Domain("r1", np.array([0])), gangs.Domain("r2", np.array([1]))]
+    members = [pod(f"ns/w{i}", count=1, milli=1000) for i in range(3)]
+    assert gangs.plan(ledger, placer, members, 3).status.ok, "without a topology the cluster holds it"
+    found = gangs.plan(ledger, placer, members, 3, racks)
+    assert not found.status.ok and "any of 0 domain(s)" in found.status.message
+
+
+def test_the_largest_members_are_placed_first() -> None:
+    ledger, placer = setup(node("a", gpus=2))
+    # in arrival order the two halves would split both GPUs and the whole GPU would not fit
+    members = [pod("ns/h1", count=1, milli=500), pod("ns/h2", count=1, milli=500), pod("ns/w", count=1, milli=1000)]
+    found = gangs.plan(ledger, placer, members, need=3)
+    assert found.status.ok and len(found.allocations) == 3

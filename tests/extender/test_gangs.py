@@ -1,0 +1,125 @@
+"""Gangs on the extender path: nothing held until every needed member is here and fits, then the
+whole gang planned and held at once, bound together, and given back whole at its timeout."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from sharegpu.api import extender as api_extender
+from sharegpu.api import names, paths
+from sharegpu.core import units
+from tests.extender.conftest import Harness, Json, gpu_pod, settle
+
+
+def member(name: str, gang: str = "job", minimum: int = 4, **extra: str) -> Json:
+    annotations = {names.GANG: gang, names.GANG_MIN: str(minimum), **extra}
+    return gpu_pod(name, milli=None, count=1, annotations=annotations)
+
+
+def binding(h: Harness, name: str, node: str) -> api_extender.BindingArgs:
+    stored = h.server.get_object(paths.pod("ns", name))
+    assert stored is not None
+    return api_extender.BindingArgs(pod_name=name, pod_namespace="ns", pod_uid=stored["metadata"]["uid"], node=node)
+
+
+def free_gpus(h: Harness) -> int:
+    state = h.extender.cache.state
+    return int(((state.milli_free == 1000) & state.present).sum())
+
+
+async def test_a_gang_waits_for_its_members_holding_nothing_then_is_planned_whole(harness: Callable[..., Any]) -> None:
+    h: Harness = await harness(nodes=2, gpus=2)
+    pods = [await h.create(member(f"w{i}")) for i in range(3)]
+    verdict = h.extender.scheduling.filter(h.args(pods[0]))
+    assert not verdict.node_names
+    assert "gang ns/job waits for its members: 3 of 4" in next(iter(verdict.failed_nodes.values()))
+    assert free_gpus(h) == 4, "a gang short of members holds nothing"
+    pods.append(await h.create(member("w3")))
+    first = h.extender.scheduling.filter(h.args(pods[0]))
+    assert len(first.node_names) == 1
+    assert free_gpus(h) == 0, "the whole gang is held at once"
+    outsider = await h.create(gpu_pod("outsider", milli=None, count=1))
+    assert not h.extender.scheduling.filter(h.args(outsider)).node_names, "no pod takes the gang's room"
+    planned = {}
+    for pod in pods:
+        verdict = h.extender.scheduling.filter(h.args(pod))
+        assert len(verdict.node_names) == 1
+        planned[pod["metadata"]["name"]] = verdict.node_names[0]
+    assert sorted(planned.values()) == ["n0", "n0", "n1", "n1"]
+    binds = [
+        asyncio.ensure_future(h.extender.scheduling.bind(binding(h, n, node))) for n, node in list(planned.items())[:3]
+    ]
+    await asyncio.sleep(0.05)
+    assert not any(b.done() for b in binds), "members wait at their binding for the rest of the gang"
+    assert all(not (h.server.get_object(paths.pod("ns", n)) or {})["spec"].get("nodeName") for n in planned)
+    last = await h.extender.scheduling.bind(binding(h, "w3", planned["w3"]))
+    results = [await b for b in binds]
+    assert last.error == "" and all(r.error == "" for r in results), [r.error for r in results]
+    await settle(h.server)
+    for name, node in planned.items():
+        assert (h.server.get_object(paths.pod("ns", name)) or {})["spec"]["nodeName"] == node
+    await h.extender.scheduling.expire()
+    assert not h.extender.scheduling.gangs.plans, "a complete gang's plan ends"
+
+
+async def test_a_member_that_waited_in_vain_is_tried_again_with_its_place_held(harness: Callable[..., Any]) -> None:
+    h: Harness = await harness(nodes=1, gpus=2)
+    h.extender.scheduling.gangs.barrier_wait = 0.05
+    a, b = await h.create(member("a", minimum=2)), await h.create(member("b", minimum=2))
+    assert h.extender.scheduling.filter(h.args(a)).node_names == ["n0"]
+    early = await h.extender.scheduling.bind(binding(h, "a", "n0"))
+    assert "1 of 2 planned members have reached their binding" in early.error
+    assert free_gpus(h) == 0, "its place is still held"
+    assert h.extender.scheduling.filter(h.args(b)).node_names == ["n0"]
+    assert (await h.extender.scheduling.bind(binding(h, "b", "n0"))).error == ""
+    assert h.extender.scheduling.filter(h.args(a)).node_names == ["n0"], "its next try: the node still held"
+    assert (await h.extender.scheduling.bind(binding(h, "a", "n0"))).error == ""
+    await settle(h.server)
+    assert all((h.server.get_object(paths.pod("ns", n)) or {})["spec"].get("nodeName") == "n0" for n in "ab")
+
+
+async def test_a_plan_not_bound_by_the_gangs_timeout_is_given_back_whole(harness: Callable[..., Any]) -> None:
+    h: Harness = await harness(nodes=1, gpus=2, assume_ttl=300.0)
+    a = await h.create(member("a", minimum=2, **{names.GANG_TIMEOUT: "20"}))
+    await h.create(member("b", minimum=2, **{names.GANG_TIMEOUT: "20"}))
+    assert h.extender.scheduling.filter(h.args(a)).node_names == ["n0"]
+    assert free_gpus(h) == 0
+    h.clock.advance(10)
+    await h.extender.scheduling.expire()
+    assert free_gpus(h) == 0, "held until the timeout"
+    h.clock.advance(11)
+    await h.extender.scheduling.expire()
+    assert free_gpus(h) == 2 and not h.extender.scheduling.gangs.plans
+    assert not h.extender.cache.assumed
+
+
+async def test_a_gang_that_cannot_fit_holds_nothing_and_says_why(harness: Callable[..., Any]) -> None:
+    h: Harness = await harness(nodes=1, gpus=2)
+    pods = [await h.create(member(f"w{i}", minimum=3)) for i in range(3)]
+    verdict = h.extender.scheduling.filter(h.args(pods[0]))
+    assert "gang ns/job: fewer than 3 of 3 member(s) fit together" in next(iter(verdict.failed_nodes.values()))
+    assert free_gpus(h) == 2 and not h.extender.cache.assumed
+
+
+async def test_members_that_disagree_are_refused_with_the_difference_named(harness: Callable[..., Any]) -> None:
+    h: Harness = await harness(nodes=1, gpus=2)
+    a = await h.create(member("a", minimum=2))
+    await h.create(member("b", minimum=3))
+    message = next(iter(h.extender.scheduling.filter(h.args(a)).failed_nodes.values()))
+    assert "its members disagree" in message and "minimum 3" in message and "minimum 2" in message
+    assert h.extender.metrics.gangs.labels("refused")._value.get() >= 1
+
+
+async def test_a_gang_with_its_minimum_running_places_later_members_alone(harness: Callable[..., Any]) -> None:
+    h: Harness = await harness(nodes=2, gpus=2)
+    a, b = await h.create(member("a", minimum=2)), await h.create(member("b", minimum=2))
+    nodes = {n: h.extender.scheduling.filter(h.args(p)).node_names[0] for n, p in (("a", a), ("b", b))}
+    binds = [asyncio.ensure_future(h.extender.scheduling.bind(binding(h, n, node))) for n, node in nodes.items()]
+    assert [r.error for r in await asyncio.gather(*binds)] == ["", ""]
+    await settle(h.server)
+    await h.extender.scheduling.expire()
+    c = await h.create(member("c", minimum=2))
+    assert len(h.extender.scheduling.filter(h.args(c)).node_names) == 1
+    assert units.PodKey("ns/c") in h.extender.cache.assumed and not h.extender.scheduling.gangs.plans
