@@ -88,3 +88,11 @@ def test_the_largest_members_are_placed_first() -> None:
     members = [pod("ns/h1", count=1, milli=500), pod("ns/h2", count=1, milli=500), pod("ns/w", count=1, milli=1000)]
     found = gangs.plan(ledger, placer, members, need=3)
     assert found.status.ok and len(found.allocations) == 3
+
+
+def test_a_new_node_is_opened_where_the_most_remaining_members_fit() -> None:
+    ledger, placer = setup(node("a", gpus=2), node("b", gpus=2), node("c", gpus=2))
+    ledger.assume(placer.allocation_on(pod("ns/other", count=1, milli=600), 0, (0,)))
+    members = [pod(f"ns/w{i}", count=1, milli=600) for i in range(4)]
+    found = gangs.plan(ledger, placer, members, need=4)
+    assert found.status.ok and found.nodes == 2 and {a.node for a in found.allocations} == {"b", "c"}

@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 from sharegpu.api import admission as api_admission
-from sharegpu.api import budgets, dra, groups, names, paths, wire
+from sharegpu.api import budgets, dra, gangs, groups, names, paths, wire
 from sharegpu.kube import client, fake
 from sharegpu.webhook import admission, server
 from tests.builders import MakePod
@@ -742,3 +742,36 @@ async def test_the_webhook_reads_a_new_pods_claims_and_templates_to_tell_whose_t
     assert await hook._learn_claims(review(pod)) == {"a": True, "b": True, "c": None, "d": False}
     assert await hook._learn_claims(review(MakePod("plain").container(image="x").obj())) is None
     await hook.kube.close()
+
+
+def test_kueue_pod_groups_become_gangs_and_malformed_gangs_are_refused_by_name() -> None:
+    pod = (
+        MakePod("w0")
+        .labels({gangs.KUEUE_GROUP_LABEL: "train"})
+        .annotations({gangs.KUEUE_TOTAL_ANNOTATION: "4"})
+        .container(limits={"nvidia.com/gpu": "1"})
+        .obj()
+    )
+    out = applied(pod, admission.mutate(review(pod), POLICY))
+    annotations = out["metadata"]["annotations"]
+    assert (annotations[names.GANG], annotations[names.GANG_MIN]) == ("train", "4")
+    assert "pod group train" in annotations[names.TRANSLATED]
+    assert applied(out, admission.mutate(review(out), POLICY)) == out, "reinvocation changes nothing"
+    assert answer_of(admission.validate(review(out), POLICY))["response"]["allowed"]
+    bad = MakePod("w1").annotations({names.GANG: "train"}).container(limits={"nvidia.com/gpu": "1"}).obj()
+    response = answer_of(admission.validate(review(bad), POLICY))["response"]
+    assert not response["allowed"] and f"{names.GANG_MIN} is required" in response["status"]["message"]
+    missing = MakePod("w2").labels({gangs.KUEUE_GROUP_LABEL: "t"}).container(limits={"nvidia.com/gpu": "1"}).obj()
+    response = answer_of(admission.mutate(review(missing), POLICY))["response"]
+    assert not response["allowed"] and gangs.KUEUE_TOTAL_ANNOTATION in response["status"]["message"]
+
+
+def test_a_gang_on_the_dra_path_is_refused_with_the_way_out() -> None:
+    pod = (
+        MakePod("w0")
+        .annotations({names.GANG: "j", names.GANG_MIN: "2", names.PATH: names.PATH_DRA})
+        .container(limits={"nvidia.com/gpu": "1"})
+        .obj()
+    )
+    response = answer_of(admission.mutate(review(pod), POLICY))["response"]
+    assert not response["allowed"] and f"{names.PATH}: {names.PATH_EXTENDER}" in response["status"]["message"]

@@ -307,8 +307,8 @@ class Record:
     """Where sharegpu's scheduling gate (`names.DRA_GATE`) is in its `spec.schedulingGates` (-1: not
     there): the allocator removes it by that position, after checking it is still there."""
     terms: constraints.PodTerms | None = None
-    """Its own constraints on nodes: kept for pods with claims only (the DRA allocator picks their
-    node before kube-scheduler does)."""
+    """Its own constraints on nodes: kept for pods with claims and gang members only (the DRA
+    allocator picks their node, and a gang's plan its members' nodes, before kube-scheduler does)."""
     gang: gangs.Gang | None = None
     """The gang it belongs to (`api.gangs`); None for none, or a malformed one (`problem` says why
     for a GPU pod)."""
@@ -418,7 +418,7 @@ def record(pod: wire.Pod, previous: Record | None = None) -> Record:
         claims=claim_refs(pod) if pod.spec.resource_claims else (),
         container_claims=tuple((c.name, tuple(c.resources.claims)) for _, c in containers(pod) if c.resources.claims),
         gate=next((i for i, g in enumerate(pod.spec.scheduling_gates) if g.name == names.DRA_GATE), -1),
-        terms=constraints.PodTerms.of(pod.spec) if pod.spec.resource_claims else None,
+        terms=constraints.PodTerms.of(pod.spec) if pod.spec.resource_claims or gang is not None else None,
         gang=gang,
     )
 

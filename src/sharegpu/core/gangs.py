@@ -9,8 +9,9 @@ Order and shape:
 - members largest first (GPUs x compute, then memory), so the hardest fit is tried while the room
   is widest;
 - each member goes first to the nodes the gang already uses in this plan (the placer's policy
-  chooses among them), else to any node of the domain: a gang spreads over as few nodes as fit it,
-  which keeps its collective traffic on NVLink and inside a node where it can;
+  chooses among them); when none has room, a new node is opened: among the nodes of the domain that
+  fit it, one with room for the most of the members still to place (the policy chooses among those).
+  A gang so spreads over few nodes, which keeps its collective traffic inside a node where it can;
 - a *domain* is a set of nodes the whole gang must stay within (the nodes with one value of the
   gang's topology label: a rack, a zone). Domains are tried tightest first (least free compute that
   can still hold the gang), the first where every member fits wins; else the one where most fit.
@@ -84,7 +85,8 @@ def plan(
             if not found.left:
                 break
     if best is None:
-        where = f"any of {len(candidates)} domain(s)" if domains is not None else "the cluster"
+        named = domains is not None and any(d.name for d in domains)
+        where = f"any of {len(candidates)} domain(s)" if named else "the nodes they may use"
         return Plan(status.unschedulable(f"fewer than {need} of {len(members)} member(s) fit together in {where}"))
     return best
 
@@ -102,6 +104,24 @@ def _tightest(state: fleet.FleetState, domains: list[Domain], smallest: Sequence
     return [domain for _, _, domain in ranked]
 
 
+def _roomiest(
+    placer: core_placer.Placer, demand: requests.GpuDemand, rows: fleet.IntArray, wanted: int
+) -> fleet.IntArray:
+    """The rows that fit `demand` with room for the most of `wanted` such members (all of `rows` when
+    none fits: the placer then says why)."""
+    feasible = rows[placer.evaluate(demand, rows).feasible]
+    if not len(feasible) or not demand.count:
+        return feasible if len(feasible) else rows
+    state = placer.state
+    usable = state.present[feasible] & state.healthy[feasible] & ~state.blocked[feasible] & (state.held[feasible] == 0)
+    slots = state.milli_free[feasible] // max(1, demand.milli)
+    need = state.memory_need(demand, feasible)
+    slots = np.where(need > 0, np.minimum(slots, state.gmem_free[feasible] // np.maximum(need, 1)), slots)
+    room = np.minimum((np.where(usable, slots, 0).sum(axis=1)) // demand.count, wanted)
+    best: fleet.IntArray = feasible[room == room.max()]
+    return best
+
+
 def _try(
     ledger: core_ledger.Ledger, placer: core_placer.Placer, ordered: Sequence[requests.PodRequest], domain: Domain
 ) -> Plan:
@@ -110,10 +130,12 @@ def _try(
     left: list[units.PodKey] = []
     used: list[int] = []
     try:
-        for member in ordered:
+        for position, member in enumerate(ordered):
             decision = placer.decide(member.demand, np.array(used, dtype=np.int64)) if used else None
             if decision is None or not decision.status.ok:
-                decision = placer.decide(member.demand, domain.rows)
+                decision = placer.decide(
+                    member.demand, _roomiest(placer, member.demand, domain.rows, len(ordered) - position)
+                )
             if not decision.status.ok:
                 left.append(member.key)
                 continue

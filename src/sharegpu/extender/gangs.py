@@ -129,7 +129,7 @@ class GangBook:
             self.cache.placer,
             [m.request for m in waiting if m.request is not None],
             need,
-            self._domains(gang.topology),
+            self._domains(gang.topology, self._admitted(waiting)),
         )
         if not found.status.ok:
             return self._refuse(f"gang {gang.key}: {found.status.message}")
@@ -160,18 +160,36 @@ class GangBook:
         self.metrics.gangs.labels(Outcome.REFUSED).inc()
         return Verdict(refusal=why)
 
-    def _domains(self, label: str | None) -> list[core_gangs.Domain] | None:
-        """The nodes under each value of `label` (nodes without it are in none); None: the whole cluster."""
+    def _admitted(self, members: list[pods.Record]) -> np.ndarray:
+        """The rows of nodes for pods that every member's own constraints admit (node selector, node
+        affinity, taints: the members of a gang come from one template, so this is usually one set)."""
+        cache = self.cache
+        state = cache.state
+        rows = np.flatnonzero(cache.pod_rows)
+        for terms in {m.terms.key: m.terms for m in members if m.terms is not None}.values():
+            if terms.unconstrained:
+                continue
+            keep = []
+            for row in rows.tolist():
+                facts = cache.nodes.get(state.names[row])
+                if facts is None or facts.terms is None or terms.allows(facts.terms):
+                    keep.append(row)
+            rows = np.array(keep, dtype=np.int64)
+        return rows
+
+    def _domains(self, label: str | None, rows: np.ndarray) -> list[core_gangs.Domain]:
+        """`rows` under each value of `label` (nodes without it are in none); one unnamed domain of
+        them all without a label."""
         if label is None:
-            return None
+            return [core_gangs.Domain("", rows)]
         state = self.cache.state
-        rows: dict[str, list[int]] = {}
-        for name, facts in self.cache.nodes.items():
-            value = facts.terms.labels.get(label) if facts.terms is not None else None
-            row = state.row(name)
-            if value is not None and row is not None:
-                rows.setdefault(value, []).append(row)
-        return [core_gangs.Domain(v, np.array(sorted(r), dtype=np.int64)) for v, r in sorted(rows.items())]
+        found: dict[str, list[int]] = {}
+        for row in rows.tolist():
+            facts = self.cache.nodes.get(state.names[row])
+            value = facts.terms.labels.get(label) if facts is not None and facts.terms is not None else None
+            if value is not None:
+                found.setdefault(value, []).append(row)
+        return [core_gangs.Domain(v, np.array(r, dtype=np.int64)) for v, r in sorted(found.items())]
 
     # ----------------------------------------------------------------- bind
 

@@ -23,6 +23,7 @@ from sharegpu.api import admission as api_admission
 from sharegpu.api import budgets as api_budgets
 from sharegpu.api import devices as api_devices
 from sharegpu.api import dra, handoff, names, pods, quantity, wire
+from sharegpu.api import gangs as api_gangs
 from sharegpu.api import groups as api_groups
 from sharegpu.api import quotas as api_quotas
 from sharegpu.core import devices, errors, requests
@@ -414,6 +415,15 @@ def _gate_for_claims(obj: Json, seen: Mapping[str, bool | None] | None, audit: l
     return True
 
 
+def _translate_gang(obj: Json, audit: list[str]) -> None:
+    """A group another format states on the pod, as sharegpu's gang annotations (`api.gangs.translate`)."""
+    metadata = obj.setdefault("metadata", {})
+    found = api_gangs.translate(metadata.get("labels") or {}, metadata.get("annotations") or {})
+    if found:
+        metadata.setdefault("annotations", {}).update(found)
+        audit.append(f"pod group {found[names.GANG]} -> {names.GANG} (minimum {found[names.GANG_MIN]})")
+
+
 def mutate(body: Any, policy: Policy, seen: Mapping[str, bool | None] | None = None) -> Answer:
     """The mutating decision for a Pod review (`seen`: what `_gate_for_claims` knows of its
     ResourceClaims, read from the API by the server)."""
@@ -429,6 +439,7 @@ def mutate(body: Any, policy: Policy, seen: Mapping[str, bool | None] | None = N
             return api_admission.allow(uid)
         original = _object(request)
         out, audit = translate.translate(original, policy.models)
+        _translate_gang(out, audit)
         pod = _typed(out, request)
         parsed = pods.request(pod)
         joined = api_groups.membership(pod.metadata.annotations, request.namespace)
@@ -455,6 +466,13 @@ def mutate(body: Any, policy: Policy, seen: Mapping[str, bool | None] | None = N
         annotations = out.setdefault("metadata", {}).setdefault("annotations", {})
         system = _is_system(request, policy)
         claims = not system and path_of(request.namespace, annotations, policy) == names.PATH_DRA
+        if claims and names.GANG in annotations:
+            return api_admission.deny(
+                uid,
+                f"sharegpu: gangs ({names.GANG}) are placed on the extender path only for now; "
+                f"set the annotation {names.PATH}: {names.PATH_EXTENDER} on the pod (docs/gangs.md)",
+                code=400,
+            )
         if claims:
             _to_claims(out, parsed, audit)
         elif not system and not _handoff_wired(pod, parsed):
@@ -501,6 +519,7 @@ def validate(body: Any, policy: Policy) -> Answer:
                     return api_admission.deny(
                         uid, f"sharegpu: container {container.name}: {key} was not translated", 400
                     )
+        api_gangs.of(request.namespace, pod.metadata.annotations)  # a malformed gang is refused by name
         parsed = pods.request(pod)
         outside = _scheduled_outside(pod, parsed, request, policy)
         if outside is not None:
