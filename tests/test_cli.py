@@ -248,7 +248,7 @@ def test_choices_show_in_help() -> None:
     assert "--mode <static|dynamic>" in _help("simulate")
     assert "--on-violation <report|kill|evict>" in _help("agent")
     for command in ("controller", "devcluster", "crds"):
-        assert "--compat <list[deviceshare|kubeshare]>" in _help(command)
+        assert "--compat <list[deviceshare|kubeshare|coscheduling|volcano|kai]>" in _help(command)
 
 
 def test_choices_spelled_in_the_cli_match_their_definitions() -> None:
@@ -301,7 +301,7 @@ def test_show_completion_prints_the_shells_script(monkeypatch: pytest.MonkeyPatc
         ("sharegpu extender --log-level ", ["debug", "info", "warning", "error"]),
         ("sharegpu extender --policy fgd", ["fgd", "fgd-used", "fgd-balance"]),
         ("sharegpu agent --on-violation ", ["report", "kill", "evict"]),
-        ("sharegpu crds --compat ", ["deviceshare", "kubeshare"]),
+        ("sharegpu crds --compat ", ["deviceshare", "kubeshare", "coscheduling", "volcano", "kai"]),
     ],
 )
 def test_completion_offers_commands_and_choices(words: str, expected: list[str]) -> None:
@@ -337,7 +337,10 @@ def test_bash_completes_with_the_installed_script(tmp_path: Path) -> None:
     assert done.stdout.split() == ["static", "dynamic"]
 
 
-COMPAT_REFUSED = "Invalid value for '--compat': 'volcano' is not one of 'deviceshare', 'kubeshare'."
+COMPAT_REFUSED = (
+    "Invalid value for '--compat': 'yunikorn' is not one of "
+    "'deviceshare', 'kubeshare', 'coscheduling', 'volcano', 'kai'."
+)
 
 
 @pytest.mark.parametrize(
@@ -383,7 +386,7 @@ COMPAT_REFUSED = "Invalid value for '--compat': 'volcano' is not one of 'devices
         ),
         (["webhook", "--bootstrap", "/tmp/b", "--ip-address", "not-an-ip"], "'not-an-ip' is not an IP address"),
         (["devcluster", "--policy", "nope"], "unknown policy 'nope'"),
-        (["devcluster", "--compat", "volcano"], COMPAT_REFUSED),
+        (["devcluster", "--compat", "yunikorn"], COMPAT_REFUSED),
         (
             ["devcluster", "--runtime", "containerd", "--nodes", "9"],
             "with --runtime containerd, --nodes and --gpus must be 1..8",
@@ -393,8 +396,8 @@ COMPAT_REFUSED = "Invalid value for '--compat': 'volcano' is not one of 'devices
             "with --runtime containerd the chart installs sharegpu: --compat, --no-webhook",
         ),
         (["devcluster", "--runtime", "docker"], "Invalid value for '--runtime': 'docker' is not one of 'fake',"),
-        (["controller", "--compat", "volcano"], COMPAT_REFUSED),
-        (["crds", "--compat", "volcano"], COMPAT_REFUSED),
+        (["controller", "--compat", "yunikorn"], COMPAT_REFUSED),
+        (["crds", "--compat", "yunikorn"], COMPAT_REFUSED),
         (
             ["agent", "--node", "n", "--on-violation", "shoot"],
             "Invalid value for '--on-violation': 'shoot' is not one of 'report', 'kill', 'evict'.",

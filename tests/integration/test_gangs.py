@@ -9,10 +9,13 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from sharegpu.api import names
+import pytest
+
+from sharegpu.api import names, podgroups
 from sharegpu.devcluster.stack import ExtenderProcess
 from sharegpu.kube import client
-from tests.integration.conftest import consistent, gpu_pod, pods_in, refusal, wait_for
+from sharegpu.kube import errors as kube_errors
+from tests.integration.conftest import RunningWebhook, consistent, gpu_pod, pods_in, refusal, wait_for
 
 Json = dict[str, Any]
 
@@ -87,3 +90,58 @@ async def test_a_gang_that_cannot_fit_holds_nothing_and_others_go_on(
 async def _bound(kube: client.KubeClient, namespace: str, name: str) -> bool:
     pod = await kube.get(f"/api/v1/namespaces/{namespace}/pods/{name}")
     return bool((pod.get("spec") or {}).get("nodeName"))
+
+
+FORMATS = {
+    "coscheduling": (podgroups.COSCHEDULING, {"minMember": 2, "scheduleTimeoutSeconds": 120}),
+    "volcano": (podgroups.VOLCANO, {"minMember": 2, "queue": "research"}),
+    "kai": (podgroups.KAI, {"minMember": 2, "queue": "team-a"}),
+}
+
+
+def named(pod: Json, fmt: podgroups.Format, group: str) -> Json:
+    """The pod naming `group` the way its scheduler's users write it."""
+    meta = pod["metadata"]
+    if fmt is podgroups.COSCHEDULING:
+        meta.setdefault("labels", {})[podgroups.COSCHEDULING_LABEL] = group
+    else:
+        key = podgroups.VOLCANO_ANNOTATION if fmt is podgroups.VOLCANO else podgroups.KAI_ANNOTATION
+        meta.setdefault("annotations", {})[key] = group
+    return pod
+
+
+@pytest.mark.parametrize("kind", sorted(FORMATS))
+async def test_a_group_written_for_another_scheduler_is_placed_as_one_gang(
+    admin: client.KubeClient,
+    extender: ExtenderProcess,
+    webhook: RunningWebhook,
+    nodes: Callable[..., Any],
+    namespace: str,
+    kind: str,
+) -> None:
+    fmt, spec = FORMATS[kind]
+    await nodes(2, gpus=1)
+    group = f"{kind}-job"
+    body = {"apiVersion": fmt.api_version, "kind": "PodGroup", "metadata": {"name": group}, "spec": spec}
+    await admin.create(f"/apis/{fmt.group}/{fmt.version}/namespaces/{namespace}/podgroups", body)
+    pods = f"/api/v1/namespaces/{namespace}/pods"
+    with pytest.raises(kube_errors.KubeError, match="does not exist: create the group before its pods"):
+        await admin.create(pods, named(gpu_pod("stray", namespace, milli=600), fmt, "no-such-group"))
+    made = await admin.create(pods, named(gpu_pod("w-0", namespace, milli=600), fmt, group))
+    annotations = made["metadata"]["annotations"]
+    assert (annotations[names.GANG], annotations[names.GANG_MIN]) == (group, "2")
+
+    async def told_why() -> str | None:
+        message = await refusal(admin, namespace, "w-0")
+        return message if message and "waits for its members: 1 of 2" in message else None
+
+    await wait_for(told_why, what="the lone member turned away for its gang")
+    await admin.create(pods, named(gpu_pod("w-1", namespace, milli=600), fmt, group))
+
+    async def whole() -> dict[str, str] | None:
+        found = await nodes_of(admin, namespace, "w-")
+        return found if len(found) == 2 and all(found.values()) else None
+
+    placed = await wait_for(whole, what=f"the {kind} gang bound")
+    assert len(set(placed.values())) == 2, "one GPU per node: the gang spans both"
+    await consistent(admin)

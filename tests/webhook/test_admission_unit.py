@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 from sharegpu.api import admission as api_admission
-from sharegpu.api import budgets, dra, gangs, groups, names, paths, wire
+from sharegpu.api import budgets, dra, gangs, groups, names, paths, podgroups, wire
 from sharegpu.kube import client, fake
 from sharegpu.webhook import admission, server
 from tests.builders import MakePod
@@ -775,3 +775,30 @@ def test_a_gang_on_the_dra_path_is_refused_with_the_way_out() -> None:
     )
     response = answer_of(admission.mutate(review(pod), POLICY))["response"]
     assert not response["allowed"] and f"{names.PATH}: {names.PATH_EXTENDER}" in response["status"]["message"]
+
+
+def test_a_pod_naming_a_volcano_group_gets_the_groups_gang_or_is_refused_when_the_group_is_missing() -> None:
+    pod = (
+        MakePod("w0")
+        .annotations({"scheduling.k8s.io/group-name": "train"})
+        .container(limits={"nvidia.com/gpu": "1"})
+        .obj()
+    )
+    ref = podgroups.GroupRef(podgroups.VOLCANO, "ns", "train")
+    read = admission.GroupRead(ref, {"spec": {"minMember": 4, "queue": "research"}})
+    answer = admission.mutate(review(pod), POLICY, group=read)
+    out = applied(pod, answer)
+    assert (out["metadata"]["annotations"][names.GANG], out["metadata"]["annotations"][names.GANG_MIN]) == (
+        "train",
+        "4",
+    )
+    assert any("spec.queue" in w for w in answer_of(answer)["response"]["warnings"])
+    assert applied(out, admission.mutate(review(out), POLICY)) == out, "reinvoked, the gang is already written"
+    reads: tuple[tuple[admission.GroupRead | None, str], ...] = (
+        (admission.GroupRead(ref, None), "does not exist: create the group before its pods"),
+        (admission.GroupRead(ref, None, "timed out"), "could not be read: timed out"),
+        (None, "could not be read"),
+    )
+    for read_back, words in reads:
+        response = answer_of(admission.mutate(review(pod), POLICY, group=read_back))["response"]
+        assert not response["allowed"] and words in response["status"]["message"]

@@ -89,13 +89,21 @@ def review(body: Any) -> Review:
     return wire.convert(body, Review)
 
 
-def allow(uid: str, patch: list[dict[str, Any]] | None = None, audit: dict[str, str] | None = None) -> ReviewResponse:
-    response = Response(uid=uid, allowed=True, audit_annotations=audit or None)
-    if patch:
-        encoded = base64.b64encode(orjson.dumps(patch)).decode()
-        response = Response(
-            uid=uid, allowed=True, patch_type="JSONPatch", patch=encoded, audit_annotations=audit or None
-        )
+def allow(
+    uid: str,
+    patch: list[dict[str, Any]] | None = None,
+    audit: dict[str, str] | None = None,
+    warnings: list[str] | None = None,
+) -> ReviewResponse:
+    encoded = base64.b64encode(orjson.dumps(patch)).decode() if patch else None
+    response = Response(
+        uid=uid,
+        allowed=True,
+        patch_type="JSONPatch" if encoded else None,
+        patch=encoded,
+        audit_annotations=audit or None,
+        warnings=warnings or None,
+    )
     return ReviewResponse(response=response)
 
 

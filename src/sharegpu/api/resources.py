@@ -13,7 +13,7 @@ from typing import Any, Final, Literal
 import msgspec
 import yaml
 
-from sharegpu.api import budgets, deviceshare, events, groups, names, paths, schema, sharepods, wire
+from sharegpu.api import budgets, deviceshare, events, groups, names, paths, podgroups, schema, sharepods, wire
 
 Json = dict[str, Any]
 
@@ -46,6 +46,9 @@ class CustomResource:
     short_names: tuple[str, ...] = ()
     columns: tuple[Column, ...] = (AGE,)
     categories: tuple[str, ...] = (names.CATEGORY,)
+    open_spec: bool = False
+    """The spec keeps fields the type does not name, as written (another project's resource, whose
+    fields sharegpu reads only in part)."""
 
     @property
     def name(self) -> str:
@@ -80,6 +83,8 @@ class CustomResource:
     def manifest(self) -> Json:
         """The CustomResourceDefinition (apiextensions.k8s.io/v1)."""
         properties: Json = {"spec": schema.structural(self.spec)}
+        if self.open_spec:
+            properties["spec"]["x-kubernetes-preserve-unknown-fields"] = True
         if self.status is not None:
             properties["status"] = schema.structural(self.status)
         version: Json = {
@@ -231,7 +236,45 @@ SHAREPOD: Final = CustomResource(
     categories=(),
 )
 
-COMPAT: Final = {"deviceshare": (DEVICESHARE_GROUP,), "kubeshare": (SHAREPOD,)}
+
+def _pod_group(fmt: podgroups.Format, spec: type, project: str, named_by: str) -> CustomResource:
+    return CustomResource(
+        group=fmt.group,
+        version=fmt.version,
+        kind="PodGroup",
+        plural=fmt.plural,
+        singular="podgroup",
+        scope="Namespaced",
+        spec=spec,
+        status=None,
+        description=(
+            f"{project}'s PodGroup, served by sharegpu for compatibility: pods that name it ({named_by}) are placed "
+            "as one gang by sharegpu (docs/gangs.md says which fields are honoured)."
+        ),
+        columns=(Column("MinMember", "integer", ".spec.minMember"), AGE),
+        categories=(),
+        open_spec=True,
+    )
+
+
+COSCHEDULING_GROUP: Final = _pod_group(
+    podgroups.COSCHEDULING,
+    podgroups.CoschedulingSpec,
+    "scheduler-plugins coscheduling",
+    f"label {podgroups.COSCHEDULING_LABEL}",
+)
+VOLCANO_GROUP: Final = _pod_group(
+    podgroups.VOLCANO, podgroups.VolcanoSpec, "Volcano", f"annotation {podgroups.VOLCANO_ANNOTATION}"
+)
+KAI_GROUP: Final = _pod_group(podgroups.KAI, podgroups.KaiSpec, "KAI", f"annotation {podgroups.KAI_ANNOTATION}")
+
+COMPAT: Final = {
+    "deviceshare": (DEVICESHARE_GROUP,),
+    "kubeshare": (SHAREPOD,),
+    "coscheduling": (COSCHEDULING_GROUP,),
+    "volcano": (VOLCANO_GROUP,),
+    "kai": (KAI_GROUP,),
+}
 """Other systems' resources that sharegpu can serve (`sharegpu crds --compat NAME`; the controller's
 `--compat NAME` reconciles them). Optional: a cluster installs only those its users need."""
 

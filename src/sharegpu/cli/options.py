@@ -32,6 +32,9 @@ class Compat(enum.StrEnum):
 
     DEVICESHARE = "deviceshare"
     KUBESHARE = "kubeshare"
+    COSCHEDULING = "coscheduling"
+    VOLCANO = "volcano"
+    KAI = "kai"
 
 
 class Runtime(enum.StrEnum):

@@ -14,6 +14,7 @@ import copy
 import dataclasses
 import secrets
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import jsonpatch
@@ -22,7 +23,7 @@ import msgspec
 from sharegpu.api import admission as api_admission
 from sharegpu.api import budgets as api_budgets
 from sharegpu.api import devices as api_devices
-from sharegpu.api import dra, handoff, names, pods, quantity, wire
+from sharegpu.api import dra, handoff, names, podgroups, pods, quantity, wire
 from sharegpu.api import gangs as api_gangs
 from sharegpu.api import groups as api_groups
 from sharegpu.api import quotas as api_quotas
@@ -424,9 +425,44 @@ def _translate_gang(obj: Json, audit: list[str]) -> None:
         audit.append(f"pod group {found[names.GANG]} -> {names.GANG} (minimum {found[names.GANG_MIN]})")
 
 
-def mutate(body: Any, policy: Policy, seen: Mapping[str, bool | None] | None = None) -> Answer:
+@dataclass(frozen=True, slots=True)
+class GroupRead:
+    """The group a new pod names, as the server read it: the object, None when it does not exist, or
+    why it could not be read."""
+
+    ref: podgroups.GroupRef
+    found: Json | None
+    problem: str | None = None
+
+
+def _group_gang(obj: Json, namespace: str, group: GroupRead | None, audit: list[str]) -> list[str]:
+    """Writes the gang annotations of the group the pod names (`api.podgroups`); returns the Warnings
+    for the group's fields that are not honoured. InvalidRequestError when the group is missing or
+    could not be read."""
+    metadata = obj.setdefault("metadata", {})
+    ref = podgroups.reference(
+        namespace, obj.get("spec") or {}, metadata.get("labels") or {}, metadata.get("annotations") or {}
+    )
+    if ref is None:
+        return []
+    if group is None or group.ref != ref:
+        raise errors.InvalidRequestError(f"{ref} could not be read: the pod's gang cannot be judged")
+    if group.problem is not None:
+        raise errors.InvalidRequestError(f"{ref} could not be read: {group.problem}")
+    if group.found is None:
+        raise podgroups.missing(ref)
+    found, warnings = podgroups.gang_annotations(ref, group.found)
+    if found:
+        metadata.setdefault("annotations", {}).update(found)
+        audit.append(f"{ref} -> {names.GANG} (minimum {found[names.GANG_MIN]})")
+    return warnings
+
+
+def mutate(
+    body: Any, policy: Policy, seen: Mapping[str, bool | None] | None = None, group: GroupRead | None = None
+) -> Answer:
     """The mutating decision for a Pod review (`seen`: what `_gate_for_claims` knows of its
-    ResourceClaims, read from the API by the server)."""
+    ResourceClaims, read from the API by the server; `group`: the pod group it names, read likewise)."""
     uid = ""
     try:
         request = api_admission.review(body).request
@@ -440,6 +476,7 @@ def mutate(body: Any, policy: Policy, seen: Mapping[str, bool | None] | None = N
         original = _object(request)
         out, audit = translate.translate(original, policy.models)
         _translate_gang(out, audit)
+        warnings = _group_gang(out, request.namespace, group, audit)
         pod = _typed(out, request)
         parsed = pods.request(pod)
         joined = api_groups.membership(pod.metadata.annotations, request.namespace)
@@ -451,7 +488,9 @@ def mutate(body: Any, policy: Policy, seen: Mapping[str, bool | None] | None = N
                 audit += _take_over(out.setdefault("spec", {}), out["metadata"].setdefault("annotations", {}), policy)
             annotations = out["metadata"].setdefault("annotations", {})
             annotations[names.TRANSLATED] = "; ".join(audit)
-            return api_admission.allow(uid, patch=_patch(original, out), audit={"translated": "; ".join(audit)})
+            return api_admission.allow(
+                uid, patch=_patch(original, out), audit={"translated": "; ".join(audit)}, warnings=warnings
+            )
         _hide_gpus(out, parsed, audit)
         if not _is_system(request, policy) and _gate_for_claims(out, seen, audit):
             metadata = out.setdefault("metadata", {})
@@ -461,7 +500,7 @@ def mutate(body: Any, policy: Policy, seen: Mapping[str, bool | None] | None = N
                 out["metadata"].setdefault("annotations", {})[names.TRANSLATED] = "; ".join(audit)
             patch = _patch(original, out)
             return api_admission.allow(
-                uid, patch=patch or None, audit={"translated": "; ".join(audit)} if audit else None
+                uid, patch=patch or None, audit={"translated": "; ".join(audit)} if audit else None, warnings=warnings
             )
         annotations = out.setdefault("metadata", {}).setdefault("annotations", {})
         system = _is_system(request, policy)
@@ -493,7 +532,10 @@ def mutate(body: Any, policy: Policy, seen: Mapping[str, bool | None] | None = N
         if audit:
             annotations[names.TRANSLATED] = "; ".join(audit)
         return api_admission.allow(
-            uid, patch=_patch(original, out), audit={"translated": "; ".join(audit)} if audit else None
+            uid,
+            patch=_patch(original, out),
+            audit={"translated": "; ".join(audit)} if audit else None,
+            warnings=warnings,
         )
     except errors.SharegpuError as exc:
         return api_admission.deny(uid, f"sharegpu: {exc}", code=400)
@@ -715,12 +757,18 @@ def validate_eviction(body: Any, policy: Policy, pod_node: str) -> Answer:
         return api_admission.deny(uid, f"sharegpu: {exc}", code=400)
 
 
-def review(kind: str, body: Any, policy: Policy, seen: Mapping[str, bool | None] | None = None) -> Answer:
+def review(
+    kind: str,
+    body: Any,
+    policy: Policy,
+    seen: Mapping[str, bool | None] | None = None,
+    group: GroupRead | None = None,
+) -> Answer:
     """The decision for pods and Devices (group deletions need the API: `validate_group_deletion`;
-    `seen`: see `mutate`)."""
+    `seen` and `group`: see `mutate`)."""
     if kind == "devices":
         return validate_device(body, policy)
-    return mutate(body, policy, seen) if kind == "mutate" else validate(body, policy)
+    return mutate(body, policy, seen, group) if kind == "mutate" else validate(body, policy)
 
 
 def with_inventory(policy: Policy, inventory: list[tuple[str, int]]) -> Policy:

@@ -33,7 +33,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from sharegpu.api import admission as api_admission
-from sharegpu.api import budgets, dra, groups, names, paths, resources, wire
+from sharegpu.api import budgets, dra, groups, names, paths, podgroups, resources, wire
 from sharegpu.core import errors
 from sharegpu.kube import client, informer, reviews
 from sharegpu.kube import errors as kube_errors
@@ -177,11 +177,12 @@ class Webhook:
                 return web.json_response({"error": f"malformed JSON: {exc}"}, status=400)
             except web.HTTPRequestEntityTooLarge:
                 return web.json_response({"error": "request body too large"}, status=413)
-            claims = None
+            claims = group = None
             if kind == "mutate":
                 await self._learn_namespace(body)
                 claims = await self._learn_claims(body)
-            return handle_review(kind, body, self.policy, claims)
+                group = await self._learn_group(body)
+            return handle_review(kind, body, self.policy, claims, group)
 
         return handle
 
@@ -331,6 +332,31 @@ class Webhook:
             out[str(entry.get("name", ""))] = await self._asks_class(namespace, entry)
         return out
 
+    async def _learn_group(self, body: Any) -> admission.GroupRead | None:
+        """For a new pod that names another scheduler's pod group (`api.podgroups`): the group, read from
+        the API at this moment (its gang is written from it). None for any other review, or without the API."""
+        request = body.get("request") if isinstance(body, dict) else None
+        if self.kube is None or not isinstance(request, dict) or request.get("operation") != "CREATE":
+            return None
+        pod = _mapping(request.get("object"))
+        metadata = _mapping(pod.get("metadata"))
+        labels, annotations = _mapping(metadata.get("labels")), _mapping(metadata.get("annotations"))
+        try:
+            ref = podgroups.reference(
+                str(request.get("namespace") or ""), _mapping(pod.get("spec")), labels, annotations
+            )
+        except (AttributeError, TypeError):
+            return None  # a malformed pod: mutate refuses it with the reason
+        if ref is None:
+            return None
+        try:
+            found = await asyncio.wait_for(self.kube.get(ref.path), CLAIM_READ_TIMEOUT)
+        except kube_errors.NotFoundError:
+            return admission.GroupRead(ref, None)
+        except (errors.SharegpuError, TimeoutError) as exc:
+            return admission.GroupRead(ref, None, str(exc) or "timed out")
+        return admission.GroupRead(ref, found)
+
     async def _asks_class(self, namespace: str, entry: dict[str, Any]) -> bool | None:
         claim, template = entry.get("resourceClaimName"), entry.get("resourceClaimTemplateName")
         assert self.kube is not None
@@ -374,12 +400,21 @@ class Webhook:
         self.policy = dataclasses.replace(self.policy, priority_classes=dict(self.priority_classes))
 
 
+def _mapping(value: object) -> dict[str, Any]:
+    """`value` when it is a JSON object, else an empty one (a malformed review is refused later, by name)."""
+    return value if isinstance(value, dict) else {}
+
+
 def handle_review(
-    kind: str, body: Any, policy: admission.Policy, claims: Mapping[str, bool | None] | None = None
+    kind: str,
+    body: Any,
+    policy: admission.Policy,
+    claims: Mapping[str, bool | None] | None = None,
+    group: admission.GroupRead | None = None,
 ) -> api_admission.ReviewResponse:
     """Never raises: a review that cannot be judged is refused with the reason."""
     try:
-        return admission.review(kind, body, policy, claims)
+        return admission.review(kind, body, policy, claims, group)
     except Exception as exc:  # a bug must not allow a pod through, nor crash the server
         log.exception("admission %s failed", kind)
         uid = ""
