@@ -387,6 +387,7 @@ COMPAT_REFUSED = (
         (["webhook", "--bootstrap", "/tmp/b", "--ip-address", "not-an-ip"], "'not-an-ip' is not an IP address"),
         (["devcluster", "--policy", "nope"], "unknown policy 'nope'"),
         (["devcluster", "--compat", "yunikorn"], COMPAT_REFUSED),
+        (["devcluster", "--feature-gates", "GenericWorkload"], "--feature-gates: 'GenericWorkload' is not KEY=VALUE"),
         (
             ["devcluster", "--runtime", "containerd", "--nodes", "9"],
             "with --runtime containerd, --nodes and --gpus must be 1..8",

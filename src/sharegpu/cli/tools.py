@@ -62,6 +62,17 @@ def devcluster(
             "chart from the image scripts/build-image builds, every component in its container.",
         ),
     ] = Runtime.FAKE,
+    feature_gates: Annotated[
+        str,
+        typer.Option(
+            help="Feature gates of every Kubernetes component (K=V,...), e.g. GenericWorkload=true for Kubernetes' "
+            "own gangs (docs/gangs.md)."
+        ),
+    ] = "",
+    runtime_config: Annotated[
+        str,
+        typer.Option(help="API versions the API server also serves (K=V,...), e.g. scheduling.k8s.io/v1beta1=true."),
+    ] = "",
 ) -> None:
     """Run the whole stack on this machine until Ctrl-C, and print the kubeconfig to use with kubectl.
 
@@ -78,15 +89,16 @@ def devcluster(
         from sharegpu.core import policies
 
         policies.check(policy)
+        gates, apis = _pairs(feature_gates, "--feature-gates"), _pairs(runtime_config, "--runtime-config")
         if runtime is Runtime.CONTAINERD:
             if nodes > 8 or gpus > 8:
                 raise UsageError(
                     "with --runtime containerd, --nodes and --gpus must be 1..8 (a node is a real kubelet)"
                 )
-            if compat or not webhook or not controller:
+            if compat or not webhook or not controller or gates or apis:
                 raise UsageError(
-                    "with --runtime containerd the chart installs sharegpu: --compat, --no-webhook and "
-                    "--no-controller are for the fake runtime"
+                    "with --runtime containerd the chart installs sharegpu: --compat, --no-webhook, "
+                    "--no-controller, --feature-gates and --runtime-config are for the fake runtime"
                 )
     folder = workdir or Path(tempfile.mkdtemp(prefix="sharegpu-devcluster-"))
     if runtime is Runtime.CONTAINERD:
@@ -103,11 +115,24 @@ def devcluster(
 
     def make_stack() -> stack.Stack:
         compats = tuple(c.value for c in compat or ())
-        return stack.Stack(folder, policy, webhook=webhook, controller=controller, compat=compats, dra=dra)
+        return stack.Stack(
+            folder, policy, webhook=webhook, controller=controller, compat=compats, dra=dra,
+            feature_gates=gates, runtime_config=apis,
+        )  # fmt: skip
 
     with reported(errors.SharegpuError, RuntimeError):
         fake = _FakeNodes(nodes, gpus, model, gpu_memory)
         asyncio.run(_run_until_stopped(make_stack, lambda whole: _bring_up(whole, fake, folder)))
+
+
+def _pairs(text: str, option: str) -> tuple[str, ...]:
+    """`K=V,...` as its pairs; UsageError naming `option` for an item that is not one."""
+    pairs = tuple(item.strip() for item in text.split(",") if item.strip())
+    for item in pairs:
+        key, _, value = item.partition("=")
+        if not key or not value:
+            raise UsageError(f"{option}: {item!r} is not KEY=VALUE")
+    return pairs
 
 
 @dataclasses.dataclass(frozen=True)

@@ -138,6 +138,12 @@ class ControlPlane:
     bundle: certs.Bundle | None = None
     version: str = field(default_factory=k8s_version)
     """The Kubernetes release of the binaries (the chart is rendered for it)."""
+    feature_gates: tuple[str, ...] = ()
+    """`Name=true|false` feature gates given to every component (API server, controller manager,
+    schedulers, kubelets), e.g. `GenericWorkload=true`."""
+    runtime_config: tuple[str, ...] = ()
+    """API versions the API server serves beyond its defaults (`--runtime-config`), e.g.
+    `scheduling.k8s.io/v1beta1=true`."""
     pod_network: bool = False
     """Pods in real containers call the API server (`devcluster.containerd` nodes): it then listens on
     every address, advertises this machine's (`host_address`) as the `kubernetes` Service's endpoint,
@@ -254,6 +260,8 @@ class ControlPlane:
                 f"--service-cluster-ip-range={SERVICE_RANGE}",
                 *([] if self.pod_network else ["--disable-admission-plugins=ServiceAccount"]),
                 "--enable-priority-and-fairness=false",
+                *self._gates(),
+                *([f"--runtime-config={','.join(self.runtime_config)}"] if self.runtime_config else []),
                 "--max-requests-inflight=2000",
                 "--max-mutating-requests-inflight=1000",
                 "--v=0",
@@ -273,9 +281,15 @@ class ControlPlane:
                 "--use-service-account-credentials=false",
                 "--kube-api-qps=500",
                 "--kube-api-burst=1000",
+                *self._gates(),
                 "--v=0",
             ],
         )
+
+    def _gates(self, extra: tuple[str, ...] = ()) -> list[str]:
+        """The `--feature-gates` flag for `feature_gates` and then `extra` (a later gate wins)."""
+        gates = dict(g.split("=", 1) for g in (*self.feature_gates, *extra))
+        return [f"--feature-gates={','.join(f'{k}={v}' for k, v in gates.items())}"] if gates else []
 
     def start_scheduler(
         self, config: Path, name: str = "kube-scheduler", binary: Path | None = None, extra: tuple[str, ...] = ()
@@ -283,7 +297,9 @@ class ControlPlane:
         """kube-scheduler with `config` (and `extra` arguments); or another scheduler built on its
         framework (`binary`: a peer's, for bench/peers.py), with the same flags."""
         argv = [str(binary or self.bin_dir / "kube-scheduler"), f"--config={config}", "--secure-port=0", "--v=1"]
-        self._spawn(name, [*argv, *extra])
+        gates = tuple(g for a in extra if a.startswith("--feature-gates=") for g in a.split("=", 1)[1].split(","))
+        rest = [a for a in extra if not a.startswith("--feature-gates=")]
+        self._spawn(name, [*argv, *self._gates(gates), *rest])
 
     def start_default_scheduler(self) -> str:
         """The cluster's own kube-scheduler (profile default-scheduler), which places the pods no other
@@ -375,7 +391,7 @@ class ControlPlane:
                 "--fail-cgroupv1=false", "--fail-swap-on=false", *cgroups,
                 "--enforce-node-allocatable=", "--cgroup-driver=cgroupfs",
                 f"--port={free_port()}", "--read-only-port=0", "--healthz-port=0",
-                "--v=2",
+                *self._gates(), "--v=2",
             ],
         )  # fmt: skip
         return name

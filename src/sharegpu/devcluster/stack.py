@@ -479,8 +479,12 @@ class Stack:
         compat: tuple[str, ...] = (),
         dra: bool = False,
         scheduler_args: tuple[str, ...] = (),
+        feature_gates: tuple[str, ...] = (),
+        runtime_config: tuple[str, ...] = (),
     ) -> None:
-        self.plane = controlplane.ControlPlane(workdir, controlplane.binaries())
+        self.plane = controlplane.ControlPlane(
+            workdir, controlplane.binaries(), feature_gates=feature_gates, runtime_config=runtime_config
+        )
         self.scheduler_args = scheduler_args
         """More arguments for sharegpu's kube-scheduler (`--feature-gates=...`)."""
         self.compat = compat
