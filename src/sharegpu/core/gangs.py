@@ -18,6 +18,9 @@ Order and shape:
 
 The plan succeeds when at least `need` members fit; the members that did not fit (beyond the
 minimum) are named in `left` and hold nothing.
+
+`largest_first` and `pack` off give the all-or-nothing of the gang schedulers the simulator compares
+(Volcano's and KAI's gang plugins: members in their own order, each placed by the per-pod policy alone).
 """
 
 from __future__ import annotations
@@ -68,18 +71,21 @@ def plan(
     members: Sequence[requests.PodRequest],
     need: int,
     domains: Sequence[Domain] | None = None,
+    *,
+    largest_first: bool = True,
+    pack: bool = True,
 ) -> Plan:
     """Where `members` go together (at least `need` of them), within one of `domains` (default: all
     nodes). The ledger is left as it was."""
     if need > len(members):
         return Plan(status.unschedulable(f"{len(members)} member(s) wait, the gang needs {need} placed together"))
     state = ledger.state
-    ordered = sorted(members, key=_size)
+    ordered = sorted(members, key=_size) if largest_first else list(members)
     candidates = _tightest(state, list(domains) if domains is not None else [Domain("", np.arange(len(state)))],
-                           ordered[-need:] if need else [])  # fmt: skip
+                           sorted(members, key=_size)[-need:] if need else [])  # fmt: skip
     best: Plan | None = None
     for domain in candidates[:MAX_DOMAINS]:
-        found = _try(ledger, placer, ordered, domain)
+        found = _try(ledger, placer, ordered, domain, pack)
         if len(found.allocations) >= need and (best is None or len(found.allocations) > len(best.allocations)):
             best = found
             if not found.left:
@@ -123,7 +129,11 @@ def _roomiest(
 
 
 def _try(
-    ledger: core_ledger.Ledger, placer: core_placer.Placer, ordered: Sequence[requests.PodRequest], domain: Domain
+    ledger: core_ledger.Ledger,
+    placer: core_placer.Placer,
+    ordered: Sequence[requests.PodRequest],
+    domain: Domain,
+    pack: bool = True,
 ) -> Plan:
     """Every member that fits within `domain`, assumed one after another, then all forgotten again."""
     placed: list[allocation.Allocation] = []
@@ -131,11 +141,10 @@ def _try(
     used: list[int] = []
     try:
         for position, member in enumerate(ordered):
-            decision = placer.decide(member.demand, np.array(used, dtype=np.int64)) if used else None
+            decision = placer.decide(member.demand, np.array(used, dtype=np.int64)) if used and pack else None
             if decision is None or not decision.status.ok:
-                decision = placer.decide(
-                    member.demand, _roomiest(placer, member.demand, domain.rows, len(ordered) - position)
-                )
+                rows = _roomiest(placer, member.demand, domain.rows, len(ordered) - position) if pack else domain.rows
+                decision = placer.decide(member.demand, rows)
             if not decision.status.ok:
                 left.append(member.key)
                 continue

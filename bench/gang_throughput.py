@@ -1,0 +1,148 @@
+"""Gang placement speed through the real kube-scheduler and extender: gangs of 8 at 1000 fake nodes.
+
+Starts the local stack (control plane, extender, kube-scheduler) with N fake nodes of 8 GPUs, then
+places the same pods twice: first as single pods (no gang), then as gangs (`sharegpu.io/gang`, the
+minimum the gang's size), each member half a GPU. For the gangs: the time to place each gang (from
+its first member's creation to its last member's binding; p50 and p99), gangs per second and pods
+per second over the phase; for the single pods, pods per second and the creation-to-binding p99.
+
+    python bench/gang_throughput.py --nodes 1000 --gangs 100 --size 8 [--json PATH]
+
+JSON keys: gangs_per_second, p99_ms (gang placement), pods_per_second (gang members), p50_ms, and
+singles: pods_per_second, p99_ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import e2e_throughput as e2e
+from sharegpu.api import names, paths, wire
+from sharegpu.core import devices
+from sharegpu.devcluster import stack
+from sharegpu.kube import client, informer
+from sharegpu.kube import errors as kube_errors
+
+Json = dict[str, Any]
+MILLI = 500
+
+
+async def place(
+    kube: client.KubeClient, namespace: str, pods: list[Json], timeout: float
+) -> tuple[dict[str, float], dict[str, float], float]:
+    """Create `pods` in order (64 at a time); each pod's creation and binding times, and the elapsed seconds."""
+    made = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}
+    try:
+        await kube.create("/api/v1/namespaces", made)
+    except kube_errors.ConflictError as exc:
+        if not exc.already_exists:
+            raise
+    created: dict[str, float] = {}
+    bound: dict[str, float] = {}
+    done = asyncio.Event()
+
+    def seen(kind: str, pod: wire.Pod) -> None:
+        if kind != "DELETED" and pod.spec.node_name and pod.metadata.name not in bound:
+            bound[pod.metadata.name] = time.perf_counter()
+            if len(bound) == len(pods):
+                done.set()
+
+    watcher: informer.Informer[wire.Pod, wire.Pod] = informer.Informer(
+        kube, paths.pods(namespace), wire.Pod, informer.identity, seen, name=namespace
+    )
+    task = asyncio.create_task(watcher.run())
+    await watcher.synced.wait()
+    limit = asyncio.Semaphore(64)
+
+    async def create(body: Json) -> None:
+        async with limit:
+            created[body["metadata"]["name"]] = time.perf_counter()
+            await kube.create(f"/api/v1/namespaces/{namespace}/pods", body)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(create(p) for p in pods))
+    try:
+        await asyncio.wait_for(done.wait(), timeout)
+    except TimeoutError:
+        raise SystemExit(
+            f"only {len(bound)} of {len(pods)} pods in {namespace} were bound in {timeout:.0f} s"
+        ) from None
+    elapsed = time.perf_counter() - started
+    await informer.cancel([task])
+    return created, bound, elapsed
+
+
+def member(gang: int, index: int, size: int, namespace: str) -> Json:
+    body = e2e.sharing_pod(f"g{gang:03d}-{index}", namespace, MILLI)
+    body["metadata"]["annotations"] = {names.GANG: f"g{gang:03d}", names.GANG_MIN: str(size)}
+    return body
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="sharegpu-bench-") as tmp:
+        whole = stack.Stack(Path(tmp))
+        await whole.start(harness=False)
+        try:
+            assert whole.harness is not None and whole.admin is not None
+            made = [
+                devices.uniform_node(f"bench-{i:04d}", gpu_count=8, model="A100", gpu_memory_mib=81920,
+                                     cpu_milli=128000, memory_mib=1 << 20, nvlink_all=True)
+                for i in range(args.nodes)
+            ]  # fmt: skip
+            await whole.harness.add_nodes(made, parallel=32)
+            await asyncio.sleep(3)
+            total = args.gangs * args.size
+            singles = [e2e.sharing_pod(f"s-{i}", "bench-singles", MILLI) for i in range(total)]
+            created, bound, elapsed = await place(whole.admin, "bench-singles", singles, args.timeout)
+            single_lat = sorted(bound[n] - created[n] for n in bound)
+            single = {"pods_per_second": round(total / elapsed, 1), "p99_ms": e2e.percentile(single_lat, 99)}
+            print(f"single pods: {single['pods_per_second']} pods/s, creation to binding p99 {single['p99_ms']:.0f} ms")
+            members = [member(g, i, args.size, "bench-gangs") for g in range(args.gangs) for i in range(args.size)]
+            created, bound, elapsed = await place(whole.admin, "bench-gangs", members, args.timeout)
+            per_gang = []
+            for g in range(args.gangs):
+                names_ = [f"g{g:03d}-{i}" for i in range(args.size)]
+                per_gang.append(max(bound[n] for n in names_) - min(created[n] for n in names_))
+                spread = max(bound[n] for n in names_) - min(bound[n] for n in names_)
+                if spread > 5:
+                    print(f"gang {g}: its members were bound {spread:.1f} s apart", file=sys.stderr)
+            result = {
+                "gangs_per_second": round(args.gangs / elapsed, 2),
+                "pods_per_second": round(total / elapsed, 1),
+                "p50_ms": e2e.percentile(per_gang, 50),
+                "p99_ms": e2e.percentile(per_gang, 99),
+                "singles": single,
+                "nodes": args.nodes,
+                "gangs": args.gangs,
+                "size": args.size,
+            }
+            print(f"gangs of {args.size}: {result['gangs_per_second']} gangs/s, {result['pods_per_second']} pods/s, "
+                  f"time to place a gang p50 {result['p50_ms']:.0f} ms, p99 {result['p99_ms']:.0f} ms")  # fmt: skip
+            return result
+        finally:
+            await whole.stop()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--gangs", type=int, default=100)
+    parser.add_argument("--size", type=int, default=8)
+    parser.add_argument("--timeout", type=float, default=900)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    result = asyncio.run(run(args))
+    if args.json is not None:
+        args.json.write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
