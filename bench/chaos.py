@@ -29,7 +29,13 @@ while the leader stalls, until the other has taken the Lease and waited out its 
 on, and the API server must refuse it). The oracle then counts claims in the same ledger as the pods
 (`oracle.inspect` with claims), each shared claim once.
 
-    python bench/chaos.py --nodes 50 --pods 600 [--dra] [--seeds 1-20] [--json PATH] [--logs DIR]
+With `--gangs SHARE`, that share of the churn's creations are gangs instead of single pods: 2 to 4
+sharing pods (`sharegpu.io/gang`, the minimum their number, a timeout of 20 s) created one after
+another, of the high priority (so that nothing preempts a member) and never deleted by the churn.
+The verdict then also counts partial_gangs: gangs with some but fewer than their minimum of members
+bound at the end; and judges pending gang members as gangs (stuck only if the whole gang fits).
+
+    python bench/chaos.py --nodes 50 --pods 600 [--dra] [--gangs 0.1] [--seeds 1-20] [--json PATH] [--logs DIR]
 
 Each seed is one run on a fresh stack. Writes {"runs": [{"seed", "faults_injected", "overcommits",
 "double_allocations", "leaked_reservations", "leaked_allocations", "stuck_pods", "lost_pods",
@@ -79,6 +85,7 @@ import numpy as np
 from sharegpu.api import devices as api_devices
 from sharegpu.api import dra, names, paths, pods, wire
 from sharegpu.core import devices, fleet, policies
+from sharegpu.core import gangs as core_gangs
 from sharegpu.core import ledger as core_ledger
 from sharegpu.core import placer as core_placer
 from sharegpu.devcluster import controlplane, fakecluster, faults, oracle, stack
@@ -136,6 +143,35 @@ def pod_body(rng: random.Random, name: str, *, dra_share: float = 0.0) -> Json:
     }
 
 
+GANG_TIMEOUT = 20
+"""With --gangs: the gangs' timeout (seconds a placed gang has to be bound)."""
+
+
+def gang_bodies(rng: random.Random, gang: str) -> list[Json]:
+    """A gang of 2 to 4 sharing pods, of the high priority."""
+    size = rng.choice([2, 3, 4])
+    milli = rng.choice([300, 500, 700])
+    out = []
+    for index in range(size):
+        limits = {"cpu": "100m", "memory": "64Mi", names.GPU: "1", names.GPU_MILLI: str(milli)}
+        annotations = {
+            names.HANDOFF: f"sharegpu-handoff-{uuid.uuid4().hex[:16]}",
+            names.GANG: gang, names.GANG_MIN: str(size), names.GANG_TIMEOUT: str(GANG_TIMEOUT),
+        }  # fmt: skip
+        out.append({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": f"{gang}-{index}", "namespace": NS, "annotations": annotations},
+            "spec": {
+                "schedulerName": names.SCHEDULER_NAME, "priorityClassName": "chaos-high",
+                "terminationGracePeriodSeconds": 0,
+                "containers": [
+                    {"name": "main", "image": "busybox", "resources": {"limits": limits, "requests": limits}}
+                ],
+            },
+        })  # fmt: skip
+    return out
+
+
 def dra_pod_body(name: str, priority: str, milli: int, limits: dict[str, str]) -> Json:
     """A pod that asks the DRA way, as the webhook leaves it: gated, a claim of its own by name."""
     shape = dra.Shape(1, milli, memory_mib=DRA_MEMORY_MIB)
@@ -188,9 +224,19 @@ class Replica:
 
 class Chaos:
     def __init__(
-        self, workdir: Path, nodes: int, rng: random.Random, *, dra: bool = False, log_level: str = "WARNING"
+        self,
+        workdir: Path,
+        nodes: int,
+        rng: random.Random,
+        *,
+        dra: bool = False,
+        log_level: str = "WARNING",
+        gangs: float = 0.0,
     ) -> None:
         self.log_level = log_level
+        self.gang_share = gangs
+        self.gangs: dict[str, list[str]] = {}
+        """Gang -> its members' names."""
         self.plane = controlplane.ControlPlane(workdir, controlplane.binaries())
         self.workdir = workdir
         self.nodes = nodes
@@ -526,6 +572,15 @@ class Chaos:
         serial = 0
         while serial < total:
             name = f"c{serial:04d}"
+            if self.gang_share and self.rng.random() < self.gang_share:
+                members = gang_bodies(self.rng, f"g{serial:04d}")
+                for body in members:
+                    await self.guarded(lambda body=body: self.api.create(paths.pods(NS), body))
+                self.gangs[f"g{serial:04d}"] = [b["metadata"]["name"] for b in members]
+                self.created.update(self.gangs[f"g{serial:04d}"])
+                self.high.update(self.gangs[f"g{serial:04d}"])
+                serial += 1
+                continue
             body = pod_body(self.rng, name, dra_share=DRA_SHARE if self.dra else 0.0)
             await self.guarded(lambda body=body: self.api.create(paths.pods(NS), body))
             self.created.add(name)
@@ -534,7 +589,8 @@ class Chaos:
             if body["spec"]["priorityClassName"] == "chaos-high":
                 self.high.add(name)
             serial += 1
-            live = sorted(self.created - self.deleted)
+            in_gangs = {m for names_ in self.gangs.values() for m in names_}
+            live = sorted(self.created - self.deleted - in_gangs)  # a gang's members are never deleted
             if len(live) > 40 and self.rng.random() < DELETE_SHARE:
                 victim = self.rng.choice(live)
                 await self.guarded(lambda victim=victim: self.api.delete(paths.pod(NS, victim), grace_period=0))
@@ -583,10 +639,23 @@ class Chaos:
                     state.milli_free[row, free] = 0
         placer = core_placer.Placer(state, policies.make("bestfit"))
         stuck: list[str] = []
+        waiting: dict[str, list[pods.Record]] = {}
         for record in records:
             pending = record.key.startswith(f"{NS}/") and not record.node and not record.terminal
-            if pending and record.request and placer.decide(record.request.demand).status.ok:
+            if pending and record.gang is not None:
+                waiting.setdefault(record.gang.key, []).append(record)
+            elif pending and record.request and placer.decide(record.request.demand).status.ok:
                 stuck.append(record.key)
+        for gang_key, members in waiting.items():  # a gang is stuck only if the whole of what it needs fits
+            gang = members[0].gang
+            assert gang is not None
+            bound = sum(
+                1 for r in records if r.gang is not None and r.gang.key == gang_key and r.node and not r.terminal
+            )
+            need = max(1, gang.min_count - bound)
+            asked = [r.request for r in members if r.request is not None]
+            if len(asked) >= need and core_gangs.plan(ledger, placer, asked, need).status.ok:
+                stuck += [f"gang {gang_key}: {r.key}" for r in members]
         if self.dra:
             stuck += await self.claims_that_fit(device_list, pod_list)
         return stuck
@@ -657,6 +726,21 @@ class Chaos:
                 out.append(f"hand-off never filled: {record.key} on {alloc.node} ({gpus})")
         return out, pod_list
 
+    async def partial_gangs(self) -> list[str]:
+        """Gangs with some, but fewer than their minimum, of their members bound (read after the gangs'
+        timeout has passed: a plan is bound whole or given back by then)."""
+        bound = await self.bound_names()
+        out = []
+        for gang, members in sorted(self.gangs.items()):
+            count = sum(1 for m in members if m in bound)
+            if 0 < count < len(members):
+                out.append(f"{gang}: {count} of {len(members)} bound ({', '.join(m for m in members if m in bound)})")
+        return out
+
+    async def bound_names(self) -> set[str]:
+        pod_list, _ = await self.api.list_of(paths.pods(NS), wire.Pod)
+        return {p.metadata.name for p in pod_list if p.spec.node_name and not pods.is_terminal(p)}
+
     async def verdict(self, idle_wait: float) -> dict[str, Any]:
         await self.untaint_all()
         await asyncio.sleep(idle_wait)
@@ -706,6 +790,13 @@ class Chaos:
         preempted = {e["involvedObject"]["name"] for e in told if e.get("reason") == "Preempted"}
         lost = sorted((self.created - self.deleted - preempted) - alive)
         wrong = sorted(preempted & self.high)
+        partial = await self.partial_gangs()
+        for _ in range(GANG_TIMEOUT + 10 if partial else 0):  # a plan being bound completes, or is given back
+            await asyncio.sleep(1)
+            partial = await self.partial_gangs()
+            if not partial:
+                break
+        bound_at_end = await self.bound_names()
         return {
             "faults_injected": sum(self.faults.values()),
             "overcommits": len(self.overcommits),
@@ -716,6 +807,9 @@ class Chaos:
             "lost_pods": len(lost),
             "wrong_preemptions": len(wrong),
             "late_writes_landed": len(self.late_writes_landed),
+            "partial_gangs": len(partial),
+            "gangs_created": len(self.gangs),
+            "gangs_bound_whole": sum(1 for m in self.gangs.values() if set(m) <= bound_at_end),
             "late_write_answers": {str(k): v for k, v in sorted(self.late_answers.items())},
             "preempted": len(preempted),
             "faults": dict(sorted(self.faults.items())),
@@ -729,6 +823,7 @@ class Chaos:
                 "lost_pods": lost[:20],
                 "wrong_preemptions": wrong[:20],
                 "late_writes_landed": self.late_writes_landed[:20],
+                "partial_gangs": partial[:20],
             },
             "pods_created": len(self.created),
             "pods_bound_at_end": found.bound + found.claims_bound,
@@ -741,7 +836,7 @@ class Chaos:
 async def run(args: argparse.Namespace, seed: int) -> dict[str, Any]:
     rng = random.Random(seed)
     with tempfile.TemporaryDirectory(prefix="sharegpu-chaos-") as tmp:
-        chaos = Chaos(Path(tmp), args.nodes, rng, dra=args.dra, log_level=args.log_level)
+        chaos = Chaos(Path(tmp), args.nodes, rng, dra=args.dra, log_level=args.log_level, gangs=args.gangs)
         started = time.perf_counter()
         try:
             await chaos.start()
@@ -762,7 +857,7 @@ async def run(args: argparse.Namespace, seed: int) -> dict[str, Any]:
 
 COUNTS = (
     "overcommits", "double_allocations", "leaked_reservations", "leaked_allocations", "stuck_pods", "lost_pods",
-    "wrong_preemptions", "late_writes_landed",
+    "wrong_preemptions", "late_writes_landed", "partial_gangs",
 )  # fmt: skip
 
 
@@ -790,6 +885,7 @@ def main() -> int:
     parser.add_argument("--seeds", type=seeds, default=[1], help="seeds to run, e.g. 1-20 (default 1)")
     parser.add_argument("--seed", type=int, help="one seed (the same as --seeds N)")
     parser.add_argument("--dra", action="store_true", help="half the nodes serve DRA claims; 40%% of pods ask that way")
+    parser.add_argument("--gangs", type=float, default=0.0, help="share of creations that are gangs of 2-4 (e.g. 0.1)")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--logs", type=Path, help="copy every component's log into DIR/seed-N at the end of each run")
     parser.add_argument(
