@@ -123,3 +123,13 @@ async def test_a_gang_with_its_minimum_running_places_later_members_alone(harnes
     c = await h.create(member("c", minimum=2))
     assert len(h.extender.scheduling.filter(h.args(c)).node_names) == 1
     assert units.PodKey("ns/c") in h.extender.cache.assumed and not h.extender.scheduling.gangs.plans
+
+
+async def test_a_member_behind_anyones_scheduling_gate_is_not_here_yet(harness: Callable[..., Any]) -> None:
+    h: Harness = await harness(nodes=1, gpus=2)
+    a = await h.create(member("a", minimum=2))
+    gated = member("b", minimum=2)
+    gated["spec"]["schedulingGates"] = [{"name": "kueue.x-k8s.io/admission"}]
+    await h.create(gated)
+    message = next(iter(h.extender.scheduling.filter(h.args(a)).failed_nodes.values()))
+    assert "waits for its members: 1 of 2" in message and free_gpus(h) == 2, "a gated member is not planned"

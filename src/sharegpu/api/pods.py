@@ -309,6 +309,8 @@ class Record:
     terms: constraints.PodTerms | None = None
     """Its own constraints on nodes: kept for pods with claims and gang members only (the DRA
     allocator picks their node, and a gang's plan its members' nodes, before kube-scheduler does)."""
+    gates: int = 0
+    """How many scheduling gates it waits behind (anyone's: Kueue's until it admits the pod)."""
     gang: gangs.Gang | None = None
     """The gang it belongs to (`api.gangs`); None for none, or a malformed one (`problem` says why
     for a GPU pod)."""
@@ -419,6 +421,7 @@ def record(pod: wire.Pod, previous: Record | None = None) -> Record:
         container_claims=tuple((c.name, tuple(c.resources.claims)) for _, c in containers(pod) if c.resources.claims),
         gate=next((i for i, g in enumerate(pod.spec.scheduling_gates) if g.name == names.DRA_GATE), -1),
         terms=constraints.PodTerms.of(pod.spec) if pod.spec.resource_claims or gang is not None else None,
+        gates=len(pod.spec.scheduling_gates),
         gang=gang,
     )
 

@@ -116,7 +116,9 @@ class GangBook:
         need = gang.min_count - running
         if need <= 0:
             return FREE  # the gang has its minimum: later members are placed as any pod
-        waiting = [m for m in live if not m.node and m.gpu and m.request is not None and m.problem is None]
+        waiting = [  # gated members (Kueue's gate until it admits them) are not here yet
+            m for m in live if not m.node and not m.gates and m.gpu and m.request is not None and m.problem is None
+        ]
         if record.key not in {m.key for m in waiting} and record.request is not None:
             waiting.append(record)  # filtered before the watch showed it
         if len(waiting) < need:

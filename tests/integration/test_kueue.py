@@ -1,0 +1,181 @@
+"""Queues through Kueue (built from its Go module, run against the real control plane): Kueue admits,
+sharegpu places. ClusterQueues hold quotas in sharegpu's GPU totals (milli-GPU, so a quarter of a GPU
+counts as a quarter); a pod Kueue has not admitted waits behind Kueue's gate and holds nothing; an
+admitted pod group is a gang, placed whole; a cohort lends unused quota and takes it back by
+preemption. docs/queues.md explains the setup."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sharegpu.api import gangs, names
+from sharegpu.devcluster import controlplane, kueue
+from sharegpu.devcluster.stack import ExtenderProcess
+from sharegpu.kube import client
+from tests.integration.conftest import RunningWebhook, consistent, gpu_pod, pods_in, wait_for
+
+Json = dict[str, Any]
+API = "/apis/kueue.x-k8s.io/v1beta2"
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+ADMISSION_GATE = "kueue.x-k8s.io/admission"
+COVERED = ["cpu", "memory", names.GPU, names.GPU_MILLI, names.NVIDIA_GPU, names.GPU_MILLI_TOTAL]
+"""Every resource a GPU pod asks for, once the webhook has written it (a whole GPU as nvidia.com/gpu):
+Kueue admits no pod asking for a resource its ClusterQueue does not cover."""
+
+
+@pytest.fixture(scope="module")
+async def queues(
+    admin: client.KubeClient,
+    control_plane: controlplane.ControlPlane,
+    webhook: RunningWebhook,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> AsyncIterator[kueue.Kueue]:
+    why = kueue.runnable()
+    if why is not None:
+        pytest.skip(why)
+    binary, module = await asyncio.to_thread(kueue.build)
+    running = kueue.Kueue(control_plane, binary, module, Path(tmp_path_factory.mktemp("kueue")))
+    await running.start(admin)
+    await admin.create(f"{API}/resourceflavors", {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor",
+                                                   "metadata": {"name": "default"}})  # fmt: skip
+    yield running
+    await running.stop(admin)
+
+
+def cluster_queue(name: str, milli: int, *, cohort: str | None = None, borrow: bool = False) -> Json:
+    plenty = {"memory": "1Ti"}  # everything but sharegpu's compute total is plentiful here
+    quotas = [
+        {"name": r, "nominalQuota": str(milli) if r == names.GPU_MILLI_TOTAL else plenty.get(r, "100000")}
+        for r in COVERED
+    ]
+    spec: Json = {
+        "namespaceSelector": {},
+        "resourceGroups": [{"coveredResources": COVERED, "flavors": [{"name": "default", "resources": quotas}]}],
+    }
+    if cohort is not None:
+        spec["cohortName"] = cohort
+        spec["preemption"] = {"reclaimWithinCohort": "Any", "withinClusterQueue": "Never"}
+    if not borrow:
+        for quota in quotas:
+            if quota["name"] == names.GPU_MILLI_TOTAL and cohort is not None:
+                quota["borrowingLimit"] = "0"
+    return {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue", "metadata": {"name": name}, "spec": spec}
+
+
+async def local_queue(kube: client.KubeClient, namespace: str, name: str, cluster: str) -> None:
+    body = {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
+            "metadata": {"name": name, "namespace": namespace}, "spec": {"clusterQueue": cluster}}  # fmt: skip
+    await kube.create(f"{API}/namespaces/{namespace}/localqueues", body)
+
+
+def queued(name: str, namespace: str, queue: str, milli: int, **labels: str) -> Json:
+    pod = gpu_pod(name, namespace, milli=milli)
+    pod["metadata"].setdefault("labels", {}).update({QUEUE_LABEL: queue, **labels})
+    return pod
+
+
+async def state(kube: client.KubeClient, namespace: str, prefix: str) -> dict[str, str]:
+    """Pod -> its node, "gated" behind Kueue's gate, or "" while pending ungated."""
+    out = {}
+    for pod in await pods_in(kube, namespace):
+        if pod["metadata"]["name"].startswith(prefix):
+            gates = [g["name"] for g in (pod["spec"].get("schedulingGates") or [])]
+            out[pod["metadata"]["name"]] = pod["spec"].get("nodeName") or ("gated" if ADMISSION_GATE in gates else "")
+    return out
+
+
+async def test_kueue_admits_within_a_quota_in_milli_gpus_and_sharegpu_places_what_it_admits(
+    admin: client.KubeClient,
+    extender: ExtenderProcess,
+    queues: kueue.Kueue,
+    nodes: Callable[..., Any],
+    namespace: str,
+) -> None:
+    await nodes(2, gpus=2)
+    await admin.create(f"{API}/clusterqueues", cluster_queue(f"{namespace}-cq", 1000))
+    await local_queue(admin, namespace, "q", f"{namespace}-cq")
+    pods = f"/api/v1/namespaces/{namespace}/pods"
+    for i in range(5):  # five quarters of a GPU against a quota of one GPU
+        await admin.create(pods, queued(f"quarter-{i}", namespace, "q", 250))
+
+    async def four_placed_one_gated() -> dict[str, str] | None:
+        found = await state(admin, namespace, "quarter-")
+        placed = [n for n in found.values() if n and n != "gated"]
+        return found if len(placed) == 4 and list(found.values()).count("gated") == 1 else None
+
+    found = await wait_for(four_placed_one_gated, what="four quarters admitted and placed, the fifth gated")
+    waiting = next(name for name, where in found.items() if where == "gated")
+    done = next(name for name, where in found.items() if where not in ("gated", ""))
+    await admin.delete(f"{pods}/{done}", grace_period=0)
+
+    async def fifth_placed() -> bool:
+        return (await state(admin, namespace, waiting)).get(waiting, "") not in ("", "gated")
+
+    await wait_for(fifth_placed, what="the fifth admitted once a quarter left, then placed")
+    await consistent(admin)
+
+
+async def test_an_admitted_pod_group_is_placed_as_one_gang(
+    admin: client.KubeClient,
+    extender: ExtenderProcess,
+    queues: kueue.Kueue,
+    nodes: Callable[..., Any],
+    namespace: str,
+) -> None:
+    await nodes(2, gpus=1)
+    await admin.create(f"{API}/clusterqueues", cluster_queue(f"{namespace}-cq", 4000))
+    await local_queue(admin, namespace, "q", f"{namespace}-cq")
+    pods = f"/api/v1/namespaces/{namespace}/pods"
+    for i in range(2):
+        body = queued(f"w-{i}", namespace, "q", 600, **{gangs.KUEUE_GROUP_LABEL: "train"})
+        body["metadata"]["annotations"][gangs.KUEUE_TOTAL_ANNOTATION] = "2"
+        made = await admin.create(pods, body)
+        assert made["metadata"]["annotations"][names.GANG] == "train"
+
+    async def whole() -> dict[str, str] | None:
+        found = await state(admin, namespace, "w-")
+        return found if len(found) == 2 and all(v not in ("", "gated") for v in found.values()) else None
+
+    placed = await wait_for(whole, what="the admitted group placed whole")
+    assert len(set(placed.values())) == 2
+    await consistent(admin)
+
+
+async def test_a_cohort_lends_unused_quota_and_takes_it_back_by_preemption(
+    admin: client.KubeClient,
+    extender: ExtenderProcess,
+    queues: kueue.Kueue,
+    nodes: Callable[..., Any],
+    namespace: str,
+) -> None:
+    await nodes(2, gpus=2)
+    cohort = f"{namespace}-cohort"
+    await admin.create(f"{API}/clusterqueues", cluster_queue(f"{namespace}-a", 2000, cohort=cohort, borrow=True))
+    await admin.create(f"{API}/clusterqueues", cluster_queue(f"{namespace}-b", 2000, cohort=cohort))
+    await local_queue(admin, namespace, "qa", f"{namespace}-a")
+    await local_queue(admin, namespace, "qb", f"{namespace}-b")
+    pods = f"/api/v1/namespaces/{namespace}/pods"
+    for i in range(4):  # team a: four whole-GPU shares, twice its quota, borrowing team b's
+        await admin.create(pods, queued(f"a-{i}", namespace, "qa", 1000))
+
+    async def a_borrows() -> dict[str, str] | None:
+        found = await state(admin, namespace, "a-")
+        return found if len(found) == 4 and all(v not in ("", "gated") for v in found.values()) else None
+
+    await wait_for(a_borrows, what="team a placed on its own quota and team b's unused one")
+    for i in range(2):
+        await admin.create(pods, queued(f"b-{i}", namespace, "qb", 1000))
+
+    async def b_reclaims() -> bool:
+        b = await state(admin, namespace, "b-")
+        a = await state(admin, namespace, "a-")
+        running_a = [v for v in a.values() if v not in ("", "gated")]
+        return len(b) == 2 and all(v not in ("", "gated") for v in b.values()) and len(running_a) == 2
+
+    await wait_for(b_reclaims, timeout=120, what="team b's quota taken back: two of a's preempted, b placed")
+    await consistent(admin)
