@@ -133,3 +133,51 @@ async def test_a_member_behind_anyones_scheduling_gate_is_not_here_yet(harness: 
     await h.create(gated)
     message = next(iter(h.extender.scheduling.filter(h.args(a)).failed_nodes.values()))
     assert "waits for its members: 1 of 2" in message and free_gpus(h) == 2, "a gated member is not planned"
+
+
+async def test_a_released_member_whose_bind_fails_keeps_its_place_for_the_next_try(harness: Callable[..., Any]) -> None:
+    """Found by bench/chaos.py --gangs: a member's hand-off could not be written yet, its bind failed
+    and gave its room away, another pod took it, and the gang stayed partial."""
+    h: Harness = await harness(nodes=1, gpus=2, assume_ttl=300.0)
+    a = await h.create(member("a", minimum=2, **{names.GANG_TIMEOUT: "20"}))
+    await h.create(member("b", minimum=2, **{names.GANG_TIMEOUT: "20"}))
+    assert h.extender.scheduling.filter(h.args(a)).node_names == ["n0"]
+    real = h.extender.scheduling.prepare
+    refusals = iter(["hand-off ConfigMap could not be written yet"])
+
+    async def flaky(record: Any, alloc: Any) -> str | None:
+        if record.key == "ns/b":
+            return next(refusals, None)
+        return await real(record, alloc) if real is not None else None
+
+    h.extender.scheduling.prepare = flaky
+    binds = [asyncio.ensure_future(h.extender.scheduling.bind(binding(h, n, "n0"))) for n in "ab"]
+    results = [r.error for r in await asyncio.gather(*binds)]
+    assert results[0] == "" and "could not be written yet" in results[1]
+    await settle(h.server)
+    assert free_gpus(h) == 0, "the failed member's place is still held"
+    outsider = await h.create(gpu_pod("outsider", milli=None, count=1))
+    assert not h.extender.scheduling.filter(h.args(outsider)).node_names, "no one takes it meanwhile"
+    h.clock.advance(60)  # past the gang's timeout: a released plan keeps its room while a member binds
+    await h.extender.scheduling.expire()
+    assert free_gpus(h) == 0
+    assert (await h.extender.scheduling.bind(binding(h, "b", "n0"))).error == ""
+    await settle(h.server)
+    await h.extender.scheduling.expire()
+    assert not h.extender.scheduling.gangs.plans
+
+
+async def test_a_released_plan_with_a_member_gone_gives_back_the_rest(harness: Callable[..., Any]) -> None:
+    h: Harness = await harness(nodes=1, gpus=2, assume_ttl=300.0)
+    a = await h.create(member("a", minimum=2))
+    await h.create(member("b", minimum=2))
+    assert h.extender.scheduling.filter(h.args(a)).node_names == ["n0"]
+    h.extender.scheduling.gangs.barrier_wait = 0.05
+    for name in "ab":  # both reach their bind once: released
+        record = h.extender.cache.record(units.PodKey(f"ns/{name}"))
+        assert record is not None
+        await h.extender.scheduling.gangs.arrive(record.key, record.uid)
+    await h.api.delete(paths.pod("ns", "b"))
+    await settle(h.server)
+    await h.extender.scheduling.expire()
+    assert not h.extender.scheduling.gangs.plans and free_gpus(h) == 2

@@ -10,9 +10,12 @@ HTTP timeout for the extender); a member that waited in vain answers an error an
 tries it again, its place still held. Once all have arrived the gang is *released*: every member
 binds, those still waiting at once, the others at their next try.
 
-A plan lasts the gang's timeout. A plan not released by then is given back whole (`expired`): every
+A plan lasts the gang's timeout. A plan not released by then is given back whole (`settle`): every
 planned member not bound loses its assumption, so a gang that cannot complete holds nothing longer
-than its timeout. Members that disagree about the gang (its minimum, timeout, topology) are refused
+than its timeout. A released plan keeps its room until every member is bound (a member whose bind
+failed, its hand-off not written yet or its binding refused, keeps its place for the next try), unless
+a member is gone or replaced: the bound members of a gang are never left without the room planned
+for the rest. Members that disagree about the gang (its minimum, timeout, topology) are refused
 with the disagreement named until they agree.
 
 Plans live in memory, as every assumption does: a restarted extender plans the gang again from what
@@ -38,6 +41,9 @@ from sharegpu.extender import metrics as extender_metrics
 
 log = logging.getLogger(__name__)
 
+RELEASED_GRACE = 10
+"""A released plan (every member reached its bind once) keeps its room this many timeouts past its
+deadline at the most, while its members are bound (`GangBook.settle`)."""
 BARRIER_WAIT = 4.0
 """Seconds a member's bind waits for the others (kube-scheduler gives the extender 5 s an HTTP call)."""
 
@@ -224,17 +230,32 @@ class GangBook:
         return key in self.member_of
 
     def settle(self, busy: Callable[[units.PodKey], bool]) -> int:
-        """End plans whose members are all bound (complete) and give back plans past their deadline:
-        every member not bound (and not being bound: `busy`) loses its assumption. Returns how many
-        plans were given back."""
+        """End plans whose members are all bound (complete), and give back what a plan still holds
+        when it can no longer complete as planned: a plan not released by its deadline (its members
+        did not all reach their binding in time), or a released one with a member gone or replaced
+        (or, at the latest, ten timeouts after its deadline). A released plan otherwise keeps its
+        room: some of its members may be bound already, and giving the others' room away would
+        leave the gang partial. Members being bound (`busy`) are waited for. Returns how many plans
+        were given back."""
         now = self.clock()
         given_back = 0
         for gang_key, plan in list(self.plans.items()):
-            bound = [k for k in plan.members if (r := self.cache.record(k)) is not None and r.node]
+            records = {k: self.cache.record(k) for k in plan.members}
+            bound = [k for k, r in records.items() if r is not None and r.node]
             if len(bound) == len(plan.members):
                 self._end(gang_key, plan)
                 continue
-            if now < plan.deadline or any(busy(k) for k in plan.members):
+            if plan.released.is_set():
+                gone = any(
+                    r is None or r.uid != plan.members[k][0] or r.terminal or r.deleting
+                    for k, r in records.items()
+                    if k not in bound
+                )
+                if not gone and now < plan.deadline + RELEASED_GRACE * plan.gang.timeout_s:
+                    continue
+            elif now < plan.deadline:
+                continue
+            if any(busy(k) for k in plan.members):
                 continue
             for key in plan.members:
                 if key not in bound:
@@ -242,8 +263,9 @@ class GangBook:
             self._end(gang_key, plan)
             given_back += 1
             self.metrics.gangs.labels(Outcome.EXPIRED).inc()
-            log.warning("gang %s: %d of %d planned member(s) bound by its timeout (%d s); the rest given back",
-                        gang_key, len(bound), len(plan.members), plan.gang.timeout_s)  # fmt: skip
+            log.warning("gang %s: %d of %d planned member(s) bound; the rest given back (%s)", gang_key,
+                        len(bound), len(plan.members), "a member is gone" if plan.released.is_set() else
+                        f"not all reached their binding within {plan.gang.timeout_s} s")  # fmt: skip
         return given_back
 
     def _end(self, gang_key: str, plan: Plan) -> None:

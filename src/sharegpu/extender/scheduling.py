@@ -521,7 +521,7 @@ class SchedulingService:
         try:
             refused = await self.prepare(record, alloc) if self.prepare is not None else None
             if refused is not None:
-                self.cache.forget(key)
+                self._let_go(key)
                 return self._bind_failed(BindOutcome.ERROR, f"pod {key}: {refused}")
             await self.api.create(paths.binding(args.pod_namespace, args.pod_name), _binding(key, args, alloc))
         except BaseException as exc:
@@ -530,7 +530,7 @@ class SchedulingService:
             # rpc error: code = Unavailable"), so its 409 is no refusal: it is read back like a 5xx.
             storage = isinstance(exc, kube_errors.ConflictError)
             if kube_errors.outcome(exc) is kube_errors.Outcome.REFUSED and not storage:
-                self.cache.forget(key)
+                self._let_go(key)
                 return self._bind_failed(BindOutcome.ERROR, f"binding {key} to {args.node} failed: {exc}")
             self.unsure[key] = self.clock()  # it may have happened: the assumption holds its room
             log.warning("binding %s to %s: outcome unknown (%s); holding its allocation until it is read back",
@@ -545,6 +545,12 @@ class SchedulingService:
         if first is not None and first[0] == record.uid:
             self.metrics.scheduling.observe(max(0.0, self.clock() - first[1]))
         return api_extender.BindingResult()
+
+    def _let_go(self, key: units.PodKey) -> None:
+        """A bind that failed gives its room back, exactly once; a gang member's stays held while its
+        gang's plan lives (the next try binds it there: the rest of the gang may be bound already)."""
+        if not self.gangs.holds(key):
+            self.cache.forget(key)
 
     def _bind_failed(self, outcome: BindOutcome, message: str) -> api_extender.BindingResult:
         self.metrics.binds.labels(outcome).inc()
