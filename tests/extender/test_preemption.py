@@ -172,3 +172,17 @@ async def test_a_restarted_extender_waits_for_the_victims_instead_of_preempting_
         assert not overcommitted(again)
     finally:
         await fresh.stop()
+
+
+async def test_a_gangs_member_is_not_preempted_alone(harness: Callable[..., Any]) -> None:
+    from sharegpu.api import names
+
+    h: Harness = await harness(nodes=1, gpus=1)
+    await h.schedule(await h.create(pod("solo", 300)))
+    gang = {names.GANG: "job", names.GANG_MIN: "1"}  # a gang of one runs: its member may still not go alone
+    member = gpu_pod("member", milli=500, annotations=gang, spec={"priority": 0})
+    await h.schedule(await h.create(member))
+    high = await h.create(pod("high", 600, priority=100))
+    verdict = h.extender.scheduling.filter(h.args(high))
+    assert verdict.node_names == [] and "preempting" not in verdict.failed_nodes["n0"], "solo alone frees 500 of 600"
+    assert not stored(h, "member")["metadata"].get("deletionTimestamp")

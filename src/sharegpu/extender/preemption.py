@@ -176,7 +176,9 @@ class Preemptor:
                     alloc=entry.alloc,
                     priority=record.priority if record is not None else 0,
                     created=record.created if record is not None else "",
-                    preemptible=bound and key not in self.nominations,
+                    # a gang's member is not taken alone: that would leave its gang partial (gangs are
+                    # not preempted as a whole yet; docs/gangs.md)
+                    preemptible=bound and key not in self.nominations and (record is None or record.gang is None),
                     leaving=bound and record is not None and record.deleting,
                 )
             )
