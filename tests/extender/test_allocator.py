@@ -607,3 +607,29 @@ async def test_the_claim_the_webhook_named_is_made_for_its_pod_and_allocated_wit
     await settle(h.server)
     await run(h)
     assert h.server.get_object(dra.claim_path("ns", "sharegpu-not-a-shape")) is None, "only names of sharegpu's form"
+
+
+async def gang_member(h: Harness, name: str, milli: int, size: int) -> None:
+    h.server.put_object(CLAIMS, builders.MakeClaim(name).ask(milli, "1Gi").obj())
+    made = builders.MakePod(name, "ns").annotations({names.GANG: "job", names.GANG_MIN: str(size)})
+    h.server.put_object(paths.pods("ns"), made.container().claim(name).gate().obj())
+    await settle(h.server)
+
+
+async def test_a_gang_s_claims_are_allocated_all_of_them_or_none(harness: Callable[..., Any]) -> None:
+    h: Harness = await harness(nodes=1, dra=1, gpus=2)
+    for name in ("g0", "g1"):
+        await gang_member(h, name, 700, 3)
+    await run(h)
+    assert not results(h, "g0") and gates(h, "g0") == [names.DRA_GATE], "two of three: nothing allocated"
+    await gang_member(h, "g2", 700, 3)  # three of 700 on two GPUs: the gang cannot fit
+    await run(h)
+    assert not any(results(h, n) for n in ("g0", "g1", "g2")) and not h.extender.cache.claims.assumed
+    assert used(h) == {}, "no member holds a GPU while the gang cannot complete"
+    await h.api.delete(paths.pod("ns", "g2"))  # the third asks less now: the gang fits
+    await h.api.delete(f"{CLAIMS}/g2")
+    await gang_member(h, "g2b", 200, 3)
+    await run(h)
+    await run(h)
+    assert all(results(h, n) for n in ("g0", "g1", "g2b")), "now it fits: all allocated"
+    assert all(gates(h, n) == [] for n in ("g0", "g1", "g2b")), "and the gates lifted"

@@ -681,3 +681,39 @@ async def test_each_request_feature_is_honoured_or_refused_by_name_on_the_real_a
         if why is not None:
             assert why in refused[name], (name, refused[name])
             assert await node_of(admin, namespace, name) is None
+
+
+async def test_a_gang_on_the_dra_path_is_allocated_all_or_nothing_and_bound_whole(
+    admin: client.KubeClient,
+    extender: ExtenderProcess,
+    nodes: Callable[..., Any],
+    namespace: str,
+    device_class: str,
+) -> None:
+    await nodes(2, gpus=1, dra=True)
+    await template(admin, namespace, "share", 700, "4Gi")
+
+    async def member(name: str, size: int) -> None:
+        body = dra_pod(name, namespace, "share")
+        body["metadata"]["annotations"] = {names.GANG: name.split("-")[0], names.GANG_MIN: str(size)}
+        await admin.create(paths.pods(namespace), body)
+        await wait_for(functools.partial(claim_of, admin, namespace, name), what=f"the claim of {name} made")
+
+    for i in range(3):  # three of 700 on two GPUs: the gang cannot fit, nothing is allocated
+        await member(f"big-{i}", 3)
+    said = await wait_for(
+        functools.partial(events, admin, namespace, "ClaimNotAllocated"), what="the gang told why it waits"
+    )
+    assert any("none of the gang's claims is allocated" in e["message"] for e in said), said
+    for i in range(3):
+        claim = await claim_of(admin, namespace, f"big-{i}")
+        assert claim is not None and not where(claim), "no member holds a GPU while the gang cannot complete"
+    for i in range(2):  # a gang of two fits: both allocated, both bound
+        await member(f"pair-{i}", 2)
+
+    async def pair_bound() -> list[str] | None:
+        found = [await node_of(admin, namespace, f"pair-{i}") for i in range(2)]
+        return [n for n in found if n] if all(found) else None
+
+    placed = await wait_for(pair_bound, timeout=90, what="the gang of two bound")
+    assert len(set(placed)) == 2

@@ -766,15 +766,15 @@ def test_kueue_pod_groups_become_gangs_and_malformed_gangs_are_refused_by_name()
     assert not response["allowed"] and gangs.KUEUE_TOTAL_ANNOTATION in response["status"]["message"]
 
 
-def test_a_gang_on_the_dra_path_is_refused_with_the_way_out() -> None:
+def test_a_gang_on_the_dra_path_keeps_its_gang_beside_its_claim() -> None:
     pod = (
         MakePod("w0")
         .annotations({names.GANG: "j", names.GANG_MIN: "2", names.PATH: names.PATH_DRA})
         .container(limits={"nvidia.com/gpu": "1"})
         .obj()
     )
-    response = answer_of(admission.mutate(review(pod), POLICY))["response"]
-    assert not response["allowed"] and f"{names.PATH}: {names.PATH_EXTENDER}" in response["status"]["message"]
+    out = applied(pod, admission.mutate(review(pod), POLICY))
+    assert out["metadata"]["annotations"][names.GANG] == "j" and out["spec"]["resourceClaims"]
 
 
 def test_a_pod_naming_a_volcano_group_gets_the_groups_gang_or_is_refused_when_the_group_is_missing() -> None:

@@ -38,7 +38,9 @@ claims of the class, oldest first:
 
 Decisions are made one pod after the other, in one pass; the writes of different pods then go out
 together (`writers` at a time), each pod's claims in order; gates are lifted in a later pass. A pod
-whose claims cannot all be placed gets none of them.
+whose claims cannot all be placed gets none of them. A gang (`api.gangs`) is one decision
+(`_plan_gang`): every waiting member's claims, or none of them, and nothing while fewer members wait
+than its minimum needs; its members' gates go up together once all their claims are shown allocated.
 
 Then the takeovers and leftovers:
 
@@ -197,12 +199,18 @@ class ClaimAllocator:
         self._admitted.clear()
         self._room = self._pod_room()
         plans = []
+        gangs: dict[str, list[pods.Record]] = {}
         for key in sorted(self.cache.claiming, key=self._age):
             record = self.cache.record(key)
             if record is not None and not record.node and self.is_leader():
+                if record.gang is not None:
+                    gangs.setdefault(record.gang.key, []).append(record)
+                    continue
                 plan = await self._plan(record)
                 if plan is not None:
                     plans.append(plan)
+        for members in gangs.values():
+            plans += await self._plan_gang(members)
         limit = asyncio.Semaphore(self.writers)
 
         async def carry_out(plan: Plan) -> None:
@@ -352,6 +360,58 @@ class ClaimAllocator:
         if not decided and not lift:
             return None
         return Plan(record, tuple(decided), lift)
+
+    async def _plan_gang(self, members: list[pods.Record]) -> list[Plan]:
+        """A gang's members, all of them or none: each member's claims placed as `_plan` places a pod's
+        (and held at once); if any member that needs GPUs is left without them, every claim placed for
+        the gang in this pass is let go again. Nothing is placed while fewer members wait than the
+        gang's minimum still needs (members running count toward it)."""
+        gang = members[0].gang
+        assert gang is not None
+        everyone = [m for m in self.cache.gang_members(gang.key) if not m.terminal and not m.deleting]
+        running = sum(1 for m in everyone if m.node or not (m.claims or m.gpu))
+        need = gang.min_count - running
+        if len(members) < need:
+            for record in members:
+                await self._say(record, f"gang {gang.key} waits for its members: {running + len(members)} of "
+                                        f"{gang.min_count} needed are here")  # fmt: skip
+            return []
+        plans: list[Plan] = []
+        for record in members:
+            plan = await self._plan(record)
+            if plan is not None:
+                plans.append(plan)
+            if need <= 0:
+                continue  # the gang runs its minimum: later members are placed as any pod
+            if not self._held(record):
+                for made in plans:
+                    for claim, _ in made.decided:
+                        self.cache.forget_claim(claim.key)
+                if need > 0:
+                    for other in members:
+                        if other is not record:
+                            await self._say(other, f"gang {gang.key}: member {record.key} cannot be placed now; "
+                                                   "none of the gang's claims is allocated")  # fmt: skip
+                return []
+        if need > 0 and not all(self._held(m, shown=True) for m in members):
+            plans = [p for p in plans if not p.lift]  # the gates go up together, once all are allocated
+        return plans
+
+    def _held(self, record: pods.Record, *, shown: bool = False) -> bool:
+        """Every claim of the class the pod uses is allocated, or held by a decision of this pass
+        (`shown`: allocated as the watch shows it, no decision waiting to be written)."""
+        namespace = record.key.split("/", 1)[0]
+        for ref in record.claims:
+            claim = self.cache.claims.records.get(dra.claim_key(namespace, ref.claim))
+            if claim is None:
+                return False
+            if not claim.ours:
+                continue
+            assumed = claim.key in self.cache.claims.assumed
+            written = claim.allocated and not assumed
+            if not (written if shown else claim.allocated or assumed):
+                return False
+        return True
 
     async def _carry_out(self, plan: Plan) -> None:
         """Write the plan's allocations, one after the other (a decision left unwritten is let go), or

@@ -505,13 +505,6 @@ def mutate(
         annotations = out.setdefault("metadata", {}).setdefault("annotations", {})
         system = _is_system(request, policy)
         claims = not system and path_of(request.namespace, annotations, policy) == names.PATH_DRA
-        if claims and names.GANG in annotations:
-            return api_admission.deny(
-                uid,
-                f"sharegpu: gangs ({names.GANG}) are placed on the extender path only for now; "
-                f"set the annotation {names.PATH}: {names.PATH_EXTENDER} on the pod (docs/gangs.md)",
-                code=400,
-            )
         if claims:
             _to_claims(out, parsed, audit)
         elif not system and not _handoff_wired(pod, parsed):
