@@ -181,3 +181,21 @@ async def test_a_released_plan_with_a_member_gone_gives_back_the_rest(harness: C
     await settle(h.server)
     await h.extender.scheduling.expire()
     assert not h.extender.scheduling.gangs.plans and free_gpus(h) == 2
+
+
+async def test_a_released_member_whose_binding_is_read_back_undone_keeps_its_place(harness: Callable[..., Any]) -> None:
+    """Found by bench/chaos.py --gangs: a 409 on the binding (read like a lost answer), read back as not
+    done, gave the member's room away, and its gang stayed partial."""
+    h: Harness = await harness(nodes=1, gpus=2, assume_ttl=300.0)
+    a = await h.create(member("a", minimum=2))
+    await h.create(member("b", minimum=2))
+    assert h.extender.scheduling.filter(h.args(a)).node_names == ["n0"]
+    h.server.fail(503, method="POST", path=paths.binding("ns", "b"))  # before the commit: not bound
+    binds = [asyncio.ensure_future(h.extender.scheduling.bind(binding(h, n, "n0"))) for n in "ab"]
+    results = [r.error for r in await asyncio.gather(*binds)]
+    assert results[0] == "" and "outcome unknown" in results[1]
+    h.clock.advance(10)
+    assert await h.extender.scheduling.settle(units.PodKey("ns/b")) is False
+    assert free_gpus(h) == 0, "read back as not bound, the member still holds its place"
+    assert (await h.extender.scheduling.bind(binding(h, "b", "n0"))).error == ""
+    h.server.faults.clear()

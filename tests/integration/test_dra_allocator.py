@@ -695,7 +695,7 @@ async def test_a_gang_on_the_dra_path_is_allocated_all_or_nothing_and_bound_whol
 
     async def member(name: str, size: int) -> None:
         body = dra_pod(name, namespace, "share")
-        body["metadata"]["annotations"] = {names.GANG: name.split("-")[0], names.GANG_MIN: str(size)}
+        body["metadata"]["annotations"] = {names.GANG: name.split("-", maxsplit=1)[0], names.GANG_MIN: str(size)}
         await admin.create(paths.pods(namespace), body)
         await wait_for(functools.partial(claim_of, admin, namespace, name), what=f"the claim of {name} made")
 

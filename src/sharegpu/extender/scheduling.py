@@ -597,9 +597,13 @@ class SchedulingService:
                 return True
             if pod is None or waited or self.clock() - attempted >= self.settle_after:
                 del self.unsure[key]
-                self.cache.forget(key)
+                if pod is None:
+                    self.cache.forget(key)
+                else:
+                    self._let_go(key)  # a gang member keeps its place for its next try
                 self.metrics.unknown.labels("binding", "not-done").inc()
-                log.warning("pod %s: the binding whose answer was lost did not happen; its room is free again", key)
+                kept = "its gang keeps its place" if self.gangs.holds(key) else "its room is free again"
+                log.warning("pod %s: the binding whose answer was lost did not happen; %s", key, kept)
                 return False
             if not wait:
                 return None
