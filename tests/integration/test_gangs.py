@@ -45,7 +45,7 @@ async def test_a_gang_is_placed_whole_once_its_members_are_here_and_holds_nothin
         return message if message and "waits for its members" in message else None
 
     message = await wait_for(told_why, what="job-0 turned away for its missing member")
-    assert "3 of 4" in message
+    assert "of 4 needed are here" in message, message  # 1, 2 or 3 of 4: as many as its last try saw
     await admin.create(pods, gpu_pod("outsider", namespace, milli=600))
     await wait_for(
         functools.partial(_bound, admin, namespace, "outsider"),
