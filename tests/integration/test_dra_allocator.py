@@ -701,10 +701,11 @@ async def test_a_gang_on_the_dra_path_is_allocated_all_or_nothing_and_bound_whol
 
     for i in range(3):  # three of 700 on two GPUs: the gang cannot fit, nothing is allocated
         await member(f"big-{i}", 3)
-    said = await wait_for(
-        functools.partial(events, admin, namespace, "ClaimNotAllocated"), what="the gang told why it waits"
-    )
-    assert any("none of the gang's claims is allocated" in e["message"] for e in said), said
+    async def told() -> bool:
+        said = await events(admin, namespace, "ClaimNotAllocated")
+        return any("none of the gang's claims is allocated" in e["message"] for e in said)
+
+    await wait_for(told, what="the gang told why none of its claims is allocated")
     for i in range(3):
         claim = await claim_of(admin, namespace, f"big-{i}")
         assert claim is not None and not where(claim), "no member holds a GPU while the gang cannot complete"
