@@ -701,6 +701,7 @@ async def test_a_gang_on_the_dra_path_is_allocated_all_or_nothing_and_bound_whol
 
     for i in range(3):  # three of 700 on two GPUs: the gang cannot fit, nothing is allocated
         await member(f"big-{i}", 3)
+
     async def told() -> bool:
         said = await events(admin, namespace, "ClaimNotAllocated")
         return any("none of the gang's claims is allocated" in e["message"] for e in said)
