@@ -19,64 +19,16 @@ import asyncio
 import json
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import e2e_throughput as e2e
-from sharegpu.api import names, paths, wire
+from sharegpu.api import names
 from sharegpu.core import devices
 from sharegpu.devcluster import stack
-from sharegpu.kube import client, informer
-from sharegpu.kube import errors as kube_errors
 
 Json = dict[str, Any]
 MILLI = 500
-
-
-async def place(
-    kube: client.KubeClient, namespace: str, pods: list[Json], timeout: float
-) -> tuple[dict[str, float], dict[str, float], float]:
-    """Create `pods` in order (64 at a time); each pod's creation and binding times, and the elapsed seconds."""
-    made = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}
-    try:
-        await kube.create("/api/v1/namespaces", made)
-    except kube_errors.ConflictError as exc:
-        if not exc.already_exists:
-            raise
-    created: dict[str, float] = {}
-    bound: dict[str, float] = {}
-    done = asyncio.Event()
-
-    def seen(kind: str, pod: wire.Pod) -> None:
-        if kind != "DELETED" and pod.spec.node_name and pod.metadata.name not in bound:
-            bound[pod.metadata.name] = time.perf_counter()
-            if len(bound) == len(pods):
-                done.set()
-
-    watcher: informer.Informer[wire.Pod, wire.Pod] = informer.Informer(
-        kube, paths.pods(namespace), wire.Pod, informer.identity, seen, name=namespace
-    )
-    task = asyncio.create_task(watcher.run())
-    await watcher.synced.wait()
-    limit = asyncio.Semaphore(64)
-
-    async def create(body: Json) -> None:
-        async with limit:
-            created[body["metadata"]["name"]] = time.perf_counter()
-            await kube.create(f"/api/v1/namespaces/{namespace}/pods", body)
-
-    started = time.perf_counter()
-    await asyncio.gather(*(create(p) for p in pods))
-    try:
-        await asyncio.wait_for(done.wait(), timeout)
-    except TimeoutError:
-        raise SystemExit(
-            f"only {len(bound)} of {len(pods)} pods in {namespace} were bound in {timeout:.0f} s"
-        ) from None
-    elapsed = time.perf_counter() - started
-    await informer.cancel([task])
-    return created, bound, elapsed
 
 
 def member(gang: int, index: int, size: int, namespace: str) -> Json:
@@ -100,12 +52,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             await asyncio.sleep(3)
             total = args.gangs * args.size
             singles = [e2e.sharing_pod(f"s-{i}", "bench-singles", MILLI) for i in range(total)]
-            created, bound, elapsed = await place(whole.admin, "bench-singles", singles, args.timeout)
+            created, bound, elapsed = await e2e.place(whole.admin, "bench-singles", singles, args.timeout)
             single_lat = sorted(bound[n] - created[n] for n in bound)
             single = {"pods_per_second": round(total / elapsed, 1), "p99_ms": e2e.percentile(single_lat, 99)}
             print(f"single pods: {single['pods_per_second']} pods/s, creation to binding p99 {single['p99_ms']:.0f} ms")
             members = [member(g, i, args.size, "bench-gangs") for g in range(args.gangs) for i in range(args.size)]
-            created, bound, elapsed = await place(whole.admin, "bench-gangs", members, args.timeout)
+            created, bound, elapsed = await e2e.place(whole.admin, "bench-gangs", members, args.timeout)
             per_gang = []
             for g in range(args.gangs):
                 names_ = [f"g{g:03d}-{i}" for i in range(args.size)]
