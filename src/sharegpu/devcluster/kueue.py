@@ -29,7 +29,7 @@ from typing import Any
 import yaml
 
 from sharegpu.api import names
-from sharegpu.devcluster import controlplane
+from sharegpu.devcluster import controlplane, stack
 from sharegpu.kube import client
 from sharegpu.kube import errors as kube_errors
 from sharegpu.serving import certs
@@ -82,8 +82,8 @@ class Kueue:
         self.workdir.mkdir(parents=True, exist_ok=True)
         for path in sorted((self.module / "config/components/crd/bases").glob("*.yaml")):
             for doc in _documents(path):
-                await _apply(kube, "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", doc)
-        await _served(kube, "/apis/kueue.x-k8s.io/v1beta2/workloads")
+                await stack.apply(kube, doc)
+        await stack.wait_served(kube, ["/apis/kueue.x-k8s.io/v1beta2/workloads"])
         self.webhook_port, self.health_port = controlplane.free_port(), controlplane.free_port()
         ca_cert, ca_key = certs.new_ca("kueue-devcluster-ca", days=30)
         serving, serving_key = certs.issue_serving(
@@ -110,9 +110,7 @@ class Kueue:
         }
         path = self.workdir / "kueue-config.yaml"
         path.write_text(json.dumps(config))
-        await _apply(
-            kube, "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kueue-system"}}
-        )
+        await stack.apply(kube, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kueue-system"}})
         # Without its own certificate management Kueue reads its metrics certificate from a fixed path,
         # /etc/kueue/metrics/certs: it runs in a mount namespace of its own where /etc is a fresh tmpfs
         # holding only that (it needs nothing else there: a static binary that dials an IP address).
@@ -155,11 +153,8 @@ class Kueue:
                         {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": list(SKIPPED)}
                     ]
                 }
-            plural = (
-                "mutatingwebhookconfigurations" if kind.startswith("Mutating") else "validatingwebhookconfigurations"
-            )
             body = {"apiVersion": doc["apiVersion"], "kind": kind, "metadata": {"name": WEBHOOKS}, "webhooks": hooks}
-            await _apply(kube, f"/apis/admissionregistration.k8s.io/v1/{plural}", body)
+            await stack.apply(kube, body)
         await asyncio.sleep(1.5)  # the API server picks up new webhook configurations asynchronously
 
     async def _wait_ready(self, timeout: float = 90.0) -> None:
@@ -185,27 +180,6 @@ class Kueue:
         self.plane.stop_process("kueue")
 
 
-async def _served(kube: client.KubeClient, path: str, timeout: float = 30.0) -> None:
-    """Wait until the API server serves `path` (new CRDs take a moment to be established)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            await kube.get(path)
-            return
-        except kube_errors.KubeError:
-            if time.monotonic() > deadline:
-                raise KueueError(f"{path} not served {timeout:.0f} s after Kueue's CRDs were created") from None
-            await asyncio.sleep(0.3)
-
-
 def _get(url: str) -> bool:
     with urllib.request.urlopen(url, timeout=2) as response:
         return bool(response.status == 200)
-
-
-async def _apply(kube: client.KubeClient, collection: str, body: Json) -> None:
-    try:
-        await kube.create(collection, body)
-    except kube_errors.ConflictError as exc:
-        if not exc.already_exists:
-            raise

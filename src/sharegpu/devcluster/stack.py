@@ -54,6 +54,8 @@ _PATHS = {
     "ValidatingAdmissionPolicy": paths.ADMISSION_POLICIES,
     "ValidatingAdmissionPolicyBinding": paths.ADMISSION_POLICY_BINDINGS,
     "CSIDriver": "/apis/storage.k8s.io/v1/csidrivers",
+    "MutatingWebhookConfiguration": "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations",
+    "ValidatingWebhookConfiguration": "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations",
 }
 HARNESS_USERS = {
     names.account("agent"): controlplane.NODE_HARNESS,
@@ -167,15 +169,22 @@ async def install(kube: client.KubeApi, compat: tuple[str, ...] = (), *, compat_
         await apply(kube, doc)
     for doc in manifests("files/policies/*.yaml"):
         await apply(kube, doc)
-    deadline = time.monotonic() + 30
-    while served and time.monotonic() < deadline:
+    await wait_served(kube, served)
+
+
+async def wait_served(kube: client.KubeApi, collections: list[str], timeout: float = 30.0) -> None:
+    """Wait until the API server serves every collection (new CRDs take a moment to be established);
+    ControlPlaneError naming those it still does not after `timeout` seconds."""
+    waiting = list(collections)
+    deadline = time.monotonic() + timeout
+    while waiting and time.monotonic() < deadline:
         with contextlib.suppress(kube_errors.KubeError):
-            await kube.get(served[0])
-            served.pop(0)
+            await kube.get(waiting[0])
+            waiting.pop(0)
             continue
         await asyncio.sleep(0.2)
-    if served:
-        raise controlplane.ControlPlaneError(f"custom resources not served in time: {', '.join(served)}")
+    if waiting:
+        raise controlplane.ControlPlaneError(f"custom resources not served in time: {', '.join(waiting)}")
 
 
 @dataclass(frozen=True, slots=True)
