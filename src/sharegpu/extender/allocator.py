@@ -75,7 +75,7 @@ from typing import Any
 
 import numpy as np
 
-from sharegpu.api import constraints, dra, events, names, paths, pods, reasons, wire
+from sharegpu.api import dra, events, names, paths, pods, reasons, wire
 from sharegpu.core import allocation, errors, fit, fleet, units
 from sharegpu.extender import budgets as extender_budgets
 from sharegpu.extender import cache as extender_cache
@@ -477,7 +477,7 @@ class ClaimAllocator:
             found = self._admitted.get(memo)
             if found is None:
                 found = np.array(
-                    [r for r in everywhere.tolist() if self._admits(terms, state.names[r])], dtype=np.int64
+                    [r for r in everywhere.tolist() if self.cache.admits(terms, state.names[r])], dtype=np.int64
                 )
                 self._admitted[memo] = found
             admitted = found
@@ -490,10 +490,6 @@ class ClaimAllocator:
         else:
             kept = admitted
         return kept, len(everywhere) - len(admitted)
-
-    def _admits(self, terms: constraints.PodTerms, name: str) -> bool:
-        facts = self.cache.nodes.get(name)
-        return facts is None or facts.terms is None or terms.allows(facts.terms)
 
     def _place(self, record: pods.Record, claim: dra.ClaimRecord, node: str | None) -> Placement:
         """The claim's allocation, held in the ledger, or why it fits nowhere."""

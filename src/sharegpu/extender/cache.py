@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from sharegpu.api import constraints, dra, pods, selectors, wire
 from sharegpu.api import devices as api_devices
-from sharegpu.api import dra, pods, selectors, wire
 from sharegpu.core import allocation, devices, errors, fleet, frag, placer, policies, units
 from sharegpu.core import ledger as core_ledger
 from sharegpu.extender import claims as claim_tables
@@ -725,6 +725,12 @@ class ClusterCache:
         return [key for key in self.ledger.assumed_before(ttl) if key in self.assumed]
 
     # ----------------------------------------------------------------- queries
+
+    def admits(self, terms: constraints.PodTerms, node: str) -> bool:
+        """Whether a pod's own constraints (node selector, required affinity, tolerations) admit the node
+        (one whose Node this cache has not seen is admitted: its facts come with it)."""
+        facts = self.nodes.get(node)
+        return facts is None or facts.terms is None or terms.allows(facts.terms)
 
     def record(self, key: units.PodKey) -> pods.Record | None:
         return self.pods.get(key)

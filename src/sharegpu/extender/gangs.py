@@ -177,12 +177,7 @@ class GangBook:
         for terms in {m.terms.key: m.terms for m in members if m.terms is not None}.values():
             if terms.unconstrained:
                 continue
-            keep = []
-            for row in rows.tolist():
-                facts = cache.nodes.get(state.names[row])
-                if facts is None or facts.terms is None or terms.allows(facts.terms):
-                    keep.append(row)
-            rows = np.array(keep, dtype=np.int64)
+            rows = np.array([r for r in rows.tolist() if cache.admits(terms, state.names[r])], dtype=np.int64)
         return rows
 
     def _domains(self, label: str | None, rows: np.ndarray) -> list[core_gangs.Domain]:
