@@ -119,6 +119,11 @@ PRIORITY = "a pod's own priority class decides"
 RESOURCES = "each member's own request is placed"
 
 
+def _unhonoured(spec: Json, *fields: tuple[str, str]) -> list[tuple[str, str]]:
+    """The (field, why) pairs whose field the group's spec sets."""
+    return [(field, why) for field, why in fields if spec.get(field)]
+
+
 def _count(value: object, what: str) -> int:
     return 0 if value is None else quantity.integer(value, what, 0, gangs.MAX_MEMBERS)
 
@@ -129,11 +134,13 @@ def _kubernetes(spec: Json) -> Read:
     minimum = _count(gang.get("minCount"), "spec.schedulingPolicy.gang.minCount") if isinstance(gang, dict) else 0
     constraints = spec.get("schedulingConstraints") or {}
     keys = [t.get("key") for t in (constraints.get("topology") or []) if isinstance(t, dict)]
-    ignored = [(f, why) for f, why in (
-        ("priorityClassName", PRIORITY), ("priority", PRIORITY),
+    ignored = _unhonoured(
+        spec,
+        ("priorityClassName", PRIORITY),
+        ("priority", PRIORITY),
         ("disruptionMode", "a member that ends does not end the others"),
         ("resourceClaims", "a gang's members bring their own claims"),
-    ) if spec.get(f)]  # fmt: skip
+    )
     if len(keys) > 1:
         ignored.append(("schedulingConstraints.topology[1:]", "one topology key is honoured, the first"))
     first = keys[0] if keys and isinstance(keys[0], str) else None
@@ -145,25 +152,30 @@ def _coscheduling(spec: Json) -> Read:
     seconds = (
         None if timeout is None else quantity.integer(timeout, "spec.scheduleTimeoutSeconds", 1, gangs.MAX_TIMEOUT)
     )
-    ignored = [("minResources", RESOURCES)] if spec.get("minResources") else []
+    ignored = _unhonoured(spec, ("minResources", RESOURCES))
     return _count(spec.get("minMember"), "spec.minMember"), seconds, None, ignored
 
 
 def _volcano(spec: Json) -> Read:
-    ignored = [(f, why) for f, why in (
-        ("queue", QUEUE), ("priorityClassName", PRIORITY),
-        ("minTaskMember", "the group's minimum is honoured, not each task's"), ("minResources", RESOURCES),
-    ) if spec.get(f)]  # fmt: skip
+    ignored = _unhonoured(
+        spec,
+        ("queue", QUEUE),
+        ("priorityClassName", PRIORITY),
+        ("minTaskMember", "the group's minimum is honoured, not each task's"),
+        ("minResources", RESOURCES),
+    )
     return _count(spec.get("minMember"), "spec.minMember"), None, None, ignored
 
 
 def _kai(spec: Json) -> Read:
     constraint = spec.get("topologyConstraint") or {}
     required = constraint.get("requiredTopologyLevel") if isinstance(constraint, dict) else None
-    ignored = [(f, why) for f, why in (
-        ("queue", QUEUE), ("priorityClassName", PRIORITY),
+    ignored = _unhonoured(
+        spec,
+        ("queue", QUEUE),
+        ("priorityClassName", PRIORITY),
         ("subGroups", "the group's minimum is honoured, not each subgroup's"),
-    ) if spec.get(f)]  # fmt: skip
+    )
     if isinstance(constraint, dict) and constraint.get("preferredTopologyLevel"):
         ignored.append(("topologyConstraint.preferredTopologyLevel", "a gang is packed onto few nodes anyway"))
     return (
