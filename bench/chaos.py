@@ -130,6 +130,11 @@ def pod_body(rng: random.Random, name: str, *, dra_share: float = 0.0) -> Json:
     else:
         limits.update({names.GPU: "2", names.GPU_MILLI: "400"})
         annotations[names.HANDOFF] = f"sharegpu-handoff-{uuid.uuid4().hex[:16]}"
+    return sharing_body(name, priority, limits, annotations)
+
+
+def sharing_body(name: str, priority: str, limits: dict[str, str], annotations: dict[str, str]) -> Json:
+    """A pod of the churn for sharegpu's scheduler: one container asking `limits`."""
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -158,17 +163,7 @@ def gang_bodies(rng: random.Random, gang: str) -> list[Json]:
             names.HANDOFF: f"sharegpu-handoff-{uuid.uuid4().hex[:16]}",
             names.GANG: gang, names.GANG_MIN: str(size), names.GANG_TIMEOUT: str(GANG_TIMEOUT),
         }  # fmt: skip
-        out.append({
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": f"{gang}-{index}", "namespace": NS, "annotations": annotations},
-            "spec": {
-                "schedulerName": names.SCHEDULER_NAME, "priorityClassName": "chaos-high",
-                "terminationGracePeriodSeconds": 0,
-                "containers": [
-                    {"name": "main", "image": "busybox", "resources": {"limits": limits, "requests": limits}}
-                ],
-            },
-        })  # fmt: skip
+        out.append(sharing_body(f"{gang}-{index}", "chaos-high", limits, annotations))
     return out
 
 
