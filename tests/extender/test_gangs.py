@@ -8,8 +8,10 @@ from collections.abc import Callable
 from typing import Any
 
 from sharegpu.api import extender as api_extender
-from sharegpu.api import names, paths
-from sharegpu.core import units
+from sharegpu.api import gangs, names, paths
+from sharegpu.core import allocation, units
+from sharegpu.extender import runtime
+from sharegpu.kube import client
 from tests.extender.conftest import Harness, Json, gpu_pod, settle
 
 
@@ -199,3 +201,100 @@ async def test_a_released_member_whose_binding_is_read_back_undone_keeps_its_pla
     assert free_gpus(h) == 0, "read back as not bound, the member still holds its place"
     assert (await h.extender.scheduling.bind(binding(h, "b", "n0"))).error == ""
     h.server.faults.clear()
+
+
+async def successor(h: Harness) -> runtime.Extender:
+    """Another extender over the same API server (the one that follows a killed one, or the one beside
+    the next kube-scheduler leader): it knows only what the API keeps."""
+    extender = runtime.Extender(
+        client.KubeClient(h.server), runtime.Options(leader_elect=False, reservation_idle=0.0, pace=0.01), clock=h.clock
+    )
+    await extender.start()
+    return extender
+
+
+def kept_plans(h: Harness) -> list[Json]:
+    found = h.server.list_objects(paths.configmaps(names.SYSTEM_NAMESPACE))
+    return [c for c in found if (c["metadata"].get("labels") or {}).get(names.LABEL_ROLE) == names.ROLE_GANG_PLAN]
+
+
+async def test_a_released_plan_is_kept_and_the_next_extender_binds_the_rest_where_it_was_planned(
+    harness: Callable[..., Any],
+) -> None:
+    """Found by bench/chaos.py --gangs: the extender killed while a released gang was being bound; the
+    next one planned the unbound members again, others took their room meanwhile, and the gang stayed
+    partial past its timeout."""
+    h: Harness = await harness(nodes=1, gpus=3, assume_ttl=300.0)
+    a = await h.create(member("a", minimum=2))
+    await h.create(member("b", minimum=2))
+    assert h.extender.scheduling.filter(h.args(a)).node_names == ["n0"]
+    assert not kept_plans(h), "a plan not released yet is not kept (none of its members is bound)"
+    real = h.extender.scheduling.prepare
+
+    async def refuse_b(record: Any, alloc: Any) -> str | None:
+        if record.key == "ns/b":
+            return "hand-off ConfigMap could not be written yet"
+        return await real(record, alloc) if real is not None else None
+
+    h.extender.scheduling.prepare = refuse_b
+    binds = [asyncio.ensure_future(h.extender.scheduling.bind(binding(h, n, "n0"))) for n in "ab"]
+    assert [bool(r.error) for r in await asyncio.gather(*binds)] == [False, True]
+    await settle(h.server)
+    (kept,) = kept_plans(h)
+    planned_b = h.extender.cache.assumed[units.PodKey("ns/b")]
+    next_one = await successor(h)
+    try:
+        assert next_one.cache.assumed.get(units.PodKey("ns/b")) == planned_b, "b's room held before anything is served"
+        outsider = await h.create(gpu_pod("outsider", milli=None, count=2))
+        assert not next_one.scheduling.filter(h.args(outsider)).node_names, "nobody takes the gang's room"
+        assert next_one.scheduling.filter(h.args(h.server.get_object(paths.pod("ns", "b")) or {})).node_names == ["n0"]
+        assert (await next_one.scheduling.bind(binding(h, "b", "n0"))).error == "", "bound at once: released"
+        await settle(h.server)
+        shown = (h.server.get_object(paths.pod("ns", "b")) or {})["metadata"]["annotations"][names.ALLOCATION]
+        assert shown == planned_b.to_json(), "on the GPUs planned for it"
+        await next_one.scheduling.expire()
+        await settle(h.server)
+        assert not next_one.scheduling.gangs.plans, "the complete gang's plan ends"
+        assert not kept_plans(h), f"and its ConfigMap {kept['metadata']['name']} is deleted"
+    finally:
+        await next_one.stop()
+
+
+async def test_a_plan_that_cannot_be_kept_is_not_released(harness: Callable[..., Any]) -> None:
+    h: Harness = await harness(nodes=1, gpus=2, assume_ttl=300.0)
+    a = await h.create(member("a", minimum=2))
+    await h.create(member("b", minimum=2))
+    assert h.extender.scheduling.filter(h.args(a)).node_names == ["n0"]
+    h.extender.scheduling.gangs.barrier_wait = 0.05
+    h.server.fail(503, method="POST", path=paths.configmaps(names.SYSTEM_NAMESPACE))
+    binds = [asyncio.ensure_future(h.extender.scheduling.bind(binding(h, n, "n0"))) for n in "ab"]
+    errors = [r.error for r in await asyncio.gather(*binds)]
+    assert all(errors) and any("its plan cannot be written to the API yet" in e for e in errors), errors
+    await settle(h.server)
+    assert not any((h.server.get_object(paths.pod("ns", n)) or {})["spec"].get("nodeName") for n in "ab")
+    assert free_gpus(h) == 0, "still planned, and held"
+    binds = [asyncio.ensure_future(h.extender.scheduling.bind(binding(h, n, "n0"))) for n in "ab"]
+    assert [r.error for r in await asyncio.gather(*binds)] == ["", ""]
+    assert len(kept_plans(h)) == 1
+
+
+async def test_a_kept_plan_whose_members_are_gone_is_deleted_not_restored(harness: Callable[..., Any]) -> None:
+    h: Harness = await harness(nodes=1, gpus=2, assume_ttl=300.0)
+    kept = gangs.plan_configmap("ns/old", {units.PodKey("ns/x"): ("uid-gone", h_alloc("ns/x"))})
+    await h.api.create(paths.configmaps(names.SYSTEM_NAMESPACE), kept)
+    forged = gangs.plan_configmap("ns/other", {units.PodKey("ns/y"): ("u", h_alloc("ns/y"))})
+    forged["metadata"]["name"] = gangs.plan_name("ns/elsewhere")  # a name that is not its gang's
+    await h.api.create(paths.configmaps(names.SYSTEM_NAMESPACE), forged)
+    await settle(h.server)
+    assert h.extender.scheduling.gangs.restore() == 0
+    await h.extender.scheduling.expire()
+    await settle(h.server)
+    assert [c["metadata"]["name"] for c in kept_plans(h)] == [forged["metadata"]["name"]], "the ended plan is deleted"
+    assert free_gpus(h) == 2 and not h.extender.cache.assumed, "and neither holds anything"
+
+
+def h_alloc(pod: str) -> allocation.Allocation:
+    grant = allocation.DeviceGrant(index=0, milli=1000, memory_mib=16384, limit_milli=1000)
+    return allocation.Allocation(
+        pod=units.PodKey(pod), node=units.NodeName("n0"), containers=(allocation.ContainerAllocation("main", (grant,)),)
+    )

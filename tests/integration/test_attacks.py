@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from sharegpu.api import groups, handoff, names, paths
+from sharegpu.api import gangs, groups, handoff, names, paths
 from sharegpu.devcluster import controlplane, stack
 from sharegpu.devcluster.stack import ExtenderProcess
 from sharegpu.kube import client
@@ -92,6 +92,11 @@ async def test_a_tenant_can_neither_make_nor_change_nor_delete_a_gpu_handoff(
     await refused(
         lambda: tenant.create(paths.configmaps(namespace), configmap(group, {"NVIDIA_VISIBLE_DEVICES": "all"}))
     )
+    plan = gangs.plan_name(f"{namespace}/job")  # a gang plan: where the rest of a gang binds after a restart
+    for where in (namespace, names.SYSTEM_NAMESPACE):  # its own namespace: the policy; sharegpu's: RBAC too
+        await refused(
+            functools.partial(tenant.create, paths.configmaps(where), configmap(plan, {gangs.PLAN_KEY: "{}"}))
+        )
     await tenant.create(paths.configmaps(namespace), configmap("app-settings", {"k": "v"}))  # its own: allowed
 
     await nodes(1, gpus=1)
@@ -137,7 +142,16 @@ async def test_the_extender_and_controller_accounts_write_only_their_own_handoff
         pod_handoff = f"{names.HANDOFF_PREFIX}{uuid.uuid4().hex[:16]}"
         message = await refused(lambda: controller.create(paths.configmaps(namespace), configmap(pod_handoff, {})))
         assert f"{names.account_user('controller')} may not CREATE it" in message
+        plan = gangs.plan_name(f"{namespace}/job")
+        message = await refused(lambda: extender.create(paths.configmaps(namespace), configmap(plan, {})))
+        assert f"{names.account_user('extender')} may not CREATE it" in message, "its gang plans: sharegpu-system only"
+        message = await refused(
+            lambda: controller.create(paths.configmaps(names.SYSTEM_NAMESPACE), configmap(plan, {}))
+        )
+        assert f"{names.account_user('controller')} may not CREATE it" in message
         await extender.create(paths.configmaps(namespace), configmap(pod_handoff, {}))  # its own: allowed
+        await extender.create(paths.configmaps(names.SYSTEM_NAMESPACE), configmap(plan, {}))
+        await extender.delete(paths.configmap(names.SYSTEM_NAMESPACE, plan))
         await controller.create(paths.configmaps(namespace), configmap(group, {}))
     finally:
         await extender.close()

@@ -15,17 +15,26 @@ beyond the minimum that did not fit are placed later, one by one, as any pod.
 Formats translated into these annotations by the webhook (`translate`): Kueue's plain pod groups
 (label `kueue.x-k8s.io/pod-group-name`, annotation `kueue.x-k8s.io/pod-group-total-count`: every
 pod of the group, so the minimum is the total).
+
+A released plan (every planned member reached its binding, so members are being bound) is kept in the
+API as a ConfigMap in the system namespace (`plan_configmap`, read back by `read_plan`): the members,
+their UIDs and allocations. The extender that follows a killed one (or the one beside the next
+kube-scheduler leader) holds the rest of the gang's room from it, so a gang bound in part is completed
+where it was planned.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Final
+from typing import Annotated, Any, Final
 
-from sharegpu.api import names, quantity
-from sharegpu.core import errors
+import msgspec
+
+from sharegpu.api import names, quantity, wire
+from sharegpu.core import allocation, errors, units
 
 DEFAULT_TIMEOUT: Final = 60
 """Seconds a planned gang's members have to reach their binding when the gang does not say."""
@@ -106,3 +115,92 @@ def translate(labels: Mapping[str, str], annotations: Mapping[str, str]) -> dict
         )
     count = quantity.integer(total, f"annotation {KUEUE_TOTAL_ANNOTATION}", 1, MAX_MEMBERS)
     return {names.GANG: group, names.GANG_MIN: str(count)}
+
+
+# ----------------------------------------------------------------- a released plan, kept in the API
+
+PLAN_KEY: Final = "plan"
+"""The data key of a plan ConfigMap."""
+
+
+class PlannedMember(wire.Message, kw_only=True, frozen=True):
+    pod: str
+    uid: str
+    allocation: str
+    """The member's allocation (`core.allocation.Allocation.to_json`)."""
+    cpu_milli: Annotated[int, msgspec.Meta(ge=0)] = 0
+    memory_mib: Annotated[int, msgspec.Meta(ge=0)] = 0
+
+
+class StoredPlan(wire.Message, kw_only=True, frozen=True):
+    gang: str
+    """The gang's key (namespace/name)."""
+    members: list[PlannedMember]
+
+
+@dataclass(frozen=True, slots=True)
+class KeptPlan:
+    """A plan read back from its ConfigMap."""
+
+    gang: str
+    name: str
+    uid: str
+    """The ConfigMap's UID (a deletion names it, so a newer plan of the gang is never deleted)."""
+    members: dict[units.PodKey, tuple[str, allocation.Allocation]]
+
+
+def plan_name(gang_key: str) -> str:
+    """The ConfigMap name of a gang's plan: readable, cut to fit, unique by a digest of the key."""
+    readable = (names.GANG_PLAN_PREFIX + gang_key.replace("/", "-"))[:200].rstrip("-.")
+    return f"{readable}-{hashlib.sha256(gang_key.encode()).hexdigest()[:12]}"
+
+
+def plan_configmap(gang_key: str, members: Mapping[units.PodKey, tuple[str, allocation.Allocation]]) -> dict[str, Any]:
+    """The ConfigMap that keeps a released plan: member -> (its UID, its allocation)."""
+    stored = StoredPlan(
+        gang=gang_key,
+        members=[
+            PlannedMember(pod=k, uid=uid, allocation=a.to_json(), cpu_milli=a.cpu_milli, memory_mib=a.memory_mib)
+            for k, (uid, a) in sorted(members.items())
+        ],
+    )
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": plan_name(gang_key),
+            "namespace": names.SYSTEM_NAMESPACE,
+            "labels": {names.LABEL_ROLE: names.ROLE_GANG_PLAN},
+        },
+        "data": {PLAN_KEY: msgspec.json.encode(stored).decode()},
+    }
+
+
+def read_plan(obj: wire.ConfigMap) -> KeptPlan:
+    """A plan ConfigMap read back; InvalidInputError names what is malformed (a plan whose members are
+    not of its gang, or whose allocations are not the members' own, is malformed too)."""
+    where = f"gang plan {obj.metadata.namespace}/{obj.metadata.name}"
+    text = obj.data.get(PLAN_KEY)
+    if text is None:
+        raise errors.InvalidInputError(f"{where}: no {PLAN_KEY!r} key")
+    try:
+        stored = msgspec.json.decode(text, type=StoredPlan)
+    except msgspec.DecodeError as exc:
+        raise errors.InvalidInputError(f"{where}: {exc}") from None
+    if obj.metadata.name != plan_name(stored.gang):
+        raise errors.InvalidInputError(
+            f"{where}: it names gang {stored.gang!r}, whose plan is not kept under this name"
+        )
+    namespace = stored.gang.split("/", 1)[0]
+    members: dict[units.PodKey, tuple[str, allocation.Allocation]] = {}
+    for member in stored.members:
+        if member.pod.split("/", 1)[0] != namespace or "/" not in member.pod:
+            raise errors.InvalidInputError(f"{where}: member {member.pod!r} is not in the gang's namespace")
+        key = units.PodKey(member.pod)
+        members[key] = (
+            member.uid,
+            allocation.Allocation.from_json(
+                member.allocation, pod=key, cpu_milli=member.cpu_milli, memory_mib=member.memory_mib
+            ),
+        )
+    return KeptPlan(stored.gang, obj.metadata.name, obj.metadata.uid, members)

@@ -18,8 +18,14 @@ a member is gone or replaced: the bound members of a gang are never left without
 for the rest. Members that disagree about the gang (its minimum, timeout, topology) are refused
 with the disagreement named until they agree.
 
-Plans live in memory, as every assumption does: a restarted extender plans the gang again from what
-the API server shows (members already bound count toward the minimum).
+A plan is kept in memory until it is released; releasing it first writes it to the API (a ConfigMap
+in the system namespace, `api.gangs.plan_configmap`), and a member binds only once that write has
+succeeded. An extender that starts (restarted, or beside a new kube-scheduler leader) holds the room
+of every kept plan's unbound members before it serves anything (`restore`, also on each `settle`
+for plans it learns of later), so a gang bound in part is completed where it was planned, not
+planned again into room others have taken meanwhile. A plan not yet released is not kept: none of
+its members is bound, and it is planned again whole. A plan that ended (complete, or given back) is
+deleted (`flush`, by its UID).
 """
 
 from __future__ import annotations
@@ -33,17 +39,21 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from sharegpu.api import gangs as api_gangs
-from sharegpu.api import pods
-from sharegpu.core import allocation, units
+from sharegpu.api import names, paths, pods, wire
+from sharegpu.core import allocation, errors, units
 from sharegpu.core import gangs as core_gangs
 from sharegpu.extender import cache as extender_cache
 from sharegpu.extender import metrics as extender_metrics
+from sharegpu.kube import client
+from sharegpu.kube import errors as kube_errors
 
 log = logging.getLogger(__name__)
 
 RELEASED_GRACE = 10
 """A released plan (every member reached its bind once) keeps its room this many timeouts past its
 deadline at the most, while its members are bound (`GangBook.settle`)."""
+DELETED_MEMORY = 1024
+"""How many deleted plan ConfigMaps `GangBook.deleted` remembers."""
 BARRIER_WAIT = 4.0
 """Seconds a member's bind waits for the others (kube-scheduler gives the extender 5 s an HTTP call)."""
 
@@ -63,6 +73,8 @@ class Plan:
     deadline: float
     arrived: set[units.PodKey] = field(default_factory=set)
     released: asyncio.Event = field(default_factory=asyncio.Event)
+    keeping: bool = False
+    """Its release is being written to the API (`GangBook._keep`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,18 +93,27 @@ class GangBook:
     def __init__(
         self,
         cache: extender_cache.ClusterCache,
+        api: client.KubeApi,
         metrics: extender_metrics.Metrics,
         *,
         clock: Callable[[], float],
         barrier_wait: float = BARRIER_WAIT,
     ) -> None:
         self.cache = cache
+        self.api = api
         self.metrics = metrics
         self.clock = clock
         self.barrier_wait = barrier_wait
         self.plans: dict[str, Plan] = {}
         self.member_of: dict[units.PodKey, str] = {}
         """Planned member -> its gang's key."""
+        self.kept: dict[str, api_gangs.KeptPlan] = {}
+        """Gang key -> its released plan as the API keeps it (the plan ConfigMaps' informer)."""
+        self.dropping: dict[str, str] = {}
+        """Plan ConfigMap name -> UID, of plans that ended: deleted by `flush`."""
+        self.deleted: dict[str, None] = {}
+        """UIDs of the plan ConfigMaps `flush` deleted (the newest DELETED_MEMORY): a watch event that
+        shows one late does not bring its plan back."""
 
     # ----------------------------------------------------------------- filter
 
@@ -204,7 +225,13 @@ class GangBook:
         if plan is None or plan.members[key][0] != uid:
             return None
         plan.arrived.add(key)
-        if not plan.released.is_set() and plan.arrived >= plan.members.keys():
+        if not plan.released.is_set() and not plan.keeping and plan.arrived >= plan.members.keys():
+            refused = await self._keep(plan)
+            if refused is not None:
+                return refused
+            if self.plans.get(plan.gang.key) is not plan:  # given back while it was being written
+                self._drop_kept(plan.gang.key)
+                return f"gang {plan.gang.key}: its plan was given back at its timeout; it is planned again"
             plan.released.set()
             self.metrics.gangs.labels(Outcome.RELEASED).inc()
         if plan.released.is_set():
@@ -217,6 +244,120 @@ class GangBook:
                 "their binding; this one binds with the rest"
             )
         return None
+
+    async def _keep(self, plan: Plan) -> str | None:
+        """Write a plan about to be released to the API (a plan of one member needs none: it cannot be
+        left partial). None: kept; else why not (the member's bind fails and is tried again)."""
+        if len(plan.members) < 2:
+            return None
+        gang_key = plan.gang.key
+        body = api_gangs.plan_configmap(gang_key, plan.members)
+        name = body["metadata"]["name"]
+        plan.keeping = True
+        try:
+            try:
+                made = await self.api.create(paths.configmaps(names.SYSTEM_NAMESPACE), body)
+            except kube_errors.ConflictError as exc:
+                if not exc.already_exists:
+                    raise
+                # an older plan of the gang not deleted yet, or this one, its answer lost the first time
+                made = await self.api.replace(paths.configmap(names.SYSTEM_NAMESPACE, name), body)
+        except errors.SharegpuError as exc:
+            log.warning("gang %s: cannot keep its plan in the API (%s); not released yet", gang_key, exc)
+            return (
+                f"gang {gang_key}: its plan cannot be written to the API yet ({exc}); this member binds with the rest"
+            )
+        finally:
+            plan.keeping = False
+        self.dropping.pop(name, None)
+        uid = str((made.get("metadata") or {}).get("uid") or "")
+        self.kept[gang_key] = api_gangs.KeptPlan(gang_key, name, uid, dict(plan.members))
+        return None
+
+    # ----------------------------------------------------------------- the plans the API keeps
+
+    def on_configmap(self, kind: wire.EventType, obj: wire.ConfigMap) -> None:
+        """The plan ConfigMaps' informer: what the API keeps, restored by `restore`."""
+        if kind == wire.EventType.DELETED:
+            for gang_key, kept in list(self.kept.items()):
+                if kept.name == obj.metadata.name:
+                    del self.kept[gang_key]
+            self.dropping.pop(obj.metadata.name, None)
+            return
+        if obj.metadata.uid in self.deleted:
+            return
+        try:
+            kept = api_gangs.read_plan(obj)
+        except errors.InvalidInputError as exc:
+            log.error("%s; ignored", exc)
+            return
+        self.kept[kept.gang] = kept
+
+    def restore(self) -> int:
+        """Hold the room of kept plans this extender does not have in memory: each plan's members not
+        bound yet (live, the same pods) get their planned allocation back in the ledger, and the plan
+        lives on as released. A kept plan with no such member left ended: it is deleted. Returns how
+        many plans were restored."""
+        restored = 0
+        for gang_key, kept in list(self.kept.items()):
+            if gang_key in self.plans or kept.name in self.dropping:
+                continue
+            waiting: dict[units.PodKey, tuple[str, allocation.Allocation]] = {}
+            gang: api_gangs.Gang | None = None
+            for key, (uid, alloc) in kept.members.items():
+                record = self.cache.record(key)
+                if record is None or record.uid != uid or record.terminal or record.deleting:
+                    continue
+                if record.gang is None or record.gang.key != gang_key:
+                    continue
+                gang = record.gang
+                if not record.node:
+                    waiting[key] = (uid, alloc)
+            if gang is None or not waiting:
+                self.dropping[kept.name] = kept.uid
+                continue
+            held: dict[units.PodKey, tuple[str, allocation.Allocation]] = {}
+            for key, (uid, alloc) in waiting.items():
+                if self.cache.assumed.get(key) == alloc or self.cache.assume(alloc):
+                    held[key] = (uid, alloc)
+                else:
+                    log.error("gang %s: member %s's planned room on %s is taken; it is placed as any pod",
+                              gang_key, key, alloc.node)  # fmt: skip
+            plan = Plan(gang, {**kept.members, **held}, self.clock() + gang.timeout_s)
+            for key in waiting.keys() - held.keys():
+                del plan.members[key]
+            plan.arrived.update(plan.members)
+            plan.released.set()
+            self.plans[gang_key] = plan
+            for key in plan.members:
+                self.member_of[key] = gang_key
+            restored += 1
+            log.warning("gang %s: its released plan restored from the API; %d member(s) not bound yet hold their room",
+                        gang_key, len(held))  # fmt: skip
+        return restored
+
+    def _drop_kept(self, gang_key: str) -> None:
+        kept = self.kept.pop(gang_key, None)
+        if kept is not None:
+            self.dropping[kept.name] = kept.uid
+
+    async def flush(self) -> None:
+        """Delete the kept plans that ended (by UID: a newer plan of the gang is never deleted)."""
+        for name, uid in list(self.dropping.items()):
+            try:
+                await self.api.delete(
+                    paths.configmap(names.SYSTEM_NAMESPACE, name), preconditions={"uid": uid} if uid else None
+                )
+            except (kube_errors.NotFoundError, kube_errors.ConflictError):
+                pass  # gone already, or a newer plan under the name
+            except errors.SharegpuError as exc:
+                log.warning("cannot delete the ended gang plan %s (%s); tried again", name, exc)
+                continue
+            if self.dropping.get(name) == uid:
+                del self.dropping[name]
+            self.deleted[uid] = None
+            while len(self.deleted) > DELETED_MEMORY:
+                del self.deleted[next(iter(self.deleted))]
 
     # ----------------------------------------------------------------- life cycle
 
@@ -265,6 +406,7 @@ class GangBook:
 
     def _end(self, gang_key: str, plan: Plan) -> None:
         del self.plans[gang_key]
+        self._drop_kept(gang_key)
         for key in plan.members:
             if self.member_of.get(key) == gang_key:
                 del self.member_of[key]

@@ -1,6 +1,6 @@
 """`sharegpu extender`: the parts wired together, and their life cycle.
 
-Informers (Nodes, Devices, Pods, hand-off ConfigMaps) feed the cluster cache and wake the
+Informers (Nodes, Devices, Pods, hand-off ConfigMaps, kept gang plans) feed the cluster cache and wake the
 reconcilers. The scheduling service answers kube-scheduler on every replica. The reservation,
 hand-off and over-commit reconcilers run only while this replica holds the `sharegpu-extender`
 Lease (with `leader_elect` off, a single replica always holds it). Bindings whose outcome is
@@ -147,6 +147,15 @@ class Extender:
                 name="handoff-configmaps",
                 params={"labelSelector": f"{names.LABEL_ROLE}={names.ROLE_HANDOFF}"},
             ),
+            informer.Informer(
+                api,
+                paths.configmaps(names.SYSTEM_NAMESPACE),
+                wire.ConfigMap,
+                informer.identity,
+                self.scheduling.gangs.on_configmap,
+                name="gang-plans",
+                params={"labelSelector": f"{names.LABEL_ROLE}={names.ROLE_GANG_PLAN}"},
+            ),
         ]
         self.tasks: list[asyncio.Task[None]] = []
         self.clock = clock
@@ -226,6 +235,7 @@ class Extender:
         await asyncio.gather(*(i.synced.wait() for i in self.informers))
         listed = max((i.listed_at or started) for i in self.informers)
         self.cache.rebuild()
+        self.scheduling.gangs.restore()  # before anything is served: no one takes a kept gang's room
         # Everything listed so far lives long: keep it out of the collector's full passes, which
         # otherwise walk every cached record and show up as latency spikes on filter and bind.
         gc.freeze()

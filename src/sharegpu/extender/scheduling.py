@@ -176,7 +176,7 @@ class SchedulingService:
         prepare: Prepare | None = None,
     ) -> None:
         self.cache = cache
-        self.gangs = extender_gangs.GangBook(cache, metrics, clock=clock)
+        self.gangs = extender_gangs.GangBook(cache, api, metrics, clock=clock)
         """Gangs planned at once and bound together (`extender.gangs`)."""
         self.prepare = prepare
         """Readies a sharing pod's hand-off before its binding (`extender.handoff`); None: nothing to ready."""
@@ -626,7 +626,9 @@ class SchedulingService:
         for key in [k for k in self.reserved if k not in self.cache.assumed]:
             del self.reserved[key]  # the reservation was resolved (bound, forgotten, pod gone)
         self._forget_first_filters()
+        self.gangs.restore()
         self.gangs.settle(lambda k: k in self.binding or k in self.unsure)
+        await self.gangs.flush()
         for key in self.cache.stale_assumptions(self.assume_ttl):
             if key in self.binding or key in self.unsure or self.gangs.holds(key):
                 continue
