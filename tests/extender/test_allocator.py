@@ -616,6 +616,37 @@ async def gang_member(h: Harness, name: str, milli: int, size: int) -> None:
     await settle(h.server)
 
 
+async def test_a_gang_left_partial_by_failed_writes_gives_back_its_claims_at_its_timeout(
+    harness: Callable[..., Any],
+) -> None:
+    """One member's claim writes refused: the members allocated already hold their GPUs (gated, none
+    bound) only until the gang's timeout; then the gang is allocated whole when it can be."""
+    h: Harness = await harness(nodes=0, dra=1, gpus=3)
+    h.server.fail(403, method="PATCH", path=f"{CLAIMS}/g2/status", times=1000)
+    for name in ("g0", "g1", "g2"):
+        await gang_member(h, name, 700, 3)
+    await run(h)
+    assert results(h, "g0") and results(h, "g1") and not results(h, "g2"), "g2's write is refused"
+    assert gates(h, "g0") == [names.DRA_GATE], "no member of a partial gang is let go to be bound"
+    h.clock.advance(30)
+    await run(h)
+    assert results(h, "g0") and results(h, "g1"), "held until the gang's timeout (60 s)"
+    h.clock.advance(31)
+    await run(h)
+    assert not results(h, "g0") and not results(h, "g1"), "then given back"
+    said = [e["message"] for e in h.server.list_objects(paths.events("ns")) if e["involvedObject"]["name"] == "g0"]
+    assert any("not placed whole within its timeout (60 s)" in m for m in said), said
+    assert h.extender.allocator is not None and not h.extender.allocator.avoid, "its own clearing is no takeover"
+    h.server.faults.clear()
+    h.clock.advance(30)
+    await run(h)
+    assert not results(h, "g0"), "not planned again for its timeout: the room is others' meanwhile"
+    h.clock.advance(31)
+    await run(h)
+    await run(h)
+    assert all(results(h, n) for n in ("g0", "g1", "g2")) and all(gates(h, n) == [] for n in ("g0", "g1", "g2"))
+
+
 async def test_a_gang_s_claims_are_allocated_all_of_them_or_none(harness: Callable[..., Any]) -> None:
     h: Harness = await harness(nodes=1, dra=1, gpus=2)
     for name in ("g0", "g1"):

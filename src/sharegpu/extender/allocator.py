@@ -41,6 +41,11 @@ together (`writers` at a time), each pod's claims in order; gates are lifted in 
 whose claims cannot all be placed gets none of them. A gang (`api.gangs`) is one decision
 (`_plan_gang`): every waiting member's claims, or none of them, and nothing while fewer members wait
 than its minimum needs; its members' gates go up together once all their claims are shown allocated.
+A gang some of whose members' claims are allocated while another member's are not (it cannot be
+placed: its write failed and its room was taken; or its writes keep failing) is partial: once it has
+been so for the gang's timeout, the allocations of its waiting members are cleared (`_give_back`), and the gang is not
+planned again for as long: a gang that cannot complete holds GPUs for at most its timeout at a
+time on this path too, then leaves them to others (no member is bound meanwhile: the gates stay down).
 
 Then the takeovers and leftovers:
 
@@ -76,6 +81,7 @@ from typing import Any
 import numpy as np
 
 from sharegpu.api import dra, events, names, paths, pods, reasons, wire
+from sharegpu.api import gangs as api_gangs
 from sharegpu.core import allocation, errors, fit, fleet, units
 from sharegpu.extender import budgets as extender_budgets
 from sharegpu.extender import cache as extender_cache
@@ -173,6 +179,11 @@ class ClaimAllocator:
         self.tried: dict[str, float] = {}
         """The templates of sharegpu's and the pods' claims by name this allocator tried to make ("<kind>
         <namespace>/<name>") -> when."""
+        self.partial: dict[str, float] = {}
+        """Gang key -> since when some of its waiting members' claims are allocated while another
+        member's are not (`_give_back`)."""
+        self.resting: dict[str, float] = {}
+        """Gang key -> until when a gang given back is not planned again (its room is others' meanwhile)."""
         self.loop = reconcile.Loop("dra-allocator", self.reconcile)
 
     def wake(self) -> None:
@@ -376,6 +387,9 @@ class ClaimAllocator:
                 await self._say(record, f"gang {gang.key} waits for its members: {running + len(members)} of "
                                         f"{gang.min_count} needed are here")  # fmt: skip
             return []
+        if self.resting.get(gang.key, 0.0) > self.clock():
+            return []  # given back at its timeout: others may use the room for as long again
+        self.resting.pop(gang.key, None)
         plans: list[Plan] = []
         for record in members:
             plan = await self._plan(record)
@@ -392,10 +406,45 @@ class ClaimAllocator:
                         if other is not record:
                             await self._say(other, f"gang {gang.key}: member {record.key} cannot be placed now; "
                                                    "none of the gang's claims is allocated")  # fmt: skip
+                    await self._give_back(gang, members)
                 return []
         if need > 0 and not all(self._held(m, shown=True) for m in members):
             plans = [p for p in plans if not p.lift]  # the gates go up together, once all are allocated
+            await self._give_back(gang, members)
+        else:
+            self.partial.pop(gang.key, None)
         return plans
+
+    async def _give_back(self, gang: api_gangs.Gang, members: list[pods.Record]) -> None:
+        """A gang not allocated whole (a member cannot be placed, or its write keeps failing): the
+        claims its waiting members hold already (written in an earlier pass) are cleared once it has
+        been so for the gang's timeout."""
+        held = [
+            claim
+            for record in members
+            for ref in record.claims
+            if ref.claim
+            and (claim := self.cache.claims.records.get(dra.claim_key(record.key.split("/", 1)[0], ref.claim)))
+            and claim.ours and claim.allocated and not claim.reserved and claim.key not in self.cache.claims.assumed
+        ]  # fmt: skip
+        if not held:
+            self.partial.pop(gang.key, None)
+            return
+        now = self.clock()
+        since = self.partial.setdefault(gang.key, now)
+        if now - since < gang.timeout_s:
+            return
+        for claim in held:
+            self.placed_on.pop(claim.key, None)  # cleared by this allocator, not taken back by kube-scheduler
+        cleared = sum([await self._clear(claim) for claim in held])
+        if cleared == len(held):
+            del self.partial[gang.key]
+            self.resting[gang.key] = now + gang.timeout_s
+        log.warning("gang %s: not placed whole within its timeout (%d s); %d of its members' claim allocation(s) "
+                    "cleared", gang.key, gang.timeout_s, cleared)  # fmt: skip
+        for record in members:
+            await self._say(record, f"gang {gang.key}: not placed whole within its timeout ({gang.timeout_s} s); "
+                                    "the claims its members held are given back")  # fmt: skip
 
     def _held(self, record: pods.Record, *, shown: bool = False) -> bool:
         """Every claim of the class the pod uses is allocated, or held by a decision of this pass
@@ -686,15 +735,21 @@ class ClaimAllocator:
             since = self.unused_since.setdefault(key, now)
             if now - since < self.orphan_after or not self.is_leader():
                 continue
-            body = {"metadata": {"resourceVersion": claim.resource_version}, "status": {"allocation": None}}
-            try:
-                await self.api.patch(f"{dra.claim_path(claim.namespace, claim.name)}/status", body)
-            except errors.SharegpuError as exc:
-                log.warning("claim %s: clearing its unused allocation failed: %s", key, exc)
+            if not await self._clear(claim):
                 continue
             self.unused_since.pop(key, None)
-            self.metrics.claims.labels("cleared").inc()
             log.warning("claim %s: allocated for %.0f s with no pod using or waiting for it; cleared", key, now - since)
+
+    async def _clear(self, claim: dra.ClaimRecord) -> bool:
+        """Clear a claim's allocation, conditionally on the resourceVersion seen; whether it was."""
+        body = {"metadata": {"resourceVersion": claim.resource_version}, "status": {"allocation": None}}
+        try:
+            await self.api.patch(f"{dra.claim_path(claim.namespace, claim.name)}/status", body)
+        except errors.SharegpuError as exc:
+            log.warning("claim %s: clearing its allocation failed: %s", claim.key, exc)
+            return False
+        self.metrics.claims.labels("cleared").inc()
+        return True
 
 
 @dataclass(frozen=True, slots=True)
