@@ -1,11 +1,15 @@
 """Gang plans: all or nothing, at least the minimum, the ledger left as it was, packed onto few nodes,
-and kept within one domain of the gang's topology label, the tightest that holds it."""
+kept within one domain of the gang's topology label, the tightest that holds it, and within a node
+on one NVLink island."""
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
+
 import numpy as np
 
-from sharegpu.core import fleet, gangs, policies
+from sharegpu.core import devices, fleet, gangs, policies
 from sharegpu.core import ledger as core_ledger
 from sharegpu.core import placer as core_placer
 from tests.conftest import node, pod
@@ -96,3 +100,42 @@ def test_a_new_node_is_opened_where_the_most_remaining_members_fit() -> None:
     members = [pod(f"ns/w{i}", count=1, milli=600) for i in range(4)]
     found = gangs.plan(ledger, placer, members, need=4)
     assert found.status.ok and found.nodes == 2 and {a.node for a in found.allocations} == {"b", "c"}
+
+
+def islands(name: str) -> devices.NodeInventory:
+    """Eight GPUs in two NVLink islands of four (0-3 and 4-7), as an HGX board split in halves is."""
+    base = node(name, gpus=8)
+    links = frozenset(p for half in (range(4), range(4, 8)) for p in itertools.combinations(half, 2))
+    return dataclasses.replace(base, nvlinks=links)
+
+
+def test_a_gangs_members_on_one_node_share_an_nvlink_island() -> None:
+    ledger, placer = setup(islands("a"))
+    for i, gpu in enumerate((1, 2, 3)):  # others hold three GPUs of the first island: 0 and 4-7 are free
+        assert ledger.assume(placer.allocation_on(pod(f"ns/o{i}", count=1, milli=1000), 0, (gpu,))).ok
+    alone = placer.decide(pod("ns/x", count=1, milli=1000).demand)
+    members = [pod(f"ns/w{i}", count=1, milli=1000) for i in range(3)]
+    found = gangs.plan(ledger, placer, members, need=3)
+    assert found.status.ok
+    gpus = sorted(g for a in found.allocations for g in a.gpu_indices)
+    assert alone.gpus == (0,), "the policy alone would start on GPU 0, cut off from the others"
+    assert gpus in ([4, 5, 6], [4, 5, 7], [4, 6, 7], [5, 6, 7]), f"one island for the whole gang: {gpus}"
+
+
+def test_a_gang_of_multi_gpu_members_takes_the_island_with_room_for_all() -> None:
+    ledger, placer = setup(islands("a"))
+    for i, gpu in enumerate((0, 1)):
+        assert ledger.assume(placer.allocation_on(pod(f"ns/o{i}", count=1, milli=1000), 0, (gpu,))).ok
+    alone = placer.decide(pod("ns/x", count=2, milli=1000).demand)
+    members = [pod("ns/big", count=2, milli=1000), pod("ns/small", count=2, milli=1000)]
+    found = gangs.plan(ledger, placer, members, need=2)
+    gpus = {g for a in found.allocations for g in a.gpu_indices}
+    assert alone.gpus == (2, 3), "alone, a pair would take what is left of the first island"
+    assert gpus == {4, 5, 6, 7}, f"the gang's four GPUs on one island: {gpus}"
+
+
+def test_island_choice_leaves_shared_members_to_the_policy() -> None:
+    ledger, placer = setup(islands("a"))
+    members = [pod(f"ns/w{i}", count=1, milli=300) for i in range(3)]
+    found = gangs.plan(ledger, placer, members, need=3)
+    assert {g for a in found.allocations for g in a.gpu_indices} == {0}, "binpack: one GPU shared by all three"

@@ -12,6 +12,10 @@ Order and shape:
   chooses among them); when none has room, a new node is opened: among the nodes of the domain that
   fit it, one with room for the most of the members still to place (the policy chooses among those).
   A gang so spreads over few nodes, which keeps its collective traffic inside a node where it can;
+- within a node, a member of whole GPUs takes the GPUs best linked to the gang's GPUs already there
+  (NVLink, then one PCIe switch, then one NUMA node), the first one on a node those with the most
+  NVLink companions free for the members still to come (`_beside`); the policy's own choice stands
+  unless another is strictly better connected;
 - a *domain* is a set of nodes the whole gang must stay within (the nodes with one value of the
   gang's topology label: a rack, a zone). Domains are tried tightest first (least free compute that
   can still hold the gang), the first where every member fits wins; else the one where most fit.
@@ -25,17 +29,22 @@ minimum) are named in `left` and hold nothing.
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from sharegpu.core import allocation, fleet, requests, status, units
+from sharegpu.core import allocation, devices, fit, fleet, requests, status, units
 from sharegpu.core import ledger as core_ledger
 from sharegpu.core import placer as core_placer
 
 MAX_DOMAINS = 32
 """Domains tried per plan (tightest first): a bound on a plan's cost on a cluster of many racks."""
+MAX_GPU_SETS = 512
+"""GPU sets weighed for one member within a node (beyond it, the policy's choice stands)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +148,8 @@ def _try(
     placed: list[allocation.Allocation] = []
     left: list[units.PodKey] = []
     used: list[int] = []
+    held: dict[int, tuple[int, ...]] = {}
+    """Row -> the GPUs the gang holds there in this plan."""
     try:
         for position, member in enumerate(ordered):
             decision = placer.decide(member.demand, np.array(used, dtype=np.int64)) if used and pack else None
@@ -148,14 +159,53 @@ def _try(
             if not decision.status.ok:
                 left.append(member.key)
                 continue
+            if pack and member.demand.whole:
+                later = len(ordered) - position - 1
+                decision = _beside(placer.state, member.demand, decision, held.get(decision.row, ()), later)
             alloc = placer.allocation_for(member, decision)
             if not ledger.assume(alloc).ok:
                 left.append(member.key)
                 continue
             placed.append(alloc)
+            held[decision.row] = (*held.get(decision.row, ()), *decision.gpus)
             if decision.row not in used:
                 used.append(decision.row)
     finally:
         for alloc in placed:
             ledger.forget(alloc.pod)
     return Plan(status.SUCCESS, tuple(placed), domain.name, tuple(left))
+
+
+def _beside(
+    state: fleet.FleetState, demand: requests.GpuDemand, decision: core_placer.Decision, anchor: tuple[int, ...],
+    later: int,
+) -> core_placer.Decision:  # fmt: skip
+    """The decision with the GPUs of its node best linked to the gang's `anchor` GPUs there (the
+    weakest link, then the sum of links), then with the most NVLink companions free for the `later`
+    members; the policy's choice unless another set is strictly better."""
+    node = state.inventories[decision.row]
+    if len(node.gpus) < 2 or (not anchor and not later):
+        return decision
+    candidates = np.flatnonzero(fit.eligible_gpus(state, demand, np.array([decision.row]))[0]).tolist()
+    k = len(decision.gpus)
+    if len(candidates) <= k or math.comb(len(candidates), k) > MAX_GPU_SETS:
+        return decision
+
+    def quality(chosen: tuple[int, ...]) -> tuple[int, int, int]:
+        links = [node.link(a, b) for a in chosen for b in anchor] + [
+            node.link(a, b) for a, b in itertools.combinations(chosen, 2)
+        ]
+        companions = (
+            sum(
+                1 for g in candidates if g not in chosen and all(node.link(g, c) is devices.Link.NVLINK for c in chosen)
+            )
+            if later
+            else 0
+        )
+        return (min(links) if links else devices.Link.NVLINK, sum(links), min(companions, later))
+
+    mine = tuple(sorted(decision.gpus))
+    best = max(itertools.combinations(candidates, k), key=quality)
+    if quality(best) <= quality(mine):
+        return decision
+    return dataclasses.replace(decision, gpus=best)
