@@ -120,3 +120,28 @@ def test_a_node_narrower_than_the_fleet_is_planned_on_its_own_gpus() -> None:
     state.hold(0, [1], +1)
     plan = victims.on_node(state, 0, [tenant("x", 600, 0, index=0)], share(500), priority=5)
     assert plan is not None and names(plan.victims) == ["x"] and plan.gpus == (0,)
+
+
+def test_a_gang_member_takes_its_companions_along_and_costs_them_all() -> None:
+    state = state_of("a", "b")
+    member = victims.Tenant(tenant("m", 1000, 0).alloc, 0, companions=((units.PodKey("ns/m2"), 0),))
+    on_a = victims.on_node(state, 0, [member], share(600), priority=5)
+    on_b = victims.on_node(state, 1, [tenant("lone", 1000, 0, where="b")], share(600), priority=5)
+    assert on_a is not None and on_b is not None
+    assert sorted(names(on_a.victims)) == ["m", "m2"] and on_a.cost == (0, 0, 2), "its gang leaves with it"
+    assert victims.best([on_a, on_b], np.zeros(2, dtype=np.int64)) is on_b, "a lone pod hurts less than a gang"
+
+
+def test_a_companion_on_the_same_node_put_back_first_still_leaves_with_its_gang() -> None:
+    state = state_of("a")
+    older = victims.Tenant(tenant("g1", 400, 3).alloc, 3, companions=((units.PodKey("ns/g2"), 0),))
+    newer = victims.Tenant(tenant("g2", 400, 0).alloc, 0, companions=((units.PodKey("ns/g1"), 3),))
+    plan = victims.on_node(state, 0, [older, newer], share(300), priority=5)
+    assert plan is not None and sorted(names(plan.victims)) == ["g1", "g2"], "g2 must go, and g1 with it"
+    assert plan.priorities == (0, 3)
+
+
+def test_a_gang_member_whose_companion_outranks_the_pod_stays() -> None:
+    state = state_of("a")
+    member = victims.Tenant(tenant("m", 1000, 0).alloc, 0, companions=((units.PodKey("ns/boss"), 10),))
+    assert victims.on_node(state, 0, [member], share(600), priority=5) is None

@@ -1,14 +1,15 @@
 """Preemption by the extender: a GPU pod that fits nowhere is nominated where the fewest
 lower-priority pods must go, their GPUs are kept from everyone else while they leave, the victims are
 marked and deleted (again if a deletion is lost), and the pod gets the GPUs they freed; nothing is
-over-committed on the way. Pods that may not preempt (policy Never, equal priority) do not."""
+over-committed on the way. Pods that may not preempt (policy Never, equal priority) do not. A gang
+goes whole or not at all."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
 
-from sharegpu.api import paths, pods
+from sharegpu.api import names, paths, pods
 from sharegpu.core import units
 from sharegpu.extender import runtime
 from sharegpu.kube import client
@@ -174,15 +175,37 @@ async def test_a_restarted_extender_waits_for_the_victims_instead_of_preempting_
         await fresh.stop()
 
 
-async def test_a_gangs_member_is_not_preempted_alone(harness: Callable[..., Any]) -> None:
-    from sharegpu.api import names
-
-    h: Harness = await harness(nodes=1, gpus=1)
-    await h.schedule(await h.create(pod("solo", 300)))
-    gang = {names.GANG: "job", names.GANG_MIN: "1"}  # a gang of one runs: its member may still not go alone
-    member = gpu_pod("member", milli=500, annotations=gang, spec={"priority": 0})
-    await h.schedule(await h.create(member))
+async def test_a_gang_is_preempted_whole_wherever_its_members_run(harness: Callable[..., Any]) -> None:
+    h: Harness = await harness(nodes=2, gpus=1)
+    gang = {names.GANG: "job", names.GANG_MIN: "1"}
+    for name in ("a", "b"):  # one whole GPU each: one on each node
+        await h.schedule(await h.create(gpu_pod(name, milli=None, count=1, annotations=gang, spec={"priority": 0})))
+    assert {stored(h, n)["spec"]["nodeName"] for n in "ab"} == {"n0", "n1"}
     high = await h.create(pod("high", 600, priority=100))
     verdict = h.extender.scheduling.filter(h.args(high))
-    assert verdict.node_names == [] and "preempting" not in verdict.failed_nodes["n0"], "solo alone frees 500 of 600"
-    assert not stored(h, "member")["metadata"].get("deletionTimestamp")
+    assert "preempting 2 lower-priority pods" in " ".join(verdict.failed_nodes.values()), verdict.failed_nodes
+    preemptor = h.extender.preemptor
+    assert preemptor is not None
+    await preemptor.reconcile()
+    await settle(h.server)
+    assert all(stored(h, n)["metadata"].get("deletionTimestamp") for n in "ab"), "the member and its gang go"
+    (nomination,) = preemptor.nominations.values()
+    elsewhere = next(n for n in "ab" if stored(h, n)["spec"]["nodeName"] != nomination.plan.node)
+    (condition,) = [c for c in stored(h, elsewhere)["status"]["conditions"] if c["type"] == pods.DISRUPTION_TARGET]
+    assert "preempted with its gang ns/job by ns/high" in condition["message"]
+    h.server.finish_deletions()
+    await settle(h.server)
+    await preemptor.reconcile()
+    assert await h.schedule(high) == nomination.plan.node and not overcommitted(h)
+
+
+async def test_a_gang_with_a_member_that_outranks_the_pod_is_not_preempted(harness: Callable[..., Any]) -> None:
+    h: Harness = await harness(nodes=2, gpus=1)
+    gang = {names.GANG: "job", names.GANG_MIN: "1"}
+    for name, priority in (("a", 0), ("b", 200)):
+        body = gpu_pod(name, milli=None, count=1, annotations=gang, spec={"priority": priority})
+        await h.schedule(await h.create(body))
+    high = await h.create(pod("high", 600, priority=100))
+    verdict = h.extender.scheduling.filter(h.args(high))
+    assert verdict.node_names == [] and "preempting" not in " ".join(verdict.failed_nodes.values())
+    assert not any(stored(h, n)["metadata"].get("deletionTimestamp") for n in "ab"), "a alone would leave b partial"

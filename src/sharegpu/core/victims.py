@@ -11,6 +11,12 @@ Tenants of lower priority already leaving (being deleted) count as gone and cost
 waits for them rather than preempting anything more (a pod of equal or lower priority waits for them
 as any pod does, without a plan).
 
+A tenant may bring *companions*: pods that must leave with it (the other running members of its gang,
+on any node: a gang is preempted whole, never left partial). It is a candidate only when every
+companion has a lower priority than the pod too, and when it becomes a victim its companions become
+victims with it (those on the node counted as gone there as well); the plan's cost counts them all,
+so taking a gang hurts more than taking a lone pod of the same priority.
+
 Across nodes (`best`) the plan that hurts least wins: the lowest highest victim priority, then the
 lowest sum of victim priorities, then the fewest victims, then the node the policy ranks first.
 """
@@ -37,6 +43,8 @@ class Tenant:
     """It may be preempted at all (bound, not one of sharegpu's own pods)."""
     leaving: bool = False
     """Being deleted already: counted as gone for a pod of higher priority."""
+    companions: tuple[tuple[units.PodKey, int], ...] = ()
+    """Pods that leave with it (its gang's other running members), with their priorities."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +88,12 @@ def on_node(
     for tenant in tenants:
         if tenant.leaving and tenant.priority < priority:
             leaving.append(tenant.alloc.pod)
-        elif tenant.preemptible and tenant.priority < priority and tenant.alloc.gpu_usage():
+        elif (
+            tenant.preemptible
+            and tenant.priority < priority
+            and tenant.alloc.gpu_usage()
+            and all(p < priority for _, p in tenant.companions)
+        ):
             candidates.append(tenant)
         else:
             scratch.apply(tenant.alloc, +1)
@@ -88,23 +101,33 @@ def on_node(
         return None
     if not _fits(scratch, demand):
         return None
-    victims: list[Tenant] = []
+    here = {t.alloc.pod: t for t in candidates}
+    victims: dict[units.PodKey, int] = {}
+    back: set[units.PodKey] = set()
     for tenant in sorted(candidates, key=lambda t: (-t.priority, t.created, t.alloc.pod)):
-        if scratch.problems(tenant.alloc):
-            victims.append(tenant)
-            continue
-        scratch.apply(tenant.alloc, +1)
-        if not _fits(scratch, demand):
+        if tenant.alloc.pod in victims:
+            continue  # gone with a companion taken before it
+        if not scratch.problems(tenant.alloc):
+            scratch.apply(tenant.alloc, +1)
+            if _fits(scratch, demand):
+                back.add(tenant.alloc.pod)
+                continue
             scratch.apply(tenant.alloc, -1)
-            victims.append(tenant)
-    victims.reverse()  # least important first
+        victims[tenant.alloc.pod] = tenant.priority
+        for key, companion_priority in tenant.companions:
+            victims.setdefault(key, companion_priority)
+            if key in back:  # put back already: it leaves with its gang all the same
+                back.discard(key)
+                scratch.apply(here[key].alloc, -1)
+    taken = list(victims)  # in the order taken: the most important first
+    order = sorted(victims, key=lambda k: (victims[k], -taken.index(k)))  # least important first
     return Plan(
         node=state.names[row],
         row=row,
         gpus=_gpus(scratch, demand),
-        victims=tuple(t.alloc.pod for t in victims),
+        victims=tuple(order),
         leaving=tuple(leaving),
-        priorities=tuple(t.priority for t in victims),
+        priorities=tuple(victims[k] for k in order),
     )
 
 

@@ -21,6 +21,9 @@ extender preempts instead, from its filter (docs/extender.md, "Preemption"):
   ordinary one of filter: its bind confirms it, or it expires. The pod's nominated node is then
   cleared: a change to the pod makes kube-scheduler try it again at once, even when the victims'
   deletions reached kube-scheduler before this cache and its last try was still told to wait.
+- **Gangs, whole.** A member of a gang (`api.gangs`) is preempted only with every other running
+  member of its gang, wherever they run (`victims.Tenant.companions`), and only when all of them have
+  a lower priority than the pod and none of the gang is being placed: a gang is never left partial.
 - **Ends.** A nomination also ends when the pod is gone, bound or replaced, or after `patience`
   seconds (victims that never leave): the hold is released and the pod may plan again.
 
@@ -171,18 +174,33 @@ class Preemptor:
                 continue
             record = self.cache.record(key)
             bound = record is not None and record.node == entry.alloc.node
+            companions = self._gang_of(record) if record is not None and record.gang is not None else ()
             found.setdefault(row, []).append(
                 victims.Tenant(
                     alloc=entry.alloc,
                     priority=record.priority if record is not None else 0,
                     created=record.created if record is not None else "",
-                    # a gang's member is not taken alone: that would leave its gang partial (gangs are
-                    # not preempted as a whole yet; docs/gangs.md)
-                    preemptible=bound and key not in self.nominations and (record is None or record.gang is None),
+                    preemptible=bound and key not in self.nominations and companions is not None,
                     leaving=bound and record is not None and record.deleting,
+                    companions=companions or (),
                 )
             )
         return found
+
+    def _gang_of(self, record: pods.Record) -> tuple[tuple[units.PodKey, int], ...] | None:
+        """The other running members of a gang member's gang, which leave with it (a gang is preempted
+        whole); None while the gang is being placed (a member holds an assumption it is not bound
+        with yet): then none of it is preempted."""
+        assert record.gang is not None
+        companions = []
+        for member in self.cache.gang_members(record.gang.key):
+            if member.key == record.key or member.terminal or member.deleting:
+                continue
+            if member.key in self.cache.assumed or member.key in self.nominations:
+                return None
+            if member.node:
+                companions.append((member.key, member.priority))
+        return tuple(companions)
 
     def _remaining(self, nomination: Nomination) -> list[units.PodKey]:
         """Its victims still holding their GPUs (the ledger counts a pod until it has gone)."""
@@ -305,6 +323,9 @@ class Preemptor:
         message = (
             f"sharegpu-scheduler: preempted by {nomination.pod} (priority {nomination.priority}) to free its "
             f"GPU share on {nomination.plan.node}"
+            if victim.node == nomination.plan.node
+            else f"sharegpu-scheduler: preempted with its gang {victim.gang.key if victim.gang else ''} by "
+            f"{nomination.pod} (priority {nomination.priority}), which takes a member's GPUs on {nomination.plan.node}"
         )
         now = wire.timestamp(self.recorder.clock())
         try:
