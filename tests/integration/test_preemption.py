@@ -169,3 +169,36 @@ async def test_victims_that_take_time_to_stop_keep_their_gpu_for_the_pod_that_pr
 def _gpus(pod: Json) -> tuple[int, ...]:
     text = pod["metadata"]["annotations"][names.ALLOCATION]
     return tuple(sorted(allocation.Allocation.from_json(text, pod=units.PodKey("x/y")).gpu_usage()))
+
+
+async def test_a_gang_is_preempted_whole_for_a_higher_priority_pod(
+    admin: client.KubeClient,
+    extender: ExtenderProcess,
+    nodes: Callable[..., Any],
+    namespace: str,
+    classes: dict[str, str],
+) -> None:
+    """A gang of two whole-GPU members on two one-GPU nodes (placed together), then a high-priority
+    pod of 600 milli: it takes one member's GPU, and the other member goes with it (a gang is never
+    left partial); both get the DisruptionTarget condition and the Preempted event."""
+    await nodes(2, gpus=1)
+    pods_path = f"/api/v1/namespaces/{namespace}/pods"
+    gang = {names.GANG: "job", names.GANG_MIN: "2"}
+    for name in ("w0", "w1"):
+        await admin.create(
+            pods_path, with_class(gpu_pod(name, namespace, milli=1000, annotations=gang), classes["low"])
+        )
+    for name in ("w0", "w1"):
+        await wait_for(functools.partial(_bound, admin, namespace, name), what=f"{name} bound with its gang")
+    await admin.create(pods_path, with_class(gpu_pod("high", namespace, milli=600), classes["high"]))
+    found = await wait_for(functools.partial(_placed_alone, admin, namespace), timeout=60, what="high bound, gang gone")
+    assert set(found) == {"high"}, f"both members went: {sorted(found)}"
+    events, _ = await admin.list_all(f"/api/v1/namespaces/{namespace}/events")
+    said = {(e["reason"], e["involvedObject"]["name"]) for e in events}
+    assert {("Preempted", "w0"), ("Preempted", "w1"), ("Preempting", "high")} <= said, said
+
+
+async def _placed_alone(kube: client.KubeClient, namespace: str) -> dict[str, Json] | None:
+    found = await pods_by_name(kube, namespace)
+    high = found.get("high")
+    return found if high is not None and high["spec"].get("nodeName") and len(found) == 1 else None
