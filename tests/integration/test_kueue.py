@@ -2,11 +2,13 @@
 sharegpu places. ClusterQueues hold quotas in sharegpu's GPU totals (milli-GPU, so a quarter of a GPU
 counts as a quarter); a pod Kueue has not admitted waits behind Kueue's gate and holds nothing; an
 admitted pod group is a gang, placed whole; a cohort lends unused quota and takes it back by
-preemption. docs/queues.md explains the setup."""
+preemption; with fair sharing a cohort's borrowable quota goes to its queues by their weights.
+docs/queues.md explains the setup."""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -26,6 +28,8 @@ ADMISSION_GATE = "kueue.x-k8s.io/admission"
 COVERED = ["cpu", "memory", names.GPU, names.GPU_MILLI, names.NVIDIA_GPU, names.GPU_MILLI_TOTAL]
 """Every resource a GPU pod asks for, once the webhook has written it (a whole GPU as nvidia.com/gpu):
 Kueue admits no pod asking for a resource its ClusterQueue does not cover."""
+FAIR: Json = {"fairSharing": {"preemptionStrategies": ["LessThanOrEqualToFinalShare", "LessThanInitialShare"]}}
+"""Kueue's fair sharing, on for the module: a cohort's borrowable quota goes to its ClusterQueues by weight."""
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +43,7 @@ async def queues(
     if why is not None:
         pytest.skip(why)
     binary, module = await asyncio.to_thread(kueue.build)
-    running = kueue.Kueue(control_plane, binary, module, Path(tmp_path_factory.mktemp("kueue")))
+    running = kueue.Kueue(control_plane, binary, module, Path(tmp_path_factory.mktemp("kueue")), config=FAIR)
     await running.start(admin)
     await admin.create(f"{API}/resourceflavors", {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor",
                                                    "metadata": {"name": "default"}})  # fmt: skip
@@ -47,7 +51,9 @@ async def queues(
     await running.stop(admin)
 
 
-def cluster_queue(name: str, milli: int, *, cohort: str | None = None, borrow: bool = False) -> Json:
+def cluster_queue(
+    name: str, milli: int, *, cohort: str | None = None, borrow: bool = False, weight: str | None = None
+) -> Json:
     plenty = {"memory": "1Ti"}  # everything but sharegpu's compute total is plentiful here
     quotas = [
         {"name": r, "nominalQuota": str(milli) if r == names.GPU_MILLI_TOTAL else plenty.get(r, "100000")}
@@ -60,6 +66,8 @@ def cluster_queue(name: str, milli: int, *, cohort: str | None = None, borrow: b
     if cohort is not None:
         spec["cohortName"] = cohort
         spec["preemption"] = {"reclaimWithinCohort": "Any", "withinClusterQueue": "Never"}
+    if weight is not None:
+        spec["fairSharing"] = {"weight": weight}
     if not borrow:
         for quota in quotas:
             if quota["name"] == names.GPU_MILLI_TOTAL and cohort is not None:
@@ -80,10 +88,11 @@ def queued(name: str, namespace: str, queue: str, milli: int, **labels: str) -> 
 
 
 async def state(kube: client.KubeClient, namespace: str, prefix: str) -> dict[str, str]:
-    """Pod -> its node, "gated" behind Kueue's gate, or "" while pending ungated."""
+    """Pod -> its node, "gated" behind Kueue's gate, or "" while pending ungated (pods being deleted,
+    preempted ones among them, are left out)."""
     out = {}
     for pod in await pods_in(kube, namespace):
-        if pod["metadata"]["name"].startswith(prefix):
+        if pod["metadata"]["name"].startswith(prefix) and not pod["metadata"].get("deletionTimestamp"):
             gates = [g["name"] for g in (pod["spec"].get("schedulingGates") or [])]
             out[pod["metadata"]["name"]] = pod["spec"].get("nodeName") or ("gated" if ADMISSION_GATE in gates else "")
     return out
@@ -178,4 +187,54 @@ async def test_a_cohort_lends_unused_quota_and_takes_it_back_by_preemption(
         return len(b) == 2 and all(v not in ("", "gated") for v in b.values()) and len(running_a) == 2
 
     await wait_for(b_reclaims, timeout=120, what="team b's quota taken back: two of a's preempted, b placed")
+    await consistent(admin)
+
+
+async def test_fair_sharing_splits_a_cohorts_quota_by_weight_in_milli_gpus(
+    admin: client.KubeClient,
+    extender: ExtenderProcess,
+    queues: kueue.Kueue,
+    nodes: Callable[..., Any],
+    namespace: str,
+) -> None:
+    """Teams a (weight 2) and b (weight 1) own no quota; a lender in their cohort owns three GPUs' worth.
+    Team a's six half-GPU pods take all of it; then team b's six arrive, and Kueue's fair sharing
+    preempts a's down to its weighted share: four of a's run, two of b's (each team then at a third of
+    the cohort per unit of weight; with equal weights it would be three and three)."""
+    await nodes(2, gpus=2)
+    cohort = f"{namespace}-fair"
+    await admin.create(f"{API}/clusterqueues", cluster_queue(f"{namespace}-lender", 3000, cohort=cohort, borrow=True))
+    for team, weight in (("a", "2"), ("b", "1")):
+        body = cluster_queue(f"{namespace}-{team}", 0, cohort=cohort, borrow=True, weight=weight)
+        await admin.create(f"{API}/clusterqueues", body)
+        await local_queue(admin, namespace, f"q{team}", f"{namespace}-{team}")
+    pods = f"/api/v1/namespaces/{namespace}/pods"
+
+    async def running() -> dict[str, int]:
+        found = await state(admin, namespace, "")
+        return {
+            team: sum(1 for n, v in found.items() if n.startswith(team) and v not in ("", "gated")) for team in "ab"
+        }
+
+    async def split(wanted: dict[str, int]) -> bool:
+        return await running() == wanted
+
+    for i in range(6):
+        await admin.create(pods, queued(f"a-{i}", namespace, "qa", 500))
+    await wait_for(functools.partial(split, {"a": 6, "b": 0}), what="team a borrowing the whole cohort")
+    for i in range(6):
+        await admin.create(pods, queued(f"b-{i}", namespace, "qb", 500))
+
+    async def settled() -> dict[str, int] | None:
+        """The queues' weighted shares (Kueue's status), once they are equal with four of a's and two
+        of b's running (a passing four and two on the way to three and three does not count)."""
+        shares = {}
+        for team in "ab":
+            status = (await admin.get(f"{API}/clusterqueues/{namespace}-{team}")).get("status") or {}
+            shares[team] = int((status.get("fairSharing") or {}).get("weightedShare") or 0)
+        fair = shares["a"] == shares["b"] and shares["a"]
+        return shares if fair and await running() == {"a": 4, "b": 2} else None
+
+    shown = await wait_for(settled, timeout=120, what="a preempted down to its weighted share, b placed")
+    assert shown["a"] in (333, 334), f"a third of the cohort's 3000 milli per unit of weight (rounded up): {shown}"
     await consistent(admin)
