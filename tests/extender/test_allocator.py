@@ -664,3 +664,20 @@ async def test_a_gang_s_claims_are_allocated_all_of_them_or_none(harness: Callab
     await run(h)
     assert all(results(h, n) for n in ("g0", "g1", "g2b")), "now it fits: all allocated"
     assert all(gates(h, n) == [] for n in ("g0", "g1", "g2b")), "and the gates lifted"
+
+
+async def test_a_pod_behind_another_gate_too_holds_nothing_until_that_gate_is_lifted(
+    harness: Callable[..., Any],
+) -> None:
+    """Kueue's admission gate first: a DRA pod its queue has not admitted gets no GPU share."""
+    h: Harness = await harness(nodes=0, dra=1, gpus=1)
+    kueue = {"name": "kueue.x-k8s.io/admission"}
+    await claimed(h, "queued", 500, schedulingGates=[kueue, {"name": names.DRA_GATE}])
+    await run(h)
+    assert not results(h, "queued") and used(h) == {}, "not admitted by its queue: nothing allocated"
+    gates_left = {"spec": {"schedulingGates": [{"name": names.DRA_GATE}]}}  # Kueue admits it
+    await h.api.patch(paths.pod("ns", "queued"), gates_left, client.STRATEGIC_PATCH)
+    await settle(h.server)
+    await run(h)
+    await run(h)
+    assert results(h, "queued") and gates(h, "queued") == [], "admitted: allocated, then its gate lifted"

@@ -324,6 +324,11 @@ class Record:
         """It waits behind sharegpu's scheduling gate."""
         return self.gate >= 0
 
+    @property
+    def held_elsewhere(self) -> bool:
+        """It waits behind a scheduling gate not sharegpu's (Kueue's, until Kueue admits it)."""
+        return self.gates > (1 if self.gated else 0)
+
     def same_request(self, uid: str, annotations: tuple[str | None, ...]) -> bool:
         """Whether a version of the pod with this uid and these `request_annotations` has this request."""
         return bool(uid) and uid == self.uid and annotations == self.request_annotations

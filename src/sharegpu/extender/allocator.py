@@ -38,9 +38,11 @@ claims of the class, oldest first:
 
 Decisions are made one pod after the other, in one pass; the writes of different pods then go out
 together (`writers` at a time), each pod's claims in order; gates are lifted in a later pass. A pod
-whose claims cannot all be placed gets none of them. A gang (`api.gangs`) is one decision
-(`_plan_gang`): every waiting member's claims, or none of them, and nothing while fewer members wait
-than its minimum needs; its members' gates go up together once all their claims are shown allocated.
+whose claims cannot all be placed gets none of them. A pod behind another scheduling gate too
+(Kueue's, until Kueue admits it) is not considered: nothing is allocated for a pod its queue has not
+admitted. A gang (`api.gangs`) is one decision (`_plan_gang`): every waiting member's claims, or none
+of them, and nothing while fewer members wait than its minimum needs; its members' gates go up
+together once all their claims are shown allocated.
 A gang some of whose members' claims are allocated while another member's are not (it cannot be
 placed: its write failed and its room was taken; or its writes keep failing) is partial: once it has
 been so for the gang's timeout, the allocations of its waiting members are cleared (`_give_back`), and the gang is not
@@ -213,6 +215,8 @@ class ClaimAllocator:
         gangs: dict[str, list[pods.Record]] = {}
         for key in sorted(self.cache.claiming, key=self._age):
             record = self.cache.record(key)
+            if record is not None and record.held_elsewhere:
+                continue  # another gate first (Kueue's admission): its claims hold nothing before
             if record is not None and not record.node and self.is_leader():
                 if record.gang is not None:
                     gangs.setdefault(record.gang.key, []).append(record)
