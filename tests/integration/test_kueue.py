@@ -2,8 +2,9 @@
 sharegpu places. ClusterQueues hold quotas in sharegpu's GPU totals (milli-GPU, so a quarter of a GPU
 counts as a quarter); a pod Kueue has not admitted waits behind Kueue's gate and holds nothing; an
 admitted pod group is a gang, placed whole; a cohort lends unused quota and takes it back by
-preemption; with fair sharing a cohort's borrowable quota goes to its queues by their weights.
-docs/queues.md explains the setup."""
+preemption; with fair sharing a cohort's borrowable quota goes to its queues by their weights; pods
+of the DRA path count in the same quota and hold no GPU before Kueue admits them. docs/queues.md
+explains the setup."""
 
 from __future__ import annotations
 
@@ -15,11 +16,11 @@ from typing import Any
 
 import pytest
 
-from sharegpu.api import gangs, names
+from sharegpu.api import dra, gangs, names
 from sharegpu.devcluster import controlplane, kueue
 from sharegpu.devcluster.stack import ExtenderProcess
 from sharegpu.kube import client
-from tests.integration.conftest import RunningWebhook, consistent, gpu_pod, pods_in, wait_for
+from tests.integration.conftest import RunningWebhook, consistent, get_or_none, gpu_pod, pods_in, wait_for
 
 Json = dict[str, Any]
 API = "/apis/kueue.x-k8s.io/v1beta2"
@@ -28,8 +29,15 @@ ADMISSION_GATE = "kueue.x-k8s.io/admission"
 COVERED = ["cpu", "memory", names.GPU, names.GPU_MILLI, names.NVIDIA_GPU, names.GPU_MILLI_TOTAL]
 """Every resource a GPU pod asks for, once the webhook has written it (a whole GPU as nvidia.com/gpu):
 Kueue admits no pod asking for a resource its ClusterQueue does not cover."""
-FAIR: Json = {"fairSharing": {"preemptionStrategies": ["LessThanOrEqualToFinalShare", "LessThanInitialShare"]}}
-"""Kueue's fair sharing, on for the module: a cohort's borrowable quota goes to its ClusterQueues by weight."""
+CONFIG: Json = {
+    "fairSharing": {"preemptionStrategies": ["LessThanOrEqualToFinalShare", "LessThanInitialShare"]},
+    "resources": {"transformations": [
+        {"input": names.DRA_GPU_MILLI_TOTAL, "strategy": "Replace", "outputs": {names.GPU_MILLI_TOTAL: "1"}},
+        {"input": names.DRA_GPU_MEMORY_TOTAL, "strategy": "Replace", "outputs": {names.GPU_MEMORY_TOTAL: "1"}},
+    ]},
+}  # fmt: skip
+"""Kueue's configuration for the module: fair sharing on (a cohort's borrowable quota goes to its
+ClusterQueues by weight), and the DRA path's totals counted as the extender path's (docs/queues.md)."""
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +51,7 @@ async def queues(
     if why is not None:
         pytest.skip(why)
     binary, module = await asyncio.to_thread(kueue.build)
-    running = kueue.Kueue(control_plane, binary, module, Path(tmp_path_factory.mktemp("kueue")), config=FAIR)
+    running = kueue.Kueue(control_plane, binary, module, Path(tmp_path_factory.mktemp("kueue")), config=CONFIG)
     await running.start(admin)
     await admin.create(f"{API}/resourceflavors", {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor",
                                                    "metadata": {"name": "default"}})  # fmt: skip
@@ -81,8 +89,8 @@ async def local_queue(kube: client.KubeClient, namespace: str, name: str, cluste
     await kube.create(f"{API}/namespaces/{namespace}/localqueues", body)
 
 
-def queued(name: str, namespace: str, queue: str, milli: int, **labels: str) -> Json:
-    pod = gpu_pod(name, namespace, milli=milli)
+def queued(name: str, namespace: str, queue: str, milli: int, *, path: str | None = None, **labels: str) -> Json:
+    pod = gpu_pod(name, namespace, milli=milli, annotations={names.PATH: path} if path else None)
     pod["metadata"].setdefault("labels", {}).update({QUEUE_LABEL: queue, **labels})
     return pod
 
@@ -237,4 +245,48 @@ async def test_fair_sharing_splits_a_cohorts_quota_by_weight_in_milli_gpus(
 
     shown = await wait_for(settled, timeout=120, what="a preempted down to its weighted share, b placed")
     assert shown["a"] in (333, 334), f"a third of the cohort's 3000 milli per unit of weight (rounded up): {shown}"
+    await consistent(admin)
+
+
+async def test_dra_path_pods_count_in_the_same_quota_and_hold_nothing_before_admission(
+    admin: client.KubeClient,
+    extender: ExtenderProcess,
+    queues: kueue.Kueue,
+    nodes: Callable[..., Any],
+    namespace: str,
+    device_class: str,
+) -> None:
+    """Three half-GPU pods of the DRA path (their GPUs come from claims) against a quota of one GPU:
+    the webhook writes their totals under the DRA path's names, Kueue counts them as milli-GPU (its
+    transformation), admits two, and sharegpu's allocator allocates their claims and kube-scheduler
+    binds them; the third waits behind Kueue's gate with its claim unallocated, until one of the two
+    leaves."""
+    (node,) = await nodes(1, gpus=2, dra=True)
+    await admin.create(f"{API}/clusterqueues", cluster_queue(f"{namespace}-cq", 1000))
+    await local_queue(admin, namespace, "q", f"{namespace}-cq")
+    pods = f"/api/v1/namespaces/{namespace}/pods"
+    for i in range(3):
+        made = await admin.create(pods, queued(f"d-{i}", namespace, "q", 500, path=names.PATH_DRA))
+        (container,) = made["spec"]["containers"]
+        assert container["resources"]["requests"][names.DRA_GPU_MILLI_TOTAL] == "500"
+        assert made["spec"]["resourceClaims"], "the DRA path: a claim of its own"
+
+    async def two_bound_one_gated() -> dict[str, str] | None:
+        found = await state(admin, namespace, "d-")
+        bound = [n for n in found.values() if n not in ("", "gated")]
+        return found if len(bound) == 2 and list(found.values()).count("gated") == 1 else None
+
+    found = await wait_for(two_bound_one_gated, timeout=90, what="two admitted and bound, the third gated")
+    assert {v for v in found.values() if v != "gated"} == {node}
+    waiting = next(name for name, where in found.items() if where == "gated")
+    pod = await admin.get(f"{pods}/{waiting}")
+    claim = await get_or_none(admin, dra.claim_path(namespace, pod["spec"]["resourceClaims"][0]["resourceClaimName"]))
+    assert claim is None or not (claim.get("status") or {}).get("allocation"), "unadmitted, it holds no GPU"
+    done = next(name for name, where in found.items() if where != "gated")
+    await admin.delete(f"{pods}/{done}", grace_period=0)
+
+    async def third_bound() -> bool:
+        return (await state(admin, namespace, waiting)).get(waiting, "") not in ("", "gated")
+
+    await wait_for(third_bound, timeout=90, what="the third admitted once one left, then bound")
     await consistent(admin)

@@ -539,6 +539,10 @@ def test_a_pod_that_goes_the_dra_way_asks_by_a_claim_of_its_shape_and_waits_behi
             for r in (*names.GPU_RESOURCES, *names.QUOTA_RESOURCES, *limits)
         ), container
         assert container["resources"]["claims"] == [{"name": "sharegpu-gpu"}]
+        shape = dra.template_shape(template)
+        assert shape is not None
+        for part in ("limits", "requests"):  # what a ResourceQuota, or Kueue, counts: the whole use
+            assert int(container["resources"][part][names.DRA_GPU_MILLI_TOTAL]) == shape.count * shape.milli
         (entry,) = out["spec"]["resourceClaims"]
         claim = entry.pop("resourceClaimName")
         assert (
@@ -802,3 +806,14 @@ def test_a_pod_naming_a_volcano_group_gets_the_groups_gang_or_is_refused_when_th
     for read_back, words in reads:
         response = answer_of(admission.mutate(review(pod), POLICY, group=read_back))["response"]
         assert not response["allowed"] and words in response["status"]["message"]
+
+
+def test_the_dra_totals_are_refused_on_a_container_without_claims() -> None:
+    """A tenant writing the DRA path's totals on a container of the other path (Kueue, mapping them onto
+    the same quota, would count its GPUs twice) is refused by name."""
+    pod = MakePod("p").container(limits={names.GPU_MILLI: "300", names.DRA_GPU_MILLI_TOTAL: "300"}).obj()
+    out = applied(pod, admission.mutate(review(pod), POLICY))
+    assert names.DRA_GPU_MILLI_TOTAL not in out["spec"]["containers"][0]["resources"]["limits"], "replaced"
+    plain = MakePod("p").container(limits={"cpu": "1", names.DRA_GPU_MILLI_TOTAL: "300"}).obj()
+    answer = answer_of(admission.validate(review(plain), POLICY))["response"]
+    assert not answer["allowed"] and "whose GPUs come from DRA claims only" in answer["status"]["message"]

@@ -83,6 +83,14 @@ QUOTA_RESOURCES: Final = (GPU_MILLI_TOTAL, GPU_MEMORY_TOTAL)
 milli-GPU, whole GPUs at 1000; count x per-GPU memory in MiB when given in MiB), so that a
 ResourceQuota on `requests.<name>` counts a pod of 3 GPUs at 500 milli as 1500, not 500.
 Nothing schedules by them (ignoredByScheduler; the kubelet ignores resources its node lacks)."""
+DRA_GPU_MILLI_TOTAL: Final = f"{DOMAIN}/dra-gpu-milli-total"
+DRA_GPU_MEMORY_TOTAL: Final = f"{DOMAIN}/dra-gpu-memory-total"
+DRA_QUOTA_RESOURCES: Final = (DRA_GPU_MILLI_TOTAL, DRA_GPU_MEMORY_TOTAL)
+"""The same totals on a container of the DRA path (its GPUs come from claims), under names of their own:
+kube-scheduler calls the extender for any pod asking for a QUOTA_RESOURCES name, and a pod of the DRA
+path is kube-scheduler's and the DRA allocator's alone; the sharegpu profile's NodeResourcesFit ignores
+these (`ignoredResources`), the kubelet ignores resources its node lacks. What a ResourceQuota or
+Kueue counts (Kueue: a `transformations` entry maps them onto QUOTA_RESOURCES, docs/queues.md)."""
 
 VOLUMES_DRIVER: Final = f"volumes.{DOMAIN}"
 """The agent's CSI driver: the node-side folders a sharing pod mounts, as inline volumes (`agent.volumes`)."""

@@ -134,30 +134,32 @@ def _add_handoff(obj: Json, parsed: requests.PodRequest, audit: list[str]) -> No
         handoff.with_volume(obj["spec"], handoff.hami_volume())
 
 
-def quota_totals(request: requests.ContainerRequest) -> dict[str, str]:
-    """The accounting resources of one container (`api.names.QUOTA_RESOURCES`, computed by
-    `api.quotas.container_totals`, which the extender's quota check uses too)."""
+def quota_totals(request: requests.ContainerRequest, *, dra: bool = False) -> dict[str, str]:
+    """The accounting resources of one container (`api.names.QUOTA_RESOURCES`, or with `dra` the DRA
+    path's `DRA_QUOTA_RESOURCES`, computed by `api.quotas.container_totals`, which the extender's quota
+    check uses too)."""
     if request.gpu is None:
         return {}
+    milli_name, memory_name = names.DRA_QUOTA_RESOURCES if dra else names.QUOTA_RESOURCES
     milli, memory = api_quotas.container_totals(request.gpu)
-    totals = {names.GPU_MILLI_TOTAL: str(milli)}
+    totals = {milli_name: str(milli)}
     if memory is not None:
-        totals[names.GPU_MEMORY_TOTAL] = str(memory)
+        totals[memory_name] = str(memory)
     return totals
 
 
-def _write_totals(obj: Json, parsed: requests.PodRequest) -> None:
+def _write_totals(obj: Json, parsed: requests.PodRequest, *, dra: bool = False) -> None:
     """Replace whatever accounting resources the containers carry with the ones they ask for."""
     for container, request in _paired(obj, parsed):
         resources = container.setdefault("resources", {})
-        totals = quota_totals(request)
+        totals = quota_totals(request, dra=dra)
         for part in ("limits", "requests"):
             table = resources.get(part)
             if table is None:
                 if not totals:
                     continue
                 table = resources[part] = {}
-            for key in names.QUOTA_RESOURCES:
+            for key in (*names.QUOTA_RESOURCES, *names.DRA_QUOTA_RESOURCES):
                 table.pop(key, None)
             table.update(totals)
 
@@ -518,10 +520,9 @@ def mutate(
             refusal = _apply_budgets(request.namespace, spec, annotations, policy, audit)
             if refusal is not None:
                 return api_admission.deny(uid, f"sharegpu: {refusal}", code=403)
-        if not claims:  # a claim's GPUs come with its CDI spec: no hand-off, no quota totals
-            if parsed.demand.sharing and names.HANDOFF not in annotations:
-                _add_handoff(out, parsed, audit)
-            _write_totals(out, parsed)
+        if not claims and parsed.demand.sharing and names.HANDOFF not in annotations:
+            _add_handoff(out, parsed, audit)  # (a claim's GPUs come with its CDI spec: no hand-off)
+        _write_totals(out, parsed, dra=claims)
         if audit:
             annotations[names.TRANSLATED] = "; ".join(audit)
         return api_admission.allow(
@@ -554,6 +555,11 @@ def validate(body: Any, policy: Policy) -> Answer:
                     return api_admission.deny(
                         uid, f"sharegpu: container {container.name}: {key} was not translated", 400
                     )
+                if key in names.DRA_QUOTA_RESOURCES and not container.resources.claims:
+                    return api_admission.deny(
+                        uid, f"sharegpu: container {container.name}: {key} is written by sharegpu on containers "
+                        "whose GPUs come from DRA claims only", 400,
+                    )  # fmt: skip
         api_gangs.of(request.namespace, pod.metadata.annotations)  # a malformed gang is refused by name
         parsed = pods.request(pod)
         outside = _scheduled_outside(pod, parsed, request, policy)
