@@ -681,3 +681,19 @@ async def test_a_pod_behind_another_gate_too_holds_nothing_until_that_gate_is_li
     await run(h)
     await run(h)
     assert results(h, "queued") and gates(h, "queued") == [], "admitted: allocated, then its gate lifted"
+
+
+async def test_a_gangs_claims_go_to_the_nodes_the_gang_already_uses(harness: Callable[..., Any]) -> None:
+    """Under spread each pod alone takes a node of its own; a gang's members share one while it has
+    room (its traffic stays inside a node)."""
+    alone: Harness = await harness(nodes=0, dra=2, gpus=2, policy="spread")
+    for name in ("s0", "s1"):
+        await claimed(alone, name, 1000)
+    await run(alone)
+    assert {r["pool"] for n in ("s0", "s1") for r in results(alone, n)} == {"d0", "d1"}, "spread, alone"
+    h: Harness = await harness(nodes=0, dra=2, gpus=2, policy="spread")
+    for name in ("g0", "g1"):
+        await gang_member(h, name, 1000, 2)
+    await run(h)
+    pools = {r["pool"] for n in ("g0", "g1") for r in results(h, n)}
+    assert len(pools) == 1 and all(results(h, n) for n in ("g0", "g1")), f"one node for the gang: {pools}"

@@ -41,8 +41,8 @@ together (`writers` at a time), each pod's claims in order; gates are lifted in 
 whose claims cannot all be placed gets none of them. A pod behind another scheduling gate too
 (Kueue's, until Kueue admits it) is not considered: nothing is allocated for a pod its queue has not
 admitted. A gang (`api.gangs`) is one decision (`_plan_gang`): every waiting member's claims, or none
-of them, and nothing while fewer members wait than its minimum needs; its members' gates go up
-together once all their claims are shown allocated.
+of them, and nothing while fewer members wait than its minimum needs, each member first on the nodes
+the gang already uses; its members' gates go up together once all their claims are shown allocated.
 A gang some of whose members' claims are allocated while another member's are not (it cannot be
 placed: its write failed and its room was taken; or its writes keep failing) is partial: once it has
 been so for the gang's timeout, the allocations of its waiting members are cleared (`_give_back`), and the gang is not
@@ -331,9 +331,11 @@ class ClaimAllocator:
         if announce:
             log.info("%s made", what)
 
-    async def _plan(self, record: pods.Record) -> Plan | None:
+    async def _plan(self, record: pods.Record, prefer: Sequence[str] = ()) -> Plan | None:
         """Decide the pod's unallocated claims (held in the ledger at once, so the next pod's decision
-        sees them), all on one node or none of them; None when there is nothing to write or lift."""
+        sees them), all on one node or none of them; None when there is nothing to write or lift.
+        `prefer`: nodes tried first, in order, for a pod none of whose claims is placed yet (a gang's
+        nodes, so the gang spreads over few)."""
         claims = await self._claims_of(record)
         if claims is None:
             return None
@@ -359,8 +361,10 @@ class ClaimAllocator:
                 placed = Placement(
                     refusal=f"its claims are allocated on several nodes: {sorted(n for n in nodes if n)}"
                 )
+            elif nodes:
+                placed = self._place(record, claim, next(iter(nodes)))
             else:
-                placed = self._place(record, claim, next(iter(nodes)) if nodes else None)
+                placed = self._place_preferring(record, claim, prefer)
             if placed.allocation is None:
                 await self._say(record, placed.refusal)
                 for undone, _ in decided:
@@ -395,10 +399,12 @@ class ClaimAllocator:
             return []  # given back at its timeout: others may use the room for as long again
         self.resting.pop(gang.key, None)
         plans: list[Plan] = []
+        used = self._gang_nodes(everyone)
         for record in members:
-            plan = await self._plan(record)
+            plan = await self._plan(record, prefer=used if need > 0 else ())
             if plan is not None:
                 plans.append(plan)
+                used += [n for n in {a.node for _, a in plan.decided} if n not in used]
             if need <= 0:
                 continue  # the gang runs its minimum: later members are placed as any pod
             if not self._held(record):
@@ -418,6 +424,21 @@ class ClaimAllocator:
         else:
             self.partial.pop(gang.key, None)
         return plans
+
+    def _gang_nodes(self, members: list[pods.Record]) -> list[str]:
+        """The nodes a gang's members hold claims on already (or run on)."""
+        found: list[str] = []
+        for record in members:
+            namespace = record.key.split("/", 1)[0]
+            held = [self._node_of_key(dra.claim_key(namespace, ref.claim)) for ref in record.claims if ref.claim]
+            for node in (record.node, *held):
+                if node and node not in found:
+                    found.append(node)
+        return found
+
+    def _node_of_key(self, key: units.PodKey) -> str | None:
+        held = self.cache.claims.holding(key)
+        return held.node if held is not None else None
 
     async def _give_back(self, gang: api_gangs.Gang, members: list[pods.Record]) -> None:
         """A gang not allocated whole (a member cannot be placed, or its write keeps failing): the
@@ -449,6 +470,19 @@ class ClaimAllocator:
         for record in members:
             await self._say(record, f"gang {gang.key}: not placed whole within its timeout ({gang.timeout_s} s); "
                                     "the claims its members held are given back")  # fmt: skip
+
+    def _place_preferring(self, record: pods.Record, claim: dra.ClaimRecord, prefer: Sequence[str]) -> Placement:
+        """The claim placed on the first of `prefer` that the pod may use and that fits it, else
+        wherever the policy places it."""
+        if prefer:
+            names_ = self.cache.state.names
+            allowed = {names_[r] for r in self._rows(record, None)[0].tolist()}
+            for node in prefer:
+                if node in allowed and self._room.get(node, 1) > 0:
+                    placed = self._place(record, claim, node)
+                    if placed.allocation is not None:
+                        return placed
+        return self._place(record, claim, None)
 
     def _held(self, record: pods.Record, *, shown: bool = False) -> bool:
         """Every claim of the class the pod uses is allocated, or held by a decision of this pass
