@@ -697,3 +697,31 @@ async def test_a_gangs_claims_go_to_the_nodes_the_gang_already_uses(harness: Cal
     await run(h)
     pools = {r["pool"] for n in ("g0", "g1") for r in results(h, n)}
     assert len(pools) == 1 and all(results(h, n) for n in ("g0", "g1")), f"one node for the gang: {pools}"
+
+
+async def test_a_dra_gang_with_a_topology_stays_within_one_value_of_its_label(harness: Callable[..., Any]) -> None:
+    """Rack r1 is one node of two GPUs, rack r2 two nodes of two: a gang of three whole GPUs with
+    `gang-topology: rack` cannot be held by r1 (tried first, the tightest), so all three go to r2."""
+    h: Harness = await harness(nodes=0, dra=3, gpus=2)
+    for name, rack in (("d0", "r1"), ("d1", "r2"), ("d2", "r2")):
+        await h.api.patch(paths.node(name), {"metadata": {"labels": {"rack": rack}}})
+    await settle(h.server)
+    for name in ("g0", "g1", "g2"):
+        h.server.put_object(CLAIMS, builders.MakeClaim(name).ask(1000, "1Gi").obj())
+        gang = {names.GANG: "job", names.GANG_MIN: "3", names.GANG_TOPOLOGY: "rack"}
+        h.server.put_object(
+            paths.pods("ns"), builders.MakePod(name, "ns").annotations(gang).container().claim(name).gate().obj()
+        )
+    await settle(h.server)
+    await run(h)
+    pools = sorted(r["pool"] for n in ("g0", "g1", "g2") for r in results(h, n))
+    assert len(pools) == 3 and set(pools) <= {"d1", "d2"}, f"all in rack r2: {pools}"
+    h.server.put_object(CLAIMS, builders.MakeClaim("x0").ask(1000, "1Gi").obj())
+    other = {names.GANG: "other", names.GANG_MIN: "1", names.GANG_TOPOLOGY: "row"}
+    h.server.put_object(
+        paths.pods("ns"), builders.MakePod("x0", "ns").annotations(other).container().claim("x0").gate().obj()
+    )
+    await settle(h.server)
+    await run(h)
+    said = [e["message"] for e in h.server.list_objects(paths.events("ns"))]
+    assert not results(h, "x0") and any("no node serving DRA claims has the label row" in m for m in said), said

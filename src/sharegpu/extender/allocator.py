@@ -42,7 +42,8 @@ whose claims cannot all be placed gets none of them. A pod behind another schedu
 (Kueue's, until Kueue admits it) is not considered: nothing is allocated for a pod its queue has not
 admitted. A gang (`api.gangs`) is one decision (`_plan_gang`): every waiting member's claims, or none
 of them, and nothing while fewer members wait than its minimum needs, each member first on the nodes
-the gang already uses; its members' gates go up together once all their claims are shown allocated.
+the gang already uses, all within one value of its topology label when it names one; its members'
+gates go up together once all their claims are shown allocated.
 A gang some of whose members' claims are allocated while another member's are not (it cannot be
 placed: its write failed and its room was taken; or its writes keep failing) is partial: once it has
 been so for the gang's timeout, the allocations of its waiting members are cleared (`_give_back`), and the gang is not
@@ -85,6 +86,7 @@ import numpy as np
 from sharegpu.api import dra, events, names, paths, pods, reasons, wire
 from sharegpu.api import gangs as api_gangs
 from sharegpu.core import allocation, errors, fit, fleet, units
+from sharegpu.core import gangs as core_gangs
 from sharegpu.extender import budgets as extender_budgets
 from sharegpu.extender import cache as extender_cache
 from sharegpu.extender import metrics as extender_metrics
@@ -181,6 +183,8 @@ class ClaimAllocator:
         self.tried: dict[str, float] = {}
         """The templates of sharegpu's and the pods' claims by name this allocator tried to make ("<kind>
         <namespace>/<name>") -> when."""
+        self._within: set[str] | None = None
+        """The nodes a gang being planned must stay within (one value of its topology label)."""
         self.partial: dict[str, float] = {}
         """Gang key -> since when some of its waiting members' claims are allocated while another
         member's are not (`_give_back`)."""
@@ -398,32 +402,72 @@ class ClaimAllocator:
         if self.resting.get(gang.key, 0.0) > self.clock():
             return []  # given back at its timeout: others may use the room for as long again
         self.resting.pop(gang.key, None)
-        plans: list[Plan] = []
         used = self._gang_nodes(everyone)
-        for record in members:
-            plan = await self._plan(record, prefer=used if need > 0 else ())
-            if plan is not None:
-                plans.append(plan)
-                used += [n for n in {a.node for _, a in plan.decided} if n not in used]
-            if need <= 0:
-                continue  # the gang runs its minimum: later members are placed as any pod
-            if not self._held(record):
-                for made in plans:
-                    for claim, _ in made.decided:
-                        self.cache.forget_claim(claim.key)
-                if need > 0:
-                    for other in members:
-                        if other is not record:
-                            await self._say(other, f"gang {gang.key}: member {record.key} cannot be placed now; "
-                                                   "none of the gang's claims is allocated")  # fmt: skip
-                    await self._give_back(gang, members)
-                return []
+        domains = self._domains(gang.topology, used) if gang.topology and need > 0 else [None]
+        plans: list[Plan] = []
+        failed: pods.Record | None = None
+        for domain in domains[: core_gangs.MAX_DOMAINS]:
+            room = dict(self._room)
+            self._within = domain
+            try:
+                plans, failed = await self._try_members(members, need, list(used))
+            finally:
+                self._within = None
+            if failed is None:
+                break
+            self._room = room  # what the failed try took
+        if failed is not None or not domains:
+            where = f" within one value of {gang.topology}" if gang.topology else ""
+            why = (f"member {failed.key} cannot be placed now{where}" if failed is not None
+                   else f"no node serving DRA claims has the label {gang.topology}")  # fmt: skip
+            for other in members:
+                if other is not failed:
+                    await self._say(other, f"gang {gang.key}: {why}; none of the gang's claims is allocated")
+            await self._give_back(gang, members)
+            return []
         if need > 0 and not all(self._held(m, shown=True) for m in members):
             plans = [p for p in plans if not p.lift]  # the gates go up together, once all are allocated
             await self._give_back(gang, members)
         else:
             self.partial.pop(gang.key, None)
         return plans
+
+    async def _try_members(
+        self, members: list[pods.Record], need: int, used: list[str]
+    ) -> tuple[list[Plan], pods.Record | None]:
+        """Every member's claims placed in turn, first on the gang's nodes: the plans, and the member
+        left without its claims (then every claim placed here is let go again), or None."""
+        plans: list[Plan] = []
+        for record in members:
+            plan = await self._plan(record, prefer=used if need > 0 else ())
+            if plan is not None:
+                plans.append(plan)
+                used += [n for n in {a.node for _, a in plan.decided} if n not in used]
+            if need > 0 and not self._held(record):
+                for made in plans:
+                    for claim, _ in made.decided:
+                        self.cache.forget_claim(claim.key)
+                return [], record
+        return plans, None
+
+    def _domains(self, label: str, used: list[str]) -> list[set[str] | None]:
+        """The sets of DRA nodes a gang with topology `label` may use: the nodes of one value of the
+        label, the value of the nodes it uses already when it uses some, else every value, the
+        tightest first (least free compute); nodes without the label are in none."""
+        cache = self.cache
+        state = cache.state
+        found: dict[str, list[int]] = {}
+        for row in np.flatnonzero(cache.dra_rows).tolist():
+            facts = cache.nodes.get(state.names[row])
+            value = facts.terms.labels.get(label) if facts is not None and facts.terms is not None else None
+            if value is not None:
+                found.setdefault(value, []).append(row)
+        held = {v for v, rows in found.items() if any(state.names[r] in used for r in rows)}
+        if held:
+            found = {v: rows for v, rows in found.items() if v in held}
+        free = state.milli_free * state.present * state.healthy
+        ranked = sorted(found.items(), key=lambda item: (int(free[item[1]].sum()), item[0]))
+        return [{state.names[r] for r in rows} for _, rows in ranked]
 
     def _gang_nodes(self, members: list[pods.Record]) -> list[str]:
         """The nodes a gang's members hold claims on already (or run on)."""
@@ -568,6 +612,8 @@ class ClaimAllocator:
                 )
                 self._admitted[memo] = found
             admitted = found
+        if self._within is not None:
+            admitted = np.array([r for r in admitted.tolist() if state.names[r] in self._within], dtype=np.int64)
         avoided = self.avoid.get(record.uid)
         if avoided:
             kept = np.array([r for r in admitted.tolist() if state.names[r] not in avoided], dtype=np.int64)
