@@ -7,8 +7,10 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
+
 from sharegpu.api import extender as api_extender
-from sharegpu.api import gangs, names, paths
+from sharegpu.api import gangs, names, paths, wire
 from sharegpu.core import allocation, units
 from sharegpu.extender import runtime
 from sharegpu.kube import client
@@ -298,3 +300,18 @@ def h_alloc(pod: str) -> allocation.Allocation:
     return allocation.Allocation(
         pod=units.PodKey(pod), node=units.NodeName("n0"), containers=(allocation.ContainerAllocation("main", (grant,)),)
     )
+
+
+async def test_a_late_deletion_of_an_older_plan_leaves_the_newer_one_kept(harness: Callable[..., Any]) -> None:
+    h: Harness = await harness(nodes=1, gpus=2)
+    book = h.extender.scheduling.gangs
+    body = gangs.plan_configmap("ns/job", {units.PodKey("ns/a"): ("uid-a", h_alloc("ns/a"))})
+
+    def shown(uid: str) -> wire.ConfigMap:
+        return msgspec.convert({**body, "metadata": {**body["metadata"], "uid": uid}}, wire.ConfigMap)
+
+    book.on_configmap(wire.EventType.ADDED, shown("new"))
+    book.on_configmap(wire.EventType.DELETED, shown("old"))
+    assert book.kept["ns/job"].uid == "new", "the older plan's deletion does not drop the newer"
+    book.on_configmap(wire.EventType.DELETED, shown("new"))
+    assert "ns/job" not in book.kept

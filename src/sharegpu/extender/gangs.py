@@ -278,11 +278,12 @@ class GangBook:
 
     def on_configmap(self, kind: wire.EventType, obj: wire.ConfigMap) -> None:
         """The plan ConfigMaps' informer: what the API keeps, restored by `restore`."""
-        if kind == wire.EventType.DELETED:
+        if kind == wire.EventType.DELETED:  # by UID: a newer plan of the gang may have the name already
             for gang_key, kept in list(self.kept.items()):
-                if kept.name == obj.metadata.name:
+                if kept.name == obj.metadata.name and kept.uid in ("", obj.metadata.uid):
                     del self.kept[gang_key]
-            self.dropping.pop(obj.metadata.name, None)
+            if self.dropping.get(obj.metadata.name) in ("", obj.metadata.uid):
+                del self.dropping[obj.metadata.name]
             return
         if obj.metadata.uid in self.deleted:
             return
