@@ -725,3 +725,23 @@ async def test_a_dra_gang_with_a_topology_stays_within_one_value_of_its_label(ha
     await run(h)
     said = [e["message"] for e in h.server.list_objects(paths.events("ns"))]
     assert not results(h, "x0") and any("no node serving DRA claims has the label row" in m for m in said), said
+
+
+async def test_a_dra_gangs_whole_gpus_share_an_nvlink_island(harness: Callable[..., Any]) -> None:
+    """One node of eight GPUs in two NVLink islands (0-3, 4-7); three lone whole-GPU pods take three
+    GPUs of the first. A gang of three whole-GPU members goes to the second island, not to the lone
+    free GPU of the first and two of the second."""
+    h: Harness = await harness(nodes=0, dra=1, gpus=8)
+    links = [[a, b] for half in (range(4), range(4, 8)) for a in half for b in half if a < b]
+    await h.api.patch(f"{paths.DEVICES}/d0", {"spec": {"nvlinks": links}})
+    await settle(h.server)
+    for name in ("l0", "l1", "l2"):
+        await claimed(h, name, 1000)
+    await run(h)
+    lone = {r["device"] for n in ("l0", "l1", "l2") for r in results(h, n)}
+    assert lone == {"gpu-0", "gpu-1", "gpu-2"}, lone
+    for name in ("g0", "g1", "g2"):
+        await gang_member(h, name, 1000, 3)
+    await run(h)
+    gang = sorted(r["device"] for n in ("g0", "g1", "g2") for r in results(h, n))
+    assert len(gang) == 3 and all(d in {"gpu-4", "gpu-5", "gpu-6", "gpu-7"} for d in gang), gang

@@ -14,8 +14,8 @@ Order and shape:
   A gang so spreads over few nodes, which keeps its collective traffic inside a node where it can;
 - within a node, a member of whole GPUs takes the GPUs best linked to the gang's GPUs already there
   (NVLink, then one PCIe switch, then one NUMA node), the first one on a node those with the most
-  NVLink companions free for the members still to come (`_beside`); the policy's own choice stands
-  unless another is strictly better connected;
+  NVLink companions free for the members still to come (`beside`, which the DRA allocator uses
+  too); the policy's own choice stands unless another is strictly better connected;
 - a *domain* is a set of nodes the whole gang must stay within (the nodes with one value of the
   gang's topology label: a rack, a zone). Domains are tried tightest first (least free compute that
   can still hold the gang), the first where every member fits wins; else the one where most fit.
@@ -161,7 +161,7 @@ def _try(
                 continue
             if pack and member.demand.whole:
                 later = len(ordered) - position - 1
-                decision = _beside(placer.state, member.demand, decision, held.get(decision.row, ()), later)
+                decision = beside(placer.state, member.demand, decision, held.get(decision.row, ()), later)
             alloc = placer.allocation_for(member, decision)
             if not ledger.assume(alloc).ok:
                 left.append(member.key)
@@ -176,7 +176,7 @@ def _try(
     return Plan(status.SUCCESS, tuple(placed), domain.name, tuple(left))
 
 
-def _beside(
+def beside(
     state: fleet.FleetState, demand: requests.GpuDemand, decision: core_placer.Decision, anchor: tuple[int, ...],
     later: int,
 ) -> core_placer.Decision:  # fmt: skip

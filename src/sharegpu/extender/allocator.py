@@ -185,6 +185,9 @@ class ClaimAllocator:
         <namespace>/<name>") -> when."""
         self._within: set[str] | None = None
         """The nodes a gang being planned must stay within (one value of its topology label)."""
+        self._beside: tuple[dict[str, tuple[int, ...]], int] | None = None
+        """While a gang's member is placed: the GPUs the gang holds per node, and how many members
+        follow it (its whole GPUs go beside the gang's, `core.gangs.beside`)."""
         self.partial: dict[str, float] = {}
         """Gang key -> since when some of its waiting members' claims are allocated while another
         member's are not (`_give_back`)."""
@@ -438,11 +441,18 @@ class ClaimAllocator:
         """Every member's claims placed in turn, first on the gang's nodes: the plans, and the member
         left without its claims (then every claim placed here is let go again), or None."""
         plans: list[Plan] = []
-        for record in members:
-            plan = await self._plan(record, prefer=used if need > 0 else ())
+        anchor = self._gang_gpus(members)
+        for position, record in enumerate(members):
+            self._beside = (anchor, len(members) - position - 1) if need > 0 else None
+            try:
+                plan = await self._plan(record, prefer=used if need > 0 else ())
+            finally:
+                self._beside = None
             if plan is not None:
                 plans.append(plan)
                 used += [n for n in {a.node for _, a in plan.decided} if n not in used]
+                for _, placed in plan.decided:
+                    anchor[placed.node] = (*anchor.get(placed.node, ()), *placed.gpu_indices)
             if need > 0 and not self._held(record):
                 for made in plans:
                     for claim, _ in made.decided:
@@ -468,6 +478,17 @@ class ClaimAllocator:
         free = state.milli_free * state.present * state.healthy
         ranked = sorted(found.items(), key=lambda item: (int(free[item[1]].sum()), item[0]))
         return [{state.names[r] for r in rows} for _, rows in ranked]
+
+    def _gang_gpus(self, members: list[pods.Record]) -> dict[str, tuple[int, ...]]:
+        """Per node, the GPUs the members' allocated claims hold there."""
+        found: dict[str, tuple[int, ...]] = {}
+        for record in members:
+            namespace = record.key.split("/", 1)[0]
+            for ref in record.claims:
+                held = self.cache.claims.holding(dra.claim_key(namespace, ref.claim)) if ref.claim else None
+                if held is not None:
+                    found[held.node] = (*found.get(held.node, ()), *held.gpu_indices)
+        return found
 
     def _gang_nodes(self, members: list[pods.Record]) -> list[str]:
         """The nodes a gang's members hold claims on already (or run on)."""
@@ -689,6 +710,9 @@ class ClaimAllocator:
                 more = f" and {len(selection.failures) - 1} more" if len(selection.failures) > 1 else ""
                 text += f"; a device selector failed on {selection.failures[0]}{more}"
             return Placement(refusal=f"claim {claim.namespace}/{claim.name}: {text}")
+        if self._beside is not None and request.demand.whole and decision.node is not None:
+            anchor, later = self._beside  # a gang's member: its GPUs beside the gang's on the node
+            decision = core_gangs.beside(cache.state, request.demand, decision, anchor.get(decision.node, ()), later)
         placed = placer.allocation_for(request, decision)
         # The pod holds its CPU and memory itself once bound: the claim holds only its GPU shares.
         placed = dataclasses.replace(placed, cpu_milli=0, memory_mib=0, device_claim=True)
