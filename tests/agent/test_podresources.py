@@ -234,3 +234,22 @@ async def test_a_device_sent_once_per_numa_node_is_listed_once(
         assert await client.assigned() == [Assigned("ml", "train", "worker", GPU, ("GPU-0", "GPU-1"))]
     finally:
         await server.stop(grace=None)
+
+
+async def test_a_call_that_fails_unavailable_on_an_old_connection_is_made_once_more(
+    kubelet: fakekubelet.FakeKubelet, client: podresources.KubeletPodResources
+) -> None:
+    """A call written into a connection the kubelet's restart killed fails UNAVAILABLE ("Stream
+    removed") before gRPC notices: it is made again on a new connection, once; a call on a new
+    connection is not repeated."""
+    kubelet.set_devices("ml", "train", "worker", GPU, ["GPU-0"])
+    assert await client.assigned() == [Assigned("ml", "train", "worker", GPU, ("GPU-0",))]
+    kubelet.fail_next(grpc.StatusCode.UNAVAILABLE)
+    before = kubelet.calls
+    assert await client.assigned() == [Assigned("ml", "train", "worker", GPU, ("GPU-0",))]
+    assert kubelet.calls == before + 2, "failed once, answered on the new connection"
+    kubelet.fail_next(grpc.StatusCode.UNAVAILABLE)
+    kubelet.fail_next(grpc.StatusCode.UNAVAILABLE)
+    with pytest.raises(podresources.PodResourcesUnavailableError):
+        await client.assigned()
+    assert kubelet.calls == before + 4, "tried on the new connection once, not again"

@@ -37,6 +37,9 @@ class FakeKubelet:
         self._answering = asyncio.Event()
         self._answering.set()
         self._server: grpc.aio.Server | None = None
+        self._failures: list[grpc.StatusCode] = []
+        self.calls = 0
+        """Calls answered or failed so far."""
 
     def set_devices(self, namespace: str, pod: str, container: str, resource: str, device_ids: Iterable[str]) -> None:
         """The container now holds exactly these devices of the resource (none: it holds none of it).
@@ -58,6 +61,10 @@ class FakeKubelet:
     def resume(self) -> None:
         """Answers the waiting calls and every call after them."""
         self._answering.set()
+
+    def fail_next(self, code: grpc.StatusCode) -> None:
+        """The next call ends with `code` (UNAVAILABLE: what a call written into a dead connection sees)."""
+        self._failures.append(code)
 
     async def start(self) -> None:
         """Serves on the socket, replacing a file left there (as the kubelet does when it starts)."""
@@ -88,6 +95,9 @@ class FakeKubelet:
         context: grpc.aio.ServicerContext[pb.ListPodResourcesRequest, pb.ListPodResourcesResponse],
     ) -> pb.ListPodResourcesResponse:
         await self._answering.wait()
+        self.calls += 1
+        if self._failures:
+            await context.abort(self._failures.pop(0), "injected by the fake kubelet")
         return pb.ListPodResourcesResponse(
             pod_resources=[
                 pb.PodResources(

@@ -11,7 +11,9 @@ errors end at this boundary, translated by status code into `PodResourcesError` 
 
 A kubelet restart removes the socket and creates it again (a new file). A call that finds no socket,
 or no kubelet answering on it, drops the connection and raises `PodResourcesUnavailableError`; the
-next call connects afresh.
+next call connects afresh. A call on a connection made before a restart may be written into the
+dead socket ("Stream removed", broken pipe) before gRPC notices: a call that fails UNAVAILABLE on a
+connection an earlier call made is made once more on a new one (both methods only read).
 """
 
 from __future__ import annotations
@@ -100,6 +102,17 @@ class KubeletPodResources:
             await channel.close(grace=None)
 
     async def _call(self, method: str, request: Message, answer_type: type[_Answer]) -> _Answer:
+        reused = self._channel is not None
+        try:
+            return await self._call_once(method, request, answer_type)
+        except PodResourcesUnavailableError as exc:
+            cause = exc.__cause__
+            dead = isinstance(cause, grpc.aio.AioRpcError) and cause.code() == grpc.StatusCode.UNAVAILABLE
+            if not (reused and dead):
+                raise
+            return await self._call_once(method, request, answer_type)  # on a new connection
+
+    async def _call_once(self, method: str, request: Message, answer_type: type[_Answer]) -> _Answer:
         if not self.socket_path.exists():
             await self.close()
             raise PodResourcesUnavailableError(
