@@ -119,8 +119,8 @@ def on_node(
             if key in back:  # put back already: it leaves with its gang all the same
                 back.discard(key)
                 scratch.apply(here[key].alloc, -1)
-    taken = list(victims)  # in the order taken: the most important first
-    order = sorted(victims, key=lambda k: (victims[k], -taken.index(k)))  # least important first
+    last_taken_first = list(victims)[::-1]  # they were taken most important first
+    order = sorted(last_taken_first, key=victims.__getitem__)  # least important first; stable for equals
     return Plan(
         node=state.names[row],
         row=row,

@@ -466,12 +466,7 @@ class ClaimAllocator:
         tightest first (least free compute); nodes without the label are in none."""
         cache = self.cache
         state = cache.state
-        found: dict[str, list[int]] = {}
-        for row in np.flatnonzero(cache.dra_rows).tolist():
-            facts = cache.nodes.get(state.names[row])
-            value = facts.terms.labels.get(label) if facts is not None and facts.terms is not None else None
-            if value is not None:
-                found.setdefault(value, []).append(row)
+        found = cache.by_label(label, np.flatnonzero(cache.dra_rows).tolist())
         held = {v for v, rows in found.items() if any(state.names[r] in used for r in rows)}
         if held:
             found = {v: rows for v, rows in found.items() if v in held}
@@ -479,31 +474,26 @@ class ClaimAllocator:
         ranked = sorted(found.items(), key=lambda item: (int(free[item[1]].sum()), item[0]))
         return [{state.names[r] for r in rows} for _, rows in ranked]
 
+    def _holdings(self, record: pods.Record) -> list[allocation.Allocation]:
+        """The allocations the pod's claims hold (allocated, or decided in this pass)."""
+        return [held for key in _claim_keys(record) if (held := self.cache.claims.holding(key)) is not None]
+
     def _gang_gpus(self, members: list[pods.Record]) -> dict[str, tuple[int, ...]]:
         """Per node, the GPUs the members' allocated claims hold there."""
         found: dict[str, tuple[int, ...]] = {}
         for record in members:
-            namespace = record.key.split("/", 1)[0]
-            for ref in record.claims:
-                held = self.cache.claims.holding(dra.claim_key(namespace, ref.claim)) if ref.claim else None
-                if held is not None:
-                    found[held.node] = (*found.get(held.node, ()), *held.gpu_indices)
+            for held in self._holdings(record):
+                found[held.node] = (*found.get(held.node, ()), *held.gpu_indices)
         return found
 
     def _gang_nodes(self, members: list[pods.Record]) -> list[str]:
         """The nodes a gang's members hold claims on already (or run on)."""
         found: list[str] = []
         for record in members:
-            namespace = record.key.split("/", 1)[0]
-            held = [self._node_of_key(dra.claim_key(namespace, ref.claim)) for ref in record.claims if ref.claim]
-            for node in (record.node, *held):
+            for node in (record.node, *(held.node for held in self._holdings(record))):
                 if node and node not in found:
                     found.append(node)
         return found
-
-    def _node_of_key(self, key: units.PodKey) -> str | None:
-        held = self.cache.claims.holding(key)
-        return held.node if held is not None else None
 
     async def _give_back(self, gang: api_gangs.Gang, members: list[pods.Record]) -> None:
         """A gang not allocated whole (a member cannot be placed, or its write keeps failing): the
@@ -512,9 +502,8 @@ class ClaimAllocator:
         held = [
             claim
             for record in members
-            for ref in record.claims
-            if ref.claim
-            and (claim := self.cache.claims.records.get(dra.claim_key(record.key.split("/", 1)[0], ref.claim)))
+            for key in _claim_keys(record)
+            if (claim := self.cache.claims.records.get(key))
             and claim.ours and claim.allocated and not claim.reserved and claim.key not in self.cache.claims.assumed
         ]  # fmt: skip
         if not held:
@@ -833,8 +822,7 @@ class ClaimAllocator:
             record = self.cache.record(key)
             if record is None:
                 continue
-            namespace = key.split("/", 1)[0]
-            waiting.update(dra.claim_key(namespace, ref.claim) for ref in record.claims if ref.claim)
+            waiting.update(_claim_keys(record))
         for key, claim in self.cache.claims.records.items():
             unused = claim.ours and claim.allocated and not claim.reserved and key not in waiting
             if not unused or key in self.cache.claims.assumed:
@@ -858,6 +846,12 @@ class ClaimAllocator:
             return False
         self.metrics.claims.labels("cleared").inc()
         return True
+
+
+def _claim_keys(record: pods.Record) -> list[units.PodKey]:
+    """The ledger keys of the claims the pod names (those of its templates once they are made)."""
+    namespace = record.key.split("/", 1)[0]
+    return [dra.claim_key(namespace, ref.claim) for ref in record.claims if ref.claim]
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,7 +27,7 @@ import hashlib
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -731,6 +731,16 @@ class ClusterCache:
         (one whose Node this cache has not seen is admitted: its facts come with it)."""
         facts = self.nodes.get(node)
         return facts is None or facts.terms is None or terms.allows(facts.terms)
+
+    def by_label(self, label: str, rows: Iterable[int]) -> dict[str, list[int]]:
+        """`rows` grouped by their node's value of `label` (nodes without it are in no group)."""
+        found: dict[str, list[int]] = {}
+        for row in rows:
+            facts = self.nodes.get(self.state.names[row])
+            value = facts.terms.labels.get(label) if facts is not None and facts.terms is not None else None
+            if value is not None:
+                found.setdefault(value, []).append(row)
+        return found
 
     def record(self, key: units.PodKey) -> pods.Record | None:
         return self.pods.get(key)

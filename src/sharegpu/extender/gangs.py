@@ -206,13 +206,7 @@ class GangBook:
         them all without a label."""
         if label is None:
             return [core_gangs.Domain("", rows)]
-        state = self.cache.state
-        found: dict[str, list[int]] = {}
-        for row in rows.tolist():
-            facts = self.cache.nodes.get(state.names[row])
-            value = facts.terms.labels.get(label) if facts is not None and facts.terms is not None else None
-            if value is not None:
-                found.setdefault(value, []).append(row)
+        found = self.cache.by_label(label, rows.tolist())
         return [core_gangs.Domain(v, np.array(r, dtype=np.int64)) for v, r in sorted(found.items())]
 
     # ----------------------------------------------------------------- bind
