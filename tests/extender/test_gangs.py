@@ -28,6 +28,17 @@ def binding(h: Harness, name: str, node: str) -> api_extender.BindingArgs:
     return api_extender.BindingArgs(pod_name=name, pod_namespace="ns", pod_uid=stored["metadata"]["uid"], node=node)
 
 
+async def planned_pair(harness: Callable[..., Any], *, gpus: int = 2, timeout: str | None = None) -> Harness:
+    """One node of `gpus` GPUs, gang members a and b (minimum 2, and `timeout` seconds when given) on
+    it, planned by a's filter."""
+    extra = {names.GANG_TIMEOUT: timeout} if timeout is not None else {}
+    h: Harness = await harness(nodes=1, gpus=gpus, assume_ttl=300.0)
+    a = await h.create(member("a", minimum=2, **extra))
+    await h.create(member("b", minimum=2, **extra))
+    assert h.extender.scheduling.filter(h.args(a)).node_names == ["n0"]
+    return h
+
+
 def free_gpus(h: Harness) -> int:
     state = h.extender.cache.state
     return int(((state.milli_free == 1000) & state.present).sum())
@@ -85,10 +96,7 @@ async def test_a_member_that_waited_in_vain_is_tried_again_with_its_place_held(h
 
 
 async def test_a_plan_not_bound_by_the_gangs_timeout_is_given_back_whole(harness: Callable[..., Any]) -> None:
-    h: Harness = await harness(nodes=1, gpus=2, assume_ttl=300.0)
-    a = await h.create(member("a", minimum=2, **{names.GANG_TIMEOUT: "20"}))
-    await h.create(member("b", minimum=2, **{names.GANG_TIMEOUT: "20"}))
-    assert h.extender.scheduling.filter(h.args(a)).node_names == ["n0"]
+    h = await planned_pair(harness, timeout="20")
     assert free_gpus(h) == 0
     h.clock.advance(10)
     await h.extender.scheduling.expire()
@@ -142,10 +150,7 @@ async def test_a_member_behind_anyones_scheduling_gate_is_not_here_yet(harness: 
 async def test_a_released_member_whose_bind_fails_keeps_its_place_for_the_next_try(harness: Callable[..., Any]) -> None:
     """Found by bench/chaos.py --gangs: a member's hand-off could not be written yet, its bind failed
     and gave its room away, another pod took it, and the gang stayed partial."""
-    h: Harness = await harness(nodes=1, gpus=2, assume_ttl=300.0)
-    a = await h.create(member("a", minimum=2, **{names.GANG_TIMEOUT: "20"}))
-    await h.create(member("b", minimum=2, **{names.GANG_TIMEOUT: "20"}))
-    assert h.extender.scheduling.filter(h.args(a)).node_names == ["n0"]
+    h = await planned_pair(harness, timeout="20")
     real = h.extender.scheduling.prepare
     refusals = iter(["hand-off ConfigMap could not be written yet"])
 
@@ -172,10 +177,7 @@ async def test_a_released_member_whose_bind_fails_keeps_its_place_for_the_next_t
 
 
 async def test_a_released_plan_with_a_member_gone_gives_back_the_rest(harness: Callable[..., Any]) -> None:
-    h: Harness = await harness(nodes=1, gpus=2, assume_ttl=300.0)
-    a = await h.create(member("a", minimum=2))
-    await h.create(member("b", minimum=2))
-    assert h.extender.scheduling.filter(h.args(a)).node_names == ["n0"]
+    h = await planned_pair(harness)
     h.extender.scheduling.gangs.barrier_wait = 0.05
     for name in "ab":  # both reach their bind once: released
         record = h.extender.cache.record(units.PodKey(f"ns/{name}"))
@@ -190,10 +192,7 @@ async def test_a_released_plan_with_a_member_gone_gives_back_the_rest(harness: C
 async def test_a_released_member_whose_binding_is_read_back_undone_keeps_its_place(harness: Callable[..., Any]) -> None:
     """Found by bench/chaos.py --gangs: a 409 on the binding (read like a lost answer), read back as not
     done, gave the member's room away, and its gang stayed partial."""
-    h: Harness = await harness(nodes=1, gpus=2, assume_ttl=300.0)
-    a = await h.create(member("a", minimum=2))
-    await h.create(member("b", minimum=2))
-    assert h.extender.scheduling.filter(h.args(a)).node_names == ["n0"]
+    h = await planned_pair(harness)
     h.server.fail(503, method="POST", path=paths.binding("ns", "b"))  # before the commit: not bound
     binds = [asyncio.ensure_future(h.extender.scheduling.bind(binding(h, n, "n0"))) for n in "ab"]
     results = [r.error for r in await asyncio.gather(*binds)]
@@ -226,10 +225,7 @@ async def test_a_released_plan_is_kept_and_the_next_extender_binds_the_rest_wher
     """Found by bench/chaos.py --gangs: the extender killed while a released gang was being bound; the
     next one planned the unbound members again, others took their room meanwhile, and the gang stayed
     partial past its timeout."""
-    h: Harness = await harness(nodes=1, gpus=3, assume_ttl=300.0)
-    a = await h.create(member("a", minimum=2))
-    await h.create(member("b", minimum=2))
-    assert h.extender.scheduling.filter(h.args(a)).node_names == ["n0"]
+    h = await planned_pair(harness, gpus=3)
     assert not kept_plans(h), "a plan not released yet is not kept (none of its members is bound)"
     real = h.extender.scheduling.prepare
 
@@ -263,10 +259,7 @@ async def test_a_released_plan_is_kept_and_the_next_extender_binds_the_rest_wher
 
 
 async def test_a_plan_that_cannot_be_kept_is_not_released(harness: Callable[..., Any]) -> None:
-    h: Harness = await harness(nodes=1, gpus=2, assume_ttl=300.0)
-    a = await h.create(member("a", minimum=2))
-    await h.create(member("b", minimum=2))
-    assert h.extender.scheduling.filter(h.args(a)).node_names == ["n0"]
+    h = await planned_pair(harness)
     h.extender.scheduling.gangs.barrier_wait = 0.05
     h.server.fail(503, method="POST", path=paths.configmaps(names.SYSTEM_NAMESPACE))
     binds = [asyncio.ensure_future(h.extender.scheduling.bind(binding(h, n, "n0"))) for n in "ab"]

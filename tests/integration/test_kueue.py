@@ -106,6 +106,35 @@ async def state(kube: client.KubeClient, namespace: str, prefix: str) -> dict[st
     return out
 
 
+async def placed_and_one_gated(
+    kube: client.KubeClient, namespace: str, prefix: str, placed: int, *, timeout: float = 60, what: str
+) -> dict[str, str]:
+    """Waits until `placed` of the pods whose names start with `prefix` are on a node and one waits
+    behind Kueue's gate; returns where each is (`state`)."""
+
+    async def seen() -> dict[str, str] | None:
+        found = await state(kube, namespace, prefix)
+        on_nodes = [n for n in found.values() if n not in ("", "gated")]
+        return found if len(on_nodes) == placed and list(found.values()).count("gated") == 1 else None
+
+    found: dict[str, str] = await wait_for(seen, timeout=timeout, what=what)
+    return found
+
+
+async def admitted_once_one_leaves(
+    kube: client.KubeClient, namespace: str, found: dict[str, str], *, timeout: float = 60, what: str
+) -> None:
+    """Deletes one placed pod of `found` (`placed_and_one_gated`); waits until the gated one is placed."""
+    waiting = next(name for name, where in found.items() if where == "gated")
+    done = next(name for name, where in found.items() if where not in ("gated", ""))
+    await kube.delete(f"/api/v1/namespaces/{namespace}/pods/{done}", grace_period=0)
+
+    async def placed() -> bool:
+        return (await state(kube, namespace, waiting)).get(waiting, "") not in ("", "gated")
+
+    await wait_for(placed, timeout=timeout, what=what)
+
+
 async def test_kueue_admits_within_a_quota_in_milli_gpus_and_sharegpu_places_what_it_admits(
     admin: client.KubeClient,
     extender: ExtenderProcess,
@@ -120,20 +149,8 @@ async def test_kueue_admits_within_a_quota_in_milli_gpus_and_sharegpu_places_wha
     for i in range(5):  # five quarters of a GPU against a quota of one GPU
         await admin.create(pods, queued(f"quarter-{i}", namespace, "q", 250))
 
-    async def four_placed_one_gated() -> dict[str, str] | None:
-        found = await state(admin, namespace, "quarter-")
-        placed = [n for n in found.values() if n and n != "gated"]
-        return found if len(placed) == 4 and list(found.values()).count("gated") == 1 else None
-
-    found = await wait_for(four_placed_one_gated, what="four quarters admitted and placed, the fifth gated")
-    waiting = next(name for name, where in found.items() if where == "gated")
-    done = next(name for name, where in found.items() if where not in ("gated", ""))
-    await admin.delete(f"{pods}/{done}", grace_period=0)
-
-    async def fifth_placed() -> bool:
-        return (await state(admin, namespace, waiting)).get(waiting, "") not in ("", "gated")
-
-    await wait_for(fifth_placed, what="the fifth admitted once a quarter left, then placed")
+    found = await placed_and_one_gated(admin, namespace, "quarter-", 4, what="four quarters placed, the fifth gated")
+    await admitted_once_one_leaves(admin, namespace, found, what="the fifth admitted once a quarter left, then placed")
     await consistent(admin)
 
 
@@ -271,22 +288,11 @@ async def test_dra_path_pods_count_in_the_same_quota_and_hold_nothing_before_adm
         assert container["resources"]["requests"][names.DRA_GPU_MILLI_TOTAL] == "500"
         assert made["spec"]["resourceClaims"], "the DRA path: a claim of its own"
 
-    async def two_bound_one_gated() -> dict[str, str] | None:
-        found = await state(admin, namespace, "d-")
-        bound = [n for n in found.values() if n not in ("", "gated")]
-        return found if len(bound) == 2 and list(found.values()).count("gated") == 1 else None
-
-    found = await wait_for(two_bound_one_gated, timeout=90, what="two admitted and bound, the third gated")
+    found = await placed_and_one_gated(admin, namespace, "d-", 2, timeout=90, what="two bound, the third gated")
     assert {v for v in found.values() if v != "gated"} == {node}
     waiting = next(name for name, where in found.items() if where == "gated")
     pod = await admin.get(f"{pods}/{waiting}")
     claim = await get_or_none(admin, dra.claim_path(namespace, pod["spec"]["resourceClaims"][0]["resourceClaimName"]))
     assert claim is None or not (claim.get("status") or {}).get("allocation"), "unadmitted, it holds no GPU"
-    done = next(name for name, where in found.items() if where != "gated")
-    await admin.delete(f"{pods}/{done}", grace_period=0)
-
-    async def third_bound() -> bool:
-        return (await state(admin, namespace, waiting)).get(waiting, "") not in ("", "gated")
-
-    await wait_for(third_bound, timeout=90, what="the third admitted once one left, then bound")
+    await admitted_once_one_leaves(admin, namespace, found, timeout=90, what="the third admitted once one left")
     await consistent(admin)

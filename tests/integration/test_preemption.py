@@ -57,6 +57,22 @@ async def never_overcommitted(kube: client.KubeClient, node: str) -> None:
     assert not (found.overcommits or found.double_allocations), found.problems()
 
 
+async def high_bound(kube: client.KubeClient, namespace: str, nodes: list[str]) -> dict[str, Json] | None:
+    """The namespace's pods by name once the pod `high` is bound (none of `nodes` over-committed at
+    any poll on the way)."""
+    for node in nodes:
+        await never_overcommitted(kube, node)
+    found = await pods_by_name(kube, namespace)
+    high = found.get("high")
+    return found if high is not None and high["spec"].get("nodeName") else None
+
+
+async def reasons(kube: client.KubeClient, namespace: str) -> set[tuple[str, str]]:
+    """(reason, pod) of the namespace's events."""
+    events, _ = await kube.list_all(f"/api/v1/namespaces/{namespace}/events")
+    return {(e["reason"], e["involvedObject"]["name"]) for e in events}
+
+
 async def test_a_high_priority_pod_preempts_lower_priority_shares_and_takes_their_gpu(
     admin: client.KubeClient,
     extender: ExtenderProcess,
@@ -70,19 +86,12 @@ async def test_a_high_priority_pod_preempts_lower_priority_shares_and_takes_thei
         await admin.create(pods_path, with_class(gpu_pod(name, namespace, milli=400), classes["low"]))
         await wait_for(functools.partial(_bound, admin, namespace, name), what=f"{name} bound")
     await admin.create(pods_path, with_class(gpu_pod("high", namespace, milli=600), classes["high"]))
-
-    async def placed() -> Json | None:
-        await never_overcommitted(admin, node)
-        found = await pods_by_name(admin, namespace)
-        high = found.get("high")
-        return found if high is not None and high["spec"].get("nodeName") else None
-
+    placed = functools.partial(high_bound, admin, namespace, [node])
     found = await wait_for(placed, timeout=60, what="high bound after preempting")
     assert found["high"]["spec"]["nodeName"] == node
     assert set(found) == {"high", "low-a"}, "the newer of the two low pods went, and only it"
     await consistent(admin, [node])
-    events, _ = await admin.list_all(f"/api/v1/namespaces/{namespace}/events")
-    said = {(e["reason"], e["involvedObject"]["name"]) for e in events}
+    said = await reasons(admin, namespace)
     assert ("Preempted", "low-b") in said and ("Preempting", "high") in said, said
 
 
@@ -181,7 +190,7 @@ async def test_a_gang_is_preempted_whole_for_a_higher_priority_pod(
     """A gang of two whole-GPU members on two one-GPU nodes (placed together), then a high-priority
     pod of 600 milli: it takes one member's GPU, and the other member goes with it (a gang is never
     left partial); both get the DisruptionTarget condition and the Preempted event."""
-    await nodes(2, gpus=1)
+    both = await nodes(2, gpus=1)
     pods_path = f"/api/v1/namespaces/{namespace}/pods"
     gang = {names.GANG: "job", names.GANG_MIN: "2"}
     for name in ("w0", "w1"):
@@ -191,14 +200,7 @@ async def test_a_gang_is_preempted_whole_for_a_higher_priority_pod(
     for name in ("w0", "w1"):
         await wait_for(functools.partial(_bound, admin, namespace, name), what=f"{name} bound with its gang")
     await admin.create(pods_path, with_class(gpu_pod("high", namespace, milli=600), classes["high"]))
-    found = await wait_for(functools.partial(_placed_alone, admin, namespace), timeout=60, what="high bound, gang gone")
-    assert set(found) == {"high"}, f"both members went: {sorted(found)}"
-    events, _ = await admin.list_all(f"/api/v1/namespaces/{namespace}/events")
-    said = {(e["reason"], e["involvedObject"]["name"]) for e in events}
+    found = await wait_for(functools.partial(high_bound, admin, namespace, both), timeout=60, what="high bound")
+    assert set(found) == {"high"}, f"both members went before it was bound: {sorted(found)}"
+    said = await reasons(admin, namespace)
     assert {("Preempted", "w0"), ("Preempted", "w1"), ("Preempting", "high")} <= said, said
-
-
-async def _placed_alone(kube: client.KubeClient, namespace: str) -> dict[str, Json] | None:
-    found = await pods_by_name(kube, namespace)
-    high = found.get("high")
-    return found if high is not None and high["spec"].get("nodeName") and len(found) == 1 else None
