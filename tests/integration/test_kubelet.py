@@ -109,13 +109,22 @@ async def dra_agent(
     control_plane: controlplane.ControlPlane, node: RealNode, **settings: Any
 ) -> AsyncIterator[tuple[agent_runtime.Agent, fakenvml.FakeNvml]]:
     """The agent with --dra (its own RBAC) serving the kubelet's DRA plugin on `node`, on the node's
-    fake NVML (`settings`: more of its Options; a pass every 0.5 s unless said), and that NVML."""
+    fake NVML (`settings`: more of its Options; a pass every 0.5 s unless said), and that NVML; yielded
+    once the kubelet has registered the plugin. (A pod the kubelet sees before that fails to prepare,
+    and the kubelet's next try may come after a test's wait: CI saw one not come within 90 s.)"""
     kube = stack.kube_for(control_plane, "sharegpu-agent")
     nvml = node.nvml()
     options = agent_runtime.Options(dra=True, dra_plugin=node.plugin_paths, **{"interval": 0.5, **settings})
     agent = agent_runtime.Agent(kube, node.name, nvml.open(), options)
     try:
         await agent.start()
+        plugin = agent.plugin
+        assert plugin is not None
+
+        async def registered() -> bool:
+            return plugin.registration.registered is True
+
+        await wait_for(registered, timeout=60, what="the kubelet registered sharegpu's DRA plugin")
         yield agent, nvml
     finally:
         await agent.stop()
@@ -200,14 +209,7 @@ async def test_the_real_kubelet_prepares_a_claim_through_the_plugin_and_the_runt
     namespace: str,
     device_class: str,
 ) -> None:
-    async with real_node(admin, control_plane, namespace) as node, dra_agent(control_plane, node) as (agent, _):
-        plugin = agent.plugin
-        assert plugin is not None
-
-        async def plugin_registered() -> bool:
-            return plugin.registration.registered is True
-
-        await wait_for(plugin_registered, timeout=60, what="the kubelet registered sharegpu's DRA plugin")
+    async with real_node(admin, control_plane, namespace) as node, dra_agent(control_plane, node):
         await wait_for(lambda: get_or_none(admin, dra.slice_path(node.name)), what="the node's ResourceSlice")
 
         claims = dra.claim_path(namespace)
