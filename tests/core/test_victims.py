@@ -1,13 +1,19 @@
 """Preemption GPU by GPU: the fewest lower-priority tenants whose leaving makes a pod fit, the least
-important of them, never a pod of equal or higher priority, and the plan that hurts least across nodes."""
+important of them, never a pod of equal or higher priority, and the plan that hurts least across nodes;
+for a gang, across nodes at once, the lowest priorities that make it fit, the fleet left as it was."""
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
-from sharegpu.core import fit, fleet, requests, units, victims
+from sharegpu.core import fit, fleet, policies, requests, units, victims
+from sharegpu.core import gangs as core_gangs
+from sharegpu.core import ledger as core_ledger
+from sharegpu.core import placer as core_placer
 from tests.builders import MakeAllocation
-from tests.conftest import node
+from tests.conftest import node, pod
 
 
 def tenant(
@@ -145,3 +151,74 @@ def test_a_gang_member_whose_companion_outranks_the_pod_stays() -> None:
     state = state_of("a")
     member = victims.Tenant(tenant("m", 1000, 0).alloc, 0, companions=((units.PodKey("ns/boss"), 10),))
     assert victims.on_node(state, 0, [member], share(600), priority=5) is None
+
+
+def gang_setup(*names_: str, gpus: int = 1) -> tuple[fleet.FleetState, core_ledger.Ledger, core_placer.Placer]:
+    state = state_of(*names_, gpus=gpus)
+    return state, core_ledger.Ledger(state), core_placer.Placer(state, policies.make("binpack"))
+
+
+def placed(ledger: core_ledger.Ledger, tenants: list[victims.Tenant]) -> None:
+    for t in tenants:
+        assert ledger.assume(t.alloc).ok
+
+
+def snapshot(state: fleet.FleetState) -> list[np.ndarray]:
+    return [a.copy() for a in (state.milli_free, state.gmem_free, state.tenants, state.affinity_tag, state.version)]
+
+
+def test_a_gang_preempts_across_nodes_the_lowest_priorities_it_can_and_no_more() -> None:
+    """Two one-GPU nodes, each with a tenant of priority 1 (400 milli) and one of priority 5 (500): a
+    gang of two 600-milli members needs both priority-1 tenants gone and nothing more; the
+    priority-5 tenants stay (reprieved), and the fleet is left exactly as it was."""
+    state, ledger, placer = gang_setup("a", "b")
+    tenants = [
+        tenant("low-a", 400, 1, where="a"), tenant("mid-a", 500, 5, where="a"),
+        tenant("low-b", 400, 1, where="b"), tenant("mid-b", 500, 5, where="b"),
+    ]  # fmt: skip
+    placed(ledger, tenants)
+    members = [pod(f"ns/w{i}", count=1, milli=500) for i in range(2)]
+    plan = functools.partial(core_gangs.plan, ledger, placer, members, 2)
+    assert not plan().status.ok
+    before = snapshot(state)[:4]
+    found = victims.for_gang(state, tenants, plan, priority=10)
+    assert found is not None
+    assert sorted(names(found.victims)) == ["low-a", "low-b"] and found.priorities == (1, 1)
+    assert found.nodes == ("a", "b") and len(found.allocations) == 2
+    assert all(np.array_equal(x, y) for x, y in zip(before, snapshot(state)[:4], strict=True))
+    assert not plan().status.ok, "the live fleet is as it was: the gang still does not fit"
+
+
+def test_a_gang_takes_a_higher_level_only_when_the_lower_one_is_not_enough() -> None:
+    state, ledger, placer = gang_setup("a", "b")
+    tenants = [tenant("p1", 300, 1, where="a"), tenant("p3", 1000, 3, where="b")]
+    placed(ledger, tenants)
+    members = [pod(f"ns/w{i}", count=1, milli=1000) for i in range(2)]
+    plan = functools.partial(core_gangs.plan, ledger, placer, members, 2)
+    found = victims.for_gang(state, tenants, plan, priority=4)
+    assert found is not None and sorted(names(found.victims)) == ["p1", "p3"]
+    assert victims.for_gang(state, tenants, plan, priority=3) is None, "p3 is not below 3: no plan"
+
+
+def test_a_gang_that_fits_once_leaving_pods_go_preempts_nothing() -> None:
+    state, ledger, placer = gang_setup("a", "b")
+    tenants = [tenant("going", 1000, 0, where="a", leaving=True), tenant("low", 1000, 0, where="b")]
+    placed(ledger, tenants)
+    members = [pod("ns/w0", count=1, milli=1000)]
+    found = victims.for_gang(state, tenants, functools.partial(core_gangs.plan, ledger, placer, members, 1), 5)
+    assert found is not None and found.victims == () and names(found.leaving) == ["going"]
+
+
+def test_a_gangs_victim_takes_its_own_gang_along() -> None:
+    state, ledger, placer = gang_setup("a", "b", "c")
+    mate = units.PodKey("ns/mate")
+    tenants = [
+        victims.Tenant(tenant("m", 1000, 0, where="a").alloc, 0, companions=((mate, 0),)),
+        victims.Tenant(tenant("mate", 1000, 0, where="c").alloc, 0, companions=((units.PodKey("ns/m"), 0),)),
+        tenant("other", 1000, 2, where="b"),
+    ]
+    placed(ledger, tenants)
+    members = [pod(f"ns/w{i}", count=1, milli=1000) for i in range(2)]
+    found = victims.for_gang(state, tenants, functools.partial(core_gangs.plan, ledger, placer, members, 2), 5)
+    assert found is not None
+    assert sorted(names(found.victims)) == ["m", "mate"], "the low gang goes whole; priority 2 stays"

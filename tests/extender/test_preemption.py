@@ -2,15 +2,18 @@
 lower-priority pods must go, their GPUs are kept from everyone else while they leave, the victims are
 marked and deleted (again if a deletion is lost), and the pod gets the GPUs they freed; nothing is
 over-committed on the way. Pods that may not preempt (policy Never, equal priority) do not. A gang
-goes whole or not at all."""
+goes whole or not at all, and a gang that fits nowhere preempts for all its members at once."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Any
 
+from sharegpu.api import extender as api_extender
 from sharegpu.api import names, paths, pods
-from sharegpu.core import units
+from sharegpu.core import gangs as core_gangs
+from sharegpu.core import status, units
 from sharegpu.extender import runtime
 from sharegpu.kube import client
 from tests.extender.conftest import Harness, gpu_pod, settle
@@ -209,3 +212,100 @@ async def test_a_gang_with_a_member_that_outranks_the_pod_is_not_preempted(harne
     verdict = h.extender.scheduling.filter(h.args(high))
     assert verdict.node_names == [] and "preempting" not in " ".join(verdict.failed_nodes.values())
     assert not any(stored(h, n)["metadata"].get("deletionTimestamp") for n in "ab"), "a alone would leave b partial"
+
+
+def gang_member(name: str, milli: int, priority: int) -> Json:
+    annotations = {names.GANG: "job", names.GANG_MIN: "2"}
+    return gpu_pod(name, milli=milli, annotations=annotations, spec={"priority": priority})
+
+
+async def test_a_gang_that_fits_nowhere_preempts_across_nodes_at_once_and_is_placed_whole(
+    harness: Callable[..., Any],
+) -> None:
+    """Two one-GPU nodes, each with a low pod (600, priority 0) and a mid pod (300, priority 50): a
+    gang of two 400-milli members of priority 100 fits nowhere; both low pods go (the mid pods stay,
+    reprieved), the members' room is kept from everyone meanwhile, and once the victims have gone the
+    gang is planned into it whole."""
+    h: Harness = await harness(nodes=2, gpus=1, assume_ttl=300.0)
+    for name, milli, priority in (("low-a", 600, 0), ("low-b", 600, 0), ("mid-a", 300, 50), ("mid-b", 300, 50)):
+        await h.schedule(await h.create(pod(name, milli, priority=priority)))
+    g0 = await h.create(gang_member("g0", 400, 100))
+    g1 = await h.create(gang_member("g1", 400, 100))
+    verdict = h.extender.scheduling.filter(h.args(g0))
+    said = " ".join(verdict.failed_nodes.values())
+    assert verdict.node_names == [] and "preempting 2 lower-priority pod(s) on n0, n1" in said, said
+    preemptor = h.extender.preemptor
+    assert preemptor is not None and list(preemptor.gangs) == ["ns/job"]
+    sneak = await h.create(pod("sneak", 100))
+    assert h.extender.scheduling.filter(h.args(sneak)).node_names == [], "the gang's room is kept for it"
+
+    await preemptor.reconcile()
+    await settle(h.server)
+    assert all(stored(h, n)["metadata"].get("deletionTimestamp") for n in ("low-a", "low-b"))
+    assert not any(stored(h, n)["metadata"].get("deletionTimestamp") for n in ("mid-a", "mid-b")), "reprieved"
+    assert reasons(h, "low-a") == ["Preempted"] and reasons(h, "g0") == ["Preempting"] == reasons(h, "g1")
+    assert {stored(h, n)["status"]["nominatedNodeName"] for n in ("g0", "g1")} == {"n0", "n1"}
+    (condition,) = [c for c in stored(h, "low-b")["status"]["conditions"] if c["type"] == pods.DISRUPTION_TARGET]
+    assert "preempted by gang ns/job (priority 100)" in condition["message"]
+    waiting = h.extender.scheduling.filter(h.args(g1))
+    assert "its gang ns/job waits for 2 preempted pods to leave n0, n1" in " ".join(waiting.failed_nodes.values())
+    assert not overcommitted(h)
+
+    h.server.finish_deletions()
+    await settle(h.server)
+    await preemptor.reconcile()
+    await settle(h.server)
+    assert not any(stored(h, n)["status"].get("nominatedNodeName") for n in ("g0", "g1")), "nudged"
+    first = h.extender.scheduling.filter(h.args(g0))
+    assert preemptor.gangs == {} and len(first.node_names) == 1, first.failed_nodes
+    bigger = await h.create(pod("bigger", 400))  # would fit in the room the victims freed
+    assert h.extender.scheduling.filter(h.args(bigger)).node_names == [], "planned at once: the room is the gang's"
+    second = h.extender.scheduling.filter(h.args(g1))
+    assert {first.node_names[0], second.node_names[0]} == {"n0", "n1"}
+    results = await asyncio.gather(
+        *(
+            h.extender.scheduling.bind(
+                api_extender.BindingArgs(
+                    pod_name=n, pod_namespace="ns", pod_uid=stored(h, n)["metadata"]["uid"], node=v.node_names[0]
+                )
+            )
+            for n, v in (("g0", first), ("g1", second))
+        )
+    )
+    assert all(r.error == "" for r in results), [r.error for r in results]
+    await settle(h.server)
+    assert {stored(h, n)["spec"]["nodeName"] for n in ("g0", "g1")} == {"n0", "n1"}
+    assert not overcommitted(h)
+
+
+async def test_a_gang_preempts_nothing_it_does_not_outrank_and_tries_at_most_once_per_retry(
+    harness: Callable[..., Any],
+) -> None:
+    h: Harness = await harness(nodes=2, gpus=1, assume_ttl=300.0)
+    for name in ("a", "b"):
+        await h.schedule(await h.create(pod(name, 700, priority=100)))
+    g0 = await h.create(gang_member("g0", 400, 100))
+    await h.create(gang_member("g1", 400, 100))
+    verdict = h.extender.scheduling.filter(h.args(g0))
+    assert "preempting" not in " ".join(verdict.failed_nodes.values())
+    preemptor = h.extender.preemptor
+    assert preemptor is not None and preemptor.gangs == {}
+    assert not any(stored(h, n)["metadata"].get("deletionTimestamp") for n in "ab"), "equal priority stays"
+    tries: list[int] = []
+
+    def plan() -> core_gangs.Plan:
+        tries.append(1)
+        return core_gangs.Plan(status.unschedulable("no"))
+
+    low = await h.create(pod("low", 200, priority=0))
+    await h.schedule(low)
+    members = [h.extender.cache.record(units.PodKey(f"ns/{n}")) for n in ("g0", "g1")]
+    assert all(m is not None for m in members)
+    found = [m for m in members if m is not None]
+    h.clock.advance(preemptor.retry)
+    assert preemptor.consider_gang("ns/job", found, plan) is None and tries, "tried: low is below the gang"
+    tried = len(tries)
+    assert preemptor.consider_gang("ns/job", found, plan) is None and len(tries) == tried, "not again so soon"
+    h.clock.advance(preemptor.retry)
+    preemptor.consider_gang("ns/job", found, plan)
+    assert len(tries) > tried

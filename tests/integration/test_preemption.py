@@ -204,3 +204,38 @@ async def test_a_gang_is_preempted_whole_for_a_higher_priority_pod(
     assert set(found) == {"high"}, f"both members went before it was bound: {sorted(found)}"
     said = await reasons(admin, namespace)
     assert {("Preempted", "w0"), ("Preempted", "w1"), ("Preempting", "high")} <= said, said
+
+
+async def test_a_gang_that_fits_nowhere_preempts_on_several_nodes_and_is_bound_whole(
+    admin: client.KubeClient,
+    extender: ExtenderProcess,
+    nodes: Callable[..., Any],
+    namespace: str,
+    classes: dict[str, str],
+) -> None:
+    """Two one-GPU nodes, a low pod of 600 milli on each; a high-priority gang of two 600-milli members
+    fits on neither: both low pods are preempted at once and the gang is bound whole, one member per
+    node, with nothing over-committed at any poll on the way."""
+    both = await nodes(2, gpus=1)
+    pods_path = f"/api/v1/namespaces/{namespace}/pods"
+    for name in ("low-a", "low-b"):
+        await admin.create(pods_path, with_class(gpu_pod(name, namespace, milli=600), classes["low"]))
+        await wait_for(functools.partial(_bound, admin, namespace, name), what=f"{name} bound")
+    gang = {names.GANG: "job", names.GANG_MIN: "2"}
+    for name in ("g0", "g1"):
+        await admin.create(
+            pods_path, with_class(gpu_pod(name, namespace, milli=600, annotations=gang), classes["high"])
+        )
+
+    async def gang_bound() -> dict[str, Json] | None:
+        for node in both:
+            await never_overcommitted(admin, node)
+        found = await pods_by_name(admin, namespace)
+        return found if all((found.get(n) or {}).get("spec", {}).get("nodeName") for n in ("g0", "g1")) else None
+
+    found = await wait_for(gang_bound, timeout=90, what="the gang bound after preempting")
+    assert set(found) == {"g0", "g1"}, f"both low pods went: {sorted(found)}"
+    assert {found[n]["spec"]["nodeName"] for n in ("g0", "g1")} == set(both)
+    await consistent(admin, both)
+    said = await reasons(admin, namespace)
+    assert {("Preempted", "low-a"), ("Preempted", "low-b"), ("Preempting", "g0"), ("Preempting", "g1")} <= said, said

@@ -19,16 +19,26 @@ so taking a gang hurts more than taking a lone pod of the same priority.
 
 Across nodes (`best`) the plan that hurts least wins: the lowest highest victim priority, then the
 lowest sum of victim priorities, then the fewest victims, then the node the policy ranks first.
+
+A gang that fits nowhere (`for_gang`) preempts across nodes at once: its plan (`core.gangs.plan`,
+given as a callable over the live fleet) is tried with the tenants of the lowest priority taken off,
+then of the next lowest as well, and so on, up to every tenant below the gang's priority (the lowest
+priority its members hold): the first level at which the gang fits bounds the most important victim
+as low as it can be. Then, the plan's allocations fixed, the tenants taken off are put back the most
+important first wherever they still fit beside the gang; the rest are the victims (with their
+companions). Tenants already leaving count as gone from the start, so a gang that fits once they
+have gone preempts nothing. The fleet is changed in place for the trials and left exactly as it was.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from sharegpu.core import allocation, fit, fleet, requests, units
+from sharegpu.core import gangs as core_gangs
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +80,36 @@ class Plan:
         return (max(self.priorities), sum(self.priorities), len(self.victims))
 
 
+@dataclass(frozen=True, slots=True)
+class GangPlan:
+    """What preempting for a gang takes, and where its members then go."""
+
+    allocations: tuple[allocation.Allocation, ...]
+    """The members' places once the victims and the leaving pods are gone."""
+    victims: tuple[units.PodKey, ...]
+    """Pods to delete, least important first."""
+    leaving: tuple[units.PodKey, ...]
+    """Pods already being deleted that the gang waits for."""
+    priorities: tuple[int, ...]
+    """The victims' priorities (aligned with `victims`)."""
+
+    @property
+    def nodes(self) -> tuple[units.NodeName, ...]:
+        """The nodes the gang goes to."""
+        return tuple(sorted({a.node for a in self.allocations}))
+
+
+def _may_go(tenant: Tenant, priority: int) -> bool:
+    """Whether a pod of `priority` may preempt the tenant (and its companions)."""
+    return (
+        tenant.preemptible
+        and not tenant.leaving
+        and tenant.priority < priority
+        and bool(tenant.alloc.gpu_usage())
+        and all(p < priority for _, p in tenant.companions)
+    )
+
+
 def _fits(state: fleet.FleetState, demand: requests.GpuDemand) -> bool:
     return bool(fit.evaluate(state, demand, np.zeros(1, dtype=np.int64)).feasible[0])
 
@@ -88,12 +128,7 @@ def on_node(
     for tenant in tenants:
         if tenant.leaving and tenant.priority < priority:
             leaving.append(tenant.alloc.pod)
-        elif (
-            tenant.preemptible
-            and tenant.priority < priority
-            and tenant.alloc.gpu_usage()
-            and all(p < priority for _, p in tenant.companions)
-        ):
+        elif _may_go(tenant, priority):
             candidates.append(tenant)
         else:
             scratch.apply(tenant.alloc, +1)
@@ -143,3 +178,88 @@ def best(plans: Sequence[Plan], rank: fleet.IntArray) -> Plan | None:
     if not plans:
         return None
     return min(plans, key=lambda p: (p.cost, int(rank[p.row]), p.node))
+
+
+class _Trial:
+    """Tenants taken off the live fleet and allocations put on it for a trial, undone by `undo`
+    (the co-tenancy labels restored as they were: a label shows its last tenant's)."""
+
+    def __init__(self, state: fleet.FleetState) -> None:
+        self.state = state
+        self.off: dict[units.PodKey, allocation.Allocation] = {}
+        self.on: list[allocation.Allocation] = []
+        self._tags = (state.affinity_tag.copy(), state.exclusion_tag.copy(), state.group_tag.copy())
+
+    def take(self, alloc: allocation.Allocation) -> None:
+        if alloc.pod not in self.off:
+            self.state.apply(alloc, -1)
+            self.off[alloc.pod] = alloc
+
+    def put_back(self, alloc: allocation.Allocation) -> None:
+        self.state.apply(self.off.pop(alloc.pod), +1)
+
+    def place(self, alloc: allocation.Allocation) -> None:
+        self.state.apply(alloc, +1)
+        self.on.append(alloc)
+
+    def undo(self) -> None:
+        state = self.state
+        for alloc in reversed(self.on):
+            state.apply(alloc, -1)
+        for alloc in self.off.values():
+            state.apply(alloc, +1)
+        self.on.clear()
+        self.off.clear()
+        state.affinity_tag[:], state.exclusion_tag[:], state.group_tag[:] = self._tags
+
+
+def for_gang(
+    state: fleet.FleetState, tenants: Sequence[Tenant], plan: Callable[[], core_gangs.Plan], priority: int
+) -> GangPlan | None:
+    """The victims for a gang of `priority` whose `plan` (over the live `state`) fails now: None if
+    taking every tenant below its priority would not make it fit (or there is none)."""
+    candidates = [t for t in tenants if _may_go(t, priority)]
+    leaving = [t for t in tenants if t.leaving and t.priority < priority]
+    if not candidates and not leaving:
+        return None
+    trial = _Trial(state)
+    try:
+        for tenant in leaving:
+            trial.take(tenant.alloc)
+        found = plan() if leaving else None
+        for level in sorted({t.priority for t in candidates}):
+            if found is not None and found.status.ok:
+                break
+            for tenant in candidates:
+                if tenant.priority == level:
+                    trial.take(tenant.alloc)
+            found = plan()
+        if found is None or not found.status.ok:
+            return None
+        for alloc in found.allocations:
+            trial.place(alloc)
+        by_key = {t.alloc.pod: t for t in candidates}
+        chosen: dict[units.PodKey, int] = {}
+        taken = [t for t in candidates if t.alloc.pod in trial.off]
+        for tenant in sorted(taken, key=lambda t: (-t.priority, t.created, t.alloc.pod)):
+            if tenant.alloc.pod in chosen:
+                continue  # gone with a companion taken before it
+            if not state.problems(tenant.alloc):
+                trial.put_back(tenant.alloc)
+                continue
+            chosen[tenant.alloc.pod] = tenant.priority
+            for key, companion_priority in tenant.companions:
+                chosen.setdefault(key, companion_priority)
+                companion = by_key.get(key)
+                if companion is not None:
+                    trial.take(companion.alloc)  # put back already, or elsewhere: it leaves with its gang
+        last_taken_first = list(chosen)[::-1]  # they were taken most important first
+        order = sorted(last_taken_first, key=chosen.__getitem__)  # least important first; stable for equals
+        return GangPlan(
+            allocations=found.allocations,
+            victims=tuple(order),
+            leaving=tuple(t.alloc.pod for t in leaving),
+            priorities=tuple(chosen[k] for k in order),
+        )
+    finally:
+        trial.undo()

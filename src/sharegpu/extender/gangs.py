@@ -26,12 +26,17 @@ for plans it learns of later), so a gang bound in part is completed where it was
 planned again into room others have taken meanwhile. A plan not yet released is not kept: none of
 its members is bound, and it is planned again whole. A plan that ended (complete, or given back) is
 deleted (`flush`, by its UID).
+
+A gang that fits nowhere may preempt lower-priority pods for all its members at once
+(`preemption.Preemptor.consider_gang`): their room is held while the victims leave, and the gang is
+planned into it at the first member's filter after they have gone.
 """
 
 from __future__ import annotations
 
 import asyncio
 import enum
+import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -44,6 +49,7 @@ from sharegpu.core import allocation, errors, units
 from sharegpu.core import gangs as core_gangs
 from sharegpu.extender import cache as extender_cache
 from sharegpu.extender import metrics as extender_metrics
+from sharegpu.extender import preemption
 from sharegpu.kube import client
 from sharegpu.kube import errors as kube_errors
 
@@ -98,10 +104,13 @@ class GangBook:
         *,
         clock: Callable[[], float],
         barrier_wait: float = BARRIER_WAIT,
+        preemptor: preemption.Preemptor | None = None,
     ) -> None:
         self.cache = cache
         self.api = api
         self.metrics = metrics
+        self.preemptor = preemptor
+        """Preempts lower-priority pods for a gang that fits nowhere; None: no preemption."""
         self.clock = clock
         self.barrier_wait = barrier_wait
         self.plans: dict[str, Plan] = {}
@@ -153,14 +162,22 @@ class GangBook:
                 f"gang {gang.key} waits for its members: {running + len(waiting)} of {gang.min_count} "
                 "needed are here, and none is placed before they all fit"
             )
-        found = core_gangs.plan(
+        trial = functools.partial(
+            core_gangs.plan,
             self.cache.ledger,
             self.cache.placer,
             [m.request for m in waiting if m.request is not None],
             need,
             self._domains(gang.topology, self._admitted(waiting)),
         )
+        found = trial()
         if not found.status.ok:
+            preempting = self.preemptor.consider_gang(gang.key, waiting, trial) if self.preemptor is not None else None
+            if preempting is not None:
+                return self._refuse(
+                    f"gang {gang.key}: {found.status.message}; preempting {len(preempting.victims)} lower-priority "
+                    f"pod(s) on {', '.join(preempting.nodes)} for it"
+                )
             return self._refuse(f"gang {gang.key}: {found.status.message}")
         return self._hold(gang, {m.key: m.uid for m in waiting}, found, record.key)
 

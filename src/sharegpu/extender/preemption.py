@@ -24,6 +24,12 @@ extender preempts instead, from its filter (docs/extender.md, "Preemption"):
 - **Gangs, whole.** A member of a gang (`api.gangs`) is preempted only with every other running
   member of its gang, wherever they run (`victims.Tenant.companions`), and only when all of them have
   a lower priority than the pod and none of the gang is being placed: a gang is never left partial.
+- **Gangs preempting.** A gang whose plan fits nowhere (`consider_gang`, from `extender.gangs`)
+  preempts for all its planned members at once, across nodes (`victims.for_gang`): every member's
+  room is held, every victim goes, and once all have gone the holds end at the next member's filter,
+  which plans the gang into the room in the same step. Its members wait meanwhile ("its gang waits
+  for N preempted pods"); a member gone or replaced, or bound some other way, ends the nomination.
+  A gang tries at most once every `retry` seconds (its members are filtered one after another).
 - **Ends.** A nomination also ends when the pod is gone, bound or replaced, or after `patience`
   seconds (victims that never leave): the hold is released and the pod may plan again.
 
@@ -38,13 +44,14 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from sharegpu.api import events, paths, pods, wire
 from sharegpu.core import errors, fit, requests, units, victims
+from sharegpu.core import gangs as core_gangs
 from sharegpu.extender import cache as extender_cache
 from sharegpu.extender import metrics as extender_metrics
 from sharegpu.kube import client
@@ -58,6 +65,8 @@ RETRY = 3.0
 
 PATIENCE = 300.0
 """Seconds a nomination waits for its victims to leave before it is given up."""
+GANG_TRIES = 1024
+"""How many gangs' last tries to preempt `Preemptor` remembers (to try at most once per `retry`)."""
 
 
 @dataclass(slots=True)
@@ -75,6 +84,25 @@ class Nomination:
     told: set[units.PodKey] = field(default_factory=set)
     """Victims told by an event."""
     announced: bool = False
+
+
+@dataclass(slots=True)
+class GangNomination:
+    gang: str
+    priority: int
+    uids: dict[units.PodKey, str]
+    """The planned members -> their UIDs."""
+    plan: victims.GangPlan
+    victims: dict[units.PodKey, str]
+    since: float
+    sent: dict[units.PodKey, float] = field(default_factory=dict)
+    told: set[units.PodKey] = field(default_factory=set)
+    announced: bool = False
+    nudged: bool = False
+
+    @property
+    def where(self) -> str:
+        return ", ".join(self.plan.nodes)
 
 
 class Preemptor:
@@ -97,6 +125,11 @@ class Preemptor:
         self.patience = patience
         self.clock = clock
         self.nominations: dict[units.PodKey, Nomination] = {}
+        self.gangs: dict[str, GangNomination] = {}
+        self.gang_of: dict[units.PodKey, str] = {}
+        """A nominated gang's planned member -> its gang's key."""
+        self._gang_tried: dict[str, float] = {}
+        """Gang key -> when it last tried to preempt (`consider_gang`), the newest GANG_TRIES."""
         self._wake = asyncio.Event()
         self._passing = asyncio.Lock()
         """One pass at a time (the loop's and a caller's)."""
@@ -106,13 +139,16 @@ class Preemptor:
     def waiting(self, key: units.PodKey, uid: str) -> str | None:
         """For a pod's filter: what it waits for while its victims leave, or None (no nomination, or
         its victims have gone: then the hold is released and the pod is placed as usual)."""
+        gang = self.gang_of.get(key)
+        if gang is not None:
+            return self._waiting_gang(self.gangs[gang], key, uid)
         nomination = self.nominations.get(key)
         if nomination is None:
             return None
         if nomination.uid != uid:
             self._end(nomination, "replaced")
             return None
-        left = self._remaining(nomination)
+        left = self._remaining(nomination.victims)
         if left:
             return f"sharegpu: waiting for {len(left)} preempted {_pods(len(left))} to leave {nomination.plan.node}"
         self._end(nomination, "placed")
@@ -160,17 +196,83 @@ class Preemptor:
         self._wake.set()
         return chosen
 
+    def _waiting_gang(self, nomination: GangNomination, key: units.PodKey, uid: str) -> str | None:
+        if nomination.uids[key] != uid:
+            self._end_gang(nomination, "replaced")
+            return None
+        left = self._remaining(nomination.victims)
+        if left:
+            return (
+                f"sharegpu: its gang {nomination.gang} waits for {len(left)} preempted {_pods(len(left))} "
+                f"to leave {nomination.where}"
+            )
+        self._end_gang(nomination, "placed")  # the gang is planned into the room in this same filter
+        return None
+
+    def consider_gang(
+        self, gang: str, members: Sequence[pods.Record], plan: Callable[[], core_gangs.Plan]
+    ) -> victims.GangPlan | None:
+        """A gang whose `plan` (over the live ledger) fits nowhere now: nominate its `members` where
+        preempting hurts least, if anywhere (at most once every `retry` seconds). The writes follow in
+        `run`."""
+        found = self.gangs.get(gang)
+        if found is not None:
+            return found.plan
+        if not members or any(not m.preempts or not m.uid for m in members):
+            return None
+        now = self.clock()
+        if now - self._gang_tried.get(gang, -self.retry) < self.retry:
+            return None
+        self._gang_tried.pop(gang, None)
+        self._gang_tried[gang] = now
+        while len(self._gang_tried) > GANG_TRIES:
+            del self._gang_tried[next(iter(self._gang_tried))]
+        priority = min(m.priority for m in members)
+        tenants = [t for row in self._tenants(None).values() for t in row]
+        if not any(t.leaving or (t.preemptible and t.priority < priority) for t in tenants):
+            return None
+        chosen = victims.for_gang(self.cache.state, tenants, plan, priority)
+        if chosen is None:
+            return None
+        uids = {m.key: m.uid for m in members}
+        leave = {k: self._uid(k) for k in (*chosen.victims, *chosen.leaving)}
+        nomination = GangNomination(
+            gang, priority, {a.pod: uids[a.pod] for a in chosen.allocations}, chosen, leave, now
+        )
+        self.gangs[gang] = nomination
+        for alloc in chosen.allocations:
+            self.gang_of[alloc.pod] = gang
+            self.cache.hold(alloc.pod, alloc.node, tuple(sorted(alloc.gpu_usage())))
+        self.metrics.preemptions.labels("nominated").inc()
+        self.metrics.preempted.inc(len(chosen.victims))
+        log.info(
+            "gang %s (priority %d) nominated on %s: preempting %s%s",
+            gang, priority, nomination.where, ", ".join(chosen.victims) or "nothing",
+            f"; waiting for {', '.join(chosen.leaving)}" if chosen.leaving else "",
+        )  # fmt: skip
+        self._wake.set()
+        return chosen
+
+    def _end_gang(self, nomination: GangNomination, why: str) -> None:
+        self.gangs.pop(nomination.gang, None)
+        for key in nomination.uids:
+            if self.gang_of.get(key) == nomination.gang:
+                del self.gang_of[key]
+            self.cache.release(key)
+        self.metrics.preemptions.labels(why).inc()
+        log.info("nomination of gang %s on %s ended: %s", nomination.gang, nomination.where, why)
+
     def _uid(self, key: units.PodKey) -> str:
         record = self.cache.record(key)
         return record.uid if record is not None else ""
 
-    def _tenants(self, rows: set[int]) -> dict[int, list[victims.Tenant]]:
-        """The ledger's pods on those rows as preemption sees them."""
+    def _tenants(self, rows: set[int] | None) -> dict[int, list[victims.Tenant]]:
+        """The ledger's pods on those rows (None: on every node) as preemption sees them."""
         state = self.cache.state
         found: dict[int, list[victims.Tenant]] = {}
         for key, entry in self.cache.ledger.entries():
             row = state.row(entry.alloc.node)
-            if row is None or row not in rows:
+            if row is None or (rows is not None and row not in rows):
                 continue
             record = self.cache.record(key)
             bound = record is not None and record.node == entry.alloc.node
@@ -180,7 +282,10 @@ class Preemptor:
                     alloc=entry.alloc,
                     priority=record.priority if record is not None else 0,
                     created=record.created if record is not None else "",
-                    preemptible=bound and key not in self.nominations and companions is not None,
+                    preemptible=bound
+                    and key not in self.nominations
+                    and key not in self.gang_of
+                    and companions is not None,
                     leaving=bound and record is not None and record.deleting,
                     companions=companions or (),
                 )
@@ -196,16 +301,17 @@ class Preemptor:
         for member in self.cache.gang_members(record.gang.key):
             if member.key == record.key or member.terminal or member.deleting:
                 continue
-            if member.key in self.cache.assumed or member.key in self.nominations:
+            if member.key in self.cache.assumed or member.key in self.nominations or member.key in self.gang_of:
                 return None
             if member.node:
                 companions.append((member.key, member.priority))
         return tuple(companions)
 
-    def _remaining(self, nomination: Nomination) -> list[units.PodKey]:
-        """Its victims still holding their GPUs (the ledger counts a pod until it has gone)."""
+    def _remaining(self, leave: dict[units.PodKey, str]) -> list[units.PodKey]:
+        """Of a nomination's victims (and pods it waits for), those still holding their GPUs (the
+        ledger counts a pod until it has gone)."""
         left = []
-        for key, uid in nomination.victims.items():
+        for key, uid in leave.items():
             record = self.cache.record(key)
             if record is not None and record.uid == uid and not record.terminal and key in self.cache.ledger:
                 left.append(key)
@@ -250,7 +356,7 @@ class Preemptor:
             if record.node:
                 self._end(nomination, "bound")
                 continue
-            left = self._remaining(nomination)
+            left = self._remaining(nomination.victims)
             if not left:
                 self._place(nomination)
                 await self._nudge(nomination)
@@ -262,14 +368,46 @@ class Preemptor:
                 continue
             if not nomination.announced:
                 nomination.announced = await self._announce(nomination)
-            for key in left:
-                victim = self.cache.record(key)
-                if victim is None or victim.deleting or key not in nomination.plan.victims:
-                    continue
-                sent = nomination.sent.get(key)
-                if sent is None or now - sent >= self.retry:
-                    nomination.sent[key] = now
-                    await self._delete(nomination, victim)
+            await self._evict(nomination, left, now)
+        for gang in list(self.gangs.values()):
+            if self.gangs.get(gang.gang) is gang:  # not ended by a member's filter meanwhile
+                await self._pass_gang(gang, now)
+
+    async def _evict(self, nomination: Nomination | GangNomination, left: list[units.PodKey], now: float) -> None:
+        """Delete the victims still there (again after `retry` seconds while one is not leaving)."""
+        for key in left:
+            victim = self.cache.record(key)
+            if victim is None or victim.deleting or key not in nomination.plan.victims:
+                continue
+            sent = nomination.sent.get(key)
+            if sent is None or now - sent >= self.retry:
+                nomination.sent[key] = now
+                await self._delete(nomination, victim)
+
+    async def _pass_gang(self, nomination: GangNomination, now: float) -> None:
+        records = {k: self.cache.record(k) for k in nomination.uids}
+        for key, record in records.items():
+            if record is None or record.uid != nomination.uids[key] or record.deleting or record.terminal:
+                self._end_gang(nomination, "gone")
+                return
+            if record.node:
+                self._end_gang(nomination, "bound")
+                return
+        left = self._remaining(nomination.victims)
+        if now - nomination.since >= self.patience:
+            log.warning("gang %s: %s still there after %.0f s; the nomination is given up", nomination.gang,
+                        ", ".join(left) or "its members not filtered again", self.patience)  # fmt: skip
+            self._end_gang(nomination, "expired")
+            return
+        if not left:
+            if not nomination.nudged:  # the holds end at the next member's filter, which plans the gang
+                nomination.nudged = True
+                for key in nomination.uids:
+                    await self._nominate(key, None)
+            return
+        if not nomination.announced:
+            nomination.announced = await self._announce_gang(nomination)
+        await self._evict(nomination, left, now)
 
     def _place(self, nomination: Nomination) -> None:
         """The victims have gone: the held GPUs become the pod's assumption in one step."""
@@ -290,20 +428,40 @@ class Preemptor:
         the victims' deletions may have reached it before they reached this cache (its last try then
         found the room still taken, and nothing else would wake it for up to five minutes). The
         change: its nominated node is cleared, the room now being held for it as an assumption."""
-        namespace, _, name = nomination.pod.partition("/")
+        await self._nominate(nomination.pod, None)
+
+    async def _nominate(self, key: units.PodKey, node: str | None) -> None:
+        """Name the pod's nominated node in its status (None: clear it)."""
+        namespace, _, name = key.partition("/")
         try:
-            await self.api.patch(paths.pod_status(namespace, name), pods.nominated(None))
+            await self.api.patch(paths.pod_status(namespace, name), pods.nominated(node))
         except errors.SharegpuError as exc:
-            log.warning("pod %s: cannot clear its nominated node: %s", nomination.pod, exc)
+            log.warning("pod %s: cannot %s its nominated node: %s", key, "name" if node else "clear", exc)
+
+    async def _announce_gang(self, nomination: GangNomination) -> bool:
+        """Each planned member's nominated node, and an event on each saying what its gang preempts."""
+        plan = nomination.plan
+        what = ", ".join(plan.victims) or "nothing more"
+        message = f"its gang {nomination.gang} preempts {what} on {nomination.where}"
+        if plan.leaving:
+            message += f" (also waiting for {', '.join(plan.leaving)}, already leaving)"
+        told = True
+        for alloc in plan.allocations:
+            await self._nominate(alloc.pod, alloc.node)
+            namespace, _, name = alloc.pod.partition("/")
+            subject = events.pod(namespace, name, nomination.uids[alloc.pod])
+            try:
+                await self.recorder.record(subject, "Preempting", message, decision=f"preempt|{nomination.where}")
+            except errors.SharegpuError as exc:
+                log.warning("event Preempting on %s: %s", alloc.pod, exc)
+                told = False
+        return told
 
     async def _announce(self, nomination: Nomination) -> bool:
         """The pod's nominated node in its status, and an event saying what it preempts."""
         namespace, _, name = nomination.pod.partition("/")
         plan = nomination.plan
-        try:
-            await self.api.patch(paths.pod_status(namespace, name), pods.nominated(plan.node))
-        except errors.SharegpuError as exc:
-            log.warning("pod %s: cannot name its nominated node: %s", nomination.pod, exc)
+        await self._nominate(nomination.pod, plan.node)
         what = ", ".join(plan.victims) or "nothing more"
         message = f"preempting {what} on {plan.node} for GPUs {list(plan.gpus)}"
         if plan.leaving:
@@ -316,17 +474,31 @@ class Preemptor:
             return False
         return True
 
-    async def _delete(self, nomination: Nomination, victim: pods.Record) -> None:
+    @staticmethod
+    def _why(nomination: Nomination | GangNomination, victim: pods.Record) -> str:
+        """What a victim is told."""
+        if isinstance(nomination, GangNomination):
+            by, where = f"gang {nomination.gang}", nomination.where
+            here = victim.node in nomination.plan.nodes
+        else:
+            by, where = nomination.pod, nomination.plan.node
+            here = victim.node == where
+        if here:
+            return (
+                f"sharegpu-scheduler: preempted by {by} (priority {nomination.priority}) to free its GPU share on "
+                f"{where}"
+            )
+        return (
+            f"sharegpu-scheduler: preempted with its gang {victim.gang.key if victim.gang else ''} by {by} (priority "
+            f"{nomination.priority}), which takes a member's GPUs on {where}"
+        )
+
+    async def _delete(self, nomination: Nomination | GangNomination, victim: pods.Record) -> None:
         """Mark the victim (condition, then event, once), then delete it if it is still that pod. No
         event, no deletion: the next try writes it first."""
         namespace, _, name = victim.key.partition("/")
-        message = (
-            f"sharegpu-scheduler: preempted by {nomination.pod} (priority {nomination.priority}) to free its "
-            f"GPU share on {nomination.plan.node}"
-            if victim.node == nomination.plan.node
-            else f"sharegpu-scheduler: preempted with its gang {victim.gang.key if victim.gang else ''} by "
-            f"{nomination.pod} (priority {nomination.priority}), which takes a member's GPUs on {nomination.plan.node}"
-        )
+        message = self._why(nomination, victim)
+        by = nomination.gang if isinstance(nomination, GangNomination) else nomination.uid
         now = wire.timestamp(self.recorder.clock())
         try:
             await self.api.patch(
@@ -339,7 +511,7 @@ class Preemptor:
         if victim.key not in nomination.told:
             subject = events.pod(namespace, name, victim.uid)
             try:
-                await self.recorder.record(subject, "Preempted", message, decision=f"preempted|{nomination.uid}")
+                await self.recorder.record(subject, "Preempted", message, decision=f"preempted|{by}")
                 nomination.told.add(victim.key)
             except errors.SharegpuError as exc:
                 self.metrics.preempted_deletions.labels("untold").inc()
@@ -351,11 +523,11 @@ class Preemptor:
         except errors.SharegpuError as exc:
             outcome = kube_errors.outcome(exc)
             self.metrics.preempted_deletions.labels(outcome.value).inc()
-            log.warning("preempting %s for %s: %s (%s; sent again in %.0f s if it is still there)",
-                        victim.key, nomination.pod, exc, outcome.value, self.retry)  # fmt: skip
+            log.warning("preempting %s: %s (%s; sent again in %.0f s if it is still there)",
+                        victim.key, exc, outcome.value, self.retry)  # fmt: skip
             return
         self.metrics.preempted_deletions.labels("done").inc()
-        log.info("preempted %s on %s for %s", victim.key, nomination.plan.node, nomination.pod)
+        log.info("preempted %s on %s: %s", victim.key, victim.node, message)
 
     def describe(self) -> list[dict[str, object]]:
         """The nominations now (for /debug)."""
@@ -365,10 +537,19 @@ class Preemptor:
                 "node": n.plan.node,
                 "gpus": list(n.plan.gpus),
                 "victims": list(n.plan.victims),
-                "waiting_for": self._remaining(n),
+                "waiting_for": self._remaining(n.victims),
                 "age_seconds": round(self.clock() - n.since, 1),
             }
             for n in self.nominations.values()
+        ] + [
+            {
+                "gang": n.gang,
+                "members": {a.pod: a.node for a in n.plan.allocations},
+                "victims": list(n.plan.victims),
+                "waiting_for": self._remaining(n.victims),
+                "age_seconds": round(self.clock() - n.since, 1),
+            }
+            for n in self.gangs.values()
         ]
 
 

@@ -176,7 +176,7 @@ class SchedulingService:
         prepare: Prepare | None = None,
     ) -> None:
         self.cache = cache
-        self.gangs = extender_gangs.GangBook(cache, api, metrics, clock=clock)
+        self.gangs = extender_gangs.GangBook(cache, api, metrics, clock=clock, preemptor=preemptor)
         """Gangs planned at once and bound together (`extender.gangs`)."""
         self.prepare = prepare
         """Readies a sharing pod's hand-off before its binding (`extender.handoff`); None: nothing to ready."""
