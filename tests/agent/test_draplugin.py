@@ -166,7 +166,7 @@ async def test_the_plugin_knows_what_each_claim_prepared_here_holds_across_a_res
     try:
         assert first.claims == {}
         await setup.kubelet.prepare(("c", uid))
-        held = cdi.PreparedClaim(namespace="ns", name="c", uid=uid, gpus={gpu.uuid: 4096})
+        held = cdi.PreparedClaim(namespace="ns", name="c", uid=uid, gpus={gpu.uuid: 4096}, milli={gpu.uuid: 300})
         assert first.claims == {("ns", "c"): held}
         written = orjson.loads(setup.cdi_file(uid).read_bytes())
         assert cdi.PreparedClaim.of_spec(written) == held, "recorded in the spec's annotations"

@@ -225,3 +225,65 @@ def test_nvml_answers_become_what_the_slice_publishes() -> None:
         "Hopper", "9.0", "570.86.15", "12.8"
     )  # fmt: skip
     assert (gpu.pci_bus_id, gpu.mig, gpu.memory_mib) == ("0000:3b:00.0", False, 143771)
+
+
+def test_the_fake_reports_sm_use_per_process_and_none_where_a_gpu_takes_no_samples(tmp_path: Path) -> None:
+    path = tmp_path / "nvml.yaml"
+    text = NVML_FILE.replace("processes: [{pid: 42, gpu: 2, usedMiB: 2048}]", "processes: []")
+    write_nvml(
+        path,
+        text + "processes: [{pid: 7, gpu: 0, smPercent: 70}, {pid: 8, gpu: 0, smPercent: 50}, {pid: 9, gpu: 1},"
+        " {pid: 10, gpu: 2, smPercent: 30}]\nfaults: {noProcessSamples: [2]}\n",
+    )
+    fake = fakenvml.FakeNvml(path).open()
+    assert fake.utilization() == [
+        nvml.Utilization("GPU-0", 100, ((7, 70), (8, 50))),  # the GPU's own figure is capped
+        nvml.Utilization("GPU-1", 0, ()),  # a process that used no SM is not named
+        nvml.Utilization("GPU-2", 30, None),
+    ]
+    write_nvml(path, NVML_FILE + "faults: {noProcessSamples: [3]}\n")
+    with pytest.raises(fakenvml.FakeNvmlError, match=r"faults.noProcessSamples\[0\] names GPU 3"):
+        fakenvml.FakeNvml(path).open()
+
+
+def test_nvml_per_process_samples_are_read_since_the_last_and_averaged_per_process() -> None:
+    """The adapter over nvidia-ml-py's process samples, on a stand-in for the library: samples since
+    the newest one read before, their mean per process; NOT_FOUND (none since) is no use at all, and
+    any other error (MIG: not supported) is no per-process figure."""
+
+    class NotFoundError(Exception):
+        value = 6
+
+    class Lib:
+        NVMLError = Exception
+        NVML_ERROR_NOT_FOUND = 6
+
+        def __init__(self, answers: list[object]) -> None:
+            self.asked: list[int] = []
+            self.answers = answers
+
+        def nvmlDeviceGetUUID(self, handle: object) -> str:  # noqa: N802 - NVML's name
+            return f"GPU-{handle}"
+
+        def nvmlDeviceGetUtilizationRates(self, handle: object) -> object:  # noqa: N802
+            return type("Rates", (), {"gpu": 64})()
+
+        def nvmlDeviceGetProcessUtilization(self, handle: object, since: int) -> list[object]:  # noqa: N802
+            self.asked.append(since)
+            answer = self.answers.pop(0)
+            if isinstance(answer, Exception):
+                raise answer
+            assert isinstance(answer, list)
+            return answer
+
+    def sample(pid: int, stamp: int, sm: int) -> object:
+        return type("Sample", (), {"pid": pid, "timeStamp": stamp, "smUtil": sm})()
+
+    lib = Lib([[sample(5, 100, 40), sample(5, 200, 60), sample(6, 150, 10)], NotFoundError(), RuntimeError()])
+    reader = nvml.Nvml()
+    reader.lib = lib
+    reader.handles = [0]
+    assert reader.utilization() == [nvml.Utilization("GPU-0", 64, ((5, 50), (6, 10)))]
+    assert reader.utilization() == [nvml.Utilization("GPU-0", 64, ())]
+    assert reader.utilization() == [nvml.Utilization("GPU-0", 64, None)]
+    assert lib.asked == [0, 200, 200], "each read asks for the samples after the newest seen"

@@ -6,13 +6,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sharegpu.agent import watchdog
 from sharegpu.agent.cgroups import Owner
-from sharegpu.agent.nvml import GpuProcess
+from sharegpu.agent.nvml import GpuProcess, Utilization
 from sharegpu.agent.watchdog import Action, Kind
 from sharegpu.api import cdi, names, wire
 from sharegpu.core import allocation, errors
@@ -94,8 +95,11 @@ def test_a_sharing_pod_within_its_memory_does_not_violate() -> None:
     found = by_uid(pod("p", alloc=grants((1, 4096)), limits=SHARE))
     result = run([(10, 1, 3000), (11, 1, 1000)], {10: "p", 11: "p"}, found)
     assert result.usages == (
-        watchdog.Usage(watchdog.PodRef("ns", "p", "uid-p"), "GPU-1", 1, 4000, 4096, ((10, 3000), (11, 1000))),
-    )
+        watchdog.Usage(
+            watchdog.PodRef("ns", "p", "uid-p"), "GPU-1", 1, 4000, 4096, ((10, 3000), (11, 1000)),
+            share_milli=300, containers=(watchdog.ContainerUse("", 4000, None),),
+        ),
+    )  # fmt: skip
     assert usage(result, "p", "GPU-1").pids == (10, 11)
     assert result.violations == ()
     assert [(g.uuid, g.index, g.used_mib, g.pods_mib) for g in result.gpus] == [
@@ -344,14 +348,22 @@ def test_processes_of_pods_not_given_are_unknown_and_ignored() -> None:
 
 def test_samples_are_the_gauges_values() -> None:
     found = by_uid(pod("p", alloc=grants((0, 4096)), limits=SHARE), pod("u", alloc=grants((0, 0)), limits=SHARE))
-    result = run(
-        [(10, 0, 1000), (11, 0, 500), (1, 1, 64)], {10: "p", 11: "u", 1: None}, found, sm_percent={"GPU-0": 37}
-    )
+    sampled = [Utilization("GPU-0", 37, ((10, 30), (11, 7))), Utilization("GPU-1", 5, None)]
+    result = run([(10, 0, 1000), (11, 0, 500), (1, 1, 64)], {10: "p", 11: "u", 1: None}, found, utilization=sampled)
     samples = {(s.series.name, s.labels): s.value for s in result.samples()}
     assert samples == {
         (watchdog.POD_USED.name, ("ns", "p", "GPU-0")): 1000,
         (watchdog.POD_ALLOCATED.name, ("ns", "p", "GPU-0")): 4096,
+        (watchdog.POD_SM.name, ("ns", "p", "GPU-0")): 30,
+        (watchdog.POD_SHARE.name, ("ns", "p", "GPU-0")): 300,
+        (watchdog.CONTAINER_USED.name, ("ns", "p", "", "GPU-0")): 1000,
+        (watchdog.CONTAINER_SM.name, ("ns", "p", "", "GPU-0")): 30,
         (watchdog.POD_USED.name, ("ns", "u", "GPU-0")): 500,  # no memory limit: no allocated gauge
+        (watchdog.POD_SM.name, ("ns", "u", "GPU-0")): 7,
+        (watchdog.POD_SHARE.name, ("ns", "u", "GPU-0")): 300,
+        (watchdog.CONTAINER_USED.name, ("ns", "u", "", "GPU-0")): 500,
+        (watchdog.CONTAINER_SM.name, ("ns", "u", "", "GPU-0")): 7,
+        (watchdog.GPU_SM.name, ("GPU-1", "1")): 5,
         (watchdog.GPU_USED.name, ("GPU-0", "0")): 1500,
         (watchdog.GPU_SM.name, ("GPU-0", "0")): 37,
         (watchdog.GPU_USED.name, ("GPU-1", "1")): 64,
@@ -481,3 +493,41 @@ def test_acts_name_only_violating_pods_and_totals_add_up(
             assert act.pids == () or act.what is Action.KILL
             owners_of_pids = {f"uid-{owners.get(pid)}" for pid in act.pids}
             assert owners_of_pids <= {v.pod.uid} and owners_of_pids <= {w.pod.uid for w in result.violations}
+
+
+def test_use_is_split_by_container_as_the_kubelet_names_them_and_sm_is_summed_from_process_samples() -> None:
+    base = pod("p", alloc=grants((0, 4096)), limits=SHARE)
+    status = wire.PodStatus(
+        phase="Running",
+        container_statuses=[
+            wire.ContainerStatus(name="main", container_id="containerd://aaa111"),
+            wire.ContainerStatus(name="side", container_id="containerd://bbb222"),
+        ],
+    )
+    found = by_uid(msgspec.structs.replace(base, status=status))
+    owners = {10: Owner("uid-p", "aaa111"), 11: Owner("uid-p", "bbb222"), 12: Owner("uid-p", None)}
+    sampled = [Utilization("GPU-0", 60, ((10, 40), (11, 15), (99, 5)))]  # pid 99: not the pod's
+    (use,) = run([(10, 0, 1000), (11, 0, 300), (12, 0, 50)], owners, found, utilization=sampled).usages
+    assert use.sm_percent == 55 and use.share_milli == 300
+    assert use.containers == (
+        watchdog.ContainerUse("", 50, 0),  # the pod's own cgroup: no container
+        watchdog.ContainerUse("main", 1000, 40),
+        watchdog.ContainerUse("side", 300, 15),
+    )
+
+
+def test_a_gpu_without_per_process_samples_gives_no_pod_sm_figure() -> None:
+    found = by_uid(pod("p", alloc=grants((0, 4096)), limits=SHARE))
+    sampled = [Utilization("GPU-0", 80, None)]  # MIG: NVML takes no per-process samples
+    result = run([(10, 0, 1000)], {10: "p"}, found, utilization=sampled)
+    (use,) = result.usages
+    assert use.sm_percent is None and use.containers[0].sm_percent is None
+    names_ = {s.series.name for s in result.samples()}
+    assert watchdog.POD_SM.name not in names_ and watchdog.CONTAINER_SM.name not in names_
+    assert total(result, "GPU-0").sm_percent == 80
+
+
+def test_a_whole_gpu_pod_has_a_share_of_a_thousand() -> None:
+    found = by_uid(pod("w", annotations={names.GPU_UUID: "GPU-2"}, limits={names.NVIDIA_GPU: "1"}))
+    (use,) = run([(10, 2, 100)], {10: "w"}, found).usages
+    assert use.share_milli == 1000 and use.sm_percent is None

@@ -1,6 +1,7 @@
 """A fake NVML, configured from a file and re-read when the file changes: GPUs, topology, processes,
 injected faults and XID events, for nodes (and tests) without a GPU. It implements the same roles
-as `agent.nvml.Nvml` (`Discovery`, `Health`, `Processes`), so the agent runs unchanged on it.
+as `agent.nvml.Nvml` (`Discovery`, `Health`, `Processes`, `Utilisation`), so the agent runs unchanged
+on it. A GPU's SM utilisation is the sum of its processes' (at most 100).
 
 The file (YAML or JSON; docs/agent.md shows a full one):
 
@@ -19,10 +20,11 @@ The file (YAML or JSON; docs/agent.md shows a full one):
     driverVersion: 550.54.15    # the node's driver
     cudaDriverVersion: "12.4"
     nvlinks: [{a: 0, b: 1, count: 12}]
-    processes: [{pid: 4242, gpu: 0, usedMiB: 2048}]
+    processes: [{pid: 4242, gpu: 0, usedMiB: 2048, smPercent: 35}]   # smPercent: its SM use, default 0
     faults:
       library: false            # true: NVML cannot be loaded at all (open() fails)
       unreadable: [1]           # indexes of GPUs NVML reports errors for
+      noProcessSamples: [2]     # GPUs that take no per-process samples (as a MIG GPU: `mig: true`)
     xids: [{gpu: 1, code: 79}]  # each delivered once, in order; append to inject more
 
 A malformed file is refused with the field that is wrong (`FakeNvmlError`); a change that breaks a
@@ -91,11 +93,13 @@ class FakeProcess(_Message, kw_only=True, frozen=True):
     pid: Annotated[int, Meta(ge=1)]
     gpu: Annotated[int, Meta(ge=0)]
     used_mib: Annotated[int, Meta(ge=0)] = msgspec.field(default=0, name="usedMiB")
+    sm_percent: Annotated[int, Meta(ge=0, le=100)] = 0
 
 
 class Faults(_Message, kw_only=True, frozen=True):
     library: bool = False
     unreadable: list[int] = []
+    no_process_samples: list[int] = []
 
 
 class FakeXid(_Message, kw_only=True, frozen=True):
@@ -150,6 +154,7 @@ def parse(text: str, source: str = "the fake NVML file") -> FakeConfig:
         *((f"processes[{i}]", (p.gpu,)) for i, p in enumerate(config.processes)),
         *((f"xids[{i}]", (x.gpu,)) for i, x in enumerate(config.xids)),
         *((f"faults.unreadable[{i}]", (g,)) for i, g in enumerate(config.faults.unreadable)),
+        *((f"faults.noProcessSamples[{i}]", (g,)) for i, g in enumerate(config.faults.no_process_samples)),
     ]
     for where, indexes in checks:
         wrong = [i for i in indexes if i >= count]
@@ -181,7 +186,8 @@ def reported(config: FakeConfig) -> list[nvml.Gpu]:
 
 
 class FakeNvml:
-    """`Discovery`, `Health` and `Processes` from a file, re-read when its modification time changes."""
+    """`Discovery`, `Health`, `Processes` and `Utilisation` from a file, re-read when its modification
+    time changes."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -268,3 +274,15 @@ class FakeNvml:
 
     def running(self) -> list[nvml.GpuProcess]:
         return [nvml.GpuProcess(p.pid, self.config.gpus[p.gpu].uuid, p.used_mib) for p in self.config.processes]
+
+    # ----------------------------------------------------------------- Utilisation
+
+    def utilization(self) -> list[nvml.Utilization]:
+        config = self.config
+        out = []
+        for index, gpu in enumerate(config.gpus):
+            mine = sorted((p.pid, p.sm_percent) for p in config.processes if p.gpu == index)
+            sampled = not gpu.mig and index not in config.faults.no_process_samples
+            per_process = tuple((pid, sm) for pid, sm in mine if sm > 0) if sampled else None
+            out.append(nvml.Utilization(gpu.uuid, min(100, sum(sm for _, sm in mine)), per_process))
+        return out

@@ -7,7 +7,10 @@ Three roles, each its own Protocol, so a reader depends only on what it uses and
   architecture, CUDA compute capability, driver and CUDA driver versions, PCI bus ID and PCIe root)
   and the links between every pair (NVLink count, same PCIe switch, same NUMA node);
 - `Health`: XID events and the GPUs NVML can no longer read;
-- `Processes`: the processes running on each GPU, with the memory they use.
+- `Processes`: the processes running on each GPU, with the memory they use;
+- `Utilisation`: how busy each GPU's SMs were lately, as a whole and per process (NVML's
+  per-process samples: `nvmlDeviceGetProcessUtilization`, one sample per process that used the SMs
+  since the last read; not taken on a GPU in MIG mode, where the call is not supported).
 
 `Nvml` implements all three with nvidia-ml-py (its module is `pynvml`; the package of that name is
 a different shim). The library is loaded on `open()`: a node without the driver gets
@@ -108,13 +111,34 @@ class Processes(Protocol):
     def running(self) -> list[GpuProcess]: ...
 
 
+@dataclass(frozen=True, slots=True)
+class Utilization:
+    """One GPU's SM utilisation since the last read: the whole GPU's and each process's."""
+
+    uuid: str
+    sm_percent: int | None
+    """The whole GPU's (None: NVML cannot say)."""
+    processes: tuple[tuple[int, int], ...] | None
+    """(pid, SM %) of each process that used the SMs, by pid; a process not named used none. None:
+    this GPU takes no per-process samples (MIG mode, or the driver does not support them)."""
+
+
+class Utilisation(Protocol):
+    def utilization(self) -> list[Utilization]:
+        """Each GPU's SM utilisation since the previous call (the first: over the driver's buffer)."""
+        ...
+
+
 class Nvml:
-    """nvidia-ml-py behind `Discovery`, `Health` and `Processes` (one handle set, opened once)."""
+    """nvidia-ml-py behind `Discovery`, `Health`, `Processes` and `Utilisation` (one handle set,
+    opened once)."""
 
     def __init__(self) -> None:
         self.lib: Any = None
         self.handles: list[Any] = []
         self.events: Any = None
+        self.seen: dict[int, int] = {}
+        """GPU index -> the newest per-process sample's timestamp read (microseconds)."""
 
     def open(self) -> Nvml:
         try:
@@ -257,6 +281,35 @@ class Nvml:
                     used = proc.usedGpuMemory or 0  # None where the driver cannot say (e.g. in a VM)
                     out.append(GpuProcess(int(proc.pid), uuid, int(used) // (1 << 20)))
         return out
+
+    # ----------------------------------------------------------------- Utilisation
+
+    def utilization(self) -> list[Utilization]:
+        lib = self.lib
+        out = []
+        for index, handle in enumerate(self.handles):
+            uuid = _text(lib.nvmlDeviceGetUUID(handle))
+            sm: int | None = None
+            with contextlib.suppress(lib.NVMLError):
+                sm = int(lib.nvmlDeviceGetUtilizationRates(handle).gpu)
+            out.append(Utilization(uuid, sm, self._process_samples(index, handle)))
+        return out
+
+    def _process_samples(self, index: int, handle: Any) -> tuple[tuple[int, int], ...] | None:
+        """Per process, its SM % over the samples since the last read (their mean, should NVML give
+        several); None where NVML takes no per-process samples."""
+        lib = self.lib
+        try:
+            samples = lib.nvmlDeviceGetProcessUtilization(handle, self.seen.get(index, 0))
+        except lib.NVMLError as exc:
+            if getattr(exc, "value", None) == lib.NVML_ERROR_NOT_FOUND:
+                return ()  # no process used the SMs since the last read
+            return None
+        by_pid: dict[int, list[int]] = {}
+        for sample in samples:
+            by_pid.setdefault(int(sample.pid), []).append(int(sample.smUtil))
+            self.seen[index] = max(self.seen.get(index, 0), int(sample.timeStamp))
+        return tuple(sorted((pid, round(sum(v) / len(v))) for pid, v in by_pid.items()))
 
 
 def _text(value: str | bytes) -> str:

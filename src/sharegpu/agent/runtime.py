@@ -70,7 +70,7 @@ from sharegpu.serving import access, health, tls
 log = logging.getLogger(__name__)
 
 
-class Source(nvml.Discovery, nvml.Health, nvml.Processes, Protocol):
+class Source(nvml.Discovery, nvml.Health, nvml.Processes, nvml.Utilisation, Protocol):
     """What the inventory reads: NVML or the fake."""
 
     def close(self) -> None: ...
@@ -306,7 +306,7 @@ class Agent:
     ) -> None:
         """Assess the node's GPU use; act on violations only when `act` (not while a reservation's
         reported GPU is being corrected: which GPU a sharing pod was given depends on it)."""
-        processes, owners = await asyncio.to_thread(self._processes)
+        processes, owners, utilization = await asyncio.to_thread(self._processes)
         given: dict[str, set[str]] = {}
         for row in assigned or []:
             if row.resource == names.NVIDIA_GPU:  # as UUIDs, whichever ID strategy the device plugin uses
@@ -314,14 +314,15 @@ class Agent:
         self.usage = watchdog.assess(
             processes, owners.get, live, spec, assigned=given if assigned is not None else None,
             slack_mib=self.options.slack_mib, groups=self.admits if self.group_informer.synced.is_set() else None,
-            claims=claims,
+            claims=claims, utilization=utilization,
         )  # fmt: skip
         if act:
             await self.enforcer.enforce(self.usage, self.options.on_violation)
 
-    def _processes(self) -> tuple[list[nvml.GpuProcess], dict[int, cgroups.Owner | None]]:
+    def _processes(self) -> tuple[list[nvml.GpuProcess], dict[int, cgroups.Owner | None], list[nvml.Utilization]]:
         processes = self.source.running()
-        return processes, {p.pid: cgroups.read_owner(p.pid, self.options.proc) for p in processes}
+        utilization = self.source.utilization()
+        return processes, {p.pid: cgroups.read_owner(p.pid, self.options.proc) for p in processes}, utilization
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:
         """Ready once both informers listed, the last pass succeeded (within three intervals), the

@@ -101,10 +101,26 @@ class Usage:
     """None: no memory limit there (or the pod is not judged); 0: the GPU was not given to it."""
     processes: tuple[tuple[int, int], ...]
     """(pid, MiB), by pid."""
+    sm_percent: int | None = None
+    """The SM utilisation of its processes there, summed (None: the GPU takes no per-process samples,
+    or none were read)."""
+    share_milli: int | None = None
+    """The compute the pod was given there, in milli-GPU (None: not known, or not judged)."""
+    containers: tuple[ContainerUse, ...] = ()
+    """The same, per container (by name; "" for processes in the pod's own cgroup)."""
 
     @property
     def pids(self) -> tuple[int, ...]:
         return tuple(pid for pid, _ in self.processes)
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerUse:
+    """What one container's processes use on one GPU."""
+
+    name: str
+    used_mib: int
+    sm_percent: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,7 +185,26 @@ GPU_USED: Final = Series(
     "sharegpu_gpu_memory_used_mib", "GPU memory all processes on a GPU use, in pods or not, in MiB", ("uuid", "gpu")
 )
 GPU_SM: Final = Series("sharegpu_gpu_sm_utilization_percent", "SM utilisation of a GPU, in percent", ("uuid", "gpu"))
-SERIES: Final = (POD_USED, POD_ALLOCATED, GPU_USED, GPU_SM)
+POD_SM: Final = Series(
+    "sharegpu_pod_gpu_sm_utilization_percent",
+    "SM utilisation of a pod's processes on a GPU, in percent of the GPU (absent where the GPU takes no "
+    "per-process samples)",
+    ("namespace", "pod", "uuid"),
+)
+POD_SHARE: Final = Series(
+    "sharegpu_pod_gpu_share_milli", "The compute a pod was given on a GPU it uses, in milli-GPU",
+    ("namespace", "pod", "uuid"),
+)  # fmt: skip
+CONTAINER_USED: Final = Series(
+    "sharegpu_container_gpu_memory_used_mib", "GPU memory the processes of a container use on a GPU, in MiB",
+    ("namespace", "pod", "container", "uuid"),
+)  # fmt: skip
+CONTAINER_SM: Final = Series(
+    "sharegpu_container_gpu_sm_utilization_percent",
+    "SM utilisation of a container's processes on a GPU, in percent of the GPU",
+    ("namespace", "pod", "container", "uuid"),
+)
+SERIES: Final = (POD_USED, POD_ALLOCATED, POD_SM, POD_SHARE, CONTAINER_USED, CONTAINER_SM, GPU_USED, GPU_SM)
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,6 +233,15 @@ class Assessment:
             out.append(Sample(POD_USED, labels, usage.used_mib))
             if usage.allocated_mib is not None:
                 out.append(Sample(POD_ALLOCATED, labels, usage.allocated_mib))
+            if usage.sm_percent is not None:
+                out.append(Sample(POD_SM, labels, usage.sm_percent))
+            if usage.share_milli is not None:
+                out.append(Sample(POD_SHARE, labels, usage.share_milli))
+            for container in usage.containers:
+                where = (usage.pod.namespace, usage.pod.name, container.name, usage.uuid)
+                out.append(Sample(CONTAINER_USED, where, container.used_mib))
+                if container.sm_percent is not None:
+                    out.append(Sample(CONTAINER_SM, where, container.sm_percent))
         for gpu in self.gpus:
             gpu_labels = (gpu.uuid, "" if gpu.index is None else str(gpu.index))
             out.append(Sample(GPU_USED, gpu_labels, gpu.used_mib))
@@ -215,7 +259,7 @@ def assess(
     assigned: Mapping[str, Collection[str]] | None = None,
     exempt: Set[str] = frozenset(),
     slack_mib: int = 0,
-    sm_percent: Mapping[str, int] | None = None,
+    utilization: Sequence[nvml.Utilization] = (),
     groups: Mapping[tuple[str, str], Collection[str]] | None = None,
     claims: Mapping[tuple[str, str], cdi.PreparedClaim] | None = None,
 ) -> Assessment:
@@ -226,7 +270,8 @@ def assess(
     device plugin, where known; `exempt`: UIDs of pods whose processes count as the node's own (the
     agent's: its MPS servers); `slack_mib`: how far a pod may exceed its memory before it violates
     (NVML counts each process's CUDA context, which a limit enforced inside the process may not);
-    `sm_percent`: UUID -> SM utilisation, where read; `groups`: the SharedDeviceGroups that exist,
+    `utilization`: each GPU's SM utilisation, as a whole and per process, where read (a pod's is its
+    processes' sum; a process a GPU's samples do not name used none there); `groups`: the SharedDeviceGroups that exist,
     (namespace, name) -> the namespaces whose pods may join it (its own included), None while not
     known (then no pod labelled with a group is judged); `claims`: the ResourceClaims prepared on this
     node by sharegpu's DRA plugin, (namespace, name) -> what each holds, None where the node serves no
@@ -251,21 +296,28 @@ def assess(
             used = by_pod.setdefault((found.pod_uid, process.uuid), {})
             used[process.pid] = used.get(process.pid, 0) + process.used_mib
 
+    sampled = {u.uuid: dict(u.processes) for u in utilization if u.processes is not None}
     usages = []
     for (uid, uuid), used in by_pod.items():
-        meta = pods[uid].metadata
+        pod = pods[uid]
+        meta = pod.metadata
+        grant = grants.of(uid)
+        samples = sampled.get(uuid)
         usages.append(
             Usage(
                 pod=PodRef(meta.namespace, meta.name, uid), uuid=uuid, index=index_of.get(uuid),
-                used_mib=sum(used.values()), allocated_mib=grants.of(uid).allocated(uuid, grants.capacity),
+                used_mib=sum(used.values()), allocated_mib=grant.allocated(uuid, grants.capacity),
                 processes=tuple(sorted(used.items())),
+                sm_percent=None if samples is None else sum(samples.get(pid, 0) for pid in used),
+                share_milli=grant.milli.get(uuid) if grant.judged else None,
+                containers=_containers(pod, used, owners, samples),
             )
         )  # fmt: skip
     usages.sort(key=lambda u: (u.pod.namespace, u.pod.name, u.pod.uid, _gpu_order(u.index, u.uuid)))
     pooled, shared = _shared_claims(usages, grants, slack_mib)
     alone = (_violation(u, slack_mib) for u in usages if (u.pod.uid, u.uuid) not in pooled)
     violations = [v for v in alone if v is not None] + shared
-    sm = sm_percent or {}
+    sm = {u.uuid: u.sm_percent for u in utilization if u.sm_percent is not None}
     gpus = sorted(
         (
             GpuTotal(
@@ -277,6 +329,29 @@ def assess(
         key=lambda g: _gpu_order(g.index, g.uuid),
     )  # fmt: skip
     return Assessment(tuple(usages), tuple(gpus), tuple(violations))
+
+
+def _containers(
+    pod: wire.Pod,
+    used: Mapping[int, int],
+    owners: Mapping[int, cgroups.Owner | None],
+    samples: Mapping[int, int] | None,
+) -> tuple[ContainerUse, ...]:
+    """A pod's use of one GPU per container, by name: a process's container is the one whose runtime
+    id its cgroup names ("" for the pod's own cgroup, or a container the kubelet has not reported)."""
+    named = {
+        status.container_id.partition("://")[2]: status.name
+        for status in (*pod.status.init_container_statuses, *pod.status.container_statuses)
+        if status.container_id
+    }
+    tally: dict[str, list[int]] = {}
+    for pid, mib in used.items():
+        owner = owners.get(pid)
+        name = named.get(owner.container_id or "", "") if owner is not None else ""
+        found = tally.setdefault(name, [0, 0])
+        found[0] += mib
+        found[1] += samples.get(pid, 0) if samples is not None else 0
+    return tuple(ContainerUse(name, mib, None if samples is None else sm) for name, (mib, sm) in sorted(tally.items()))
 
 
 def _shared_claims(
@@ -414,6 +489,8 @@ class _Grant:
     memory: Mapping[str, int | None]
     unnamed: bool = False
     judged: bool = True
+    milli: Mapping[str, int] = field(default_factory=dict)
+    """GPU UUID -> the compute given there, in milli-GPU (whole GPUs: 1000), where known."""
     by_claims: bool = False
     """What the ResourceClaims it uses hold (counted once per claim by `promised`)."""
     claimed: Mapping[str, frozenset[tuple[str, str]]] = field(default_factory=dict)
@@ -480,21 +557,24 @@ class _Grants:
         except errors.InvalidInputError:
             return _UNJUDGED
         memory: dict[str, int | None] = {}
+        milli: dict[str, int] = {}
         whole = _device_plugin_gpus(pod)
         if alloc is None and not whole and pod.spec.resource_claims:
             return self._claimed(pod)
         if alloc is not None and alloc.exclusive:
             whole = True
         elif alloc is not None:
-            for index, (_, mib) in alloc.gpu_usage().items():
+            for index, (share, mib) in alloc.gpu_usage().items():
                 limited = all(g.memory_mib for c in alloc.containers for g in c.devices if g.index == index)
                 slot = self.slot(index)
                 memory.update(dict.fromkeys(slot, mib if limited else None))
+                milli.update(dict.fromkeys(slot, share))
         if not whole:
-            return _Grant(memory)
+            return _Grant(memory, milli=milli)
         named = self._named(pod)
         memory.update({uuid: self.capacity.get(uuid) for uuid in named})
-        return _Grant(memory, unnamed=not named)
+        milli.update(dict.fromkeys(named, units.MILLI_PER_GPU))
+        return _Grant(memory, unnamed=not named, milli=milli)
 
     def slot(self, index: int) -> set[str]:
         """The UUIDs GPU index `index` of the allocations stands for: what its reservation pods reported,
@@ -507,6 +587,7 @@ class _Grants:
         if self.claims is None:
             return _UNJUDGED
         memory: dict[str, int | None] = {}
+        milli: dict[str, int] = {}
         claimed: dict[str, set[tuple[str, str]]] = {}
         for ref in api_pods.claim_refs(pod):
             key = (pod.metadata.namespace, ref.claim)
@@ -518,7 +599,9 @@ class _Grants:
                     continue  # named twice in the pod: counted once
                 claimed.setdefault(uuid, set()).add(key)
                 memory[uuid] = cdi.summed(memory.get(uuid, 0), mib)
-        return _Grant(memory, by_claims=True, claimed={u: frozenset(k) for u, k in claimed.items()})
+                if uuid in found.milli:
+                    milli[uuid] = milli.get(uuid, 0) + found.milli[uuid]
+        return _Grant(memory, by_claims=True, claimed={u: frozenset(k) for u, k in claimed.items()}, milli=milli)
 
     def _named(self, pod: wire.Pod) -> set[str]:
         """The UUIDs of the device plugin's GPUs known to be the pod's: the kubelet's word and the pod's report."""

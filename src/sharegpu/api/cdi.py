@@ -100,6 +100,9 @@ class PreparedClaim(msgspec.Struct, frozen=True, kw_only=True):
     uid: str
     gpus: dict[str, Annotated[int, msgspec.Meta(gt=0)] | None]
     """GPU UUID -> MiB the claim holds there (None: no memory limit)."""
+    milli: dict[str, Annotated[int, msgspec.Meta(ge=0)]] = {}
+    """GPU UUID -> milli-GPU of compute the claim holds there (empty in specs written before it was
+    recorded)."""
 
     @classmethod
     def of(
@@ -107,11 +110,15 @@ class PreparedClaim(msgspec.Struct, frozen=True, kw_only=True):
     ) -> PreparedClaim:
         """What a claim's requests hold per GPU: summed over them; no limit where a grant has none."""
         held: dict[str, int | None] = {}
+        milli: dict[str, int] = {}
         for request in requests:
             for grant in request.grants:
                 uuid = uuid_of[grant.index]
                 held[uuid] = summed(held.get(uuid, 0), grant.memory_mib or None)
-        return cls(namespace=namespace, name=name, uid=uid, gpus=dict(sorted(held.items())))
+                milli[uuid] = milli.get(uuid, 0) + grant.milli
+        return cls(
+            namespace=namespace, name=name, uid=uid, gpus=dict(sorted(held.items())), milli=dict(sorted(milli.items()))
+        )
 
     def annotations(self) -> dict[str, str]:
         return {names.CDI_CLAIM: msgspec.json.encode(self).decode()}

@@ -280,10 +280,12 @@ class PodCondition(Message, kw_only=True, frozen=True):
 
 
 class ContainerStatus(Message, kw_only=True, frozen=True):
-    """What the kubelet reports of a container's resources (they differ from the spec while an
-    in-place resize is under way)."""
+    """What the kubelet reports of a container: its runtime id, and its resources (they differ from
+    the spec while an in-place resize is under way)."""
 
     name: str = ""
+    container_id: str = msgspec.field(default="", name="containerID")
+    """The runtime's id of the container, as `<runtime>://<id>` ("" until it is made)."""
     allocated_resources: dict[str, Quantity] = {}
     resources: ResourceRequirements | None = None
 
