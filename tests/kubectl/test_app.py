@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import socket
+import time
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from sharegpu.api import names, paths, resources
+from sharegpu.api import names, paths, resources, usage, wire
 from sharegpu.kube import client, fake
 from sharegpu.kubectl import app
 from tests.extender.conftest import add_node, gpu_pod
@@ -191,5 +192,52 @@ def test_the_console_script_and_help() -> None:
     assert script.value == "sharegpu.kubectl.app:main"
     result = runner.invoke(app.app, ["--help"])
     assert result.exit_code == 0
-    for command in ("inspect", "explain", "groups", "budgets"):
+    for command in ("inspect", "explain", "groups", "budgets", "top"):
         assert command in result.stdout
+
+
+def usage_report(node: str, pods: list[tuple[str, str, int, int, int | None, int | None]], at: str) -> Json:
+    """A node's GpuUsage: (namespace, pod, GPU index, used MiB, SM %, share milli) per pod."""
+    made = usage.report(
+        node, None, at, 10,
+        [usage.GpuUse(uuid=f"GPU-{node}-{i}", index=i, memory_mib=16384, used_mib=0) for i in range(2)],
+        [
+            usage.PodUse(namespace=ns, name=name, uid=f"uid-{name}", uuid=f"GPU-{node}-{i}", used_mib=mib,
+                         sm_percent=sm, share_milli=share, allocated_mib=4096)
+            for ns, name, i, mib, sm, share in pods
+        ],
+    )  # fmt: skip
+    return wire.encode(made)
+
+
+def test_top_shows_what_each_share_uses_sorted_and_per_namespace(server: fake.FakeApiServer) -> None:
+    now = wire.timestamp(time.time() - 30)
+    server.put_object(
+        paths.GPU_USAGES,
+        usage_report("n0", [("ns", "a", 0, 3000, 55, 600), ("ns", "b", 1, 200, 0, 700), ("team", "t", 1, 900, 9, 300)],
+                     now),
+    )  # fmt: skip
+    command = on(server)
+    result = runner.invoke(command, ["top"])
+    assert result.exit_code == 0, result.output
+    lines = [line.split() for line in result.stdout.splitlines()]
+    head = ["NAMESPACE", "POD", "NODE", "GPU", "SHARE", "MEMORY", "GIVEN", "MEMORY", "USED", "SM", "SM/SHARE", "AGE"]
+    assert lines[0] == head
+    assert [line[:2] for line in lines[1:]] == [["ns", "a"], ["team", "t"], ["ns", "b"]], "most memory used first"
+    assert lines[1][4:11] == ["600m", "4096", "MiB", "3000", "MiB", "55%", "91%"]
+    assert 29 <= int(lines[1][11].rstrip("s")) <= 40
+
+    idle = runner.invoke(command, ["top", "--sort", "idle", "-o", "json"])
+    document = orjson.loads(idle.stdout)
+    assert document["kind"] == "GpuUsageReport" and document["by"] == "pod"
+    assert [(r["pod"], r["shareUsedPercent"]) for r in document["rows"]] == [("b", 0), ("t", 30), ("a", 91)]
+
+    spaces = orjson.loads(runner.invoke(command, ["top", "--by", "namespace", "-o", "json"]).stdout)["rows"]
+    assert [(r["namespace"], r["pods"], r["usedMiB"], r["shareMilli"], r["smPercent"]) for r in spaces] == [
+        ("ns", 2, 3200, 1300, 55), ("team", 1, 900, 300, 9)
+    ]  # fmt: skip
+    only = runner.invoke(command, ["top", "-n", "team"])
+    assert "team" in only.stdout and " a " not in only.stdout
+    assert runner.invoke(command, ["top", "-n", "empty"]).stdout == "No GPU use reported in namespace empty.\n"
+    wrong = runner.invoke(command, ["top", "--sort", "fastest"])
+    assert wrong.exit_code == 2 and "--sort: unknown order 'fastest'" in wrong.stderr

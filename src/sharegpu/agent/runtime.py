@@ -56,6 +56,7 @@ from sharegpu.agent import (
     proof,
     publication,
     repair,
+    usagereport,
     volumes,
     watchdog,
 )
@@ -104,6 +105,8 @@ class Options:
     volumes: volumes.Paths | None = None
     """Serve the kubelet's CSI plugin that binds sharing pods' node folders on these sockets
     (`agent.volumes`); None: not served (such pods of the extender path cannot start here)."""
+    usage_interval: float = 60.0
+    """Write the node's GpuUsage at most this often, in seconds (`agent.usagereport`); 0: never."""
 
 
 class Agent:
@@ -157,6 +160,13 @@ class Agent:
             repair.DriftRepair(api, kubelet, self.warnings, options.drift_grace, wall) if kubelet is not None else None
         )
         """Drift repair against the kubelet's PodResources API; None: not checked."""
+        self.reporter = (
+            usagereport.UsageReporter(api, node, options.usage_interval, pass_interval=options.interval,
+                                      clock=clock, wall=wall)
+            if options.usage_interval > 0
+            else None
+        )  # fmt: skip
+        """Writes the node's GpuUsage; None: not written."""
         self.last_success: float | None = None
         self.usage = watchdog.Assessment((), (), ())
         self.metrics = _Metrics(self)
@@ -318,6 +328,8 @@ class Agent:
         )  # fmt: skip
         if act:
             await self.enforcer.enforce(self.usage, self.options.on_violation)
+        if self.reporter is not None:
+            await self.reporter.report(self.usage)
 
     def _processes(self) -> tuple[list[nvml.GpuProcess], dict[int, cgroups.Owner | None], list[nvml.Utilization]]:
         processes = self.source.running()
@@ -337,6 +349,8 @@ class Agent:
             detail["kubelet"] = self.repair.problem
         if self.publisher is not None and self.publisher.problem:
             detail["dra"] = self.publisher.problem
+        if self.reporter is not None and self.reporter.problem:
+            detail["usage"] = self.reporter.problem
         if self.plugin is not None:
             registered = self.plugin.registration.registered
             # Where no claim can come (resource.k8s.io/v1 not served), the kubelet may never register it.

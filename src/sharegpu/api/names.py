@@ -181,6 +181,9 @@ DEVICE_GROUP: Final = DOMAIN
 DEVICE_VERSION: Final = "v1alpha1"
 DEVICE_PLURAL: Final = "devices"
 DEVICE_KIND: Final = "Device"
+USAGE_PLURAL: Final = "gpuusages"
+USAGE_KIND: Final = "GpuUsage"
+"""One per node, named after it: what the node's pods use of its GPUs (`api.usage`), written by its agent."""
 
 # ----------------------------------------------------------------- sharegpu's other custom resources
 API_VERSION: Final = "v1alpha1"

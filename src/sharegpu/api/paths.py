@@ -12,6 +12,7 @@ PODS: Final = "/api/v1/pods"
 CONFIGMAPS: Final = "/api/v1/configmaps"
 RESOURCE_QUOTAS: Final = "/api/v1/resourcequotas"
 DEVICES: Final = f"/apis/{names.DEVICE_GROUP}/{names.DEVICE_VERSION}/{names.DEVICE_PLURAL}"
+GPU_USAGES: Final = f"/apis/{names.DEVICE_GROUP}/{names.DEVICE_VERSION}/{names.USAGE_PLURAL}"
 PRIORITY_CLASSES: Final = "/apis/scheduling.k8s.io/v1/priorityclasses"
 ADMISSION_POLICIES: Final = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies"
 ADMISSION_POLICY_BINDINGS: Final = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings"
@@ -31,6 +32,10 @@ def node(name: str) -> str:
 
 def device(name: str) -> str:
     return f"{DEVICES}/{name}"
+
+
+def gpu_usage(node: str) -> str:
+    return f"{GPU_USAGES}/{node}"
 
 
 def namespace(name: str) -> str:

@@ -315,6 +315,14 @@ def agent(
     proc: Annotated[Path, typer.Option(help="The node's /proc (the agent needs the host's PID namespace).")] = Path(
         "/proc"
     ),
+    usage_interval: Annotated[
+        float,
+        typer.Option(
+            help="Write the node's GpuUsage (what its pods use, for `kubectl sharegpu top`) at most this often, "
+            "in seconds, and only when it changed (0: never).",
+            min=0,
+        ),
+    ] = 60.0,
     kubelet_socket: Annotated[
         str, typer.Option(help="The kubelet's PodResources socket, for drift repair ('': not checked).")
     ] = "/var/lib/kubelet/pod-resources/kubelet.sock",
@@ -350,6 +358,7 @@ def agent(
         hami_core_compute=hami_core_enforces_compute, dra=dra,
         dra_plugin=draplugin.Paths.under(kubelet_plugins_dir, kubelet_registry_dir, cdi_dir) if dra else None,
         volumes=agent_volumes.Paths.under(kubelet_plugins_dir, kubelet_registry_dir) if volumes else None,
+        usage_interval=usage_interval,
     )  # fmt: skip
     supervisor = agent_mps.Supervisor(mps_binary, agent_mps.Layout(mps_root), proc=proc) if mps else None
     # A fake NVML has no GPU to probe: its modes are offered unproven.

@@ -1,4 +1,4 @@
-"""The `kubectl sharegpu` command line: `inspect`, `explain POD`, `groups`, `budgets`.
+"""The `kubectl sharegpu` command line: `inspect`, `explain POD`, `groups`, `budgets`, `top`.
 
 kubectl runs `kubectl-sharegpu` from PATH with the arguments that follow `kubectl sharegpu`, so each
 command takes the connection options itself: `--kubeconfig` (default $KUBECONFIG, then
@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
+import time
 from collections.abc import Awaitable, Callable
 from typing import Annotated, TypeVar
 
@@ -268,18 +269,54 @@ class Commands:
         else:
             _show(render.budgets_tables(found, quotas, wide=chosen == "wide"))
 
+    def top(
+        self,
+        namespace: Annotated[
+            str | None, typer.Option("--namespace", "-n", help="Only this namespace (default: all).")
+        ] = None,
+        by: Annotated[str, typer.Option("--by", help="One row per pod and GPU (pod) or per namespace.")] = "pod",
+        sort: Annotated[
+            str, typer.Option("--sort", help=f"Order: {', '.join(views.TOP_SORTS)} (idle: least of its share used).")
+        ] = "used",
+        output: Output = None,
+        kubeconfig: Kubeconfig = None,
+        context: Context = None,
+        request_timeout: Timeout = 10.0,
+    ) -> None:
+        """What each pod uses of its GPU share (memory, SM), beside what it was given, from the node agents."""
+        try:
+            chosen = check_output(output, ("json",))
+            if by not in ("pod", "namespace"):
+                raise UsageError(f"--by: unknown {by!r} (valid: pod, namespace)")
+            views.sort_rows([], sort)
+        except errors.SharegpuError as exc:
+            raise _usage(exc) from None
+
+        async def work(api: client.KubeApi) -> list[views.UsageRow]:
+            rows = views.usage_rows(await read.usages(api), namespace, time.time())
+            return views.sort_rows(views.by_namespace(rows) if by == "namespace" else rows, sort)
+
+        result = self.run(kubeconfig, context, request_timeout, work)
+        if chosen == "json":
+            typer.echo(render.dumps(render.top_json(result, by == "namespace")), nl=False)
+        elif not result:
+            typer.echo("No GPU use reported" + (f" in namespace {namespace}." if namespace else "."))
+        else:
+            _show(render.top_table(result, by == "namespace"))
+
 
 def make_app(connector: Connect = connect) -> typer.Typer:
     """The command line, talking to the API through `connector`."""
     app = typer.Typer(
         name=PROG,
-        help="sharegpu's view of the cluster: GPUs and who holds them, why a pod is pending, groups, budgets.",
+        help="sharegpu's view of the cluster: GPUs and who holds them, why a pod is pending, groups, budgets, "
+        "what each share uses.",
         no_args_is_help=True,
         add_completion=False,
         pretty_exceptions_enable=False,
     )
     commands = Commands(connector)
-    for command in (commands.inspect, commands.explain, commands.groups, commands.budgets):
+    for command in (commands.inspect, commands.explain, commands.groups, commands.budgets, commands.top):
         app.command()(command)
     return app
 

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any, TypeVar
 
 from sharegpu.api import budgets as api_budgets
-from sharegpu.api import dra, paths, resources, wire
+from sharegpu.api import dra, paths, resources, usage, wire
 from sharegpu.api import groups as api_groups
 from sharegpu.api import quotas as api_quotas
 from sharegpu.kube import client
@@ -103,3 +103,8 @@ async def budgets(
     if namespace is not None:
         items = [b for b in items if api_budgets.covers(b, namespace, labels.get(namespace, {}))]
     return items, labels
+
+
+async def usages(api: client.KubeApi) -> list[usage.GpuUsage]:
+    """Every node's GpuUsage (what its pods use, as its agent last wrote it)."""
+    return await _list(api, paths.GPU_USAGES, usage.GpuUsage, "GpuUsage resources (gpuusages.sharegpu.io)")

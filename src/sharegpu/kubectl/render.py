@@ -410,3 +410,47 @@ def budgets_tables(
     else:
         parts.append(Text("No ResourceQuota limits sharegpu's GPU totals."))
     return Group(*parts)
+
+
+def _or_dash(value: int | None, unit: str = "") -> str:
+    return "-" if value is None else f"{value}{unit}"
+
+
+def top_table(rows: Sequence[views.UsageRow], namespaces: bool = False) -> RenderableType:
+    """`top`: per pod and GPU (or per namespace) what it was given beside what it uses. SM/SHARE: how
+    much of its compute share it uses (over 100%: it uses more than its share, which time-slicing
+    allows where no limit is enforced)."""
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    head = ("NAMESPACE", "PODS") if namespaces else ("NAMESPACE", "POD", "NODE", "GPU")
+    for column in (*head, "SHARE", "MEMORY GIVEN", "MEMORY USED", "SM", "SM/SHARE", "AGE"):
+        table.add_column(column, no_wrap=True, justify="left" if column in head else "right")
+    for r in rows:
+        where = (r.namespace, str(r.pods)) if namespaces else (r.namespace, r.pod, r.node, r.gpu)
+        share = r.share_used_percent
+        style = "" if share is None else "red" if share > 100 else "yellow" if share < 10 else ""
+        table.add_row(
+            *where, _or_dash(r.share_milli, "m"), _or_dash(r.allocated_mib, " MiB"), f"{r.used_mib} MiB",
+            _or_dash(r.sm_percent, "%"), Text(_or_dash(share, "%"), style=style), _or_dash(r.age_seconds, "s"),
+        )  # fmt: skip
+    return table
+
+
+def top_json(rows: Sequence[views.UsageRow], namespaces: bool = False) -> Json:
+    return {
+        "kind": "GpuUsageReport",
+        "version": VERSION,
+        "by": "namespace" if namespaces else "pod",
+        "rows": [
+            {
+                "namespace": r.namespace,
+                **({"pods": r.pods} if namespaces else {"pod": r.pod, "node": r.node, "gpu": r.gpu}),
+                "shareMilli": r.share_milli,
+                "allocatedMiB": r.allocated_mib,
+                "usedMiB": r.used_mib,
+                "smPercent": r.sm_percent,
+                "shareUsedPercent": r.share_used_percent,
+                "ageSeconds": r.age_seconds,
+            }
+            for r in rows
+        ],
+    }

@@ -10,6 +10,9 @@ asks the placer which node and GPUs the extender would choose. So the plugin's a
 extender's answer for the same cluster state; the only difference is the state itself (the
 extender may hold a decision whose binding is still on its way).
 
+`top` reads the nodes' GpuUsage objects (`api.usage`, written by the agents): per pod and GPU, what
+it uses beside what it was given, or summed per namespace.
+
 Every view is a frozen value; `render` turns them into tables, text or JSON.
 """
 
@@ -22,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sharegpu.api import budgets as api_budgets
-from sharegpu.api import dra, names, pods, reasons, wire
+from sharegpu.api import dra, names, pods, reasons, usage, wire
 from sharegpu.api import groups as api_groups
 from sharegpu.api import quotas as api_quotas
 from sharegpu.core import allocation, errors, fit, policies, requests, units
@@ -543,3 +546,100 @@ def quota_views(view: Cluster, namespace: str | None = None) -> list[QuotaView]:
             if limit.memory_mib is not None:
                 out.append(QuotaView(ns, name, names.GPU_MEMORY_TOTAL, memory, limit.memory_mib))
     return out
+
+
+# ----------------------------------------------------------------- usage (top)
+
+TOP_SORTS = ("used", "sm", "share", "idle", "name")
+"""`top`'s orders: most memory used, most SM used, largest share, idlest share first, by name."""
+
+
+@dataclass(frozen=True, slots=True)
+class UsageRow:
+    """What one pod (or, in `by_namespace`, one namespace) uses of the GPUs, beside what it was given."""
+
+    namespace: str
+    pod: str
+    """"" in a namespace's row."""
+    node: str
+    gpu: str
+    """The GPU's index on its node (or its UUID where the node does not list it); "" in a namespace's row."""
+    share_milli: int | None
+    allocated_mib: int | None
+    used_mib: int
+    sm_percent: int | None
+    """Of the whole GPU (summed over a namespace's GPUs); None: not sampled there."""
+    age_seconds: int | None
+    """How old the figures are (the oldest of a namespace's)."""
+    pods: int = 1
+
+    @property
+    def share_used_percent(self) -> int | None:
+        """How much of its compute share it uses (SM % of the GPU over the share's %)."""
+        if self.sm_percent is None or not self.share_milli:
+            return None
+        return self.sm_percent * 1000 // self.share_milli
+
+
+def usage_rows(items: Sequence[usage.GpuUsage], namespace: str | None, now: float) -> list[UsageRow]:
+    """One row per pod and GPU it uses, of `namespace` (None: every one)."""
+    rows = []
+    for item in items:
+        try:
+            age: int | None = max(0, int(now) - wire.seconds(item.observed_at))
+        except errors.InvalidInputError:
+            age = None
+        index = {g.uuid: g.index for g in item.gpus}
+        for use in item.pods:
+            if namespace is not None and use.namespace != namespace:
+                continue
+            where = index.get(use.uuid)
+            rows.append(
+                UsageRow(
+                    namespace=use.namespace, pod=use.name, node=item.metadata.name,
+                    gpu=str(where) if where is not None else use.uuid, share_milli=use.share_milli,
+                    allocated_mib=use.allocated_mib, used_mib=use.used_mib, sm_percent=use.sm_percent, age_seconds=age,
+                )
+            )  # fmt: skip
+    return rows
+
+
+def by_namespace(rows: Sequence[UsageRow]) -> list[UsageRow]:
+    """The rows summed per namespace (a figure unknown for any row of it is unknown for the sum; the
+    age is the oldest)."""
+    grouped: dict[str, list[UsageRow]] = {}
+    for row in rows:
+        grouped.setdefault(row.namespace, []).append(row)
+
+    def known(values: Sequence[int | None]) -> list[int] | None:
+        found = [v for v in values if v is not None]
+        return found if len(found) == len(values) else None
+
+    out = []
+    for space, mine in grouped.items():
+        shares, allocated = known([r.share_milli for r in mine]), known([r.allocated_mib for r in mine])
+        sm, ages = known([r.sm_percent for r in mine]), known([r.age_seconds for r in mine])
+        out.append(
+            UsageRow(
+                namespace=space, pod="", node="", gpu="", share_milli=None if shares is None else sum(shares),
+                allocated_mib=None if allocated is None else sum(allocated), used_mib=sum(r.used_mib for r in mine),
+                sm_percent=None if sm is None else sum(sm), age_seconds=None if ages is None else max(ages),
+                pods=len({r.pod for r in mine}),
+            )
+        )  # fmt: skip
+    return out
+
+
+def sort_rows(rows: Sequence[UsageRow], by: str) -> list[UsageRow]:
+    """`rows` in one of `TOP_SORTS`' orders (ties by namespace, pod, node, GPU)."""
+    if by not in TOP_SORTS:
+        raise errors.InvalidInputError(f"--sort: unknown order {by!r} (valid: {', '.join(TOP_SORTS)})")
+    name = [(r.namespace, r.pod, r.node, r.gpu) for r in rows]
+    keys = {
+        "used": lambda i: (-rows[i].used_mib, name[i]),
+        "sm": lambda i: (-(rows[i].sm_percent or 0), name[i]),
+        "share": lambda i: (-(rows[i].share_milli or 0), name[i]),
+        "idle": lambda i: (rows[i].share_used_percent if rows[i].share_used_percent is not None else 10**9, name[i]),
+        "name": lambda i: (name[i],),
+    }
+    return [rows[i] for i in sorted(range(len(rows)), key=keys[by])]
