@@ -123,7 +123,7 @@ async def test_a_nodes_agent_writes_only_its_own_node_its_device_slices_reservat
         here.made.append(paths.gpu_usage(here.name))
         forged = wire.encode(usage.report(there.name, None, "2026-01-01T00:00:00Z", 10, [], []))
         await refused(lambda: agent.create(paths.GPU_USAGES, forged), f"may write only GpuUsage {here.name}")
-        await refused(lambda: agent.delete(paths.gpu_usage(here.name)), f"may write only GpuUsage {here.name}")
+        await refused(lambda: agent.delete(paths.gpu_usage(here.name)), "cannot delete")  # RBAC gives no delete
         # ResourceSlices: sharegpu's, of its node (where resource.k8s.io/v1 is served).
         if await client.serves_when_answered(admin, dra.API_VERSION):
             await agent.create(dra.SLICES, slice_of(here.name, dra.DRIVER))
