@@ -34,10 +34,10 @@ def setup() -> tuple[fake.FakeApiServer, usagereport.UsageReporter, Clock]:
     return server, reporter, clock
 
 
-def stored(server: fake.FakeApiServer) -> usage.GpuUsage:
+def stored(server: fake.FakeApiServer) -> usage.UsageStatus:
     found = server.get_object(paths.gpu_usage("n0"))
     assert found is not None
-    return usage.read(found)
+    return usage.read(found).status
 
 
 async def test_the_first_report_is_written_owned_by_the_node_with_every_figure() -> None:
@@ -45,7 +45,8 @@ async def test_the_first_report_is_written_owned_by_the_node_with_every_figure()
     assert await reporter.report(assessment(1000, 40))
     found = stored(server)
     node = server.get_object(paths.node("n0")) or {}
-    assert [(r.kind, r.uid) for r in found.metadata.owner_references] == [("Node", node["metadata"]["uid"])]
+    meta = usage.read(server.get_object(paths.gpu_usage("n0"))).metadata
+    assert [(r.kind, r.uid) for r in meta.owner_references] == [("Node", node["metadata"]["uid"])]
     (pod,) = found.pods
     assert (pod.namespace, pod.name, pod.uuid, pod.used_mib, pod.sm_percent, pod.share_milli, pod.allocated_mib) == (
         "ns", "p", "GPU-0", 1000, 40, 300, 4096
@@ -76,7 +77,7 @@ async def test_writes_come_at_most_once_per_interval_and_only_when_something_cha
 async def test_a_conflict_or_a_deleted_object_is_settled_by_the_next_write() -> None:
     server, reporter, clock = setup()
     assert await reporter.report(assessment(1000, 40))
-    server.fail(409, method="PUT", path=paths.gpu_usage("n0"))
+    server.fail(409, method="PUT", path=paths.gpu_usage("n0") + "/status")
     clock.now += 60
     assert not await reporter.report(assessment(5000, 40))
     assert reporter.problem.startswith("cannot write GpuUsage n0"), reporter.problem

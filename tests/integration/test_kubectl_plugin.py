@@ -197,7 +197,7 @@ async def test_kubectl_sharegpu_top_shows_what_the_agent_measured_of_each_share(
 
         async def reported(mib: int) -> Json | None:
             found = await get_or_none(admin, paths.gpu_usage(name))
-            pods = (found or {}).get("pods") or []
+            pods = ((found or {}).get("status") or {}).get("pods") or []
             return found if any(p["name"] == "p" and p["usedMiB"] == mib for p in pods) else None
 
         written = await wait_for(lambda: reported(1500), what="the node's GpuUsage with the pod's use")

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from sharegpu.api import dra, groups, names, paths, pods, usage, wire
+from sharegpu.api import dra, groups, names, paths, pods, resources, usage, wire
 from sharegpu.core import units
 from sharegpu.devcluster import controlplane, stack
 from sharegpu.extender import reservations
@@ -123,6 +123,13 @@ async def test_a_nodes_agent_writes_only_its_own_node_its_device_slices_reservat
         here.made.append(paths.gpu_usage(here.name))
         forged = wire.encode(usage.report(there.name, None, "2026-01-01T00:00:00Z", 10, [], []))
         await refused(lambda: agent.create(paths.GPU_USAGES, forged), f"may write only GpuUsage {here.name}")
+        await admin.create(paths.GPU_USAGES, forged)
+        there.made.append(paths.gpu_usage(there.name))
+        status_path, status_body = resources.GPU_USAGE.status_update(
+            usage.read(await admin.get(paths.gpu_usage(there.name))).metadata, usage.UsageSpec(node=there.name),
+            usage.UsageStatus(observed_at="2026-01-01T00:00:00Z"),
+        )  # fmt: skip
+        await refused(lambda: agent.replace(status_path, status_body), f"may write only GpuUsage {here.name}")
         await refused(lambda: agent.delete(paths.gpu_usage(here.name)), "cannot delete")  # RBAC gives no delete
         # ResourceSlices: sharegpu's, of its node (where resource.k8s.io/v1 is served).
         if await client.serves_when_answered(admin, dra.API_VERSION):

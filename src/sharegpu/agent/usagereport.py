@@ -8,8 +8,9 @@ only when it differs from what was last written by more than the noise (`usage.s
 use holds still. Metrics carry every pass's figures; this object serves the readers that have no
 Prometheus (`kubectl sharegpu top`, the GPU map).
 
-A write replaces the object with the resourceVersion last read; a 409 (someone else wrote it) or a
-404 (deleted) is settled by the next write, which reads it first. Failures are logged and kept in
+The object is made once (its spec names the node); each write replaces its status (the status
+subresource) with the resourceVersion last read; a 409 (someone else wrote it) or a 404 (deleted) is
+settled by the next write, which reads it (or makes it) first. Failures are logged and kept in
 `problem` (on /readyz's detail; they do not make the agent unready: placement does not depend on it).
 """
 
@@ -20,7 +21,7 @@ import time
 from collections.abc import Callable
 
 from sharegpu.agent import watchdog
-from sharegpu.api import paths, usage, wire
+from sharegpu.api import paths, resources, usage, wire
 from sharegpu.core import errors
 from sharegpu.kube import client
 from sharegpu.kube import errors as kube_errors
@@ -78,8 +79,8 @@ class UsageReporter:
         self.sent: usage.GpuUsage | None = None
         """What was last written (None: nothing yet, or it must be read again)."""
         self.sent_at: float | None = None
-        self.version = ""
-        """The object's resourceVersion after that write ("": read it before the next)."""
+        self.meta: wire.ObjectMeta | None = None
+        """The object's metadata after that write (None: read it before the next)."""
         self.owner: wire.OwnerReference | None = None
         self.problem = ""
         self.writes = 0
@@ -95,13 +96,13 @@ class UsageReporter:
             self.owner = wire.OwnerReference(api_version="v1", kind="Node", name=self.node, uid=node["metadata"]["uid"])
         made = usage.report(self.node, self.owner, wire.timestamp(self.wall()), round(self.pass_interval), gpus, pods)
         fresh = self.sent_at is not None and now - self.sent_at < self.refresh
-        if self.sent is not None and fresh and usage.same_within_noise(made, self.sent):
+        if self.sent is not None and fresh and usage.same_within_noise(made.status, self.sent.status):
             return False
         try:
             await self._write(made)
         except errors.SharegpuError as exc:
             self.problem = f"cannot write GpuUsage {self.node}: {exc}"
-            self.sent, self.version = None, ""
+            self.sent, self.meta = None, None
             log.warning("%s; tried again at the next pass", self.problem)
             return False
         self.problem = ""
@@ -110,19 +111,17 @@ class UsageReporter:
         return True
 
     async def _write(self, made: usage.GpuUsage) -> None:
-        body = wire.encode(made)
-        if not self.version:
+        """The object made if it is missing, then its status (with the resourceVersion last read)."""
+        if self.meta is None:
             try:
                 current = await self.api.get(paths.gpu_usage(self.node))
             except kube_errors.NotFoundError:
-                written = await self.api.create(paths.GPU_USAGES, body)
-                self.version = str(written["metadata"].get("resourceVersion", ""))
-                return
-            self.version = str(current["metadata"].get("resourceVersion", ""))
-        body["metadata"]["resourceVersion"] = self.version
+                current = await self.api.create(paths.GPU_USAGES, wire.encode(made))
+            self.meta = usage.read(current).metadata
+        path, body = resources.GPU_USAGE.status_update(self.meta, made.spec, made.status)
         try:
-            written = await self.api.replace(paths.gpu_usage(self.node), body)
+            written = await self.api.replace(path, body)
         except (kube_errors.ConflictError, kube_errors.NotFoundError):
-            self.version = ""
+            self.meta = None
             raise
-        self.version = str(written["metadata"].get("resourceVersion", ""))
+        self.meta = usage.read(written).metadata

@@ -13,7 +13,7 @@ from typing import Any, Final, Literal
 import msgspec
 import yaml
 
-from sharegpu.api import budgets, deviceshare, events, groups, names, paths, podgroups, schema, sharepods, wire
+from sharegpu.api import budgets, deviceshare, events, groups, names, paths, podgroups, schema, sharepods, usage, wire
 
 Json = dict[str, Any]
 
@@ -187,7 +187,24 @@ CLUSTER_GPU_BUDGET: Final = CustomResource(
     columns=GPU_BUDGET.columns,
 )
 
-GENERATED: Final = (SHARED_DEVICE_GROUP, GPU_BUDGET, CLUSTER_GPU_BUDGET)
+GPU_USAGE: Final = CustomResource(
+    group=names.DOMAIN,
+    version=names.API_VERSION,
+    kind=names.USAGE_KIND,
+    plural=names.USAGE_PLURAL,
+    singular="gpuusage",
+    scope="Cluster",
+    spec=usage.UsageSpec,
+    status=usage.UsageStatus,
+    description=(
+        "What a node's pods use of its GPUs (memory, SM utilisation) beside the share each was given, written by "
+        "the node's agent now and then; named after the node."
+    ),
+    short_names=("sgusage",),
+    columns=(Column("Observed", "date", ".status.observedAt", "When the agent measured these figures"), AGE),
+)
+
+GENERATED: Final = (SHARED_DEVICE_GROUP, GPU_BUDGET, CLUSTER_GPU_BUDGET, GPU_USAGE)
 """The resources whose definitions are generated here (the Device resource's is still written by
 hand in deploy/helm/sharegpu/crds)."""
 

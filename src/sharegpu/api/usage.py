@@ -1,4 +1,5 @@
-"""What each node's pods use of its GPUs, as the API keeps it: one `GpuUsage` per node, named after it.
+"""What each node's pods use of its GPUs, as the API keeps it: one `GpuUsage` per node, named after it
+(its `status`: observed figures, written through the status subresource).
 
 The node agent measures every pass (memory per process, SM utilisation per process where NVML
 samples it: `agent.watchdog`) and writes the node's GpuUsage now and then (`agent.usagereport`:
@@ -55,16 +56,23 @@ class GpuUse(wire.Message, kw_only=True, frozen=True):
     sm_percent: Percent | None = None
 
 
+class UsageSpec(wire.Message, kw_only=True, frozen=True):
+    node: Annotated[str, Meta(min_length=1, description="The node whose GPUs these are (the object's own name).")]
+
+
+class UsageStatus(wire.Message, kw_only=True, frozen=True):
+    observed_at: Annotated[str, Meta(description="When the agent measured these figures (RFC 3339).")] = ""
+    interval_seconds: Annotated[int, Meta(ge=0, description="How often the agent measures (its pass).")] = 0
+    gpus: list[GpuUse] = msgspec.field(default_factory=list)
+    pods: list[PodUse] = msgspec.field(default_factory=list)
+
+
 class GpuUsage(wire.Message, kw_only=True, frozen=True):
     api_version: str = ""
     kind: str = ""
     metadata: wire.ObjectMeta = msgspec.field(default_factory=wire.ObjectMeta)
-    observed_at: str = ""
-    """When the agent measured these figures (RFC 3339)."""
-    interval_seconds: Count = 0
-    """How often the agent measures (its pass); it writes at most every `--usage-interval` seconds."""
-    gpus: list[GpuUse] = msgspec.field(default_factory=list)
-    pods: list[PodUse] = msgspec.field(default_factory=list)
+    spec: UsageSpec
+    status: UsageStatus = msgspec.field(default_factory=UsageStatus)
 
 
 def report(
@@ -80,14 +88,12 @@ def report(
         api_version=API_VERSION,
         kind=names.USAGE_KIND,
         metadata=wire.ObjectMeta(name=node, owner_references=[owner] if owner is not None else []),
-        observed_at=observed_at,
-        interval_seconds=interval_seconds,
-        gpus=gpus,
-        pods=pods,
+        spec=UsageSpec(node=node),
+        status=UsageStatus(observed_at=observed_at, interval_seconds=interval_seconds, gpus=gpus, pods=pods),
     )
 
 
-def same_within_noise(a: GpuUsage, b: GpuUsage, *, mib: int = 64, points: int = 5) -> bool:
+def same_within_noise(a: UsageStatus, b: UsageStatus, *, mib: int = 64, points: int = 5) -> bool:
     """Whether two reports of a node say the same but for noise: the same GPUs and pods (and
     containers), every memory figure within `mib`, every SM figure within `points`."""
     if [(g.uuid, g.index, g.memory_mib) for g in a.gpus] != [(g.uuid, g.index, g.memory_mib) for g in b.gpus]:

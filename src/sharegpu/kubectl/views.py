@@ -585,12 +585,13 @@ def usage_rows(items: Sequence[usage.GpuUsage], namespace: str | None, now: floa
     """One row per pod and GPU it uses, of `namespace` (None: every one)."""
     rows = []
     for item in items:
+        status = item.status
         try:
-            age: int | None = max(0, int(now) - wire.seconds(item.observed_at))
+            age: int | None = max(0, int(now) - wire.seconds(status.observed_at))
         except errors.InvalidInputError:
             age = None
-        index = {g.uuid: g.index for g in item.gpus}
-        for use in item.pods:
+        index = {g.uuid: g.index for g in status.gpus}
+        for use in status.pods:
             if namespace is not None and use.namespace != namespace:
                 continue
             where = index.get(use.uuid)
