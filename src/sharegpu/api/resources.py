@@ -13,7 +13,20 @@ from typing import Any, Final, Literal
 import msgspec
 import yaml
 
-from sharegpu.api import budgets, deviceshare, events, groups, names, paths, podgroups, schema, sharepods, usage, wire
+from sharegpu.api import (
+    budgets,
+    deviceshare,
+    events,
+    groups,
+    idle,
+    names,
+    paths,
+    podgroups,
+    schema,
+    sharepods,
+    usage,
+    wire,
+)
 
 Json = dict[str, Any]
 
@@ -204,7 +217,30 @@ GPU_USAGE: Final = CustomResource(
     columns=(Column("Observed", "date", ".status.observedAt", "When the agent measured these figures"), AGE),
 )
 
-GENERATED: Final = (SHARED_DEVICE_GROUP, GPU_BUDGET, CLUSTER_GPU_BUDGET, GPU_USAGE)
+GPU_IDLE_POLICY: Final = CustomResource(
+    group=names.DOMAIN,
+    version=names.API_VERSION,
+    kind="GPUIdlePolicy",
+    plural="gpuidlepolicies",
+    singular="gpuidlepolicy",
+    scope="Namespaced",
+    spec=idle.IdleSpec,
+    status=idle.IdleStatus,
+    description=(
+        "When a GPU share of the namespace counts as idle (its SM use at or below a percentage for a time), and "
+        "whether an idle share is only reported or also evicted."
+    ),
+    short_names=("gpuidle",),
+    columns=(
+        Column("After", "integer", ".spec.idleAfterSeconds", "Seconds idle before a share is reported"),
+        Column("Action", "string", ".spec.action"),
+        Column("In force", "boolean", ".status.inForce"),
+        Column("Evictions", "integer", ".status.evictions"),
+        AGE,
+    ),
+)
+
+GENERATED: Final = (SHARED_DEVICE_GROUP, GPU_BUDGET, CLUSTER_GPU_BUDGET, GPU_USAGE, GPU_IDLE_POLICY)
 """The resources whose definitions are generated here (the Device resource's is still written by
 hand in deploy/helm/sharegpu/crds)."""
 

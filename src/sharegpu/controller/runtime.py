@@ -5,7 +5,8 @@ ClusterGPUBudgets, Namespaces (their labels), SharedDeviceGroups and the pods la
 with `--compat`, the deviceshare.io groups or KubeShare's SharePods and their Pods), so a standby's
 picture of the cluster is as current as the leader's; only the holder of the `sharegpu-controller`
 Lease reconciles (writes statuses, records events). Reconcilers: budgets (`controller.budgets`),
-shared device groups (`controller.groups`), and where enabled the deviceshare.io mirror
+shared device groups (`controller.groups`), idle shares (`controller.idle`, from the agents'
+GpuUsages and the GPUIdlePolicies), and where enabled the deviceshare.io mirror
 (`controller.deviceshare`), SharePods (`controller.sharepods`) and the defragmenter
 (`controller.defrag`, with its own informers: pods, Nodes, PodDisruptionBudgets). A new leader acts on what its
 informers listed from the API (the books in each budget's status included), never on anything its
@@ -34,8 +35,10 @@ from sharegpu.api import budgets as api_budgets
 from sharegpu.api import deviceshare as api_deviceshare
 from sharegpu.api import dra, lifetimes, names, paths, resources, wire
 from sharegpu.api import groups as api_groups
+from sharegpu.api import idle as api_idle
 from sharegpu.api import sharepods as api_sharepods
-from sharegpu.controller import budgets, defrag, deviceshare, groups, inventory, sharepods
+from sharegpu.api import usage as api_usage
+from sharegpu.controller import budgets, defrag, deviceshare, groups, idle, inventory, sharepods
 from sharegpu.core import errors
 from sharegpu.kube import client, informer, leader, reconcile, reviews
 from sharegpu.kube import events as kube_events
@@ -102,6 +105,7 @@ class Controller:
                                     budget_per_hour=options.defrag_budget_per_hour)
             if options.defrag or options.defrag_dry_run else None
         )  # fmt: skip
+        self.idle = idle.IdleReconciler(api, self.recorder, clock)
         self.elector: leader.LeaderElector | leader.Solo = leader.Solo()
         if options.leader_elect:
             self.elector = leader.LeaderElector(
@@ -121,6 +125,13 @@ class Controller:
             ),
             informer.Informer(
                 api, paths.NAMESPACES, wire.Namespace, informer.identity, self.budgets.on_namespace, name="namespaces"
+            ),
+            informer.Informer(
+                api, resources.GPU_IDLE_POLICY.path(), api_idle.GPUIdlePolicy, informer.identity, self.idle.on_policy,
+                name="gpuidlepolicies",
+            ),
+            informer.Informer(
+                api, paths.GPU_USAGES, api_usage.GpuUsage, informer.identity, self.idle.on_usage, name="gpuusages"
             ),
             informer.Informer(
                 api, resources.SHARED_DEVICE_GROUP.path(), api_groups.SharedDeviceGroup, informer.identity,
@@ -172,7 +183,7 @@ class Controller:
     def loops(self) -> list[reconcile.Loop]:
         """The reconcilers' loops (the compatibility ones only where enabled)."""
         optional = [r.loop for r in (self.mirrors, self.sharepods, self.defrag) if r is not None]
-        return [self.budgets.loop, self.groups.loop, *optional]
+        return [self.budgets.loop, self.groups.loop, self.idle.loop, *optional]
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:
         states = {i.name: i.status() for i in self.informers}
@@ -249,7 +260,21 @@ class _Metrics(Collector):
         )
         for found in self.controller.informers:
             ready.add_metric([found.name], 1 if found.ready else 0)
-        yield from (used, limit, state, leading, ready)
+        idle_now = GaugeMetricFamily(
+            "sharegpu_idle_shares", "Pods idle for longer than their namespace's GPUIdlePolicy says",
+            labels=["namespace"],
+        )  # fmt: skip
+        spaces: dict[str, int] = {}
+        for tracked in self.controller.idle.idle_for_long().values():
+            spaces[tracked.namespace] = spaces.get(tracked.namespace, 0) + 1
+        for space, count in sorted(spaces.items()):
+            idle_now.add_metric([space], count)
+        evictions = CounterMetricFamily(
+            "sharegpu_idle_evictions", "Evictions of idle shares tried, by outcome", labels=["outcome"]
+        )
+        for outcome, count in sorted(self.controller.idle.counters.evictions.items()):
+            evictions.add_metric([outcome], count)
+        yield from (used, limit, state, leading, ready, idle_now, evictions)
         defragmenter = self.controller.defrag
         if defragmenter is not None:
             c = defragmenter.counters

@@ -1,0 +1,157 @@
+"""Idle shares: a pod whose SM use stays at or below its namespace's policy for the policy's time is
+reported once, and under `Evict` evicted through the Eviction API (a refusal told and tried again
+later); a busy pod, a pod not measured, a namespace without a policy, a stale report: nothing; a gang
+only whole."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sharegpu.api import idle, names, paths, resources, usage, wire
+from sharegpu.controller import idle as controller_idle
+from sharegpu.kube import client, fake
+from sharegpu.kube import events as kube_events
+from tests.builders import Clock, MakePod
+from tests.controller.conftest import T0
+from tests.extender.conftest import settle
+
+Json = dict[str, Any]
+
+
+def policy(
+    namespace: str, name: str = "reclaim", *, after: int = 600, action: str = "Evict", created: str = ""
+) -> Json:
+    return {
+        "apiVersion": resources.GPU_IDLE_POLICY.api_version,
+        "kind": "GPUIdlePolicy",
+        "metadata": {"name": name, "namespace": namespace, "creationTimestamp": created or "2026-11-01T00:00:00Z"},
+        "spec": {"idleAfterSeconds": after, "idleAtMostPercent": 1, "action": action},
+    }
+
+
+def report(node: str, at: float, *pods: tuple[str, str, str, int | None]) -> usage.GpuUsage:
+    """A node's report at `at`: (namespace, name, uid, SM %) per pod, each on GPU-0 with a 300-milli share."""
+    uses = [
+        usage.PodUse(namespace=ns, name=name, uid=uid, uuid="GPU-0", used_mib=1000, sm_percent=sm, share_milli=300)
+        for ns, name, uid, sm in pods
+    ]
+    return usage.report(node, None, wire.timestamp(at), 10, [], uses)
+
+
+class Setup:
+    def __init__(self) -> None:
+        self.server = fake.FakeApiServer()
+        self.clock = Clock(T0)
+        api = client.KubeClient(self.server)
+        self.reconciler = controller_idle.IdleReconciler(
+            api, kube_events.Recorder(api, "c", "c", self.clock), self.clock
+        )
+
+    def pod(self, name: str, namespace: str = "ns", **annotations: str) -> str:
+        made = MakePod(name, namespace).annotations(annotations).node("n0").container().phase("Running").obj()
+        stored = self.server.put_object(paths.pods(namespace), made)
+        return str(stored["metadata"]["uid"])
+
+    def policy(self, body: Json) -> None:
+        stored = self.server.put_object(resources.GPU_IDLE_POLICY.path(body["metadata"]["namespace"]), body)
+        self.reconciler.on_policy(wire.EventType.ADDED, wire.convert(stored, idle.GPUIdlePolicy))
+
+    def see(self, found: usage.GpuUsage) -> None:
+        self.reconciler.on_usage(wire.EventType.MODIFIED, found)
+
+    async def run(self) -> None:
+        await self.reconciler.reconcile()
+        await settle(self.server)
+
+    def reasons(self, name: str, namespace: str = "ns") -> list[str]:
+        return sorted(
+            e["reason"]
+            for e in self.server.list_objects(paths.events(namespace))
+            if e["involvedObject"]["name"] == name
+        )
+
+    def leaving(self, name: str, namespace: str = "ns") -> bool:
+        found = self.server.get_object(paths.pod(namespace, name))
+        return found is None or bool(found["metadata"].get("deletionTimestamp"))
+
+    def status(self, namespace: str = "ns", name: str = "reclaim") -> idle.IdleStatus:
+        found = self.server.get_object(resources.GPU_IDLE_POLICY.path(namespace, name))
+        assert found is not None
+        return wire.convert(found, idle.GPUIdlePolicy).status
+
+
+async def test_an_idle_share_is_reported_then_evicted_and_a_busy_one_is_left_alone() -> None:
+    s = Setup()
+    s.policy(policy("ns"))
+    lazy, busy = s.pod("lazy"), s.pod("busy")
+    s.see(report("n0", s.clock.now, ("ns", "lazy", lazy, 0), ("ns", "busy", busy, 40)))
+    s.clock.advance(599)
+    await s.run()
+    assert not s.leaving("lazy") and s.reasons("lazy") == [], "not idle long enough yet"
+    s.clock.advance(1)
+    await s.run()
+    assert s.leaving("lazy") and not s.leaving("busy")
+    assert s.reasons("lazy") == [controller_idle.IDLE, controller_idle.EVICTED] and s.reasons("busy") == []
+    status = s.status()
+    assert status.in_force and status.evictions == 1
+
+
+async def test_report_only_a_pod_not_measured_no_policy_and_stale_reports_are_not_acted_on() -> None:
+    s = Setup()
+    s.policy(policy("ns", action="Report"))
+    lazy, unmeasured, elsewhere = s.pod("lazy"), s.pod("mig"), s.pod("free", "other")
+    s.see(report("n0", s.clock.now, ("ns", "lazy", lazy, 0), ("ns", "mig", unmeasured, None),
+                 ("other", "free", elsewhere, 0)))  # fmt: skip
+    s.clock.advance(700)
+    await s.run()
+    assert s.reasons("lazy") == [controller_idle.IDLE] and not s.leaving("lazy"), "Report: told, not evicted"
+    assert s.reasons("mig") == [] and s.reasons("free", "other") == []
+    assert [(p.name, p.share_milli) for p in s.status().idle] == [("lazy", 300)]
+    await s.run()
+    assert s.reasons("lazy") == [controller_idle.IDLE], "told once"
+    s.clock.advance(controller_idle.STALE)
+    assert s.reconciler.idle_for_long() == {}, "a report this old is not acted on"
+
+
+async def test_a_pod_seen_busy_starts_again_and_a_gang_goes_only_whole() -> None:
+    s = Setup()
+    s.policy(policy("ns"))
+    a, b = s.pod("a", **{names.GANG: "job"}), s.pod("b", **{names.GANG: "job"})
+    s.see(report("n0", s.clock.now, ("ns", "a", a, 0), ("ns", "b", b, 30)))
+    s.clock.advance(400)
+    s.see(report("n0", s.clock.now, ("ns", "a", a, 0), ("ns", "b", b, 0)))
+    s.clock.advance(300)
+    await s.run()
+    assert not s.leaving("a") and not s.leaving("b"), "b is idle for 300 s only: the gang stays whole"
+    s.clock.advance(300)
+    await s.run()
+    assert s.leaving("a") and s.leaving("b")
+
+
+async def test_an_eviction_a_disruption_budget_refuses_is_told_and_tried_again_later() -> None:
+    s = Setup()
+    s.policy(policy("ns"))
+    lazy = s.pod("lazy")
+    s.see(report("n0", s.clock.now, ("ns", "lazy", lazy, 0)))
+    s.clock.advance(600)
+    s.server.fail(429, method="POST", path=paths.eviction("ns", "lazy"))
+    await s.run()
+    assert not s.leaving("lazy") and controller_idle.BLOCKED in s.reasons("lazy")
+    s.clock.advance(30)
+    await s.run()
+    assert not s.leaving("lazy"), "not before retry"
+    s.clock.advance(controller_idle.RETRY)
+    await s.run()
+    assert s.leaving("lazy")
+
+
+async def test_the_oldest_policy_of_a_namespace_is_in_force() -> None:
+    s = Setup()
+    s.policy(policy("ns", "old", action="Report"))  # the fake API server stamps creation in order
+    s.policy(policy("ns", "new", action="Evict"))
+    lazy = s.pod("lazy")
+    s.see(report("n0", s.clock.now, ("ns", "lazy", lazy, 0)))
+    s.clock.advance(600)
+    await s.run()
+    assert not s.leaving("lazy"), "the older policy only reports"
+    assert s.status(name="old").in_force and not s.status(name="new").in_force
