@@ -46,6 +46,10 @@ async def test_an_idle_share_is_evicted_a_busy_one_kept_and_a_guarded_one_refuse
         placed = MakeAllocation(f"{namespace}/{pod}", name).grant(index, 300, 4096).obj()
         made = MakePod(pod, namespace).labels({"app": pod}).allocation(placed).node(name).container(image="busybox")
         stored = await admin.create(paths.pods(namespace), made.obj())
+        # Running and ready, as the kubelet reports it (the Eviction API ignores disruption budgets for
+        # pods still Pending).
+        ready = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
+        await admin.patch(paths.pod_status(namespace, pod), {"status": ready})
         pid = 4240 + index
         (proc / str(pid)).mkdir(parents=True)
         (proc / str(pid) / "cgroup").write_text(f"0::/kubepods/burstable/pod{stored['metadata']['uid']}/{'b' * 64}\n")

@@ -35,6 +35,8 @@ STALE = 900.0
 """Seconds after which a node's report is too old to act on (the agent rewrites a steady one every 5 minutes)."""
 RETRY = 60.0
 """Seconds before an eviction that was refused is tried again."""
+LEAVING_MEMORY = 4096
+"""How many evicted pods' UIDs are remembered (until their reports stop showing them)."""
 IDLE = "GPUShareIdle"
 EVICTED = "GPUShareIdleEvicted"
 BLOCKED = "GPUShareIdleEvictionBlocked"
@@ -81,6 +83,9 @@ class IdleReconciler:
         """Pod UID -> since when it is idle."""
         self.refused: dict[str, float] = {}
         """Pod UID -> when its eviction was last refused."""
+        self.leaving: dict[str, None] = {}
+        """UIDs of the pods evicted (the newest LEAVING_MEMORY): reports show them until they have gone,
+        and they are neither counted nor listed as idle again."""
         self.evicted: dict[str, int] = {}
         """Namespace -> pods evicted under its policy and not yet counted in its status."""
         self.counters = Counters()
@@ -120,7 +125,7 @@ class IdleReconciler:
             self._forget(uid, node)  # left the node, or its namespace has no policy now
         self.reports[node] = now_seen
         for uid, found in now_seen.items():
-            if not found.idle:
+            if not found.idle or uid in self.leaving:
                 self._forget(uid, node)
                 continue
             tracked = self.tracked.get(uid)
@@ -232,6 +237,9 @@ class IdleReconciler:
         self.counters.evictions["done"] = self.counters.evictions.get("done", 0) + 1
         self.evicted[meta.namespace] = self.evicted.get(meta.namespace, 0) + 1
         self.tracked.pop(meta.uid, None)
+        self.leaving[meta.uid] = None
+        while len(self.leaving) > LEAVING_MEMORY:
+            del self.leaving[next(iter(self.leaving))]
         message = f"evicted: its GPU share on {tracked.node} was idle since {wire.timestamp(tracked.since)}"
         try:
             await self.recorder.record(subject, EVICTED, message, decision=meta.uid)
@@ -247,8 +255,8 @@ class IdleReconciler:
             force = ruling.get(namespace) is policy
             listed = [
                 idle.IdlePod(name=t.name, since=wire.timestamp(t.since), share_milli=t.share_milli)
-                for t in sorted(long_idle.values(), key=lambda t: t.name)
-                if force and t.namespace == namespace
+                for uid, t in sorted(long_idle.items(), key=lambda item: item[1].name)
+                if force and t.namespace == namespace and uid in self.tracked  # not evicted in this pass
             ]
             added = self.evicted.get(namespace, 0) if force else 0
             status = idle.IdleStatus(in_force=force, idle=listed, evictions=policy.status.evictions + added)
