@@ -11,6 +11,7 @@ from pathlib import Path
 
 import yaml
 
+from sharegpu.devcluster import prometheus
 from tests.conftest import REPO, run_helm
 
 RULES = REPO / "deploy" / "helm" / "sharegpu" / "files" / "alerts" / "sharegpu.rules.yaml"
@@ -19,8 +20,7 @@ TESTS = REPO / "tests" / "alerts" / "sharegpu.rules.test.yaml"
 
 @functools.cache
 def promtool() -> Path:
-    built = subprocess.run([REPO / "scripts" / "build-prometheus"], check=True, capture_output=True, text=True)
-    return Path(built.stdout.split()[1])
+    return prometheus.binaries()[1]
 
 
 def alerts() -> list[str]:

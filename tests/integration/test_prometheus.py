@@ -1,0 +1,142 @@
+"""A real Prometheus (built from its Go module) scrapes every component on the real control plane, as
+a cluster's Prometheus would: over HTTPS with the token of a ServiceAccount bound to
+sharegpu-metrics-reader and nothing else, each target labelled with its component. Every target is
+up, every series it serves passes promtool's metric lint, and the per-share usage series of a pod an
+agent measured reach Prometheus."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from sharegpu.agent import fakenvml
+from sharegpu.agent import runtime as agent_runtime
+from sharegpu.api import names, paths
+from sharegpu.devcluster import controlplane, prometheus, stack
+from sharegpu.devcluster.stack import ExtenderProcess
+from sharegpu.kube import client, reviews
+from sharegpu.serving import access, health, tls
+from tests.builders import NVML_FILE, MakeAllocation, MakeNode, MakePod, write_nvml
+from tests.integration.conftest import Json, RunningWebhook, get_or_none, wait_for
+
+READER = "prometheus-test"
+
+
+@pytest.fixture
+async def scraper_token(admin: client.KubeClient) -> AsyncIterator[str]:
+    """A token of a ServiceAccount bound to sharegpu-metrics-reader only."""
+    space = names.SYSTEM_NAMESPACE
+    account: Json = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": READER, "namespace": space}}
+    binding: Json = {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": READER},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "sharegpu-metrics-reader"},
+        "subjects": [{"kind": "ServiceAccount", "name": READER, "namespace": space}],
+    }  # fmt: skip
+    await stack.apply(admin, account)
+    await stack.apply(admin, binding)
+    yield await stack.issue_token(admin, space, READER)
+    await admin.delete(f"/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/{READER}")
+    await admin.delete(f"{paths.namespace(space)}/serviceaccounts/{READER}")
+
+
+async def exposition(url: str, token: str) -> str:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(f"{url}/metrics", ssl=False, headers={"Authorization": f"Bearer {token}"}) as response,
+    ):
+        assert response.status == 200, (url, response.status)
+        return await response.text()
+
+
+async def test_prometheus_scrapes_every_component_and_every_series_passes_promtools_lint(
+    admin: client.KubeClient,
+    control_plane: controlplane.ControlPlane,
+    extender: ExtenderProcess,
+    webhook: RunningWebhook,
+    system_kube: client.KubeClient,
+    namespace: str,
+    scraper_token: str,
+    tmp_path: Path,
+) -> None:
+    controller = stack.ControllerProcess(control_plane)
+    controller.start()
+    node = f"prom-{uuid.uuid4().hex[:8]}"
+    await admin.create(paths.NODES, MakeNode(node).obj())
+    placed = MakeAllocation(f"{namespace}/p", node).grant(0, 300, 4096).obj()
+    # The harness's user may write an allocation (the webhook turns anyone else's away).
+    pod = await system_kube.create(
+        paths.pods(namespace), MakePod("p", namespace).allocation(placed).node(node).container(image="busybox").obj()
+    )
+    proc = tmp_path / "proc"
+    (proc / "4242").mkdir(parents=True)
+    (proc / "4242" / "cgroup").write_text(f"0::/kubepods/burstable/pod{pod['metadata']['uid']}/{'b' * 64}\n")
+    nvml_path = tmp_path / "nvml.yaml"
+    measured_process = "processes: [{pid: 4242, gpu: 0, usedMiB: 1500, smPercent: 25}]"
+    write_nvml(nvml_path, NVML_FILE.replace("processes: [{pid: 42, gpu: 2, usedMiB: 2048}]", measured_process))
+    agent_kube = stack.kube_for(control_plane, "sharegpu-agent")
+    agent = agent_runtime.Agent(
+        agent_kube, node, fakenvml.FakeNvml(nvml_path).open(), agent_runtime.Options(interval=0.5, proc=proc)
+    )
+    agent_port = controlplane.free_port()
+    agent_server = health.HealthServer(
+        agent.readiness, agent.metrics.registry, access.Gate(reviews.ApiReviewer(agent_kube))
+    )
+    scraper: prometheus.Prometheus | None = None
+    try:
+        await controller.wait_ready()
+        await agent_server.start("127.0.0.1", agent_port, tls.SELF_SIGNED.context())
+        await agent.start()
+        targets = [
+            prometheus.Target("scheduler", f"127.0.0.1:{extender.health_port}"),
+            prometheus.Target("controller", f"127.0.0.1:{controller.health_port}"),
+            prometheus.Target("webhook", f"127.0.0.1:{webhook.port}"),
+            prometheus.Target("agent", f"127.0.0.1:{agent_port}"),
+        ]
+        scraper = prometheus.Prometheus(tmp_path / "prometheus", targets, scraper_token, interval=1.0)
+        running = scraper
+        await running.start()
+
+        async def all_up() -> list[Json] | None:
+            found = await running.active_targets()
+            return found if len(found) == 4 and all(t["health"] == "up" for t in found) else None
+
+        try:
+            found = await wait_for(all_up, timeout=60, what="every component scraped")
+        except AssertionError:
+            raise AssertionError(await running.active_targets()) from None
+        assert {t["labels"]["component"] for t in found} == {"scheduler", "controller", "webhook", "agent"}
+
+        async def measured() -> list[Json] | None:
+            rows = await running.query(f'sharegpu_pod_gpu_sm_utilization_percent{{namespace="{namespace}", pod="p"}}')
+            return rows or None
+
+        (row,) = await wait_for(measured, timeout=60, what="the pod's SM use in Prometheus")
+        assert row["value"][1] == "25" and row["metric"]["component"] == "agent"
+        (share,) = await running.query(f'sharegpu_pod_gpu_share_milli{{namespace="{namespace}", pod="p"}}')
+        assert share["value"][1] == "300"
+
+        _, promtool = prometheus.binaries()
+        urls = [f"https://{t.address}" for t in targets]
+        for url in urls:
+            text = await exposition(url, scraper_token)
+            linted = await asyncio.to_thread(
+                subprocess.run, [str(promtool), "check", "metrics"], input=text, capture_output=True, text=True,
+                check=False,
+            )  # fmt: skip
+            assert linted.returncode == 0, f"{url}: {linted.stdout}{linted.stderr}"
+    finally:
+        if scraper is not None:
+            scraper.stop()
+        await agent.stop()
+        await agent_server.stop()
+        await agent_kube.close()
+        controller.kill()
+        await admin.delete(paths.node(node))
+        if await get_or_none(admin, paths.gpu_usage(node)) is not None:
+            await admin.delete(paths.gpu_usage(node))
