@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
+import orjson
 import pytest
 
 from sharegpu.agent import fakenvml
@@ -43,6 +44,25 @@ async def scraper_token(admin: client.KubeClient) -> AsyncIterator[str]:
     yield await stack.issue_token(admin, space, READER)
     await admin.delete(f"/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/{READER}")
     await admin.delete(f"{paths.namespace(space)}/serviceaccounts/{READER}")
+
+
+def dashboard_queries() -> list[tuple[str, str]]:
+    """(panel title, query) of every target of the chart's dashboard."""
+    found: list[tuple[str, str]] = []
+
+    def walk(value: object, title: str) -> None:
+        if isinstance(value, dict):
+            here = str(value.get("title", title))
+            if isinstance(value.get("expr"), str):
+                found.append((here, value["expr"]))
+            for item in value.values():
+                walk(item, here)
+        elif isinstance(value, list):
+            for item in value:
+                walk(item, title)
+
+    walk(orjson.loads((stack.CHART / "dashboards" / "sharegpu.json").read_bytes()), "")
+    return found
 
 
 async def exposition(url: str, token: str) -> str:
@@ -120,6 +140,16 @@ async def test_prometheus_scrapes_every_component_and_every_series_passes_promto
         assert row["value"][1] == "25" and row["metric"]["component"] == "agent"
         (share,) = await running.query(f'sharegpu_pod_gpu_share_milli{{namespace="{namespace}", pod="p"}}')
         assert share["value"][1] == "300"
+
+        # Every panel query of the chart's dashboard, its variables filled as Grafana fills them with
+        # "All" selected ($node, $namespace: .*; $__rate_interval: four scrape intervals), is valid
+        # PromQL that Prometheus evaluates (which ones return data needs a fuller workload: not yet).
+        for title, expr in dashboard_queries():
+            filled = expr.replace("$node", ".*").replace("$namespace", ".*").replace("$__rate_interval", "4s")
+            try:
+                await running.query(filled)
+            except prometheus.PrometheusError as exc:
+                raise AssertionError(f"panel {title!r}: {exc}") from None
 
         _, promtool = prometheus.binaries()
         urls = [f"https://{t.address}" for t in targets]
