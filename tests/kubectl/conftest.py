@@ -7,6 +7,7 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import orjson
 import pytest
 
 from sharegpu.api import names, paths
@@ -14,9 +15,20 @@ from sharegpu.extender import runtime
 from sharegpu.kube import client, fake
 from sharegpu.kubectl import read, views
 from tests.builders import Clock
-from tests.extender.conftest import START, Harness, add_node
+from tests.extender.conftest import START, Harness, add_node, gpu_pod
 
 Json = dict[str, Any]
+
+
+def bound(name: str, node: str, index: int, milli: int, namespace: str = "ns") -> Json:
+    pod = gpu_pod(name, milli=milli, namespace=namespace)
+    pod["spec"]["nodeName"] = node
+    pod["status"] = {"phase": "Running"}
+    grant = {"index": index, "uuid": f"GPU-{node}-{index}", "milli": milli, "limitMilli": milli, "memoryMiB": 0}
+    pod["metadata"]["annotations"][names.ALLOCATION] = orjson.dumps(
+        {"version": 1, "node": node, "exclusive": False, "containers": [{"name": "main", "devices": [grant]}]}
+    ).decode()
+    return pod
 
 
 async def snapshot(h: Harness, policy: str = "fgd-used") -> views.Cluster:

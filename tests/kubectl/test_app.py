@@ -14,24 +14,14 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from sharegpu.api import names, paths, resources, usage, wire
+from sharegpu.api import paths, resources, usage, wire
 from sharegpu.kube import client, fake
 from sharegpu.kubectl import app
 from tests.extender.conftest import add_node, gpu_pod
+from tests.kubectl.conftest import bound
 
 runner = CliRunner()
 Json = dict[str, Any]
-
-
-def bound(name: str, node: str, index: int, milli: int, namespace: str = "ns") -> Json:
-    pod = gpu_pod(name, milli=milli, namespace=namespace)
-    pod["spec"]["nodeName"] = node
-    pod["status"] = {"phase": "Running"}
-    grant = {"index": index, "uuid": f"GPU-{node}-{index}", "milli": milli, "limitMilli": milli, "memoryMiB": 0}
-    pod["metadata"]["annotations"][names.ALLOCATION] = orjson.dumps(
-        {"version": 1, "node": node, "exclusive": False, "containers": [{"name": "main", "devices": [grant]}]}
-    ).decode()
-    return pod
 
 
 @pytest.fixture

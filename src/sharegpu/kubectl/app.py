@@ -1,4 +1,4 @@
-"""The `kubectl sharegpu` command line: `inspect`, `explain POD`, `groups`, `budgets`, `top`.
+"""The `kubectl sharegpu` command line: `inspect`, `explain POD`, `groups`, `budgets`, `top`, `dashboard`.
 
 kubectl runs `kubectl-sharegpu` from PATH with the arguments that follow `kubectl sharegpu`, so each
 command takes the connection options itself: `--kubeconfig` (default $KUBECONFIG, then
@@ -14,6 +14,7 @@ sharegpu's resources not installed). Each command reads what it needs once and r
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import sys
 import time
@@ -27,7 +28,7 @@ from rich.console import Console, RenderableType
 from sharegpu.core import errors, policies
 from sharegpu.kube import client, credentials, transport
 from sharegpu.kube import errors as kube_errors
-from sharegpu.kubectl import read, render, views
+from sharegpu.kubectl import dashboard, read, render, views
 
 PROG = "kubectl sharegpu"
 EXIT_FAILURE = 1
@@ -304,6 +305,30 @@ class Commands:
         else:
             _show(render.top_table(result, by == "namespace"))
 
+    def dashboard(
+        self,
+        port: Annotated[
+            int, typer.Option("--port", help="Serve on http://127.0.0.1:PORT/ (0: any free port).", min=0, max=65535)
+        ] = 8765,
+        kubeconfig: Kubeconfig = None,
+        context: Context = None,
+        request_timeout: Timeout = 10.0,
+    ) -> None:
+        """A read-only GPU map in the browser: nodes and GPUs with their shares to scale, what each uses,
+        pending pods and why, budgets, idle shares (on 127.0.0.1 only; it reads with your credentials)."""
+
+        async def work(api: client.KubeApi) -> None:
+            served = dashboard.Dashboard(api, port)
+            await served.start()
+            typer.echo(f"sharegpu GPU map on {served.url} (Ctrl-C stops it)")
+            try:
+                await asyncio.Event().wait()
+            finally:
+                await served.stop()
+
+        with contextlib.suppress(KeyboardInterrupt):
+            self.run(kubeconfig, context, request_timeout, work)
+
 
 def make_app(connector: Connect = connect) -> typer.Typer:
     """The command line, talking to the API through `connector`."""
@@ -316,7 +341,15 @@ def make_app(connector: Connect = connect) -> typer.Typer:
         pretty_exceptions_enable=False,
     )
     commands = Commands(connector)
-    for command in (commands.inspect, commands.explain, commands.groups, commands.budgets, commands.top):
+    commands_ = (
+        commands.inspect,
+        commands.explain,
+        commands.groups,
+        commands.budgets,
+        commands.top,
+        commands.dashboard,
+    )
+    for command in commands_:
         app.command()(command)
     return app
 

@@ -9,11 +9,11 @@ the resource, not a 404 on a path. Everything else comes through as the client r
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from typing import Any, TypeVar
 
 from sharegpu.api import budgets as api_budgets
-from sharegpu.api import dra, paths, resources, usage, wire
+from sharegpu.api import dra, idle, paths, resources, usage, wire
 from sharegpu.api import groups as api_groups
 from sharegpu.api import quotas as api_quotas
 from sharegpu.kube import client
@@ -108,3 +108,18 @@ async def budgets(
 async def usages(api: client.KubeApi) -> list[usage.GpuUsage]:
     """Every node's GpuUsage (what its pods use, as its agent last wrote it)."""
     return await _list(api, paths.GPU_USAGES, usage.GpuUsage, "GpuUsage resources (gpuusages.sharegpu.io)")
+
+
+async def idle_policies(api: client.KubeApi) -> list[idle.GPUIdlePolicy]:
+    """Every namespace's GPUIdlePolicy."""
+    kind = resources.GPU_IDLE_POLICY
+    return await _list(api, kind.path(), idle.GPUIdlePolicy, kind.name)
+
+
+async def optional(read: Awaitable[list[T]]) -> tuple[list[T], str]:
+    """What `read` lists, or nothing and why where its resource is not served (sharegpu installed
+    without it): for the views that can go on without it."""
+    try:
+        return await read, ""
+    except Missing as exc:
+        return [], str(exc)

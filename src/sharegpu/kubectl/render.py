@@ -454,3 +454,40 @@ def top_json(rows: Sequence[views.UsageRow], namespaces: bool = False) -> Json:
             for r in rows
         ],
     }
+
+
+def map_json(
+    inventory: views.Inventory,
+    usage_rows: Sequence[views.UsageRow],
+    waiting: Sequence[views.PendingView],
+    budgets: Sequence[views.BudgetView],
+    quotas: Sequence[views.QuotaView],
+    idle: Sequence[views.IdleView],
+    notes: Sequence[str],
+) -> Json:
+    """What the GPU map page draws: the inventory (`inventory_json`), what each share uses (`top_json`),
+    the pending GPU pods and why, budgets and quotas (`budgets_json`), idle shares, and what could not
+    be read (`notes`)."""
+    return {
+        "kind": "GPUMap",
+        "version": VERSION,
+        "inventory": inventory_json(inventory),
+        "usage": top_json(usage_rows)["rows"],
+        "pending": [
+            {"namespace": p.namespace, "pod": p.name, "asks": p.asks, "reason": p.reason, "message": p.message}
+            for p in waiting
+        ],
+        "budgets": budgets_json(budgets, quotas),
+        "idle": [
+            {
+                "namespace": i.namespace,
+                "pod": i.pod,
+                "since": i.since,
+                "shareMilli": i.share_milli,
+                "policy": i.policy,
+                "action": i.action,
+            }
+            for i in idle
+        ],
+        "notes": list(notes),
+    }

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sharegpu.api import budgets as api_budgets
-from sharegpu.api import dra, names, pods, reasons, usage, wire
+from sharegpu.api import dra, idle, names, pods, reasons, usage, wire
 from sharegpu.api import groups as api_groups
 from sharegpu.api import quotas as api_quotas
 from sharegpu.core import allocation, errors, fit, policies, requests, units
@@ -644,3 +644,61 @@ def sort_rows(rows: Sequence[UsageRow], by: str) -> list[UsageRow]:
         "name": lambda i: (name[i],),
     }
     return [rows[i] for i in sorted(range(len(rows)), key=keys[by])]
+
+
+# ----------------------------------------------------------------- the GPU map (dashboard)
+
+
+@dataclass(frozen=True, slots=True)
+class PendingView:
+    """A GPU pod not placed yet, and why, in sharegpu's words (its PodScheduled condition)."""
+
+    namespace: str
+    name: str
+    asks: str
+    """What it asks for (`describe`)."""
+    reason: str
+    message: str
+
+
+def pending(listing: Listing) -> list[PendingView]:
+    """The GPU pods that wait for a node (not bound, not ending), oldest first."""
+    out = []
+    waiting = [
+        p for p in listing.pods
+        if not p.spec.node_name and not p.metadata.deletion_timestamp and not pods.is_terminal(p)
+    ]  # fmt: skip
+    order = sorted(waiting, key=lambda p: (p.metadata.creation_timestamp or "", p.metadata.namespace, p.metadata.name))
+    for pod in order:
+        if not pods.wants_gpu(pod):
+            continue
+        try:
+            request = pods.request(pod)
+        except errors.InvalidInputError as exc:
+            out.append(PendingView(pod.metadata.namespace, pod.metadata.name, "", "Invalid", str(exc)))
+            continue
+        scheduled = _scheduled(pod)
+        reason, message = (scheduled[1], scheduled[2]) if scheduled is not None else ("", "not tried yet")
+        out.append(PendingView(pod.metadata.namespace, pod.metadata.name, describe(request), reason, message))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class IdleView:
+    """A pod a GPUIdlePolicy found idle."""
+
+    namespace: str
+    pod: str
+    since: str
+    share_milli: int | None
+    policy: str
+    action: str
+
+
+def idle_views(policies: Sequence[idle.GPUIdlePolicy]) -> list[IdleView]:
+    return [
+        IdleView(p.metadata.namespace, found.name, found.since, found.share_milli, p.metadata.name, p.spec.action)
+        for p in policies
+        if p.status.in_force
+        for found in p.status.idle
+    ]
