@@ -98,6 +98,7 @@ function draw(map) {
     rows.push(el("tr", {}, el("td", { text: q.namespace }), el("td", { text: `quota ${q.name} ${q.resource}` }),
       el("td", { text: `${q.held} / ${q.hard}` }), el("td", { text: "" })));
   }
+  if (rows.length === 1) rows.push(el("tr", {}, el("td", { text: "none" })));
   table.replaceChildren(...rows);
   document.getElementById("notes").replaceChildren(...map.notes.map((n) => el("li", { text: n })));
 }
