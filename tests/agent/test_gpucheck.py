@@ -44,6 +44,7 @@ SMI = (
 FULL = 1341.0
 """The fake GPU's launches per second for one unlimited client."""
 HOLDER_PID = 4242
+BURN_PID = 5151
 HOLDER = nvml.GpuProcess(HOLDER_PID, H200.uuid, 1536)
 
 
@@ -211,12 +212,21 @@ class FakeInventory:
     found: list[nvml.Gpu]
     processes: list[nvml.GpuProcess] = field(default_factory=list)
     closed: bool = False
+    burning: bool = False
+    """A compute child runs: the next samples show it (BURN_PID at 97% of the SMs)."""
+    sampled: bool = True
+    """False: NVML takes no per-process samples (as on a MIG GPU)."""
 
     def gpus(self) -> list[nvml.Gpu]:
         return list(self.found)
 
     def running(self) -> list[nvml.GpuProcess]:
         return list(self.processes)
+
+    def utilization(self) -> list[nvml.Utilization]:
+        shown = ((BURN_PID, 97),) if self.burning else ()
+        self.burning = False  # samples since the last read
+        return [nvml.Utilization(g.uuid, 97 if shown else 0, shown if self.sampled else None) for g in self.found]
 
     def close(self) -> None:
         self.closed = True
@@ -271,6 +281,7 @@ class FakeGpu:
     async def burn(self, envs: Sequence[Mapping[str, str]], seconds: int) -> list[Burn]:
         assert seconds == 5
         self.burns.append([dict(env) for env in envs])
+        self.inventory.burning = True
         limits = [self._limit(env) for env in envs]
         if all(limit is not None for limit in limits):
             rates = [FULL * (limit or 0) / 100 for limit in limits]
@@ -360,6 +371,12 @@ async def test_every_check_passes_on_a_gpu_that_enforces_everything(gpu: FakeGpu
     assert report.gpu == gpucheck.Identity(0, H200.uuid, "NVIDIA H200", "570.86.15", "12.8")
     by_name = {c.name: c for c in report.checks}
     assert by_name["processes"].figures == {"pid": HOLDER_PID, "held_mib": 1024, "used_mib": 1536}
+    assert by_name["process-samples"].figures == {
+        "reads": 2,
+        "gpu_sm_percent": 97,
+        "pid": BURN_PID,
+        "process_sm_percent": 97,
+    }
     assert by_name["mps-compute"].figures["alone_share"] == 25
     assert by_name["mps-memory"].figures["dlsym_free_mib"] == 2048
     assert by_name["hami-core-memory"].figures["dlsym_total_mib"] == 2048
@@ -772,7 +789,7 @@ def test_the_command_prints_the_table_writes_json_and_exits_by_the_results(
     for name in gpucheck.ORDER:
         assert re.search(rf"│ {name} +│ (all|0) +│ (PASS|FAIL) ", result.output), name
     body = json.loads(out.read_text())
-    assert [c["result"] for c in body["checks"]] == ["PASS"] * 6 + ["PASS" if enforced else "FAIL"]
+    assert [c["result"] for c in body["checks"]] == ["PASS"] * 7 + ["PASS" if enforced else "FAIL"]
     assert body["gpu"]["cuda"] == "12.8"
 
 
@@ -796,3 +813,10 @@ def test_the_script_runs_the_command_from_the_repositorys_environment() -> None:
     text = script.read_text()
     assert text.startswith("#!/usr/bin/env bash\n")
     assert 'sharegpu" gpu-check "$@"' in text and "scripts/install" in text
+
+
+async def test_a_gpu_without_per_process_samples_fails_that_check(gpu: FakeGpu, daemon: Path) -> None:
+    gpu.inventory.sampled = False
+    report = await gpucheck.check(parts(gpu, daemon), gpucheck.Options(seconds=5))
+    (samples,) = [c for c in report.checks if c.name == gpucheck.SAMPLES]
+    assert samples.result is Result.FAIL and samples.detail == "NVML gives no per-process samples on this GPU"

@@ -51,12 +51,13 @@ from sharegpu.core import allocation, errors, units
 
 DISCOVERY: Final = "discovery"
 PROCESSES: Final = "processes"
+SAMPLES: Final = "process-samples"
 MPS_MEMORY: Final = "mps-memory"
 MPS_COMPUTE: Final = "mps-compute"
 MPS_TENANCY: Final = "mps-tenancy"
 HAMI_MEMORY: Final = "hami-core-memory"
 HAMI_COMPUTE: Final = "hami-core-compute"
-ORDER: Final = (DISCOVERY, PROCESSES, MPS_MEMORY, MPS_COMPUTE, MPS_TENANCY, HAMI_MEMORY, HAMI_COMPUTE)
+ORDER: Final = (DISCOVERY, PROCESSES, SAMPLES, MPS_MEMORY, MPS_COMPUTE, MPS_TENANCY, HAMI_MEMORY, HAMI_COMPUTE)
 MPS_CHECKS: Final = (MPS_MEMORY, MPS_COMPUTE, MPS_TENANCY)
 
 HOLD_MIB: Final = 1024
@@ -194,6 +195,8 @@ class Inventory(Protocol):
     def gpus(self) -> list[nvml.Gpu]: ...
 
     def running(self) -> list[nvml.GpuProcess]: ...
+
+    def utilization(self) -> list[nvml.Utilization]: ...
 
 
 class Holder(Protocol):
@@ -469,12 +472,20 @@ async def check(parts: Parts, options: Options) -> Report:
     parts.progress(f"processes: a child holds {HOLD_MIB} MiB")
     checks[PROCESSES] = await _guarded(PROCESSES, _processes(parts, options, gpu))
 
-    parts.progress(f"compute: the unlimited baseline ({options.seconds} s)")
+    parts.progress(f"compute: the unlimited baseline ({options.seconds} s), NVML's per-process samples meanwhile")
     baseline: Burn | BaseException
+    sampler = _Sampler(parts.inventory, gpu.uuid)
+    sampler.read()  # the samples after this one are the burn's
+    polling = asyncio.create_task(sampler.poll())
     try:
         [baseline] = await parts.burn([child_env(parts.base_env, {mps.VISIBLE_DEVICES: gpu.uuid})], options.seconds)
     except Exception as error:
         baseline = error
+    finally:
+        polling.cancel()
+        await asyncio.gather(polling, return_exceptions=True)
+    sampler.read()
+    checks[SAMPLES] = samples_check(gpu, sampler, baseline)
 
     # A short path: the MPS daemon's sockets live below it (a socket's path has at most 107 bytes).
     with tempfile.TemporaryDirectory(prefix="sgc-", ignore_cleanup_errors=True) as folder:
@@ -486,6 +497,55 @@ async def check(parts: Parts, options: Options) -> Report:
         else:
             checks.update(await _hami(parts, options, gpu, baseline, library, Path(folder)))
     return Report(identity, tuple(checks[name] for name in ORDER))
+
+
+class _Sampler:
+    """NVML's per-process SM samples of one GPU, read now and then: the most any process showed."""
+
+    def __init__(self, inventory: Inventory, uuid: str) -> None:
+        self.inventory = inventory
+        self.uuid = uuid
+        self.reads = 0
+        self.unsampled = 0
+        """Reads where the GPU took no per-process samples."""
+        self.most: tuple[int, int] | None = None
+        """(SM %, pid) of the busiest process seen."""
+        self.gpu_most = 0
+
+    def read(self) -> None:
+        found = next((u for u in self.inventory.utilization() if u.uuid == self.uuid), None)
+        if found is None:
+            return
+        self.reads += 1
+        self.gpu_most = max(self.gpu_most, found.sm_percent or 0)
+        if found.processes is None:
+            self.unsampled += 1
+            return
+        for pid, sm in found.processes:
+            if self.most is None or sm > self.most[0]:
+                self.most = (sm, pid)
+
+    async def poll(self, every: float = 1.0) -> None:
+        while True:
+            await asyncio.sleep(every)
+            await asyncio.to_thread(self.read)
+
+
+def samples_check(gpu: nvml.Gpu, sampler: _Sampler, baseline: Burn | BaseException) -> Check:
+    """Whether NVML's per-process samples showed the baseline burn's SM use (what the agent attributes
+    to pods: docs/metrics.md, "Usage per share")."""
+    if gpu.mig:
+        return Check(SAMPLES, Result.SKIP, {}, "a MIG GPU takes no per-process samples")
+    if isinstance(baseline, BaseException):
+        return Check(SAMPLES, Result.FAIL, {}, f"no baseline burn to sample: {errors.first_line(baseline)}")
+    figures: dict[str, Figure] = {"reads": sampler.reads, "gpu_sm_percent": sampler.gpu_most}
+    if sampler.reads and sampler.unsampled == sampler.reads:
+        return Check(SAMPLES, Result.FAIL, figures, "NVML gives no per-process samples on this GPU")
+    if sampler.most is None or sampler.most[0] == 0:
+        return Check(SAMPLES, Result.FAIL, figures, "no process showed SM use while the baseline burned")
+    sm, pid = sampler.most
+    figures |= {"pid": pid, "process_sm_percent": sm}
+    return Check(SAMPLES, Result.PASS, figures, f"pid {pid} showed {sm}% of the SMs while it burned")
 
 
 async def _guarded(name: str, work: Awaitable[Check]) -> Check:
