@@ -200,13 +200,16 @@ def test_a_gang_takes_a_higher_level_only_when_the_lower_one_is_not_enough() -> 
     assert victims.for_gang(state, tenants, plan, priority=3) is None, "p3 is not below 3: no plan"
 
 
-def test_a_gang_that_fits_once_leaving_pods_go_preempts_nothing() -> None:
-    state, ledger, placer = gang_setup("a", "b")
-    tenants = [tenant("going", 1000, 0, where="a", leaving=True), tenant("low", 1000, 0, where="b")]
+def test_a_gang_that_fits_once_leaving_pods_go_preempts_nothing_and_waits_only_for_those_in_its_way() -> None:
+    state, ledger, placer = gang_setup("a", "b", "c")
+    tenants = [
+        tenant("going", 1000, 0, where="a", leaving=True), tenant("low", 1000, 0, where="b"),
+        tenant("stuck", 300, 0, where="c", leaving=True), tenant("busy", 700, 9, where="c"),
+    ]  # fmt: skip
     placed(ledger, tenants)
     members = [pod("ns/w0", count=1, milli=1000)]
     found = victims.for_gang(state, tenants, functools.partial(core_gangs.plan, ledger, placer, members, 1), 5)
-    assert found is not None and found.victims == () and names(found.leaving) == ["going"]
+    assert found is not None and found.victims == () and names(found.leaving) == ["going"], found
 
 
 def test_a_gangs_victim_takes_its_own_gang_along() -> None:

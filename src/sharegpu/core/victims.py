@@ -27,7 +27,9 @@ priority its members hold): the first level at which the gang fits bounds the mo
 as low as it can be. Then, the plan's allocations fixed, the tenants taken off are put back the most
 important first wherever they still fit beside the gang; the rest are the victims (with their
 companions). Tenants already leaving count as gone from the start, so a gang that fits once they
-have gone preempts nothing. The fleet is changed in place for the trials and left exactly as it was.
+have gone preempts nothing; it waits only for those whose room its places need (a pod stuck
+terminating elsewhere in the cluster is no concern of its). The fleet is changed in place for the
+trials and left exactly as it was.
 """
 
 from __future__ import annotations
@@ -255,10 +257,16 @@ def for_gang(
                     trial.take(companion.alloc)  # put back already, or elsewhere: it leaves with its gang
         last_taken_first = list(chosen)[::-1]  # they were taken most important first
         order = sorted(last_taken_first, key=chosen.__getitem__)  # least important first; stable for equals
+        waited_for = []  # only the leaving pods the gang's places need gone (others may take long to go)
+        for tenant in leaving:
+            if state.problems(tenant.alloc):
+                waited_for.append(tenant.alloc.pod)
+            else:
+                trial.put_back(tenant.alloc)
         return GangPlan(
             allocations=found.allocations,
             victims=tuple(order),
-            leaving=tuple(t.alloc.pod for t in leaving),
+            leaving=tuple(waited_for),
             priorities=tuple(chosen[k] for k in order),
         )
     finally:
