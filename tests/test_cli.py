@@ -420,10 +420,9 @@ def test_crds_prints_the_compatibility_definitions_only_when_asked() -> None:
     plain = runner.invoke(cli.app, ["crds"])
     assert plain.exit_code == 0 and "name: shareddevicegroups.sharegpu.io" in plain.output
     every = [line.split(": ")[1] for line in plain.output.splitlines() if line.startswith("  name: ")]
-    assert sorted(every) == ["clustergpubudgets.sharegpu.io", "devices.sharegpu.io", "gpubudgets.sharegpu.io",
-                             "gpuidlepolicies.sharegpu.io", "gpuusages.sharegpu.io", "shareddevicegroups.sharegpu.io"], (
-        "every definition the chart installs"
-    )  # fmt: skip
+    chart = ["clustergpubudgets.sharegpu.io", "devices.sharegpu.io", "gpubudgets.sharegpu.io",
+             "gpuidlepolicies.sharegpu.io", "gpuusages.sharegpu.io", "shareddevicegroups.sharegpu.io"]  # fmt: skip
+    assert sorted(every) == chart, "every definition the chart installs"
     assert "deviceshare.io" not in plain.output.replace("deviceshare.io/group", "")
     both = runner.invoke(cli.app, ["crds", "--compat", "deviceshare", "--compat", "kubeshare"])
     assert both.exit_code == 0, both.output
