@@ -35,7 +35,7 @@ WORKDIR /src
 COPY pyproject.toml hatch_build.py README.md ./
 COPY src ./src
 COPY deploy ./deploy
-COPY scripts/build-controlplane scripts/build-runtime scripts/build-kueue ./scripts/
+COPY scripts/build-controlplane scripts/build-runtime scripts/build-kueue scripts/build-prometheus ./scripts/
 COPY controlplane ./controlplane
 # The build's own pip lives in a virtual environment of its own (a Debian base has no pip outside one).
 RUN python3 -m venv /opt/build \
