@@ -9,8 +9,9 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import orjson
@@ -18,15 +19,26 @@ import pytest
 
 from sharegpu.agent import fakenvml
 from sharegpu.agent import runtime as agent_runtime
-from sharegpu.api import names, paths
+from sharegpu.api import names, paths, resources
 from sharegpu.devcluster import controlplane, prometheus, stack
 from sharegpu.devcluster.stack import ExtenderProcess
 from sharegpu.kube import client, reviews
 from sharegpu.serving import access, health, tls
 from tests.builders import NVML_FILE, MakeAllocation, MakeNode, MakePod, write_nvml
-from tests.integration.conftest import Json, RunningWebhook, get_or_none, wait_for
+from tests.integration.conftest import (
+    Json,
+    RunningWebhook,
+    all_bound,
+    budget_body,
+    get_or_none,
+    gpu_pod,
+    wait_for,
+)
 
 READER = "prometheus-test"
+NOT_FED = frozenset({"MPS daemons up", "MPS daemon restarts", "Processes killed and pods evicted"})
+"""Dashboard panels this test's workload does not feed (no MPS daemon runs, nothing is killed or
+evicted); every other panel must show data."""
 
 
 @pytest.fixture
@@ -80,6 +92,7 @@ async def test_prometheus_scrapes_every_component_and_every_series_passes_promto
     extender: ExtenderProcess,
     webhook: RunningWebhook,
     system_kube: client.KubeClient,
+    nodes: Callable[..., Any],
     namespace: str,
     scraper_token: str,
     tmp_path: Path,
@@ -88,6 +101,9 @@ async def test_prometheus_scrapes_every_component_and_every_series_passes_promto
     controller.start()
     node = f"prom-{uuid.uuid4().hex[:8]}"
     await admin.create(paths.NODES, MakeNode(node).obj())
+    # Ready, as its kubelet would say: the extender's per-GPU series (which the dashboard joins the
+    # agent's measurements with) cover ready nodes.
+    await admin.patch(f"{paths.node(node)}/status", {"status": {"conditions": [{"type": "Ready", "status": "True"}]}})
     placed = MakeAllocation(f"{namespace}/p", node).grant(0, 300, 4096).obj()
     # The harness's user may write an allocation (the webhook turns anyone else's away).
     pod = await system_kube.create(
@@ -141,15 +157,43 @@ async def test_prometheus_scrapes_every_component_and_every_series_passes_promto
         (share,) = await running.query(f'sharegpu_pod_gpu_share_milli{{namespace="{namespace}", pod="p"}}')
         assert share["value"][1] == "300"
 
+        # The workload: sharing pods placed by the extender on a node of this test (through the
+        # webhook), one that cannot fit, a GPU-time budget and a quota on the namespace.
+        await nodes(1, gpus=2)
+        pods_path = paths.pods(namespace)
+        for name, milli in (("train", 700), ("serve", 300), ("notebook", 600)):
+            await admin.create(pods_path, gpu_pod(name, namespace, milli=milli))
+        await admin.create(pods_path, gpu_pod("waiting", namespace, milli=900))
+        await admin.create(resources.GPU_BUDGET.path(namespace), budget_body("team", namespace, gpuHours=10))
+        quota: Json = {"metadata": {"name": "gpus"},
+                       "spec": {"hard": {f"requests.{names.GPU_MILLI_TOTAL}": "4000",
+                                         f"requests.{names.GPU_MEMORY_TOTAL}": "64Gi"}}}  # fmt: skip
+        await admin.create(f"{paths.namespace(namespace)}/resourcequotas", quota)
+        await wait_for(lambda: all_bound(admin, namespace, 4), what="the three shares placed (and p)")
+
         # Every panel query of the chart's dashboard, its variables filled as Grafana fills them with
         # "All" selected ($node, $namespace: .*; $__rate_interval: four scrape intervals), is valid
-        # PromQL that Prometheus evaluates (which ones return data needs a fuller workload: not yet).
-        for title, expr in dashboard_queries():
-            filled = expr.replace("$node", ".*").replace("$namespace", ".*").replace("$__rate_interval", "4s")
-            try:
-                await running.query(filled)
-            except prometheus.PrometheusError as exc:
-                raise AssertionError(f"panel {title!r}: {exc}") from None
+        # PromQL that Prometheus evaluates, and the panels this workload feeds return data.
+        queries = dashboard_queries()
+        seen: dict[str, set[str]] = {"titles": set()}
+
+        async def answered() -> bool:
+            titles = set()
+            for title, expr in queries:
+                filled = expr.replace("$node", ".*").replace("$namespace", ".*").replace("$__rate_interval", "4s")
+                try:
+                    if await running.query(filled):
+                        titles.add(title)
+                except prometheus.PrometheusError as exc:
+                    raise AssertionError(f"panel {title!r}: {exc}") from None
+            seen["titles"] = titles
+            return {t for t, _ in queries} - NOT_FED <= titles
+
+        try:
+            await wait_for(answered, timeout=90, every=2, what="data in every panel the workload feeds")
+        except AssertionError:
+            missing = sorted({t for t, _ in queries} - NOT_FED - seen["titles"])
+            raise AssertionError(f"panels without data: {missing}") from None
 
         _, promtool = prometheus.binaries()
         urls = [f"https://{t.address}" for t in targets]
