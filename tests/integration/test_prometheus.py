@@ -17,18 +17,18 @@ import aiohttp
 import orjson
 import pytest
 
-from sharegpu.agent import fakenvml
+from sharegpu.agent import fakenvml, mps, watchdog
 from sharegpu.agent import runtime as agent_runtime
 from sharegpu.api import names, paths, resources
 from sharegpu.devcluster import controlplane, prometheus, stack
 from sharegpu.devcluster.stack import ExtenderProcess
 from sharegpu.kube import client, reviews
 from sharegpu.serving import access, health, tls
+from tests.agent.fake_mps_daemon import write_fake_daemon
 from tests.builders import NVML_FILE, MakeAllocation, MakeNode, MakePod, write_nvml
 from tests.integration.conftest import (
     Json,
     RunningWebhook,
-    all_bound,
     budget_body,
     get_or_none,
     gpu_pod,
@@ -36,9 +36,8 @@ from tests.integration.conftest import (
 )
 
 READER = "prometheus-test"
-NOT_FED = frozenset({"MPS daemons up", "MPS daemon restarts", "Processes killed and pods evicted"})
-"""Dashboard panels this test's workload does not feed (no MPS daemon runs, nothing is killed or
-evicted); every other panel must show data."""
+NOT_FED: frozenset[str] = frozenset()
+"""Dashboard panels this test's workload does not feed: none (every panel must show data)."""
 
 
 @pytest.fixture
@@ -109,16 +108,23 @@ async def test_prometheus_scrapes_every_component_and_every_series_passes_promto
     pod = await system_kube.create(
         paths.pods(namespace), MakePod("p", namespace).allocation(placed).node(node).container(image="busybox").obj()
     )
-    proc = tmp_path / "proc"
-    (proc / "4242").mkdir(parents=True)
-    (proc / "4242" / "cgroup").write_text(f"0::/kubepods/burstable/pod{pod['metadata']['uid']}/{'b' * 64}\n")
-    nvml_path = tmp_path / "nvml.yaml"
-    measured_process = "processes: [{pid: 4242, gpu: 0, usedMiB: 1500, smPercent: 25}]"
-    write_nvml(nvml_path, NVML_FILE.replace("processes: [{pid: 42, gpu: 2, usedMiB: 2048}]", measured_process))
-    agent_kube = stack.kube_for(control_plane, "sharegpu-agent")
-    agent = agent_runtime.Agent(
-        agent_kube, node, fakenvml.FakeNvml(nvml_path).open(), agent_runtime.Options(interval=0.5, proc=proc)
+    # And a pod over its GPU memory (1024 MiB given, 3000 used), which the agent evicts.
+    hogging = MakeAllocation(f"{namespace}/hog", node).grant(1, 300, 1024).obj()
+    hog = await system_kube.create(
+        paths.pods(namespace), MakePod("hog", namespace).allocation(hogging).node(node).container(image="busybox").obj()
     )
+    proc = tmp_path / "proc"
+    for pid, owner in ((4242, pod), (4243, hog)):
+        (proc / str(pid)).mkdir(parents=True)
+        (proc / str(pid) / "cgroup").write_text(f"0::/kubepods/burstable/pod{owner['metadata']['uid']}/{'b' * 64}\n")
+    nvml_path = tmp_path / "nvml.yaml"
+    processes = "processes: [{pid: 4242, gpu: 0, usedMiB: 1500, smPercent: 25}, {pid: 4243, gpu: 1, usedMiB: 3000}]"
+    write_nvml(nvml_path, NVML_FILE.replace("processes: [{pid: 42, gpu: 2, usedMiB: 2048}]", processes))
+    agent_kube = stack.kube_for(control_plane, "sharegpu-agent")
+    # MPS daemons (the fake daemon of the agent's tests) and evictions: what the agent panels show.
+    supervisor = mps.Supervisor(write_fake_daemon(tmp_path / "bin"), mps.Layout(tmp_path / "mps"))
+    options = agent_runtime.Options(interval=0.5, proc=proc, on_violation=watchdog.Action.EVICT)
+    agent = agent_runtime.Agent(agent_kube, node, fakenvml.FakeNvml(nvml_path).open(), options, supervisor=supervisor)
     agent_port = controlplane.free_port()
     agent_server = health.HealthServer(
         agent.readiness, agent.metrics.registry, access.Gate(reviews.ApiReviewer(agent_kube))
@@ -158,7 +164,8 @@ async def test_prometheus_scrapes_every_component_and_every_series_passes_promto
         assert share["value"][1] == "300"
 
         # The workload: sharing pods placed by the extender on a node of this test (through the
-        # webhook), one that cannot fit, a GPU-time budget and a quota on the namespace.
+        # webhook), one that cannot fit, a GPU-time budget and a quota on the namespace (with the
+        # agent's measured pod, its evicted one and its MPS daemons).
         await nodes(1, gpus=2)
         pods_path = paths.pods(namespace)
         for name, milli in (("train", 700), ("serve", 300), ("notebook", 600)):
@@ -169,7 +176,13 @@ async def test_prometheus_scrapes_every_component_and_every_series_passes_promto
                        "spec": {"hard": {f"requests.{names.GPU_MILLI_TOTAL}": "4000",
                                          f"requests.{names.GPU_MEMORY_TOTAL}": "64Gi"}}}  # fmt: skip
         await admin.create(f"{paths.namespace(namespace)}/resourcequotas", quota)
-        await wait_for(lambda: all_bound(admin, namespace, 4), what="the three shares placed (and p)")
+
+        async def shares_placed() -> bool:
+            found, _ = await admin.list_all(pods_path)
+            bound = {p["metadata"]["name"] for p in found if p["spec"].get("nodeName")}
+            return {"train", "serve", "notebook"} <= bound
+
+        await wait_for(shares_placed, what="the three shares placed")
 
         # Every panel query of the chart's dashboard, its variables filled as Grafana fills them with
         # "All" selected ($node, $namespace: .*; $__rate_interval: four scrape intervals), is valid
