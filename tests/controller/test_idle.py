@@ -96,6 +96,24 @@ async def test_an_idle_share_is_reported_then_evicted_and_a_busy_one_is_left_alo
     assert status.in_force and status.evictions == 1
 
 
+async def test_a_policy_made_after_the_latest_report_judges_it_and_a_policy_deleted_forgets_it() -> None:
+    """Agents rewrite steady figures only every few minutes: a policy that comes after the report
+    counts the pod idle from that report, not from one that may be five minutes away."""
+    s = Setup()
+    lazy = s.pod("lazy")
+    s.see(report("n0", s.clock.now, ("ns", "lazy", lazy, 0)))
+    assert s.reconciler.idle_for_long() == {}, "no policy yet"
+    s.clock.advance(120)
+    s.policy(policy("ns", after=100, action="Report"))
+    assert list(s.reconciler.idle_for_long()) == [lazy], "idle since the report, 120 s ago"
+    await s.run()
+    assert s.reasons("lazy") == [controller_idle.IDLE] and not s.leaving("lazy")
+    stored = s.server.get_object(resources.GPU_IDLE_POLICY.path("ns", "reclaim"))
+    assert stored is not None
+    s.reconciler.on_policy(wire.EventType.DELETED, wire.convert(stored, idle.GPUIdlePolicy))
+    assert s.reconciler.idle_for_long() == {} and s.reconciler.tracked == {}
+
+
 async def test_report_only_a_pod_not_measured_no_policy_and_stale_reports_are_not_acted_on() -> None:
     s = Setup()
     s.policy(policy("ns", action="Report"))

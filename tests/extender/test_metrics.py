@@ -152,3 +152,16 @@ async def test_the_metrics_endpoint_serves_every_family_and_nothing_of_the_clust
     parsed = {f.name: f for f in parser.text_string_to_metric_families(text)}
     assert {s.value for s in parsed["sharegpu_gpu_compute_allocated_milli"].samples} == {250.0, 0.0}
     assert parsed["sharegpu_extender_binds"].type == "counter"
+
+
+def test_every_repair_action_is_counted_from_zero_so_that_the_first_repair_is_an_increase() -> None:
+    """A counter's labelled series that appears at 1 shows no increase() to Prometheus: the first
+    repair of an extender's life would not raise SharegpuOvercommitRepaired."""
+    made = extender_metrics.Metrics()
+    found = {
+        s.labels["action"]: s.value
+        for f in made.registry.collect()
+        for s in f.samples
+        if s.name == "sharegpu_extender_overcommit_repairs_total"
+    }
+    assert found == dict.fromkeys(("evicted", "cleared", "waiting", "refused", "unknown"), 0.0)

@@ -22,7 +22,7 @@ import pytest
 
 from sharegpu.api import dra, groups, names, paths, resources, wire
 from sharegpu.controller import runtime
-from sharegpu.core import devices
+from sharegpu.core import allocation, devices, units
 from sharegpu.devcluster import controlplane, fakecluster, oracle, stack
 from sharegpu.devcluster.stack import ExtenderProcess
 from sharegpu.kube import client, informer
@@ -311,6 +311,8 @@ async def webhook(
 
 # ------------------------------------------------------------------------------------------ kubectl
 
+MANUAL = "sharegpu-test-manual"
+"""A scheduler name nothing serves: the test binds (or calls filter and bind) itself."""
 MANIFESTS = Path(__file__).parent / "manifests"
 KUBECTL = Path(sys.executable).parent / "kubectl"
 
@@ -341,6 +343,35 @@ def budget_body(name: str, namespace: str, **spec: Any) -> Json:
         "metadata": {"name": name, "namespace": namespace},
         "spec": {"gpuHours": 1, "periodStart": start, **spec},
     }
+
+
+async def bind_overcommitted(kube: client.KubeClient, node: str, namespace: str) -> None:
+    """Two pods, "older" and "newer" (a second apart), of 600 milli-GPU each bound past the extender
+    (as another scheduler could) to GPU 0 of `node`: over-committed. Both have an owner (a ConfigMap)
+    and stay Pending (no kubelet here), so the extender may evict the newer; an eviction leaves it
+    terminating (a 30 s grace period that no kubelet ends). `kube` writes allocations (the harness,
+    or an admin where no webhook runs)."""
+    owner = await kube.create(
+        paths.configmaps(namespace), {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "owner"}}
+    )
+    reference = {"apiVersion": "v1", "kind": "ConfigMap", "name": "owner", "uid": owner["metadata"]["uid"],
+                 "controller": True}  # fmt: skip
+    for name in ("older", "newer"):
+        body = gpu_pod(name, namespace, milli=600)
+        body["spec"]["schedulerName"] = MANUAL
+        body["spec"]["terminationGracePeriodSeconds"] = 30
+        body["metadata"]["ownerReferences"] = [reference]
+        await kube.create(paths.pods(namespace), body)
+        alloc = allocation.Allocation(
+            units.pod_key(namespace, name),
+            units.NodeName(node),
+            (allocation.ContainerAllocation("main", (allocation.DeviceGrant(0, 600, 0, 600),)),),
+        )
+        binding = {"apiVersion": "v1", "kind": "Binding",
+                   "metadata": {"name": name, "annotations": {names.ALLOCATION: alloc.to_json()}},
+                   "target": {"apiVersion": "v1", "kind": "Node", "name": node}}  # fmt: skip
+        await kube.create(paths.binding(namespace, name), binding)
+        await asyncio.sleep(1.1)  # creation times a second apart: "newer" is the newer
 
 
 async def bound_long_ago(kube: client.KubeClient, namespace: str, name: str, seconds: int) -> None:

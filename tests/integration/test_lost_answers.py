@@ -9,7 +9,6 @@ play kube-scheduler (their pods name no scheduler that runs), so the order of ev
 
 from __future__ import annotations
 
-import asyncio
 import json
 import ssl
 from collections.abc import AsyncIterator, Callable
@@ -19,16 +18,13 @@ from typing import Any
 import aiohttp
 import pytest
 
-from sharegpu.api import names, paths
-from sharegpu.core import allocation, units
+from sharegpu.api import paths
 from sharegpu.devcluster import controlplane, fakecluster, faults
 from sharegpu.devcluster.stack import ExtenderProcess
 from sharegpu.kube import client
-from tests.integration.conftest import consistent, gpu_pod, wait_for
+from tests.integration.conftest import MANUAL, bind_overcommitted, consistent, gpu_pod, wait_for
 
 Json = dict[str, Any]
-MANUAL = "sharegpu-test-manual"
-"""A scheduler name nothing serves: the test calls filter and bind itself."""
 
 
 class Scheduler:
@@ -151,27 +147,7 @@ async def test_an_overcommitted_gpu_is_counted_reported_and_repaired_by_evicting
 
 
 async def overcommit_and_repair(admin: client.KubeClient, extender: ExtenderProcess, node: str, namespace: str) -> None:
-    owner = await admin.create(
-        paths.configmaps(namespace), {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "owner"}}
-    )
-    reference = {"apiVersion": "v1", "kind": "ConfigMap", "name": "owner", "uid": owner["metadata"]["uid"],
-                 "controller": True}  # fmt: skip
-    for name in ("older", "newer"):
-        body = gpu_pod(name, namespace, milli=600)
-        body["spec"]["schedulerName"] = MANUAL
-        body["spec"]["terminationGracePeriodSeconds"] = 30  # an eviction leaves it terminating: no kubelet ends it
-        body["metadata"]["ownerReferences"] = [reference]
-        await admin.create(paths.pods(namespace), body)
-        alloc = allocation.Allocation(
-            units.pod_key(namespace, name),
-            units.NodeName(node),
-            (allocation.ContainerAllocation("main", (allocation.DeviceGrant(0, 600, 0, 600),)),),
-        )
-        binding = {"apiVersion": "v1", "kind": "Binding",
-                   "metadata": {"name": name, "annotations": {names.ALLOCATION: alloc.to_json()}},
-                   "target": {"apiVersion": "v1", "kind": "Node", "name": node}}  # fmt: skip
-        await admin.create(paths.binding(namespace, name), binding)
-        await asyncio.sleep(1.1)  # creation times a second apart: "newer" is the newer
+    await bind_overcommitted(admin, node, namespace)
 
     async def evicted() -> bool:
         pod = await admin.get(paths.pod(namespace, "newer"))

@@ -3,7 +3,9 @@ namespace's `GPUIdlePolicy` says so, evicted (`api.idle` states the rules).
 
 From its informers it keeps every node's GpuUsage (the agents' reports) and every GPUIdlePolicy. Each
 report updates, for the pods of the namespaces with a policy in force, when they were first seen
-idle (the report's `observedAt`; seen busy, or not measured, clears it). A pass then takes every pod
+idle (the report's `observedAt`; seen busy, or not measured, clears it); a policy that comes, goes or
+changes judges every node's latest report again (agents rewrite steady figures only every few
+minutes, and a pod idle before its namespace had a policy is idle all the same). A pass then takes every pod
 idle for at least its policy's `idleAfterSeconds`:
 
 - it is reported once while it stays idle (event `GPUShareIdle`, the gauge, the policy's status);
@@ -77,8 +79,10 @@ class IdleReconciler:
         self.stale = stale
         self.retry = retry
         self.policies: dict[tuple[str, str], idle.GPUIdlePolicy] = {}
+        self.usages: dict[str, usage.GpuUsage] = {}
+        """Node -> its latest report (judged again when a policy comes, goes or changes)."""
         self.reports: dict[str, dict[str, idle.Seen]] = {}
-        """Node -> pod UID -> what its latest report showed."""
+        """Node -> pod UID -> what its latest report showed, judged by the policies in force."""
         self.tracked: dict[str, Tracked] = {}
         """Pod UID -> since when it is idle."""
         self.refused: dict[str, float] = {}
@@ -99,6 +103,11 @@ class IdleReconciler:
             self.policies.pop(key, None)
         else:
             self.policies[key] = policy
+        # An agent rewrites steady figures only every few minutes: the reports at hand are judged
+        # again by the policies now in force (a pod idle before its namespace had one counts from
+        # the report that showed it idle).
+        for report in list(self.usages.values()):
+            self._judge(report)
         self.loop.wake()
 
     def ruling(self) -> dict[str, idle.GPUIdlePolicy]:
@@ -111,10 +120,18 @@ class IdleReconciler:
     def on_usage(self, kind: wire.EventType, report: usage.GpuUsage) -> None:
         node = report.metadata.name
         if kind == wire.EventType.DELETED:
+            self.usages.pop(node, None)
             gone = self.reports.pop(node, {})
             for uid in gone:
                 self._forget(uid, node)
             return
+        self.usages[node] = report
+        self._judge(report)
+        self.loop.wake()
+
+    def _judge(self, report: usage.GpuUsage) -> None:
+        """Track (or forget) the pods of one node's report by the policies in force."""
+        node = report.metadata.name
         threshold = {ns: p.spec.idle_at_most_percent for ns, p in self.ruling().items()}
         now_seen = idle.seen(report, threshold)
         try:
@@ -133,7 +150,6 @@ class IdleReconciler:
                 self.tracked[uid] = Tracked(found.namespace, found.name, node, observed, observed, found.share_milli)
             else:
                 tracked.observed = max(tracked.observed, observed)
-        self.loop.wake()
 
     def _forget(self, uid: str, node: str) -> None:
         tracked = self.tracked.get(uid)

@@ -169,8 +169,13 @@ class ControlPlane:
 
     def kubeconfig(self, user: str) -> Path:
         """A kubeconfig file for `user` (written once)."""
-        assert self.bundle is not None
         user = self.identity(user).user
+        return self.token_kubeconfig(user, self.token(user))
+
+    def token_kubeconfig(self, user: str, token: str) -> Path:
+        """A kubeconfig file named for `user` that presents `token` (a ServiceAccount's, say), written
+        once; `kubeconfig` for the control plane's own identities."""
+        assert self.bundle is not None
         path = self.workdir / "kubeconfigs" / f"{user.replace(':', '_')}.yaml"
         if not path.exists():
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -183,7 +188,7 @@ class ControlPlane:
                         "cluster": {"server": self.url, "certificate-authority": str(self.bundle.ca_cert)},
                     }
                 ],
-                "users": [{"name": user, "user": {"token": self.token(user)}}],
+                "users": [{"name": user, "user": {"token": token}}],
                 "contexts": [{"name": "local", "context": {"cluster": "local", "user": user}}],
                 "current-context": "local",
             }

@@ -6,6 +6,8 @@ Prometheus and promtool are built from the Go module (`scripts/build-prometheus`
 static (the devcluster's components listen on loopback ports), scraped every `interval`; their
 certificates are the components' own self-signed or bootstrap ones, so the scrape does not verify
 them (`insecure_skip_verify`), as docs/metrics.md says a Prometheus may when it has not the CA.
+Rule files (the chart's alerting rules) are loaded as they are and evaluated every `interval`; the
+alerts they raise, pending or firing, are read back over the same API.
 """
 
 from __future__ import annotations
@@ -51,13 +53,14 @@ def binaries() -> tuple[Path, Path]:
     return Path(prometheus), Path(promtool)
 
 
-def configuration(targets: Sequence[Target], token_file: Path, interval: float) -> Json:
-    """The scrape configuration: one job per component, over HTTPS with the token."""
+def configuration(targets: Sequence[Target], token_file: Path, interval: float, rules: Sequence[Path] = ()) -> Json:
+    """The configuration: one scrape job per component, over HTTPS with the token; `rules` loaded."""
     jobs: dict[str, list[str]] = {}
     for target in targets:
         jobs.setdefault(target.component, []).append(target.address)
     return {
         "global": {"scrape_interval": f"{interval:g}s", "evaluation_interval": f"{interval:g}s"},
+        "rule_files": [str(path) for path in rules],
         "scrape_configs": [
             {
                 "job_name": f"sharegpu-{component}",
@@ -75,9 +78,18 @@ def configuration(targets: Sequence[Target], token_file: Path, interval: float) 
 class Prometheus:
     """A Prometheus process scraping `targets` (see the module docstring)."""
 
-    def __init__(self, workdir: Path, targets: Sequence[Target], token: str, *, interval: float = 1.0) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        targets: Sequence[Target],
+        token: str,
+        *,
+        interval: float = 1.0,
+        rules: Sequence[Path] = (),
+    ) -> None:
         self.workdir = workdir
         self.targets = tuple(targets)
+        self.rules = tuple(rules)
         self.token = token
         self.interval = interval
         self.port = controlplane.free_port()
@@ -94,7 +106,9 @@ class Prometheus:
         token_file = self.workdir / "token"
         token_file.write_text(self.token)
         config = self.workdir / "prometheus.yml"
-        config.write_text(yaml.safe_dump(configuration(self.targets, token_file, self.interval), sort_keys=False))
+        config.write_text(
+            yaml.safe_dump(configuration(self.targets, token_file, self.interval, self.rules), sort_keys=False)
+        )
         argv = [
             str(binary), f"--config.file={config}", f"--storage.tsdb.path={self.workdir / 'data'}",
             f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn",
@@ -141,3 +155,13 @@ class Prometheus:
         """The scrape targets and their health (`health`: up, down, unknown; `lastError`)."""
         found: list[Json] = (await self._get("/api/v1/targets", {"state": "active"}))["data"]["activeTargets"]
         return found
+
+    async def alerts(self) -> list[Json]:
+        """The alerts pending or firing now (`labels`, `annotations`, `state`)."""
+        found: list[Json] = (await self._get("/api/v1/alerts"))["data"]["alerts"]
+        return found
+
+    async def rules(self) -> list[Json]:
+        """Every loaded rule with its `health` (ok, err, unknown) and `lastError`."""
+        groups: list[Json] = (await self._get("/api/v1/rules"))["data"]["groups"]
+        return [rule for group in groups for rule in group["rules"]]

@@ -456,17 +456,19 @@ class ControllerProcess(_ComponentProcess):
         """What /metrics and /debug ask of a caller (`serving.access`): the cluster admin's token."""
         return {"Authorization": f"Bearer {self.plane.token('admin')}"}
 
-    def __init__(self, plane: controlplane.ControlPlane, *extra: str) -> None:
+    def __init__(self, plane: controlplane.ControlPlane, *extra: str, kubeconfig: Path | None = None) -> None:
         self.plane = plane
         self.health_port = controlplane.free_port()
         self.health_pki = HealthPki.of(plane)
         self.extra = extra
+        self.kubeconfig = kubeconfig or plane.kubeconfig("sharegpu-controller")
+        """Its credentials: the controller's own unless a test gives others."""
         self.log = plane.workdir / "logs" / f"controller-{self.health_port}.log"
 
     def start(self) -> None:
         argv = [
             sys.executable, "-m", "sharegpu", "controller",
-            "--kubeconfig", str(self.plane.kubeconfig("sharegpu-controller")),
+            "--kubeconfig", str(self.kubeconfig),
             "--host", "127.0.0.1", "--health-port", str(self.health_port), *self.health_pki.args(),
             "--log-level", "WARNING", *self.extra,
         ]  # fmt: skip

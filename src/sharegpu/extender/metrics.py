@@ -25,8 +25,16 @@ from sharegpu.api import quotas as api_quotas
 from sharegpu.core import allocation, devices, fleet, units
 from sharegpu.extender import cache as extender_cache
 from sharegpu.extender import quotas as extender_quotas
+from sharegpu.kube import errors as kube_errors
 
 REQUEST_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+REPAIR_ACTIONS = (
+    "evicted",
+    "cleared",
+    "waiting",
+    *(o.value for o in kube_errors.Outcome if o is not kube_errors.Outcome.DONE),
+)
+"""What a pass of `extender.overcommit` did: its `action` label's values."""
 SCHEDULING_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
 
 
@@ -87,10 +95,12 @@ class Metrics:
         )
         self.repairs = prometheus_client.Counter(
             "sharegpu_extender_overcommit_repairs",
-            "Repair passes over over-committed GPUs, by what they did (evicted, refused, unknown, waiting)",
+            "Repair passes over over-committed GPUs, by what they did (evicted, cleared, refused, unknown, waiting)",
             ["action"],
             registry=r,
         )
+        for action in REPAIR_ACTIONS:  # at 0 from the start: increase() sees the first repair
+            self.repairs.labels(action)
         self.claims = prometheus_client.Counter(
             "sharegpu_extender_dra_claims",
             "What the DRA allocator did with claims of sharegpu's class, by outcome (allocated, ungated, "
