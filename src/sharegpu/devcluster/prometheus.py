@@ -89,7 +89,7 @@ class Prometheus:
     ) -> None:
         self.workdir = workdir
         self.targets = tuple(targets)
-        self.rules = tuple(rules)
+        self.rule_files = tuple(rules)
         self.token = token
         self.interval = interval
         self.port = controlplane.free_port()
@@ -107,7 +107,7 @@ class Prometheus:
         token_file.write_text(self.token)
         config = self.workdir / "prometheus.yml"
         config.write_text(
-            yaml.safe_dump(configuration(self.targets, token_file, self.interval, self.rules), sort_keys=False)
+            yaml.safe_dump(configuration(self.targets, token_file, self.interval, self.rule_files), sort_keys=False)
         )
         argv = [
             str(binary), f"--config.file={config}", f"--storage.tsdb.path={self.workdir / 'data'}",
