@@ -57,14 +57,14 @@ TOKEN = re.compile(
 )
 PAIRS = {")": "(", "]": "[", "}": "{"}
 SHOWN = (
-    "sharegpu_gpu_compute_allocated_milli",
-    "sharegpu_gpu_memory_allocated_mib",
+    "sharegpu_gpu_compute_allocated_gpus",
+    "sharegpu_gpu_memory_allocated_bytes",
     "sharegpu_gpu_holders",
     "sharegpu_pending_gpu_pods",
     "sharegpu_extender_scheduling_latency_seconds_bucket",
     "sharegpu_webhook_admissions_total",
-    "sharegpu_namespace_gpu_compute_allocated_milli",
-    "sharegpu_namespace_gpu_compute_quota_milli",
+    "sharegpu_namespace_gpu_compute_allocated_gpus",
+    "sharegpu_namespace_gpu_compute_quota_gpus",
     "sharegpu_budget_used_gpu_seconds",
     "sharegpu_agent_violations",
     "sharegpu_agent_mps_daemon_up",

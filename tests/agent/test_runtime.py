@@ -304,7 +304,7 @@ async def test_the_agent_kills_a_process_over_its_pods_memory_and_corrects_a_rep
         text = prometheus_client.generate_latest(agent.metrics.registry).decode()
         assert 'sharegpu_agent_actions_total{action="kill"} 1.0' in text
         assert "sharegpu_agent_drift_repairs_total 1.0" in text
-        assert 'sharegpu_pod_gpu_memory_used_mib{namespace="ns",pod="p",uuid="GPU-0"} 4096.0' in text
+        assert 'sharegpu_pod_gpu_memory_used_bytes{namespace="ns",pod="p",uuid="GPU-0"} 4.294967296e+09' in text
         assert agent.repair is not None
         assert (agent.repair.unadvertised, agent.repair.unknown_allocatable) == (("GPU-2",), ("GPU-9",))
         assert 'sharegpu_agent_drift{kind="unadvertised_gpu"} 1.0' in text

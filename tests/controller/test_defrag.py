@@ -128,7 +128,7 @@ async def test_it_evicts_the_pod_the_disruption_budget_allows_and_then_waits(sta
     assert moved["involvedObject"]["name"] == "p" and "fits on n0" in moved["message"]
     registry = controller.metrics.registry
     assert registry.get_sample_value("sharegpu_defrag_evictions_total") == 1
-    assert registry.get_sample_value("sharegpu_defrag_planned_gain_milli_gpu") == 1000
+    assert registry.get_sample_value("sharegpu_defrag_planned_gain_gpus") == 1.0
     # The next pass: `a` is leaving and `p` has just had its move; nothing more is evicted.
     await reconciler.reconcile()
     controller.defrag.clock.now += 120  # type: ignore[union-attr]  # past the cool-down: p now fits on n0

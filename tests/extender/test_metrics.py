@@ -80,22 +80,23 @@ async def test_each_gpu_and_namespace_is_reported_as_the_pods_hold_them(harness:
             memory[gpu] += mib
             holders[gpu] += 1
     every = {(f"n{n}", str(g)) for n in range(2) for g in range(2)}
-    assert family(found, "sharegpu_gpu_compute_allocated_milli") == {g: milli[g] for g in every}
-    assert family(found, "sharegpu_gpu_memory_allocated_mib") == {g: memory[g] for g in every}
+    assert family(found, "sharegpu_gpu_compute_allocated_gpus") == {g: milli[g] / 1000 for g in every}
+    assert family(found, "sharegpu_gpu_memory_allocated_bytes") == {g: memory[g] * 2**20 for g in every}
     assert family(found, "sharegpu_gpu_holders") == {g: holders[g] for g in every}
     assert sorted(holders.values()) == [1, 2], "binpack: a and b share one GPU; the whole pod has another"
-    assert family(found, "sharegpu_gpu_compute_capacity_milli") == dict.fromkeys(every, 1000)
-    assert family(found, "sharegpu_gpu_memory_capacity_mib") == dict.fromkeys(every, 16384)
+    assert family(found, "sharegpu_gpu_compute_capacity_gpus") == dict.fromkeys(every, 1)
+    assert family(found, "sharegpu_gpu_memory_capacity_bytes") == dict.fromkeys(every, 16 * 2**30)
     assert family(found, "sharegpu_gpu_healthy") == dict.fromkeys(every, 1)
     assert family(found, "sharegpu_gpu_info") == {(n, g, f"GPU-{n}-{g}", "T4"): 1 for n, g in every}
 
-    assert family(found, "sharegpu_namespace_gpu_compute_allocated_milli") == {("ns",): 700, ("other",): 1000}
-    assert family(found, "sharegpu_namespace_gpu_memory_allocated_mib") == {
-        ("ns",): sum(a.gpu_usage()[i][1] for a in allocations if a.pod.startswith("ns/") for i in a.gpu_usage()),
-        ("other",): 16384,
+    assert family(found, "sharegpu_namespace_gpu_compute_allocated_gpus") == {("ns",): 0.7, ("other",): 1}
+    assert family(found, "sharegpu_namespace_gpu_memory_allocated_bytes") == {
+        ("ns",): 2**20
+        * sum(a.gpu_usage()[i][1] for a in allocations if a.pod.startswith("ns/") for i in a.gpu_usage()),
+        ("other",): 16 * 2**30,
     }
-    assert family(found, "sharegpu_namespace_gpu_compute_quota_milli") == {("ns", "gpus"): 4000}
-    assert family(found, "sharegpu_namespace_gpu_memory_quota_mib") == {("ns", "gpus"): 8192}
+    assert family(found, "sharegpu_namespace_gpu_compute_quota_gpus") == {("ns", "gpus"): 4}
+    assert family(found, "sharegpu_namespace_gpu_memory_quota_bytes") == {("ns", "gpus"): 8 * 2**30}
     assert family(found, "sharegpu_pending_gpu_pods") == {("ns",): 1, ("other",): 1}
 
     # The pending ones go: one deleted, the other bound; a pod that asks for no GPU never counts.
@@ -141,8 +142,8 @@ async def test_the_metrics_endpoint_serves_every_family_and_nothing_of_the_clust
 ) -> None:
     bare = extender_metrics.Metrics()
     text = bare.exposition().decode()
-    assert "# TYPE sharegpu_gpu_compute_allocated_milli gauge" in text
-    assert "\nsharegpu_gpu_compute_allocated_milli{" not in text
+    assert "# TYPE sharegpu_gpu_compute_allocated_gpus gauge" in text
+    assert "\nsharegpu_gpu_compute_allocated_gpus{" not in text
     h: Harness = await harness(nodes=1, gpus=2)
     await h.schedule(await h.create(gpu_pod("a", milli=250)))
     async with test_utils.TestClient(test_utils.TestServer(routes.operations(h.extender))) as http:
@@ -150,7 +151,7 @@ async def test_the_metrics_endpoint_serves_every_family_and_nothing_of_the_clust
         text = await response.text()
     assert response.status == 200
     parsed = {f.name: f for f in parser.text_string_to_metric_families(text)}
-    assert {s.value for s in parsed["sharegpu_gpu_compute_allocated_milli"].samples} == {250.0, 0.0}
+    assert {s.value for s in parsed["sharegpu_gpu_compute_allocated_gpus"].samples} == {0.25, 0.0}
     assert parsed["sharegpu_extender_binds"].type == "counter"
 
 

@@ -159,5 +159,5 @@ async def test_metrics_count_each_namespaces_gpu_use_over_every_gpu(harness: Cal
     app = routes.operations(h.extender)
     async with test_utils.TestClient(test_utils.TestServer(app)) as http:
         text = await (await http.get("/metrics")).text()
-    assert 'sharegpu_namespace_gpu_compute_allocated_milli{namespace="ns"} 1000.0' in text
-    assert 'sharegpu_namespace_gpu_compute_allocated_milli{namespace="other"} 300.0' in text
+    assert 'sharegpu_namespace_gpu_compute_allocated_gpus{namespace="ns"} 1.0' in text
+    assert 'sharegpu_namespace_gpu_compute_allocated_gpus{namespace="other"} 0.3' in text

@@ -221,13 +221,13 @@ async def test_prometheus_scrapes_every_component_every_panel_has_data_and_every
         assert {t["labels"]["component"] for t in found} == {"scheduler", "controller", "webhook", "agent", "agent-dra"}
 
         async def measured() -> list[Json] | None:
-            rows = await running.query(f'sharegpu_pod_gpu_sm_utilization_percent{{namespace="{namespace}", pod="p"}}')
+            rows = await running.query(f'sharegpu_pod_gpu_sm_utilization_ratio{{namespace="{namespace}", pod="p"}}')
             return rows or None
 
         (row,) = await wait_for(measured, timeout=60, what="the pod's SM use in Prometheus")
-        assert row["value"][1] == "25" and row["metric"]["component"] == "agent"
-        (share,) = await running.query(f'sharegpu_pod_gpu_share_milli{{namespace="{namespace}", pod="p"}}')
-        assert share["value"][1] == "300"
+        assert row["value"][1] == "0.25" and row["metric"]["component"] == "agent"
+        (share,) = await running.query(f'sharegpu_pod_gpu_share_gpus{{namespace="{namespace}", pod="p"}}')
+        assert share["value"][1] == "0.3"
 
         # The workload: sharing pods placed by the extender on a node of this test (through the
         # webhook), one that cannot fit, a GPU-time budget and a quota on the namespace (with the

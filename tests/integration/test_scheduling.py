@@ -280,7 +280,7 @@ async def test_metrics_and_health_endpoints(
             for family in parser.text_string_to_metric_families(text)
             for s in family.samples
         }
-        assert samples["sharegpu_gpu_compute_allocated_milli", node, "0"] == 400
+        assert samples["sharegpu_gpu_compute_allocated_gpus", node, "0"] == 0.4
         assert samples["sharegpu_gpu_holders", node, "0"] == 1
         assert "# TYPE sharegpu_pending_gpu_pods gauge" in text
         before = await extender.connections()

@@ -424,7 +424,7 @@ class _Metrics(Collector):
         yield from (gpus, modes, proven, probes, up, restarts, passes)
         families = {s.name: GaugeMetricFamily(s.name, s.help, labels=list(s.labels)) for s in watchdog.SERIES}
         for sample in self.agent.usage.samples():
-            families[sample.series.name].add_metric(list(sample.labels), sample.value)
+            families[sample.series.name].add_metric(list(sample.labels), sample.series.exported(sample.value))
         yield from families.values()
         violations = GaugeMetricFamily(
             "sharegpu_agent_violations", "Pods over their GPU allocation now, by kind", labels=["kind"]

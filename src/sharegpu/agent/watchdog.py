@@ -165,44 +165,56 @@ class Violation:
 
 @dataclass(frozen=True, slots=True)
 class Series:
-    """A gauge family of /metrics: its name, help and label names."""
+    """A gauge family of /metrics: its name, help and label names; a sample's value (in sharegpu's
+    own unit: MiB, percent, milli-GPU) is divided by `per` for the base unit the name ends in."""
 
     name: str
     help: str
     labels: tuple[str, ...]
+    per: float = 1
+    """How many of sharegpu's unit make one of the exported unit (`core.units`)."""
+
+    def exported(self, value: int) -> float:
+        return value / self.per
 
 
 POD_USED: Final = Series(
-    "sharegpu_pod_gpu_memory_used_mib", "GPU memory the processes of a pod use on a GPU, in MiB",
-    ("namespace", "pod", "uuid"),
+    "sharegpu_pod_gpu_memory_used_bytes", "GPU memory the processes of a pod use on a GPU",
+    ("namespace", "pod", "uuid"), 1 / units.BYTES_PER_MIB,
 )  # fmt: skip
 POD_ALLOCATED: Final = Series(
-    "sharegpu_pod_gpu_memory_allocated_mib",
-    "GPU memory a pod was given on a GPU it uses, in MiB (absent where it has no memory limit)",
+    "sharegpu_pod_gpu_memory_allocated_bytes",
+    "GPU memory a pod was given on a GPU it uses (absent where it has no memory limit)",
     ("namespace", "pod", "uuid"),
+    1 / units.BYTES_PER_MIB,
 )
 GPU_USED: Final = Series(
-    "sharegpu_gpu_memory_used_mib", "GPU memory all processes on a GPU use, in pods or not, in MiB", ("uuid", "gpu")
+    "sharegpu_gpu_memory_used_bytes", "GPU memory all processes on a GPU use, in pods or not", ("uuid", "gpu"),
+    1 / units.BYTES_PER_MIB,
+)  # fmt: skip
+GPU_SM: Final = Series(
+    "sharegpu_gpu_sm_utilization_ratio", "SM utilisation of a GPU (0 to 1)", ("uuid", "gpu"), units.PERCENT
 )
-GPU_SM: Final = Series("sharegpu_gpu_sm_utilization_percent", "SM utilisation of a GPU, in percent", ("uuid", "gpu"))
 POD_SM: Final = Series(
-    "sharegpu_pod_gpu_sm_utilization_percent",
-    "SM utilisation of a pod's processes on a GPU, in percent of the GPU (absent where the GPU takes no "
-    "per-process samples)",
+    "sharegpu_pod_gpu_sm_utilization_ratio",
+    "SM utilisation of a pod's processes on a GPU, as a share of the GPU (0 to 1; absent where the GPU takes "
+    "no per-process samples)",
     ("namespace", "pod", "uuid"),
+    units.PERCENT,
 )
 POD_SHARE: Final = Series(
-    "sharegpu_pod_gpu_share_milli", "The compute a pod was given on a GPU it uses, in milli-GPU",
-    ("namespace", "pod", "uuid"),
+    "sharegpu_pod_gpu_share_gpus", "The compute a pod was given on a GPU it uses, in GPUs (0.3: 30% of it)",
+    ("namespace", "pod", "uuid"), units.MILLI_PER_GPU,
 )  # fmt: skip
 CONTAINER_USED: Final = Series(
-    "sharegpu_container_gpu_memory_used_mib", "GPU memory the processes of a container use on a GPU, in MiB",
-    ("namespace", "pod", "container", "uuid"),
+    "sharegpu_container_gpu_memory_used_bytes", "GPU memory the processes of a container use on a GPU",
+    ("namespace", "pod", "container", "uuid"), 1 / units.BYTES_PER_MIB,
 )  # fmt: skip
 CONTAINER_SM: Final = Series(
-    "sharegpu_container_gpu_sm_utilization_percent",
-    "SM utilisation of a container's processes on a GPU, in percent of the GPU",
+    "sharegpu_container_gpu_sm_utilization_ratio",
+    "SM utilisation of a container's processes on a GPU, as a share of the GPU (0 to 1)",
     ("namespace", "pod", "container", "uuid"),
+    units.PERCENT,
 )
 SERIES: Final = (POD_USED, POD_ALLOCATED, POD_SM, POD_SHARE, CONTAINER_USED, CONTAINER_SM, GPU_USED, GPU_SM)
 

@@ -39,7 +39,7 @@ from sharegpu.api import idle as api_idle
 from sharegpu.api import sharepods as api_sharepods
 from sharegpu.api import usage as api_usage
 from sharegpu.controller import budgets, defrag, deviceshare, groups, idle, inventory, sharepods
-from sharegpu.core import errors
+from sharegpu.core import errors, units
 from sharegpu.kube import client, informer, leader, reconcile, reviews
 from sharegpu.kube import events as kube_events
 from sharegpu.serving import access, health, tls
@@ -283,8 +283,8 @@ class _Metrics(Collector):
                  c.pending),
                 ("sharegpu_defrag_planned_evictions", "Evictions in the defragmenter's last plan",
                  c.planned_evictions),
-                ("sharegpu_defrag_planned_gain_milli_gpu", "GPU compute (milli-GPU) of the pending pods the last "
-                 "plan lets in", c.planned_gain_milli),
+                ("sharegpu_defrag_planned_gain_gpus", "GPU compute (in GPUs) of the pending pods the last "
+                 "plan lets in", c.planned_gain_milli / units.MILLI_PER_GPU),
                 ("sharegpu_defrag_budget_left", "Evictions left in the defragmenter's hourly budget",
                  defragmenter.allowance()),
             ):  # fmt: skip

@@ -23,6 +23,11 @@ MILLI_PER_GPU: Final = 1000
 PERMILLE: Final = 1000
 """A whole, in per-mille (GPU memory given as a fraction of the GPU's memory)."""
 
+BYTES_PER_MIB: Final = 1 << 20
+"""Memory quantities are MiB inside sharegpu; /metrics says bytes (Prometheus's base unit)."""
+PERCENT: Final = 100
+"""Utilisation is a whole percentage inside sharegpu (as NVML gives it); /metrics says a ratio."""
+
 MAX_GPUS_PER_NODE: Final = 63
 """Device choices are bit masks in an int64; nodes with more GPUs than this are refused."""
 

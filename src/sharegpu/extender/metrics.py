@@ -213,39 +213,39 @@ class _Cluster(Collector):
         )
         healthy = GaugeMetricFamily("sharegpu_gpu_healthy", "1 while the GPU is healthy (its Device says)", labels=gpu)
         milli_capacity = GaugeMetricFamily(
-            "sharegpu_gpu_compute_capacity_milli", "GPU compute, in milli-GPU (1000 per GPU)", labels=gpu
+            "sharegpu_gpu_compute_capacity_gpus", "GPU compute, in GPUs (1 per GPU)", labels=gpu
         )
         milli_used = GaugeMetricFamily(
-            "sharegpu_gpu_compute_allocated_milli",
-            "GPU compute allocated to pods (bound or assumed), in milli-GPU",
+            "sharegpu_gpu_compute_allocated_gpus",
+            "GPU compute allocated to pods (bound or assumed), in GPUs (0.3: 30% of it)",
             labels=gpu,
         )
-        memory_capacity = GaugeMetricFamily("sharegpu_gpu_memory_capacity_mib", "GPU memory, in MiB", labels=gpu)
+        memory_capacity = GaugeMetricFamily("sharegpu_gpu_memory_capacity_bytes", "GPU memory", labels=gpu)
         memory_used = GaugeMetricFamily(
-            "sharegpu_gpu_memory_allocated_mib", "GPU memory allocated to pods (bound or assumed), in MiB", labels=gpu
+            "sharegpu_gpu_memory_allocated_bytes", "GPU memory allocated to pods (bound or assumed)", labels=gpu
         )
         holders = GaugeMetricFamily(
             "sharegpu_gpu_holders", "Pods holding a share or the whole of the GPU (bound or assumed)", labels=gpu
         )
         ns = ["namespace"]
         ns_milli = GaugeMetricFamily(
-            "sharegpu_namespace_gpu_compute_allocated_milli",
-            "GPU compute the namespace's pods hold (bound or assumed), in milli-GPU over every GPU",
+            "sharegpu_namespace_gpu_compute_allocated_gpus",
+            "GPU compute the namespace's pods hold (bound or assumed), in GPUs over every GPU",
             labels=ns,
         )
         ns_memory = GaugeMetricFamily(
-            "sharegpu_namespace_gpu_memory_allocated_mib",
-            "GPU memory the namespace's pods hold (bound or assumed), in MiB over every GPU",
+            "sharegpu_namespace_gpu_memory_allocated_bytes",
+            "GPU memory the namespace's pods hold (bound or assumed) over every GPU",
             labels=ns,
         )
         quota_milli = GaugeMetricFamily(
-            "sharegpu_namespace_gpu_compute_quota_milli",
-            "A ResourceQuota's limit on the namespace's GPU compute total, in milli-GPU",
+            "sharegpu_namespace_gpu_compute_quota_gpus",
+            "A ResourceQuota's limit on the namespace's GPU compute total, in GPUs",
             labels=[*ns, "quota"],
         )
         quota_memory = GaugeMetricFamily(
-            "sharegpu_namespace_gpu_memory_quota_mib",
-            "A ResourceQuota's limit on the namespace's GPU memory total, in MiB",
+            "sharegpu_namespace_gpu_memory_quota_bytes",
+            "A ResourceQuota's limit on the namespace's GPU memory total",
             labels=[*ns, "quota"],
         )
         pending = GaugeMetricFamily(
@@ -269,13 +269,13 @@ class _Cluster(Collector):
                     summed[0] += milli
                     summed[1] += memory
             for namespace, (milli, memory) in sorted(totals.items()):
-                ns_milli.add_metric([namespace], milli)
-                ns_memory.add_metric([namespace], memory)
+                ns_milli.add_metric([namespace], milli / units.MILLI_PER_GPU)
+                ns_memory.add_metric([namespace], memory * units.BYTES_PER_MIB)
             for namespace, limit in found.quotas:
                 if limit.milli is not None:
-                    quota_milli.add_metric([namespace, limit.name], limit.milli)
+                    quota_milli.add_metric([namespace, limit.name], limit.milli / units.MILLI_PER_GPU)
                 if limit.memory_mib is not None:
-                    quota_memory.add_metric([namespace, limit.name], limit.memory_mib)
+                    quota_memory.add_metric([namespace, limit.name], limit.memory_mib * units.BYTES_PER_MIB)
             for namespace, count in sorted(Counter(found.pending).items()):
                 pending.add_metric([namespace], count)
         yield from (info, healthy, milli_capacity, milli_used, memory_capacity, memory_used, holders, overcommitted)
@@ -303,8 +303,8 @@ def _per_gpu(
             labels = [str(node.name), str(gpu.index)]
             info.add_metric([*labels, str(gpu.uuid), gpu.model], 1)
             healthy.add_metric(labels, 1 if gpu.healthy else 0)
-            milli_capacity.add_metric(labels, units.MILLI_PER_GPU)
-            milli_used.add_metric(labels, used[gpu.index])
-            memory_capacity.add_metric(labels, gpu.memory_mib)
-            memory_used.add_metric(labels, memory[gpu.index])
+            milli_capacity.add_metric(labels, 1)
+            milli_used.add_metric(labels, used[gpu.index] / units.MILLI_PER_GPU)
+            memory_capacity.add_metric(labels, gpu.memory_mib * units.BYTES_PER_MIB)
+            memory_used.add_metric(labels, memory[gpu.index] * units.BYTES_PER_MIB)
             holders.add_metric(labels, tenants[gpu.index])
