@@ -1,15 +1,17 @@
 """A real Prometheus (built from its Go module) scrapes every component on the real control plane, as
 a cluster's Prometheus would: over HTTPS with the token of a ServiceAccount bound to
 sharegpu-metrics-reader and nothing else, each target labelled with its component, the chart's
-alerting rules loaded as they are. Every target is up, every series it serves passes promtool's
-metric lint, the per-share usage series of a pod an agent measured reach Prometheus, every panel of
-the chart's dashboard returns data during a scripted workload, and every alert rule raises its alert
-once its situation is staged (and none before): a GPU over-committed and repaired, a component down
-and one not ready, a GPU unhealthy by XID, a budget used up, a share idle."""
+alerting rules loaded as they are. Every target is up; every series it serves passes promtool's
+metric lint and has its row in docs/metrics.md; the per-share usage series of a pod an agent
+measured reach Prometheus; every panel of the chart's dashboard returns data during a scripted
+workload; and every alert rule raises its alert once its situation is staged (and none before): a
+GPU over-committed and repaired, a component down and one not ready, a GPU unhealthy by XID, a
+budget used up, a share idle."""
 
 from __future__ import annotations
 
 import asyncio
+import re
 import subprocess
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -30,6 +32,7 @@ from sharegpu.kube import client, reviews
 from sharegpu.serving import access, health, tls
 from tests.agent.fake_mps_daemon import write_fake_daemon
 from tests.builders import NVML_FILE, MakeAllocation, MakeNode, MakePod, write_nvml
+from tests.conftest import REPO
 from tests.integration.conftest import (
     Json,
     RunningWebhook,
@@ -276,6 +279,7 @@ async def test_prometheus_scrapes_every_component_every_panel_has_data_and_every
             raise AssertionError(f"panels without data: {missing}") from None
 
         _, promtool = prometheus.binaries()
+        served: set[str] = set()
         for url in [f"https://{t.address}" for t in targets]:
             text = await exposition(url, scraper_token)
             linted = await asyncio.to_thread(
@@ -283,6 +287,11 @@ async def test_prometheus_scrapes_every_component_every_panel_has_data_and_every
                 check=False,
             )  # fmt: skip
             assert linted.returncode == 0, f"{url}: {linted.stdout}{linted.stderr}"
+            served |= {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")}
+        listed = set(re.findall(r"`(sharegpu_[a-z_]+)", (REPO / "docs" / "metrics.md").read_text()))
+        # (prometheus_client serves a counter's or histogram's creation time as a gauge family `*_created`.)
+        missing = {name for name in served - listed if not name.endswith("_created")}
+        assert not missing, f"served, without a row in docs/metrics.md: {sorted(missing)}"
 
         # The alerts: every rule loaded and evaluated without error; before their situations are
         # staged, only the dead target and the blind controller raise theirs.
