@@ -290,8 +290,8 @@ async def test_prometheus_scrapes_every_component_every_panel_has_data_and_every
             served |= {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")}
         listed = set(re.findall(r"`(sharegpu_[a-z_]+)", (REPO / "docs" / "metrics.md").read_text()))
         # (prometheus_client serves a counter's or histogram's creation time as a gauge family `*_created`.)
-        missing = {name for name in served - listed if not name.endswith("_created")}
-        assert not missing, f"served, without a row in docs/metrics.md: {sorted(missing)}"
+        undocumented = {name for name in served - listed if not name.endswith("_created")}
+        assert not undocumented, f"served, without a row in docs/metrics.md: {sorted(undocumented)}"
 
         # The alerts: every rule loaded and evaluated without error; before their situations are
         # staged, only the dead target and the blind controller raise theirs.
