@@ -190,6 +190,9 @@ def main() -> int:
         "--bound-json", type=Path, action="append", help="runs of `sharegpu bound --json` to add as columns (repeat)"
     )
     parser.add_argument("--jobs", type=int, default=0, help="worker processes (0: one per core)")
+    parser.add_argument(
+        "--dask", metavar="ADDRESS", help="run on the Dask cluster whose scheduler is at ADDRESS (sim.cluster)"
+    )
     parser.add_argument("--json", type=Path)
     parser.add_argument("--no-docs", action="store_true", help="print the table only; leave docs/ alone")
     parser.add_argument(
@@ -230,8 +233,14 @@ def main() -> int:
         minutes = sum(r.wall_seconds for r in results) / 60
         made = f"Runs made by `{earlier['command']}` ({minutes:.0f} minutes of runs), rendered by `{command}`"
     else:
-        results = runner.run_all(specs, args.jobs or None, progress)
-        made = f"Made by `{command}` in {(time.perf_counter() - started) / 60:.1f} minutes on this 2-core machine"
+        if args.dask:
+            from sharegpu.sim import cluster
+
+            results = cluster.run_on_dask(specs, args.dask, progress)
+        else:
+            results = runner.run_all(specs, args.jobs or None, progress)
+        where = f"the Dask cluster at {args.dask}" if args.dask else "this machine's cores"
+        made = f"Made by `{command}` in {(time.perf_counter() - started) / 60:.1f} minutes on {where}"
     begin, end = (PEERS_BEGIN, PEERS_END) if args.peers else (BEGIN, END)
     if args.peers:
         bounds_from = "`sharegpu bound`, the runs in " + ", ".join(str(p) for p in args.bound_json or [])

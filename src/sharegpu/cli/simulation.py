@@ -38,6 +38,15 @@ Pods = Annotated[
 ]
 Seeds = Annotated[str, typer.Option("--seeds", help="Seeds: 42, 42,45 or 42-51.")]
 Jobs = Annotated[int, typer.Option("--jobs", "-j", help="Worker processes; 0: one per core.")]
+Dask = Annotated[
+    str | None,
+    typer.Option(
+        "--dask",
+        metavar="ADDRESS",
+        help="Run on the existing Dask cluster whose scheduler is at ADDRESS (tcp://host:8786) instead of local "
+        "processes (pip install 'sharegpu[dask]'; its workers need this sharegpu, not the trace files).",
+    ),
+]
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -133,6 +142,7 @@ def simulate(
         ),
     ] = 0,
     jobs: Jobs = 0,
+    dask: Dask = None,
     plot: Annotated[Path | None, typer.Option("--plot", help="Write allocation curves to this PNG.")] = None,
     json_path: Annotated[Path | None, typer.Option("--json", help="Write every run and the summary as JSON.")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
@@ -148,6 +158,8 @@ def simulate(
             raise UsageError(f"--defrag-budget must be >= 0, got {defrag_budget}")
         if defrag_budget and mode != "dynamic":
             raise UsageError("--defrag-budget needs --mode dynamic (static arrivals never leave, nothing is recreated)")
+        if dask is not None and jobs:
+            raise UsageError("--jobs and --dask exclude each other (the Dask cluster's workers make the runs)")
         if plot is not None and plot.suffix.lower() != ".png":
             raise UsageError(f"--plot must name a .png file, got {plot}")
         chosen = parse_policies(policy)
@@ -163,7 +175,8 @@ def simulate(
         for p in chosen
         for seed in seed_list
     ]
-    results = _run_all(specs, jobs, shown, quiet)
+    with reported(doing="--dask" if dask else ""):
+        results = _run_all(specs, jobs, shown, quiet, dask)
     shown.print(_summary_table(report.summarise(results), mode, defrag=defrag_budget > 0))
     if json_path is not None:
         json_path.parent.mkdir(parents=True, exist_ok=True)
@@ -174,9 +187,12 @@ def simulate(
         shown.print(f"wrote {plot}")
 
 
-def _run_all(specs: list[runner.RunSpec], jobs: int, shown: Console, quiet: bool) -> list[runner.RunResult]:
-    """Every run, on `jobs` worker processes (0: one per core), under a progress bar unless `quiet`."""
-    from sharegpu.sim import runner
+def _run_all(
+    specs: list[runner.RunSpec], jobs: int, shown: Console, quiet: bool, dask: str | None = None
+) -> list[runner.RunResult]:
+    """Every run, on `jobs` worker processes (0: one per core) or the Dask cluster at `dask`, under a
+    progress bar unless `quiet`."""
+    from sharegpu.sim import cluster, runner
 
     with Progress(
         TextColumn("[bold]simulating"),
@@ -193,6 +209,8 @@ def _run_all(specs: list[runner.RunSpec], jobs: int, shown: Console, quiet: bool
         def done(result: runner.RunResult) -> None:
             progress.update(task, advance=1, description=f"{result.trace} {result.policy} seed {result.seed}")
 
+        if dask is not None:
+            return cluster.run_on_dask(specs, dask, done)
         return runner.run_all(specs, jobs or None, done)
 
 
