@@ -16,6 +16,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Self
 
+import numpy as np
+
 from sharegpu.api import devices as api_devices
 from sharegpu.api import dra, names, pods, wire
 from sharegpu.core import allocation, devices, requests, units
@@ -438,3 +440,16 @@ def write_bytes(path: Path, data: bytes) -> None:
 def write_nvml(path: Path, text: str) -> None:
     """Write the fake NVML's file (`write_bytes`, as text)."""
     write_bytes(path, text.encode())
+
+
+def write_trace(tmp_path: Path, rng: np.random.Generator) -> tuple[Path, Path]:
+    """A small openb trace in `tmp_path`: four T4 nodes of 2 or 4 GPUs, 30 pods of one GPU or a share."""
+    nodes = tmp_path / "nodes.csv"
+    nodes.write_text(
+        "sn,cpu_milli,memory_mib,gpu,model\n"
+        + "".join(f"n{i},{16000},{32768},{int(rng.choice([2, 4]))},T4\n" for i in range(4))
+    )
+    pods = tmp_path / "openb_pod_list_tiny.csv"
+    rows = [f"p{i},{int(rng.choice([500, 2000]))},1024,1,{int(rng.choice([250, 500, 810, 1000]))}\n" for i in range(30)]
+    pods.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli\n" + "".join(rows))
+    return nodes, pods

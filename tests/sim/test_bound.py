@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 from sharegpu import cli
 from sharegpu.core import devices, frag, policies
 from sharegpu.sim import bound, replay, trace
+from tests.builders import write_trace
 
 MODELS = ("T4", "V100M32")
 SHARES = (150, 250, 400, 500, 600, 810, 1000)
@@ -175,18 +176,6 @@ def test_window_matches_the_headline_figure() -> None:
     assert replay.unallocated_at_100(arrived, allocated, 1000) == pytest.approx(100 - (90 + 95 + 96) / 3)
     assert replay.window(np.array([500, 1500]), 1000).tolist() == [1]  # jumped over the window
     assert replay.window(np.array([500, 900]), 1000).tolist() == []
-
-
-def write_trace(tmp_path: Path, rng: np.random.Generator) -> tuple[Path, Path]:
-    nodes = tmp_path / "nodes.csv"
-    nodes.write_text(
-        "sn,cpu_milli,memory_mib,gpu,model\n"
-        + "".join(f"n{i},{16000},{32768},{int(rng.choice([2, 4]))},T4\n" for i in range(4))
-    )
-    pods = tmp_path / "openb_pod_list_tiny.csv"
-    rows = [f"p{i},{int(rng.choice([500, 2000]))},1024,1,{int(rng.choice([250, 500, 810, 1000]))}\n" for i in range(30)]
-    pods.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli\n" + "".join(rows))
-    return nodes, pods
 
 
 def test_cli_writes_the_runs(tmp_path: Path) -> None:

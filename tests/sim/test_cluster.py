@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from sharegpu import cli
 from sharegpu.sim import cluster, runner
-from tests.sim.test_bound import write_trace
+from tests.builders import write_trace
 
 
 @pytest.fixture(scope="module")
