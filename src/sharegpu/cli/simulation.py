@@ -178,9 +178,12 @@ def simulate(
     with reported(doing="--dask" if dask else ""):
         results = _run_all(specs, jobs, shown, quiet, dask)
     shown.print(_summary_table(report.summarise(results), mode, defrag=defrag_budget > 0))
+    now = [found for source in sources if (found := report.cluster_now(source)) is not None]
+    for found in now:
+        shown.print(found.describe())
     if json_path is not None:
         json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_bytes(report.to_json(results, shlex.join(["sharegpu", *sys.argv[1:]])))
+        json_path.write_bytes(report.to_json(results, shlex.join(["sharegpu", *sys.argv[1:]]), now))
         shown.print(f"wrote {json_path}")
     if plot is not None:
         report.plot(results, plot)
@@ -259,6 +262,7 @@ def bound(
     """The limit of static placement: a proven lower bound on the unallocated GPU % at arrived = 100% that
     no placement can beat (even one that knows every arrival), and an offline heuristic's figure."""
     from sharegpu.sim import bound as limit
+    from sharegpu.sim import report
 
     shown = console()
     with reported():
@@ -281,6 +285,9 @@ def bound(
     with reported(), shown.status(f"bounding {len(specs)} run(s)"):
         runs = limit.execute_all(specs, jobs or os.cpu_count() or 1, save)
     shown.print(_bound_table(runs))
+    for found in (report.cluster_now(source) for source in sources):
+        if found is not None:
+            shown.print(found.describe())
     if json_path is not None:
         shown.print(f"wrote {json_path}")
 

@@ -1,4 +1,5 @@
-"""The `kubectl sharegpu` command line: `inspect`, `explain POD`, `groups`, `budgets`, `top`, `dashboard`.
+"""The `kubectl sharegpu` command line: `inspect`, `explain POD`, `groups`, `budgets`, `top`, `snapshot DIR`,
+`dashboard`.
 
 kubectl runs `kubectl-sharegpu` from PATH with the arguments that follow `kubectl sharegpu`, so each
 command takes the connection options itself: `--kubeconfig` (default $KUBECONFIG, then
@@ -16,19 +17,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import shlex
 import sys
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Annotated, TypeVar
 
 import typer
 import yaml
 from rich.console import Console, RenderableType
 
+from sharegpu.api import names as names_module
 from sharegpu.core import errors, policies
 from sharegpu.kube import client, credentials, transport
 from sharegpu.kube import errors as kube_errors
 from sharegpu.kubectl import dashboard, read, render, views
+from sharegpu.kubectl import snapshot as snapshots
 
 PROG = "kubectl sharegpu"
 EXIT_FAILURE = 1
@@ -305,6 +310,54 @@ class Commands:
         else:
             _show(render.top_table(result, by == "namespace"))
 
+    def snapshot(
+        self,
+        directory: Annotated[Path, typer.Argument(help="Write the trace here (made if missing).")],
+        names: Annotated[
+            bool, typer.Option("--names", help="Keep namespace/name of pods and nodes' names (default: anonymous).")
+        ] = False,
+        pending_cpu_pods: Annotated[
+            bool,
+            typer.Option(
+                "--pending-cpu-pods",
+                help="Also write pending pods that ask for no GPU (default: only CPU-only pods bound to a GPU node).",
+            ),
+        ] = False,
+        kubeconfig: Kubeconfig = None,
+        context: Context = None,
+        request_timeout: Timeout = 30.0,
+    ) -> None:
+        """The cluster's GPU nodes and its pods' GPU requests as a trace in the openb format, for `sharegpu
+        simulate` and `sharegpu bound` to say what each policy would leave idle here (read rights only)."""
+
+        async def work(api: client.KubeApi) -> snapshots.Snapshot:
+            return snapshots.take(await snapshots.read(api), names_kept=names, pending_cpu_pods=pending_cpu_pods)
+
+        found = self.run(kubeconfig, context, request_timeout, work)
+        if not found.nodes:
+            typer.echo(f"{PROG}: error: no GPU nodes in this cluster (no Device lists GPUs, no node has "
+                       f"{names_module.NVIDIA_GPU} allocatable): nothing to replay", err=True)  # fmt: skip
+            raise typer.Exit(EXIT_FAILURE)
+        command = shlex.join(["kubectl", "sharegpu", "snapshot", *sys.argv[2:]])
+        try:
+            node_file, pod_file = snapshots.write(found, directory, command)
+        except OSError as exc:
+            typer.echo(f"{PROG}: error: cannot write {directory}: {exc.strerror or exc}", err=True)
+            raise typer.Exit(EXIT_FAILURE) from None
+        gpu_pods = [p for p in found.pods if p.num_gpu]
+        typer.echo(
+            f"wrote {len(found.nodes)} GPU nodes ({sum(n.gpus for n in found.nodes)} GPUs) to {node_file} and "
+            f"{len(found.pods)} pods ({len(gpu_pods)} asking for GPUs, {sum(1 for p in gpu_pods if p.node)} bound) "
+            f"to {pod_file}"
+        )
+        for what, count in found.dropped.items():
+            typer.echo(f"not written: {what}: {count}")
+        if found.skipped:
+            typer.echo(
+                f"left out: {len(found.skipped)} pods whose request sharegpu refuses ({directory / 'snapshot.json'})"
+            )
+        typer.echo(f"replay: sharegpu simulate --nodes {node_file} --pods {pod_file}")
+
     def dashboard(
         self,
         port: Annotated[
@@ -347,6 +400,7 @@ def make_app(connector: Connect = connect) -> typer.Typer:
         commands.groups,
         commands.budgets,
         commands.top,
+        commands.snapshot,
         commands.dashboard,
     )
     for command in commands_:

@@ -1,4 +1,5 @@
-"""Summaries of simulation runs: per (trace, policy) statistics, JSON, and the allocation plot."""
+"""Summaries of simulation runs: per (trace, policy) statistics, JSON, and the allocation plot; and,
+for a snapshot of a cluster (`kubectl sharegpu snapshot`), what the cluster held when it was taken."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from sharegpu.core import units
 from sharegpu.sim import runner
 
 
@@ -74,11 +76,59 @@ def summarise(results: Sequence[runner.RunResult]) -> list[Summary]:
     ]
 
 
+@dataclass(frozen=True, slots=True)
+class ClusterNow:
+    """What a snapshot's cluster held when it was taken: its bound GPU pods on its GPUs, and the GPU
+    pods still pending."""
+
+    trace: str
+    capacity_milli: int
+    held_milli: int
+    bound_pods: int
+    pending_pods: int
+    pending_milli: int
+
+    @property
+    def unallocated_pct(self) -> float:
+        return 100.0 - 100.0 * self.held_milli / self.capacity_milli if self.capacity_milli else math.nan
+
+    @property
+    def requested_pct(self) -> float:
+        """Bound and pending GPU requests over capacity (the simulator's "arrived")."""
+        total = self.held_milli + self.pending_milli
+        return 100.0 * total / self.capacity_milli if self.capacity_milli else math.nan
+
+    def describe(self) -> str:
+        return (
+            f"{self.trace}: the cluster now holds {self.held_milli / units.MILLI_PER_GPU:g} of "
+            f"{self.capacity_milli // units.MILLI_PER_GPU} GPUs for {self.bound_pods} GPU pods "
+            f"({self.unallocated_pct:.2f}% unallocated); {self.pending_pods} GPU pods pending ask for "
+            f"{self.pending_milli / units.MILLI_PER_GPU:g} more (requested: {self.requested_pct:.2f}% of capacity)"
+        )
+
+
+def cluster_now(source: runner.Source) -> ClusterNow | None:
+    """For a snapshot (its pods say where they are), what its cluster held; None for other traces."""
+    nodes, pods = runner.load_source(source)
+    if not pods.snapshot:
+        return None
+    gpu = [p for p in pods.pods if p.num_gpu]
+    bound = [p for p in gpu if p.node]
+    return ClusterNow(
+        trace=source.label,
+        capacity_milli=sum(n.gpu_count for n in nodes) * units.MILLI_PER_GPU,
+        held_milli=sum(p.gpu_milli_total for p in bound),
+        bound_pods=len(bound),
+        pending_pods=len(gpu) - len(bound),
+        pending_milli=sum(p.gpu_milli_total for p in gpu if not p.node),
+    )
+
+
 def _finite(value: float) -> float | None:
     return None if math.isnan(value) else round(value, 4)
 
 
-def to_json(results: Sequence[runner.RunResult], command: str) -> bytes:
+def to_json(results: Sequence[runner.RunResult], command: str, now: Sequence[ClusterNow] = ()) -> bytes:
     summaries = []
     for s in summarise(results):
         item: dict[str, Any] = {"trace": s.trace, "policy": s.policy, "mode": s.mode, "seeds": s.seeds}
@@ -86,7 +136,12 @@ def to_json(results: Sequence[runner.RunResult], command: str) -> bytes:
             value: Stat = getattr(s, name)
             item[name] = {"mean": _finite(value.mean), "sd": _finite(value.sd)}
         summaries.append(item)
-    body = {"command": command, "runs": [asdict(r) for r in results], "summary": summaries}
+    body: dict[str, Any] = {"command": command, "runs": [asdict(r) for r in results], "summary": summaries}
+    if now:
+        body["cluster_now"] = [
+            {**asdict(n), "unallocated_pct": _finite(n.unallocated_pct), "requested_pct": _finite(n.requested_pct)}
+            for n in now
+        ]
     return orjson.dumps(body, option=orjson.OPT_INDENT_2)
 
 
