@@ -44,7 +44,7 @@ Dask = Annotated[
         "--dask",
         metavar="ADDRESS",
         help="Run on the existing Dask cluster whose scheduler is at ADDRESS (tcp://host:8786) instead of local "
-        "processes (pip install 'sharegpu[dask]'; its workers need this sharegpu, not the trace files).",
+        "processes (needs the dask extra; its workers need this sharegpu, not the trace files).",
     ),
 ]
 

@@ -314,7 +314,7 @@ class Commands:
         self,
         directory: Annotated[Path, typer.Argument(help="Write the trace here (made if missing).")],
         names: Annotated[
-            bool, typer.Option("--names", help="Keep namespace/name of pods and nodes' names (default: anonymous).")
+            bool, typer.Option("--names", help="Keep pods' namespace/name and nodes' names (else anonymous).")
         ] = False,
         pending_cpu_pods: Annotated[
             bool,
