@@ -320,7 +320,7 @@ class Commands:
             bool,
             typer.Option(
                 "--pending-cpu-pods",
-                help="Also write pending pods that ask for no GPU (default: only CPU-only pods bound to a GPU node).",
+                help="Also write pending pods that ask for no GPU (else only CPU-only pods bound to a GPU node).",
             ),
         ] = False,
         kubeconfig: Kubeconfig = None,
