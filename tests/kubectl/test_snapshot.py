@@ -12,7 +12,7 @@ from typing import Any
 from typer.testing import CliRunner
 
 from sharegpu import cli
-from sharegpu.api import names, paths, wire
+from sharegpu.api import dra, names, paths, wire
 from sharegpu.kube import client, fake
 from sharegpu.kubectl import app, snapshot
 from sharegpu.sim import runner, trace
@@ -132,3 +132,21 @@ def test_the_replay_of_a_snapshot_gives_the_simulators_figures_for_the_same_trac
 
 def _fields(pod: trace.TracePod) -> dict[str, Any]:
     return {name: getattr(pod, name) for name in trace.TracePod.__slots__}
+
+
+def test_a_pods_claims_of_sharegpus_class_are_its_request(tmp_path: Path) -> None:
+    server = cluster()
+    claim: Json = {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "share", "namespace": "ns"},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": dra.CLASS, "count": 1, "capacity": {"requests": {dra.MILLI: "350", dra.MEMORY: "2Gi"}},
+        }}]}},
+    }  # fmt: skip
+    server.put_object(dra.claim_path("ns"), claim)
+    pod = MakePod("claimer", "ns").container(limits={"cpu": "1"}).obj()
+    pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": "share"}]
+    server.put_object(paths.pods("ns"), pod)
+    ran = CliRunner().invoke(on(server), ["snapshot", str(tmp_path), "--names"])
+    assert ran.exit_code == 0, ran.output
+    (row,) = [p for p in trace.load_pods(tmp_path / trace.pod_file(snapshot.TRACE)).pods if p.name == "ns/claimer"]
+    assert (row.num_gpu, row.gpu_milli, row.gpu_memory_mib, row.cpu_milli) == (1, 350, 2048, 1000)

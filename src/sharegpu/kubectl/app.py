@@ -316,6 +316,12 @@ class Commands:
         names: Annotated[
             bool, typer.Option("--names", help="Keep pods' namespace/name and nodes' names (else anonymous).")
         ] = False,
+        selector: Annotated[
+            str, typer.Option("--selector", "-l", help="Only nodes with these labels (a label selector): a node pool.")
+        ] = "",
+        namespace: Annotated[
+            str | None, typer.Option("--namespace", "-n", help="Only this namespace's pods (default: all).")
+        ] = None,
         pending_cpu_pods: Annotated[
             bool,
             typer.Option(
@@ -331,7 +337,8 @@ class Commands:
         simulate` and `sharegpu bound` to say what each policy would leave idle here (read rights only)."""
 
         async def work(api: client.KubeApi) -> snapshots.Snapshot:
-            return snapshots.take(await snapshots.read(api), names_kept=names, pending_cpu_pods=pending_cpu_pods)
+            found = await snapshots.read(api, selector, namespace)
+            return snapshots.take(found, names_kept=names, pending_cpu_pods=pending_cpu_pods)
 
         found = self.run(kubeconfig, context, request_timeout, work)
         if not found.nodes:

@@ -11,6 +11,9 @@ I/O; `write` writes the node file, the pod file and `snapshot.json` (what was le
   from GPU feature discovery's `nvidia.com/gpu.product` label, the memory from `nvidia.com/gpu.memory`,
   MiB). CPU and memory are its allocatable. openb gives a node one model: a node of several is
   written with the model most of its GPUs have, and the smallest GPU memory among them.
+`--selector` keeps the nodes it selects (a node pool) and `--namespace` one namespace's pods; pods
+bound to nodes left out are not written.
+
 - **Pods.** Those not finished and not being deleted. A pod's request is read in every format
   sharegpu's webhook reads (`webhook.translate`: sharegpu's own, HAMi, Volcano, Koordinator, Aliyun,
   tkestack, KubeShare, KAI, nvidia.com/gpu), then as the extender reads it (`api.pods.request`), with
@@ -82,15 +85,19 @@ async def _optional(api: client.KubeApi, path: str, kind: type[Any]) -> list[Any
     return items
 
 
-async def read(api: client.KubeApi) -> Listing:
-    """Every Node, Device, pod, ResourceClaim and template, paged (a resource not served: none)."""
+async def read(api: client.KubeApi, node_selector: str = "", namespace: str | None = None) -> Listing:
+    """Every Node (those `node_selector` selects), Device, pod (of `namespace`, if given),
+    ResourceClaim and template, paged (a resource not served: none)."""
+    node_params = {"labelSelector": node_selector} if node_selector else None
     (nodes, _), devices, (pods, _), claims, templates = await asyncio.gather(
-        api.list_of(paths.NODES, wire.Node),
+        api.list_of(paths.NODES, wire.Node, node_params),
         _optional(api, paths.DEVICES, wire.Device),
-        api.list_of(paths.PODS, dict),
-        _optional(api, dra.CLAIMS, dra.ResourceClaim),
-        _optional(api, TEMPLATES, dra.ResourceClaimTemplate),
-    )
+        api.list_of(paths.pods(namespace) if namespace else paths.PODS, dict),
+        _optional(api, dra.claim_path(namespace) if namespace else dra.CLAIMS, dra.ResourceClaim),
+        _optional(api, dra.template_path(namespace) if namespace else TEMPLATES, dra.ResourceClaimTemplate),
+    )  # fmt: skip
+    chosen = {n.metadata.name for n in nodes}
+    devices = [d for d in devices if d.metadata.name in chosen]
     return Listing(tuple(nodes), tuple(devices), tuple(pods), tuple(claims), tuple(templates))
 
 
@@ -121,7 +128,9 @@ def take(found: Listing, *, names_kept: bool = False, pending_cpu_pods: bool = F
             continue
         node = pod.spec.node_name or None
         demand = asked.demand
-        if not demand.count and not (node in rows or (node is None and pending_cpu_pods)):
+        if node is not None and node not in rows:
+            continue  # on a node left out (not a GPU node, or not selected)
+        if not demand.count and node is None and not pending_cpu_pods:
             continue
         _count_dropped(pod, asked, dropped)
         kept.append((
