@@ -1,6 +1,6 @@
 """`kubectl sharegpu snapshot` on the real control plane, run by real kubectl as a user who may only
-read: a trace loaded into devcluster (its nodes as fake GPU nodes with their Devices, its pods
-created in order in several request formats, with no sharegpu webhook to translate them) comes back
+read: a trace loaded into devcluster (`devcluster.traces`: its nodes as fake GPU nodes with their
+Devices, its pods created in order in three request formats, with no sharegpu webhook to translate them) comes back
 as a snapshot whose replay gives the simulator's figures for the trace itself, seed for seed; and
 pods bound by the extender show as what the cluster holds now."""
 
@@ -17,12 +17,11 @@ from typer.testing import CliRunner
 
 from sharegpu import cli
 from sharegpu.api import names, paths
-from sharegpu.devcluster import controlplane, fakecluster, stack
+from sharegpu.devcluster import controlplane, fakecluster, stack, traces
 from sharegpu.devcluster.stack import ExtenderProcess
 from sharegpu.kube import client
 from sharegpu.sim import runner, trace
-from tests.builders import MakePod
-from tests.integration.conftest import MANUAL, Json, gpu_pod, plugin, wait_for
+from tests.integration.conftest import Json, gpu_pod, plugin, wait_for
 
 READER = "snapshot-reader"
 TRACE_NODES = 24
@@ -78,20 +77,6 @@ def write_trace(folder: Path, prefix: str) -> tuple[Path, Path]:
     return nodes, pods
 
 
-def as_pod(row: trace.TracePod, namespace: str, index: int) -> Json:
-    """The row as a pod nothing schedules, its GPU request in one of three formats (no webhook runs to
-    translate them: the snapshot reads each itself)."""
-    limits: dict[str, str] = {"cpu": f"{row.cpu_milli}m", "memory": f"{row.memory_mib}Mi"}
-    if row.num_gpu and row.gpu_milli == 1000:
-        limits[names.NVIDIA_GPU] = str(row.num_gpu)
-    elif row.num_gpu and index % 2:
-        limits |= {"nvidia.com/gpu": "1", "nvidia.com/gpucores": str(row.gpu_milli // 10)}  # HAMi
-    elif row.num_gpu:
-        limits[names.GPU_MILLI] = str(row.gpu_milli)
-    made = MakePod(row.name, namespace).scheduler(MANUAL)
-    return made.container(image="busybox", limits=limits, requests=limits).obj()
-
-
 async def test_a_trace_loaded_into_devcluster_comes_back_as_a_snapshot_with_the_same_figures(
     admin: client.KubeClient,
     control_plane: controlplane.ControlPlane,
@@ -102,13 +87,9 @@ async def test_a_trace_loaded_into_devcluster_comes_back_as_a_snapshot_with_the_
 ) -> None:
     nodes_file, pods_file = write_trace(tmp_path / "trace", namespace)
     inventories = trace.load_nodes(nodes_file)
-    await harness.add_nodes(inventories)
+    loaded = trace.load_pods(pods_file)
     try:
-        for node in inventories:
-            await admin.patch(paths.node(node.name), {"metadata": {"labels": {"sharegpu.io/test": namespace}}})
-        loaded = trace.load_pods(pods_file)
-        for index, row in enumerate(loaded.pods):  # one by one: creation order is the trace's
-            await admin.create(paths.pods(namespace), as_pod(row, namespace, index))
+        await traces.load(admin, harness, inventories, loaded, namespace, {"sharegpu.io/test": namespace})
         out = tmp_path / "snap"
         status, said, err = await plugin(
             control_plane, "snapshot", str(out), "-l", f"sharegpu.io/test={namespace}", "-n", namespace,
