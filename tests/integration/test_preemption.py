@@ -144,11 +144,12 @@ async def test_victims_that_take_time_to_stop_keep_their_gpu_for_the_pod_that_pr
     before = {n: _gpus(p) for n, p in (await pods_by_name(admin, namespace)).items()}
     await admin.create(pods_path, with_class(gpu_pod("whole", namespace, milli=1000), classes["high"]))
 
-    async def terminating() -> list[str]:
+    async def terminating() -> list[str] | None:
         found = await pods_by_name(admin, namespace)
-        return sorted(n for n, p in found.items() if p["metadata"].get("deletionTimestamp"))
+        going = sorted(n for n, p in found.items() if p["metadata"].get("deletionTimestamp"))
+        return going if len(going) >= 2 else None  # the victims' deletions are written one after the other
 
-    going = await wait_for(terminating, what="victims being deleted")
+    going = await wait_for(terminating, what="both victims being deleted")
     assert len(going) == 2 and len({before[n] for n in going}) == 1, (going, before)
     (freed,) = {before[n] for n in going}
     assert (await admin.get(f"{pods_path}/whole"))["status"].get("nominatedNodeName") == node
