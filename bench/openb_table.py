@@ -178,6 +178,31 @@ def markdown(
     )
 
 
+PATHS = {"--openb": "DIR", "--json": "runs.json", "--from-json": "runs.json", "--bound-json": "bound.json"}
+"""Options whose values are paths of the machine that made a table: a reader's own go there."""
+
+
+def portable(argv: list[str]) -> str:
+    """The command as a reader would run it: paths of this machine given as placeholders."""
+    out: list[str] = []
+    seen: dict[str, int] = {}
+
+    def placeholder(option: str) -> str:
+        seen[option] = seen.get(option, 0) + 1
+        stem, dot, suffix = PATHS[option].rpartition(".")
+        return PATHS[option] if seen[option] == 1 or not dot else f"{stem}-{seen[option]}.{suffix}"
+
+    for i, arg in enumerate(argv):
+        name = arg.split("=", 1)[0]
+        if i and argv[i - 1] in PATHS:
+            out.append(placeholder(argv[i - 1]))
+        elif "=" in arg and name in PATHS:
+            out.append(f"{name}={placeholder(name)}")
+        else:
+            out.append(arg)
+    return ("python bench/openb_table.py " + shlex.join(out)).strip()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--openb", type=Path, default=HERE.parent.parent / "shared" / "traces" / "openb")
@@ -226,12 +251,13 @@ def main() -> int:
             flush=True,
         )
 
-    command = ("python bench/openb_table.py " + shlex.join(sys.argv[1:])).strip()
+    command = portable(sys.argv[1:])
     if args.from_json:
         earlier = json.loads(args.from_json.read_text())
         results = [runner.RunResult(**run) for run in earlier["runs"]]
         minutes = sum(r.wall_seconds for r in results) / 60
-        made = f"Runs made by `{earlier['command']}` ({minutes:.0f} minutes of runs), rendered by `{command}`"
+        earlier_command = portable(shlex.split(earlier["command"])[2:])
+        made = f"Runs made by `{earlier_command}` ({minutes:.0f} minutes of runs), rendered by `{command}`"
     else:
         if args.dask:
             from sharegpu.sim import cluster

@@ -1,1 +1,3 @@
-"""sharegpu controller: reconcilers of sharegpu's own resources (GPU budgets), with leader election."""
+"""`sharegpu controller`: the reconcilers of sharegpu's own resources (GPU budgets, shared device
+groups, idle shares, the defragmenter, and with `--compat` deviceshare.io groups and KubeShare's
+SharePods), run by the holder of a Lease (`controller.runtime` says how)."""

@@ -9,7 +9,7 @@ the bind fails (`forget`) or, if neither ever happens, when they expire (`stale_
 
 Pods are kept as `api.pods.Record`s (the facts placement needs, parsed once per event), not as the
 objects themselves. Reservation pods are kept apart (`reservations`): the reservation reconciler
-decides about them; the cache only counts who shares which GPU (`sharers`, `shared_slots`). DRA
+decides about them; the cache only says which GPUs they share (`shared_slots`). DRA
 claims are kept in their own tables (`claims`, `extender.claims`): what those of sharegpu's driver
 hold goes into the same ledger as the pods. DeviceTaintRules (`taint_rules`) count the GPUs of DRA
 nodes they taint unhealthy in the fleet; the allocator lets a claim that tolerates the taints onto
