@@ -500,12 +500,16 @@ def test_a_node_agent_writes_only_its_own_nodes_device() -> None:
     extra = {"authentication.kubernetes.io/pod-name": ["sharegpu-agent-x7"]}
     bound: Json = {"username": AGENT, "extra": extra}
     request = api_admission.review(device_review("n1", bound)).request
-    assert admission.device_writer(request, POLICY) == ("sharegpu-system", "sharegpu-agent-x7"), "its pod, looked up"
+    writer = admission.DeviceWriter
+    assert admission.device_writer(request, POLICY) == writer(True, pod=("sharegpu-system", "sharegpu-agent-x7"))
     newer: Json = {**bound, "extra": {**extra, "authentication.kubernetes.io/node-name": ["n1"]}}
-    assert admission.device_writer(api_admission.review(device_review("n1", newer)).request, POLICY) == "n1"
-    assert admission.device_writer(api_admission.review(device_review("n1", {"username": AGENT})).request, POLICY) == ""
+    assert admission.device_writer(api_admission.review(device_review("n1", newer)).request, POLICY) == writer(
+        True, "n1"
+    )
+    bare = api_admission.review(device_review("n1", {"username": AGENT})).request
+    assert admission.device_writer(bare, POLICY) == writer(True), "an agent whose token names neither"
     other = api_admission.review(device_review("n1", {"username": "alice"})).request
-    assert admission.device_writer(other, POLICY) is None, "not an agent: RBAC decides"
+    assert admission.device_writer(other, POLICY) == writer(False), "not an agent: RBAC decides"
 
     assert admission.validate_device(device_review("n1", bound), POLICY, "n1").response.allowed
     refused = admission.validate_device(device_review("n2", bound), POLICY, "n1").response

@@ -1,4 +1,5 @@
-"""A fake kubelet PodResources API, for the tests, where no kubelet hands out devices: it serves `v1.PodResourcesLister` on a unix socket from a table kept in memory.
+"""A fake kubelet PodResources API, for the tests, where no kubelet hands out devices: it serves
+`v1.PodResourcesLister` on a unix socket from a table kept in memory.
 
 The table says which devices of which resource each container holds, and which devices the node can
 allocate; change it at any time and the next call sees the change. Like a kubelet since 1.21, it

@@ -138,6 +138,23 @@ SETTLE_AFTER = 3.0
 a request the API server was still carrying out when the connection broke has landed by then."""
 
 
+class FilterOutcome(enum.StrEnum):
+    """What a filter call decided, as the `outcome` label of `sharegpu_extender_decisions_total` counts it."""
+
+    FEASIBLE = "feasible"
+    """Nodes fit it (or the node it is bound or assumed on)."""
+    UNSCHEDULABLE = "unschedulable"
+    """No node fits it and no preemption would make room."""
+    PREEMPTING = "preempting"
+    """No node fits it now; a preemption nominated for it is making room."""
+    QUOTA = "quota"
+    """A ResourceQuota on sharegpu's totals refuses it."""
+    INVALID = "invalid"
+    """Its request is malformed."""
+    GANG = "gang"
+    """A gang member answered from its gang's plan: refused, or its planned node not among the candidates."""
+
+
 class BindOutcome(enum.StrEnum):
     """How a bind ended, as the `outcome` label of `sharegpu_extender_binds_total` counts it."""
 
@@ -261,14 +278,14 @@ class SchedulingService:
             self.cache.forget(key)  # filtered again: an earlier reservation of this pod is void
         waiting = self.preemptor.waiting(key, args.pod.metadata.uid) if self.preemptor is not None else None
         if waiting is not None:
-            self.metrics.decisions.labels("filter", "preempting").inc()
+            self.metrics.decisions.labels("filter", FilterOutcome.PREEMPTING).inc()
             sent = self._candidates(args).names()
             self._remember_outcome(key, 0, None, waiting, tuple(sent))
             return api_extender.FilterResult(failed_nodes=dict.fromkeys(sent, waiting))
         try:
             request = self._request(args.pod)
         except errors.InvalidInputError as exc:
-            self.metrics.decisions.labels("filter", "invalid").inc()
+            self.metrics.decisions.labels("filter", FilterOutcome.INVALID).inc()
             offered = self._candidates(args)
             failed = reasons.invalid(offered.names(), str(exc))
             self._remember_outcome(key, 0, None, failed.message(len(offered)))
@@ -277,7 +294,7 @@ class SchedulingService:
             )
         refused = self.quota.refusal(key, request) if self.quota is not None else None
         if refused is not None:
-            self.metrics.decisions.labels("filter", "quota").inc()
+            self.metrics.decisions.labels("filter", FilterOutcome.QUOTA).inc()
             offered = self._candidates(args)
             sent = offered.names()
             self._remember_outcome(key, 0, None, refused, tuple(sent))
@@ -304,7 +321,9 @@ class SchedulingService:
             plan = self.preemptor.consider(args.pod, request, rows, diagnosis) if self.preemptor is not None else None
             if plan is not None:
                 failed = reasons.preempting(failed, plan.node, len(plan.victims), len(plan.leaving))
-            self.metrics.decisions.labels("filter", "unschedulable" if plan is None else "preempting").inc()
+            self.metrics.decisions.labels(
+                "filter", FilterOutcome.UNSCHEDULABLE if plan is None else FilterOutcome.PREEMPTING
+            ).inc()
             self._remember_outcome(key, 0, None, failed.message(len(offered)), tuple(sent), short=plan is None)
             return api_extender.FilterResult(
                 failed_nodes={**failed.resolvable, **failed.unresolvable},
@@ -313,7 +332,7 @@ class SchedulingService:
         if narrow:
             decision = placer.choose(demand, evaluation)
             return self._chosen(key, args.pod, request, decision, int(feasible.sum()))
-        self.metrics.decisions.labels("filter", "feasible").inc()
+        self.metrics.decisions.labels("filter", FilterOutcome.FEASIBLE).inc()
         names_ = self.cache.state.names
         fits = [names_[r] for r in rows[feasible].tolist()]
         self._remember_outcome(key, len(fits), None, "")
@@ -341,13 +360,13 @@ class SchedulingService:
             return None
         sent = self._candidates(args).names()
         if verdict.node is not None and verdict.node in sent:
-            self.metrics.decisions.labels("filter", "feasible").inc()
+            self.metrics.decisions.labels("filter", FilterOutcome.FEASIBLE).inc()
             self._remember_outcome(key, 1, verdict.node, "")
             return api_extender.FilterResult(node_names=[verdict.node])
         message = verdict.refusal or (
             f"sharegpu: its gang's plan holds node {verdict.node} for it, which is not among the candidates"
         )
-        self.metrics.decisions.labels("filter", "gang").inc()
+        self.metrics.decisions.labels("filter", FilterOutcome.GANG).inc()
         self._remember_outcome(key, 0, None, message, tuple(sent))
         return api_extender.FilterResult(failed_nodes=dict.fromkeys(sent, message))
 
@@ -406,7 +425,7 @@ class SchedulingService:
         does: it filters the next pod while this one's bind is still on its way, and that pod must
         see this one's share."""
         assert decision.node is not None
-        self.metrics.decisions.labels("filter", "feasible").inc()
+        self.metrics.decisions.labels("filter", FilterOutcome.FEASIBLE).inc()
         if pod.metadata.uid and self.cache.assume(self._placer(pod).allocation_for(request, decision)):
             self.reserved[key] = pod.metadata.uid
         self._remember_outcome(key, feasible, decision.node, "")

@@ -687,17 +687,26 @@ def _why(variable: str) -> str:
             f"a pod may set only {allowed})")  # fmt: skip
 
 
-def device_writer(request: api_admission.Request, policy: Policy) -> tuple[str, str] | str | None:
-    """Who writes a Device: None for anyone but a node agent (RBAC decides); a node agent's node
-    name when its token names one (1.30+), else the (namespace, name) of the pod its token is bound to,
-    whose node the caller looks up; "" for an agent whose token names neither."""
+@dataclass(frozen=True, slots=True)
+class DeviceWriter:
+    """Who writes a Device, as far as the request tells: a node agent or not (then RBAC decides);
+    for an agent, the node its token names (1.30+), else the pod (namespace, name) its token is
+    bound to, whose node the caller looks up; neither for a token that names no pod or node."""
+
+    agent: bool
+    node: str = ""
+    pod: tuple[str, str] | None = None
+
+
+def device_writer(request: api_admission.Request, policy: Policy) -> DeviceWriter:
+    """Who writes a Device (`DeviceWriter`)."""
     user = request.user_info
     if user.username not in policy.agent_users:
-        return None
+        return DeviceWriter(agent=False)
     node = user.one(api_admission.NODE_NAME)
     if node is not None:
-        return node
-    return user.bound_pod() or ""
+        return DeviceWriter(agent=True, node=node)
+    return DeviceWriter(agent=True, pod=user.bound_pod())
 
 
 def validate_device(body: Any, policy: Policy, writer_node: str | None = None) -> Answer:

@@ -226,8 +226,8 @@ class Webhook:
 
         async def judge(body: Any) -> api_admission.ReviewResponse:
             writer = admission.device_writer(api_admission.review(body).request, self.policy)
-            node = await self._node_of(writer) if isinstance(writer, tuple) else writer
-            return admission.validate_device(body, self.policy, node)
+            node = writer.node or (await self._node_of(writer.pod) if writer.pod is not None else "")
+            return admission.validate_device(body, self.policy, node if writer.agent else None)
 
         return await self._asking_the_api(request, "could not judge the Device write", judge)
 
