@@ -23,10 +23,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from sharegpu.core import devices, fleet, policies, units
+from sharegpu.core import devices, fleet, units
 from sharegpu.core import ledger as core_ledger
 from sharegpu.core import placer as core_placer
-from sharegpu.sim import replay, trace
+from sharegpu.sim import catalog, replay, trace
 
 HERE = Path(__file__).resolve().parent
 Json = dict[str, Any]
@@ -37,7 +37,7 @@ def one(nodes: list[devices.NodeInventory], pods: trace.Trace, name: str, policy
     workload = replay.build_workload(pods.pods, state.total_milli, len(nodes), 1.3, seed)
     ledger = core_ledger.Ledger(state)
     chooser = core_placer.Placer(
-        state, policies.make(policy, pods.typical_shapes()), priority=workload.node_priority, seed=seed
+        state, catalog.make(policy, pods.typical_shapes()), priority=workload.node_priority, seed=seed
     )
     arrived = 0
     failed: Counter[str] = Counter()
@@ -85,7 +85,7 @@ def main() -> int:
     runs = []
     for policy in args.policies.split(","):
         for seed in (int(s) for s in args.seeds.split(",")):
-            run = one(nodes, pods, args.trace, policies.check(policy), seed)
+            run = one(nodes, pods, args.trace, catalog.check(policy), seed)
             runs.append(run)
             failed = run["failed"]
             print(f"{args.trace} {run['policy']} seed {seed}: {run['free_pct']:.2f}% of the GPUs free; failed pods: "

@@ -28,10 +28,9 @@ import time
 from pathlib import Path
 
 from sharegpu import cli
-from sharegpu.core import peers
 from sharegpu.core import policies as core_policies
 from sharegpu.core.policies import PAPER_POLICIES
-from sharegpu.sim import report, runner
+from sharegpu.sim import catalog, peers, report, runner
 
 HERE = Path(__file__).resolve().parent
 DOC = HERE.parent / "docs" / "simulation.md"
@@ -102,7 +101,7 @@ def peers_markdown(
             gathered.setdefault((str(run["trace"]), key), []).append(float(str(run[key])))
     limits = {where: statistics.fmean(values) for where, values in gathered.items()}
     extra = [title for _, title in BOUND_COLUMNS] if bounds else []
-    titles = [f"{p} ({core_policies.REGISTRY[p].system})" for p in policies]
+    titles = [f"{p} ({catalog.REGISTRY[p].system})" for p in policies]
     lines = ["| trace | " + " | ".join([*titles, *extra]) + " |", "|---" * (len(policies) + len(extra) + 1) + "|"]
     ratios: dict[str, list[float]] = {p: [] for p in policies}
     for trace in traces:

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import numpy as np
 
-from sharegpu.core import devices, fleet, policies
+from sharegpu.core import devices, fleet
 from sharegpu.core import ledger as core_ledger
 from sharegpu.core import placer as core_placer
-from sharegpu.sim import replay, trace
+from sharegpu.sim import catalog, replay, trace
 
 HERE = Path(__file__).resolve().parent
 
@@ -39,7 +39,7 @@ def measure(
     state = fleet.FleetState(nodes)
     ledger = core_ledger.Ledger(state)
     placer = core_placer.Placer(
-        state, policies.make(name, shapes), priority=workload.node_priority, seed=42, cache_shapes=1024 if cache else 0
+        state, catalog.make(name, shapes), priority=workload.node_priority, seed=42, cache_shapes=1024 if cache else 0
     )
     timings = []
     for i, pod in enumerate(workload.pods[:count]):
@@ -63,7 +63,7 @@ def main() -> int:
         return 2
     nodes = trace.load_nodes(nodes_file)
     pods = trace.load_pods(args.openb / "openb_pod_list_default.csv")
-    names = args.policy or list(policies.REGISTRY)
+    names = args.policy or list(catalog.REGISTRY)
     print(f"{len(nodes)} nodes, {sum(n.gpu_count for n in nodes)} GPUs; first {args.pods} arrivals of openb default")
     print(f"{'policy':<16}{'p50 ms':>9}{'p99 ms':>9}{'mean ms':>9}   {'uncached p50':>12}{'p99':>8}")
     report: dict[str, dict[str, float]] = {}

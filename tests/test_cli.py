@@ -27,7 +27,8 @@ import sharegpu
 from sharegpu import cli
 from sharegpu.cli import components, logs, options
 from sharegpu.cli import webhook as webhook_cli
-from sharegpu.core import peers, policies
+from sharegpu.core import policies
+from sharegpu.sim import peers
 
 runner = CliRunner()
 REPO = Path(__file__).resolve().parent.parent
@@ -347,6 +348,8 @@ COMPAT_REFUSED = (
     ("args", "message"),
     [
         (["extender", "--policy", "nope"], "unknown policy 'nope'"),
+        (["extender", "--policy", "kai-binpack"], "unknown policy 'kai-binpack'"),  # the peers': the simulator's only
+        (["devcluster", "--policy", "hami-binpack-spread"], "unknown policy 'hami-binpack-spread'"),
         (["extender", "--tls-cert", "/absent.crt"], "--tls-cert and --tls-key go together"),
         (["extender", "--client-ca", "/absent.crt"], "--client-ca needs --tls-cert and --tls-key"),
         (["extender", "--tls-cert", "/a.crt", "--tls-key", "/a.key"], "/a.crt: no such file"),

@@ -20,6 +20,7 @@ import msgspec
 from sharegpu.agent import nvml
 from sharegpu.api import devices as api_devices
 from sharegpu.api import names, wire
+from sharegpu.api import pods as api_pods
 from sharegpu.core import allocation, devices, errors, units
 
 MODEL_LABEL: Final = f"{names.DOMAIN}/gpu-model"
@@ -148,7 +149,7 @@ def held_uuids(pods: Sequence[wire.Pod], spec: wire.DeviceSpec | None) -> set[st
     by_index = {g.index: g.uuid for g in spec.gpus} if spec is not None else {}
     out: set[str] = set()
     for pod in pods:
-        if pod.status.phase in ("Succeeded", "Failed"):
+        if api_pods.is_terminal(pod):
             continue
         annotations = pod.metadata.annotations
         out.update(u for u in annotations.get(names.GPU_UUID, "").split(",") if u)

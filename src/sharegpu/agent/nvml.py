@@ -158,6 +158,10 @@ class Nvml:
         self.handles = [self.lib.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
         return self
 
+    def refresh(self) -> bool:
+        """NVML answers live: nothing to take in between passes."""
+        return False
+
     def close(self) -> None:
         if self.lib is not None:
             with contextlib.suppress(Exception):

@@ -63,6 +63,7 @@ from sharegpu.agent import (
 from sharegpu.api import cdi, dra, handoff, names, paths, resources, wire
 from sharegpu.api import devices as api_devices
 from sharegpu.api import groups as api_groups
+from sharegpu.api import pods as api_pods
 from sharegpu.core import devices
 from sharegpu.kube import client, errors, informer, reconcile, reviews
 from sharegpu.kube import events as kube_events
@@ -73,6 +74,11 @@ log = logging.getLogger(__name__)
 
 class Source(nvml.Discovery, nvml.Health, nvml.Processes, nvml.Utilisation, Protocol):
     """What the inventory reads: NVML or the fake."""
+
+    def refresh(self) -> bool:
+        """Take in what changed since the last pass; True if anything did (the fake re-reads its file;
+        NVML answers live, so never)."""
+        ...
 
     def close(self) -> None: ...
 
@@ -301,7 +307,7 @@ class Agent:
         """The node's pods that may hold GPUs now, by UID."""
         return {
             p.metadata.uid: p for p in self.pods.values()
-            if p.status.phase not in ("Succeeded", "Failed") and p.metadata.uid
+            if not api_pods.is_terminal(p) and p.metadata.uid
         }  # fmt: skip
 
     async def _watch_usage(
@@ -362,9 +368,7 @@ class Agent:
         return ready, detail
 
     def _read(self) -> tuple[list[nvml.Gpu], list[nvml.Link], set[str]]:
-        refresh: Callable[[], object] | None = getattr(self.source, "refresh", None)
-        if refresh is not None:
-            refresh()
+        self.source.refresh()
         return self.source.gpus(), self.source.links(), self.source.unreadable()
 
     async def _current(self) -> wire.Device | None:

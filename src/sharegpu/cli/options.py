@@ -92,15 +92,20 @@ def health_tls(cert: Path | None, key: Path | None, plain: bool) -> tls.HealthTl
 
 
 def complete_policy(incomplete: str) -> list[str]:
+    """A component's policy: sharegpu's own."""
     from sharegpu.core import policies  # numpy: only when completing
 
     return [name for name in [*policies.REGISTRY, *policies.ALIASES] if name.startswith(incomplete)]
 
 
 def complete_policies(incomplete: str) -> list[str]:
-    """Completes the last name of a comma-separated list."""
+    """The simulator's policies (the peers' too); completes the last name of a comma-separated list."""
+    from sharegpu.core import policies
+    from sharegpu.sim import catalog
+
     done, comma, last = incomplete.rpartition(",")
-    return [done + comma + name for name in complete_policy(last)]
+    found = [name for name in [*catalog.REGISTRY, *policies.ALIASES] if name.startswith(last)]
+    return [done + comma + name for name in found]
 
 
 @dataclasses.dataclass(frozen=True)

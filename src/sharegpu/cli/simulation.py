@@ -68,12 +68,13 @@ def parse_seeds(text: str) -> list[int]:
 
 
 def parse_policies(values: list[str]) -> list[str]:
-    from sharegpu.core import policies
+    """The simulator's policies named (sharegpu's and the peers')."""
+    from sharegpu.sim import catalog
 
     chosen = [name.strip() for value in values for name in value.split(",") if name.strip()]
     if not chosen:
         raise UsageError("--policy: give at least one policy")
-    return list(dict.fromkeys(policies.check(name) for name in chosen))
+    return list(dict.fromkeys(catalog.check(name) for name in chosen))
 
 
 def check_trace_options(
@@ -313,14 +314,15 @@ def _bound_table(runs: list[BoundRun]) -> Table:
 
 
 def list_policies() -> None:
-    """List the placement policies."""
+    """List the placement policies (the components take sharegpu's; the simulator also the peers')."""
     from sharegpu.core import policies
+    from sharegpu.sim import catalog
 
     table = Table(title="Placement policies")
     table.add_column("name")
     table.add_column("what it does")
     table.add_column("whose, following")
-    for name, cls in policies.REGISTRY.items():
+    for name, cls in catalog.REGISTRY.items():
         whose = cls.system if not cls.source else f"{cls.system}: {cls.source}"
         table.add_row(name, cls.summary, whose)
     for alias, name in policies.ALIASES.items():

@@ -18,7 +18,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from sharegpu.core import errors, fleet, frag, peers, policy_names, requests, units
+from sharegpu.core import errors, fleet, frag, policy_names, requests, units
 from sharegpu.core.scoring import (
     Batch,
     Policy,
@@ -417,8 +417,9 @@ OURS: tuple[type[Policy], ...] = (
     SpreadBinpackPolicy,
     TopologyPolicy,
 )
-REGISTRY: dict[str, type[Policy]] = {cls.name: cls for cls in (*OURS, *peers.PEERS)}
-"""Every policy by name: sharegpu's and the paper's (`OURS`), then the peers' (`core.peers`)."""
+REGISTRY: dict[str, type[Policy]] = {cls.name: cls for cls in OURS}
+"""Every policy the components accept, by name: sharegpu's and the paper's (`OURS`). The peers'
+emulations are the simulator's alone (`sim.peers`, `sim.catalog`)."""
 PAPER_POLICIES = ("random", "dotprod", "clustering", "packing", "bestfit", "fgd")
 """The policies the openb paper compares, in its tables' order (bench/openb_table.py prints them beside ours)."""
 DEFAULT = policy_names.DEFAULT

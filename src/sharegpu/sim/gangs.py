@@ -10,7 +10,7 @@ Gang policies (`POLICIES`), all over the same fit and ledger:
 - `sharegpu`: `core.gangs.plan` with sharegpu's default placement: all or nothing, largest member
   first, packed onto few nodes.
 - `volcano`, `kai`: all or nothing, members in their own order, each placed by the peer's own
-  per-pod policy (`core.peers`): what Volcano's and KAI's gang plugins do with their placement.
+  per-pod policy (`sim.peers`): what Volcano's and KAI's gang plugins do with their placement.
 - `none`: no gang scheduling (kube-scheduler alone, or a GPU-sharing scheduler without gangs):
   each member is placed alone as soon as it fits and holds its GPUs until the whole gang runs.
 
@@ -34,7 +34,7 @@ import numpy as np
 from sharegpu.core import devices, fleet, frag, gangs, policies, requests, units
 from sharegpu.core import ledger as core_ledger
 from sharegpu.core import placer as core_placer
-from sharegpu.sim import synthetic
+from sharegpu.sim import catalog, synthetic
 
 POLICIES = {"sharegpu": policies.DEFAULT, "volcano": "volcano", "kai": "kai-binpack", "none": policies.DEFAULT}
 """Gang policy -> the per-pod placement policy it places members with."""
@@ -114,7 +114,7 @@ class GangReplay:
         self.state = fleet.FleetState(nodes)
         self.ledger = core_ledger.Ledger(self.state)
         shapes = frag.typical_shapes([frag.Shape(0, m.demand.milli, m.demand.count) for j in jobs for m in j.members])
-        self.placer = core_placer.Placer(self.state, policies.make(POLICIES[policy], shapes), seed=seed)
+        self.placer = core_placer.Placer(self.state, catalog.make(POLICIES[policy], shapes), seed=seed)
         self.frag = frag.FragModel(self.state, shapes)
         self.capacity = int(self.state.milli_capacity.sum())
         self.rows = np.arange(len(self.state), dtype=np.int64)

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from sharegpu.core import devices, frag, policies, units
-from sharegpu.sim import replay, synthetic, trace
+from sharegpu.core import devices, frag, units
+from sharegpu.sim import catalog, replay, synthetic, trace
 
 SYNTHETIC = "synthetic"
 CURVE_POINTS = 261
@@ -109,7 +109,7 @@ def execute_loaded(spec: RunSpec, loaded: Loaded, shapes: tuple[frag.WeightedSha
                 _SHAPES_SEEN.clear()
             _SHAPES_SEEN[spec.source] = pods.typical_shapes()
         shapes = _SHAPES_SEEN[spec.source]
-    policy = policies.make(spec.policy, shapes)
+    policy = catalog.make(spec.policy, shapes)
     if spec.mode == "dynamic":
         dyn = replay.replay_dynamic(
             nodes, pods.pods, policy, spec.seed, spec.time_scale, defrag_budget_per_hour=spec.defrag_budget

@@ -110,8 +110,8 @@ class _Hami(_Slotted):
         "Project-HAMi/HAMi pkg/scheduler/policy/node_policy.go and gpu_policy.go (scores, order), "
         "pkg/scheduler/score.go (fitting walk), pkg/device/nvidia/device.go (Fit)"
     )
-    node_binpack: ClassVar[bool]
-    gpu_binpack: ClassVar[bool]
+    node_pack: ClassVar[bool]
+    device_pack: ClassVar[bool]
 
     def score(self, batch: Batch) -> Scores:
         state, demand, rows, eligible = batch.state, batch.demand, batch.rows, batch.eligible
@@ -124,7 +124,7 @@ class _Hami(_Slotted):
         compute = _fraction(milli_used.sum(axis=1), units.MILLI_PER_GPU * present.sum(axis=1))
         memory = _fraction(used.sum(axis=1), mem_cap.sum(axis=1))
         node = 10 * (slots + compute + memory)
-        value = node if self.node_binpack else 30 - node
+        value = node if self.node_pack else 30 - node
         score = trunc(value * 100 / 30)
         tiebreak = np.round(value * SCALE).astype(np.int64)
         # GPU: its usage with the pod, sorted, walked from the end (full ties: the later index first).
@@ -133,36 +133,36 @@ class _Hami(_Slotted):
             + (milli_used + demand.milli) / units.MILLI_PER_GPU
             + _fraction(used + memory_asked(batch), mem_cap)
         )
-        key = _keyed(-gpu if self.gpu_binpack else gpu, state.width, highest_index_first=True)
+        key = _keyed(-gpu if self.device_pack else gpu, state.width, highest_index_first=True)
         return Scores(score, ordered_k(eligible, key, demand.count), tiebreak)
 
 
 class HamiBinpackSpread(_Hami):
     name = "hami-binpack-spread"
     summary = "HAMi's default: the fullest node (slots, compute, memory), the emptiest GPU inside"
-    node_binpack = True
-    gpu_binpack = False
+    node_pack = True
+    device_pack = False
 
 
 class HamiBinpackBinpack(_Hami):
     name = "hami-binpack-binpack"
     summary = "HAMi, node and GPU policy binpack: the fullest node, the fullest fitting GPU"
-    node_binpack = True
-    gpu_binpack = True
+    node_pack = True
+    device_pack = True
 
 
 class HamiSpreadSpread(_Hami):
     name = "hami-spread-spread"
     summary = "HAMi, node and GPU policy spread: the emptiest node, the emptiest GPU"
-    node_binpack = False
-    gpu_binpack = False
+    node_pack = False
+    device_pack = False
 
 
 class HamiSpreadBinpack(_Hami):
     name = "hami-spread-binpack"
     summary = "HAMi, node policy spread, GPU policy binpack"
-    node_binpack = False
-    gpu_binpack = True
+    node_pack = False
+    device_pack = True
 
 
 class HamiBinpackMutex(_Hami):
@@ -172,8 +172,8 @@ class HamiBinpackMutex(_Hami):
 
     name = "hami-binpack-mutex"
     summary = "HAMi, GPU policy mutex (node binpack): only GPUs nobody uses, never shared"
-    node_binpack = True
-    gpu_binpack = True
+    node_pack = True
+    device_pack = True
 
     def narrow(
         self, state: fleet.FleetState, demand: requests.GpuDemand, rows: IntArray, eligible: BoolArray
@@ -192,8 +192,8 @@ class HamiBinpackTopology(_Hami):
     summary = (
         "HAMi, GPU policy topology-aware (node binpack): best-linked GPU sets; a lone GPU on the least linked card"
     )
-    node_binpack = True
-    gpu_binpack = True
+    node_pack = True
+    device_pack = True
 
     def score(self, batch: Batch) -> Scores:
         base = super().score(batch)
@@ -228,8 +228,8 @@ class HamiBinpackNuma(_Hami):
 
     name = "hami-binpack-numa"
     summary = "HAMi, GPU policy numa (node binpack): the highest NUMA node's GPUs first, by index, however used"
-    node_binpack = True
-    gpu_binpack = True
+    node_pack = True
+    device_pack = True
 
     def __init__(self) -> None:
         self.numa: IntArray = np.zeros((0, 0), dtype=np.int64)

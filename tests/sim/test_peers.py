@@ -8,9 +8,10 @@ import itertools
 
 import pytest
 
-from sharegpu.core import devices, fleet, peers, policies, units
+from sharegpu.core import devices, fleet, policies, units
 from sharegpu.core import ledger as core_ledger
 from sharegpu.core import placer as core_placer
+from sharegpu.sim import catalog, peers
 from tests.builders import MakeAllocation
 from tests.conftest import node, pod
 
@@ -30,7 +31,7 @@ def holding(ledger: core_ledger.Ledger, where: str, index: int, milli: int, memo
 def place(ledger: core_ledger.Ledger, policy: str, **request: int) -> tuple[str, tuple[int, ...]]:
     """Where `policy` puts a one-container pod asking `request` (count 1 unless said)."""
     request.setdefault("count", 1)
-    chooser = core_placer.Placer(ledger.state, policies.make(policy))
+    chooser = core_placer.Placer(ledger.state, catalog.make(policy))
     decision = chooser.decide(pod(f"ns/new{next(_serial)}", **request).demand)
     assert decision.status.ok and decision.node is not None, decision.status
     return str(decision.node), tuple(decision.gpus)
@@ -38,10 +39,11 @@ def place(ledger: core_ledger.Ledger, policy: str, **request: int) -> tuple[str,
 
 def test_every_peer_is_registered_with_its_system_version_and_sources() -> None:
     for cls in peers.PEERS:
-        assert policies.REGISTRY[cls.name] is cls
+        assert catalog.REGISTRY[cls.name] is cls
+        assert cls.name not in policies.REGISTRY, "the components take sharegpu's policies only"
         assert cls.system.split()[0] in {"HAMi", "Koordinator", "Volcano", "Aliyun", "KAI"} and " v" in cls.system
         assert cls.source and cls.summary
-    assert set(peers.DEFAULTS) <= set(policies.REGISTRY)
+    assert set(peers.DEFAULTS) <= set(catalog.REGISTRY)
 
 
 # ----------------------------------------------------------------------------------------------- HAMi
