@@ -28,6 +28,7 @@ from sharegpu import cli
 from sharegpu.cli import components, logs, options
 from sharegpu.cli import webhook as webhook_cli
 from sharegpu.core import policies
+from sharegpu.kube import terms
 from sharegpu.sim import peers
 
 runner = CliRunner()
@@ -504,22 +505,21 @@ def test_reported_turns_sharegpu_errors_into_one_line(capsys: pytest.CaptureFixt
         raise ValueError("not ours")  # any other error goes on as it is
 
 
-def test_leader_election_options_are_declared_once_and_arrive_as_one() -> None:
-    received: list[options.LeaderElection] = []
-
-    @options.leader_election
-    def command(first: int = 1, election: options.LeaderElection = options.ELECTION_DEFAULTS, last: int = 2) -> None:
-        received.append(election)
-
-    small = typer.Typer(add_completion=False)
-    small.command()(command)
-    result = runner.invoke(small, ["--lease-duration", "30", "--identity", "me", "--last", "3"])
-    assert result.exit_code == 0, result.output
-    assert received == [options.LeaderElection(30.0, 10.0, 2.0, "me")]
-    names = [p.name for p in typer.main.get_command(small).params]
-    assert names == ["first", "lease_duration", "renew_deadline", "retry_period", "identity", "last"]
-    with pytest.raises(cli.boundary.UsageError, match="leader election needs"):
-        options.LeaderElection(lease_duration=5, renew_deadline=6).check()
+def test_leader_election_options_arrive_as_one_checked_value() -> None:
+    """The four options are declared once (`cli.options`), shown with the defaults the runtimes take
+    (`kube.terms.DEFAULT`), and given to the runtime whole; timings that do not nest are one line."""
+    for command in ("extender", "controller"):
+        text = _help(command)
+        for option, default in (("--lease-duration", 15.0), ("--renew-deadline", 10.0), ("--retry-period", 2.0)):
+            assert f"{option}" in text and f"[default: {default}]" in text
+    made = options.election(30.0, 10.0, 2.0, "me")
+    assert made == terms.Election(terms.Terms(30.0, 10.0, 2.0), "me")
+    assert options.ELECTION == terms.DEFAULT == terms.Election()
+    result = runner.invoke(cli.app, ["controller", "--lease-duration", "5", "--renew-deadline", "6"])
+    assert result.exit_code == 2
+    assert (
+        "leader election needs 0 < --retry-period < --renew-deadline < --lease-duration, got 2, 6, 5" in result.output
+    )
 
 
 @pytest.mark.parametrize(

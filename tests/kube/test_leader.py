@@ -8,13 +8,13 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable, Sequence
 
-from sharegpu.kube import client, errors, fake, informer, leader, transport
+from sharegpu.kube import client, errors, fake, informer, leader, terms, transport
 
 LEASE, DEADLINE, RETRY = 0.6, 0.4, 0.05
 
 
 def elector(kube: client.KubeClient, identity: str) -> leader.LeaderElector:
-    return leader.LeaderElector(kube, "ns", "lock", identity, leader.Terms(LEASE, DEADLINE, RETRY))
+    return leader.LeaderElector(kube, "ns", "lock", identity, terms.Terms(LEASE, DEADLINE, RETRY))
 
 
 class Partition:
@@ -128,14 +128,14 @@ async def test_work_runs_only_while_leading() -> None:
 def test_timings_must_nest() -> None:
     import pytest
 
-    with pytest.raises(ValueError, match="retry_period < renew_deadline < lease_duration"):
-        leader.Terms(lease_duration=1, renew_deadline=2)
-    with pytest.raises(ValueError, match="0 < retry_period"):
-        leader.Terms(retry_period=0)
+    with pytest.raises(ValueError, match="--retry-period < --renew-deadline < --lease-duration, got 2, 2, 1"):
+        terms.Terms(lease_duration=1, renew_deadline=2)
+    with pytest.raises(ValueError, match="0 < --retry-period"):
+        terms.Terms(retry_period=0)
 
 
 def follower(kube: client.KubeClient, pod: str) -> leader.Follower:
-    return leader.Follower(kube, "ns", "lock", pod, leader.Terms(LEASE, DEADLINE, RETRY))
+    return leader.Follower(kube, "ns", "lock", pod, terms.Terms(LEASE, DEADLINE, RETRY))
 
 
 async def test_a_follower_leads_exactly_while_a_process_of_its_pod_holds_the_lease() -> None:

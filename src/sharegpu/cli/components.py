@@ -18,17 +18,20 @@ import typer
 from sharegpu.cli.boundary import UsageError, reported
 from sharegpu.cli.logs import LogFormatOption, LogLevelOption, configure
 from sharegpu.cli.options import (
-    ELECTION_DEFAULTS,
+    ELECTION,
     Compat,
     HealthCert,
     HealthKey,
+    Identity,
     Kubeconfig,
-    LeaderElection,
+    LeaseDuration,
     MetricsAuth,
     PlainHealth,
+    RenewDeadline,
+    RetryPeriod,
     complete_policy,
+    election,
     health_tls,
-    leader_election,
 )
 from sharegpu.core import errors, policy_names
 
@@ -44,7 +47,6 @@ def serve(main: Coroutine[Any, Any, None]) -> None:
     uvloop.run(main)
 
 
-@leader_election
 def extender(
     kubeconfig: Kubeconfig = None,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "0.0.0.0",
@@ -82,7 +84,10 @@ def extender(
             "names the pod)."
         ),
     ] = False,
-    election: LeaderElection = ELECTION_DEFAULTS,
+    lease_duration: LeaseDuration = ELECTION.terms.lease_duration,
+    renew_deadline: RenewDeadline = ELECTION.terms.renew_deadline,
+    retry_period: RetryPeriod = ELECTION.terms.retry_period,
+    identity: Identity = ELECTION.identity,
     reservation_idle: Annotated[
         float, typer.Option(help="Seconds a reservation pod with no sharers is kept before it is deleted.")
     ] = 3.0,
@@ -116,7 +121,7 @@ def extender(
             raise UsageError("--tls-cert and --tls-key go together")
         if client_ca is not None and tls_cert is None:
             raise UsageError("--client-ca needs --tls-cert and --tls-key")
-        election.check()
+        elected = election(lease_duration, renew_deadline, retry_period, identity)
         if reservation_idle < 0 or assume_ttl <= 0:
             raise UsageError("--reservation-idle must be >= 0 and --assume-ttl > 0")
         if dra_fence < 0:
@@ -129,17 +134,14 @@ def extender(
     options = runtime.Options(
         kubeconfig=kubeconfig, host=host, port=port, health_port=health_port, policy=policy, image=image,
         narrow=narrow, shapes=shapes, tls_cert=tls_cert, tls_key=tls_key, client_ca=client_ca,
-        leader_elect=leader_elect, follow_scheduler=follow_scheduler, lease_duration=election.lease_duration,
-        renew_deadline=election.renew_deadline,
-        retry_period=election.retry_period, reservation_idle=reservation_idle, assume_ttl=assume_ttl,
-        identity=election.identity, preemption=preemption, dra_fence=dra_fence, metrics_auth=metrics_auth,
-        health_tls=health,
+        leader_elect=leader_elect, follow_scheduler=follow_scheduler, election=elected,
+        reservation_idle=reservation_idle, assume_ttl=assume_ttl, preemption=preemption, dra_fence=dra_fence,
+        metrics_auth=metrics_auth, health_tls=health,
     )  # fmt: skip
     with reported():
         serve(runtime.serve(options))
 
 
-@leader_election
 def controller(
     kubeconfig: Kubeconfig = None,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "0.0.0.0",
@@ -147,7 +149,10 @@ def controller(
     leader_elect: Annotated[
         bool, typer.Option(help="Reconcile only while holding the sharegpu-controller Lease.")
     ] = True,
-    election: LeaderElection = ELECTION_DEFAULTS,
+    lease_duration: LeaseDuration = ELECTION.terms.lease_duration,
+    renew_deadline: RenewDeadline = ELECTION.terms.renew_deadline,
+    retry_period: RetryPeriod = ELECTION.terms.retry_period,
+    identity: Identity = ELECTION.identity,
     write_every: Annotated[
         float, typer.Option(help="Seconds between status writes of a budget whose usage moves.")
     ] = 30.0,
@@ -186,7 +191,7 @@ def controller(
 
     configure(log_level, log_format)
     with reported():
-        election.check()
+        elected = election(lease_duration, renew_deadline, retry_period, identity)
         if write_every <= 0:
             raise UsageError(f"--write-every must be > 0, got {write_every}")
         if defrag_budget_per_hour < 0:
@@ -195,9 +200,8 @@ def controller(
             raise UsageError("--defrag evicts and --defrag-dry-run only reports: give one of them")
         health = health_tls(health_cert, health_key, plain_health)
     options = runtime.Options(
-        kubeconfig=kubeconfig, host=host, health_port=health_port, leader_elect=leader_elect,
-        lease_duration=election.lease_duration, renew_deadline=election.renew_deadline,
-        retry_period=election.retry_period, identity=election.identity, write_every=write_every, image=image,
+        kubeconfig=kubeconfig, host=host, health_port=health_port, leader_elect=leader_elect, election=elected,
+        write_every=write_every, image=image,
         compat=frozenset(c.value for c in compat or ()), defrag=defrag, defrag_dry_run=defrag_dry_run,
         defrag_budget_per_hour=defrag_budget_per_hour, metrics_auth=metrics_auth, health_tls=health,
     )  # fmt: skip

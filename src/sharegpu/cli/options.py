@@ -9,18 +9,15 @@ election of the components that take a Lease: `leader_election` gives a command 
 
 from __future__ import annotations
 
-import dataclasses
 import enum
-import functools
-import inspect
-from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from sharegpu.cli.boundary import UsageError
 from sharegpu.core import errors
+from sharegpu.kube import terms
 
 if TYPE_CHECKING:
     from sharegpu.serving import tls
@@ -108,58 +105,16 @@ def complete_policies(incomplete: str) -> list[str]:
     return [done + comma + name for name in found]
 
 
-@dataclasses.dataclass(frozen=True)
-class LeaderElection:
-    """The leader-election options, with their defaults."""
-
-    lease_duration: float = 15.0
-    renew_deadline: float = 10.0
-    retry_period: float = 2.0
-    identity: str = ""
-
-    def check(self) -> None:
-        if not 0 < self.retry_period < self.renew_deadline < self.lease_duration:
-            raise UsageError("leader election needs 0 < --retry-period < --renew-deadline < --lease-duration")
+ELECTION = terms.DEFAULT
+"""The leader-election defaults: the options below show them, the runtimes take them as they are."""
+LeaseDuration = Annotated[float, typer.Option(help="Leader election: seconds a Lease is valid.")]
+RenewDeadline = Annotated[float, typer.Option(help="Leader election: seconds to renew before stepping down.")]
+RetryPeriod = Annotated[float, typer.Option(help="Leader election: seconds between attempts.")]
+Identity = Annotated[
+    str, typer.Option(help="Leader election: this replica's name.", show_default="host, pid and a random suffix")
+]
 
 
-ELECTION_DEFAULTS = LeaderElection()
-"""The default of a command's `election` parameter (`leader_election` puts the four options in its place)."""
-
-_ELECTION_OPTIONS: dict[str, Any] = {
-    "lease_duration": Annotated[float, typer.Option(help="Leader election: seconds a Lease is valid.")],
-    "renew_deadline": Annotated[float, typer.Option(help="Leader election: seconds to renew before stepping down.")],
-    "retry_period": Annotated[float, typer.Option(help="Leader election: seconds between attempts.")],
-    "identity": Annotated[
-        str, typer.Option(help="Leader election: this replica's name.", show_default="host, pid and a random suffix")
-    ],
-}
-
-
-def leader_election(command: Callable[..., None]) -> Callable[..., None]:
-    """`command` with the leader-election options in place of its parameter `election: LeaderElection`.
-
-    Typer reads a command's options from its signature; the one returned here has the four options where
-    `election` stood (so they keep their place in the help), and calling it hands them to `command` as
-    one `LeaderElection`, unchecked: the command checks it where its other options are checked.
-    """
-    signature = inspect.signature(command, eval_str=True)
-    parameters: list[inspect.Parameter] = []
-    for parameter in signature.parameters.values():
-        if parameter.name != "election":
-            parameters.append(parameter)
-            continue
-        parameters += [
-            inspect.Parameter(name, parameter.kind, default=getattr(ELECTION_DEFAULTS, name), annotation=option)
-            for name, option in _ELECTION_OPTIONS.items()
-        ]
-    if len(parameters) == len(signature.parameters):
-        raise TypeError(f"{command.__name__} takes no `election` parameter")
-
-    @functools.wraps(command)
-    def with_election(**given: Any) -> None:
-        election = LeaderElection(**{name: given.pop(name) for name in _ELECTION_OPTIONS})
-        command(**given, election=election)
-
-    with_election.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
-    with_election.__annotations__ = {p.name: p.annotation for p in parameters} | {"return": None}
-    return with_election
+def election(lease_duration: float, renew_deadline: float, retry_period: float, identity: str) -> terms.Election:
+    """The four options as one `kube.terms.Election` (InvalidInputError when the timings do not nest)."""
+    return terms.Election(terms.Terms(lease_duration, renew_deadline, retry_period), identity)

@@ -40,7 +40,7 @@ from sharegpu.api import sharepods as api_sharepods
 from sharegpu.api import usage as api_usage
 from sharegpu.controller import budgets, defrag, deviceshare, groups, idle, inventory, sharepods
 from sharegpu.core import errors, units
-from sharegpu.kube import client, informer, leader, reconcile, reviews
+from sharegpu.kube import client, informer, leader, reconcile, reviews, terms
 from sharegpu.kube import events as kube_events
 from sharegpu.serving import access, health, tls
 
@@ -53,10 +53,7 @@ class Options:
     host: str = "0.0.0.0"
     health_port: int = 8890
     leader_elect: bool = True
-    lease_duration: float = 15.0
-    renew_deadline: float = 10.0
-    retry_period: float = 2.0
-    identity: str = ""
+    election: terms.Election = terms.DEFAULT
     write_every: float = 30.0
     """Seconds between status writes of a budget whose usage moves (state changes are written at once)."""
     tick: float = 5.0
@@ -85,7 +82,7 @@ class Controller:
     def __init__(self, api: client.KubeApi, options: Options, clock: Callable[[], float] = time.time) -> None:
         self.api = api
         self.options = options
-        self.identity = options.identity or leader.identity()
+        self.identity = options.election.identity or leader.identity()
         self.recorder = kube_events.Recorder(api, names.CONTROLLER, self.identity, clock)
         self.budgets = budgets.BudgetReconciler(api, self.recorder, clock, write_every=options.write_every)
         self.ids = inventory.GpuIds()
@@ -110,7 +107,7 @@ class Controller:
         if options.leader_elect:
             self.elector = leader.LeaderElector(
                 api, names.SYSTEM_NAMESPACE, names.CONTROLLER_LEASE, self.identity,
-                leader.Terms(options.lease_duration, options.renew_deadline, options.retry_period),
+                options.election.terms,
             )  # fmt: skip
         self.informers: list[informer.Informer[Any, Any]] = [
             informer.Informer(api, paths.PODS, lifetimes.TimedPod, budgets.pod_books, self.budgets.on_pod, name="pods"),

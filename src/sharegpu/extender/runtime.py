@@ -35,7 +35,7 @@ from sharegpu.extender import overcommit as extender_overcommit
 from sharegpu.extender import preemption, requeue, routes, scheduling
 from sharegpu.extender import quotas as extender_quotas
 from sharegpu.extender import reservations as extender_reservations
-from sharegpu.kube import client, informer, leader, reviews
+from sharegpu.kube import client, informer, leader, reviews, terms
 from sharegpu.kube import events as kube_events
 from sharegpu.serving import access, http2, tls
 
@@ -60,10 +60,7 @@ class Options:
     follow_scheduler: bool = False
     """Lead while the kube-scheduler of this pod holds the Lease, not campaigning for it
     (`kube.leader.Follower`: the chart runs the two in one pod, on one Lease)."""
-    lease_duration: float = 15.0
-    renew_deadline: float = 10.0
-    retry_period: float = 2.0
-    identity: str = ""
+    election: terms.Election = terms.DEFAULT
     assume_ttl: float = 30.0
     reservation_idle: float = 3.0
     pace: float = 0.25
@@ -88,7 +85,7 @@ class Extender:
         self.cache = extender_cache.ClusterCache(options.policy, clock=clock, shapes=options.shapes)
         self.quota = extender_quotas.QuotaGuard(self.cache)
         self.metrics.report(lambda: extender_metrics.view(self.cache, self.quota) if self.startup else None)
-        identity = options.identity or leader.identity()
+        identity = options.election.identity or leader.identity()
         recorder = kube_events.Recorder(api, "sharegpu-extender", identity, time.time)
         self.recorder = recorder
         self.preemptor = (
@@ -114,7 +111,7 @@ class Extender:
             who = identity.split(leader.SEPARATOR, 1)[0] if options.follow_scheduler else identity  # its pod
             self.elector = kind(
                 api, names.SYSTEM_NAMESPACE, names.EXTENDER_LEASE, who,
-                leader.Terms(options.lease_duration, options.renew_deadline, options.retry_period),
+                options.election.terms,
             )  # fmt: skip
         changed = self._changed
         self.informers: list[informer.Informer[Any, Any]] = [

@@ -29,11 +29,12 @@ import secrets
 import socket
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
 from sharegpu.api import paths, wire
 from sharegpu.kube import client, errors, informer
+from sharegpu.kube import terms as election_terms
+from sharegpu.kube.terms import Terms
 
 log = logging.getLogger(__name__)
 Json = dict[str, Any]
@@ -53,20 +54,6 @@ def _micro_time() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-@dataclass(frozen=True, slots=True)
-class Terms:
-    """A Lease's timings, in seconds, as client-go's leaderelection names them (kube-scheduler's
-    `leaderElection` and the components' `--lease-duration`, `--renew-deadline`, `--retry-period`)."""
-
-    lease_duration: float = 15.0
-    renew_deadline: float = 10.0
-    retry_period: float = 2.0
-
-    def __post_init__(self) -> None:
-        if not 0 < self.retry_period < self.renew_deadline < self.lease_duration:
-            raise ValueError("leader election needs 0 < retry_period < renew_deadline < lease_duration")
-
-
 class _OnLease:
     """What an elector and a follower share: the Lease they read, its terms, the clock they measure
     them on, and `leading`, set while this process leads."""
@@ -76,7 +63,7 @@ class _OnLease:
         api: client.KubeApi,
         namespace: str,
         name: str,
-        terms: Terms = Terms(),
+        terms: Terms = election_terms.TIMINGS,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.api = api
@@ -108,7 +95,7 @@ class LeaderElector(_OnLease):
         namespace: str,
         name: str,
         identity: str,
-        terms: Terms = Terms(),
+        terms: Terms = election_terms.TIMINGS,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         super().__init__(api, namespace, name, terms, clock)
@@ -222,7 +209,7 @@ class Follower(_OnLease):
         namespace: str,
         name: str,
         pod: str,
-        terms: Terms = Terms(),
+        terms: Terms = election_terms.TIMINGS,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         super().__init__(api, namespace, name, terms, clock)
