@@ -90,7 +90,11 @@ def test_dynamic_mode_reports_waits() -> None:
         (["--bogus"], "No such option: --bogus"),
         (["--seeds"], "Option '--seeds' requires an argument."),
         (["--defrag-budget", "5"], "--defrag-budget needs --mode dynamic"),
-        (["--mode", "dynamic", "--defrag-budget", "-1"], "--defrag-budget must be >= 0"),
+        (
+            ["--mode", "dynamic", "--defrag-budget", "-1"],
+            "'--defrag-budget': Input should be greater than or equal to 0",
+        ),
+        (["--jobs", "-1"], "'--jobs' / '-j': Input should be greater than or equal to 0"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_code_2(args: list[str], message: str) -> None:
@@ -355,7 +359,10 @@ COMPAT_REFUSED = (
         (["extender", "--client-ca", "/absent.crt"], "--client-ca needs --tls-cert and --tls-key"),
         (["extender", "--tls-cert", "/a.crt", "--tls-key", "/a.key"], "/a.crt: no such file"),
         (["extender", "--lease-duration", "5", "--renew-deadline", "6"], "leader election needs"),
-        (["extender", "--dra-fence", "-1"], "--dra-fence must be >= 0, got -1"),
+        (["extender", "--dra-fence", "-1"], "'--dra-fence': Input should be greater than or equal to 0"),
+        (["extender", "--assume-ttl", "0"], "--assume-ttl must be > 0, got 0"),
+        (["agent", "--health-port", "70000"], "'--health-port': Input should be less than or equal to 65535"),
+        (["devcluster", "--nodes", "0"], "'--nodes': Input should be greater than or equal to 1"),
         (["extender", "--health-cert", "/etc/hostname"], "--health-cert and --health-key go together"),
         (["controller", "--health-cert", "/a.crt", "--health-key", "/a.key"], "/a.crt: no such file"),
         (
@@ -438,7 +445,7 @@ def test_crds_prints_the_compatibility_definitions_only_when_asked() -> None:
     ("args", "message"),
     [
         (["--no-dry-run"], "sharegpu defrag only plans (--dry-run); run the controller with --defrag to evict"),
-        (["--budget", "-1"], "--budget must be >= 0"),
+        (["--budget", "-1"], "'--budget': Input should be greater than or equal to 0"),
         (["--kubeconfig", "/nonexistent/kubeconfig"], "/nonexistent/kubeconfig"),
         (["--output", "yaml"], "'yaml' is not one of 'text', 'json'"),
     ],

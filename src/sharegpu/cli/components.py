@@ -89,7 +89,7 @@ def extender(
     retry_period: RetryPeriod = ELECTION.terms.retry_period,
     identity: Identity = ELECTION.identity,
     reservation_idle: Annotated[
-        float, typer.Option(help="Seconds a reservation pod with no sharers is kept before it is deleted.")
+        float, typer.Option(help="Seconds a reservation pod with no sharers is kept before it is deleted.", min=0)
     ] = 3.0,
     assume_ttl: Annotated[
         float, typer.Option(help="Seconds before an assumed placement whose binding never shows up is checked.")
@@ -97,8 +97,9 @@ def extender(
     dra_fence: Annotated[
         float,
         typer.Option(
+            min=0,
             help="Seconds a new Lease holder's DRA allocator waits before its first write (the previous "
-            "holder's writes land or fail meanwhile)."
+            "holder's writes land or fail meanwhile).",
         ),
     ] = 20.0,
     health_cert: HealthCert = None,
@@ -122,10 +123,8 @@ def extender(
         if client_ca is not None and tls_cert is None:
             raise UsageError("--client-ca needs --tls-cert and --tls-key")
         elected = election(lease_duration, renew_deadline, retry_period, identity)
-        if reservation_idle < 0 or assume_ttl <= 0:
-            raise UsageError("--reservation-idle must be >= 0 and --assume-ttl > 0")
-        if dra_fence < 0:
-            raise UsageError(f"--dra-fence must be >= 0, got {dra_fence:g}")
+        if assume_ttl <= 0:
+            raise UsageError(f"--assume-ttl must be > 0, got {assume_ttl:g}")
         for path in (tls_cert, tls_key, client_ca):
             if path is not None and not path.is_file():
                 raise UsageError(f"{path}: no such file")
@@ -176,7 +175,8 @@ def controller(
         typer.Option("--defrag-dry-run", help="Run the defragmenter but only report its plans (log, events, metrics)."),
     ] = False,
     defrag_budget_per_hour: Annotated[
-        int, typer.Option("--defrag-budget-per-hour", help="The most evictions the defragmenter makes in any hour.")
+        int,
+        typer.Option("--defrag-budget-per-hour", help="The most evictions the defragmenter makes in any hour.", min=0),
     ] = 10,
     health_cert: HealthCert = None,
     health_key: HealthKey = None,
@@ -194,8 +194,6 @@ def controller(
         elected = election(lease_duration, renew_deadline, retry_period, identity)
         if write_every <= 0:
             raise UsageError(f"--write-every must be > 0, got {write_every}")
-        if defrag_budget_per_hour < 0:
-            raise UsageError(f"--defrag-budget-per-hour must be >= 0, got {defrag_budget_per_hour}")
         if defrag and defrag_dry_run:
             raise UsageError("--defrag evicts and --defrag-dry-run only reports: give one of them")
         health = health_tls(health_cert, health_key, plain_health)
@@ -331,7 +329,9 @@ def agent(
         str, typer.Option(help="The kubelet's PodResources socket, for drift repair ('': not checked).")
     ] = "/var/lib/kubelet/pod-resources/kubelet.sock",
     host: Annotated[str, typer.Option(help="Address of /healthz, /readyz and /metrics.")] = "0.0.0.0",
-    health_port: Annotated[int, typer.Option(help="Port of /healthz, /readyz and /metrics (0: none).")] = 9403,
+    health_port: Annotated[
+        int, typer.Option(help="Port of /healthz, /readyz and /metrics (0: none).", min=0, max=65535)
+    ] = 9403,
     health_cert: HealthCert = None,
     health_key: HealthKey = None,
     plain_health: PlainHealth = False,
@@ -351,8 +351,6 @@ def agent(
     configure(log_level, log_format)
     source: agent_runtime.Source
     with reported():
-        if not 0 <= health_port <= 65535:
-            raise UsageError(f"--health-port must be 0..65535, got {health_port}")
         action = watchdog.Action.parse(on_violation)
         health = health_tls(health_cert, health_key, plain_health)
         source = fakenvml.FakeNvml(fake_nvml).open() if fake_nvml is not None else nvml.Nvml().open()

@@ -37,7 +37,7 @@ Pods = Annotated[
     list[Path] | None, typer.Option("--pods", metavar="<path>", help="openb pod CSV; repeat for several traces.")
 ]
 Seeds = Annotated[str, typer.Option("--seeds", help="Seeds: 42, 42,45 or 42-51.")]
-Jobs = Annotated[int, typer.Option("--jobs", "-j", help="Worker processes; 0: one per core.")]
+Jobs = Annotated[int, typer.Option("--jobs", "-j", help="Worker processes; 0: one per core.", min=0)]
 Dask = Annotated[
     str | None,
     typer.Option(
@@ -90,8 +90,6 @@ def check_trace_options(
     for in_range, message in ranges:
         if not in_range:
             raise UsageError(message)
-    if jobs < 0:
-        raise UsageError(f"--jobs must be >= 0, got {jobs}")
 
 
 def read_traces(nodes: Path | None, pods: list[Path] | None, seeds: str) -> tuple[list[int], list[runner.Source]]:
@@ -140,6 +138,7 @@ def simulate(
         typer.Option(
             "--defrag-budget",
             help="Dynamic mode: defragment, moving at most this many running pods per hour (0: off).",
+            min=0,
         ),
     ] = 0,
     jobs: Jobs = 0,
@@ -155,8 +154,6 @@ def simulate(
     with reported():
         time_scale_in_range = (0 < time_scale <= 1e6, f"--time-scale must be in (0, 1000000], got {time_scale}")
         check_trace_options(nodes, pods, tune, jobs, time_scale_in_range)
-        if defrag_budget < 0:
-            raise UsageError(f"--defrag-budget must be >= 0, got {defrag_budget}")
         if defrag_budget and mode != "dynamic":
             raise UsageError("--defrag-budget needs --mode dynamic (static arrivals never leave, nothing is recreated)")
         if dask is not None and jobs:

@@ -28,8 +28,8 @@ if TYPE_CHECKING:
 
 
 def devcluster(
-    nodes: Annotated[int, typer.Option(help="Fake GPU nodes to create.")] = 4,
-    gpus: Annotated[int, typer.Option(help="GPUs per node.")] = 4,
+    nodes: Annotated[int, typer.Option(help="Fake GPU nodes to create.", min=1, max=5000)] = 4,
+    gpus: Annotated[int, typer.Option(help="GPUs per node.", min=1, max=63)] = 4,
     model: Annotated[str, typer.Option(help="GPU model of every node.")] = "A100",
     gpu_memory: Annotated[int, typer.Option(help="GPU memory in MiB.")] = 81920,
     policy: Annotated[
@@ -84,8 +84,6 @@ def devcluster(
 
     configure("warning")
     with reported():
-        if not 1 <= nodes <= 5000 or not 1 <= gpus <= 63:
-            raise UsageError("--nodes must be 1..5000 and --gpus 1..63")
         from sharegpu.core import policies
 
         policies.check(policy)
@@ -311,7 +309,7 @@ def defrag_plan(
         ),
     ] = True,
     budget: Annotated[
-        int, typer.Option("--budget", help="Evictions the plan may use (as the controller's hourly budget).")
+        int, typer.Option("--budget", help="Evictions the plan may use (as the controller's hourly budget).", min=0)
     ] = 10,
     output: Annotated[Literal["text", "json"], typer.Option("--output", "-o", help="text or json.")] = "text",
     kubeconfig: Kubeconfig = None,
@@ -325,8 +323,6 @@ def defrag_plan(
     with reported():
         if not dry_run:
             raise UsageError("sharegpu defrag only plans (--dry-run); run the controller with --defrag to evict")
-        if budget < 0:
-            raise UsageError(f"--budget must be >= 0, got {budget}")
         if request_timeout <= 0:
             raise UsageError(f"--request-timeout must be > 0, got {request_timeout}")
         creds = credentials.load(kubeconfig)
