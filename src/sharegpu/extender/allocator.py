@@ -89,10 +89,9 @@ from sharegpu.core import allocation, errors, fit, fleet, units
 from sharegpu.core import gangs as core_gangs
 from sharegpu.extender import budgets as extender_budgets
 from sharegpu.extender import cache as extender_cache
-from sharegpu.extender import metrics as extender_metrics
+from sharegpu.extender import handle as extender_handle
 from sharegpu.kube import client, reconcile
 from sharegpu.kube import errors as kube_errors
-from sharegpu.kube import events as kube_events
 
 log = logging.getLogger(__name__)
 
@@ -133,35 +132,27 @@ class Plan:
     """Lift the pod's gate (nothing to write: the watch shows every claim of the class allocated)."""
 
 
-class ClaimAllocator:
+class ClaimAllocator(extender_handle.Reconciler):
     def __init__(
         self,
-        cache: extender_cache.ClusterCache,
-        api: client.KubeApi,
-        recorder: kube_events.Recorder,
-        metrics: extender_metrics.Metrics,
+        handle: extender_handle.Handle,
         *,
         is_leader: Callable[[], bool] = lambda: True,
         fence: float = FENCE,
         settle: float = SETTLE,
         orphan_after: float = ORPHAN_AFTER,
         writers: int = WRITERS,
-        clock: Callable[[], float] = time.monotonic,
         budgets: extender_budgets.BudgetGuard | None = None,
     ) -> None:
+        super().__init__(handle)
         self.budgets = budgets
         """The namespaces' GPU-time budgets (a pod the webhook never judged is judged here); None: none."""
         self.writers = writers
         """Pods whose allocations are written at once (decisions are made one after the other)."""
-        self.cache = cache
-        self.api = api
-        self.recorder = recorder
-        self.metrics = metrics
         self.is_leader = is_leader
         self.fence = fence
         self.settle = settle
         self.orphan_after = orphan_after
-        self.clock = clock
         self.term_started: float | None = None
         """When this replica's current term as leader began (None: not leading)."""
         self.unsure: dict[units.PodKey, Unsure] = {}

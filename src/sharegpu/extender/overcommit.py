@@ -31,16 +31,12 @@ reconciler, on the Lease holder only, makes the over-commit visible and ends it:
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Callable
 
 from sharegpu.api import dra, events, paths, pods
 from sharegpu.core import errors, ledger, units
-from sharegpu.extender import cache as extender_cache
-from sharegpu.extender import metrics as extender_metrics
-from sharegpu.kube import client, reconcile
+from sharegpu.extender import handle as extender_handle
 from sharegpu.kube import errors as kube_errors
-from sharegpu.kube import events as kube_events
+from sharegpu.kube import reconcile
 
 log = logging.getLogger(__name__)
 
@@ -53,23 +49,10 @@ REPAIR = (
 )
 
 
-class OvercommitReconciler:
-    def __init__(
-        self,
-        cache: extender_cache.ClusterCache,
-        api: client.KubeApi,
-        recorder: kube_events.Recorder,
-        metrics: extender_metrics.Metrics,
-        *,
-        retry: float = RETRY,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.cache = cache
-        self.api = api
-        self.recorder = recorder
-        self.metrics = metrics
+class OvercommitReconciler(extender_handle.Reconciler):
+    def __init__(self, handle: extender_handle.Handle, *, retry: float = RETRY) -> None:
+        super().__init__(handle)
         self.retry = retry
-        self.clock = clock
         self.tried: dict[units.PodKey, float] = {}
         """Pods an eviction was sent for -> when (until they are gone)."""
         self.said: set[tuple[str, str]] = set()

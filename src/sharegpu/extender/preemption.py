@@ -43,7 +43,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -52,11 +51,9 @@ import numpy as np
 from sharegpu.api import events, paths, pods, wire
 from sharegpu.core import errors, fit, requests, units, victims
 from sharegpu.core import gangs as core_gangs
-from sharegpu.extender import cache as extender_cache
-from sharegpu.extender import metrics as extender_metrics
+from sharegpu.extender import handle as extender_handle
 from sharegpu.kube import client
 from sharegpu.kube import errors as kube_errors
-from sharegpu.kube import events as kube_events
 
 log = logging.getLogger(__name__)
 
@@ -105,25 +102,11 @@ class GangNomination:
         return ", ".join(self.plan.nodes)
 
 
-class Preemptor:
-    def __init__(
-        self,
-        cache: extender_cache.ClusterCache,
-        api: client.KubeApi,
-        recorder: kube_events.Recorder,
-        metrics: extender_metrics.Metrics,
-        *,
-        retry: float = RETRY,
-        patience: float = PATIENCE,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.cache = cache
-        self.api = api
-        self.recorder = recorder
-        self.metrics = metrics
+class Preemptor(extender_handle.Reconciler):
+    def __init__(self, handle: extender_handle.Handle, *, retry: float = RETRY, patience: float = PATIENCE) -> None:
+        super().__init__(handle)
         self.retry = retry
         self.patience = patience
-        self.clock = clock
         self.nominations: dict[units.PodKey, Nomination] = {}
         self.gangs: dict[str, GangNomination] = {}
         self.gang_of: dict[units.PodKey, str] = {}

@@ -26,8 +26,7 @@ from typing import Any, Final
 
 from sharegpu.api import names, paths, pods, wire
 from sharegpu.core import errors, requests, units
-from sharegpu.extender import cache as extender_cache
-from sharegpu.extender import metrics as extender_metrics
+from sharegpu.extender import handle as extender_handle
 from sharegpu.extender import scheduling
 from sharegpu.kube import client
 
@@ -49,26 +48,20 @@ def room_freed(node: str, now: str) -> dict[str, Any]:
     return pods.condition(CONDITION, "RoomFreed", message, now)
 
 
-class Requeuer:
+class Requeuer(extender_handle.Reconciler):
     def __init__(
         self,
-        cache: extender_cache.ClusterCache,
+        handle: extender_handle.Handle,
         service: scheduling.SchedulingService,
-        api: client.KubeApi,
-        metrics: extender_metrics.Metrics,
         *,
         grace: float = GRACE,
         every: float = EVERY,
-        clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
     ) -> None:
-        self.cache = cache
+        super().__init__(handle)
         self.service = service
-        self.api = api
-        self.metrics = metrics
         self.grace = grace
         self.every = every
-        self.clock = clock
         self.wall = wall
         self.nudged: dict[units.PodKey, float] = {}
         """Pods nudged -> when (by `clock`)."""

@@ -29,6 +29,7 @@ from sharegpu.core import frag, policies
 from sharegpu.extender import allocator as extender_allocator
 from sharegpu.extender import budgets as extender_budgets
 from sharegpu.extender import cache as extender_cache
+from sharegpu.extender import handle as extender_handle
 from sharegpu.extender import handoff as extender_handoff
 from sharegpu.extender import metrics as extender_metrics
 from sharegpu.extender import overcommit as extender_overcommit
@@ -88,9 +89,9 @@ class Extender:
         identity = options.election.identity or leader.identity()
         recorder = kube_events.Recorder(api, "sharegpu-extender", identity, time.time)
         self.recorder = recorder
-        self.preemptor = (
-            preemption.Preemptor(self.cache, api, recorder, self.metrics, clock=clock) if options.preemption else None
-        )
+        self.handle = extender_handle.Handle(self.cache, api, recorder, self.metrics, clock)
+        """What the reconcilers share (`extender.handle`)."""
+        self.preemptor = preemption.Preemptor(self.handle) if options.preemption else None
         self.reservations = extender_reservations.ReservationReconciler(
             self.cache, api, self.metrics, image=options.image, idle=options.reservation_idle, clock=clock
         )
@@ -101,8 +102,8 @@ class Extender:
             self.cache, api, self.metrics, narrow=options.narrow, assume_ttl=options.assume_ttl, clock=clock,
             quota=self.quota, preemptor=self.preemptor, prepare=self.handoffs.prepare,
         )  # fmt: skip
-        self.requeuer = requeue.Requeuer(self.cache, self.scheduling, api, self.metrics, clock=clock)
-        self.overcommit = extender_overcommit.OvercommitReconciler(self.cache, api, recorder, self.metrics, clock=clock)
+        self.requeuer = requeue.Requeuer(self.handle, self.scheduling)
+        self.overcommit = extender_overcommit.OvercommitReconciler(self.handle)
         self.allocator: extender_allocator.ClaimAllocator | None = None
         """The DRA allocator, where resource.k8s.io/v1 is served (set by `start`)."""
         self.elector: leader.LeaderElector | leader.Follower | leader.Solo = leader.Solo()
@@ -199,10 +200,8 @@ class Extender:
         if await self._dra_served():
             guard = extender_budgets.BudgetGuard()
             self.allocator = extender_allocator.ClaimAllocator(
-                self.cache, self.api, self.recorder, self.metrics,
-                is_leader=lambda: self.elector.is_leader, fence=self.options.dra_fence, clock=self.clock,
-                budgets=guard,
-            )  # fmt: skip
+                self.handle, is_leader=lambda: self.elector.is_leader, fence=self.options.dra_fence, budgets=guard
+            )
             self.informers += [
                 informer.Informer(
                     self.api, dra.CLAIMS, dra.ResourceClaim, dra.claim_record, self._changed(self.cache.on_claim),
