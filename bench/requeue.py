@@ -28,8 +28,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from sharegpu.agent import fakenvml
 from sharegpu.agent import runtime as agent_runtime
+from sharegpu.agent.fakes import nvml as fakenvml
 from sharegpu.api import names, paths
 from sharegpu.core import devices
 from sharegpu.devcluster import controlplane, stack

@@ -19,8 +19,8 @@ import prometheus_client
 import pytest
 from prometheus_client.metrics_core import Metric
 
-from sharegpu.agent import fakenvml
 from sharegpu.agent import runtime as agent_runtime
+from sharegpu.agent.fakes import nvml as fakenvml
 from sharegpu.controller import runtime as controller_runtime
 from sharegpu.devcluster import stack
 from sharegpu.extender import runtime as extender_runtime

@@ -21,7 +21,7 @@ def test_gpu_check_loads_none_of_the_heavy_packages() -> None:
         "import runpy, sys\n"
         "sys.argv = ['sharegpu', 'gpu-check', '--help']\n"
         "try:\n    runpy.run_module('sharegpu', run_name='__main__')\nexcept SystemExit:\n    pass\n"
-        "import sharegpu.agent.gpucheck\n"
+        "import sharegpu.agent.tools.gpucheck\n"
         f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))\n"
     )
     found = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)

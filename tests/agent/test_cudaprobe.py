@@ -18,8 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from sharegpu.agent import cudachild, cudaprobe
-from sharegpu.agent.cudaprobe import Finding
+from sharegpu.agent.cuda import child as cudachild
+from sharegpu.agent.cuda import probe as cudaprobe
+from sharegpu.agent.cuda.probe import Finding
 from sharegpu.core import errors
 from tests.agent import cudastubs
 from tests.conftest import eventually
@@ -108,14 +109,15 @@ def test_the_mps_environment_points_at_the_daemon_and_preloads_nothing() -> None
 def test_the_child_imports_nothing_heavy() -> None:
     """It runs with a foreign library preloaded: the standard library and sharegpu.core.errors only."""
     code = (
-        "import json, sys; import sharegpu.agent.cudachild; "
+        "import json, sys; import sharegpu.agent.cuda.child; "
         "print(json.dumps(sorted(m for m in sys.modules if m.startswith(('sharegpu', 'msgspec', 'numpy', 'asyncio')))))"
     )
     out = subprocess.run([sys.executable, "-c", code], env=plain_env(), check=True, capture_output=True, text=True)
     assert json.loads(out.stdout) == [
         "sharegpu",
         "sharegpu.agent",
-        "sharegpu.agent.cudachild",
+        "sharegpu.agent.cuda",
+        "sharegpu.agent.cuda.child",
         "sharegpu.core",
         "sharegpu.core.errors",
     ]

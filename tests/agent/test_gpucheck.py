@@ -25,8 +25,12 @@ import typer.main
 from typer.testing import CliRunner
 
 from sharegpu import cli
-from sharegpu.agent import cudaburn, cudachild, cudaprobe, gpucheck, mps, nvml
-from sharegpu.agent.gpucheck import Burn, Check, Result
+from sharegpu.agent import mps, nvml
+from sharegpu.agent.cuda import burn as cudaburn
+from sharegpu.agent.cuda import child as cudachild
+from sharegpu.agent.cuda import probe as cudaprobe
+from sharegpu.agent.tools import gpucheck
+from sharegpu.agent.tools.gpucheck import Burn, Check, Result
 from sharegpu.api import handoff
 from tests.agent.fake_mps_daemon import write_fake_daemon
 

@@ -7,7 +7,8 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from sharegpu.agent import fakenvml, inventory, nvml
+from sharegpu.agent import inventory, nvml
+from sharegpu.agent.fakes import nvml as fakenvml
 from sharegpu.api import devices as api_devices
 from sharegpu.api import names, wire
 from sharegpu.core import units

@@ -13,8 +13,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from sharegpu.agent import fakekubelet, podresources
+from sharegpu.agent import podresources
 from sharegpu.agent import podresources_pb2 as pb
+from sharegpu.agent.fakes import kubelet as fakekubelet
 from sharegpu.agent.podresources import Assigned
 from sharegpu.core import errors
 

@@ -14,8 +14,11 @@ from typing import Any
 
 import prometheus_client
 
-from sharegpu.agent import cudaprobe, fakekubelet, fakenvml, hamicore, inventory, mps, podresources, proof, watchdog
+from sharegpu.agent import hamicore, inventory, mps, podresources, proof, watchdog
 from sharegpu.agent import runtime as agent_runtime
+from sharegpu.agent.cuda import probe as cudaprobe
+from sharegpu.agent.fakes import kubelet as fakekubelet
+from sharegpu.agent.fakes import nvml as fakenvml
 from sharegpu.api import devices as api_devices
 from sharegpu.api import groups as api_groups
 from sharegpu.api import names, paths, resources, wire

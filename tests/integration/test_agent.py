@@ -12,8 +12,10 @@ import tempfile
 import uuid
 from pathlib import Path
 
-from sharegpu.agent import draplugin, fakekubelet, fakenvml, inventory, mps, podresources, proof, watchdog
+from sharegpu.agent import draplugin, inventory, mps, podresources, proof, watchdog
 from sharegpu.agent import runtime as agent_runtime
+from sharegpu.agent.fakes import kubelet as fakekubelet
+from sharegpu.agent.fakes import nvml as fakenvml
 from sharegpu.api import cdi, dra, names, paths, wire
 from sharegpu.api import devices as api_devices
 from sharegpu.core import devices

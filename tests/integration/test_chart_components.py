@@ -27,7 +27,7 @@ import aiohttp
 import pytest
 import yaml
 
-from sharegpu.agent import fakenvml
+from sharegpu.agent.fakes import nvml as fakenvml
 from sharegpu.api import names, paths
 from sharegpu.core import devices
 from sharegpu.devcluster import controlplane, fakecluster, stack

@@ -20,8 +20,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from sharegpu.agent import draplugin, fakenvml
+from sharegpu.agent import draplugin
 from sharegpu.agent import runtime as agent_runtime
+from sharegpu.agent.fakes import nvml as fakenvml
 from sharegpu.api import dra, paths
 from sharegpu.devcluster import containerd, controlplane, stack
 from sharegpu.devcluster.stack import ExtenderProcess

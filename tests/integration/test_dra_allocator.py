@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from sharegpu.agent import fakenvml
 from sharegpu.agent import runtime as agent_runtime
+from sharegpu.agent.fakes import nvml as fakenvml
 from sharegpu.api import dra, names, paths, quantity
 from sharegpu.core import devices, fleet, placer, policies, requests, units
 from sharegpu.core import ledger as core_ledger

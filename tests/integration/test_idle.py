@@ -8,8 +8,8 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
-from sharegpu.agent import fakenvml
 from sharegpu.agent import runtime as agent_runtime
+from sharegpu.agent.fakes import nvml as fakenvml
 from sharegpu.api import idle, paths, resources, wire
 from sharegpu.controller import idle as controller_idle
 from sharegpu.controller import runtime

@@ -12,8 +12,8 @@ from typing import Any
 
 import orjson
 
-from sharegpu.agent import fakenvml
 from sharegpu.agent import runtime as agent_runtime
+from sharegpu.agent.fakes import nvml as fakenvml
 from sharegpu.api import groups, names, paths, resources
 from sharegpu.controller import runtime
 from sharegpu.core import allocation, units

@@ -30,8 +30,9 @@ from typing import Any
 import orjson
 import pytest
 
-from sharegpu.agent import draplugin, fakenvml, mps, podresources, reserve, volumes, watchdog
+from sharegpu.agent import draplugin, mps, podresources, reserve, volumes, watchdog
 from sharegpu.agent import runtime as agent_runtime
+from sharegpu.agent.fakes import nvml as fakenvml
 from sharegpu.api import cdi, dra, handoff, names, paths
 from sharegpu.devcluster import controlplane, fakecri, fakedeviceplugin, stack
 from sharegpu.devcluster.stack import ExtenderProcess

@@ -23,8 +23,9 @@ import orjson
 import pytest
 import yaml
 
-from sharegpu.agent import fakenvml, mps, watchdog
+from sharegpu.agent import mps, watchdog
 from sharegpu.agent import runtime as agent_runtime
+from sharegpu.agent.fakes import nvml as fakenvml
 from sharegpu.api import names, paths, resources
 from sharegpu.devcluster import controlplane, fakecluster, prometheus, stack
 from sharegpu.devcluster.stack import ExtenderProcess

@@ -1,7 +1,7 @@
 """What the agent asks of NVML, behind narrow Protocols, and the implementation on nvidia-ml-py.
 
 Three roles, each its own Protocol, so a reader depends only on what it uses and the fake
-(`agent.fakenvml`) can stand in for any of them:
+(`agent.fakes.nvml`) can stand in for any of them:
 
 - `Discovery`: the GPUs (UUID, index, minor number, model, memory, NUMA node, PCIe switch, MIG mode,
   architecture, CUDA compute capability, driver and CUDA driver versions, PCI bus ID and PCIe root)

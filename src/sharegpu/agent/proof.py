@@ -3,7 +3,7 @@ offers the mode.
 
 A configured mode is not yet a working one: a HAMi-core library built with hidden symbols limits
 nothing, silently, and an MPS client that does not reach its daemon is not limited either. So the
-`Prover` runs `cudaprobe` (a short child process on the driver's libcuda) in each mode's environment:
+`Prover` runs `cuda.probe` (a short child process on the driver's libcuda) in each mode's environment:
 
 - hami-core: once per installed library (by its SHA-256), preloading the copy containers preload,
   on one GPU;
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Protocol
 
-from sharegpu.agent import cudaprobe
+from sharegpu.agent.cuda import probe as cudaprobe
 from sharegpu.core import devices
 
 COMPUTE: Final[Mapping[devices.Isolation, bool]] = {

@@ -343,10 +343,11 @@ def agent(
 
     The GPUs come from NVML, or from the file --fake-nvml names; with --mps the agent runs an MPS
     control daemon per GPU."""
-    from sharegpu.agent import draplugin, fakenvml, nvml, podresources, proof, watchdog
+    from sharegpu.agent import draplugin, nvml, podresources, proof, watchdog
     from sharegpu.agent import mps as agent_mps
     from sharegpu.agent import runtime as agent_runtime
     from sharegpu.agent import volumes as agent_volumes
+    from sharegpu.agent.fakes import nvml as fakenvml
 
     configure(log_level, log_format)
     source: agent_runtime.Source

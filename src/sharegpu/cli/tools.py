@@ -21,7 +21,7 @@ from sharegpu.cli.options import Compat, Kubeconfig, Runtime, complete_policy
 from sharegpu.core import errors, policy_names
 
 if TYPE_CHECKING:
-    from sharegpu.agent.gpucheck import Report
+    from sharegpu.agent.tools.gpucheck import Report
     from sharegpu.core.devices import NodeInventory
     from sharegpu.devcluster.realcluster import RealCluster
     from sharegpu.devcluster.stack import Stack
@@ -258,7 +258,8 @@ def gpu_check(
 
     Needs the driver and nvidia-smi, no CUDA toolkit; about a minute. Exit status 1 when a check FAILed.
     """
-    from sharegpu.agent import gpucheck, nvml
+    from sharegpu.agent import nvml
+    from sharegpu.agent.tools import gpucheck
 
     with reported():
         inventory = nvml.Nvml().open()
@@ -285,7 +286,7 @@ def gpu_check(
 def _gpu_check_table(report: Report) -> Table:
     from rich.markup import escape
 
-    from sharegpu.agent import gpucheck
+    from sharegpu.agent.tools import gpucheck
 
     shown = report.gpu
     title = (

@@ -15,8 +15,8 @@ import asyncio
 import logging
 from pathlib import Path
 
-from sharegpu.agent import fakenvml
 from sharegpu.agent import runtime as agent_runtime
+from sharegpu.agent.fakes import nvml as fakenvml
 from sharegpu.core import devices
 from sharegpu.kube import client
 

@@ -531,7 +531,7 @@ class Node:
 
     @property
     def nvml(self) -> Path:
-        """The node's fake NVML file (`agent.fakenvml`'s format): what its GPUs report."""
+        """The node's fake NVML file (`agent.fakes.nvml`'s format): what its GPUs report."""
         return self.folder / "nvml.yaml"
 
     @property

@@ -16,7 +16,8 @@ from typing import Any
 
 import msgspec
 
-from sharegpu.agent import fakenvml, inventory, reserve
+from sharegpu.agent import inventory, reserve
+from sharegpu.agent.fakes import nvml as fakenvml
 from sharegpu.api import devices as api_devices
 from sharegpu.api import dra as dra_api
 from sharegpu.api import names, paths, pods, quantity, wire

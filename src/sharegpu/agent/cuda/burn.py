@@ -1,6 +1,6 @@
 """The GPU workload of `sharegpu gpu-check`: a child process that burns compute, or holds memory.
 
-`python -m sharegpu.agent.cudaburn --seconds S [--libcuda PATH] [--wait]` loads `PTX`, a small
+`python -m sharegpu.agent.cuda.burn --seconds S [--libcuda PATH] [--wait]` loads `PTX`, a small
 hand-written kernel of dependent FMA chains, through the driver's libcuda (ctypes, `cuModuleLoadData`:
 the driver compiles PTX itself, so no CUDA toolkit is needed), and launches it over and over for S
 seconds, `BLOCKS` blocks each (every SM of any current GPU busy many times over), waiting for each to
@@ -15,7 +15,7 @@ killed (for a check that NVML lists the process with its memory).
 
 It runs on device 0 of whatever CUDA_VISIBLE_DEVICES shows it, in whatever environment it is given
 (an MPS client's, or one that preloads HAMi-core), so it imports nothing but the standard library and
-`cudachild`, whose `Driver` makes its driver calls (through dlsym, as ctypes looks names up). A failed
+`cuda.child`, whose `Driver` makes its driver calls (through dlsym, as ctypes looks names up). A failed
 driver call prints one line on stderr and exits with status 1.
 """
 
@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
-from sharegpu.agent import cudachild
+from sharegpu.agent.cuda import child as cudachild
 
 MIB: Final = 1 << 20
 ITERATIONS: Final = 4096
@@ -223,7 +223,7 @@ def _positive(kind: Callable[[str], float]) -> Callable[[str], float]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m sharegpu.agent.cudaburn",
+        prog="python -m sharegpu.agent.cuda.burn",
         description="Launch an FMA kernel for some seconds and print the launch rate; or hold GPU memory.",
     )
     what = parser.add_mutually_exclusive_group(required=True)

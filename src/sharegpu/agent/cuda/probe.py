@@ -3,7 +3,7 @@
 A mode that is configured is not yet a mode that works: a HAMi-core library built with hidden
 visibility exports no `cu*` symbol, is never reached, and limits nothing, silently; an MPS client
 that does not reach its daemon is not limited either. So the agent runs a short child process
-(`cudachild`, stdlib and ctypes only, talking to the driver's libcuda: no CUDA toolkit needed) in the
+(`cuda.child`, stdlib and ctypes only, talking to the driver's libcuda: no CUDA toolkit needed) in the
 mode's environment with a small limit, and judges what it saw:
 
 - `hami_env` / `mps_env` build that environment from the agent's own plus the mode's variables;
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from sharegpu.agent import cudachild
+from sharegpu.agent.cuda import child as cudachild
 from sharegpu.agent.mps import VISIBLE_DEVICES, describe_exit
 from sharegpu.api import handoff
 from sharegpu.core import errors

@@ -1,6 +1,6 @@
 """The CUDA probe's child process: ask the driver's libcuda, through ctypes, whether a memory limit binds.
 
-`cudaprobe.run` starts it as `python -m sharegpu.agent.cudachild --libcuda PATH --limit-mib N
+`cudaprobe.run` starts it as `python -m sharegpu.agent.cuda.child --libcuda PATH --limit-mib N
 [--attempts K]` in the environment of the isolation mode under test, which may preload a foreign
 library (HAMi-core) or point the driver at an MPS daemon. It therefore imports only the standard
 library and `sharegpu.core.errors`, and needs no CUDA toolkit: libcuda is the driver's own library.
@@ -284,7 +284,7 @@ def _at_least(least: int) -> Callable[[str], int]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m sharegpu.agent.cudachild",
+        prog="python -m sharegpu.agent.cuda.child",
         description="Check through libcuda that a GPU memory limit binds; prints one JSON object.",
     )
     parser.add_argument("--libcuda", required=True, help="the driver's library (a path or a soname)")

@@ -7,8 +7,8 @@ Each check is PASS, FAIL or SKIP, with figures and a one-line detail (`Check`):
 - processes: a child holding `HOLD_MIB` on the GPU is listed by NVML with that memory at least;
 - mps-memory: a client given exactly the environment the hand-off writes for a `LOW_MILLI`,
   `LIMIT_MIB` grant (`api.handoff.values`), pointed at an MPS daemon the supervisor (`agent.mps`)
-  started, is held to `LIMIT_MIB` (`agent.cudaprobe`);
-- mps-compute: that client, burning FMAs (`agent.cudaburn`), runs at most `ALONE_MOST_PERCENT` of the
+  started, is held to `LIMIT_MIB` (`agent.cuda.probe`);
+- mps-compute: that client, burning FMAs (`agent.cuda.burn`), runs at most `ALONE_MOST_PERCENT` of the
   rate the GPU gives an unlimited one, and next to a `HIGH_MILLI` client it gets clearly less
   (`judge_compute`);
 - mps-tenancy: the daemon runs under a ceiling (`mps.Ceiling`, LOW_MILLI and LIMIT_MIB, taken while
@@ -45,7 +45,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Protocol, TypeVar
 
-from sharegpu.agent import cudaburn, cudaprobe, mps, nvml
+from sharegpu.agent import mps, nvml
+from sharegpu.agent.cuda import burn as cudaburn
+from sharegpu.agent.cuda import probe as cudaprobe
 from sharegpu.api import handoff
 from sharegpu.core import allocation, errors, units
 
@@ -837,7 +839,7 @@ class _Child:
 
 
 class ChildHolder:
-    """`Holder` through `python -m sharegpu.agent.cudaburn --hold-mib`."""
+    """`Holder` through `python -m sharegpu.agent.cuda.burn --hold-mib`."""
 
     def __init__(self, libcuda: str) -> None:
         self.libcuda = libcuda
@@ -853,7 +855,7 @@ class ChildHolder:
 
 
 class ChildBurner:
-    """`Burner` through `python -m sharegpu.agent.cudaburn --seconds S --wait`: every child loads and
+    """`Burner` through `python -m sharegpu.agent.cuda.burn --seconds S --wait`: every child loads and
     says it is ready, then all are told to start at once."""
 
     def __init__(self, libcuda: str) -> None:
