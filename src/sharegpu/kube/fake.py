@@ -41,7 +41,7 @@ import re
 import uuid
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import jsonpatch
 import orjson
@@ -50,8 +50,29 @@ from sharegpu.api import wire
 from sharegpu.kube import client, errors, transport
 
 Json = dict[str, Any]
-Key = tuple[str, str, str]
-"""(collection, namespace, name); collection is e.g. "/api/v1|pods" or "/apis/sharegpu.io/v1alpha1|devices"."""
+
+
+def _resource(collection: str) -> str:
+    """A collection's resource: "pods" of "/api/v1|pods"."""
+    return collection.partition("|")[2]
+
+
+class Key(NamedTuple):
+    """Where an object is kept: its collection (e.g. "/api/v1|pods" or "/apis/sharegpu.io/v1alpha1|devices"),
+    namespace ("" for cluster objects) and name."""
+
+    collection: str
+    namespace: str
+    name: str
+
+    @property
+    def resource(self) -> str:
+        """The collection's resource ("pods", "devices")."""
+        return _resource(self.collection)
+
+    def within(self, collection: str, namespace: str) -> bool:
+        """In `collection`, and in `namespace` unless that is "" (every namespace)."""
+        return self.collection == collection and (not namespace or self.namespace == namespace)
 
 
 LOST = 0
@@ -300,7 +321,7 @@ class FakeApiServer:
     def get_object(self, path: str) -> Json | None:
         """The stored object at an object path, or None (a copy)."""
         collection, namespace, name, _ = self._route(path)
-        found = self.objects.get((collection, namespace, name or ""))
+        found = self.objects.get(Key(collection, namespace, name or ""))
         return copy.deepcopy(found) if found is not None else None
 
     def list_objects(self, collection_path: str) -> list[Json]:
@@ -312,7 +333,7 @@ class FakeApiServer:
     def remove_object(self, path: str) -> None:
         """Delete an object at once (no grace, no faults), as a watch would see a deletion."""
         collection, namespace, name, _ = self._route(path)
-        self._remove((collection, namespace, name or ""))
+        self._remove(Key(collection, namespace, name or ""))
 
     def put_object(self, collection_path: str, obj: Json) -> Json:
         """Store an object directly (as if created), bypassing faults and auth; returns it."""
@@ -442,14 +463,14 @@ class FakeApiServer:
             if method == "POST":
                 return 201, self._create(collection, namespace, body)
             raise _AnswerError(405, "MethodNotAllowed", f"{method} on a collection")
-        key = (collection, namespace, name)
+        key = Key(collection, namespace, name)
         if method == "POST" and sub == "binding":
             return 201, self._bind(key, body)
         if method == "POST" and sub == "eviction" and collection == "/api/v1|pods":
             return 201, self._evict(key)
         current = self.objects.get(key)
         if current is None:
-            raise _AnswerError(404, "NotFound", f'{collection.split("|")[1]} "{name}" not found')
+            raise _AnswerError(404, "NotFound", f'{_resource(collection)} "{name}" not found')
         if method == "GET":
             return 200, copy.deepcopy(current)
         if method in ("PUT", "PATCH"):
@@ -489,7 +510,7 @@ class FakeApiServer:
         selector = _selectors(params)
         keys = sorted(
             k for k in self.objects
-            if k[0] == collection and (not namespace or k[1] == namespace) and _selected(self.objects[k], selector)
+            if k.within(collection, namespace) and _selected(self.objects[k], selector)
         )  # fmt: skip
         after = params.get("continue")
         if after:
@@ -500,7 +521,7 @@ class FakeApiServer:
         if limit and len(keys) > limit:
             keys = keys[:limit]
             token = base64.urlsafe_b64encode(orjson.dumps(list(keys[-1][1:]))).decode()
-        kind = _KIND.get(collection.split("|")[1], "Object")
+        kind = _KIND.get(_resource(collection), "Object")
         return {
             "kind": f"{kind}List",
             "apiVersion": "v1",
@@ -524,14 +545,14 @@ class FakeApiServer:
             raise _AnswerError(422, "Invalid", "metadata.name: Required value")
         if namespace:
             meta["namespace"] = namespace
-        key = (collection, namespace, meta["name"])
+        key = Key(collection, namespace, meta["name"])
         if key in self.objects:
-            raise _AnswerError(409, "AlreadyExists", f'{collection.split("|")[1]} "{meta["name"]}" already exists')
+            raise _AnswerError(409, "AlreadyExists", f'{key.resource} "{meta["name"]}" already exists')
         meta["uid"] = str(uuid.UUID(int=next(self._uids)))  # the form the API server gives (cgroups name pods by it)
         meta["creationTimestamp"] = self._now()
         meta.pop("resourceVersion", None)
         meta.pop("deletionTimestamp", None)
-        self._stamp(obj, collection.split("|")[1])
+        self._stamp(obj, key.resource)
         self.objects[key] = obj
         self._emit(collection, namespace, wire.EventType.ADDED, obj)
         return copy.deepcopy(obj)
@@ -546,17 +567,17 @@ class FakeApiServer:
         if obj["metadata"].get("deletionTimestamp") and not obj["metadata"].get("finalizers"):
             self.objects[key] = obj
             return self._remove(key)
-        self._stamp(obj, key[0].split("|")[1])
+        self._stamp(obj, key.resource)
         self.objects[key] = obj
-        self._emit(key[0], key[1], wire.EventType.MODIFIED, obj, old=keep)
+        self._emit(key.collection, key.namespace, wire.EventType.MODIFIED, obj, old=keep)
         return copy.deepcopy(obj)
 
     def _bind(self, key: Key, body: Any) -> Json:
         pod = self.objects.get(key)
         if pod is None:
-            raise _AnswerError(404, "NotFound", f'pods "{key[2]}" not found')
+            raise _AnswerError(404, "NotFound", f'pods "{key.name}" not found')
         if (pod.get("spec") or {}).get("nodeName"):
-            raise _AnswerError(409, "Conflict", f"pod {key[2]} is already assigned to node {pod['spec']['nodeName']}")
+            raise _AnswerError(409, "Conflict", f"pod {key.name} is already assigned to node {pod['spec']['nodeName']}")
         target = ((body or {}).get("target") or {}).get("name")
         if not target:
             raise _AnswerError(422, "Invalid", "binding target: Required value")
@@ -568,7 +589,7 @@ class FakeApiServer:
     def _evict(self, key: Key) -> Json:
         pod = self.objects.get(key)
         if pod is None:
-            raise _AnswerError(404, "NotFound", f'pods "{key[2]}" not found')
+            raise _AnswerError(404, "NotFound", f'pods "{key.name}" not found')
         phase = (pod.get("status") or {}).get("phase") or "Pending"
         if phase in ("Pending", "Succeeded", "Failed") or pod["metadata"].get("deletionTimestamp"):
             self._delete(key, pod, {})  # as the API server: no budget guards a pod that is not running
@@ -576,8 +597,8 @@ class FakeApiServer:
         labels = pod["metadata"].get("labels") or {}
         budgets = [
             k for k, obj in sorted(self.objects.items())
-            if k[0].startswith("/apis/policy/") and k[0].endswith("|poddisruptionbudgets") and k[1] == key[1]
-            and _budget_selects(obj, labels)
+            if k.collection.startswith("/apis/policy/") and k.resource == "poddisruptionbudgets"
+            and k.namespace == key.namespace and _budget_selects(obj, labels)
         ]  # fmt: skip
         for budget in budgets:
             if int((self.objects[budget].get("status") or {}).get("disruptionsAllowed", 0)) < 1:
@@ -595,11 +616,11 @@ class FakeApiServer:
         pre = options.get("preconditions") or {}
         meta = current["metadata"]
         if pre.get("uid") and pre["uid"] != meta.get("uid"):
-            kind = _KIND.get(key[0].split("|")[1], "object")
+            kind = _KIND.get(key.resource, "object")
             raise _AnswerError(
                 409,
                 "Conflict",
-                f'Operation cannot be fulfilled on {kind} "{key[2]}": the UID in the precondition ({pre["uid"]}) '
+                f'Operation cannot be fulfilled on {kind} "{key.name}": the UID in the precondition ({pre["uid"]}) '
                 f"does not match the UID in record ({meta.get('uid')}). The object might have been deleted and "
                 "then recreated",
             )
@@ -609,13 +630,13 @@ class FakeApiServer:
             if not meta.get("deletionTimestamp"):
                 marked = copy.deepcopy(current)
                 marked["metadata"]["deletionTimestamp"] = self._now()
-                self._stamp(marked, key[0].split("|")[1])
+                self._stamp(marked, key.resource)
                 self.objects[key] = marked
-                self._emit(key[0], key[1], wire.EventType.MODIFIED, marked)
+                self._emit(key.collection, key.namespace, wire.EventType.MODIFIED, marked)
                 return copy.deepcopy(marked)
             return copy.deepcopy(current)
         grace = options.get("gracePeriodSeconds")
-        if key[0] == "/api/v1|pods" and grace != 0 and (current.get("spec") or {}).get("nodeName"):
+        if key.collection == "/api/v1|pods" and grace != 0 and (current.get("spec") or {}).get("nodeName"):
             if not meta.get("deletionTimestamp"):
                 marked = copy.deepcopy(current)
                 marked["metadata"]["deletionTimestamp"] = self._now()
@@ -623,15 +644,15 @@ class FakeApiServer:
                 marked["metadata"]["deletionGracePeriodSeconds"] = default if grace is None else grace
                 self._stamp(marked, "pods")
                 self.objects[key] = marked
-                self._emit(key[0], key[1], wire.EventType.MODIFIED, marked)
+                self._emit(key.collection, key.namespace, wire.EventType.MODIFIED, marked)
                 return copy.deepcopy(marked)
             return copy.deepcopy(current)
         return self._remove(key)
 
     def _remove(self, key: Key) -> Json:
         obj = self.objects.pop(key)
-        self._stamp(obj, key[0].split("|")[1])
-        self._emit(key[0], key[1], wire.EventType.DELETED, obj)
+        self._stamp(obj, key.resource)
+        self._emit(key.collection, key.namespace, wire.EventType.DELETED, obj)
         return copy.deepcopy(obj)
 
     def _emit(self, collection: str, namespace: str, kind: wire.EventType, obj: Json, old: Json | None = None) -> None:
@@ -679,7 +700,7 @@ class FakeApiServer:
         version_text = request.params.get("resourceVersion", "")
         if version_text in ("", "0"):
             for key, obj in sorted(self.objects.items()):
-                if key[0] == collection and (not namespace or key[1] == namespace) and _selected(obj, watch.selector):
+                if key.within(collection, namespace) and _selected(obj, watch.selector):
                     watch.queue.put_nowait(orjson.dumps({"type": wire.EventType.ADDED, "object": obj}) + b"\n")
         else:
             since = int(version_text)
