@@ -210,6 +210,12 @@ async def refusal(kube: client.KubeClient, namespace: str, name: str) -> str | N
     return None
 
 
+async def leaving(kube: client.KubeClient, namespace: str, name: str) -> bool:
+    """Whether pod `name` is gone or being deleted (evicted, say: no kubelet may end it here)."""
+    found = await get_or_none(kube, paths.pod(namespace, name))
+    return found is None or bool(found["metadata"].get("deletionTimestamp"))
+
+
 async def get_or_none(kube: client.KubeClient, path: str) -> Json | None:
     """The object at `path`, or None while it does not exist (yet)."""
     try:

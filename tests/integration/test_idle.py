@@ -16,14 +16,9 @@ from sharegpu.controller import runtime
 from sharegpu.devcluster import controlplane, stack
 from sharegpu.kube import client
 from tests.builders import NVML_FILE, MakeAllocation, MakeNode, MakePod, write_nvml
-from tests.integration.conftest import Json, get_or_none, wait_for
+from tests.integration.conftest import Json, get_or_none, leaving, wait_for
 
 PDBS = "/apis/policy/v1/namespaces/{}/poddisruptionbudgets"
-
-
-async def leaving(kube: client.KubeClient, namespace: str, name: str) -> bool:
-    found = await get_or_none(kube, paths.pod(namespace, name))
-    return found is None or bool(found["metadata"].get("deletionTimestamp"))
 
 
 async def reasons(kube: client.KubeClient, namespace: str, name: str) -> set[str]:

@@ -40,7 +40,7 @@ from sharegpu.kube import client, errors
 from tests import builders
 from tests.agent.fake_mps_daemon import write_fake_daemon
 from tests.builders import NVML_FILE, write_nvml
-from tests.integration.conftest import Json, get_or_none, gpu_pod, wait_for
+from tests.integration.conftest import Json, get_or_none, gpu_pod, leaving, wait_for
 
 UUIDS = ("GPU-0", "GPU-1", "GPU-2")
 """The GPUs of NVML_FILE."""
@@ -141,12 +141,6 @@ async def evicting_dra_agent(
     settings = {"interval": 0.3, "on_violation": watchdog.Action.EVICT, "proc": node.proc}
     async with dra_agent(control_plane, node, **settings) as found:
         yield found
-
-
-async def leaving(admin: client.KubeClient, namespace: str, name: str) -> bool:
-    """Whether pod `name` is gone or being deleted."""
-    gone = await get_or_none(admin, paths.pod(namespace, name))
-    return gone is None or bool(gone["metadata"].get("deletionTimestamp"))
 
 
 def _unmount_under(folder: Path) -> None:

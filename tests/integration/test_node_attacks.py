@@ -19,7 +19,7 @@ from sharegpu.extender import reservations
 from sharegpu.kube import client, leader
 from sharegpu.kube import errors as kube_errors
 from tests.builders import MakeAllocation, MakeClaim, MakeDevice, MakeNode, MakePod
-from tests.integration.conftest import RunningWebhook, get_or_none, wait_for
+from tests.integration.conftest import RunningWebhook, get_or_none, leaving, wait_for
 
 Json = dict[str, Any]
 SYSTEM = names.SYSTEM_NAMESPACE
@@ -169,18 +169,13 @@ async def test_a_nodes_agent_writes_only_its_own_node_its_device_slices_reservat
 
         await refused(lambda: evict(victim), f"the node agent on {here.name} may evict only pods on its own node")
         await evict(local)
-        await wait_for(lambda: _gone_or_going(admin, paths.pod(namespace, "local")), what="the local pod evicted")
+        await wait_for(lambda: leaving(admin, namespace, "local"), what="the local pod evicted")
         # A token bound to no pod names no node: it writes nothing of a node's.
         await refused(lambda: unbound.patch(node, labelled(gpu_label, "A")), "bound to no node")
         await refused(lambda: unbound.patch(ours, report), "a token bound to no node")
     finally:
         await agent.close()
         await unbound.close()
-
-
-async def _gone_or_going(kube: client.KubeClient, path: str) -> bool:
-    found = await get_or_none(kube, path)
-    return found is None or bool(found["metadata"].get("deletionTimestamp"))
 
 
 async def test_a_reservation_pods_token_reports_only_its_own_gpu(

@@ -294,7 +294,7 @@ class Commands:
             chosen = check_output(output, ("json",))
             if by not in ("pod", "namespace"):
                 raise UsageError(f"--by: unknown {by!r} (valid: pod, namespace)")
-            views.sort_rows([], sort)
+            views.check_sort(sort)
         except errors.SharegpuError as exc:
             raise _usage(exc) from None
 

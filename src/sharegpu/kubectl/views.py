@@ -631,10 +631,16 @@ def by_namespace(rows: Sequence[UsageRow]) -> list[UsageRow]:
     return out
 
 
-def sort_rows(rows: Sequence[UsageRow], by: str) -> list[UsageRow]:
-    """`rows` in one of `TOP_SORTS`' orders (ties by namespace, pod, node, GPU)."""
+def check_sort(by: str) -> str:
+    """`by` if it is one of `TOP_SORTS`; InvalidInputError naming them if not."""
     if by not in TOP_SORTS:
         raise errors.InvalidInputError(f"--sort: unknown order {by!r} (valid: {', '.join(TOP_SORTS)})")
+    return by
+
+
+def sort_rows(rows: Sequence[UsageRow], by: str) -> list[UsageRow]:
+    """`rows` in one of `TOP_SORTS`' orders (ties by namespace, pod, node, GPU)."""
+    check_sort(by)
     name = [(r.namespace, r.pod, r.node, r.gpu) for r in rows]
     keys = {
         "used": lambda i: (-rows[i].used_mib, name[i]),
