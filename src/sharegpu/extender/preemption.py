@@ -66,13 +66,12 @@ GANG_TRIES = 1024
 """How many gangs' last tries to preempt `Preemptor` remembers (to try at most once per `retry`)."""
 
 
-@dataclass(slots=True)
-class Nomination:
-    pod: units.PodKey
-    uid: str
+@dataclass(slots=True, kw_only=True)
+class Making:
+    """What a nomination (a pod's, or a gang's) keeps of the room it is making: its victims and what
+    was done about each."""
+
     priority: int
-    request: requests.PodRequest
-    plan: victims.Plan
     victims: dict[units.PodKey, str]
     """Victims (and pods already leaving) -> their UIDs, until they have gone."""
     since: float
@@ -83,18 +82,20 @@ class Nomination:
     announced: bool = False
 
 
-@dataclass(slots=True)
-class GangNomination:
+@dataclass(slots=True, kw_only=True)
+class Nomination(Making):
+    pod: units.PodKey
+    uid: str
+    request: requests.PodRequest
+    plan: victims.Plan
+
+
+@dataclass(slots=True, kw_only=True)
+class GangNomination(Making):
     gang: str
-    priority: int
     uids: dict[units.PodKey, str]
     """The planned members -> their UIDs."""
     plan: victims.GangPlan
-    victims: dict[units.PodKey, str]
-    since: float
-    sent: dict[units.PodKey, float] = field(default_factory=dict)
-    told: set[units.PodKey] = field(default_factory=set)
-    announced: bool = False
     nudged: bool = False
 
     @property
@@ -166,7 +167,15 @@ class Preemptor(extender_handle.Reconciler):
         if chosen is None:
             return None
         leave = {k: self._uid(k) for k in (*chosen.victims, *chosen.leaving)}
-        nomination = Nomination(key, pod.metadata.uid, priority, request, chosen, leave, self.clock())
+        nomination = Nomination(
+            pod=key,
+            uid=pod.metadata.uid,
+            priority=priority,
+            request=request,
+            plan=chosen,
+            victims=leave,
+            since=self.clock(),
+        )
         self.nominations[key] = nomination
         self.cache.hold(key, chosen.node, chosen.gpus)
         self.metrics.preemptions.labels("nominated").inc()
@@ -220,7 +229,12 @@ class Preemptor(extender_handle.Reconciler):
         uids = {m.key: m.uid for m in members}
         leave = {k: self._uid(k) for k in (*chosen.victims, *chosen.leaving)}
         nomination = GangNomination(
-            gang, priority, {a.pod: uids[a.pod] for a in chosen.allocations}, chosen, leave, now
+            gang=gang,
+            priority=priority,
+            uids={a.pod: uids[a.pod] for a in chosen.allocations},
+            plan=chosen,
+            victims=leave,
+            since=now,
         )
         self.gangs[gang] = nomination
         for alloc in chosen.allocations:
