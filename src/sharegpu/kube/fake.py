@@ -46,6 +46,7 @@ from typing import Any, NamedTuple
 import jsonpatch
 import orjson
 
+from sharegpu.api import pods as api_pods
 from sharegpu.api import wire
 from sharegpu.kube import client, errors, transport
 
@@ -591,7 +592,7 @@ class FakeApiServer:
         if pod is None:
             raise _AnswerError(404, "NotFound", f'pods "{key.name}" not found')
         phase = (pod.get("status") or {}).get("phase") or "Pending"
-        if phase in ("Pending", "Succeeded", "Failed") or pod["metadata"].get("deletionTimestamp"):
+        if phase == "Pending" or phase in api_pods.TERMINAL_PHASES or pod["metadata"].get("deletionTimestamp"):
             self._delete(key, pod, {})  # as the API server: no budget guards a pod that is not running
             return {"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 201}
         labels = pod["metadata"].get("labels") or {}
