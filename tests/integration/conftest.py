@@ -210,6 +210,29 @@ async def refusal(kube: client.KubeClient, namespace: str, name: str) -> str | N
     return None
 
 
+@contextlib.asynccontextmanager
+async def account_with_role(admin: client.KubeClient, name: str, rules: list[Json]) -> AsyncIterator[str]:
+    """A ServiceAccount `name` in sharegpu-system bound to a ClusterRole of `rules` and nothing else;
+    yields a token of it, and deletes all three afterwards."""
+    space = names.SYSTEM_NAMESPACE
+    rbac = "rbac.authorization.k8s.io"
+    bodies: list[Json] = [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name, "namespace": space}},
+        {"apiVersion": f"{rbac}/v1", "kind": "ClusterRole", "metadata": {"name": name}, "rules": rules},
+        {"apiVersion": f"{rbac}/v1", "kind": "ClusterRoleBinding", "metadata": {"name": name},
+         "roleRef": {"apiGroup": rbac, "kind": "ClusterRole", "name": name},
+         "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": space}]},
+    ]  # fmt: skip
+    for body in bodies:
+        await stack.apply(admin, body)
+    try:
+        yield await stack.issue_token(admin, space, name)
+    finally:
+        await admin.delete(f"/apis/{rbac}/v1/clusterrolebindings/{name}")
+        await admin.delete(f"/apis/{rbac}/v1/clusterroles/{name}")
+        await admin.delete(f"{paths.namespace(space)}/serviceaccounts/{name}")
+
+
 async def leaving(kube: client.KubeClient, namespace: str, name: str) -> bool:
     """Whether pod `name` is gone or being deleted (evicted, say: no kubelet may end it here)."""
     found = await get_or_none(kube, paths.pod(namespace, name))

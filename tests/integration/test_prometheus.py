@@ -37,6 +37,7 @@ from tests.conftest import REPO
 from tests.integration.conftest import (
     Json,
     RunningWebhook,
+    account_with_role,
     bind_overcommitted,
     bound_long_ago,
     budget_body,
@@ -74,27 +75,12 @@ async def scraper_token(admin: client.KubeClient) -> AsyncIterator[str]:
 async def blind_kubeconfig(admin: client.KubeClient, control_plane: controlplane.ControlPlane) -> AsyncIterator[Path]:
     """Credentials of a controller whose RBAC lets it check who calls /metrics and read nothing else:
     it serves its metrics, and its informers are never ready (as with a ClusterRole left out)."""
-    space = names.SYSTEM_NAMESPACE
-    account: Json = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": BLIND, "namespace": space}}
-    role: Json = {
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": BLIND},
-        "rules": [
-            {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]},
-            {"apiGroups": ["authorization.k8s.io"], "resources": ["subjectaccessreviews"], "verbs": ["create"]},
-        ],
-    }  # fmt: skip
-    binding: Json = {
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": BLIND},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": BLIND},
-        "subjects": [{"kind": "ServiceAccount", "name": BLIND, "namespace": space}],
-    }  # fmt: skip
-    for body in (account, role, binding):
-        await stack.apply(admin, body)
-    token = await stack.issue_token(admin, space, BLIND)
-    yield control_plane.token_kubeconfig(f"{BLIND}-{uuid.uuid4().hex[:8]}", token)
-    await admin.delete(f"/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/{BLIND}")
-    await admin.delete(f"/apis/rbac.authorization.k8s.io/v1/clusterroles/{BLIND}")
-    await admin.delete(f"{paths.namespace(space)}/serviceaccounts/{BLIND}")
+    rules: list[Json] = [
+        {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]},
+        {"apiGroups": ["authorization.k8s.io"], "resources": ["subjectaccessreviews"], "verbs": ["create"]},
+    ]
+    async with account_with_role(admin, BLIND, rules) as token:
+        yield control_plane.token_kubeconfig(f"{BLIND}-{uuid.uuid4().hex[:8]}", token)
 
 
 def rule_names() -> set[str]:

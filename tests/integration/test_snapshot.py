@@ -16,12 +16,12 @@ import pytest
 from typer.testing import CliRunner
 
 from sharegpu import cli
-from sharegpu.api import names, paths
-from sharegpu.devcluster import controlplane, fakecluster, stack, traces
+from sharegpu.api import paths
+from sharegpu.devcluster import controlplane, fakecluster, traces
 from sharegpu.devcluster.stack import ExtenderProcess
 from sharegpu.kube import client
 from sharegpu.sim import runner, trace
-from tests.integration.conftest import Json, gpu_pod, plugin, wait_for
+from tests.integration.conftest import Json, account_with_role, gpu_pod, plugin, wait_for
 
 READER = "snapshot-reader"
 TRACE_NODES = 24
@@ -31,29 +31,14 @@ TRACE_PODS = 160
 @pytest.fixture
 async def reader_kubeconfig(admin: client.KubeClient, control_plane: controlplane.ControlPlane) -> AsyncIterator[Path]:
     """Credentials that may get and list what a snapshot reads, and nothing else."""
-    space = names.SYSTEM_NAMESPACE
-    account: Json = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": READER, "namespace": space}}
-    role: Json = {
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": READER},
-        "rules": [
-            {"apiGroups": [""], "resources": ["nodes", "pods"], "verbs": ["get", "list"]},
-            {"apiGroups": ["sharegpu.io"], "resources": ["devices"], "verbs": ["get", "list"]},
-            {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims", "resourceclaimtemplates"],
-             "verbs": ["get", "list"]},
-        ],
-    }  # fmt: skip
-    binding: Json = {
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": READER},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": READER},
-        "subjects": [{"kind": "ServiceAccount", "name": READER, "namespace": space}],
-    }  # fmt: skip
-    for body in (account, role, binding):
-        await stack.apply(admin, body)
-    token = await stack.issue_token(admin, space, READER)
-    yield control_plane.token_kubeconfig(f"{READER}-{uuid.uuid4().hex[:8]}", token)
-    await admin.delete(f"/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/{READER}")
-    await admin.delete(f"/apis/rbac.authorization.k8s.io/v1/clusterroles/{READER}")
-    await admin.delete(f"{paths.namespace(space)}/serviceaccounts/{READER}")
+    rules: list[Json] = [
+        {"apiGroups": [""], "resources": ["nodes", "pods"], "verbs": ["get", "list"]},
+        {"apiGroups": ["sharegpu.io"], "resources": ["devices"], "verbs": ["get", "list"]},
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims", "resourceclaimtemplates"],
+         "verbs": ["get", "list"]},
+    ]  # fmt: skip
+    async with account_with_role(admin, READER, rules) as token:
+        yield control_plane.token_kubeconfig(f"{READER}-{uuid.uuid4().hex[:8]}", token)
 
 
 def write_trace(folder: Path, prefix: str) -> tuple[Path, Path]:
