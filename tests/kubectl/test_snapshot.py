@@ -5,6 +5,7 @@ cannot hold counted; a pod sharegpu refuses left out with why; the replay says w
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -123,15 +124,11 @@ def test_the_replay_of_a_snapshot_gives_the_simulators_figures_for_the_same_trac
     loaded = trace.load_pods(pods)
     renamed = tmp_path / "copy" / "openb_pod_list_copy.csv"
     renamed.parent.mkdir()
-    trace.write_pods(renamed, [trace.TracePod(**{**_fields(p), "name": f"x{i}"}) for i, p in enumerate(loaded.pods)])
+    trace.write_pods(renamed, [dataclasses.replace(p, name=f"x{i}") for i, p in enumerate(loaded.pods)])
     one = runner.execute(runner.RunSpec(runner.Source("a", str(nodes), str(pods)), "fgd-balance", 42))
     two = runner.execute(runner.RunSpec(runner.Source("b", str(nodes), str(renamed)), "fgd-balance", 42))
     assert one.unallocated_gpu_pct_at_arrived_100 == two.unallocated_gpu_pct_at_arrived_100
     assert one.curve_y == two.curve_y
-
-
-def _fields(pod: trace.TracePod) -> dict[str, Any]:
-    return {name: getattr(pod, name) for name in trace.TracePod.__slots__}
 
 
 def test_a_pods_claims_of_sharegpus_class_are_its_request(tmp_path: Path) -> None:

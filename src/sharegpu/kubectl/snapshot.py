@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -146,10 +147,12 @@ def take(found: Listing, *, names_kept: bool = False, pending_cpu_pods: bool = F
     kept.sort(key=lambda item: (item[0], item[1]))
     first = _seconds(kept[0][0]) if kept else 0
     pods = tuple(
-        _renamed(row, where if names_kept else f"pod-{i:05d}", _seconds(created) - first)
+        dataclasses.replace(
+            row, name=where if names_kept else f"pod-{i:05d}", creation_time=max(0, _seconds(created) - first)
+        )
         for i, (created, where, row) in enumerate(kept)
     )
-    nodes = tuple(_named(row, aliases[name]) for name, row in rows.items())
+    nodes = tuple(dataclasses.replace(row, name=aliases[name]) for name, row in rows.items())
     return Snapshot(nodes, pods, tuple(skipped), dict(sorted(dropped.items())))
 
 
@@ -260,15 +263,3 @@ def _seconds(stamp: str) -> int:
         return int(wire.seconds(stamp)) if stamp else 0
     except errors.InvalidInputError:
         return 0
-
-
-def _renamed(row: trace.TracePod, name: str, created: int) -> trace.TracePod:
-    return trace.TracePod(
-        name=name, cpu_milli=row.cpu_milli, memory_mib=row.memory_mib, num_gpu=row.num_gpu, gpu_milli=row.gpu_milli,
-        models=row.models, creation_time=max(0, created), gpu_memory_mib=row.gpu_memory_mib,
-        gpu_memory_permille=row.gpu_memory_permille, phase=row.phase, node=row.node,
-    )  # fmt: skip
-
-
-def _named(row: trace.TraceNode, name: str) -> trace.TraceNode:
-    return trace.TraceNode(name, row.cpu_milli, row.memory_mib, row.gpus, row.model, row.gpu_memory_mib)
