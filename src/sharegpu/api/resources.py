@@ -44,13 +44,12 @@ class Column:
 AGE: Final = Column("Age", "date", ".metadata.creationTimestamp")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class CustomResource:
-    group: str
-    version: str
+    """A custom resource: sharegpu's own (in its API group and version, the defaults) or another project's."""
+
     kind: str
     plural: str
-    singular: str
     scope: Literal["Namespaced", "Cluster"]
     spec: Any
     """The spec's msgspec type (a Struct, or `dict[str, Any]` for a spec kept as written)."""
@@ -62,6 +61,12 @@ class CustomResource:
     open_spec: bool = False
     """The spec keeps fields the type does not name, as written (another project's resource, whose
     fields sharegpu reads only in part)."""
+    group: str = names.DOMAIN
+    version: str = names.API_VERSION
+
+    @property
+    def singular(self) -> str:
+        return self.kind.lower()
 
     @property
     def name(self) -> str:
@@ -144,11 +149,8 @@ def _column(column: Column) -> Json:
 
 
 SHARED_DEVICE_GROUP: Final = CustomResource(
-    group=names.DOMAIN,
-    version=names.API_VERSION,
     kind="SharedDeviceGroup",
     plural="shareddevicegroups",
-    singular="shareddevicegroup",
     scope="Namespaced",
     spec=groups.GroupSpec,
     status=groups.GroupStatus,
@@ -165,11 +167,8 @@ SHARED_DEVICE_GROUP: Final = CustomResource(
 )
 
 GPU_BUDGET: Final = CustomResource(
-    group=names.DOMAIN,
-    version=names.API_VERSION,
     kind="GPUBudget",
     plural="gpubudgets",
-    singular="gpubudget",
     scope="Namespaced",
     spec=budgets.BudgetSpec,
     status=budgets.BudgetStatus,
@@ -184,11 +183,8 @@ GPU_BUDGET: Final = CustomResource(
 )
 
 CLUSTER_GPU_BUDGET: Final = CustomResource(
-    group=names.DOMAIN,
-    version=names.API_VERSION,
     kind="ClusterGPUBudget",
     plural="clustergpubudgets",
-    singular="clustergpubudget",
     scope="Cluster",
     spec=budgets.ClusterBudgetSpec,
     status=budgets.BudgetStatus,
@@ -201,11 +197,8 @@ CLUSTER_GPU_BUDGET: Final = CustomResource(
 )
 
 GPU_USAGE: Final = CustomResource(
-    group=names.DOMAIN,
-    version=names.API_VERSION,
     kind=names.USAGE_KIND,
     plural=names.USAGE_PLURAL,
-    singular="gpuusage",
     scope="Cluster",
     spec=usage.UsageSpec,
     status=usage.UsageStatus,
@@ -218,11 +211,8 @@ GPU_USAGE: Final = CustomResource(
 )
 
 GPU_IDLE_POLICY: Final = CustomResource(
-    group=names.DOMAIN,
-    version=names.API_VERSION,
     kind="GPUIdlePolicy",
     plural="gpuidlepolicies",
-    singular="gpuidlepolicy",
     scope="Namespaced",
     spec=idle.IdleSpec,
     status=idle.IdleStatus,
@@ -251,7 +241,6 @@ DEVICESHARE_GROUP: Final = CustomResource(
     version=deviceshare.VERSION,
     kind="SharedDeviceGroup",
     plural="shareddevicegroups",
-    singular="shareddevicegroup",
     scope="Namespaced",
     spec=deviceshare.Spec,
     status=deviceshare.Status,
@@ -272,7 +261,6 @@ SHAREPOD: Final = CustomResource(
     version=sharepods.VERSION,
     kind="SharePod",
     plural="sharepods",
-    singular="sharepod",
     scope="Namespaced",
     spec=sharepods.PodSpec,
     status=sharepods.Status,
@@ -296,7 +284,6 @@ def _pod_group(fmt: podgroups.Format, spec: type, project: str, named_by: str) -
         version=fmt.version,
         kind="PodGroup",
         plural=fmt.plural,
-        singular="podgroup",
         scope="Namespaced",
         spec=spec,
         status=None,
