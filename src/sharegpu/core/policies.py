@@ -29,6 +29,7 @@ from sharegpu.core.scoring import (
     masks_to_bool,
     ordered_k,
     trunc,
+    variants,
 )
 
 IntArray = fleet.IntArray
@@ -352,32 +353,18 @@ class _LoadPolicy(Policy):
         return Scores(score.astype(np.int64), choice, tiebreak)
 
 
-class BinpackPolicy(_LoadPolicy):
-    name = "binpack"
-    summary = "fullest node first; fullest fitting GPU inside"
-    node_pack = True
-    device_pack = True
-
-
-class SpreadPolicy(_LoadPolicy):
-    name = "spread"
-    summary = "emptiest node first; emptiest GPU inside"
-    node_pack = False
-    device_pack = False
-
-
-class BinpackSpreadPolicy(_LoadPolicy):
-    name = "binpack-spread"
-    summary = "fullest node first; emptiest GPU inside (pack nodes, spread load over their GPUs)"
-    node_pack = True
-    device_pack = False
-
-
-class SpreadBinpackPolicy(_LoadPolicy):
-    name = "spread-binpack"
-    summary = "emptiest node first; fullest fitting GPU inside"
-    node_pack = False
-    device_pack = True
+BINPACK, SPREAD, BINPACK_SPREAD, SPREAD_BINPACK = variants(
+    _LoadPolicy,
+    ("binpack", "fullest node first; fullest fitting GPU inside", True, True),
+    ("spread", "emptiest node first; emptiest GPU inside", False, False),
+    (
+        "binpack-spread",
+        "fullest node first; emptiest GPU inside (pack nodes, spread load over their GPUs)",
+        True,
+        False,
+    ),
+    ("spread-binpack", "emptiest node first; fullest fitting GPU inside", False, True),
+)
 
 
 class TopologyPolicy(_LoadPolicy):
@@ -411,10 +398,10 @@ OURS: tuple[type[Policy], ...] = (
     FgdPolicy,
     FgdUsedPolicy,
     FgdBalancePolicy,
-    BinpackPolicy,
-    SpreadPolicy,
-    BinpackSpreadPolicy,
-    SpreadBinpackPolicy,
+    BINPACK,
+    SPREAD,
+    BINPACK_SPREAD,
+    SPREAD_BINPACK,
     TopologyPolicy,
 )
 REGISTRY: dict[str, type[Policy]] = {cls.name: cls for cls in OURS}

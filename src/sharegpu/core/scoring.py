@@ -10,7 +10,7 @@ import abc
 import itertools
 import math
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, TypeVar, cast
 
 import numpy as np
 
@@ -115,6 +115,31 @@ class Policy(abc.ABC):
     @abc.abstractmethod
     def score(self, batch: Batch) -> Scores:
         """Scores for the batch's feasible nodes."""
+
+
+P = TypeVar("P", bound=Policy)
+
+
+def variants(base: type[P], *rows: tuple[str, str, bool, bool]) -> tuple[type[P], ...]:
+    """One subclass of `base` per row `(name, summary, node_pack, device_pack)`: the policies of one
+    family that differ only in whether they pack or spread nodes, and the GPUs inside a node."""
+    return tuple(
+        cast(
+            "type[P]",
+            type(
+                "".join(part.title() for part in name.split("-")),
+                (base,),
+                {
+                    "name": name,
+                    "summary": summary,
+                    "node_pack": node_pack,
+                    "device_pack": device_pack,
+                    "__module__": base.__module__,
+                },
+            ),
+        )
+        for name, summary, node_pack, device_pack in rows
+    )
 
 
 def best_connected(

@@ -33,7 +33,7 @@ from typing import ClassVar
 import numpy as np
 
 from sharegpu.core import fleet, requests, units
-from sharegpu.core.scoring import Batch, Policy, Scores, best_connected, first_k, ordered_k, trunc
+from sharegpu.core.scoring import Batch, Policy, Scores, best_connected, first_k, ordered_k, trunc, variants
 
 IntArray = fleet.IntArray
 BoolArray = fleet.BoolArray
@@ -137,32 +137,23 @@ class _Hami(_Slotted):
         return Scores(score, ordered_k(eligible, key, demand.count), tiebreak)
 
 
-class HamiBinpackSpread(_Hami):
-    name = "hami-binpack-spread"
-    summary = "HAMi's default: the fullest node (slots, compute, memory), the emptiest GPU inside"
-    node_pack = True
-    device_pack = False
-
-
-class HamiBinpackBinpack(_Hami):
-    name = "hami-binpack-binpack"
-    summary = "HAMi, node and GPU policy binpack: the fullest node, the fullest fitting GPU"
-    node_pack = True
-    device_pack = True
-
-
-class HamiSpreadSpread(_Hami):
-    name = "hami-spread-spread"
-    summary = "HAMi, node and GPU policy spread: the emptiest node, the emptiest GPU"
-    node_pack = False
-    device_pack = False
-
-
-class HamiSpreadBinpack(_Hami):
-    name = "hami-spread-binpack"
-    summary = "HAMi, node policy spread, GPU policy binpack"
-    node_pack = False
-    device_pack = True
+HAMI_BINPACK_SPREAD, HAMI_BINPACK_BINPACK, HAMI_SPREAD_SPREAD, HAMI_SPREAD_BINPACK = variants(
+    _Hami,
+    (
+        "hami-binpack-spread",
+        "HAMi's default: the fullest node (slots, compute, memory), the emptiest GPU inside",
+        True,
+        False,
+    ),
+    (
+        "hami-binpack-binpack",
+        "HAMi, node and GPU policy binpack: the fullest node, the fullest fitting GPU",
+        True,
+        True,
+    ),
+    ("hami-spread-spread", "HAMi, node and GPU policy spread: the emptiest node, the emptiest GPU", False, False),
+    ("hami-spread-binpack", "HAMi, node policy spread, GPU policy binpack", False, True),
+)
 
 
 class HamiBinpackMutex(_Hami):
@@ -488,10 +479,10 @@ class KaiSpread(_Kai):
 
 
 PEERS: tuple[type[Policy], ...] = (
-    HamiBinpackSpread,
-    HamiBinpackBinpack,
-    HamiSpreadSpread,
-    HamiSpreadBinpack,
+    HAMI_BINPACK_SPREAD,
+    HAMI_BINPACK_BINPACK,
+    HAMI_SPREAD_SPREAD,
+    HAMI_SPREAD_BINPACK,
     HamiBinpackTopology,
     HamiBinpackMutex,
     HamiBinpackNuma,
