@@ -78,7 +78,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -132,6 +132,17 @@ class Plan:
     """Lift the pod's gate (nothing to write: the watch shows every claim of the class allocated)."""
 
 
+@dataclass(slots=True)
+class Pass:
+    """What one pass of the allocator works out once and forgets after."""
+
+    room: dict[str, int]
+    """Per DRA node that says its pod capacity, how many more pods it takes (less those decided)."""
+    admitted: dict[tuple[bytes, int], np.ndarray] = field(default_factory=dict)
+    """Per pod constraints and fleet state, the DRA rows they admit (the pods of one controller share
+    their constraints: judged once)."""
+
+
 class ClaimAllocator(extender_handle.Reconciler):
     def __init__(
         self,
@@ -164,13 +175,11 @@ class ClaimAllocator(extender_handle.Reconciler):
         """Allocated claims of the class that no pod uses or waits for -> since when."""
         self.said: set[tuple[str, str]] = set()
         """(pod UID, message) of the events recorded."""
-        self._admitted: dict[tuple[bytes, int], np.ndarray] = {}
-        """Per pod constraints and fleet state, the DRA rows they admit (for one pass)."""
         self.lifted: dict[str, str] = {}
         """Pod UID -> the resourceVersion it had when its gate was lifted (not lifted again until the
         watch shows it changed)."""
-        self._room: dict[str, int] = {}
-        """Per DRA node that says its pod capacity, how many more pods it takes (this pass)."""
+        self.this_pass = Pass(room={})
+        """What the pass under way has worked out (a fresh one each pass)."""
         self.tried: dict[str, float] = {}
         """The templates of sharegpu's and the pods' claims by name this allocator tried to make ("<kind>
         <namespace>/<name>") -> when."""
@@ -207,8 +216,7 @@ class ClaimAllocator(extender_handle.Reconciler):
             await self._make_templates()  # a creation cannot race the previous leader's: it exists or not
             return
         await self._settle()
-        self._admitted.clear()
-        self._room = self._pod_room()
+        self.this_pass = Pass(room=self._pod_room())
         plans = []
         gangs: dict[str, list[pods.Record]] = {}
         for key in sorted(self.cache.claiming, key=self._age):
@@ -370,8 +378,8 @@ class ClaimAllocator(extender_handle.Reconciler):
                 return None
             decided.append((claim, placed.allocation))
             nodes.add(placed.allocation.node)
-        if decided and fresh and decided[0][1].node in self._room:
-            self._room[decided[0][1].node] -= 1
+        if decided and fresh and decided[0][1].node in self.this_pass.room:
+            self.this_pass.room[decided[0][1].node] -= 1
         shown = all(c.allocated and c.key not in self.cache.claims.assumed for c in claims)
         lift = not decided and shown and record.gated and self.lifted.get(record.uid) != record.resource_version
         if not decided and not lift:
@@ -401,7 +409,7 @@ class ClaimAllocator(extender_handle.Reconciler):
         plans: list[Plan] = []
         failed: pods.Record | None = None
         for domain in domains[: core_gangs.MAX_DOMAINS]:
-            room = dict(self._room)
+            room = dict(self.this_pass.room)
             self._within = domain
             try:
                 plans, failed = await self._try_members(members, need, list(used))
@@ -409,7 +417,7 @@ class ClaimAllocator(extender_handle.Reconciler):
                 self._within = None
             if failed is None:
                 break
-            self._room = room  # what the failed try took
+            self.this_pass.room = room  # what the failed try took
         if failed is not None or not domains:
             where = f" within one value of {gang.topology}" if gang.topology else ""
             why = (f"member {failed.key} cannot be placed now{where}" if failed is not None
@@ -523,7 +531,7 @@ class ClaimAllocator(extender_handle.Reconciler):
             names_ = self.cache.state.names
             allowed = {names_[r] for r in self._rows(record, None)[0].tolist()}
             for node in prefer:
-                if node in allowed and self._room.get(node, 1) > 0:
+                if node in allowed and self.this_pass.room.get(node, 1) > 0:
                     placed = self._place(record, claim, node)
                     if placed.allocation is not None:
                         return placed
@@ -606,12 +614,12 @@ class ClaimAllocator(extender_handle.Reconciler):
             admitted = everywhere
         else:  # the pods of one controller share their constraints: judged once per pass and state
             memo = (terms.key, id(state))
-            found = self._admitted.get(memo)
+            found = self.this_pass.admitted.get(memo)
             if found is None:
                 found = np.array(
                     [r for r in everywhere.tolist() if self.cache.admits(terms, state.names[r])], dtype=np.int64
                 )
-                self._admitted[memo] = found
+                self.this_pass.admitted[memo] = found
             admitted = found
         if self._within is not None:
             admitted = np.array([r for r in admitted.tolist() if state.names[r] in self._within], dtype=np.int64)
@@ -636,9 +644,9 @@ class ClaimAllocator(extender_handle.Reconciler):
             return Placement(refusal=f"claim {claim.namespace}/{claim.name}: {exc}")
         rows, turned_away = self._rows(record, node)
         full = 0
-        if node is None and self._room:
+        if node is None and self.this_pass.room:
             names = cache.state.names
-            open_rows = [r for r in rows.tolist() if self._room.get(names[r], 1) > 0]
+            open_rows = [r for r in rows.tolist() if self.this_pass.room.get(names[r], 1) > 0]
             full = len(rows) - len(open_rows)
             rows = np.array(open_rows, dtype=np.int64)
         if not len(rows) and full:
