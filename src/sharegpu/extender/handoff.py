@@ -33,12 +33,10 @@ from typing import Any
 
 from sharegpu.api import events, handoff, names, paths, pods, wire
 from sharegpu.core import allocation, errors, units
-from sharegpu.extender import cache as extender_cache
-from sharegpu.extender import metrics as extender_metrics
-from sharegpu.kube import client, takeover
+from sharegpu.extender import handle as extender_handle
 from sharegpu.kube import errors as kube_errors
-from sharegpu.kube import events as kube_events
 from sharegpu.kube import reconcile as kube_reconcile
+from sharegpu.kube import takeover
 
 log = logging.getLogger(__name__)
 Claim = tuple[str, str]
@@ -69,21 +67,11 @@ def _foreign(found: dict[str, Any], uid: str) -> bool:
     return (meta.get("labels") or {}).get(names.LABEL_ROLE) != names.ROLE_HANDOFF or owners != [uid]
 
 
-class HandoffReconciler:
-    def __init__(
-        self,
-        cache: extender_cache.ClusterCache,
-        holder: Callable[[str, int], pods.Record | None],
-        api: client.KubeApi,
-        metrics: extender_metrics.Metrics,
-        recorder: kube_events.Recorder,
-    ) -> None:
-        self.cache = cache
+class HandoffReconciler(extender_handle.Reconciler):
+    def __init__(self, handle: extender_handle.Handle, holder: Callable[[str, int], pods.Record | None]) -> None:
+        super().__init__(handle)
         self.holder = holder
         """(node, GPU index) -> the reservation pod that may be handed out (the reservation reconciler's view)."""
-        self.api = api
-        self.metrics = metrics
-        self.recorder = recorder
         self.configmaps: dict[Claim, ConfigMapRecord] = {}
         self.confirmed: dict[Claim, dict[str, str]] = {}
         """What this process last saw right (wrote, or found equal to what it should be): a change from

@@ -30,16 +30,12 @@ from __future__ import annotations
 
 import logging
 import secrets
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from sharegpu.api import names, paths, pods
 from sharegpu.core import errors, units
-from sharegpu.extender import cache as extender_cache
-from sharegpu.extender import metrics as extender_metrics
-from sharegpu.kube import client
+from sharegpu.extender import handle as extender_handle
 from sharegpu.kube import errors as kube_errors
 from sharegpu.kube import reconcile as kube_reconcile
 
@@ -53,27 +49,21 @@ class Backoff:
     not_before: float
 
 
-class ReservationReconciler:
+class ReservationReconciler(extender_handle.Reconciler):
     def __init__(
         self,
-        cache: extender_cache.ClusterCache,
-        api: client.KubeApi,
-        metrics: extender_metrics.Metrics,
+        handle: extender_handle.Handle,
         *,
         image: str = "sharegpu:latest",
         idle: float = 3.0,
         pending_timeout: float = 30.0,
         settle: float = 3.0,
-        clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.cache = cache
-        self.api = api
-        self.metrics = metrics
+        super().__init__(handle)
         self.image = image
         self.idle = idle
         self.pending_timeout = pending_timeout
         self.settle = settle
-        self.clock = clock
         self.retiring: set[units.PodKey] = set()
         self.pending: dict[Slot, tuple[str, float]] = {}
         """Created by us, not yet seen: GPU -> (pod name, when)."""

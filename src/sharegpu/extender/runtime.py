@@ -93,11 +93,9 @@ class Extender:
         """What the reconcilers share (`extender.handle`)."""
         self.preemptor = preemption.Preemptor(self.handle) if options.preemption else None
         self.reservations = extender_reservations.ReservationReconciler(
-            self.cache, api, self.metrics, image=options.image, idle=options.reservation_idle, clock=clock
+            self.handle, image=options.image, idle=options.reservation_idle
         )
-        self.handoffs = extender_handoff.HandoffReconciler(
-            self.cache, self.reservations.holder, api, self.metrics, recorder
-        )
+        self.handoffs = extender_handoff.HandoffReconciler(self.handle, self.reservations.holder)
         self.scheduling = scheduling.SchedulingService(
             self.cache, api, self.metrics, narrow=options.narrow, assume_ttl=options.assume_ttl, clock=clock,
             quota=self.quota, preemptor=self.preemptor, prepare=self.handoffs.prepare,
