@@ -7,11 +7,13 @@ candidate node name, in another order from pod to pod as kube-scheduler sends th
 filter, prioritize when kube-scheduler would call it (more than one node left), and encoding the
 answers. Each pod is then bound through the same service, so the cluster fills up.
 
-    python bench/extender_latency.py [--nodes 1000] [--gpus 8] [--pods 2000] [--json PATH]
+    python bench/extender_latency.py [--nodes 1000] [--gpus 8] [--pods 2000] [--policies A,B] [--json PATH]
 
-Writes {"p50_ms", "p99_ms", "mean_ms", "nodes", "first_of_shape_max_ms"}: the first pod of each
-shape is scored on every node (later ones only on nodes changed since), and that cost is reported
-apart as well as inside the percentiles.
+Writes {"p50_ms", "p99_ms", "mean_ms", "nodes", "first_of_shape_max_ms"} for the first policy named
+(default: the extender's default): the first pod of each shape is scored on every node (later ones
+only on nodes changed since), and that cost is reported apart as well as inside the percentiles.
+With several policies (`--policies fgd-balance,fgd-fill`), each runs the same stream in turn, and
+"by_policy" holds each one's figures and "p99_ratio" each one's p99 over the first's.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import numpy as np
 from sharegpu.api import devices as api_devices
 from sharegpu.api import extender as api_extender
 from sharegpu.api import names, paths, wire
-from sharegpu.core import devices
+from sharegpu.core import devices, policies
 from sharegpu.extender import runtime
 from sharegpu.kube import client, fake
 
@@ -84,11 +86,11 @@ def kube_scheduler_order(names: list[str], cycle: int, rng: random.Random) -> li
     return order
 
 
-async def run(args: argparse.Namespace) -> dict[str, float]:
+async def run(args: argparse.Namespace, policy: str) -> dict[str, float]:
     rng = random.Random(1)
     server = cluster(args.nodes, args.gpus)
     api = client.KubeClient(server)
-    extender = runtime.Extender(api, runtime.Options(leader_elect=False))
+    extender = runtime.Extender(api, runtime.Options(leader_elect=False, policy=policy))
     await extender.start()
     service = extender.scheduling
     node_names = sorted(extender.cache.nodes)
@@ -135,16 +137,27 @@ def main() -> int:
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--gpus", type=int, default=8)
     parser.add_argument("--pods", type=int, default=2000)
+    parser.add_argument("--policies", default=policies.DEFAULT, help="comma-separated; the first is the reference")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    result = asyncio.run(run(args))
-    print(
-        f"filter+prioritize over {args.nodes} nodes x {args.gpus} GPUs, {args.pods} pods: "
-        f"p50 {result['p50_ms']:.3f} ms, p99 {result['p99_ms']:.3f} ms, mean {result['mean_ms']:.3f} ms; "
-        f"the first pod of a shape (all nodes scored): up to {result['first_of_shape_max_ms']:.1f} ms"
-    )
+    names = [policies.check(name) for name in args.policies.split(",")]
+    figures = {}
+    for name in names:
+        result = asyncio.run(run(args, name))
+        figures[name] = result
+        print(
+            f"{name}: filter+prioritize over {args.nodes} nodes x {args.gpus} GPUs, {args.pods} pods: "
+            f"p50 {result['p50_ms']:.3f} ms, p99 {result['p99_ms']:.3f} ms, mean {result['mean_ms']:.3f} ms; "
+            f"the first pod of a shape (all nodes scored): up to {result['first_of_shape_max_ms']:.1f} ms"
+        )
+    first = figures[names[0]]
+    out: dict[str, Any] = {**first, "policy": names[0]}
+    if len(names) > 1:
+        out["by_policy"] = figures
+        out["p99_ratio"] = {name: round(f["p99_ms"] / first["p99_ms"], 3) for name, f in figures.items()}
+        print("p99 over " + names[0] + "'s: " + ", ".join(f"{n} {r:.2f}" for n, r in out["p99_ratio"].items()))
     if args.json:
-        args.json.write_text(json.dumps(result, indent=2))
+        args.json.write_text(json.dumps(out, indent=2))
     return 0
 
 

@@ -264,3 +264,36 @@ def test_fgd_balance_leaves_scarce_models_to_the_pods_restricted_to_them() -> No
 
     assert decide("fgd").node == "v"
     assert decide("fgd-balance").node == "t"
+
+
+FILL_SHAPES = (
+    frag.WeightedShape(frag.Shape(0, 470, 1), 0.5),
+    frag.WeightedShape(frag.Shape(1000, 810, 1), 0.2),
+    frag.WeightedShape(frag.Shape(4000, 810, 1), 0.1),
+    frag.WeightedShape(frag.Shape(0, 160, 1), 0.005),
+    frag.WeightedShape(frag.Shape(0, 1000, 1), 0.195),
+)
+
+
+def test_unfillable_is_what_no_sum_of_common_share_sizes_fills() -> None:
+    gaps = frag.unfillable(FILL_SHAPES, min_weight=0.01)
+    # Common sizes: 470 and 810 (its two shapes weigh 0.3 together); 160 is rare, 1000 no share.
+    assert gaps[[0, 60, 190, 340, 470, 530, 810, 940, 999, 1000]].tolist() == [0, 60, 190, 340, 0, 60, 0, 0, 59, 0]
+    with_rare = frag.unfillable(FILL_SHAPES, min_weight=0.001)
+    assert with_rare[190] == 30 and with_rare[320] == 0 and with_rare[160] == 0
+    assert frag.unfillable(FILL_SHAPES, min_weight=0.9)[500] == 500, "no common size: every gap is waste"
+
+
+def test_fgd_fill_keeps_a_gap_an_exact_share_closes_rather_than_leave_one_nothing_closes() -> None:
+    b = ledger(node("n", 2))
+    _occupy(b, "n", 1, 190)  # GPU 1 has 810 free: exactly what the second most common share asks
+    share = pod("ns/p", count=1, milli=470)
+
+    def decide(name: str) -> core_placer.Decision:
+        return core_placer.Placer(b.state, policies.make(name, FILL_SHAPES)).decide(share.demand)
+
+    # On GPU 1 the 470 would leave 340, which no common share fills (at every level but the lowest,
+    # where the rare 160 counts); on GPU 0 it leaves 530 (470 fits again) and the 810 stays for an 810 pod.
+    assert decide("fgd-balance").gpus == (1,)
+    assert decide("fgd-fill").gpus == (0,)
+    assert policies.DEFAULT == "fgd-fill"

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from sharegpu.sim import report, runner
     from sharegpu.sim.bound import BoundRun
 
-DEFAULT_POLICIES = "random,bestfit,fgd,fgd-balance"
+DEFAULT_POLICIES = "random,bestfit,fgd,fgd-fill"
 _DEFAULT_POLICY_LIST = [DEFAULT_POLICIES]  # `simulate --policy`'s default: never changed
 
 Nodes = Annotated[Path | None, typer.Option("--nodes", help="openb node CSV (sn,cpu_milli,memory_mib,gpu,model).")]

@@ -8,7 +8,8 @@ part. The typical shapes are the most popular ones covering 95% of a reference w
 
 `FragModel.frag` evaluates many nodes at once; `frag_after` evaluates hypothetical placements (a
 fractional pod on each eligible GPU of each node, or whole GPUs taken) as deltas of cached per-node,
-per-shape aggregates, without materialising every hypothetical node.
+per-shape aggregates, without materialising every hypothetical node. `unfillable` says, per free
+compute of a GPU, what no sum of the workload's common share sizes fills (`fgd-fill`'s gap cost).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from sharegpu.core import fleet
+from sharegpu.core import fleet, units
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -69,6 +70,26 @@ def cpu_per_gpu_milli(shapes: tuple[WeightedShape, ...]) -> float:
     cpu = sum(s.weight * s.shape.cpu_milli for s in shapes if s.shape.count)
     gpu = sum(s.weight * s.shape.milli * s.shape.count for s in shapes if s.shape.count)
     return cpu / gpu if gpu > 0 else 0.0
+
+
+def unfillable(shapes: tuple[WeightedShape, ...], min_weight: float) -> FloatArray:
+    """Per free compute x of a GPU (0..1000 milli): what of it no sum of the workload's common
+    one-GPU share sizes fills, `x - max(sum of common sizes <= x)`; 0 for a whole free GPU.
+
+    A size is common when its shapes (any CPU, any models) weigh at least `min_weight` together.
+    FGD judges a gap against one pod at a time; this says which gaps a mix of pods can close: on
+    openb, 470 and 810 close a gap of 470 or 810 exactly; 190 beside an 810 share closes never."""
+    weights: dict[int, float] = {}
+    for item in shapes:
+        if item.shape.count == 1 and 0 < item.shape.milli < units.MILLI_PER_GPU:
+            weights[item.shape.milli] = weights.get(item.shape.milli, 0.0) + item.weight
+    sizes = sorted(size for size, weight in weights.items() if weight >= min_weight)
+    filled = np.zeros(units.MILLI_PER_GPU + 1, dtype=np.int64)
+    for x in range(1, units.MILLI_PER_GPU + 1):
+        filled[x] = max((size + filled[x - size] for size in sizes if size <= x), default=0)
+    gaps = (np.arange(units.MILLI_PER_GPU + 1) - filled).astype(np.float64)
+    gaps[units.MILLI_PER_GPU] = 0.0
+    return gaps
 
 
 class FragModel:

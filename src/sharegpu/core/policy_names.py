@@ -6,6 +6,6 @@ from __future__ import annotations
 
 from typing import Final
 
-DEFAULT: Final = "fgd-balance"
+DEFAULT: Final = "fgd-fill"
 """The extender's policy unless told otherwise; the name `default` stands for it wherever a policy is named."""
 ALIASES: Final = {"default": DEFAULT}
