@@ -83,11 +83,15 @@ def unfillable(shapes: tuple[WeightedShape, ...], min_weight: float) -> FloatArr
     for item in shapes:
         if item.shape.count == 1 and 0 < item.shape.milli < units.MILLI_PER_GPU:
             weights[item.shape.milli] = weights.get(item.shape.milli, 0.0) + item.weight
-    sizes = sorted(size for size, weight in weights.items() if weight >= min_weight)
-    filled = np.zeros(units.MILLI_PER_GPU + 1, dtype=np.int64)
-    for x in range(1, units.MILLI_PER_GPU + 1):
-        filled[x] = max((size + filled[x - size] for size in sizes if size <= x), default=0)
-    gaps = (np.arange(units.MILLI_PER_GPU + 1) - filled).astype(np.float64)
+    # The sums of common sizes (any number of each) up to a whole GPU, then the largest one <= x.
+    reachable = np.zeros(units.MILLI_PER_GPU + 1, dtype=bool)
+    reachable[0] = True
+    for size in sorted(size for size, weight in weights.items() if weight >= min_weight):
+        for _ in range(units.MILLI_PER_GPU // size):
+            reachable[size:] |= reachable[:-size]
+    span = np.arange(units.MILLI_PER_GPU + 1)
+    filled = np.maximum.accumulate(np.where(reachable, span, 0))
+    gaps = (span - filled).astype(np.float64)
     gaps[units.MILLI_PER_GPU] = 0.0
     return gaps
 
