@@ -144,6 +144,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=1, help="runs of each policy, forth then back")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error(f"--rounds must be at least 1, got {args.rounds}")
     names = [policies.check(name) for name in args.policies.split(",")]
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in names}
     for round_ in range(args.rounds):

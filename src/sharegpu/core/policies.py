@@ -220,7 +220,7 @@ class FgdPolicy(Policy):
             if self.reserve is not None:
                 after = after + self.reserve[rows[node_u], gpu_u] * demand.milli / units.MILLI_PER_GPU
             if self.gaps is not None:
-                free_u = state.milli_free[rows[node_u], gpu_u]
+                free_u = free[first]  # each hypothesis's GPU's free compute, read above
                 after = after + self.gaps[free_u - demand.milli] - self.gaps[free_u]
             per_gpu = np.full(eligible.shape, -1, dtype=np.int64)
             per_gpu[node_of, gpu_of] = _sigmoid_score(before[node_u] - after)[inverse]
