@@ -68,21 +68,32 @@ def _cell(values: list[float]) -> str:
     return f"{statistics.fmean(values):.2f}±{spread:.2f}"
 
 
-def documented_bounds(text: str) -> list[dict[str, object]]:
-    """The bound and offline heuristic means per trace from the openb table in the docs, as runs."""
+def documented_bound_cells(text: str) -> dict[str, list[str]]:
+    """The bound and offline heuristic cells per trace, as the openb table in the docs shows them."""
     table = text[text.index(BEGIN) : text.index(END)].splitlines()
     header = next(line for line in table if line.startswith("| trace |"))
     columns = [c.strip() for c in header.strip("|").split("|")]
-    out: list[dict[str, object]] = []
+    out: dict[str, list[str]] = {}
     for line in table:
         cells = [c.strip() for c in line.strip("|").split("|")]
         if len(cells) != len(columns) or cells[0] in ("trace", "---") or cells[0].startswith(("*", "-")):
             continue
         row = dict(zip(columns, cells, strict=True))
         if all(title in row for _, title in BOUND_COLUMNS):
-            values = {key: float(row[title].split("±")[0]) for key, title in BOUND_COLUMNS}
-            out.append({"trace": row["trace"], "seed": 0, **values})
+            out[row["trace"]] = [row[title] for _, title in BOUND_COLUMNS]
     return out
+
+
+def documented_bounds(text: str) -> list[dict[str, object]]:
+    """The bound and offline heuristic means per trace from the openb table in the docs, as runs."""
+    return [
+        {
+            "trace": trace,
+            "seed": 0,
+            **{key: float(cell.split("±")[0]) for (key, _), cell in zip(BOUND_COLUMNS, cells, strict=True)},
+        }
+        for trace, cells in documented_bound_cells(text).items()
+    ]
 
 
 def peers_markdown(
@@ -136,7 +147,10 @@ def markdown(
     seeds: int,
     made: str,
     bounds: list[dict[str, object]],
+    bound_cells: dict[str, list[str]] | None = None,
 ) -> str:
+    """The openb table; the bound columns from `bounds` (runs of `sharegpu bound --json`) or, failing
+    those, as `bound_cells` (per trace, already rendered: the table in the docs) give them."""
     figures: dict[tuple[str, str], list[float]] = {}
     for r in results:
         if r.unallocated_gpu_pct_at_arrived_100 is not None:
@@ -145,7 +159,7 @@ def markdown(
     for run in bounds:
         for key, _ in BOUND_COLUMNS:
             limits.setdefault((str(run["trace"]), key), []).append(float(str(run[key])))
-    extra = [title for _, title in BOUND_COLUMNS] if bounds else []
+    extra = [title for _, title in BOUND_COLUMNS] if bounds or bound_cells else []
     lines = ["| trace | " + " | ".join([*policies, *extra]) + " |", "|---" * (len(policies) + len(extra) + 1) + "|"]
     for trace in traces:
         cells = []
@@ -158,6 +172,8 @@ def markdown(
             for key, _ in BOUND_COLUMNS:
                 found = limits.get((trace, key), [])
                 cells.append(_cell(found) + (f" ({len(found)} seeds)" if len(found) != seeds else ""))
+        elif bound_cells:
+            cells += bound_cells.get(trace, ["-"] * len(BOUND_COLUMNS))
         lines.append(f"| {trace} | " + " | ".join(cells) + " |")
     if "fgd" in policies:
         ratios = []
@@ -171,6 +187,8 @@ def markdown(
         lines.append("| *mean of per-trace ratios to fgd* | " + " | ".join([*ratios, *([""] * len(extra))]) + " |")
     if bounds:
         made += "; bound and offline heuristic by `sharegpu bound` (see below)"
+    elif bound_cells:
+        made += "; bound and offline heuristic as the table this one replaced gave them (`sharegpu bound`, see below)"
     return (
         f"Unallocated GPU % at arrived = 100%, ours as mean±sd over {seeds} seeds, the paper's mean in "
         f"parentheses where it published one. {made}.\n\n" + "\n".join(lines)
@@ -275,7 +293,8 @@ def main() -> int:
             bounds, bounds_from = documented_bounds(DOC.read_text()), "as in the openb table above (the same runs)"
         table = peers_markdown(results, policies, traces, len(seeds), made, bounds, bounds_from)
     else:
-        table = markdown(results, policies, traces, len(seeds), made, bounds)
+        kept = None if bounds else documented_bound_cells(DOC.read_text())
+        table = markdown(results, policies, traces, len(seeds), made, bounds, kept)
     print(table)
     if args.json:
         args.json.write_bytes(report.to_json(results, command))
