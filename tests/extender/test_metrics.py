@@ -155,14 +155,64 @@ async def test_the_metrics_endpoint_serves_every_family_and_nothing_of_the_clust
     assert parsed["sharegpu_extender_binds"].type == "counter"
 
 
-def test_every_repair_action_is_counted_from_zero_so_that_the_first_repair_is_an_increase() -> None:
+def counted(metrics: extender_metrics.Metrics) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+    """Per labelled counter (its `_total` samples), each series' labels and value."""
+    out: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
+    for family in metrics.registry.collect():
+        if family.type != "counter":
+            continue
+        for s in family.samples:
+            if s.name.endswith("_total") and s.labels:
+                out.setdefault(s.name, {})[tuple(sorted(s.labels.items()))] = s.value
+    return out
+
+
+def test_every_labelled_counter_starts_with_each_of_its_values_at_zero() -> None:
     """A counter's labelled series that appears at 1 shows no increase() to Prometheus: the first
-    repair of an extender's life would not raise SharegpuOvercommitRepaired."""
-    made = extender_metrics.Metrics()
-    found = {
-        s.labels["action"]: s.value
-        for f in made.registry.collect()
-        for s in f.samples
-        if s.name == "sharegpu_extender_overcommit_repairs_total"
+    repair of an extender's life would not raise SharegpuOvercommitRepaired, the first preemption
+    would not show in a rate. Every labelled counter lists its values from the start, at 0."""
+    fresh = extender_metrics.Metrics()
+    silent = [f.name for f in fresh.registry.collect() if f.type == "counter" and not f.samples]
+    assert silent == [], "a labelled counter without its series"  # unlabelled ones always show 0
+    made = counted(fresh)
+    assert all(value == 0.0 for series in made.values() for value in series.values())
+    repairs = {dict(labels)["action"] for labels in made["sharegpu_extender_overcommit_repairs_total"]}
+    assert repairs == {"evicted", "cleared", "waiting", "refused", "unknown"}
+    preemptions = {dict(labels)["outcome"] for labels in made["sharegpu_extender_preemptions_total"]}
+    assert preemptions == {"nominated", "placed", "freed", "bound", "gone", "replaced", "expired"}
+    decisions = made["sharegpu_extender_decisions_total"]
+    assert len(decisions) == len(extender_metrics.FilterOutcome)
+    unknown = made["sharegpu_extender_unknown_writes_total"]
+    assert {tuple(sorted(dict(labels).values())) for labels in unknown} == {
+        ("claim-allocation", "done"),
+        ("claim-allocation", "not-done"),
     }
-    assert found == dict.fromkeys(("evicted", "cleared", "waiting", "refused", "unknown"), 0.0)
+    connections = {dict(labels)["protocol"] for labels in made["sharegpu_extender_connections_total"]}
+    assert connections == {"h2", "http/1.1"}
+
+
+async def test_what_the_extender_counts_is_within_the_values_listed_from_the_start(
+    harness: Callable[..., Any],
+) -> None:
+    """Writers pass the vocabularies' members: a filter, a bind, a refusal and a reservation's life
+    add no series that was not there at 0 (a misspelt value would be a new series, and the listed one
+    would stay at 0 for ever)."""
+    h: Harness = await harness(nodes=1, gpus=1)
+    before = counted(h.extender.metrics)
+    pod = await h.create(gpu_pod("a", milli=600))
+    assert h.extender.scheduling.filter(h.args(pod)).node_names == ["n0"]
+    meta = (h.server.get_object(paths.pod("ns", "a")) or {})["metadata"]
+    bound = await h.extender.scheduling.bind(
+        api_extender.BindingArgs(pod_name="a", pod_namespace="ns", pod_uid=meta["uid"], node="n0")
+    )
+    assert bound.error == ""
+    big = await h.create(gpu_pod("big", milli=600))
+    assert h.extender.scheduling.filter(h.args(big)).node_names == []
+    after = counted(h.extender.metrics)
+    assert {name: set(series) for name, series in after.items()} == {
+        name: set(series) for name, series in before.items()
+    }
+    decisions = after["sharegpu_extender_decisions_total"]
+    assert decisions[(("outcome", "feasible"), ("verb", "filter"))] == 1
+    assert decisions[(("outcome", "unschedulable"), ("verb", "filter"))] == 1
+    assert after["sharegpu_extender_binds_total"][(("outcome", "bound"),)] == 1

@@ -3,6 +3,7 @@ error for a body that is no review or a review that could not be judged), and ti
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 from aiohttp import test_utils
@@ -59,12 +60,15 @@ async def test_admissions_are_counted_by_kind_and_outcome() -> None:
         for s in families["sharegpu_webhook_admissions"].samples
         if s.name == "sharegpu_webhook_admissions_total"
     }
+    # Every kind and outcome is listed from the start, at 0 (a series born at 1 shows no increase()).
     assert counted == {
+        **dict.fromkeys(itertools.product(server.Review, server.Verdict), 0.0),
         ("mutate", "allowed"): 2,
         ("validate", "denied"): 1,
         ("mutate", "error"): 1,
         ("groups", "error"): 1,
     }
+    assert len(counted) == 15
     durations = {
         s.labels["kind"]: s.value
         for s in families["sharegpu_webhook_admission_duration_seconds"].samples

@@ -90,6 +90,7 @@ from sharegpu.core import gangs as core_gangs
 from sharegpu.extender import budgets as extender_budgets
 from sharegpu.extender import cache as extender_cache
 from sharegpu.extender import handle as extender_handle
+from sharegpu.extender import metrics as extender_metrics
 from sharegpu.kube import client, reconcile
 from sharegpu.kube import errors as kube_errors
 
@@ -258,7 +259,7 @@ class ClaimAllocator(extender_handle.Reconciler):
             placed = self.placed_on.pop(key, None)
             if placed is not None and placed[1] == node:
                 self.avoid.setdefault(placed[0], set()).add(node)
-                self.metrics.claims.labels("taken-back").inc()
+                self.metrics.claims.labels(extender_metrics.ClaimOutcome.TAKEN_BACK).inc()
                 log.info("claim %s: kube-scheduler cleared its allocation on %s; its pod avoids that node", key, node)
         for key in [k for k in self.placed_on if k not in self.cache.claims.records]:
             del self.placed_on[key]
@@ -307,12 +308,16 @@ class ClaimAllocator(extender_handle.Reconciler):
         namespace, pod = record.key.split("/", 1)
         if not ref.claim and dra.template_shape(ref.template) is not None:
             body = dra.template(namespace, ref.template)
-            await self._create_once("template", dra.template_path(namespace), body, announce=True)
+            await self._create_once(
+                extender_metrics.ClaimOutcome.TEMPLATE, dra.template_path(namespace), body, announce=True
+            )
         elif ref.claim and dra.claim_shape(ref.claim) is not None:
             body = dra.pod_claim(namespace, ref.claim, pod, record.uid)
-            await self._create_once("made", dra.claim_path(namespace), body, announce=False)
+            await self._create_once(extender_metrics.ClaimOutcome.MADE, dra.claim_path(namespace), body, announce=False)
 
-    async def _create_once(self, outcome: str, collection: str, body: dict[str, Any], *, announce: bool) -> None:
+    async def _create_once(
+        self, outcome: extender_metrics.ClaimOutcome, collection: str, body: dict[str, Any], *, announce: bool
+    ) -> None:
         """Create `body` in `collection` (once; again after `TEMPLATE_RETRY` if it is still not seen),
         counted as `outcome`; one that exists already is left as it is."""
         meta = body["metadata"]
@@ -732,7 +737,7 @@ class ClaimAllocator(extender_handle.Reconciler):
             await self.api.patch(f"{path}/status", body)
         except errors.SharegpuError as exc:
             outcome = kube_errors.outcome(exc)
-            self.metrics.claims.labels(outcome.value).inc()
+            self.metrics.claims.labels(extender_metrics.ClaimOutcome(outcome.value)).inc()
             if outcome is kube_errors.Outcome.UNKNOWN:
                 self.unsure[claim.key] = Unsure(version, self.clock(), self.clock())
                 log.warning("claim %s: the answer to writing its allocation was lost; read back in %.0f s",
@@ -743,7 +748,7 @@ class ClaimAllocator(extender_handle.Reconciler):
             if not isinstance(exc, kube_errors.ConflictError | kube_errors.NotFoundError):
                 log.warning("claim %s: writing its allocation failed: %s", claim.key, exc)
             return False
-        self.metrics.claims.labels("allocated").inc()
+        self.metrics.claims.labels(extender_metrics.ClaimOutcome.ALLOCATED).inc()
         log.info("claim %s allocated on %s GPU(s) %s for pod %s", claim.key, placed.node,
                  sorted(placed.gpu_usage()), record.key)  # fmt: skip
         return True
@@ -763,7 +768,7 @@ class ClaimAllocator(extender_handle.Reconciler):
             log.warning("pod %s: lifting its gate failed (tried again next pass): %s", record.key, exc)
             return
         self.lifted[record.uid] = record.resource_version
-        self.metrics.claims.labels("ungated").inc()
+        self.metrics.claims.labels(extender_metrics.ClaimOutcome.UNGATED).inc()
         log.info("pod %s: its claims are allocated; gate %s lifted", record.key, names.DRA_GATE)
 
     async def _say(self, record: pods.Record, message: str) -> None:
@@ -804,14 +809,18 @@ class ClaimAllocator(extender_handle.Reconciler):
             del self.unsure[key]
             if found is not None and (found.get("status") or {}).get("allocation"):
                 # it landed: its hold (`ClaimTable.assumed`) stays until the watch shows it
-                self.metrics.unknown.labels("claim-allocation", "done").inc()
+                self.metrics.unknown.labels(
+                    extender_metrics.LostWrite.CLAIM_ALLOCATION, extender_metrics.ReadBack.DONE
+                ).inc()
                 continue
             unchanged = found is not None and found["metadata"].get("resourceVersion") == unsure.resource_version
             if unchanged and now - unsure.sent < WRITE_DEADLINE:
                 self.unsure[key] = Unsure(unsure.resource_version, now, unsure.sent)  # it still could land: wait
                 continue
             self.cache.forget_claim(key)  # not landed, and it no longer can (the claim moved on, or went)
-            self.metrics.unknown.labels("claim-allocation", "not-done").inc()
+            self.metrics.unknown.labels(
+                extender_metrics.LostWrite.CLAIM_ALLOCATION, extender_metrics.ReadBack.NOT_DONE
+            ).inc()
 
     async def _clear_unused(self) -> None:
         """Clear allocations of the class that no pod uses or waits for (`orphan_after` seconds)."""
@@ -843,7 +852,7 @@ class ClaimAllocator(extender_handle.Reconciler):
         except errors.SharegpuError as exc:
             log.warning("claim %s: clearing its allocation failed: %s", claim.key, exc)
             return False
-        self.metrics.claims.labels("cleared").inc()
+        self.metrics.claims.labels(extender_metrics.ClaimOutcome.CLEARED).inc()
         return True
 
 

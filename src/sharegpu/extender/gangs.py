@@ -35,7 +35,6 @@ planned into it at the first member's filter after they have gone.
 from __future__ import annotations
 
 import asyncio
-import enum
 import functools
 import logging
 from collections.abc import Callable
@@ -62,13 +61,6 @@ DELETED_MEMORY = 1024
 """How many deleted plan ConfigMaps `GangBook.deleted` remembers."""
 BARRIER_WAIT = 4.0
 """Seconds a member's bind waits for the others (kube-scheduler gives the extender 5 s an HTTP call)."""
-
-
-class Outcome(enum.StrEnum):
-    PLANNED = "planned"
-    RELEASED = "released"
-    EXPIRED = "expired"
-    REFUSED = "refused"
 
 
 @dataclass(slots=True)
@@ -194,7 +186,7 @@ class GangBook:
         self.plans[gang.key] = Plan(gang, held, self.clock() + gang.timeout_s)
         for key in held:
             self.member_of[key] = gang.key
-        self.metrics.gangs.labels(Outcome.PLANNED).inc()
+        self.metrics.gangs.labels(extender_metrics.GangOutcome.PLANNED).inc()
         log.info("gang %s: %d member(s) planned on %d node(s)%s", gang.key, len(held), found.nodes,
                  f" in {gang.topology}={found.domain}" if gang.topology else "")  # fmt: skip
         mine = held.get(asking)
@@ -203,7 +195,7 @@ class GangBook:
         return Verdict(node=mine[1].node)
 
     def _refuse(self, why: str) -> Verdict:
-        self.metrics.gangs.labels(Outcome.REFUSED).inc()
+        self.metrics.gangs.labels(extender_metrics.GangOutcome.REFUSED).inc()
         return Verdict(refusal=why)
 
     def _admitted(self, members: list[pods.Record]) -> np.ndarray:
@@ -244,7 +236,7 @@ class GangBook:
                 self._drop_kept(plan.gang.key)
                 return f"gang {plan.gang.key}: its plan was given back at its timeout; it is planned again"
             plan.released.set()
-            self.metrics.gangs.labels(Outcome.RELEASED).inc()
+            self.metrics.gangs.labels(extender_metrics.GangOutcome.RELEASED).inc()
         if plan.released.is_set():
             return None
         try:
@@ -410,7 +402,7 @@ class GangBook:
                     self.cache.forget(key)
             self._end(gang_key, plan)
             given_back += 1
-            self.metrics.gangs.labels(Outcome.EXPIRED).inc()
+            self.metrics.gangs.labels(extender_metrics.GangOutcome.EXPIRED).inc()
             log.warning("gang %s: %d of %d planned member(s) bound; the rest given back (%s)", gang_key,
                         len(bound), len(plan.members), "a member is gone" if plan.released.is_set() else
                         f"not all reached their binding within {plan.gang.timeout_s} s")  # fmt: skip

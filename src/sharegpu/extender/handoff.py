@@ -34,6 +34,7 @@ from typing import Any
 from sharegpu.api import events, handoff, names, paths, pods, wire
 from sharegpu.core import allocation, errors, units
 from sharegpu.extender import handle as extender_handle
+from sharegpu.extender import metrics as extender_metrics
 from sharegpu.kube import errors as kube_errors
 from sharegpu.kube import reconcile as kube_reconcile
 from sharegpu.kube import takeover
@@ -192,7 +193,7 @@ class HandoffReconciler(extender_handle.Reconciler):
                     await self.api.create(
                         paths.configmaps(namespace), handoff.configmap(name, namespace, pod_name, record.uid, data)
                     )
-                    self.metrics.handoffs.labels("created").inc()
+                    self.metrics.handoffs.labels(extender_metrics.HandoffAction.CREATED).inc()
                 except kube_errors.ConflictError as exc:
                     if not exc.already_exists:
                         raise
@@ -206,7 +207,7 @@ class HandoffReconciler(extender_handle.Reconciler):
                     "data": {**dict.fromkeys(existing.data), **data},
                 }
                 await self.api.patch(paths.configmap(namespace, name), body)
-                self.metrics.handoffs.labels("updated").inc()
+                self.metrics.handoffs.labels(extender_metrics.HandoffAction.UPDATED).inc()
         except kube_errors.ConflictError:
             return False  # changed meanwhile: the watch shows it, the next pass decides again
         except errors.SharegpuError as exc:
@@ -231,7 +232,7 @@ class HandoffReconciler(extender_handle.Reconciler):
         await self._alarm(claim, record, "was written by someone other than sharegpu")
         body = handoff.configmap(name, namespace, record.key.split("/", 1)[1], record.uid, data)
         await takeover.overwrite(self.api, paths.configmaps(namespace), path, body, found)
-        self.metrics.handoffs.labels("repaired").inc()
+        self.metrics.handoffs.labels(extender_metrics.HandoffAction.REPAIRED).inc()
         self.confirmed[claim] = data
         return True
 

@@ -13,8 +13,10 @@ and bind. docs/metrics.md lists every metric.
 from __future__ import annotations
 
 import asyncio
+import enum
+import itertools
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import prometheus_client
@@ -26,15 +28,152 @@ from sharegpu.core import allocation, devices, fleet, units
 from sharegpu.extender import cache as extender_cache
 from sharegpu.extender import quotas as extender_quotas
 from sharegpu.kube import errors as kube_errors
+from sharegpu.serving import http2
 
 REQUEST_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
-REPAIR_ACTIONS = (
-    "evicted",
-    "cleared",
-    "waiting",
-    *(o.value for o in kube_errors.Outcome if o is not kube_errors.Outcome.DONE),
-)
-"""What a pass of `extender.overcommit` did: its `action` label's values."""
+
+
+# The values of the counters' labels, one vocabulary per counter: writers pass these members, and
+# `Metrics` exports every value at 0 from the start, so that `increase()` and `rate()` see the first event.
+
+
+class FilterOutcome(enum.StrEnum):
+    """What a filter call decided, as the `outcome` label of `sharegpu_extender_decisions_total` counts it."""
+
+    FEASIBLE = "feasible"
+    """Nodes fit it (or the node it is bound or assumed on)."""
+    UNSCHEDULABLE = "unschedulable"
+    """No node fits it and no preemption would make room."""
+    PREEMPTING = "preempting"
+    """No node fits it now; a preemption nominated for it is making room."""
+    QUOTA = "quota"
+    """A ResourceQuota on sharegpu's totals refuses it."""
+    INVALID = "invalid"
+    """Its request is malformed."""
+    GANG = "gang"
+    """A gang member answered from its gang's plan: refused, or its planned node not among the candidates."""
+
+
+class BindOutcome(enum.StrEnum):
+    """How a bind ended, as the `outcome` label of `sharegpu_extender_binds_total` counts it."""
+
+    BOUND = "bound"
+    ERROR = "error"
+    """Refused before or by the API: the pod is gone, replaced, bound already, or the write failed."""
+    INVALID = "invalid"
+    """The pod's request is malformed."""
+    UNSCHEDULABLE = "unschedulable"
+    """It no longer fits the node (the cluster changed since filter)."""
+    CONFLICT = "conflict"
+    """Its allocation conflicts with the ledger."""
+    UNKNOWN = "unknown"
+    """The write's answer was lost; the allocation is held until it is read back."""
+    GANG = "gang-waiting"
+    """A gang member waited at its bind for the others in vain; its place is held, kube-scheduler tries again."""
+
+
+class GangOutcome(enum.StrEnum):
+    """What became of a gang's plan (`sharegpu_extender_gangs_total`)."""
+
+    PLANNED = "planned"
+    RELEASED = "released"
+    EXPIRED = "expired"
+    REFUSED = "refused"
+
+
+class ClaimOutcome(enum.StrEnum):
+    """What the DRA allocator did with a claim (`sharegpu_extender_dra_claims_total`)."""
+
+    ALLOCATED = "allocated"
+    UNGATED = "ungated"
+    CLEARED = "cleared"
+    TEMPLATE = "template"
+    MADE = "made"
+    TAKEN_BACK = "taken-back"
+    REFUSED = kube_errors.Outcome.REFUSED.value
+    UNKNOWN = kube_errors.Outcome.UNKNOWN.value
+
+
+class PreemptionOutcome(enum.StrEnum):
+    """A preemption's nomination, then how it ended (`sharegpu_extender_preemptions_total`)."""
+
+    NOMINATED = "nominated"
+    PLACED = "placed"
+    FREED = "freed"
+    BOUND = "bound"
+    GONE = "gone"
+    REPLACED = "replaced"
+    EXPIRED = "expired"
+
+
+class DeletionOutcome(enum.StrEnum):
+    """How a preempted pod's deletion went (`sharegpu_extender_preemption_deletions_total`)."""
+
+    DONE = kube_errors.Outcome.DONE.value
+    REFUSED = kube_errors.Outcome.REFUSED.value
+    UNKNOWN = kube_errors.Outcome.UNKNOWN.value
+    UNTOLD = "untold"
+    """Not sent: its event could not be written first."""
+
+
+class RequeueOutcome(enum.StrEnum):
+    """`sharegpu_extender_requeues_total`."""
+
+    NUDGED = "nudged"
+    FAILED = "failed"
+
+
+class ReservationAction(enum.StrEnum):
+    """`sharegpu_extender_reservation_pods_total`: made, or deleted and why."""
+
+    CREATED = "created"
+    DELETED_ENDED = "deleted-ended"
+    DELETED_DUPLICATE = "deleted-duplicate"
+    DELETED_IDLE = "deleted-idle"
+
+
+class HandoffAction(enum.StrEnum):
+    """`sharegpu_extender_handoff_writes_total`."""
+
+    CREATED = "created"
+    UPDATED = "updated"
+    REPAIRED = "repaired"
+    """Found written by someone else, and written again."""
+
+
+class RepairAction(enum.StrEnum):
+    """What a pass of `extender.overcommit` did (`sharegpu_extender_overcommit_repairs_total`)."""
+
+    EVICTED = "evicted"
+    CLEARED = "cleared"
+    WAITING = "waiting"
+    REFUSED = kube_errors.Outcome.REFUSED.value
+    UNKNOWN = kube_errors.Outcome.UNKNOWN.value
+
+
+class LostWrite(enum.StrEnum):
+    """Which write's answer was lost (`sharegpu_extender_unknown_writes_total`, label `write`)."""
+
+    CLAIM_ALLOCATION = "claim-allocation"
+
+
+class ReadBack(enum.StrEnum):
+    """What reading a lost write back found (label `found`)."""
+
+    DONE = "done"
+    NOT_DONE = "not-done"
+
+
+def _counter(
+    registry: prometheus_client.CollectorRegistry, name: str, documentation: str, **labels: Iterable[str]
+) -> prometheus_client.Counter:
+    """A counter with a label per keyword, each combination of their values exported at 0 from the start."""
+    counter = prometheus_client.Counter(name, documentation, list(labels), registry=registry)
+    for values in itertools.product(*labels.values()):
+        counter.labels(*values)
+    return counter
+
+
 SCHEDULING_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
 
 
@@ -42,8 +181,8 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = prometheus_client.CollectorRegistry()
         r = self.registry
-        self.decisions = prometheus_client.Counter(
-            "sharegpu_extender_decisions", "Filter decisions by outcome", ["verb", "outcome"], registry=r
+        self.decisions = _counter(
+            r, "sharegpu_extender_decisions", "Filter decisions by outcome", verb=("filter",), outcome=FilterOutcome
         )
         self.latency = prometheus_client.Histogram(
             "sharegpu_extender_request_duration_seconds",
@@ -58,79 +197,78 @@ class Metrics:
             registry=r,
             buckets=SCHEDULING_BUCKETS,
         )
-        self.connections = prometheus_client.Counter(
+        self.connections = _counter(
+            r,
             "sharegpu_extender_connections",
             "Connections accepted on the scheduler port, by protocol (h2: one per kube-scheduler, kept)",
-            ["protocol"],
-            registry=r,
+            protocol=http2.ALPN,
         )
-        self.binds = prometheus_client.Counter("sharegpu_extender_binds", "Bind results", ["outcome"], registry=r)
-        self.unknown = prometheus_client.Counter(
+        self.binds = _counter(r, "sharegpu_extender_binds", "Bind results", outcome=BindOutcome)
+        self.unknown = _counter(
+            r,
             "sharegpu_extender_unknown_writes",
             "Writes whose answer was lost, once read back: by write and by what the read found",
-            ["write", "found"],
-            registry=r,
+            write=LostWrite,
+            found=ReadBack,
         )
-        self.preemptions = prometheus_client.Counter(
+        self.preemptions = _counter(
+            r,
             "sharegpu_extender_preemptions",
             "Preemption nominations, by what happened (nominated; then placed, freed, bound, gone, replaced, expired)",
-            ["outcome"],
-            registry=r,
+            outcome=PreemptionOutcome,
         )
         self.preempted = prometheus_client.Counter(
             "sharegpu_extender_preempted_pods", "Pods chosen as victims of a preemption", registry=r
         )
-        self.preempted_deletions = prometheus_client.Counter(
+        self.preempted_deletions = _counter(
+            r,
             "sharegpu_extender_preemption_deletions",
             "Deletions of preempted pods, by outcome (done, refused, unknown; untold: not sent, its event failed)",
-            ["outcome"],
-            registry=r,
+            outcome=DeletionOutcome,
         )
-        self.requeues = prometheus_client.Counter(
+        self.requeues = _counter(
+            r,
             "sharegpu_extender_requeues",
             "Pods kube-scheduler was asked to try again because room appeared after they were turned away, "
             "by outcome (nudged, failed)",
-            ["outcome"],
-            registry=r,
+            outcome=RequeueOutcome,
         )
-        self.repairs = prometheus_client.Counter(
+        self.repairs = _counter(
+            r,
             "sharegpu_extender_overcommit_repairs",
             "Repair passes over over-committed GPUs, by what they did (evicted, cleared, refused, unknown, waiting)",
-            ["action"],
-            registry=r,
+            action=RepairAction,
         )
-        for action in REPAIR_ACTIONS:  # at 0 from the start: increase() sees the first repair
-            self.repairs.labels(action)
-        self.claims = prometheus_client.Counter(
+        self.claims = _counter(
+            r,
             "sharegpu_extender_dra_claims",
             "What the DRA allocator did with claims of sharegpu's class, by outcome (allocated, ungated, "
             "cleared, template, made: a pod's claim by name it made; taken-back: kube-scheduler cleared an "
             "allocation it wrote; refused, unknown: "
             "a write refused, or whose answer was lost)",
-            ["outcome"],
-            registry=r,
+            outcome=ClaimOutcome,
         )
-        self.gangs = prometheus_client.Counter(
+        self.gangs = _counter(
+            r,
             "sharegpu_extender_gangs",
             "Gang plans by outcome (planned: every needed member placed at once; released: all planned "
             "members reached their binding; expired: given back at the gang's timeout; refused: a member "
             "was turned away for its gang)",
-            ["outcome"],
-            registry=r,
+            outcome=GangOutcome,
         )
         self.expired = prometheus_client.Counter(
             "sharegpu_extender_assumptions_expired",
             "Assumed placements forgotten because no binding followed",
             registry=r,
         )
-        self.reservations = prometheus_client.Counter(
-            "sharegpu_extender_reservation_pods", "Reservation pods created and deleted", ["action"], registry=r
+        self.reservations = _counter(
+            r, "sharegpu_extender_reservation_pods", "Reservation pods created and deleted", action=ReservationAction
         )
-        self.handoffs = prometheus_client.Counter(
+        self.handoffs = _counter(
+            r,
             "sharegpu_extender_handoff_writes",
             "Hand-off ConfigMaps written (action: created, updated, or repaired: found written by someone else)",
-            ["action"],
-            registry=r,
+            action=HandoffAction,
         )
         self.leader = prometheus_client.Gauge(
             "sharegpu_extender_leader", "1 while this replica runs the background reconcilers", registry=r
@@ -148,6 +286,7 @@ class Metrics:
         self._source = source
 
     def connection(self, protocol: str) -> None:
+        """One connection accepted, by the protocol `http2.Connections` chose (one of `http2.ALPN`)."""
         self.connections.labels(protocol).inc()
 
     def refresh(self) -> None:

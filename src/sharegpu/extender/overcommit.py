@@ -35,6 +35,7 @@ import logging
 from sharegpu.api import dra, events, paths, pods
 from sharegpu.core import errors, ledger, units
 from sharegpu.extender import handle as extender_handle
+from sharegpu.extender import metrics as extender_metrics
 from sharegpu.kube import errors as kube_errors
 from sharegpu.kube import reconcile
 
@@ -132,7 +133,7 @@ class OvercommitReconciler(extender_handle.Reconciler):
         if not candidates:
             if _episode(gpu) not in self.waiting:
                 self.waiting.add(_episode(gpu))
-                self.metrics.repairs.labels("waiting").inc()
+                self.metrics.repairs.labels(extender_metrics.RepairAction.WAITING).inc()
                 log.warning("repairing %s: no tenant may be evicted (all started, or without an owner): waiting "
                             "for one to leave", gpu.where)  # fmt: skip
             return
@@ -150,11 +151,11 @@ class OvercommitReconciler(extender_handle.Reconciler):
             return  # gone meanwhile
         except errors.SharegpuError as exc:
             outcome = kube_errors.outcome(exc)
-            self.metrics.repairs.labels(outcome.value).inc()
+            self.metrics.repairs.labels(extender_metrics.RepairAction(outcome.value)).inc()
             log.warning("repairing %s: evicting %s: %s (%s; tried again in %.0f s)",
                         gpu.where, victim.key, exc, outcome.value, self.retry)  # fmt: skip
             return
-        self.metrics.repairs.labels("evicted").inc()
+        self.metrics.repairs.labels(extender_metrics.RepairAction.EVICTED).inc()
         log.warning("repairing %s: evicted %s (the newest tenant that has not started)", gpu.where, victim.key)
         message = f"evicted to repair: {self.describe(gpu)}; its owner makes it again and sharegpu places it"
         await self._event(victim, "GPUOvercommitEvicted", message, f"{gpu.where}|evict")
@@ -173,10 +174,10 @@ class OvercommitReconciler(extender_handle.Reconciler):
             return  # gone meanwhile
         except errors.SharegpuError as exc:  # 409: it moved on; the watch shows how, the next pass decides
             outcome = kube_errors.outcome(exc)
-            self.metrics.repairs.labels(outcome.value).inc()
+            self.metrics.repairs.labels(extender_metrics.RepairAction(outcome.value)).inc()
             log.warning("repairing %s: clearing claim %s: %s (%s)", gpu.where, claim.key, exc, outcome.value)
             return
-        self.metrics.repairs.labels("cleared").inc()
+        self.metrics.repairs.labels(extender_metrics.RepairAction.CLEARED).inc()
         log.warning("repairing %s: cleared the allocation of claim %s (no pod uses it yet); the allocator "
                     "places it again", gpu.where, claim.key)  # fmt: skip
 

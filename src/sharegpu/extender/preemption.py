@@ -52,6 +52,7 @@ from sharegpu.api import events, paths, pods, wire
 from sharegpu.core import errors, fit, requests, units, victims
 from sharegpu.core import gangs as core_gangs
 from sharegpu.extender import handle as extender_handle
+from sharegpu.extender import metrics as extender_metrics
 from sharegpu.kube import client
 from sharegpu.kube import errors as kube_errors
 
@@ -130,12 +131,12 @@ class Preemptor(extender_handle.Reconciler):
         if nomination is None:
             return None
         if nomination.uid != uid:
-            self._end(nomination, "replaced")
+            self._end(nomination, extender_metrics.PreemptionOutcome.REPLACED)
             return None
         left = self._remaining(nomination.victims)
         if left:
             return f"sharegpu: waiting for {len(left)} preempted {_pods(len(left))} to leave {nomination.plan.node}"
-        self._end(nomination, "placed")
+        self._end(nomination, extender_metrics.PreemptionOutcome.PLACED)
         return None
 
     def consider(
@@ -178,7 +179,7 @@ class Preemptor(extender_handle.Reconciler):
         )
         self.nominations[key] = nomination
         self.cache.hold(key, chosen.node, chosen.gpus)
-        self.metrics.preemptions.labels("nominated").inc()
+        self.metrics.preemptions.labels(extender_metrics.PreemptionOutcome.NOMINATED).inc()
         self.metrics.preempted.inc(len(chosen.victims))
         log.info(
             "pod %s (priority %d) nominated on %s GPUs %s: preempting %s%s",
@@ -190,7 +191,7 @@ class Preemptor(extender_handle.Reconciler):
 
     def _waiting_gang(self, nomination: GangNomination, key: units.PodKey, uid: str) -> str | None:
         if nomination.uids[key] != uid:
-            self._end_gang(nomination, "replaced")
+            self._end_gang(nomination, extender_metrics.PreemptionOutcome.REPLACED)
             return None
         left = self._remaining(nomination.victims)
         if left:
@@ -198,7 +199,9 @@ class Preemptor(extender_handle.Reconciler):
                 f"sharegpu: its gang {nomination.gang} waits for {len(left)} preempted {_pods(len(left))} "
                 f"to leave {nomination.where}"
             )
-        self._end_gang(nomination, "placed")  # the gang is planned into the room in this same filter
+        self._end_gang(
+            nomination, extender_metrics.PreemptionOutcome.PLACED
+        )  # the gang is planned into the room in this same filter
         return None
 
     def consider_gang(
@@ -240,7 +243,7 @@ class Preemptor(extender_handle.Reconciler):
         for alloc in chosen.allocations:
             self.gang_of[alloc.pod] = gang
             self.cache.hold(alloc.pod, alloc.node, tuple(sorted(alloc.gpu_usage())))
-        self.metrics.preemptions.labels("nominated").inc()
+        self.metrics.preemptions.labels(extender_metrics.PreemptionOutcome.NOMINATED).inc()
         self.metrics.preempted.inc(len(chosen.victims))
         log.info(
             "gang %s (priority %d) nominated on %s: preempting %s%s",
@@ -250,7 +253,7 @@ class Preemptor(extender_handle.Reconciler):
         self._wake.set()
         return chosen
 
-    def _end_gang(self, nomination: GangNomination, why: str) -> None:
+    def _end_gang(self, nomination: GangNomination, why: extender_metrics.PreemptionOutcome) -> None:
         self.gangs.pop(nomination.gang, None)
         for key in nomination.uids:
             if self.gang_of.get(key) == nomination.gang:
@@ -314,7 +317,7 @@ class Preemptor(extender_handle.Reconciler):
                 left.append(key)
         return left
 
-    def _end(self, nomination: Nomination, why: str) -> None:
+    def _end(self, nomination: Nomination, why: extender_metrics.PreemptionOutcome) -> None:
         self.nominations.pop(nomination.pod, None)
         self.cache.release(nomination.pod)
         self.metrics.preemptions.labels(why).inc()
@@ -348,10 +351,10 @@ class Preemptor(extender_handle.Reconciler):
                 continue  # ended by the pod's filter while this pass awaited a write
             record = self.cache.record(nomination.pod)
             if record is None or record.uid != nomination.uid or record.deleting or record.terminal:
-                self._end(nomination, "gone")
+                self._end(nomination, extender_metrics.PreemptionOutcome.GONE)
                 continue
             if record.node:
-                self._end(nomination, "bound")
+                self._end(nomination, extender_metrics.PreemptionOutcome.BOUND)
                 continue
             left = self._remaining(nomination.victims)
             if not left:
@@ -361,7 +364,7 @@ class Preemptor(extender_handle.Reconciler):
             if now - nomination.since >= self.patience:
                 log.warning("pod %s: %s still on %s after %.0f s; the nomination is given up",
                             nomination.pod, ", ".join(left), nomination.plan.node, self.patience)  # fmt: skip
-                self._end(nomination, "expired")
+                self._end(nomination, extender_metrics.PreemptionOutcome.EXPIRED)
                 continue
             if not nomination.announced:
                 nomination.announced = await self._announce(nomination)
@@ -385,16 +388,16 @@ class Preemptor(extender_handle.Reconciler):
         records = {k: self.cache.record(k) for k in nomination.uids}
         for key, record in records.items():
             if record is None or record.uid != nomination.uids[key] or record.deleting or record.terminal:
-                self._end_gang(nomination, "gone")
+                self._end_gang(nomination, extender_metrics.PreemptionOutcome.GONE)
                 return
             if record.node:
-                self._end_gang(nomination, "bound")
+                self._end_gang(nomination, extender_metrics.PreemptionOutcome.BOUND)
                 return
         left = self._remaining(nomination.victims)
         if now - nomination.since >= self.patience:
             log.warning("gang %s: %s still there after %.0f s; the nomination is given up", nomination.gang,
                         ", ".join(left) or "its members not filtered again", self.patience)  # fmt: skip
-            self._end_gang(nomination, "expired")
+            self._end_gang(nomination, extender_metrics.PreemptionOutcome.EXPIRED)
             return
         if not left:
             if not nomination.nudged:  # the holds end at the next member's filter, which plans the gang
@@ -416,7 +419,9 @@ class Preemptor(extender_handle.Reconciler):
         if row is not None:
             alloc = self.cache.placer.allocation_on(nomination.request, row, plan.gpus)
             placed = nomination.pod not in self.cache.ledger and self.cache.assume(alloc)
-        self.metrics.preemptions.labels("placed" if placed else "freed").inc()
+        self.metrics.preemptions.labels(
+            extender_metrics.PreemptionOutcome.PLACED if placed else extender_metrics.PreemptionOutcome.FREED
+        ).inc()
         log.info("pod %s: its victims on %s have gone; %s", nomination.pod, plan.node,
                  "its GPUs are assumed for it" if placed else "the room is free for its next try")  # fmt: skip
 
@@ -511,7 +516,7 @@ class Preemptor(extender_handle.Reconciler):
                 await self.recorder.record(subject, "Preempted", message, decision=f"preempted|{by}")
                 nomination.told.add(victim.key)
             except errors.SharegpuError as exc:
-                self.metrics.preempted_deletions.labels("untold").inc()
+                self.metrics.preempted_deletions.labels(extender_metrics.DeletionOutcome.UNTOLD).inc()
                 log.warning("event Preempted on %s: %s (not deleted; tried again in %.0f s)", victim.key, exc,
                             self.retry)  # fmt: skip
                 return
@@ -519,11 +524,11 @@ class Preemptor(extender_handle.Reconciler):
             await self.api.delete(paths.pod(namespace, name), preconditions={"uid": victim.uid})
         except errors.SharegpuError as exc:
             outcome = kube_errors.outcome(exc)
-            self.metrics.preempted_deletions.labels(outcome.value).inc()
+            self.metrics.preempted_deletions.labels(extender_metrics.DeletionOutcome(outcome.value)).inc()
             log.warning("preempting %s: %s (%s; sent again in %.0f s if it is still there)",
                         victim.key, exc, outcome.value, self.retry)  # fmt: skip
             return
-        self.metrics.preempted_deletions.labels("done").inc()
+        self.metrics.preempted_deletions.labels(extender_metrics.DeletionOutcome.DONE).inc()
         log.info("preempted %s on %s: %s", victim.key, victim.node, message)
 
     def describe(self) -> list[dict[str, object]]:

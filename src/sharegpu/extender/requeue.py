@@ -27,6 +27,7 @@ from typing import Any, Final
 from sharegpu.api import names, paths, pods, wire
 from sharegpu.core import errors, requests, units
 from sharegpu.extender import handle as extender_handle
+from sharegpu.extender import metrics as extender_metrics
 from sharegpu.extender import scheduling
 from sharegpu.kube import client
 
@@ -127,10 +128,10 @@ class Requeuer(extender_handle.Reconciler):
                     content_type=client.STRATEGIC_PATCH,
                 )
             except errors.SharegpuError as exc:
-                self.metrics.requeues.labels("failed").inc()
+                self.metrics.requeues.labels(extender_metrics.RequeueOutcome.FAILED).inc()
                 log.warning("pod %s: cannot ask kube-scheduler to try it again: %s", key, exc)
                 continue
-            self.metrics.requeues.labels("nudged").inc()
+            self.metrics.requeues.labels(extender_metrics.RequeueOutcome.NUDGED).inc()
             log.info("pod %s: room appeared on %s after it was turned away; kube-scheduler asked to retry", key, node)
         live = self.service.outcomes
         for kept in (self.nudged, self.checked, self._offered):

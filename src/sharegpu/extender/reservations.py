@@ -36,6 +36,7 @@ from typing import Any
 from sharegpu.api import names, paths, pods
 from sharegpu.core import errors, units
 from sharegpu.extender import handle as extender_handle
+from sharegpu.extender import metrics as extender_metrics
 from sharegpu.kube import errors as kube_errors
 from sharegpu.kube import reconcile as kube_reconcile
 
@@ -69,7 +70,7 @@ class ReservationReconciler(extender_handle.Reconciler):
         """Created by us, not yet seen: GPU -> (pod name, when)."""
         self.unsure: set[Slot] = set()
         """Pending creations whose answer was lost (read back after `settle`)."""
-        self.deleting: dict[units.PodKey, tuple[str, float]] = {}
+        self.deleting: dict[units.PodKey, tuple[extender_metrics.ReservationAction, float]] = {}
         """Deletions whose answer was lost: pod -> (why, when sent)."""
         self.backoff: dict[Slot, Backoff] = {}
         self.idle_since: dict[Slot, float] = {}
@@ -109,7 +110,7 @@ class ReservationReconciler(extender_handle.Reconciler):
             if slot is None or record.deleting or record.key in self.retiring:
                 continue
             if record.terminal:
-                await self._delete(record, "ended", now)
+                await self._delete(record, extender_metrics.ReservationAction.DELETED_ENDED, now)
                 continue
             by_slot.setdefault((slot.node, slot.index), []).append(record)
         seen = {key.split("/", 1)[1] for key in self.cache.reservations}
@@ -125,7 +126,7 @@ class ReservationReconciler(extender_handle.Reconciler):
             keep = _keeper(found)
             for extra in found:
                 if extra is not keep:
-                    await self._delete(extra, "duplicate", now)
+                    await self._delete(extra, extender_metrics.ReservationAction.DELETED_DUPLICATE, now)
             if keep.reservation is not None and keep.reservation.uuid:
                 self.backoff.pop(where, None)
             if where in shared:
@@ -133,7 +134,7 @@ class ReservationReconciler(extender_handle.Reconciler):
                 continue
             since = self.idle_since.setdefault(where, now)
             if now - since >= self.idle:
-                await self._delete(keep, "idle", now)
+                await self._delete(keep, extender_metrics.ReservationAction.DELETED_IDLE, now)
                 self.idle_since.pop(where, None)
         for where in self.idle_since.keys() - by_slot.keys():
             del self.idle_since[where]
@@ -157,7 +158,7 @@ class ReservationReconciler(extender_handle.Reconciler):
                         name, node, slot, exc)  # fmt: skip
             self.unsure.add(where)
         self.pending[where] = (name, now)
-        self.metrics.reservations.labels("created").inc()
+        self.metrics.reservations.labels(extender_metrics.ReservationAction.CREATED).inc()
         if backoff.attempts:
             log.warning("GPU %d of %s lost its reservation pod; created %s", slot, node, name)
 
@@ -175,7 +176,7 @@ class ReservationReconciler(extender_handle.Reconciler):
         else:
             self.unsure.discard(where)  # it exists: the watch will show it
 
-    async def _delete(self, record: pods.Record, why: str, now: float) -> None:
+    async def _delete(self, record: pods.Record, why: extender_metrics.ReservationAction, now: float) -> None:
         namespace, name = record.key.split("/", 1)
         self.retiring.add(record.key)
         self.deleting.pop(record.key, None)
@@ -189,7 +190,7 @@ class ReservationReconciler(extender_handle.Reconciler):
             self.retiring.discard(record.key)
             log.warning("deleting reservation %s (%s) failed: %s", record.key, why, exc)
             return
-        self.metrics.reservations.labels(f"deleted-{why}").inc()
+        self.metrics.reservations.labels(why).inc()
 
 
 def _keeper(found: list[pods.Record]) -> pods.Record:

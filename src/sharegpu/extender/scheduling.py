@@ -34,7 +34,6 @@ Assumptions whose confirmation never arrives are checked against the API and res
 from __future__ import annotations
 
 import asyncio
-import enum
 import logging
 import time
 from collections import OrderedDict
@@ -52,6 +51,7 @@ from sharegpu.extender import gangs as extender_gangs
 from sharegpu.extender import lookup, preemption
 from sharegpu.extender import metrics as extender_metrics
 from sharegpu.extender import quotas as extender_quotas
+from sharegpu.extender.metrics import BindOutcome, FilterOutcome
 from sharegpu.kube import client
 from sharegpu.kube import errors as kube_errors
 
@@ -136,41 +136,6 @@ class Outcome:
 SETTLE_AFTER = 3.0
 """Seconds after a binding whose answer was lost before a read showing the pod unbound is believed:
 a request the API server was still carrying out when the connection broke has landed by then."""
-
-
-class FilterOutcome(enum.StrEnum):
-    """What a filter call decided, as the `outcome` label of `sharegpu_extender_decisions_total` counts it."""
-
-    FEASIBLE = "feasible"
-    """Nodes fit it (or the node it is bound or assumed on)."""
-    UNSCHEDULABLE = "unschedulable"
-    """No node fits it and no preemption would make room."""
-    PREEMPTING = "preempting"
-    """No node fits it now; a preemption nominated for it is making room."""
-    QUOTA = "quota"
-    """A ResourceQuota on sharegpu's totals refuses it."""
-    INVALID = "invalid"
-    """Its request is malformed."""
-    GANG = "gang"
-    """A gang member answered from its gang's plan: refused, or its planned node not among the candidates."""
-
-
-class BindOutcome(enum.StrEnum):
-    """How a bind ended, as the `outcome` label of `sharegpu_extender_binds_total` counts it."""
-
-    BOUND = "bound"
-    ERROR = "error"
-    """Refused before or by the API: the pod is gone, replaced, bound already, or the write failed."""
-    INVALID = "invalid"
-    """The pod's request is malformed."""
-    UNSCHEDULABLE = "unschedulable"
-    """It no longer fits the node (the cluster changed since filter)."""
-    CONFLICT = "conflict"
-    """Its allocation conflicts with the ledger."""
-    UNKNOWN = "unknown"
-    """The write's answer was lost; the allocation is held until it is read back."""
-    GANG = "gang-waiting"
-    """A gang member waited at its bind for the others in vain; its place is held, kube-scheduler tries again."""
 
 
 UNSURE_MESSAGE = "sharegpu: the outcome of this pod's last binding is being read back"

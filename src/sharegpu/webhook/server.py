@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import enum
+import itertools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping
@@ -60,11 +62,13 @@ class Metrics(Collector):
         self.registry = prometheus_client.CollectorRegistry()
         self.admissions = prometheus_client.Counter(
             "sharegpu_webhook_admissions",
-            "Admission reviews answered, by kind (mutate, validate, devices, groups) and outcome "
+            "Admission reviews answered, by kind (mutate, validate, devices, groups, evictions) and outcome "
             "(allowed; denied; error: the body was no review, or it could not be judged)",
             ["kind", "outcome"],
             registry=self.registry,
         )
+        for kind, verdict in itertools.product(Review, Verdict):  # at 0 from the start: increase() sees the first
+            self.admissions.labels(kind, verdict)
         self.duration = prometheus_client.Histogram(
             "sharegpu_webhook_admission_duration_seconds",
             "Time to answer one admission review, by kind",
@@ -83,12 +87,32 @@ class Metrics(Collector):
         yield ready
 
 
-def outcome(answer: api_admission.ReviewResponse) -> str:
+class Review(enum.StrEnum):
+    """Which review a route answers: the `kind` label of `sharegpu_webhook_admissions_total`."""
+
+    MUTATE = "mutate"
+    VALIDATE = "validate"
+    DEVICES = "devices"
+    GROUPS = "groups"
+    EVICTIONS = "evictions"
+
+
+class Verdict(enum.StrEnum):
+    """How a review was answered: its `outcome` label."""
+
+    ALLOWED = "allowed"
+    DENIED = "denied"
+    """A refusal."""
+    ERROR = "error"
+    """Refused because it could not be judged (a 500), or the body was no review."""
+
+
+def outcome(answer: api_admission.ReviewResponse) -> Verdict:
     """allowed; denied (a refusal); or error (refused because it could not be judged: a 500)."""
     response = answer.response
     if response.allowed:
-        return "allowed"
-    return "error" if response.status is not None and response.status.code >= 500 else "denied"
+        return Verdict.ALLOWED
+    return Verdict.ERROR if response.status is not None and response.status.code >= 500 else Verdict.DENIED
 
 
 class Webhook:
@@ -130,24 +154,24 @@ class Webhook:
         """The admission paths (the API server calls them), /healthz and /readyz; /metrics behind
         `gate` (`serving.access`) when given."""
         app = web.Application(client_max_size=MAX_BODY, middlewares=[gate.middleware] if gate is not None else [])
-        app.router.add_post("/mutate/pods", self._counted("mutate", self._handler("mutate")))
-        app.router.add_post("/validate/pods", self._counted("validate", self._handler("validate")))
-        app.router.add_post("/validate/devices", self._counted("devices", self.validate_device))
-        app.router.add_post("/validate/groups", self._counted("groups", self.validate_group))
-        app.router.add_post("/validate/evictions", self._counted("evictions", self.validate_eviction))
+        app.router.add_post("/mutate/pods", self._counted(Review.MUTATE, self._handler("mutate")))
+        app.router.add_post("/validate/pods", self._counted(Review.VALIDATE, self._handler("validate")))
+        app.router.add_post("/validate/devices", self._counted(Review.DEVICES, self.validate_device))
+        app.router.add_post("/validate/groups", self._counted(Review.GROUPS, self.validate_group))
+        app.router.add_post("/validate/evictions", self._counted(Review.EVICTIONS, self.validate_eviction))
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/readyz", self.readyz)
         app.router.add_get("/metrics", self.prometheus)
         return app
 
-    def _counted(self, kind: str, judge: Judge) -> Handler:
+    def _counted(self, kind: Review, judge: Judge) -> Handler:
         """The route of `judge`: its answer encoded, counted by outcome and timed (a body that is not
         a review is an error: the API server refuses the request, as for a review not judged)."""
 
         async def counted(request: web.Request) -> web.Response:
             started = time.perf_counter()
             reply = await judge(request)
-            found = "error"
+            found = Verdict.ERROR
             if isinstance(reply, api_admission.ReviewResponse):
                 found = outcome(reply)
                 reply = web.Response(body=api_admission.encode(reply), content_type="application/json")
