@@ -418,15 +418,30 @@ class MakeAllocation:
 
 # ---------------------------------------------------------------------------------------- fake NVML
 
-NVML_FILE = """
+NVML_PROCESSES = "processes: [{pid: 42, gpu: 2, usedMiB: 2048}]"
+"""`NVML_FILE`'s process line."""
+NVML_FILE = f"""
 gpus:
-  - {uuid: GPU-0, model: NVIDIA A100-SXM4-80GB, memoryMiB: 81920, pcieSwitch: 0}
-  - {uuid: GPU-1, model: NVIDIA A100-SXM4-80GB, memoryMiB: 81920, pcieSwitch: 0}
-  - {uuid: GPU-2, model: NVIDIA A100-SXM4-80GB, memoryMiB: 81920, numaNode: 1}
-nvlinks: [{a: 0, b: 1, count: 12}]
-processes: [{pid: 42, gpu: 2, usedMiB: 2048}]
+  - {{uuid: GPU-0, model: NVIDIA A100-SXM4-80GB, memoryMiB: 81920, pcieSwitch: 0}}
+  - {{uuid: GPU-1, model: NVIDIA A100-SXM4-80GB, memoryMiB: 81920, pcieSwitch: 0}}
+  - {{uuid: GPU-2, model: NVIDIA A100-SXM4-80GB, memoryMiB: 81920, numaNode: 1}}
+nvlinks: [{{a: 0, b: 1, count: 12}}]
+{NVML_PROCESSES}
 """
 """The fake NVML's file for a node of three A100s (two NVLinked), one process on the third."""
+
+
+def nvml_with(*processes: str) -> str:
+    """`NVML_FILE` with these processes instead of its one, each a flow map such as
+    `{pid: 4242, gpu: 0, usedMiB: 1500, smPercent: 25}` (none: no process)."""
+    return NVML_FILE.replace(NVML_PROCESSES, f"processes: [{', '.join(processes)}]")
+
+
+def pod_process(proc: Path, pid: int, pod_uid: str) -> None:
+    """A process of the pod `pod_uid` as the agent finds it under `proc` (its /proc): PID's cgroup is
+    a container's of that pod (cgroup v2, cgroupfs driver)."""
+    (proc / str(pid)).mkdir(parents=True, exist_ok=True)
+    (proc / str(pid) / "cgroup").write_text(f"0::/kubepods/burstable/pod{pod_uid}/{'b' * 64}\n")
 
 
 def write_bytes(path: Path, data: bytes) -> None:

@@ -12,6 +12,7 @@ import pytest
 
 from sharegpu.agent import actions, cgroups, notices
 from sharegpu.kube import client, events, fake
+from tests.builders import pod_process
 
 UID = "0e4b8a1c-1111-2222-3333-444455556666"
 
@@ -21,16 +22,11 @@ def enforcer(proc: Path) -> actions.Enforcer:
     return actions.Enforcer(api, notices.Notices(events.Recorder(api, "t", "t", lambda: 0.0)), proc)
 
 
-def owned_by(proc: Path, pid: int, uid: str) -> None:
-    (proc / str(pid)).mkdir(parents=True)
-    (proc / str(pid) / "cgroup").write_text(f"0::/kubepods/burstable/pod{uid}/{'a' * 64}\n")
-
-
 def test_only_the_pods_own_processes_are_killed(tmp_path: Path) -> None:
     mine, other = subprocess.Popen(["sleep", "60"]), subprocess.Popen(["sleep", "60"])
     try:
-        owned_by(tmp_path, mine.pid, UID)
-        owned_by(tmp_path, other.pid, "another-pod")
+        pod_process(tmp_path, mine.pid, UID)
+        pod_process(tmp_path, other.pid, "another-pod")
         assert enforcer(tmp_path).kill((mine.pid, other.pid, 2**22 + 7), UID) == [mine.pid]
         assert mine.wait(5) == -signal.SIGKILL
         assert other.poll() is None, "another pod's process lives"
@@ -45,7 +41,7 @@ def test_a_process_that_ends_between_the_check_and_the_signal_is_not_hit_nor_its
     """The owner is read while the pidfd pins the process; it ends right then (and is reaped, its pid
     free): the signal goes through the pidfd to the ended process, so to nobody."""
     victim = subprocess.Popen(["sleep", "60"])
-    owned_by(tmp_path, victim.pid, UID)
+    pod_process(tmp_path, victim.pid, UID)
     read = cgroups.read_owner
 
     def ends_while_read(pid: int, proc: Path = Path("/proc")) -> cgroups.Owner | None:

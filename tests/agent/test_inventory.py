@@ -12,7 +12,7 @@ from sharegpu.agent.fakes import nvml as fakenvml
 from sharegpu.api import devices as api_devices
 from sharegpu.api import names, wire
 from sharegpu.core import units
-from tests.builders import NVML_FILE, MakeAllocation, write_nvml
+from tests.builders import NVML_FILE, MakeAllocation, nvml_with, write_nvml
 
 
 def test_the_fake_reads_its_file_and_derives_the_topology(tmp_path: Path) -> None:
@@ -230,7 +230,7 @@ def test_nvml_answers_become_what_the_slice_publishes() -> None:
 
 def test_the_fake_reports_sm_use_per_process_and_none_where_a_gpu_takes_no_samples(tmp_path: Path) -> None:
     path = tmp_path / "nvml.yaml"
-    text = NVML_FILE.replace("processes: [{pid: 42, gpu: 2, usedMiB: 2048}]", "processes: []")
+    text = nvml_with()
     write_nvml(
         path,
         text + "processes: [{pid: 7, gpu: 0, smPercent: 70}, {pid: 8, gpu: 0, smPercent: 50}, {pid: 9, gpu: 1},"

@@ -26,7 +26,17 @@ from sharegpu.kube import client, fake
 from tests.agent import cudastubs
 from tests.agent.conftest import gone
 from tests.agent.fake_mps_daemon import write_fake_daemon
-from tests.builders import NVML_FILE, Json, MakeAllocation, MakeNode, MakePod, write_bytes, write_nvml
+from tests.builders import (
+    NVML_FILE,
+    NVML_PROCESSES,
+    Json,
+    MakeAllocation,
+    MakeNode,
+    MakePod,
+    nvml_with,
+    write_bytes,
+    write_nvml,
+)
 from tests.extender.conftest import settle
 
 
@@ -82,7 +92,7 @@ async def test_the_agent_publishes_and_keeps_its_nodes_device(tmp_path: Path) ->
         server.put_object(paths.pods("other"), elsewhere.obj())
         write_nvml(path, NVML_FILE
                    .replace("  - {uuid: GPU-2, model: NVIDIA A100-SXM4-80GB, memoryMiB: 81920, numaNode: 1}\n", "")
-                   .replace("processes: [{pid: 42, gpu: 2, usedMiB: 2048}]", "faults: {unreadable: [1]}"))  # fmt: skip
+                   .replace(NVML_PROCESSES, "faults: {unreadable: [1]}"))  # fmt: skip
         device = await one_pass(agent, server)
         assert [(g.uuid, g.healthy, g.reason) for g in device.spec.gpus] == [
             ("GPU-0", True, ""), ("GPU-1", False, "NVML cannot read it"), ("GPU-2", False, api_devices.GONE)
@@ -282,8 +292,7 @@ async def test_the_agent_kills_a_process_over_its_pods_memory_and_corrects_a_rep
     scope = f"kubepods-burstable-pod{uid}.slice/cri-containerd-{'a' * 64}.scope"
     (proc / str(victim.pid) / "cgroup").write_text(f"0::/kubepods.slice/kubepods-burstable.slice/{scope}\n")
     path = tmp_path / "nvml.yaml"
-    write_nvml(path, NVML_FILE.replace("processes: [{pid: 42, gpu: 2, usedMiB: 2048}]",
-                                       f"processes: [{{pid: {victim.pid}, gpu: 0, usedMiB: 4096}}]"))  # fmt: skip
+    write_nvml(path, nvml_with(f"{{pid: {victim.pid}, gpu: 0, usedMiB: 4096}}"))
     socket = Path(tempfile.mkdtemp(dir="/tmp")) / "k.sock"
     kubelet = fakekubelet.FakeKubelet(socket)
     kubelet.set_devices(names.HOLDING_NAMESPACE, "r", "reserve", names.NVIDIA_GPU, ["GPU-0"])
@@ -340,12 +349,7 @@ async def test_the_watchdog_reads_the_kubelets_index_ids_as_the_gpus_they_name(t
     proc.mkdir(parents=True)
     (proc / "cgroup").write_text(f"0::/kubepods/pod{whole['metadata']['uid']}/{'c' * 64}\n")
     path = tmp_path / "nvml.yaml"
-    write_nvml(
-        path,
-        NVML_FILE.replace(
-            "processes: [{pid: 42, gpu: 2, usedMiB: 2048}]", "processes: [{pid: 4242, gpu: 0, usedMiB: 2048}]"
-        ),
-    )
+    write_nvml(path, nvml_with("{pid: 4242, gpu: 0, usedMiB: 2048}"))
     socket = Path(tempfile.mkdtemp(dir="/tmp")) / "k.sock"
     kubelet = fakekubelet.FakeKubelet(socket)
     kubelet.set_devices("ns", "w", "main", names.NVIDIA_GPU, ["0"])
@@ -384,8 +388,7 @@ async def test_a_pod_labelled_with_a_group_counts_as_a_member_only_where_the_gro
         (proc / str(pid)).mkdir(parents=True)
         (proc / str(pid) / "cgroup").write_text(f"0::/kubepods/pod{made[namespace]['metadata']['uid']}/{'c' * 64}\n")
     path = tmp_path / "nvml.yaml"
-    used = "processes: [{pid: 4242, gpu: 0, usedMiB: 1000}, {pid: 4343, gpu: 0, usedMiB: 1000}]"
-    write_nvml(path, NVML_FILE.replace("processes: [{pid: 42, gpu: 2, usedMiB: 2048}]", used))
+    write_nvml(path, nvml_with("{pid: 4242, gpu: 0, usedMiB: 1000}", "{pid: 4343, gpu: 0, usedMiB: 1000}"))
     agent = agent_runtime.Agent(
         client.KubeClient(server), "n0", fakenvml.FakeNvml(path).open(), agent_runtime.Options(interval=3600, proc=proc)
     )

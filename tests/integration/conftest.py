@@ -20,6 +20,8 @@ from typing import Any
 
 import pytest
 
+from sharegpu.agent import runtime as agent_runtime
+from sharegpu.agent.fakes import nvml as fakenvml
 from sharegpu.api import dra, groups, names, paths, resources, wire
 from sharegpu.controller import runtime
 from sharegpu.core import allocation, devices, units
@@ -495,3 +497,20 @@ async def bound_with(kube: client.KubeClient, namespace: str, name: str, members
         kube, namespace, name, bound, f"group {name} bound with {members} members"
     )
     return found
+
+
+@contextlib.asynccontextmanager
+async def agent_on(
+    plane: controlplane.ControlPlane, node: str, nvml: Path, options: agent_runtime.Options, **parts: Any
+) -> AsyncIterator[agent_runtime.Agent]:
+    """`node`'s agent as it runs there: with the rights of its own ServiceAccount (sharegpu-agent), on
+    the fake NVML that reads `nvml`, and `parts` (a kubelet, a supervisor...); started, and stopped
+    with its client closed when the block ends."""
+    kube = stack.kube_for(plane, "sharegpu-agent")
+    agent = agent_runtime.Agent(kube, node, fakenvml.FakeNvml(nvml).open(), options, **parts)
+    await agent.start()
+    try:
+        yield agent
+    finally:
+        await agent.stop()
+        await kube.close()

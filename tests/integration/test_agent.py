@@ -24,8 +24,18 @@ from sharegpu.kube import client
 from tests.agent import cudastubs
 from tests.agent.drakubelet import Kubelet
 from tests.agent.fake_mps_daemon import write_fake_daemon
-from tests.builders import NVML_FILE, MakeAllocation, MakeClaim, MakeNode, MakePod, write_bytes, write_nvml
-from tests.integration.conftest import Json, get_or_none, gpu_pod, refusal, wait_for
+from tests.builders import (
+    NVML_FILE,
+    MakeAllocation,
+    MakeClaim,
+    MakeNode,
+    MakePod,
+    nvml_with,
+    pod_process,
+    write_bytes,
+    write_nvml,
+)
+from tests.integration.conftest import Json, agent_on, get_or_none, gpu_pod, refusal, wait_for
 
 
 async def test_the_agent_publishes_its_nodes_device_and_follows_an_xid(
@@ -37,62 +47,60 @@ async def test_the_agent_publishes_its_nodes_device_and_follows_an_xid(
     node = await admin.create(paths.NODES, MakeNode(name).obj())
     path = tmp_path / "nvml.yaml"
     write_nvml(path, NVML_FILE)
-    kube = stack.kube_for(control_plane, "sharegpu-agent")
-    agent = agent_runtime.Agent(kube, name, fakenvml.FakeNvml(path).open(), agent_runtime.Options(interval=0.5))
-    await agent.start()
     try:
+        async with agent_on(control_plane, name, path, agent_runtime.Options(interval=0.5)):
 
-        async def published() -> wire.Device | None:
-            found = await get_or_none(admin, paths.device(name))
-            return wire.convert(found, wire.Device) if found is not None else None
+            async def published() -> wire.Device | None:
+                found = await get_or_none(admin, paths.device(name))
+                return wire.convert(found, wire.Device) if found is not None else None
 
-        device = await wait_for(published, what="the Device")
-        assert [g.uuid for g in device.spec.gpus] == ["GPU-0", "GPU-1", "GPU-2"]
-        assert device.metadata.owner_references[0].uid == node["metadata"]["uid"]
-        labels = (await admin.get(paths.node(name)))["metadata"]["labels"]
-        assert labels[inventory.COUNT_LABEL] == "3"
+            device = await wait_for(published, what="the Device")
+            assert [g.uuid for g in device.spec.gpus] == ["GPU-0", "GPU-1", "GPU-2"]
+            assert device.metadata.owner_references[0].uid == node["metadata"]["uid"]
+            labels = (await admin.get(paths.node(name)))["metadata"]["labels"]
+            assert labels[inventory.COUNT_LABEL] == "3"
 
-        write_nvml(path, NVML_FILE + "xids: [{gpu: 1, code: 79}]\n")
+            write_nvml(path, NVML_FILE + "xids: [{gpu: 1, code: 79}]\n")
 
-        async def marked() -> bool:
-            found = await published()
-            return found is not None and not found.spec.gpus[1].healthy and found.spec.gpus[1].reason == "XID 79"
+            async def marked() -> bool:
+                found = await published()
+                return found is not None and not found.spec.gpus[1].healthy and found.spec.gpus[1].reason == "XID 79"
 
-        await wait_for(marked, what="GPU 1 marked unhealthy")
+            await wait_for(marked, what="GPU 1 marked unhealthy")
 
-        write_nvml(
-            path,
-            NVML_FILE.replace("nvlinks: [{a: 0, b: 1, count: 12}]", "nvlinks: [{a: 0, b: 1, count: 12}, {a: 1, b: 2}]"),
-        )
+            write_nvml(
+                path,
+                NVML_FILE.replace(
+                    "nvlinks: [{a: 0, b: 1, count: 12}]", "nvlinks: [{a: 0, b: 1, count: 12}, {a: 1, b: 2}]"
+                ),
+            )
 
-        async def linked() -> bool:
-            found = await published()
-            return found is not None and sorted(tuple(p) for p in found.spec.nvlinks) == [(0, 1), (1, 2)]
+            async def linked() -> bool:
+                found = await published()
+                return found is not None and sorted(tuple(p) for p in found.spec.nvlinks) == [(0, 1), (1, 2)]
 
-        await wait_for(linked, what="the new NVLink in the Device's topology")
+            await wait_for(linked, what="the new NVLink in the Device's topology")
 
-        holder = {names.LABEL_ROLE: names.ROLE_RESERVATION, names.LABEL_NODE: name, names.LABEL_SLOT: "0"}
-        reserving = MakePod("holder").annotations({names.GPU_UUID: "GPU-2"}).labels(holder).node(name)
-        await admin.create(paths.pods(namespace), reserving.container("reserve", image="busybox").obj())
-        write_nvml(path, NVML_FILE.split("  - {uuid: GPU-2")[0] + "nvlinks: [{a: 0, b: 1, count: 12}]\n")
+            holder = {names.LABEL_ROLE: names.ROLE_RESERVATION, names.LABEL_NODE: name, names.LABEL_SLOT: "0"}
+            reserving = MakePod("holder").annotations({names.GPU_UUID: "GPU-2"}).labels(holder).node(name)
+            await admin.create(paths.pods(namespace), reserving.container("reserve", image="busybox").obj())
+            write_nvml(path, NVML_FILE.split("  - {uuid: GPU-2")[0] + "nvlinks: [{a: 0, b: 1, count: 12}]\n")
 
-        async def kept_marked() -> wire.GpuSpec | None:
-            found = await published()
-            gone = [g for g in found.spec.gpus if g.uuid == "GPU-2"] if found is not None else []
-            return gone[0] if gone and not gone[0].healthy else None
+            async def kept_marked() -> wire.GpuSpec | None:
+                found = await published()
+                gone = [g for g in found.spec.gpus if g.uuid == "GPU-2"] if found is not None else []
+                return gone[0] if gone and not gone[0].healthy else None
 
-        vanished = await wait_for(kept_marked, what="the vanished GPU kept and marked while a pod holds it")
-        assert vanished.reason == api_devices.GONE and vanished.index == 2
-        await admin.delete(paths.pod(namespace, "holder"), grace_period=0)
+            vanished = await wait_for(kept_marked, what="the vanished GPU kept and marked while a pod holds it")
+            assert vanished.reason == api_devices.GONE and vanished.index == 2
+            await admin.delete(paths.pod(namespace, "holder"), grace_period=0)
 
-        async def dropped() -> bool:
-            found = await published()
-            return found is not None and [g.uuid for g in found.spec.gpus] == ["GPU-0", "GPU-1"]
+            async def dropped() -> bool:
+                found = await published()
+                return found is not None and [g.uuid for g in found.spec.gpus] == ["GPU-0", "GPU-1"]
 
-        await wait_for(dropped, what="the vanished GPU dropped once nothing holds it")
+            await wait_for(dropped, what="the vanished GPU dropped once nothing holds it")
     finally:
-        await agent.stop()
-        await kube.close()
         await admin.delete(paths.device(name))
         await admin.delete(paths.node(name))
 
@@ -113,12 +121,7 @@ async def test_the_extender_places_nothing_on_a_gpu_the_agent_marks_unhealthy(
     await admin.patch(paths.node(inventory_.name), {"metadata": {"labels": {"sharegpu.io/test": namespace}}})
     path = tmp_path / "nvml.yaml"
     path.write_text(fakenvml.describe(inventory_) + "faults: {unreadable: [0]}\n")
-    kube = stack.kube_for(control_plane, "sharegpu-agent")
-    agent = agent_runtime.Agent(
-        kube, inventory_.name, fakenvml.FakeNvml(path).open(), agent_runtime.Options(interval=0.5)
-    )
-    await agent.start()
-    try:
+    async with agent_on(control_plane, inventory_.name, path, agent_runtime.Options(interval=0.5)):
         await admin.create(paths.pods(namespace), gpu_pod("first", namespace, nvidia=1))
         await wait_for(lambda: _bound(admin, namespace, "first"), what="first pod placed on the healthy GPU")
         await admin.create(paths.pods(namespace), gpu_pod("second", namespace, nvidia=1))
@@ -127,9 +130,6 @@ async def test_the_extender_places_nothing_on_a_gpu_the_agent_marks_unhealthy(
         assert "no healthy GPU" in message or "no entirely free GPU" in message, message
         path.write_text(fakenvml.describe(inventory_))
         await wait_for(lambda: _bound(admin, namespace, "second"), timeout=90, what="second pod placed once healed")
-    finally:
-        await agent.stop()
-        await kube.close()
 
 
 async def _bound(kube: client.KubeClient, namespace: str, name: str) -> bool:
@@ -157,16 +157,9 @@ async def test_a_memory_violation_evicts_the_pod_and_a_misreported_gpu_is_correc
         await admin.create(paths.pods(system_ns), reserve.obj())
         await admin.patch(f"{paths.pod(system_ns, reservations[slot])}/status", {"status": {"phase": "Running"}})
     proc = tmp_path / "proc"
-    (proc / "4242").mkdir(parents=True)
-    uid = sharing["metadata"]["uid"]
-    (proc / "4242" / "cgroup").write_text(f"0::/kubepods/burstable/pod{uid}/{'b' * 64}\n")
+    pod_process(proc, 4242, sharing["metadata"]["uid"])
     path = tmp_path / "nvml.yaml"
-    write_nvml(
-        path,
-        NVML_FILE.replace(
-            "processes: [{pid: 42, gpu: 2, usedMiB: 2048}]", "processes: [{pid: 4242, gpu: 0, usedMiB: 4096}]"
-        ),
-    )
+    write_nvml(path, nvml_with("{pid: 4242, gpu: 0, usedMiB: 4096}"))
     socket = Path(tempfile.mkdtemp(dir="/tmp")) / "k.sock"
     kubelet = fakekubelet.FakeKubelet(socket, allocatable_api=False)  # as a 1.20 kubelet
     kubelet.set_devices(system_ns, reservations[0], "reserve", names.NVIDIA_GPU, ["GPU-0"])

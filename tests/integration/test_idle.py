@@ -9,14 +9,13 @@ import uuid
 from pathlib import Path
 
 from sharegpu.agent import runtime as agent_runtime
-from sharegpu.agent.fakes import nvml as fakenvml
 from sharegpu.api import idle, paths, resources, wire
 from sharegpu.controller import idle as controller_idle
 from sharegpu.controller import runtime
-from sharegpu.devcluster import controlplane, stack
+from sharegpu.devcluster import controlplane
 from sharegpu.kube import client
-from tests.builders import NVML_FILE, MakeAllocation, MakeNode, MakePod, write_nvml
-from tests.integration.conftest import Json, get_or_none, leaving, wait_for
+from tests.builders import MakeAllocation, MakeNode, MakePod, nvml_with, pod_process, write_nvml
+from tests.integration.conftest import Json, agent_on, get_or_none, leaving, wait_for
 
 PDBS = "/apis/policy/v1/namespaces/{}/poddisruptionbudgets"
 
@@ -46,8 +45,7 @@ async def test_an_idle_share_is_evicted_a_busy_one_kept_and_a_guarded_one_refuse
         ready = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
         await admin.patch(paths.pod_status(namespace, pod), {"status": ready})
         pid = 4240 + index
-        (proc / str(pid)).mkdir(parents=True)
-        (proc / str(pid) / "cgroup").write_text(f"0::/kubepods/burstable/pod{stored['metadata']['uid']}/{'b' * 64}\n")
+        pod_process(proc, pid, stored["metadata"]["uid"])
         processes.append(f"{{pid: {pid}, gpu: {index}, usedMiB: 1000, smPercent: {sm}}}")
     pdb: Json = {
         "apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "guard", "namespace": namespace},
@@ -61,34 +59,28 @@ async def test_an_idle_share_is_evicted_a_busy_one_kept_and_a_guarded_one_refuse
     }  # fmt: skip
     await admin.create(resources.GPU_IDLE_POLICY.path(namespace), rule)
     path = tmp_path / "nvml.yaml"
-    write_nvml(
-        path, NVML_FILE.replace("processes: [{pid: 42, gpu: 2, usedMiB: 2048}]", f"processes: [{', '.join(processes)}]")
-    )
-    kube = stack.kube_for(control_plane, "sharegpu-agent")
+    write_nvml(path, nvml_with(*processes))
     options = agent_runtime.Options(interval=0.3, proc=proc, usage_interval=0.3)
-    agent = agent_runtime.Agent(kube, name, fakenvml.FakeNvml(path).open(), options)
-    await agent.start()
     try:
-        await wait_for(lambda: leaving(admin, namespace, "lazy"), timeout=60, what="the idle pod evicted")
-        assert {controller_idle.IDLE, controller_idle.EVICTED} <= await reasons(admin, namespace, "lazy")
+        async with agent_on(control_plane, name, path, options):
+            await wait_for(lambda: leaving(admin, namespace, "lazy"), timeout=60, what="the idle pod evicted")
+            assert {controller_idle.IDLE, controller_idle.EVICTED} <= await reasons(admin, namespace, "lazy")
 
-        async def blocked() -> bool:
-            return controller_idle.BLOCKED in await reasons(admin, namespace, "guarded")
+            async def blocked() -> bool:
+                return controller_idle.BLOCKED in await reasons(admin, namespace, "guarded")
 
-        await wait_for(blocked, timeout=30, what="the guarded pod's eviction refused and told")
-        assert not await leaving(admin, namespace, "guarded"), "its disruption budget keeps it"
-        assert not await leaving(admin, namespace, "busy") and await reasons(admin, namespace, "busy") == set()
+            await wait_for(blocked, timeout=30, what="the guarded pod's eviction refused and told")
+            assert not await leaving(admin, namespace, "guarded"), "its disruption budget keeps it"
+            assert not await leaving(admin, namespace, "busy") and await reasons(admin, namespace, "busy") == set()
 
-        async def counted() -> idle.IdleStatus | None:
-            found = await admin.get(resources.GPU_IDLE_POLICY.path(namespace, "reclaim"))
-            status = wire.convert(found, idle.GPUIdlePolicy).status
-            return status if status.in_force and status.evictions == 1 else None
+            async def counted() -> idle.IdleStatus | None:
+                found = await admin.get(resources.GPU_IDLE_POLICY.path(namespace, "reclaim"))
+                status = wire.convert(found, idle.GPUIdlePolicy).status
+                return status if status.in_force and status.evictions == 1 else None
 
-        status = await wait_for(counted, what="the policy's status counting the eviction")
-        assert [p.name for p in status.idle] == ["guarded"], "the one still idle"
+            status = await wait_for(counted, what="the policy's status counting the eviction")
+            assert [p.name for p in status.idle] == ["guarded"], "the one still idle"
     finally:
-        await agent.stop()
-        await kube.close()
         await admin.delete(paths.node(name))
         if await get_or_none(admin, paths.gpu_usage(name)) is not None:
             await admin.delete(paths.gpu_usage(name))

@@ -13,15 +13,23 @@ from typing import Any
 import orjson
 
 from sharegpu.agent import runtime as agent_runtime
-from sharegpu.agent.fakes import nvml as fakenvml
 from sharegpu.api import groups, names, paths, resources
 from sharegpu.controller import runtime
 from sharegpu.core import allocation, units
-from sharegpu.devcluster import controlplane, stack
+from sharegpu.devcluster import controlplane
 from sharegpu.devcluster.stack import ExtenderProcess
 from sharegpu.kube import client
-from tests.builders import NVML_FILE, MakeAllocation, MakeNode, MakePod, write_nvml
-from tests.integration.conftest import all_bound, bound_with, get_or_none, gpu_pod, group_body, plugin, wait_for
+from tests.builders import MakeAllocation, MakeNode, MakePod, nvml_with, pod_process, write_nvml
+from tests.integration.conftest import (
+    agent_on,
+    all_bound,
+    bound_with,
+    get_or_none,
+    gpu_pod,
+    group_body,
+    plugin,
+    wait_for,
+)
 
 Json = dict[str, Any]
 
@@ -167,46 +175,40 @@ async def test_kubectl_sharegpu_top_shows_what_the_agent_measured_of_each_share(
     made = MakePod("p", namespace).allocation(placed).node(name).container(image="busybox").obj()
     pod = await admin.create(paths.pods(namespace), made)
     proc = tmp_path / "proc"
-    (proc / "4242").mkdir(parents=True)
-    (proc / "4242" / "cgroup").write_text(f"0::/kubepods/burstable/pod{pod['metadata']['uid']}/{'b' * 64}\n")
+    pod_process(proc, 4242, pod["metadata"]["uid"])
     path = tmp_path / "nvml.yaml"
-    old = "processes: [{pid: 42, gpu: 2, usedMiB: 2048}]"
 
     def uses(mib: int, sm: int) -> None:
-        write_nvml(path, NVML_FILE.replace(old, f"processes: [{{pid: 4242, gpu: 0, usedMiB: {mib}, smPercent: {sm}}}]"))
+        write_nvml(path, nvml_with(f"{{pid: 4242, gpu: 0, usedMiB: {mib}, smPercent: {sm}}}"))
 
     uses(1500, 25)
-    kube = stack.kube_for(control_plane, "sharegpu-agent")
     options = agent_runtime.Options(interval=0.3, proc=proc, usage_interval=0.3)
-    agent = agent_runtime.Agent(kube, name, fakenvml.FakeNvml(path).open(), options)
-    await agent.start()
     try:
+        async with agent_on(control_plane, name, path, options):
 
-        async def reported(mib: int) -> Json | None:
-            found = await get_or_none(admin, paths.gpu_usage(name))
-            pods = ((found or {}).get("status") or {}).get("pods") or []
-            return found if any(p["name"] == "p" and p["usedMiB"] == mib for p in pods) else None
+            async def reported(mib: int) -> Json | None:
+                found = await get_or_none(admin, paths.gpu_usage(name))
+                pods = ((found or {}).get("status") or {}).get("pods") or []
+                return found if any(p["name"] == "p" and p["usedMiB"] == mib for p in pods) else None
 
-        written = await wait_for(lambda: reported(1500), what="the node's GpuUsage with the pod's use")
-        assert written["metadata"]["ownerReferences"][0]["kind"] == "Node"
-        status, out, err = await kubectl(control_plane, "top", "-n", namespace, "-o", "json")
-        assert status == 0, err
-        (row,) = orjson.loads(out)["rows"]
-        assert (row["pod"], row["node"], row["gpu"], row["shareMilli"], row["allocatedMiB"]) == (
-            "p",
-            name,
-            "0",
-            300,
-            4096,
-        )
-        assert (row["usedMiB"], row["smPercent"], row["shareUsedPercent"]) == (1500, 25, 83)
-        status, out, _ = await kubectl(control_plane, "top", "-n", namespace)
-        assert status == 0 and out.splitlines()[1].split()[:4] == [namespace, "p", name, "0"], out
-        uses(6000, 90)
-        await wait_for(lambda: reported(6000), what="the change written")
+            written = await wait_for(lambda: reported(1500), what="the node's GpuUsage with the pod's use")
+            assert written["metadata"]["ownerReferences"][0]["kind"] == "Node"
+            status, out, err = await kubectl(control_plane, "top", "-n", namespace, "-o", "json")
+            assert status == 0, err
+            (row,) = orjson.loads(out)["rows"]
+            assert (row["pod"], row["node"], row["gpu"], row["shareMilli"], row["allocatedMiB"]) == (
+                "p",
+                name,
+                "0",
+                300,
+                4096,
+            )
+            assert (row["usedMiB"], row["smPercent"], row["shareUsedPercent"]) == (1500, 25, 83)
+            status, out, _ = await kubectl(control_plane, "top", "-n", namespace)
+            assert status == 0 and out.splitlines()[1].split()[:4] == [namespace, "p", name, "0"], out
+            uses(6000, 90)
+            await wait_for(lambda: reported(6000), what="the change written")
     finally:
-        await agent.stop()
-        await kube.close()
         await admin.delete(paths.node(name))
         if await get_or_none(admin, paths.gpu_usage(name)) is not None:
             await admin.delete(paths.gpu_usage(name))

@@ -39,7 +39,7 @@ from sharegpu.devcluster.stack import ExtenderProcess
 from sharegpu.kube import client, errors
 from tests import builders
 from tests.agent.fake_mps_daemon import write_fake_daemon
-from tests.builders import NVML_FILE, write_nvml
+from tests.builders import NVML_FILE, nvml_with, write_nvml
 from tests.integration.conftest import Json, get_or_none, gpu_pod, leaving, wait_for
 
 UUIDS = ("GPU-0", "GPU-1", "GPU-2")
@@ -263,10 +263,9 @@ async def test_the_real_kubelets_dra_pod_is_judged_by_its_claim_left_alone_withi
         index = int(result["device"].removeprefix("gpu-"))
         # A process of the pod's container on the claim's GPU, as NVML and the pod's cgroup show it.
         node.process(4343, pod)
-        old = "processes: [{pid: 42, gpu: 2, usedMiB: 2048}]"
 
         def uses(mib: int) -> None:
-            write_nvml(nvml.path, NVML_FILE.replace(old, f"processes: [{{pid: 4343, gpu: {index}, usedMiB: {mib}}}]"))
+            write_nvml(nvml.path, nvml_with(f"{{pid: 4343, gpu: {index}, usedMiB: {mib}}}"))
 
         uses(3072)  # within the claim's 4 GiB
 
@@ -340,13 +339,10 @@ async def test_pods_and_containers_sharing_a_claim_get_one_share_and_are_judged_
 
         node.process(4343, first)
         node.process(4444, second)
-        old = "processes: [{pid: 42, gpu: 2, usedMiB: 2048}]"
 
         def uses(p_mib: int, q_mib: int) -> None:
-            listed = ", ".join(
-                f"{{pid: {pid}, gpu: {index}, usedMiB: {mib}}}" for pid, mib in ((4343, p_mib), (4444, q_mib))
-            )
-            write_nvml(nvml.path, NVML_FILE.replace(old, f"processes: [{listed}]"))
+            listed = (f"{{pid: {pid}, gpu: {index}, usedMiB: {mib}}}" for pid, mib in ((4343, p_mib), (4444, q_mib)))
+            write_nvml(nvml.path, nvml_with(*listed))
 
         uses(2048, 1536)  # 3584 of the claim's 4096: within, together
 

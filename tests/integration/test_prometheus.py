@@ -32,7 +32,7 @@ from sharegpu.devcluster.stack import ExtenderProcess
 from sharegpu.kube import client, reviews
 from sharegpu.serving import access, health, tls
 from tests.agent.fake_mps_daemon import write_fake_daemon
-from tests.builders import NVML_FILE, MakeAllocation, MakeNode, MakePod, write_nvml
+from tests.builders import MakeAllocation, MakeNode, MakePod, nvml_with, pod_process, write_nvml
 from tests.conftest import REPO
 from tests.integration.conftest import (
     Json,
@@ -160,13 +160,10 @@ async def test_prometheus_scrapes_every_component_every_panel_has_data_and_every
         # The harness's user may write an allocation (the webhook turns anyone else's away).
         made = MakePod(name, namespace).allocation(placed).node(node).container(image="busybox").obj()
         stored = await system_kube.create(paths.pods(namespace), made)
-        (proc / str(pid)).mkdir(parents=True)
-        (proc / str(pid) / "cgroup").write_text(f"0::/kubepods/burstable/pod{stored['metadata']['uid']}/{'b' * 64}\n")
+        pod_process(proc, pid, stored["metadata"]["uid"])
         processes.append(f"{{pid: {pid}, gpu: {gpu}, {use}}}")
     nvml_path = tmp_path / "nvml.yaml"
-    nvml_text = NVML_FILE.replace(
-        "processes: [{pid: 42, gpu: 2, usedMiB: 2048}]", f"processes: [{', '.join(processes)}]"
-    )
+    nvml_text = nvml_with(*processes)
     write_nvml(nvml_path, nvml_text)
     agent_kube = stack.kube_for(control_plane, "sharegpu-agent")
     # MPS daemons (the fake daemon of the agent's tests) and evictions: what the agent panels show.

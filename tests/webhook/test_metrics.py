@@ -61,8 +61,9 @@ async def test_admissions_are_counted_by_kind_and_outcome() -> None:
         if s.name == "sharegpu_webhook_admissions_total"
     }
     # Every kind and outcome is listed from the start, at 0 (a series born at 1 shows no increase()).
+    zeros: dict[tuple[str, str], float] = dict.fromkeys(itertools.product(server.Review, server.Verdict), 0.0)
     assert counted == {
-        **dict.fromkeys(itertools.product(server.Review, server.Verdict), 0.0),
+        **zeros,
         ("mutate", "allowed"): 2,
         ("validate", "denied"): 1,
         ("mutate", "error"): 1,
