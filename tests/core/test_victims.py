@@ -4,6 +4,7 @@ for a gang, across nodes at once, the lowest priorities that make it fit, the fl
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import numpy as np
@@ -42,7 +43,7 @@ def test_only_lower_priority_pods_go_and_only_as_many_as_needed() -> None:
     plan = victims.on_node(state, 0, tenants, share(600), priority=5)
     assert plan is not None
     assert sorted(names(plan.victims)) == ["low1", "low2"], "high outranks the pod: it stays"
-    assert plan.gpus == (0,) and plan.cost == (0, 0, 2)
+    assert plan.gpus == (0,) and plan.cost == (0, 0, 0, 2)
 
 
 def test_the_most_important_are_reprieved_first() -> None:
@@ -60,6 +61,43 @@ def test_of_equals_the_newer_goes() -> None:
     ]
     plan = victims.on_node(state, 0, tenants, share(500), priority=2)
     assert plan is not None and names(plan.victims) == ["new"]
+
+
+def test_a_victim_that_breaks_a_disruption_budget_is_reprieved_first() -> None:
+    """kube-scheduler's order: the candidates whose going would take a budget below zero are put back
+    before the others, so one pod of the same priority goes instead of the protected one."""
+    state = state_of("a")
+    guarded = dataclasses.replace(tenant("guarded", 500, 1, created="2026-01-02T00:00:00Z"), budgets=("ns/guard",))
+    free = tenant("free", 500, 1, created="2026-01-01T00:00:00Z")
+    plan = victims.on_node(state, 0, [guarded, free], share(500), priority=5, allowed={"ns/guard": 0})
+    assert plan is not None and names(plan.victims) == ["free"] and plan.violations == 0
+    # Without the budget the newer of two equals goes: the guarded one.
+    unguarded = dataclasses.replace(guarded, budgets=())
+    plain = victims.on_node(state, 0, [unguarded, free], share(500), priority=5)
+    assert plain is not None and names(plain.victims) == ["guarded"] and plain.violations == 0
+    # A budget that still allows a disruption is not broken by it.
+    allows = victims.on_node(state, 0, [guarded, free], share(500), priority=5, allowed={"ns/guard": 1})
+    assert allows is not None and names(allows.victims) == ["guarded"] and allows.violations == 0
+
+
+def test_budgets_slow_preemption_down_but_do_not_stop_it() -> None:
+    """Only protected pods can make room: they go, and the plan counts what it breaks; across nodes the
+    plan that breaks fewer budgets wins before priorities are weighed."""
+    state = state_of("a", "b")
+    guarded = dataclasses.replace(tenant("guarded", 800, 0), budgets=("ns/guard",))
+    plan_a = victims.on_node(state, 0, [guarded], share(500), priority=5, allowed={"ns/guard": 0})
+    assert plan_a is not None and names(plan_a.victims) == ["guarded"] and plan_a.violations == 1
+    higher = tenant("higher", 800, 3, where="b")
+    plan_b = victims.on_node(state, 1, [higher], share(500), priority=5, allowed={"ns/guard": 0})
+    assert plan_b is not None and plan_b.violations == 0
+    assert victims.best([plan_a, plan_b], np.arange(2)) is plan_b, "a higher victim rather than a broken budget"
+    # Two pods under one budget that allows one disruption: the first (the most important) uses it up.
+    both = [
+        dataclasses.replace(tenant("p1", 400, 2), budgets=("ns/guard",)),
+        dataclasses.replace(tenant("p2", 400, 1), budgets=("ns/guard",)),
+    ]
+    assert victims.violating(both, {"ns/guard": 1}) == {"ns/p2"}
+    assert victims.violating(both, {}) == {"ns/p1", "ns/p2"}, "a budget not known allows none"
 
 
 def test_no_plan_where_preempting_cannot_help() -> None:
@@ -134,7 +172,7 @@ def test_a_gang_member_takes_its_companions_along_and_costs_them_all() -> None:
     on_a = victims.on_node(state, 0, [member], share(600), priority=5)
     on_b = victims.on_node(state, 1, [tenant("lone", 1000, 0, where="b")], share(600), priority=5)
     assert on_a is not None and on_b is not None
-    assert sorted(names(on_a.victims)) == ["m", "m2"] and on_a.cost == (0, 0, 2), "its gang leaves with it"
+    assert sorted(names(on_a.victims)) == ["m", "m2"] and on_a.cost == (0, 0, 0, 2), "its gang leaves with it"
     assert victims.best([on_a, on_b], np.zeros(2, dtype=np.int64)) is on_b, "a lone pod hurts less than a gang"
 
 

@@ -309,3 +309,44 @@ async def test_a_gang_preempts_nothing_it_does_not_outrank_and_tries_at_most_onc
     h.clock.advance(preemptor.retry)
     preemptor.consider_gang("ns/job", found, plan)
     assert len(tries) > tried
+
+
+async def test_preemption_breaks_a_disruption_budget_only_where_nothing_else_makes_room(
+    harness: Callable[..., Any],
+) -> None:
+    """As kube-scheduler weighs them: the node whose victim a PodDisruptionBudget protects (it allows
+    no disruption now) loses to one whose victim is of a higher priority but unprotected; with only
+    protected victims left, the budget is broken all the same."""
+    h: Harness = await harness(nodes=2, gpus=1)
+    guarded = pod("guarded", 800, priority=0)
+    guarded["metadata"]["labels"] = {"app": "db"}
+    assert await h.schedule(await h.create(guarded), ["n0"]) == "n0"
+    assert await h.schedule(await h.create(pod("free", 800, priority=1)), ["n1"]) == "n1"
+    budget: Json = {
+        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "db", "namespace": "ns"},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "db"}}},
+        "status": {"disruptionsAllowed": 0},
+    }  # fmt: skip
+    await h.api.create(paths.pod_disruption_budgets("ns"), budget)
+    await settle(h.server)
+    preemptor = h.extender.preemptor
+    assert preemptor is not None and preemptor.budgets.allowed() == {"ns/db": 0}
+    high = await h.create(pod("high", 600, priority=100))
+    verdict = h.extender.scheduling.filter(h.args(high))
+    assert verdict.node_names == [] and "preempting" in verdict.failed_nodes["n1"], verdict.failed_nodes
+    assert preemptor.nominations[units.PodKey("ns/high")].plan.node == "n1", (
+        "the unprotected victim, though of a higher priority"
+    )
+    assert preemptor.nominations[units.PodKey("ns/high")].plan.violations == 0
+
+    # n1's GPU is held for it now: a second such pod can only make room on n0, and does, breaking the
+    # budget (kube-scheduler's rule: budgets slow preemption down, they never stop it).
+    other = await h.create(pod("other", 600, priority=100))
+    h.extender.scheduling.filter(h.args(other))
+    assert preemptor.nominations[units.PodKey("ns/other")].plan.node == "n0"
+    assert preemptor.nominations[units.PodKey("ns/other")].plan.violations == 1
+
+    # Deleted, the budget weighs nothing any more.
+    await h.api.delete(paths.pod_disruption_budgets("ns") + "/db")
+    await settle(h.server)
+    assert preemptor.budgets.allowed() == {} and preemptor.budgets.by_namespace == {}

@@ -1,7 +1,8 @@
 """Preemption on the real kube-apiserver and kube-scheduler (the sharegpu profile, its own preemption
 off): a high-priority GPU pod that fits nowhere preempts the fewest lower-priority sharing pods and is
-placed on the GPU they freed, with nothing over-committed at any moment; a pod whose PriorityClass
-says `preemptionPolicy: Never` preempts nothing."""
+placed on the GPU they freed, with nothing over-committed at any moment; a pod a PodDisruptionBudget
+protects is spared where another makes room; a pod whose PriorityClass says `preemptionPolicy: Never`
+preempts nothing."""
 
 from __future__ import annotations
 
@@ -93,6 +94,39 @@ async def test_a_high_priority_pod_preempts_lower_priority_shares_and_takes_thei
     await consistent(admin, [node])
     said = await reasons(admin, namespace)
     assert ("Preempted", "low-b") in said and ("Preempting", "high") in said, said
+
+
+async def test_a_pod_a_disruption_budget_protects_is_not_the_one_preempted(
+    admin: client.KubeClient,
+    extender: ExtenderProcess,
+    nodes: Callable[..., Any],
+    namespace: str,
+    classes: dict[str, str],
+) -> None:
+    """Two equal low pods on the two GPUs of a node; the one that would go by kube-scheduler's order
+    is protected by a PodDisruptionBudget (minAvailable 1 of 1: it allows no disruption). The high
+    pod preempts the other instead (the extender watches the budget, as kube-scheduler does)."""
+    (node,) = await nodes(1, gpus=2)
+    pods_path = f"/api/v1/namespaces/{namespace}/pods"
+    budget: Json = {
+        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "keep", "namespace": namespace},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "guarded"}}},
+    }  # fmt: skip
+    await admin.create(f"/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets", budget)
+    # Equals are kept the older first, then by name (creation times have seconds only): without the
+    # budget "second" would go.
+    for name, app in (("first", "free"), ("second", "guarded")):
+        body = with_class(gpu_pod(name, namespace, milli=800), classes["low"])
+        body["metadata"].setdefault("labels", {})["app"] = app
+        await admin.create(pods_path, body)
+        await wait_for(functools.partial(_bound, admin, namespace, name), what=f"{name} bound")
+    await admin.create(pods_path, with_class(gpu_pod("high", namespace, milli=600), classes["high"]))
+    placed = functools.partial(high_bound, admin, namespace, [node])
+    found = await wait_for(placed, timeout=60, what="high bound after preempting")
+    assert set(found) == {"high", "second"}, "the unprotected pod went, not the usual victim"
+    await consistent(admin, [node])
+    said = await reasons(admin, namespace)
+    assert ("Preempted", "first") in said and ("Preempted", "second") not in said, said
 
 
 async def test_a_pod_that_may_not_preempt_waits(

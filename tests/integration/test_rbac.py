@@ -27,6 +27,7 @@ ALLOWED: dict[str, list[Check]] = {
                   ("update", "coordination.k8s.io", "leases", SYSTEM, "sharegpu-extender", ""),
                   ("patch", "resource.k8s.io", "resourceclaims", "team", "c", "status")],
     "extender": [("create", "", "pods", "team", "", "binding"), ("list", "sharegpu.io", "devices", "", "", ""),
+                 ("watch", "policy", "poddisruptionbudgets", "", "", ""),
                  ("create", "", "pods", HOLDING, "", ""), ("patch", "", "configmaps", "team", "", ""),
                  ("update", "coordination.k8s.io", "leases", SYSTEM, "sharegpu-extender", ""),
                  ("delete", "", "pods", "team", "p", ""), ("patch", "", "pods", "team", "p", "status"),
@@ -59,7 +60,8 @@ REFUSED: dict[str, list[Check]] = {
                  ("delete", "sharegpu.io", "devices", "", "n1", ""),
                  ("update", "", "pods", "team", "p", "status"),
                  ("delete", "resource.k8s.io", "resourceclaims", "team", "c", ""),
-                 ("update", "resource.k8s.io", "deviceclasses", "", "gpu.sharegpu.io", "")],
+                 ("update", "resource.k8s.io", "deviceclasses", "", "gpu.sharegpu.io", ""),
+                 ("update", "policy", "poddisruptionbudgets", "team", "b", "")],  # read only
     "webhook": [("create", "", "pods", "team", "", "binding"), ("patch", "", "pods", "team", "p", ""),
                 ("update", "admissionregistration.k8s.io", "mutatingwebhookconfigurations", "", "other", ""),
                 ("update", "admissionregistration.k8s.io", "mutatingwebhookconfigurations", "", "sharegpu", ""),
@@ -129,6 +131,7 @@ RIGHTS: dict[str, dict[str, dict[str, str]]] = {
             "/pods/binding": "create", "/pods/eviction": "create", "/pods/status": "patch",
             "/resourcequotas": "get list watch", "authentication.k8s.io/tokenreviews": "create",
             "authorization.k8s.io/subjectaccessreviews": "create", "events.k8s.io/events": "create patch",
+            "policy/poddisruptionbudgets": "get list watch",  # preemption weighs them
             "resource.k8s.io/resourceclaims": "create get list patch watch",
             "resource.k8s.io/resourceclaims/binding": "patch update",
             "resource.k8s.io/resourceclaims/status": "patch update",

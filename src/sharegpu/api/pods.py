@@ -314,6 +314,8 @@ class Record:
     gang: gangs.Gang | None = None
     """The gang it belongs to (`api.gangs`); None for none, or a malformed one (`problem` says why
     for a GPU pod)."""
+    labels: tuple[tuple[str, str], ...] = ()
+    """Its labels, sorted (what PodDisruptionBudgets select it by)."""
 
     @property
     def terminal(self) -> bool:
@@ -428,6 +430,7 @@ def record(pod: wire.Pod, previous: Record | None = None) -> Record:
         terms=constraints.PodTerms.of(pod.spec) if pod.spec.resource_claims or gang is not None else None,
         gates=len(pod.spec.scheduling_gates),
         gang=gang,
+        labels=tuple(sorted(meta.labels.items())),
     )
 
 

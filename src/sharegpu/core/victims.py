@@ -17,8 +17,15 @@ companion has a lower priority than the pod too, and when it becomes a victim it
 victims with it (those on the node counted as gone there as well); the plan's cost counts them all,
 so taking a gang hurts more than taking a lone pod of the same priority.
 
-Across nodes (`best`) the plan that hurts least wins: the lowest highest victim priority, then the
-lowest sum of victim priorities, then the fewest victims, then the node the policy ranks first.
+PodDisruptionBudgets are weighed as kube-scheduler weighs them: a candidate whose going would take
+a budget that selects it below zero (`allowed`: per budget, the disruptions it allows now, walked
+over the candidates the most important first) is *violating*; the violating candidates are put back
+first, then the others, so a plan breaks a budget only where nothing else makes room, and it counts
+the victims that do (`Plan.violations`). Budgets slow preemption down, they never stop it.
+
+Across nodes (`best`) the plan that hurts least wins: the fewest budget violations, then the lowest
+highest victim priority, then the lowest sum of victim priorities, then the fewest victims, then the
+node the policy ranks first.
 
 A gang that fits nowhere (`for_gang`) preempts across nodes at once: its plan (`core.gangs.plan`,
 given as a callable over the live fleet) is tried with the tenants of the lowest priority taken off,
@@ -34,7 +41,7 @@ trials and left exactly as it was.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -57,6 +64,8 @@ class Tenant:
     """Being deleted already: counted as gone for a pod of higher priority."""
     companions: tuple[tuple[units.PodKey, int], ...] = ()
     """Pods that leave with it (its gang's other running members), with their priorities."""
+    budgets: tuple[str, ...] = ()
+    """The PodDisruptionBudgets that select it (`namespace/name`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,13 +82,16 @@ class Plan:
     """Pods already being deleted that the pod waits for."""
     priorities: tuple[int, ...]
     """The victims' priorities (aligned with `victims`)."""
+    violations: int = 0
+    """How many victims go against a PodDisruptionBudget that allows no more disruptions."""
 
     @property
-    def cost(self) -> tuple[int, int, int]:
-        """What the plan hurts, to compare plans: highest victim priority, their sum, their number."""
+    def cost(self) -> tuple[int, int, int, int]:
+        """What the plan hurts, to compare plans: budgets broken, highest victim priority, their sum,
+        their number."""
         if not self.victims:
-            return (-(2**62), 0, 0)
-        return (max(self.priorities), sum(self.priorities), len(self.victims))
+            return (0, -(2**62), 0, 0)
+        return (self.violations, max(self.priorities), sum(self.priorities), len(self.victims))
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,11 +128,31 @@ def _fits(state: fleet.FleetState, demand: requests.GpuDemand) -> bool:
     return bool(fit.evaluate(state, demand, np.zeros(1, dtype=np.int64)).feasible[0])
 
 
+def violating(candidates: Sequence[Tenant], allowed: Mapping[str, int]) -> set[units.PodKey]:
+    """The candidates whose going would take a budget below zero, `candidates` in the order they
+    would go (kube-scheduler's walk: each candidate uses up one disruption of every budget that
+    selects it; a budget not in `allowed` allows none)."""
+    left = dict(allowed)
+    out: set[units.PodKey] = set()
+    for tenant in candidates:
+        for budget in tenant.budgets:
+            left[budget] = left.get(budget, 0) - 1
+            if left[budget] < 0:
+                out.add(tenant.alloc.pod)
+    return out
+
+
 def on_node(
-    state: fleet.FleetState, row: int, tenants: Iterable[Tenant], demand: requests.GpuDemand, priority: int
+    state: fleet.FleetState,
+    row: int,
+    tenants: Iterable[Tenant],
+    demand: requests.GpuDemand,
+    priority: int,
+    allowed: Mapping[str, int] | None = None,
 ) -> Plan | None:
-    """The fewest victims on node `row` for a pod of `priority` asking `demand`; None if preempting
-    there cannot make it fit (or nothing there may be preempted)."""
+    """The fewest victims on node `row` for a pod of `priority` asking `demand`, breaking as few
+    disruption budgets as it can (`allowed`: per budget, the disruptions it allows now); None if
+    preempting there cannot make it fit (or nothing there may be preempted)."""
     scratch = fleet.FleetState([state.inventories[row]])
     width = scratch.width  # the fleet's rows are padded to its widest node
     scratch.blocked[0] = state.blocked[row, :width]
@@ -141,7 +173,10 @@ def on_node(
     here = {t.alloc.pod: t for t in candidates}
     victims: dict[units.PodKey, int] = {}
     back: set[units.PodKey] = set()
-    for tenant in sorted(candidates, key=lambda t: (-t.priority, t.created, t.alloc.pod)):
+    important_first = sorted(candidates, key=lambda t: (-t.priority, t.created, t.alloc.pod))
+    breaking = violating(important_first, allowed or {})
+    # The violating ones are put back first: a budget is broken only where nothing else makes room.
+    for tenant in sorted(important_first, key=lambda t: t.alloc.pod not in breaking):
         if tenant.alloc.pod in victims:
             continue  # gone with a companion taken before it
         if not scratch.problems(tenant.alloc):
@@ -165,6 +200,7 @@ def on_node(
         victims=tuple(order),
         leaving=tuple(leaving),
         priorities=tuple(victims[k] for k in order),
+        violations=sum(1 for k in order if k in breaking),
     )
 
 

@@ -104,9 +104,52 @@ class GangNomination(Making):
         return ", ".join(self.plan.nodes)
 
 
+class Budgets:
+    """The cluster's PodDisruptionBudgets as preemption weighs them (kept by an informer): which
+    select a pod, and how many disruptions each allows now (`status.disruptionsAllowed`, kept by
+    kube-controller-manager's disruption controller)."""
+
+    def __init__(self) -> None:
+        self.by_namespace: dict[str, dict[str, wire.PodDisruptionBudget]] = {}
+
+    def on_budget(self, kind: wire.EventType, budget: wire.PodDisruptionBudget) -> None:
+        meta = budget.metadata
+        here = self.by_namespace.setdefault(meta.namespace, {})
+        if kind == wire.EventType.DELETED:
+            here.pop(meta.name, None)
+        else:
+            here[meta.name] = budget
+        if not here:
+            del self.by_namespace[meta.namespace]
+
+    def covering(self, record: pods.Record) -> tuple[str, ...]:
+        """The budgets (`namespace/name`) that select the pod: no selector selects none, an empty one
+        every pod of the namespace (policy/v1)."""
+        namespace = record.key.split("/", 1)[0]
+        here = self.by_namespace.get(namespace)
+        if not here:
+            return ()
+        labels = dict(record.labels)
+        return tuple(
+            f"{namespace}/{name}"
+            for name, budget in sorted(here.items())
+            if budget.spec.selector is not None and wire.selects(budget.spec.selector, labels)
+        )
+
+    def allowed(self) -> dict[str, int]:
+        """Per budget, the disruptions it allows now."""
+        return {
+            f"{namespace}/{name}": budget.status.disruptions_allowed
+            for namespace, here in self.by_namespace.items()
+            for name, budget in here.items()
+        }
+
+
 class Preemptor(extender_handle.Reconciler):
     def __init__(self, handle: extender_handle.Handle, *, retry: float = RETRY, patience: float = PATIENCE) -> None:
         super().__init__(handle)
+        self.budgets = Budgets()
+        """Fed by the extender's PodDisruptionBudget informer."""
         self.retry = retry
         self.patience = patience
         self.nominations: dict[units.PodKey, Nomination] = {}
@@ -158,11 +201,12 @@ class Preemptor(extender_handle.Reconciler):
             return None
         state = self.cache.state
         tenants = self._tenants(set(resolvable))
+        allowed = self.budgets.allowed()
         plans = [
             plan
             for row in resolvable
             if any(t.leaving or (t.preemptible and t.priority < priority) for t in tenants.get(row, ()))
-            and (plan := victims.on_node(state, row, tenants[row], demand, priority)) is not None
+            and (plan := victims.on_node(state, row, tenants[row], demand, priority, allowed)) is not None
         ]
         chosen = victims.best(plans, self.cache.placer.priority)
         if chosen is None:
@@ -182,8 +226,9 @@ class Preemptor(extender_handle.Reconciler):
         self.metrics.preemptions.labels(extender_metrics.PreemptionOutcome.NOMINATED).inc()
         self.metrics.preempted.inc(len(chosen.victims))
         log.info(
-            "pod %s (priority %d) nominated on %s GPUs %s: preempting %s%s",
+            "pod %s (priority %d) nominated on %s GPUs %s: preempting %s%s%s",
             key, priority, chosen.node, list(chosen.gpus), ", ".join(chosen.victims) or "nothing",
+            f" ({chosen.violations} against a disruption budget: nothing else makes room)" if chosen.violations else "",
             f"; waiting for {', '.join(chosen.leaving)}" if chosen.leaving else "",
         )  # fmt: skip
         self._wake.set()
@@ -288,6 +333,7 @@ class Preemptor(extender_handle.Reconciler):
                     and companions is not None,
                     leaving=bound and record is not None and record.deleting,
                     companions=companions or (),
+                    budgets=self.budgets.covering(record) if record is not None else (),
                 )
             )
         return found

@@ -153,6 +153,17 @@ class Extender:
                 params={"labelSelector": f"{names.LABEL_ROLE}={names.ROLE_GANG_PLAN}"},
             ),
         ]
+        if self.preemptor is not None:  # preemption weighs disruption budgets as kube-scheduler does
+            self.informers.append(
+                informer.Informer(
+                    api,
+                    paths.pod_disruption_budgets(),
+                    wire.PodDisruptionBudget,
+                    informer.identity,
+                    self.preemptor.budgets.on_budget,
+                    name="poddisruptionbudgets",
+                )
+            )
         self.tasks: list[asyncio.Task[None]] = []
         self.clock = clock
         self.startup: dict[str, float] = {}
