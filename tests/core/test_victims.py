@@ -227,6 +227,22 @@ def test_a_gang_preempts_across_nodes_the_lowest_priorities_it_can_and_no_more()
     assert not plan().status.ok, "the live fleet is as it was: the gang still does not fit"
 
 
+def test_a_gangs_victims_spare_the_pods_a_disruption_budget_protects_where_others_make_room() -> None:
+    state, ledger, placer = gang_setup("a")
+    tenants = [tenant("p", 500, 1), tenant("q", 500, 1)]
+    placed(ledger, tenants)
+    members = [pod("ns/w0", count=1, milli=500)]
+    plan = functools.partial(core_gangs.plan, ledger, placer, members, 1)
+    found = victims.for_gang(state, tenants, plan, priority=10)
+    assert found is not None and names(found.victims) == ["q"] and found.violations == 0, "of equals, by name"
+    guarded = [tenants[0], dataclasses.replace(tenants[1], budgets=("ns/keep",))]
+    spared = victims.for_gang(state, guarded, plan, priority=10, allowed={"ns/keep": 0})
+    assert spared is not None and names(spared.victims) == ["p"] and spared.violations == 0
+    both = [dataclasses.replace(t, budgets=("ns/keep",)) for t in tenants]
+    broken = victims.for_gang(state, both, plan, priority=10, allowed={"ns/keep": 0})
+    assert broken is not None and len(broken.victims) == 1 and broken.violations == 1, "broken, not stopped"
+
+
 def test_a_gang_takes_a_higher_level_only_when_the_lower_one_is_not_enough() -> None:
     state, ledger, placer = gang_setup("a", "b")
     tenants = [tenant("p1", 300, 1, where="a"), tenant("p3", 1000, 3, where="b")]

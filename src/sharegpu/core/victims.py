@@ -106,6 +106,8 @@ class GangPlan:
     """Pods already being deleted that the gang waits for."""
     priorities: tuple[int, ...]
     """The victims' priorities (aligned with `victims`)."""
+    violations: int = 0
+    """How many victims go against a PodDisruptionBudget that allows no more disruptions."""
 
     @property
     def nodes(self) -> tuple[units.NodeName, ...]:
@@ -252,10 +254,16 @@ class _Trial:
 
 
 def for_gang(
-    state: fleet.FleetState, tenants: Sequence[Tenant], plan: Callable[[], core_gangs.Plan], priority: int
+    state: fleet.FleetState,
+    tenants: Sequence[Tenant],
+    plan: Callable[[], core_gangs.Plan],
+    priority: int,
+    allowed: Mapping[str, int] | None = None,
 ) -> GangPlan | None:
     """The victims for a gang of `priority` whose `plan` (over the live `state`) fails now: None if
-    taking every tenant below its priority would not make it fit (or there is none)."""
+    taking every tenant below its priority would not make it fit (or there is none). Of those taken
+    off, the ones whose going would break a disruption budget (`allowed`, as for `on_node`) are put
+    back first."""
     candidates = [t for t in tenants if _may_go(t, priority)]
     leaving = [t for t in tenants if t.leaving and t.priority < priority]
     if not candidates and not leaving:
@@ -278,8 +286,11 @@ def for_gang(
             trial.place(alloc)
         by_key = {t.alloc.pod: t for t in candidates}
         chosen: dict[units.PodKey, int] = {}
-        taken = [t for t in candidates if t.alloc.pod in trial.off]
-        for tenant in sorted(taken, key=lambda t: (-t.priority, t.created, t.alloc.pod)):
+        taken = sorted(
+            (t for t in candidates if t.alloc.pod in trial.off), key=lambda t: (-t.priority, t.created, t.alloc.pod)
+        )
+        breaking = violating(taken, allowed or {})
+        for tenant in sorted(taken, key=lambda t: t.alloc.pod not in breaking):
             if tenant.alloc.pod in chosen:
                 continue  # gone with a companion taken before it
             if not state.problems(tenant.alloc):
@@ -304,6 +315,7 @@ def for_gang(
             victims=tuple(order),
             leaving=tuple(waited_for),
             priorities=tuple(chosen[k] for k in order),
+            violations=sum(1 for k in order if k in breaking),
         )
     finally:
         trial.undo()

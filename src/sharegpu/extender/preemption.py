@@ -271,7 +271,7 @@ class Preemptor(extender_handle.Reconciler):
         tenants = [t for row in self._tenants(None).values() for t in row]
         if not any(t.leaving or (t.preemptible and t.priority < priority) for t in tenants):
             return None
-        chosen = victims.for_gang(self.cache.state, tenants, plan, priority)
+        chosen = victims.for_gang(self.cache.state, tenants, plan, priority, self.budgets.allowed())
         if chosen is None:
             return None
         uids = {m.key: m.uid for m in members}
