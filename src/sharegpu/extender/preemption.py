@@ -200,7 +200,7 @@ class Preemptor(extender_handle.Reconciler):
         if not resolvable:
             return None
         state = self.cache.state
-        tenants = self._tenants(set(resolvable))
+        tenants = self._tenants(set(resolvable), priority)
         allowed = self.budgets.allowed()
         plans = [
             plan
@@ -268,7 +268,7 @@ class Preemptor(extender_handle.Reconciler):
         while len(self._gang_tried) > GANG_TRIES:
             del self._gang_tried[next(iter(self._gang_tried))]
         priority = min(m.priority for m in members)
-        tenants = [t for row in self._tenants(None).values() for t in row]
+        tenants = [t for row in self._tenants(None, priority).values() for t in row]
         if not any(t.leaving or (t.preemptible and t.priority < priority) for t in tenants):
             return None
         chosen = victims.for_gang(self.cache.state, tenants, plan, priority, self.budgets.allowed())
@@ -311,8 +311,9 @@ class Preemptor(extender_handle.Reconciler):
         record = self.cache.record(key)
         return record.uid if record is not None else ""
 
-    def _tenants(self, rows: set[int] | None) -> dict[int, list[victims.Tenant]]:
-        """The ledger's pods on those rows (None: on every node) as preemption sees them."""
+    def _tenants(self, rows: set[int] | None, priority: int) -> dict[int, list[victims.Tenant]]:
+        """The ledger's pods on those rows (None: on every node) as preemption by a pod of `priority`
+        sees them (the budgets that select a pod are looked up only for those below it)."""
         state = self.cache.state
         found: dict[int, list[victims.Tenant]] = {}
         for key, entry in self.cache.ledger.entries():
@@ -333,7 +334,7 @@ class Preemptor(extender_handle.Reconciler):
                     and companions is not None,
                     leaving=bound and record is not None and record.deleting,
                     companions=companions or (),
-                    budgets=self.budgets.covering(record) if record is not None else (),
+                    budgets=self.budgets.covering(record) if record is not None and record.priority < priority else (),
                 )
             )
         return found
