@@ -345,6 +345,8 @@ async def test_preemption_breaks_a_disruption_budget_only_where_nothing_else_mak
     h.extender.scheduling.filter(h.args(other))
     assert preemptor.nominations[units.PodKey("ns/other")].plan.node == "n0"
     assert preemptor.nominations[units.PodKey("ns/other")].plan.violations == 1
+    shown = {str(n["pod"]): n["budgets_broken"] for n in preemptor.describe()}
+    assert shown == {"ns/high": 0, "ns/other": 1}, "/debug says which nomination breaks a budget"
 
     # Deleted, the budget weighs nothing any more.
     await h.api.delete(paths.pod_disruption_budgets("ns") + "/db")

@@ -586,6 +586,7 @@ class Preemptor(extender_handle.Reconciler):
                 "node": n.plan.node,
                 "gpus": list(n.plan.gpus),
                 "victims": list(n.plan.victims),
+                "budgets_broken": n.plan.violations,
                 "waiting_for": self._remaining(n.victims),
                 "age_seconds": round(self.clock() - n.since, 1),
             }
@@ -595,6 +596,7 @@ class Preemptor(extender_handle.Reconciler):
                 "gang": n.gang,
                 "members": {a.pod: a.node for a in n.plan.allocations},
                 "victims": list(n.plan.victims),
+                "budgets_broken": n.plan.violations,
                 "waiting_for": self._remaining(n.victims),
                 "age_seconds": round(self.clock() - n.since, 1),
             }
