@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from sharegpu.api import names
+from sharegpu.api import names, paths
 from sharegpu.core import allocation, units
 from sharegpu.devcluster import fakecluster, oracle
 from sharegpu.devcluster.stack import ExtenderProcess
@@ -74,6 +74,28 @@ async def reasons(kube: client.KubeClient, namespace: str) -> set[tuple[str, str
     return {(e["reason"], e["involvedObject"]["name"]) for e in events}
 
 
+async def placed_in_turn(admin: client.KubeClient, namespace: str, bodies: list[Json]) -> None:
+    """Create the pods one after the other, each bound before the next is made."""
+    for body in bodies:
+        await admin.create(f"/api/v1/namespaces/{namespace}/pods", body)
+        name = body["metadata"]["name"]
+        await wait_for(functools.partial(_bound, admin, namespace, name), what=f"{name} bound")
+
+
+async def high_preempts(
+    admin: client.KubeClient, namespace: str, node: str, classes: dict[str, str]
+) -> tuple[dict[str, Json], set[tuple[str, str]]]:
+    """A 600-milli pod of the high class made and bound on `node` by preempting (nothing over-committed
+    on the way, the ledger consistent after): the namespace's pods by name, and its events' reasons."""
+    body = with_class(gpu_pod("high", namespace, milli=600), classes["high"])
+    await admin.create(f"/api/v1/namespaces/{namespace}/pods", body)
+    placed = functools.partial(high_bound, admin, namespace, [node])
+    found = await wait_for(placed, timeout=60, what="high bound after preempting")
+    assert found["high"]["spec"]["nodeName"] == node
+    await consistent(admin, [node])
+    return found, await reasons(admin, namespace)
+
+
 async def test_a_high_priority_pod_preempts_lower_priority_shares_and_takes_their_gpu(
     admin: client.KubeClient,
     extender: ExtenderProcess,
@@ -82,17 +104,10 @@ async def test_a_high_priority_pod_preempts_lower_priority_shares_and_takes_thei
     classes: dict[str, str],
 ) -> None:
     (node,) = await nodes(1, gpus=1)
-    pods_path = f"/api/v1/namespaces/{namespace}/pods"
-    for name in ("low-a", "low-b"):
-        await admin.create(pods_path, with_class(gpu_pod(name, namespace, milli=400), classes["low"]))
-        await wait_for(functools.partial(_bound, admin, namespace, name), what=f"{name} bound")
-    await admin.create(pods_path, with_class(gpu_pod("high", namespace, milli=600), classes["high"]))
-    placed = functools.partial(high_bound, admin, namespace, [node])
-    found = await wait_for(placed, timeout=60, what="high bound after preempting")
-    assert found["high"]["spec"]["nodeName"] == node
+    lows = [with_class(gpu_pod(name, namespace, milli=400), classes["low"]) for name in ("low-a", "low-b")]
+    await placed_in_turn(admin, namespace, lows)
+    found, said = await high_preempts(admin, namespace, node, classes)
     assert set(found) == {"high", "low-a"}, "the newer of the two low pods went, and only it"
-    await consistent(admin, [node])
-    said = await reasons(admin, namespace)
     assert ("Preempted", "low-b") in said and ("Preempting", "high") in said, said
 
 
@@ -107,25 +122,21 @@ async def test_a_pod_a_disruption_budget_protects_is_not_the_one_preempted(
     is protected by a PodDisruptionBudget (minAvailable 1 of 1: it allows no disruption). The high
     pod preempts the other instead (the extender watches the budget, as kube-scheduler does)."""
     (node,) = await nodes(1, gpus=2)
-    pods_path = f"/api/v1/namespaces/{namespace}/pods"
     budget: Json = {
         "apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "keep", "namespace": namespace},
         "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "guarded"}}},
     }  # fmt: skip
-    await admin.create(f"/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets", budget)
+    await admin.create(paths.pod_disruption_budgets(namespace), budget)
     # Equals are kept the older first, then by name (creation times have seconds only): without the
     # budget "second" would go.
+    lows = []
     for name, app in (("first", "free"), ("second", "guarded")):
         body = with_class(gpu_pod(name, namespace, milli=800), classes["low"])
         body["metadata"].setdefault("labels", {})["app"] = app
-        await admin.create(pods_path, body)
-        await wait_for(functools.partial(_bound, admin, namespace, name), what=f"{name} bound")
-    await admin.create(pods_path, with_class(gpu_pod("high", namespace, milli=600), classes["high"]))
-    placed = functools.partial(high_bound, admin, namespace, [node])
-    found = await wait_for(placed, timeout=60, what="high bound after preempting")
+        lows.append(body)
+    await placed_in_turn(admin, namespace, lows)
+    found, said = await high_preempts(admin, namespace, node, classes)
     assert set(found) == {"high", "second"}, "the unprotected pod went, not the usual victim"
-    await consistent(admin, [node])
-    said = await reasons(admin, namespace)
     assert ("Preempted", "first") in said and ("Preempted", "second") not in said, said
 
 

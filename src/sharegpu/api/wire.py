@@ -514,6 +514,13 @@ class PodDisruptionBudget(Message, kw_only=True, frozen=True):
     status: PodDisruptionBudgetStatus = msgspec.field(default_factory=PodDisruptionBudgetStatus)
 
 
+def budget_selects(budget: PodDisruptionBudget, labels: Mapping[str, str]) -> bool:
+    """Whether the budget covers a pod of its namespace with `labels`, as policy/v1 reads its selector:
+    the full label selector; none at all selects no pod, an empty one every pod."""
+    selector = budget.spec.selector
+    return selector is not None and selects(selector, labels)
+
+
 # ----------------------------------------------------------------- helpers
 
 _DECODERS: dict[Any, msgspec.json.Decoder[Any]] = {}

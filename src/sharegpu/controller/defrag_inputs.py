@@ -171,7 +171,7 @@ def inputs(
         if r.request is not None and alloc.gpu_usage():
             covering = tuple(
                 key for key, b in groups.items()
-                if b.metadata.namespace == item.namespace and _selects(b, item.labels)
+                if b.metadata.namespace == item.namespace and wire.budget_selects(b, item.labels)
             )  # fmt: skip
             allowed = reach(item.terms)
             tenants[r.key] = defrag.Tenant(r.request, item.movable, item.priority, covering, item.owner, allowed)
@@ -180,13 +180,6 @@ def inputs(
             log.warning("defrag: pod %s does not fit the ledger: %s", alloc.pod, result.message)
     allowances = {key: b.status.disruptions_allowed for key, b in groups.items()}
     return Inputs(ledger, placer, tenants, tuple(pending), allowances)
-
-
-def _selects(budget: wire.PodDisruptionBudget, labels: Mapping[str, str]) -> bool:
-    """Whether the budget covers a pod with `labels`. No selector: none; an empty one: every pod of
-    the namespace (policy/v1's reading, the stricter one)."""
-    selector = budget.spec.selector
-    return selector is not None and wire.selects(selector, labels)
 
 
 def plan(found: Inputs, evictions: int) -> defrag.Plan:

@@ -144,6 +144,15 @@ def violating(candidates: Sequence[Tenant], allowed: Mapping[str, int]) -> set[u
     return out
 
 
+def _put_back_order(candidates: Iterable[Tenant], allowed: Mapping[str, int]) -> tuple[list[Tenant], set[units.PodKey]]:
+    """The order candidates are put back in, and those whose going would break a budget: the most
+    important first (higher priority, then the older), the breaking ones before the others, so a
+    budget is broken only where nothing else makes room."""
+    important_first = sorted(candidates, key=lambda t: (-t.priority, t.created, t.alloc.pod))
+    breaking = violating(important_first, allowed)
+    return sorted(important_first, key=lambda t: t.alloc.pod not in breaking), breaking
+
+
 def on_node(
     state: fleet.FleetState,
     row: int,
@@ -175,10 +184,8 @@ def on_node(
     here = {t.alloc.pod: t for t in candidates}
     victims: dict[units.PodKey, int] = {}
     back: set[units.PodKey] = set()
-    important_first = sorted(candidates, key=lambda t: (-t.priority, t.created, t.alloc.pod))
-    breaking = violating(important_first, allowed or {})
-    # The violating ones are put back first: a budget is broken only where nothing else makes room.
-    for tenant in sorted(important_first, key=lambda t: t.alloc.pod not in breaking):
+    put_back, breaking = _put_back_order(candidates, allowed or {})
+    for tenant in put_back:
         if tenant.alloc.pod in victims:
             continue  # gone with a companion taken before it
         if not scratch.problems(tenant.alloc):
@@ -286,11 +293,8 @@ def for_gang(
             trial.place(alloc)
         by_key = {t.alloc.pod: t for t in candidates}
         chosen: dict[units.PodKey, int] = {}
-        taken = sorted(
-            (t for t in candidates if t.alloc.pod in trial.off), key=lambda t: (-t.priority, t.created, t.alloc.pod)
-        )
-        breaking = violating(taken, allowed or {})
-        for tenant in sorted(taken, key=lambda t: t.alloc.pod not in breaking):
+        put_back, breaking = _put_back_order((t for t in candidates if t.alloc.pod in trial.off), allowed or {})
+        for tenant in put_back:
             if tenant.alloc.pod in chosen:
                 continue  # gone with a companion taken before it
             if not state.problems(tenant.alloc):

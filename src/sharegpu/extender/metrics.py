@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import itertools
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import prometheus_client
@@ -28,13 +27,13 @@ from sharegpu.core import allocation, devices, fleet, units
 from sharegpu.extender import cache as extender_cache
 from sharegpu.extender import quotas as extender_quotas
 from sharegpu.kube import errors as kube_errors
-from sharegpu.serving import http2
+from sharegpu.serving import counters, http2
 
 REQUEST_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 
 
 # The values of the counters' labels, one vocabulary per counter: writers pass these members, and
-# `Metrics` exports every value at 0 from the start, so that `increase()` and `rate()` see the first event.
+# `Metrics` exports every value at 0 from the start (`serving.counters`).
 
 
 class FilterOutcome(enum.StrEnum):
@@ -164,16 +163,6 @@ class ReadBack(enum.StrEnum):
     NOT_DONE = "not-done"
 
 
-def _counter(
-    registry: prometheus_client.CollectorRegistry, name: str, documentation: str, **labels: Iterable[str]
-) -> prometheus_client.Counter:
-    """A counter with a label per keyword, each combination of their values exported at 0 from the start."""
-    counter = prometheus_client.Counter(name, documentation, list(labels), registry=registry)
-    for values in itertools.product(*labels.values()):
-        counter.labels(*values)
-    return counter
-
-
 SCHEDULING_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
 
 
@@ -181,7 +170,7 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = prometheus_client.CollectorRegistry()
         r = self.registry
-        self.decisions = _counter(
+        self.decisions = counters.counter(
             r, "sharegpu_extender_decisions", "Filter decisions by outcome", verb=("filter",), outcome=FilterOutcome
         )
         self.latency = prometheus_client.Histogram(
@@ -197,21 +186,21 @@ class Metrics:
             registry=r,
             buckets=SCHEDULING_BUCKETS,
         )
-        self.connections = _counter(
+        self.connections = counters.counter(
             r,
             "sharegpu_extender_connections",
             "Connections accepted on the scheduler port, by protocol (h2: one per kube-scheduler, kept)",
             protocol=http2.ALPN,
         )
-        self.binds = _counter(r, "sharegpu_extender_binds", "Bind results", outcome=BindOutcome)
-        self.unknown = _counter(
+        self.binds = counters.counter(r, "sharegpu_extender_binds", "Bind results", outcome=BindOutcome)
+        self.unknown = counters.counter(
             r,
             "sharegpu_extender_unknown_writes",
             "Writes whose answer was lost, once read back: by write and by what the read found",
             write=LostWrite,
             found=ReadBack,
         )
-        self.preemptions = _counter(
+        self.preemptions = counters.counter(
             r,
             "sharegpu_extender_preemptions",
             "Preemption nominations, by what happened (nominated; then placed, freed, bound, gone, replaced, expired)",
@@ -220,26 +209,26 @@ class Metrics:
         self.preempted = prometheus_client.Counter(
             "sharegpu_extender_preempted_pods", "Pods chosen as victims of a preemption", registry=r
         )
-        self.preempted_deletions = _counter(
+        self.preempted_deletions = counters.counter(
             r,
             "sharegpu_extender_preemption_deletions",
             "Deletions of preempted pods, by outcome (done, refused, unknown; untold: not sent, its event failed)",
             outcome=DeletionOutcome,
         )
-        self.requeues = _counter(
+        self.requeues = counters.counter(
             r,
             "sharegpu_extender_requeues",
             "Pods kube-scheduler was asked to try again because room appeared after they were turned away, "
             "by outcome (nudged, failed)",
             outcome=RequeueOutcome,
         )
-        self.repairs = _counter(
+        self.repairs = counters.counter(
             r,
             "sharegpu_extender_overcommit_repairs",
             "Repair passes over over-committed GPUs, by what they did (evicted, cleared, refused, unknown, waiting)",
             action=RepairAction,
         )
-        self.claims = _counter(
+        self.claims = counters.counter(
             r,
             "sharegpu_extender_dra_claims",
             "What the DRA allocator did with claims of sharegpu's class, by outcome (allocated, ungated, "
@@ -248,7 +237,7 @@ class Metrics:
             "a write refused, or whose answer was lost)",
             outcome=ClaimOutcome,
         )
-        self.gangs = _counter(
+        self.gangs = counters.counter(
             r,
             "sharegpu_extender_gangs",
             "Gang plans by outcome (planned: every needed member placed at once; released: all planned "
@@ -261,10 +250,10 @@ class Metrics:
             "Assumed placements forgotten because no binding followed",
             registry=r,
         )
-        self.reservations = _counter(
+        self.reservations = counters.counter(
             r, "sharegpu_extender_reservation_pods", "Reservation pods created and deleted", action=ReservationAction
         )
-        self.handoffs = _counter(
+        self.handoffs = counters.counter(
             r,
             "sharegpu_extender_handoff_writes",
             "Hand-off ConfigMaps written (action: created, updated, or repaired: found written by someone else)",

@@ -123,17 +123,14 @@ class Budgets:
             del self.by_namespace[meta.namespace]
 
     def covering(self, record: pods.Record) -> tuple[str, ...]:
-        """The budgets (`namespace/name`) that select the pod: no selector selects none, an empty one
-        every pod of the namespace (policy/v1)."""
+        """The budgets (`namespace/name`) that select the pod (`wire.budget_selects`)."""
         namespace = record.key.split("/", 1)[0]
         here = self.by_namespace.get(namespace)
         if not here:
             return ()
         labels = dict(record.labels)
         return tuple(
-            f"{namespace}/{name}"
-            for name, budget in sorted(here.items())
-            if budget.spec.selector is not None and wire.selects(budget.spec.selector, labels)
+            f"{namespace}/{name}" for name, budget in sorted(here.items()) if wire.budget_selects(budget, labels)
         )
 
     def allowed(self) -> dict[str, int]:
@@ -244,9 +241,8 @@ class Preemptor(extender_handle.Reconciler):
                 f"sharegpu: its gang {nomination.gang} waits for {len(left)} preempted {_pods(len(left))} "
                 f"to leave {nomination.where}"
             )
-        self._end_gang(
-            nomination, extender_metrics.PreemptionOutcome.PLACED
-        )  # the gang is planned into the room in this same filter
+        # The gang is planned into the room in this same filter.
+        self._end_gang(nomination, extender_metrics.PreemptionOutcome.PLACED)
         return None
 
     def consider_gang(

@@ -211,15 +211,6 @@ def _parse_selector(text: str) -> Selector:
     return tuple(out)
 
 
-def _budget_selects(budget: Json, labels: Mapping[str, str]) -> bool:
-    """Whether a PodDisruptionBudget selects a pod with `labels`, as policy/v1 reads its selector: the
-    full label selector (matchLabels and matchExpressions); none at all selects no pod."""
-    selector = (budget.get("spec") or {}).get("selector")
-    if selector is None:
-        return False
-    return wire.selects(wire.convert(selector, wire.LabelSelector), labels)
-
-
 class _AnswerError(Exception):
     def __init__(self, status: int, reason: str, message: str, retry_after: int | None = None) -> None:
         super().__init__(message)
@@ -599,7 +590,8 @@ class FakeApiServer:
         budgets = [
             k for k, obj in sorted(self.objects.items())
             if k.collection.startswith("/apis/policy/") and k.resource == "poddisruptionbudgets"
-            and k.namespace == key.namespace and _budget_selects(obj, labels)
+            and k.namespace == key.namespace
+            and wire.budget_selects(wire.convert({"spec": obj.get("spec") or {}}, wire.PodDisruptionBudget), labels)
         ]  # fmt: skip
         for budget in budgets:
             if int((self.objects[budget].get("status") or {}).get("disruptionsAllowed", 0)) < 1:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import enum
-import itertools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping
@@ -39,7 +38,7 @@ from sharegpu.api import budgets, dra, groups, names, paths, podgroups, resource
 from sharegpu.core import errors
 from sharegpu.kube import client, informer, reviews
 from sharegpu.kube import errors as kube_errors
-from sharegpu.serving import access, tls
+from sharegpu.serving import access, counters, tls
 from sharegpu.webhook import admission
 
 log = logging.getLogger(__name__)
@@ -60,15 +59,14 @@ class Metrics(Collector):
     def __init__(self, hook: Webhook) -> None:
         self.hook = hook
         self.registry = prometheus_client.CollectorRegistry()
-        self.admissions = prometheus_client.Counter(
+        self.admissions = counters.counter(
+            self.registry,
             "sharegpu_webhook_admissions",
             "Admission reviews answered, by kind (mutate, validate, devices, groups, evictions) and outcome "
             "(allowed; denied; error: the body was no review, or it could not be judged)",
-            ["kind", "outcome"],
-            registry=self.registry,
+            kind=Review,
+            outcome=Verdict,
         )
-        for kind, verdict in itertools.product(Review, Verdict):  # at 0 from the start: increase() sees the first
-            self.admissions.labels(kind, verdict)
         self.duration = prometheus_client.Histogram(
             "sharegpu_webhook_admission_duration_seconds",
             "Time to answer one admission review, by kind",
