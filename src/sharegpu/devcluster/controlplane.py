@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -103,10 +104,42 @@ def host_address() -> str:
         return str(s.getsockname()[0])
 
 
+_EPHEMERAL = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_HANDED_OUT: set[int] = set()
+_PICK = random.SystemRandom()  # not the test runner's seeded generator: processes must not pick alike
+
+
+def _ephemeral_low() -> int:
+    """Where the kernel's range for outgoing connections' ports begins (Linux: 32768 by default)."""
+    try:
+        return int(_EPHEMERAL.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    """A port on 127.0.0.1 nothing is bound to now, not handed out before by this process, and below
+    the ephemeral range: a port the kernel chose (bind to 0) comes from that range, where the stack's
+    own outgoing connections may take it before the component binds it (an extender failed to start
+    so, with `address already in use`)."""
+    low = _ephemeral_low()
+    if low > 11000:
+        for _ in range(200):
+            port = _PICK.randrange(10000, low)
+            if port in _HANDED_OUT:
+                continue
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+            _HANDED_OUT.add(port)
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # no room below the range: the kernel's
         s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+        port = int(s.getsockname()[1])
+    _HANDED_OUT.add(port)
+    return port
 
 
 def binaries(build: bool = True, version: str | None = None) -> Path:
