@@ -25,6 +25,7 @@ held twice."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 from collections.abc import AsyncIterator
 from typing import Any
@@ -87,11 +88,17 @@ async def pods_of(kube: client.KubeClient, namespace: str) -> list[Json]:
 
 
 def describe(pods: list[Json]) -> str:
-    lines = []
+    """Each pod's phase, why (the kubelet's reason and message: a pod it refused has no containers) and
+    its containers' states; pods that failed alike (a controller's pods refused over and over) once, counted."""
+    lines, failed = [], collections.Counter[str]()
     for pod in pods:
-        statuses = (pod.get("status") or {}).get("containerStatuses") or []
-        states = {s["name"]: (s.get("state"), s.get("restartCount")) for s in statuses}
-        lines.append(f"{pod['metadata']['name']}: {pod.get('status', {}).get('phase')} {states}")
+        status = pod.get("status") or {}
+        if status.get("phase") == "Failed" and not status.get("containerStatuses"):
+            failed[f"{status.get('reason')}: {status.get('message')}"] += 1
+            continue
+        states = {s["name"]: (s.get("state"), s.get("restartCount")) for s in status.get("containerStatuses") or []}
+        lines.append(f"{pod['metadata']['name']}: {status.get('phase')} {status.get('reason') or ''} {states}")
+    lines += [f"{count} pods Failed with no container ({why})" for why, count in failed.items()]
     return "\n".join(lines)
 
 

@@ -89,6 +89,12 @@ async def test_a_pod_runs_in_containerd_on_the_node_s_network_under_its_own_per_
 
         await explained(control_plane, node, gone, "the pod and its container gone")
 
+        # The node shares this machine's disk: the kubelet's pressure thresholds are absolute floors, not
+        # shares of the filesystem that a machine full of builds crosses (then every pod is refused).
+        served = (await admin.get(f"{paths.node(node.name)}/proxy/configz"))["kubeletconfig"]
+        assert not [v for v in served["evictionHard"].values() if "%" in v and v != "1%"], served["evictionHard"]
+        assert served["imageGCHighThresholdPercent"] == 100, served
+
 
 async def test_containerd_applies_the_claim_s_cdi_devices_the_container_sees_its_gpu_and_sharegpu_s_variables(
     admin: client.KubeClient,

@@ -54,15 +54,16 @@ async def devcluster(folder: Path, *args: str) -> AsyncIterator[client.KubeClien
         stderr=subprocess.STDOUT,
     )  # fmt: skip
     assert process.stdout is not None
-    kubeconfig = ""
+    kubeconfig, printed = "", []
     try:
         for _ in range(400):
             line = (await asyncio.to_thread(process.stdout.readline)).decode()
+            printed.append(line)
             if "export KUBECONFIG=" in line:
                 kubeconfig = line.split("=", 1)[1].strip()
                 break
-            assert line or process.poll() is None, "devcluster exited during start-up"
-        assert kubeconfig, "no kubeconfig printed"
+            assert line or process.poll() is None, "devcluster exited during start-up:\n" + "".join(printed[-40:])
+        assert kubeconfig, "no kubeconfig printed:\n" + "".join(printed[-40:])
         async with client.KubeClient.connect(kubeconfig) as kube:
             await kube.create(paths.NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "try"}})
             yield kube

@@ -29,6 +29,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Final
 
 from sharegpu.api import names
 from sharegpu.serving import certs
@@ -115,6 +116,13 @@ def _ephemeral_low() -> int:
         return int(_EPHEMERAL.read_text().split()[0])
     except (OSError, ValueError, IndexError):
         return 32768
+
+
+KUBELET_DISK: Final = (
+    "evictionHard: {memory.available: 100Mi, nodefs.available: 1Gi, nodefs.inodesFree: 1%, imagefs.available: 1Gi, "
+    "imagefs.inodesFree: 1%}\nimageGCHighThresholdPercent: 100\nimageGCLowThresholdPercent: 99\n"
+)
+"""The kubelets' disk settings on a machine they share (see `ControlPlane.start_kubelet`)."""
 
 
 def free_port() -> int:
@@ -405,11 +413,15 @@ class ControlPlane:
         name = f"kubelet-{node}"
         assert self.bundle is not None, "start the control plane first"
         root_dir.mkdir(parents=True, exist_ok=True)
-        # What has no flag: the pods' logs stay under root_dir, and the machine's firewall is left alone.
+        # What has no flag: the pods' logs stay under root_dir, the machine's firewall is left alone, and
+        # the disk is not the node's own: the kubelet's default thresholds are shares of the filesystem
+        # (DiskPressure below 15% free for images, garbage collection of images above 85% used), which a
+        # machine shared with builds crosses, and then every pod but the DaemonSets' is refused (Failed,
+        # Evicted) or an imported image deleted. Absolute floors instead.
         config = root_dir / "kubelet.yaml"
         config.write_text(
             "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n"
-            f"podLogsDir: {root_dir / 'logs'}\nmakeIPTablesUtilChains: false\n"
+            f"podLogsDir: {root_dir / 'logs'}\nmakeIPTablesUtilChains: false\n{KUBELET_DISK}"
         )
         cgroups = ["--cgroups-per-qos=true", f"--cgroup-root={cgroup_root}"] if cgroup_root else [
             "--cgroups-per-qos=false"]  # fmt: skip
