@@ -100,6 +100,26 @@ def test_budgets_slow_preemption_down_but_do_not_stop_it() -> None:
     assert victims.violating(both, {}) == {"ns/p1", "ns/p2"}, "a budget not known allows none"
 
 
+def test_a_gang_member_whose_companion_a_budget_protects_is_reprieved_first() -> None:
+    """A member leaves with its gang, so its companions' budgets are its own: a lone pod of the same
+    priority goes instead, and where only the gang makes room the companion's broken budget is counted."""
+    state = state_of("a")
+    protected = victims.Companion(units.PodKey("ns/mate"), 1, budgets=("ns/guard",))
+    member = dataclasses.replace(tenant("member", 500, 1, created="2026-01-02T00:00:00Z"), companions=(protected,))
+    lone = tenant("lone", 500, 1, created="2026-01-01T00:00:00Z")
+    plan = victims.on_node(state, 0, [member, lone], share(500), priority=5, allowed={"ns/guard": 0})
+    assert plan is not None and names(plan.victims) == ["lone"] and plan.violations == 0
+    # A budget that still allows one: the newer of two equals goes, and its companion with it.
+    free = victims.on_node(state, 0, [member, lone], share(500), priority=5, allowed={"ns/guard": 1})
+    assert free is not None and sorted(names(free.victims)) == ["mate", "member"] and free.violations == 0
+    # Only the gang makes room: it goes, and the plan counts the companion's broken budget.
+    only = victims.on_node(state, 0, [member], share(600), priority=5, allowed={"ns/guard": 0})
+    assert only is not None and sorted(names(only.victims)) == ["mate", "member"] and only.violations == 1
+    # A pod counts once in the walk, however many of the candidates take it along.
+    twice = [member, dataclasses.replace(lone, companions=(protected,))]
+    assert victims.violating(twice, {"ns/guard": 1}) == set()
+
+
 def test_no_plan_where_preempting_cannot_help() -> None:
     state = state_of("a")
     assert victims.on_node(state, 0, [tenant("same", 800, 5)], share(500), priority=5) is None, "equal priority stays"
@@ -168,7 +188,7 @@ def test_a_node_narrower_than_the_fleet_is_planned_on_its_own_gpus() -> None:
 
 def test_a_gang_member_takes_its_companions_along_and_costs_them_all() -> None:
     state = state_of("a", "b")
-    member = victims.Tenant(tenant("m", 1000, 0).alloc, 0, companions=((units.PodKey("ns/m2"), 0),))
+    member = victims.Tenant(tenant("m", 1000, 0).alloc, 0, companions=(victims.Companion(units.PodKey("ns/m2"), 0),))
     on_a = victims.on_node(state, 0, [member], share(600), priority=5)
     on_b = victims.on_node(state, 1, [tenant("lone", 1000, 0, where="b")], share(600), priority=5)
     assert on_a is not None and on_b is not None
@@ -178,8 +198,8 @@ def test_a_gang_member_takes_its_companions_along_and_costs_them_all() -> None:
 
 def test_a_companion_on_the_same_node_put_back_first_still_leaves_with_its_gang() -> None:
     state = state_of("a")
-    older = victims.Tenant(tenant("g1", 400, 3).alloc, 3, companions=((units.PodKey("ns/g2"), 0),))
-    newer = victims.Tenant(tenant("g2", 400, 0).alloc, 0, companions=((units.PodKey("ns/g1"), 3),))
+    older = victims.Tenant(tenant("g1", 400, 3).alloc, 3, companions=(victims.Companion(units.PodKey("ns/g2"), 0),))
+    newer = victims.Tenant(tenant("g2", 400, 0).alloc, 0, companions=(victims.Companion(units.PodKey("ns/g1"), 3),))
     plan = victims.on_node(state, 0, [older, newer], share(300), priority=5)
     assert plan is not None and sorted(names(plan.victims)) == ["g1", "g2"], "g2 must go, and g1 with it"
     assert plan.priorities == (0, 3)
@@ -187,7 +207,7 @@ def test_a_companion_on_the_same_node_put_back_first_still_leaves_with_its_gang(
 
 def test_a_gang_member_whose_companion_outranks_the_pod_stays() -> None:
     state = state_of("a")
-    member = victims.Tenant(tenant("m", 1000, 0).alloc, 0, companions=((units.PodKey("ns/boss"), 10),))
+    member = victims.Tenant(tenant("m", 1000, 0).alloc, 0, companions=(victims.Companion(units.PodKey("ns/boss"), 10),))
     assert victims.on_node(state, 0, [member], share(600), priority=5) is None
 
 
@@ -270,8 +290,10 @@ def test_a_gangs_victim_takes_its_own_gang_along() -> None:
     state, ledger, placer = gang_setup("a", "b", "c")
     mate = units.PodKey("ns/mate")
     tenants = [
-        victims.Tenant(tenant("m", 1000, 0, where="a").alloc, 0, companions=((mate, 0),)),
-        victims.Tenant(tenant("mate", 1000, 0, where="c").alloc, 0, companions=((units.PodKey("ns/m"), 0),)),
+        victims.Tenant(tenant("m", 1000, 0, where="a").alloc, 0, companions=(victims.Companion(mate, 0),)),
+        victims.Tenant(
+            tenant("mate", 1000, 0, where="c").alloc, 0, companions=(victims.Companion(units.PodKey("ns/m"), 0),)
+        ),
         tenant("other", 1000, 2, where="b"),
     ]
     placed(ledger, tenants)

@@ -352,3 +352,36 @@ async def test_preemption_breaks_a_disruption_budget_only_where_nothing_else_mak
     await h.api.delete(paths.pod_disruption_budgets("ns") + "/db")
     await settle(h.server)
     assert preemptor.budgets.allowed() == {} and preemptor.budgets.by_namespace == {}
+
+
+async def test_a_gang_member_counts_its_companions_disruption_budgets(harness: Callable[..., Any]) -> None:
+    """A member leaves with its gang, so the budget that protects a companion on another node weighs on
+    the member's node too: the lone pod of a higher priority goes instead of the unprotected member."""
+    h: Harness = await harness(nodes=3, gpus=1)
+    gang = {names.GANG: "job", names.GANG_MIN: "1"}
+    used = set()
+    for name in ("a", "b"):  # one whole GPU each: on two of the nodes
+        body = gpu_pod(name, milli=None, count=1, annotations=gang, spec={"priority": 0})
+        body["metadata"]["labels"] = {"app": "db"} if name == "b" else {}
+        used.add(await h.schedule(await h.create(body)))
+    (left,) = {"n0", "n1", "n2"} - used
+    assert await h.schedule(await h.create(pod("lone", 800, priority=1)), [left]) == left
+    budget: Json = {
+        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "db", "namespace": "ns"},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "db"}}},
+        "status": {"disruptionsAllowed": 0},
+    }  # fmt: skip
+    await h.api.create(paths.pod_disruption_budgets("ns"), budget)
+    await settle(h.server)
+    preemptor = h.extender.preemptor
+    assert preemptor is not None and preemptor.budgets.allowed() == {"ns/db": 0}
+    high = await h.create(pod("high", 600, priority=100))
+    h.extender.scheduling.filter(h.args(high))
+    plan = preemptor.nominations[units.PodKey("ns/high")].plan
+    assert plan.node == left and plan.victims == ("ns/lone",) and plan.violations == 0, plan
+
+    # Only the gang left to take: it goes whole, and the plan counts the companion's broken budget.
+    other = await h.create(pod("other", 600, priority=100))
+    h.extender.scheduling.filter(h.args(other))
+    taken = preemptor.nominations[units.PodKey("ns/other")].plan
+    assert sorted(taken.victims) == ["ns/a", "ns/b"] and taken.violations == 1, taken

@@ -18,10 +18,11 @@ victims with it (those on the node counted as gone there as well); the plan's co
 so taking a gang hurts more than taking a lone pod of the same priority.
 
 PodDisruptionBudgets are weighed as kube-scheduler weighs them: a candidate whose going would take
-a budget that selects it below zero (`allowed`: per budget, the disruptions it allows now, walked
-over the candidates the most important first) is *violating*; the violating candidates are put back
-first, then the others, so a plan breaks a budget only where nothing else makes room, and it counts
-the victims that do (`Plan.violations`). Budgets slow preemption down, they never stop it.
+a budget that selects it, or one of its companions, below zero (`allowed`: per budget, the
+disruptions it allows now, walked over the candidates the most important first, each pod counted
+once) is *violating*; the violating candidates are put back first, then the others, so a plan
+breaks a budget only where nothing else makes room, and it counts the victims that do
+(`Plan.violations`, companions included). Budgets slow preemption down, they never stop it.
 
 Across nodes (`best`) the plan that hurts least wins: the fewest budget violations, then the lowest
 highest victim priority, then the lowest sum of victim priorities, then the fewest victims, then the
@@ -51,6 +52,16 @@ from sharegpu.core import gangs as core_gangs
 
 
 @dataclass(frozen=True, slots=True)
+class Companion:
+    """A pod that leaves with a tenant: another running member of its gang, on any node."""
+
+    pod: units.PodKey
+    priority: int
+    budgets: tuple[str, ...] = ()
+    """The PodDisruptionBudgets that select it (`namespace/name`)."""
+
+
+@dataclass(frozen=True, slots=True)
 class Tenant:
     """A pod the ledger holds on the node, as preemption sees it."""
 
@@ -62,8 +73,8 @@ class Tenant:
     """It may be preempted at all (bound, not one of sharegpu's own pods)."""
     leaving: bool = False
     """Being deleted already: counted as gone for a pod of higher priority."""
-    companions: tuple[tuple[units.PodKey, int], ...] = ()
-    """Pods that leave with it (its gang's other running members), with their priorities."""
+    companions: tuple[Companion, ...] = ()
+    """Pods that leave with it (its gang's other running members)."""
     budgets: tuple[str, ...] = ()
     """The PodDisruptionBudgets that select it (`namespace/name`)."""
 
@@ -122,7 +133,7 @@ def _may_go(tenant: Tenant, priority: int) -> bool:
         and not tenant.leaving
         and tenant.priority < priority
         and bool(tenant.alloc.gpu_usage())
-        and all(p < priority for _, p in tenant.companions)
+        and all(c.priority < priority for c in tenant.companions)
     )
 
 
@@ -131,26 +142,36 @@ def _fits(state: fleet.FleetState, demand: requests.GpuDemand) -> bool:
 
 
 def violating(candidates: Sequence[Tenant], allowed: Mapping[str, int]) -> set[units.PodKey]:
-    """The candidates whose going would take a budget below zero, `candidates` in the order they
-    would go (kube-scheduler's walk: each candidate uses up one disruption of every budget that
-    selects it; a budget not in `allowed` allows none)."""
+    """The pods whose going would take a budget below zero, `candidates` in the order they would go
+    with their companions (kube-scheduler's walk: each pod, the first time it goes, uses up one
+    disruption of every budget that selects it; a budget not in `allowed` allows none)."""
     left = dict(allowed)
     out: set[units.PodKey] = set()
+    gone: set[units.PodKey] = set()
     for tenant in candidates:
-        for budget in tenant.budgets:
-            left[budget] = left.get(budget, 0) - 1
-            if left[budget] < 0:
-                out.add(tenant.alloc.pod)
+        going = [(tenant.alloc.pod, tenant.budgets), *((c.pod, c.budgets) for c in tenant.companions)]
+        for pod, budgets in going:
+            if pod in gone:
+                continue
+            gone.add(pod)
+            for budget in budgets:
+                left[budget] = left.get(budget, 0) - 1
+                if left[budget] < 0:
+                    out.add(pod)
     return out
 
 
 def _put_back_order(candidates: Iterable[Tenant], allowed: Mapping[str, int]) -> tuple[list[Tenant], set[units.PodKey]]:
-    """The order candidates are put back in, and those whose going would break a budget: the most
-    important first (higher priority, then the older), the breaking ones before the others, so a
-    budget is broken only where nothing else makes room."""
+    """The order candidates are put back in, and the pods whose going would break a budget: the most
+    important first (higher priority, then the older), those that would break one (themselves or a
+    companion) before the others, so a budget is broken only where nothing else makes room."""
     important_first = sorted(candidates, key=lambda t: (-t.priority, t.created, t.alloc.pod))
     breaking = violating(important_first, allowed)
-    return sorted(important_first, key=lambda t: t.alloc.pod not in breaking), breaking
+
+    def breaks(tenant: Tenant) -> bool:
+        return tenant.alloc.pod in breaking or any(c.pod in breaking for c in tenant.companions)
+
+    return sorted(important_first, key=lambda t: not breaks(t)), breaking
 
 
 def on_node(
@@ -195,8 +216,9 @@ def on_node(
                 continue
             scratch.apply(tenant.alloc, -1)
         victims[tenant.alloc.pod] = tenant.priority
-        for key, companion_priority in tenant.companions:
-            victims.setdefault(key, companion_priority)
+        for companion in tenant.companions:
+            key = companion.pod
+            victims.setdefault(key, companion.priority)
             if key in back:  # put back already: it leaves with its gang all the same
                 back.discard(key)
                 scratch.apply(here[key].alloc, -1)
@@ -301,11 +323,11 @@ def for_gang(
                 trial.put_back(tenant.alloc)
                 continue
             chosen[tenant.alloc.pod] = tenant.priority
-            for key, companion_priority in tenant.companions:
-                chosen.setdefault(key, companion_priority)
-                companion = by_key.get(key)
-                if companion is not None:
-                    trial.take(companion.alloc)  # put back already, or elsewhere: it leaves with its gang
+            for companion in tenant.companions:
+                chosen.setdefault(companion.pod, companion.priority)
+                mate = by_key.get(companion.pod)
+                if mate is not None:
+                    trial.take(mate.alloc)  # put back already, or elsewhere: it leaves with its gang
         last_taken_first = list(chosen)[::-1]  # they were taken most important first
         order = sorted(last_taken_first, key=chosen.__getitem__)  # least important first; stable for equals
         waited_for = []  # only the leaving pods the gang's places need gone (others may take long to go)

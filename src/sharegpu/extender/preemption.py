@@ -318,7 +318,7 @@ class Preemptor(extender_handle.Reconciler):
                 continue
             record = self.cache.record(key)
             bound = record is not None and record.node == entry.alloc.node
-            companions = self._gang_of(record) if record is not None and record.gang is not None else ()
+            companions = self._gang_of(record, priority) if record is not None and record.gang is not None else ()
             found.setdefault(row, []).append(
                 victims.Tenant(
                     alloc=entry.alloc,
@@ -335,10 +335,11 @@ class Preemptor(extender_handle.Reconciler):
             )
         return found
 
-    def _gang_of(self, record: pods.Record) -> tuple[tuple[units.PodKey, int], ...] | None:
+    def _gang_of(self, record: pods.Record, priority: int) -> tuple[victims.Companion, ...] | None:
         """The other running members of a gang member's gang, which leave with it (a gang is preempted
-        whole); None while the gang is being placed (a member holds an assumption it is not bound
-        with yet): then none of it is preempted."""
+        whole), with the budgets that select them when they are below `priority`; None while the gang
+        is being placed (a member holds an assumption it is not bound with yet): then none of it is
+        preempted."""
         assert record.gang is not None
         companions = []
         for member in self.cache.gang_members(record.gang.key):
@@ -347,7 +348,8 @@ class Preemptor(extender_handle.Reconciler):
             if member.key in self.cache.assumed or member.key in self.nominations or member.key in self.gang_of:
                 return None
             if member.node:
-                companions.append((member.key, member.priority))
+                budgets = self.budgets.covering(member) if member.priority < priority else ()
+                companions.append(victims.Companion(member.key, member.priority, budgets))
         return tuple(companions)
 
     def _remaining(self, leave: dict[units.PodKey, str]) -> list[units.PodKey]:
