@@ -7,6 +7,9 @@ extender preempts instead, from its filter (docs/extender.md, "Preemption"):
   and asks for GPUs, `core.victims` works out per candidate node the fewest lower-priority GPU
   pods whose leaving makes it fit, GPU by GPU, and picks the plan that hurts least. Only nodes
   kube-scheduler offered are considered (they passed its own checks: taints, affinity, CPU).
+- **Disruption budgets.** The PodDisruptionBudgets (`Budgets`, kept by an informer) weigh as
+  kube-scheduler weighs them: victims that would break one (a gang member's companions' included)
+  are spared first, and the plan that breaks the fewest wins; they slow preemption, never stop it.
 - **Nominate and hold.** The pod is *nominated* on that node: the GPUs it will take are held for it
   (`ClusterCache.hold`), so no other pod is placed there while the victims leave, and its status
   names the node (`nominatedNodeName`). Filter answers the pod "waiting for N preempted pods"
