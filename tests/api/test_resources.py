@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any, Literal
 
@@ -135,3 +136,50 @@ def test_int_or_string_and_free_form_objects_have_their_structural_forms() -> No
     assert found["count"] == {"x-kubernetes-int-or-string": True}
     assert found["maybe"] == {"x-kubernetes-int-or-string": True, "nullable": True}
     assert found["spec"] == {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+
+
+def schema_of(definition: Json) -> Json:
+    found: Json = definition["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    return found
+
+
+@pytest.mark.parametrize("resource", EVERY, ids=lambda r: r.name)
+def test_a_definition_lacks_nothing_of_itself_nor_of_an_older_one(resource: resources.CustomResource) -> None:
+    current = resource.manifest()
+    assert resources.lacking(current, current) == ()
+    # A newer definition that adds a field (and a value to an enum) lacks nothing of this release's.
+    newer = copy.deepcopy(current)
+    schema_of(newer)["properties"]["spec"].setdefault("properties", {})["later"] = {"type": "string"}
+    for _, node in walk(schema_of(newer)):
+        if "enum" in node:
+            node["enum"] = [*node["enum"], "Later"]
+    assert resources.lacking(current, newer) == ()
+
+
+def test_an_older_definition_lacks_what_the_api_server_would_drop_or_refuse() -> None:
+    current = resources.GPU_BUDGET.manifest()
+    older = copy.deepcopy(current)
+    version = older["spec"]["versions"][0]
+    schema = schema_of(older)
+    del schema["properties"]["status"]["properties"]["conditions"]  # pruned from every status written
+    when = schema["properties"]["spec"]["properties"]["whenExhausted"]
+    when["enum"] = [v for v in when["enum"] if v != "Demote"]  # refused
+    schema["properties"]["spec"]["properties"]["gpuHours"]["type"] = "string"
+    schema["properties"]["spec"]["required"] = [*schema["properties"]["spec"].get("required", []), "warnAtPercent"]
+    del version["subresources"]
+    assert resources.lacking(current, older) == (
+        "the status subresource",
+        "spec.gpuHours: type string (this release writes integer)",
+        "spec.whenExhausted: value Demote not allowed",
+        "spec.warnAtPercent: required",
+        "status.conditions: no such field",
+    )
+    version["served"] = False
+    assert resources.lacking(current, older) == ("version v1alpha1 is not served",)
+
+
+def test_a_field_kept_as_written_lacks_nothing_below_it() -> None:
+    current = resources.GPU_BUDGET.manifest()
+    open_status = copy.deepcopy(current)
+    schema_of(open_status)["properties"]["status"] = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+    assert resources.lacking(current, open_status) == ()

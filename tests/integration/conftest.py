@@ -41,11 +41,12 @@ OLDEST = frozenset({
     "test_admission.py", "test_agent.py", "test_attacks.py", "test_chart_components.py", "test_chart_install.py",
     "test_defrag.py", "test_fake_contract.py", "test_helm.py", "test_lost_answers.py", "test_node_attacks.py",
     "test_preemption.py", "test_rbac.py", "test_requeue.py", "test_reviews.py", "test_scheduling.py",
-    "test_gangs.py",
+    "test_gangs.py", "test_resources.py",
 })  # fmt: skip
 """The modules scripts/test also runs on the oldest Kubernetes the chart admits (controlplane.OLDEST_VERSION):
 the chart, scheduling and hand-off, admission, preemption, every eviction (defragmenter, watchdog,
-over-commit repair), gangs in every format 1.32 can state, and the fake API server's contract."""
+over-commit repair), gangs in every format 1.32 can state, the custom resources' definitions (and the
+controller's check of them), and the fake API server's contract."""
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

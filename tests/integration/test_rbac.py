@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from sharegpu.api import names
+from sharegpu.api import names, resources
 from sharegpu.devcluster import controlplane, stack
 from sharegpu.kube import client
 from tests.conftest import render
@@ -46,7 +46,8 @@ ALLOWED: dict[str, list[Check]] = {
                    ("create", "", "configmaps", "team", "", ""), ("patch", "", "nodes", "", "n1", ""),
                    ("list", "", "nodes", "", "", ""), ("create", "", "pods", "team", "p", "eviction"),
                    ("watch", "policy", "poddisruptionbudgets", "", "", ""), ("list", "", "events", "", "", ""),
-                   ("watch", "resource.k8s.io", "resourceclaims", "", "", "")],
+                   ("watch", "resource.k8s.io", "resourceclaims", "", "", ""),
+                   ("get", "apiextensions.k8s.io", "customresourcedefinitions", "", "gpubudgets.sharegpu.io", "")],
     "agent": [("create", "sharegpu.io", "devices", "", "", ""), ("update", "sharegpu.io", "devices", "", "n1", ""),
               ("patch", "", "nodes", "", "n1", ""), ("create", "", "pods", "team", "p", "eviction"),
               ("patch", "", "pods", HOLDING, "sharegpu-reserve-n1-0", "")],
@@ -68,7 +69,10 @@ REFUSED: dict[str, list[Check]] = {
                 ("get", "", "secrets", SYSTEM, "", "")],
     "controller": [("create", "", "pods", "team", "", "binding"), ("get", "", "secrets", SYSTEM, "", ""),
                    ("update", "sharegpu.io", "gpubudgets", "team", "", ""), ("delete", "", "pods", "team", "p", ""),
-                   ("update", "policy", "poddisruptionbudgets", "team", "b", "")],
+                   ("update", "policy", "poddisruptionbudgets", "team", "b", ""),
+                   ("list", "apiextensions.k8s.io", "customresourcedefinitions", "", "", ""),
+                   ("get", "apiextensions.k8s.io", "customresourcedefinitions", "", "devices.sharegpu.io", ""),
+                   ("update", "apiextensions.k8s.io", "customresourcedefinitions", "", "gpubudgets.sharegpu.io", "")],
     "agent": [("delete", "sharegpu.io", "devices", "", "n1", ""), ("create", "", "pods", "team", "", "binding"),
               ("get", "", "secrets", SYSTEM, "", ""), ("delete", "", "pods", "team", "p", ""),
               ("update", "", "nodes", "", "n1", ""), ("patch", "", "pods", "team", "p", ""),
@@ -172,6 +176,7 @@ RIGHTS: dict[str, dict[str, dict[str, str]]] = {
             "sharegpu.io/shareddevicegroups/status": "patch update",
             "sharegpu.io/gpuusages": "get list watch", "sharegpu.io/gpuidlepolicies": "get list watch",
             "sharegpu.io/gpuidlepolicies/status": "patch update",
+            **{f"apiextensions.k8s.io/customresourcedefinitions[{r.name}]": "get" for r in resources.GENERATED},
         },
         "sharegpu-system": {"coordination.k8s.io/leases": "create",
                             "coordination.k8s.io/leases[sharegpu-controller]": "get update"},

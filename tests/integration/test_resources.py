@@ -1,15 +1,19 @@
 """sharegpu's generated custom resources on the real API server: accepted as installed, validated
-by the API server as the code reads them, a status subresource, and the columns kubectl prints."""
+by the API server as the code reads them, a status subresource, the columns kubectl prints, and the
+controller's check that the installed definitions are this release's."""
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import pytest
 
-from sharegpu.api import resources
+from sharegpu.api import paths, resources
+from sharegpu.controller import runtime
 from sharegpu.kube import client
 from sharegpu.kube import errors as kube_errors
+from tests.integration.conftest import wait_for
 
 Json = dict[str, Any]
 GROUPS = resources.SHARED_DEVICE_GROUP
@@ -64,3 +68,33 @@ async def test_a_budget_is_validated_and_shown_with_its_columns(
     table = await admin.table(BUDGETS.path(namespace))
     assert [c["name"] for c in table["columnDefinitions"]] == ["Name", "Budget", "Used", "State", "Age"]
     assert table["rows"][0]["cells"][:2] == ["team", 20]
+
+
+async def test_the_controller_reads_the_installed_definitions_with_its_own_rights_and_names_what_an_older_lacks(
+    admin: client.KubeClient, controller: runtime.Controller
+) -> None:
+    """As the API server stores them (with what it adds), the definitions the suite installed from the
+    chart lack nothing of this release's; one replaced by an older (a status field gone: the API server
+    would prune it from every status written) makes the controller unready, naming the field."""
+
+    async def read() -> bool:
+        return controller.definitions.checked
+
+    await wait_for(read, timeout=30, what="the definitions read")
+    ready, detail = controller.readiness()
+    assert ready and detail["definitions"] == {}, detail
+    assert set(controller.definitions.lacking) == {r.name for r in resources.GENERATED}, "read with its own rights"
+    stored = await admin.get(paths.definition(BUDGETS.name))
+    older = copy.deepcopy(stored)
+    del older["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]["conditions"]
+    await admin.replace(paths.definition(BUDGETS.name), older)
+    try:
+        await controller.definitions.check()
+        ready, detail = controller.readiness()
+        assert not ready and detail["definitions"] == {BUDGETS.name: ["status.conditions: no such field"]}, detail
+    finally:
+        latest = await admin.get(paths.definition(BUDGETS.name))
+        stored["metadata"]["resourceVersion"] = latest["metadata"]["resourceVersion"]
+        await admin.replace(paths.definition(BUDGETS.name), stored)
+    await controller.definitions.check()
+    assert controller.readiness()[0]

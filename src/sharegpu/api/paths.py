@@ -16,6 +16,7 @@ GPU_USAGES: Final = f"/apis/{names.DEVICE_GROUP}/{names.DEVICE_VERSION}/{names.U
 PRIORITY_CLASSES: Final = "/apis/scheduling.k8s.io/v1/priorityclasses"
 ADMISSION_POLICIES: Final = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies"
 ADMISSION_POLICY_BINDINGS: Final = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings"
+DEFINITIONS: Final = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 
 
 def admission_policy(name: str) -> str:
@@ -24,6 +25,11 @@ def admission_policy(name: str) -> str:
 
 def admission_policy_binding(name: str) -> str:
     return f"{ADMISSION_POLICY_BINDINGS}/{name}"
+
+
+def definition(name: str) -> str:
+    """A CustomResourceDefinition (`plural.group`)."""
+    return f"{DEFINITIONS}/{name}"
 
 
 def node(name: str) -> str:

@@ -2,7 +2,9 @@
 message types the code reads (`api.schema`): one definition for the API server and the code.
 
 `sharegpu crds` prints the definitions; deploy/helm/sharegpu/crds holds the same text (a test keeps them equal),
-which the Helm chart and the local stack install.
+which the Helm chart and the local stack install. Helm never changes a CRD after the first install, so
+an upgraded release may meet older definitions: `lacking` says what an installed definition lacks of
+this release's, which the API server would drop from or refuse in this release's writes.
 """
 
 from __future__ import annotations
@@ -139,6 +141,55 @@ class CustomResource:
                 "versions": [version],
             },
         }
+
+
+def lacking(expected: Json, installed: Json) -> tuple[str, ...]:
+    """What the `installed` CustomResourceDefinition lacks of the `expected` one (this release's
+    `CustomResource.manifest()`), in words: a version it does not serve, a field its schema does not
+    have (the API server prunes it from every object written: this release's statuses, the specs its
+    users write), a field of another type or a value outside its enum (the write is refused), a
+    field it requires that this release's may leave out, the status subresource. Empty when this
+    release's objects go through it whole; a newer definition that only adds fields lacks nothing."""
+    found: list[str] = []
+    served = {v.get("name"): v for v in installed.get("spec", {}).get("versions", []) if v.get("served")}
+    for version in expected["spec"]["versions"]:
+        theirs = served.get(version["name"])
+        if theirs is None:
+            found.append(f"version {version['name']} is not served")
+            continue
+        if "status" in version.get("subresources", {}) and "status" not in theirs.get("subresources", {}):
+            found.append("the status subresource")
+        mine_schema = version["schema"]["openAPIV3Schema"]
+        found += _schema_lacking(mine_schema, theirs.get("schema", {}).get("openAPIV3Schema", {}), "")
+    return tuple(found)
+
+
+def _schema_lacking(mine: Json, theirs: Json, at: str) -> list[str]:
+    if theirs.get("x-kubernetes-preserve-unknown-fields") and "properties" not in theirs:
+        return []  # kept as written, whatever it holds
+    where = at or "the object"
+    found: list[str] = []
+    if "type" in mine and "type" in theirs and mine["type"] != theirs["type"]:
+        found.append(f"{where}: type {theirs['type']} (this release writes {mine['type']})")
+        return found
+    if "enum" in theirs:
+        missing = [v for v in mine.get("enum", ()) if v not in theirs["enum"]]
+        if missing:
+            found.append(f"{where}: value{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} not allowed")
+    theirs_properties = theirs.get("properties", {})
+    for name, sub in mine.get("properties", {}).items():
+        path = f"{at}.{name}" if at else name
+        if name not in theirs_properties:
+            found.append(f"{path}: no such field")
+        else:
+            found += _schema_lacking(sub, theirs_properties[name], path)
+    optional = set(mine.get("properties", {})) - set(mine.get("required", ()))
+    found += [f"{at}.{n}: required" if at else f"{n}: required" for n in theirs.get("required", ()) if n in optional]
+    if isinstance(mine.get("items"), dict):
+        found += _schema_lacking(mine["items"], theirs.get("items") or {}, f"{at}[]")
+    if isinstance(mine.get("additionalProperties"), dict) and isinstance(theirs.get("additionalProperties"), dict):
+        found += _schema_lacking(mine["additionalProperties"], theirs["additionalProperties"], f"{at}.*")
+    return found
 
 
 def _column(column: Column) -> Json:

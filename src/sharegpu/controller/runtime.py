@@ -13,8 +13,9 @@ informers listed from the API (the books in each budget's status included), neve
 predecessor held in memory. The hand-off and reservation reconcilers stay in the extender, next to
 the ledger they follow (docs/architecture.md says why).
 
-Health on one port: /healthz, /readyz (every informer listed and watching, credentials accepted),
-/metrics and /debug/budgets.
+Health on one port: /healthz, /readyz (every informer listed and watching, credentials accepted, the
+installed CustomResourceDefinitions this release's: `controller.definitions`), /metrics and
+/debug/budgets.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from sharegpu.api import groups as api_groups
 from sharegpu.api import idle as api_idle
 from sharegpu.api import sharepods as api_sharepods
 from sharegpu.api import usage as api_usage
-from sharegpu.controller import budgets, defrag, deviceshare, groups, idle, inventory, sharepods
+from sharegpu.controller import budgets, definitions, defrag, deviceshare, groups, idle, inventory, sharepods
 from sharegpu.core import errors, units
 from sharegpu.kube import client, informer, leader, reconcile, reviews, terms
 from sharegpu.kube import events as kube_events
@@ -58,6 +59,8 @@ class Options:
     """Seconds between status writes of a budget whose usage moves (state changes are written at once)."""
     tick: float = 5.0
     """Seconds between passes when nothing wakes the reconcilers."""
+    definitions_every: float = 60.0
+    """Seconds between reads of the installed CustomResourceDefinitions (`controller.definitions`)."""
     pace: float = 0.25
     """Seconds a reconciler rests after a pass, so that a burst of changes costs one pass."""
     image: str = "sharegpu:latest"
@@ -160,6 +163,7 @@ class Controller:
                 informer.Informer(api, paths.PODS, api_sharepods.MadePod, informer.identity, self.sharepods.on_pod,
                                   name="sharepod-pods", params={"labelSelector": api_sharepods.LABEL}),
             ]  # fmt: skip
+        self.definitions = definitions.Definitions(api, resources.GENERATED, every=options.definitions_every)
         self.metrics = _Metrics(self)
         self.tasks: list[asyncio.Task[None]] = []
 
@@ -184,8 +188,13 @@ class Controller:
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:
         states = {i.name: i.status() for i in self.informers}
-        ready = all(i.ready for i in self.informers) and not self.api.refused
-        return ready, {"informers": states, "leader": self.elector.is_leader, "credentialsRefused": self.api.refused}
+        ready = all(i.ready for i in self.informers) and not self.api.refused and self.definitions.current
+        return ready, {
+            "informers": states,
+            "leader": self.elector.is_leader,
+            "credentialsRefused": self.api.refused,
+            "definitions": self.definitions.status() if self.definitions.checked else "not read yet",
+        }
 
     async def start(self) -> None:
         """Start the informers and wait for their first lists; then campaign and reconcile."""
@@ -197,6 +206,7 @@ class Controller:
                 self.api, dra.CLAIMS, dra.ResourceClaim, dra.claim_record, self.budgets.on_claim, name="resourceclaims",
             ))  # fmt: skip
         self.tasks = [asyncio.create_task(i.run(), name=f"informer-{i.name}") for i in self.informers]
+        self.tasks.append(asyncio.create_task(self.definitions.run(), name="definitions"))
         await asyncio.gather(*(i.synced.wait() for i in self.informers))
 
         def work() -> list[Awaitable[None]]:
@@ -257,6 +267,13 @@ class _Metrics(Collector):
         )
         for found in self.controller.informers:
             ready.add_metric([found.name], 1 if found.ready else 0)
+        current = GaugeMetricFamily(
+            "sharegpu_controller_definition_current",
+            "1 while the installed CustomResourceDefinition has all of this release's (0: apply its definitions)",
+            labels=["definition"],
+        )
+        for name, lacking in sorted(self.controller.definitions.lacking.items()):
+            current.add_metric([name], 0 if lacking else 1)
         idle_now = GaugeMetricFamily(
             "sharegpu_idle_shares", "Pods idle for longer than their namespace's GPUIdlePolicy says",
             labels=["namespace"],
@@ -271,7 +288,7 @@ class _Metrics(Collector):
         )
         for outcome, count in sorted(self.controller.idle.counters.evictions.items()):
             evictions.add_metric([outcome], count)
-        yield from (used, limit, state, leading, ready, idle_now, evictions)
+        yield from (used, limit, state, leading, ready, current, idle_now, evictions)
         defragmenter = self.controller.defrag
         if defragmenter is not None:
             c = defragmenter.counters

@@ -16,7 +16,8 @@ on the pod), pods/eviction (a pod that is not running, or is being deleted, goes
 when a PodDisruptionBudget of its namespace that selects it, by its full label selector, has
 `status.disruptionsAllowed` below 1; otherwise the budget's allowance goes down by one and the pod
 is deleted gracefully) and status subresources. tests/integration/test_fake_contract.py holds these
-answers against the real API server's.
+answers against the real API server's. It starts with the CustomResourceDefinitions of sharegpu's
+resources as this release writes them (`api.resources.GENERATED`), as a cluster sharegpu is installed on.
 
 Faults are injected explicitly: `fail(status, ...)` answers the next matching requests with an error
 (429 with Retry-After, 409, 500, ...), instead of carrying them out or, with `after_commit`, after
@@ -46,8 +47,8 @@ from typing import Any, NamedTuple
 import jsonpatch
 import orjson
 
+from sharegpu.api import paths, resources, wire
 from sharegpu.api import pods as api_pods
-from sharegpu.api import wire
 from sharegpu.kube import client, errors, transport
 
 Json = dict[str, Any]
@@ -260,6 +261,8 @@ class FakeApiServer:
         self._uids = itertools.count(1)
         self._start = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
         self._seconds = itertools.count(0)
+        for definition in resources.GENERATED:
+            self.put_object(paths.DEFINITIONS, definition.manifest())
 
     # ----------------------------------------------------------------- test controls
 
