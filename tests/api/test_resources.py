@@ -126,6 +126,14 @@ def test_deploy_holds_the_generated_definitions(folder: str, resource: resources
     assert shipped.read_text() == resources.render(resource)
 
 
+def test_the_chart_holds_the_devices_definition_the_package_ships() -> None:
+    """The Device's definition is written by hand once, in the package (the controller holds the
+    installed one against it); the chart's crds/ holds the same text."""
+    shipped = Path(controlplane.data_path("deploy")) / "helm/sharegpu/crds" / resources.DEVICE_DEFINITION.name
+    assert shipped.read_text() == resources.DEVICE_DEFINITION.read_text()
+    assert list(resources.definitions()) == [*(r.name for r in resources.GENERATED), "devices.sharegpu.io"]
+
+
 def test_int_or_string_and_free_form_objects_have_their_structural_forms() -> None:
     class Loose(msgspec.Struct):
         count: int | str
@@ -143,9 +151,13 @@ def schema_of(definition: Json) -> Json:
     return found
 
 
-@pytest.mark.parametrize("resource", EVERY, ids=lambda r: r.name)
-def test_a_definition_lacks_nothing_of_itself_nor_of_an_older_one(resource: resources.CustomResource) -> None:
-    current = resource.manifest()
+DEFINITIONS = {r.name: r.manifest() for r in EVERY} | resources.definitions()
+"""Every definition sharegpu ships: its own (the Device's included) and the compatibility ones."""
+
+
+@pytest.mark.parametrize("name", sorted(DEFINITIONS))
+def test_a_definition_lacks_nothing_of_itself_nor_of_an_older_one(name: str) -> None:
+    current = DEFINITIONS[name]
     assert resources.lacking(current, current) == ()
     # A newer definition that adds a field (and a value to an enum) lacks nothing of this release's.
     newer = copy.deepcopy(current)

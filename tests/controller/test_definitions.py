@@ -99,7 +99,7 @@ def test_the_controller_may_read_exactly_the_definitions_it_checks() -> None:
         {
             "apiGroups": ["apiextensions.k8s.io"],
             "resources": ["customresourcedefinitions"],
-            "resourceNames": [r.name for r in resources.GENERATED],
+            "resourceNames": list(resources.definitions()),
             "verbs": ["get"],
         }
     ]
@@ -107,6 +107,6 @@ def test_the_controller_may_read_exactly_the_definitions_it_checks() -> None:
 
 def test_the_fake_api_server_starts_with_this_releases_definitions() -> None:
     server = fake.FakeApiServer()
-    for resource in resources.GENERATED:
-        stored = server.get_object(paths.definition(resource.name))
-        assert stored is not None and resources.lacking(resource.manifest(), stored) == ()
+    for name, definition in resources.definitions().items():
+        stored = server.get_object(paths.definition(name))
+        assert stored is not None and resources.lacking(definition, stored) == ()

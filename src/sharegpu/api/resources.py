@@ -10,6 +10,7 @@ this release's, which the API server would drop from or refuse in this release's
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Final, Literal
 
 import msgspec
@@ -282,6 +283,20 @@ GPU_IDLE_POLICY: Final = CustomResource(
 )
 
 GENERATED: Final = (SHARED_DEVICE_GROUP, GPU_BUDGET, CLUSTER_GPU_BUDGET, GPU_USAGE, GPU_IDLE_POLICY)
+
+DEVICE_DEFINITION: Final = Path(__file__).with_name("devices.sharegpu.io.yaml")
+"""The Device's definition, written by hand (its bounds, which the message types do not state); the
+chart's crds/ holds the same text."""
+
+
+def definitions() -> dict[str, Json]:
+    """Every CustomResourceDefinition of sharegpu's own resources (the chart's crds/), by name."""
+    found: dict[str, Json] = {r.name: r.manifest() for r in GENERATED}
+    device: Json = yaml.safe_load(DEVICE_DEFINITION.read_text())
+    found[device["metadata"]["name"]] = device
+    return found
+
+
 """The resources whose definitions are generated here (the Device resource's is still written by
 hand in deploy/helm/sharegpu/crds)."""
 

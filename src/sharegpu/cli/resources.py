@@ -22,7 +22,7 @@ def crds(
     ] = None,
 ) -> None:
     """Print every sharegpu CustomResourceDefinition (YAML: the generated ones and the Device's, which
-    the chart holds as written), or write the generated ones into a directory."""
+    the package holds as written), or write the generated ones into a directory."""
     from sharegpu.api import resources
 
     chosen: list[resources.CustomResource] = list(resources.GENERATED)
@@ -31,9 +31,7 @@ def crds(
     if out is None:
         texts = [resources.render(r) for r in chosen]
         if not compat:
-            from sharegpu.devcluster import stack
-
-            texts.append((stack.CHART / "crds" / "devices.sharegpu.io.yaml").read_text())
+            texts.append(resources.DEVICE_DEFINITION.read_text())
         sys.stdout.write("---\n".join(texts))
         return
     with reported():

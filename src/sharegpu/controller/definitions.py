@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping
 from typing import Any, Final
 
 from sharegpu.api import paths, resources
@@ -25,16 +25,19 @@ from sharegpu.kube import errors as kube_errors
 
 log = logging.getLogger(__name__)
 
+Json = dict[str, Any]
+
 FIX: Final = "sharegpu crds | kubectl apply --server-side -f -"
 """The command that installs this release's definitions (the chart's crds/ folder holds the same)."""
 
 
 class Definitions:
-    """The installed definitions of `expected`, held against this release's."""
+    """The installed definitions, held against this release's (`expected`)."""
 
-    def __init__(self, api: client.KubeApi, expected: Sequence[resources.CustomResource], every: float = 60.0) -> None:
+    def __init__(self, api: client.KubeApi, expected: Mapping[str, Json], every: float = 60.0) -> None:
         self.api = api
-        self.expected = {r.name: r.manifest() for r in expected}
+        self.expected = dict(expected)
+        """Per definition's name, this release's (`api.resources.definitions()`)."""
         self.every = every
         self.lacking: dict[str, tuple[str, ...]] = {}
         """Per definition read, what it lacks of this release's (empty: current)."""

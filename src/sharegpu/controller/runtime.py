@@ -163,7 +163,7 @@ class Controller:
                 informer.Informer(api, paths.PODS, api_sharepods.MadePod, informer.identity, self.sharepods.on_pod,
                                   name="sharepod-pods", params={"labelSelector": api_sharepods.LABEL}),
             ]  # fmt: skip
-        self.definitions = definitions.Definitions(api, resources.GENERATED, every=options.definitions_every)
+        self.definitions = definitions.Definitions(api, resources.definitions(), every=options.definitions_every)
         self.metrics = _Metrics(self)
         self.tasks: list[asyncio.Task[None]] = []
 

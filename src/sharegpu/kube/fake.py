@@ -17,7 +17,7 @@ when a PodDisruptionBudget of its namespace that selects it, by its full label s
 `status.disruptionsAllowed` below 1; otherwise the budget's allowance goes down by one and the pod
 is deleted gracefully) and status subresources. tests/integration/test_fake_contract.py holds these
 answers against the real API server's. It starts with the CustomResourceDefinitions of sharegpu's
-resources as this release writes them (`api.resources.GENERATED`), as a cluster sharegpu is installed on.
+resources as this release writes them (`api.resources.definitions()`), as a cluster sharegpu is installed on.
 
 Faults are injected explicitly: `fail(status, ...)` answers the next matching requests with an error
 (429 with Retry-After, 409, 500, ...), instead of carrying them out or, with `after_commit`, after
@@ -37,6 +37,7 @@ import base64
 import contextlib
 import copy
 import datetime
+import functools
 import itertools
 import re
 import uuid
@@ -240,6 +241,11 @@ class _FakeStream:
             yield item
 
 
+@functools.cache
+def _definitions() -> tuple[Json, ...]:
+    return tuple(resources.definitions().values())
+
+
 class FakeApiServer:
     """See the module docstring."""
 
@@ -261,8 +267,8 @@ class FakeApiServer:
         self._uids = itertools.count(1)
         self._start = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
         self._seconds = itertools.count(0)
-        for definition in resources.GENERATED:
-            self.put_object(paths.DEFINITIONS, definition.manifest())
+        for definition in _definitions():
+            self.put_object(paths.DEFINITIONS, copy.deepcopy(definition))
 
     # ----------------------------------------------------------------- test controls
 
