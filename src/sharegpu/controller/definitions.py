@@ -64,7 +64,7 @@ class Definitions:
                 installed = await self.api.get(paths.definition(name))
             except kube_errors.NotFoundError:
                 self._found(name, ("not installed",))
-            except (kube_errors.ApiError, kube_errors.TemporaryError) as exc:
+            except kube_errors.KubeError as exc:  # refused, or no answer: says nothing of the definition
                 self.unread[name] = errors.first_line(exc)
             else:
                 self._found(name, resources.lacking(manifest, installed))
