@@ -15,6 +15,7 @@ from sharegpu.api import names, paths, pods
 from sharegpu.core import gangs as core_gangs
 from sharegpu.core import status, units
 from sharegpu.extender import runtime
+from sharegpu.extender.preemption import Preemptor
 from sharegpu.kube import client
 from tests.extender.conftest import Harness, gpu_pod, settle
 
@@ -311,6 +312,21 @@ async def test_a_gang_preempts_nothing_it_does_not_outrank_and_tries_at_most_onc
     assert len(tries) > tried
 
 
+async def protect_db(h: Harness) -> Preemptor:
+    """A PodDisruptionBudget `db` over the pods labelled app=db that allows no disruption now, as the
+    extender's preemptor sees it."""
+    budget: Json = {
+        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "db", "namespace": "ns"},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "db"}}},
+        "status": {"disruptionsAllowed": 0},
+    }  # fmt: skip
+    await h.api.create(paths.pod_disruption_budgets("ns"), budget)
+    await settle(h.server)
+    preemptor = h.extender.preemptor
+    assert preemptor is not None and preemptor.budgets.allowed() == {"ns/db": 0}
+    return preemptor
+
+
 async def test_preemption_breaks_a_disruption_budget_only_where_nothing_else_makes_room(
     harness: Callable[..., Any],
 ) -> None:
@@ -322,15 +338,7 @@ async def test_preemption_breaks_a_disruption_budget_only_where_nothing_else_mak
     guarded["metadata"]["labels"] = {"app": "db"}
     assert await h.schedule(await h.create(guarded), ["n0"]) == "n0"
     assert await h.schedule(await h.create(pod("free", 800, priority=1)), ["n1"]) == "n1"
-    budget: Json = {
-        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "db", "namespace": "ns"},
-        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "db"}}},
-        "status": {"disruptionsAllowed": 0},
-    }  # fmt: skip
-    await h.api.create(paths.pod_disruption_budgets("ns"), budget)
-    await settle(h.server)
-    preemptor = h.extender.preemptor
-    assert preemptor is not None and preemptor.budgets.allowed() == {"ns/db": 0}
+    preemptor = await protect_db(h)
     high = await h.create(pod("high", 600, priority=100))
     verdict = h.extender.scheduling.filter(h.args(high))
     assert verdict.node_names == [] and "preempting" in verdict.failed_nodes["n1"], verdict.failed_nodes
@@ -366,15 +374,7 @@ async def test_a_gang_member_counts_its_companions_disruption_budgets(harness: C
         used.add(await h.schedule(await h.create(body)))
     (left,) = {"n0", "n1", "n2"} - used
     assert await h.schedule(await h.create(pod("lone", 800, priority=1)), [left]) == left
-    budget: Json = {
-        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "db", "namespace": "ns"},
-        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "db"}}},
-        "status": {"disruptionsAllowed": 0},
-    }  # fmt: skip
-    await h.api.create(paths.pod_disruption_budgets("ns"), budget)
-    await settle(h.server)
-    preemptor = h.extender.preemptor
-    assert preemptor is not None and preemptor.budgets.allowed() == {"ns/db": 0}
+    preemptor = await protect_db(h)
     high = await h.create(pod("high", 600, priority=100))
     h.extender.scheduling.filter(h.args(high))
     plan = preemptor.nominations[units.PodKey("ns/high")].plan
