@@ -58,14 +58,15 @@ async def test_an_older_definition_makes_the_controller_unready_until_this_relea
     server, controller = started
     await until(lambda: controller.definitions.checked)
     ready, detail = controller.readiness()
-    assert ready and detail["definitions"] == {} and current(controller) == 1, detail
+    assert ready and detail["definitions"] == {"lacking": {}, "notRead": {}} and current(controller) == 1, detail
 
     older = resources.GPU_BUDGET.manifest()
     del older["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]["conditions"]
     replace(server, older)
     await until(lambda: not controller.readiness()[0])
     ready, detail = controller.readiness()
-    assert detail["definitions"] == {NAME: ["status.conditions: no such field"]} and current(controller) == 0
+    assert detail["definitions"]["lacking"] == {NAME: ["status.conditions: no such field"]}
+    assert current(controller) == 0
 
     replace(server, resources.GPU_BUDGET.manifest())
     await until(lambda: controller.readiness()[0])
@@ -73,7 +74,7 @@ async def test_an_older_definition_makes_the_controller_unready_until_this_relea
 
     server.remove_object(paths.definition(NAME))
     await until(lambda: not controller.readiness()[0])
-    assert controller.readiness()[1]["definitions"] == {NAME: ["not installed"]}
+    assert controller.readiness()[1]["definitions"]["lacking"] == {NAME: ["not installed"]}
 
 
 async def test_a_definition_it_may_not_read_is_reported_and_not_held_against_readiness(
@@ -84,7 +85,7 @@ async def test_a_definition_it_may_not_read_is_reported_and_not_held_against_rea
     server.fail(403, method="GET", path=paths.definition(NAME), reason="Forbidden", times=1000)
     await until(lambda: NAME in controller.definitions.unread)
     ready, detail = controller.readiness()
-    assert ready and detail["definitions"][NAME].startswith("not read: "), detail
+    assert ready and detail["definitions"]["lacking"] == {} and "403" in detail["definitions"]["notRead"][NAME], detail
 
 
 def test_the_controller_may_read_exactly_the_definitions_it_checks() -> None:

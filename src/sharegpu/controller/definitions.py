@@ -52,10 +52,9 @@ class Definitions:
         return self.checked and not any(self.lacking.values())
 
     def status(self) -> dict[str, Any]:
-        """For /readyz: what each definition that is not current lacks, and those not read."""
-        out: dict[str, Any] = {name: list(found) for name, found in sorted(self.lacking.items()) if found}
-        out |= {name: f"not read: {why}" for name, why in sorted(self.unread.items())}
-        return out
+        """For /readyz: what each definition that is not current lacks, and why any was not read."""
+        lacking = {name: list(found) for name, found in sorted(self.lacking.items()) if found}
+        return {"lacking": lacking, "notRead": dict(sorted(self.unread.items()))}
 
     async def check(self) -> None:
         """Read every definition once and hold it against this release's."""
