@@ -186,6 +186,9 @@ def test_an_older_definition_lacks_what_the_api_server_would_drop_or_refuse() ->
         "spec.warnAtPercent: required",
         "status.conditions: no such field",
     )
+    newer = copy.deepcopy(current)  # a field this release does not know, required: its writes are refused
+    schema_of(newer)["properties"]["spec"]["required"] = ["gpuHours", "later"]
+    assert resources.lacking(current, newer) == ("spec.later: required",)
     version["served"] = False
     assert resources.lacking(current, older) == ("version v1alpha1 is not served",)
 

@@ -149,8 +149,9 @@ def lacking(expected: Json, installed: Json) -> tuple[str, ...]:
     `CustomResource.manifest()`), in words: a version it does not serve, a field its schema does not
     have (the API server prunes it from every object written: this release's statuses, the specs its
     users write), a field of another type or a value outside its enum (the write is refused), a
-    field it requires that this release's may leave out, the status subresource. Empty when this
-    release's objects go through it whole; a newer definition that only adds fields lacks nothing."""
+    field it requires that this release's may leave out or does not know, the status subresource.
+    Empty when this release's objects go through it whole; a newer definition that only adds optional
+    fields or values lacks nothing."""
     found: list[str] = []
     served = {v.get("name"): v for v in installed.get("spec", {}).get("versions", []) if v.get("served")}
     for version in expected["spec"]["versions"]:
@@ -184,8 +185,8 @@ def _schema_lacking(mine: Json, theirs: Json, at: str) -> list[str]:
             found.append(f"{path}: no such field")
         else:
             found += _schema_lacking(sub, theirs_properties[name], path)
-    optional = set(mine.get("properties", {})) - set(mine.get("required", ()))
-    found += [f"{at}.{n}: required" if at else f"{n}: required" for n in theirs.get("required", ()) if n in optional]
+    always = set(mine.get("required", ()))  # a field it requires that this release may leave out (or not know)
+    found += [f"{at}.{n}: required" if at else f"{n}: required" for n in theirs.get("required", ()) if n not in always]
     if isinstance(mine.get("items"), dict):
         found += _schema_lacking(mine["items"], theirs.get("items") or {}, f"{at}[]")
     if isinstance(mine.get("additionalProperties"), dict) and isinstance(theirs.get("additionalProperties"), dict):
