@@ -37,7 +37,7 @@ from sharegpu.devcluster import containerd, controlplane, oracle, realcluster
 from sharegpu.kube import client
 from sharegpu.webhook import translate
 from tests import builders
-from tests.integration.conftest import wait_for
+from tests.integration.conftest import get_or_none, wait_for
 
 pytestmark = pytest.mark.runtime
 
@@ -160,11 +160,20 @@ async def test_helm_install_runs_every_component_in_containerd_and_places_and_ru
     assert [(s["spec"]["nodeName"], len(s["spec"]["devices"])) for s in published] == [("dra-node-1", 2)]
 
     # The scheduling pods lead together: kube-scheduler holds the Lease, the extender beside it follows.
-    lease = await kube.get(paths.lease(SYSTEM, names.EXTENDER_LEASE))
-    holder = lease["spec"]["holderIdentity"].split("_", 1)[0]
-    assert holder.startswith("sharegpu-scheduler-"), lease["spec"]
+    # (A pod is ready before it leads: standbys must be ready too. The Lease comes a moment later.)
+    async def lease_holder() -> str | None:
+        lease = await get_or_none(kube, paths.lease(SYSTEM, names.EXTENDER_LEASE))
+        identity = ((lease or {}).get("spec") or {}).get("holderIdentity") or ""
+        return identity.split("_", 1)[0] or None
+
+    holder = await wait_for(lease_holder, timeout=60, what="the extender's Lease held")
+    assert isinstance(holder, str) and holder.startswith("sharegpu-scheduler-"), holder
     leading = on(nodes, await kube.get(paths.pod(SYSTEM, holder)))
-    assert "leading" in leading.logs(holder, "extender", lines=200), leading.logs(holder, "extender")
+
+    async def follows() -> bool:
+        return "leading" in leading.logs(holder, "extender", lines=200)
+
+    await wait_for(follows, timeout=30, what=f"the extender in {holder} leading")
 
     # GPU pods, sent to sharegpu by the webhook (the API server calls it through its Service), placed
     # by the chart's scheduler (or, for the claim, sharegpu's allocator) and run: what each container
