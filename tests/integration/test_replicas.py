@@ -18,7 +18,7 @@ from sharegpu.api import names, paths
 from sharegpu.core import devices
 from sharegpu.devcluster import controlplane, fakecluster, oracle, stack
 from sharegpu.kube import client
-from tests.integration.conftest import gpu_pod, wait_for
+from tests.integration.conftest import get_or_none, gpu_pod, wait_for
 
 LEASE = 4.0
 ELECTION = ("--lease-duration", "4", "--renew-deadline", "3", "--retry-period", "0.5")
@@ -72,8 +72,10 @@ async def cluster(plane: controlplane.ControlPlane) -> AsyncIterator[tuple[clien
 
 
 async def holder(admin: client.KubeClient) -> str:
-    lease = await admin.get(paths.lease(names.SYSTEM_NAMESPACE, names.EXTENDER_LEASE))
-    return str(lease["spec"].get("holderIdentity") or "")
+    """The extender Lease's holder; "" while there is none (nor the Lease: kube-scheduler makes it a
+    moment after it starts)."""
+    lease = await get_or_none(admin, paths.lease(names.SYSTEM_NAMESPACE, names.EXTENDER_LEASE))
+    return str(((lease or {}).get("spec") or {}).get("holderIdentity") or "")
 
 
 async def metric(pair: Pair, name: str, labels: str) -> float:
