@@ -166,6 +166,11 @@ def lacking(expected: Json, installed: Json) -> tuple[str, ...]:
     return tuple(found)
 
 
+def _under(at: str, name: str) -> str:
+    """The path of field `name` of the object at `at` ("" for the top)."""
+    return f"{at}.{name}" if at else name
+
+
 def _schema_lacking(mine: Json, theirs: Json, at: str) -> list[str]:
     if theirs.get("x-kubernetes-preserve-unknown-fields") and "properties" not in theirs:
         return []  # kept as written, whatever it holds
@@ -180,13 +185,12 @@ def _schema_lacking(mine: Json, theirs: Json, at: str) -> list[str]:
             found.append(f"{where}: value{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} not allowed")
     theirs_properties = theirs.get("properties", {})
     for name, sub in mine.get("properties", {}).items():
-        path = f"{at}.{name}" if at else name
         if name not in theirs_properties:
-            found.append(f"{path}: no such field")
+            found.append(f"{_under(at, name)}: no such field")
         else:
-            found += _schema_lacking(sub, theirs_properties[name], path)
+            found += _schema_lacking(sub, theirs_properties[name], _under(at, name))
     always = set(mine.get("required", ()))  # a field it requires that this release may leave out (or not know)
-    found += [f"{at}.{n}: required" if at else f"{n}: required" for n in theirs.get("required", ()) if n not in always]
+    found += [f"{_under(at, n)}: required" for n in theirs.get("required", ()) if n not in always]
     if isinstance(mine.get("items"), dict):
         found += _schema_lacking(mine["items"], theirs.get("items") or {}, f"{at}[]")
     if isinstance(mine.get("additionalProperties"), dict) and isinstance(theirs.get("additionalProperties"), dict):
@@ -284,6 +288,8 @@ GPU_IDLE_POLICY: Final = CustomResource(
 )
 
 GENERATED: Final = (SHARED_DEVICE_GROUP, GPU_BUDGET, CLUSTER_GPU_BUDGET, GPU_USAGE, GPU_IDLE_POLICY)
+"""The resources whose definitions are generated here (the Device's is written by hand:
+`DEVICE_DEFINITION`)."""
 
 DEVICE_DEFINITION: Final = Path(__file__).with_name("devices.sharegpu.io.yaml")
 """The Device's definition, written by hand (its bounds, which the message types do not state); the
@@ -297,9 +303,6 @@ def definitions() -> dict[str, Json]:
     found[device["metadata"]["name"]] = device
     return found
 
-
-"""The resources whose definitions are generated here (the Device resource's is still written by
-hand in deploy/helm/sharegpu/crds)."""
 
 # ----------------------------------------------------------------- other systems' resources (optional)
 

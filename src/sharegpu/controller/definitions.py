@@ -51,8 +51,10 @@ class Definitions:
         """No definition read lacks anything, and each was tried."""
         return self.checked and not any(self.lacking.values())
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> dict[str, Any] | str:
         """For /readyz: what each definition that is not current lacks, and why any was not read."""
+        if not self.checked:
+            return "not read yet"
         lacking = {name: list(found) for name, found in sorted(self.lacking.items()) if found}
         return {"lacking": lacking, "notRead": dict(sorted(self.unread.items()))}
 

@@ -193,7 +193,7 @@ class Controller:
             "informers": states,
             "leader": self.elector.is_leader,
             "credentialsRefused": self.api.refused,
-            "definitions": self.definitions.status() if self.definitions.checked else "not read yet",
+            "definitions": self.definitions.status(),
         }
 
     async def start(self) -> None:

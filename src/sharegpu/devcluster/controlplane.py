@@ -105,6 +105,13 @@ def host_address() -> str:
         return str(s.getsockname()[0])
 
 
+KUBELET_DISK: Final = (
+    "evictionHard: {memory.available: 100Mi, nodefs.available: 1Gi, nodefs.inodesFree: 1%, imagefs.available: 1Gi, "
+    "imagefs.inodesFree: 1%}\nimageGCHighThresholdPercent: 100\nimageGCLowThresholdPercent: 99\n"
+)
+"""The kubelets' disk settings on a machine they share (see `ControlPlane.start_kubelet`)."""
+
+
 _EPHEMERAL = Path("/proc/sys/net/ipv4/ip_local_port_range")
 _HANDED_OUT: set[int] = set()
 _PICK = random.SystemRandom()  # not the test runner's seeded generator: processes must not pick alike
@@ -116,13 +123,6 @@ def _ephemeral_low() -> int:
         return int(_EPHEMERAL.read_text().split()[0])
     except (OSError, ValueError, IndexError):
         return 32768
-
-
-KUBELET_DISK: Final = (
-    "evictionHard: {memory.available: 100Mi, nodefs.available: 1Gi, nodefs.inodesFree: 1%, imagefs.available: 1Gi, "
-    "imagefs.inodesFree: 1%}\nimageGCHighThresholdPercent: 100\nimageGCLowThresholdPercent: 99\n"
-)
-"""The kubelets' disk settings on a machine they share (see `ControlPlane.start_kubelet`)."""
 
 
 def free_port() -> int:
