@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sharegpu.core import ledger as core_ledger
 from sharegpu.core import policies, requests
 from sharegpu.sim import replay, runner, synthetic, trace
 
@@ -42,6 +43,22 @@ def test_static_replay_never_allocates_more_than_arrived(world: tuple[list, trac
     assert result.placed + result.failed == len(workload.pods)
     assert 0 <= result.unallocated_pct_at_100 < 30
     assert 0 <= result.frag_pct_at_100 <= 100
+
+
+def test_the_hook_at_100_sees_the_ledger_once(world: tuple[list, trace.Trace]) -> None:  # type: ignore[type-arg]
+    nodes, pods = world
+    capacity = sum(n.gpu_count for n in nodes) * 1000
+    workload = replay.build_workload(pods.pods, capacity, len(nodes), 1.3, seed=1)
+    shapes = pods.typical_shapes()
+    seen: list[int] = []
+
+    def look(ledger: core_ledger.Ledger) -> None:
+        seen.append(sum(milli for alloc in ledger.allocations() for milli, _ in alloc.gpu_usage().values()))
+
+    result = replay.replay_static(nodes, workload, policies.make("fgd", shapes), shapes, seed=1, at_100=look)
+    first = int(np.flatnonzero(np.round(result.arrived_pct) >= 100)[0])
+    assert len(seen) == 1
+    assert seen[0] == round(result.allocated_pct[first] * capacity / 100)
 
 
 def test_dynamic_replay_places_or_drops_every_pod(world: tuple[list, trace.Trace]) -> None:  # type: ignore[type-arg]

@@ -101,7 +101,10 @@ def replay_static(
     policy: scoring.Policy,
     shapes: tuple[frag.WeightedShape, ...],
     seed: int,
+    at_100: Callable[[core_ledger.Ledger], None] | None = None,
 ) -> StaticResult:
+    """Place the workload's pods in order; `at_100`, if given, sees the ledger once, at the first
+    arrival whose arrived % rounds to 100 (the moment `frag_pct_at_100` is measured)."""
     started = time.perf_counter()
     state = fleet.FleetState(nodes)
     ledger = core_ledger.Ledger(state)
@@ -128,6 +131,8 @@ def replay_static(
         if np.isnan(frag_at_100) and round(total_arrived / capacity * 100) >= 100:
             amount = frag_model.frag(all_rows, state.cpu_free, state.milli_free).sum()
             frag_at_100 = float(amount / capacity * 100)
+            if at_100 is not None:
+                at_100(ledger)
     return StaticResult(
         unallocated_pct_at_100=unallocated_at_100(arrived, allocated, capacity),
         arrived_pct=arrived / capacity * 100,
