@@ -409,6 +409,10 @@ COMPAT_REFUSED = (
         ),
         (["devcluster", "--runtime", "docker"], "Invalid value for '--runtime': 'docker' is not one of 'fake',"),
         (["controller", "--compat", "yunikorn"], COMPAT_REFUSED),
+        (
+            ["controller", "--definitions-every", "0"],
+            "'--definitions-every': Input should be greater than or equal to 1",
+        ),
         (["crds", "--compat", "yunikorn"], COMPAT_REFUSED),
         (
             ["agent", "--node", "n", "--on-violation", "shoot"],

@@ -6,11 +6,12 @@ metric lint and has its row in docs/metrics.md; the per-share usage series of a 
 measured reach Prometheus; every panel of the chart's dashboard returns data during a scripted
 workload; and every alert rule raises its alert once its situation is staged (and none before): a
 GPU over-committed and repaired, a component down and one not ready, a GPU unhealthy by XID, a
-budget used up, a share idle."""
+budget used up, a share idle, a CustomResourceDefinition older than the release."""
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import re
 import subprocess
 import uuid
@@ -138,7 +139,7 @@ async def test_prometheus_scrapes_every_component_every_panel_has_data_and_every
     blind_kubeconfig: Path,
     tmp_path: Path,
 ) -> None:
-    controller = stack.ControllerProcess(control_plane)
+    controller = stack.ControllerProcess(control_plane, "--definitions-every", "1")
     controller.start()
     blind = stack.ControllerProcess(control_plane, kubeconfig=blind_kubeconfig)
     blind.start()
@@ -176,6 +177,8 @@ async def test_prometheus_scrapes_every_component_every_panel_has_data_and_every
     )
     scraper: prometheus.Prometheus | None = None
     played: dict[str, Any] = {}
+    groups_definition = paths.definition(resources.SHARED_DEVICE_GROUP.name)
+    installed = await admin.get(groups_definition)
     try:
         await controller.wait_ready()
         await agent_server.start("127.0.0.1", agent_port, tls.SELF_SIGNED.context())
@@ -287,8 +290,13 @@ async def test_prometheus_scrapes_every_component_every_panel_has_data_and_every
         # Staged: a critical XID on GPU 2 of the agent's node; two pods bound past the extender to
         # one GPU that cannot hold both (it evicts the newer, which stays terminating: no kubelet);
         # a whole-GPU pod bound 40000 s ago against the budget's 10 GPU-hours; an idle policy
-        # (report only) in the namespace, whose "idle" pod has used nothing.
+        # (report only) in the namespace, whose "idle" pod has used nothing; the SharedDeviceGroup
+        # definition replaced by an older one, without a status field (nothing here writes groups).
         write_nvml(nvml_path, nvml_text + "xids: [{gpu: 2, code: 79}]\n")
+        older = copy.deepcopy(installed)
+        schema = older["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+        del schema["properties"]["status"]["properties"]["nodeName"]
+        await admin.replace(groups_definition, older)
         (overcommitted,) = await nodes(1, gpus=1)
         played[overcommitted] = harness.inventory.pop(overcommitted)  # no kubelet there: its pods stay Pending
         await bind_overcommitted(system_kube, overcommitted, namespace)
@@ -307,6 +315,7 @@ async def test_prometheus_scrapes_every_component_every_panel_has_data_and_every
             "SharegpuGpuUnhealthy": {"instance": f"127.0.0.1:{agent_port}"},
             "SharegpuBudgetExhausted": {"namespace": namespace, "budget": "team"},
             "SharegpuSharesIdle": {"namespace": namespace},
+            "SharegpuDefinitionOutdated": {"definition": resources.SHARED_DEVICE_GROUP.name},
         }
         assert set(expected) == rule_names(), "every rule the chart ships is staged here"
         now: dict[str, list[Json]] = {}
@@ -327,6 +336,10 @@ async def test_prometheus_scrapes_every_component_every_panel_has_data_and_every
         assert idle["value"] in ("1", "1e+00"), "one idle share: the busy and evicted pods are not"
         assert {a["state"] for found in now.values() for a in found} <= {"pending", "firing"}
     finally:
+        latest = await admin.get(groups_definition)
+        if latest["spec"] != installed["spec"]:
+            installed["metadata"]["resourceVersion"] = latest["metadata"]["resourceVersion"]
+            await admin.replace(groups_definition, installed)
         harness.inventory.update(played)
         if scraper is not None:
             scraper.stop()

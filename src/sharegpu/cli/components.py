@@ -178,6 +178,14 @@ def controller(
         int,
         typer.Option("--defrag-budget-per-hour", help="The most evictions the defragmenter makes in any hour.", min=0),
     ] = 10,
+    definitions_every: Annotated[
+        float,
+        typer.Option(
+            "--definitions-every",
+            help="Seconds between reads of the installed CustomResourceDefinitions, held against this release's.",
+            min=1,
+        ),
+    ] = 60.0,
     health_cert: HealthCert = None,
     health_key: HealthKey = None,
     plain_health: PlainHealth = False,
@@ -201,7 +209,8 @@ def controller(
         kubeconfig=kubeconfig, host=host, health_port=health_port, leader_elect=leader_elect, election=elected,
         write_every=write_every, image=image,
         compat=frozenset(c.value for c in compat or ()), defrag=defrag, defrag_dry_run=defrag_dry_run,
-        defrag_budget_per_hour=defrag_budget_per_hour, metrics_auth=metrics_auth, health_tls=health,
+        defrag_budget_per_hour=defrag_budget_per_hour, definitions_every=definitions_every, metrics_auth=metrics_auth,
+        health_tls=health,
     )  # fmt: skip
     with reported():
         serve(runtime.serve(options))
