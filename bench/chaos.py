@@ -41,7 +41,9 @@ Each seed is one run on a fresh stack. Writes {"runs": [{"seed", "faults_injecte
 "double_allocations", "leaked_reservations", "leaked_allocations", "stuck_pods", "lost_pods",
 "wrong_preemptions", "late_writes_landed", "late_write_answers", "preempted", "faults", "details",
 ...}], "all_zero"} (target: at least 20 faults per run, every other figure 0 on every seed). The exit
-status is 1 when any seed found a problem.
+status is 1 when any seed found a problem. "details" names what each count found (twenty at most);
+its "why_stuck" gives, for stuck pods still pending, their scheduling gates, nominated node,
+PodScheduled condition and newest event.
 
 - overcommits / double_allocations: GPUs over capacity, or held whole and shared, at any check
   during the churn or after it (double_allocations also counts two live reservation pods on one GPU);
@@ -721,6 +723,31 @@ class Chaos:
                 out.append(f"hand-off never filled: {record.key} on {alloc.node} ({gpus})")
         return out, pod_list
 
+    async def why_pending(self, stuck: list[str], told: list[Json]) -> dict[str, Json]:
+        """For the first stuck pods still pending: what kube-scheduler last wrote of them and their
+        newest event, to read after a bad verdict."""
+        why: dict[str, Json] = {}
+        for key in stuck[:20]:
+            namespace, _, name = key.rpartition(" ")[2].partition("/")
+            try:
+                pod = await self.api.get(paths.pod(namespace, name))
+            except kube_errors.NotFoundError:
+                continue
+            scheduled = [c for c in pod.get("status", {}).get("conditions", []) if c.get("type") == "PodScheduled"]
+            events = [e for e in told if e["involvedObject"].get("name") == name]
+            newest = max(events, key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "", default=None)
+            why[key] = {
+                "gates": [g["name"] for g in pod["spec"].get("schedulingGates", [])],
+                "nominated": pod.get("status", {}).get("nominatedNodeName"),
+                "scheduled": {k: scheduled[0].get(k) for k in ("status", "reason", "message", "lastTransitionTime")}
+                if scheduled
+                else None,
+                "event": {k: newest.get(k) for k in ("reason", "message", "lastTimestamp", "eventTime", "count")}
+                if newest
+                else None,
+            }
+        return why
+
     async def partial_gangs(self) -> list[str]:
         """Gangs with some, but fewer than their minimum, of their members bound (read after the gangs'
         timeout has passed: a plan is bound whole or given back by then)."""
@@ -792,6 +819,7 @@ class Chaos:
             if not partial:
                 break
         bound_at_end = await self.bound_names()
+        why = await self.why_pending(stuck, told) if stuck else {}
         return {
             "faults_injected": sum(self.faults.values()),
             "overcommits": len(self.overcommits),
@@ -815,6 +843,7 @@ class Chaos:
                 "leaked_allocations": found.orphan_allocations[:20],
                 "unheld_shared_gpus": found.unheld[:20],
                 "stuck_pods": stuck[:20],
+                "why_stuck": why,
                 "lost_pods": lost[:20],
                 "wrong_preemptions": wrong[:20],
                 "late_writes_landed": self.late_writes_landed[:20],
