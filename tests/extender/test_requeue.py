@@ -1,6 +1,7 @@
 """The requeuer: a pod turned away for want of room, when room appears on a node it was offered and
 kube-scheduler has not tried it again, gets a status condition that makes kube-scheduler try it
-again; not before the grace, not twice for one refusal, and not when it still does not fit."""
+again; not before the grace, not twice for one refusal, and not when it still does not fit (room on
+a node that serves DRA claims only does not count)."""
 
 from __future__ import annotations
 
@@ -63,6 +64,20 @@ async def test_no_nudge_when_the_room_is_too_small(harness: Callable[..., Any]) 
     await turned_away(h, 200, 900)  # the holder's 200 freed still leaves 300
     h.clock.advance(1)
     await free_holder(h)
+    h.clock.advance(requeue.GRACE)
+    await h.extender.requeuer.reconcile()
+    assert conditions(h, "waiting") == [] and nudges(h) == 0
+
+
+async def test_room_on_a_node_that_serves_dra_claims_only_is_no_reason_to_nudge(harness: Callable[..., Any]) -> None:
+    """A chaos run showed the requeuer nudging pods every 30 s toward a DRA node whose GPUs were free:
+    kube-scheduler tried them again and the filter turned them away again, the node being the
+    allocator's only."""
+    h: Harness = await harness(nodes=1, gpus=1, dra=1)
+    await h.schedule(await h.create(gpu_pod("big", milli=600)), ["n0"])
+    await turned_away(h, 200, 500)  # offered n0 and d0; d0's GPU is free but takes no pod
+    h.clock.advance(1)
+    await free_holder(h)  # room appears on n0: 400, too little
     h.clock.advance(requeue.GRACE)
     await h.extender.requeuer.reconcile()
     assert conditions(h, "waiting") == [] and nudges(h) == 0

@@ -10,7 +10,8 @@ them.
 
 So when room appeared in the cache (`ClusterCache.freed_at`) after a pod's last refusal for want of
 GPU room, and kube-scheduler has not tried it again within `grace` seconds, and the pod fits now on
-one of the nodes kube-scheduler offered it last time, the pod's status gets the condition
+one of the nodes kube-scheduler offered it last time (one that takes pods: a node that serves DRA
+claims only does not), the pod's status gets the condition
 `sharegpu.io/RoomFreed`: a change to the pod, which kube-scheduler answers by trying it again. Once
 per refusal (a later refusal may be nudged again), and at most every `every` seconds per pod.
 """
@@ -103,14 +104,16 @@ class Requeuer(extender_handle.Reconciler):
 
     def _fits(self, key: units.PodKey, demand: requests.GpuDemand, outcome: scheduling.Outcome) -> str | None:
         """A node kube-scheduler offered the pod that the demand fits on now (fitting is the same
-        under every policy)."""
+        under every policy), among the nodes that take pods (not those that serve DRA claims only)."""
         offered = self._offered.get(key)
         if offered is None or offered[0] != outcome.at:
             offered = (outcome.at, frozenset(outcome.candidates))
             self._offered[key] = offered
         state = self.cache.state
         evaluation = self.cache.placer.evaluate(demand)
-        fitting: list[int] = evaluation.rows[evaluation.feasible].tolist()
+        # Nodes that serve DRA claims only are in the fleet (the allocator's) but never take a pod.
+        usable = evaluation.feasible & self.cache.pod_rows[evaluation.rows]
+        fitting: list[int] = evaluation.rows[usable].tolist()
         for row in fitting:
             name: str = state.names[row]
             if name in offered[1]:
