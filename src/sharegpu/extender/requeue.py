@@ -111,8 +111,7 @@ class Requeuer(extender_handle.Reconciler):
             self._offered[key] = offered
         state = self.cache.state
         evaluation = self.cache.placer.evaluate(demand)
-        # Nodes that serve DRA claims only are in the fleet (the allocator's) but never take a pod.
-        usable = evaluation.feasible & self.cache.pod_rows[evaluation.rows]
+        usable = evaluation.feasible & self.cache.pod_rows  # every row; nodes that serve DRA claims only are out
         fitting: list[int] = evaluation.rows[usable].tolist()
         for row in fitting:
             name: str = state.names[row]
