@@ -31,6 +31,7 @@ from sharegpu import cli
 from sharegpu.core import policies as core_policies
 from sharegpu.core.policies import PAPER_POLICIES
 from sharegpu.sim import catalog, peers, report, runner
+from sharegpu.sim.trace import NODE_FILE, pod_file
 
 HERE = Path(__file__).resolve().parent
 DOC = HERE.parent / "docs" / "simulation.md"
@@ -248,12 +249,12 @@ def main() -> int:
         else (*PAPER_POLICIES, "fgd-used", "fgd-balance", "fgd-fill")
     )
     policies = cli.parse_policies([chosen])
-    nodes = args.openb / "openb_node_list_gpu_node.csv"
+    nodes = args.openb / NODE_FILE
     if not nodes.is_file():
         print(f"bench/openb_table.py: error: {nodes} not found (use --openb DIR)", file=sys.stderr)
         return 2
     traces = args.traces.split(",")
-    sources = [runner.Source(t, str(nodes), str(args.openb / f"openb_pod_list_{t}.csv")) for t in traces]
+    sources = [runner.Source(t, str(nodes), str(args.openb / pod_file(t))) for t in traces]
     # One run per (trace, seed), however many files hold it.
     found = {(r["trace"], r["seed"]): r for path in args.bound_json or [] for r in json.loads(path.read_text())["runs"]}
     bounds = list(found.values())

@@ -43,7 +43,7 @@ from scipy.optimize import linprog
 from sharegpu import cli
 from sharegpu.core import ledger as core_ledger
 from sharegpu.core import units
-from sharegpu.sim import catalog, replay, runner
+from sharegpu.sim import catalog, replay, runner, trace
 
 HERE = Path(__file__).resolve().parent
 TRACES = (
@@ -199,10 +199,8 @@ def main() -> int:
     if args.jobs < 1:
         parser.error(f"--jobs must be at least 1, got {args.jobs}")
     catalog.check(args.policy)
-    nodes = str(args.openb / "openb_node_list_gpu_node.csv")
-    sources = [
-        runner.Source(label, nodes, str(args.openb / f"openb_pod_list_{label}.csv")) for label in args.traces.split(",")
-    ]
+    nodes = str(args.openb / trace.NODE_FILE)
+    sources = [runner.Source(label, nodes, str(args.openb / trace.pod_file(label))) for label in args.traces.split(",")]
     runner.validate_sources(sources)
     jobs = [(source, args.policy, seed) for source in sources for seed in cli.parse_seeds(args.seeds)]
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
