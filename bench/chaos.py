@@ -51,7 +51,8 @@ PodScheduled condition and newest event.
   reservation idle time has passed;
 - leaked_allocations: claims allocated on sharegpu's GPUs that no live pod uses, once the churn is
   over and the allocator's time to clear unused allocations has passed;
-- stuck_pods: pods still pending at the end (after up to SETTLE seconds more) although the cluster
+- stuck_pods: pods still pending at the end (after SETTLE seconds in which no pod was bound, created,
+  deleted or ungated, at most QUIET_MAX seconds in all) although the cluster
   has room for them (judged by the placement core over what the API holds; a DRA pod, by the free
   capacity of the DRA nodes' GPUs after the claims), bound pods without a valid allocation (or whose
   claim is not allocated on their node), and bound sharing pods whose hand-off ConfigMap never got
@@ -99,7 +100,12 @@ NS = "chaos"
 SETTLE = 60
 """Seconds pending pods that fit may take to be placed once the churn is over, before they count as
 stuck: after an API server restart, kube-scheduler 1.37's informers can back off for up to 30 s
-(seen: requests refused as forbidden for a moment after the restart, while RBAC loads)."""
+(seen: requests refused as forbidden for a moment after the restart, while RBAC loads). The window
+starts again whenever the pods change (`settled_pending`), up to QUIET_MAX seconds in all."""
+QUIET_MAX = 240
+"""Seconds at most that the verdict waits for pods that fit to be placed while the pods keep changing:
+a preemption late in the window frees room for its preemptor, which the verdict (reading the API)
+would count as free for every pending pod until the preemptor is bound."""
 
 
 CLASSES = {"chaos-low": 100, "chaos-high": 1000}
@@ -613,8 +619,22 @@ class Chaos:
 
     # ----------------------------------------------------------------- the verdict
 
-    async def pending_that_fit(self) -> list[str]:
-        """Pending pods that the placement core, over what the API holds, says would fit."""
+    async def settled_pending(self) -> list[str]:
+        """`pending_that_fit` once the pods have been quiet for SETTLE seconds (none bound, created,
+        deleted or ungated), or after QUIET_MAX seconds: a pod preempted late frees room that its
+        preemptor takes seconds later, and meanwhile the room looks free to every pending pod."""
+        stuck, seen = await self.pending_that_fit()
+        quiet_since = started = time.monotonic()
+        while stuck and time.monotonic() - quiet_since < SETTLE and time.monotonic() - started < QUIET_MAX:
+            await asyncio.sleep(1)
+            stuck, now = await self.pending_that_fit()
+            if now != seen:
+                seen, quiet_since = now, time.monotonic()
+        return stuck
+
+    async def pending_that_fit(self) -> tuple[list[str], frozenset[tuple[str, str, str, bool, int]]]:
+        """Pending pods that the placement core, over what the API holds, says would fit; and the
+        pods' state (UID, node, being deleted, gates), whose change tells the verdict to wait on."""
         device_list, _ = await self.api.list_of(paths.DEVICES, wire.Device)
         node_list, _ = await self.api.list_of(paths.NODES, wire.Node)
         facts = {n.metadata.name: api_devices.node_facts(n) for n in node_list}
@@ -655,7 +675,12 @@ class Chaos:
                 stuck += [f"gang {gang_key}: {r.key}" for r in members]
         if self.dra:
             stuck += await self.claims_that_fit(device_list, pod_list)
-        return stuck
+        state_of = frozenset(
+            (p.metadata.name, p.metadata.uid, p.spec.node_name or "", p.metadata.deletion_timestamp is not None,
+             len(p.spec.scheduling_gates))
+            for p in pod_list
+        )  # fmt: skip
+        return stuck, state_of
 
     async def claims_that_fit(self, device_list: list[wire.Device], pod_list: list[wire.Pod]) -> list[str]:
         """DRA pods pending although a DRA node's GPU has room for their share after the claims, and
@@ -768,12 +793,7 @@ class Chaos:
         await asyncio.sleep(idle_wait)
         # Pending pods first: kube-scheduler's informers may be backing off after the last fault, and
         # a restarted allocator waits out its fence; what the oracle then reads is the settled state.
-        stuck = await self.pending_that_fit()
-        for _ in range(SETTLE):
-            if not stuck:
-                break
-            await asyncio.sleep(1)
-            stuck = await self.pending_that_fit()
+        stuck = await self.settled_pending()
         found = await self.observe()
         for _ in range(60):  # reservations follow their sharers; give them time to settle
             if found is not None and not (found.leaked_reservations or found.unheld or found.duplicate_reservations):

@@ -132,6 +132,36 @@ async def test_a_lost_deletion_is_sent_again(harness: Callable[..., Any]) -> Non
     assert not overcommitted(h)
 
 
+async def test_a_nudge_that_could_not_be_written_is_written_again(harness: Callable[..., Any]) -> None:
+    """Found by bench/chaos.py: the victims have gone and the pod's nominated node cannot be cleared
+    (the API server restarting); nothing else would make kube-scheduler try it again soon."""
+    h: Harness = await harness(nodes=1, gpus=1)
+    await low_pair(h)
+    high = await h.create(pod("high", 900, priority=100))
+    preemptor = h.extender.preemptor
+    assert preemptor is not None
+    h.extender.scheduling.filter(h.args(high))
+    await preemptor.reconcile()
+    await settle(h.server)
+    assert stored(h, "high")["status"]["nominatedNodeName"] == "n0"
+    h.server.fail(503, method="PATCH", path=paths.pod_status("ns", "high"), times=2)
+    h.server.finish_deletions()
+    await settle(h.server)
+    await preemptor.reconcile()  # placed: assumed for it; clearing refused
+    assert "ns/high" in h.extender.cache.assumed
+    assert stored(h, "high")["status"]["nominatedNodeName"] == "n0"
+    h.clock.advance(preemptor.retry)
+    await preemptor.reconcile()  # refused again
+    await preemptor.reconcile()  # not before `retry`
+    assert stored(h, "high")["status"]["nominatedNodeName"] == "n0"
+    h.clock.advance(preemptor.retry)
+    await preemptor.reconcile()
+    await settle(h.server)
+    assert not stored(h, "high")["status"].get("nominatedNodeName"), "cleared at the third try"
+    assert await h.schedule(high) == "n0"
+    assert not overcommitted(h)
+
+
 async def test_a_nomination_ends_with_its_pod(harness: Callable[..., Any]) -> None:
     h: Harness = await harness(nodes=1, gpus=1)
     await low_pair(h)
@@ -252,11 +282,16 @@ async def test_a_gang_that_fits_nowhere_preempts_across_nodes_at_once_and_is_pla
     assert "its gang ns/job waits for 2 preempted pods to leave n0, n1" in " ".join(waiting.failed_nodes.values())
     assert not overcommitted(h)
 
+    h.server.fail(503, method="PATCH", path=paths.pod_status("ns", "g1"))
     h.server.finish_deletions()
     await settle(h.server)
     await preemptor.reconcile()
     await settle(h.server)
-    assert not any(stored(h, n)["status"].get("nominatedNodeName") for n in ("g0", "g1")), "nudged"
+    assert not stored(h, "g0")["status"].get("nominatedNodeName"), "nudged"
+    assert stored(h, "g1")["status"]["nominatedNodeName"], "its nudge refused"
+    await preemptor.reconcile()
+    await settle(h.server)
+    assert not any(stored(h, n)["status"].get("nominatedNodeName") for n in ("g0", "g1")), "nudged again"
     first = h.extender.scheduling.filter(h.args(g0))
     assert preemptor.gangs == {} and len(first.node_names) == 1, first.failed_nodes
     bigger = await h.create(pod("bigger", 400))  # would fit in the room the victims freed

@@ -23,7 +23,9 @@ extender preempts instead, from its filter (docs/extender.md, "Preemption"):
   once, in the same step, so nothing else takes them before its next filter. The assumption is the
   ordinary one of filter: its bind confirms it, or it expires. The pod's nominated node is then
   cleared: a change to the pod makes kube-scheduler try it again at once, even when the victims'
-  deletions reached kube-scheduler before this cache and its last try was still told to wait.
+  deletions reached kube-scheduler before this cache and its last try was still told to wait. A
+  change that could not be written is tried again every `retry` seconds while the pod waits unbound
+  in the room assumed for it (a gang's members: while its nomination lives).
 - **Gangs, whole.** A member of a gang (`api.gangs`) is preempted only with every other running
   member of its gang, wherever they run (`victims.Tenant.companions`), and only when all of them have
   a lower priority than the pod and none of the gang is being placed: a gang is never left partial.
@@ -158,6 +160,9 @@ class Preemptor(extender_handle.Reconciler):
         """A nominated gang's planned member -> its gang's key."""
         self._gang_tried: dict[str, float] = {}
         """Gang key -> when it last tried to preempt (`consider_gang`), the newest GANG_TRIES."""
+        self._unnudged: dict[units.PodKey, tuple[str, float]] = {}
+        """Pods placed into the room their victims left whose nudge could not be written -> (UID, when
+        it was last tried): tried again every `retry` seconds while the room is assumed for them."""
         self._wake = asyncio.Event()
         self._passing = asyncio.Lock()
         """One pass at a time (the loop's and a caller's)."""
@@ -407,7 +412,8 @@ class Preemptor(extender_handle.Reconciler):
             left = self._remaining(nomination.victims)
             if not left:
                 self._place(nomination)
-                await self._nudge(nomination)
+                if not await self._nudge(nomination.pod):
+                    self._unnudged[nomination.pod] = (nomination.uid, now)
                 continue
             if now - nomination.since >= self.patience:
                 log.warning("pod %s: %s still on %s after %.0f s; the nomination is given up",
@@ -420,6 +426,20 @@ class Preemptor(extender_handle.Reconciler):
         for gang in list(self.gangs.values()):
             if self.gangs.get(gang.gang) is gang:  # not ended by a member's filter meanwhile
                 await self._pass_gang(gang, now)
+        await self._nudge_again(now)
+
+    async def _nudge_again(self, now: float) -> None:
+        """Nudges that could not be written, again, while their pods wait unbound in the room assumed
+        for them (kube-scheduler may have parked the pod for up to five minutes otherwise)."""
+        for key, (uid, tried) in list(self._unnudged.items()):
+            record = self.cache.record(key)
+            if record is None or record.uid != uid or record.node or record.deleting or key not in self.cache.assumed:
+                del self._unnudged[key]  # gone, replaced, bound, or the assumption ended (bound or expired)
+            elif now - tried >= self.retry:
+                if await self._nudge(key):
+                    del self._unnudged[key]
+                else:
+                    self._unnudged[key] = (uid, now)
 
     async def _evict(self, nomination: Nomination | GangNomination, left: list[units.PodKey], now: float) -> None:
         """Delete the victims still there (again after `retry` seconds while one is not leaving)."""
@@ -449,9 +469,8 @@ class Preemptor(extender_handle.Reconciler):
             return
         if not left:
             if not nomination.nudged:  # the holds end at the next member's filter, which plans the gang
-                nomination.nudged = True
-                for key in nomination.uids:
-                    await self._nominate(key, None)
+                told = [await self._nudge(key) for key in nomination.uids]
+                nomination.nudged = all(told)  # one not told: every member is told again next pass
             return
         if not nomination.announced:
             nomination.announced = await self._announce_gang(nomination)
@@ -473,20 +492,23 @@ class Preemptor(extender_handle.Reconciler):
         log.info("pod %s: its victims on %s have gone; %s", nomination.pod, plan.node,
                  "its GPUs are assumed for it" if placed else "the room is free for its next try")  # fmt: skip
 
-    async def _nudge(self, nomination: Nomination) -> None:
+    async def _nudge(self, key: units.PodKey) -> bool:
         """Make kube-scheduler try the pod now: any change to a pod it turned away requeues it, and
         the victims' deletions may have reached it before they reached this cache (its last try then
         found the room still taken, and nothing else would wake it for up to five minutes). The
-        change: its nominated node is cleared, the room now being held for it as an assumption."""
-        await self._nominate(nomination.pod, None)
+        change: its nominated node is cleared, the room now being held for it as an assumption (or
+        its gang's plan). False: the change could not be written."""
+        return await self._nominate(key, None)
 
-    async def _nominate(self, key: units.PodKey, node: str | None) -> None:
-        """Name the pod's nominated node in its status (None: clear it)."""
+    async def _nominate(self, key: units.PodKey, node: str | None) -> bool:
+        """Name the pod's nominated node in its status (None: clear it); False if that failed."""
         namespace, _, name = key.partition("/")
         try:
             await self.api.patch(paths.pod_status(namespace, name), pods.nominated(node))
         except errors.SharegpuError as exc:
             log.warning("pod %s: cannot %s its nominated node: %s", key, "name" if node else "clear", exc)
+            return False
+        return True
 
     async def _announce_gang(self, nomination: GangNomination) -> bool:
         """Each planned member's nominated node, and an event on each saying what its gang preempts."""

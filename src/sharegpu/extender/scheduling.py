@@ -525,6 +525,7 @@ class SchedulingService:
         finally:
             self.binding.discard(key)
         self.metrics.binds.labels(BindOutcome.BOUND).inc()
+        log.info("pod %s bound to %s, GPUs %s", key, args.node, list(alloc.gpu_usage()))
         first = self.first_filtered.pop(key, None)
         if first is not None and first[0] == record.uid:
             self.metrics.scheduling.observe(max(0.0, self.clock() - first[1]))
