@@ -31,7 +31,7 @@ from sharegpu import cli
 from sharegpu.core import policies as core_policies
 from sharegpu.core.policies import PAPER_POLICIES
 from sharegpu.sim import catalog, peers, report, runner
-from sharegpu.sim.trace import NODE_FILE, pod_file
+from sharegpu.sim.trace import NODE_FILE, OPENB_TRACES, pod_file
 
 HERE = Path(__file__).resolve().parent
 DOC = HERE.parent / "docs" / "simulation.md"
@@ -55,10 +55,8 @@ PAPER = {
 }
 TRACES = (
     *PAPER,
-    "gpushare20",
-    "gpuspec05",
-    "cpu0",
-)  # the first eleven have published figures; the last three are openb traces the paper did not tabulate
+    *(t for t in OPENB_TRACES if t not in PAPER),
+)  # the first eleven have published figures; the other three (gpushare20, gpuspec05, cpu0) were not tabulated
 BOUND_COLUMNS = (("lower_bound_unallocated_pct", "bound"), ("offline_heuristic_unallocated_pct", "offline heuristic"))
 
 

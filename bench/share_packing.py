@@ -46,10 +46,6 @@ from sharegpu.core import units
 from sharegpu.sim import catalog, replay, runner, trace
 
 HERE = Path(__file__).resolve().parent
-TRACES = (
-    "default", "gpushare20", "gpushare40", "gpushare60", "gpushare80", "multigpu20", "multigpu30",
-    "gpuspec05", "gpuspec10", "gpuspec20", "cpu0", "cpu050", "cpu100", "cpu200",
-)  # fmt: skip
 WHOLE = units.MILLI_PER_GPU
 Json = dict[str, Any]
 
@@ -190,7 +186,7 @@ def summarise(runs: list[Json]) -> Json:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--openb", type=Path, default=HERE.parent.parent / "shared" / "traces" / "openb")
-    parser.add_argument("--traces", default=",".join(TRACES))
+    parser.add_argument("--traces", default=",".join(trace.OPENB_TRACES))
     parser.add_argument("--seeds", default="42-44")
     parser.add_argument("--policy", default="default")
     parser.add_argument("--jobs", type=int, default=2)

@@ -73,3 +73,9 @@ def test_missing_file_and_bad_nodes(tmp_path: Path) -> None:
     path.write_bytes(b"sn,cpu_milli,memory_mib,gpu,model\n\xff\xfe,1,1,1,T4\n")
     with pytest.raises(errors.InvalidTraceError, match="not UTF-8"):
         trace.load_nodes(path)
+
+
+def test_the_openb_trace_names_are_the_pod_lists_openb_ships(openb: Path) -> None:
+    shipped = {p.name for p in openb.glob("openb_pod_list_*.csv")}
+    assert {trace.pod_file(name) for name in trace.OPENB_TRACES} == shipped
+    assert (openb / trace.NODE_FILE).is_file()

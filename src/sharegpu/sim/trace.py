@@ -47,6 +47,13 @@ NODE_FILE = "openb_node_list_gpu_node.csv"
 """The node file's name, as openb names it."""
 
 
+OPENB_TRACES = (
+    "default", "gpushare20", "gpushare40", "gpushare60", "gpushare80", "multigpu20", "multigpu30",
+    "gpuspec05", "gpuspec10", "gpuspec20", "cpu0", "cpu050", "cpu100", "cpu200",
+)  # fmt: skip
+"""openb's fourteen pod lists, by the names `pod_file` takes."""
+
+
 def pod_file(name: str) -> str:
     """A pod file's name, as openb names them (the trace's name is what follows the prefix)."""
     return f"openb_pod_list_{name}.csv"
