@@ -250,6 +250,12 @@ async def get_or_none(kube: client.KubeClient, path: str) -> Json | None:
         return None
 
 
+async def lease_holder(kube: client.KubeClient, lease: str) -> str:
+    """The identity holding sharegpu's Lease `lease`; "" while there is none (nor the Lease)."""
+    found = await get_or_none(kube, paths.lease(names.SYSTEM_NAMESPACE, lease))
+    return str(((found or {}).get("spec") or {}).get("holderIdentity") or "")
+
+
 async def consistent(kube: client.KubeClient, nodes: list[str] | None = None, timeout: float = 60) -> oracle.Findings:
     """Wait until the oracle finds nothing wrong; over-commits and double allocations fail at once
     (they must never happen), reservations may take a moment to follow their sharers."""

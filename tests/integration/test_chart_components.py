@@ -33,7 +33,7 @@ from sharegpu.core import devices
 from sharegpu.devcluster import controlplane, fakecluster, stack
 from sharegpu.kube import client
 from tests.conftest import one, render
-from tests.integration.conftest import get_or_none, gpu_pod, kubectl, wait_for
+from tests.integration.conftest import get_or_none, gpu_pod, kubectl, lease_holder, wait_for
 
 Json = dict[str, Any]
 MOUNTS = {"/etc/sharegpu/extender-tls": "sharegpu-extender-tls", "/etc/sharegpu/webhook-tls": "sharegpu-webhook-tls",
@@ -85,10 +85,8 @@ async def processes(admin: client.KubeClient, tmp_path: Path) -> AsyncIterator[P
     yield running
     running.stop()
     for lease in (names.EXTENDER_LEASE, names.CONTROLLER_LEASE):
-        path = f"/apis/coordination.k8s.io/v1/namespaces/{names.SYSTEM_NAMESPACE}/leases/{lease}"
-        found = await get_or_none(admin, path)
-        if found is not None and found["spec"].get("holderIdentity") == IDENTITY:
-            await admin.delete(path)
+        if await lease_holder(admin, lease) == IDENTITY:
+            await admin.delete(paths.lease(names.SYSTEM_NAMESPACE, lease))
 
 
 def sharegpu(args: list[str]) -> list[str]:

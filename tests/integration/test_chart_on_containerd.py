@@ -34,10 +34,10 @@ import pytest
 
 from sharegpu.api import dra, names, paths, pods, wire
 from sharegpu.devcluster import containerd, controlplane, oracle, realcluster
-from sharegpu.kube import client
+from sharegpu.kube import client, leader
 from sharegpu.webhook import translate
 from tests import builders
-from tests.integration.conftest import get_or_none, wait_for
+from tests.integration.conftest import lease_holder, wait_for
 
 pytestmark = pytest.mark.runtime
 
@@ -161,12 +161,10 @@ async def test_helm_install_runs_every_component_in_containerd_and_places_and_ru
 
     # The scheduling pods lead together: kube-scheduler holds the Lease, the extender beside it follows.
     # (A pod is ready before it leads: standbys must be ready too. The Lease comes a moment later.)
-    async def lease_holder() -> str | None:
-        lease = await get_or_none(kube, paths.lease(SYSTEM, names.EXTENDER_LEASE))
-        identity = ((lease or {}).get("spec") or {}).get("holderIdentity") or ""
-        return identity.split("_", 1)[0] or None
+    async def leading_pod() -> str:
+        return (await lease_holder(kube, names.EXTENDER_LEASE)).split(leader.SEPARATOR, 1)[0]
 
-    holder = await wait_for(lease_holder, timeout=60, what="the extender's Lease held")
+    holder = await wait_for(leading_pod, timeout=60, what="the extender's Lease held")
     assert isinstance(holder, str) and holder.startswith("sharegpu-scheduler-"), holder
     leading = on(nodes, await kube.get(paths.pod(SYSTEM, holder)))
 
@@ -248,10 +246,9 @@ async def test_helm_install_runs_every_component_in_containerd_and_places_and_ru
     for agent in await pods_of(kube, SYSTEM):
         if agent["metadata"]["labels"].get("app.kubernetes.io/component") == "agent":
             await kube.delete(paths.pod(SYSTEM, agent["metadata"]["name"]))  # the DaemonSet makes another
-    lease = await kube.get(paths.lease(SYSTEM, names.EXTENDER_LEASE))
-    leader = lease["spec"]["holderIdentity"].split("_", 1)[0]
-    leading = on(nodes, await kube.get(paths.pod(SYSTEM, leader)))
-    leading.runtime.crictl("stop", "--timeout", "0", leading.container(leader, "extender"))  # the kubelet restarts it
+    extender = (await lease_holder(kube, names.EXTENDER_LEASE)).split(leader.SEPARATOR, 1)[0]
+    leading = on(nodes, await kube.get(paths.pod(SYSTEM, extender)))
+    leading.runtime.crictl("stop", "--timeout", "0", leading.container(extender, "extender"))  # the kubelet restarts it
     before = {pod: await running(pod) for pod in everyone}
     for node in nodes.values():
         await asyncio.to_thread(node.runtime.restart)  # containerd crashes and comes back: containers run on

@@ -14,7 +14,7 @@ import aiohttp
 from sharegpu.api import budgets, names, paths, resources, wire
 from sharegpu.devcluster import controlplane, stack
 from sharegpu.kube import client
-from tests.integration.conftest import bound_long_ago, budget_body, events, get_or_none, wait_for
+from tests.integration.conftest import bound_long_ago, budget_body, events, get_or_none, lease_holder, wait_for
 
 LEASE = 4.0
 ELECTION = (
@@ -31,10 +31,8 @@ ELECTION = (
 )
 
 
-async def holder(kube: client.KubeClient) -> str | None:
-    lease = await get_or_none(kube, paths.lease(names.SYSTEM_NAMESPACE, names.CONTROLLER_LEASE))
-    found = ((lease or {}).get("spec") or {}).get("holderIdentity")
-    return str(found) if found else None
+async def holder(kube: client.KubeClient) -> str:
+    return await lease_holder(kube, names.CONTROLLER_LEASE)
 
 
 async def budget(kube: client.KubeClient, namespace: str, name: str) -> budgets.GPUBudget:

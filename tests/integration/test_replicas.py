@@ -18,7 +18,7 @@ from sharegpu.api import names, paths
 from sharegpu.core import devices
 from sharegpu.devcluster import controlplane, fakecluster, oracle, stack
 from sharegpu.kube import client
-from tests.integration.conftest import get_or_none, gpu_pod, wait_for
+from tests.integration.conftest import gpu_pod, lease_holder, wait_for
 
 LEASE = 4.0
 ELECTION = ("--lease-duration", "4", "--renew-deadline", "3", "--retry-period", "0.5")
@@ -71,13 +71,6 @@ async def cluster(plane: controlplane.ControlPlane) -> AsyncIterator[tuple[clien
     await admin.close()
 
 
-async def holder(admin: client.KubeClient) -> str:
-    """The extender Lease's holder; "" while there is none (nor the Lease: kube-scheduler makes it a
-    moment after it starts)."""
-    lease = await get_or_none(admin, paths.lease(names.SYSTEM_NAMESPACE, names.EXTENDER_LEASE))
-    return str(((lease or {}).get("spec") or {}).get("holderIdentity") or "")
-
-
 async def metric(pair: Pair, name: str, labels: str) -> float:
     async with (
         aiohttp.ClientSession(headers=pair.extender.headers) as session,
@@ -120,7 +113,7 @@ async def test_the_lease_holder_dies_and_the_other_takes_over_without_repeating_
     cluster: tuple[client.KubeClient, list[Pair]], plane: controlplane.ControlPlane, tmp_path: Path
 ) -> None:
     admin, pairs = cluster
-    first_holder = await wait_for(lambda: holder(admin), what="a Lease holder")
+    first_holder = await wait_for(lambda: lease_holder(admin, names.EXTENDER_LEASE), what="a Lease holder")
     leader = next(p for p in pairs if p.name == first_holder)
     survivor = next(p for p in pairs if p is not leader)
     assert await metric(survivor, "sharegpu_extender_leader", "") == 0.0
@@ -136,7 +129,7 @@ async def test_the_lease_holder_dies_and_the_other_takes_over_without_repeating_
     plane.stop_process(leader.scheduler, sig=9)
 
     async def taken_over() -> bool:
-        return await holder(admin) == survivor.name
+        return await lease_holder(admin, names.EXTENDER_LEASE) == survivor.name
 
     await wait_for(taken_over, timeout=30, every=0.1, what="the survivor holding the Lease")
     took = time.monotonic() - killed
