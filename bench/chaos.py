@@ -33,15 +33,18 @@ With `--gangs SHARE`, that share of the churn's creations are gangs instead of s
 sharing pods (`sharegpu.io/gang`, the minimum their number, a timeout of 20 s) created one after
 another, of the high priority (so that nothing preempts a member) and never deleted by the churn.
 The verdict then also counts partial_gangs: gangs with some but fewer than their minimum of members
-bound at the end; and judges pending gang members as gangs (stuck only if the whole gang fits).
+bound at the end; leaked_gang_plans: released plans still kept in the API (ConfigMaps) with no
+member left to bind (every one bound, gone or replaced) once the extender has had a minute to delete
+them; and judges pending gang members as gangs (stuck only if the whole gang fits).
 
     python bench/chaos.py --nodes 50 --pods 600 [--dra] [--gangs 0.1] [--seeds 1-20] [--json PATH] [--logs DIR]
 
 Each seed is one run on a fresh stack. Writes {"runs": [{"seed", "faults_injected", "overcommits",
 "double_allocations", "leaked_reservations", "leaked_allocations", "stuck_pods", "lost_pods",
-"wrong_preemptions", "late_writes_landed", "late_write_answers", "preempted", "faults", "details",
-...}], "all_zero"} (target: at least 20 faults per run, every other figure 0 on every seed). The exit
-status is 1 when any seed found a problem. "details" names what each count found (twenty at most);
+"wrong_preemptions", "late_writes_landed", "partial_gangs", "leaked_gang_plans",
+"late_write_answers", "preempted", "faults", "details", ...}], "all_zero"} (target: at least 20
+faults per run, every other figure 0 on every seed). The exit status is 1 when any seed found a
+problem. "details" names what each count found (twenty at most);
 its "why_stuck" gives, for stuck pods still pending, their scheduling gates, nominated node,
 PodScheduled condition and newest event.
 
@@ -87,6 +90,7 @@ import numpy as np
 
 from sharegpu.api import devices as api_devices
 from sharegpu.api import dra, names, paths, pods, wire
+from sharegpu.api import gangs as api_gangs
 from sharegpu.core import devices, fleet, policies
 from sharegpu.core import gangs as core_gangs
 from sharegpu.core import ledger as core_ledger
@@ -784,6 +788,16 @@ class Chaos:
                 out.append(f"{gang}: {count} of {len(members)} bound ({', '.join(m for m in members if m in bound)})")
         return out
 
+    async def leaked_gang_plans(self) -> list[str]:
+        """Plans kept in the API whose members are all bound, gone or replaced: ended, yet not deleted."""
+        kept, _ = await self.api.list_of(
+            paths.configmaps(names.SYSTEM_NAMESPACE),
+            wire.ConfigMap,
+            {"labelSelector": f"{names.LABEL_ROLE}={names.ROLE_GANG_PLAN}"},
+        )
+        pod_list, _ = await self.api.list_of(paths.pods(NS), wire.Pod)
+        return ended_plans(kept, pod_list)
+
     async def bound_names(self) -> set[str]:
         pod_list, _ = await self.api.list_of(paths.pods(NS), wire.Pod)
         return {p.metadata.name for p in pod_list if p.spec.node_name and not pods.is_terminal(p)}
@@ -838,6 +852,12 @@ class Chaos:
             partial = await self.partial_gangs()
             if not partial:
                 break
+        plans = await self.leaked_gang_plans()
+        for _ in range(60 if plans else 0):  # the extender deletes ended plans on its next pass over assumptions
+            await asyncio.sleep(1)
+            plans = await self.leaked_gang_plans()
+            if not plans:
+                break
         bound_at_end = await self.bound_names()
         why = await self.why_pending(stuck, told) if stuck else {}
         return {
@@ -851,6 +871,7 @@ class Chaos:
             "wrong_preemptions": len(wrong),
             "late_writes_landed": len(self.late_writes_landed),
             "partial_gangs": len(partial),
+            "leaked_gang_plans": len(plans),
             "gangs_created": len(self.gangs),
             "gangs_bound_whole": sum(1 for m in self.gangs.values() if set(m) <= bound_at_end),
             "late_write_answers": {str(k): v for k, v in sorted(self.late_answers.items())},
@@ -868,6 +889,7 @@ class Chaos:
                 "wrong_preemptions": wrong[:20],
                 "late_writes_landed": self.late_writes_landed[:20],
                 "partial_gangs": partial[:20],
+                "leaked_gang_plans": plans[:20],
             },
             "pods_created": len(self.created),
             "pods_bound_at_end": found.bound + found.claims_bound,
@@ -875,6 +897,22 @@ class Chaos:
             "dra_pods_bound_at_end": dra_bound,
             "dra_pods_bound_with_their_claim": found.claims_bound,
         }
+
+
+def ended_plans(kept: list[wire.ConfigMap], pod_list: list[wire.Pod]) -> list[str]:
+    """The kept plans with no member left to bind: each one bound, gone, being deleted, ended or
+    replaced by a pod of another UID."""
+    live = {pods.key(p): p for p in pod_list if not pods.is_terminal(p) and not p.metadata.deletion_timestamp}
+    ended = []
+    for configmap in kept:
+        plan = api_gangs.read_plan(configmap)
+        waiting = [
+            k for k, (uid, _) in plan.members.items()
+            if k in live and live[k].metadata.uid == uid and not live[k].spec.node_name
+        ]  # fmt: skip
+        if not waiting:
+            ended.append(f"{configmap.metadata.name}: gang {plan.gang}, no member left to bind")
+    return ended
 
 
 async def run(args: argparse.Namespace, seed: int) -> dict[str, Any]:
@@ -901,7 +939,7 @@ async def run(args: argparse.Namespace, seed: int) -> dict[str, Any]:
 
 COUNTS = (
     "overcommits", "double_allocations", "leaked_reservations", "leaked_allocations", "stuck_pods", "lost_pods",
-    "wrong_preemptions", "late_writes_landed", "partial_gangs",
+    "wrong_preemptions", "late_writes_landed", "partial_gangs", "leaked_gang_plans",
 )  # fmt: skip
 
 
