@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
+import importlib.util
 import os
 import subprocess
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -30,6 +34,21 @@ def openb_dir() -> Path | None:
         if candidate and (Path(candidate) / "openb_node_list_gpu_node.csv").is_file():
             return Path(candidate)
     return None
+
+
+@contextlib.contextmanager
+def bench_script(name: str) -> Iterator[ModuleType]:
+    """bench/<name>.py loaded as the module `bench_<name>`, registered while in use (a dataclass
+    looks its module up by name)."""
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", REPO / "bench" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        del sys.modules[spec.name]
 
 
 @pytest.fixture(scope="session")

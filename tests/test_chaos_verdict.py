@@ -4,55 +4,38 @@ counts as leaked while it is still there."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 from types import ModuleType
-from typing import Any
 
 import msgspec
 import pytest
 
 from sharegpu.api import gangs, wire
-from sharegpu.core import allocation, units
-
-BENCH = Path(__file__).resolve().parents[1] / "bench" / "chaos.py"
+from sharegpu.core import units
+from tests import builders
+from tests.conftest import bench_script
 
 
 @pytest.fixture(scope="module")
 def chaos() -> Iterator[ModuleType]:
-    spec = importlib.util.spec_from_file_location("bench_chaos", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up by name
-    try:
-        spec.loader.exec_module(module)
+    with bench_script("chaos") as module:
         yield module
-    finally:
-        del sys.modules[spec.name]
-
-
-def alloc(pod: str) -> allocation.Allocation:
-    grant = allocation.DeviceGrant(index=0, milli=500, memory_mib=1024, limit_milli=500)
-    return allocation.Allocation(
-        pod=units.PodKey(pod), node=units.NodeName("n0"), containers=(allocation.ContainerAllocation("main", (grant,)),)
-    )
 
 
 def plan(gang: str, *members: str) -> wire.ConfigMap:
-    body = gangs.plan_configmap(gang, {units.PodKey(m): (f"uid-{m}", alloc(m)) for m in members})
+    held = {units.PodKey(m): (f"uid-{m}", builders.MakeAllocation(m).grant(0, 500, 1024).obj()) for m in members}
+    body = gangs.plan_configmap(gang, held)
     body["metadata"]["uid"] = f"uid-plan-{gang}"
     return msgspec.convert(body, wire.ConfigMap)
 
 
 def pod(key: str, *, uid: str = "", node: str = "", phase: str = "Pending", deleting: bool = False) -> wire.Pod:
     namespace, name = key.split("/")
-    meta: dict[str, Any] = {"name": name, "namespace": namespace, "uid": uid or f"uid-{key}"}
+    made = builders.MakePod(name, namespace).uid(uid or f"uid-{key}").phase(phase)
+    body = (made.node(node) if node else made).obj()
     if deleting:
-        meta["deletionTimestamp"] = "2026-11-29T00:00:00Z"
-    body = {"metadata": meta, "spec": {"containers": [{"name": "main"}], "nodeName": node}, "status": {"phase": phase}}
-    return msgspec.convert(body, wire.Pod)
+        body["metadata"]["deletionTimestamp"] = "2026-11-29T00:00:00Z"
+    return wire.convert(body, wire.Pod)
 
 
 def test_a_plan_with_a_member_waiting_lives_and_an_ended_one_is_named(chaos: ModuleType) -> None:

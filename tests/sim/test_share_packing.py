@@ -2,26 +2,22 @@
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import math
-from pathlib import Path
+from collections.abc import Iterator
 from types import ModuleType
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "share_packing.py"
+from tests.conftest import bench_script
 
 
 @pytest.fixture(scope="module")
-def bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("share_packing", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def bench() -> Iterator[ModuleType]:
+    with bench_script("share_packing") as module:
+        yield module
 
 
 def fewest_gpus(items: list[int]) -> int:
