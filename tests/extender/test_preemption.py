@@ -162,6 +162,37 @@ async def test_a_nudge_that_could_not_be_written_is_written_again(harness: Calla
     assert not overcommitted(h)
 
 
+async def test_a_nudge_is_written_again_when_the_room_could_not_be_assumed(harness: Callable[..., Any]) -> None:
+    """The victims have gone but so has the node: nothing is assumed, the pod must still be tried
+    again (elsewhere), so a refused nudge is sent again all the same."""
+    h: Harness = await harness(nodes=2, gpus=1)
+    for name in ("low1", "low2"):
+        await h.schedule(await h.create(pod(name, 400)), nodes=["n0"])
+    await h.schedule(await h.create(pod("other", 1000)), nodes=["n1"])
+    high = await h.create(pod("high", 900, priority=100))
+    preemptor = h.extender.preemptor
+    assert preemptor is not None
+    h.extender.scheduling.filter(h.args(high, nodes=["n0"]))
+    await preemptor.reconcile()
+    await settle(h.server)
+    assert stored(h, "high")["status"]["nominatedNodeName"] == "n0"
+    h.server.fail(503, method="PATCH", path=paths.pod_status("ns", "high"), times=2)
+    h.server.remove_object(paths.node("n0"))
+    h.server.finish_deletions()
+    await settle(h.server)
+    await preemptor.reconcile()  # freed, not assumed (no node); clearing refused
+    assert "ns/high" not in h.extender.cache.assumed and preemptor.nominations == {}
+    assert stored(h, "high")["status"]["nominatedNodeName"] == "n0"
+    h.clock.advance(preemptor.retry)
+    await preemptor.reconcile()  # refused again
+    assert stored(h, "high")["status"]["nominatedNodeName"] == "n0"
+    h.clock.advance(preemptor.retry)
+    await preemptor.reconcile()
+    await settle(h.server)
+    assert not stored(h, "high")["status"].get("nominatedNodeName"), "cleared at the third try"
+    assert not overcommitted(h)
+
+
 async def test_a_nomination_ends_with_its_pod(harness: Callable[..., Any]) -> None:
     h: Harness = await harness(nodes=1, gpus=1)
     await low_pair(h)

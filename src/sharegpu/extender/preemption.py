@@ -24,8 +24,9 @@ extender preempts instead, from its filter (docs/extender.md, "Preemption"):
   ordinary one of filter: its bind confirms it, or it expires. The pod's nominated node is then
   cleared: a change to the pod makes kube-scheduler try it again at once, even when the victims'
   deletions reached kube-scheduler before this cache and its last try was still told to wait. A
-  change that could not be written is tried again every `retry` seconds while the pod waits unbound
-  in the room assumed for it (a gang's members: while its nomination lives).
+  change that could not be written is tried again every `retry` seconds while the pod waits unbound,
+  also when the room could not be assumed for it (its node gone) and is only freed for its next try
+  (a gang's members: while its nomination lives).
 - **Gangs, whole.** A member of a gang (`api.gangs`) is preempted only with every other running
   member of its gang, wherever they run (`victims.Tenant.companions`), and only when all of them have
   a lower priority than the pod and none of the gang is being placed: a gang is never left partial.
@@ -161,8 +162,8 @@ class Preemptor(extender_handle.Reconciler):
         self._gang_tried: dict[str, float] = {}
         """Gang key -> when it last tried to preempt (`consider_gang`), the newest GANG_TRIES."""
         self._unnudged: dict[units.PodKey, tuple[str, float]] = {}
-        """Pods placed into the room their victims left whose nudge could not be written -> (UID, when
-        it was last tried): tried again every `retry` seconds while the room is assumed for them."""
+        """Pods whose victims have gone and whose nudge could not be written -> (UID, when it was last
+        tried): tried again every `retry` seconds while they wait unbound."""
         self._wake = asyncio.Event()
         self._passing = asyncio.Lock()
         """One pass at a time (the loop's and a caller's)."""
@@ -429,12 +430,13 @@ class Preemptor(extender_handle.Reconciler):
         await self._nudge_again(now)
 
     async def _nudge_again(self, now: float) -> None:
-        """Nudges that could not be written, again, while their pods wait unbound in the room assumed
-        for them (kube-scheduler may have parked the pod for up to five minutes otherwise)."""
+        """Nudges that could not be written, again, while their pods wait unbound (kube-scheduler may
+        have parked the pod for up to five minutes otherwise), whether the room was assumed for them
+        or freed for their next try."""
         for key, (uid, tried) in list(self._unnudged.items()):
             record = self.cache.record(key)
-            if record is None or record.uid != uid or record.node or record.deleting or key not in self.cache.assumed:
-                del self._unnudged[key]  # gone, replaced, bound, or the assumption ended (bound or expired)
+            if record is None or record.uid != uid or record.node or record.deleting or record.terminal:
+                del self._unnudged[key]  # gone, replaced, bound or ended
             elif now - tried >= self.retry:
                 if await self._nudge(key):
                     del self._unnudged[key]
