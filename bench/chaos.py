@@ -42,7 +42,7 @@ them; and judges pending gang members as gangs (stuck only if the whole gang fit
 Each seed is one run on a fresh stack. Writes {"runs": [{"seed", "faults_injected", "overcommits",
 "double_allocations", "leaked_reservations", "leaked_allocations", "stuck_pods", "lost_pods",
 "wrong_preemptions", "late_writes_landed", "partial_gangs", "leaked_gang_plans",
-"late_write_answers", "preempted", "faults", "details", ...}], "all_zero"} (target: at least 20
+"late_write_answers", "preempted", "faults", "pending_settled_s", "details", ...}], "all_zero"} (target: at least 20
 faults per run, every other figure 0 on every seed). The exit status is 1 when any seed found a
 problem. "details" names what each count found (twenty at most);
 its "why_stuck" gives, for stuck pods still pending, their scheduling gates, nominated node,
@@ -65,7 +65,9 @@ PodScheduled condition and newest event.
   were preempted;
 - wrong_preemptions: preempted pods of the high priority (nothing outranks them);
 - late_writes_landed: claim writes delayed across a leader change that the API server took.
-"preempted" (not a problem) counts the pods preempted.
+"preempted" (not a problem) counts the pods preempted; "pending_settled_s" says how long the verdict
+waited for the pending pods to settle (0 when none that fit was pending; QUIET_MAX when they never
+did).
 """
 
 from __future__ import annotations
@@ -623,10 +625,11 @@ class Chaos:
 
     # ----------------------------------------------------------------- the verdict
 
-    async def settled_pending(self) -> list[str]:
+    async def settled_pending(self) -> tuple[list[str], float]:
         """`pending_that_fit` once the pods have been quiet for SETTLE seconds (none bound, created,
         deleted or ungated), or after QUIET_MAX seconds: a pod preempted late frees room that its
-        preemptor takes seconds later, and meanwhile the room looks free to every pending pod."""
+        preemptor takes seconds later, and meanwhile the room looks free to every pending pod. With
+        the seconds it waited."""
         stuck, seen = await self.pending_that_fit()
         quiet_since = started = time.monotonic()
         while stuck and time.monotonic() - quiet_since < SETTLE and time.monotonic() - started < QUIET_MAX:
@@ -634,7 +637,7 @@ class Chaos:
             stuck, now = await self.pending_that_fit()
             if now != seen:
                 seen, quiet_since = now, time.monotonic()
-        return stuck
+        return stuck, time.monotonic() - started
 
     async def pending_that_fit(self) -> tuple[list[str], frozenset[tuple[str, str, str, bool, int]]]:
         """Pending pods that the placement core, over what the API holds, says would fit; and the
@@ -807,7 +810,7 @@ class Chaos:
         await asyncio.sleep(idle_wait)
         # Pending pods first: kube-scheduler's informers may be backing off after the last fault, and
         # a restarted allocator waits out its fence; what the oracle then reads is the settled state.
-        stuck = await self.settled_pending()
+        stuck, settled_after = await self.settled_pending()
         found = await self.observe()
         for _ in range(60):  # reservations follow their sharers; give them time to settle
             if found is not None and not (found.leaked_reservations or found.unheld or found.duplicate_reservations):
@@ -877,6 +880,7 @@ class Chaos:
             "late_write_answers": {str(k): v for k, v in sorted(self.late_answers.items())},
             "preempted": len(preempted),
             "faults": dict(sorted(self.faults.items())),
+            "pending_settled_s": round(settled_after),
             "details": {
                 "overcommits": sorted(self.overcommits)[:20],
                 "double_allocations": sorted(self.doubles)[:20],
