@@ -2,9 +2,10 @@
 
 `Compat` (other systems' resources), `Kubeconfig`, the health port's TLS (`HealthCert`, `HealthKey`,
 `PlainHealth`, checked and combined by `health_tls`), the completion of policy names, and the leader
-election of the components that take a Lease: `leader_election` gives a command the four options
---lease-duration, --renew-deadline, --retry-period and --identity, and hands them to it as one
-`LeaderElection`. The trace options of `simulate` and `bound` are in `simulation`, beside them.
+election of the components that take a Lease: the four options --lease-duration, --renew-deadline,
+--retry-period and --identity (`LeaseDuration`... `Identity`, their defaults `ELECTION`), which
+`election` turns into one `kube.terms.Election`. The trace options of `simulate` and `bound` are in
+`simulation`, beside them.
 """
 
 from __future__ import annotations

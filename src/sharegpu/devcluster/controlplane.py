@@ -8,7 +8,7 @@ run as the user names of their ServiceAccounts (`names.account_user`), so the ch
 and admission policies apply to them unchanged. The in-process agents of many fake nodes share one
 harness identity with the agent's ClusterRole (`NODE_HARNESS`): a real agent's token is bound to its
 pod and node, which a static token cannot be, so the node-scoped policies do not bind the harness;
-tests of those policies use tokens that TokenRequest binds to a pod (`bound_token`).
+tests of those policies use tokens that TokenRequest binds to a pod (`stack.issue_token`).
 
 Not for production: certificates are throw-away and tokens sit in a file.
 """

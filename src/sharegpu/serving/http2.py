@@ -10,7 +10,7 @@ connection.
 
 aiohttp serves HTTP/1.1 only, so the listener offers `h2` and `http/1.1` by ALPN and, once the
 handshake has picked one, hands the connection to `H2Protocol` (framing, HPACK and flow control by
-the sans-I/O `h2` library) or to aiohttp (`alpn_switch`). Without TLS there is no ALPN and every
+the sans-I/O `h2` library) or to aiohttp (`_Switch`). Without TLS there is no ALPN and every
 connection is HTTP/1.1.
 
 Scope: what the extender's verbs need. A request's whole body is read (up to `max_body`, else 413)
@@ -40,7 +40,7 @@ from aiohttp import web
 log = logging.getLogger(__name__)
 
 ALPN = ("h2", "http/1.1")
-"""What a listener that uses `alpn_switch` offers, in order of preference."""
+"""What a listener that switches by ALPN (`_Switch`) offers, in order of preference."""
 
 STREAM_WINDOW = 1 << 20
 """How much of a request body a client may send before we acknowledge it (1 MiB: a filter call for
