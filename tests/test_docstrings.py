@@ -1,8 +1,10 @@
-"""Docstrings name what is there: every name a docstring of the package quotes in backticks (`name`,
-`module.name`, `name()`) is found in the package's code (an identifier, a module, a word of a string
-constant or of a .proto file), as written or in snake case (`reservedFor` is the field
+"""Docstrings and docs name what is there: every name a docstring of the package quotes in backticks
+(`name`, `module.name`, `name()`) is found in the package's code (an identifier, a module, a word of
+a string constant or of a .proto file), as written or in snake case (`reservedFor` is the field
 `reserved_for`), so a rename that leaves a docstring naming the old name fails here. A few names of
-other programs that the code never spells are listed with where they come from."""
+other programs that the code never spells are listed with where they come from. The same for the
+dotted names that docs/ and the README quote under one of the package's subpackages
+(`extender.cache.ClusterCache`), which may also be the chart's values (`agent.healthPort`)."""
 
 from __future__ import annotations
 
@@ -86,6 +88,24 @@ def package_sources() -> dict[str, str]:
 def test_every_name_a_docstring_quotes_is_in_the_code() -> None:
     protos = frozenset(word for p in PACKAGE.rglob("*.proto") for word in WORD.findall(p.read_text()))
     assert unknown(package_sources(), protos) == []
+
+
+def test_every_package_name_the_docs_quote_is_in_the_code_or_the_chart() -> None:
+    root = PACKAGE.parent.parent
+    chart = root / "deploy" / "helm" / "sharegpu"
+    known = set(OUTSIDE) | {word for p in chart.rglob("*") if p.is_file() for word in WORD.findall(p.read_text())}
+    for tree in map(ast.parse, package_sources().values()):
+        known |= spelled(tree)
+    modules = {".".join(p.relative_to(PACKAGE).with_suffix("").parts) for p in PACKAGE.rglob("*.py")}
+    subpackages = tuple(f"{p.name}." for p in PACKAGE.iterdir() if (p / "__init__.py").is_file())
+    assert len(subpackages) >= 10
+    out = []
+    for doc in [root / "README.md", *sorted((root / "docs").glob("*.md"))]:
+        for quoted in sorted(set(QUOTED.findall(doc.read_text()))):
+            name = quoted.removeprefix("sharegpu.")
+            if name.startswith(subpackages) and name not in modules and name.rpartition(".")[2] not in known:
+                out.append(f"{doc.name}: `{name}`")
+    assert out == []
 
 
 def test_a_docstring_naming_what_is_gone_is_found() -> None:
