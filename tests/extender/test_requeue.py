@@ -81,3 +81,29 @@ async def test_room_on_a_node_that_serves_dra_claims_only_is_no_reason_to_nudge(
     h.clock.advance(requeue.GRACE)
     await h.extender.requeuer.reconcile()
     assert conditions(h, "waiting") == [] and nudges(h) == 0
+
+
+async def test_a_nudge_that_could_not_be_written_is_sent_again(harness: Callable[..., Any]) -> None:
+    """The API server refusing the condition's write (restarting) must not cost the pod its nudge:
+    nothing else would wake it before kube-scheduler's five-minute flush."""
+    h: Harness = await harness(nodes=1, gpus=1)
+    await turned_away(h, 800, 500)
+    requeuer = h.extender.requeuer
+    h.clock.advance(1)
+    await free_holder(h)
+    h.clock.advance(requeue.GRACE)
+    h.server.fail(503, method="PATCH", path=paths.pod_status("ns", "waiting"), times=2)
+    await requeuer.reconcile()
+    assert conditions(h, "waiting") == [] and nudges(h) == 0
+    await requeuer.reconcile()
+    assert h.extender.metrics.requeues.labels("failed")._value.get() == 1, "not again before the grace"
+    h.clock.advance(requeue.GRACE)
+    await requeuer.reconcile()  # refused again
+    h.clock.advance(requeue.GRACE)
+    await requeuer.reconcile()
+    await settle(h.server)
+    (condition,) = conditions(h, "waiting")
+    assert condition["status"] == "True" and nudges(h) == 1
+    h.clock.advance(requeue.EVERY)
+    await requeuer.reconcile()
+    assert nudges(h) == 1, "once written, once per refusal"

@@ -13,7 +13,9 @@ GPU room, and kube-scheduler has not tried it again within `grace` seconds, and 
 one of the nodes kube-scheduler offered it last time (one that takes pods: a node that serves DRA
 claims only does not), the pod's status gets the condition
 `sharegpu.io/RoomFreed`: a change to the pod, which kube-scheduler answers by trying it again. Once
-per refusal (a later refusal may be nudged again), and at most every `every` seconds per pod.
+per refusal (a later refusal may be nudged again), and at most every `every` seconds per pod. A
+write that failed (the API server restarting) does not count: the pod is looked at again `grace`
+seconds later, and nudged if it still waits and fits.
 """
 
 from __future__ import annotations
@@ -71,6 +73,8 @@ class Requeuer(extender_handle.Reconciler):
         """Pods -> the `freed_at` they were last looked at for."""
         self._offered: dict[units.PodKey, tuple[float, frozenset[str]]] = {}
         """Pods -> (the refusal's time, the nodes offered then)."""
+        self._failed: dict[units.PodKey, float] = {}
+        """Pods whose nudge could not be written -> when (looked at again `grace` seconds later)."""
 
     async def run(self, tick: float = 1.0) -> None:
         while True:
@@ -90,6 +94,9 @@ class Requeuer(extender_handle.Reconciler):
         for key, outcome in list(self.service.outcomes.items()):
             if not outcome.short or outcome.at >= freed or self.checked.get(key) == freed:
                 continue  # not turned away for room, tried again since room appeared, or looked at already
+            failed = self._failed.get(key)
+            if failed is not None and now - failed < self.grace:
+                continue  # its nudge failed just now
             last = self.nudged.get(key)
             if last is not None and (last >= outcome.at or now - last < self.every):
                 continue
@@ -131,11 +138,16 @@ class Requeuer(extender_handle.Reconciler):
                 )
             except errors.SharegpuError as exc:
                 self.metrics.requeues.labels(extender_metrics.RequeueOutcome.FAILED).inc()
-                log.warning("pod %s: cannot ask kube-scheduler to try it again: %s", key, exc)
+                log.warning(
+                    "pod %s: cannot ask kube-scheduler to try it again (again in %g s): %s", key, self.grace, exc
+                )
+                del self.nudged[key], self.checked[key]  # not nudged: looked at again
+                self._failed[key] = self.clock()
                 continue
+            self._failed.pop(key, None)
             self.metrics.requeues.labels(extender_metrics.RequeueOutcome.NUDGED).inc()
             log.info("pod %s: room appeared on %s after it was turned away; kube-scheduler asked to retry", key, node)
         live = self.service.outcomes
-        for kept in (self.nudged, self.checked, self._offered):
+        for kept in (self.nudged, self.checked, self._offered, self._failed):
             for key in [k for k in kept if k not in live]:
                 del kept[key]
