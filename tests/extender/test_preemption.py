@@ -132,6 +132,49 @@ async def test_a_lost_deletion_is_sent_again(harness: Callable[..., Any]) -> Non
     assert not overcommitted(h)
 
 
+async def test_a_victim_that_could_not_be_marked_is_not_deleted_until_it_is(harness: Callable[..., Any]) -> None:
+    """As kube-scheduler: no DisruptionTarget condition, no deletion (a Job's pod failure policy
+    reads the condition to tell a preemption from a failure)."""
+    h: Harness = await harness(nodes=1, gpus=1)
+    await low_pair(h)
+    high = await h.create(pod("high", 600, priority=100))
+    preemptor = h.extender.preemptor
+    assert preemptor is not None
+    h.server.fail(503, method="PATCH", path=paths.pod_status("ns", "low2"))
+    h.extender.scheduling.filter(h.args(high))
+    await preemptor.reconcile()
+    await settle(h.server)
+    victim = stored(h, "low2")
+    assert not victim["metadata"].get("deletionTimestamp") and reasons(h, "low2") == [], "not marked: not deleted"
+    assert h.extender.metrics.preempted_deletions.labels("untold")._value.get() == 1
+    h.clock.advance(preemptor.retry)
+    await preemptor.reconcile()
+    await settle(h.server)
+    victim = stored(h, "low2")
+    assert [c["reason"] for c in victim["status"]["conditions"] if c["type"] == pods.DISRUPTION_TARGET] == [
+        pods.PREEMPTED
+    ]
+    assert victim["metadata"].get("deletionTimestamp") and reasons(h, "low2") == ["Preempted"]
+
+
+async def test_a_nominated_node_that_could_not_be_written_is_written_again(harness: Callable[..., Any]) -> None:
+    """The event written but not the nominated node: kube-scheduler would not see the node taken,
+    and the later nudge (clearing a field never set) would change nothing."""
+    h: Harness = await harness(nodes=1, gpus=1)
+    await low_pair(h)
+    high = await h.create(pod("high", 600, priority=100))
+    preemptor = h.extender.preemptor
+    assert preemptor is not None
+    h.server.fail(503, method="PATCH", path=paths.pod_status("ns", "high"))
+    h.extender.scheduling.filter(h.args(high))
+    await preemptor.reconcile()
+    await settle(h.server)
+    assert not h.server.faults, "the nominated node was refused once"
+    await preemptor.reconcile()
+    await settle(h.server)
+    assert stored(h, "high")["status"]["nominatedNodeName"] == "n0" and reasons(h, "high") == ["Preempting"]
+
+
 async def test_a_nudge_that_could_not_be_written_is_written_again(harness: Callable[..., Any]) -> None:
     """Found by bench/chaos.py: the victims have gone and the pod's nominated node cannot be cleared
     (the API server restarting); nothing else would make kube-scheduler try it again soon."""
@@ -320,11 +363,14 @@ async def test_a_gang_that_fits_nowhere_preempts_across_nodes_at_once_and_is_pla
     await settle(h.server)
     assert not stored(h, "g0")["status"].get("nominatedNodeName"), "nudged"
     assert stored(h, "g1")["status"]["nominatedNodeName"], "its nudge refused"
+    first = h.extender.scheduling.filter(h.args(g0))  # the gang is planned into the room: its nomination ends
+    assert preemptor.gangs == {} and len(first.node_names) == 1, first.failed_nodes
+    await preemptor.reconcile()
+    assert stored(h, "g1")["status"]["nominatedNodeName"], "not before `retry`"
+    h.clock.advance(preemptor.retry)
     await preemptor.reconcile()
     await settle(h.server)
-    assert not any(stored(h, n)["status"].get("nominatedNodeName") for n in ("g0", "g1")), "nudged again"
-    first = h.extender.scheduling.filter(h.args(g0))
-    assert preemptor.gangs == {} and len(first.node_names) == 1, first.failed_nodes
+    assert not stored(h, "g1")["status"].get("nominatedNodeName"), "nudged again, past its gang's nomination"
     bigger = await h.create(pod("bigger", 400))  # would fit in the room the victims freed
     assert h.extender.scheduling.filter(h.args(bigger)).node_names == [], "planned at once: the room is the gang's"
     second = h.extender.scheduling.filter(h.args(g1))

@@ -112,7 +112,7 @@ class DeletionOutcome(enum.StrEnum):
     REFUSED = kube_errors.Outcome.REFUSED.value
     UNKNOWN = kube_errors.Outcome.UNKNOWN.value
     UNTOLD = "untold"
-    """Not sent: its event could not be written first."""
+    """Not sent: its DisruptionTarget condition or its event could not be written first."""
 
 
 class RequeueOutcome(enum.StrEnum):

@@ -17,16 +17,18 @@ extender preempts instead, from its filter (docs/extender.md, "Preemption"):
 - **Victims.** Each gets the `DisruptionTarget` condition (reason `PreemptionByScheduler`), then an
   event `Preempted` (written before the deletion, which waits for it: a victim is never gone
   unexplained), and is deleted with its own grace period, only if it is still the pod with that
-  UID. A deletion refused or whose answer was lost, or not sent because the event could not be
-  written, is tried again after `retry` seconds while the pod is still there and not being deleted.
+  UID. A deletion refused or whose answer was lost, or not sent because the condition or the event
+  could not be written (as kube-scheduler, which deletes no victim it could not mark), is tried
+  again after `retry` seconds while the pod is still there and not being deleted. The preemptor's
+  nominated node and event, when either could not be written, are written again at the next pass.
 - **Placed.** Once every victim has gone, the hold ends and the GPUs are assumed for the pod at
   once, in the same step, so nothing else takes them before its next filter. The assumption is the
   ordinary one of filter: its bind confirms it, or it expires. The pod's nominated node is then
   cleared: a change to the pod makes kube-scheduler try it again at once, even when the victims'
   deletions reached kube-scheduler before this cache and its last try was still told to wait. A
   change that could not be written is tried again every `retry` seconds while the pod waits unbound,
-  also when the room could not be assumed for it (its node gone) and is only freed for its next try
-  (a gang's members: while its nomination lives).
+  also when the room could not be assumed for it (its node gone) and is only freed for its next try;
+  a gang's member too, also once the gang's nomination has ended (its first member planned it).
 - **Gangs, whole.** A member of a gang (`api.gangs`) is preempted only with every other running
   member of its gang, wherever they run (`victims.Tenant.companions`), and only when all of them have
   a lower priority than the pod and none of the gang is being placed: a gang is never left partial.
@@ -471,8 +473,10 @@ class Preemptor(extender_handle.Reconciler):
             return
         if not left:
             if not nomination.nudged:  # the holds end at the next member's filter, which plans the gang
-                told = [await self._nudge(key) for key in nomination.uids]
-                nomination.nudged = all(told)  # one not told: every member is told again next pass
+                nomination.nudged = True
+                for key, uid in nomination.uids.items():
+                    if not await self._nudge(key):
+                        self._unnudged[key] = (uid, now)  # told again while it waits, past the nomination's end
             return
         if not nomination.announced:
             nomination.announced = await self._announce_gang(nomination)
@@ -521,7 +525,8 @@ class Preemptor(extender_handle.Reconciler):
             message += f" (also waiting for {', '.join(plan.leaving)}, already leaving)"
         told = True
         for alloc in plan.allocations:
-            await self._nominate(alloc.pod, alloc.node)
+            if not await self._nominate(alloc.pod, alloc.node):
+                told = False
             namespace, _, name = alloc.pod.partition("/")
             subject = events.pod(namespace, name, nomination.uids[alloc.pod])
             try:
@@ -535,7 +540,7 @@ class Preemptor(extender_handle.Reconciler):
         """The pod's nominated node in its status, and an event saying what it preempts."""
         namespace, _, name = nomination.pod.partition("/")
         plan = nomination.plan
-        await self._nominate(nomination.pod, plan.node)
+        nominated = await self._nominate(nomination.pod, plan.node)
         what = ", ".join(plan.victims) or "nothing more"
         message = f"preempting {what} on {plan.node} for GPUs {list(plan.gpus)}"
         if plan.leaving:
@@ -546,7 +551,7 @@ class Preemptor(extender_handle.Reconciler):
         except errors.SharegpuError as exc:
             log.warning("event Preempting on %s: %s", nomination.pod, exc)
             return False
-        return True
+        return nominated
 
     @staticmethod
     def _why(nomination: Nomination | GangNomination, victim: pods.Record) -> str:
@@ -569,7 +574,7 @@ class Preemptor(extender_handle.Reconciler):
 
     async def _delete(self, nomination: Nomination | GangNomination, victim: pods.Record) -> None:
         """Mark the victim (condition, then event, once), then delete it if it is still that pod. No
-        event, no deletion: the next try writes it first."""
+        condition or no event, no deletion (as kube-scheduler does): the next try writes it first."""
         namespace, _, name = victim.key.partition("/")
         message = self._why(nomination, victim)
         by = nomination.gang if isinstance(nomination, GangNomination) else nomination.uid
@@ -581,7 +586,10 @@ class Preemptor(extender_handle.Reconciler):
         except kube_errors.NotFoundError:
             return
         except errors.SharegpuError as exc:
-            log.warning("pod %s: cannot mark it preempted: %s", victim.key, exc)
+            self.metrics.preempted_deletions.labels(extender_metrics.DeletionOutcome.UNTOLD).inc()
+            log.warning("pod %s: cannot mark it preempted: %s (not deleted; tried again in %.0f s)", victim.key, exc,
+                        self.retry)  # fmt: skip
+            return
         if victim.key not in nomination.told:
             subject = events.pod(namespace, name, victim.uid)
             try:
