@@ -311,3 +311,21 @@ async def test_a_claim_used_by_two_pods_is_charged_once_from_its_first_users_sta
         assert controller.budgets.uses == {}, "the users' records go with their claim"
     finally:
         await controller.stop()
+
+
+async def test_a_crossing_whose_event_could_not_be_recorded_is_recorded_at_a_later_pass(env: Env) -> None:
+    """The status written says Warning, so the next pass sees no crossing: the event must be kept."""
+    await env.add(gpu_pod("a", [(0, 1000, 0)]), PODS)
+    await env.add(budget(gpuHours=1, warnAtPercent=50), resources.GPU_BUDGET.path("team"))
+    controller = await env.start()
+    env.server.fail(503, method="POST", path=paths.events("team"), times=2)
+    env.clock.now = T0 + HOUR // 2
+    await env.pass_(controller)
+    assert env.status().state == "Warning"
+    for _ in range(3):  # passes also run on their own (the status written wakes the loop)
+        await env.pass_(controller)
+    assert not env.server.faults, "both refusals were met"
+    (warning,) = env.events("BudgetWarning")
+    assert "0.50 of 1 GPU-hours" in warning["message"], warning["message"]
+    await env.pass_(controller)
+    assert len(env.events("BudgetWarning")) == 1 and controller.budgets.untold == {}
