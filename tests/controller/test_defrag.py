@@ -70,6 +70,7 @@ async def start() -> AsyncIterator[Start]:
         *,
         owners: bool = True,
         refuse: bool = False,
+        events_refused: int = 0,
         before: tuple[Json, ...] = (),
         pending_spec: Json | None = None,
         **options: Any,
@@ -79,6 +80,8 @@ async def start() -> AsyncIterator[Start]:
             server.put_object(paths.events(NS), event)
         if refuse:  # the API server refuses the first eviction of `a` (its budget changed meanwhile)
             server.fail(429, method="POST", path=paths.eviction(NS, "a"), reason="TooManyRequests")
+        if events_refused:  # the API server refuses the first events (restarting)
+            server.fail(503, method="POST", path=paths.events(NS), times=events_refused)
         add_node(server, "n0", gpus=1)
         add_node(server, "n1", gpus=1)
         server.put_object(paths.pods(NS), running("a", "n0", 300, owner=owners))
@@ -135,6 +138,23 @@ async def test_it_evicts_the_pod_the_disruption_budget_allows_and_then_waits(sta
     await reconciler.reconcile()
     assert evictions(server) == [paths.eviction(NS, "a")]
     assert reconciler.last_plan is not None and reconciler.last_plan.skipped[0].why is core_defrag.Why.FITS
+
+
+async def test_events_that_could_not_be_written_neither_stop_the_move_nor_are_lost(start: Start) -> None:
+    server, controller = await start(defrag=True, defrag_budget_per_hour=5, events_refused=2)
+    reconciler = controller.defrag
+    assert reconciler is not None
+    await reconciler.reconcile()
+    await settle(server)
+    assert evictions(server) == [paths.eviction(NS, "a")] and reconciler.counters.evictions == 1
+    assert list(reconciler.moved_for) == [f"{NS}/p"], "the move is made: p cools down"
+    assert not server.faults, "both events were refused once"
+    await reconciler.reconcile()
+    await settle(server)
+    assert [e["involvedObject"]["name"] for e in events(server, "DefragEvicted")] == ["a"]
+    assert [e["involvedObject"]["name"] for e in events(server, "DefragMoved")] == ["p"]
+    assert not reconciler.untold
+    assert evictions(server) == [paths.eviction(NS, "a")]
 
 
 async def test_a_dry_run_reports_the_plan_and_evicts_nothing(start: Start) -> None:
