@@ -20,8 +20,8 @@ from sharegpu.agent.cuda import probe as cudaprobe
 from sharegpu.agent.fakes import kubelet as fakekubelet
 from sharegpu.agent.fakes import nvml as fakenvml
 from sharegpu.api import devices as api_devices
+from sharegpu.api import events, names, paths, resources, wire
 from sharegpu.api import groups as api_groups
-from sharegpu.api import names, paths, resources, wire
 from sharegpu.kube import client, fake
 from tests.agent import cudastubs
 from tests.agent.conftest import gone
@@ -215,9 +215,11 @@ async def test_a_library_that_enforces_nothing_is_not_offered_and_says_why(
     options = agent_runtime.Options(interval=3600, hami_core_library=library, hami_core_dir=installed)
     prover = proof.Prover(tmp_path / "scratch", libcuda=str(stubs.libcuda))
     agent = agent_runtime.Agent(client.KubeClient(server), "n0", fakenvml.FakeNvml(path).open(), options, prover=prover)
+    server.fail(503, method="POST", path=paths.events(events.CLUSTER_EVENTS))  # the first pass's warning: refused
     await agent.start()
     try:
-        device = await one_pass(agent, server)
+        device = await one_pass(agent, server)  # the next pass writes it
+        assert not server.faults
         assert device.spec.isolation == []
         hami = enforcement(device, "hami-core")
         assert (hami.offered, hami.memory) == (False, False)

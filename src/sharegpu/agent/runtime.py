@@ -268,6 +268,7 @@ class Agent:
     # ----------------------------------------------------------------- the pass
 
     async def reconcile(self) -> None:
+        await self.warnings.retell()
         gpus, links, unreadable = await asyncio.to_thread(self._read)
         unhealthy = {**dict.fromkeys(unreadable, api_devices.UNREADABLE), **self.xids}
         current = await self._current()
