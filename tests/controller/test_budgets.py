@@ -328,4 +328,4 @@ async def test_a_crossing_whose_event_could_not_be_recorded_is_recorded_at_a_lat
     (warning,) = env.events("BudgetWarning")
     assert "0.50 of 1 GPU-hours" in warning["message"], warning["message"]
     await env.pass_(controller)
-    assert len(env.events("BudgetWarning")) == 1 and controller.budgets.untold == {}
+    assert len(env.events("BudgetWarning")) == 1 and not controller.budgets.recorder.untold

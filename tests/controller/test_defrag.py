@@ -153,7 +153,7 @@ async def test_events_that_could_not_be_written_neither_stop_the_move_nor_are_lo
     await settle(server)
     assert [e["involvedObject"]["name"] for e in events(server, "DefragEvicted")] == ["a"]
     assert [e["involvedObject"]["name"] for e in events(server, "DefragMoved")] == ["p"]
-    assert not reconciler.untold
+    assert not reconciler.recorder.untold
     assert evictions(server) == [paths.eviction(NS, "a")]
 
 

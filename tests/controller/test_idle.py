@@ -173,3 +173,20 @@ async def test_the_oldest_policy_of_a_namespace_is_in_force() -> None:
     await s.run()
     assert not s.leaving("lazy"), "the older policy only reports"
     assert s.status(name="old").in_force and not s.status(name="new").in_force
+
+
+async def test_the_eviction_event_refused_is_written_at_a_later_pass() -> None:
+    """The eviction is made once; its event, refused (the API server restarting), is not lost."""
+    s = Setup()
+    s.policy(policy("ns"))
+    lazy = s.pod("lazy")
+    s.see(report("n0", s.clock.now, ("ns", "lazy", lazy, 0)))
+    s.clock.advance(599)
+    await s.run()
+    s.clock.advance(1)
+    s.server.fail(503, method="POST", path=paths.events("ns"), times=3)
+    for _ in range(4):
+        await s.run()
+    assert not s.server.faults, "each refusal was met"
+    assert s.leaving("lazy") and s.reasons("lazy") == [controller_idle.IDLE, controller_idle.EVICTED]
+    assert len([p for m, p in s.server.requests if m == "POST" and p.endswith("/eviction")]) == 1

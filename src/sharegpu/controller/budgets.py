@@ -13,8 +13,8 @@ reads are never older than that). Writes carry the resourceVersion they were com
 means another writer (a previous leader's last pass) got there first, and the next pass starts from
 its books. Crossing into Warning or Exhausted records an event whose name is the decision (budget,
 state, period), so the event exists once whoever records it; one that could not be recorded (the
-API server restarting) is tried again at each pass until it is (the status written meanwhile no
-longer shows the crossing).
+API server restarting) is written again at a later pass (`Recorder.tell`: the status written
+meanwhile no longer shows the crossing).
 
 The clock is wall time in seconds (`clock`), injectable: tests advance it instead of sleeping.
 """
@@ -36,8 +36,6 @@ from sharegpu.kube import events as kube_events
 
 log = logging.getLogger(__name__)
 
-UNTOLD_KEPT = 8
-"""Crossings not recorded yet that a budget keeps, the newest (a budget crosses a few times a period)."""
 GONE_RETENTION = 3600
 """Seconds a pod that went is remembered at most (normally until every budget of its namespace has
 written after it went)."""
@@ -96,8 +94,6 @@ class BudgetReconciler:
         """namespace -> its labels (what cluster budgets select by)."""
         self.budgets: dict[str, budgets.AnyBudget] = {}
         """Both kinds, by `wire.key` (`namespace/name` for GPUBudgets, `name` for cluster ones)."""
-        self.untold: dict[str, list[tuple[budgets.Crossing, budgets.BudgetStatus]]] = {}
-        """Budget key -> its crossings whose event could not be recorded yet, with the books of then."""
         self.loop = reconcile.Loop("budgets", self.reconcile)
         self.writes = 0
         self.conflicts = 0
@@ -201,11 +197,10 @@ class BudgetReconciler:
     # ----------------------------------------------------------------- the pass
 
     async def reconcile(self) -> None:
+        await self.recorder.retell()
         now = int(self.clock())
         covered = {key: self.covered(item) for key, item in self.budgets.items()}
         holdings = self.held(set().union(*covered.values()))
-        for deleted in [key for key in self.untold if key not in self.budgets]:
-            del self.untold[deleted]
         for key, item in list(self.budgets.items()):
             if isinstance(item, budgets.ClusterGPUBudget):
                 await self._check_selector(item)
@@ -216,10 +211,8 @@ class BudgetReconciler:
             except Exception as exc:  # a budget the code cannot account must not stop the others
                 log.warning("budget %s: %s", key, exc)
                 continue
-            due = [*self.untold.pop(key, []), *((crossing, books.status) for crossing in books.crossings)]
-            untold = [(crossing, status) for crossing, status in due if not await self._record(item, crossing, status)]
-            if untold:
-                self.untold[key] = untold[-UNTOLD_KEPT:]
+            for crossing in books.crossings:
+                await self._record(item, crossing, books.status)
             if self._worth_writing(item.status, books.status, now):
                 try:
                     await self._write(item, books.status)
@@ -262,21 +255,14 @@ class BudgetReconciler:
         except errors.KubeError as exc:
             log.warning("budget %s: could not record InvalidSelector: %s", wire.key(item.metadata), exc)
 
-    async def _record(self, item: budgets.AnyBudget, crossing: budgets.Crossing, status: budgets.BudgetStatus) -> bool:
-        """The crossing's event (recorded now or before); False if it could not be written."""
+    async def _record(self, item: budgets.AnyBudget, crossing: budgets.Crossing, status: budgets.BudgetStatus) -> None:
         meta = item.metadata
         subject = resources.budget_resource(item).subject(meta)
         shown = msgspec.structs.replace(item, status=status)
-        try:
-            await self.recorder.record(
-                subject, crossing.reason, f"{crossing.message} ({budgets.summary(shown)})",
-                decision=f"{crossing.state}@{status.period_start}", kind="Warning",
-            )  # fmt: skip
-        except errors.KubeError as exc:
-            log.warning("budget %s: could not record %s (again at the next pass): %s", wire.key(meta), crossing.reason,
-                        exc)  # fmt: skip
-            return False
-        return True
+        await self.recorder.tell(
+            subject, crossing.reason, f"{crossing.message} ({budgets.summary(shown)})",
+            decision=f"{crossing.state}@{status.period_start}", kind="Warning",
+        )  # fmt: skip
 
     def _forget(self, now: int, covered: dict[str, set[str]]) -> None:
         """Drop gone pods that every budget covering their namespace has settled (wrote after they

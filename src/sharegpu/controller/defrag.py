@@ -28,7 +28,7 @@ pending because the cluster is full cost nothing after the first plan. Its loop 
 `REST_FACTOR` times as long as a pass took, so a busy cluster that changes all the time gets a
 plan at most every so often, not back to back. A new leader recalls the hour's evictions from
 their Events (`recall`). An event that could not be written (the API server restarting) does not
-stop a move: the move goes on, and the event is written at a later pass (`untold`).
+stop a move: the move goes on, and the event is written at a later pass (`Recorder.tell`).
 """
 
 from __future__ import annotations
@@ -54,8 +54,6 @@ HOUR = 3600.0
 EVICTED = "DefragEvicted"
 """The reason of the Event on each evicted pod; the hourly budget is recalled from them."""
 EVENTS = "/api/v1/events"
-UNTOLD_KEPT = 256
-"""Events not written yet that the reconciler keeps to write again, the newest."""
 REST_FACTOR = 4.0
 """The defragmenter's loop rests this many times as long as its last pass took (at most a fifth
 of a core for planning, however often it is woken)."""
@@ -114,8 +112,6 @@ class DefragReconciler:
         """Informer events seen (any of them may change the plan)."""
         self._planned: tuple[object, ...] | None = None
         """What the last plan depended on (`_basis`); the same again: no new plan."""
-        self.untold: deque[tuple[events.Subject, str, str, str]] = deque(maxlen=UNTOLD_KEPT)
-        """Events (subject, reason, message, decision) that could not be written: tried at each pass."""
         self.loop = reconcile.Loop("defrag", self.reconcile, rest_factor=REST_FACTOR)
 
     def informers(self) -> list[informer.Informer[Any, Any]]:
@@ -193,7 +189,7 @@ class DefragReconciler:
             log.info("defrag: %d eviction(s) of the last hour recalled from Events", len(recalled))
 
     async def reconcile(self) -> None:
-        await self._retell()
+        await self.recorder.retell()
         now = self.clock()
         self.moved_for = {k: at for k, at in self.moved_for.items() if now - at < self.cooldown}
         if not any(p.pending and p.record.key not in self.moved_for for p in self.pods.values()):
@@ -241,26 +237,7 @@ class DefragReconciler:
         victims = ", ".join(defrag_wording.victim_text(v) for v in move.victims)
         message = f"dry run: evicting {victims} would let this pod fit on {move.placed.node}"
         decision = "|".join(sorted(v.pod for v in move.victims))
-        await self._tell(_subject(item), "DefragPlanned", message, decision)
-
-    async def _tell(self, subject: events.Subject, reason: str, message: str, decision: str) -> bool:
-        """Record an event; one that cannot be written now is kept for the next pass (False)."""
-        try:
-            await self.recorder.record(subject, reason, message, decision=decision)
-        except errors.SharegpuError as exc:
-            log.warning("defrag: event %s on %s/%s not written (again at the next pass): %s", reason, subject.namespace,
-                        subject.name, exc)  # fmt: skip
-            self.untold.append((subject, reason, message, decision))
-            return False
-        return True
-
-    async def _retell(self) -> None:
-        """The events earlier passes could not write, again (each is written once: its name is its
-        decision's); those refused again stay."""
-        for _ in range(len(self.untold)):
-            subject, reason, message, decision = self.untold.popleft()
-            if not await self._tell(subject, reason, message, decision):
-                return  # the API server still refuses: the rest waits too (it went back to the end)
+        await self.recorder.tell(_subject(item), "DefragPlanned", message, decision=decision)
 
     async def _carry_out(self, move: defrag.Move) -> None:
         """Evict the move's victims, one by one; a refusal ends the move (the next pass plans again)."""
@@ -288,7 +265,7 @@ class DefragReconciler:
             self.counters.evictions += 1
             done.append(victim)
             message = f"evicted to make room for {move.pod} on {move.placed.node}; {victim.owner} recreates it"
-            await self._tell(_subject(item), EVICTED, message, move.pod)
+            await self.recorder.tell(_subject(item), EVICTED, message, decision=move.pod)
         if not done:
             return
         self.moved_for[move.pod] = self.clock()
@@ -296,7 +273,9 @@ class DefragReconciler:
         if pending is not None:
             evicted = ", ".join(defrag_wording.victim_text(v) for v in done)
             message = f"evicted {evicted} so that this pod fits on {move.placed.node}"
-            await self._tell(_subject(pending), "DefragMoved", message, "|".join(sorted(v.pod for v in done)))
+            await self.recorder.tell(
+                _subject(pending), "DefragMoved", message, decision="|".join(sorted(v.pod for v in done))
+            )
 
 
 def _work_out(

@@ -43,6 +43,7 @@ class MirrorReconciler:
         self.loop.wake()
 
     async def reconcile(self) -> None:
+        await self.recorder.retell()
         for key, source in list(self.sources.items()):
             try:
                 await self._one(source)
@@ -127,8 +128,5 @@ class MirrorReconciler:
 
     async def _record(self, source: deviceshare.DeviceShareGroup, reason: str, message: str, *, decision: str) -> None:
         subject = resources.DEVICESHARE_GROUP.subject(source.metadata)
-        try:
-            kind: api_events.Kind = "Normal" if reason == "Mirrored" else "Warning"
-            await self.recorder.record(subject, reason, message, decision=decision, kind=kind)
-        except errors.KubeError as exc:
-            log.warning("deviceshare group %s: could not record %s: %s", wire.key(source.metadata), reason, exc)
+        kind: api_events.Kind = "Normal" if reason == "Mirrored" else "Warning"
+        await self.recorder.tell(subject, reason, message, decision=decision, kind=kind)

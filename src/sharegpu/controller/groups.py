@@ -126,6 +126,7 @@ class GroupReconciler:
         return self.pods.get(f"{names.HOLDING_NAMESPACE}/{groups.holder_name(namespace, name)}")
 
     async def reconcile(self) -> None:
+        await self.recorder.retell()
         for key, group in list(self.groups.items()):
             try:
                 await self._one(group)
@@ -325,9 +326,5 @@ class GroupReconciler:
         self, group: groups.SharedDeviceGroup, reason: str, message: str, *, decision: str,
         kind: api_events.Kind = "Normal",
     ) -> None:  # fmt: skip
-        meta = group.metadata
-        subject = resources.SHARED_DEVICE_GROUP.subject(meta)
-        try:
-            await self.recorder.record(subject, reason, message, decision=decision, kind=kind)
-        except errors.KubeError as exc:
-            log.warning("group %s: could not record %s: %s", wire.key(meta), reason, exc)
+        subject = resources.SHARED_DEVICE_GROUP.subject(group.metadata)
+        await self.recorder.tell(subject, reason, message, decision=decision, kind=kind)

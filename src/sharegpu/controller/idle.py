@@ -174,6 +174,7 @@ class IdleReconciler:
         return out
 
     async def reconcile(self) -> None:
+        await self.recorder.retell()
         ruling = self.ruling()
         long_idle = self.idle_for_long()
         for uid, tracked in sorted(long_idle.items(), key=lambda item: (item[1].namespace, item[1].name)):
@@ -191,12 +192,9 @@ class IdleReconciler:
             f"{tracked.node} (GPUIdlePolicy {policy.metadata.name}: {policy.spec.action})"
         )
         subject = events.pod(tracked.namespace, tracked.name, uid)
-        try:
-            await self.recorder.record(subject, IDLE, message, decision=f"{uid}|{tracked.since}", kind="Warning")
-        except errors.SharegpuError as exc:
-            log.warning("event %s on %s/%s: %s", IDLE, tracked.namespace, tracked.name, exc)
-            return
-        tracked.told = True
+        tracked.told = await self.recorder.tell(
+            subject, IDLE, message, decision=f"{uid}|{tracked.since}", kind="Warning"
+        )
 
     async def _evict(self, uid: str, tracked: Tracked, long_idle: dict[str, Tracked]) -> None:
         refused = self.refused.get(uid)
@@ -244,11 +242,8 @@ class IdleReconciler:
             message = (
                 f"idle, but its eviction was refused ({errors.first_line(exc)}); tried again in {self.retry:.0f} s"
             )
-            try:
-                await self.recorder.record(subject, BLOCKED, message, decision=f"{meta.uid}|{int(self.clock())}",
-                                           kind="Warning")  # fmt: skip
-            except errors.SharegpuError as told:
-                log.warning("event %s on %s: %s", BLOCKED, key, told)
+            await self.recorder.tell(subject, BLOCKED, message, decision=f"{meta.uid}|{int(self.clock())}",
+                                     kind="Warning")  # fmt: skip
             return False
         self.counters.evictions["done"] = self.counters.evictions.get("done", 0) + 1
         self.evicted[meta.namespace] = self.evicted.get(meta.namespace, 0) + 1
@@ -257,10 +252,7 @@ class IdleReconciler:
         while len(self.leaving) > LEAVING_MEMORY:
             del self.leaving[next(iter(self.leaving))]
         message = f"evicted: its GPU share on {tracked.node} was idle since {wire.timestamp(tracked.since)}"
-        try:
-            await self.recorder.record(subject, EVICTED, message, decision=meta.uid)
-        except errors.SharegpuError as exc:
-            log.warning("event %s on %s: %s", EVICTED, key, exc)
+        await self.recorder.tell(subject, EVICTED, message, decision=meta.uid)
         log.info("%s evicted: idle since %s", key, wire.timestamp(tracked.since))
         return True
 

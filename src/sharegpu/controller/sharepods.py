@@ -55,6 +55,7 @@ class SharePodReconciler:
         return ",".join(self.ids.uuid(node, i) or f"{node}/{i}" for i in sharepods.gpu_indexes(pod))
 
     async def reconcile(self) -> None:
+        await self.recorder.retell()
         for key, share in list(self.shares.items()):
             try:
                 await self._one(key, share)
@@ -123,8 +124,4 @@ class SharePodReconciler:
         self, share: sharepods.SharePod, reason: str, message: str, *, decision: str, warning: bool = False
     ) -> None:
         subject = resources.SHAREPOD.subject(share.metadata)
-        try:
-            await self.recorder.record(subject, reason, message, decision=decision,
-                                       kind="Warning" if warning else "Normal")  # fmt: skip
-        except errors.KubeError as exc:
-            log.warning("sharepod %s: could not record %s: %s", wire.key(share.metadata), reason, exc)
+        await self.recorder.tell(subject, reason, message, decision=decision, kind="Warning" if warning else "Normal")

@@ -140,6 +140,7 @@ class HandoffReconciler(extender_handle.Reconciler):
         return handoff.data(alloc, uuid_of, enforce)
 
     async def reconcile(self) -> None:
+        await self.recorder.retell()
         for claim, record in self.owners().items():
             data = self.desired(record)
             if data is None:
@@ -243,8 +244,4 @@ class HandoffReconciler(extender_handle.Reconciler):
                    "sharegpu-handoff is installed)")  # fmt: skip
         log.error("pod %s: %s", record.key, message)
         subject = events.pod(namespace, record.key.split("/", 1)[1], record.uid)
-        try:
-            await self.recorder.record(subject, handoff.FORGED_REASON, message, decision=f"{name}:{what}",
-                                       kind="Warning")  # fmt: skip
-        except errors.SharegpuError as exc:
-            log.warning("event %s on %s: %s", handoff.FORGED_REASON, record.key, exc)
+        await self.recorder.tell(subject, handoff.FORGED_REASON, message, decision=f"{name}:{what}", kind="Warning")

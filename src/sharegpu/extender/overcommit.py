@@ -71,6 +71,7 @@ class OvercommitReconciler(extender_handle.Reconciler):
         await self.loop.run(tick, pace)
 
     async def reconcile(self) -> None:
+        await self.recorder.retell()
         found = self.cache.ledger.overcommitted()
         for gpu in found:
             await self._report(gpu)
@@ -106,12 +107,7 @@ class OvercommitReconciler(extender_handle.Reconciler):
     async def _event(self, record: pods.Record, reason: str, message: str, decision: str) -> bool:
         namespace, _, name = record.key.partition("/")
         subject = events.pod(namespace, name, record.uid)
-        try:
-            await self.recorder.record(subject, reason, message, decision=decision, kind="Warning")
-        except errors.SharegpuError as exc:  # named by the decision: the next pass writes it again, or finds it
-            log.warning("event %s on %s: %s", reason, record.key, exc)
-            return False
-        return True
+        return await self.recorder.tell(subject, reason, message, decision=decision, kind="Warning")
 
     async def _repair(self, gpu: ledger.Overcommit) -> None:
         claim_keys = [k for k in gpu.pods if dra.is_claim_key(k)]

@@ -1,15 +1,26 @@
 """Recording events: create the Event `api.events` builds; one that exists already was recorded
-by an earlier attempt (or by the previous leader) and is not written again."""
+by an earlier attempt (or by the previous leader) and is not written again.
+
+`record` raises what the API answered, for callers whose next step waits for the event (a victim
+is not deleted unexplained). `tell` is for events that are the only trace of something done or
+found once (an eviction made, a warning said once per decision): one the API refuses (the API
+server restarting) is logged and kept, and `retell`, which the components call at each pass,
+writes the kept ones again; an event's name is its decision's, so none is in the API twice."""
 
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Callable
+from typing import Final
 
 from sharegpu.api import events, paths, wire
 from sharegpu.kube import client, errors
 
 log = logging.getLogger(__name__)
+
+KEPT: Final = 256
+"""Events refused that a recorder keeps to write again, the newest."""
 
 
 class Recorder:
@@ -20,6 +31,8 @@ class Recorder:
         self.clock = clock
         self.recorded = 0
         self.repeated = 0
+        self.untold: deque[tuple[events.Subject, str, str, str, events.Kind]] = deque(maxlen=KEPT)
+        """Events `tell` could not write: (subject, reason, message, decision, kind)."""
 
     async def record(
         self, subject: events.Subject, reason: str, message: str, *, decision: str, kind: events.Kind = "Normal"
@@ -39,3 +52,23 @@ class Recorder:
         self.recorded += 1
         log.info("event %s on %s/%s: %s", reason, subject.namespace, subject.name, message)
         return True
+
+    async def tell(
+        self, subject: events.Subject, reason: str, message: str, *, decision: str, kind: events.Kind = "Normal"
+    ) -> bool:
+        """Record the event, now or before; False if the API refused it (it is kept for `retell`)."""
+        try:
+            await self.record(subject, reason, message, decision=decision, kind=kind)
+        except errors.KubeError as exc:
+            log.warning("event %s on %s/%s not recorded (written again later): %s", reason, subject.namespace,
+                        subject.name, exc)  # fmt: skip
+            self.untold.append((subject, reason, message, decision, kind))
+            return False
+        return True
+
+    async def retell(self) -> None:
+        """The events `tell` kept, again, oldest first; at the first refused again the rest waits too."""
+        for _ in range(len(self.untold)):
+            subject, reason, message, decision, kind = self.untold.popleft()
+            if not await self.tell(subject, reason, message, decision=decision, kind=kind):
+                return
