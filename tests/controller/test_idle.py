@@ -47,6 +47,11 @@ class Setup:
             api, kube_events.Recorder(api, "c", "c", self.clock), self.clock
         )
 
+    def lazy(self) -> None:
+        """Namespace ns under an Evict policy (after 600 s), its pod `lazy` reported idle now."""
+        self.policy(policy("ns"))
+        self.see(report("n0", self.clock.now, ("ns", "lazy", self.pod("lazy"), 0)))
+
     def pod(self, name: str, namespace: str = "ns", **annotations: str) -> str:
         made = MakePod(name, namespace).annotations(annotations).node("n0").container().phase("Running").obj()
         stored = self.server.put_object(paths.pods(namespace), made)
@@ -148,9 +153,7 @@ async def test_a_pod_seen_busy_starts_again_and_a_gang_goes_only_whole() -> None
 
 async def test_an_eviction_a_disruption_budget_refuses_is_told_and_tried_again_later() -> None:
     s = Setup()
-    s.policy(policy("ns"))
-    lazy = s.pod("lazy")
-    s.see(report("n0", s.clock.now, ("ns", "lazy", lazy, 0)))
+    s.lazy()
     s.clock.advance(600)
     s.server.fail(429, method="POST", path=paths.eviction("ns", "lazy"))
     await s.run()
@@ -178,9 +181,7 @@ async def test_the_oldest_policy_of_a_namespace_is_in_force() -> None:
 async def test_the_eviction_event_refused_is_written_at_a_later_pass() -> None:
     """The eviction is made once; its event, refused (the API server restarting), is not lost."""
     s = Setup()
-    s.policy(policy("ns"))
-    lazy = s.pod("lazy")
-    s.see(report("n0", s.clock.now, ("ns", "lazy", lazy, 0)))
+    s.lazy()
     s.clock.advance(599)
     await s.run()
     s.clock.advance(1)

@@ -132,18 +132,25 @@ async def test_a_lost_deletion_is_sent_again(harness: Callable[..., Any]) -> Non
     assert not overcommitted(h)
 
 
-async def test_a_victim_that_could_not_be_marked_is_not_deleted_until_it_is(harness: Callable[..., Any]) -> None:
-    """As kube-scheduler: no DisruptionTarget condition, no deletion (a Job's pod failure policy
-    reads the condition to tell a preemption from a failure)."""
-    h: Harness = await harness(nodes=1, gpus=1)
+async def preempting_with_a_status_refused(h: Harness, refused: str) -> Preemptor:
+    """`high` (600, priority 100) preempts one of the low pair, the first write to `refused`'s status
+    answered 503; after one pass."""
     await low_pair(h)
     high = await h.create(pod("high", 600, priority=100))
     preemptor = h.extender.preemptor
     assert preemptor is not None
-    h.server.fail(503, method="PATCH", path=paths.pod_status("ns", "low2"))
+    h.server.fail(503, method="PATCH", path=paths.pod_status("ns", refused))
     h.extender.scheduling.filter(h.args(high))
     await preemptor.reconcile()
     await settle(h.server)
+    return preemptor
+
+
+async def test_a_victim_that_could_not_be_marked_is_not_deleted_until_it_is(harness: Callable[..., Any]) -> None:
+    """As kube-scheduler: no DisruptionTarget condition, no deletion (a Job's pod failure policy
+    reads the condition to tell a preemption from a failure)."""
+    h: Harness = await harness(nodes=1, gpus=1)
+    preemptor = await preempting_with_a_status_refused(h, "low2")
     victim = stored(h, "low2")
     assert not victim["metadata"].get("deletionTimestamp") and reasons(h, "low2") == [], "not marked: not deleted"
     assert h.extender.metrics.preempted_deletions.labels("untold")._value.get() == 1
@@ -161,14 +168,7 @@ async def test_a_nominated_node_that_could_not_be_written_is_written_again(harne
     """The event written but not the nominated node: kube-scheduler would not see the node taken,
     and the later nudge (clearing a field never set) would change nothing."""
     h: Harness = await harness(nodes=1, gpus=1)
-    await low_pair(h)
-    high = await h.create(pod("high", 600, priority=100))
-    preemptor = h.extender.preemptor
-    assert preemptor is not None
-    h.server.fail(503, method="PATCH", path=paths.pod_status("ns", "high"))
-    h.extender.scheduling.filter(h.args(high))
-    await preemptor.reconcile()
-    await settle(h.server)
+    preemptor = await preempting_with_a_status_refused(h, "high")
     assert not h.server.faults, "the nominated node was refused once"
     await preemptor.reconcile()
     await settle(h.server)
