@@ -20,7 +20,7 @@ from sharegpu.agent.cuda import probe as cudaprobe
 from sharegpu.agent.fakes import kubelet as fakekubelet
 from sharegpu.agent.fakes import nvml as fakenvml
 from sharegpu.api import devices as api_devices
-from sharegpu.api import events, names, paths, resources, wire
+from sharegpu.api import dra, events, names, paths, resources, wire
 from sharegpu.api import groups as api_groups
 from sharegpu.kube import client, fake
 from tests.agent import cudastubs
@@ -200,6 +200,24 @@ async def test_the_agent_offers_each_mode_once_a_probe_proved_it_and_runs_mps_da
     finally:
         await agent.stop()
     assert all(s.pid is None or gone(s.pid) for s in supervisor.status().values())
+
+
+async def test_a_resource_slice_left_from_serving_dra_is_deleted_even_if_refused_at_start(tmp_path: Path) -> None:
+    server = fake.FakeApiServer(served=frozenset({dra.API_VERSION}))
+    server.put_object(paths.NODES, MakeNode("n0").obj())
+    server.put_object(dra.SLICES, {"metadata": {"name": dra.slice_name("n0")}, "spec": {"nodeName": "n0"}})
+    path = tmp_path / "nvml.yaml"
+    write_nvml(path, NVML_FILE)
+    agent = agent_runtime.Agent(
+        client.KubeClient(server), "n0", fakenvml.FakeNvml(path).open(), agent_runtime.Options(interval=3600)
+    )
+    server.fail(503, method="DELETE", path=dra.slice_path("n0"))
+    await agent.start()
+    try:
+        await first_pass(agent)
+        assert not server.faults and server.get_object(dra.slice_path("n0")) is None, "deleted at the first pass"
+    finally:
+        await agent.stop()
 
 
 async def test_a_library_that_enforces_nothing_is_not_offered_and_says_why(

@@ -193,6 +193,8 @@ class Agent:
             self._on_group, name="shareddevicegroups",
         )  # fmt: skip
         self.tasks: list[asyncio.Task[None]] = []
+        self.slice_left = False
+        """A ResourceSlice from when this node served DRA could not be deleted yet."""
 
     def _on_pod(self, kind: wire.EventType, pod: wire.Pod) -> None:
         informer.remember(self.pods, kind, pod)
@@ -206,7 +208,7 @@ class Agent:
 
     async def start(self) -> None:
         if not self.options.dra:
-            await self._withdraw_slice()
+            self.slice_left = not await self._withdraw_slice()
         self.tasks = [
             asyncio.create_task(self.pod_informer.run(), name="agent-pods"),
             asyncio.create_task(self.group_informer.run(), name="agent-groups"),
@@ -224,18 +226,19 @@ class Agent:
             await self.volumes.start()
             self.tasks.append(asyncio.create_task(self.volumes.registration.keep(), name="agent-volumes-registration"))
 
-    async def _withdraw_slice(self) -> None:
+    async def _withdraw_slice(self) -> bool:
         """Delete this node's ResourceSlice, left by the agent when it served DRA (without `--dra` no
-        claim may be placed here); one that cannot be deleted now is logged and left."""
+        claim may be placed here); False if it could not be deleted now (each pass tries again)."""
         try:
             await self.api.delete(dra.slice_path(self.node))
         except errors.NotFoundError:
-            return
+            return True
         except errors.KubeError as error:
-            log.warning("cannot delete ResourceSlice %s left from when this node served DRA: %s",
-                        dra.slice_name(self.node), error)  # fmt: skip
-            return
+            log.warning("cannot delete ResourceSlice %s left from when this node served DRA (again at the next "
+                        "pass): %s", dra.slice_name(self.node), error)  # fmt: skip
+            return False
         log.info("ResourceSlice %s deleted: this node does not serve DRA now", dra.slice_name(self.node))
+        return True
 
     def _enforcement(self) -> handoff.Enforcement:
         """The limits this node enforces for a claim (it demands no mode: what the extender path gives
@@ -269,6 +272,8 @@ class Agent:
 
     async def reconcile(self) -> None:
         await self.warnings.retell()
+        if self.slice_left:
+            self.slice_left = not await self._withdraw_slice()
         gpus, links, unreadable = await asyncio.to_thread(self._read)
         unhealthy = {**dict.fromkeys(unreadable, api_devices.UNREADABLE), **self.xids}
         current = await self._current()
