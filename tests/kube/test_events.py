@@ -3,6 +3,8 @@ API server restarting) is kept and written by a later `retell`, once; what is ke
 
 from __future__ import annotations
 
+import asyncio
+
 from sharegpu.api import events, paths
 from sharegpu.kube import client, fake
 from sharegpu.kube import events as kube_events
@@ -48,3 +50,14 @@ async def test_what_is_kept_is_bounded_to_the_newest() -> None:
     for i in range(kube_events.KEPT + 5):
         await told.tell(events.pod("team", f"p{i}", f"u{i}"), "GPUAssignmentDrift", "drift", decision=f"d{i}")
     assert len(told.untold) == kube_events.KEPT and told.untold[0][0].name == "p5"
+
+
+async def test_two_passes_retelling_at_once_share_the_kept_events() -> None:
+    """Reconcilers of one component share its recorder and retell from their own loops."""
+    server = fake.FakeApiServer()
+    told = recorder(server)
+    server.fail(503, method="POST", times=3)
+    for i in range(3):
+        await told.tell(events.pod("team", f"p{i}", f"u{i}"), "GPUShareIdleEvicted", "evicted", decision=f"d{i}")
+    await asyncio.gather(told.retell(), told.retell(), told.retell())
+    assert not told.untold and len(server.list_objects(paths.events("team"))) == 3

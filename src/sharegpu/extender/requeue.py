@@ -141,7 +141,8 @@ class Requeuer(extender_handle.Reconciler):
                 log.warning(
                     "pod %s: cannot ask kube-scheduler to try it again (again in %g s): %s", key, self.grace, exc
                 )
-                del self.nudged[key], self.checked[key]  # not nudged: looked at again
+                self.nudged.pop(key, None)  # not nudged: looked at again
+                self.checked.pop(key, None)
                 self._failed[key] = self.clock()
                 continue
             self._failed.pop(key, None)

@@ -67,8 +67,11 @@ class Recorder:
         return True
 
     async def retell(self) -> None:
-        """The events `tell` kept, again, oldest first; at the first refused again the rest waits too."""
+        """The events `tell` kept, again, oldest first; at the first refused again the rest waits too.
+        Passes of several reconcilers may retell at once: each takes what is left."""
         for _ in range(len(self.untold)):
+            if not self.untold:
+                return
             subject, reason, message, decision, kind = self.untold.popleft()
             if not await self.tell(subject, reason, message, decision=decision, kind=kind):
                 return
