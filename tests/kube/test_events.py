@@ -1,5 +1,6 @@
 """Recording events: an event recorded twice is in the API once; one `tell` could not write (the
-API server restarting) is kept and written by a later `retell`, once; what is kept is bounded."""
+API server restarting) is kept, once however often it is told, and written by a later `retell`,
+once; what is kept is bounded."""
 
 from __future__ import annotations
 
@@ -49,7 +50,7 @@ async def test_what_is_kept_is_bounded_to_the_newest() -> None:
     server.fail(503, method="POST", times=kube_events.KEPT + 5)
     for i in range(kube_events.KEPT + 5):
         await told.tell(events.pod("team", f"p{i}", f"u{i}"), "GPUAssignmentDrift", "drift", decision=f"d{i}")
-    assert len(told.untold) == kube_events.KEPT and told.untold[0][0].name == "p5"
+    assert len(told.untold) == kube_events.KEPT and next(iter(told.untold))[0].name == "p5"
 
 
 async def test_two_passes_retelling_at_once_share_the_kept_events() -> None:
@@ -61,3 +62,19 @@ async def test_two_passes_retelling_at_once_share_the_kept_events() -> None:
         await told.tell(events.pod("team", f"p{i}", f"u{i}"), "GPUShareIdleEvicted", "evicted", decision=f"d{i}")
     await asyncio.gather(told.retell(), told.retell(), told.retell())
     assert not told.untold and len(server.list_objects(paths.events("team"))) == 3
+
+
+async def test_an_event_told_again_while_it_is_kept_is_kept_once() -> None:
+    """A caller that retries its own decision each pass (the idle reclaimer's warning) while the API
+    refuses keeps one event, not one a pass; once its own retry succeeds, nothing is left to retell."""
+    server = fake.FakeApiServer()
+    told = recorder(server)
+    pod = events.pod("team", "a", "uid-a")
+    server.fail(503, method="POST", times=3)
+    for minutes in (10, 11, 12):
+        await told.tell(pod, "GPUShareIdle", f"idle for {minutes} min", decision="uid-a|1000", kind="Warning")
+    assert list(told.untold.values()) == [("idle for 10 min", "Warning")]
+    assert await told.tell(pod, "GPUShareIdle", "idle for 13 min", decision="uid-a|1000", kind="Warning")
+    assert not told.untold
+    await told.retell()
+    assert [e["message"] for e in server.list_objects(paths.events("team"))] == ["idle for 13 min"]

@@ -10,7 +10,6 @@ writes the kept ones again; an event's name is its decision's, so none is in the
 from __future__ import annotations
 
 import logging
-from collections import deque
 from collections.abc import Callable
 from typing import Final
 
@@ -22,6 +21,9 @@ log = logging.getLogger(__name__)
 KEPT: Final = 256
 """Events refused that a recorder keeps to write again, the newest."""
 
+Untold = tuple[events.Subject, str, str]
+"""An event `tell` keeps: its subject, reason and decision (what names it)."""
+
 
 class Recorder:
     def __init__(self, api: client.KubeApi, component: str, instance: str, clock: Callable[[], float]) -> None:
@@ -31,8 +33,9 @@ class Recorder:
         self.clock = clock
         self.recorded = 0
         self.repeated = 0
-        self.untold: deque[tuple[events.Subject, str, str, str, events.Kind]] = deque(maxlen=KEPT)
-        """Events `tell` could not write: (subject, reason, message, decision, kind)."""
+        self.untold: dict[Untold, tuple[str, events.Kind]] = {}
+        """Events `tell` could not write, oldest first -> (message, kind). One event told again while
+        it is kept (a caller retrying its decision) is kept once."""
 
     async def record(
         self, subject: events.Subject, reason: str, message: str, *, decision: str, kind: events.Kind = "Normal"
@@ -62,16 +65,20 @@ class Recorder:
         except errors.KubeError as exc:
             log.warning("event %s on %s/%s not recorded (written again later): %s", reason, subject.namespace,
                         subject.name, exc)  # fmt: skip
-            self.untold.append((subject, reason, message, decision, kind))
+            self.untold.setdefault((subject, reason, decision), (message, kind))
+            while len(self.untold) > KEPT:
+                del self.untold[next(iter(self.untold))]
             return False
+        self.untold.pop((subject, reason, decision), None)  # a caller's own retry got there first
         return True
 
     async def retell(self) -> None:
         """The events `tell` kept, again, oldest first; at the first refused again the rest waits too.
         Passes of several reconcilers may retell at once: each takes what is left."""
-        for _ in range(len(self.untold)):
-            if not self.untold:
-                return
-            subject, reason, message, decision, kind = self.untold.popleft()
+        for key in list(self.untold):
+            kept = self.untold.pop(key, None)
+            if kept is None:
+                continue  # written meanwhile by another pass's retell
+            (subject, reason, decision), (message, kind) = key, kept
             if not await self.tell(subject, reason, message, decision=decision, kind=kind):
                 return
