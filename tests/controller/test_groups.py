@@ -201,3 +201,68 @@ async def test_a_group_handoff_a_tenant_wrote_is_taken_back_before_members_can_r
     stored = server.get_object(path)
     assert stored is not None and stored["data"] == {"NVIDIA_VISIBLE_DEVICES": uuid}
     assert len(alarms()) == 2 and "changed after sharegpu wrote it" in " ".join(alarms())
+
+
+async def bind_eagerly(server: fake.FakeApiServer, controller: runtime.Controller, namespace: str, name: str) -> None:
+    """An eager group of both of n0's GPUs, its holder bound there as kube-scheduler and the device
+    plugin would, and the passes that make it Bound."""
+    body = {"metadata": {"name": name, "namespace": namespace}, "spec": {"gpus": 2, "bindEagerly": True}}
+    server.put_object(resources.SHARED_DEVICE_GROUP.path(namespace), body)
+    await passes(controller, server)
+    holder_path = paths.pod(names.HOLDING_NAMESPACE, groups.holder_name(namespace, name))
+    holder, device = server.get_object(holder_path), server.get_object(paths.device("n0"))
+    assert holder is not None and device is not None
+    holder["spec"]["nodeName"] = "n0"
+    holder["metadata"]["annotations"][names.GPU_UUID] = ",".join(g["uuid"] for g in device["spec"]["gpus"])
+    await controller.api.replace(holder_path, holder)
+    await passes(controller, server)
+
+
+async def test_a_bound_groups_node_label_lost_by_hand_or_with_the_node_is_written_again(
+    env: tuple[fake.FakeApiServer, runtime.Controller],
+) -> None:
+    """Members select the label: a node that lost it (an admin removed it, or the node registered
+    again after a repair) would keep them Pending while the group says Bound."""
+    server, controller = env
+    await bind_eagerly(server, controller, "team", "g")
+    label = groups.node_label("team", "g")
+
+    def labelled() -> bool:
+        node = server.get_object(paths.node("n0"))
+        return node is not None and node["metadata"].get("labels", {}).get(label) == groups.BOUND
+
+    assert labelled()
+    await controller.api.patch(paths.node("n0"), {"metadata": {"labels": {label: None}}})
+    await passes(controller, server)
+    assert labelled(), "removed by hand: written again"
+    node = server.get_object(paths.node("n0"))
+    assert node is not None
+    server.remove_object(paths.node("n0"))
+    del node["metadata"]["labels"][label]
+    for field in ("resourceVersion", "uid", "creationTimestamp"):
+        node["metadata"].pop(field, None)
+    server.put_object(paths.NODES, node)
+    await passes(controller, server)
+    assert labelled(), "the node registered again without it: written again"
+
+
+async def test_a_node_gone_for_a_while_does_not_make_the_controller_forget_its_group(
+    env: tuple[fake.FakeApiServer, runtime.Controller],
+) -> None:
+    """The 404 of the node's label patch is not the group's own: the group is still reconciled, and
+    labels its node once it is back."""
+    server, controller = env
+    await bind_eagerly(server, controller, "team", "g")
+    node = server.get_object(paths.node("n0"))
+    assert node is not None
+    server.remove_object(paths.node("n0"))
+    await passes(controller, server)
+    assert "team/g" in controller.groups.groups
+    label = groups.node_label("team", "g")
+    del node["metadata"]["labels"][label]
+    for field in ("resourceVersion", "uid", "creationTimestamp"):
+        node["metadata"].pop(field, None)
+    server.put_object(paths.NODES, node)
+    await passes(controller, server)
+    back = server.get_object(paths.node("n0"))
+    assert back is not None and back["metadata"]["labels"].get(label) == groups.BOUND

@@ -18,7 +18,8 @@ Deletion: the webhook refuses to delete a group with live members; the group's f
 until this reconciler has removed the holder, the node label and the ConfigMaps.
 
 Everything is derived from the API on every pass (the group's status, the pods labelled with the
-group, the node's Device), so a new leader simply carries on.
+group, the node's Device and labels: a label found missing, the node re-registered or the label
+removed, is written again), so a new leader simply carries on.
 """
 
 from __future__ import annotations
@@ -72,7 +73,9 @@ class GroupReconciler:
         self.groups: dict[str, groups.SharedDeviceGroup] = {}
         self.pods: dict[str, wire.Pod] = {}
         self.ids = ids
-        self.labelled: set[tuple[str, str]] = set()
+        self.node_labels: dict[str, dict[str, str]] = {}
+        """Node -> its labels as the API shows them (watched): a bound group's label is written
+        whenever its node lacks it (re-registered, relabelled by hand, cleared by another replica)."""
         self.handoffs: dict[tuple[str, str], wire.ConfigMap] = {}
         """(namespace, ConfigMap) -> the groups' hand-off ConfigMaps as the API shows them (watched)."""
         self.confirmed: dict[tuple[str, str], dict[str, str]] = {}
@@ -91,6 +94,10 @@ class GroupReconciler:
     def on_pod(self, kind: wire.EventType, pod: wire.Pod) -> None:
         informer.remember(self.pods, kind, pod)
         self.loop.wake()
+
+    def on_node(self, kind: wire.EventType, node: wire.Node) -> None:
+        if informer.remember_labels(self.node_labels, kind, node):
+            self.loop.wake()
 
     def on_handoff(self, kind: wire.EventType, configmap: wire.ConfigMap) -> None:
         claim = (configmap.metadata.namespace, configmap.metadata.name)
@@ -132,8 +139,12 @@ class GroupReconciler:
                 await self._one(group)
             except errors.ConflictError:
                 continue  # a newer version is on its way; the next pass works from it
-            except errors.NotFoundError:
-                self.groups.pop(key, None)
+            except errors.NotFoundError as exc:
+                own = resources.SHARED_DEVICE_GROUP.path(group.metadata.namespace, group.metadata.name)
+                if exc.path in (own, f"{own}/status"):
+                    self.groups.pop(key, None)  # deleted meanwhile: its DELETED event is on its way
+                else:  # what it writes around it (a node, a ConfigMap, the holder) went: the group stays
+                    log.warning("group %s: %s", key, exc)
             except errors.KubeError as exc:
                 log.warning("group %s: %s", key, exc)
 
@@ -250,10 +261,9 @@ class GroupReconciler:
                 raise
 
     async def _label_node(self, node: str, label: str) -> None:
-        if (node, label) in self.labelled:
+        if self.node_labels.get(node, {}).get(label) == groups.BOUND:
             return
         await self.api.patch(paths.node(node), {"metadata": {"labels": {label: groups.BOUND}}})
-        self.labelled.add((node, label))
 
     async def _write_handoff(self, group: groups.SharedDeviceGroup, namespace: str, data: dict[str, str]) -> None:
         """The group's hand-off in `namespace` holds `data` and nothing else: written whole, and taken
@@ -307,7 +317,6 @@ class GroupReconciler:
         if group.status.node_name:
             with contextlib.suppress(errors.NotFoundError):  # the node is gone: so is its label
                 await self.api.patch(paths.node(group.status.node_name), {"metadata": {"labels": {label: None}}})
-            self.labelled.discard((group.status.node_name, label))
         found = await self.api.get(paths.CONFIGMAPS, labelSelector=groups.group_selector(meta.namespace, meta.name))
         for item in found.get("items") or []:
             item_meta = item["metadata"]

@@ -141,6 +141,7 @@ class Controller:
                 api, paths.PODS, wire.Pod, informer.identity, self.groups.on_pod, name="group-pods",
                 params={"labelSelector": names.LABEL_GROUP_NAME},
             ),
+            informer.Informer(api, paths.NODES, wire.Node, informer.identity, self.groups.on_node, name="group-nodes"),
             informer.Informer(
                 api, paths.configmaps(names.HOLDING_NAMESPACE), wire.ConfigMap, informer.identity,
                 self.groups.on_holder_handoff, name="holder-handoffs",
