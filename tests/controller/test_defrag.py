@@ -73,6 +73,7 @@ async def start() -> AsyncIterator[Start]:
         events_refused: int = 0,
         before: tuple[Json, ...] = (),
         pending_spec: Json | None = None,
+        elector: Any = None,
         **options: Any,
     ) -> tuple[fake.FakeApiServer, runtime.Controller]:
         server = fake.FakeApiServer()
@@ -91,6 +92,8 @@ async def start() -> AsyncIterator[Start]:
         controller = runtime.Controller(
             client.KubeClient(server), runtime.Options(leader_elect=False, tick=3600, **options), Clock(T0)
         )
+        if elector is not None:
+            controller.elector = elector
         await controller.start()
         made.append(controller)
         await settle(server)
@@ -315,6 +318,43 @@ async def test_a_new_controller_inherits_the_hourly_budget_from_the_events(start
     assert evictions(server) == [paths.eviction(NS, "a")]
 
 
+class Turns:
+    """Leadership that the test takes away and gives back."""
+
+    def __init__(self) -> None:
+        self.leading = asyncio.Event()
+        self.leading.set()
+
+    @property
+    def is_leader(self) -> bool:
+        return self.leading.is_set()
+
+    async def run(self) -> None:
+        await asyncio.Event().wait()
+
+
+async def test_a_replica_leading_again_recalls_what_others_evicted_meanwhile(start: Start) -> None:
+    """Budget 4: the previous leader's eviction 10 minutes ago, this replica's own of `a`, then one by
+    another replica while this one did not lead. Leading again, it counts the three (its own once):
+    one left, not the two it would have kept counting on."""
+    turns = Turns()
+    server, controller = await start(
+        defrag=True, defrag_budget_per_hour=4, before=(evicted_event("x", 600),), elector=turns
+    )
+    reconciler = controller.defrag
+    assert reconciler is not None
+    assert evictions(server) == [paths.eviction(NS, "a")]
+    assert reconciler.allowance() == 2
+    turns.leading.clear()
+    await asyncio.sleep(0.3)  # the reconcilers notice within 0.05 s and stop
+    server.put_object(paths.events(NS), evicted_event("y", 0))  # another replica, meanwhile
+    passes = reconciler.loop.completed
+    reconciler.clock.now += 120  # type: ignore[attr-defined]  # p's cool-down over: it is planned for again
+    turns.leading.set()
+    await eventually(lambda: reconciler.loop.completed > passes, "a pass of the new term")
+    assert reconciler.allowance() == 1
+
+
 async def test_the_fake_eviction_api_honours_disruption_budgets() -> None:
     server = fake.FakeApiServer()
     server.put_object(paths.pods(NS), running("b", "n1", 300))
@@ -344,3 +384,14 @@ def test_pod_facts_read_owner_priority_and_the_scheduler_verdict() -> None:
     daemon = running("d", "n0", 300)
     daemon["metadata"]["ownerReferences"][0]["kind"] = "DaemonSet"
     assert not defrag_inputs.facts(wire.convert(daemon, wire.Pod)).movable
+
+
+async def test_an_eviction_whose_event_was_refused_still_counts_after_a_recall(start: Start) -> None:
+    """The Events are what a recall reads: an eviction of this replica's that has none yet is kept."""
+    server, controller = await start(defrag=True, defrag_budget_per_hour=2, events_refused=100)
+    reconciler = controller.defrag
+    assert reconciler is not None
+    assert evictions(server) == [paths.eviction(NS, "a")] and events(server, defrag.EVICTED) == []
+    reconciler.new_term()
+    await reconciler.recall()
+    assert reconciler.allowance() == 1

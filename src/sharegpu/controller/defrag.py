@@ -26,9 +26,10 @@ informer. A pass plans only when something it depends on changed since the last 
 event, the hour's allowance, a cool-down ending, an eviction made or refused): pods that stay
 pending because the cluster is full cost nothing after the first plan. Its loop rests
 `REST_FACTOR` times as long as a pass took, so a busy cluster that changes all the time gets a
-plan at most every so often, not back to back. A new leader recalls the hour's evictions from
-their Events (`recall`). An event that could not be written (the API server restarting) does not
-stop a move: the move goes on, and the event is written at a later pass (`Recorder.tell`).
+plan at most every so often, not back to back. A replica that starts leading (first or again)
+recalls the hour's evictions from their Events (`recall`), keeping its own that have none. An
+event that could not be written (the API server restarting) does not stop a move: the move goes
+on, and the event is written at a later pass (`Recorder.tell`).
 """
 
 from __future__ import annotations
@@ -105,8 +106,12 @@ class DefragReconciler:
         """Pending pods that had a move, and when."""
         self.counters = Counters()
         self.recalled = False
-        """The evictions of the last hour were read back from the API's Events (once, before the
-        first eviction this process makes: a new leader inherits its predecessor's hourly budget)."""
+        """The evictions of the last hour were read back from the API's Events (once a term, before
+        its first eviction: a new leader inherits its predecessors' hourly budget, also a replica that
+        leads again after another led meanwhile)."""
+        self.unrecorded: deque[float] = deque()
+        """When this process evicted without an Event known to be written (the answer lost, or the
+        event refused so far): a recall cannot see these, so it keeps them."""
         self.last_plan: defrag.Plan | None = None
         self.changes = 0
         """Informer events seen (any of them may change the plan)."""
@@ -125,6 +130,11 @@ class DefragReconciler:
             informer.Informer(self.api, paths.pod_disruption_budgets(), wire.PodDisruptionBudget,
                               informer.identity, self.on_budget, name="poddisruptionbudgets"),
         ]  # fmt: skip
+
+    def new_term(self) -> None:
+        """This replica leads (again): the hour's evictions are recalled before it evicts, as others
+        may have evicted while it did not lead."""
+        self.recalled = False
 
     # ----------------------------------------------------------------- informer handlers
 
@@ -182,8 +192,10 @@ class DefragReconciler:
                 continue
             if now - HOUR < at <= now:
                 recalled += [at] * max(1, int(item.get("count") or 1))
-        merged = sorted([*self.evicted_at, *recalled])
-        self.evicted_at = deque(merged)
+        while self.unrecorded and self.unrecorded[0] <= now - HOUR:
+            self.unrecorded.popleft()
+        # Replaced, not merged: this process's own recorded evictions are among the Events read.
+        self.evicted_at = deque(sorted([*recalled, *self.unrecorded]))
         self.recalled = True
         if recalled:
             log.info("defrag: %d eviction(s) of the last hour recalled from Events", len(recalled))
@@ -258,6 +270,7 @@ class DefragReconciler:
                     log.warning("defrag: eviction of %s refused (%s); planning again", victim.pod, exc)
                 else:  # it may have happened: it counts against the hour; the watch shows whether the pod goes
                     self.evicted_at.append(self.clock())
+                    self.unrecorded.append(self.clock())
                     self.counters.unknown += 1
                     log.warning("defrag: eviction of %s: outcome unknown (%s); planning again", victim.pod, exc)
                 break
@@ -265,7 +278,8 @@ class DefragReconciler:
             self.counters.evictions += 1
             done.append(victim)
             message = f"evicted to make room for {move.pod} on {move.placed.node}; {victim.owner} recreates it"
-            await self.recorder.tell(_subject(item), EVICTED, message, decision=move.pod)
+            if not await self.recorder.tell(_subject(item), EVICTED, message, decision=move.pod):
+                self.unrecorded.append(self.evicted_at[-1])
         if not done:
             return
         self.moved_for[move.pod] = self.clock()

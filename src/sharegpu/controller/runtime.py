@@ -211,6 +211,8 @@ class Controller:
         await asyncio.gather(*(i.synced.wait() for i in self.informers))
 
         def work() -> list[Awaitable[None]]:
+            if self.defrag is not None:
+                self.defrag.new_term()
             loops = self.loops()
             for loop in loops:
                 loop.wake()  # the first pass at once, on what the informers listed
