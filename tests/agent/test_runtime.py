@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import prometheus_client
+import pytest
 
 from sharegpu.agent import hamicore, inventory, mps, podresources, proof, watchdog
 from sharegpu.agent import runtime as agent_runtime
@@ -37,6 +38,7 @@ from tests.builders import (
     write_bytes,
     write_nvml,
 )
+from tests.conftest import eventually
 from tests.extender.conftest import settle
 
 
@@ -423,5 +425,29 @@ async def test_a_pod_labelled_with_a_group_counts_as_a_member_only_where_the_gro
         )
         await one_pass(agent, server)
         assert agent.usage.violations == ()
+    finally:
+        await agent.stop()
+
+
+async def test_xids_are_still_seen_after_nvml_failed_to_wait_for_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failed wait (events not supported, the event set lost) must not end the XID watch: a later
+    critical XID would never mark its GPU."""
+    monkeypatch.setattr(agent_runtime, "XID_RETRY", 0.05)
+    server = fake.FakeApiServer()
+    server.put_object(paths.NODES, MakeNode("n0").obj())
+    path = tmp_path / "nvml.yaml"
+    write_nvml(path, NVML_FILE + "faults: {xidWait: true}\n")
+    agent = agent_runtime.Agent(
+        client.KubeClient(server), "n0", fakenvml.FakeNvml(path).open(), agent_runtime.Options(interval=3600)
+    )
+    await agent.start()
+    try:
+        await eventually(lambda: agent.xid_failures >= 2, "failed waits, tried again")
+        write_nvml(path, NVML_FILE + "xids: [{gpu: 0, code: 79}]\n")
+        await eventually(lambda: "GPU-0" in agent.xids, "the XID, once NVML answers again")
+        device = await one_pass(agent, server)
+        assert {g.uuid: g.healthy for g in device.spec.gpus}["GPU-0"] is False
     finally:
         await agent.stop()

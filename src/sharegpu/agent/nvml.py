@@ -33,6 +33,10 @@ class NvmlUnavailableError(errors.SharegpuError):
     """No NVML here: no driver, no library, or no GPU."""
 
 
+class XidWaitError(errors.SharegpuError):
+    """NVML cannot wait for XID events now (events not supported here, the event set lost)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Gpu:
     index: int
@@ -99,7 +103,8 @@ class Discovery(Protocol):
 
 class Health(Protocol):
     def xid_events(self, timeout_ms: int) -> list[Xid]:
-        """The XID events since the last call, waiting up to `timeout_ms` for one."""
+        """The XID events since the last call, waiting up to `timeout_ms` for one; `XidWaitError`
+        when they cannot be waited for (the caller tries again later)."""
         ...
 
     def unreadable(self) -> set[str]:
@@ -248,7 +253,10 @@ class Nvml:
     def xid_events(self, timeout_ms: int) -> list[Xid]:
         lib = self.lib
         if self.events is None:
-            self.events = lib.nvmlEventSetCreate()
+            try:
+                self.events = lib.nvmlEventSetCreate()
+            except lib.NVMLError as exc:
+                raise XidWaitError(f"NVML cannot create an event set: {exc}") from None
             for handle in self.handles:
                 with contextlib.suppress(lib.NVMLError):  # not every GPU supports every event
                     lib.nvmlDeviceRegisterEvents(handle, lib.nvmlEventTypeXidCriticalError, self.events)
@@ -259,8 +267,18 @@ class Nvml:
                 data = lib.nvmlEventSetWait_v2(self.events, wait)
             except lib.NVMLError_Timeout:
                 return found
-            found.append(Xid(_text(lib.nvmlDeviceGetUUID(data.device)), int(data.eventData)))
+            except lib.NVMLError as exc:
+                if found:
+                    return found  # these first; the error comes again at the next call
+                with contextlib.suppress(lib.NVMLError):
+                    lib.nvmlEventSetFree(self.events)
+                self.events = None  # made again at the next call
+                raise XidWaitError(f"NVML cannot wait for XID events: {exc}") from None
             wait = 0
+            try:
+                found.append(Xid(_text(lib.nvmlDeviceGetUUID(data.device)), int(data.eventData)))
+            except lib.NVMLError:
+                continue  # a GPU whose UUID cannot be read is lost: `unreadable` reports it
 
     def unreadable(self) -> set[str]:
         lib = self.lib

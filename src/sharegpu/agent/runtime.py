@@ -85,6 +85,9 @@ class Source(nvml.Discovery, nvml.Health, nvml.Processes, nvml.Utilisation, Prot
 
 HAMI_CORE_LIBRARY = Path("/usr/local/vgpu/libvgpu.so")
 """Where HAMi-core's library is installed on a node (HAMi's own layout)."""
+XID_RETRY = 1.0
+"""Seconds before a failed wait for XID events is tried again (doubling up to `XID_RETRY_MAX`)."""
+XID_RETRY_MAX = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,6 +182,8 @@ class Agent:
         self.pods: dict[str, wire.Pod] = {}
         self.xids: dict[str, str] = {}
         """UUID -> the critical XID that made it unhealthy."""
+        self.xid_failures = 0
+        """Waits for XID events that failed (each tried again, `_watch_xids`)."""
         self.written: wire.DeviceSpec | None = None
         self.labels: dict[str, str | None] = {}
         self.loop = reconcile.Loop(f"agent-{node}", self.reconcile)
@@ -258,8 +263,21 @@ class Agent:
             await self.supervisor.stop()
 
     async def _watch_xids(self) -> None:
+        """Mark the GPUs that report a critical XID. A wait that fails is tried again after a pause
+        that doubles up to `XID_RETRY_MAX` (the task never ends: it would leave later XIDs unseen)."""
+        pause = XID_RETRY
         while True:
-            events = await asyncio.to_thread(self.source.xid_events, 1000)
+            try:
+                events = await asyncio.to_thread(self.source.xid_events, 1000)
+            except Exception as exc:  # anything NVML raises: the watch goes on
+                self.xid_failures += 1
+                log.warning("XID events: %s; trying again in %g s", exc, pause)
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, XID_RETRY_MAX)
+                continue
+            if pause != XID_RETRY:
+                log.info("XID events: waiting for them again")
+                pause = XID_RETRY
             for event in events:
                 if event.code in nvml.CRITICAL_XIDS and event.uuid not in self.xids:
                     log.warning("GPU %s: critical XID %d; unhealthy from now on", event.uuid, event.code)
@@ -431,7 +449,11 @@ class _Metrics(Collector):
         loop = self.agent.loop
         passes.add_metric(["ok"], loop.completed - loop.failures)
         passes.add_metric(["failed"], loop.failures)
-        yield from (gpus, modes, proven, probes, up, restarts, passes)
+        xid_waits = CounterMetricFamily(
+            "sharegpu_agent_xid_wait_failures", "Waits for XID events NVML failed (each tried again)"
+        )
+        xid_waits.add_metric([], self.agent.xid_failures)
+        yield from (gpus, modes, proven, probes, up, restarts, passes, xid_waits)
         families = {s.name: GaugeMetricFamily(s.name, s.help, labels=list(s.labels)) for s in watchdog.SERIES}
         for sample in self.agent.usage.samples():
             families[sample.series.name].add_metric(list(sample.labels), sample.series.exported(sample.value))

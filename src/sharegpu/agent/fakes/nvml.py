@@ -25,6 +25,7 @@ The file (YAML or JSON; docs/agent.md shows a full one):
       library: false            # true: NVML cannot be loaded at all (open() fails)
       unreadable: [1]           # indexes of GPUs NVML reports errors for
       noProcessSamples: [2]     # GPUs that take no per-process samples (as a MIG GPU: `mig: true`)
+      xidWait: false            # true: XID events cannot be waited for (xid_events raises)
     xids: [{gpu: 1, code: 79}]  # each delivered once, in order; append to inject more
 
 A malformed file is refused with the field that is wrong (`FakeNvmlError`); a change that breaks a
@@ -100,6 +101,7 @@ class Faults(_Message, kw_only=True, frozen=True):
     library: bool = False
     unreadable: list[int] = []
     no_process_samples: list[int] = []
+    xid_wait: bool = False
 
 
 class FakeXid(_Message, kw_only=True, frozen=True):
@@ -261,6 +263,8 @@ class FakeNvml:
         deadline = time.monotonic() + timeout_ms / 1000
         while True:
             self.refresh()
+            if self.config.faults.xid_wait:
+                raise nvml.XidWaitError(f"XID events cannot be waited for (fault injected by {self.path})")
             pending = self.config.xids[self.delivered :]
             if pending or time.monotonic() >= deadline:
                 self.delivered += len(pending)
