@@ -3,8 +3,11 @@ replacement with backoff, idle and duplicate cleanup, ConfigMaps written once an
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Any
+
+import pytest
 
 from sharegpu.api import extender as api_extender
 from sharegpu.api import names, paths, pods, quantity, wire
@@ -335,3 +338,33 @@ async def test_a_new_leader_rewrites_nothing_that_is_right(harness: Callable[...
     writes = [(m, p) for m, p in h.server.requests[before:] if m in ("POST", "PATCH", "PUT", "DELETE")]
     assert writes == [], "the successor found everything as it should be"
     assert units.PodKey("ns/a") in successor.cache.ledger
+
+
+async def test_the_preemption_and_requeue_tasks_outlive_a_pass_that_raises(
+    harness: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Their tasks are not watched by anyone: one that ended on an unexpected error would leave
+    nominated room held, or turned-away pods waiting, until the extender restarts."""
+    h: Harness = await harness(nodes=1, gpus=1, preemption=True)
+    preemptor, requeuer = h.extender.preemptor, h.extender.requeuer
+    assert preemptor is not None
+    calls = {"preemption": 0, "requeue": 0}
+
+    def failing_once(name: str) -> Callable[[], Awaitable[None]]:
+        async def reconcile() -> None:
+            calls[name] += 1
+            if calls[name] == 1:
+                raise RuntimeError(f"a bug in the {name} pass")
+
+        return reconcile
+
+    monkeypatch.setattr(preemptor, "reconcile", failing_once("preemption"))
+    monkeypatch.setattr(requeuer, "reconcile", failing_once("requeue"))
+    tasks = [asyncio.create_task(preemptor.run(tick=0.01)), asyncio.create_task(requeuer.run(tick=0.01))]
+    try:
+        await eventually(lambda: min(calls.values()) >= 3, "passes after the failing one")
+        assert not any(t.done() for t in tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -392,8 +392,8 @@ class Preemptor(extender_handle.Reconciler):
             self._wake.clear()
             try:
                 await self.reconcile()
-            except errors.SharegpuError as exc:
-                log.warning("preemption pass failed: %s", exc)
+            except Exception:  # the task must not end: nominations end only in a pass
+                log.exception("preemption pass failed; the next pass tries again")
 
     async def reconcile(self) -> None:
         """One pass over every nomination: announce new ones, delete victims, end finished ones."""

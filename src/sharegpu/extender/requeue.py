@@ -21,7 +21,6 @@ seconds later, and nudged if it still waits and fits.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -79,8 +78,10 @@ class Requeuer(extender_handle.Reconciler):
     async def run(self, tick: float = 1.0) -> None:
         while True:
             await asyncio.sleep(tick)
-            with contextlib.suppress(errors.SharegpuError):
+            try:
                 await self.reconcile()
+            except Exception:  # the task must not end: pods turned away would wait for the flush
+                log.exception("requeue pass failed; the next pass tries again")
 
     def due(self) -> list[tuple[units.PodKey, str]]:
         """Pods to nudge now, each with a node it fits on. A pod is looked at once per appearance of
