@@ -152,3 +152,35 @@ async def test_a_watch_that_opens_and_breaks_again_and_again_is_not_ready() -> N
     await client.KubeClient(server).create(paths.pods("ns"), pod("proof"))
     await eventually(lambda: inf.status()["ready"] is True, "an event proves the watch works")
     await informer.cancel([task])
+
+
+async def test_an_object_a_relist_cannot_convert_is_not_reported_deleted() -> None:
+    """Reported DELETED, a running pod's GPUs would look free to the extender: what was known of it
+    stays, as on the watch path."""
+    server = fake.FakeApiServer()
+    kube = client.KubeClient(server)
+    await kube.create(paths.pods("ns"), pod("flaky"))
+    seen: list[tuple[str, str]] = []
+    broken = {"now": False}
+
+    def convert(obj: wire.Pod, previous: wire.Pod | None) -> wire.Pod:
+        if broken["now"] and obj.metadata.name == "flaky":
+            raise RuntimeError("a converter bug")
+        return obj
+
+    def handler(kind: str, obj: wire.Pod) -> None:
+        seen.append((kind, obj.metadata.name))
+
+    inf: informer.Informer[wire.Pod, wire.Pod] = informer.Informer(
+        kube, paths.PODS, wire.Pod, convert, handler, max_backoff=0.05
+    )
+    task = asyncio.create_task(inf.run())
+    await inf.synced.wait()
+    await eventually(lambda: bool(server.watches), "watching")
+    broken["now"] = True
+    server.expire_watches()
+    server.compacted = server.version
+    await eventually(lambda: inf.lists == 2, "a relist")
+    await informer.cancel([task])
+    assert ("DELETED", "flaky") not in seen and "ns/flaky" in inf.store
+    assert inf.handler_errors == 1

@@ -205,6 +205,8 @@ class Informer(Generic[W, T]):
                 except Exception:
                     self.handler_errors += 1
                     log.exception("informer %s: could not convert %s", self.name, key)
+                    if previous is not None:  # it exists: what was known of it stays, as on the watch path
+                        fresh[key] = (uid, previous)
         self.listed_at = self.clock()
         self.lists += 1
         for key in [k for k in self.store if k not in fresh]:
