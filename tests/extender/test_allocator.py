@@ -8,10 +8,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import pytest
+
 from sharegpu.api import dra, names, paths, pods, quantity, wire
 from sharegpu.core import units
-from sharegpu.kube import client
+from sharegpu.kube import client, leader
 from tests import builders
+from tests.conftest import eventually
 from tests.extender.conftest import Harness, gpu_pod, settle
 
 Json = dict[str, Any]
@@ -207,6 +210,34 @@ async def test_an_allocation_no_pod_uses_or_waits_for_is_cleared(harness: Callab
     h.clock.advance(31)
     await run(h)
     assert not results(h, "a") and int(h.extender.cache.state.milli_free[0, 0]) == 1000
+
+
+async def test_a_replica_leading_again_gives_an_unused_allocation_its_whole_grace(
+    harness: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Seen unused in an earlier term: another leader may have used and freed it meanwhile, so the
+    grace starts again with the new term rather than clearing it the moment the fence ends."""
+    monkeypatch.setattr(leader.Solo, "is_leader", property(lambda self: self.leading.is_set()))
+    h: Harness = await harness(nodes=0, gpus=1, dra=1)
+    allocator = h.extender.allocator
+    assert allocator is not None
+    await claimed(h, "a", 500)
+    await run(h)
+    h.server.remove_object(paths.pod("ns", "a"))
+    await settle(h.server)
+    await run(h)  # unused from now
+    elector = h.extender.elector
+    elector.leading.clear()  # the Lease lost
+    await eventually(lambda: allocator.term_started is None, "the term ended")
+    h.clock.advance(100)
+    passes = allocator.loop.completed
+    elector.leading.set()  # leading again
+    await eventually(lambda: allocator.loop.completed > passes, "a pass of the new term")
+    await run(h)
+    assert results(h, "a"), "not at once"
+    h.clock.advance(31)
+    await run(h)
+    assert not results(h, "a")
 
 
 async def test_a_claim_sharegpu_cannot_allocate_keeps_its_pod_gated_and_says_why(harness: Callable[..., Any]) -> None:

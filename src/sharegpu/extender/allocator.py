@@ -204,6 +204,7 @@ class ClaimAllocator(extender_handle.Reconciler):
             await self.loop.run(tick, pace)
         finally:
             self.term_started = None
+            self.unused_since.clear()  # another leader may use and free them meanwhile: a new term waits anew
 
     # ----------------------------------------------------------------- the pass
 
