@@ -197,7 +197,7 @@ async def test_a_released_member_whose_binding_is_read_back_undone_keeps_its_pla
     binds = [asyncio.ensure_future(h.extender.scheduling.bind(binding(h, n, "n0"))) for n in "ab"]
     results = [r.error for r in await asyncio.gather(*binds)]
     assert results[0] == "" and "outcome unknown" in results[1]
-    h.clock.advance(10)
+    h.clock.advance(h.extender.scheduling.settle_after + 1)  # a late landing is no longer possible
     assert await h.extender.scheduling.settle(units.PodKey("ns/b")) is False
     assert free_gpus(h) == 0, "read back as not bound, the member still holds its place"
     assert (await h.extender.scheduling.bind(binding(h, "b", "n0"))).error == ""

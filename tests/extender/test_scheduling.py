@@ -438,3 +438,84 @@ async def test_a_pod_may_ask_for_binpack_or_spread_placement(harness: Callable[.
     assert chosen is not None and chosen != [fuller]
     ranked = {p.host: p.score for p in h.extender.scheduling.prioritize(h.args(spread))}
     assert ranked[chosen[0]] > ranked[fuller]
+
+
+async def test_a_lost_binding_read_back_unbound_is_believed_only_after_a_write_could_have_landed(
+    harness: Callable[..., Any],
+) -> None:
+    """An API server may carry the binding out long after its answer was lost (its request timeout,
+    an etcd proposal that timed out and still commits): the room stays held for `SETTLE_AFTER`, and a
+    bind meanwhile fails at once rather than holding kube-scheduler's call for a minute."""
+    h: Harness = await harness(nodes=1, gpus=1)
+    await h.create(gpu_pod("a", milli=600))
+    second = await h.create(gpu_pod("b", milli=600))
+    h.server.lose(method="POST", path=paths.binding("ns", "a"), after_commit=False)
+    assert "outcome unknown" in (await _bind(h, "a")).error
+    service, key = h.extender.scheduling, units.PodKey("ns/a")
+    h.clock.advance(5)
+    assert await service.settle(key) is None, "unbound 5 s later: it could still land"
+    assert "cannot be read yet" in (await _bind(h, "a")).error
+    assert service.filter(h.args(second)).node_names == [], "its room is held meanwhile"
+    h.clock.advance(scheduling.SETTLE_AFTER)
+    assert await service.settle(key) is False
+    assert service.filter(h.args(second)).node_names == ["n0"]
+
+
+async def test_a_lost_binding_of_a_pod_replaced_since_is_forgotten_at_once(harness: Callable[..., Any]) -> None:
+    """The binding carries the pod's UID: it cannot land on the pod of that name made since, so its
+    room is not held for the minute a binding of the same pod could take."""
+    h: Harness = await harness(nodes=1, gpus=1)
+    first = await h.create(gpu_pod("a", milli=600))
+    h.server.lose(method="POST", path=paths.binding("ns", "a"), after_commit=False)
+    assert "outcome unknown" in (await _bind(h, "a")).error
+    _late_watches(h)  # the replacement is seen by a read only
+    h.server.remove_object(paths.pod("ns", "a"))
+    replacement = gpu_pod("a", milli=600)
+    h.server.put_object(paths.pods("ns"), replacement)
+    stored = h.server.get_object(paths.pod("ns", "a"))
+    assert stored is not None and stored["metadata"]["uid"] != first["metadata"]["uid"]
+    assert await h.extender.scheduling.settle(units.PodKey("ns/a")) is False
+    assert units.PodKey("ns/a") not in h.extender.cache.assumed
+    h.server.faults.clear()
+
+
+async def test_a_binding_to_a_pod_replaced_while_it_was_prepared_binds_nothing(
+    harness: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Deleted and made again under the same name while its hand-off was written: the binding names
+    the pod that went, so the new one is not bound with an allocation meant for another."""
+    h: Harness = await harness(nodes=1, gpus=1)
+    await h.create(gpu_pod("a", milli=600))
+    service = h.extender.scheduling
+
+    async def replaced_meanwhile(record: Any, alloc: Any) -> None:
+        h.server.remove_object(paths.pod("ns", "a"))
+        h.server.put_object(paths.pods("ns"), gpu_pod("a", milli=900))
+
+    monkeypatch.setattr(service, "prepare", replaced_meanwhile)
+    result = await _bind(h, "a")
+    assert result.error
+    stored = h.server.get_object(paths.pod("ns", "a"))
+    assert stored is not None and not stored["spec"].get("nodeName")
+
+
+async def test_expiry_leaves_an_assumption_whose_bind_began_during_its_read(
+    harness: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The read shows the pod unbound because the bind that began meanwhile has not written yet:
+    forgetting now would free the room the binding is about to take."""
+    h: Harness = await harness(nodes=1, gpus=1, assume_ttl=30.0)
+    pod = await h.create(gpu_pod("a", milli=600))
+    service, key = h.extender.scheduling, units.PodKey("ns/a")
+    assert service.filter(h.args(pod)).node_names == ["n0"]  # reserved: assumed until its bind
+    h.clock.advance(31)
+    read = service.api.get
+
+    async def get_while_a_bind_begins(path: str, **params: str | int) -> dict[str, Any]:
+        found = await read(path, **params)
+        service.binding.add(key)  # kube-scheduler's bind arrived while the read was on its way
+        return found
+
+    monkeypatch.setattr(service.api, "get", get_while_a_bind_begins)
+    assert await service.expire() == 0
+    assert key in h.extender.cache.assumed

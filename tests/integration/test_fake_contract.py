@@ -2,7 +2,8 @@
 unit test talks to) and against the real kube-apiserver of the test control plane, and asserts the
 same answer from both, so the fake cannot drift from what the API server does.
 
-Covered: 409 AlreadyExists and 409 Conflict (a stale resourceVersion, a uid precondition), 404 with
+Covered: 409 AlreadyExists and 409 Conflict (a stale resourceVersion, a uid precondition, a binding
+naming another pod's UID), 404 with
 its Status reason, label selectors (equality, inequality, set-based, existence) and field
 selectors, a watch from a list's resourceVersion seeing each change in order, a watch with a label
 selector seeing objects leave (DELETED) and enter (ADDED) its selection, evictions against a
@@ -228,3 +229,17 @@ async def test_a_bound_pod_is_deleted_gracefully_and_an_unbound_one_at_once(side
     assert ending["metadata"].get("deletionTimestamp") and ending["metadata"].get("deletionGracePeriodSeconds") == 30
     await side.kube.delete(paths.pod(side.namespace, "bound"), grace_period=0)
     assert await gone(side, paths.pod(side.namespace, "bound"))
+
+
+async def test_a_binding_for_a_pod_replaced_since_is_409_and_binds_nothing(side: Side) -> None:
+    """The extender's binding carries the pod's UID: a pod of the same name made meanwhile is not
+    bound with the allocation meant for the one that went."""
+    first = await side.kube.create(paths.pods(side.namespace), pod("p"))
+    await side.kube.delete(paths.pod(side.namespace, "p"))
+    await side.kube.create(paths.pods(side.namespace), pod("p"))
+    body = {"apiVersion": "v1", "kind": "Binding", "target": {"apiVersion": "v1", "kind": "Node", "name": "n1"},
+            "metadata": {"name": "p", "namespace": side.namespace, "uid": first["metadata"]["uid"]}}  # fmt: skip
+    with pytest.raises(errors.ConflictError):
+        await side.kube.create(paths.binding(side.namespace, "p"), body)
+    stored = await side.kube.get(paths.pod(side.namespace, "p"))
+    assert not stored["spec"].get("nodeName")

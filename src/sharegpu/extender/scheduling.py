@@ -24,9 +24,12 @@ which pods/binding also answers for a storage error after its commit: the bindin
 happened). An unknown binding keeps its assumption, so nothing else
 is placed in its room, until the truth is read (`settle`): the pod seen bound, by the watch or a
 read, confirms it (with the allocation the API shows); the pod seen unbound by a read made at
-least `settle_after` seconds after the attempt, or gone, forgets it. Meanwhile filter offers the
-pod only the node it holds, and its next bind reads the API first (waiting out `settle_after`
-if it must) and then either reports the pod bound or writes the binding again.
+least `settle_after` seconds after the attempt (a minute: a write can land that late), or gone or
+replaced by a pod of its name (the binding carries the pod's UID, so it cannot land on another),
+forgets it. Meanwhile filter offers the pod only the node it holds, and its next bind reads the API
+first (waiting up to `BIND_WAIT` for the read to be believed; failing, so kube-scheduler tries
+again later, when the wait would be longer) and then either reports the pod bound or writes the
+binding again.
 Assumptions whose confirmation never arrives are checked against the API and resolved after
 `assume_ttl` (`expire`).
 """
@@ -133,9 +136,23 @@ class Outcome:
     back or a preemption under way): room appearing later may let it in (`requeue`)."""
 
 
-SETTLE_AFTER = 3.0
+SETTLE_AFTER = 60.0
 """Seconds after a binding whose answer was lost before a read showing the pod unbound is believed:
-a request the API server was still carrying out when the connection broke has landed by then."""
+the API server carries a request out for up to its request timeout (60 s by default) after the
+client gave up, and an etcd proposal that timed out may still commit, so a binding can land well
+after its answer was lost (as the DRA allocator's writes can: `allocator.WRITE_DEADLINE`)."""
+BIND_WAIT = 3.0
+"""The most a bind waits for the read-back of its pod's unknown binding to be believed; longer,
+the bind fails at once and kube-scheduler tries the pod again later."""
+
+
+@dataclass(frozen=True, slots=True)
+class UnsureBinding:
+    """A binding whose answer was lost: when the attempt ended, and the UID of the pod it was for
+    (the binding carries it, so it can never land on a pod of that name made since)."""
+
+    at: float
+    uid: str
 
 
 UNSURE_MESSAGE = "sharegpu: the outcome of this pod's last binding is being read back"
@@ -174,9 +191,9 @@ class SchedulingService:
         self.settle_after = settle_after
         self.binding: set[units.PodKey] = set()
         """Pods whose binding is being written right now."""
-        self.unsure: dict[units.PodKey, float] = {}
-        """Pods whose binding may or may not have happened (its answer was lost) -> when the attempt
-        ended. Their assumption is held until `settle` reads the truth."""
+        self.unsure: dict[units.PodKey, UnsureBinding] = {}
+        """Pods whose binding may or may not have happened (its answer was lost). Their assumption
+        is held until `settle` reads the truth."""
         self.outcomes: OrderedDict[units.PodKey, Outcome] = OrderedDict()
         self._remember = remember
         self._requests: OrderedDict[tuple[str, tuple[str | None, ...]], requests.PodRequest] = OrderedDict()
@@ -507,7 +524,8 @@ class SchedulingService:
             if refused is not None:
                 self._let_go(key)
                 return self._bind_failed(BindOutcome.ERROR, f"pod {key}: {refused}")
-            await self.api.create(paths.binding(args.pod_namespace, args.pod_name), _binding(key, args, alloc))
+            body = _binding(args, record.uid, alloc)
+            await self.api.create(paths.binding(args.pod_namespace, args.pod_name), body)
         except BaseException as exc:
             # pods/binding answers 409 for any error of its storage write too, one after the commit
             # among them (an etcd connection reset: "Operation cannot be fulfilled on pods/binding ...:
@@ -516,7 +534,7 @@ class SchedulingService:
             if kube_errors.outcome(exc) is kube_errors.Outcome.REFUSED and not storage:
                 self._let_go(key)
                 return self._bind_failed(BindOutcome.ERROR, f"binding {key} to {args.node} failed: {exc}")
-            self.unsure[key] = self.clock()  # it may have happened: the assumption holds its room
+            self.unsure[key] = UnsureBinding(self.clock(), record.uid)  # it may have happened: its room is held
             log.warning("binding %s to %s: outcome unknown (%s); holding its allocation until it is read back",
                         key, args.node, exc)  # fmt: skip
             if isinstance(exc, errors.SharegpuError | OSError):
@@ -548,9 +566,10 @@ class SchedulingService:
         the allocation the API shows); False: it is not, and will not be (the assumption is forgotten);
         None: cannot say yet (too soon after the attempt, or the API cannot be read). With `wait`,
         waits out `settle_after` instead of answering None for being too soon."""
-        attempted = self.unsure.get(key)
-        if attempted is None:
+        unsure = self.unsure.get(key)
+        if unsure is None:
             return None
+        attempted = unsure.at
         waited = False
         while True:
             if key not in self.unsure or key not in self.cache.assumed:  # settled meanwhile, or the watch
@@ -570,6 +589,8 @@ class SchedulingService:
                 return None
             if key not in self.unsure or key not in self.cache.assumed:
                 continue  # settled meanwhile (by the watch, or another caller)
+            if pod is not None and unsure.uid and pod.metadata.uid != unsure.uid:
+                pod = None  # replaced: the binding named the pod that went, so it cannot land on this one
             if pod is not None and pod.spec.node_name:
                 del self.unsure[key]
                 shown = pods.allocation_of(pod)
@@ -590,9 +611,10 @@ class SchedulingService:
                 kept = "its gang keeps its place" if self.gangs.holds(key) else "its room is free again"
                 log.warning("pod %s: the binding whose answer was lost did not happen; %s", key, kept)
                 return False
-            if not wait:
+            left = self.settle_after - (self.clock() - attempted)
+            if not wait or left > BIND_WAIT:
                 return None
-            await asyncio.sleep(max(0.0, self.settle_after - (self.clock() - attempted)))
+            await asyncio.sleep(max(0.0, left))
             waited = True
 
     async def settle_all(self) -> None:
@@ -615,7 +637,7 @@ class SchedulingService:
         self.gangs.settle(lambda k: k in self.binding or k in self.unsure)
         await self.gangs.flush()
         for key in self.cache.stale_assumptions(self.assume_ttl):
-            if key in self.binding or key in self.unsure or self.gangs.holds(key):
+            if self._in_flight(key):
                 continue
             namespace, name = key.split("/", 1)
             alloc = self.cache.assumed.get(key)
@@ -630,6 +652,8 @@ class SchedulingService:
                 continue
             if key not in self.cache.assumed or self.cache.assumed.get(key) is not alloc:
                 continue  # resolved by the watch meanwhile
+            if self._in_flight(key):
+                continue  # a bind of it began during the read: what the read showed is already old
             if shown is not None and alloc is not None and _same_gpus(shown, alloc):
                 self.cache.confirm(alloc)
                 log.warning("pod %s: binding confirmed from the API (the watch had not shown it)", key)
@@ -639,6 +663,10 @@ class SchedulingService:
                 self.metrics.expired.inc()
                 log.warning("pod %s: assumed %.0f s ago and never bound; forgotten", key, self.assume_ttl)
         return forgotten
+
+    def _in_flight(self, key: units.PodKey) -> bool:
+        """A bind of the pod is being written, its outcome is unknown, or its gang holds its place."""
+        return key in self.binding or key in self.unsure or self.gangs.holds(key)
 
     def _forget_first_filters(self) -> None:
         """Drop the first filter times of pods that went, were replaced or were bound elsewhere (after
@@ -670,7 +698,9 @@ def _same_gpus(a: allocation.Allocation, b: allocation.Allocation) -> bool:
     return a.node == b.node and a.containers == b.containers
 
 
-def _binding(key: units.PodKey, args: api_extender.BindingArgs, alloc: allocation.Allocation) -> dict[str, object]:
+def _binding(args: api_extender.BindingArgs, uid: str, alloc: allocation.Allocation) -> dict[str, object]:
+    """The pods/binding body; with the pod's UID, which the API server holds the pod to (a pod of the
+    same name made since the bind began is refused, as kube-scheduler's own binder asks)."""
     return {
         "apiVersion": "v1",
         "kind": "Binding",
@@ -678,6 +708,7 @@ def _binding(key: units.PodKey, args: api_extender.BindingArgs, alloc: allocatio
             "name": args.pod_name,
             "namespace": args.pod_namespace,
             "annotations": {names.ALLOCATION: alloc.to_json()},
+            **({"uid": uid} if uid else {}),
         },
         "target": {"apiVersion": "v1", "kind": "Node", "name": args.node},
     }

@@ -582,7 +582,12 @@ class FakeApiServer:
         target = ((body or {}).get("target") or {}).get("name")
         if not target:
             raise _AnswerError(422, "Invalid", "binding target: Required value")
-        annotations = ((body or {}).get("metadata") or {}).get("annotations") or {}
+        meta = (body or {}).get("metadata") or {}
+        uid = pod["metadata"].get("uid")
+        if meta.get("uid") and meta["uid"] != uid:
+            said = f"Precondition failed: UID in precondition: {meta['uid']}, UID in object meta: {uid}"
+            raise _AnswerError(409, "Conflict", f'Operation cannot be fulfilled on pods/binding "{key.name}": {said}')
+        annotations = meta.get("annotations") or {}
         patch = {"spec": {"nodeName": target}, "metadata": {"annotations": annotations}}
         self._update(key, _merge(pod, patch), keep=pod)
         return {"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 201}
