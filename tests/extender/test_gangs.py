@@ -8,9 +8,10 @@ from collections.abc import Callable
 from typing import Any
 
 import msgspec
+import pytest
 
 from sharegpu.api import extender as api_extender
-from sharegpu.api import gangs, names, paths, wire
+from sharegpu.api import gangs, names, paths, pods, wire
 from sharegpu.core import allocation, units
 from sharegpu.extender import runtime
 from sharegpu.kube import client
@@ -308,3 +309,40 @@ async def test_a_late_deletion_of_an_older_plan_leaves_the_newer_one_kept(harnes
     assert book.kept["ns/job"].uid == "new", "the older plan's deletion does not drop the newer"
     book.on_configmap(wire.EventType.DELETED, shown("new"))
     assert "ns/job" not in book.kept
+
+
+async def test_a_member_bound_after_the_fleet_changed_while_its_gang_gathered_goes_to_the_node_named(
+    harness: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """n0 leaves sharegpu's inventory while the members wait for each other at the bind, so n1 moves
+    from row 1 to row 0, and a member's assumption is lost meanwhile: the member is placed on the row
+    of the node kube-scheduler named now, not on the row that node had before the wait."""
+    h: Harness = await harness(nodes=2, gpus=2, assume_ttl=300.0)
+    assert await h.schedule(await h.create(gpu_pod("filler", milli=None, count=2)), ["n0"]) == "n0"
+    await settle(h.server)
+    a = await h.create(member("a", minimum=2))
+    await h.create(member("b", minimum=2))
+    assert h.extender.scheduling.filter(h.args(a)).node_names == ["n1"]
+    book = h.extender.scheduling.gangs
+    gather = book.arrive
+    changed = False
+
+    async def arrive(key: units.PodKey, uid: str) -> str | None:
+        nonlocal changed
+        if not changed:
+            changed = True
+            h.server.remove_object(paths.device("n0"))
+            await settle(h.server)
+            assert h.extender.cache.state.row("n1") == 0
+            h.extender.cache.forget(key)  # its assumption lost meanwhile
+        return await gather(key, uid)
+
+    monkeypatch.setattr(book, "arrive", arrive)
+    binds = [asyncio.ensure_future(h.extender.scheduling.bind(binding(h, n, "n1"))) for n in "ab"]
+    assert [r.error for r in await asyncio.gather(*binds)] == ["", ""]
+    await settle(h.server)
+    for name in "ab":
+        stored = h.server.get_object(paths.pod("ns", name))
+        assert stored is not None
+        shown = pods.allocation_of(wire.convert(stored, wire.Pod))
+        assert shown is not None and shown.node == "n1" == stored["spec"]["nodeName"]

@@ -519,3 +519,23 @@ async def test_expiry_leaves_an_assumption_whose_bind_began_during_its_read(
     monkeypatch.setattr(service.api, "get", get_while_a_bind_begins)
     assert await service.expire() == 0
     assert key in h.extender.cache.assumed
+
+
+async def test_a_reserved_gpu_that_fails_before_the_bind_is_not_bound_to(harness: Callable[..., Any]) -> None:
+    """The filter reserved GPU 0; it turns unhealthy (a critical XID) before kube-scheduler's bind: the
+    bind decides again on that node instead of binding the pod to a broken GPU."""
+    h: Harness = await harness(nodes=1, gpus=2)
+    pod = await h.create(gpu_pod("a", milli=600))
+    assert h.extender.scheduling.filter(h.args(pod)).node_names == ["n0"]
+    held = h.extender.cache.assumed[units.PodKey("ns/a")]
+    (reserved,) = held.gpu_usage()
+    device = h.server.get_object(paths.device("n0"))
+    assert device is not None
+    device["spec"]["gpus"][reserved].update(healthy=False, reason="XID 79")
+    await h.api.replace(paths.device("n0"), device)
+    await settle(h.server)
+    assert (await _bind(h, "a")).error == ""
+    stored = h.server.get_object(paths.pod("ns", "a"))
+    assert stored is not None
+    shown = pods.allocation_of(wire.convert(stored, wire.Pod))
+    assert shown is not None and list(shown.gpu_usage()) == [1 - reserved]

@@ -11,8 +11,9 @@ the same for every node of a category so the FailedScheduling event stays short 
 nodes that nothing can help (too few GPUs, wrong model, unhealthy GPUs, no inventory) go in
 FailedAndUnresolvableNodes too, so newer schedulers skip pointless preemption.
 
-Bind re-checks the pod on the chosen node, *assumes* the allocation in the ledger (so concurrent
-decisions see it at once), readies what the pod needs first (a sharing pod's hand-off ConfigMap:
+Bind re-checks the pod on the chosen node (the GPUs its filter reserved, or its gang's plan, still
+healthy and held by nobody; else it decides again there), *assumes* the allocation in the ledger (so
+concurrent decisions see it at once), readies what the pod needs first (a sharing pod's hand-off ConfigMap:
 `prepare`, so no container starts on what someone else wrote there) and writes one pods/binding
 whose annotations carry the allocation: the binding and the record are one atomic write. The write
 runs shielded: if kube-scheduler gives up on the HTTP call, the binding still completes or fails
@@ -47,7 +48,7 @@ import numpy as np
 
 from sharegpu.api import extender as api_extender
 from sharegpu.api import names, paths, pods, reasons, wire
-from sharegpu.core import allocation, errors, fit, requests, units
+from sharegpu.core import allocation, errors, fit, fleet, requests, units
 from sharegpu.core import placer as core_placer
 from sharegpu.extender import cache as extender_cache
 from sharegpu.extender import gangs as extender_gangs
@@ -501,10 +502,14 @@ class SchedulingService:
         waiting = await self.gangs.arrive(key, record.uid)
         if waiting is not None:
             return self._bind_failed(BindOutcome.GANG, waiting)
+        state = self.cache.state  # the fleet may have been rebuilt while the gang gathered: rows move
+        row = state.row(args.node)
+        if row is None:
+            return self._bind_failed(BindOutcome.ERROR, f"node {args.node} has no sharegpu inventory")
         gang_held = self.gangs.holds(key)
         reserved = self.reserved.pop(key, None) == record.uid
         held = self.cache.assumed.get(key) if reserved or gang_held else None
-        if held is not None and held.node == args.node:
+        if held is not None and held.node == args.node and _usable(state, row, held):
             alloc = held  # reserved by this pod's filter: the ledger holds it already
         else:
             self.cache.forget(key)  # a reservation for another node (or another pod of that name) is void
@@ -692,6 +697,12 @@ class SchedulingService:
                     await self.expire()
             except Exception:
                 log.exception("resolving assumptions failed")
+
+
+def _usable(state: fleet.FleetState, row: int, alloc: allocation.Allocation) -> bool:
+    """The GPUs a reservation took are still healthy and held by nobody (a GPU that failed, or that
+    a group or DRA claim took, since the filter chose it voids the reservation: bind decides again)."""
+    return all(bool(state.healthy[row, gpu]) and not state.held[row, gpu] for gpu in alloc.gpu_usage())
 
 
 def _same_gpus(a: allocation.Allocation, b: allocation.Allocation) -> bool:
