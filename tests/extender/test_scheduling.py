@@ -539,3 +539,56 @@ async def test_a_reserved_gpu_that_fails_before_the_bind_is_not_bound_to(harness
     assert stored is not None
     shown = pods.allocation_of(wire.convert(stored, wire.Pod))
     assert shown is not None and list(shown.gpu_usage()) == [1 - reserved]
+
+
+async def test_an_unknown_binding_whose_node_left_the_inventory_for_a_while_keeps_its_room(
+    harness: Callable[..., Any],
+) -> None:
+    """The node's Device goes and comes back while the binding's outcome is unknown: the binding may
+    still land there, so its assumption is kept aside meanwhile and holds its room again once the
+    node is back."""
+    h: Harness = await harness(nodes=1, gpus=1)
+    await h.create(gpu_pod("a", milli=600))
+    second = await h.create(gpu_pod("b", milli=600))
+    h.server.lose(method="POST", path=paths.binding("ns", "a"), after_commit=False)
+    assert "outcome unknown" in (await _bind(h, "a")).error
+    device = h.server.get_object(paths.device("n0"))
+    assert device is not None
+    h.server.remove_object(paths.device("n0"))
+    await settle(h.server)
+    service, key = h.extender.scheduling, units.PodKey("ns/a")
+    assert await service.settle(key) is None, "unbound, but it could still land"
+    for field in ("resourceVersion", "uid", "creationTimestamp"):
+        device["metadata"].pop(field, None)
+    h.server.put_object(paths.DEVICES, device)
+    await settle(h.server)
+    assert service.filter(h.args(second)).node_names == [], "its room is held again"
+    h.clock.advance(scheduling.SETTLE_AFTER)
+    assert await service.settle(key) is False
+    assert service.filter(h.args(second)).node_names == ["n0"]
+
+
+async def test_a_reservation_set_aside_by_a_rebuild_expires_or_is_decided_again_at_the_bind(
+    harness: Callable[..., Any],
+) -> None:
+    """A reservation whose GPU left the node's inventory holds nothing: its bind decides again (here
+    on the GPU left), and one never bound is forgotten after `assume_ttl` like any other."""
+    h: Harness = await harness(nodes=1, gpus=2, assume_ttl=30.0)
+    first, second = await h.create(gpu_pod("a", milli=600)), await h.create(gpu_pod("b", milli=600))
+    service, cache = h.extender.scheduling, h.extender.cache
+    for pod in (first, second):
+        assert service.filter(h.args(pod)).node_names == ["n0"]
+    on_gpu = {name: next(iter(cache.assumed[units.PodKey(f"ns/{name}")].gpu_usage())) for name in "ab"}
+    assert sorted(on_gpu.values()) == [0, 1]
+    device = h.server.get_object(paths.device("n0"))
+    assert device is not None
+    device["spec"]["gpus"] = device["spec"]["gpus"][:1]  # GPU 1 is gone from the node
+    await h.api.replace(paths.device("n0"), device)
+    await settle(h.server)
+    gone = next(name for name, gpu in on_gpu.items() if gpu == 1)
+    kept = next(name for name, gpu in on_gpu.items() if gpu == 0)
+    assert not cache.counts_assumed(units.PodKey(f"ns/{gone}")) and cache.counts_assumed(units.PodKey(f"ns/{kept}"))
+    assert "GPU" in (await _bind(h, gone)).error, "decided again: GPU 0 is taken by the other reservation"
+    h.clock.advance(31)
+    await service.expire()
+    assert units.PodKey(f"ns/{gone}") not in cache.assumed

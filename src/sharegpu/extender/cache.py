@@ -173,6 +173,11 @@ class ClusterCache:
         self.gangs: dict[str, set[units.PodKey]] = {}
         """Gang (`api.gangs.Gang.key`) -> the pods that state it, in any phase."""
         self.assumed: dict[units.PodKey, allocation.Allocation] = {}
+        self.aside: dict[units.PodKey, float] = {}
+        """Assumed pods whose allocation no longer fitted at a rebuild (their node left the inventory,
+        or changed) -> since when: kept in `assumed` but not in the ledger, applied again at each
+        rebuild (the node back, the room is held again), until settled, forgotten or expired. A
+        binding whose outcome is unknown may still land there."""
         self.confirmed: dict[units.PodKey, allocation.Allocation] = {}
         """Pods a read showed bound (a binding whose answer was lost) before the watch does: held
         against older views of them and across rebuilds until the watch shows them bound or gone."""
@@ -402,12 +407,15 @@ class ClusterCache:
             if key not in self._ledger and not self._ledger.add(alloc).ok:
                 self.counters.conflicts += 1
                 log.error("pod %s, read back bound on %s, conflicts with the ledger", key, alloc.node)
+        self.aside = {key: at for key, at in self.aside.items() if key in self.assumed}
         for key, alloc in list(self.assumed.items()):
             if key in self._ledger:
                 continue
-            if not self._ledger.assume(alloc).ok:
-                log.warning("assumed pod %s no longer fits after the inventory changed; forgotten", key)
-                del self.assumed[key]
+            if self._ledger.assume(alloc).ok:
+                self.aside.pop(key, None)
+            elif key not in self.aside:
+                log.warning("assumed pod %s no longer fits after the inventory changed; kept aside", key)
+                self.aside[key] = self.clock()
 
     def _shapes(self) -> tuple[frag.WeightedShape, ...]:
         if self.fixed_shapes:
@@ -709,7 +717,8 @@ class ClusterCache:
         """Undo an assumption, once: True if there was one to undo."""
         if self.assumed.pop(key, None) is None:
             return False
-        self.ledger.forget(key)
+        if self.aside.pop(key, None) is None:
+            self.ledger.forget(key)
         self.freed_at = self.clock()
         return True
 
@@ -722,7 +731,13 @@ class ClusterCache:
 
     def stale_assumptions(self, ttl: float) -> list[units.PodKey]:
         """Assumed pods older than `ttl` seconds (neither confirmed by the watch nor forgotten)."""
-        return [key for key in self.ledger.assumed_before(ttl) if key in self.assumed]
+        now = self.clock()
+        aside = [k for k, at in self.aside.items() if k in self.assumed and k not in self.ledger and now - at >= ttl]
+        return [*(key for key in self.ledger.assumed_before(ttl) if key in self.assumed), *aside]
+
+    def counts_assumed(self, key: units.PodKey) -> bool:
+        """The ledger counts the pod's assumed allocation (not set aside by a rebuild)."""
+        return key in self.assumed and key in self.ledger
 
     # ----------------------------------------------------------------- queries
 

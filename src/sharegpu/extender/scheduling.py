@@ -509,7 +509,7 @@ class SchedulingService:
         gang_held = self.gangs.holds(key)
         reserved = self.reserved.pop(key, None) == record.uid
         held = self.cache.assumed.get(key) if reserved or gang_held else None
-        if held is not None and held.node == args.node and _usable(state, row, held):
+        if held is not None and held.node == args.node and self.cache.counts_assumed(key) and _usable(state, row, held):
             alloc = held  # reserved by this pod's filter: the ledger holds it already
         else:
             self.cache.forget(key)  # a reservation for another node (or another pod of that name) is void
