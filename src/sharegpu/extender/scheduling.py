@@ -493,19 +493,18 @@ class SchedulingService:
         request = record.request or requests.PodRequest(
             key=key, cpu_milli=record.cpu_milli, memory_mib=record.memory_mib
         )
-        state = self.cache.state
-        row = state.row(args.node)
-        if row is None:
-            return self._bind_failed(BindOutcome.ERROR, f"node {args.node} has no sharegpu inventory")
+        uninventoried = f"node {args.node} has no sharegpu inventory"
+        if self.cache.state.row(args.node) is None:  # said before any wait at the gang's barrier
+            return self._bind_failed(BindOutcome.ERROR, uninventoried)
         if key in self.binding:
             return self._bind_failed(BindOutcome.ERROR, f"pod {key} is being bound")
         waiting = await self.gangs.arrive(key, record.uid)
         if waiting is not None:
             return self._bind_failed(BindOutcome.GANG, waiting)
-        state = self.cache.state  # the fleet may have been rebuilt while the gang gathered: rows move
+        state = self.cache.state  # read after the wait: the fleet may have been rebuilt, moving rows
         row = state.row(args.node)
         if row is None:
-            return self._bind_failed(BindOutcome.ERROR, f"node {args.node} has no sharegpu inventory")
+            return self._bind_failed(BindOutcome.ERROR, uninventoried)
         gang_held = self.gangs.holds(key)
         reserved = self.reserved.pop(key, None) == record.uid
         held = self.cache.assumed.get(key) if reserved or gang_held else None
@@ -570,7 +569,8 @@ class SchedulingService:
         """Read back a binding whose outcome is unknown. True: the pod is bound (the ledger now holds
         the allocation the API shows); False: it is not, and will not be (the assumption is forgotten);
         None: cannot say yet (too soon after the attempt, or the API cannot be read). With `wait`,
-        waits out `settle_after` instead of answering None for being too soon."""
+        waits out the rest of `settle_after` when at most `BIND_WAIT` is left, instead of answering
+        None for being too soon."""
         unsure = self.unsure.get(key)
         if unsure is None:
             return None
