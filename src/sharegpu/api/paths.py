@@ -1,106 +1,117 @@
-"""REST paths of the objects sharegpu reads and writes (one spelling for every component)."""
+"""REST paths of the objects sharegpu reads and writes (one spelling for every component).
+
+Every path follows one grammar, written once in `Kind`: a kind's collection under its API group
+version (`/api/v1` for the core group, `/apis/GROUP/VERSION` for the others), in one namespace or in
+all of them, then an object's name and a subresource. The module's names (`pods`, `pod`, `node`...)
+are the kinds' bound methods, so a caller writes `paths.pod(namespace, name)`.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Final
 
 from sharegpu.api import names
 
-NAMESPACES: Final = "/api/v1/namespaces"
-NODES: Final = "/api/v1/nodes"
-PODS: Final = "/api/v1/pods"
-CONFIGMAPS: Final = "/api/v1/configmaps"
-RESOURCE_QUOTAS: Final = "/api/v1/resourcequotas"
-DEVICES: Final = f"/apis/{names.DEVICE_GROUP}/{names.DEVICE_VERSION}/{names.DEVICE_PLURAL}"
-GPU_USAGES: Final = f"/apis/{names.DEVICE_GROUP}/{names.DEVICE_VERSION}/{names.USAGE_PLURAL}"
-PRIORITY_CLASSES: Final = "/apis/scheduling.k8s.io/v1/priorityclasses"
-ADMISSION_POLICIES: Final = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies"
-ADMISSION_POLICY_BINDINGS: Final = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings"
-DEFINITIONS: Final = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+CORE: Final = "/api/v1"
 
 
-def admission_policy(name: str) -> str:
-    return f"{ADMISSION_POLICIES}/{name}"
+def group(name: str, version: str) -> str:
+    """The base path of a named API group's version."""
+    return f"/apis/{name}/{version}"
 
 
-def admission_policy_binding(name: str) -> str:
-    return f"{ADMISSION_POLICY_BINDINGS}/{name}"
+@dataclass(frozen=True, slots=True)
+class Kind:
+    """One kind's REST collection: `base` (`CORE`, or `group(...)`) and its plural."""
+
+    base: str
+    plural: str
+
+    @property
+    def everywhere(self) -> str:
+        """The kind's objects in every namespace (or all of them, for a cluster-scoped kind)."""
+        return f"{self.base}/{self.plural}"
+
+    def within(self, namespace: str | None = None) -> str:
+        """The collection in one namespace; every namespace's when None."""
+        return f"{self.base}/namespaces/{namespace}/{self.plural}" if namespace else self.everywhere
+
+    def named(self, name: str) -> str:
+        """One object of a cluster-scoped kind."""
+        return f"{self.everywhere}/{name}"
+
+    def object(self, namespace: str | None, name: str) -> str:
+        """One object, in `namespace` (None: a cluster-scoped kind's)."""
+        return f"{self.within(namespace)}/{name}"
+
+    def sub(self, namespace: str, name: str, subresource: str) -> str:
+        """A subresource of one namespaced object (`status`, `binding`, `eviction`)."""
+        return f"{self.object(namespace, name)}/{subresource}"
 
 
-def definition(name: str) -> str:
-    """A CustomResourceDefinition (`plural.group`)."""
-    return f"{DEFINITIONS}/{name}"
+_NAMESPACES: Final = Kind(CORE, "namespaces")
+_NODES: Final = Kind(CORE, "nodes")
+_PODS: Final = Kind(CORE, "pods")
+_CONFIGMAPS: Final = Kind(CORE, "configmaps")
+_DEVICE_GROUP: Final = group(names.DEVICE_GROUP, names.DEVICE_VERSION)
+_DEVICES: Final = Kind(_DEVICE_GROUP, names.DEVICE_PLURAL)
+_GPU_USAGES: Final = Kind(_DEVICE_GROUP, names.USAGE_PLURAL)
+_ADMISSION: Final = group("admissionregistration.k8s.io", "v1")
+_ADMISSION_POLICIES: Final = Kind(_ADMISSION, "validatingadmissionpolicies")
+_ADMISSION_POLICY_BINDINGS: Final = Kind(_ADMISSION, "validatingadmissionpolicybindings")
+_DEFINITIONS: Final = Kind(group("apiextensions.k8s.io", "v1"), "customresourcedefinitions")
+_DISRUPTION_BUDGETS: Final = Kind(group("policy", "v1"), "poddisruptionbudgets")
+_LEASES: Final = Kind(group("coordination.k8s.io", "v1"), "leases")
 
+NAMESPACES: Final = _NAMESPACES.everywhere
+NODES: Final = _NODES.everywhere
+PODS: Final = _PODS.everywhere
+CONFIGMAPS: Final = _CONFIGMAPS.everywhere
+RESOURCE_QUOTAS: Final = Kind(CORE, "resourcequotas").everywhere
+DEVICES: Final = _DEVICES.everywhere
+GPU_USAGES: Final = _GPU_USAGES.everywhere
+PRIORITY_CLASSES: Final = Kind(group("scheduling.k8s.io", "v1"), "priorityclasses").everywhere
+ADMISSION_POLICIES: Final = _ADMISSION_POLICIES.everywhere
+ADMISSION_POLICY_BINDINGS: Final = _ADMISSION_POLICY_BINDINGS.everywhere
+DEFINITIONS: Final = _DEFINITIONS.everywhere
 
-def node(name: str) -> str:
-    return f"{NODES}/{name}"
+namespace: Final = _NAMESPACES.named
+node: Final = _NODES.named
+device: Final = _DEVICES.named
+gpu_usage: Final = _GPU_USAGES.named
+"""A node's GPUUsage (named after the node)."""
+admission_policy: Final = _ADMISSION_POLICIES.named
+admission_policy_binding: Final = _ADMISSION_POLICY_BINDINGS.named
+definition: Final = _DEFINITIONS.named
+"""A CustomResourceDefinition (`plural.group`)."""
 
-
-def device(name: str) -> str:
-    return f"{DEVICES}/{name}"
-
-
-def gpu_usage(node: str) -> str:
-    return f"{GPU_USAGES}/{node}"
-
-
-def namespace(name: str) -> str:
-    return f"{NAMESPACES}/{name}"
-
-
-def pods(namespace: str) -> str:
-    return f"{NAMESPACES}/{namespace}/pods"
-
-
-def pod(namespace: str, name: str) -> str:
-    return f"{NAMESPACES}/{namespace}/pods/{name}"
+pods: Final = _PODS.within
+pod: Final = _PODS.object
+configmaps: Final = _CONFIGMAPS.within
+configmap: Final = _CONFIGMAPS.object
+events: Final = Kind(CORE, "events").within
+secrets: Final = Kind(CORE, "secrets").within
+leases: Final = _LEASES.within
+lease: Final = _LEASES.object
+pod_disruption_budgets: Final = _DISRUPTION_BUDGETS.within
+"""PodDisruptionBudgets (policy/v1), of every namespace or one."""
 
 
 def pod_status(namespace: str, name: str) -> str:
-    return f"{pod(namespace, name)}/status"
+    return _PODS.sub(namespace, name, "status")
+
+
+def binding(namespace: str, name: str) -> str:
+    return _PODS.sub(namespace, name, "binding")
 
 
 def eviction(namespace: str, name: str) -> str:
     """The pod's eviction subresource (an Eviction POSTed there honours PodDisruptionBudgets)."""
-    return f"{pod(namespace, name)}/eviction"
+    return _PODS.sub(namespace, name, "eviction")
 
 
-def pod_disruption_budgets(namespace: str | None = None) -> str:
-    """PodDisruptionBudgets (policy/v1), of every namespace or one."""
-    base = "/apis/policy/v1"
-    return f"{base}/namespaces/{namespace}/poddisruptionbudgets" if namespace else f"{base}/poddisruptionbudgets"
-
-
-def binding(namespace: str, name: str) -> str:
-    return f"{pod(namespace, name)}/binding"
-
-
-def configmaps(namespace: str) -> str:
-    return f"{NAMESPACES}/{namespace}/configmaps"
-
-
-def configmap(namespace: str, name: str) -> str:
-    return f"{configmaps(namespace)}/{name}"
-
-
-def events(namespace: str) -> str:
-    return f"{NAMESPACES}/{namespace}/events"
-
-
-def secrets(namespace: str) -> str:
-    return f"{NAMESPACES}/{namespace}/secrets"
-
-
-def leases(namespace: str) -> str:
-    return f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
-
-
-def lease(namespace: str, name: str) -> str:
-    return f"{leases(namespace)}/{name}"
-
-
-def custom(group: str, version: str, plural: str, namespace: str | None = None, name: str | None = None) -> str:
+def custom(group_name: str, version: str, plural: str, namespace: str | None = None, name: str | None = None) -> str:
     """A custom resource's collection (all namespaces, or one), or one object of it."""
-    base = f"/apis/{group}/{version}"
-    collection = f"{base}/namespaces/{namespace}/{plural}" if namespace else f"{base}/{plural}"
-    return f"{collection}/{name}" if name else collection
+    kind = Kind(group(group_name, version), plural)
+    return kind.object(namespace, name) if name else kind.within(namespace)
