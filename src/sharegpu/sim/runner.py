@@ -8,6 +8,7 @@ each run is `execute_loaded`: the same figures as a local run.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import time
@@ -114,44 +115,42 @@ def execute_loaded(spec: RunSpec, loaded: Loaded, shapes: tuple[frag.WeightedSha
         dyn = replay.replay_dynamic(
             nodes, pods.pods, policy, spec.seed, spec.time_scale, defrag_budget_per_hour=spec.defrag_budget
         )
-        x, y = _downsample(dyn.times / 3600.0, dyn.allocated_pct)
-        return RunResult(
-            trace=spec.source.label,
-            policy=spec.policy,
-            seed=spec.seed,
-            mode=spec.mode,
-            pods=dyn.pods,
-            placed=dyn.pods - dyn.never_placed,
-            failed=dyn.never_placed,
-            wall_seconds=round(dyn.wall_seconds, 3),
+        return dataclasses.replace(
+            _counted(
+                spec, dyn.pods, dyn.never_placed, dyn.wall_seconds, _downsample(dyn.times / 3600.0, dyn.allocated_pct)
+            ),
             mean_allocated_gpu_pct=round(dyn.mean_allocated_pct, 4),
             wait_p50_seconds=round(dyn.wait_p50, 1),
             wait_p99_seconds=round(dyn.wait_p99, 1),
             evictions=dyn.evictions,
-            curve_x=x,
-            curve_y=y,
         )
     started = time.perf_counter()
     capacity = sum(node.gpu_count for node in nodes) * units.MILLI_PER_GPU
     workload = replay.build_workload(pods.pods, capacity, len(nodes), spec.tune, spec.seed)
     result = replay.replay_static(nodes, workload, policy, shapes, spec.seed)
-    x, y = _downsample(result.arrived_pct, result.allocated_pct)
     figure = result.unallocated_pct_at_100
     frag = result.frag_pct_at_100
-    return RunResult(
-        trace=spec.source.label,
-        policy=spec.policy,
-        seed=spec.seed,
-        mode=spec.mode,
-        pods=result.pods,
-        placed=result.placed,
-        failed=result.failed,
-        wall_seconds=round(time.perf_counter() - started, 3),
+    return dataclasses.replace(
+        _counted(
+            spec,
+            result.pods,
+            result.failed,
+            time.perf_counter() - started,
+            _downsample(result.arrived_pct, result.allocated_pct),
+        ),
         unallocated_gpu_pct_at_arrived_100=None if np.isnan(figure) else round(figure, 4),
         frag_gpu_pct_at_arrived_100=None if np.isnan(frag) else round(frag, 4),
-        curve_x=x,
-        curve_y=y,
     )
+
+
+def _counted(
+    spec: RunSpec, pods: int, failed: int, wall_seconds: float, curve: tuple[list[float], list[float]]
+) -> RunResult:
+    """What every run's result says, whatever its mode: which run, its pods placed and not, its curve."""
+    return RunResult(
+        trace=spec.source.label, policy=spec.policy, seed=spec.seed, mode=spec.mode, pods=pods,
+        placed=pods - failed, failed=failed, wall_seconds=round(wall_seconds, 3), curve_x=curve[0], curve_y=curve[1],
+    )  # fmt: skip
 
 
 def validate_sources(sources: Sequence[Source]) -> None:
