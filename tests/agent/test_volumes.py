@@ -200,6 +200,17 @@ async def test_the_kubelet_registers_the_plugin_publishes_and_unpublishes_throug
         assert refused.value.code() is grpc.StatusCode.FAILED_PRECONDITION
         assert "container 'side' of pod ns/p holds no shared GPU" in str(refused.value.details())
 
+        nameless = (
+            ("NodePublishVolume", pb.NodePublishVolumeRequest(volume_id="csi-abc", volume_context=context())),
+            ("NodeUnpublishVolume", pb.NodeUnpublishVolumeRequest(volume_id="csi-abc")),
+        )
+        for call, request in nameless:
+            with pytest.raises(grpc.aio.AioRpcError) as no_target:
+                await drakubelet.call(paths.plugin_socket, f"/{volumes.NODE}/{call}", request, pb.ProbeResponse)
+            assert no_target.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+            assert no_target.value.details() == f"{call} names no target_path"
+        assert mounts.mounts == {target: node.layout.tenant("GPU-1")}
+
         await csi.unpublish(target)
         await csi.unpublish(target)  # gone already: done
         assert mounts.mounts == {} and not target.exists()

@@ -348,9 +348,7 @@ class VolumesPlugin:
     async def _publish(
         self, request: pb.NodePublishVolumeRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.NodePublishVolumeResponse:
-        if not request.target_path:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "NodePublishVolume names no target_path")
-        target = Path(request.target_path)
+        target = await _target(request, context)
         decision = self.decide(dict(request.volume_context))
         if decision.verdict is not Verdict.BIND or decision.source is None:
             waits = decision.verdict is Verdict.WAIT
@@ -368,10 +366,19 @@ class VolumesPlugin:
     async def _unpublish(
         self, request: pb.NodeUnpublishVolumeRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.NodeUnpublishVolumeResponse:
-        if not request.target_path:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "NodeUnpublishVolume names no target_path")
+        target = await _target(request, context)
         try:
-            self.mounter.unbind(Path(request.target_path))
+            self.mounter.unbind(target)
         except OSError as exc:
-            await context.abort(grpc.StatusCode.INTERNAL, f"cannot unmount {request.target_path}: {exc}")
+            await context.abort(grpc.StatusCode.INTERNAL, f"cannot unmount {target}: {exc}")
         return pb.NodeUnpublishVolumeResponse()
+
+
+async def _target(
+    request: pb.NodePublishVolumeRequest | pb.NodeUnpublishVolumeRequest, context: grpc.aio.ServicerContext[Any, Any]
+) -> Path:
+    """The call's target path; a call without one ends INVALID_ARGUMENT, naming the call."""
+    if not request.target_path:
+        call = type(request).__name__.removesuffix("Request")
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{call} names no target_path")
+    return Path(request.target_path)
