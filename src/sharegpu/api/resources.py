@@ -222,6 +222,7 @@ SHARED_DEVICE_GROUP: Final = CustomResource(
         AGE,
     ),
 )
+"""sharegpu's group; the shared-device-group project's (`DEVICESHARE_GROUP`) has the same columns."""
 
 GPU_BUDGET: Final = CustomResource(
     kind="GPUBudget",
@@ -318,11 +319,7 @@ DEVICESHARE_GROUP: Final = CustomResource(
         "The shared-device-group project's group, served by sharegpu for compatibility: the controller mirrors "
         f"it into a {names.DOMAIN} SharedDeviceGroup of the same name. Pods join with {deviceshare.ANNOTATION}."
     ),
-    columns=(
-        Column("Phase", "string", ".status.phase"),
-        Column("Node", "string", ".status.nodeName"),
-        AGE,
-    ),
+    columns=SHARED_DEVICE_GROUP.columns,
     categories=(),
 )
 
