@@ -541,3 +541,26 @@ def test_first_line(error: BaseException, line: str) -> None:
     from sharegpu.core import errors
 
     assert errors.first_line(error) == line
+
+
+def test_health_port_options_arrive_as_one_endpoint() -> None:
+    """--host, --health-port, the three TLS options and --metrics-auth become one
+    `serving.health.Endpoint`, whose defaults are the runtimes' own."""
+    from sharegpu.controller import runtime as controller_runtime
+    from sharegpu.extender import runtime as extender_runtime
+    from sharegpu.serving import health, tls
+
+    group = typer.main.get_command(cli.app)
+    assert isinstance(group, typer.core.TyperGroup)
+    for command, default in (
+        ("extender", extender_runtime.HEALTH_PORT),
+        ("controller", controller_runtime.HEALTH_PORT),
+    ):
+        shown = {p.name: p.default for p in group.commands[command].params}
+        assert (shown["host"], shown["health_port"], shown["metrics_auth"]) == (
+            default.host, default.port, default.metrics_auth
+        )  # fmt: skip
+        assert default.tls == tls.SELF_SIGNED and not shown["plain_health"] and shown["health_cert"] is None
+    made = options.health_endpoint("127.0.0.1", 9000, None, None, True, False)
+    assert made == health.Endpoint(9000, "127.0.0.1", tls.HealthTls(None, None, True), False)
+    assert str(made) == "127.0.0.1:9000 (http)"

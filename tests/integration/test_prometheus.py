@@ -31,7 +31,7 @@ from sharegpu.api import names, paths, resources
 from sharegpu.devcluster import controlplane, fakecluster, prometheus, stack
 from sharegpu.devcluster.stack import ExtenderProcess
 from sharegpu.kube import client, reviews
-from sharegpu.serving import access, health, tls
+from sharegpu.serving import access, health
 from tests.agent.fake_mps_daemon import write_fake_daemon
 from tests.builders import MakeAllocation, MakeNode, MakePod, nvml_with, pod_process, write_nvml
 from tests.conftest import REPO
@@ -181,7 +181,7 @@ async def test_prometheus_scrapes_every_component_every_panel_has_data_and_every
     installed = await admin.get(groups_definition)
     try:
         await controller.wait_ready()
-        await agent_server.start("127.0.0.1", agent_port, tls.SELF_SIGNED.context())
+        await agent_server.start(health.Endpoint(agent_port, "127.0.0.1"))
         await agent.start()
         # A DRA agent that is down: nothing listens where it should.
         dead = prometheus.Target("agent-dra", f"127.0.0.1:{controlplane.free_port()}")

@@ -24,7 +24,7 @@ async def answer(url: str, context: ssl.SSLContext | bool = True) -> int:
 async def serving(choice: tls.HealthTls) -> tuple[health.HealthServer, int]:
     server = health.HealthServer(lambda: (True, {}), prometheus_client.CollectorRegistry())
     port = controlplane.free_port()
-    await server.start("127.0.0.1", port, choice.context())
+    await server.start(health.Endpoint(port, "127.0.0.1", choice))
     return server, port
 
 

@@ -67,7 +67,7 @@ from sharegpu.api import pods as api_pods
 from sharegpu.core import devices
 from sharegpu.kube import client, errors, informer, reconcile, reviews
 from sharegpu.kube import events as kube_events
-from sharegpu.serving import access, health, tls
+from sharegpu.serving import access, health
 
 log = logging.getLogger(__name__)
 
@@ -489,20 +489,17 @@ async def serve(
     supervisor: mps.Supervisor | None = None,
     kubelet: podresources.KubeletPodResources | None = None,
     prover: proof.Prover | None = None,
-    health_address: tuple[str, int] | None = None,
-    health_tls: tls.HealthTls = tls.SELF_SIGNED,
-    metrics_auth: bool = True,
+    health_port: health.Endpoint | None = None,
 ) -> None:
-    """Run the agent until cancelled (with /healthz, /readyz and /metrics on `health_address`, served
-    as `health_tls` says; /metrics only for a token the API server allows to get it, unless not
-    `metrics_auth`)."""
+    """Run the agent until cancelled, with /healthz, /readyz and /metrics on `health_port` (none
+    without one)."""
     async with client.KubeClient.connect(kubeconfig) as api:
         agent = Agent(api, node, source, options, supervisor=supervisor, kubelet=kubelet, prover=prover)
-        gate = access.Gate(reviews.ApiReviewer(api)) if metrics_auth else None
+        gate = access.Gate(reviews.ApiReviewer(api)) if health_port is not None and health_port.metrics_auth else None
         server = health.HealthServer(agent.readiness, agent.metrics.registry, gate)
         try:
-            if health_address is not None:
-                await server.start(*health_address, health_tls.context())
+            if health_port is not None:
+                await server.start(health_port)
             await agent.start()
             await asyncio.Event().wait()
         finally:

@@ -31,7 +31,7 @@ from sharegpu.cli.options import (
     RetryPeriod,
     complete_policy,
     election,
-    health_tls,
+    health_endpoint,
 )
 from sharegpu.core import errors, policy_names
 
@@ -129,13 +129,12 @@ def extender(
             if path is not None and not path.is_file():
                 raise UsageError(f"{path}: no such file")
         shapes = trace.load_pods(shapes_from).typical_shapes() if shapes_from else None
-        health = health_tls(health_cert, health_key, plain_health)
+        health = health_endpoint(host, health_port, health_cert, health_key, plain_health, metrics_auth)
     options = runtime.Options(
-        kubeconfig=kubeconfig, host=host, port=port, health_port=health_port, policy=policy, image=image,
+        kubeconfig=kubeconfig, host=host, port=port, health_port=health, policy=policy, image=image,
         narrow=narrow, shapes=shapes, tls_cert=tls_cert, tls_key=tls_key, client_ca=client_ca,
         leader_elect=leader_elect, follow_scheduler=follow_scheduler, election=elected,
         reservation_idle=reservation_idle, assume_ttl=assume_ttl, preemption=preemption, dra_fence=dra_fence,
-        metrics_auth=metrics_auth, health_tls=health,
     )  # fmt: skip
     with reported():
         serve(runtime.serve(options))
@@ -204,13 +203,12 @@ def controller(
             raise UsageError(f"--write-every must be > 0, got {write_every}")
         if defrag and defrag_dry_run:
             raise UsageError("--defrag evicts and --defrag-dry-run only reports: give one of them")
-        health = health_tls(health_cert, health_key, plain_health)
+        health = health_endpoint(host, health_port, health_cert, health_key, plain_health, metrics_auth)
     options = runtime.Options(
-        kubeconfig=kubeconfig, host=host, health_port=health_port, leader_elect=leader_elect, election=elected,
+        kubeconfig=kubeconfig, health_port=health, leader_elect=leader_elect, election=elected,
         write_every=write_every, image=image,
         compat=frozenset(c.value for c in compat or ()), defrag=defrag, defrag_dry_run=defrag_dry_run,
-        defrag_budget_per_hour=defrag_budget_per_hour, definitions_every=definitions_every, metrics_auth=metrics_auth,
-        health_tls=health,
+        defrag_budget_per_hour=defrag_budget_per_hour, definitions_every=definitions_every,
     )  # fmt: skip
     with reported():
         serve(runtime.serve(options))
@@ -362,7 +360,7 @@ def agent(
     source: agent_runtime.Source
     with reported():
         action = watchdog.Action.parse(on_violation)
-        health = health_tls(health_cert, health_key, plain_health)
+        health = health_endpoint(host, health_port, health_cert, health_key, plain_health, metrics_auth)
         source = fakenvml.FakeNvml(fake_nvml).open() if fake_nvml is not None else nvml.Nvml().open()
     options = agent_runtime.Options(
         interval=interval, hami_core_library=Path(hami_core_library) if hami_core_library else None,
@@ -376,12 +374,10 @@ def agent(
     # A fake NVML has no GPU to probe: its modes are offered unproven.
     prover = proof.Prover(probe_dir, libcuda=probe_libcuda) if isolation_probe and fake_nvml is None else None
     kubelet = podresources.KubeletPodResources(Path(kubelet_socket), 5.0) if kubelet_socket else None
-    address = (host, health_port) if health_port else None
     try:
         with reported():
             serve(agent_runtime.serve(kubeconfig, node, source, options, supervisor=supervisor, kubelet=kubelet,
-                                      prover=prover, health_address=address, health_tls=health,
-                                      metrics_auth=metrics_auth))  # fmt: skip
+                                      prover=prover, health_port=health if health_port else None))  # fmt: skip
     except KeyboardInterrupt:
         pass
     finally:

@@ -1,7 +1,8 @@
 """Options several commands take, declared once here with their checks.
 
-`Compat` (other systems' resources), `Kubeconfig`, the health port's TLS (`HealthCert`, `HealthKey`,
-`PlainHealth`, checked and combined by `health_tls`), the completion of policy names, and the leader
+`Compat` (other systems' resources), `Kubeconfig`, the health port's TLS and access (`HealthCert`,
+`HealthKey`, `PlainHealth`, `MetricsAuth`, checked and combined with its address by `health_endpoint`
+into the one `serving.health.Endpoint` a component takes), the completion of policy names, and the leader
 election of the components that take a Lease: the four options --lease-duration, --renew-deadline,
 --retry-period and --identity (`LeaseDuration`... `Identity`, their defaults `ELECTION`), which
 `election` turns into one `kube.terms.Election`. The trace options of `simulate` and `bound` are in
@@ -21,7 +22,7 @@ from sharegpu.core import errors
 from sharegpu.kube import terms
 
 if TYPE_CHECKING:
-    from sharegpu.serving import tls
+    from sharegpu.serving import health
 
 
 class Compat(enum.StrEnum):
@@ -75,16 +76,18 @@ PlainHealth = Annotated[
 ]
 
 
-def health_tls(cert: Path | None, key: Path | None, plain: bool) -> tls.HealthTls:
-    """The health port's `serving.tls.HealthTls` from the three options, with a UsageError naming
-    what is wrong."""
-    from sharegpu.serving import tls
+def health_endpoint(
+    host: str, port: int, cert: Path | None, key: Path | None, plain: bool, metrics_auth: bool
+) -> health.Endpoint:
+    """The health port's `serving.health.Endpoint` from its options, with a UsageError naming what
+    is wrong."""
+    from sharegpu.serving import health, tls
 
     for path in (cert, key):
         if path is not None and not path.is_file():
             raise UsageError(f"{path}: no such file")
     try:
-        return tls.HealthTls(cert, key, plain)
+        return health.Endpoint(port, host, tls.HealthTls(cert, key, plain), metrics_auth)
     except errors.InvalidInputError as exc:
         raise UsageError(str(exc)) from None
 

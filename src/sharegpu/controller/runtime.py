@@ -25,7 +25,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 import prometheus_client
 from aiohttp import web
@@ -43,16 +43,19 @@ from sharegpu.controller import budgets, definitions, defrag, deviceshare, group
 from sharegpu.core import errors, units
 from sharegpu.kube import client, informer, leader, reconcile, reviews, terms
 from sharegpu.kube import events as kube_events
-from sharegpu.serving import access, health, tls
+from sharegpu.serving import access, health
 
 log = logging.getLogger(__name__)
+
+
+HEALTH_PORT: Final = health.Endpoint(8890)
+"""Where the health port listens unless told otherwise (`--host`, `--health-port`)."""
 
 
 @dataclass(frozen=True, slots=True)
 class Options:
     kubeconfig: str | None = None
-    host: str = "0.0.0.0"
-    health_port: int = 8890
+    health_port: health.Endpoint = HEALTH_PORT
     leader_elect: bool = True
     election: terms.Election = terms.DEFAULT
     write_every: float = 30.0
@@ -72,10 +75,6 @@ class Options:
     defrag_dry_run: bool = False
     """Run the defragmenter, reporting its plans (log, events, metrics) without evicting."""
     defrag_budget_per_hour: int = 10
-    health_tls: tls.HealthTls = tls.SELF_SIGNED
-    """How the health port is served (`serving.tls.HealthTls`: TLS, self-signed unless given a pair)."""
-    metrics_auth: bool = True
-    """/metrics and /debug only for a token the API server allows to get them (`serving.access`)."""
     """Evictions the defragmenter may make in any hour."""
 
 
@@ -229,7 +228,7 @@ class Controller:
     def app(self) -> web.Application:
         """/healthz, /readyz and /metrics (`serving.health`) and /debug/budgets (those two behind the
         gate of `serving.access`)."""
-        gate = access.Gate(reviews.ApiReviewer(self.api)) if self.options.metrics_auth else None
+        gate = access.Gate(reviews.ApiReviewer(self.api)) if self.options.health_port.metrics_auth else None
         app = health.HealthServer(self.readiness, self.metrics.registry, gate).app()
 
         async def debug_budgets(_: web.Request) -> web.Response:
@@ -326,11 +325,10 @@ async def serve(options: Options, started: asyncio.Event | None = None) -> None:
     runner = web.AppRunner(controller.app(), access_log=None)
     try:
         await runner.setup()
-        await web.TCPSite(runner, options.host, options.health_port, ssl_context=options.health_tls.context()).start()
+        await options.health_port.site(runner).start()
         await controller.start()
         log.info(
-            "sharegpu controller %s: health on %s:%d (%s)",
-            controller.identity, options.host, options.health_port, options.health_tls.scheme,
+            "sharegpu controller %s: health on %s", controller.identity, options.health_port,
         )  # fmt: skip
         if started is not None:
             started.set()

@@ -18,7 +18,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from aiohttp import web
 
@@ -38,9 +38,13 @@ from sharegpu.extender import quotas as extender_quotas
 from sharegpu.extender import reservations as extender_reservations
 from sharegpu.kube import client, informer, leader, reviews, terms
 from sharegpu.kube import events as kube_events
-from sharegpu.serving import access, http2, tls
+from sharegpu.serving import access, health, http2, tls
 
 log = logging.getLogger(__name__)
+
+
+HEALTH_PORT: Final = health.Endpoint(8889)
+"""Where the health port listens unless told otherwise (`--host`, `--health-port`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +52,8 @@ class Options:
     kubeconfig: str | None = None
     host: str = "0.0.0.0"
     port: int = 8888
-    health_port: int = 8889
+    """Port of filter, prioritize and bind (on `host`)."""
+    health_port: health.Endpoint = HEALTH_PORT
     policy: str = policies.DEFAULT
     image: str = "sharegpu:latest"
     narrow: bool = True
@@ -70,10 +75,6 @@ class Options:
     """A GPU pod that fits nowhere preempts lower-priority GPU pods (`extender.preemption`)."""
     dra_fence: float = extender_allocator.FENCE
     """Seconds a new leader's DRA allocator waits before its first write (`extender.allocator`)."""
-    metrics_auth: bool = True
-    """/metrics and /debug only for a token the API server allows to get them (`serving.access`)."""
-    health_tls: tls.HealthTls = tls.SELF_SIGNED
-    """How the health port is served (`serving.tls.HealthTls`: TLS, self-signed unless given a pair)."""
 
 
 class Extender:
@@ -283,26 +284,23 @@ async def serve(options: Options, started: asyncio.Event | None = None) -> None:
     else:
         log.warning("serving filter/prioritize/bind over plain HTTP: anyone who can reach the port can bind pods")
     verbs = routes.Verbs(extender.scheduling, extender.metrics)
+    gate = access.Gate(reviews.ApiReviewer(api)) if options.health_port.metrics_auth else None
     runners = [
         web.AppRunner(verbs.app(), access_log=None),
-        web.AppRunner(
-            routes.operations(extender, access.Gate(reviews.ApiReviewer(api)) if options.metrics_auth else None),
-            access_log=None,
-        ),
+        web.AppRunner(routes.operations(extender, gate), access_log=None),
     ]
     connections = http2.Connections(verbs, routes.MAX_BODY, extender.metrics.connection)
     listener: http2.Listener | None = None
     try:
         for runner in runners:
             await runner.setup()
-        health = web.TCPSite(runners[1], options.host, options.health_port, ssl_context=options.health_tls.context())
-        await health.start()
+        await options.health_port.site(runners[1]).start()
         await extender.start()
         listener = await http2.listen(runners[0], connections, options.host, options.port, context)
         log.info(
-            "sharegpu extender: verbs on %s:%d (%s), health on %s:%d (%s), policy %s",
+            "sharegpu extender: verbs on %s:%d (%s), health on %s, policy %s",
             options.host, options.port, "mutual TLS" if options.client_ca else ("TLS" if context else "http"),
-            options.host, options.health_port, options.health_tls.scheme, options.policy,
+            options.health_port, options.policy,
         )  # fmt: skip
         if started is not None:
             started.set()
