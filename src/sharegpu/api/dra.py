@@ -68,7 +68,7 @@ from typing import Any, Final
 import msgspec
 
 from sharegpu.api import devices as api_devices
-from sharegpu.api import names, quantity, selectors, wire
+from sharegpu.api import names, paths, quantity, selectors, wire
 from sharegpu.core import allocation, errors, requests, units
 
 DRIVER: Final = f"gpu.{names.DOMAIN}"
@@ -76,10 +76,14 @@ DRIVER: Final = f"gpu.{names.DOMAIN}"
 GROUP: Final = "resource.k8s.io"
 VERSION: Final = "v1"
 API_VERSION: Final = f"{GROUP}/{VERSION}"
-SLICES: Final = f"/apis/{GROUP}/{VERSION}/resourceslices"
-CLAIMS: Final = f"/apis/{GROUP}/{VERSION}/resourceclaims"
+_BASE: Final = paths.group(GROUP, VERSION)
+_CLAIMS: Final = paths.Kind(_BASE, "resourceclaims")
+_TEMPLATES: Final = paths.Kind(_BASE, "resourceclaimtemplates")
+SLICES: Final = paths.Kind(_BASE, "resourceslices").everywhere
+CLAIMS: Final = _CLAIMS.everywhere
 """Every namespace's ResourceClaims (the extender's cache lists and watches them)."""
-DEVICE_CLASSES: Final = f"/apis/{GROUP}/{VERSION}/deviceclasses"
+DEVICE_CLASSES: Final = paths.Kind(_BASE, "deviceclasses").everywhere
+TAINT_RULES: Final = paths.Kind(_BASE, "devicetaintrules").everywhere
 MEMORY: Final = "memory"
 """The capacity a claim asks GPU memory of (a quantity; the device's is in Mi)."""
 MILLI: Final = "milli"
@@ -111,10 +115,10 @@ def slice_name(node: str) -> str:
     return f"{node}-{DRIVER}"
 
 
-def claim_path(namespace: str, name: str | None = None) -> str:
-    """A namespace's ResourceClaims, or one of them."""
-    base = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/resourceclaims"
-    return f"{base}/{name}" if name else base
+claim_path: Final = _CLAIMS.at
+"""A namespace's ResourceClaims (every namespace's when None), or one of them."""
+template_path: Final = _TEMPLATES.at
+"""A namespace's ResourceClaimTemplates (every namespace's when None), or one of them."""
 
 
 def device_class(name: str = CLASS, expression: str = CLASS_SELECTOR) -> dict[str, Any]:
@@ -344,7 +348,6 @@ class TaintRule(wire.Message, kw_only=True, frozen=True):
         )
 
 
-TAINT_RULES: Final = f"/apis/{GROUP}/{VERSION}/devicetaintrules"
 NO_SCHEDULE: Final = "NoSchedule"
 NO_EXECUTE: Final = "NoExecute"
 KEEPING_OFF: Final = (NO_SCHEDULE, NO_EXECUTE)
@@ -613,11 +616,6 @@ def _claim_spec(shape: Shape) -> dict[str, Any]:
         exactly["selectors"] = [{"cel": {"expression": shape.selector}}]
     request = {"name": "gpu", "exactly": exactly}
     return {"devices": {"requests": [request]}}
-
-
-def template_path(namespace: str, name: str | None = None) -> str:
-    base = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/resourceclaimtemplates"
-    return f"{base}/{name}" if name else base
 
 
 DELETE_PROTECTION: Final = "resource.kubernetes.io/delete-protection"

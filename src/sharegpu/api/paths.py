@@ -45,6 +45,10 @@ class Kind:
         """One object, in `namespace` (None: a cluster-scoped kind's)."""
         return f"{self.within(namespace)}/{name}"
 
+    def at(self, namespace: str | None = None, name: str | None = None) -> str:
+        """The collection (in one namespace, or all), or one object of it when `name` is given."""
+        return self.object(namespace, name) if name else self.within(namespace)
+
     def sub(self, namespace: str, name: str, subresource: str) -> str:
         """A subresource of one namespaced object (`status`, `binding`, `eviction`)."""
         return f"{self.object(namespace, name)}/{subresource}"
@@ -113,5 +117,4 @@ def eviction(namespace: str, name: str) -> str:
 
 def custom(group_name: str, version: str, plural: str, namespace: str | None = None, name: str | None = None) -> str:
     """A custom resource's collection (all namespaces, or one), or one object of it."""
-    kind = Kind(group(group_name, version), plural)
-    return kind.object(namespace, name) if name else kind.within(namespace)
+    return Kind(group(group_name, version), plural).at(namespace, name)

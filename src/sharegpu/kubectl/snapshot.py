@@ -52,7 +52,6 @@ Json = dict[str, Any]
 
 PRODUCT_LABEL = "nvidia.com/gpu.product"
 MEMORY_LABEL = "nvidia.com/gpu.memory"
-TEMPLATES = f"/apis/{dra.GROUP}/{dra.VERSION}/resourceclaimtemplates"
 TRACE = "snapshot"
 """The pod file's trace name: `openb_pod_list_snapshot.csv`."""
 
@@ -93,9 +92,9 @@ async def read(api: client.KubeApi, node_selector: str = "", namespace: str | No
     (nodes, _), devices, (pods, _), claims, templates = await asyncio.gather(
         api.list_of(paths.NODES, wire.Node, node_params),
         _optional(api, paths.DEVICES, wire.Device),
-        api.list_of(paths.pods(namespace) if namespace else paths.PODS, dict),
-        _optional(api, dra.claim_path(namespace) if namespace else dra.CLAIMS, dra.ResourceClaim),
-        _optional(api, dra.template_path(namespace) if namespace else TEMPLATES, dra.ResourceClaimTemplate),
+        api.list_of(paths.pods(namespace), dict),
+        _optional(api, dra.claim_path(namespace), dra.ResourceClaim),
+        _optional(api, dra.template_path(namespace), dra.ResourceClaimTemplate),
     )  # fmt: skip
     chosen = {n.metadata.name for n in nodes}
     devices = [d for d in devices if d.metadata.name in chosen]
