@@ -148,20 +148,16 @@ class Csi:
     def __init__(self, paths: volumes.Paths) -> None:
         self.paths = paths
 
-    async def publish(self, target: Path, ctx: dict[str, str]) -> pb.NodePublishVolumeResponse:
+    async def publish(self, target: Path, ctx: dict[str, str]) -> pb.Empty:
         request = pb.NodePublishVolumeRequest(
             volume_id="csi-abc", target_path=str(target), readonly=True, volume_context=ctx,
             volume_capability=pb.VolumeCapability(mount=pb.VolumeCapability.MountVolume()),
         )  # fmt: skip
-        return await drakubelet.call(
-            self.paths.plugin_socket, f"/{volumes.NODE}/NodePublishVolume", request, pb.NodePublishVolumeResponse
-        )
+        return await drakubelet.call(self.paths.plugin_socket, f"/{volumes.NODE}/NodePublishVolume", request, pb.Empty)
 
     async def unpublish(self, target: Path) -> None:
         request = pb.NodeUnpublishVolumeRequest(volume_id="csi-abc", target_path=str(target))
-        await drakubelet.call(
-            self.paths.plugin_socket, f"/{volumes.NODE}/NodeUnpublishVolume", request, pb.NodeUnpublishVolumeResponse
-        )
+        await drakubelet.call(self.paths.plugin_socket, f"/{volumes.NODE}/NodeUnpublishVolume", request, pb.Empty)
 
 
 async def test_the_kubelet_registers_the_plugin_publishes_and_unpublishes_through_it(short_dir: Path) -> None:
@@ -179,7 +175,7 @@ async def test_the_kubelet_registers_the_plugin_publishes_and_unpublishes_throug
         await drakubelet.notify(paths.registration_socket, True)
         assert plugin.registration.status() == "registered"
         about = await drakubelet.call(
-            paths.plugin_socket, f"/{volumes.NODE}/NodeGetInfo", pb.NodeGetInfoRequest(), pb.NodeGetInfoResponse
+            paths.plugin_socket, f"/{volumes.NODE}/NodeGetInfo", pb.Empty(), pb.NodeGetInfoResponse
         )
         assert about.node_id == NODE
         csi = Csi(paths)
@@ -206,7 +202,7 @@ async def test_the_kubelet_registers_the_plugin_publishes_and_unpublishes_throug
         )
         for call, request in nameless:
             with pytest.raises(grpc.aio.AioRpcError) as no_target:
-                await drakubelet.call(paths.plugin_socket, f"/{volumes.NODE}/{call}", request, pb.ProbeResponse)
+                await drakubelet.call(paths.plugin_socket, f"/{volumes.NODE}/{call}", request, pb.Empty)
             assert no_target.value.code() is grpc.StatusCode.INVALID_ARGUMENT
             assert no_target.value.details() == f"{call} names no target_path"
         assert mounts.mounts == {target: node.layout.tenant("GPU-1")}

@@ -299,23 +299,15 @@ class VolumesPlugin:
     async def start(self) -> None:
         """Serve the plugin, then register it."""
         identity = {
-            "GetPluginInfo": unixgrpc.unary(self._info, pb.GetPluginInfoRequest, pb.GetPluginInfoResponse),
-            "GetPluginCapabilities": unixgrpc.unary(
-                self._plugin_capabilities, pb.GetPluginCapabilitiesRequest, pb.GetPluginCapabilitiesResponse
-            ),
-            "Probe": unixgrpc.unary(self._probe, pb.ProbeRequest, pb.ProbeResponse),
+            "GetPluginInfo": unixgrpc.unary(self._info, pb.Empty, pb.GetPluginInfoResponse),
+            "GetPluginCapabilities": unixgrpc.unary(self._nothing, pb.Empty, pb.Empty),
+            "Probe": unixgrpc.unary(self._nothing, pb.Empty, pb.Empty),
         }
         node = {
-            "NodeGetInfo": unixgrpc.unary(self._node_info, pb.NodeGetInfoRequest, pb.NodeGetInfoResponse),
-            "NodeGetCapabilities": unixgrpc.unary(
-                self._node_capabilities, pb.NodeGetCapabilitiesRequest, pb.NodeGetCapabilitiesResponse
-            ),
-            "NodePublishVolume": unixgrpc.unary(
-                self._publish, pb.NodePublishVolumeRequest, pb.NodePublishVolumeResponse
-            ),
-            "NodeUnpublishVolume": unixgrpc.unary(
-                self._unpublish, pb.NodeUnpublishVolumeRequest, pb.NodeUnpublishVolumeResponse
-            ),
+            "NodeGetInfo": unixgrpc.unary(self._node_info, pb.Empty, pb.NodeGetInfoResponse),
+            "NodeGetCapabilities": unixgrpc.unary(self._nothing, pb.Empty, pb.Empty),
+            "NodePublishVolume": unixgrpc.unary(self._publish, pb.NodePublishVolumeRequest, pb.Empty),
+            "NodeUnpublishVolume": unixgrpc.unary(self._unpublish, pb.NodeUnpublishVolumeRequest, pb.Empty),
         }
         handlers = [
             grpc.method_handlers_generic_handler(IDENTITY, identity),
@@ -330,24 +322,19 @@ class VolumesPlugin:
         await unixgrpc.stop(self._server, self.paths.plugin_socket)
         self._server = None
 
-    async def _info(self, request: pb.GetPluginInfoRequest, context: Any) -> pb.GetPluginInfoResponse:
+    async def _info(self, request: pb.Empty, context: Any) -> pb.GetPluginInfoResponse:
         return pb.GetPluginInfoResponse(name=names.VOLUMES_DRIVER, vendor_version="1")
 
-    async def _plugin_capabilities(self, request: Any, context: Any) -> pb.GetPluginCapabilitiesResponse:
-        return pb.GetPluginCapabilitiesResponse()
-
-    async def _probe(self, request: pb.ProbeRequest, context: Any) -> pb.ProbeResponse:
-        return pb.ProbeResponse()
-
-    async def _node_info(self, request: pb.NodeGetInfoRequest, context: Any) -> pb.NodeGetInfoResponse:
+    async def _node_info(self, request: pb.Empty, context: Any) -> pb.NodeGetInfoResponse:
         return pb.NodeGetInfoResponse(node_id=self.node)
 
-    async def _node_capabilities(self, request: Any, context: Any) -> pb.NodeGetCapabilitiesResponse:
-        return pb.NodeGetCapabilitiesResponse()
+    async def _nothing(self, request: pb.Empty, context: Any) -> pb.Empty:
+        """The answer without fields: no capabilities (plugin and node), ready (Probe)."""
+        return pb.Empty()
 
     async def _publish(
         self, request: pb.NodePublishVolumeRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> pb.NodePublishVolumeResponse:
+    ) -> pb.Empty:
         target = await _target(request, context)
         decision = self.decide(dict(request.volume_context))
         if decision.verdict is not Verdict.BIND or decision.source is None:
@@ -361,17 +348,17 @@ class VolumesPlugin:
             log.error("volume %s: cannot bind %s at %s: %s", request.volume_id, decision.source, target, exc)
             await context.abort(grpc.StatusCode.INTERNAL, f"cannot bind {decision.source} at {target}: {exc}")
         log.info("volume %s: %s bound read-only at %s", request.volume_id, decision.source, target)
-        return pb.NodePublishVolumeResponse()
+        return pb.Empty()
 
     async def _unpublish(
         self, request: pb.NodeUnpublishVolumeRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> pb.NodeUnpublishVolumeResponse:
+    ) -> pb.Empty:
         target = await _target(request, context)
         try:
             self.mounter.unbind(target)
         except OSError as exc:
             await context.abort(grpc.StatusCode.INTERNAL, f"cannot unmount {target}: {exc}")
-        return pb.NodeUnpublishVolumeResponse()
+        return pb.Empty()
 
 
 async def _target(
