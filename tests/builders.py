@@ -319,7 +319,7 @@ class MakeDevice:
     def obj(self) -> Json:
         if self.inventory is None:
             return {
-                "apiVersion": api_devices.API_VERSION,
+                "apiVersion": names.GROUP_VERSION,
                 "kind": names.DEVICE_KIND,
                 "metadata": {"name": self.node},
                 "spec": {"gpus": []},

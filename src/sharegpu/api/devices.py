@@ -126,12 +126,9 @@ def _mode(device: wire.Device, where: str, text: str) -> devices.Isolation:
         ) from None
 
 
-API_VERSION: Final = f"{names.DEVICE_GROUP}/{names.DEVICE_VERSION}"
-
-
 def published(metadata: wire.ObjectMeta, spec: wire.DeviceSpec) -> wire.Device:
     """A Device as it is written to the API (apiVersion and kind set)."""
-    return wire.Device(api_version=API_VERSION, kind=names.DEVICE_KIND, metadata=metadata, spec=spec)
+    return wire.Device(api_version=names.GROUP_VERSION, kind=names.DEVICE_KIND, metadata=metadata, spec=spec)
 
 
 def device(node: devices.NodeInventory) -> wire.Device:

@@ -177,8 +177,6 @@ LABEL_ADMISSION: Final = f"{DOMAIN}/admission"
 takes the verb skip-admission: files/policies/admission-skip.yaml)."""
 
 # ----------------------------------------------------------------- the Device resource
-DEVICE_GROUP: Final = DOMAIN
-DEVICE_VERSION: Final = "v1alpha1"
 DEVICE_PLURAL: Final = "devices"
 DEVICE_KIND: Final = "Device"
 USAGE_PLURAL: Final = "gpuusages"
@@ -187,7 +185,9 @@ USAGE_KIND: Final = "GpuUsage"
 
 # ----------------------------------------------------------------- sharegpu's other custom resources
 API_VERSION: Final = "v1alpha1"
-"""The version of sharegpu's own custom resources (the Device resource's too)."""
+"""The version of sharegpu's own custom resources, in its group `DOMAIN` (the Device resource's too)."""
+GROUP_VERSION: Final = f"{DOMAIN}/{API_VERSION}"
+"""Their apiVersion."""
 CATEGORY: Final = "sharegpu"
 """`kubectl get sharegpu` lists every sharegpu resource."""
 DEVICE_GROUP_ANNOTATION: Final = f"{DOMAIN}/device-group"

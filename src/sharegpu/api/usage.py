@@ -12,14 +12,12 @@ The figures are the agent's last pass when it wrote (`observedAt`); a reader say
 
 from __future__ import annotations
 
-from typing import Annotated, Final
+from typing import Annotated
 
 import msgspec
 from msgspec import Meta
 
 from sharegpu.api import names, wire
-
-API_VERSION: Final = f"{names.DEVICE_GROUP}/{names.DEVICE_VERSION}"
 
 Count = Annotated[int, Meta(ge=0)]
 Percent = Annotated[int, Meta(ge=0, le=100)]
@@ -85,7 +83,7 @@ def report(
 ) -> GpuUsage:
     """Node `node`'s GpuUsage as its agent writes it (owned by the Node: it goes with it)."""
     return GpuUsage(
-        api_version=API_VERSION,
+        api_version=names.GROUP_VERSION,
         kind=names.USAGE_KIND,
         metadata=wire.ObjectMeta(name=node, owner_references=[owner] if owner is not None else []),
         spec=UsageSpec(node=node),

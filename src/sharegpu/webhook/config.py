@@ -70,8 +70,8 @@ def configurations(base: str | Json, ca_bundle: bytes) -> tuple[Json, Json]:
     devices = _hook("devices.validate.sharegpu.io", base, "/validate/devices", ca_bundle, False)
     devices["rules"] = [
         {
-            "apiGroups": [names.DEVICE_GROUP],
-            "apiVersions": [names.DEVICE_VERSION],
+            "apiGroups": [names.DOMAIN],
+            "apiVersions": [names.API_VERSION],
             "operations": ["CREATE", "UPDATE"],
             "resources": [names.DEVICE_PLURAL],
             "scope": "Cluster",
