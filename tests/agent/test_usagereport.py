@@ -20,7 +20,7 @@ class Clock:
 def assessment(used: int, sm: int | None, *, pod: str = "p") -> watchdog.Assessment:
     use = watchdog.Usage(
         watchdog.PodRef("ns", pod, f"uid-{pod}"), "GPU-0", 0, used, 4096, ((10, used),), sm_percent=sm,
-        share_milli=300, containers=(watchdog.ContainerUse("main", used, sm),),
+        share_milli=300, containers=(usage.ContainerUse(name="main", used_mib=used, sm_percent=sm),),
     )  # fmt: skip
     gpu = watchdog.GpuTotal("GPU-0", 0, 16384, used, used, 0, 0, sm)
     return watchdog.Assessment((use,), (gpu,), ())

@@ -16,6 +16,7 @@ from sharegpu.agent.cgroups import Owner
 from sharegpu.agent.nvml import GpuProcess, Utilization
 from sharegpu.agent.watchdog import Action, Kind
 from sharegpu.api import cdi, names, wire
+from sharegpu.api import usage as api_usage
 from sharegpu.core import allocation, errors
 from tests import builders
 
@@ -97,7 +98,7 @@ def test_a_sharing_pod_within_its_memory_does_not_violate() -> None:
     assert result.usages == (
         watchdog.Usage(
             watchdog.PodRef("ns", "p", "uid-p"), "GPU-1", 1, 4000, 4096, ((10, 3000), (11, 1000)),
-            share_milli=300, containers=(watchdog.ContainerUse("", 4000, None),),
+            share_milli=300, containers=(api_usage.ContainerUse(name="", used_mib=4000),),
         ),
     )  # fmt: skip
     assert usage(result, "p", "GPU-1").pids == (10, 11)
@@ -510,9 +511,9 @@ def test_use_is_split_by_container_as_the_kubelet_names_them_and_sm_is_summed_fr
     (use,) = run([(10, 0, 1000), (11, 0, 300), (12, 0, 50)], owners, found, utilization=sampled).usages
     assert use.sm_percent == 55 and use.share_milli == 300
     assert use.containers == (
-        watchdog.ContainerUse("", 50, 0),  # the pod's own cgroup: no container
-        watchdog.ContainerUse("main", 1000, 40),
-        watchdog.ContainerUse("side", 300, 15),
+        api_usage.ContainerUse(name="", used_mib=50, sm_percent=0),  # the pod's own cgroup: no container
+        api_usage.ContainerUse(name="main", used_mib=1000, sm_percent=40),
+        api_usage.ContainerUse(name="side", used_mib=300, sm_percent=15),
     )
 
 

@@ -48,9 +48,7 @@ def figures(assessment: watchdog.Assessment) -> tuple[list[usage.GpuUse], list[u
             sm_percent=u.sm_percent,
             share_milli=u.share_milli,
             allocated_mib=u.allocated_mib,
-            containers=[
-                usage.ContainerUse(name=c.name, used_mib=c.used_mib, sm_percent=c.sm_percent) for c in u.containers
-            ],
+            containers=list(u.containers),
         )
         for u in assessment.usages
     ]

@@ -49,6 +49,7 @@ from typing import Final
 from sharegpu.agent import cgroups, nvml
 from sharegpu.api import cdi, names, quantity, wire
 from sharegpu.api import pods as api_pods
+from sharegpu.api import usage as api_usage
 from sharegpu.core import errors, units
 
 
@@ -106,21 +107,13 @@ class Usage:
     or none were read)."""
     share_milli: int | None = None
     """The compute the pod was given there, in milli-GPU (None: not known, or not judged)."""
-    containers: tuple[ContainerUse, ...] = ()
-    """The same, per container (by name; "" for processes in the pod's own cgroup)."""
+    containers: tuple[api_usage.ContainerUse, ...] = ()
+    """The same, per container (by name; "" for processes in the pod's own cgroup), as the node's
+    GpuUsage reports it."""
 
     @property
     def pids(self) -> tuple[int, ...]:
         return tuple(pid for pid, _ in self.processes)
-
-
-@dataclass(frozen=True, slots=True)
-class ContainerUse:
-    """What one container's processes use on one GPU."""
-
-    name: str
-    used_mib: int
-    sm_percent: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -348,7 +341,7 @@ def _containers(
     used: Mapping[int, int],
     owners: Mapping[int, cgroups.Owner | None],
     samples: Mapping[int, int] | None,
-) -> tuple[ContainerUse, ...]:
+) -> tuple[api_usage.ContainerUse, ...]:
     """A pod's use of one GPU per container, by name: a process's container is the one whose runtime
     id its cgroup names ("" for the pod's own cgroup, or a container the kubelet has not reported)."""
     named = {
@@ -363,7 +356,10 @@ def _containers(
         found = tally.setdefault(name, [0, 0])
         found[0] += mib
         found[1] += samples.get(pid, 0) if samples is not None else 0
-    return tuple(ContainerUse(name, mib, None if samples is None else sm) for name, (mib, sm) in sorted(tally.items()))
+    return tuple(
+        api_usage.ContainerUse(name=name, used_mib=mib, sm_percent=None if samples is None else sm)
+        for name, (mib, sm) in sorted(tally.items())
+    )
 
 
 def _shared_claims(
