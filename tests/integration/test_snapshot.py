@@ -122,7 +122,11 @@ async def test_pods_placed_by_the_extender_are_what_the_cluster_holds_now(
         return sum(1 for p in found if p["spec"].get("nodeName")) == 3
 
     await wait_for(placed, what="the three shares placed, the four-GPU pod waiting")
-    status, said, err = await plugin(control_plane, "snapshot", str(tmp_path), "-l", f"sharegpu.io/test={namespace}")
+    # Pending pods have no node to select them by: the namespace keeps other tests' (their namespaces
+    # may still be going away) out of what this one counts.
+    status, said, err = await plugin(
+        control_plane, "snapshot", str(tmp_path), "-l", f"sharegpu.io/test={namespace}", "-n", namespace
+    )
     assert status == 0, said + err
     replay = CliRunner().invoke(
         cli.app,
