@@ -223,8 +223,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--openb", type=Path, default=HERE.parent.parent / "shared" / "traces" / "openb")
     parser.add_argument("--seeds", default="42-51")
-    parser.add_argument("--policies", help="default: the paper's, fgd-used, fgd-balance and fgd-fill; with --peers, "
-                        "sharegpu's default and each peer's")  # fmt: skip
+    parser.add_argument("--policies", help="default: the paper's, fgd-used, fgd-balance, fgd-fill and fgd-lp; "
+                        "with --peers, sharegpu's default and each peer's")  # fmt: skip
     parser.add_argument("--peers", action="store_true", help="sharegpu's default beside the peers' (module docstring)")
     parser.add_argument("--traces", default=",".join(TRACES))
     parser.add_argument(
@@ -244,7 +244,7 @@ def main() -> int:
     chosen = args.policies or ",".join(
         (core_policies.DEFAULT, *peers.DEFAULTS)
         if args.peers
-        else (*PAPER_POLICIES, "fgd-used", "fgd-balance", "fgd-fill")
+        else (*PAPER_POLICIES, "fgd-used", "fgd-balance", "fgd-fill", "fgd-lp")
     )
     policies = cli.parse_policies([chosen])
     nodes = args.openb / NODE_FILE

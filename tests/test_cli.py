@@ -48,7 +48,7 @@ def test_simulate_with_no_arguments_runs_the_embedded_workload() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "Static arrivals" in done.stdout
-    for policy in ("random", "bestfit", "fgd", "fgd-fill"):
+    for policy in ("random", "bestfit", "fgd", "fgd-lp"):
         assert f"│ {policy} " in done.stdout
 
 
@@ -224,7 +224,7 @@ def _help(*args: str) -> str:
 def test_simulate_help_shows_the_policy_default() -> None:
     text = _help("simulate")
     policy = "--policy -p <names> Policies, comma-separated or repeated (see `sharegpu policies`)."
-    assert f"{policy} [default: random,bestfit,fgd,fgd-fill]" in text
+    assert f"{policy} [default: random,bestfit,fgd,fgd-lp]" in text
     assert "repeated ." not in text
 
 
@@ -303,9 +303,12 @@ def test_show_completion_prints_the_shells_script(monkeypatch: pytest.MonkeyPatc
     [
         ("sharegpu ext", ["extender"]),
         ("sharegpu simulate --mode ", ["static", "dynamic"]),
-        ("sharegpu simulate -p random,f", ["random,fgd", "random,fgd-used", "random,fgd-balance", "random,fgd-fill"]),
+        (
+            "sharegpu simulate -p random,f",
+            ["random,fgd", "random,fgd-used", "random,fgd-balance", "random,fgd-fill", "random,fgd-lp"],
+        ),
         ("sharegpu extender --log-level ", ["debug", "info", "warning", "error"]),
-        ("sharegpu extender --policy fgd", ["fgd", "fgd-used", "fgd-balance", "fgd-fill"]),
+        ("sharegpu extender --policy fgd", ["fgd", "fgd-used", "fgd-balance", "fgd-fill", "fgd-lp"]),
         ("sharegpu agent --on-violation ", ["report", "kill", "evict"]),
         ("sharegpu crds --compat ", ["deviceshare", "kubeshare", "coscheduling", "volcano", "kai"]),
     ],

@@ -296,4 +296,3 @@ def test_fgd_fill_keeps_a_gap_an_exact_share_closes_rather_than_leave_one_nothin
     # where the rare 160 counts); on GPU 0 it leaves 530 (470 fits again) and the 810 stays for an 810 pod.
     assert decide("fgd-balance").gpus == (1,)
     assert decide("fgd-fill").gpus == (0,)
-    assert policies.DEFAULT == "fgd-fill"

@@ -24,12 +24,13 @@ from rich.table import Table
 
 from sharegpu.cli.boundary import UsageError, console, reported
 from sharegpu.cli.options import complete_policies
+from sharegpu.core import policy_names
 
 if TYPE_CHECKING:
     from sharegpu.sim import report, runner
     from sharegpu.sim.bound import BoundRun
 
-DEFAULT_POLICIES = "random,bestfit,fgd,fgd-fill"
+DEFAULT_POLICIES = f"random,bestfit,fgd,{policy_names.DEFAULT}"
 _DEFAULT_POLICY_LIST = [DEFAULT_POLICIES]  # `simulate --policy`'s default: never changed
 
 Nodes = Annotated[Path | None, typer.Option("--nodes", help="openb node CSV (sn,cpu_milli,memory_mib,gpu,model).")]

@@ -9,7 +9,8 @@ part. The typical shapes are the most popular ones covering 95% of a reference w
 `FragModel.frag` evaluates many nodes at once; `frag_after` evaluates hypothetical placements (a
 fractional pod on each eligible GPU of each node, or whole GPUs taken) as deltas of cached per-node,
 per-shape aggregates, without materialising every hypothetical node. `unfillable` says, per free
-compute of a GPU, what no sum of the workload's common share sizes fills (`fgd-fill`'s gap cost).
+compute of a GPU, what no sum of the workload's common share sizes fills (`fgd-fill`'s gap cost);
+`share_mix` the one-GPU share sizes it and `prices` (`fgd-lp`'s) start from.
 """
 
 from __future__ import annotations
@@ -72,6 +73,16 @@ def cpu_per_gpu_milli(shapes: tuple[WeightedShape, ...]) -> float:
     return cpu / gpu if gpu > 0 else 0.0
 
 
+def share_mix(shapes: tuple[WeightedShape, ...]) -> tuple[tuple[int, float], ...]:
+    """The workload's one-GPU share sizes (milli, ascending), each with the weight of its shapes
+    together (any CPU, any models); whole GPUs and multi-GPU shapes are left out."""
+    weights: dict[int, float] = {}
+    for item in shapes:
+        if item.shape.count == 1 and 0 < item.shape.milli < units.MILLI_PER_GPU and item.weight > 0:
+            weights[item.shape.milli] = weights.get(item.shape.milli, 0.0) + item.weight
+    return tuple(sorted(weights.items()))
+
+
 def unfillable(shapes: tuple[WeightedShape, ...], min_weight: float) -> FloatArray:
     """Per free compute x of a GPU (0..1000 milli): what of it no sum of the workload's common
     one-GPU share sizes fills, `x - max(sum of common sizes <= x)`; 0 for a whole free GPU.
@@ -79,14 +90,10 @@ def unfillable(shapes: tuple[WeightedShape, ...], min_weight: float) -> FloatArr
     A size is common when its shapes (any CPU, any models) weigh at least `min_weight` together.
     FGD judges a gap against one pod at a time; this says which gaps a mix of pods can close: on
     openb, 470 and 810 close a gap of 470 or 810 exactly; 190 beside an 810 share closes never."""
-    weights: dict[int, float] = {}
-    for item in shapes:
-        if item.shape.count == 1 and 0 < item.shape.milli < units.MILLI_PER_GPU:
-            weights[item.shape.milli] = weights.get(item.shape.milli, 0.0) + item.weight
     # The sums of common sizes (any number of each) up to a whole GPU, then the largest one <= x.
     reachable = np.zeros(units.MILLI_PER_GPU + 1, dtype=bool)
     reachable[0] = True
-    for size in sorted(size for size, weight in weights.items() if weight >= min_weight):
+    for size in (size for size, weight in share_mix(shapes) if weight >= min_weight):
         for _ in range(units.MILLI_PER_GPU // size):
             reachable[size:] |= reachable[:-size]
     span = np.arange(units.MILLI_PER_GPU + 1)

@@ -6,6 +6,6 @@ from __future__ import annotations
 
 from typing import Final
 
-DEFAULT: Final = "fgd-fill"
+DEFAULT: Final = "fgd-lp"
 """The extender's policy unless told otherwise; the name `default` stands for it wherever a policy is named."""
 ALIASES: Final = {"default": DEFAULT}
