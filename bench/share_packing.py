@@ -38,11 +38,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from scipy.optimize import linprog
 
 from sharegpu import cli
 from sharegpu.core import ledger as core_ledger
-from sharegpu.core import units
+from sharegpu.core import prices, units
 from sharegpu.sim import catalog, replay, runner, trace
 
 HERE = Path(__file__).resolve().parent
@@ -53,41 +52,15 @@ Json = dict[str, Any]
 def lp_gpus(items: Sequence[int]) -> float:
     """The cutting-stock LP's optimum: fewest GPUs (fractionally) that hold every share in `items`.
 
-    Columns are patterns (how many of each size one GPU takes); the pricing problem, a pattern
-    worth most at the LP's duals, is an unbounded knapsack over 0..1000 milli solved exactly by
-    dynamic programming, so at the end no pattern prices out and the LP value is optimal. Patterns
-    may hold more of a size than there are (the rows are "at least"), which leaves the optimum as it
-    is."""
+    `core.prices.prices` solves it by column generation (the pricing problem, a pattern worth most at
+    the LP's duals, an unbounded knapsack over 0..1000 milli solved exactly), so at the end no
+    pattern prices out; by duality the optimum is what the prices make the shares worth together."""
     if not items:
         return 0.0
     counts = Counter(items)
     sizes = sorted(counts)
-    need = np.array([counts[s] for s in sizes], dtype=np.float64)
-    patterns = [np.eye(len(sizes))[i] * (WHOLE // s) for i, s in enumerate(sizes)]
-    while True:
-        columns = np.array(patterns).T
-        solved = linprog(np.ones(len(patterns)), A_ub=-columns, b_ub=-need, bounds=(0, None), method="highs")
-        if solved.status != 0 or solved.fun is None:
-            raise RuntimeError(f"the packing LP did not solve: {solved.message}")
-        duals = -solved.ineqlin.marginals
-        best = np.zeros(WHOLE + 1)
-        last = np.full(WHOLE + 1, -1)
-        for room in range(1, WHOLE + 1):
-            best[room], last[room] = best[room - 1], -1
-            for i, size in enumerate(sizes):
-                if size <= room and best[room - size] + duals[i] > best[room] + 1e-12:
-                    best[room], last[room] = best[room - size] + duals[i], i
-        if best[WHOLE] <= 1 + 1e-9:
-            return float(solved.fun)
-        pattern = np.zeros(len(sizes))
-        room = WHOLE
-        while room > 0:
-            if last[room] < 0:
-                room -= 1
-            else:
-                pattern[last[room]] += 1
-                room -= sizes[last[room]]
-        patterns.append(pattern)
+    need = [float(counts[s]) for s in sizes]
+    return float(prices.prices(sizes, need, []) @ np.array(need))
 
 
 def bfd_gpus(items: Sequence[int]) -> int:
