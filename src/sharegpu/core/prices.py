@@ -23,7 +23,7 @@ the jumps and, on openb, packs better than the exact mix's prices (docs/simulati
 first counted as such a sample would count it, so mixes that differ by less than one share in
 `CONCENTRATION` share one table.
 
-Pure: numpy and scipy's HiGHS (`scipy.optimize.linprog`). A mix's table is computed once (about
+Pure: numpy and scipy's HiGHS (`scipy.optimize.linprog`, loaded on the first LP). A mix's table is computed once (about
 0.1 to 0.2 s: the draws share the patterns found, so each after the first needs one or two LP
 solves) and kept (`held_value` caches the last mixes asked).
 """
@@ -34,7 +34,6 @@ import functools
 from collections.abc import Sequence
 
 import numpy as np
-from scipy import optimize
 
 from sharegpu.core import errors, fleet, frag, units
 
@@ -85,6 +84,8 @@ def prices(sizes: Sequence[int], parts: Sequence[float], patterns: list[fleet.In
     (`knapsack`), add it while it is worth more than one GPU. `patterns` (per size, how many one GPU
     takes) is read and extended in place, so calls for nearby mixes start from what earlier ones found;
     an empty list starts from one size per GPU."""
+    from scipy import optimize
+
     if not patterns:
         patterns.extend(np.eye(len(sizes), dtype=np.int64)[i] * (WHOLE // size) for i, size in enumerate(sizes))
     need = np.asarray(parts, dtype=np.float64)
