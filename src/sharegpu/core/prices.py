@@ -12,8 +12,9 @@ share s placed on it raises the slack that GPU is sure to keep by `held(x) - hel
 p(s) is the same wherever the share goes, so a placer compares `held(x) - held(x - s)` across GPUs:
 it puts the share where it takes the least of what the GPU could still hold. On openb's default
 trace (prices 810: 1, 650, 590 and 550: 2/3, 470 and 460: 1/2, 320 and 370: 1/3, 230: 1/4, 220:
-1/12, 160: 0) a 230 beside a lone 590 costs 1/12 (the 410 it leaves could hold a 320 or 370, worth
-1/3; the 180 after it nothing), on a free GPU nothing (1 less the 3/4 that 770 can still hold).
+1/12, 160: 0) a 230 beside a lone 590 raises that GPU's slack by 1/12 (the 410 it leaves could hold
+a 320 or 370, worth 1/3; the 180 after it nothing; less the 230's own 1/4), on a free GPU by
+nothing (1 less the 3/4 that 770 can still hold, less the same 1/4).
 
 The LP's prices are a vertex of a degenerate dual, and a small change in the mix can move them a
 long way (on openb's default mix, when the small shares are a little rarer, all of them fit into
@@ -23,9 +24,9 @@ the jumps and, on openb, packs better than the exact mix's prices (docs/simulati
 first counted as such a sample would count it, so mixes that differ by less than one share in
 `CONCENTRATION` share one table.
 
-Pure: numpy and scipy's HiGHS (`scipy.optimize.linprog`, loaded on the first LP). A mix's table is computed once (about
-0.1 to 0.2 s: the draws share the patterns found, so each after the first needs one or two LP
-solves) and kept (`held_value` caches the last mixes asked).
+Pure: numpy and scipy's HiGHS (`scipy.optimize.linprog`, loaded at the first LP). A mix's table is
+computed once (about 0.1 to 0.2 s: the draws share the patterns found, so each after the first
+needs one or two LP solves) and kept (`held_value` caches the last mixes asked).
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ mix counted as such a sample, at least one of each size). Chosen on openb's tuni
 _TOLERANCE = 1e-9
 
 Mix = tuple[tuple[int, float], ...]
-"""One-GPU share sizes (milli, 1..999, ascending) with their parts of the workload (> 0)."""
+"""One-GPU share sizes (milli, 1..999) with their parts of the workload (> 0)."""
 
 
 def knapsack(sizes: Sequence[int], values: Sequence[float]) -> tuple[frag.FloatArray, fleet.IntArray]:
