@@ -336,7 +336,7 @@ class FgdBalancePolicy(FgdUsedPolicy):
 
 
 class FgdFillPolicy(FgdBalancePolicy):
-    """Ours, the default: `fgd-balance` plus a cost for the gaps no mix of common shares closes.
+    """Ours, the default before `fgd-lp`: `fgd-balance` plus a cost for the gaps no mix of common shares closes.
 
     FGD judges the free compute a sharing pod leaves on its GPU against one typical pod at a time;
     what it leaves idle on openb beyond the unavoidable is mostly small gaps between mid-sized shares
@@ -355,7 +355,7 @@ class FgdFillPolicy(FgdBalancePolicy):
     """
 
     name = "fgd-fill"
-    summary = "ours (default): fgd-balance + the gaps no mix of common share sizes fills"
+    summary = "ours (the default before fgd-lp): fgd-balance + the gaps no mix of common share sizes fills"
     GAP_WEIGHT = 16.0
     MIN_SHARE_WEIGHTS = (0.005, 0.01, 0.02, 0.04)
 
