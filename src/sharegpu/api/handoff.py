@@ -55,11 +55,11 @@ MPS_HOST_ROOT: Final = "/run/sharegpu/mps"
 MPS_MOUNT: Final = "/run/sharegpu/mps"
 """In a container: its GPU's tenant folder (`<MPS_HOST_ROOT>/<uuid>/<MPS_TENANT>`), read-only."""
 MPS_TENANT: Final = "tenant"
-MPS_CLIENT_PIPE: Final = f"{MPS_MOUNT}/pipe"
-"""In a container: CUDA_MPS_PIPE_DIRECTORY, where the daemon's control socket is linked."""
 """In a GPU's MPS directory: the folder its tenants mount. It holds `pipe/control` alone, a hard link
 to the daemon's control socket: no `control_privileged` (so a tenant cannot quit the daemon or change
 its limits), no log, nothing a tenant can write (`agent.mps`)."""
+MPS_CLIENT_PIPE: Final = f"{MPS_MOUNT}/pipe"
+"""In a container: CUDA_MPS_PIPE_DIRECTORY, where the daemon's control socket is linked."""
 PRELOAD: Final = "SHAREGPU_PRELOAD"
 """The library a container preloads (HAMI_LIBRARY, or empty where the node has no HAMi-core)."""
 LD_PRELOAD: Final = "LD_PRELOAD"
