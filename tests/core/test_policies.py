@@ -177,7 +177,19 @@ SHAPES_DRAWN = st.sampled_from(
 @settings(max_examples=25, deadline=None)
 @given(
     name=st.sampled_from(
-        ["bestfit", "fgd", "fgd-used", "fgd-balance", "packing", "clustering", "dotprod", "binpack", "spread"]
+        [
+            "bestfit",
+            "fgd",
+            "fgd-used",
+            "fgd-balance",
+            "fgd-fill",
+            "fgd-lp",
+            "packing",
+            "clustering",
+            "dotprod",
+            "binpack",
+            "spread",
+        ]
     ),
     steps=st.lists(st.tuples(SHAPES_DRAWN, st.booleans()), min_size=5, max_size=40),
 )
