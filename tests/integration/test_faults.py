@@ -1,5 +1,6 @@
 """Faults real clusters throw, through the real control plane: objects near the API's size limit,
-a rotated service-account token, an API server restart; and what wins when a pod states soft
+a rotated service-account token, an API server restart, a watch gone silent on a connection left
+open; and what wins when a pod states soft
 preferences of its own."""
 
 from __future__ import annotations
@@ -13,10 +14,10 @@ from typing import Any
 
 import aiohttp
 
-from sharegpu.api import names, paths
-from sharegpu.devcluster import controlplane, stack
+from sharegpu.api import names, paths, wire
+from sharegpu.devcluster import controlplane, faults, stack
 from sharegpu.devcluster.stack import ExtenderProcess
-from sharegpu.kube import client
+from sharegpu.kube import client, informer
 from tests.builders import MakePod
 from tests.integration.conftest import consistent, gpu_pod, wait_for
 
@@ -244,3 +245,54 @@ async def test_an_api_server_restart_is_ridden_out(
     await consistent(admin, [node])
     informers = (await extender.get("/debug/informers"))["informers"]
     assert all(state["ready"] for state in informers.values()), informers
+
+
+async def test_a_watch_gone_silent_on_a_connection_left_open_is_given_up_and_resumed(
+    admin: client.KubeClient, control_plane: controlplane.ControlPlane, namespace: str, tmp_path: Path
+) -> None:
+    """A half-open connection: the fault proxy keeps an informer's watch open but passes nothing more
+    from the real API server (its bookmarks and its end included). The client's own read timeout
+    (`watch_idle`, here 3 s) gives the connection up, and the informer resumes from its version
+    through a new one: the change made meanwhile arrives, with no relist."""
+    assert control_plane.bundle is not None
+    proxy = faults.FaultProxy(control_plane.url, str(control_plane.bundle.ca_cert))
+    await proxy.start()
+    config = json.loads(control_plane.kubeconfig("admin").read_text())
+    config["clusters"][0]["cluster"] = {"server": proxy.url}
+    (tmp_path / "kubeconfig").write_text(json.dumps(config))
+    kube = client.KubeClient.connect(str(tmp_path / "kubeconfig"))
+    seen: list[str] = []
+    watcher: informer.Informer[wire.ConfigMap, wire.ConfigMap] = informer.Informer(
+        kube, paths.configmaps(namespace), wire.ConfigMap, informer.identity,
+        lambda kind, made: seen.append(f"{kind} {made.metadata.name}"), watch_idle=3.0, max_backoff=0.2,
+    )  # fmt: skip
+    task = asyncio.create_task(watcher.run())
+    made = {"apiVersion": "v1", "kind": "ConfigMap", "data": {"k": "v"}}
+
+    async def stalled() -> bool:
+        return proxy.stall_watches() > 0
+
+    async def arrived() -> bool:
+        return "ADDED while-silent" in seen
+
+    try:
+        await asyncio.wait_for(watcher.synced.wait(), 30)
+        await wait_for(stalled, timeout=30, what="the informer's watch open through the proxy")
+        silent_from = asyncio.get_running_loop().time()
+        await admin.create(paths.configmaps(namespace), {**made, "metadata": {"name": "while-silent"}})
+        await wait_for(arrived, timeout=30, what="the change, through a new watch")
+        took = asyncio.get_running_loop().time() - silent_from
+        assert proxy.injected == {"watch-stalled": 1}
+        assert "timeout" in watcher.last_error.lower(), watcher.last_error
+        assert took < 15, f"seen {took:.1f} s after the stall (idle timeout 3 s)"
+        assert watcher.lists == 1, "resumed from its version, not listed again"
+        await admin.create(paths.configmaps(namespace), {**made, "metadata": {"name": "after"}})
+        await wait_for(lambda: _has(seen, "ADDED after"), timeout=30, what="the resumed watch delivering")
+    finally:
+        await informer.cancel([task])
+        await kube.close()
+        await proxy.stop()
+
+
+async def _has(seen: list[str], event: str) -> bool:
+    return event in seen

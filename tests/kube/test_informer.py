@@ -63,6 +63,23 @@ async def test_temporary_faults_resume_the_watch_without_a_relist() -> None:
     assert inf.lists == 1, "a cut connection, a 503 and a 429 are resumed from the last version"
 
 
+async def test_a_watch_gone_silent_is_given_up_after_its_idle_timeout_and_resumed() -> None:
+    """A connection the server lost without closing it (half-open): nothing more comes on it. The
+    informer gives it up once no byte came for `watch_idle` seconds and resumes from its version."""
+    server = fake.FakeApiServer()
+    kube = client.KubeClient(server)
+    seen: list[tuple[str, str]] = []
+    inf, task = start(server, seen, watch_idle=0.3)
+    await inf.synced.wait()
+    await eventually(lambda: inf.ready and bool(server.watches), "watching")
+    assert server.stall_watches() == 1
+    await kube.create(paths.pods("ns"), pod("while-silent"))  # the stalled connection never carries it
+    await eventually(lambda: ("ADDED", "while-silent") in seen, "the change, through a new watch")
+    await informer.cancel([task])
+    assert inf.lists == 1, "resumed from its version, not listed again"
+    assert inf.resumes == 0 and "no byte" in inf.last_error, "given up as a fault, not ended by the server"
+
+
 async def test_410_relists_and_reports_what_vanished_or_was_recreated() -> None:
     server = fake.FakeApiServer()
     kube = client.KubeClient(server)

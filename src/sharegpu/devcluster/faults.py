@@ -1,10 +1,11 @@
 """A proxy between one component and the API server that throws, on demand, the faults real
-clusters throw at clients: 429 with Retry-After, 409, 5xx, watch connections cut, watches expired
-with a 410 ERROR event, answers lost after the API server carried the request out (the
-connection closed with no answer, or a 5xx instead of the answer, as a load balancer or a restarting
-API server gives), and requests held in flight until released (a write delayed on the network while
-its sender stalls, `hold`). Everything else passes through unchanged (credentials included), so the
-component talks to the real API server and meets the faults on its own wire.
+clusters throw at clients: 429 with Retry-After, 409, 5xx, watch connections cut, watches gone
+silent with their connections left open (a half-open connection), watches expired with a 410 ERROR
+event, answers lost after the API server carried the request out (the connection closed with no
+answer, or a 5xx instead of the answer, as a load balancer or a restarting API server gives), and
+requests held in flight until released (a write delayed on the network while its sender stalls,
+`hold`). Everything else passes through unchanged (credentials included), so the component talks to
+the real API server and meets the faults on its own wire.
 
 The component's kubeconfig points at `FaultProxy.url` (plain HTTP on loopback); the proxy speaks
 TLS to the API server. Faults are counted in `injected`. Used by `bench/chaos.py`.
@@ -82,6 +83,7 @@ class FaultProxy:
         self._faults: list[_Fault] = []
         self._holds: list[Held] = []
         self._watches: dict[int, tuple[web.Request, web.StreamResponse]] = {}
+        self._stalled: set[int] = set()
         self._session: aiohttp.ClientSession | None = None
         self._runner: web.AppRunner | None = None
         self.port = 0
@@ -159,6 +161,15 @@ class FaultProxy:
         if count and open_:
             self._count("watch-cut")
         return len(open_)
+
+    def stall_watches(self) -> int:
+        """Every open watch goes silent, its connection left open: what the API server sends it is
+        dropped, its end included (a half-open connection: the server's host gone without a FIN, a
+        partition, a load balancer that lost it). The client alone can notice, by its idle timeout."""
+        self._stalled.update(self._watches)
+        if self._watches:
+            self._count("watch-stalled")
+        return len(self._watches)
 
     async def expire_watches(self) -> int:
         """End every open watch with a 410 Gone ERROR event (its resourceVersion is too old)."""
@@ -238,11 +249,15 @@ class FaultProxy:
             self._watches[key] = (request, response)
             try:
                 async for chunk in upstream.content.iter_any():
-                    await response.write(chunk)
+                    if key not in self._stalled:
+                        await response.write(chunk)
+                if key in self._stalled:
+                    await asyncio.Event().wait()  # never ends: until the client gives up (the handler is cancelled)
             except (aiohttp.ClientError, ConnectionError, OSError):
                 pass
             finally:
                 self._watches.pop(key, None)
+                self._stalled.discard(key)
             return response
 
     @staticmethod

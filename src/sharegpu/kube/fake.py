@@ -24,7 +24,9 @@ Faults are injected explicitly: `fail(status, ...)` answers the next matching re
 carrying them out (a 5xx from something on the way back); `lose(...)` gives them no answer at all
 (the connection breaks after the request was sent), after carrying them out by default;
 `expire_watches()` sends 410 to every open watch and compacts history so resuming is impossible,
-`cut_watches()` drops their connections, and `tokens` makes requests without one of them answer
+`cut_watches()` drops their connections, `stall_watches()` leaves them open but sends nothing more
+(a connection the server's side lost without closing it: the client gives it up after its idle
+timeout, as the real transport does), and `tokens` makes requests without one of them answer
 401. Every request is logged in `requests`.
 
 Single event loop, no locks: every method runs to completion between awaits.
@@ -220,11 +222,14 @@ class _AnswerError(Exception):
 
 
 class _FakeStream:
-    def __init__(self, status: int, body: bytes, queue: asyncio.Queue[bytes | None] | None) -> None:
+    def __init__(
+        self, status: int, body: bytes, queue: asyncio.Queue[bytes | None] | None, idle_timeout: float | None = None
+    ) -> None:
         self.status = status
         self.headers: Mapping[str, str] = {}
         self._body = body
         self._queue = queue
+        self._idle_timeout = idle_timeout
 
     async def read(self) -> bytes:
         return self._body
@@ -233,7 +238,10 @@ class _FakeStream:
         if self._queue is None:
             return
         while True:
-            item = await self._queue.get()
+            try:
+                item = await asyncio.wait_for(self._queue.get(), self._idle_timeout)
+            except TimeoutError:
+                raise errors.TransportError(f"watch: no byte for {self._idle_timeout:g} s (fake)") from None
             if item is None:
                 return
             if item == b"":
@@ -313,6 +321,13 @@ class FakeApiServer:
             watch.queue.put_nowait(b"")
         self.watches.clear()
 
+    def stall_watches(self) -> int:
+        """Every open watch hears nothing more, its connection left open (the server's side lost it
+        without closing it); returns how many there were."""
+        stalled = len(self.watches)
+        self.watches.clear()
+        return stalled
+
     def finish_deletions(self) -> None:
         """Remove every object that is being deleted (what the kubelet does for pods)."""
         for key, obj in list(self.objects.items()):
@@ -387,7 +402,7 @@ class FakeApiServer:
         loop = asyncio.get_running_loop()
         ending = loop.call_later(timeout, self._end_watch, watch)
         try:
-            yield _FakeStream(200, b"", watch.queue)
+            yield _FakeStream(200, b"", watch.queue, idle_timeout)
         finally:
             ending.cancel()
             if watch in self.watches:

@@ -4,6 +4,8 @@ An informer lists the collection (decoding each object as its wire type and keep
 `convert` makes of it), then watches from the list's resourceVersion. What happens on each fault:
 
 - the server ends the watch (its timeout), or a bookmark arrives: resume from the last version;
+- the watch goes silent, no byte for `watch_idle` seconds (`client.WATCH_IDLE`; a connection the
+  server's side lost without closing it): the connection is given up, a temporary fault (below);
 - a temporary fault (connection refused or cut, timeout, 429, 5xx): wait (the server's Retry-After
   if it gave one, else an exponential backoff) and *resume the watch* from the last version, with no
   relist: a restarted API server still has that history;
@@ -86,6 +88,7 @@ class Informer(Generic[W, T]):
         name: str = "",
         params: Mapping[str, str] | None = None,
         watch_timeout: int = 240,
+        watch_idle: float = client.WATCH_IDLE,
         stale_after: float = 30.0,
         max_backoff: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
@@ -98,6 +101,7 @@ class Informer(Generic[W, T]):
         self.name = name or path
         self.params = dict(params or {})
         self.watch_timeout = watch_timeout
+        self.watch_idle = watch_idle
         self.stale_after = stale_after
         self.max_backoff = max_backoff
         self.clock = clock
@@ -226,8 +230,9 @@ class Informer(Generic[W, T]):
 
     async def _watch(self) -> None:
         events = self.api.watch(
-            self.path, self.kind, self.resource_version, self.params, timeout_seconds=self.watch_timeout
-        )
+            self.path, self.kind, self.resource_version, self.params,
+            timeout_seconds=self.watch_timeout, idle_timeout=self.watch_idle,
+        )  # fmt: skip
         try:
             async for kind, obj, version in events:
                 if kind == client.OPENED:
