@@ -278,18 +278,13 @@ async def test_the_controller_changes_only_the_groups_labels_of_a_node(
         await controller.close()
 
 
-async def test_an_old_leaders_claim_write_that_arrives_after_the_lease_moved_is_refused(
-    admin: client.KubeClient, control_plane: controlplane.ControlPlane, two_nodes: tuple[Node, Node], namespace: str
-) -> None:
-    """Two extender replicas (their tokens bound to their pods, as in a cluster): a claim's allocation
-    written by the one that holds the Lease passes; the same write from the other, or from the first
-    once the Lease has moved (a write held in flight past the new leader's fence), is refused by the
-    API server (the `sharegpu-leader` policy)."""
-    if not await client.serves_when_answered(admin, dra.API_VERSION):
-        pytest.skip("no resource.k8s.io/v1 here: no claims")
-    here, _ = two_nodes
-    first = await bound(admin, control_plane, "extender", await here.pod(f"ext-a-{here.name}", "extender"))
-    second = await bound(admin, control_plane, "extender", await here.pod(f"ext-b-{here.name}", "extender"))
+HandTo = Callable[[str], Any]
+
+
+@pytest.fixture
+async def extender_lease(admin: client.KubeClient) -> AsyncIterator[HandTo]:
+    """Hands the Lease `sharegpu-extender` to a pod (the holder identity kube.leader writes for it);
+    the Lease is as it was afterwards."""
     lease = paths.lease(SYSTEM, names.EXTENDER_LEASE)
     before = await get_or_none(admin, lease)
 
@@ -304,6 +299,46 @@ async def test_an_old_leaders_claim_write_that_arrives_after_the_lease_moved_is_
             current["spec"] = {**current["spec"], **spec}
             await admin.replace(lease, current)
 
+    yield hand_to
+    if before is None:
+        with contextlib.suppress(kube_errors.NotFoundError):
+            await admin.delete(lease)
+    else:
+        current = await admin.get(lease)
+        current["spec"] = before["spec"]
+        await admin.replace(lease, current)
+
+
+def passes(write: Callable[[], Any]) -> Callable[[], Any]:
+    """`write` as a `wait_for` predicate: False while the policy refuses it (it has not read the
+    Lease's new holder yet)."""
+
+    async def attempt() -> bool:
+        try:
+            await write()
+        except kube_errors.ForbiddenError:
+            return False
+        return True
+
+    return attempt
+
+
+async def test_an_old_leaders_claim_write_that_arrives_after_the_lease_moved_is_refused(
+    admin: client.KubeClient,
+    control_plane: controlplane.ControlPlane,
+    two_nodes: tuple[Node, Node],
+    namespace: str,
+    extender_lease: HandTo,
+) -> None:
+    """Two extender replicas (their tokens bound to their pods, as in a cluster): a claim's allocation
+    written by the one that holds the Lease passes; the same write from the other, or from the first
+    once the Lease has moved (a write held in flight past the new leader's fence), is refused by the
+    API server (the `sharegpu-leader` policy)."""
+    if not await client.serves_when_answered(admin, dra.API_VERSION):
+        pytest.skip("no resource.k8s.io/v1 here: no claims")
+    here, _ = two_nodes
+    first = await bound(admin, control_plane, "extender", await here.pod(f"ext-a-{here.name}", "extender"))
+    second = await bound(admin, control_plane, "extender", await here.pod(f"ext-b-{here.name}", "extender"))
     for name in ("lead", "other", "late", "new"):
         await admin.create(dra.claim_path(namespace), MakeClaim(name, namespace).ask(300, "4Gi").obj())
 
@@ -313,33 +348,69 @@ async def test_an_old_leaders_claim_write_that_arrives_after_the_lease_moved_is_
         claim["status"] = {"allocation": dra.claim_allocation(placed, [str(uuid.uuid4())], wire.timestamp(1e9))}
         return await kube.replace(f"{dra.claim_path(namespace, name)}/status", claim)
 
-    def passes(kube: client.KubeClient, name: str) -> Callable[[], Any]:
-        async def attempt() -> bool:
-            try:
-                await allocate(kube, name)
-            except kube_errors.ForbiddenError:
-                return False  # the policy has not read the Lease's new holder yet
-            return True
-
-        return attempt
-
     try:
-        await hand_to(f"ext-a-{here.name}")
-        await wait_for(passes(first, "lead"), what="the leader's write let through")
+        await extender_lease(f"ext-a-{here.name}")
+        await wait_for(passes(lambda: allocate(first, "lead")), what="the leader's write let through")
         await refused(lambda: allocate(second, "other"), f"pod ext-b-{here.name} does not")
-        await hand_to(f"ext-b-{here.name}")  # the leader changes while ext-a's write is in flight
-        await wait_for(passes(second, "new"), what="the new leader's write let through")
-        await refused(lambda: allocate(first, "late"), "only the extender that holds the Lease sharegpu-extender")
+        await extender_lease(f"ext-b-{here.name}")  # the leader changes while ext-a's write is in flight
+        await wait_for(passes(lambda: allocate(second, "new")), what="the new leader's write let through")
+        await refused(lambda: allocate(first, "late"), "only the pod that holds the Lease sharegpu-extender")
         assert not ((await admin.get(dra.claim_path(namespace, "late"))).get("status") or {}).get("allocation")
     finally:
         await first.close()
         await second.close()
-        if before is None:
-            await admin.delete(lease)
-        else:
-            current = await admin.get(lease)
-            current["spec"] = before["spec"]
-            await admin.replace(lease, current)
+
+
+async def test_an_old_leaders_binding_that_arrives_after_the_lease_moved_is_refused(
+    admin: client.KubeClient,
+    control_plane: controlplane.ControlPlane,
+    two_nodes: tuple[Node, Node],
+    extender_lease: HandTo,
+) -> None:
+    """The same fence for pods/binding in the chart's pod (kube-scheduler and the extender, under the
+    scheduler's account): a binding (with its allocation annotation) sent by the pod that held the
+    Lease but landing after the Lease moved, e.g. held at a gang's barrier or on the network while
+    its kube-scheduler was replaced, is refused, so it cannot put a second pod on a GPU the new
+    leader has given away meanwhile. An extender run apart from kube-scheduler under its own account
+    binds from every replica (kube-scheduler calls any of them), so its bindings are not judged."""
+    here, there = two_nodes
+    pods_of: dict[str, list[client.KubeClient]] = {}
+    for component in ("scheduler", "extender"):
+        pods_of[component] = [
+            await bound(admin, control_plane, component, await here.pod(f"{component}-{n}-{here.name}", component))
+            for n in ("a", "b")
+        ]
+    first, second = pods_of["scheduler"]
+    namespace = names.SYSTEM_NAMESPACE  # beside the replicas' pods (two_nodes deletes them all)
+    suffix = uuid.uuid4().hex[:6]
+    for name in ("lead", "other", "late", "new", "apart"):
+        made = MakePod(f"{name}-{suffix}", namespace).container(image="x").restricted().obj()
+        await admin.create(paths.pods(namespace), made)
+        there.made.append(paths.pod(namespace, f"{name}-{suffix}"))
+
+    async def bind(kube: client.KubeClient, name: str) -> Any:
+        pod = f"{name}-{suffix}"
+        body = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": pod, "namespace": namespace},
+                "target": {"apiVersion": "v1", "kind": "Node", "name": there.name}}  # fmt: skip
+        return await kube.create(paths.binding(namespace, pod), body)
+
+    async def node_of(name: str) -> str:
+        return str((await admin.get(paths.pod(namespace, f"{name}-{suffix}")))["spec"].get("nodeName") or "")
+
+    try:
+        await extender_lease(f"scheduler-a-{here.name}")
+        await wait_for(passes(lambda: bind(first, "lead")), what="the leader's binding let through")
+        await refused(lambda: bind(second, "other"), f"pod scheduler-b-{here.name} does not")
+        await extender_lease(f"scheduler-b-{here.name}")  # the leader changes while a's binding is in flight
+        await wait_for(passes(lambda: bind(second, "new")), what="the new leader's binding let through")
+        await refused(lambda: bind(first, "late"), "only the pod that holds the Lease sharegpu-extender")
+        await bind(pods_of["extender"][0], "apart")  # neither holds the Lease: not judged
+        assert [await node_of(n) for n in ("lead", "other", "late", "new", "apart")] == [
+            there.name, "", "", there.name, there.name
+        ]
+    finally:
+        for kube in (*pods_of["scheduler"], *pods_of["extender"]):
+            await kube.close()
 
 
 async def test_the_extender_makes_only_sharegpus_pod_claims(
