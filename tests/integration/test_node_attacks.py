@@ -406,7 +406,11 @@ async def test_an_old_leaders_binding_that_arrives_after_the_lease_moved_is_refu
         await refused(lambda: bind(first, "late"), "only the pod that holds the Lease sharegpu-extender")
         await bind(pods_of["extender"][0], "apart")  # neither holds the Lease: not judged
         assert [await node_of(n) for n in ("lead", "other", "late", "new", "apart")] == [
-            there.name, "", "", there.name, there.name
+            there.name,
+            "",
+            "",
+            there.name,
+            there.name,
         ]
     finally:
         for kube in (*pods_of["scheduler"], *pods_of["extender"]):
