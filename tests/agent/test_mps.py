@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from sharegpu.agent import mps
+from sharegpu.agent import host, mps
 from sharegpu.api import handoff
 from sharegpu.core import errors
 from tests.agent.conftest import gone
@@ -101,7 +101,7 @@ def test_the_binary_is_found_on_path_or_as_an_executable_file(tmp_path: Path, mo
     assert mps.locate(binary) == str(binary)
     assert mps.Supervisor(binary).available()
     monkeypatch.setenv("PATH", str(binary.parent))
-    assert mps.locate(mps.BINARY) == str(binary) and mps.Supervisor().available()
+    assert mps.locate(host.MPS_BINARY) == str(binary) and mps.Supervisor().available()
     assert not mps.Supervisor(tmp_path / "absent").available()
     plain = tmp_path / "plain"
     plain.write_text("")

@@ -46,6 +46,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from sharegpu.agent import host
+
 
 @dataclass(frozen=True, slots=True)
 class Owner:
@@ -88,7 +90,7 @@ def owner_of(text: str) -> Owner | None:
     return in_containers[0] if in_containers else owners.pop()
 
 
-def read_owner(pid: int, proc: Path = Path("/proc")) -> Owner | None:
+def read_owner(pid: int, proc: Path = host.PROC) -> Owner | None:
     """The owner of process `pid` from `<proc>/<pid>/cgroup`; None if it has gone or cannot be read."""
     try:
         text = (proc / str(pid) / "cgroup").read_text(encoding="utf-8", errors="replace")

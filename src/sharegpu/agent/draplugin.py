@@ -38,7 +38,7 @@ import grpc
 import orjson
 
 from sharegpu.agent import draplugin_pb2 as pb
-from sharegpu.agent import registration
+from sharegpu.agent import host, registration
 from sharegpu.api import cdi, dra, handoff, wire
 from sharegpu.core import errors
 from sharegpu.kube import client
@@ -47,7 +47,6 @@ from sharegpu.serving import unixgrpc
 
 log = logging.getLogger(__name__)
 
-CDI_DIR: Final = Path("/var/run/cdi")
 SERVICES: Final = ("k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin", "k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin")
 VERSIONS: Final = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
 PLUGIN_TYPE: Final = "DRAPlugin"
@@ -64,9 +63,9 @@ class Paths:
     @classmethod
     def under(
         cls,
-        plugins: Path = registration.PLUGINS_DIR,
-        registry: Path = registration.REGISTRY_DIR,
-        cdi_dir: Path = CDI_DIR,
+        plugins: Path = host.KUBELET_PLUGINS_DIR,
+        registry: Path = host.KUBELET_REGISTRY_DIR,
+        cdi_dir: Path = host.CDI_DIR,
     ) -> Paths:
         return cls(*registration.sockets(dra.DRIVER, "dra.sock", plugins, registry), cdi_dir)
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import msgspec
 
-from sharegpu.agent import hamicore, mps, notices, nvml, proof, watchdog
+from sharegpu.agent import hamicore, host, mps, notices, nvml, proof, watchdog
 from sharegpu.api import cdi, events, handoff, names, paths, wire
 from sharegpu.api import pods as api_pods
 from sharegpu.core import devices
@@ -32,7 +32,7 @@ class HamiCore:
 
     library: Path | None
     """The node offers hami-core while this file exists, is installed and proven; None: never."""
-    directory: Path = Path(handoff.HAMI_HOST_DIR)
+    directory: Path = host.HAMI_CORE_DIR
     """Where the library is installed for containers (the webhook mounts this host folder)."""
     compute: bool = False
     """The operator measured (scripts/gpu-check) that this node's HAMi-core enforces compute shares."""

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from sharegpu.agent import host
 from sharegpu.api import handoff
 from sharegpu.core import errors
 
@@ -51,9 +52,7 @@ log = logging.getLogger(__name__)
 daemon_log = logging.getLogger(f"{__name__}.daemon")
 """The daemons' own output, one record per line, with the GPU's UUID as the record's `gpu`."""
 
-BINARY: Final = "nvidia-cuda-mps-control"
 VISIBLE_DEVICES: Final = "CUDA_VISIBLE_DEVICES"
-ROOT: Final = Path(handoff.MPS_HOST_ROOT)
 """Where the daemons' directories live on the host."""
 MODE: Final = 0o755
 PROCESS_NAME: Final = "nvidia-cuda-mps"
@@ -76,7 +75,7 @@ class Layout:
     """The directories of each GPU's daemon: `<root>/<uuid>/pipe` and `<root>/<uuid>/log`, the daemon's
     own, and `<root>/<uuid>/tenant/pipe`, its tenants' (only a link to the control socket)."""
 
-    root: Path = ROOT
+    root: Path = host.MPS_ROOT
 
     def gpu(self, uuid: str) -> Path:
         """The GPU's folder; an old-style MIG UUID's slashes become underscores (one path component)."""
@@ -332,12 +331,12 @@ class Supervisor:
 
     def __init__(
         self,
-        binary: str | Path = BINARY,
+        binary: str | Path = host.MPS_BINARY,
         layout: Layout = Layout(),
         *,
         backoff: Backoff = Backoff(),
         grace: float = 5.0,
-        proc: Path = Path("/proc"),
+        proc: Path = host.PROC,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.binary = binary

@@ -1,12 +1,13 @@
 """Which devices each container really got, as the kubelet tells it through its PodResources API.
 
-The kubelet serves the gRPC service `v1.PodResourcesLister` on a unix socket (`SOCKET` by default).
-`List` names the device IDs it allocated to every container of every pod on the node;
-`GetAllocatableResources` names every device it can allocate (kubelet 1.21 and later: a 1.20 kubelet
-answers UNIMPLEMENTED, which reads here as "not known", not as a fault).
+The kubelet serves the gRPC service `v1.PodResourcesLister` on a unix socket
+(`agent.host.PODRESOURCES_SOCKET` by default). `List` names the device IDs it allocated to every
+container of every pod on the node; `GetAllocatableResources` names every device it can allocate
+(kubelet 1.21 and later: a 1.20 kubelet answers UNIMPLEMENTED, which reads here as "not known", not
+as a fault).
 
 The agent depends on the narrow `PodResources` role; `KubeletPodResources` implements it over gRPC
-and `agent.fakekubelet.FakeKubelet` serves the same API where no kubelet hands out devices. gRPC
+and `agent.fakes.kubelet.FakeKubelet` serves the same API where no kubelet hands out devices. gRPC
 errors end at this boundary, translated by status code into `PodResourcesError` and its subclasses.
 
 A kubelet restart removes the socket and creates it again (a new file). A call that finds no socket,
@@ -29,7 +30,6 @@ from google.protobuf.message import Message
 from sharegpu.agent import podresources_pb2 as pb
 from sharegpu.core import errors
 
-SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
 SERVICE = "v1.PodResourcesLister"
 LIST = "List"
 GET_ALLOCATABLE = "GetAllocatableResources"

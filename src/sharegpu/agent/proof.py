@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Protocol
 
+from sharegpu.agent import host
 from sharegpu.agent.cuda import probe as cudaprobe
 from sharegpu.core import devices
 
@@ -84,7 +85,7 @@ class Prover:
         scratch: Path,
         *,
         run: Run = cudaprobe.run,
-        libcuda: str = cudaprobe.LIBCUDA,
+        libcuda: str = host.LIBCUDA,
         limit_mib: int = cudaprobe.PROBE_LIMIT_MIB,
         room_mib: int = cudaprobe.PROBE_ROOM_MIB,
         timeout: float = 60.0,

@@ -20,10 +20,6 @@ from sharegpu.serving import unixgrpc
 
 log = logging.getLogger(__name__)
 
-PLUGINS_DIR: Final = Path("/var/lib/kubelet/plugins")
-"""Where a plugin's own socket goes, in a folder named after its driver."""
-REGISTRY_DIR: Final = Path("/var/lib/kubelet/plugins_registry")
-"""The folder the kubelet watches for registration sockets."""
 SERVICE: Final = "pluginregistration.Registration"
 GET_INFO: Final = "GetInfo"
 NOTIFY: Final = "NotifyRegistrationStatus"

@@ -47,6 +47,7 @@ from sharegpu.agent import (
     cgroups,
     draplugin,
     drift,
+    host,
     inventory,
     isolation,
     mps,
@@ -83,7 +84,6 @@ class Source(nvml.Discovery, nvml.Health, nvml.Processes, nvml.Utilisation, Prot
     def close(self) -> None: ...
 
 
-HAMI_CORE_LIBRARY = Path("/usr/local/vgpu/libvgpu.so")
 """Where HAMi-core's library is installed on a node (HAMi's own layout)."""
 XID_RETRY = 1.0
 """Seconds before a failed wait for XID events is tried again (doubling up to `XID_RETRY_MAX`)."""
@@ -94,12 +94,12 @@ XID_RETRY_MAX = 60.0
 class Options:
     interval: float = 10.0
     """Seconds between passes (a critical XID starts one at once)."""
-    hami_core_library: Path | None = HAMI_CORE_LIBRARY
+    hami_core_library: Path | None = host.HAMI_CORE_LIBRARY
     """The node offers hami-core while this file exists (and is installed); None: never."""
-    hami_core_dir: Path = Path(handoff.HAMI_HOST_DIR)
+    hami_core_dir: Path = host.HAMI_CORE_DIR
     """Where the library is installed for containers (the webhook mounts this host folder)."""
     on_violation: watchdog.Action = watchdog.Action.REPORT
-    proc: Path = Path("/proc")
+    proc: Path = host.PROC
     """Where the node's processes are seen (the agent runs with the host's PID namespace)."""
     slack_mib: int = 0
     """How far a pod may exceed its GPU memory before it violates."""

@@ -43,7 +43,7 @@ from typing import Any, Final, Protocol
 import grpc
 
 from sharegpu.agent import csi_pb2 as pb
-from sharegpu.agent import mps, registration
+from sharegpu.agent import host, mps, registration
 from sharegpu.api import handoff, names, wire
 from sharegpu.api import pods as api_pods
 from sharegpu.core import devices
@@ -69,7 +69,7 @@ class Paths:
     registration_socket: Path
 
     @classmethod
-    def under(cls, plugins: Path = registration.PLUGINS_DIR, registry: Path = registration.REGISTRY_DIR) -> Paths:
+    def under(cls, plugins: Path = host.KUBELET_PLUGINS_DIR, registry: Path = host.KUBELET_REGISTRY_DIR) -> Paths:
         return cls(*registration.sockets(names.VOLUMES_DRIVER, "csi.sock", plugins, registry))
 
 

@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 
 import typer
 
+from sharegpu.agent import host
 from sharegpu.cli.boundary import UsageError, reported
 from sharegpu.cli.logs import LogFormatOption, LogLevelOption, configure
 from sharegpu.cli.options import (
@@ -304,26 +305,26 @@ def agent(
     kubeconfig: Kubeconfig = None,
     interval: Annotated[float, typer.Option(help="Seconds between inventory passes.", min=0.5)] = 10.0,
     mps: Mps = False,
-    mps_binary: MpsBinary = "nvidia-cuda-mps-control",
-    mps_root: MpsRoot = Path("/run/sharegpu/mps"),
-    hami_core_library: HamiCoreLibrary = "/usr/local/vgpu/libvgpu.so",
-    hami_core_dir: HamiCoreDir = Path("/run/sharegpu/hami-core"),
+    mps_binary: MpsBinary = host.MPS_BINARY,
+    mps_root: MpsRoot = host.MPS_ROOT,
+    hami_core_library: HamiCoreLibrary = str(host.HAMI_CORE_LIBRARY),
+    hami_core_dir: HamiCoreDir = host.HAMI_CORE_DIR,
     hami_core_enforces_compute: HamiCoreEnforcesCompute = False,
     isolation_probe: IsolationProbe = True,
-    probe_libcuda: ProbeLibcuda = "libcuda.so.1",
-    probe_dir: ProbeDir = Path("/run/sharegpu/probe"),
+    probe_libcuda: ProbeLibcuda = host.LIBCUDA,
+    probe_dir: ProbeDir = host.PROBE_DIR,
     dra: Dra = False,
     volumes: Volumes = True,
-    kubelet_plugins_dir: KubeletPluginsDir = Path("/var/lib/kubelet/plugins"),
-    kubelet_registry_dir: KubeletRegistryDir = Path("/var/lib/kubelet/plugins_registry"),
-    cdi_dir: CdiDir = Path("/var/run/cdi"),
+    kubelet_plugins_dir: KubeletPluginsDir = host.KUBELET_PLUGINS_DIR,
+    kubelet_registry_dir: KubeletRegistryDir = host.KUBELET_REGISTRY_DIR,
+    cdi_dir: CdiDir = host.CDI_DIR,
     on_violation: OnViolation = "report",
     slack_mib: Annotated[
         int, typer.Option(help="MiB a pod may exceed its GPU memory by before it violates.", min=0)
     ] = 0,
-    proc: Annotated[Path, typer.Option(help="The node's /proc (the agent needs the host's PID namespace).")] = Path(
-        "/proc"
-    ),
+    proc: Annotated[
+        Path, typer.Option(help="The node's /proc (the agent needs the host's PID namespace).")
+    ] = host.PROC,
     usage_interval: Annotated[
         float,
         typer.Option(
@@ -334,7 +335,7 @@ def agent(
     ] = 60.0,
     kubelet_socket: Annotated[
         str, typer.Option(help="The kubelet's PodResources socket, for drift repair ('': not checked).")
-    ] = "/var/lib/kubelet/pod-resources/kubelet.sock",
+    ] = str(host.PODRESOURCES_SOCKET),
     host: Annotated[str, typer.Option(help="Address of /healthz, /readyz and /metrics.")] = "0.0.0.0",
     health_port: Annotated[
         int, typer.Option(help="Port of /healthz, /readyz and /metrics (0: none).", min=0, max=65535)

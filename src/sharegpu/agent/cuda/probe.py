@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from sharegpu.agent import host
 from sharegpu.agent.cuda import child as cudachild
 from sharegpu.agent.mps import VISIBLE_DEVICES, describe_exit
 from sharegpu.api import handoff
@@ -42,7 +43,6 @@ PROBE_ROOM_MIB: Final = 4096
 """GPU memory the probe may take at most: a context, the allocation below the limit, and (where
 nothing enforces) one of twice the limit above it. The agent probes only a GPU with this much that
 no pod was promised."""
-LIBCUDA: Final = "libcuda.so.1"
 SHARED_CACHE: Final = "CUDA_DEVICE_MEMORY_SHARED_CACHE"
 """HAMi-core's shared accounting file (the probe gets a private one, never the pods')."""
 HAMI_PREFIX: Final = "CUDA_DEVICE_"
@@ -109,7 +109,7 @@ async def run(
     env: Mapping[str, str],
     *,
     limit_mib: int,
-    libcuda: str = LIBCUDA,
+    libcuda: str = host.LIBCUDA,
     timeout: float = 60.0,
     attempts: int = 3,
 ) -> tuple[Finding, ...]:
