@@ -239,7 +239,8 @@ class _FakeStream:
             return
         while True:
             try:
-                item = await asyncio.wait_for(self._queue.get(), self._idle_timeout)
+                async with asyncio.timeout(self._idle_timeout):  # no task of its own: events keep their pace
+                    item = await self._queue.get()
             except TimeoutError:
                 raise errors.TransportError(f"watch: no byte for {self._idle_timeout:g} s (fake)") from None
             if item is None:
