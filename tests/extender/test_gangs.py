@@ -183,7 +183,7 @@ async def test_a_released_plan_with_a_member_gone_gives_back_the_rest(harness: C
     for name in "ab":  # both reach their bind once: released
         record = h.extender.cache.record(units.PodKey(f"ns/{name}"))
         assert record is not None
-        await h.extender.scheduling.gangs.arrive(record.key, record.uid)
+        await h.extender.scheduling.gangs.arrive(record)
     await h.api.delete(paths.pod("ns", "b"))
     await settle(h.server)
     await h.extender.scheduling.expire()
@@ -327,15 +327,15 @@ async def test_a_member_bound_after_the_fleet_changed_while_its_gang_gathered_go
     gather = book.arrive
     changed = False
 
-    async def arrive(key: units.PodKey, uid: str) -> str | None:
+    async def arrive(record: pods.Record) -> str | None:
         nonlocal changed
         if not changed:
             changed = True
             h.server.remove_object(paths.device("n0"))
             await settle(h.server)
             assert h.extender.cache.state.row("n1") == 0
-            h.extender.cache.forget(key)  # its assumption lost meanwhile
-        return await gather(key, uid)
+            h.extender.cache.forget(record.key)  # its assumption lost meanwhile
+        return await gather(record)
 
     monkeypatch.setattr(book, "arrive", arrive)
     binds = [asyncio.ensure_future(h.extender.scheduling.bind(binding(h, n, "n1"))) for n in "ab"]
@@ -346,3 +346,113 @@ async def test_a_member_bound_after_the_fleet_changed_while_its_gang_gathered_go
         assert stored is not None
         shown = pods.allocation_of(wire.convert(stored, wire.Pod))
         assert shown is not None and shown.node == "n1" == stored["spec"]["nodeName"]
+
+
+# ----------------------------------------------------------------- found by a review (stop 64)
+
+
+async def test_a_gang_beyond_its_namespaces_quota_holds_nothing(harness: Callable[..., Any]) -> None:
+    """A member's own filter counts itself alone; the plan holds every member at once, so the plan is
+    what the quota must allow: six one-GPU members under a quota of two GPUs hold nothing (before,
+    the first filter held all six for the gang's timeout, again and again)."""
+    h: Harness = await harness(nodes=2, gpus=4, assume_ttl=300.0)
+
+    def quota(milli: int) -> None:
+        hard = {"requests.sharegpu.io/gpu-milli-total": str(milli)}
+        if h.server.get_object("/api/v1/namespaces/ns/resourcequotas/gpus") is not None:
+            h.server.remove_object("/api/v1/namespaces/ns/resourcequotas/gpus")
+        h.server.put_object(
+            paths.RESOURCE_QUOTAS, {"metadata": {"name": "gpus", "namespace": "ns"}, "spec": {"hard": hard}}
+        )
+
+    quota(2000)
+    await settle(h.server)
+    made = [await h.create(member(f"w{i}", minimum=6)) for i in range(6)]
+    verdict = h.extender.scheduling.filter(h.args(made[0]))
+    assert not verdict.node_names and not h.extender.cache.assumed and not h.extender.scheduling.gangs.plans
+    assert "6 member(s) at once" in next(iter(verdict.failed_nodes.values()))
+    quota(6000)
+    await settle(h.server)
+    assert h.extender.scheduling.filter(h.args(made[0])).node_names, "within the quota: planned"
+    assert len(h.extender.cache.assumed) == 6
+
+
+async def test_a_member_whose_plan_was_given_back_does_not_bind_alone(harness: Callable[..., Any]) -> None:
+    """kube-scheduler's bind of a member can come after its plan was given back at the gang's
+    timeout (a slow PreBind): it is refused, not bound alone into a gang that may never complete."""
+    h = await planned_pair(harness, timeout="20")
+    h.clock.advance(21)
+    await h.extender.scheduling.expire()
+    assert not h.extender.scheduling.gangs.plans
+    result = await h.extender.scheduling.bind(binding(h, "a", "n0"))
+    await settle(h.server)
+    assert "no plan holds this member" in result.error
+    assert not (h.server.get_object(paths.pod("ns", "a")) or {})["spec"].get("nodeName")
+
+
+async def test_a_member_with_no_plan_at_all_does_not_bind_alone_but_one_beyond_the_minimum_does(
+    harness: Callable[..., Any],
+) -> None:
+    """A bind with no plan made here (an extender started between the member's filter and its bind):
+    refused while the gang lacks its minimum; a member beyond a minimum already running binds."""
+    h: Harness = await harness(nodes=1, gpus=3)
+    await h.create(member("a", minimum=2))
+    await h.create(member("b", minimum=2))
+    assert "no plan holds this member" in (await h.extender.scheduling.bind(binding(h, "a", "n0"))).error
+    for name in "ab":  # bound by something else meanwhile
+        target = {"apiVersion": "v1", "kind": "Node", "name": "n0"}
+        await h.api.create(paths.binding("ns", name), {"metadata": {"name": name}, "target": target})
+    await settle(h.server)
+    await h.create(member("c", minimum=2))
+    assert (await h.extender.scheduling.bind(binding(h, "c", "n0"))).error == ""
+
+
+async def test_a_member_bound_before_the_watch_shows_it_keeps_its_room(harness: Callable[..., Any]) -> None:
+    """A released plan given back because a member went (here c, whose hand-off could not be made)
+    must not free the room of members whose binding was written but not yet seen on the watch."""
+    h: Harness = await harness(nodes=1, gpus=3, assume_ttl=300.0)
+    made = [await h.create(member(n, minimum=3)) for n in "abc"]
+    for pod in made:
+        assert h.extender.scheduling.filter(h.args(pod)).node_names == ["n0"]
+    ready = h.extender.scheduling.prepare
+
+    async def refuse_c(record: pods.Record, alloc: allocation.Allocation) -> str | None:
+        if record.key == "ns/c":
+            return "hand-off not written yet"
+        return await ready(record, alloc) if ready is not None else None
+
+    h.extender.scheduling.prepare = refuse_c
+    c = h.extender.cache.record(units.PodKey("ns/c"))
+    assert c is not None
+    h.server.stall_watches()  # a's and b's bindings are not shown yet
+    results = await asyncio.gather(*(h.extender.scheduling.bind(binding(h, n, "n0")) for n in "abc"))
+    assert [bool(r.error) for r in results] == [False, False, True]
+    h.extender.cache.on_pod(wire.EventType.DELETED, c)  # c goes, shown before a's and b's bindings
+    h.extender.scheduling.gangs.settle(lambda key: False)
+    assert units.PodKey("ns/a") in h.extender.cache.ledger and units.PodKey("ns/b") in h.extender.cache.ledger
+    assert free_gpus(h) == 1, "only c's GPU is free"
+
+
+async def test_a_replacement_member_stays_in_the_rack_its_gang_runs_in(harness: Callable[..., Any]) -> None:
+    """A gang with `gang-topology: rack` running in r0 loses a member; its replacement goes to r0 or
+    waits, never to r1 (the running members' rack bounds the plan)."""
+    h: Harness = await harness(nodes=2, gpus=2, assume_ttl=300.0)
+    for node, value in (("n0", "r0"), ("n1", "r1")):
+        await h.api.patch(paths.node(node), {"metadata": {"labels": {"rack": value}}})
+    await settle(h.server)
+    rack = {names.GANG_TOPOLOGY: "rack"}
+    a, b = await h.create(member("a", minimum=2, **rack)), await h.create(member("b", minimum=2, **rack))
+    there = h.extender.scheduling.filter(h.args(a)).node_names[0]
+    assert h.extender.scheduling.filter(h.args(b)).node_names == [there]
+    results = await asyncio.gather(*(h.extender.scheduling.bind(binding(h, n, there)) for n in "ab"))
+    assert [r.error for r in results] == ["", ""]
+    await settle(h.server)
+    await h.extender.scheduling.expire()
+    await h.api.delete(paths.pod("ns", "b"))  # b fails; its controller makes b2
+    h.server.finish_deletions()
+    await settle(h.server)
+    filler = await h.create(gpu_pod("filler", milli=None, count=1))
+    assert await h.schedule(filler, [there]) == there  # a lone pod takes b's GPU meanwhile
+    b2 = await h.create(member("b2", minimum=2, **rack))
+    verdict = h.extender.scheduling.filter(h.args(b2))
+    assert not verdict.node_names, f"b2 planned outside a's rack: {verdict.node_names}"

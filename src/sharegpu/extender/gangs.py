@@ -27,6 +27,15 @@ planned again into room others have taken meanwhile. A plan not yet released is 
 its members is bound, and it is planned again whole. A plan that ended (complete, or given back) is
 deleted (`flush`, by its UID).
 
+A plan is made only within the namespace's ResourceQuotas on sharegpu's totals, counted for every
+member it holds at once (a member's own filter counts itself alone). A gang member that reaches its
+bind with no plan holding it (the plan given back at its timeout, or never made by this extender)
+binds only where its gang has its minimum running already; otherwise it is refused and planned again
+with the rest at its next filter, so a member never binds alone into a gang that cannot complete.
+A member whose binding was written counts as bound from that moment (the watch may show it later),
+so no plan gives its room back. Members planned for a gang that has members running already (one
+replaced, or the rest of a plan given back) stay within the topology value those members run in.
+
 A gang that fits nowhere may preempt lower-priority pods for all its members at once
 (`preemption.Preemptor.consider_gang`): their room is held while the victims leave, and the gang is
 planned into it at the first member's filter after they have gone.
@@ -44,11 +53,13 @@ import numpy as np
 
 from sharegpu.api import gangs as api_gangs
 from sharegpu.api import names, paths, pods, wire
+from sharegpu.api import quotas as api_quotas
 from sharegpu.core import allocation, errors, units
 from sharegpu.core import gangs as core_gangs
 from sharegpu.extender import cache as extender_cache
 from sharegpu.extender import metrics as extender_metrics
 from sharegpu.extender import preemption
+from sharegpu.extender import quotas as extender_quotas
 from sharegpu.kube import client
 from sharegpu.kube import errors as kube_errors
 
@@ -73,6 +84,8 @@ class Plan:
     released: asyncio.Event = field(default_factory=asyncio.Event)
     keeping: bool = False
     """Its release is being written to the API (`GangBook._keep`)."""
+    bound: set[units.PodKey] = field(default_factory=set)
+    """Members whose binding was written (before the watch shows it, perhaps)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,12 +110,15 @@ class GangBook:
         clock: Callable[[], float],
         barrier_wait: float = BARRIER_WAIT,
         preemptor: preemption.Preemptor | None = None,
+        quota: extender_quotas.QuotaGuard | None = None,
     ) -> None:
         self.cache = cache
         self.api = api
         self.metrics = metrics
         self.preemptor = preemptor
         """Preempts lower-priority pods for a gang that fits nowhere; None: no preemption."""
+        self.quota = quota
+        """Checks a plan against the namespace's ResourceQuotas on sharegpu's totals; None: not checked."""
         self.clock = clock
         self.barrier_wait = barrier_wait
         self.plans: dict[str, Plan] = {}
@@ -140,8 +156,7 @@ class GangBook:
                     f"{gang.min_count}, timeout {gang.timeout_s}s, topology {gang.topology or 'none'})"
                 )
         live = [m for m in members if not m.terminal and not m.deleting]
-        running = sum(1 for m in live if m.node or not m.gpu)
-        need = gang.min_count - running
+        need = self._short(gang, live)
         if need <= 0:
             return FREE  # the gang has its minimum: later members are placed as any pod
         waiting = [  # gated members (Kueue's gate until it admits them) are not here yet
@@ -151,16 +166,21 @@ class GangBook:
             waiting.append(record)  # filtered before the watch showed it
         if len(waiting) < need:
             return self._refuse(
-                f"gang {gang.key} waits for its members: {running + len(waiting)} of {gang.min_count} "
-                "needed are here, and none is placed before they all fit"
+                f"gang {gang.key} waits for its members: {gang.min_count - need + len(waiting)} of "
+                f"{gang.min_count} needed are here, and none is placed before they all fit"
             )
+        requests_ = {m.key: m.request for m in waiting if m.request is not None}
+        least = dict(sorted(requests_.items(), key=lambda kv: api_quotas.pod_totals(kv[1]))[:need])
+        over = self.quota.refusal_of(least) if self.quota is not None else None
+        if over is not None:  # not even its smallest members fit the quota together: nothing is held
+            return self._refuse(f"gang {gang.key}: {need} member(s) at once: {over}")
         trial = functools.partial(
             core_gangs.plan,
             self.cache.ledger,
             self.cache.placer,
-            [m.request for m in waiting if m.request is not None],
+            list(requests_.values()),
             need,
-            self._domains(gang.topology, self._admitted(waiting)),
+            self._domains(gang.topology, self._admitted(waiting), [m.node for m in live if m.node]),
         )
         found = trial()
         if not found.status.ok:
@@ -171,7 +191,17 @@ class GangBook:
                     f"pod(s) on {', '.join(preempting.nodes)} for it"
                 )
             return self._refuse(f"gang {gang.key}: {found.status.message}")
+        planned = {a.pod: requests_[a.pod] for a in found.allocations}
+        over = self.quota.refusal_of(planned) if self.quota is not None else None
+        if over is not None:
+            return self._refuse(f"gang {gang.key}: {len(planned)} member(s) at once: {over}")
         return self._hold(gang, {m.key: m.uid for m in waiting}, found, record.key)
+
+    @staticmethod
+    def _short(gang: api_gangs.Gang, live: list[pods.Record]) -> int:
+        """How many more members the gang needs placed to reach its minimum (members bound, and
+        members that ask no GPU, which the extender does not place, count as running)."""
+        return gang.min_count - sum(1 for m in live if m.node or not m.gpu)
 
     def _hold(
         self, gang: api_gangs.Gang, uids: dict[units.PodKey, str], found: core_gangs.Plan, asking: units.PodKey
@@ -210,23 +240,42 @@ class GangBook:
             rows = np.array([r for r in rows.tolist() if cache.admits(terms, state.names[r])], dtype=np.int64)
         return rows
 
-    def _domains(self, label: str | None, rows: np.ndarray) -> list[core_gangs.Domain]:
+    def _domains(self, label: str | None, rows: np.ndarray, running: list[str]) -> list[core_gangs.Domain]:
         """`rows` under each value of `label` (nodes without it are in none); one unnamed domain of
-        them all without a label."""
+        them all without a label. Where members run already (on the nodes `running`), only the
+        values of their nodes: the whole gang stays within one."""
         if label is None:
             return [core_gangs.Domain("", rows)]
         found = self.cache.by_label(label, rows.tolist())
+        state = self.cache.state
+        taken = [r for r in (state.row(n) for n in running) if r is not None]
+        if taken:
+            theirs = self.cache.by_label(label, taken).keys()
+            found = {v: r for v, r in found.items() if v in theirs}
         return [core_gangs.Domain(v, np.array(r, dtype=np.int64)) for v, r in sorted(found.items())]
 
     # ----------------------------------------------------------------- bind
 
-    async def arrive(self, key: units.PodKey, uid: str) -> str | None:
-        """A planned member reached its bind: wait for the others. None: bind now (released, or not a
-        planned member); else why not yet."""
+    async def arrive(self, record: pods.Record) -> str | None:
+        """A pod reached its bind: a planned member waits for the others. None: bind now (released,
+        not a gang member, or a member of a gang that has its minimum running); else why not yet."""
+        key, uid = record.key, record.uid
         gang_key = self.member_of.get(key)
         plan = self.plans.get(gang_key) if gang_key is not None else None
         if plan is None or plan.members[key][0] != uid:
-            return None
+            gang = record.gang
+            if gang is None:
+                return None
+            ours = self.plans.get(gang.key)
+            if ours is not None:  # planned without this pod: it follows a released plan as any pod does
+                return None if ours.released.is_set() else f"gang {gang.key}: its planned members bind first"
+            live = [m for m in self.cache.gang_members(gang.key) if not m.terminal and not m.deleting]
+            if self._short(gang, [m for m in live if m.key != key]) <= 0:
+                return None  # the gang has its minimum without this pod: it is placed as any pod
+            return (
+                f"gang {gang.key}: no plan holds this member (given back at its timeout, or not made here); "
+                "it is planned again with the rest at its next filter"
+            )
         plan.arrived.add(key)
         if not plan.released.is_set() and not plan.keeping and plan.arrived >= plan.members.keys():
             refused = await self._keep(plan)
@@ -365,6 +414,13 @@ class GangBook:
 
     # ----------------------------------------------------------------- life cycle
 
+    def bound(self, key: units.PodKey) -> None:
+        """The member's binding was written: its plan counts it bound from now on."""
+        gang_key = self.member_of.get(key)
+        plan = self.plans.get(gang_key) if gang_key is not None else None
+        if plan is not None:
+            plan.bound.add(key)
+
     def holds(self, key: units.PodKey) -> bool:
         """Whether a live plan holds this pod's assumption (its life is the plan's, not `assume_ttl`'s)."""
         return key in self.member_of
@@ -381,7 +437,7 @@ class GangBook:
         given_back = 0
         for gang_key, plan in list(self.plans.items()):
             records = {k: self.cache.record(k) for k in plan.members}
-            bound = [k for k, r in records.items() if r is not None and r.node]
+            bound = [k for k, r in records.items() if k in plan.bound or (r is not None and r.node)]
             if len(bound) == len(plan.members):
                 self._end(gang_key, plan)
                 continue

@@ -14,6 +14,8 @@ Handlers run in the event loop, like the cache's.
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping
+
 from sharegpu.api import quotas, wire
 from sharegpu.core import requests, units
 from sharegpu.extender import cache as extender_cache
@@ -36,13 +38,13 @@ class QuotaGuard:
         if not in_namespace:
             del self.limits[meta.namespace]
 
-    def held(self, namespace: str, but: units.PodKey) -> tuple[int, int]:
-        """What the namespace's placed pods (bound and live, or assumed) hold, `but` excepted."""
+    def held(self, namespace: str, but: Collection[units.PodKey]) -> tuple[int, int]:
+        """What the namespace's placed pods (bound and live, or assumed) hold, those in `but` excepted."""
         milli = memory = 0
         prefix = f"{namespace}/"
         assumed = self.cache.assumed
         for key, record in self.cache.pods.items():
-            if key == but or record.request is None or not key.startswith(prefix):
+            if key in but or record.request is None or not key.startswith(prefix):
                 continue
             if record.live or key in assumed:
                 more = quotas.pod_totals(record.request)
@@ -51,12 +53,20 @@ class QuotaGuard:
 
     def refusal(self, key: units.PodKey, request: requests.PodRequest) -> str | None:
         """Why the pod may not be placed now, or None."""
-        namespace = str(key).split("/", 1)[0]
+        return self.refusal_of({key: request})
+
+    def refusal_of(self, placing: Mapping[units.PodKey, requests.PodRequest]) -> str | None:
+        """Why these pods of one namespace may not be placed together now (a gang's plan holds them
+        all at once), or None."""
+        if not placing:
+            return None
+        namespace = str(next(iter(placing))).split("/", 1)[0]
         limits = self.limits.get(namespace)
         if not limits:
             return None
-        asks = quotas.pod_totals(request)
+        totals = [quotas.pod_totals(r) for r in placing.values()]
+        asks = (sum(t[0] for t in totals), sum(t[1] for t in totals))
         if asks == (0, 0):
             return None
         return quotas.refusal(namespace, sorted(limits.values(), key=lambda x: x.name),
-                              self.held(namespace, key), asks)  # fmt: skip
+                              self.held(namespace, placing.keys()), asks)  # fmt: skip

@@ -176,7 +176,7 @@ class SchedulingService:
         prepare: Prepare | None = None,
     ) -> None:
         self.cache = cache
-        self.gangs = extender_gangs.GangBook(cache, api, metrics, clock=clock, preemptor=preemptor)
+        self.gangs = extender_gangs.GangBook(cache, api, metrics, clock=clock, preemptor=preemptor, quota=quota)
         """Gangs planned at once and bound together (`extender.gangs`)."""
         self.prepare = prepare
         """Readies a sharing pod's hand-off before its binding (`extender.handoff`); None: nothing to ready."""
@@ -498,7 +498,7 @@ class SchedulingService:
             return self._bind_failed(BindOutcome.ERROR, uninventoried)
         if key in self.binding:
             return self._bind_failed(BindOutcome.ERROR, f"pod {key} is being bound")
-        waiting = await self.gangs.arrive(key, record.uid)
+        waiting = await self.gangs.arrive(record)
         if waiting is not None:
             return self._bind_failed(BindOutcome.GANG, waiting)
         state = self.cache.state  # read after the wait: the fleet may have been rebuilt, moving rows
@@ -530,6 +530,7 @@ class SchedulingService:
                 return self._bind_failed(BindOutcome.ERROR, f"pod {key}: {refused}")
             body = _binding(args, record.uid, alloc)
             await self.api.create(paths.binding(args.pod_namespace, args.pod_name), body)
+            self.gangs.bound(key)
         except BaseException as exc:
             # pods/binding answers 409 for any error of its storage write too, one after the commit
             # among them (an etcd connection reset: "Operation cannot be fulfilled on pods/binding ...:

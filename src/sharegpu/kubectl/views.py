@@ -28,7 +28,7 @@ from sharegpu.api import budgets as api_budgets
 from sharegpu.api import dra, idle, names, pods, reasons, usage, wire
 from sharegpu.api import groups as api_groups
 from sharegpu.api import quotas as api_quotas
-from sharegpu.core import allocation, errors, fit, policies, requests, units
+from sharegpu.core import allocation, errors, fit, policies, requests
 from sharegpu.extender import cache as extender_cache
 from sharegpu.extender import quotas as extender_quotas
 
@@ -539,7 +539,7 @@ def quota_views(view: Cluster, namespace: str | None = None) -> list[QuotaView]:
     for ns, limits in sorted(view.quota.limits.items()):
         if namespace is not None and ns != namespace:
             continue
-        milli, memory = view.quota.held(ns, units.pod_key(ns, ""))
+        milli, memory = view.quota.held(ns, ())
         for name, limit in sorted(limits.items()):
             if limit.milli is not None:
                 out.append(QuotaView(ns, name, names.GPU_MILLI_TOTAL, milli, limit.milli))
