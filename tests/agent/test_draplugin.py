@@ -5,6 +5,7 @@ unix sockets, with claims on the fake API server."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import shutil
 import tempfile
@@ -197,6 +198,34 @@ async def test_a_restarted_plugin_removes_the_specs_of_claims_that_are_gone(setu
     try:
         assert second.claims is not None and sorted(c.name for c in second.claims.values()) == ["kept"]
         assert [setup.cdi_file(u).exists() for u in (kept, gone, renewed)] == [True, False, False]
+    finally:
+        await second.stop()
+
+
+@pytest.mark.parametrize("older_sorts_first", [True, False])
+async def test_of_two_specs_of_one_claim_name_a_restarted_plugin_keeps_the_live_claims(
+    setup: Setup, older_sorts_first: bool
+) -> None:
+    """The claim is made again (same name, new UID) and prepared before the kubelet unprepared the
+    old one; the agent restarts. The spec of the UID the API shows is the claim's, whichever file
+    name sorts first (real UIDs are random); the old one's is removed. (A review found the later
+    file by name winning, and then removed as stale: the live claim's pods unjudged.)"""
+    old = setup.claim(allocated("c", index=0))
+    first = setup.plugin()
+    await first.start()
+    await setup.kubelet.prepare(("c", old))
+    await setup.api.delete(f"{CLAIMS}/c")
+    if not older_sorts_first:  # the fake numbers its UIDs: the new one then sorts before the old
+        setup.server._uids = itertools.count(0)
+    new = setup.claim(allocated("c", index=1))
+    assert (old < new) is older_sorts_first
+    await setup.kubelet.prepare(("c", new))
+    await first.stop()
+    second = setup.plugin()
+    await second.start()
+    try:
+        assert second.claims is not None and second.claims[("ns", "c")].uid == new
+        assert [setup.cdi_file(u).exists() for u in (old, new)] == [False, True]
     finally:
         await second.stop()
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 import tempfile
 from collections.abc import Mapping
@@ -15,7 +16,7 @@ from typing import Any
 import prometheus_client
 import pytest
 
-from sharegpu.agent import hamicore, inventory, mps, podresources, proof, watchdog
+from sharegpu.agent import draplugin, hamicore, inventory, mps, podresources, proof, watchdog
 from sharegpu.agent import runtime as agent_runtime
 from sharegpu.agent.cuda import probe as cudaprobe
 from sharegpu.agent.fakes import kubelet as fakekubelet
@@ -24,7 +25,7 @@ from sharegpu.api import devices as api_devices
 from sharegpu.api import dra, events, names, paths, resources, wire
 from sharegpu.api import groups as api_groups
 from sharegpu.kube import client, fake
-from tests.agent import cudastubs
+from tests.agent import cudastubs, drakubelet
 from tests.agent.conftest import gone
 from tests.agent.fake_mps_daemon import write_fake_daemon
 from tests.builders import (
@@ -32,6 +33,7 @@ from tests.builders import (
     NVML_PROCESSES,
     Json,
     MakeAllocation,
+    MakeClaim,
     MakeNode,
     MakePod,
     nvml_with,
@@ -220,6 +222,48 @@ async def test_a_resource_slice_left_from_serving_dra_is_deleted_even_if_refused
         assert not server.faults and server.get_object(dra.slice_path("n0")) is None, "deleted at the first pass"
     finally:
         await agent.stop()
+
+
+async def test_a_gpu_a_prepared_claim_holds_stays_gone_at_its_index_when_it_leaves_nvml(tmp_path: Path) -> None:
+    """GPU-2 falls off the bus while a DRA claim prepared here holds it (no pod annotation names it
+    on the DRA path): it stays in the Device, gone, at its index, and its ResourceSlice device is
+    tainted NoExecute, as for the extender path's pods. (A review found it dropped: the pods stuck on
+    a dead GPU untainted, and its index free for another GPU under a claim that names it.)"""
+    folder = Path(tempfile.mkdtemp(prefix="dra-", dir="/tmp"))  # a unix socket's path must be short
+    server = fake.FakeApiServer(served=frozenset({dra.API_VERSION}))
+    server.put_object(paths.NODES, MakeNode("n0").obj())
+    path = tmp_path / "nvml.yaml"
+    write_nvml(path, NVML_FILE)
+    plugin_paths = draplugin.Paths.under(folder / "plugins", folder / "registry", folder / "cdi")
+    options = agent_runtime.Options(interval=3600, dra=True, dra_plugin=plugin_paths)
+    agent = agent_runtime.Agent(client.KubeClient(server), "n0", fakenvml.FakeNvml(path).open(), options)
+    await agent.start()
+    try:
+        await one_pass(agent, server)
+        claim = MakeClaim("c").ask(300, "4Gi").obj()
+        result = {"request": "gpu", "driver": dra.DRIVER, "pool": "n0", "device": dra.device_name(2),
+                  "consumedCapacity": {dra.MILLI: "300", dra.MEMORY: "4Gi"}}  # fmt: skip
+        claim["status"] = {"allocation": {"devices": {"results": [result]}}}
+        uid = server.put_object(dra.claim_path("ns"), claim)["metadata"]["uid"]
+        answer = await drakubelet.Kubelet(plugin_paths).prepare(("c", uid))
+        assert not answer.claims[uid].error
+        write_nvml(path, NVML_FILE.replace(
+            "  - {uuid: GPU-2, model: NVIDIA A100-SXM4-80GB, memoryMiB: 81920, numaNode: 1}\n", "")
+            .replace(NVML_PROCESSES, "processes: []"))  # fmt: skip
+        device = await one_pass(agent, server)
+        assert [(g.index, g.uuid, g.healthy, g.reason) for g in device.spec.gpus][2] == (
+            2,
+            "GPU-2",
+            False,
+            api_devices.GONE,
+        )
+        published = server.get_object(dra.slice_path("n0"))
+        assert published is not None
+        gpu2 = next(d for d in published["spec"]["devices"] if d["name"] == dra.device_name(2))
+        assert [(t["key"], t["effect"]) for t in gpu2.get("taints", [])] == [(dra.UNHEALTHY, "NoExecute")]
+    finally:
+        await agent.stop()
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 async def test_a_library_that_enforces_nothing_is_not_offered_and_says_why(

@@ -106,8 +106,9 @@ class DraPlugin:
         """Serve the plugin, then register it (the kubelet may call the plugin as soon as it sees the
         registration socket)."""
         self.paths.cdi_dir.mkdir(parents=True, exist_ok=True)
-        self.claims = await asyncio.to_thread(self._recover)
-        await self._collect()
+        recovered = await asyncio.to_thread(self._recover)
+        self.claims = {(c.namespace, c.name): c for c in recovered}  # the newest spec of a name, until the API says
+        await self._collect(recovered)
         prepare = unixgrpc.unary(self._prepare, pb.NodePrepareResourcesRequest, pb.NodePrepareResourcesResponse)
         unprepare = unixgrpc.unary(self._unprepare, pb.NodeUnprepareResourcesRequest, pb.NodeUnprepareResourcesResponse)
         handlers = [grpc.method_handlers_generic_handler(s, {PREPARE: prepare, UNPREPARE: unprepare}) for s in SERVICES]
@@ -219,11 +220,13 @@ class DraPlugin:
         prefix = cdi.file_name("")
         return sorted(p.name for p in self.paths.cdi_dir.glob(f"{prefix.removesuffix('.json')}*.json"))
 
-    async def _collect(self) -> None:
+    async def _collect(self, recovered: list[cdi.PreparedClaim]) -> None:
         """Remove the specs of claims that no longer exist (or exist again under another UID): their
-        pods are gone, and the kubelet will not unprepare what it no longer knows. A claim that cannot
-        be read now keeps its spec."""
-        for (namespace, name), claim in sorted((self.claims or {}).items()):
+        pods are gone, and the kubelet will not unprepare what it no longer knows. Of two specs of one
+        claim name (the claim made again and prepared before the old one was unprepared), the one of
+        the UID the API shows is the claim's. A claim that cannot be read now keeps its spec."""
+        for claim in recovered:
+            namespace, name = claim.namespace, claim.name
             try:
                 found = await self.api.get(dra.claim_path(namespace, name))
             except kube_errors.NotFoundError:
@@ -234,11 +237,14 @@ class DraPlugin:
             if found is None or (found.get("metadata") or {}).get("uid") != claim.uid:
                 log.info("DRA plugin: claim %s/%s (UID %s) is gone: its CDI spec removed", namespace, name, claim.uid)
                 self.unprepare(claim.uid)
+            elif self.claims is not None:
+                self.claims[(namespace, name)] = claim
 
-    def _recover(self) -> dict[tuple[str, str], cdi.PreparedClaim]:
-        """The claims prepared here, read back from their specs (an agent that restarts meets pods that
-        still use them); a spec that does not say its claim is left out (logged): its pods go unjudged."""
-        out = {}
+    def _recover(self) -> list[cdi.PreparedClaim]:
+        """The claims prepared here, read back from their specs, oldest spec first (an agent that
+        restarts meets pods that still use them); a spec that does not say its claim is left out
+        (logged): its pods go unjudged."""
+        out: list[tuple[float, cdi.PreparedClaim]] = []
         for name in self.prepared():
             try:
                 body = orjson.loads((self.paths.cdi_dir / name).read_bytes())
@@ -251,8 +257,9 @@ class DraPlugin:
                     "DRA plugin: the CDI spec %s does not say which claim it is for: its pods go unjudged", name
                 )
                 continue
-            out[(found.namespace, found.name)] = found
-        return out
+            with contextlib.suppress(OSError):
+                out.append(((self.paths.cdi_dir / name).stat().st_mtime, found))
+        return [claim for _, claim in sorted(out, key=lambda pair: pair[0])]
 
     def _write(self, uid: str, body: dict[str, Any]) -> None:
         """Atomically: a runtime reading the directory sees the old file or the new one, never half."""

@@ -297,9 +297,13 @@ class Agent:
         current = await self._current()
         previous = current.spec if current is not None else None
         held = inventory.held_uuids(list(self.pods.values()), previous)
-        spec = inventory.device_spec(gpus, links, unhealthy, previous, held)
-        live = self._live()
         claims = self.plugin.claims if self.plugin is not None else None
+        # A GPU that leaves NVML while pods hold it stays, gone, at its index: those of the extender
+        # path (`held`) and those of the DRA claims prepared here alike (no other GPU takes its index
+        # under a claim that names it).
+        claimed = {uuid for claim in (claims or {}).values() for uuid in claim.gpus}
+        spec = inventory.device_spec(gpus, links, unhealthy, previous, held | claimed)
+        live = self._live()
         spec = await self.isolation.apply(spec, gpus, live, claims)
         if self.options.dra:
             spec = msgspec.structs.replace(spec, dra=True)
