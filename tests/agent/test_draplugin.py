@@ -230,6 +230,32 @@ async def test_of_two_specs_of_one_claim_name_a_restarted_plugin_keeps_the_live_
         await second.stop()
 
 
+async def test_a_claim_prepared_again_never_loses_the_limits_its_spec_was_written_with(setup: Setup) -> None:
+    """The kubelet prepares a claim again while HAMi-core is not offered for the moment (its proof
+    pending after an agent restart): the spec keeps its preload and limits, so the claim's restarted
+    containers do not come back unlimited. A new claim gets what is offered now."""
+    uid = setup.claim(allocated("c"))
+    plugin = setup.plugin()
+    await plugin.start()
+    try:
+        await setup.kubelet.prepare(("c", uid))
+
+        def env(claim: str) -> list[str]:
+            body = orjson.loads(setup.cdi_file(claim).read_bytes())
+            return sorted(e for d in body["devices"] for e in d["containerEdits"]["env"])
+
+        limited = env(uid)
+        assert f"{handoff.LD_PRELOAD}={handoff.HAMI_LIBRARY}" in limited
+        setup.enforce = handoff.Enforcement()
+        assert not (await setup.kubelet.prepare(("c", uid))).claims[uid].error
+        assert env(uid) == limited
+        other = setup.claim(allocated("d"))
+        await setup.kubelet.prepare(("d", other))
+        assert not any(e.startswith(handoff.LD_PRELOAD) for e in env(other))
+    finally:
+        await plugin.stop()
+
+
 def test_a_spec_that_says_its_claim_wrongly_says_nothing() -> None:
     for text in ("{", '{"namespace": "n", "name": "c", "uid": "u", "gpus": {"GPU-1": 0}}', "[]"):
         assert cdi.PreparedClaim.of_spec({"annotations": {names.CDI_CLAIM: text}}) is None, text

@@ -181,7 +181,7 @@ class DraPlugin:
             raise ClaimNotPreparable(f"{where}: GPU(s) {missing} are not on this node")
         requests = [cdi.RequestDevices(c.name, c.devices) for c in held.containers]
         prepared = cdi.PreparedClaim.of(namespace, name, uid, requests, uuid_of)
-        self._write(uid, cdi.spec(uid, requests, uuid_of, self.enforcement(), prepared))
+        self._write(uid, cdi.spec(uid, requests, uuid_of, self._enforcement(uid), prepared))
         if self.claims is not None:
             self.claims[(namespace, name)] = prepared
         devices = []
@@ -201,6 +201,22 @@ class DraPlugin:
             devices.append(device)
         log.info("DRA plugin: claim %s prepared: %s", where, ", ".join(i for d in devices for i in d.cdi_device_ids))
         return devices
+
+    def _enforcement(self, uid: str) -> handoff.Enforcement:
+        """The limits to write: what the node offers now, and never less than a spec of this claim
+        written before holds (a kubelet may prepare a claim again, e.g. after it restarted, while a
+        mode is not offered for the moment: HAMi-core waits for its proof after an agent restart);
+        its pods' containers, restarted, must not come back without the limits they started with."""
+        now = self.enforcement()
+        try:
+            body = orjson.loads((self.paths.cdi_dir / cdi.file_name(uid)).read_bytes())
+        except FileNotFoundError:
+            return now
+        except (OSError, orjson.JSONDecodeError) as error:
+            log.warning("DRA plugin: cannot read the CDI spec of claim %s: %s; written anew", uid, error)
+            return now
+        before = cdi.enforcement_of(body) if isinstance(body, dict) else handoff.Enforcement()
+        return handoff.Enforcement(hami_core=now.hami_core or before.hami_core, mps=now.mps or before.mps)
 
     def unprepare(self, uid: str) -> bool:
         """Remove the claim's CDI spec: True if there was one."""

@@ -85,6 +85,20 @@ def edits(
     return out
 
 
+def enforcement_of(body: Mapping[str, Any]) -> handoff.Enforcement:
+    """The limits a spec (`spec`) was written with, read back from its devices' edits."""
+    env = [
+        str(line)
+        for device in body.get("devices") or []
+        if isinstance(device, dict)
+        for line in (device.get("containerEdits") or {}).get("env") or []
+    ]
+    return handoff.Enforcement(
+        hami_core=f"{handoff.LD_PRELOAD}={handoff.HAMI_LIBRARY}" in env,
+        mps=any(line.startswith(f"{handoff.MPS_PIPE}=") for line in env),
+    )
+
+
 def _bind(host: str, container: str, *, read_only: bool) -> dict[str, Any]:
     options = ["rbind", "nosuid", "nodev", "ro" if read_only else "rw"]
     return {"hostPath": host, "containerPath": container, "options": options}
