@@ -50,7 +50,7 @@ def allocated(name: str, node: str = NODE, index: int = 1, milli: int = 300, mem
 
 class Setup:
     def __init__(self, folder: Path) -> None:
-        self.server = fake.FakeApiServer()
+        self.server = fake.FakeApiServer(served=frozenset({dra.API_VERSION}))
         self.api = client.KubeClient(self.server)
         self.paths = draplugin.Paths.under(folder / "plugins", folder / "registry", folder / "cdi")
         self.kubelet = Kubelet(self.paths)
@@ -254,6 +254,25 @@ async def test_a_claim_prepared_again_never_loses_the_limits_its_spec_was_writte
         assert not any(e.startswith(handoff.LD_PRELOAD) for e in env(other))
     finally:
         await plugin.stop()
+
+
+async def test_no_spec_is_removed_while_claims_version_is_not_served(setup: Setup) -> None:
+    """An agent that restarts while an API server of another version answers (a rollback, a
+    mixed-version control plane) reads 404 for every claim: that says nothing of the claims, and
+    their specs stay (their pods run on)."""
+    uid = setup.claim(allocated("c"))
+    first = setup.plugin()
+    await first.start()
+    await setup.kubelet.prepare(("c", uid))
+    await first.stop()
+    setup.server.served = frozenset()
+    setup.server.remove_object(f"{CLAIMS}/c")  # the 404 such a server answers for the claim
+    second = setup.plugin()
+    await second.start()
+    try:
+        assert setup.cdi_file(uid).exists() and second.claims is not None and ("ns", "c") in second.claims
+    finally:
+        await second.stop()
 
 
 def test_a_spec_that_says_its_claim_wrongly_says_nothing() -> None:

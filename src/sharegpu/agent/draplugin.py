@@ -240,7 +240,18 @@ class DraPlugin:
         """Remove the specs of claims that no longer exist (or exist again under another UID): their
         pods are gone, and the kubelet will not unprepare what it no longer knows. Of two specs of one
         claim name (the claim made again and prepared before the old one was unprepared), the one of
-        the UID the API shows is the claim's. A claim that cannot be read now keeps its spec."""
+        the UID the API shows is the claim's. A claim that cannot be read now keeps its spec, and so
+        does every claim while the API server does not serve claims' version (a 404 then says
+        nothing of the claim: an API server of another version answered)."""
+        if recovered:
+            try:
+                served = await client.serves(self.api, dra.API_VERSION)
+            except kube_errors.KubeError as error:
+                log.warning("DRA plugin: cannot tell whether %s is served: %s; no spec removed", dra.API_VERSION, error)
+                return
+            if not served:
+                log.warning("DRA plugin: %s is not served now; no spec removed", dra.API_VERSION)
+                return
         for claim in recovered:
             namespace, name = claim.namespace, claim.name
             try:
