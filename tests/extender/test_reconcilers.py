@@ -368,3 +368,121 @@ async def test_the_preemption_and_requeue_tasks_outlive_a_pass_that_raises(
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+# ----------------------------------------------------------------- found by a review (stop 64)
+
+
+@pytest.mark.parametrize("outage", ["cordoned", "not ready"])
+async def test_a_node_the_fleet_does_not_count_keeps_the_reservations_its_sharers_run_on(
+    harness: Callable[..., Any], outage: str
+) -> None:
+    """A cordoned or NotReady node leaves the fleet (nothing new goes there), but its sharing pods run
+    on: their GPUs' reservations stay (deleted as idle, the GPU went back to the device plugin while
+    the sharer ran on it)."""
+    h: Harness = await harness(nodes=1, gpus=1)
+    await h.schedule(await h.create(gpu_pod("a", milli=300, annotations={names.HANDOFF: "sharegpu-handoff-a"})))
+    await eventually(lambda: len(reservations_in(h)) == 1, "a reservation")
+    await report_uuids(h)
+    name = reservations_in(h)[0]["metadata"]["name"]
+    h.extender.reservations.idle = 3.0  # the default --reservation-idle
+    await h.api.patch(f"{paths.pod('ns', 'a')}/status", {"status": {"phase": "Running"}})
+    if outage == "cordoned":
+        await h.api.patch(paths.node("n0"), {"spec": {"unschedulable": True}})
+    else:
+        node = h.server.get_object(paths.node("n0"))
+        assert node is not None
+        conditions = [{**c, "status": "Unknown"} if c["type"] == "Ready" else c for c in node["status"]["conditions"]]
+        await h.api.patch(f"{paths.node('n0')}/status", {"status": {"conditions": conditions}})
+    await settle(h.server)
+    assert h.extender.cache.state.row("n0") is None, "out of the fleet"
+    for _ in range(5):
+        h.clock.advance(5)
+        await passes(h)
+    assert [o["metadata"]["name"] for o in reservations_in(h)] == [name]
+
+
+async def test_an_idle_reservation_is_not_deleted_under_a_pod_bound_to_its_gpu_during_the_pass(
+    harness: Callable[..., Any],
+) -> None:
+    """A pass decides GPU x's reservation is idle, but first awaits the deletion of another; meanwhile
+    a pod is bound to x with x's reservation in its hand-off. The pass looks again before deleting."""
+    h: Harness = await harness(nodes=1, gpus=2)
+    reconciler = h.extender.reservations
+    reconciler.idle = 1e9  # nothing retires while the scene is set
+    await h.schedule(await h.create(gpu_pod("w", milli=1000)))  # a whole GPU, y: no reservation
+    held = h.extender.cache.ledger.get(units.PodKey("ns/w"))
+    assert held is not None
+    y = held.alloc.gpu_indices[0]
+    x = 1 - y
+    for slot, uuid in ((y, "GPU-y"), (x, "GPU-x")):  # two reported reservations left by earlier sharers
+        body = reservations.reservation_pod(names.reservation_name("n0", slot, f"aaaa0{slot}"), "n0", slot, "img")
+        body["metadata"]["annotations"] = {names.GPU_UUID: uuid}
+        await h.api.create(paths.pods(SYSTEM), body)
+        await settle(h.server)
+    await passes(h)
+    assert len(reservations_in(h)) == 2
+    y_path = paths.pod(SYSTEM, names.reservation_name("n0", y, f"aaaa0{y}"))
+    entered, answer = asyncio.Event(), asyncio.Event()
+    send = h.server.send
+
+    async def slow(request: Any, timeout: float) -> Any:
+        if request.method == "DELETE" and request.path == y_path:
+            entered.set()
+            await answer.wait()  # the API server is slow to answer this one deletion
+        return await send(request, timeout)
+
+    h.server.send = slow  # type: ignore[method-assign]
+    reconciler.idle = 3.0
+    h.clock.advance(5)
+    reconciler.wake()
+    await asyncio.wait_for(entered.wait(), 5)
+    await h.schedule(await h.create(gpu_pod("p", milli=300, annotations={names.HANDOFF: "sharegpu-handoff-p"})))
+    handed = (h.server.get_object(paths.configmap("ns", "sharegpu-handoff-p")) or {}).get("data", {})
+    assert "GPU-x" in handed.values()
+    answer.set()
+    await passes(h)
+    kept = h.server.get_object(paths.pod(SYSTEM, names.reservation_name("n0", x, f"aaaa0{x}")))
+    assert kept is not None and not kept["metadata"].get("deletionTimestamp"), "x's reservation deleted under p"
+
+
+async def test_a_silent_watch_does_not_make_a_second_reservation(harness: Callable[..., Any]) -> None:
+    """The pods watch goes silent (given up only after 150 s): a creation the watch has not shown for
+    `pending_timeout` is read back, found, and no second reservation is made for the GPU."""
+    h: Harness = await harness(nodes=1, gpus=1)
+    pod = await h.create(gpu_pod("a", milli=300))
+    h.server.stall_watches()
+    await h.schedule(pod)
+    await passes(h)
+    assert creations(h) == 1
+    for _ in range(4):
+        h.clock.advance(31)
+        await passes(h)
+    assert creations(h) == 1
+
+
+async def test_a_pod_copying_anothers_handoff_does_not_take_it_before_the_watch_shows_it(
+    harness: Callable[..., Any],
+) -> None:
+    """A tenant's second pod names the hand-off ConfigMap of its first; the first is bound (its
+    ConfigMap made), the second comes to its bind before the ConfigMap watch shows that. The
+    ConfigMap read back belongs to a live pod: the second is not bound, the first keeps its GPU."""
+    h: Harness = await harness(nodes=1, gpus=2)
+    shared = "sharegpu-handoff-0123456789abcdef"
+    owner = await h.create(gpu_pod("owner", milli=600, annotations={names.HANDOFF: shared}))
+    copycat = await h.create(gpu_pod("copycat", milli=600, annotations={names.HANDOFF: shared}))
+    for watch in [w for w in h.server.watches if w.collection == "/api/v1|configmaps"]:
+        h.server.watches.remove(watch)  # the ConfigMap watch lags
+    await h.schedule(owner)
+    verdict = h.extender.scheduling.filter(h.args(copycat))
+    stored = h.server.get_object(paths.pod("ns", "copycat"))
+    assert stored is not None
+    args = api_extender.BindingArgs(
+        pod_name="copycat", pod_namespace="ns", pod_uid=stored["metadata"]["uid"], node=verdict.node_names[0]
+    )
+    result = await h.extender.scheduling.bind(args)
+    await settle(h.server)
+    configmap = h.server.get_object(paths.configmap("ns", shared))
+    assert configmap is not None
+    assert [r["name"] for r in configmap["metadata"]["ownerReferences"]] == ["owner"]
+    assert result.error and not (h.server.get_object(paths.pod("ns", "copycat")) or {})["spec"].get("nodeName")

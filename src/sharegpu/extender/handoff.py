@@ -224,6 +224,11 @@ class HandoffReconciler(extender_handle.Reconciler):
         namespace, name = claim
         path = paths.configmap(namespace, name)
         found = await self.api.get(path)
+        owner = await self._live_owner(namespace, found, record.uid)
+        if owner is not None:  # sharegpu's hand-off of a live pod the watch had not shown yet: not ours to take
+            log.warning("pod %s: hand-off ConfigMap %s/%s belongs to pod %s; not taken", record.key, namespace,
+                        name, owner)  # fmt: skip
+            return False
         if not _foreign(found, record.uid) and not found.get("immutable"):
             current = configmap_record(wire.convert(found, wire.ConfigMap))
             self.on_configmap(wire.EventType.MODIFIED, current)  # the watch had not shown it yet
@@ -236,6 +241,24 @@ class HandoffReconciler(extender_handle.Reconciler):
         self.metrics.handoffs.labels(extender_metrics.HandoffAction.REPAIRED).inc()
         self.confirmed[claim] = data
         return True
+
+    async def _live_owner(self, namespace: str, found: dict[str, Any], uid: str) -> str | None:
+        """The pod (its name) other than `uid` that a hand-off sharegpu wrote belongs to, while that
+        pod exists with that UID and has not ended: a ConfigMap it still reads is never handed to
+        another pod that names it (a tenant's pod copying another's hand-off annotation)."""
+        meta = found.get("metadata") or {}
+        if (meta.get("labels") or {}).get(names.LABEL_ROLE) != names.ROLE_HANDOFF:
+            return None
+        for ref in meta.get("ownerReferences") or []:
+            if ref.get("kind") != "Pod" or ref.get("uid") in (None, uid):
+                continue
+            try:
+                pod = wire.convert(await self.api.get(paths.pod(namespace, str(ref.get("name")))), wire.Pod)
+            except kube_errors.NotFoundError:
+                continue
+            if pod.metadata.uid == ref.get("uid") and not pods.is_terminal(pod):
+                return f"{namespace}/{pod.metadata.name}"
+        return None
 
     async def _alarm(self, claim: Claim, record: pods.Record, what: str) -> None:
         namespace, name = claim

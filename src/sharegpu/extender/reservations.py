@@ -14,7 +14,10 @@ watch shows, and:
 - deletes reservations that ended (failed, or evicted) so they can be replaced;
 - deletes duplicates (keeping the one that reported a UUID, then the oldest);
 - deletes a reservation whose GPU has had no sharer for `idle` seconds (`retiring` from the moment
-  of the decision: the hand-off reconciler no longer gives it to anyone), conditionally on its UID.
+  of the decision: the hand-off reconciler no longer gives it to anyone), conditionally on its UID,
+  the GPU's sharers looked at again at that moment (a pod may have been bound to it while the pass
+  awaited another write); a node the fleet does not count now (cordoned, not Ready, its Device gone
+  or unreadable) keeps its reservations, since its sharers may still run there.
 
 Reservations this process created but the watch has not shown yet are remembered (`pending`), so a
 pass never creates a second one for the same GPU.
@@ -116,11 +119,11 @@ class ReservationReconciler(extender_handle.Reconciler):
         seen = {key.split("/", 1)[1] for key in self.cache.reservations}
         for where in list(self.pending):
             name, since = self.pending[where]
-            if name in seen or now - since > self.pending_timeout:
+            if name in seen:
                 del self.pending[where]  # seen in whatever state: from now on the watch tells
                 self.unsure.discard(where)
-            elif where in self.unsure and now - since >= self.settle:
-                await self._read_back(where, name)
+            elif (where in self.unsure and now - since >= self.settle) or now - since > self.pending_timeout:
+                await self._read_back(where, name)  # not shown yet (a silent watch?): there, it stays pending
         shared = self.cache.shared_slots()
         for where, found in by_slot.items():
             keep = _keeper(found)
@@ -129,12 +132,15 @@ class ReservationReconciler(extender_handle.Reconciler):
                     await self._delete(extra, extender_metrics.ReservationAction.DELETED_DUPLICATE, now)
             if keep.reservation is not None and keep.reservation.uuid:
                 self.backoff.pop(where, None)
-            if where in shared:
+            if where in shared or self.cache.state.row(where[0]) is None:
                 self.idle_since.pop(where, None)
                 continue
             since = self.idle_since.setdefault(where, now)
             if now - since >= self.idle:
-                await self._delete(keep, extender_metrics.ReservationAction.DELETED_IDLE, now)
+                if where in self.cache.shared_slots():  # bound to while this pass awaited a write
+                    self.idle_since.pop(where, None)
+                    continue
+                await self._delete(keep, extender_metrics.ReservationAction.DELETED_IDLE, now)  # retiring at once
                 self.idle_since.pop(where, None)
         for where in self.idle_since.keys() - by_slot.keys():
             del self.idle_since[where]
@@ -163,8 +169,9 @@ class ReservationReconciler(extender_handle.Reconciler):
             log.warning("GPU %d of %s lost its reservation pod; created %s", slot, node, name)
 
     async def _read_back(self, where: Slot, name: str) -> None:
-        """A creation whose answer was lost and that the watch has not shown: read it; gone, the GPU
-        gets a new reservation (its backoff applying)."""
+        """A creation whose answer was lost, or that the watch has not shown for `pending_timeout`
+        seconds: read it; gone, the GPU gets a new reservation (its backoff applying); there, it
+        stays pending (read again `pending_timeout` seconds later) and no second one is made."""
         try:
             await self.api.get(paths.pod(names.HOLDING_NAMESPACE, name))
         except kube_errors.NotFoundError:
@@ -175,6 +182,7 @@ class ReservationReconciler(extender_handle.Reconciler):
             log.warning("reading back the reservation %s: %s", name, exc)
         else:
             self.unsure.discard(where)  # it exists: the watch will show it
+            self.pending[where] = (name, self.clock())
 
     async def _delete(self, record: pods.Record, why: extender_metrics.ReservationAction, now: float) -> None:
         namespace, name = record.key.split("/", 1)
