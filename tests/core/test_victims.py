@@ -301,3 +301,17 @@ def test_a_gangs_victim_takes_its_own_gang_along() -> None:
     found = victims.for_gang(state, tenants, functools.partial(core_gangs.plan, ledger, placer, members, 2), 5)
     assert found is not None
     assert sorted(names(found.victims)) == ["m", "mate"], "the low gang goes whole; priority 2 stays"
+
+
+def test_a_lone_victim_a_gang_taken_later_makes_needless_is_put_back() -> None:
+    """One GPU: gang {z 400 (oldest), y 300 (newest)} and a lone x 300, all of priority 1; a pod of
+    priority 5 asks 600. z is put back, x is taken, then y with z: z and y free 700, so x is put back
+    (a review found x deleted as well: one victim more than needed)."""
+    state = state_of("a")
+    z = tenant("z", 400, 1, created="2026-01-01T00:00:00Z")
+    x = tenant("x", 300, 1, created="2026-01-02T00:00:00Z")
+    y = tenant("y", 300, 1, created="2026-01-03T00:00:00Z")
+    z = dataclasses.replace(z, companions=(victims.Companion(units.PodKey("ns/y"), 1),))
+    y = dataclasses.replace(y, companions=(victims.Companion(units.PodKey("ns/z"), 1),))
+    plan = victims.on_node(state, 0, [z, x, y], share(600), priority=5)
+    assert plan is not None and sorted(names(plan.victims)) == ["y", "z"]

@@ -497,3 +497,77 @@ async def test_a_gang_member_counts_its_companions_disruption_budgets(harness: C
     h.extender.scheduling.filter(h.args(other))
     taken = preemptor.nominations[units.PodKey("ns/other")].plan
     assert sorted(taken.victims) == ["ns/a", "ns/b"] and taken.violations == 1, taken
+
+
+# ----------------------------------------------------------------- found by a review (stop 64)
+
+
+async def test_no_more_victims_than_needed_with_a_gang_on_the_node(harness: Callable[..., Any]) -> None:
+    """Over the API: the lone pod b is not deleted when the gang {a, c}, which goes anyway, frees the room."""
+    h: Harness = await harness(nodes=1, gpus=1)
+    gang = {names.GANG: "job", names.GANG_MIN: "1"}
+    await h.schedule(await h.create(gpu_pod("a", milli=400, annotations=gang, spec={"priority": 0})))
+    await h.schedule(await h.create(gpu_pod("b", milli=300, spec={"priority": 0})))
+    await h.schedule(await h.create(gpu_pod("c", milli=300, annotations=gang, spec={"priority": 0})))
+    high = await h.create(gpu_pod("high", milli=600, spec={"priority": 100}))
+    assert h.extender.scheduling.filter(h.args(high)).node_names == []
+    preemptor = h.extender.preemptor
+    assert preemptor is not None
+    (nomination,) = preemptor.nominations.values()
+    assert sorted(nomination.plan.victims) == ["ns/a", "ns/c"]
+    await preemptor.reconcile()
+    await settle(h.server)
+    b = h.server.get_object(paths.pod("ns", "b"))
+    assert b is not None and not b["metadata"].get("deletionTimestamp")
+
+
+async def test_a_group_holder_is_never_a_victim(harness: Callable[..., Any]) -> None:
+    """sharegpu's own pods are never victims: a SharedDeviceGroup's holder (system-cluster-critical)
+    stays when a system-node-critical GPU pod fits nowhere else."""
+    h: Harness = await harness(nodes=1, gpus=1)
+    holder = gpu_pod("holder", milli=None, count=1, namespace=names.HOLDING_NAMESPACE,
+                     spec={"priority": 2000000000, "priorityClassName": "system-cluster-critical"})  # fmt: skip
+    holder["metadata"]["labels"] = {names.LABEL_ROLE: names.ROLE_GROUP_HOLDER}
+    await h.schedule(await h.create(holder))
+    node_critical = {"priority": 2000001000, "priorityClassName": "system-node-critical"}
+    critical = await h.create(gpu_pod("critical", milli=None, count=1, spec=node_critical))
+    h.extender.scheduling.filter(h.args(critical))
+    preemptor = h.extender.preemptor
+    assert preemptor is not None and not preemptor.nominations
+    await preemptor.reconcile()
+    await settle(h.server)
+    stored = h.server.get_object(paths.pod(names.HOLDING_NAMESPACE, "holder"))
+    assert stored is not None and not stored["metadata"].get("deletionTimestamp")
+
+
+async def test_a_pod_made_again_under_a_victims_name_during_a_pass_is_not_deleted(harness: Callable[..., Any]) -> None:
+    """While a pass deletes the first victim, the second ends and its owner makes a pod of the same
+    name: that pod (another UID, unbound) is not the victim and is not deleted."""
+    h: Harness = await harness(nodes=1, gpus=1)
+    for name in ("low1", "low2"):
+        await h.schedule(await h.create(gpu_pod(name, milli=400, spec={"priority": 0})))
+    high = await h.create(gpu_pod("high", milli=900, spec={"priority": 100}))
+    h.extender.scheduling.filter(h.args(high))
+    preemptor = h.extender.preemptor
+    assert preemptor is not None
+    (nomination,) = preemptor.nominations.values()
+    _, second = nomination.plan.victims
+    planned = nomination.victims[second]
+    delete = preemptor._delete
+    calls = 0
+
+    async def first_then_replace(made: Any, victim: pods.Record) -> None:
+        nonlocal calls
+        calls += 1
+        await delete(made, victim)
+        if calls == 1:
+            name = second.split("/")[1]
+            h.server.remove_object(paths.pod("ns", name))
+            h.server.put_object(paths.pods("ns"), gpu_pod(name, milli=400, spec={"priority": 0}))
+            await settle(h.server)
+
+    preemptor._delete = first_then_replace  # type: ignore[method-assign,assignment]
+    await preemptor.reconcile()
+    await settle(h.server)
+    now = h.server.get_object(paths.pod("ns", second.split("/")[1]))
+    assert now is not None and now["metadata"]["uid"] != planned and not now["metadata"].get("deletionTimestamp")

@@ -222,6 +222,15 @@ def on_node(
             if key in back:  # put back already: it leaves with its gang all the same
                 back.discard(key)
                 scratch.apply(here[key].alloc, -1)
+    for tenant in put_back:  # a second look: a gang taken later may free the room a lone victim's going made
+        key = tenant.alloc.pod
+        if key in victims and not tenant.companions and not scratch.problems(tenant.alloc):
+            scratch.apply(tenant.alloc, +1)
+            if _fits(scratch, demand):
+                del victims[key]
+                back.add(key)
+                continue
+            scratch.apply(tenant.alloc, -1)
     last_taken_first = list(victims)[::-1]  # they were taken most important first
     order = sorted(last_taken_first, key=victims.__getitem__)  # least important first; stable for equals
     return Plan(
@@ -328,6 +337,10 @@ def for_gang(
                 mate = by_key.get(companion.pod)
                 if mate is not None:
                     trial.take(mate.alloc)  # put back already, or elsewhere: it leaves with its gang
+        for tenant in put_back:  # a second look, as in `on_node`: a gang taken later may have made room
+            if tenant.alloc.pod in chosen and not tenant.companions and not state.problems(tenant.alloc):
+                trial.put_back(tenant.alloc)
+                del chosen[tenant.alloc.pod]
         last_taken_first = list(chosen)[::-1]  # they were taken most important first
         order = sorted(last_taken_first, key=chosen.__getitem__)  # least important first; stable for equals
         waited_for = []  # only the leaving pods the gang's places need gone (others may take long to go)

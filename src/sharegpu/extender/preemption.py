@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from sharegpu.api import events, paths, pods, wire
+from sharegpu.api import events, names, paths, pods, wire
 from sharegpu.core import errors, fit, requests, units, victims
 from sharegpu.core import gangs as core_gangs
 from sharegpu.extender import handle as extender_handle
@@ -336,6 +336,7 @@ class Preemptor(extender_handle.Reconciler):
                     priority=record.priority if record is not None else 0,
                     created=record.created if record is not None else "",
                     preemptible=bound
+                    and not key.startswith(f"{names.HOLDING_NAMESPACE}/")  # sharegpu's own: a group's holder
                     and key not in self.nominations
                     and key not in self.gang_of
                     and companions is not None,
@@ -451,6 +452,8 @@ class Preemptor(extender_handle.Reconciler):
             victim = self.cache.record(key)
             if victim is None or victim.deleting or key not in nomination.plan.victims:
                 continue
+            if victim.uid != nomination.victims.get(key):
+                continue  # another pod under the victim's name (the victim ended, its owner made it again)
             sent = nomination.sent.get(key)
             if sent is None or now - sent >= self.retry:
                 nomination.sent[key] = now
