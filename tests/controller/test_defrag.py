@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+import types
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
@@ -395,3 +396,78 @@ async def test_an_eviction_whose_event_was_refused_still_counts_after_a_recall(s
     reconciler.new_term()
     await reconciler.recall()
     assert reconciler.allowance() == 1
+
+
+# ----------------------------------------------------------------- found by a review (stop 64)
+
+
+Meanwhile = Callable[[fake.FakeApiServer], Coroutine[Any, Any, None]]
+
+
+async def planned_while(
+    monkeypatch: pytest.MonkeyPatch, meanwhile: Meanwhile
+) -> tuple[fake.FakeApiServer, runtime.Controller]:
+    """Two nodes of one GPU, a on n0 and b on n1 (b kept by a budget), p pending for a whole GPU:
+    the plan moves a. `meanwhile` changes the cluster while the plan is worked out (in its thread)."""
+    server = fake.FakeApiServer()
+    add_node(server, "n0", gpus=1)
+    add_node(server, "n1", gpus=1)
+    server.put_object(paths.pods(NS), running("a", "n0", 300))
+    server.put_object(paths.pods(NS), running("b", "n1", 300))
+    server.put_object(paths.pods(NS), pending("p"))
+    server.put_object(PDB, budget("keep-b", "b", 0))
+    work_out = asyncio.to_thread
+
+    async def to_thread(fn: Any, *args: Any) -> Any:
+        result = await work_out(fn, *args)
+        await meanwhile(server)
+        await settle(server)
+        return result
+
+    monkeypatch.setattr("sharegpu.controller.defrag.asyncio", types.SimpleNamespace(to_thread=to_thread))
+    controller = runtime.Controller(
+        client.KubeClient(server), runtime.Options(leader_elect=False, tick=3600, defrag=True), Clock(T0)
+    )
+    await controller.start()
+    await settle(server)
+    reconciler = controller.defrag
+    assert reconciler is not None
+    await eventually(lambda: reconciler.loop.completed >= 1, "the first pass")
+    await settle(server)
+    return server, controller
+
+
+async def test_a_pod_made_again_under_a_planned_victims_name_is_not_evicted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """While the plan is worked out, a goes and a new a (another UID) runs on n1: not evicted."""
+
+    async def replaced(server: fake.FakeApiServer) -> None:
+        server.remove_object(paths.pod(NS, "a"))
+        server.put_object(paths.pods(NS), running("a", "n1", 100))
+
+    server, controller = await planned_while(monkeypatch, replaced)
+    try:
+        now = server.get_object(paths.pod(NS, "a"))
+        assert now is not None and not now["metadata"].get("deletionTimestamp") and not evictions(server)
+    finally:
+        await controller.stop()
+
+
+async def test_nothing_is_evicted_for_a_pending_pod_bound_while_its_move_was_planned(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """While the plan is worked out, b ends and p is bound to n1: a is not evicted for p."""
+
+    async def bound(server: fake.FakeApiServer) -> None:
+        server.remove_object(paths.pod(NS, "b"))
+        server.remove_object(paths.pod(NS, "p"))
+        placed = pending("p")
+        placed["spec"]["nodeName"] = "n1"
+        placed["status"] = {"phase": "Running"}
+        server.put_object(paths.pods(NS), placed)
+
+    server, controller = await planned_while(monkeypatch, bound)
+    try:
+        a = server.get_object(paths.pod(NS, "a"))
+        assert a is not None and not a["metadata"].get("deletionTimestamp") and not evictions(server)
+    finally:
+        await controller.stop()

@@ -38,7 +38,7 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -218,6 +218,7 @@ class DefragReconciler:
         if basis == self._planned:
             return  # nothing the plan depends on changed: it would be the same plan
         self.counters.passes += 1
+        planned_on = {key: (item.record.uid, item.record.node) for key, item in self.pods.items()}
         found, result = await asyncio.to_thread(
             _work_out, list(self.nodes.values()), list(self.devices.values()), list(self.pods.values()),
             list(self.budgets.values()), frozenset(self.moved_for), allowed,
@@ -233,7 +234,7 @@ class DefragReconciler:
             log.info("defrag%s: %s", "" if self.evict else " (dry run)", line)
         for move in result.moves:
             if self.evict:
-                await self._carry_out(move)
+                await self._carry_out(move, planned_on)
             else:
                 await self._report(move)
 
@@ -251,13 +252,24 @@ class DefragReconciler:
         decision = "|".join(sorted(v.pod for v in move.victims))
         await self.recorder.tell(_subject(item), "DefragPlanned", message, decision=decision)
 
-    async def _carry_out(self, move: defrag.Move) -> None:
-        """Evict the move's victims, one by one; a refusal ends the move (the next pass plans again)."""
+    async def _carry_out(self, move: defrag.Move, planned_on: Mapping[units.PodKey, tuple[str, str]]) -> None:
+        """Evict the move's victims, one by one; a refusal ends the move (the next pass plans again).
+        The plan was worked out over what the watch showed when it began (`planned_on`: each pod's
+        UID and node then): a pending pod bound or made again since, or a victim made again or moved
+        since, ends the move before anything more is evicted for it."""
+        pending = self.pods.get(move.pod)
+        if pending is None or pending.record.node or (pending.record.uid, "") != planned_on.get(move.pod):
+            log.info("defrag: %s changed while its move was planned; planning again", move.pod)
+            return
         done = []
         for victim in move.victims:
             item = self.pods.get(victim.pod)
             if item is None:
                 continue
+            now = (item.record.uid, item.record.node)
+            if now != planned_on.get(victim.pod) or item.record.node != victim.before.node:
+                log.info("defrag: %s changed while the move for %s was planned; planning again", victim.pod, move.pod)
+                break
             namespace, _, name = victim.pod.partition("/")
             body = pods.eviction(victim.pod, item.record.uid)
             try:
