@@ -495,3 +495,76 @@ async def test_xids_are_still_seen_after_nvml_failed_to_wait_for_them(
         assert {g.uuid: g.healthy for g in device.spec.gpus}["GPU-0"] is False
     finally:
         await agent.stop()
+
+
+# ----------------------------------------------------------------- found by a review (stop 64)
+
+
+async def test_the_agents_own_mps_server_is_never_judged_as_a_tenant(tmp_path: Path) -> None:
+    """The MPS daemon and its servers are the agent's children, in its own pod's cgroup (a privileged
+    container shares the host's cgroup namespace); its pod asks for no GPU. The agent reads its own
+    pod from its own cgroup and never judges what runs there (before: an MPS server was an
+    UNALLOCATED_GPU intruder, SIGKILLed under --on-violation kill, every tenant of the GPU with it)."""
+    server = fake.FakeApiServer()
+    server.put_object(paths.NODES, MakeNode("n0").obj())
+    agent_pod = server.put_object(paths.pods("sharegpu-system"), running(MakePod("sharegpu-agent-abcde")))
+    mps_server = await asyncio.create_subprocess_exec("sleep", "60")
+    uid = agent_pod["metadata"]["uid"].replace("-", "_")
+    scope = f"kubepods-burstable-pod{uid}.slice/cri-containerd-{'a' * 64}.scope"
+    proc = tmp_path / "proc"
+    for pid in (mps_server.pid, os.getpid()):  # the server, and the agent itself, in the agent's pod
+        (proc / str(pid)).mkdir(parents=True)
+        (proc / str(pid) / "cgroup").write_text(f"0::/kubepods.slice/kubepods-burstable.slice/{scope}\n")
+    path = tmp_path / "nvml.yaml"
+    write_nvml(path, nvml_with(f"{{pid: {mps_server.pid}, gpu: 0, usedMiB: 30}}"))
+    options = agent_runtime.Options(interval=3600, on_violation=watchdog.Action.KILL, proc=proc)
+    agent = agent_runtime.Agent(client.KubeClient(server), "n0", fakenvml.FakeNvml(path).open(), options)
+    await agent.start()
+    try:
+        await one_pass(agent, server)
+        await asyncio.sleep(0.5)
+        assert mps_server.returncode is None and agent.usage.violations == ()
+    finally:
+        await agent.stop()
+        if mps_server.returncode is None:
+            mps_server.kill()
+            await mps_server.wait()
+
+
+async def test_index_ids_are_read_by_nvmls_numbering_not_the_devices(tmp_path: Path) -> None:
+    """DEVICE_ID_STRATEGY=index: GPU-0 falls off the bus (held by nobody); NVML and the device plugin
+    renumber (GPU-2 is "1" now) while the Device keeps GPU-1 at 1 and GPU-2 at 2. The kubelet's "1"
+    is GPU-2: the reservation's correct report stays (before: "repaired" to GPU-1)."""
+    server = fake.FakeApiServer()
+    server.put_object(paths.NODES, MakeNode("n0").obj())
+    role = {names.LABEL_ROLE: names.ROLE_RESERVATION, names.LABEL_NODE: "n0", names.LABEL_SLOT: "2"}
+    reserve = MakePod("r").annotations({names.GPU_UUID: "GPU-2"}).labels(role).node("n0")
+    reserve.container("reserve", limits={names.NVIDIA_GPU: "1"}).phase("Running")
+    server.put_object(paths.pods(names.HOLDING_NAMESPACE), reserve.obj())
+    path = tmp_path / "nvml.yaml"
+    write_nvml(path, nvml_with())
+    folder = Path(tempfile.mkdtemp(dir="/tmp"))  # a unix socket's path must be short
+    kubelet = fakekubelet.FakeKubelet(folder / "k.sock")
+    kubelet.set_devices(names.HOLDING_NAMESPACE, "r", "reserve", names.NVIDIA_GPU, ["2"])
+    await kubelet.start()
+    lister = podresources.KubeletPodResources(folder / "k.sock", 2.0)
+    options = agent_runtime.Options(interval=3600, proc=tmp_path / "proc")
+    agent = agent_runtime.Agent(
+        client.KubeClient(server), "n0", fakenvml.FakeNvml(path).open(), options, kubelet=lister
+    )
+    await agent.start()
+    try:
+        await one_pass(agent, server)
+        first = "  - {uuid: GPU-0, model: NVIDIA A100-SXM4-80GB, memoryMiB: 81920, pcieSwitch: 0}\n"
+        gone = NVML_FILE.replace(first, "")
+        write_nvml(path, gone.replace("nvlinks: [{a: 0, b: 1, count: 12}]", "nvlinks: []").replace(NVML_PROCESSES, ""))
+        kubelet.set_devices(names.HOLDING_NAMESPACE, "r", "reserve", names.NVIDIA_GPU, ["1"])
+        device = await one_pass(agent, server)
+        assert [(g.index, g.uuid) for g in device.spec.gpus] == [(1, "GPU-1"), (2, "GPU-2")]
+        stored = server.get_object(paths.pod(names.HOLDING_NAMESPACE, "r"))
+        assert stored is not None and stored["metadata"]["annotations"][names.GPU_UUID] == "GPU-2"
+    finally:
+        await agent.stop()
+        await lister.close()
+        await kubelet.stop()
+        shutil.rmtree(folder, ignore_errors=True)

@@ -532,3 +532,26 @@ def test_a_whole_gpu_pod_has_a_share_of_a_thousand() -> None:
     found = by_uid(pod("w", annotations={names.GPU_UUID: "GPU-2"}, limits={names.NVIDIA_GPU: "1"}))
     (use,) = run([(10, 2, 100)], {10: "w"}, found).usages
     assert use.share_milli == 1000 and use.sm_percent is None
+
+
+# ----------------------------------------------------------------- found by a review (stop 64)
+
+MIG = "MIG-7f3c0a00-0000-0000-0000-000000000000"
+
+
+def test_a_sharing_pod_on_a_mig_reservation_is_not_judged() -> None:
+    """mig-strategy single: the reservation reports (and the kubelet lists) a MIG device; NVML tells
+    the processes by the whole GPU's UUID, so what the pod uses cannot be matched to what it was
+    given: not judged (before: UNALLOCATED_GPU, killed under --on-violation kill)."""
+    r = reservation(0, MIG)
+    sharer = pod("p", alloc=grants((0, 4096)))
+    result = run(
+        [(7, 0, 1024)], {7: "p"}, by_uid(r, sharer), assigned={f"{names.HOLDING_NAMESPACE}/{r.metadata.name}": {MIG}}
+    )
+    assert result.violations == ()
+
+
+def test_a_whole_gpu_pod_given_a_mig_device_is_not_judged() -> None:
+    w = pod("w", limits={names.NVIDIA_GPU: "1"})
+    result = run([(7, 0, 1024)], {7: "w"}, by_uid(w), assigned={"ns/w": {MIG}})
+    assert result.violations == ()

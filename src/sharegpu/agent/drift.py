@@ -10,10 +10,11 @@ calls the kubelet, records the events and sends the patches.
 
 Device IDs. Only `nvidia.com/gpu` counts. The NVIDIA device plugin names a device by its GPU UUID,
 or by its index with DEVICE_ID_STRATEGY=index. An ID that is the UUID of a GPU of the node's Device
-stays; one that is the index of a GPU of the Device becomes that GPU's UUID; any other (a MIG-...
-device, a GPU the Device does not list) is kept as it is and flagged. (The Device keeps a GPU's
-index when NVML renumbers the GPUs behind one that fell off the bus, the device plugin does not:
-index IDs are exact only until then, UUIDs always.)
+stays; one that is an index becomes the UUID of the GPU NVML numbers so now, as the device plugin
+does (the Device keeps a GPU's index when NVML renumbers the GPUs behind one that fell off the bus;
+the device plugin does not, so an index ID is read by NVML's numbering, where the runtime gives it,
+else by the Device's); any other (a MIG-... device, a GPU the Device does not list) is kept as it
+is and flagged.
 
 Pods. `pods` maps `namespace/name` (the key the agent's pod informer keeps, `wire.key`) to the
 node's pods, because the kubelet names pods by namespace and name, not by UID. Only Running pods
@@ -133,10 +134,12 @@ def check(
     *,
     now: float,
     grace: float,
+    ids: DeviceIds | None = None,
 ) -> list[Mismatch]:
     """Every mismatch of one pass (see the module docstring), sorted by pod, container and kind.
-    `pods`: by `namespace/name`; `now`: seconds since the epoch; `grace`: seconds (MISSING)."""
-    ids = DeviceIds(spec)
+    `pods`: by `namespace/name`; `now`: seconds since the epoch; `grace`: seconds (MISSING); `ids`:
+    how the device plugin's IDs read (the Device's own numbering where not given)."""
+    ids = ids if ids is not None else DeviceIds(spec)
     given: dict[units.PodKey, dict[str, tuple[tuple[str, ...], bool]]] = {}
     listed: set[units.PodKey] = set()
     found: list[Mismatch] = []
@@ -225,10 +228,13 @@ class DeviceIds:
     DEVICE_ID_STRATEGY=index): what the drift check, the watchdog and the allocatable comparison read
     the kubelet's answers through."""
 
-    def __init__(self, spec: wire.DeviceSpec) -> None:
+    def __init__(self, spec: wire.DeviceSpec, numbering: Mapping[int, str] | None = None) -> None:
+        """`numbering`: NVML's index -> UUID now (what the device plugin's index IDs mean); the Device's
+        indexes where not given."""
         self.uuids = {g.uuid for g in spec.gpus}
         self.by_index = {g.index: g.uuid for g in spec.gpus}
-        self.by_text = {str(g.index): g.uuid for g in spec.gpus}
+        current = numbering if numbering is not None else self.by_index
+        self.by_text = {str(index): uuid for index, uuid in current.items() if uuid in self.uuids}
 
     def resolve(self, device_ids: Iterable[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """(every ID as a UUID where the Device knows it, kept otherwise; the IDs it does not know)."""

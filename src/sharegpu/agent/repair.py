@@ -54,12 +54,16 @@ class DriftRepair:
         return found
 
     async def repair(
-        self, assigned: list[podresources.Assigned], live_by_uid: dict[str, wire.Pod], spec: wire.DeviceSpec
+        self,
+        assigned: list[podresources.Assigned],
+        live_by_uid: dict[str, wire.Pod],
+        spec: wire.DeviceSpec,
+        ids: drift.DeviceIds | None = None,
     ) -> bool:
         """Report and repair what the kubelet and the API disagree on; False while a reservation pod's
         reported GPU is wrong (this pass corrects it; the pods' view follows by the next)."""
         live = {wire.key(p.metadata): p for p in live_by_uid.values()}
-        mismatches = drift.check(assigned, live, spec, now=self.wall(), grace=self.grace)
+        mismatches = drift.check(assigned, live, spec, now=self.wall(), grace=self.grace, ids=ids)
         changes = self.tracker.observe(mismatches)
         for found in changes.new:
             namespace, name = found.pod.split("/", 1)

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -140,6 +141,11 @@ class Agent:
         self.interval = options.interval
         self.supervisor = supervisor
         """Runs one MPS control daemon per healthy GPU (MPS mode); None: no MPS on this node."""
+        own = cgroups.read_owner(os.getpid(), options.proc)
+        self.own_pod = frozenset({own.pod_uid}) if own is not None else frozenset()
+        """The UID of the agent's own pod, read from its own cgroup (empty outside a pod): the
+        processes there are the node's (the MPS daemons and servers the agent starts), never judged
+        as a tenant's."""
         self.clock = clock
         self.wall = wall
         self.warnings = notices.Notices(kube_events.Recorder(api, "sharegpu-agent", node, wall))
@@ -320,11 +326,11 @@ class Agent:
         if labels != self.labels:
             await self.api.patch(paths.node(self.node), {"metadata": {"labels": labels}})
             self.labels = labels
-        ids = drift.DeviceIds(spec)
+        ids = drift.DeviceIds(spec, {gpu.index: gpu.uuid for gpu in gpus})  # the device plugin's index IDs: NVML's
         assigned = await self.repair.assigned() if self.repair is not None else None
         settled = True
         if self.repair is not None and assigned is not None:
-            settled = await self.repair.repair(assigned, live, spec)
+            settled = await self.repair.repair(assigned, live, spec, ids)
             await self.repair.compare_allocatable(spec, ids)
         await self._watch_usage(spec, live, ids, assigned, claims, act=settled)
         self.last_success = self.clock()
@@ -357,8 +363,8 @@ class Agent:
                 given.setdefault(f"{row.namespace}/{row.pod}", set()).update(ids.resolve(row.device_ids)[0])
         self.usage = watchdog.assess(
             processes, owners.get, live, spec, assigned=given if assigned is not None else None,
-            slack_mib=self.options.slack_mib, groups=self.admits if self.group_informer.synced.is_set() else None,
-            claims=claims, utilization=utilization,
+            exempt=self.own_pod, slack_mib=self.options.slack_mib,
+            groups=self.admits if self.group_informer.synced.is_set() else None, claims=claims, utilization=utilization,
         )  # fmt: skip
         if act:
             await self.enforcer.enforce(self.usage, self.options.on_violation)

@@ -578,11 +578,17 @@ class _Grants:
                 memory.update(dict.fromkeys(slot, mib if limited else None))
                 milli.update(dict.fromkeys(slot, share))
         if not whole:
-            return _Grant(memory, milli=milli)
+            return self._known(_Grant(memory, milli=milli))
         named = self._named(pod)
         memory.update({uuid: self.capacity.get(uuid) for uuid in named})
         milli.update(dict.fromkeys(named, units.MILLI_PER_GPU))
-        return _Grant(memory, unnamed=not named, milli=milli)
+        return self._known(_Grant(memory, unnamed=not named, milli=milli))
+
+    def _known(self, grant: _Grant) -> _Grant:
+        """A grant that names a device the Device does not list (a MIG device, a time-sliced replica:
+        NVML tells their processes by the whole GPU's UUID) cannot be matched to what NVML shows:
+        not judged (an intruder there would otherwise be a legitimate pod)."""
+        return grant if grant.memory.keys() <= self.capacity.keys() else _UNJUDGED
 
     def slot(self, index: int) -> set[str]:
         """The UUIDs GPU index `index` of the allocations stands for: what its reservation pods reported,
