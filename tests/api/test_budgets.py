@@ -156,6 +156,30 @@ def test_a_pod_holds_from_its_binding_until_its_last_container_finished() -> Non
     assert lifetimes.lifetime(pod()).start == T0  # type: ignore[union-attr]
 
 
+def test_a_pod_that_failed_with_no_containers_end_ends_at_its_conditions_last_change() -> None:
+    """Refused at admission by the kubelet (no container ever ran: no finishedAt): it held its GPUs
+    until its conditions last changed, not until whoever reads it first saw it failed (a review found
+    48 GPU-hours charged after a restart two days later)."""
+    bound = {"type": "PodScheduled", "status": "True", "lastTransitionTime": "2026-11-01T00:00:10Z"}
+    ended = {"type": "Ready", "status": "False", "lastTransitionTime": "2026-11-01T00:00:12Z"}
+    failed = lifetimes.lifetime(pod(phase="Failed", conditions=[bound, ended]))
+    assert failed is not None and failed.terminal and failed.end == T0 + 12
+    bare = lifetimes.lifetime(pod(phase="Failed", conditions=[bound]))
+    assert bare is not None and bare.end == T0 + 10, "nothing says more: it held nothing past its binding"
+
+
+def test_a_claim_made_again_under_its_name_is_not_charged_for_the_old_claims_users() -> None:
+    """Pods name claims, not their UIDs: a user that ended before the claim was made used an older
+    claim of that name."""
+    held = MakeAllocation("ns/shared#claim", "n0").grant(0, 1000, 0).obj()
+    old = lifetimes.ClaimUse(uid="job1", namespace="ns", claims=("shared",), start=T0, end=T0 + HOUR)
+    new = lifetimes.ClaimUse(uid="job2", namespace="ns", claims=("shared",), start=T0 + 25 * HOUR, end=None)
+    life = lifetimes.claim_lifetime("c-2", "ns", "shared", held, [old, new], created=T0 + 24 * HOUR)
+    assert life is not None and life.start == T0 + 25 * HOUR and life.end is None
+    assert lifetimes.claim_lifetime("c-2", "ns", "shared", held, [old], created=T0 + 24 * HOUR) is None
+    assert lifetimes.claim_lifetime("c-1", "ns", "shared", held, [old, new]).start == T0  # type: ignore[union-attr]
+
+
 def test_pods_that_hold_no_gpu_have_no_lifetime() -> None:
     unbound = wire.convert({"metadata": {"name": "x", "namespace": "ns"}}, lifetimes.TimedPod)
     assert lifetimes.lifetime(unbound) is None

@@ -4,6 +4,7 @@ lifetimes, settling of deleted pods, books that survive a restart, events record
 from __future__ import annotations
 
 import asyncio
+import datetime
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -40,7 +41,10 @@ def budget(name: str = "b", namespace: str = "team", **spec: Any) -> Json:
 class Env:
     def __init__(self, *, dra_node: bool = False) -> None:
         """n0 with two 16 GiB GPUs; `dra_node`: it serves DRA claims (resource.k8s.io/v1 served)."""
-        self.server = fake.FakeApiServer(served=frozenset({dra.API_VERSION}) if dra_node else frozenset())
+        self.server = fake.FakeApiServer(  # objects made a day before the clock starts, as made before it
+            served=frozenset({dra.API_VERSION}) if dra_node else frozenset(),
+            epoch=datetime.datetime.fromtimestamp(T0 - 86400, datetime.UTC),
+        )
         self.api = client.KubeClient(self.server)
         self.clock = builders.Clock(T0)
         self.controllers: list[runtime.Controller] = []
@@ -329,3 +333,78 @@ async def test_a_crossing_whose_event_could_not_be_recorded_is_recorded_at_a_lat
     assert "0.50 of 1 GPU-hours" in warning["message"], warning["message"]
     await env.pass_(controller)
     assert len(env.events("BudgetWarning")) == 1 and not controller.budgets.recorder.untold
+
+
+# ----------------------------------------------------------------- found by a review (stop 64)
+
+DAY = 24 * HOUR
+
+
+async def test_a_pod_refused_at_admission_is_not_charged_from_each_restart() -> None:
+    """Failed at admission, no container's end: charged to its conditions' last change, not to when
+    a controller (restarted two days later) first saw it failed."""
+    env = Env()
+    failed = gpu_pod("f", [(0, 1000, 0)], at=T0)
+    failed["status"].update(phase="Failed", reason="UnexpectedAdmissionError")
+    env.server.put_object(PODS, failed)
+    env.server.put_object(resources.GPU_BUDGET.path("team"), budget(gpuHours=100))
+    try:
+        env.clock.now = T0 + 10
+        first = await env.start()
+        assert env.status().used_gpu_seconds <= 10
+        await first.stop()
+        env.controllers.remove(first)
+        env.clock.now = T0 + 2 * DAY
+        await env.start()
+        assert env.status().used_gpu_seconds <= 10
+    finally:
+        for controller in env.controllers:
+            await controller.stop()
+
+
+async def test_a_claims_use_before_its_current_user_survives_a_restart() -> None:
+    """A claim used 0-10 h by one pod, then by another: a controller started after the first went
+    knows only the second, and continues from the use the last write listed."""
+    env = Env(dra_node=True)
+    server, clock = env.server, env.clock
+    server.put_object(dra.claim_path("team"), allocated_claim("shared", 1000, "0", "c-1"))
+    server.put_object(PODS, claim_user("first", "shared", T0))
+    server.put_object(resources.GPU_BUDGET.path("team"), budget(gpuHours=100))
+    controller = await env.start()
+    try:
+        clock.now = T0 + 10 * HOUR
+        await env.pass_(controller)
+        await controller.api.delete(paths.pod("team", "first"), grace_period=0)
+        await settle(server)
+        server.put_object(PODS, claim_user("second", "shared", T0 + 10 * HOUR))
+        clock.now = T0 + 11 * HOUR
+        await env.pass_(controller)
+        assert env.status().used_gpu_seconds == 11 * HOUR
+        await controller.stop()
+        env.controllers.remove(controller)
+        clock.now = T0 + 12 * HOUR
+        controller = await env.start()
+        assert env.status().used_gpu_seconds == 12 * HOUR
+        clock.now = T0 + 13 * HOUR
+        await env.pass_(controller)
+        assert env.status().used_gpu_seconds == 13 * HOUR, "and goes on counting"
+    finally:
+        for running in env.controllers:
+            await running.stop()
+
+
+async def test_a_claim_whose_only_user_failed_with_no_containers_end_stops_counting() -> None:
+    env = Env(dra_node=True)
+    env.server.put_object(dra.claim_path("team"), allocated_claim("shared", 1000, "0", "c-1"))
+    user = claim_user("first", "shared", T0)
+    user["status"]["phase"] = "Failed"
+    env.server.put_object(PODS, user)
+    env.server.put_object(resources.GPU_BUDGET.path("team"), budget(gpuHours=100))
+    env.clock.now = T0 + 10
+    controller = await env.start()
+    try:
+        env.clock.now = T0 + 2 * DAY
+        await env.pass_(controller)
+        assert env.status().used_gpu_seconds <= 10
+    finally:
+        await controller.stop()

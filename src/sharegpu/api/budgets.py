@@ -10,6 +10,7 @@ pods.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Final, Literal
@@ -202,6 +203,24 @@ def summary(item: AnyBudget) -> str:
     )
 
 
+def _use(held: Held, listed: Mapping[str, PodUsage], written_at: int | None, period: budget.Window, now: int) -> int:
+    """A present holding's use in the period: as its record says, and never less than what the last
+    write listed for it plus its holding since (a controller that restarted may know less of its
+    past than the one that wrote: a claim's earlier users, gone before it listed them)."""
+    found = budget.held_in(held.holding, period, now)
+    before = listed.get(held.uid)
+    if before is None or written_at is None:
+        return found
+    start = max(held.holding.start, written_at)
+    end = held.holding.end
+    since = (
+        0
+        if end is not None and end <= start
+        else budget.held_in(dataclasses.replace(held.holding, start=start), period, now)
+    )
+    return max(found, before.milli_gpu_seconds + since)
+
+
 def account(item: AnyBudget, present: list[Held], gone: list[Held], now: int) -> Books:
     """The budget's status at `now` from its previous status (its books) and the pods of the
     namespaces it covers.
@@ -230,10 +249,8 @@ def account(item: AnyBudget, present: list[Held], gone: list[Held], now: int) ->
     for uid, usage in listed.items():
         if uid not in live and uid not in went:
             settled += usage.milli_gpu_seconds
-    usage_now = [
-        PodUsage(uid=h.uid, pod=h.holding.pod, milli_gpu_seconds=budget.held_in(h.holding, period, now))
-        for h in present
-    ]
+    usage_now = [PodUsage(uid=h.uid, pod=h.holding.pod, milli_gpu_seconds=_use(h, listed, written_at, period, now))
+                 for h in present]  # fmt: skip
     usage_now.sort(key=lambda u: (u.pod, u.uid))
     used_milli = settled + sum(u.milli_gpu_seconds for u in usage_now)
     used = budget.gpu_seconds(used_milli)

@@ -150,7 +150,9 @@ def _span(pod: TimedPod) -> tuple[int, int | None, bool] | None:
     if terminal:
         finished = [_time(c.state.terminated.finished_at) for c in status.container_statuses if c.state.terminated]
         known = [f for f in finished if f is not None]
-        end = max(known) if known else None
+        if not known:  # ended with no container's end (refused at admission, say): its conditions' last change
+            known = [t for t in (_time(c.last_transition_time) for c in status.conditions) if t is not None]
+        end = max(known) if known else start
     return start, max(end, start) if end is not None else None, terminal
 
 
@@ -181,13 +183,23 @@ def claim_use(pod: TimedPod) -> ClaimUse | None:
 
 
 def claim_lifetime(
-    uid: str, namespace: str, name: str, held: allocation.Allocation, uses: Iterable[ClaimUse]
+    uid: str,
+    namespace: str,
+    name: str,
+    held: allocation.Allocation,
+    uses: Iterable[ClaimUse],
+    created: int | None = None,
 ) -> Lifetime | None:
     """A claim's holding as the budgets count it (the module's rule: one share, however many use it):
     charged to its namespace at its allocation (`held`), from the first user's start to the last
     user's end (None while any runs; the time between users who do not overlap counts too, as the
-    claim keeps its GPU then); None while no pod has used it."""
-    mine = [u for u in uses if u.namespace == namespace and name in u.claims]
+    claim keeps its GPU then); None while no pod has used it. Pods name claims, not their UIDs: with
+    the claim's creation time (`created`, seconds), a use that ended before it was of an older
+    claim of that name and does not count."""
+    mine = [
+        u for u in uses
+        if u.namespace == namespace and name in u.claims and (created is None or u.end is None or u.end > created)
+    ]  # fmt: skip
     if not mine:
         return None
     running = any(u.end is None for u in mine)

@@ -21,6 +21,7 @@ The clock is wall time in seconds (`clock`), injectable: tests advance it instea
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 from collections.abc import Callable
@@ -60,6 +61,8 @@ class HeldClaim:
     name: str
     held: allocation.Allocation
     """The allocation it holds, or held last."""
+    created: int | None = None
+    """When it was made (seconds): uses of an older claim of its name do not count for it."""
 
 
 def device_memory(device: wire.Device) -> dict[int, int]:
@@ -141,11 +144,16 @@ class BudgetReconciler:
             log.warning("claim %s/%s: %s", claim.namespace, claim.name, exc)
             return
         if held is not None:
-            self.claims[claim.uid] = HeldClaim(claim.namespace, claim.name, held)
+            created = None
+            with contextlib.suppress(core_errors.InvalidInputError):
+                created = wire.seconds(claim.created) if claim.created else None
+            self.claims[claim.uid] = HeldClaim(claim.namespace, claim.name, held, created)
             self.loop.wake()
 
     def _claim_life(self, uid: str, claim: HeldClaim) -> lifetimes.Lifetime | None:
-        return lifetimes.claim_lifetime(uid, claim.namespace, claim.name, claim.held, self.uses.values())
+        return lifetimes.claim_lifetime(
+            uid, claim.namespace, claim.name, claim.held, self.uses.values(), created=claim.created
+        )
 
     def on_device(self, kind: wire.EventType, device: wire.Device) -> None:
         if kind == wire.EventType.DELETED:

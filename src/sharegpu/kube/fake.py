@@ -259,7 +259,12 @@ class FakeApiServer:
     """See the module docstring."""
 
     def __init__(
-        self, *, tokens: set[str] | None = None, history: int = 10_000, served: frozenset[str] = frozenset()
+        self,
+        *,
+        tokens: set[str] | None = None,
+        history: int = 10_000,
+        served: frozenset[str] = frozenset(),
+        epoch: datetime.datetime | None = None,
     ) -> None:
         self.served = served
         """API group versions whose discovery document answers (e.g. "resource.k8s.io/v1"); any other
@@ -274,7 +279,8 @@ class FakeApiServer:
         self.requests: list[tuple[str, str]] = []
         self.tokens = tokens
         self._uids = itertools.count(1)
-        self._start = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
+        self._start = (epoch or datetime.datetime.now(datetime.UTC)).replace(microsecond=0)
+        """Where its creation timestamps begin (`epoch`: a test's clock; now by default)."""
         self._seconds = itertools.count(0)
         for definition in _definitions():
             self.put_object(paths.DEFINITIONS, copy.deepcopy(definition))
