@@ -12,6 +12,7 @@ import pytest
 
 from sharegpu.api import dra, names, paths, pods, quantity, wire
 from sharegpu.core import units
+from sharegpu.extender import allocator as allocator_module
 from sharegpu.kube import client, leader
 from tests import builders
 from tests.conftest import eventually
@@ -776,3 +777,78 @@ async def test_a_dra_gangs_whole_gpus_share_an_nvlink_island(harness: Callable[.
     await run(h)
     gang = sorted(r["device"] for n in ("g0", "g1", "g2") for r in results(h, n))
     assert len(gang) == 3 and all(d in {"gpu-4", "gpu-5", "gpu-6", "gpu-7"} for d in gang), gang
+
+
+# ----------------------------------------------------------------- found by a review (stop 64)
+
+
+async def two_claims(h: Harness, pod: str, milli: int) -> None:
+    """A gated pod `pod` with two claims of `milli` each, one per container."""
+    for name in (f"{pod}-a", f"{pod}-b"):
+        h.server.put_object(CLAIMS, builders.MakeClaim(name).ask(milli, "1Gi").obj())
+    made = builders.MakePod(pod, "ns").container("a").container("b")
+    made.claim(f"{pod}-a", "ga", container=0).claim(f"{pod}-b", "gb", container=1).gate()
+    h.server.put_object(paths.pods("ns"), made.obj())
+    await settle(h.server)
+
+
+async def test_a_pod_turned_away_takes_all_its_claims_to_another_node(harness: Callable[..., Any]) -> None:
+    """kube-scheduler's PostFilter takes back one claim a cycle: the other, still on the node the pod
+    was turned away from, goes too, and both are placed on another node (before: the first was put
+    straight back beside the second, the pod pinned to that node for ever)."""
+    h: Harness = await harness(nodes=0, gpus=1, dra=2)
+    await two_claims(h, "p", 300)
+    await run(h)
+    (node,) = {results(h, "p-a")[0]["pool"], results(h, "p-b")[0]["pool"]}
+    taken = claim(h, "p-a")
+    taken["status"] = {}
+    await h.api.replace(f"{CLAIMS}/p-a/status", taken)
+    await settle(h.server)
+    await run(h)
+    await run(h)
+    moved = {results(h, "p-a")[0]["pool"], results(h, "p-b")[0]["pool"]}
+    assert len(moved) == 1 and node not in moved
+
+
+async def test_a_fresh_pods_claims_go_where_all_of_them_fit_not_where_the_first_fits_best(
+    harness: Callable[..., Any],
+) -> None:
+    """The first claim's best node (d0, the fuller) has no room for the second: both go to d1 (before:
+    the pod waited for ever, its first claim placed on d0 again at every pass)."""
+    h: Harness = await harness(nodes=0, gpus=1, dra=2)
+    await claimed(h, "q", 600)
+    await run(h)
+    (full,) = {r["pool"] for r in results(h, "q")}
+    await two_claims(h, "p", 300)
+    await run(h)
+    placed = {results(h, "p-a")[0]["pool"], results(h, "p-b")[0]["pool"]}
+    assert len(placed) == 1 and full not in placed and gates(h, "p") == []
+
+
+async def test_a_pod_whose_claims_were_written_in_part_is_placed_whole_elsewhere_in_time(
+    harness: Callable[..., Any],
+) -> None:
+    """p's second claim's writes are refused for a while; meanwhile an older pod's claim takes the
+    room beside p's first. After `STRANDED_AFTER` the first is let go and both go where both fit
+    (before: p gated for ever, its first claim holding room on d0)."""
+    h: Harness = await harness(nodes=0, gpus=1, dra=2)
+    older = builders.MakePod("q", "ns").container().claim("q").gate().obj()
+    older["metadata"]["creationTimestamp"] = "2020-01-01T00:00:00Z"  # placed before p from now on
+    h.server.put_object(paths.pods("ns"), older)
+    await settle(h.server)
+    h.server.fail(409, method="PATCH", path=f"{CLAIMS}/p-b/status", times=1000)
+    await two_claims(h, "p", 400)
+    await run(h)
+    assert results(h, "p-a") and not results(h, "p-b")
+    node = results(h, "p-a")[0]["pool"]
+    h.server.put_object(CLAIMS, builders.MakeClaim("q").ask(600, "1Gi").obj())
+    await settle(h.server)
+    await run(h)
+    assert results(h, "q")[0]["pool"] == node, "q packed beside p-a"
+    h.server.faults.clear()
+    for _ in range(5):
+        await run(h)
+        h.clock.advance(allocator_module.STRANDED_AFTER + 1)
+    await run(h)
+    placed = {results(h, "p-a")[0]["pool"], results(h, "p-b")[0]["pool"]}
+    assert len(placed) == 1 and node not in placed and gates(h, "p") == []

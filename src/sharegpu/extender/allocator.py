@@ -110,6 +110,10 @@ TEMPLATE_RETRY = 10.0
 or that went since)."""
 ORPHAN_AFTER = 30.0
 """Seconds a claim of the class stays allocated with no pod using or waiting for it before it is cleared."""
+STRANDED_AFTER = 30.0
+"""Seconds a pod's claims written earlier may pin it to a node where its other claims find no room
+before they are cleared and all placed together again (a write of the others refused meanwhile, the
+room taken by an older pod's claim)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,6 +188,8 @@ class ClaimAllocator(extender_handle.Reconciler):
         self.tried: dict[str, float] = {}
         """The templates of sharegpu's and the pods' claims by name this allocator tried to make ("<kind>
         <namespace>/<name>") -> when."""
+        self._excluding: set[str] = set()
+        """While a fresh pod's first claim is placed again: the nodes where its other claims did not fit."""
         self._within: set[str] | None = None
         """The nodes a gang being planned must stay within (one value of its topology label)."""
         self._beside: tuple[dict[str, tuple[int, ...]], int] | None = None
@@ -192,6 +198,9 @@ class ClaimAllocator(extender_handle.Reconciler):
         self.partial: dict[str, float] = {}
         """Gang key -> since when some of its waiting members' claims are allocated while another
         member's are not (`_give_back`)."""
+        self.stranded: dict[str, float] = {}
+        """Pod UID (not a gang's) -> since when some of its claims are allocated on a node where the
+        rest cannot join them (`_unpin`)."""
         self.resting: dict[str, float] = {}
         """Gang key -> until when a gang given back is not planned again (its room is others' meanwhile)."""
         self.loop = reconcile.Loop("dra-allocator", self.reconcile)
@@ -266,6 +275,8 @@ class ClaimAllocator(extender_handle.Reconciler):
             del self.placed_on[key]
         waiting = {r.uid for r in map(self.cache.record, self.cache.claiming) if r is not None and r.gated}
         self.lifted = {uid: version for uid, version in self.lifted.items() if uid in waiting}
+        claiming = {r.uid for r in map(self.cache.record, self.cache.claiming) if r is not None}
+        self.stranded = {uid: since for uid, since in self.stranded.items() if uid in claiming}
 
     # ----------------------------------------------------------------- one pod
 
@@ -366,9 +377,18 @@ class ClaimAllocator(extender_handle.Reconciler):
                 await self._say(record, held_back)
                 return None
         nodes = {self._node_of(c) for c in done} - {None}
+        if todo and record.gang is None and nodes & self.avoid.get(record.uid, set()):
+            # kube-scheduler turned the pod away from the node its other claims are on (its PostFilter
+            # takes back one claim a cycle): they go too, and all are placed together elsewhere
+            await self._unpin(record, done, "kube-scheduler turned it away from the node its other claims are on")
+            return None
         fresh = not nodes  # the pod takes a node's pod slot only once, with its first claim there
         decided: list[tuple[dra.ClaimRecord, allocation.Allocation]] = []
-        for claim in todo:
+        tried: set[str] = set()  # nodes a fresh pod's first claim went to where the rest did not fit
+        refusal = ""  # why the rest did not fit the first of those
+        pending = list(todo)
+        while pending:
+            claim = pending.pop(0)
             if len(nodes) > 1:
                 placed = Placement(
                     refusal=f"its claims are allocated on several nodes: {sorted(n for n in nodes if n)}"
@@ -376,11 +396,21 @@ class ClaimAllocator(extender_handle.Reconciler):
             elif nodes:
                 placed = self._place(record, claim, next(iter(nodes)))
             else:
-                placed = self._place_preferring(record, claim, prefer)
+                placed = self._place_fresh(record, claim, prefer, tried)
             if placed.allocation is None:
-                await self._say(record, placed.refusal)
                 for undone, _ in decided:
                     self.cache.forget_claim(undone.key)
+                if fresh and decided:  # the first claim's node had no room for the rest: all of them on another
+                    tried.add(decided[0][1].node)
+                    refusal = refusal or placed.refusal
+                    decided, nodes, pending = [], set(), list(todo)
+                    continue
+                await self._say(record, refusal or placed.refusal)
+                if record.gang is None and not fresh:  # pinned by claims written earlier: let go of them in time
+                    since = self.stranded.setdefault(record.uid, self.clock())
+                    if self.clock() - since >= STRANDED_AFTER:
+                        await self._unpin(record, done, f"its other claims' node has had no room for it for "
+                                                        f"{STRANDED_AFTER:.0f} s")  # fmt: skip
                 return None
             decided.append((claim, placed.allocation))
             nodes.add(placed.allocation.node)
@@ -500,6 +530,20 @@ class ClaimAllocator(extender_handle.Reconciler):
                     found.append(node)
         return found
 
+    async def _unpin(self, record: pods.Record, done: list[dra.ClaimRecord], why: str) -> None:
+        """Clear the allocations of a pod's claims (not a gang's) that pin it to a node where it cannot
+        go (those not reserved for a running pod, and not being written), so that all its claims
+        are placed together again."""
+        held = [c for c in done if c.ours and c.allocated and not c.reserved and c.key not in self.cache.claims.assumed]
+        for claim in held:
+            self.placed_on.pop(claim.key, None)  # cleared by this allocator, not taken back by kube-scheduler
+        cleared = sum([await self._clear(claim) for claim in held])
+        if cleared == len(held):
+            self.stranded.pop(record.uid, None)
+        log.warning("pod %s: %s; %d of its claims' allocation(s) cleared, all placed together again",
+                    record.key, why, cleared)  # fmt: skip
+        await self._say(record, f"{why}; its claims are placed together again")
+
     async def _give_back(self, gang: api_gangs.Gang, members: list[pods.Record]) -> None:
         """A gang not allocated whole (a member cannot be placed, or its write keeps failing): the
         claims its waiting members hold already (written in an earlier pass) are cleared once it has
@@ -529,6 +573,20 @@ class ClaimAllocator(extender_handle.Reconciler):
         for record in members:
             await self._say(record, f"gang {gang.key}: not placed whole within its timeout ({gang.timeout_s} s); "
                                     "the claims its members held are given back")  # fmt: skip
+
+    def _place_fresh(
+        self, record: pods.Record, claim: dra.ClaimRecord, prefer: Sequence[str], tried: set[str]
+    ) -> Placement:
+        """A fresh pod's first claim, on a node other than those `tried` (where its other claims did not
+        fit beside it); why it fits nowhere once every node was tried."""
+        if not tried:
+            return self._place_preferring(record, claim, prefer)
+        self._excluding = tried
+        try:
+            placed = self._place_preferring(record, claim, [n for n in prefer if n not in tried])
+        finally:
+            self._excluding = set()
+        return placed
 
     def _place_preferring(self, record: pods.Record, claim: dra.ClaimRecord, prefer: Sequence[str]) -> Placement:
         """The claim placed on the first of `prefer` that the pod may use and that fits it, else
@@ -629,6 +687,8 @@ class ClaimAllocator(extender_handle.Reconciler):
             admitted = found
         if self._within is not None:
             admitted = np.array([r for r in admitted.tolist() if state.names[r] in self._within], dtype=np.int64)
+        if self._excluding:
+            admitted = np.array([r for r in admitted.tolist() if state.names[r] not in self._excluding], dtype=np.int64)
         avoided = self.avoid.get(record.uid)
         if avoided:
             kept = np.array([r for r in admitted.tolist() if state.names[r] not in avoided], dtype=np.int64)
