@@ -178,9 +178,15 @@ class ClusterCache:
         or changed) -> since when: kept in `assumed` but not in the ledger, applied again at each
         rebuild (the node back, the room is held again), until settled, forgotten or expired. A
         binding whose outcome is unknown may still land there."""
+        self.assumed_uid: dict[units.PodKey, str] = {}
+        """The UID of the pod each assumption is for ("" where not told): an event of another pod of that
+        name (its predecessor, deleted or ended late) does not touch it."""
         self.confirmed: dict[units.PodKey, allocation.Allocation] = {}
-        """Pods a read showed bound (a binding whose answer was lost) before the watch does: held
-        against older views of them and across rebuilds until the watch shows them bound or gone."""
+        """Pods a read showed bound (a binding whose answer was lost), or whose binding this process
+        wrote, before the watch does: held against older views of them and across rebuilds until the
+        watch shows them bound or gone (or a read, `assume_ttl` later, finds them not there)."""
+        self.confirmed_at: dict[units.PodKey, float] = {}
+        """When each of `confirmed` was confirmed (by `clock`)."""
         self.freed_at = 0.0
         """When (by `clock`) room last appeared: a placed pod gone or finished, an assumption
         forgotten, a hold released, a node or Device changed."""
@@ -522,10 +528,11 @@ class ClusterCache:
             self.handoff_pods.discard(key)
             self.pending.discard(key)
             self.claiming.discard(key)
-            if key in self.assumed:
-                self.forget(key)
-            elif not self._dirty and self._ledger is not None and key in self._ledger:
-                self._ledger.remove(key)
+            if not self._same_pod(key, record.uid):
+                return  # a predecessor of that name went: the assumption is its successor's
+            self.forget(key)
+            if not self._dirty and self._ledger is not None and key in self._ledger:
+                self._ledger.remove(key)  # bound (a rebuild may have counted it while it was assumed)
                 self.freed_at = self.clock()
             return
         self.pods[key] = record
@@ -619,15 +626,17 @@ class ClusterCache:
         """Bring the ledger in line with one pod as the API server shows it."""
         assert self._ledger is not None and self._state is not None
         key, node, ledger = record.key, record.node, self._ledger
+        if not self._same_pod(key, record.uid):
+            return  # a late view of a predecessor of that name: the assumption is its successor's
         if not node or record.terminal or self._state.row(node) is None:
             if node and record.terminal:
-                self.assumed.pop(key, None)
+                self._unassume(key)
                 self.confirmed.pop(key, None)
             elif key in self.confirmed:
                 return  # read back bound: this view is older
             if key in ledger and (node or key not in self.assumed):
                 ledger.remove(key)
-                self.assumed.pop(key, None)
+                self._unassume(key)
                 self.freed_at = self.clock()
             return
         if record.problem is not None and record.allocation_text:
@@ -643,7 +652,7 @@ class ClusterCache:
         if entry is not None and entry.alloc == alloc and entry.phase is core_ledger.Phase.ADDED:
             return
         result = ledger.add(alloc)
-        self.assumed.pop(key, None)
+        self._unassume(key)
         if not result.ok:
             self.counters.conflicts += 1
             log.error("pod %s on %s conflicts with the ledger: %s", key, node, result.message)
@@ -707,15 +716,26 @@ class ClusterCache:
         if present:
             state.hold(row, present, sign)
 
-    def assume(self, alloc: allocation.Allocation) -> bool:
+    def assume(self, alloc: allocation.Allocation, uid: str = "") -> bool:
+        """Hold `alloc` for the pod of UID `uid` (where known) until the watch shows it bound."""
         result = self.ledger.assume(alloc)
         if result.ok:
             self.assumed[alloc.pod] = alloc
+            self.assumed_uid[alloc.pod] = uid
         return result.ok
+
+    def _same_pod(self, key: units.PodKey, uid: str) -> bool:
+        """Whether an event of the pod of UID `uid` may touch what is held under `key`: no assumption
+        for another pod of that name stands."""
+        return key not in self.assumed or self.assumed_uid.get(key, "") in ("", uid)
+
+    def _unassume(self, key: units.PodKey) -> allocation.Allocation | None:
+        self.assumed_uid.pop(key, None)
+        return self.assumed.pop(key, None)
 
     def forget(self, key: units.PodKey) -> bool:
         """Undo an assumption, once: True if there was one to undo."""
-        if self.assumed.pop(key, None) is None:
+        if self._unassume(key) is None:
             return False
         if self.aside.pop(key, None) is None:
             self.ledger.forget(key)
@@ -725,9 +745,27 @@ class ClusterCache:
     def confirm(self, alloc: allocation.Allocation) -> bool:
         """The API shows the assumed pod bound with this allocation (the watch has not yet): keep it as
         added, and against older views of the pod and rebuilds until the watch shows it (`confirmed`)."""
-        self.assumed.pop(alloc.pod, None)
+        self._unassume(alloc.pod)
         self.confirmed[alloc.pod] = alloc
+        self.confirmed_at[alloc.pod] = self.clock()
         return self.ledger.add(alloc).ok
+
+    def unseen_confirmations(self, ttl: float) -> list[tuple[units.PodKey, allocation.Allocation]]:
+        """Pods held as bound (`confirm`) for `ttl` seconds or more that the watch has not shown bound."""
+        now = self.clock()
+        for key in [k for k in self.confirmed_at if k not in self.confirmed]:
+            del self.confirmed_at[key]
+        return [(key, alloc) for key, alloc in self.confirmed.items() if now - self.confirmed_at.get(key, now) >= ttl]
+
+    def drop_confirmation(self, key: units.PodKey) -> None:
+        """A pod held as bound is not (gone, replaced, bound elsewhere): its room is let go."""
+        alloc = self.confirmed.pop(key, None)
+        self.confirmed_at.pop(key, None)
+        if alloc is not None and not self._dirty and self._ledger is not None:
+            entry = self._ledger.get(key)
+            if entry is not None and entry.alloc == alloc:
+                self._ledger.remove(key)
+                self.freed_at = self.clock()
 
     def stale_assumptions(self, ttl: float) -> list[units.PodKey]:
         """Assumed pods older than `ttl` seconds (neither confirmed by the watch nor forgotten)."""

@@ -208,7 +208,7 @@ class GangBook:
     ) -> Verdict:
         held: dict[units.PodKey, tuple[str, allocation.Allocation]] = {}
         for alloc in found.allocations:
-            if not self.cache.assume(alloc):
+            if not self.cache.assume(alloc, uids[alloc.pod]):
                 for key in held:
                     self.cache.forget(key)
                 return self._refuse(f"gang {gang.key}: its plan conflicts with the ledger; planned again next time")
@@ -371,7 +371,7 @@ class GangBook:
                 continue
             held: dict[units.PodKey, tuple[str, allocation.Allocation]] = {}
             for key, (uid, alloc) in waiting.items():
-                if self.cache.assumed.get(key) == alloc or self.cache.assume(alloc):
+                if self.cache.assumed.get(key) == alloc or self.cache.assume(alloc, uid):
                     held[key] = (uid, alloc)
                 else:
                     log.error("gang %s: member %s's planned room on %s is taken; it is placed as any pod",

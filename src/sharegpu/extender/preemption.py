@@ -494,7 +494,7 @@ class Preemptor(extender_handle.Reconciler):
         placed = False
         if row is not None:
             alloc = self.cache.placer.allocation_on(nomination.request, row, plan.gpus)
-            placed = nomination.pod not in self.cache.ledger and self.cache.assume(alloc)
+            placed = nomination.pod not in self.cache.ledger and self.cache.assume(alloc, nomination.uid)
         self.metrics.preemptions.labels(
             extender_metrics.PreemptionOutcome.PLACED if placed else extender_metrics.PreemptionOutcome.FREED
         ).inc()

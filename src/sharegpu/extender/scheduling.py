@@ -409,7 +409,9 @@ class SchedulingService:
         see this one's share."""
         assert decision.node is not None
         self.metrics.decisions.labels("filter", FilterOutcome.FEASIBLE).inc()
-        if pod.metadata.uid and self.cache.assume(self._placer(pod).allocation_for(request, decision)):
+        if pod.metadata.uid and self.cache.assume(
+            self._placer(pod).allocation_for(request, decision), pod.metadata.uid
+        ):
             self.reserved[key] = pod.metadata.uid
         self._remember_outcome(key, feasible, decision.node, "")
         return api_extender.FilterResult(node_names=[decision.node])
@@ -520,7 +522,7 @@ class SchedulingService:
                 verdict = fit.explain_node(state, demand, row)
                 return self._bind_failed(BindOutcome.UNSCHEDULABLE, reasons.refused_bind(key, args.node, verdict))
             alloc = self.cache.placer.allocation_for(request, decision)
-            if not self.cache.assume(alloc):
+            if not self.cache.assume(alloc, record.uid):
                 return self._bind_failed(BindOutcome.CONFLICT, f"pod {key}: the allocation conflicts with the ledger")
         self.binding.add(key)
         try:
@@ -531,6 +533,7 @@ class SchedulingService:
             body = _binding(args, record.uid, alloc)
             await self.api.create(paths.binding(args.pod_namespace, args.pod_name), body)
             self.gangs.bound(key)
+            self.cache.confirm(alloc)  # bound: held as such until the watch shows it (a filter again forgets nothing)
         except BaseException as exc:
             # pods/binding answers 409 for any error of its storage write too, one after the commit
             # among them (an etcd connection reset: "Operation cannot be fulfilled on pods/binding ...:
@@ -668,7 +671,29 @@ class SchedulingService:
                 self.cache.counters.expired += 1
                 self.metrics.expired.inc()
                 log.warning("pod %s: assumed %.0f s ago and never bound; forgotten", key, self.assume_ttl)
+        await self._check_confirmed()
         return forgotten
+
+    async def _check_confirmed(self) -> None:
+        """Pods held as bound (their binding written or read back) that the watch has not shown bound
+        for `assume_ttl` seconds are read: gone, replaced or not bound there, their room is let go (a
+        pod deleted while the watch was away and relisted after it went is never shown at all)."""
+        for key, alloc in self.cache.unseen_confirmations(self.assume_ttl):
+            if self._in_flight(key):
+                continue
+            namespace, name = key.split("/", 1)
+            try:
+                found = wire.convert(await self.api.get(paths.pod(namespace, name)), wire.Pod)
+            except kube_errors.NotFoundError:
+                found = None
+            except errors.SharegpuError as exc:
+                log.warning("cannot check pod %s, held as bound: %s", key, exc)
+                continue
+            if self.cache.confirmed.get(key) is not alloc:
+                continue  # the watch showed it meanwhile
+            if found is None or found.spec.node_name != alloc.node or pods.is_terminal(found):
+                self.cache.drop_confirmation(key)
+                log.warning("pod %s, held as bound on %s, is not there: its room is let go", key, alloc.node)
 
     def _in_flight(self, key: units.PodKey) -> bool:
         """A bind of the pod is being written, its outcome is unknown, or its gang holds its place."""
