@@ -116,7 +116,10 @@ async def test_containerd_applies_the_claim_s_cdi_devices_the_container_sees_its
         try:
             await wait_for(lambda: get_or_none(admin, dra.slice_path(node.name)), what="the node's ResourceSlice")
             await admin.create(dra.claim_path(namespace), builders.MakeClaim("c", namespace).ask(300, "4Gi").obj())
-            made = builders.MakePod("p", namespace).scheduler().grace(0).container().claim("c").gate()
+            # NVIDIA_VISIBLE_DEVICES=void in the container's own env, as the webhook sets it on every
+            # container it gives no GPU: the claim's CDI spec, applied by containerd over it, wins
+            made = builders.MakePod("p", namespace).scheduler().grace(0)
+            made.container(env={"NVIDIA_VISIBLE_DEVICES": "void"}).claim("c").gate()
             await admin.create(
                 paths.pods(namespace), made.node_selector({"kubernetes.io/hostname": node.name}).busybox().obj()
             )

@@ -821,3 +821,146 @@ def test_the_dra_totals_are_refused_on_a_container_without_claims() -> None:
     plain = MakePod("p").container(limits={"cpu": "1", names.DRA_GPU_MILLI_TOTAL: "300"}).obj()
     answer = answer_of(admission.validate(review(plain), POLICY))["response"]
     assert not answer["allowed"] and "whose GPUs come from DRA claims only" in answer["status"]["message"]
+
+
+# ----------------------------------------------------------------- found by a review (stop 64)
+
+
+def test_a_container_using_a_claim_of_another_class_still_sees_no_gpu() -> None:
+    """A CPU-only pod whose container uses any ResourceClaim that is not sharegpu's (here one with no
+    requests at all, which kube-scheduler allocates at once, no driver needed) keeps its CUDA image's
+    NVIDIA_VISIBLE_DEVICES=all: _hide_gpus skips every container with resources.claims."""
+    pod = {
+        "metadata": {"name": "p"},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": "gpu-node-1"},
+            "resourceClaims": [{"name": "nothing", "resourceClaimName": "empty"}],
+            "containers": [
+                {
+                    "name": "c",
+                    "image": "nvidia/cuda:12.4.1-base-ubuntu22.04",
+                    "resources": {"claims": [{"name": "nothing"}]},
+                }
+            ],
+        },
+    }
+    seen = {"nothing": False}  # what the server's _learn_claims reads for a claim of no (or another) class
+    out = applied(pod, admission.mutate(review(pod), POLICY, seen))
+    assert admission.validate(review(out), POLICY).response.allowed
+    shown = [e for e in out["spec"]["containers"][0].get("env") or [] if e["name"] == "NVIDIA_VISIBLE_DEVICES"]
+    assert shown == [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}], (
+        f"container keeps its image's NVIDIA_VISIBLE_DEVICES (env after admission: {shown})"
+    )
+
+
+def test_a_claim_container_cannot_read_protected_variables_from_a_configmap_it_names_itself() -> None:
+    """Same door, no CUDA image needed: the pod names its own ConfigMap as its 'hand-off' (any name;
+    a CPU-only pod's annotation is never dropped) and reads NVIDIA_VISIBLE_DEVICES=all from it."""
+    pod = {
+        "metadata": {"name": "p", "annotations": {names.HANDOFF: "mine"}},
+        "spec": {
+            "resourceClaims": [{"name": "nothing", "resourceClaimName": "empty"}],
+            "containers": [
+                {
+                    "name": "c",
+                    "image": "ubuntu",
+                    "resources": {"claims": [{"name": "nothing"}]},
+                    "env": [
+                        {
+                            "name": "NVIDIA_VISIBLE_DEVICES",
+                            "valueFrom": {"configMapKeyRef": {"name": "mine", "key": "c.NVIDIA_VISIBLE_DEVICES"}},
+                        }
+                    ],
+                }
+            ],
+        },
+    }
+    out = applied(pod, admission.mutate(review(pod), POLICY, {"nothing": False}))
+    answer = admission.validate(review(out), POLICY)
+    shown = [e for e in out["spec"]["containers"][0].get("env") or [] if e["name"] == "NVIDIA_VISIBLE_DEVICES"]
+    assert not answer.response.allowed or shown == [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}], shown
+
+
+def test_a_sharing_container_that_says_void_may_not_load_variables_wholesale() -> None:
+    """The guard lets envFrom without a prefix into a container that sets NVIDIA_VISIBLE_DEVICES=void
+    ('it sees no GPU'), but in a sharing container the webhook appends the hand-off reference after
+    the author's void (the last one wins): the container sees its GPU and loads, from the tenant's
+    ConfigMap, every protected variable the env does not set (CUDA_DEVICE_MEMORY_LIMIT_0 outranks
+    HAMi-core's CUDA_DEVICE_MEMORY_LIMIT, NVIDIA_IMEX_CHANNELS, NVIDIA_DRIVER_CAPABILITIES, ...)."""
+    pod = {
+        "metadata": {"name": "p"},
+        "spec": {
+            "containers": [
+                {
+                    "name": "c",
+                    "image": "cuda",
+                    "resources": {"limits": {"koordinator.sh/gpu-core": "30", "koordinator.sh/gpu-memory": "4Gi"}},
+                    "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}],
+                    "envFrom": [{"configMapRef": {"name": "tenant-vars"}}],
+                }
+            ]
+        },
+    }
+    out = applied(pod, admission.mutate(review(pod), POLICY))
+    names_in_order = [e["name"] for e in out["spec"]["containers"][0]["env"]]
+    last = [e for e in out["spec"]["containers"][0]["env"] if e["name"] == "NVIDIA_VISIBLE_DEVICES"][-1]
+    assert "valueFrom" in last, "the hand-off reference is the NVIDIA_VISIBLE_DEVICES the container gets"
+    answer = admission.validate(review(out), POLICY)
+    assert not answer.response.allowed, f"allowed: unprefixed envFrom into a GPU container (env {names_in_order})"
+
+
+def test_a_dra_path_pod_cannot_set_limit_variables_from_a_configmap_it_names_itself() -> None:
+    """On the DRA path the webhook neither drops the author's hand-off annotation nor adds one, and the
+    guard counts a reference to whatever ConfigMap the annotation names as sharegpu's own."""
+    pod = {
+        "metadata": {"name": "p", "annotations": {names.PATH: names.PATH_DRA, names.HANDOFF: "mine"}},
+        "spec": {
+            "containers": [
+                {
+                    "name": "c",
+                    "image": "cuda",
+                    "resources": {"limits": {names.GPU_MILLI: "300", names.GPU_MEMORY: "4096"}},
+                    "env": [
+                        {"name": v, "valueFrom": {"configMapKeyRef": {"name": "mine", "key": f"c.{v}"}}}
+                        for v in ("CUDA_DEVICE_MEMORY_LIMIT_0", "NVIDIA_IMEX_CHANNELS", "NVIDIA_DRIVER_CAPABILITIES")
+                    ],
+                }
+            ]
+        },
+    }
+    out = applied(pod, admission.mutate(review(pod), POLICY))
+    assert out["spec"]["containers"][0]["resources"].get("claims"), "on the DRA path"
+    answer = admission.validate(review(out), POLICY)
+    assert not answer.response.allowed, (
+        "a tenant's own ConfigMap set CUDA_DEVICE_MEMORY_LIMIT_0 and NVIDIA_IMEX_CHANNELS"
+    )
+
+
+def test_a_whole_gpu_pod_cannot_read_another_pods_handoff_by_naming_it_its_own() -> None:
+    """A whole-GPU pod wired to a hand-off it names (another sharing pod's of the namespace) keeps the
+    annotation (_handoff_wired) and passes the guard (the reference is to 'its own'); the extender's
+    prepare() skips exclusive allocations, so it is bound and its container reads the victim's GPU
+    UUID after the device plugin's value (the pod's env wins)."""
+    victim = "sharegpu-handoff-0123456789abcdef"
+    pod = {
+        "metadata": {"name": "w", "annotations": {names.HANDOFF: victim}},
+        "spec": {
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "cuda",
+                    "resources": {"limits": {"nvidia.com/gpu": "1"}},
+                    "env": [
+                        {
+                            "name": "NVIDIA_VISIBLE_DEVICES",
+                            "valueFrom": {"configMapKeyRef": {"name": victim, "key": "main.NVIDIA_VISIBLE_DEVICES"}},
+                        }
+                    ],
+                }
+            ]
+        },
+    }
+    out = applied(pod, admission.mutate(review(pod), POLICY))
+    kept = out["metadata"]["annotations"].get(names.HANDOFF)
+    answer = admission.validate(review(out), POLICY)
+    assert not answer.response.allowed, f"allowed, hand-off annotation kept as {kept!r}"

@@ -167,14 +167,16 @@ def _write_totals(obj: Json, parsed: requests.PodRequest, *, dra: bool = False) 
 def _hide_gpus(obj: Json, parsed: requests.PodRequest, audit: list[str]) -> None:
     """Every container sharegpu gives no GPU (init containers too) sees none: NVIDIA_VISIBLE_DEVICES=void,
     whatever its image or author set (an author's other value is replaced and said in the audit). A
-    static pod's mirror is left alone: the kubelet runs the node's manifest, not this object."""
+    container that uses DRA claims gets it too: the CDI spec of a claim's driver sets the variable
+    for the devices it gives (the runtime applies CDI edits over the container's own), and a claim
+    that gives no GPU (another driver's, or one with no request) must not leave the image's `all`
+    standing. A static pod's mirror is left alone: the kubelet runs the node's manifest, not this
+    object."""
     if MIRROR in (obj.get("metadata") or {}).get("annotations", {}):
         return
     for container, request in _paired(obj, parsed):
         if request.gpu is not None:
             continue  # sharing: the hand-off; whole GPUs: the device plugin's value must win
-        if (container.get("resources") or {}).get("claims"):
-            continue  # devices from DRA claims: their driver's CDI spec sets what the container sees
         before = [e.get("value") for e in container.get("env") or [] if e.get("name") == handoff.VISIBLE_DEVICES]
         if handoff.no_gpu(container) and before and before != [handoff.NO_GPU]:
             shown = ", ".join(str(v) if v is not None else "(from a reference)" for v in before)
@@ -383,6 +385,7 @@ def _to_claims(obj: Json, parsed: requests.PodRequest, audit: list[str]) -> None
     used = resources.setdefault("claims", [])
     if not any(c.get("name") == dra.POD_CLAIM for c in used):
         used.append({"name": dra.POD_CLAIM})
+    handoff.no_gpu(container)  # the claim's CDI spec, applied over the container's own env, names its GPU
     entries[:] = [e for e in entries if e.get("name") != dra.POD_CLAIM]  # reinvoked: the same, once
     entries.append({"name": dra.POD_CLAIM, "resourceClaimName": claim})
     gates = spec.setdefault("schedulingGates", [])
@@ -482,6 +485,15 @@ def mutate(
         pod = _typed(out, request)
         parsed = pods.request(pod)
         joined = api_groups.membership(pod.metadata.annotations, request.namespace)
+        named = (out.get("metadata") or {}).get("annotations") or {}
+        if names.HANDOFF in named and not _is_system(request, policy):
+            sharing = parsed.demand.sharing and joined is None
+            if not sharing or path_of(request.namespace, named, policy) == names.PATH_DRA:
+                # only a sharing pod of the extender path has a hand-off, and sharegpu names it: a name the
+                # author chose would make its references look like the pod's own (another pod's GPU)
+                del named[names.HANDOFF]
+                audit.append(f"annotation {names.HANDOFF} removed: this pod has no GPU hand-off")
+                pod = _typed(out, request)
         if joined is not None:
             refusal = _join(out, joined, request.namespace, parsed, policy, audit)
             if refusal is not None:
@@ -659,7 +671,11 @@ def guard(pod: wire.Pod, old: wire.Pod | None) -> str | None:
                 return f"container {container.name}: {env.name} is set by sharegpu only{_why(env.name)}"
             if ref is not None and ref.name.startswith(names.HANDOFF_PREFIX) and ref.name != own:
                 return f"container {container.name}: ConfigMap {ref.name} is another pod's GPU hand-off"
-        hidden = any(handoff.hides_gpus(env) for env in container.env)
+        hidden = (  # the container sees no GPU: its own `void` stands (no hand-off, no claim's CDI spec over it)
+            any(handoff.hides_gpus(env) for env in container.env)
+            and not any(handoff.is_reference(env, own, container.name) for env in container.env)
+            and not container.resources.claims
+        )
         for source in container.env_from:
             loaded = source.config_map_ref
             if loaded is not None and loaded.name.startswith(names.HANDOFF_PREFIX):
