@@ -140,6 +140,11 @@ async def test_install_upgrade_and_uninstall_with_the_charts_conditions_evaluate
         with pytest.raises(kube_errors.ApiError) as refused:
             await kube.create(f"/api/v1/namespaces/{namespace}/pods", bare_pod(name, limits, pod_annotations))
         assert "sharegpu" in str(refused.value) and "webhook" in str(refused.value), (fmt, str(refused.value))
+    # A MIG device of the device plugin (mig-strategy mixed) concerns GPUs: the webhook, not the no-GPU
+    # policy, decides (which leaves the device plugin's value standing).
+    with pytest.raises(kube_errors.ApiError) as refused:
+        await kube.create(f"/api/v1/namespaces/{namespace}/pods", bare_pod("mig", {"nvidia.com/mig-1g.10gb": "1"}))
+    assert "sharegpu" in str(refused.value) and "webhook" in str(refused.value), str(refused.value)
     # A pod written as Kubernetes documents DRA (a claim, no GPU resource) reaches it too: it may need the gate.
     claiming = bare_pod("claiming", {"cpu": "100m"})
     claiming["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "any"}]

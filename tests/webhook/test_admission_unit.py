@@ -124,6 +124,11 @@ def test_a_sharing_pod_s_sidecar_sees_no_gpu_and_a_whole_gpu_container_keeps_the
     ]}}  # fmt: skip
     train, log = applied(whole, admission.mutate(review(whole), POLICY))["spec"]["containers"]
     assert visible(train) == [] and visible(log) == VOID
+    mig = {"metadata": {"name": "mig"}, "spec": {"containers": [
+        {"name": "infer", "resources": {"limits": {"nvidia.com/mig-1g.10gb": "1"}}}, {"name": "log"},
+    ]}}  # fmt: skip
+    infer, log = applied(mig, admission.mutate(review(mig), POLICY))["spec"]["containers"]
+    assert visible(infer) == [] and visible(log) == VOID, "a MIG device is the device plugin's to show"
     mirror: Json = {"metadata": {"name": "m", "annotations": {admission.MIRROR: "x"}}}
     mirror["spec"] = {"containers": [{"name": "a"}]}
     assert visible(applied(mirror, admission.mutate(review(mirror), POLICY))["spec"]["containers"][0]) == []

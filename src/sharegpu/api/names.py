@@ -72,6 +72,9 @@ GPU: Final = f"{DOMAIN}/gpu"
 GPU_MILLI: Final = f"{DOMAIN}/gpu-milli"
 GPU_MEMORY: Final = f"{DOMAIN}/gpu-memory"
 NVIDIA_GPU: Final = "nvidia.com/gpu"
+NVIDIA_MIG_PREFIX: Final = "nvidia.com/mig-"
+"""The NVIDIA device plugin's MIG resources with `mig-strategy: mixed` (`nvidia.com/mig-1g.10gb`...):
+the device plugin gives such a container its MIG devices, and sharegpu does not place them."""
 MANAGED_RESOURCES: Final = (GPU, GPU_MILLI, GPU_MEMORY)
 """sharegpu's own resources: kube-scheduler leaves them to the extender (ignoredByScheduler)."""
 GPU_RESOURCES: Final = (*MANAGED_RESOURCES, NVIDIA_GPU)

@@ -177,6 +177,12 @@ def _hide_gpus(obj: Json, parsed: requests.PodRequest, audit: list[str]) -> None
     for container, request in _paired(obj, parsed):
         if request.gpu is not None:
             continue  # sharing: the hand-off; whole GPUs: the device plugin's value must win
+        asked = {
+            **((container.get("resources") or {}).get("requests") or {}),
+            **((container.get("resources") or {}).get("limits") or {}),
+        }
+        if any(str(name).startswith(names.NVIDIA_MIG_PREFIX) for name in asked):
+            continue  # MIG devices from the device plugin (mig-strategy mixed): its value must win
         before = [e.get("value") for e in container.get("env") or [] if e.get("name") == handoff.VISIBLE_DEVICES]
         if handoff.no_gpu(container) and before and before != [handoff.NO_GPU]:
             shown = ", ".join(str(v) if v is not None else "(from a reference)" for v in before)

@@ -110,8 +110,8 @@ prometheus.io/scheme: https
      every pod. */ -}}
 {{- define "sharegpu.concernsGpus" -}}
 [object.spec.containers, has(object.spec.initContainers) ? object.spec.initContainers : []].exists(cs,
-cs.exists(c, (has(c.resources) && ((has(c.resources.limits) && c.resources.limits.exists(k, k.contains('gpu') || k.contains('vcuda')))
-|| (has(c.resources.requests) && c.resources.requests.exists(k, k.contains('gpu') || k.contains('vcuda')))))
+cs.exists(c, (has(c.resources) && ((has(c.resources.limits) && c.resources.limits.exists(k, k.contains('gpu') || k.contains('vcuda') || k.startsWith('nvidia.com/mig-')))
+|| (has(c.resources.requests) && c.resources.requests.exists(k, k.contains('gpu') || k.contains('vcuda') || k.startsWith('nvidia.com/mig-')))))
 || (has(c.env) && c.env.exists(e, (e.name.startsWith('NVIDIA_') && !(e.name == 'NVIDIA_VISIBLE_DEVICES' && has(e.value) && e.value == 'void')) || e.name.startsWith('CUDA_') || e.name.startsWith('SHAREGPU_') || e.name == 'LD_PRELOAD'))
 || has(c.envFrom)))
 || (has(object.spec.ephemeralContainers) && size(object.spec.ephemeralContainers) > 0)
