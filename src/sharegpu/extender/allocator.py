@@ -273,10 +273,11 @@ class ClaimAllocator(extender_handle.Reconciler):
                 log.info("claim %s: kube-scheduler cleared its allocation on %s; its pod avoids that node", key, node)
         for key in [k for k in self.placed_on if k not in self.cache.claims.records]:
             del self.placed_on[key]
-        waiting = {r.uid for r in map(self.cache.record, self.cache.claiming) if r is not None and r.gated}
+        claiming = [r for r in map(self.cache.record, self.cache.claiming) if r is not None]
+        waiting = {r.uid for r in claiming if r.gated}
         self.lifted = {uid: version for uid, version in self.lifted.items() if uid in waiting}
-        claiming = {r.uid for r in map(self.cache.record, self.cache.claiming) if r is not None}
-        self.stranded = {uid: since for uid, since in self.stranded.items() if uid in claiming}
+        uids = {r.uid for r in claiming}
+        self.stranded = {uid: since for uid, since in self.stranded.items() if uid in uids}
 
     # ----------------------------------------------------------------- one pod
 
@@ -534,27 +535,32 @@ class ClaimAllocator(extender_handle.Reconciler):
         """Clear the allocations of a pod's claims (not a gang's) that pin it to a node where it cannot
         go (those not reserved for a running pod, and not being written), so that all its claims
         are placed together again."""
-        held = [c for c in done if c.ours and c.allocated and not c.reserved and c.key not in self.cache.claims.assumed]
-        for claim in held:
-            self.placed_on.pop(claim.key, None)  # cleared by this allocator, not taken back by kube-scheduler
-        cleared = sum([await self._clear(claim) for claim in held])
+        held = self._clearable(done)
+        cleared = await self._let_go(held)
         if cleared == len(held):
             self.stranded.pop(record.uid, None)
         log.warning("pod %s: %s; %d of its claims' allocation(s) cleared, all placed together again",
                     record.key, why, cleared)  # fmt: skip
         await self._say(record, f"{why}; its claims are placed together again")
 
+    def _clearable(self, claims: list[dra.ClaimRecord]) -> list[dra.ClaimRecord]:
+        """Of `claims`, those of the class whose allocation this allocator may clear: allocated, reserved
+        for no pod (none runs on it), and not being written."""
+        assumed = self.cache.claims.assumed
+        return [c for c in claims if c.ours and c.allocated and not c.reserved and c.key not in assumed]
+
+    async def _let_go(self, held: list[dra.ClaimRecord]) -> int:
+        """Clear these claims' allocations (conditionally, `_clear`); how many were cleared."""
+        for claim in held:
+            self.placed_on.pop(claim.key, None)  # cleared by this allocator, not taken back by kube-scheduler
+        return sum([await self._clear(claim) for claim in held])
+
     async def _give_back(self, gang: api_gangs.Gang, members: list[pods.Record]) -> None:
         """A gang not allocated whole (a member cannot be placed, or its write keeps failing): the
         claims its waiting members hold already (written in an earlier pass) are cleared once it has
         been so for the gang's timeout."""
-        held = [
-            claim
-            for record in members
-            for key in _claim_keys(record)
-            if (claim := self.cache.claims.records.get(key))
-            and claim.ours and claim.allocated and not claim.reserved and claim.key not in self.cache.claims.assumed
-        ]  # fmt: skip
+        records = self.cache.claims.records
+        held = self._clearable([c for m in members for k in _claim_keys(m) if (c := records.get(k)) is not None])
         if not held:
             self.partial.pop(gang.key, None)
             return
@@ -562,9 +568,7 @@ class ClaimAllocator(extender_handle.Reconciler):
         since = self.partial.setdefault(gang.key, now)
         if now - since < gang.timeout_s:
             return
-        for claim in held:
-            self.placed_on.pop(claim.key, None)  # cleared by this allocator, not taken back by kube-scheduler
-        cleared = sum([await self._clear(claim) for claim in held])
+        cleared = await self._let_go(held)
         if cleared == len(held):
             del self.partial[gang.key]
             self.resting[gang.key] = now + gang.timeout_s
