@@ -524,7 +524,7 @@ class ClusterCache:
             return
         if kind == wire.EventType.DELETED:
             self.pods.pop(key, None)
-            self.confirmed.pop(key, None)
+            self._unconfirm(key)
             self.handoff_pods.discard(key)
             self.pending.discard(key)
             self.claiming.discard(key)
@@ -631,7 +631,7 @@ class ClusterCache:
         if not node or record.terminal or self._state.row(node) is None:
             if node and record.terminal:
                 self._unassume(key)
-                self.confirmed.pop(key, None)
+                self._unconfirm(key)
             elif key in self.confirmed:
                 return  # read back bound: this view is older
             if key in ledger and (node or key not in self.assumed):
@@ -647,7 +647,7 @@ class ClusterCache:
             alloc = self._derived_allocation(record, node)
             if alloc is None:
                 return
-        self.confirmed.pop(key, None)  # the watch shows it bound: the record counts it from now on
+        self._unconfirm(key)  # the watch shows it bound: the record counts it from now on
         entry = ledger.get(key)
         if entry is not None and entry.alloc == alloc and entry.phase is core_ledger.Phase.ADDED:
             return
@@ -753,14 +753,15 @@ class ClusterCache:
     def unseen_confirmations(self, ttl: float) -> list[tuple[units.PodKey, allocation.Allocation]]:
         """Pods held as bound (`confirm`) for `ttl` seconds or more that the watch has not shown bound."""
         now = self.clock()
-        for key in [k for k in self.confirmed_at if k not in self.confirmed]:
-            del self.confirmed_at[key]
-        return [(key, alloc) for key, alloc in self.confirmed.items() if now - self.confirmed_at.get(key, now) >= ttl]
+        return [(key, alloc) for key, alloc in self.confirmed.items() if now - self.confirmed_at[key] >= ttl]
+
+    def _unconfirm(self, key: units.PodKey) -> allocation.Allocation | None:
+        self.confirmed_at.pop(key, None)
+        return self.confirmed.pop(key, None)
 
     def drop_confirmation(self, key: units.PodKey) -> None:
         """A pod held as bound is not (gone, replaced, bound elsewhere): its room is let go."""
-        alloc = self.confirmed.pop(key, None)
-        self.confirmed_at.pop(key, None)
+        alloc = self._unconfirm(key)
         if alloc is not None and not self._dirty and self._ledger is not None:
             entry = self._ledger.get(key)
             if entry is not None and entry.alloc == alloc:
