@@ -5,11 +5,12 @@ labels follow."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import signal
 import tempfile
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -416,24 +417,36 @@ async def test_the_watchdog_reads_the_kubelets_index_ids_as_the_gpus_they_name(t
     (proc / "cgroup").write_text(f"0::/kubepods/pod{whole['metadata']['uid']}/{'c' * 64}\n")
     path = tmp_path / "nvml.yaml"
     write_nvml(path, nvml_with("{pid: 4242, gpu: 0, usedMiB: 2048}"))
-    socket = Path(tempfile.mkdtemp(dir="/tmp")) / "k.sock"
-    kubelet = fakekubelet.FakeKubelet(socket)
-    kubelet.set_devices("ns", "w", "main", names.NVIDIA_GPU, ["0"])
-    await kubelet.start()
-    lister = podresources.KubeletPodResources(socket, 2.0)
-    options = agent_runtime.Options(interval=3600, proc=tmp_path / "proc")
-    agent = agent_runtime.Agent(
-        client.KubeClient(server), "n0", fakenvml.FakeNvml(path).open(), options, kubelet=lister
-    )
-    await agent.start()
-    try:
+    async with beside_a_kubelet(server, path, tmp_path / "proc", ("ns", "w", "main", "0")) as (agent, _):
         await one_pass(agent, server)
         assert [u.used_mib for u in agent.usage.usages] == [2048], "the pod's use is seen"
         assert agent.usage.violations == ()
+
+
+@contextlib.asynccontextmanager
+async def beside_a_kubelet(
+    server: fake.FakeApiServer, nvml: Path, proc: Path, *devices: tuple[str, str, str, str]
+) -> AsyncIterator[tuple[agent_runtime.Agent, fakekubelet.FakeKubelet]]:
+    """An agent of node n0 (NVML from `nvml`, /proc at `proc`) reading the fake kubelet's PodResources,
+    which lists `devices` ((namespace, pod, container, device ID) of nvidia.com/gpu)."""
+    folder = Path(tempfile.mkdtemp(dir="/tmp"))  # a unix socket's path must be short
+    kubelet = fakekubelet.FakeKubelet(folder / "k.sock")
+    for namespace, pod, container, device in devices:
+        kubelet.set_devices(namespace, pod, container, names.NVIDIA_GPU, [device])
+    await kubelet.start()
+    lister = podresources.KubeletPodResources(folder / "k.sock", 2.0)
+    options = agent_runtime.Options(interval=3600, proc=proc)
+    agent = agent_runtime.Agent(
+        client.KubeClient(server), "n0", fakenvml.FakeNvml(nvml).open(), options, kubelet=lister
+    )
+    await agent.start()
+    try:
+        yield agent, kubelet
     finally:
         await agent.stop()
         await lister.close()
         await kubelet.stop()
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 async def test_a_pod_labelled_with_a_group_counts_as_a_member_only_where_the_group_admits_it(tmp_path: Path) -> None:
@@ -543,17 +556,8 @@ async def test_index_ids_are_read_by_nvmls_numbering_not_the_devices(tmp_path: P
     server.put_object(paths.pods(names.HOLDING_NAMESPACE), reserve.obj())
     path = tmp_path / "nvml.yaml"
     write_nvml(path, nvml_with())
-    folder = Path(tempfile.mkdtemp(dir="/tmp"))  # a unix socket's path must be short
-    kubelet = fakekubelet.FakeKubelet(folder / "k.sock")
-    kubelet.set_devices(names.HOLDING_NAMESPACE, "r", "reserve", names.NVIDIA_GPU, ["2"])
-    await kubelet.start()
-    lister = podresources.KubeletPodResources(folder / "k.sock", 2.0)
-    options = agent_runtime.Options(interval=3600, proc=tmp_path / "proc")
-    agent = agent_runtime.Agent(
-        client.KubeClient(server), "n0", fakenvml.FakeNvml(path).open(), options, kubelet=lister
-    )
-    await agent.start()
-    try:
+    listed = (names.HOLDING_NAMESPACE, "r", "reserve", "2")
+    async with beside_a_kubelet(server, path, tmp_path / "proc", listed) as (agent, kubelet):
         await one_pass(agent, server)
         first = "  - {uuid: GPU-0, model: NVIDIA A100-SXM4-80GB, memoryMiB: 81920, pcieSwitch: 0}\n"
         gone = NVML_FILE.replace(first, "")
@@ -563,8 +567,3 @@ async def test_index_ids_are_read_by_nvmls_numbering_not_the_devices(tmp_path: P
         assert [(g.index, g.uuid) for g in device.spec.gpus] == [(1, "GPU-1"), (2, "GPU-2")]
         stored = server.get_object(paths.pod(names.HOLDING_NAMESPACE, "r"))
         assert stored is not None and stored["metadata"]["annotations"][names.GPU_UUID] == "GPU-2"
-    finally:
-        await agent.stop()
-        await lister.close()
-        await kubelet.stop()
-        shutil.rmtree(folder, ignore_errors=True)

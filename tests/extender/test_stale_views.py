@@ -42,6 +42,17 @@ def bind_a(uid: str) -> api_extender.BindingArgs:
     return api_extender.BindingArgs(pod_name="a", pod_namespace="ns", pod_uid=uid, node="n0")
 
 
+def _made_again_unseen(h: Harness) -> None:
+    """Pod a (one GPU's 600 milli on n0) is deleted and made again under its name while the
+    extender's pod watch lags (kube-scheduler's does not), with b waiting beside it; kube-scheduler
+    filters the new a, which the extender places on n0."""
+    _late_watches(h)
+    h.server.remove_object(paths.pod("ns", "a"))
+    h.server.put_object(paths.pods("ns"), gpu_pod("a", milli=600))
+    h.server.put_object(paths.pods("ns"), gpu_pod("b", milli=600))
+    assert h.extender.scheduling.filter(h.args(pod_a(h))).node_names == ["n0"]
+
+
 def _late_watches(h: Harness) -> None:
     h.server.cut_watches()
     h.server.fail(503, method="WATCH", times=10_000)
@@ -54,13 +65,8 @@ async def test_old_uid_deleted_late_while_new_uid_binding_is_written(
     first = await h.create(gpu_pod("a", milli=600))
     old = h.extender.cache.record(units.PodKey("ns/a"))
     assert old is not None and old.uid == first["metadata"]["uid"]
-    _late_watches(h)  # the extender's pod watch lags (kube-scheduler's does not)
-    h.server.remove_object(paths.pod("ns", "a"))
-    h.server.put_object(paths.pods("ns"), gpu_pod("a", milli=600))
-    other = gpu_pod("b", milli=600)
-    h.server.put_object(paths.pods("ns"), other)
+    _made_again_unseen(h)
     service, cache, key = h.extender.scheduling, h.extender.cache, units.PodKey("ns/a")
-    assert service.filter(h.args(pod_a(h))).node_names == ["n0"]
 
     async def deleted_event_arrives(record: Any, alloc: Any) -> None:
         cache.on_pod(wire.EventType.DELETED, old)  # the lagging watch delivers uid1's deletion now
@@ -77,13 +83,8 @@ async def test_old_uid_deleted_late_while_new_uid_binding_is_written(
 async def test_relist_after_410_drops_an_unsure_binding_of_the_new_uid(harness: Callable[..., Any]) -> None:
     h: Harness = await harness(nodes=1, gpus=1)
     await h.create(gpu_pod("a", milli=600))
-    _late_watches(h)
-    h.server.remove_object(paths.pod("ns", "a"))
-    h.server.put_object(paths.pods("ns"), gpu_pod("a", milli=600))
-    other = gpu_pod("b", milli=600)
-    h.server.put_object(paths.pods("ns"), other)
+    _made_again_unseen(h)
     service, cache, key = h.extender.scheduling, h.extender.cache, units.PodKey("ns/a")
-    assert service.filter(h.args(pod_a(h))).node_names == ["n0"]
     h.server.lose(method="POST", path=paths.binding("ns", "a"), after_commit=False)
     meta = pod_a(h)["metadata"]
     result = await service.bind(bind_a(meta["uid"]))
