@@ -430,7 +430,7 @@ class ClaimAllocator(extender_handle.Reconciler):
         gang's minimum still needs (members running count toward it)."""
         gang = members[0].gang
         assert gang is not None
-        everyone = [m for m in self.cache.gang_members(gang.key) if not m.terminal and not m.deleting]
+        everyone = self.cache.live_gang_members(gang.key)
         running = sum(1 for m in everyone if m.node or not (m.claims or m.gpu))
         need = gang.min_count - running
         if len(members) < need:

@@ -568,6 +568,10 @@ class ClusterCache:
         """The pods that state gang `gang` (any phase), by name."""
         return [self.pods[k] for k in sorted(self.gangs.get(gang, ())) if k in self.pods]
 
+    def live_gang_members(self, gang: str) -> list[pods.Record]:
+        """`gang_members` that have neither ended nor are being deleted."""
+        return [m for m in self.gang_members(gang) if not m.terminal and not m.deleting]
+
     def on_claim(self, kind: wire.EventType, record: dra.ClaimRecord) -> None:
         """A DRA claim, as the watch shows it (`claims`). One holding the driver's GPUs, whoever
         allocated it, is held in the one ledger beside the pods: no GPU is given twice, or past its

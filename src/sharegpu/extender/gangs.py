@@ -269,8 +269,8 @@ class GangBook:
             ours = self.plans.get(gang.key)
             if ours is not None:  # planned without this pod: it follows a released plan as any pod does
                 return None if ours.released.is_set() else f"gang {gang.key}: its planned members bind first"
-            live = [m for m in self.cache.gang_members(gang.key) if not m.terminal and not m.deleting]
-            if self._short(gang, [m for m in live if m.key != key]) <= 0:
+            others = [m for m in self.cache.live_gang_members(gang.key) if m.key != key]
+            if self._short(gang, others) <= 0:
                 return None  # the gang has its minimum without this pod: it is placed as any pod
             return (
                 f"gang {gang.key}: no plan holds this member (given back at its timeout, or not made here); "
