@@ -103,12 +103,14 @@ async def test_a_deviceshare_group_is_mirrored_both_ways_and_its_mirror_goes_wit
         labels = groups.group_labels("team", "g")
         server.put_object(paths.pods("team"), {"metadata": {"name": name, "namespace": "team", "labels": labels},
                                                "spec": {"containers": [{"name": "main"}]}})  # fmt: skip
-    bound = wire.convert(mirror, groups.SharedDeviceGroup)
-    status = groups.GroupStatus(
-        phase="Bound", node_name="n0", member_pods=["team/m0", "team/m1"],
-        devices=[groups.GroupDevice(index=0, uuid="GPU-a"), groups.GroupDevice(index=1, uuid="GPU-b")],
-    )  # fmt: skip
-    await controller.api.replace(*resources.SHARED_DEVICE_GROUP.status_update(bound.metadata, bound.spec, status))
+    await passes(controller, server)
+    holder_path = paths.pod(names.HOLDING_NAMESPACE, groups.holder_name("team", "g"))
+    holder = server.get_object(holder_path)
+    device = server.get_object(paths.device("n0"))
+    assert holder is not None and device is not None
+    holder["spec"]["nodeName"] = "n0"  # as kube-scheduler and the device plugin would
+    holder["metadata"]["annotations"][names.GPU_UUID] = ",".join(g["uuid"] for g in device["spec"]["gpus"])
+    await controller.api.replace(holder_path, holder)
     await passes(controller, server)
     back = server.get_object(resources.DEVICESHARE_GROUP.path("team", "g"))
     assert back is not None

@@ -266,3 +266,89 @@ async def test_a_node_gone_for_a_while_does_not_make_the_controller_forget_its_g
     await passes(controller, server)
     back = server.get_object(paths.node("n0"))
     assert back is not None and back["metadata"]["labels"].get(label) == groups.BOUND
+
+
+def _status(server: fake.FakeApiServer, namespace: str, name: str) -> groups.GroupStatus:
+    stored = server.get_object(resources.SHARED_DEVICE_GROUP.path(namespace, name))
+    assert stored is not None
+    return wire.convert(stored, groups.SharedDeviceGroup).status
+
+
+async def test_a_lost_holder_withholds_the_members_devices_until_its_replacement_holds_some(
+    env: tuple[fake.FakeApiServer, runtime.Controller],
+) -> None:
+    """The GPUs a lost holder held are free in the extender's ledger at once: a member starting in the
+    gap must not be handed them (another pod may be placed there). Its hand-off is emptied (it waits:
+    NVIDIA_VISIBLE_DEVICES is required) until the replacement, pinned to the node, reports its GPUs."""
+    server, controller = env
+    body = {"metadata": {"name": "g", "namespace": "team"}, "spec": {"gpus": 1, "bindEagerly": True}}
+    server.put_object(resources.SHARED_DEVICE_GROUP.path("team"), body)
+    await passes(controller, server)
+    holder_path = paths.pod(names.HOLDING_NAMESPACE, groups.holder_name("team", "g"))
+    holder, device = server.get_object(holder_path), server.get_object(paths.device("n0"))
+    assert holder is not None and device is not None
+    first, second = (g["uuid"] for g in device["spec"]["gpus"])
+    holder["spec"]["nodeName"] = "n0"
+    holder["metadata"]["annotations"][names.GPU_UUID] = first
+    await controller.api.replace(holder_path, holder)
+    await passes(controller, server)
+    handoff = paths.configmap("team", groups.handoff_name("team", "g"))
+
+    def handed() -> dict[str, str]:
+        stored = server.get_object(handoff)
+        assert stored is not None
+        return dict(stored.get("data") or {})
+
+    assert handed() == {groups.VISIBLE_DEVICES: first}
+    server.remove_object(holder_path)  # deleted by hand, evicted, its node's kubelet gave it up
+    await passes(controller, server)
+    status = _status(server, "team", "g")
+    assert status.phase == "Bound" and status.node_name == "n0" and status.devices == []
+    assert [(c.status, c.reason) for c in status.conditions] == [("False", "HolderLost")]
+    assert handed() == {}, "a member starting now would run on a GPU nobody holds"
+    reasons = {e["reason"]: e for e in server.list_objects(paths.events("team"))}
+    assert reasons["HolderLost"]["type"] == "Warning"
+    replacement = server.get_object(holder_path)
+    assert replacement is not None
+    pin = replacement["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert pin["nodeSelectorTerms"][0]["matchFields"][0]["values"] == ["n0"]
+    replacement["spec"]["nodeName"] = "n0"  # the device plugin gives it the other GPU
+    await controller.api.replace(holder_path, replacement)
+    await passes(controller, server)
+    assert handed() == {}, "on the node but not reporting yet: still nothing"
+    replacement = server.get_object(holder_path)
+    assert replacement is not None
+    replacement["metadata"]["annotations"][names.GPU_UUID] = second
+    await controller.api.replace(holder_path, replacement)
+    await passes(controller, server)
+    assert handed() == {groups.VISIBLE_DEVICES: second}
+    status = _status(server, "team", "g")
+    assert [(d.index, d.uuid) for d in status.devices] == [(1, second)] and status.conditions[0].status == "True"
+
+
+async def test_a_group_not_bound_yet_gets_a_holder_for_its_edited_placement(
+    env: tuple[fake.FakeApiServer, runtime.Controller],
+) -> None:
+    """A holder made for the old spec would bind with the old count (and never match the new one) or
+    the old share: it is replaced. Once bound, the webhook refuses such edits."""
+    server, controller = env
+    body = {"metadata": {"name": "g", "namespace": "team"},
+            "spec": {"gpus": 1, "bindEagerly": True, "nodeSelector": {"pool": "none"}}}  # fmt: skip
+    server.put_object(resources.SHARED_DEVICE_GROUP.path("team"), body)
+    await passes(controller, server)
+    holder_path = paths.pod(names.HOLDING_NAMESPACE, groups.holder_name("team", "g"))
+    made = server.get_object(holder_path)
+    assert made is not None and made["spec"]["nodeSelector"] == {"pool": "none"}
+    await controller.api.patch(resources.SHARED_DEVICE_GROUP.path("team", "g"),
+                               {"spec": {"gpus": 2, "nodeSelector": None}})  # fmt: skip
+    await passes(controller, server, count=4)
+    again = server.get_object(holder_path)
+    assert again is not None and again["metadata"]["uid"] != made["metadata"]["uid"]
+    assert again["spec"]["nodeSelector"] == {}
+    assert again["spec"]["containers"][0]["resources"]["limits"][names.NVIDIA_GPU] == "2"
+    # Members or bindEagerly edited: the holder stays.
+    await controller.api.patch(resources.SHARED_DEVICE_GROUP.path("team", "g"),
+                               {"spec": {"members": {"namespaces": ["friends"]}}})  # fmt: skip
+    await passes(controller, server)
+    kept = server.get_object(holder_path)
+    assert kept is not None and kept["metadata"]["uid"] == again["metadata"]["uid"]

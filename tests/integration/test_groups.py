@@ -102,6 +102,7 @@ async def test_a_group_binds_holds_its_gpus_for_its_members_and_goes_only_withou
         assert [e["name"] for e in env[1:]] == list(groups.LIMITS)  # optional: a whole-GPU group sets none
     node = await admin.get(paths.node(target))
     assert node["metadata"]["labels"][groups.node_label(namespace, "a")] == "true"
+    await _edits_of_a_bound_group(admin, namespace, target)
 
     # The group's GPUs are nobody else's: a second group on that node and a sharing pod there wait.
     await admin.create(
@@ -154,6 +155,39 @@ async def test_a_group_binds_holds_its_gpus_for_its_members_and_goes_only_withou
     assert b.status.node_name == target
     await admin.delete(resources.SHARED_DEVICE_GROUP.path(namespace, "b"))
     await wait_for(functools.partial(_gone, admin, namespace, "b"), what="group b deleted")
+
+
+async def _edits_of_a_bound_group(admin: client.KubeClient, namespace: str, target: str) -> None:
+    """Group a, bound on `target` with members m0..m2: its placement cannot change (its holder and
+    members run with it), and a namespace leaves it only once no member runs there."""
+    path = resources.SHARED_DEVICE_GROUP.path(namespace, "a")
+    with pytest.raises(kube_errors.KubeError) as edited:
+        await admin.patch(path, {"spec": {"gpus": 1, "share": {"milli": 500}}})
+    assert f"is bound to node {target}; spec gpus, share cannot change while it is bound" in str(edited.value)
+    friends = f"{namespace}-f"
+    await admin.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": friends}})
+    try:
+        await admin.patch(path, {"spec": {"members": {"namespaces": [friends]}}})
+        await admin.create(paths.pods(friends), member("guest", friends, f"{namespace}/a"))
+
+        async def guest_counted() -> bool:
+            found = await group_of(admin, namespace, "a")
+            return found is not None and f"{friends}/guest" in found.status.member_pods
+
+        await wait_for(guest_counted, what="the guest counted as a member")
+        with pytest.raises(kube_errors.KubeError) as left:
+            await admin.patch(path, {"spec": {"members": {"namespaces": []}}})
+        assert f"namespace(s) {friends} cannot leave spec.members.namespaces" in str(left.value)
+        assert f"{friends}/guest" in str(left.value)
+        await admin.delete(paths.pod(friends, "guest"), grace_period=0)
+
+        async def guest_gone() -> bool:
+            return await get_or_none(admin, paths.pod(friends, "guest")) is None
+
+        await wait_for(guest_gone, what="the guest gone")
+        await admin.patch(path, {"spec": {"members": {"namespaces": []}}})
+    finally:
+        await admin.delete(f"/api/v1/namespaces/{friends}")
 
 
 async def _gone(kube: client.KubeClient, namespace: str, name: str) -> bool:

@@ -447,12 +447,62 @@ def test_who_may_join_and_what_a_member_may_not_ask_for() -> None:
 
 def test_a_group_with_live_members_cannot_be_deleted() -> None:
     body = {"request": {"uid": "u", "operation": "DELETE", "namespace": "ns", "name": "g"}}
-    refused = answer_of(admission.validate_group_deletion(body, ["ns/m0", "ns/m1"]))["response"]
+    refused = answer_of(admission.validate_group(body, ["ns/m0", "ns/m1"]))["response"]
     assert not refused["allowed"]
     assert refused["status"]["message"] == (
         "sharegpu: SharedDeviceGroup ns/g still has 2 member pod(s): ns/m0, ns/m1; delete them first"
     )
-    assert admission.validate_group_deletion(body, []).response.allowed
+    assert admission.validate_group(body, []).response.allowed
+
+
+def _group_update(old_spec: Json, new_spec: Json, node: str = "", api: str = "sharegpu.io/v1alpha1") -> Json:
+    status = {"phase": "Bound", "nodeName": node} if node else {}
+    old = {"apiVersion": api, "kind": "SharedDeviceGroup", "metadata": {"name": "g", "namespace": "ns"},
+           "spec": old_spec, "status": status}  # fmt: skip
+    new = {**old, "spec": new_spec}
+    return {"request": {"uid": "u", "operation": "UPDATE", "namespace": "ns", "name": "g",
+                        "object": new, "oldObject": old}}  # fmt: skip
+
+
+def test_a_bound_group_s_placement_cannot_change_and_the_rest_can() -> None:
+    spec = {"gpus": 2, "share": {"milli": 500, "memoryMiB": 4096}, "members": {"namespaces": ["a"]}}
+    for changed, field in (
+        ({**spec, "gpus": 3}, "gpus"),
+        ({k: v for k, v in spec.items() if k != "share"}, "share"),
+        ({**spec, "share": {"milli": 600, "memoryMiB": 4096}}, "share"),
+        ({**spec, "nodeSelector": {"pool": "b"}}, "nodeSelector"),
+        ({**spec, "models": ["A100"]}, "models"),
+        ({**spec, "schedulingStrategy": "spread"}, "schedulingStrategy"),
+    ):
+        refused = answer_of(admission.validate_group(_group_update(spec, changed, node="n1"), []))["response"]
+        assert not refused["allowed"], field
+        assert refused["status"]["message"] == (
+            f"sharegpu: SharedDeviceGroup ns/g is bound to node n1; spec {field} cannot change while it is bound "
+            "(its holder pod and members run with them): delete the group and create it anew"
+        )
+        # Not bound yet: the controller replaces the holder made for the old spec.
+        assert admission.validate_group(_group_update(spec, changed), []).response.allowed
+    loose = {**spec, "members": {"namespaces": ["a", "b"]}, "bindEagerly": True}
+    assert admission.validate_group(_group_update(spec, loose, node="n1"), []).response.allowed
+    # The shared-device-group project's kind: its spec is all placement.
+    compat = _group_update({"resources": {"nvidia.com/gpu": 1}}, {"resources": {"nvidia.com/gpu": 2}}, node="n1",
+                           api="deviceshare.io/v1alpha1")  # fmt: skip
+    message = answer_of(admission.validate_group(compat, []))["response"]["status"]["message"]
+    assert "is bound to node n1; spec resources cannot change" in message
+
+
+def test_a_namespace_leaves_a_group_only_without_live_members_there() -> None:
+    body = _group_update({"gpus": 1, "members": {"namespaces": ["a", "b", "ns"]}},
+                         {"gpus": 1, "members": {"namespaces": ["b"]}}, node="n1")  # fmt: skip
+    request = api_admission.review(body).request
+    assert admission.leaving_namespaces(request) == ["a"]  # the group's own namespace never leaves
+    refused = answer_of(admission.validate_group(body, ["a/m0"]))["response"]
+    assert not refused["allowed"]
+    assert refused["status"]["message"] == (
+        "sharegpu: SharedDeviceGroup ns/g: namespace(s) a cannot leave spec.members.namespaces while pods there "
+        "are its members: a/m0; delete them first"
+    )
+    assert admission.validate_group(body, []).response.allowed
 
 
 def test_a_pod_demanding_mps_is_wired_to_its_gpu_s_mps_directory() -> None:

@@ -223,6 +223,28 @@ def live_member(pod: wire.Pod, home: str, admitted: Collection[str]) -> bool:
     )
 
 
+PLACEMENT_FIELDS: Final = ("gpus", "share", "schedulingStrategy", "nodeSelector", "models")
+"""The spec's fields (as written) that say what a group holds and where: fixed once it is bound (its
+holder and members use them); `members` and `bindEagerly` may change at any time."""
+
+
+def placement(spec: GroupSpec) -> dict[str, Any]:
+    """The spec's placement fields (`PLACEMENT_FIELDS`) as written."""
+    written = wire.encode(spec)
+    return {field: written.get(field) for field in PLACEMENT_FIELDS}
+
+
+def placement_digest(spec: GroupSpec) -> str:
+    """A digest of the spec's placement, written on the holder made for it (`names.GROUP_PLACEMENT`)."""
+    return hashlib.sha256(msgspec.json.encode(placement(spec), order="sorted")).hexdigest()[:16]
+
+
+def changed_placement(old: GroupSpec, new: GroupSpec) -> list[str]:
+    """The placement fields (`PLACEMENT_FIELDS`, as written) that differ between two specs."""
+    before, after = placement(old), placement(new)
+    return [field for field in PLACEMENT_FIELDS if before[field] != after[field]]
+
+
 def may_join(group: SharedDeviceGroup, namespace: str) -> bool:
     return namespace == group.metadata.namespace or namespace in group.spec.members.namespaces
 
@@ -235,6 +257,7 @@ def holder_pod(group: SharedDeviceGroup, image: str, node: str = "") -> dict[str
     meta, spec = group.metadata, group.spec
     annotations = {names.MODELS: ",".join(spec.models)} if spec.models else {}
     annotations[names.PLACEMENT] = spec.scheduling_strategy
+    annotations[names.GROUP_PLACEMENT] = placement_digest(spec)
     share, role = None, names.ROLE_GROUP_HOLDER
     if spec.share is not None:
         share, role = (spec.share.milli, spec.share.memory_mib), names.ROLE_GROUP_SHARE

@@ -118,6 +118,10 @@ ISOLATION: Final = f"{DOMAIN}/isolation"
 COMPUTE_GUARANTEE: Final = f"{DOMAIN}/compute-guarantee"
 """On a pod: "true" places it only where its demanded isolation mode enforces its compute share
 (the node's Device says so per mode: mps and mig do, hami-core where its operator measured it)."""
+GROUP_PLACEMENT: Final = f"{DOMAIN}/group-placement"
+"""On a group's holder pod: the digest of the group's placement it was made for
+(`api.groups.placement_digest`); a holder of a group not bound yet whose group's placement has
+changed since is replaced."""
 PLACEMENT: Final = f"{DOMAIN}/placement"
 """On a pod: binpack or spread, overriding the extender's policy for it (a group's holder pod)."""
 DEMOTED: Final = f"{DOMAIN}/demoted"

@@ -12,7 +12,10 @@ ConfigMap: NVIDIA_VISIBLE_DEVICES, and for a share its limits. The hand-offs are
 the node is labelled, and watched: one found written by anyone else (a tenant who made it first
 under the group's name, or changed it) is replaced whole, with a Warning event `HandoffForged` on
 the group (the chart's admission policy files/policies/handoff.yaml lets only the controller write
-them). A holder that is lost is recreated pinned to the group's node.
+them). A holder that is lost is recreated pinned to the group's node; until it reports its GPUs the
+group holds none (status `devices` empty, condition reason HolderLost) and the hand-offs are emptied,
+so no member starts on GPUs the ledger has freed. A holder made for a placement the group (not bound
+yet) no longer has is replaced; once bound, the webhook refuses placement edits.
 
 Deletion: the webhook refuses to delete a group with live members; the group's finalizer keeps it
 until this reconciler has removed the holder, the node label and the ConfigMaps.
@@ -164,7 +167,12 @@ class GroupReconciler:
             )  # fmt: skip
             return
         bound = status.node_name
-        if holder is not None and (pods.is_terminal(holder) or holder.metadata.deletion_timestamp is not None):
+        placed_for = "" if holder is None else holder.metadata.annotations.get(names.GROUP_PLACEMENT)
+        if holder is not None and (
+            pods.is_terminal(holder)
+            or holder.metadata.deletion_timestamp is not None
+            or (not bound and placed_for != groups.placement_digest(group.spec))
+        ):  # ended, or made for a placement the group (not bound yet) no longer has: replaced
             if holder.metadata.deletion_timestamp is None:
                 await self.api.delete(paths.pod(names.HOLDING_NAMESPACE, holder.metadata.name), grace_period=0)
             holder = None
@@ -176,42 +184,53 @@ class GroupReconciler:
             # Only namespaces the group admits have members and get its devices (a pod admitted before
             # the webhook knew the group cannot borrow them from a namespace the group does not list).
             # The hand-offs first, the node label (which lets members be scheduled) after.
-            if data is not None:
-                for namespace in sorted({meta.namespace} | {p.metadata.namespace for p in members}):
-                    await self._write_handoff(group, namespace, data)
-                await self._label_node(new.node_name, groups.node_label(meta.namespace, meta.name))
+            for namespace in sorted({meta.namespace} | {p.metadata.namespace for p in members}):
+                await self._write_handoff(group, namespace, data)
+            await self._label_node(new.node_name, groups.node_label(meta.namespace, meta.name))
         if new != status:
             await self._write_status(group, new)
+        devices = ", ".join(f"{d.index} ({d.uuid})" for d in new.devices)
         if new.phase == groups.PHASE_BOUND and not bound:
-            devices = ", ".join(f"{d.index} ({d.uuid})" for d in new.devices)
             await self._record(group, "Bound", f"bound to node {new.node_name}, GPUs {devices}",
                                decision=f"{new.node_name}:{devices}")  # fmt: skip
+        elif bound and status.devices and not new.devices:
+            held = ", ".join(f"{d.index} ({d.uuid})" for d in status.devices)
+            await self._record(group, "HolderLost", f"the holder pod of GPUs {held} is gone: a new one is placed on "
+                               f"{bound}; members started from now on wait for its GPUs",
+                               decision=f"lost:{bound}:{held}", kind="Warning")  # fmt: skip
+        elif bound and new.devices and not status.devices:
+            await self._record(group, "Bound", f"held again on node {bound}, GPUs {devices}",
+                               decision=f"{bound}:{devices}")  # fmt: skip
 
     def _status(
         self, group: groups.SharedDeviceGroup, holder: wire.Pod | None, members: list[wire.Pod]
     ) -> groups.GroupStatus:
+        """Bound once the holder reports its GPUs, to that node for good; `devices` are what the holder
+        holds now: none while a lost holder is replaced (the members' hand-offs are withheld meanwhile)."""
         old = group.status
-        phase, node, devices = old.phase, old.node_name, list(old.devices)
+        node, devices = old.node_name, self._held(group, holder)
         reason, message = "", ""
-        if holder is not None and holder.spec.node_name:
-            reported = [u for u in self._reported(group, holder).split(",") if u]
-            indexes = self.ids.indexes(holder.spec.node_name)
-            if len(reported) == group.spec.gpus and all(u in indexes for u in reported):
-                phase, node = groups.PHASE_BOUND, holder.spec.node_name
-                devices = sorted((groups.GroupDevice(index=indexes[u], uuid=u) for u in reported),
-                                 key=lambda d: d.index)  # fmt: skip
-            elif not node:
-                reason, message = "Starting", f"the holder pod is on {holder.spec.node_name}, waiting for its GPUs"
-        elif holder is not None:
-            reason, message = "Unschedulable", _unschedulable(holder) or "the holder pod waits to be scheduled"
-        elif not node:
-            reason, message = "NoMembers", "binds when its first member is created (or set bindEagerly)"
-        if phase == groups.PHASE_BOUND:
+        if devices:
+            node = holder.spec.node_name if holder is not None else node
             share = group.spec.share
             held = "" if share is None else f"{share.milli} milli-GPU and {_memory(share)} of each of "
             reason, message = "Bound", f"holds {held}{len(devices)} GPU(s) of {node}"
+        elif node:
+            reason, message = (
+                "HolderLost",
+                (
+                    f"its holder pod is gone or not on its GPUs yet; a new one is placed on {node} and members "
+                    "started from now on wait for its GPUs"
+                ),
+            )
+        elif holder is not None and holder.spec.node_name:
+            reason, message = "Starting", f"the holder pod is on {holder.spec.node_name}, waiting for its GPUs"
+        elif holder is not None:
+            reason, message = "Unschedulable", _unschedulable(holder) or "the holder pod waits to be scheduled"
+        else:
+            reason, message = "NoMembers", "binds when its first member is created (or set bindEagerly)"
         stamp = wire.timestamp(self.clock())
-        value: Literal["True", "False"] = "True" if phase == groups.PHASE_BOUND else "False"
+        value: Literal["True", "False"] = "True" if devices else "False"
         before = next((c for c in old.conditions if c.type == "Bound"), None)
         since = before.last_transition_time if before is not None and before.status == value else stamp
         condition = groups.Condition(
@@ -219,13 +238,25 @@ class GroupReconciler:
             observed_generation=group.metadata.generation,
         )  # fmt: skip
         return groups.GroupStatus(
-            phase=phase,
+            phase=groups.PHASE_BOUND if node else groups.PHASE_PENDING,
             node_name=node,
             devices=devices,
             member_pods=[wire.key(p.metadata) for p in members],
             conditions=[condition],
             observed_generation=group.metadata.generation,
         )
+
+    def _held(self, group: groups.SharedDeviceGroup, holder: wire.Pod | None) -> list[groups.GroupDevice]:
+        """The GPUs the holder holds: all `spec.gpus` reported and known on its node (on the group's
+        node, for a bound group); none otherwise."""
+        bound = group.status.node_name
+        if holder is None or not holder.spec.node_name or (bound and holder.spec.node_name != bound):
+            return []
+        reported = [u for u in self._reported(group, holder).split(",") if u]
+        indexes = self.ids.indexes(holder.spec.node_name)
+        if len(reported) != group.spec.gpus or not all(u in indexes for u in reported):
+            return []
+        return sorted((groups.GroupDevice(index=indexes[u], uuid=u) for u in reported), key=lambda d: d.index)
 
     def _share_handoff(self, holder: wire.Pod | None) -> dict[str, str] | None:
         """A share holder's hand-off as its members read it (`api.groups.member_handoff`); None
@@ -243,12 +274,15 @@ class GroupReconciler:
 
     def _member_data(
         self, group: groups.SharedDeviceGroup, holder: wire.Pod | None, status: groups.GroupStatus
-    ) -> dict[str, str] | None:
-        """What the group's hand-off ConfigMaps hold; None while a share's limits are not known (a
-        lost holder being replaced: what was written stays)."""
+    ) -> dict[str, str]:
+        """What the group's hand-off ConfigMaps hold: the devices the holder holds (and a share's
+        limits); nothing while it holds none (a lost holder being replaced: the GPUs members had are
+        free in the ledger, so a member starting now waits, NVIDIA_VISIBLE_DEVICES being required)."""
+        if not status.devices:
+            return {}
         if group.spec.share is None:
             return {groups.VISIBLE_DEVICES: ",".join(d.uuid for d in status.devices)}
-        return self._share_handoff(holder)
+        return self._share_handoff(holder) or {}
 
     # ----------------------------------------------------------------- writes
 

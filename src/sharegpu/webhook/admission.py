@@ -286,21 +286,71 @@ def _join(
     return None
 
 
-def validate_group_deletion(body: Any, members: list[str]) -> Answer:
-    """A SharedDeviceGroup may be deleted only once no live pod is its member (`members`)."""
+def leaving_namespaces(request: api_admission.Request) -> list[str]:
+    """The namespaces an update of a sharegpu.io group takes out of `spec.members.namespaces` (its own
+    namespace never leaves); none for anything else."""
+    if request.operation != "UPDATE" or _group_api(request.object) != names.DOMAIN:
+        return []
+    before, after = (_admitted(o) for o in (request.old_object, request.object))
+    return sorted(before - after - {request.namespace})
+
+
+def _group_api(obj: Json | None) -> str:
+    return str((obj or {}).get("apiVersion") or "").split("/")[0]
+
+
+def _admitted(obj: Json | None) -> set[str]:
+    members = (((obj or {}).get("spec") or {}).get("members")) or {}
+    return {str(n) for n in members.get("namespaces") or ()}
+
+
+def _placement_changes(request: api_admission.Request) -> tuple[str, list[str]]:
+    """(the node the group was bound to, the placement fields the update changes); the first is ""
+    for a group not bound. Either system's kind: the shared-device-group project's spec is all
+    placement."""
+    old, new = request.old_object or {}, request.object or {}
+    if _group_api(new) == names.DOMAIN:
+        before = wire.convert(old, api_groups.SharedDeviceGroup)
+        after = wire.convert(new, api_groups.SharedDeviceGroup)
+        return before.status.node_name, api_groups.changed_placement(before.spec, after.spec)
+    node = str((old.get("status") or {}).get("nodeName") or "")
+    before_spec, after_spec = old.get("spec") or {}, new.get("spec") or {}
+    return node, sorted(k for k in before_spec.keys() | after_spec.keys() if before_spec.get(k) != after_spec.get(k))
+
+
+def validate_group(body: Any, members: list[str]) -> Answer:
+    """A SharedDeviceGroup's deletion or update (either system's kind). Deletion: refused while live
+    pods are its members (`members`: all of them). Update: refused when it changes a bound group's
+    placement (`api.groups.PLACEMENT_FIELDS`: the holder and members use it), or takes a namespace out
+    of spec.members.namespaces while pods there are members (`members`: those, `leaving_namespaces`)."""
     uid = ""
     try:
         request = api_admission.review(body).request
         uid = request.uid
-        if request.operation != "DELETE" or not members:
-            return api_admission.allow(uid)
+        group = f"SharedDeviceGroup {request.namespace}/{request.name}"
         shown = ", ".join(members[:20]) + (f" and {len(members) - 20} more" if len(members) > 20 else "")
-        return api_admission.deny(
-            uid,
-            f"sharegpu: SharedDeviceGroup {request.namespace}/{request.name} still has {len(members)} member pod(s): "
-            f"{shown}; delete them first",
-            code=409,
-        )
+        if request.operation == "DELETE" and members:
+            return api_admission.deny(
+                uid, f"sharegpu: {group} still has {len(members)} member pod(s): {shown}; delete them first", code=409
+            )
+        if request.operation != "UPDATE":
+            return api_admission.allow(uid)
+        node, changed = _placement_changes(request)
+        if node and changed:
+            return api_admission.deny(
+                uid,
+                f"sharegpu: {group} is bound to node {node}; spec {', '.join(changed)} cannot change while it is "
+                "bound (its holder pod and members run with them): delete the group and create it anew",
+                code=422,
+            )
+        if members:
+            return api_admission.deny(
+                uid,
+                f"sharegpu: {group}: namespace(s) {', '.join(leaving_namespaces(request))} cannot leave "
+                f"spec.members.namespaces while pods there are its members: {shown}; delete them first",
+                code=409,
+            )
+        return api_admission.allow(uid)
     except errors.SharegpuError as exc:
         return api_admission.deny(uid, f"sharegpu: {exc}", code=400)
 
@@ -794,7 +844,7 @@ def review(
     seen: Mapping[str, bool | None] | None = None,
     group: GroupRead | None = None,
 ) -> Answer:
-    """The decision for pods and Devices (group deletions need the API: `validate_group_deletion`;
+    """The decision for pods and Devices (group deletions and updates need the API: `validate_group`;
     `seen` and `group`: see `mutate`)."""
     if kind == "devices":
         return validate_device(body, policy)
@@ -815,11 +865,12 @@ __all__ = [
     "Policy",
     "PriorityClass",
     "guard",
+    "leaving_namespaces",
     "mutate",
     "review",
     "validate",
     "validate_device",
     "validate_eviction",
-    "validate_group_deletion",
+    "validate_group",
     "with_inventory",
 ]

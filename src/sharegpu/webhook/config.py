@@ -83,7 +83,7 @@ def configurations(base: str | Json, ca_bundle: bytes) -> tuple[Json, Json]:
         {
             "apiGroups": [group],
             "apiVersions": [version],
-            "operations": ["DELETE"],
+            "operations": ["UPDATE", "DELETE"],
             "resources": ["shareddevicegroups"],
             "scope": "Namespaced",
         }  # the shared-device-group project's groups (`api.deviceshare`) have the same members as their mirrors

@@ -230,7 +230,9 @@ class Webhook:
             return api_admission.deny(uid, f"sharegpu: {failed}: {exc}", code=500)
 
     async def validate_group(self, request: web.Request) -> api_admission.ReviewResponse | web.Response:
-        """A group's deletion: refused while live pods are its members (asked of the API, not a cache)."""
+        """A group's deletion (refused while live pods are its members) or update (refused when it
+        changes a bound group's placement, or takes out a namespace whose pods are members); members
+        are asked of the API, not a cache."""
 
         async def judge(body: Any) -> api_admission.ReviewResponse:
             review = api_admission.review(body).request
@@ -238,7 +240,10 @@ class Webhook:
             if review.operation == "DELETE":
                 admitted = ((review.old_object or {}).get("spec") or {}).get("members") or {}
                 members = await self._members(review.namespace, review.name, admitted.get("namespaces") or ())
-            return admission.validate_group_deletion(body, members)
+            elif leaving := admission.leaving_namespaces(review):
+                found = await self._members(review.namespace, review.name, leaving)
+                members = [key for key in found if key.split("/", 1)[0] in leaving]
+            return admission.validate_group(body, members)
 
         return await self._asking_the_api(request, "could not list the group's members", judge)
 
