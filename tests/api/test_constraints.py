@@ -87,3 +87,28 @@ def test_pods_with_the_same_constraints_share_a_key() -> None:
     assert pod(spec).key == pod(dict(spec)).key
     assert pod(spec).key != pod({**spec, "nodeSelector": {"zone": "b"}}).key
     assert pod(spec).key != pod({"nodeSelector": {"zone": "a"}}).key
+
+
+def test_a_pod_keeps_apart_where_its_required_anti_affinity_selects_itself() -> None:
+    def apart(*terms: dict[str, Any], labels: dict[str, str] | None = None) -> tuple[str, ...]:
+        made = builders.MakePod("p", "ns").labels(labels or {"job": "w"})
+        spec = {"affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": list(terms)}}}
+        wired = made.spec(**spec).wire()
+        return constraints.PodTerms.of(wired.spec, wired.metadata).apart
+
+    host, zone = "kubernetes.io/hostname", "topology.kubernetes.io/zone"
+    mine = {"matchLabels": {"job": "w"}}
+    assert apart({"labelSelector": mine, "topologyKey": host}, {"labelSelector": mine, "topologyKey": zone}) == (
+        host,
+        zone,
+    )
+    assert apart({"labelSelector": {"matchLabels": {"job": "other"}}, "topologyKey": host}) == ()
+    assert apart({"labelSelector": mine, "topologyKey": host}, labels={"job": "x"}) == ()
+    assert apart({"topologyKey": host}) == (), "no selector: matches no pod"
+    assert apart({"labelSelector": mine, "topologyKey": host, "namespaces": ["elsewhere"]}) == ()
+    assert apart({"labelSelector": mine, "topologyKey": host, "namespaces": ["ns"]}) == (host,)
+    assert apart({"labelSelector": mine, "topologyKey": host, "namespaceSelector": {}}) == (host,)
+    assert apart({"labelSelector": mine, "topologyKey": host, "namespaceSelector": {"matchLabels": {"a": "b"}}}) == ()
+    expressions = {"matchExpressions": [{"key": "job", "operator": "In", "values": ["w", "v"]}]}
+    assert apart({"labelSelector": expressions, "topologyKey": host}) == (host,)
+    assert pod({}).apart == (), "read only with the pod's own labels"

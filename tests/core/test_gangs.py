@@ -40,6 +40,26 @@ def test_a_gang_is_packed_onto_as_few_nodes_as_hold_it_even_under_spread() -> No
     assert found.status.ok and found.nodes == 1
 
 
+def test_members_that_keep_apart_get_a_topology_value_each_and_avoid_those_already_taken() -> None:
+    ledger, placer = setup(node("a", gpus=4), node("b", gpus=4), node("c", gpus=4), node("d", gpus=4))
+    members = [pod(f"ns/w{i}", count=1, milli=1000) for i in range(3)]
+    hosts = np.arange(4, dtype=np.int64)  # one value per node
+    racks = np.array([0, 0, 1, 1], dtype=np.int64)
+    one_per_node = gangs.Apart({m.key: ("host",) for m in members}, {"host": hosts})
+    found = gangs.plan(ledger, placer, members, need=3, apart=one_per_node)
+    assert found.status.ok and found.nodes == 3, "packed, all three would share one node"
+    # One per rack: two racks hold two of the three; with a member running in rack 0, one.
+    per_rack = gangs.Apart({m.key: ("rack",) for m in members}, {"rack": racks})
+    assert not gangs.plan(ledger, placer, members, need=3, apart=per_rack).status.ok
+    assert len(gangs.plan(ledger, placer, members, need=2, apart=per_rack).allocations) == 2
+    running = gangs.Apart(per_rack.keys, per_rack.values, {"rack": frozenset({0})})
+    found = gangs.plan(ledger, placer, members, need=1, apart=running)
+    assert len(found.allocations) == 1 and found.allocations[0].node in ("c", "d") and len(found.left) == 2
+    # A member that does not keep apart packs beside the one that does.
+    mixed = gangs.Apart({members[0].key: ("host",)}, {"host": hosts})
+    assert gangs.plan(ledger, placer, members, need=3, apart=mixed).nodes == 1
+
+
 def test_nothing_is_planned_when_fewer_than_the_minimum_fit() -> None:
     ledger, placer = setup(node("a", gpus=2), node("b", gpus=2))
     members = [pod(f"ns/w{i}", count=1, milli=1000) for i in range(5)]

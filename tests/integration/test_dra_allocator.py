@@ -719,3 +719,32 @@ async def test_a_gang_on_the_dra_path_is_allocated_all_or_nothing_and_bound_whol
 
     placed = await wait_for(pair_bound, timeout=90, what="the gang of two bound")
     assert len(set(placed)) == 2
+
+
+async def test_a_dra_gang_whose_members_keep_apart_gets_a_node_each(
+    admin: client.KubeClient,
+    extender: ExtenderProcess,
+    nodes: Callable[..., Any],
+    namespace: str,
+    device_class: str,
+) -> None:
+    """Members with required pod anti-affinity among themselves (one worker per node): claims the
+    allocator puts on one node (it prefers the gang's nodes) are taken back by kube-scheduler for the
+    member it turns away, and placed again elsewhere (`avoid`): the gang is bound, a node each."""
+    await nodes(2, gpus=2, dra=True)
+    await template(admin, namespace, "share", 300, "1Gi")
+    apart = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"labelSelector": {"matchLabels": {"job": "apart"}}, "topologyKey": "kubernetes.io/hostname"}]}}  # fmt: skip
+    for i in range(2):
+        body = dra_pod(f"apart-{i}", namespace, "share")
+        body["metadata"]["annotations"] = {names.GANG: "apart", names.GANG_MIN: "2"}
+        body["metadata"]["labels"] = {**body["metadata"].get("labels", {}), "job": "apart"}
+        body["spec"]["affinity"] = apart
+        await admin.create(paths.pods(namespace), body)
+
+    async def bound() -> list[str] | None:
+        found = [await node_of(admin, namespace, f"apart-{i}") for i in range(2)]
+        return [n for n in found if n] if all(found) else None
+
+    placed = await wait_for(bound, timeout=90, what="both members bound")
+    assert len(set(placed)) == 2, placed

@@ -145,3 +145,28 @@ async def test_a_group_written_for_another_scheduler_is_placed_as_one_gang(
     placed = await wait_for(whole, what=f"the {kind} gang bound")
     assert len(set(placed.values())) == 2, "one GPU per node: the gang spans both"
     await consistent(admin)
+
+
+async def test_members_that_must_be_apart_are_planned_apart(
+    admin: client.KubeClient, extender: ExtenderProcess, nodes: Callable[..., Any], namespace: str
+) -> None:
+    """A gang whose members keep off each other's node (required pod anti-affinity, one worker per
+    node) fits two nodes of two GPUs: the plan must not pack them onto one node, where kube-scheduler
+    would turn the second away and the gang would be planned the same way again at every try."""
+    await nodes(2, gpus=2)
+    pods = f"/api/v1/namespaces/{namespace}/pods"
+    apart = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"labelSelector": {"matchLabels": {"job": "apart"}}, "topologyKey": "kubernetes.io/hostname"}]}}  # fmt: skip
+    for i in range(2):
+        pod = member(f"apart-{i}", namespace, "apart", 2)
+        pod["metadata"].setdefault("labels", {})["job"] = "apart"
+        pod["spec"]["affinity"] = apart
+        await admin.create(pods, pod)
+
+    async def whole() -> dict[str, str] | None:
+        found = await nodes_of(admin, namespace, "apart-")
+        return found if all(found.values()) and len(found) == 2 else None
+
+    placed = await wait_for(whole, what="both members bound")
+    assert len(set(placed.values())) == 2, placed
+    await consistent(admin)

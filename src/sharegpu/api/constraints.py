@@ -5,7 +5,8 @@ expressions and fields ANDed; In, NotIn, Exists, DoesNotExist, Gt, Lt on labels,
 `metadata.name`) and the node's NoSchedule and NoExecute taints the pod does not tolerate. The
 extender never needs this (kube-scheduler sends it only nodes that pass these filters); components
 that predict placements without kube-scheduler do: the defragmenter plans where a pending pod and
-the pods moved out of its way may go.
+the pods moved out of its way may go, and gang planning, which also reads the topologies in which a
+gang's members keep apart from each other (`apart_from_itself`).
 """
 
 from __future__ import annotations
@@ -40,12 +41,15 @@ class PodTerms:
     selector: Mapping[str, str]
     required: wire.NodeSelector | None = None
     tolerations: tuple[wire.Toleration, ...] = ()
+    apart: tuple[str, ...] = ()
+    """The topology keys in which the pod keeps off pods like itself (`apart_from_itself`)."""
 
     @classmethod
-    def of(cls, spec: wire.PodSpec) -> PodTerms:
+    def of(cls, spec: wire.PodSpec, meta: wire.ObjectMeta | None = None) -> PodTerms:
         affinity = spec.affinity.node_affinity if spec.affinity is not None else None
         required = affinity.required_during_scheduling_ignored_during_execution if affinity is not None else None
-        return cls(dict(spec.node_selector), required, tuple(spec.tolerations))
+        apart = apart_from_itself(spec, meta) if meta is not None else ()
+        return cls(dict(spec.node_selector), required, tuple(spec.tolerations), apart)
 
     @property
     def key(self) -> bytes:
@@ -65,6 +69,27 @@ class PodTerms:
             taint.effect not in BLOCKING_EFFECTS or any(_tolerates(t, taint) for t in self.tolerations)
             for taint in node.taints
         )
+
+
+def apart_from_itself(spec: wire.PodSpec, meta: wire.ObjectMeta) -> tuple[str, ...]:
+    """The topology keys of the pod's required pod anti-affinity terms that select the pod itself (its
+    own labels, in its own namespace): pods of its template (a gang's workers) keep apart in them,
+    one per node with `kubernetes.io/hostname`. Terms choosing namespaces by their labels are not
+    judged here (kube-scheduler still does)."""
+    anti = spec.affinity.pod_anti_affinity if spec.affinity is not None else None
+    if anti is None:
+        return ()
+    keys: list[str] = []
+    for term in anti.required_during_scheduling_ignored_during_execution:
+        if term.label_selector is None or not term.topology_key:
+            continue  # a term without a selector matches no pod
+        chosen = term.namespace_selector
+        own = (not term.namespaces or meta.namespace in term.namespaces) if chosen is None else not (
+            chosen.match_labels or chosen.match_expressions
+        )  # fmt: skip
+        if own and wire.selects(term.label_selector, meta.labels) and term.topology_key not in keys:
+            keys.append(term.topology_key)
+    return tuple(keys)
 
 
 def _term(term: wire.NodeSelectorTerm, node: NodeTerms) -> bool:

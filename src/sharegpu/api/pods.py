@@ -427,7 +427,7 @@ def record(pod: wire.Pod, previous: Record | None = None) -> Record:
         claims=claim_refs(pod) if pod.spec.resource_claims else (),
         container_claims=tuple((c.name, tuple(c.resources.claims)) for _, c in containers(pod) if c.resources.claims),
         gate=next((i for i, g in enumerate(pod.spec.scheduling_gates) if g.name == names.DRA_GATE), -1),
-        terms=constraints.PodTerms.of(pod.spec) if pod.spec.resource_claims or gang is not None else None,
+        terms=constraints.PodTerms.of(pod.spec, meta) if pod.spec.resource_claims or gang is not None else None,
         gates=len(pod.spec.scheduling_gates),
         gang=gang,
         labels=tuple(sorted(meta.labels.items())),

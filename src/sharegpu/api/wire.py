@@ -216,8 +216,19 @@ class Taint(Message, kw_only=True, frozen=True):
     effect: str = ""
 
 
+class PodAffinityTerm(Message, kw_only=True, frozen=True):
+    """One required pod (anti-)affinity term: pods its selector matches, in its namespaces (none named
+    and no selector: the pod's own), within one value of `topology_key`."""
+
+    label_selector: LabelSelector | None = None
+    namespaces: list[str] = []
+    namespace_selector: LabelSelector | None = None
+    topology_key: str = ""
+
+
 class PodAffinity(Message, kw_only=True, frozen=True):
     preferred_during_scheduling_ignored_during_execution: list[PreferredTerm] = []
+    required_during_scheduling_ignored_during_execution: list[PodAffinityTerm] = []
 
 
 class Affinity(Message, kw_only=True, frozen=True):

@@ -20,6 +20,11 @@ Order and shape:
   gang's topology label: a rack, a zone). Domains are tried tightest first (least free compute that
   can still hold the gang), the first where every member fits wins; else the one where most fit.
 
+Members that must keep apart (kube-scheduler's required pod anti-affinity between pods of one
+template: one worker per node, per rack) are never planned into one value of the topology they name
+(`Apart`), nor into a value where such a member of the gang runs already: kube-scheduler would turn
+the second one away at its filter, and the same plan would be made again at every try.
+
 The plan succeeds when at least `need` members fit; the members that did not fit (beyond the
 minimum) are named in `left` and hold nothing.
 
@@ -32,7 +37,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -53,6 +58,34 @@ class Domain:
 
     name: str
     rows: fleet.IntArray
+
+
+@dataclass(frozen=True, slots=True)
+class Apart:
+    """Which members keep apart from each other, and where: `keys` names, per member, the topologies
+    (node label keys) in which no two of them may share a value; `values` gives each topology's value
+    id per row (a row without the label has an id of its own); `taken` the ids where members that
+    keep apart in it run already."""
+
+    keys: Mapping[units.PodKey, tuple[str, ...]]
+    values: Mapping[str, fleet.IntArray]
+    taken: Mapping[str, frozenset[int]] = dataclasses.field(default_factory=dict)
+
+    def allowed(self, member: units.PodKey, rows: fleet.IntArray, used: Mapping[str, set[int]]) -> fleet.IntArray:
+        """`rows` with those dropped where the member would share a topology value with another
+        member that keeps apart in it (`used`: the ids this plan has given such members)."""
+        for key in self.keys.get(member, ()):
+            blocked = used.get(key, set()) | self.taken.get(key, frozenset())
+            if blocked:
+                rows = rows[~np.isin(self.values[key][rows], np.fromiter(blocked, dtype=np.int64))]
+        return rows
+
+    def mark(self, member: units.PodKey, row: int, used: dict[str, set[int]]) -> None:
+        for key in self.keys.get(member, ()):
+            used.setdefault(key, set()).add(int(self.values[key][row]))
+
+
+NOBODY_APART = Apart({}, {})
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,9 +116,10 @@ def plan(
     *,
     largest_first: bool = True,
     pack: bool = True,
+    apart: Apart = NOBODY_APART,
 ) -> Plan:
     """Where `members` go together (at least `need` of them), within one of `domains` (default: all
-    nodes). The ledger is left as it was."""
+    nodes), those named in `apart` kept apart. The ledger is left as it was."""
     if need > len(members):
         return Plan(status.unschedulable(f"{len(members)} member(s) wait, the gang needs {need} placed together"))
     state = ledger.state
@@ -94,7 +128,7 @@ def plan(
                            sorted(members, key=_size)[-need:] if need else [])  # fmt: skip
     best: Plan | None = None
     for domain in candidates[:MAX_DOMAINS]:
-        found = _try(ledger, placer, ordered, domain, pack)
+        found = _try(ledger, placer, ordered, domain, pack, apart)
         if len(found.allocations) >= need and (best is None or len(found.allocations) > len(best.allocations)):
             best = found
             if not found.left:
@@ -143,6 +177,7 @@ def _try(
     ordered: Sequence[requests.PodRequest],
     domain: Domain,
     pack: bool = True,
+    apart: Apart = NOBODY_APART,
 ) -> Plan:
     """Every member that fits within `domain`, assumed one after another, then all forgotten again."""
     placed: list[allocation.Allocation] = []
@@ -150,11 +185,17 @@ def _try(
     used: list[int] = []
     held: dict[int, tuple[int, ...]] = {}
     """Row -> the GPUs the gang holds there in this plan."""
+    kept_apart: dict[str, set[int]] = {}
     try:
         for position, member in enumerate(ordered):
-            decision = placer.decide(member.demand, np.array(used, dtype=np.int64)) if used and pack else None
+            near = apart.allowed(member.key, np.array(used, dtype=np.int64), kept_apart)
+            decision = placer.decide(member.demand, near) if len(near) and pack else None
             if decision is None or not decision.status.ok:
-                rows = _roomiest(placer, member.demand, domain.rows, len(ordered) - position) if pack else domain.rows
+                rows = apart.allowed(member.key, domain.rows, kept_apart)
+                if not len(rows):
+                    left.append(member.key)
+                    continue
+                rows = _roomiest(placer, member.demand, rows, len(ordered) - position) if pack else rows
                 decision = placer.decide(member.demand, rows)
             if not decision.status.ok:
                 left.append(member.key)
@@ -167,6 +208,7 @@ def _try(
                 left.append(member.key)
                 continue
             placed.append(alloc)
+            apart.mark(member.key, decision.row, kept_apart)
             held[decision.row] = (*held.get(decision.row, ()), *decision.gpus)
             if decision.row not in used:
                 used.append(decision.row)

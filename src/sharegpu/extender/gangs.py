@@ -35,6 +35,9 @@ with the rest at its next filter, so a member never binds alone into a gang that
 A member whose binding was written counts as bound from that moment (the watch may show it later),
 so no plan gives its room back. Members planned for a gang that has members running already (one
 replaced, or the rest of a plan given back) stay within the topology value those members run in.
+Members that keep apart from each other (required pod anti-affinity selecting themselves,
+`api.constraints.apart_from_itself`) are planned into a value of that topology each
+(`core.gangs.Apart`), off those where such members run.
 
 A gang that fits nowhere may preempt lower-priority pods for all its members at once
 (`preemption.Preemptor.consider_gang`): their room is held while the victims leave, and the gang is
@@ -181,6 +184,7 @@ class GangBook:
             list(requests_.values()),
             need,
             self._domains(gang.topology, self._admitted(waiting), [m.node for m in live if m.node]),
+            apart=self._apart(waiting, live),
         )
         found = trial()
         if not found.status.ok:
@@ -239,6 +243,25 @@ class GangBook:
                 continue
             rows = np.array([r for r in rows.tolist() if cache.admits(terms, state.names[r])], dtype=np.int64)
         return rows
+
+    def _apart(self, waiting: list[pods.Record], live: list[pods.Record]) -> core_gangs.Apart:
+        """The waiting members that keep apart from their kind (required pod anti-affinity selecting
+        themselves), each topology's value ids over the fleet's rows, and the values where members
+        keeping apart in it run already."""
+        keys = {m.key: m.terms.apart for m in waiting if m.terms is not None and m.terms.apart}
+        if not keys:
+            return core_gangs.NOBODY_APART
+        state = self.cache.state
+        values: dict[str, np.ndarray] = {}
+        taken: dict[str, frozenset[int]] = {}
+        for key in sorted({k for ks in keys.values() for k in ks}):
+            ids = -1 - np.arange(len(state), dtype=np.int64)  # no label: a value of its own
+            for number, rows in enumerate(self.cache.by_label(key, list(range(len(state)))).values()):
+                ids[rows] = number
+            values[key] = ids
+            running = (state.row(m.node) for m in live if m.node and m.terms is not None and key in m.terms.apart)
+            taken[key] = frozenset(int(ids[r]) for r in running if r is not None)
+        return core_gangs.Apart(keys, values, taken)
 
     def _domains(self, label: str | None, rows: np.ndarray, running: list[str]) -> list[core_gangs.Domain]:
         """`rows` under each value of `label` (nodes without it are in none); one unnamed domain of
