@@ -247,6 +247,22 @@ async def test_a_cluster_budget_pools_the_namespaces_it_selects_and_follows_thei
     assert status.used_gpu_seconds == HOUR // 2 + HOUR  # speech: its first hour; vision: two
     labels = {"namespace": "", "budget": "research"}
     assert controller.metrics.registry.get_sample_value("sharegpu_budget_used_gpu_seconds", labels) == 1.5 * HOUR
+    # ...and comes back: its pod counts again from its return, its first hour not a second time.
+    await env.api.patch(paths.namespace("speech"), {"metadata": {"labels": {"org": "research"}}})
+    await env.pass_(controller)
+    status = cluster_status(env)
+    assert [p.pod for p in status.accounting.pods] == ["speech/p", "vision/p"]
+    assert status.used_gpu_seconds == HOUR // 2 + HOUR, "back at the moment of the last write: nothing more yet"
+    env.clock.now = T0 + 3 * HOUR
+    await env.pass_(controller)
+    assert cluster_status(env).used_gpu_seconds == HOUR // 2 + HOUR + 2 * (HOUR // 2)
+    # A restarted controller (or a new leader) reads the same books: nothing counted twice.
+    await controller.stop()
+    env.controllers.remove(controller)
+    env.clock.now = T0 + 4 * HOUR
+    again = await env.start()
+    await env.pass_(again)
+    assert cluster_status(env).used_gpu_seconds == HOUR // 2 + HOUR + 4 * (HOUR // 2)
 
 
 async def test_a_cluster_budget_with_a_malformed_selector_covers_nothing_and_says_why(env: Env) -> None:

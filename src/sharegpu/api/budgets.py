@@ -11,7 +11,7 @@ pods.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Final, Literal
 
@@ -68,6 +68,9 @@ class PodUsage(wire.Message, kw_only=True, frozen=True):
     uid: str
     pod: Annotated[str, Meta(description="namespace/name")]
     milli_gpu_seconds: Annotated[int, Meta(ge=0)] = msgspec.field(default=0, name="milliGPUSeconds")
+    counted_from: Annotated[
+        str, Meta(description="Counted only from this time (RFC 3339): it came back into the budget's cover then.")
+    ] = ""
 
 
 class Accounting(wire.Message, kw_only=True, frozen=True):
@@ -77,6 +80,10 @@ class Accounting(wire.Message, kw_only=True, frozen=True):
     settled_milli_gpu_seconds: Annotated[int, Meta(ge=0)] = msgspec.field(default=0, name="settledMilliGPUSeconds")
     pods: list[PodUsage] = msgspec.field(default_factory=list)
     accounted_at: Annotated[str, Meta(description="When the controller last wrote (RFC 3339).")] = ""
+    uncovered: Annotated[
+        list[PodUsage],
+        Meta(description="Pods still in the API whose namespace left the budget's cover, their use settled."),
+    ] = msgspec.field(default_factory=list)
 
 
 class BudgetStatus(wire.Message, kw_only=True, frozen=True):
@@ -204,26 +211,35 @@ def summary(item: AnyBudget) -> str:
 
 
 def _use(held: Held, listed: Mapping[str, PodUsage], written_at: int | None, period: budget.Window, now: int) -> int:
-    """A present holding's use in the period: as its record says, and never less than what the last
-    write listed for it plus its holding since (a controller that restarted may know less of its
-    past than the one that wrote: a claim's earlier users, gone before it listed them)."""
-    found = budget.held_in(held.holding, period, now)
+    """A present holding's use in the period: as its record says (from `counted_from` where the last
+    write set one), and never less than what the last write listed for it plus its holding since (a
+    controller that restarted may know less of its past than the one that wrote: a claim's earlier
+    users, gone before it listed them)."""
     before = listed.get(held.uid)
+    holding = held.holding
+    if before is not None and before.counted_from:
+        holding = dataclasses.replace(holding, start=max(holding.start, wire.seconds(before.counted_from)))
+    found = budget.held_in(holding, period, now)
     if before is None or written_at is None:
         return found
-    start = max(held.holding.start, written_at)
-    end = held.holding.end
+    start = max(holding.start, written_at)
+    end = holding.end
     since = (
         0
         if end is not None and end <= start
-        else budget.held_in(dataclasses.replace(held.holding, start=start), period, now)
+        else budget.held_in(dataclasses.replace(holding, start=start), period, now)
     )
     return max(found, before.milli_gpu_seconds + since)
 
 
-def account(item: AnyBudget, present: list[Held], gone: list[Held], now: int) -> Books:
+def account(item: AnyBudget, present: list[Held], gone: list[Held], now: int, alive: Collection[str] = ()) -> Books:
     """The budget's status at `now` from its previous status (its books) and the pods of the
     namespaces it covers.
+
+    `alive`: the UIDs of every pod and claim in the API, whatever its namespace: a listed pod missing
+    from `present` but alive left the budget's cover (its namespace's labels changed). Its use is
+    settled as any pod's that went, and it is remembered (`uncovered`): should it be covered again it
+    counts only from then (`counted_from`), not a second time from its start.
 
     `present`: pods in the API now; `gone`: pods the controller saw deleted. A pod's use is added to
     `settled` exactly once, when it leaves the status's pod list: with its use up to its end if the
@@ -246,12 +262,22 @@ def account(item: AnyBudget, present: list[Held], gone: list[Held], now: int) ->
             continue
         if held.uid in listed or written_at is None or held.holding.start > written_at:
             settled += budget.held_in(held.holding, period, now)
+    uncovered = {p.uid: p for p in books.uncovered if p.uid in alive}
     for uid, usage in listed.items():
         if uid not in live and uid not in went:
             settled += usage.milli_gpu_seconds
-    usage_now = [PodUsage(uid=h.uid, pod=h.holding.pod, milli_gpu_seconds=_use(h, listed, written_at, period, now))
-                 for h in present]  # fmt: skip
+            if uid in alive:
+                uncovered[uid] = PodUsage(uid=uid, pod=usage.pod, milli_gpu_seconds=usage.milli_gpu_seconds)
+    stamp = wire.timestamp(now)
+    returned = {uid: PodUsage(uid=uid, pod=u.pod, counted_from=stamp) for uid, u in uncovered.items() if uid in live}
+    counted = {**returned, **listed}
+    usage_now = [
+        PodUsage(uid=h.uid, pod=h.holding.pod, milli_gpu_seconds=_use(h, counted, written_at, period, now),
+                 counted_from=counted[h.uid].counted_from if h.uid in counted else "")
+        for h in present
+    ]  # fmt: skip
     usage_now.sort(key=lambda u: (u.pod, u.uid))
+    still_out = sorted((u for uid, u in uncovered.items() if uid not in live), key=lambda u: (u.pod, u.uid))
     used_milli = settled + sum(u.milli_gpu_seconds for u in usage_now)
     used = budget.gpu_seconds(used_milli)
     limit = limit_seconds(spec)
@@ -260,7 +286,6 @@ def account(item: AnyBudget, present: list[Held], gone: list[Held], now: int) ->
     for u in usage_now:
         consumers[u.pod] = max(consumers.get(u.pod, 0), budget.gpu_seconds(u.milli_gpu_seconds))
     top = sorted(((s, p) for p, s in consumers.items() if s), key=lambda sp: (-sp[0], sp[1]))[:LIMIT_TOP]
-    stamp = wire.timestamp(now)
     status = BudgetStatus(
         state=state,  # type: ignore[arg-type]  # core.budget.state returns one of State's values
         used_gpu_seconds=used,
@@ -269,7 +294,9 @@ def account(item: AnyBudget, present: list[Held], gone: list[Held], now: int) ->
         period_start=start_text,
         period_end=wire.timestamp(period.end),
         top_consumers=[Consumer(pod=p, gpu_seconds=s) for s, p in top],
-        accounting=Accounting(settled_milli_gpu_seconds=settled, pods=usage_now, accounted_at=stamp),
+        accounting=Accounting(
+            settled_milli_gpu_seconds=settled, pods=usage_now, accounted_at=stamp, uncovered=still_out
+        ),
         conditions=_conditions(previous.conditions, state, stamp, item.metadata.generation),
         observed_generation=item.metadata.generation,
     )

@@ -209,13 +209,14 @@ class BudgetReconciler:
         now = int(self.clock())
         covered = {key: self.covered(item) for key, item in self.budgets.items()}
         holdings = self.held(set().union(*covered.values()))
+        alive = self.lifetimes.keys() | self.claims.keys()
         for key, item in list(self.budgets.items()):
             if isinstance(item, budgets.ClusterGPUBudget):
                 await self._check_selector(item)
             present = [h for ns in sorted(covered[key]) for h in holdings[ns][0]]
             gone = [h for ns in sorted(covered[key]) for h in holdings[ns][1]]
             try:
-                books = budgets.account(item, present, gone, now)
+                books = budgets.account(item, present, gone, now, alive)
             except Exception as exc:  # a budget the code cannot account must not stop the others
                 log.warning("budget %s: %s", key, exc)
                 continue
