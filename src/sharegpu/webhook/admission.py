@@ -327,32 +327,37 @@ def validate_group(body: Any, members: list[str]) -> Answer:
     try:
         request = api_admission.review(body).request
         uid = request.uid
-        group = f"SharedDeviceGroup {request.namespace}/{request.name}"
-        shown = ", ".join(members[:20]) + (f" and {len(members) - 20} more" if len(members) > 20 else "")
-        if request.operation == "DELETE" and members:
-            return api_admission.deny(
-                uid, f"sharegpu: {group} still has {len(members)} member pod(s): {shown}; delete them first", code=409
-            )
-        if request.operation != "UPDATE":
-            return api_admission.allow(uid)
-        node, changed = _placement_changes(request)
-        if node and changed:
-            return api_admission.deny(
-                uid,
-                f"sharegpu: {group} is bound to node {node}; spec {', '.join(changed)} cannot change while it is "
-                "bound (its holder pod and members run with them): delete the group and create it anew",
-                code=422,
-            )
-        if members:
-            return api_admission.deny(
-                uid,
-                f"sharegpu: {group}: namespace(s) {', '.join(leaving_namespaces(request))} cannot leave "
-                f"spec.members.namespaces while pods there are its members: {shown}; delete them first",
-                code=409,
-            )
-        return api_admission.allow(uid)
+        refusal = _group_refusal(request, members)
     except errors.SharegpuError as exc:
-        return api_admission.deny(uid, f"sharegpu: {exc}", code=400)
+        refusal = (str(exc), 400)
+    if refusal is None:
+        return api_admission.allow(uid)
+    message, code = refusal
+    return api_admission.deny(uid, f"sharegpu: {message}", code=code)
+
+
+def _group_refusal(request: api_admission.Request, members: list[str]) -> tuple[str, int] | None:
+    """Why `validate_group` refuses, with the HTTP code; None to allow."""
+    group = f"SharedDeviceGroup {request.namespace}/{request.name}"
+    shown = ", ".join(members[:20]) + (f" and {len(members) - 20} more" if len(members) > 20 else "")
+    if request.operation == "DELETE" and members:
+        return f"{group} still has {len(members)} member pod(s): {shown}; delete them first", 409
+    if request.operation != "UPDATE":
+        return None
+    node, changed = _placement_changes(request)
+    if node and changed:
+        return (
+            f"{group} is bound to node {node}; spec {', '.join(changed)} cannot change while it is bound (its "
+            "holder pod and members run with them): delete the group and create it anew",
+            422,
+        )
+    if members:
+        return (
+            f"{group}: namespace(s) {', '.join(leaving_namespaces(request))} cannot leave spec.members.namespaces "
+            f"while pods there are its members: {shown}; delete them first",
+            409,
+        )
+    return None
 
 
 def _apply_budgets(namespace: str, spec: Json, annotations: Json, policy: Policy, audit: list[str]) -> str | None:
