@@ -69,7 +69,7 @@ async def test_writes_come_at_most_once_per_interval_and_only_when_something_cha
     assert await reporter.report(assessment(1000, 60, pod="q")), "another pod: written"
     clock.now += 60
     assert not await reporter.report(assessment(1000, 60, pod="q"))
-    clock.now += usagereport.REFRESH
+    clock.now += usage.REFRESH
     assert await reporter.report(assessment(1000, 60, pod="q")), "old: written again so readers see it is live"
     assert reporter.writes == 4
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
+
 from sharegpu.api import idle, names, paths, resources, usage, wire
 from sharegpu.controller import idle as controller_idle
 from sharegpu.kube import client, fake
@@ -62,7 +64,13 @@ class Setup:
         self.reconciler.on_policy(wire.EventType.ADDED, wire.convert(stored, idle.GPUIdlePolicy))
 
     def see(self, found: usage.GpuUsage) -> None:
+        self.latest = found
         self.reconciler.on_usage(wire.EventType.MODIFIED, found)
+
+    def refresh(self) -> None:
+        """The agent rewrites its latest (steady) figures, measured now."""
+        status = msgspec.structs.replace(self.latest.status, observed_at=wire.timestamp(self.clock.now))
+        self.see(msgspec.structs.replace(self.latest, status=status))
 
     async def run(self) -> None:
         await self.reconciler.reconcile()
@@ -91,9 +99,13 @@ async def test_an_idle_share_is_reported_then_evicted_and_a_busy_one_is_left_alo
     lazy, busy = s.pod("lazy"), s.pod("busy")
     s.see(report("n0", s.clock.now, ("ns", "lazy", lazy, 0), ("ns", "busy", busy, 40)))
     s.clock.advance(599)
+    s.refresh()
     await s.run()
     assert not s.leaving("lazy") and s.reasons("lazy") == [], "not idle long enough yet"
     s.clock.advance(1)
+    await s.run()
+    assert not s.leaving("lazy"), "no report has shown it idle 600 s yet (the agent may be gone)"
+    s.refresh()
     await s.run()
     assert s.leaving("lazy") and not s.leaving("busy")
     assert s.reasons("lazy") == [controller_idle.IDLE, controller_idle.EVICTED] and s.reasons("busy") == []
@@ -110,7 +122,9 @@ async def test_a_policy_made_after_the_latest_report_judges_it_and_a_policy_dele
     assert s.reconciler.idle_for_long() == {}, "no policy yet"
     s.clock.advance(120)
     s.policy(policy("ns", after=100, action="Report"))
-    assert list(s.reconciler.idle_for_long()) == [lazy], "idle since the report, 120 s ago"
+    assert s.reconciler.idle_for_long() == {}, "one report proves no idle time"
+    s.refresh()
+    assert list(s.reconciler.idle_for_long()) == [lazy], "idle since the report 120 s ago, the latest says still"
     await s.run()
     assert s.reasons("lazy") == [controller_idle.IDLE] and not s.leaving("lazy")
     stored = s.server.get_object(resources.GPU_IDLE_POLICY.path("ns", "reclaim"))
@@ -126,13 +140,14 @@ async def test_report_only_a_pod_not_measured_no_policy_and_stale_reports_are_no
     s.see(report("n0", s.clock.now, ("ns", "lazy", lazy, 0), ("ns", "mig", unmeasured, None),
                  ("other", "free", elsewhere, 0)))  # fmt: skip
     s.clock.advance(700)
+    s.refresh()
     await s.run()
     assert s.reasons("lazy") == [controller_idle.IDLE] and not s.leaving("lazy"), "Report: told, not evicted"
     assert s.reasons("mig") == [] and s.reasons("free", "other") == []
     assert [(p.name, p.share_milli) for p in s.status().idle] == [("lazy", 300)]
     await s.run()
     assert s.reasons("lazy") == [controller_idle.IDLE], "told once"
-    s.clock.advance(controller_idle.STALE)
+    s.clock.advance(controller_idle.STALE + 1)
     assert s.reconciler.idle_for_long() == {}, "a report this old is not acted on"
 
 
@@ -144,9 +159,11 @@ async def test_a_pod_seen_busy_starts_again_and_a_gang_goes_only_whole() -> None
     s.clock.advance(400)
     s.see(report("n0", s.clock.now, ("ns", "a", a, 0), ("ns", "b", b, 0)))
     s.clock.advance(300)
+    s.refresh()
     await s.run()
     assert not s.leaving("a") and not s.leaving("b"), "b is idle for 300 s only: the gang stays whole"
     s.clock.advance(300)
+    s.refresh()
     await s.run()
     assert s.leaving("a") and s.leaving("b")
 
@@ -155,6 +172,7 @@ async def test_an_eviction_a_disruption_budget_refuses_is_told_and_tried_again_l
     s = Setup()
     s.lazy()
     s.clock.advance(600)
+    s.refresh()
     s.server.fail(429, method="POST", path=paths.eviction("ns", "lazy"))
     await s.run()
     assert not s.leaving("lazy") and controller_idle.BLOCKED in s.reasons("lazy")
@@ -173,6 +191,7 @@ async def test_the_oldest_policy_of_a_namespace_is_in_force() -> None:
     lazy = s.pod("lazy")
     s.see(report("n0", s.clock.now, ("ns", "lazy", lazy, 0)))
     s.clock.advance(600)
+    s.refresh()
     await s.run()
     assert not s.leaving("lazy"), "the older policy only reports"
     assert s.status(name="old").in_force and not s.status(name="new").in_force
@@ -185,9 +204,109 @@ async def test_the_eviction_event_refused_is_written_at_a_later_pass() -> None:
     s.clock.advance(599)
     await s.run()
     s.clock.advance(1)
+    s.refresh()
     s.server.fail(503, method="POST", path=paths.events("ns"), times=3)
     for _ in range(4):
         await s.run()
     assert not s.server.faults, "each refusal was met"
     assert s.leaving("lazy") and s.reasons("lazy") == [controller_idle.IDLE, controller_idle.EVICTED]
     assert len([p for m, p in s.server.requests if m == "POST" and p.endswith("/eviction")]) == 1
+
+
+def evictions_of(s: Setup, name: str) -> int:
+    return len([p for m, p in s.server.requests if m == "POST" and p == paths.eviction("ns", name)])
+
+
+async def test_a_gang_whose_member_a_budget_protects_is_not_split_nor_asked_again_before_retry() -> None:
+    s = Setup()
+    s.policy(policy("ns"))
+    a, b = s.pod("a", **{names.GANG: "job"}), s.pod("b", **{names.GANG: "job"})
+    s.see(report("n0", s.clock.now, ("ns", "a", a, 0), ("ns", "b", b, 0)))
+    s.clock.advance(600)
+    s.refresh()
+    s.server.fail(429, method="POST", path=paths.eviction("ns", "b"), times=100)
+    await s.run()
+    assert not s.leaving("a") and not s.leaving("b"), "b's budget refuses: a is not evicted without it"
+    assert controller_idle.BLOCKED in s.reasons("b")
+    asked = evictions_of(s, "a") + evictions_of(s, "b")
+    for _ in range(3):  # a's turn comes at each pass, but the gang waits out the retry
+        s.clock.advance(1)
+        await s.run()
+    assert evictions_of(s, "a") + evictions_of(s, "b") == asked
+
+
+async def test_a_policy_edited_or_deleted_while_a_pass_runs_is_obeyed() -> None:
+    s = Setup()
+    s.policy(policy("ns"))
+    a, b = s.pod("a"), s.pod("b")
+    s.see(report("n0", s.clock.now, ("ns", "a", a, 0), ("ns", "b", b, 0)))
+    s.clock.advance(600)
+    s.refresh()
+    r = s.reconciler
+    evict = r.api.create
+
+    async def create(path: str, body: Any, **params: Any) -> Any:
+        out = await evict(path, body, **params)
+        stored = s.server.get_object(resources.GPU_IDLE_POLICY.path("ns", "reclaim"))
+        if path.endswith("/eviction") and stored is not None and stored["spec"]["action"] == "Evict":
+            stored["spec"]["action"] = "Report"  # the user switches to Report after the first eviction
+            r.on_policy(wire.EventType.MODIFIED, wire.convert(stored, idle.GPUIdlePolicy))
+        return out
+
+    r.api.create = create  # type: ignore[method-assign]
+    await s.run()
+    assert s.leaving("a") != s.leaving("b"), "one evicted, the other not after the policy says Report"
+
+
+async def test_a_policy_deleted_while_its_status_is_written_stays_deleted() -> None:
+    s = Setup()
+    s.lazy()
+    r = s.reconciler
+    write = r.api.replace
+
+    async def replace(path: str, body: Any, **params: Any) -> Any:
+        stored = await write(path, body, **params)
+        s.server.remove_object(resources.GPU_IDLE_POLICY.path("ns", "reclaim"))
+        r.on_policy(wire.EventType.DELETED, wire.convert(stored, idle.GPUIdlePolicy))  # before the answer
+        r.api.replace = write  # type: ignore[method-assign]
+        return stored
+
+    r.api.replace = replace  # type: ignore[method-assign]
+    await s.run()
+    assert r.policies == {}
+    late = s.pod("late")
+    s.see(report("n0", s.clock.now, ("ns", "late", late, 0)))
+    s.clock.advance(600)
+    s.refresh()
+    await s.run()
+    assert not s.leaving("late"), "evicted under a deleted policy"
+
+
+async def test_an_agent_whose_clock_runs_behind_proves_no_idle_time_with_one_report() -> None:
+    s = Setup()
+    s.policy(policy("ns"))
+    lazy = s.pod("lazy")
+    s.see(report("n0", s.clock.now - 600, ("ns", "lazy", lazy, 0)))  # its clock 10 min behind
+    await s.run()
+    assert not s.leaving("lazy")
+
+
+async def test_a_policy_replaced_by_its_own_watch_event_mid_pass_is_still_in_force() -> None:
+    s = Setup()
+    s.policy(policy("ns", action="Report"))
+    lazy = s.pod("lazy")
+    s.see(report("n0", s.clock.now, ("ns", "lazy", lazy, 0)))
+    s.clock.advance(600)
+    s.refresh()
+    r = s.reconciler
+    tell = r.recorder.tell
+
+    async def echoed(*args: Any, **params: Any) -> Any:
+        stored = s.server.get_object(resources.GPU_IDLE_POLICY.path("ns", "reclaim"))
+        assert stored is not None
+        r.on_policy(wire.EventType.MODIFIED, wire.convert(stored, idle.GPUIdlePolicy))  # same policy, a new object
+        return await tell(*args, **params)
+
+    r.recorder.tell = echoed  # type: ignore[method-assign]
+    await s.run()
+    assert s.status().in_force and [p.name for p in s.status().idle] == ["lazy"]

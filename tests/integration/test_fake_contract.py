@@ -201,6 +201,17 @@ async def test_an_eviction_honours_a_budget_that_selects_by_expression(side: Sid
     assert refused.value.status == 429 and "disruption budget" in refused.value.message
     assert not await gone(side, paths.pod(side.namespace, "db"))
 
+    with pytest.raises(errors.BusyError):  # a dry run is refused alike
+        await side.kube.create(paths.eviction(side.namespace, "db"), api_pods.eviction(
+            units.pod_key(side.namespace, "db"), db["metadata"]["uid"], dry_run=True))  # fmt: skip
+    await side.kube.create(paths.eviction(side.namespace, "web"), api_pods.eviction(
+        units.pod_key(side.namespace, "web"), web["metadata"]["uid"], dry_run=True))  # fmt: skip
+    assert not (await side.kube.get(paths.pod(side.namespace, "web")))["metadata"].get("deletionTimestamp"), (
+        "a dry run deletes nothing"
+    )
+    with pytest.raises(errors.ConflictError):  # not the pod of that UID (one made again under its name)
+        await side.kube.create(paths.eviction(side.namespace, "web"), api_pods.eviction(
+            units.pod_key(side.namespace, "web"), "00000000-0000-0000-0000-000000000000"))  # fmt: skip
     await side.kube.create(paths.eviction(side.namespace, "db-pending"), eviction(waiting))
     assert await gone(side, paths.pod(side.namespace, "db-pending")), "no budget guards a pod that is not running"
 

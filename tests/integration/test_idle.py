@@ -60,7 +60,7 @@ async def test_an_idle_share_is_evicted_a_busy_one_kept_and_a_guarded_one_refuse
     await admin.create(resources.GPU_IDLE_POLICY.path(namespace), rule)
     path = tmp_path / "nvml.yaml"
     write_nvml(path, nvml_with(*processes))
-    options = agent_runtime.Options(interval=0.3, proc=proc, usage_interval=0.3)
+    options = agent_runtime.Options(interval=0.3, proc=proc, usage_interval=0.3, usage_refresh=1.0)
     try:
         async with agent_on(control_plane, name, path, options):
             await wait_for(lambda: leaving(admin, namespace, "lazy"), timeout=60, what="the idle pod evicted")

@@ -62,7 +62,7 @@ from sharegpu.agent import (
     volumes,
     watchdog,
 )
-from sharegpu.api import cdi, dra, handoff, names, paths, resources, wire
+from sharegpu.api import cdi, dra, handoff, names, paths, resources, usage, wire
 from sharegpu.api import devices as api_devices
 from sharegpu.api import groups as api_groups
 from sharegpu.api import pods as api_pods
@@ -117,6 +117,8 @@ class Options:
     (`agent.volumes`); None: not served (such pods of the extender path cannot start here)."""
     usage_interval: float = 60.0
     """Write the node's GpuUsage at most this often, in seconds (`agent.usagereport`); 0: never."""
+    usage_refresh: float = usage.REFRESH
+    """Write it again, changed or not, once what was written is this many seconds old."""
 
 
 class Agent:
@@ -177,7 +179,7 @@ class Agent:
         """Drift repair against the kubelet's PodResources API; None: not checked."""
         self.reporter = (
             usagereport.UsageReporter(api, node, options.usage_interval, pass_interval=options.interval,
-                                      clock=clock, wall=wall)
+                                      refresh=options.usage_refresh, clock=clock, wall=wall)
             if options.usage_interval > 0
             else None
         )  # fmt: skip

@@ -28,9 +28,6 @@ from sharegpu.kube import errors as kube_errors
 
 log = logging.getLogger(__name__)
 
-REFRESH = 300.0
-"""Seconds after which unchanged figures are written again (their `observedAt` renewed)."""
-
 
 def figures(assessment: watchdog.Assessment) -> tuple[list[usage.GpuUse], list[usage.PodUse]]:
     """An assessment's figures as the API keeps them."""
@@ -63,7 +60,7 @@ class UsageReporter:
         interval: float,
         *,
         pass_interval: float,
-        refresh: float = REFRESH,
+        refresh: float = usage.REFRESH,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
     ) -> None:

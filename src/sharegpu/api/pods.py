@@ -434,15 +434,19 @@ def record(pod: wire.Pod, previous: Record | None = None) -> Record:
     )
 
 
-def eviction(pod: units.PodKey, uid: str) -> dict[str, Any]:
+def eviction(pod: units.PodKey, uid: str, *, dry_run: bool = False) -> dict[str, Any]:
     """An Eviction (policy/v1) of `pod`, POSTed to `paths.eviction`: the API server honours its
-    disruption budgets. Only if it is still the pod with `uid` (not one made again under its name)."""
+    disruption budgets. Only if it is still the pod with `uid` (not one made again under its name).
+    `dry_run`: only asked whether the budgets allow it (nothing is deleted, no allowance used)."""
     namespace, _, name = pod.partition("/")
+    options: dict[str, Any] = {"preconditions": {"uid": uid}}
+    if dry_run:
+        options["dryRun"] = ["All"]
     return {
         "apiVersion": "policy/v1",
         "kind": "Eviction",
         "metadata": {"name": name, "namespace": namespace},
-        "deleteOptions": {"preconditions": {"uid": uid}},
+        "deleteOptions": options,
     }
 
 

@@ -19,6 +19,10 @@ from msgspec import Meta
 
 from sharegpu.api import names, wire
 
+REFRESH: float = 300.0
+"""Seconds after which an agent writes unchanged figures again (their `observedAt` renewed): a reader
+tells a live agent's steady figures from a dead one's, and idle policies count idle time by them."""
+
 Count = Annotated[int, Meta(ge=0)]
 Percent = Annotated[int, Meta(ge=0, le=100)]
 

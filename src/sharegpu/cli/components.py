@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 import typer
 
 from sharegpu.agent import host
+from sharegpu.api import usage
 from sharegpu.cli.boundary import UsageError, reported
 from sharegpu.cli.logs import LogFormatOption, LogLevelOption, configure
 from sharegpu.cli.options import (
@@ -333,6 +334,14 @@ def agent(
             min=0,
         ),
     ] = 60.0,
+    usage_refresh: Annotated[
+        float,
+        typer.Option(
+            help="Write the GpuUsage again once what was written is this many seconds old, changed or not (readers "
+            "tell a live agent's steady figures from a dead one's; GPUIdlePolicies count idle time by them).",
+            min=1,
+        ),
+    ] = usage.REFRESH,
     kubelet_socket: Annotated[
         str, typer.Option(help="The kubelet's PodResources socket, for drift repair ('': not checked).")
     ] = str(host.PODRESOURCES_SOCKET),
@@ -369,7 +378,7 @@ def agent(
         hami_core_compute=hami_core_enforces_compute, dra=dra,
         dra_plugin=draplugin.Paths.under(kubelet_plugins_dir, kubelet_registry_dir, cdi_dir) if dra else None,
         volumes=agent_volumes.Paths.under(kubelet_plugins_dir, kubelet_registry_dir) if volumes else None,
-        usage_interval=usage_interval,
+        usage_interval=usage_interval, usage_refresh=usage_refresh,
     )  # fmt: skip
     supervisor = agent_mps.Supervisor(mps_binary, agent_mps.Layout(mps_root), proc=proc) if mps else None
     # A fake NVML has no GPU to probe: its modes are offered unproven.

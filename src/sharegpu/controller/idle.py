@@ -6,17 +6,24 @@ report updates, for the pods of the namespaces with a policy in force, when they
 idle (the report's `observedAt`; seen busy, or not measured, clears it); a policy that comes, goes or
 changes judges every node's latest report again (agents rewrite steady figures only every few
 minutes, and a pod idle before its namespace had a policy is idle all the same). A pass then takes every pod
-idle for at least its policy's `idleAfterSeconds`:
+whose reports show it idle over at least its policy's `idleAfterSeconds`: from the first report that
+showed it idle to the latest that still does, both times the agent's own (a single idle report, or
+an agent whose clock runs behind the controller's, proves nothing more):
 
 - it is reported once while it stays idle (event `GPUShareIdle`, the gauge, the policy's status);
 - with `action: Evict`, it is evicted through the Eviction API, only if it is still the pod with that
-  UID; a gang's member only together with every other live member of its gang, each idle that long
-  (read at the time from the API: a list of the namespace's pods); a refusal (a PodDisruptionBudget:
-  429) is reported and tried again after `retry` seconds.
+  UID and, at that moment, still idle that long under a policy in force that says Evict (a policy
+  edited or deleted during the pass is obeyed); a gang's member only together with every other live
+  member of its gang, each idle that long (read at the time from the API: a list of the namespace's
+  pods), and only once a dry run of every member's eviction has passed its disruption budgets, so
+  that a budget refusing one member does not leave the gang split; a refusal (a
+  PodDisruptionBudget: 429) is reported and tried again after `retry` seconds (for a gang: none of
+  its members before then).
 
 Figures from a report older than `stale` seconds are not acted on (its agent may be gone, the pod
 busy since). What it knows lives in memory: a new leader starts counting idleness again from the
-reports it reads, so it evicts later, never sooner.
+reports it reads, so it evicts later, never sooner. The status it writes replaces its copy of a
+policy only if no newer version (or the policy's deletion) arrived meanwhile.
 """
 
 from __future__ import annotations
@@ -162,16 +169,23 @@ class IdleReconciler:
     def idle_for_long(self) -> dict[str, Tracked]:
         """Pod UID -> its tracking, for the pods idle at least their policy's time, by a report still
         fresh (an agent rewrites steady figures only every few minutes: the latest says it still holds)."""
-        now = self.clock()
         ruling = self.ruling()
-        out = {}
-        for uid, tracked in self.tracked.items():
-            policy = ruling.get(tracked.namespace)
-            if policy is None or now - tracked.observed > self.stale:
-                continue
-            if now - tracked.since >= policy.spec.idle_after_seconds:
-                out[uid] = tracked
-        return out
+        return {uid: t for uid, t in self.tracked.items() if self._long(t, ruling.get(t.namespace))}
+
+    def _long(self, tracked: Tracked, policy: idle.GPUIdlePolicy | None) -> bool:
+        """Idle at least the policy's time, by its reports alone (first idle to latest idle), the
+        latest still fresh."""
+        if policy is None or self.clock() - tracked.observed > self.stale:
+            return False
+        return tracked.observed - tracked.since >= policy.spec.idle_after_seconds
+
+    def _due(self, uid: str) -> bool:
+        """The pod is to be evicted now: tracked, idle long enough, under a policy in force that evicts."""
+        tracked = self.tracked.get(uid)
+        policy = self.ruling().get(tracked.namespace) if tracked is not None else None
+        return (
+            tracked is not None and policy is not None and policy.spec.action == "Evict" and self._long(tracked, policy)
+        )
 
     async def reconcile(self) -> None:
         await self.recorder.retell()
@@ -180,8 +194,8 @@ class IdleReconciler:
         for uid, tracked in sorted(long_idle.items(), key=lambda item: (item[1].namespace, item[1].name)):
             if not tracked.told:
                 await self._tell(uid, tracked, ruling[tracked.namespace])
-            if ruling[tracked.namespace].spec.action == "Evict" and uid in self.tracked:
-                await self._evict(uid, tracked, long_idle)
+            if self._due(uid):
+                await self._evict(uid, tracked)
         await self._write_statuses(ruling, long_idle)
 
     async def _tell(self, uid: str, tracked: Tracked, policy: idle.GPUIdlePolicy) -> None:
@@ -196,9 +210,13 @@ class IdleReconciler:
             subject, IDLE, message, decision=f"{uid}|{tracked.since}", kind="Warning"
         )
 
-    async def _evict(self, uid: str, tracked: Tracked, long_idle: dict[str, Tracked]) -> None:
+    def _resting(self, uid: str) -> bool:
+        """Its eviction was refused less than `retry` seconds ago."""
         refused = self.refused.get(uid)
-        if refused is not None and self.clock() - refused < self.retry:
+        return refused is not None and self.clock() - refused < self.retry
+
+    async def _evict(self, uid: str, tracked: Tracked) -> None:
+        if self._resting(uid):
             return
         try:
             found = await self.api.get(paths.pod(tracked.namespace, tracked.name))
@@ -207,15 +225,25 @@ class IdleReconciler:
         pod = wire.convert(found, wire.Pod)
         if pod.metadata.uid != uid or pod.metadata.deletion_timestamp:
             return
-        targets = [pod]
         gang = pod.metadata.annotations.get(names.GANG)
-        if gang:
-            members = await self._gang(pod, gang)
-            if any(m.metadata.uid not in long_idle for m in members):
-                return  # a gang goes whole or not at all: not every member is idle that long
-            targets = members
-        for target in targets:
-            if not await self._evict_one(target, self.tracked.get(target.metadata.uid, tracked)):
+        if not gang:
+            if self._due(uid):  # the policy may have changed while the pod was read
+                await self._evict_one(pod, tracked)
+            return
+        members = await self._gang(pod, gang)
+        if any(self._resting(m.metadata.uid) for m in members):
+            return  # a member's eviction was refused a moment ago: the gang waits as long
+        if not all(self._due(m.metadata.uid) for m in members):
+            return  # a gang goes whole or not at all: not every member is idle that long
+        for member in members:  # every member's budgets asked first: a gang is never left split
+            if not await self._evict_one(member, self.tracked.get(member.metadata.uid, tracked), dry_run=True):
+                for other in members:
+                    self.refused[other.metadata.uid] = self.clock()
+                return
+        for member in members:
+            if not self._due(member.metadata.uid):
+                return
+            if not await self._evict_one(member, self.tracked.get(member.metadata.uid, tracked)):
                 return
 
     async def _gang(self, pod: wire.Pod, gang: str) -> list[wire.Pod]:
@@ -227,12 +255,15 @@ class IdleReconciler:
             and not pods.is_terminal(p)
         ]  # fmt: skip
 
-    async def _evict_one(self, pod: wire.Pod, tracked: Tracked) -> bool:
+    async def _evict_one(self, pod: wire.Pod, tracked: Tracked, *, dry_run: bool = False) -> bool:
+        """Evict the pod (`dry_run`: only ask its budgets); False if refused (told, and tried again later)."""
         meta = pod.metadata
         key = units.pod_key(meta.namespace, meta.name)
         subject = events.pod(meta.namespace, meta.name, meta.uid)
         try:
-            await self.api.create(paths.eviction(meta.namespace, meta.name), pods.eviction(key, meta.uid))
+            await self.api.create(
+                paths.eviction(meta.namespace, meta.name), pods.eviction(key, meta.uid, dry_run=dry_run)
+            )
         except kube_errors.NotFoundError:
             return True
         except errors.SharegpuError as exc:
@@ -245,6 +276,8 @@ class IdleReconciler:
             await self.recorder.tell(subject, BLOCKED, message, decision=f"{meta.uid}|{int(self.clock())}",
                                      kind="Warning")  # fmt: skip
             return False
+        if dry_run:
+            return True
         self.counters.evictions["done"] = self.counters.evictions.get("done", 0) + 1
         self.evicted[meta.namespace] = self.evicted.get(meta.namespace, 0) + 1
         self.tracked.pop(meta.uid, None)
@@ -260,7 +293,8 @@ class IdleReconciler:
         """Each policy's status: whether it is in force, the idle pods of its namespace, and its
         evictions (those made since its last status write added to the count it shows)."""
         for (namespace, name), policy in list(self.policies.items()):
-            force = ruling.get(namespace) is policy
+            in_force = ruling.get(namespace)
+            force = in_force is not None and in_force.metadata.name == name
             listed = [
                 idle.IdlePod(name=t.name, since=wire.timestamp(t.since), share_milli=t.share_milli)
                 for uid, t in sorted(long_idle.items(), key=lambda item: item[1].name)
@@ -278,4 +312,7 @@ class IdleReconciler:
                 continue
             if added:
                 self.evicted[namespace] -= added
-            self.policies[(namespace, name)] = wire.convert(stored, idle.GPUIdlePolicy)
+            now_known = self.policies.get((namespace, name))
+            if now_known is not None and now_known.metadata.resource_version == policy.metadata.resource_version:
+                self.policies[(namespace, name)] = wire.convert(stored, idle.GPUIdlePolicy)
+            # else: edited or deleted while the status was written: its watch event stands

@@ -12,7 +12,8 @@ the last compaction; discovery of the group versions it is told it serves (`serv
 resourceVersion preconditions (409) and a grace period for bound pods (deletionTimestamp and
 deletionGracePeriodSeconds, then gone when deleted again with grace 0 or `finish_deletions()`),
 finalizers holding a deletion, pods/binding (409 when already bound; the binding's annotations land
-on the pod), pods/eviction (a pod that is not running, or is being deleted, goes at once; else 429
+on the pod), pods/eviction (its UID precondition and dry run honoured; a pod that is not running, or is being
+deleted, goes at once; else 429
 when a PodDisruptionBudget of its namespace that selects it, by its full label selector, has
 `status.disruptionsAllowed` below 1; otherwise the budget's allowance goes down by one and the pod
 is deleted gracefully) and status subresources. tests/integration/test_fake_contract.py holds these
@@ -490,7 +491,7 @@ class FakeApiServer:
         if method == "POST" and sub == "binding":
             return 201, self._bind(key, body)
         if method == "POST" and sub == "eviction" and collection == "/api/v1|pods":
-            return 201, self._evict(key)
+            return 201, self._evict(key, body.get("deleteOptions") or {} if isinstance(body, dict) else {})
         current = self.objects.get(key)
         if current is None:
             raise _AnswerError(404, "NotFound", f'{_resource(collection)} "{name}" not found')
@@ -614,14 +615,20 @@ class FakeApiServer:
         self._update(key, _merge(pod, patch), keep=pod)
         return {"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 201}
 
-    def _evict(self, key: Key) -> Json:
+    def _evict(self, key: Key, options: Json) -> Json:
         pod = self.objects.get(key)
         if pod is None:
             raise _AnswerError(404, "NotFound", f'pods "{key.name}" not found')
+        done = {"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 201}
+        dry = "All" in (options.get("dryRun") or [])
         phase = (pod.get("status") or {}).get("phase") or "Pending"
         if phase == "Pending" or phase in api_pods.TERMINAL_PHASES or pod["metadata"].get("deletionTimestamp"):
-            self._delete(key, pod, {})  # as the API server: no budget guards a pod that is not running
-            return {"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 201}
+            # As the API server: no budget guards a pod that is not running; a dry run deletes nothing.
+            if dry:
+                self._preconditions(key, pod, options)
+            else:
+                self._delete(key, pod, options)
+            return done
         labels = pod["metadata"].get("labels") or {}
         budgets = [
             k for k, obj in sorted(self.objects.items())
@@ -633,15 +640,18 @@ class FakeApiServer:
             if int((self.objects[budget].get("status") or {}).get("disruptionsAllowed", 0)) < 1:
                 message = "Cannot evict pod as it would violate the pod's disruption budget."
                 raise _AnswerError(429, "TooManyRequests", message)
+        if dry:
+            self._preconditions(key, pod, options)
+            return done
         for budget in budgets:
             current = self.objects[budget]
             status = dict(current.get("status") or {})
             status["disruptionsAllowed"] = int(status.get("disruptionsAllowed", 0)) - 1
             self._update(budget, {**current, "status": status}, keep=current)
-        self._delete(key, pod, {})
-        return {"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 201}
+        self._delete(key, pod, options)
+        return done
 
-    def _delete(self, key: Key, current: Json, options: Json) -> Json:
+    def _preconditions(self, key: Key, current: Json, options: Json) -> None:
         pre = options.get("preconditions") or {}
         meta = current["metadata"]
         if pre.get("uid") and pre["uid"] != meta.get("uid"):
@@ -655,6 +665,10 @@ class FakeApiServer:
             )
         if pre.get("resourceVersion") and pre["resourceVersion"] != meta.get("resourceVersion"):
             raise _AnswerError(409, "Conflict", "Precondition failed: resourceVersion in precondition does not match")
+
+    def _delete(self, key: Key, current: Json, options: Json) -> Json:
+        self._preconditions(key, current, options)
+        meta = current["metadata"]
         if meta.get("finalizers"):  # as the API server: marked, and removed when the last finalizer goes
             if not meta.get("deletionTimestamp"):
                 marked = copy.deepcopy(current)
