@@ -62,7 +62,7 @@ def test_fractional_request_with_rules_and_limits() -> None:
     assert (demand.count, demand.milli, demand.memory_mib) == (1, 300, 4096)
     assert demand.models == frozenset({"A100", "T4"})
     assert (demand.cpu_milli, demand.host_memory_mib) == (2000, 1024)
-    assert demand.cotenancy.affinity == "team"
+    assert demand.cotenancy.affinity == "ns/team", "a label is its namespace's own"
     gpu = request.containers[0].gpu
     assert gpu is not None
     assert gpu.limit == 600

@@ -14,7 +14,7 @@ def _fractional_pod() -> requests.PodRequest:
         ),
         cpu_milli=1000,
         memory_mib=2048,
-        cotenancy=requests.CoTenancy(affinity="team-a", exclusion="x"),
+        cotenancy=requests.CoTenancy(affinity="team-a", exclusion="x").scoped("ns"),  # as `api.pods` reads them
     )
 
 
@@ -52,6 +52,12 @@ def test_json_round_trip_keeps_everything() -> None:
     assert '"version":1' in text
     again = allocation.Allocation.from_json(text, pod=alloc.pod, cpu_milli=1000, memory_mib=2048)
     assert again == alloc
+    # Written before labels were scoped by namespace: read as the pod's namespace's own.
+    older = text.replace('"ns/team-a"', '"team-a"').replace('"ns/x"', '"x"')
+    assert (
+        older != text
+        and allocation.Allocation.from_json(older, pod=alloc.pod, cpu_milli=1000, memory_mib=2048) == alloc
+    )
 
 
 @pytest.mark.parametrize(

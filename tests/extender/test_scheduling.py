@@ -592,3 +592,27 @@ async def test_a_reservation_set_aside_by_a_rebuild_expires_or_is_decided_again_
     h.clock.advance(31)
     await service.expire()
     assert units.PodKey(f"ns/{gone}") not in cache.assumed
+
+
+async def test_co_tenancy_labels_are_their_namespaces_own(harness: Callable[..., Any]) -> None:
+    """A tenant writing another's label joins nothing of theirs: not the GPU a group holds alone
+    (KubeShare's GPUID), not the GPU an affinity keeps to its own pods, not past an exclusion."""
+    h = await harness(nodes=1, gpus=2)
+    for name, rule in (("group", names.GROUP), ("affinity", names.AFFINITY), ("exclusion", names.EXCLUSION)):
+        await h.create(gpu_pod(f"{name}-a", milli=300, namespace="team-a", annotations={rule: "secret"}))
+        await h.schedule(gpu_pod(f"{name}-a", milli=300, namespace="team-a", annotations={rule: "secret"}))
+        mine = await h.create(gpu_pod(f"{name}-a2", milli=300, namespace="team-a", annotations={rule: "secret"}))
+        await h.schedule(mine)
+        theirs = await h.create(gpu_pod(f"{name}-b", milli=300, namespace="team-b", annotations={rule: "secret"}))
+        await h.schedule(theirs)
+        placed = {
+            p["metadata"]["namespace"]: allocation.Allocation.from_json(
+                p["metadata"]["annotations"][names.ALLOCATION], pod=f"{p['metadata']['namespace']}/{p['metadata']['name']}"
+            ).gpu_indices
+            for p in (h.server.get_object(paths.pod(ns, n)) or {} for ns, n in
+                      (("team-a", f"{name}-a2"), ("team-b", f"{name}-b")))
+        }  # fmt: skip
+        assert placed["team-a"] != placed["team-b"], f"{name}: team-b's pod joined team-a's GPU {placed}"
+        for ns, pod in (("team-a", f"{name}-a"), ("team-a", f"{name}-a2"), ("team-b", f"{name}-b")):
+            await h.api.delete(paths.pod(ns, pod), grace_period=0)
+        await settle(h.server)

@@ -149,13 +149,14 @@ def _gpu_request(
     )
 
 
-def cotenancy(annotations: dict[str, str]) -> requests.CoTenancy:
+def cotenancy(annotations: dict[str, str], namespace: str) -> requests.CoTenancy:
+    """The pod's co-tenancy rules, each label its namespace's own (`requests.CoTenancy.scoped`)."""
     return requests.CoTenancy(
         affinity=annotations.get(names.AFFINITY),
         anti_affinity=annotations.get(names.ANTI_AFFINITY),
         exclusion=annotations.get(names.EXCLUSION),
         group=annotations.get(names.GROUP),
-    )
+    ).scoped(namespace)
 
 
 REQUEST_ANNOTATIONS = (
@@ -197,7 +198,7 @@ def request(pod: wire.Pod, host: tuple[int, int] | None = None) -> requests.PodR
         made.append(requests.ContainerRequest(container.name, gpu, init=init))
     cpu, memory = host if host is not None else host_request(pod)
     return requests.PodRequest(
-        key=pod_key, containers=tuple(made), cpu_milli=cpu, memory_mib=memory, cotenancy=cotenancy(annotations),
+        key=pod_key, containers=tuple(made), cpu_milli=cpu, memory_mib=memory, cotenancy=cotenancy(annotations, pod.metadata.namespace),
         isolation=isolation(annotations.get(names.ISOLATION), f"pod {pod_key}: annotation {names.ISOLATION}"),
         compute=flag(annotations.get(names.COMPUTE_GUARANTEE), f"pod {pod_key}: annotation {names.COMPUTE_GUARANTEE}"),
     )  # fmt: skip

@@ -176,7 +176,7 @@ class Allocation:
             anti_affinity=rules_raw.get("antiAffinity"),
             exclusion=rules_raw.get("exclusion"),
             group=rules_raw.get("group"),
-        )
+        ).scoped(pod.split("/", 1)[0])  # written before labels were scoped: read as the namespace's own
         return cls(
             pod=pod,
             node=units.NodeName(node),

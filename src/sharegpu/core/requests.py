@@ -17,6 +17,12 @@ from dataclasses import dataclass, field
 from sharegpu.core import devices, errors, units
 
 
+LABEL_MAX = 253
+"""The longest co-tenancy label a pod may write."""
+SCOPED_LABEL_MAX = LABEL_MAX + 64
+"""The longest once scoped by its namespace (`CoTenancy.scoped`: up to 63 characters and a slash)."""
+
+
 @dataclass(frozen=True, slots=True)
 class CoTenancy:
     """Rules about who may share a GPU with this pod.
@@ -35,10 +41,26 @@ class CoTenancy:
     def __post_init__(self) -> None:
         for kind in ("affinity", "anti_affinity", "exclusion", "group"):
             value = getattr(self, kind)
-            if value is not None and (not value or len(value) > 253 or not value.isprintable()):
+            if value is not None and (not value or len(value) > SCOPED_LABEL_MAX or not value.isprintable()):
                 raise errors.InvalidRequestError(
-                    f"co-tenancy {kind} label must be 1..253 printable characters, got {value!r}"
+                    f"co-tenancy {kind} label must be 1..{SCOPED_LABEL_MAX} printable characters, got {value!r}"
                 )
+
+    def scoped(self, namespace: str) -> CoTenancy:
+        """The rules with every label made the namespace's own (`namespace/label`): a label names pods
+        of one namespace, so no other tenant can join a group, share an affinity or pass an exclusion
+        by writing the same words. A label already so scoped (an allocation written scoped) stays."""
+
+        def own(value: str | None) -> str | None:
+            if value is None or value.startswith(f"{namespace}/"):
+                return value
+            if not value or len(value) > LABEL_MAX or not value.isprintable():
+                raise errors.InvalidRequestError(
+                    f"co-tenancy label must be 1..{LABEL_MAX} printable characters, got {value!r}"
+                )
+            return f"{namespace}/{value}"
+
+        return CoTenancy(own(self.affinity), own(self.anti_affinity), own(self.exclusion), own(self.group))
 
     @property
     def empty(self) -> bool:
