@@ -239,3 +239,25 @@ async def test_a_pod_of_the_same_name_is_not_taken_over_and_the_sharepod_says_so
 def test_unknown_compatibility_names_are_refused() -> None:
     with pytest.raises(errors.InvalidRequestError, match="compat: unknown nope"):
         runtime.Controller(client.KubeClient(fake.FakeApiServer()), runtime.Options(compat=frozenset({"nope"})))
+
+
+async def test_a_pod_made_again_under_the_name_of_a_deleted_sharepods_pod_is_left_alone(
+    env: tuple[fake.FakeApiServer, runtime.Controller],
+) -> None:
+    """The SharePod and its Pod go; its owner makes a plain Pod of that name before the controller's
+    watch has shown the old one gone: the clean-up of the old one must not delete the new one."""
+    server, controller = env
+    server.put_object(resources.SHAREPOD.path("team"), sharepod("shp3"))
+    await passes(controller, server)
+    old = server.get_object(paths.pod("team", "shp3"))
+    assert old is not None and controller.sharepods is not None
+    server.remove_object(resources.SHAREPOD.path("team", "shp3"))
+    server.remove_object(paths.pod("team", "shp3"))
+    plain = {"metadata": {"name": "shp3", "namespace": "team"}, "spec": {"containers": [{"name": "x"}]}}
+    server.put_object(paths.pods("team"), plain)
+    await settle(server)
+    controller.sharepods.on_pod(wire.EventType.ADDED, wire.convert(old, sharepods.MadePod))  # the watch lags
+    await controller.sharepods.reconcile()
+    await settle(server)
+    kept = server.get_object(paths.pod("team", "shp3"))
+    assert kept is not None and not kept["metadata"].get("deletionTimestamp"), "the new pod was deleted"

@@ -605,14 +605,15 @@ async def test_co_tenancy_labels_are_their_namespaces_own(harness: Callable[...,
         await h.schedule(mine)
         theirs = await h.create(gpu_pod(f"{name}-b", milli=300, namespace="team-b", annotations={rule: "secret"}))
         await h.schedule(theirs)
-        placed = {
-            p["metadata"]["namespace"]: allocation.Allocation.from_json(
-                p["metadata"]["annotations"][names.ALLOCATION], pod=f"{p['metadata']['namespace']}/{p['metadata']['name']}"
-            ).gpu_indices
-            for p in (h.server.get_object(paths.pod(ns, n)) or {} for ns, n in
-                      (("team-a", f"{name}-a2"), ("team-b", f"{name}-b")))
-        }  # fmt: skip
+        placed = {ns: gpus_of(h, ns, pod) for ns, pod in (("team-a", f"{name}-a2"), ("team-b", f"{name}-b"))}
         assert placed["team-a"] != placed["team-b"], f"{name}: team-b's pod joined team-a's GPU {placed}"
         for ns, pod in (("team-a", f"{name}-a"), ("team-a", f"{name}-a2"), ("team-b", f"{name}-b")):
             await h.api.delete(paths.pod(ns, pod), grace_period=0)
         await settle(h.server)
+
+
+def gpus_of(h: Harness, namespace: str, name: str) -> tuple[int, ...]:
+    found = h.server.get_object(paths.pod(namespace, name))
+    assert found is not None
+    text = found["metadata"]["annotations"][names.ALLOCATION]
+    return allocation.Allocation.from_json(text, pod=units.pod_key(namespace, name)).gpu_indices

@@ -198,7 +198,8 @@ def request(pod: wire.Pod, host: tuple[int, int] | None = None) -> requests.PodR
         made.append(requests.ContainerRequest(container.name, gpu, init=init))
     cpu, memory = host if host is not None else host_request(pod)
     return requests.PodRequest(
-        key=pod_key, containers=tuple(made), cpu_milli=cpu, memory_mib=memory, cotenancy=cotenancy(annotations, pod.metadata.namespace),
+        key=pod_key, containers=tuple(made), cpu_milli=cpu, memory_mib=memory,
+        cotenancy=cotenancy(annotations, pod.metadata.namespace),
         isolation=isolation(annotations.get(names.ISOLATION), f"pod {pod_key}: annotation {names.ISOLATION}"),
         compute=flag(annotations.get(names.COMPUTE_GUARANTEE), f"pod {pod_key}: annotation {names.COMPUTE_GUARANTEE}"),
     )  # fmt: skip

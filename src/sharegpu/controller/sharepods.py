@@ -69,10 +69,14 @@ class SharePodReconciler:
             owner = self.shares.get(key)
             if (owner is not None and sharepods.made_for(pod, owner)) or pod.metadata.deletion_timestamp is not None:
                 continue
-            try:
-                await self.api.delete(paths.pod(pod.metadata.namespace, pod.metadata.name))
+            try:  # only the pod it saw: one made again under the name (by hand, say) is someone else's
+                await self.api.delete(
+                    paths.pod(pod.metadata.namespace, pod.metadata.name), preconditions={"uid": pod.metadata.uid}
+                )
             except errors.NotFoundError:
                 self.pods.pop(key, None)
+            except errors.ConflictError:
+                continue  # not the pod it saw: the watch brings the one there
             except errors.KubeError as exc:
                 log.warning("pod %s of a deleted SharePod: %s", key, exc)
 

@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 
 from sharegpu.core import devices, errors, units
 
-
 LABEL_MAX = 253
 """The longest co-tenancy label a pod may write."""
 SCOPED_LABEL_MAX = LABEL_MAX + 64
