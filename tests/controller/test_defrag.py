@@ -471,3 +471,120 @@ async def test_nothing_is_evicted_for_a_pending_pod_bound_while_its_move_was_pla
         assert a is not None and not a["metadata"].get("deletionTimestamp") and not evictions(server)
     finally:
         await controller.stop()
+
+
+def _on_two(name: str, node: str, milli: int, spec: Json | None = None, owner_kind: str = "ReplicaSet") -> Json:
+    """A pod of `owner_kind` holding `milli` on each of `node`'s GPUs 0 and 1."""
+    grants = [{"index": i, "uuid": f"GPU-{node}-{i}", "milli": milli, "limitMilli": milli, "memoryMiB": 0}
+              for i in (0, 1)]  # fmt: skip
+    alloc = {"version": 1, "node": node, "exclusive": False,
+             "containers": [{"name": "main", "init": False, "devices": grants}]}  # fmt: skip
+    notes = {names.ALLOCATION: orjson.dumps(alloc).decode()}
+    body = gpu_pod(name, milli=milli, count=2, namespace=NS, annotations=notes, spec={"nodeName": node, **(spec or {})})
+    body["metadata"]["labels"] = {"app": name}
+    body["metadata"]["ownerReferences"] = [
+        {"apiVersion": "apps/v1", "kind": owner_kind, "name": name, "uid": f"o-{name}", "controller": True}
+    ]
+    body["status"] = {"phase": "Running"}
+    return body
+
+
+def _only(*nodes: str, priority: int = 0) -> Json:
+    term = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": list(nodes)}]}
+    required = {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}
+    return {"priority": priority, "affinity": {"nodeAffinity": required}}
+
+
+async def test_a_move_that_stops_stops_the_moves_planned_on_it() -> None:
+    """p1's move evicts v1 from A; p2's move puts v2 on A in the room v1 leaves. v1's eviction is
+    refused: v2 must stay where it is, or it is evicted with nowhere to go."""
+    server = fake.FakeApiServer()
+    server.fail(429, method="POST", path=paths.eviction(NS, "v1"), reason="TooManyRequests")
+    add_node(server, "A", gpus=2)
+    add_node(server, "B", gpus=1)
+    add_node(server, "C", gpus=2)
+    server.put_object(paths.pods(NS), _on_two("v1", "A", 600))
+    v2 = running("v2", "B", 500)
+    v2["spec"]["affinity"] = _only("A", "B")["affinity"]
+    server.put_object(paths.pods(NS), v2)
+    server.put_object(paths.pods(NS), pending("p1", _only("A", priority=10)))
+    server.put_object(paths.pods(NS), pending("p2", _only("B", priority=5)))
+    controller = runtime.Controller(
+        client.KubeClient(server), runtime.Options(leader_elect=False, tick=3600, defrag=True), Clock(T0)
+    )
+    await controller.start()
+    try:
+        reconciler = controller.defrag
+        assert reconciler is not None
+        await eventually(lambda: reconciler.loop.completed >= 1, "the defragmenter's first pass")
+        await settle(server)
+        plan = reconciler.last_plan
+        assert plan is not None and [m.pod for m in plan.moves] == [f"{NS}/p1", f"{NS}/p2"], "the scenario as meant"
+        assert evictions(server) == [paths.eviction(NS, "v1")], "v2 evicted though the move it relied on stopped"
+    finally:
+        await controller.stop()
+
+
+async def test_job_pods_and_gang_members_are_never_moved() -> None:
+    """`a` on n0 and `b` on n1 (300 milli each), `p` pending for a whole GPU: either could move. Owned
+    by a Job (an eviction counts against its backoffLimit), or members of a gang (moved alone, one
+    breaks its gang): nothing is evicted. Owned by a ReplicaSet: one is."""
+    for change in ("job", "gang", "replicaset"):
+        server = fake.FakeApiServer()
+        add_node(server, "n0", gpus=1)
+        add_node(server, "n1", gpus=1)
+        for name, node in (("a", "n0"), ("b", "n1")):
+            body = running(name, node, 300)
+            if change == "job":
+                body["metadata"]["ownerReferences"][0].update(apiVersion="batch/v1", kind="Job")
+            elif change == "gang":
+                body["metadata"]["annotations"].update({names.GANG: "train", names.GANG_MIN: "2"})
+            server.put_object(paths.pods(NS), body)
+        server.put_object(paths.pods(NS), pending("p"))
+        options = runtime.Options(leader_elect=False, tick=3600, defrag=True)
+        controller = runtime.Controller(client.KubeClient(server), options, Clock(T0))
+        await controller.start()
+        try:
+            reconciler = controller.defrag
+            assert reconciler is not None
+            await eventually(lambda: reconciler.loop.completed >= 1, "the defragmenter's first pass")  # noqa: B023
+            await settle(server)
+            assert len(evictions(server)) == (1 if change == "replicaset" else 0), f"{change}: {evictions(server)}"
+        finally:
+            await controller.stop()
+
+
+async def test_a_pending_pod_gone_in_the_middle_of_its_move_stops_it() -> None:
+    """`p` needs n0's GPU, which `a` and `b` share; both fit beside `c` on n1. `p` is deleted once
+    `a` is evicted: `b` stays."""
+    server = fake.FakeApiServer()
+    add_node(server, "n0", gpus=1)
+    add_node(server, "n1", gpus=1)
+    server.put_object(paths.pods(NS), running("a", "n0", 300))
+    server.put_object(paths.pods(NS), running("b", "n0", 300))
+    server.put_object(paths.pods(NS), running("c", "n1", 400, owner=False))
+    options = runtime.Options(leader_elect=False, tick=3600, defrag=True)
+    controller = runtime.Controller(client.KubeClient(server), options, Clock(T0))
+    await controller.start()
+    try:
+        reconciler = controller.defrag
+        assert reconciler is not None
+        evict = reconciler.api.create
+
+        async def create(path: str, body: Any, **params: Any) -> Any:
+            out = await evict(path, body, **params)
+            if path.endswith("/eviction"):  # the user gives up on `p`; the watch shows it at once
+                gone = server.get_object(paths.pod(NS, "p"))
+                if gone is not None:
+                    server.remove_object(paths.pod(NS, "p"))
+                    reconciler.on_pod(wire.EventType.DELETED, defrag_inputs.facts(wire.convert(gone, wire.Pod)))
+            return out
+
+        reconciler.api.create = create  # type: ignore[method-assign]
+        server.put_object(paths.pods(NS), pending("p"))
+        await eventually(lambda: len(evictions(server)) >= 1, "the first eviction for p")
+        await reconciler.reconcile()
+        await settle(server)
+        assert len(evictions(server)) == 1, evictions(server)
+    finally:
+        await controller.stop()

@@ -233,10 +233,10 @@ class DefragReconciler:
         for line in defrag_wording.describe(result, allowed):
             log.info("defrag%s: %s", "" if self.evict else " (dry run)", line)
         for move in result.moves:
-            if self.evict:
-                await self._carry_out(move, planned_on)
-            else:
+            if not self.evict:
                 await self._report(move)
+            elif not await self._carry_out(move, planned_on):
+                break  # each move was planned on the ones before it: none after one that stopped
 
     def _basis(self, allowed: int) -> tuple[object, ...]:
         """Everything a plan depends on (the informer events seen, the evictions allowed now, the
@@ -252,23 +252,33 @@ class DefragReconciler:
         decision = "|".join(sorted(v.pod for v in move.victims))
         await self.recorder.tell(_subject(item), "DefragPlanned", message, decision=decision)
 
-    async def _carry_out(self, move: defrag.Move, planned_on: Mapping[units.PodKey, tuple[str, str]]) -> None:
+    def _still_pending(self, move: defrag.Move, planned_on: Mapping[units.PodKey, tuple[str, str]]) -> bool:
+        pending = self.pods.get(move.pod)
+        return not (pending is None or pending.record.node or (pending.record.uid, "") != planned_on.get(move.pod))
+
+    async def _carry_out(self, move: defrag.Move, planned_on: Mapping[units.PodKey, tuple[str, str]]) -> bool:
         """Evict the move's victims, one by one; a refusal ends the move (the next pass plans again).
         The plan was worked out over what the watch showed when it began (`planned_on`: each pod's
-        UID and node then): a pending pod bound or made again since, or a victim made again or moved
-        since, ends the move before anything more is evicted for it."""
-        pending = self.pods.get(move.pod)
-        if pending is None or pending.record.node or (pending.record.uid, "") != planned_on.get(move.pod):
+        UID and node then): a pending pod bound, deleted or made again since (looked at before each
+        eviction), or a victim made again or moved since, ends the move before anything more is
+        evicted for it. True if every victim was evicted (the moves planned after it may go on)."""
+        if not self._still_pending(move, planned_on):
             log.info("defrag: %s changed while its move was planned; planning again", move.pod)
-            return
+            return False
         done = []
+        whole = True
         for victim in move.victims:
+            if not self._still_pending(move, planned_on):
+                log.info("defrag: %s placed or gone while its move was carried out; planning again", move.pod)
+                whole = False
+                break
             item = self.pods.get(victim.pod)
             if item is None:
                 continue
             now = (item.record.uid, item.record.node)
             if now != planned_on.get(victim.pod) or item.record.node != victim.before.node:
                 log.info("defrag: %s changed while the move for %s was planned; planning again", victim.pod, move.pod)
+                whole = False
                 break
             namespace, _, name = victim.pod.partition("/")
             body = pods.eviction(victim.pod, item.record.uid)
@@ -285,6 +295,7 @@ class DefragReconciler:
                     self.unrecorded.append(self.clock())
                     self.counters.unknown += 1
                     log.warning("defrag: eviction of %s: outcome unknown (%s); planning again", victim.pod, exc)
+                whole = False
                 break
             self.evicted_at.append(self.clock())
             self.counters.evictions += 1
@@ -293,7 +304,7 @@ class DefragReconciler:
             if not await self.recorder.tell(_subject(item), EVICTED, message, decision=move.pod):
                 self.unrecorded.append(self.evicted_at[-1])
         if not done:
-            return
+            return whole
         self.moved_for[move.pod] = self.clock()
         pending = self.pods.get(move.pod)
         if pending is not None:
@@ -302,6 +313,7 @@ class DefragReconciler:
             await self.recorder.tell(
                 _subject(pending), "DefragMoved", message, decision="|".join(sorted(v.pod for v in done))
             )
+        return whole
 
 
 def _work_out(

@@ -24,9 +24,12 @@ from sharegpu.kube import client
 
 log = logging.getLogger(__name__)
 
-NOT_RECREATED_ELSEWHERE = frozenset({"DaemonSet", "Node"})
-"""Controller owners whose pods come back on the same node (a DaemonSet's) or not at all (a static
-pod's mirror, owned by its Node): moving them frees nothing."""
+RECREATED_ELSEWHERE = frozenset({"ReplicaSet", "StatefulSet", "ReplicationController"})
+"""Controller owners that keep a number of pods running and recreate an evicted one, placed afresh:
+the only owners whose pods are moved. Not a Job's (an eviction counts as a failure against its
+backoffLimit unless its podFailurePolicy says otherwise, which is not read here), a DaemonSet's (it
+comes back on the same node), a static pod's mirror (owned by its Node), nor any other kind's (a
+workflow engine's or an operator's pods may not be made again at all)."""
 PLACEMENT_POLICY = "bestfit"
 """The policy the planner places with to prove every victim fits elsewhere (it needs no pod shapes;
 the extender decides again, with its own policy, when the victim is recreated)."""
@@ -57,8 +60,8 @@ class PodFacts:
     @property
     def movable(self) -> bool:
         return (
-            bool(self.owner)
-            and self.owner_kind not in NOT_RECREATED_ELSEWHERE
+            self.owner_kind in RECREATED_ELSEWHERE
+            and self.record.gang is None  # one member moved alone would break its gang
             and self.namespace not in (names.SYSTEM_NAMESPACE, names.HOLDING_NAMESPACE)
         )
 
