@@ -127,8 +127,13 @@ async def test_sharegpu_allocates_its_class_s_claims_and_kube_scheduler_binds_th
     assert shares == {(n, "gpu-0"): 800 for n in dra_nodes}, "each GPU shared by two, never beyond its 1000"
     pod = await admin.get(paths.pod(namespace, left))
     assert [g["name"] for g in pod["spec"]["schedulingGates"]] == [names.DRA_GATE], "the fifth waits, gated"
-    said = [e for e in await events(admin, namespace, "ClaimNotAllocated") if e["involvedObject"]["name"] == left]
-    assert said and "no GPU with 400 milli-GPU free (largest free: 200)" in said[0]["message"], said
+
+    async def told() -> list[Json] | None:  # the event is written by the allocator's next pass
+        found = [e for e in await events(admin, namespace, "ClaimNotAllocated") if e["involvedObject"]["name"] == left]
+        return found or None
+
+    said = await wait_for(told, what=f"{left} told why it waits")
+    assert "no GPU with 400 milli-GPU free (largest free: 200)" in said[0]["message"], said
 
     first_four = [n for n in names_ if n != left]
     placed = []
