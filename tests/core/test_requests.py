@@ -54,11 +54,27 @@ def test_init_container_needs_only_the_larger_of_itself_and_the_app_sum() -> Non
 
 def test_whole_gpu_containers_add_their_counts() -> None:
     demand = _pod(
+        requests.ContainerRequest("init", requests.GpuRequest(count=1), init=True),
         requests.ContainerRequest("a", requests.GpuRequest(count=2)),
         requests.ContainerRequest("b", requests.GpuRequest(count=1)),
-        requests.ContainerRequest("init", requests.GpuRequest(count=1), init=True),
     ).demand
     assert (demand.count, demand.whole) == (3, True)
+
+
+def test_an_init_container_runs_beside_the_sidecars_declared_before_it() -> None:
+    """A native sidecar (300 milli, 8192 MiB) keeps running while the init container after it (600,
+    10240) runs, then beside the app container (400, 4096): 900 and 18432 at once at most (the init
+    container alone counted 700 and 12288)."""
+    share = requests.GpuRequest
+    containers = (
+        requests.ContainerRequest("sidecar", share(milli=300, memory_mib=8192)),  # sidecars are not `init`
+        requests.ContainerRequest("setup", share(milli=600, memory_mib=10240), init=True),
+        requests.ContainerRequest("main", share(milli=400, memory_mib=4096)),
+    )
+    demand = _pod(*containers).demand
+    assert (demand.milli, demand.memory_mib) == (900, 18432)
+    assert requests.peak([(True, 600), (False, 500), (True, 700), (False, 400)]) == 1200
+    assert requests.peak([(True, 700), (False, 200)]) == 700
 
 
 @pytest.mark.parametrize(

@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from sharegpu.api import names, paths, quotas, wire
-from sharegpu.core import requests, units
+from sharegpu.api import names, paths, pods, quotas, wire
+from sharegpu.core import allocation, requests, units
 from tests.extender.conftest import Harness, gpu_pod, settle
 
 QUOTAS = paths.RESOURCE_QUOTAS
@@ -34,6 +34,22 @@ def test_totals_count_every_gpu() -> None:
     both = quota("q", "ns", **{"requests.sharegpu.io/gpu-milli-total": "2", "sharegpu.io/gpu-milli-total": "1500"})
     limited = quotas.limit(wire.convert(both, quotas.ResourceQuota))
     assert limited == quotas.Limit("q", 2, None), "the lower of the two spellings"
+
+
+def test_an_init_container_counts_beside_the_native_sidecars_before_it() -> None:
+    """As Kubernetes' quota sums a pod: the sidecar (restartPolicy Always) keeps running through the
+    init container after it; the pod's GPU holding in the ledger is the same peak."""
+    limits = {names.GPU: "1", names.GPU_MILLI: "300", names.GPU_MEMORY: "8192"}
+    pod = gpu_pod("p", milli=400)
+    pod["spec"]["initContainers"] = [
+        {"name": "sidecar", "restartPolicy": "Always", "resources": {"limits": limits, "requests": limits}},
+        {"name": "setup", "resources": {"limits": {**limits, names.GPU_MILLI: "600", names.GPU_MEMORY: "10240"}}},
+    ]
+    request = pods.request(wire.convert(pod, wire.Pod))
+    assert quotas.pod_totals(request)[0] == 900, "300 beside 600 while setup runs (the app container: 400)"
+    assert (request.demand.milli, request.demand.memory_mib) == (900, 18432)
+    alloc = allocation.build(request, units.NodeName("n0"), [0], [40960])
+    assert alloc.gpu_usage() == {0: (900, 18432)}
 
 
 async def test_a_pod_beyond_its_namespaces_quota_waits_with_the_figures(harness: Callable[..., Any]) -> None:

@@ -51,12 +51,11 @@ def container_totals(gpu: requests.GpuRequest | None) -> tuple[int, int | None]:
 
 
 def pod_totals(request: requests.PodRequest) -> tuple[int, int]:
-    """A pod's totals as Kubernetes' quota sums a pod: app containers add up; an init container
-    counts alone, if it asks for more."""
-    app = [container_totals(c.gpu) for c in request.containers if not c.init]
-    init = [container_totals(c.gpu) for c in request.containers if c.init]
-    milli = max([sum(m for m, _ in app), *(m for m, _ in init)])
-    memory = max([sum(m or 0 for _, m in app), *((m or 0) for _, m in init)])
+    """A pod's totals as Kubernetes' quota sums a pod (`requests.peak`): app containers and native
+    sidecars add up; a regular init container counts beside the sidecars declared before it."""
+    totals = [(c.init, container_totals(c.gpu)) for c in request.containers]
+    milli = requests.peak([(init, m) for init, (m, _) in totals])
+    memory = requests.peak([(init, m or 0) for init, (_, m) in totals])
     return milli, memory
 
 

@@ -61,30 +61,24 @@ class Allocation:
     def gpu_usage(self) -> Mapping[int, tuple[int, int]]:
         """Per GPU index (ascending): (milli, memory MiB) the pod holds there.
 
-        App containers run together, so their shares add up; init containers run one at a time
-        before them, so only the largest counts, and the pod holds the larger of the two.
+        App containers and native sidecars run together, so their shares add up; a regular init
+        container runs before them, beside the sidecars declared before it (`requests.peak`), and the
+        pod holds the most of these at once.
         """
         return self.usage
 
     def _usage(self) -> dict[int, tuple[int, int]]:
-        app: dict[int, list[int]] = {}
-        init: dict[int, list[int]] = {}
-        for container in self.containers:
-            target = init if container.init else app
+        ordered: dict[int, list[tuple[bool, int, int]]] = {}
+        for container in self.containers:  # in declared order, init containers first
             for grant in container.devices:
-                milli_mem = target.setdefault(grant.index, [0, 0])
-                if container.init:
-                    milli_mem[0] = max(milli_mem[0], grant.milli)
-                    milli_mem[1] = max(milli_mem[1], grant.memory_mib)
-                else:
-                    milli_mem[0] += grant.milli
-                    milli_mem[1] += grant.memory_mib
-        usage: dict[int, tuple[int, int]] = {}
-        for index in sorted(app.keys() | init.keys()):
-            a = app.get(index, [0, 0])
-            b = init.get(index, [0, 0])
-            usage[index] = (max(a[0], b[0]), max(a[1], b[1]))
-        return usage
+                ordered.setdefault(grant.index, []).append((container.init, grant.milli, grant.memory_mib))
+        return {
+            index: (
+                requests.peak([(init, milli) for init, milli, _ in ordered[index]]),
+                requests.peak([(init, memory) for init, _, memory in ordered[index]]),
+            )
+            for index in sorted(ordered)
+        }
 
     @property
     def gpu_indices(self) -> tuple[int, ...]:

@@ -12,6 +12,7 @@ in one pod is refused.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from sharegpu.core import devices, errors, units
@@ -190,6 +191,8 @@ class PodRequest:
 
     key: units.PodKey
     containers: tuple[ContainerRequest, ...] = ()
+    """In the pod's declared order, init containers (native sidecars among them, not `init`) first:
+    what runs at once depends on it (`peak`)."""
     cpu_milli: int = 0
     memory_mib: int = 0
     cotenancy: CoTenancy = NO_RULES
@@ -237,6 +240,19 @@ def _pod_demand(pod: PodRequest) -> GpuDemand:
     return _shared_demand(pod, app, init, models)
 
 
+def peak(ordered: Sequence[tuple[bool, int]]) -> int:
+    """The most of a quantity a pod's containers hold at once, from (init, amount) in declared order
+    (init containers first): app containers and native sidecars (not init: they keep running) add up;
+    a regular init container runs alone beside the sidecars declared before it (Kubernetes' rule)."""
+    running = top = 0
+    for init, amount in ordered:
+        if init:
+            top = max(top, running + amount)
+        else:
+            running += amount
+    return max(top, running)
+
+
 def _whole_demand(pod: PodRequest, app: list[GpuRequest], init: list[GpuRequest], models: frozenset[str]) -> GpuDemand:
     """The demand of a pod of whole GPUs (the most any container asks for at once)."""
     rules = pod.cotenancy
@@ -249,7 +265,7 @@ def _whole_demand(pod: PodRequest, app: list[GpuRequest], init: list[GpuRequest]
             f"pod {pod.key}: it demands isolation {pod.isolation.value}, which is about sharing a GPU; a pod of "
             "whole GPUs shares none (remove the demand, or ask for a share)"
         )
-    count = max(sum(g.count for g in app), max((g.count for g in init), default=0))
+    count = peak([(c.init, c.gpu.count) for c in pod.containers if c.gpu is not None])
     return GpuDemand(
         count=count,
         milli=units.MILLI_PER_GPU,
@@ -281,9 +297,10 @@ def _shared_demand(pod: PodRequest, app: list[GpuRequest], init: list[GpuRequest
         )
     if rules.group is not None and counts != {1}:
         raise errors.InvalidRequestError(f"pod {pod.key}: GPU group {rules.group!r} shares one GPU; ask for one GPU")
-    milli = max(sum(g.milli for g in app), max((g.milli for g in init), default=0))
-    memory = max(sum(g.memory_mib for g in app), max((g.memory_mib for g in init), default=0))
-    permille = max(sum(g.memory_permille for g in app), max((g.memory_permille for g in init), default=0))
+    gpus = [(c.init, c.gpu) for c in pod.containers if c.gpu is not None]
+    milli = peak([(init, g.milli) for init, g in gpus])
+    memory = peak([(init, g.memory_mib) for init, g in gpus])
+    permille = peak([(init, g.memory_permille) for init, g in gpus])
     if milli > units.MILLI_PER_GPU:
         raise errors.InvalidRequestError(
             f"pod {pod.key}: its containers share one GPU but ask for {milli} milli-GPU in total "
