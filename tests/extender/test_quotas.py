@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from sharegpu.api import extender as api_extender
 from sharegpu.api import names, paths, pods, quotas, wire
 from sharegpu.core import allocation, requests, units
 from tests.extender.conftest import Harness, gpu_pod, settle
@@ -78,3 +79,46 @@ async def test_a_pod_beyond_its_namespaces_quota_waits_with_the_figures(harness:
     await settle(h.server)
     assert h.extender.scheduling.filter(h.args(second)).node_names
     assert names.GPU_MILLI_TOTAL in message
+
+
+async def test_a_pod_bound_while_the_watch_lags_or_being_deleted_still_counts(harness: Callable[..., Any]) -> None:
+    """Quota 1000: `a` (600) is bound, and the watch shows it late; `b` (600) must wait all the same.
+    Then `a` is being deleted (its GPU held through its grace period): `b` still waits."""
+    h: Harness = await harness(nodes=1, gpus=2)
+    h.server.put_object(QUOTAS, quota("gpus", "ns", **{"requests.sharegpu.io/gpu-milli-total": "1000"}))
+    a = await h.create(gpu_pod("a", milli=600))
+    b = await h.create(gpu_pod("b", milli=600))
+    h.server.stall_watches()  # the bind's pod update never reaches the extender's watch
+    await h.schedule(a)
+    assert h.extender.cache.pods[units.PodKey("ns/a")].node == "", "the watch still shows it unbound"
+    assert not h.extender.scheduling.filter(h.args(b)).node_names, "a's 600 counted: 1200 is over 1000"
+    # What the watch would have shown: `a` bound, then being deleted.
+    found = h.server.get_object(paths.pod("ns", "a"))
+    assert found is not None
+    found["metadata"]["deletionTimestamp"] = "2026-12-07T00:00:00Z"
+    h.extender.cache.on_pod(wire.EventType.MODIFIED, pods.record(wire.convert(found, wire.Pod)))
+    assert not h.extender.scheduling.filter(h.args(b)).node_names, "deleting, still holding its GPU"
+
+
+async def test_two_pods_filtered_together_are_bound_only_within_the_quota(harness: Callable[..., Any]) -> None:
+    """Quota 1000, two nodes: `a` and `b` (600 each, with a soft node preference, so their filters
+    leave every node that fits and hold nothing) both pass their filters before either is bound; the
+    second bind is refused with the figures."""
+    h: Harness = await harness(nodes=2, gpus=2)
+    h.server.put_object(QUOTAS, quota("gpus", "ns", **{"requests.sharegpu.io/gpu-milli-total": "1000"}))
+    zone = {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["x"]}]}
+    soft = {"affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 1, "preference": zone}]}}}  # fmt: skip
+    a = await h.create(gpu_pod("a", milli=600, spec=soft))  # a soft preference: kube-scheduler ranks the nodes
+    b = await h.create(gpu_pod("b", milli=600, spec=soft))
+    await settle(h.server)
+    verdicts = [h.extender.scheduling.filter(h.args(p)) for p in (a, b)]
+    assert all(len(v.node_names) == 2 for v in verdicts), "both fit, on either node"
+    results = []
+    for p in (a, b):
+        meta = p["metadata"]
+        args = api_extender.BindingArgs(pod_name=meta["name"], pod_namespace="ns", pod_uid=meta["uid"], node="n0")
+        results.append(await h.extender.scheduling.bind(args))
+        await settle(h.server)
+    assert results[0].error == ""
+    assert "ResourceQuota gpus allows 1000 milli-GPU" in results[1].error, results[1].error

@@ -1,6 +1,6 @@
 """The extender's quota check: a GPU pod is placed only while its namespace's ResourceQuotas on
-sharegpu's totals (`api.quotas`) allow it, counting what the namespace's placed (bound or assumed)
-pods hold.
+sharegpu's totals (`api.quotas`) allow it, counting what the namespace's placed pods hold (bound,
+being deleted, assumed, or bound while the watch lags).
 
 Kubernetes' quota admission already counts every pod at creation; this second check is for the pods
 admitted before a quota was created or lowered, which Kubernetes never evicts: they wait in the
@@ -39,14 +39,16 @@ class QuotaGuard:
             del self.limits[meta.namespace]
 
     def held(self, namespace: str, but: Collection[units.PodKey]) -> tuple[int, int]:
-        """What the namespace's placed pods (bound and live, or assumed) hold, those in `but` excepted."""
+        """What the namespace's placed pods hold, those in `but` excepted: bound and not finished (being
+        deleted too: its GPU is held until it has gone, and Kubernetes' quota counts it through its
+        grace period), assumed, or bound by this extender while the watch does not show it yet."""
         milli = memory = 0
         prefix = f"{namespace}/"
-        assumed = self.cache.assumed
+        assumed, confirmed = self.cache.assumed, self.cache.confirmed
         for key, record in self.cache.pods.items():
             if key in but or record.request is None or not key.startswith(prefix):
                 continue
-            if record.live or key in assumed:
+            if (record.node and not record.terminal) or key in assumed or key in confirmed:
                 more = quotas.pod_totals(record.request)
                 milli, memory = milli + more[0], memory + more[1]
         return milli, memory

@@ -516,6 +516,11 @@ class SchedulingService:
             self.cache.forget(key)  # a reservation for another node (or another pod of that name) is void
             if key in self.cache.ledger:
                 return self._bind_failed(BindOutcome.ERROR, f"pod {key} is already placed")
+            # Its filter held nothing (several nodes fitted): others of its namespace may have been
+            # bound since, so its quota is judged again before its room is taken.
+            over = self.quota.refusal(key, request) if self.quota is not None and not gang_held else None
+            if over is not None:
+                return self._bind_failed(BindOutcome.UNSCHEDULABLE, over)
             demand = request.demand
             decision = self.cache.placer.decide(demand, np.array([row], dtype=np.int64))
             if not decision.status.ok:
