@@ -588,3 +588,27 @@ async def test_a_pending_pod_gone_in_the_middle_of_its_move_stops_it() -> None:
         assert len(evictions(server)) == 1, evictions(server)
     finally:
         await controller.stop()
+
+
+@pytest.mark.parametrize("where", ["dra-node", "leaving-pod"])
+async def test_no_victim_is_planned_onto_a_dra_node_nor_into_room_a_leaving_pod_holds(where: str) -> None:
+    """`p` needs n0's GPU, where `a` (300) is. n1 has no room for `a`: `b` holds 800 there, or `b`
+    300 and `c` 600 while `c` is being deleted (its GPU held through its grace period). d0 serves DRA
+    claims only: the extender would place `a`'s replacement on neither. No move."""
+    server = fake.FakeApiServer()
+    add_node(server, "n0", gpus=1)
+    add_node(server, "n1", gpus=1)
+    server.put_object(paths.pods(NS), running("a", "n0", 300))
+    if where == "dra-node":
+        add_node(server, "d0", gpus=1, dra=True)
+        server.put_object(paths.pods(NS), running("b", "n1", 800))
+    else:
+        server.put_object(paths.pods(NS), running("b", "n1", 300))
+        leaving = running("c", "n1", 600)
+        leaving["metadata"]["finalizers"] = ["example.com/hold"]
+        server.put_object(paths.pods(NS), leaving)
+        await client.KubeClient(server).delete(paths.pod(NS, "c"))  # held by its finalizer: being deleted
+    server.put_object(paths.pods(NS), pending("p", _only("n0", "n1")))
+    found = await defrag_inputs.snapshot(client.KubeClient(server))
+    plan = defrag_inputs.plan(found, 10)
+    assert plan.moves == (), [(m.pod, [(v.pod, v.after.node) for v in m.victims]) for m in plan.moves]

@@ -148,7 +148,7 @@ def inputs(
     inventories: list[devices.NodeInventory] = []
     for device in sorted(devices_, key=lambda d: d.metadata.name):
         view = ready.get(device.metadata.name)
-        if view is None:
+        if view is None or device.spec.dra:  # the extender places no pod on a node serving DRA claims
             continue
         try:
             inventories.append(api_devices.inventory(device, view.facts))
@@ -165,13 +165,13 @@ def inputs(
         r = item.record
         if item.pending and r.key not in skip and r.request is not None:
             pending.append(defrag.Pending(r.request, item.priority, reach(item.terms)))
-        if not r.live or state.row(r.node) is None:
-            continue
+        if not r.node or r.terminal or state.row(r.node) is None:
+            continue  # a pod being deleted still holds its GPU until it has gone (it is no tenant to move)
         alloc = r.allocation if r.allocation is not None and r.allocation.node == r.node else None
         if alloc is None:  # host CPU and memory only (GPUs of other schedulers are not counted)
             alloc = allocation.Allocation(r.key, units.NodeName(r.node), cpu_milli=r.cpu_milli, memory_mib=r.memory_mib)
         allocations.append(alloc)
-        if r.request is not None and alloc.gpu_usage():
+        if r.request is not None and alloc.gpu_usage() and not r.deleting:
             covering = tuple(
                 key for key, b in groups.items()
                 if b.metadata.namespace == item.namespace and wire.budget_selects(b, item.labels)
