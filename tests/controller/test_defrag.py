@@ -138,7 +138,11 @@ async def test_it_evicts_the_pod_the_disruption_budget_allows_and_then_waits(sta
     assert registry.get_sample_value("sharegpu_defrag_planned_gain_gpus") == 1.0
     # The next pass: `a` is leaving and `p` has just had its move; nothing more is evicted.
     await reconciler.reconcile()
-    controller.defrag.clock.now += 120  # type: ignore[union-attr]  # past the cool-down: p now fits on n0
+    controller.defrag.clock.now += 120  # type: ignore[union-attr]  # past the cool-down
+    await reconciler.reconcile()
+    assert evictions(server) == [paths.eviction(NS, "a")], "a still holds n0's GPU while it leaves"
+    server.finish_deletions()  # its kubelet has ended it: p now fits on n0
+    await settle(server)
     await reconciler.reconcile()
     assert evictions(server) == [paths.eviction(NS, "a")]
     assert reconciler.last_plan is not None and reconciler.last_plan.skipped[0].why is core_defrag.Why.FITS
