@@ -532,8 +532,8 @@ async def test_a_move_that_stops_stops_the_moves_planned_on_it() -> None:
 async def test_job_pods_and_gang_members_are_never_moved() -> None:
     """`a` on n0 and `b` on n1 (300 milli each), `p` pending for a whole GPU: either could move. Owned
     by a Job (an eviction counts against its backoffLimit), or members of a gang (moved alone, one
-    breaks its gang): nothing is evicted. Owned by a ReplicaSet: one is."""
-    for change in ("job", "gang", "replicaset"):
+    breaks its gang), or `p` says `preemptionPolicy: Never`: nothing is evicted. Otherwise one is."""
+    for change in ("job", "gang", "never", "replicaset"):
         server = fake.FakeApiServer()
         add_node(server, "n0", gpus=1)
         add_node(server, "n1", gpus=1)
@@ -544,7 +544,7 @@ async def test_job_pods_and_gang_members_are_never_moved() -> None:
             elif change == "gang":
                 body["metadata"]["annotations"].update({names.GANG: "train", names.GANG_MIN: "2"})
             server.put_object(paths.pods(NS), body)
-        server.put_object(paths.pods(NS), pending("p"))
+        server.put_object(paths.pods(NS), pending("p", {"preemptionPolicy": "Never"} if change == "never" else None))
         options = runtime.Options(leader_elect=False, tick=3600, defrag=True)
         controller = runtime.Controller(client.KubeClient(server), options, Clock(T0))
         await controller.start()

@@ -316,3 +316,17 @@ def test_a_node_lacking_more_is_still_searched_when_it_may_be_cheaper() -> None:
     assert (first.row, first.victims, first.cost[:2]) == (0, ("ns/small",), (1, 100))
     plan = cluster.plan(pod("ns/p", count=1, milli=500), evictions=1)
     assert victims(plan) == ["ns/small"] and plan.moves[0].placed.node == "n0"
+
+
+def test_a_gpu_over_committed_already_neither_breaks_the_plan_nor_changes_the_ledger() -> None:
+    """n's GPU holds `a` and `b` at 600 each (the API showed both: the second counted with a Conflict).
+    Trying moves from n takes them out and puts them back: the ledger ends as it began."""
+    c = Cluster(node("n", gpus=1), node("m", gpus=2))
+    for key in ("ns/a", "ns/b"):
+        request = pod(key, count=1, milli=600)
+        decision = core_placer.Decision(status.SUCCESS, row=c.state.row_of["n"], node=units.NodeName("n"), gpus=(0,))
+        c.ledger.add(c.placer.allocation_for(request, decision))
+        c.tenants[request.key] = defrag.Tenant(request, True, 0, (), owner=f"ReplicaSet/{key}")
+    c.run("ns/c", "m", (0,), 300, movable=False).run("ns/d", "m", (1,), 300, movable=False)
+    found = c.plan(pod("ns/p", count=1))  # Cluster.plan checks the ledger is as it was
+    assert victims(found) == ["ns/a", "ns/b"], "both moved to m, 600 beside 300 on each GPU: p takes n"

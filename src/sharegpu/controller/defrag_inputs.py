@@ -71,6 +71,7 @@ class PodFacts:
         return (
             self.unschedulable and r.request is not None and r.request.demand.count > 0 and not r.node
             and not r.terminal and not r.deleting and r.scheduler == names.SCHEDULER_NAME
+            and r.preempts  # `preemptionPolicy: Never`: it waits; nothing is moved for it
         )  # fmt: skip
 
 

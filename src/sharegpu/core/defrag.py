@@ -204,8 +204,11 @@ class _Trial:
     def rollback(self, to: int = 0) -> None:
         while len(self.undo) > to:
             what, alloc = self.undo.pop()
-            result = self.ledger.forget(alloc.pod) if what == "assumed" else self.ledger.add(alloc)
-            assert result.ok, result
+            if what == "assumed":
+                result = self.ledger.forget(alloc.pod)
+                assert result.ok, result
+            else:  # put back as it was: on a GPU over-committed already it comes back with a Conflict
+                self.ledger.add(alloc)
             self._index(alloc, alloc.pod, add=what == "removed")
 
     def tenants(self, row: int) -> dict[int, list[core_ledger.Entry]]:
