@@ -616,3 +616,39 @@ async def test_no_victim_is_planned_onto_a_dra_node_nor_into_room_a_leaving_pod_
     found = await defrag_inputs.snapshot(client.KubeClient(server))
     plan = defrag_inputs.plan(found, 10)
     assert plan.moves == (), [(m.pod, [(v.pod, v.after.node) for v in m.victims]) for m in plan.moves]
+
+
+async def test_a_later_move_does_not_take_the_room_an_earlier_one_promised() -> None:
+    """Pass 1: `p` (n1 only) gets n1, `a` (300) evicted to fit beside `c` (600) on n2. Pass 2, while
+    `a`'s replacement is on its way: `q` (n3 only) must not move `d` onto n2, into `a`'s room."""
+    server = fake.FakeApiServer()
+    for node in ("n1", "n2", "n3"):
+        add_node(server, node, gpus=1)
+    server.put_object(paths.pods(NS), running("a", "n1", 300))
+    server.put_object(paths.pods(NS), running("c", "n2", 600, owner=False))
+    server.put_object(paths.pods(NS), running("d", "n3", 300))
+    server.put_object(paths.pods(NS), pending("p", _only("n1")))
+    clock = Clock(T0)
+    options = runtime.Options(leader_elect=False, tick=3600, defrag=True)
+    controller = runtime.Controller(client.KubeClient(server), options, clock)
+    await controller.start()
+    try:
+        reconciler = controller.defrag
+        assert reconciler is not None
+        await eventually(lambda: reconciler.loop.completed >= 1, "the defragmenter's first pass")
+        await settle(server)
+        assert evictions(server) == [paths.eviction(NS, "a")]
+        plan = reconciler.last_plan
+        assert plan is not None and [v.after.node for m in plan.moves for v in m.victims] == ["n2"]
+        server.put_object(paths.pods(NS), pending("q", _only("n3")))
+        await settle(server)
+        clock.advance(10)
+        await reconciler.reconcile()
+        await settle(server)
+        assert evictions(server) == [paths.eviction(NS, "a")], "d moved into the room promised to a's replacement"
+        clock.advance(reconciler.cooldown)  # the promise has run out (a's replacement placed meanwhile, or not)
+        await reconciler.reconcile()
+        await settle(server)
+        assert evictions(server)[1:] == [paths.eviction(NS, "d")]
+    finally:
+        await controller.stop()

@@ -10,7 +10,9 @@ the plans in words.
 Safety rules on top of the planner's: only a pod whose controller owner recreates it elsewhere is
 ever a victim (not one without an owner, not a DaemonSet's or a Node's, nothing of sharegpu's namespaces:
 `PodFacts.movable`); only pods kube-scheduler marked Unschedulable are planned for, and a pod that
-had a move is left alone for `cooldown` seconds (its victims are leaving, the scheduler needs a moment).
+had a move is left alone for `cooldown` seconds (its victims are leaving, the scheduler needs a moment),
+and the room the move counted on (the pod's, and each victim's new place) is held in the plans of
+those seconds (`promised`), so no later move takes it.
 
 Dry run (`evict=False`) reports each plan (a log line, a `DefragPlanned` event on the pending pod,
 the gauges on /metrics) and evicts nothing. Evicting (`evict=True`) POSTs an Eviction (`policy/v1`)
@@ -44,7 +46,7 @@ from typing import Any
 
 from sharegpu.api import events, paths, pods, wire
 from sharegpu.controller import defrag_inputs, defrag_wording
-from sharegpu.core import defrag, errors, units
+from sharegpu.core import allocation, defrag, errors, units
 from sharegpu.kube import client, informer, reconcile
 from sharegpu.kube import errors as kube_errors
 from sharegpu.kube import events as kube_events
@@ -104,6 +106,10 @@ class DefragReconciler:
         self.evicted_at: deque[float] = deque()
         self.moved_for: dict[units.PodKey, float] = {}
         """Pending pods that had a move, and when."""
+        self.promised: dict[units.PodKey, tuple[float, allocation.Allocation]] = {}
+        """The room each carried-out move counted on, held for `cooldown` seconds in the plans that
+        follow (when it was promised, what): where its pending pod goes, and where each victim's
+        replacement fits; that room is taken by no later move while they are on their way."""
         self.counters = Counters()
         self.recalled = False
         """The evictions of the last hour were read back from the API's Events (once a term, before
@@ -204,6 +210,7 @@ class DefragReconciler:
         await self.recorder.retell()
         now = self.clock()
         self.moved_for = {k: at for k, at in self.moved_for.items() if now - at < self.cooldown}
+        self.promised = {k: (at, held) for k, (at, held) in self.promised.items() if now - at < self.cooldown}
         if not any(p.pending and p.record.key not in self.moved_for for p in self.pods.values()):
             self.counters.pending = 0
             return
@@ -222,6 +229,7 @@ class DefragReconciler:
         found, result = await asyncio.to_thread(
             _work_out, list(self.nodes.values()), list(self.devices.values()), list(self.pods.values()),
             list(self.budgets.values()), frozenset(self.moved_for), allowed,
+            [held for _, held in self.promised.values()],
         )  # fmt: skip
         self._planned = basis
         self.last_plan = result
@@ -241,7 +249,8 @@ class DefragReconciler:
     def _basis(self, allowed: int) -> tuple[object, ...]:
         """Everything a plan depends on (the informer events seen, the evictions allowed now, the
         cool-downs, the evictions made and refused): the same basis, the same plan."""
-        return (self.changes, allowed, frozenset(self.moved_for), self.counters.evictions, self.counters.refused)
+        return (self.changes, allowed, frozenset(self.moved_for), frozenset(self.promised), self.counters.evictions,
+                self.counters.refused)  # fmt: skip
 
     async def _report(self, move: defrag.Move) -> None:
         item = self.pods.get(move.pod)
@@ -299,6 +308,7 @@ class DefragReconciler:
                 break
             self.evicted_at.append(self.clock())
             self.counters.evictions += 1
+            self.promised[victim.pod] = (self.clock(), victim.after)
             done.append(victim)
             message = f"evicted to make room for {move.pod} on {move.placed.node}; {victim.owner} recreates it"
             if not await self.recorder.tell(_subject(item), EVICTED, message, decision=move.pod):
@@ -306,6 +316,7 @@ class DefragReconciler:
         if not done:
             return whole
         self.moved_for[move.pod] = self.clock()
+        self.promised[move.pod] = (self.clock(), move.placed)
         pending = self.pods.get(move.pod)
         if pending is not None:
             evicted = ", ".join(defrag_wording.victim_text(v) for v in done)
@@ -323,9 +334,10 @@ def _work_out(
     budgets: list[wire.PodDisruptionBudget],
     skip: frozenset[units.PodKey],
     allowed: int,
+    promised: list[allocation.Allocation],
 ) -> tuple[defrag_inputs.Inputs, defrag.Plan]:
     """The planner's inputs and its plan (in a worker thread: it reads only the frozen values given)."""
-    found = defrag_inputs.inputs(nodes, devices_, pod_facts, budgets, skip=skip)
+    found = defrag_inputs.inputs(nodes, devices_, pod_facts, budgets, skip=skip, promised=promised)
     return found, defrag_inputs.plan(found, allowed)
 
 

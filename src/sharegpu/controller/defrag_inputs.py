@@ -11,6 +11,7 @@ the planner (`core.defrag.plan`). `snapshot` lists what `inputs` needs once, for
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -30,6 +31,8 @@ the only owners whose pods are moved. Not a Job's (an eviction counts as a failu
 backoffLimit unless its podFailurePolicy says otherwise, which is not read here), a DaemonSet's (it
 comes back on the same node), a static pod's mirror (owned by its Node), nor any other kind's (a
 workflow engine's or an operator's pods may not be made again at all)."""
+PROMISE = "~promised"
+"""Appended to a pod's key for the room a recent move promised it (never a pod name: `~` is not in one)."""
 PLACEMENT_POLICY = "bestfit"
 """The policy the planner places with to prove every victim fits elsewhere (it needs no pod shapes;
 the extender decides again, with its own policy, when the victim is recreated)."""
@@ -142,8 +145,11 @@ def inputs(
     budgets: Iterable[wire.PodDisruptionBudget],
     *,
     skip: frozenset[units.PodKey] = frozenset(),
+    promised: Iterable[allocation.Allocation] = (),
 ) -> Inputs:
-    """The fleet and the planner's inputs from what the API holds; pods in `skip` are not planned for."""
+    """The fleet and the planner's inputs from what the API holds; pods in `skip` are not planned for;
+    `promised`: room recent moves counted on, held as well (a pending pod's, once it runs there, is
+    not held twice)."""
     ready = {n.facts.name: n for n in nodes if n.facts.schedulable}
     reach = _Reach(ready)
     inventories: list[devices.NodeInventory] = []
@@ -182,6 +188,11 @@ def inputs(
     for alloc, result in zip(allocations, ledger.load(allocations), strict=True):
         if not result.ok:
             log.warning("defrag: pod %s does not fit the ledger: %s", alloc.pod, result.message)
+    running = {a.pod: a.node for a in allocations}
+    for held in promised:
+        if running.get(held.pod) == held.node or state.row(held.node) is None:
+            continue  # there already (or its node gone)
+        ledger.add(dataclasses.replace(held, pod=units.PodKey(f"{held.pod}{PROMISE}")))
     allowances = {key: b.status.disruptions_allowed for key, b in groups.items()}
     return Inputs(ledger, placer, tenants, tuple(pending), allowances)
 
