@@ -8,8 +8,11 @@ from collections.abc import AsyncIterator
 import pytest
 
 from sharegpu.api import groups, names, paths, resources, wire
+from sharegpu.api import pods as api_pods
 from sharegpu.controller import runtime
+from sharegpu.core import units
 from sharegpu.kube import client, fake
+from sharegpu.kube import errors as kube_errors
 from tests.builders import Clock, MakePod
 from tests.controller.conftest import T0
 from tests.extender.conftest import add_node, settle
@@ -352,3 +355,31 @@ async def test_a_group_not_bound_yet_gets_a_holder_for_its_edited_placement(
     await passes(controller, server)
     kept = server.get_object(holder_path)
     assert kept is not None and kept["metadata"]["uid"] == again["metadata"]["uid"]
+
+
+async def test_a_holder_is_not_evicted_while_members_run_on_its_gpus(
+    env: tuple[fake.FakeApiServer, runtime.Controller],
+) -> None:
+    """Its GPUs are free in the ledger the moment it goes, while members still run on them: a drain
+    (the Eviction API) must wait for the members first."""
+    server, controller = env
+    await bind_eagerly(server, controller, "team", "g")
+    holder_path = paths.pod(names.HOLDING_NAMESPACE, groups.holder_name("team", "g"))
+    guard_path = paths.pod_disruption_budget(names.HOLDING_NAMESPACE, groups.holder_name("team", "g"))
+    await controller.api.patch(f"{holder_path}/status", {"status": {"phase": "Running"}})
+    assert server.get_object(guard_path) is None, "no member runs: nothing to guard"
+    worker = member("w", "team", "team/g")
+    worker["spec"]["nodeName"] = "n0"
+    server.put_object(paths.pods("team"), worker)
+    await passes(controller, server)
+    assert server.get_object(guard_path) is not None
+    holder = server.get_object(holder_path)
+    assert holder is not None
+    eviction = api_pods.eviction(units.pod_key(names.HOLDING_NAMESPACE, holder["metadata"]["name"]),
+                                 holder["metadata"]["uid"])  # fmt: skip
+    with pytest.raises(kube_errors.BusyError):
+        await controller.api.create(paths.eviction(names.HOLDING_NAMESPACE, holder["metadata"]["name"]), eviction)
+    server.remove_object(paths.pod("team", "w"))
+    await passes(controller, server)
+    assert server.get_object(guard_path) is None, "no member runs any more: the holder may go"
+    await controller.api.create(paths.eviction(names.HOLDING_NAMESPACE, holder["metadata"]["name"]), eviction)

@@ -12,7 +12,9 @@ from typing import Any
 import pytest
 
 from sharegpu.api import groups, names, paths, resources
+from sharegpu.api import pods as api_pods
 from sharegpu.controller import runtime
+from sharegpu.core import units
 from sharegpu.devcluster import fakecluster, stack
 from sharegpu.kube import client
 from sharegpu.kube import errors as kube_errors
@@ -103,6 +105,14 @@ async def test_a_group_binds_holds_its_gpus_for_its_members_and_goes_only_withou
     node = await admin.get(paths.node(target))
     assert node["metadata"]["labels"][groups.node_label(namespace, "a")] == "true"
     await _edits_of_a_bound_group(admin, namespace, target)
+    # While members run there, the holder may not be evicted (a drain waits for them first).
+    holder_name = groups.holder_name(namespace, "a")
+    guard = paths.pod_disruption_budget(names.HOLDING_NAMESPACE, holder_name)
+    await wait_for(functools.partial(get_or_none, admin, guard), what="the holder's disruption budget")
+    holder = await admin.get(paths.pod(names.HOLDING_NAMESPACE, holder_name))
+    with pytest.raises(kube_errors.BusyError):
+        await admin.create(paths.eviction(names.HOLDING_NAMESPACE, holder_name), api_pods.eviction(
+            units.pod_key(names.HOLDING_NAMESPACE, holder_name), holder["metadata"]["uid"]))  # fmt: skip
 
     # The group's GPUs are nobody else's: a second group on that node and a sharing pod there wait.
     await admin.create(
@@ -134,14 +144,18 @@ async def test_a_group_binds_holds_its_gpus_for_its_members_and_goes_only_withou
         await admin.delete(paths.pod(namespace, f"m{i}"), grace_period=0)
 
     await without_members(admin, namespace, "a")
+
+    async def unguarded() -> bool:
+        return await get_or_none(admin, guard) is None
+
+    await wait_for(unguarded, what="the holder's disruption budget gone with the members")
     await admin.delete(resources.SHARED_DEVICE_GROUP.path(namespace, "a"), missing_ok=False)
 
     async def a_gone() -> bool:
         return await group_of(admin, namespace, "a") is None
 
     await wait_for(a_gone, what="group a deleted")
-    holder = groups.holder_name(namespace, "a")
-    assert await get_or_none(admin, paths.pod(names.HOLDING_NAMESPACE, holder)) is None
+    assert await get_or_none(admin, paths.pod(names.HOLDING_NAMESPACE, holder_name)) is None
     assert await get_or_none(admin, paths.configmap(namespace, groups.handoff_name(namespace, "a"))) is None
     node = await admin.get(paths.node(target))
     assert groups.node_label(namespace, "a") not in node["metadata"]["labels"]

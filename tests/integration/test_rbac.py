@@ -180,7 +180,7 @@ RIGHTS: dict[str, dict[str, dict[str, str]]] = {
         },
         "sharegpu-system": {"coordination.k8s.io/leases": "create",
                             "coordination.k8s.io/leases[sharegpu-controller]": "get update"},
-        "sharegpu-gpus": {"/pods": "create delete"},
+        "sharegpu-gpus": {"/pods": "create delete", "policy/poddisruptionbudgets": "create delete"},
     },
     "agent": {
         "any namespace": {

@@ -223,6 +223,26 @@ def live_member(pod: wire.Pod, home: str, admitted: Collection[str]) -> bool:
     )
 
 
+def holder_guard(namespace: str, name: str) -> dict[str, Any]:
+    """The PodDisruptionBudget beside a group's holder pod that allows it no eviction (`kubectl drain`,
+    the Eviction API): kept while members run on the holder's GPUs, which the extender's ledger frees
+    the moment the holder goes."""
+    labels = group_labels(namespace, name)
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {
+            "name": holder_name(namespace, name),
+            "namespace": names.HOLDING_NAMESPACE,
+            "labels": {names.LABEL_ROLE: names.ROLE_GROUP_GUARD, **labels},
+        },
+        "spec": {
+            "maxUnavailable": 0,
+            "selector": {"matchLabels": {names.LABEL_ROLE: names.ROLE_GROUP_HOLDER, **labels}},
+        },
+    }
+
+
 PLACEMENT_FIELDS: Final = ("gpus", "share", "schedulingStrategy", "nodeSelector", "models")
 """The spec's fields (as written) that say what a group holds and where: fixed once it is bound (its
 holder and members use them); `members` and `bindEagerly` may change at any time."""

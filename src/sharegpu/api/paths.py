@@ -100,6 +100,7 @@ leases: Final = _LEASES.within
 lease: Final = _LEASES.object
 pod_disruption_budgets: Final = _DISRUPTION_BUDGETS.within
 """PodDisruptionBudgets (policy/v1), of every namespace or one."""
+pod_disruption_budget: Final = _DISRUPTION_BUDGETS.object
 
 
 def pod_status(namespace: str, name: str) -> str:

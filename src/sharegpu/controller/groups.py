@@ -17,8 +17,12 @@ group holds none (status `devices` empty, condition reason HolderLost) and the h
 so no member starts on GPUs the ledger has freed. A holder made for a placement the group (not bound
 yet) no longer has is replaced; once bound, the webhook refuses placement edits.
 
+While members run on a bound group's node, a PodDisruptionBudget beside the holder
+(`api.groups.holder_guard`) allows it no eviction: `kubectl drain` evicts the members first, and the
+holder once none runs there.
+
 Deletion: the webhook refuses to delete a group with live members; the group's finalizer keeps it
-until this reconciler has removed the holder, the node label and the ConfigMaps.
+until this reconciler has removed the holder's budget, the holder, the node label and the ConfigMaps.
 
 Everything is derived from the API on every pass (the group's status, the pods labelled with the
 group, the node's Device and labels: a label found missing, the node re-registered or the label
@@ -86,6 +90,8 @@ class GroupReconciler:
         group's members should still see the same is tampering."""
         self.holder_handoffs: dict[str, dict[str, str]] = {}
         """Share holders' hand-off ConfigMaps (by name, in the holding namespace): what the extender wrote."""
+        self.guards: set[str] = set()
+        """The holders' PodDisruptionBudgets (by name, in the holding namespace), as watched."""
         self.loop = reconcile.Loop("groups", self.reconcile)
 
     # ----------------------------------------------------------------- informer handlers
@@ -108,6 +114,13 @@ class GroupReconciler:
             self.handoffs.pop(claim, None)
         else:
             self.handoffs[claim] = configmap
+        self.loop.wake()
+
+    def on_guard(self, kind: wire.EventType, budget: wire.PodDisruptionBudget) -> None:
+        if kind == wire.EventType.DELETED:
+            self.guards.discard(budget.metadata.name)
+        else:
+            self.guards.add(budget.metadata.name)
         self.loop.wake()
 
     def on_holder_handoff(self, kind: wire.EventType, configmap: wire.ConfigMap) -> None:
@@ -187,6 +200,9 @@ class GroupReconciler:
             for namespace in sorted({meta.namespace} | {p.metadata.namespace for p in members}):
                 await self._write_handoff(group, namespace, data)
             await self._label_node(new.node_name, groups.node_label(meta.namespace, meta.name))
+        # While members run on its node, its holder may not be evicted (a drain waits for them first).
+        running = bool(new.node_name) and any(p.spec.node_name == new.node_name for p in members)
+        await self._guard(meta.namespace, meta.name, running)
         if new != status:
             await self._write_status(group, new)
         devices = ", ".join(f"{d.index} ({d.uuid})" for d in new.devices)
@@ -294,6 +310,21 @@ class GroupReconciler:
             if not exc.already_exists:
                 raise
 
+    async def _guard(self, namespace: str, name: str, wanted: bool) -> None:
+        """The holder's PodDisruptionBudget there exactly while `wanted`."""
+        guard = groups.holder_name(namespace, name)
+        if wanted and guard not in self.guards:
+            try:
+                await self.api.create(paths.pod_disruption_budgets(names.HOLDING_NAMESPACE),
+                                      groups.holder_guard(namespace, name))  # fmt: skip
+            except errors.ConflictError as exc:
+                if not exc.already_exists:
+                    raise
+            self.guards.add(guard)
+        elif not wanted and guard in self.guards:
+            await self.api.delete(paths.pod_disruption_budget(names.HOLDING_NAMESPACE, guard))
+            self.guards.discard(guard)
+
     async def _label_node(self, node: str, label: str) -> None:
         if self.node_labels.get(node, {}).get(label) == groups.BOUND:
             return
@@ -345,6 +376,7 @@ class GroupReconciler:
 
     async def _clean_up(self, group: groups.SharedDeviceGroup, holder: wire.Pod | None) -> None:
         meta = group.metadata
+        await self._guard(meta.namespace, meta.name, False)
         if holder is not None:
             await self.api.delete(paths.pod(names.HOLDING_NAMESPACE, holder.metadata.name), grace_period=0)
         label = groups.node_label(meta.namespace, meta.name)

@@ -150,6 +150,11 @@ class Controller:
                 api, paths.CONFIGMAPS, wire.ConfigMap, informer.identity, self.groups.on_handoff,
                 name="group-handoffs", params={"labelSelector": f"{names.LABEL_ROLE}={names.ROLE_GROUP_HANDOFF}"},
             ),
+            informer.Informer(
+                api, paths.pod_disruption_budgets(names.HOLDING_NAMESPACE), wire.PodDisruptionBudget,
+                informer.identity, self.groups.on_guard, name="holder-guards",
+                params={"labelSelector": f"{names.LABEL_ROLE}={names.ROLE_GROUP_GUARD}"},
+            ),
         ]  # fmt: skip
         if self.mirrors is not None:
             self.informers.append(informer.Informer(
