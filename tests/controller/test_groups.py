@@ -368,8 +368,7 @@ async def test_a_holder_is_not_evicted_while_members_run_on_its_gpus(
     guard_path = paths.pod_disruption_budget(names.HOLDING_NAMESPACE, groups.holder_name("team", "g"))
     await controller.api.patch(f"{holder_path}/status", {"status": {"phase": "Running"}})
     assert server.get_object(guard_path) is None, "no member runs: nothing to guard"
-    worker = member("w", "team", "team/g")
-    worker["spec"]["nodeName"] = "n0"
+    worker = MakePod("w", "team").labels(groups.group_labels("team", "g")).node("n0").obj()
     server.put_object(paths.pods("team"), worker)
     await passes(controller, server)
     assert server.get_object(guard_path) is not None

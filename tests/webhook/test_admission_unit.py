@@ -129,6 +129,12 @@ def test_a_sharing_pod_s_sidecar_sees_no_gpu_and_a_whole_gpu_container_keeps_the
     ]}}  # fmt: skip
     infer, log = applied(mig, admission.mutate(review(mig), POLICY))["spec"]["containers"]
     assert visible(infer) == [] and visible(log) == VOID, "a MIG device is the device plugin's to show"
+    for where in ("containers", "initContainers"):  # 0 of a MIG resource: the device plugin gives nothing
+        spec: Json = {"containers": [{"name": "c"}]}
+        spec[where] = [{"name": "z", "resources": {"limits": {"nvidia.com/mig-anything": "0"}}}]
+        zero: Json = {"metadata": {"name": "z"}, "spec": spec}
+        out = applied(zero, admission.mutate(review(zero), POLICY))
+        assert visible(out["spec"][where][0]) == VOID, f"{where}: the image's `all` would stand"
     mirror: Json = {"metadata": {"name": "m", "annotations": {admission.MIRROR: "x"}}}
     mirror["spec"] = {"containers": [{"name": "a"}]}
     assert visible(applied(mirror, admission.mutate(review(mirror), POLICY))["spec"]["containers"][0]) == []

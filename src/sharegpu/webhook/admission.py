@@ -181,14 +181,23 @@ def _hide_gpus(obj: Json, parsed: requests.PodRequest, audit: list[str]) -> None
             **((container.get("resources") or {}).get("requests") or {}),
             **((container.get("resources") or {}).get("limits") or {}),
         }
-        if any(str(name).startswith(names.NVIDIA_MIG_PREFIX) for name in asked):
-            continue  # MIG devices from the device plugin (mig-strategy mixed): its value must win
+        if any(str(name).startswith(names.NVIDIA_MIG_PREFIX) and _positive(value) for name, value in asked.items()):
+            continue  # MIG devices from the device plugin (mig-strategy mixed): its value must win (none for 0)
         before = [e.get("value") for e in container.get("env") or [] if e.get("name") == handoff.VISIBLE_DEVICES]
         if handoff.no_gpu(container) and before and before != [handoff.NO_GPU]:
             shown = ", ".join(str(v) if v is not None else "(from a reference)" for v in before)
             audit.append(
                 f"container {request.name}: {handoff.VISIBLE_DEVICES} {shown} -> {handoff.NO_GPU} (it is given no GPU)"
             )
+
+
+def _positive(value: object) -> bool:
+    """A resource amount above 0 (the kubelet asks a device plugin for nothing for 0; a malformed
+    amount, which the API server refuses anyway, gives nothing either)."""
+    try:
+        return quantity.parse(value) > 0
+    except errors.InvalidInputError:
+        return False
 
 
 EPHEMERAL = "ephemeralcontainers"
