@@ -163,3 +163,86 @@ async def test_a_claim_no_pod_uses_yet_is_cleared_to_repair_and_one_in_use_never
     for name in ("used", "other"):
         kept = h.server.get_object(dra.claim_path("ns", name))
         assert kept is not None and kept["status"].get("allocation"), f"{name} in use, kept"
+
+
+def _deleting(h: Harness, name: str) -> bool:
+    found = h.server.get_object(paths.pod("ns", name))
+    return found is None or bool(found["metadata"].get("deletionTimestamp"))
+
+
+async def test_the_tenant_whose_binding_broke_the_fit_goes_not_the_older_one(harness: Callable[..., Any]) -> None:
+    """`late` was created first but its binding landed last (held up, its answer lost); `legit`, bound
+    in between, fitted. The repair ends `late`, though `legit` was created after it."""
+    h: Harness = await harness(nodes=1, gpus=1)
+    late = gpu_pod("late", milli=600)
+    late["metadata"]["ownerReferences"] = [OWNER]
+    late["status"] = {"phase": "Pending"}
+    h.server.put_object(paths.pods("ns"), late)
+    await settle(h.server)
+    h.clock.advance(5)
+    await bound(h, "legit", 600, phase="Pending", owned=True)
+    h.clock.advance(5)
+    stored = h.server.get_object(paths.pod("ns", "late"))
+    assert stored is not None
+    alloc = MakeAllocation("ns/late", "n0").grant(0, 600).host(100, 64).json()
+    binding = {"apiVersion": "v1", "kind": "Binding", "target": {"kind": "Node", "name": "n0"},
+               "metadata": {"name": "late", "namespace": "ns", "uid": stored["metadata"]["uid"],
+                            "annotations": {names.ALLOCATION: alloc}}}  # fmt: skip
+    await h.api.create(paths.binding("ns", "late"), binding)
+    await settle(h.server)
+    (gpu,) = h.extender.cache.ledger.overcommitted()
+    assert gpu.pods[-1] == "ns/late"
+    await h.extender.overcommit.reconcile()
+    await settle(h.server)
+    assert _deleting(h, "late") and not _deleting(h, "legit")
+
+
+async def test_an_assumption_or_a_lone_tenant_is_no_overcommit_to_repair(harness: Callable[..., Any]) -> None:
+    """A pod assumed on a GPU whose binding is lost, beside a pod bound there by something else that
+    fits alone: nothing is evicted while the assumption settles. A lone whole-GPU tenant whose GPU's
+    reported memory shrank by 1 MiB: reported, never evicted."""
+    h: Harness = await harness(nodes=1, gpus=2)
+    a = await h.create(gpu_pod("a", milli=600))
+    assert h.extender.scheduling.filter(h.args(a)).node_names == ["n0"]
+    assert h.extender.cache.counts_assumed(units.PodKey("ns/a"))
+    gpu_index = h.extender.cache.assumed[units.PodKey("ns/a")].gpu_indices[0]
+    q = gpu_pod("q", milli=600)
+    q["metadata"]["ownerReferences"] = [OWNER]
+    q["metadata"]["annotations"][names.ALLOCATION] = MakeAllocation("ns/q", "n0").grant(gpu_index, 600).json()
+    q["spec"]["nodeName"] = "n0"
+    q["status"] = {"phase": "Pending"}
+    h.server.put_object(paths.pods("ns"), q)
+    await settle(h.server)
+    assert h.extender.cache.ledger.overcommitted(), "the ledger counts the assumption"
+    await h.extender.overcommit.reconcile()
+    await settle(h.server)
+    assert not _deleting(h, "q"), "the API shows q alone on its GPU"
+    h.extender.cache.forget(units.PodKey("ns/a"))
+    whole = gpu_pod("w", milli=None, count=1)
+    whole["metadata"]["ownerReferences"] = [OWNER]
+    await h.schedule(await h.create(whole))
+    await h.api.patch(paths.pod_status("ns", "w"), {"status": {"phase": "Pending"}})  # pulling its image
+    device = h.server.get_object(paths.device("n0"))
+    assert device is not None
+    for gpu in device["spec"]["gpus"]:
+        gpu["memoryMiB"] -= 1  # a driver upgrade, ECC turned on
+    await h.api.replace(paths.device("n0"), device)
+    await settle(h.server)
+    assert any(o.pods == ("ns/w",) for o in h.extender.cache.ledger.overcommitted())
+    await h.extender.overcommit.reconcile()
+    await settle(h.server)
+    assert not _deleting(h, "w"), "a lone tenant shares with no one"
+
+
+async def test_a_tenant_that_started_since_the_extender_last_saw_it_is_not_evicted(
+    harness: Callable[..., Any],
+) -> None:
+    h: Harness = await harness(nodes=1, gpus=1)
+    await bound(h, "a", 600, phase="Running", owned=True)
+    await bound(h, "b", 600, phase="Pending", owned=True)
+    h.server.stall_watches()  # the extender's watch lags...
+    await h.api.patch(paths.pod_status("ns", "b"), {"status": {"phase": "Running"}})  # ...b has started
+    h.clock.advance(h.extender.overcommit.retry)
+    await h.extender.overcommit.reconcile()
+    await settle(h.server)
+    assert not _deleting(h, "b"), "a running workload is never killed: its eviction must be refused (409)"

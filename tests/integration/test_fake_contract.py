@@ -212,6 +212,10 @@ async def test_an_eviction_honours_a_budget_that_selects_by_expression(side: Sid
     with pytest.raises(errors.ConflictError):  # not the pod of that UID (one made again under its name)
         await side.kube.create(paths.eviction(side.namespace, "web"), api_pods.eviction(
             units.pod_key(side.namespace, "web"), "00000000-0000-0000-0000-000000000000"))  # fmt: skip
+    with pytest.raises(errors.ConflictError):  # no longer as it was (changed since: started, say)
+        await side.kube.create(paths.eviction(side.namespace, "web"), api_pods.eviction(
+            units.pod_key(side.namespace, "web"), web["metadata"]["uid"],
+            resource_version=web["metadata"]["resourceVersion"]))  # fmt: skip
     await side.kube.create(paths.eviction(side.namespace, "db-pending"), eviction(waiting))
     assert await gone(side, paths.pod(side.namespace, "db-pending")), "no budget guards a pod that is not running"
 

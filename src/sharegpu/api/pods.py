@@ -436,12 +436,15 @@ def record(pod: wire.Pod, previous: Record | None = None) -> Record:
     )
 
 
-def eviction(pod: units.PodKey, uid: str, *, dry_run: bool = False) -> dict[str, Any]:
+def eviction(pod: units.PodKey, uid: str, *, dry_run: bool = False, resource_version: str = "") -> dict[str, Any]:
     """An Eviction (policy/v1) of `pod`, POSTed to `paths.eviction`: the API server honours its
-    disruption budgets. Only if it is still the pod with `uid` (not one made again under its name).
+    disruption budgets. Only if it is still the pod with `uid` (not one made again under its name)
+    and, with `resource_version`, still as it was then (not started since, say: 409 otherwise).
     `dry_run`: only asked whether the budgets allow it (nothing is deleted, no allowance used)."""
     namespace, _, name = pod.partition("/")
     options: dict[str, Any] = {"preconditions": {"uid": uid}}
+    if resource_version:
+        options["preconditions"]["resourceVersion"] = resource_version
     if dry_run:
         options["dryRun"] = ["All"]
     return {

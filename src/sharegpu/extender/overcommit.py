@@ -8,15 +8,20 @@ reconciler, on the Lease holder only, makes the over-commit visible and ends it:
 - **Report.** A Warning event `GPUOvercommitted` on every pod of the GPU (once per pod and GPU),
   a log line (once per set of tenants), and the GPU in `sharegpu_gpu_overcommitted` (the metrics read the ledger),
   in /debug/nodes and in `kubectl sharegpu inspect`.
-- **Repair policy.** Of the GPU's tenants that have not started (phase Pending) and whose controller
-  makes them again when they go (a ReplicaSet's, a Job's...), the newest (by creation time) is
-  evicted through the Eviction API (its disruption budgets honoured, only if it is still the pod with
-  that UID), with a Warning event `GPUOvercommitEvicted`; its owner makes it again and sharegpu places
-  the new pod where it fits. One tenant at a time per GPU: the next pass waits until the evicted pod
-  has gone, and evicts again only if the rest still do not fit. When no tenant qualifies (all have
-  started, or none has an owner), nothing is evicted: a running workload is never killed for a
-  fault, and a pod without an owner would be lost. The GPU stays blocked and reported until a
-  tenant leaves by itself.
+- **Repair policy.** Only tenants the API server shows bound there count: while one is an assumption
+  (its binding on its way, or its outcome unknown) or is leaving, nothing is repaired (the ledger
+  checks the GPU again once it is settled); a GPU with a single tenant is reported, never repaired
+  (nothing is shared: its inventory changed under it, a driver reporting a little less memory, say).
+  Of the tenants that have not started (phase Pending) and whose controller makes them again when
+  they go (a ReplicaSet's, a Job's...), the one the ledger took in last (the one that did not fit:
+  bound last, as the extender saw them; by creation time among equals) is evicted through the
+  Eviction API (its disruption budgets honoured, only if it is still the pod with that UID and
+  still as the extender saw it, not started since), with a Warning event `GPUOvercommitEvicted`; its
+  owner makes it again and sharegpu places the new pod where it fits. One tenant at a time per GPU:
+  the next pass waits until the evicted pod has gone, and evicts again only if the rest still do
+  not fit. When no tenant qualifies (all have started, or none has an owner), nothing is evicted: a
+  running workload is never killed for a fault, and a pod without an owner would be lost. The GPU
+  stays blocked and reported until a tenant leaves by itself.
 - **Claims.** A GPU's tenants may be ResourceClaims of sharegpu's driver (an allocation written past
   the allocator: sharegpu's own never over-commit). A claim no pod uses yet (`status.reservedFor`
   empty) is the first to go: its allocation is cleared (conditional on its resourceVersion), as
@@ -45,7 +50,7 @@ RETRY = 10.0
 """Seconds before an eviction of the same pod is tried again."""
 
 REPAIR = (
-    "sharegpu places nothing more on it; repair: the newest tenant that has not started and has an owner "
+    "sharegpu places nothing more on it; repair: the tenant bound last that has not started and has an owner "
     "is evicted, otherwise it waits for a tenant to leave"
 )
 
@@ -115,6 +120,10 @@ class OvercommitReconciler(extender_handle.Reconciler):
         tenants = [self.cache.record(key) for key in gpu.pods if key not in claim_keys]
         if any(r is None or r.deleting or r.terminal for r in tenants) or any(c is None or c.deleting for c in claims):
             return  # one is leaving: the ledger checks the GPU again when it has gone
+        if any(r is not None and r.node != gpu.node for r in tenants):
+            return  # one is an assumption: its binding settles (lands, or is given up) first
+        if len(gpu.pods) < 2:
+            return  # one tenant shares with no one: its GPU's inventory changed, there is nothing to repair
         unused = [
             c for c in claims
             if c is not None and c.allocated and not c.reserved and c.key not in self.cache.claims.assumed
@@ -133,7 +142,8 @@ class OvercommitReconciler(extender_handle.Reconciler):
                 log.warning("repairing %s: no tenant may be evicted (all started, or without an owner): waiting "
                             "for one to leave", gpu.where)  # fmt: skip
             return
-        victim = max(candidates, key=lambda r: (r.created, r.key))
+        taken_in = {key: position for position, key in enumerate(gpu.pods)}  # the last did not fit
+        victim = max(candidates, key=lambda r: (taken_in[r.key], r.created, r.key))
         now = self.clock()
         last = self.tried.get(victim.key)
         if last is not None and now - last < self.retry:
@@ -141,7 +151,7 @@ class OvercommitReconciler(extender_handle.Reconciler):
         self.tried[victim.key] = now
         namespace, _, name = victim.key.partition("/")
         try:
-            body = pods.eviction(victim.key, victim.uid)
+            body = pods.eviction(victim.key, victim.uid, resource_version=victim.resource_version)
             await self.api.create(paths.eviction(namespace, name), body)
         except kube_errors.NotFoundError:
             return  # gone meanwhile
@@ -152,7 +162,7 @@ class OvercommitReconciler(extender_handle.Reconciler):
                         gpu.where, victim.key, exc, outcome.value, self.retry)  # fmt: skip
             return
         self.metrics.repairs.labels(extender_metrics.RepairAction.EVICTED).inc()
-        log.warning("repairing %s: evicted %s (the newest tenant that has not started)", gpu.where, victim.key)
+        log.warning("repairing %s: evicted %s (the tenant bound last that has not started)", gpu.where, victim.key)
         message = f"evicted to repair: {self.describe(gpu)}; its owner makes it again and sharegpu places it"
         await self._event(victim, "GPUOvercommitEvicted", message, f"{gpu.where}|evict")
 
