@@ -540,6 +540,24 @@ async def test_a_group_holder_is_never_a_victim(harness: Callable[..., Any]) -> 
     assert stored is not None and not stored["metadata"].get("deletionTimestamp")
 
 
+async def test_a_group_holder_preempts_no_one(harness: Callable[..., Any]) -> None:
+    """A tenant's group holder runs at system-cluster-critical (nothing preempts it from under its
+    members), a priority no tenant may take other tenants' GPUs at: it waits for room."""
+    h: Harness = await harness(nodes=1, gpus=1)
+    await h.schedule(await h.create(gpu_pod("tenant", milli=None, count=1, namespace="other", spec={"priority": 0})))
+    holder = gpu_pod("holder", milli=None, count=1, namespace=names.HOLDING_NAMESPACE,
+                     spec={"priority": 2000000000, "priorityClassName": "system-cluster-critical"})  # fmt: skip
+    holder["metadata"]["labels"] = {names.LABEL_ROLE: names.ROLE_GROUP_HOLDER}
+    verdict = h.extender.scheduling.filter(h.args(await h.create(holder)))
+    assert not verdict.node_names
+    preemptor = h.extender.preemptor
+    assert preemptor is not None and not preemptor.nominations
+    await preemptor.reconcile()
+    await settle(h.server)
+    stored = h.server.get_object(paths.pod("other", "tenant"))
+    assert stored is not None and not stored["metadata"].get("deletionTimestamp")
+
+
 async def test_a_pod_made_again_under_a_victims_name_during_a_pass_is_not_deleted(harness: Callable[..., Any]) -> None:
     """While a pass deletes the first victim, the second ends and its owner makes a pod of the same
     name: that pod (another UID, unbound) is not the victim and is not deleted."""

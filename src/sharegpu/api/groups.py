@@ -271,9 +271,10 @@ def may_join(group: SharedDeviceGroup, namespace: str) -> bool:
 
 def holder_pod(group: SharedDeviceGroup, image: str, node: str = "") -> dict[str, Any]:
     """The pod that holds the group's GPUs, placed by sharegpu with the group's node selector, models
-    and strategy; `node` pins it (a bound group never moves). Whole GPUs: `nvidia.com/gpu`, the
-    device plugin's GPUs, which it reports. A share: sharegpu's resources, held like a sharing pod's
-    (reservation pods, a hand-off ConfigMap the extender writes, named in its annotation)."""
+    and strategy (it waits for room: it preempts no one); `node` pins it (a bound group never moves).
+    Whole GPUs: `nvidia.com/gpu`, the device plugin's GPUs, which it reports. A share: sharegpu's
+    resources, held like a sharing pod's (reservation pods, a hand-off ConfigMap the extender writes,
+    named in its annotation)."""
     meta, spec = group.metadata, group.spec
     annotations = {names.MODELS: ",".join(spec.models)} if spec.models else {}
     annotations[names.PLACEMENT] = spec.scheduling_strategy
@@ -297,7 +298,8 @@ def holder_pod(group: SharedDeviceGroup, image: str, node: str = "") -> dict[str
             "schedulerName": names.SCHEDULER_NAME,
             "serviceAccountName": names.RESERVE_ACCOUNT,
             "nodeSelector": dict(spec.node_selector),
-            "priorityClassName": "system-cluster-critical",
+            "priorityClassName": "system-cluster-critical",  # nothing preempts it; it preempts no one
+            # (the extender's preemption leaves sharegpu's own pods out both ways, `extender.preemption`)
             "terminationGracePeriodSeconds": 5,
             "containers": [pods.reserve_container(image, spec.gpus, role=role, share=share)],
         },

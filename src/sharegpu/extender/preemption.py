@@ -3,10 +3,11 @@
 kube-scheduler's preemption cannot see GPU shares, so the sharegpu profile turns it off and the
 extender preempts instead, from its filter (docs/extender.md, "Preemption"):
 
-- **Plan.** When a pod fits on no candidate node, may preempt (its preemption policy is not `Never`)
-  and asks for GPUs, `core.victims` works out per candidate node the fewest lower-priority GPU
-  pods whose leaving makes it fit, GPU by GPU, and picks the plan that hurts least. Only nodes
-  kube-scheduler offered are considered (they passed its own checks: taints, affinity, CPU).
+- **Plan.** When a pod fits on no candidate node, may preempt (its preemption policy is not `Never`,
+  and it is none of sharegpu's own pods: a group's holder waits for room) and asks for GPUs,
+  `core.victims` works out per candidate node the fewest lower-priority GPU pods whose leaving makes
+  it fit, GPU by GPU, and picks the plan that hurts least. Only nodes kube-scheduler offered are
+  considered (they passed its own checks: taints, affinity, CPU).
 - **Disruption budgets.** The PodDisruptionBudgets (`Budgets`, kept by an informer) weigh as
   kube-scheduler weighs them: victims that would break one (a gang member's companions' included)
   are spared first, and the plan that breaks the fewest wins; they slow preemption, never stop it.
@@ -198,7 +199,9 @@ class Preemptor(extender_handle.Reconciler):
         demand = request.demand
         key = pods.key(pod)
         priority = pod.spec.priority or 0
-        if demand.count == 0 or pod.spec.preemption_policy == pods.NEVER or not pod.metadata.uid:
+        # sharegpu's own pods preempt no one: a tenant's group holder runs at system-cluster-critical (so
+        # that nothing preempts it from under its members), a priority no tenant may take others' GPUs at.
+        if demand.count == 0 or pod.spec.preemption_policy == pods.NEVER or not pod.metadata.uid or pods.role(pod):
             return None
         resolvable = [
             int(row)
