@@ -169,7 +169,9 @@ async def test_prometheus_scrapes_every_component_every_panel_has_data_and_every
     agent_kube = stack.kube_for(control_plane, "sharegpu-agent")
     # MPS daemons (the fake daemon of the agent's tests) and evictions: what the agent panels show.
     supervisor = mps.Supervisor(write_fake_daemon(tmp_path / "bin"), mps.Layout(tmp_path / "mps"))
-    options = agent_runtime.Options(interval=0.5, proc=proc, on_violation=watchdog.Action.EVICT, usage_interval=0.5)
+    options = agent_runtime.Options(
+        interval=0.5, proc=proc, on_violation=watchdog.Action.EVICT, usage_interval=0.5, usage_refresh=1.0
+    )  # steady figures written again each second: an idle policy counts idle time by them
     agent = agent_runtime.Agent(agent_kube, node, fakenvml.FakeNvml(nvml_path).open(), options, supervisor=supervisor)
     agent_port = controlplane.free_port()
     agent_server = health.HealthServer(
