@@ -9,10 +9,11 @@ from collections.abc import Callable
 from typing import Any
 
 from sharegpu.api import extender as api_extender
-from sharegpu.api import names, paths, pods, quotas, wire
+from sharegpu.api import groups, names, paths, pods, quotas, wire
 from sharegpu.core import allocation, requests, units
 from tests.extender.conftest import Harness, gpu_pod, settle
 
+Json = dict[str, Any]
 QUOTAS = paths.RESOURCE_QUOTAS
 
 
@@ -122,3 +123,23 @@ async def test_two_pods_filtered_together_are_bound_only_within_the_quota(harnes
         await settle(h.server)
     assert results[0].error == ""
     assert "ResourceQuota gpus allows 1000 milli-GPU" in results[1].error, results[1].error
+
+
+async def test_a_groups_holder_counts_against_its_groups_namespace(harness: Callable[..., Any]) -> None:
+    """The holder lives in sharegpu-gpus, out of reach of the tenant's ResourceQuota: sharegpu counts
+    it against the group's namespace, and places it only within that namespace's quota."""
+    h: Harness = await harness(nodes=1, gpus=4)
+    h.server.put_object(QUOTAS, quota("gpus", "team", **{"requests.sharegpu.io/gpu-milli-total": "1500"}))
+    labels = {names.LABEL_ROLE: names.ROLE_GROUP_HOLDER, **groups.group_labels("team", "g")}
+
+    def holder(name: str) -> Json:
+        made = gpu_pod(name, milli=None, count=1, namespace=names.HOLDING_NAMESPACE)
+        made["metadata"]["labels"] = labels
+        return made
+
+    await h.schedule(await h.create(holder("first")))
+    refused = h.extender.scheduling.filter(h.args(await h.create(gpu_pod("p", milli=600, namespace="team"))))
+    assert not refused.node_names and "its placed pods hold 1000" in next(iter(refused.failed_nodes.values()))
+    second = h.extender.scheduling.filter(h.args(await h.create(holder("second"))))
+    assert not second.node_names, "1000 more for team's group: over its 1500"
+    assert "namespace team: ResourceQuota gpus" in next(iter(second.failed_nodes.values()))

@@ -100,9 +100,7 @@ def lifetime(pod: TimedPod) -> Lifetime | None:
     role = meta.labels.get(names.LABEL_ROLE) if meta.namespace == names.HOLDING_NAMESPACE else None  # pods.role
     if not spec.node_name or role == names.ROLE_RESERVATION:
         return None
-    charged = meta.namespace
-    if role == names.ROLE_GROUP_HOLDER:  # a group's GPUs are its namespace's use
-        charged = meta.labels.get(names.LABEL_GROUP_NAMESPACE) or meta.namespace
+    charged = pods.charged_namespace(meta.namespace, meta.labels)  # a group's GPUs are its namespace's use
     key = units.pod_key(meta.namespace, meta.name)
     alloc = None
     text = meta.annotations.get(names.ALLOCATION)

@@ -9,6 +9,7 @@ memory of the decoded object, and none of the re-parsing).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -43,6 +44,14 @@ def containers(pod: wire.Pod) -> list[tuple[bool, wire.Container]]:
 
 def wants_gpu(pod: wire.Pod) -> bool:
     return any(name in c.resources.merged() for _, c in containers(pod) for name in names.GPU_RESOURCES)
+
+
+def charged_namespace(namespace: str, labels: Mapping[str, str]) -> str:
+    """The namespace a pod's GPUs count against (quotas, budgets): its own; for a SharedDeviceGroup's
+    holder pod (only in `names.HOLDING_NAMESPACE`, where only sharegpu makes pods), its group's."""
+    if namespace == names.HOLDING_NAMESPACE and labels.get(names.LABEL_ROLE) == names.ROLE_GROUP_HOLDER:
+        return labels.get(names.LABEL_GROUP_NAMESPACE) or namespace
+    return namespace
 
 
 def role(pod: wire.Pod) -> str | None:

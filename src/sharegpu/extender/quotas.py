@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 
-from sharegpu.api import quotas, wire
+from sharegpu.api import names, pods, quotas, wire
 from sharegpu.core import requests, units
 from sharegpu.extender import cache as extender_cache
 
@@ -43,26 +43,32 @@ class QuotaGuard:
         deleted too: its GPU is held until it has gone, and Kubernetes' quota counts it through its
         grace period), assumed, or bound by this extender while the watch does not show it yet."""
         milli = memory = 0
-        prefix = f"{namespace}/"
+        prefix, holding = f"{namespace}/", f"{names.HOLDING_NAMESPACE}/"
         assumed, confirmed = self.cache.assumed, self.cache.confirmed
         for key, record in self.cache.pods.items():
-            if key in but or record.request is None or not key.startswith(prefix):
+            if key in but or record.request is None:
+                continue
+            if not key.startswith(prefix) and not (
+                key.startswith(holding)
+                and pods.charged_namespace(names.HOLDING_NAMESPACE, dict(record.labels)) == namespace
+            ):  # a group's holder counts against its group's namespace
                 continue
             if (record.node and not record.terminal) or key in assumed or key in confirmed:
                 more = quotas.pod_totals(record.request)
                 milli, memory = milli + more[0], memory + more[1]
         return milli, memory
 
-    def refusal(self, key: units.PodKey, request: requests.PodRequest) -> str | None:
-        """Why the pod may not be placed now, or None."""
-        return self.refusal_of({key: request})
+    def refusal(self, key: units.PodKey, request: requests.PodRequest, charged: str = "") -> str | None:
+        """Why the pod may not be placed now, or None; `charged`: the namespace it counts against
+        (`api.pods.charged_namespace`; its own when not given)."""
+        return self.refusal_of({key: request}, charged)
 
-    def refusal_of(self, placing: Mapping[units.PodKey, requests.PodRequest]) -> str | None:
+    def refusal_of(self, placing: Mapping[units.PodKey, requests.PodRequest], charged: str = "") -> str | None:
         """Why these pods of one namespace may not be placed together now (a gang's plan holds them
         all at once), or None."""
         if not placing:
             return None
-        namespace = str(next(iter(placing))).split("/", 1)[0]
+        namespace = charged or str(next(iter(placing))).split("/", 1)[0]
         limits = self.limits.get(namespace)
         if not limits:
             return None

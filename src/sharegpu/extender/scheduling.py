@@ -275,7 +275,8 @@ class SchedulingService:
             return api_extender.FilterResult(
                 failed_nodes=failed.unresolvable, failed_and_unresolvable=failed.unresolvable
             )
-        refused = self.quota.refusal(key, request) if self.quota is not None else None
+        charged = pods.charged_namespace(args.pod.metadata.namespace, args.pod.metadata.labels)
+        refused = self.quota.refusal(key, request, charged) if self.quota is not None else None
         if refused is not None:
             self.metrics.decisions.labels("filter", FilterOutcome.QUOTA).inc()
             offered = self._candidates(args)
@@ -518,7 +519,8 @@ class SchedulingService:
                 return self._bind_failed(BindOutcome.ERROR, f"pod {key} is already placed")
             # Its filter held nothing (several nodes fitted): others of its namespace may have been
             # bound since, so its quota is judged again before its room is taken.
-            over = self.quota.refusal(key, request) if self.quota is not None and not gang_held else None
+            charged = pods.charged_namespace(args.pod_namespace, dict(record.labels))
+            over = self.quota.refusal(key, request, charged) if self.quota is not None and not gang_held else None
             if over is not None:
                 return self._bind_failed(BindOutcome.UNSCHEDULABLE, over)
             demand = request.demand
