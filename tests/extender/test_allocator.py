@@ -852,3 +852,23 @@ async def test_a_pod_whose_claims_were_written_in_part_is_placed_whole_elsewhere
     await run(h)
     placed = {results(h, "p-a")[0]["pool"], results(h, "p-b")[0]["pool"]}
     assert len(placed) == 1 and node not in placed and gates(h, "p") == []
+
+
+async def test_a_claim_of_a_sharegpu_name_that_asks_for_more_than_its_name_is_not_allocated(
+    harness: Callable[..., Any],
+) -> None:
+    """A tenant makes the claim its pod names (of sharegpu's form: 1 GPU of 500 milli) before sharegpu
+    does, asking for 2 whole GPUs: its quota totals count 500 milli. sharegpu allocates nothing and
+    says why."""
+    h: Harness = await harness(nodes=0, dra=1, dra_fence=0.0)
+    name = dra.Shape(1, 500, memory_mib=2048).claim_name(bytes(range(10)))
+    h.server.put_object(CLAIMS, builders.MakeClaim(name).ask(1000, "1Gi", count=2).obj())
+    body = builders.MakePod("p", "ns").container().gate().obj()
+    body["spec"]["resourceClaims"] = [{"name": dra.POD_CLAIM, "resourceClaimName": name}]
+    h.server.put_object(paths.pods("ns"), body)
+    await settle(h.server)
+    for _ in range(2):
+        await run(h)
+    assert results(h, name) == [] and gates(h, "p") == [names.DRA_GATE]
+    said = [e["message"] for e in h.server.list_objects(paths.events("ns")) if e["involvedObject"]["name"] == "p"]
+    assert any("asks for other than its name says (1 GPU(s) of 500 milli-GPU)" in m for m in said), said

@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import json
 import math
 import re
@@ -547,6 +548,19 @@ def template_shape(name: str) -> Shape | None:
     if found is None or found.group(6):
         return None
     return _shape(found)
+
+
+def asks_as_named(claim: ClaimRecord, shape: Shape) -> bool:
+    """The claim asks for what its shape-given name (or its template's) says: the very requests of the
+    claim sharegpu writes for the shape (`pod_claim`, `template`). One of that name written by anyone
+    else may ask for more than the pod's quota totals say."""
+    return claim.asks == _shape_asks(shape)
+
+
+@functools.lru_cache(maxsize=256)
+def _shape_asks(shape: Shape) -> tuple[tuple[str, requests.GpuRequest], ...]:
+    made = {"metadata": {"name": shape.name, "namespace": "-", "uid": "-"}, "spec": _claim_spec(shape)}
+    return claim_record(wire.convert(made, ResourceClaim)).asks
 
 
 def claim_shape(name: str) -> Shape | None:

@@ -292,8 +292,17 @@ class ClaimAllocator(extender_handle.Reconciler):
                 await self._make_for(record, ref)
                 return None  # not made yet, or not seen yet: it may be of the class
             claim = self.cache.claims.records.get(dra.claim_key(namespace, ref.claim))
-            if claim is not None and claim.ours:
-                found.append(claim)
+            if claim is None or not claim.ours:
+                continue
+            shape = dra.template_shape(ref.template) if ref.template else dra.claim_shape(ref.claim)
+            if shape is not None and claim.problem is None and not dra.asks_as_named(claim, shape):
+                named = f"template {ref.template}" if ref.template else "its name"
+                claim = dataclasses.replace(claim, problem=(
+                    f"claim {claim.namespace}/{claim.name} asks for other than {named} says ({shape.count} GPU(s) "
+                    f"of {shape.milli} milli-GPU): it is not what sharegpu makes for the pod's request (what its "
+                    "quota totals count); delete it, sharegpu makes the right one"
+                ))  # fmt: skip
+            found.append(claim)
         return found
 
     def _missing(self, namespace: str, ref: pods.ClaimRef) -> bool:
