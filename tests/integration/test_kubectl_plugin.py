@@ -154,7 +154,9 @@ async def test_kubectl_sharegpu_inspects_and_explains_the_real_cluster(
     assert status == 0, err
     print(f"$ kubectl sharegpu budgets -n {namespace}\n{text}")
     assert "team" in text and "/ 10.00" in text
-    assert "1800 / 4000" in text and "█████████░░░░░░░░░░░  45%" in text, "the fill pods' 3 x 600 milli-GPU"
+    assert "2800 / 4000" in text and "██████████████░░░░░░  70%" in text, (
+        "the fill pods' 3 x 600 milli-GPU and the group's GPU (its holder counts for the group's namespace)"
+    )
 
     # Errors: one line, and the exit status says whose.
     status, out, err = await kubectl(control_plane, "explain", "nope", "-n", namespace)
