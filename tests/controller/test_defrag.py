@@ -5,6 +5,7 @@ stops at a refusal, keeps its hourly budget, and never plans for pods without an
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import time
 import types
@@ -477,6 +478,24 @@ async def test_nothing_is_evicted_for_a_pending_pod_bound_while_its_move_was_pla
         await controller.stop()
 
 
+@contextlib.asynccontextmanager
+async def defragmenting(
+    server: fake.FakeApiServer, clock: Clock | None = None
+) -> AsyncIterator[defrag.DefragReconciler]:
+    """A controller evicting to defragment over `server`, once its first pass has run."""
+    options = runtime.Options(leader_elect=False, tick=3600, defrag=True)
+    controller = runtime.Controller(client.KubeClient(server), options, clock or Clock(T0))
+    await controller.start()
+    try:
+        reconciler = controller.defrag
+        assert reconciler is not None
+        await eventually(lambda: reconciler.loop.completed >= 1, "the defragmenter's first pass")
+        await settle(server)
+        yield reconciler
+    finally:
+        await controller.stop()
+
+
 def _on_two(name: str, node: str, milli: int, spec: Json | None = None, owner_kind: str = "ReplicaSet") -> Json:
     """A pod of `owner_kind` holding `milli` on each of `node`'s GPUs 0 and 1."""
     grants = [{"index": i, "uuid": f"GPU-{node}-{i}", "milli": milli, "limitMilli": milli, "memoryMiB": 0}
@@ -513,20 +532,10 @@ async def test_a_move_that_stops_stops_the_moves_planned_on_it() -> None:
     server.put_object(paths.pods(NS), v2)
     server.put_object(paths.pods(NS), pending("p1", _only("A", priority=10)))
     server.put_object(paths.pods(NS), pending("p2", _only("B", priority=5)))
-    controller = runtime.Controller(
-        client.KubeClient(server), runtime.Options(leader_elect=False, tick=3600, defrag=True), Clock(T0)
-    )
-    await controller.start()
-    try:
-        reconciler = controller.defrag
-        assert reconciler is not None
-        await eventually(lambda: reconciler.loop.completed >= 1, "the defragmenter's first pass")
-        await settle(server)
+    async with defragmenting(server) as reconciler:
         plan = reconciler.last_plan
         assert plan is not None and [m.pod for m in plan.moves] == [f"{NS}/p1", f"{NS}/p2"], "the scenario as meant"
         assert evictions(server) == [paths.eviction(NS, "v1")], "v2 evicted though the move it relied on stopped"
-    finally:
-        await controller.stop()
 
 
 async def test_job_pods_and_gang_members_are_never_moved() -> None:
@@ -545,17 +554,8 @@ async def test_job_pods_and_gang_members_are_never_moved() -> None:
                 body["metadata"]["annotations"].update({names.GANG: "train", names.GANG_MIN: "2"})
             server.put_object(paths.pods(NS), body)
         server.put_object(paths.pods(NS), pending("p", {"preemptionPolicy": "Never"} if change == "never" else None))
-        options = runtime.Options(leader_elect=False, tick=3600, defrag=True)
-        controller = runtime.Controller(client.KubeClient(server), options, Clock(T0))
-        await controller.start()
-        try:
-            reconciler = controller.defrag
-            assert reconciler is not None
-            await eventually(lambda: reconciler.loop.completed >= 1, "the defragmenter's first pass")  # noqa: B023
-            await settle(server)
+        async with defragmenting(server):
             assert len(evictions(server)) == (1 if change == "replicaset" else 0), f"{change}: {evictions(server)}"
-        finally:
-            await controller.stop()
 
 
 async def test_a_pending_pod_gone_in_the_middle_of_its_move_stops_it() -> None:
@@ -629,14 +629,7 @@ async def test_a_later_move_does_not_take_the_room_an_earlier_one_promised() -> 
     server.put_object(paths.pods(NS), running("d", "n3", 300))
     server.put_object(paths.pods(NS), pending("p", _only("n1")))
     clock = Clock(T0)
-    options = runtime.Options(leader_elect=False, tick=3600, defrag=True)
-    controller = runtime.Controller(client.KubeClient(server), options, clock)
-    await controller.start()
-    try:
-        reconciler = controller.defrag
-        assert reconciler is not None
-        await eventually(lambda: reconciler.loop.completed >= 1, "the defragmenter's first pass")
-        await settle(server)
+    async with defragmenting(server, clock) as reconciler:
         assert evictions(server) == [paths.eviction(NS, "a")]
         plan = reconciler.last_plan
         assert plan is not None and [v.after.node for m in plan.moves for v in m.victims] == ["n2"]
@@ -650,5 +643,3 @@ async def test_a_later_move_does_not_take_the_room_an_earlier_one_promised() -> 
         await reconciler.reconcile()
         await settle(server)
         assert evictions(server)[1:] == [paths.eviction(NS, "d")]
-    finally:
-        await controller.stop()
