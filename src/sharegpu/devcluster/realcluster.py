@@ -11,7 +11,9 @@ same parts (`start_nodes`, then their own `helm install`).
 from __future__ import annotations
 
 import asyncio
+import fnmatch
 import functools
+import hashlib
 import importlib.metadata
 import json
 import os
@@ -42,24 +44,59 @@ def version() -> str:
     return importlib.metadata.version("sharegpu")
 
 
+def image_inputs(root: Path) -> str:
+    """A digest of what the image is built from: the Dockerfile, its build context as `.dockerignore`
+    lets it in (its `!` lines, less its `**/` exclusions: caches and generated code) and the build
+    script. An archive is reused only while this is unchanged: the version alone stays the same across
+    edits of the source."""
+    allowed: list[str] = []
+    excluded: list[str] = []
+    for line in (root / ".dockerignore").read_text().splitlines():
+        entry = line.strip()
+        if entry.startswith("!"):
+            allowed.append(entry[1:].rstrip("/"))
+        elif entry.startswith("**/"):
+            excluded.append(entry[3:])
+    files = [root / "Dockerfile", root / ".dockerignore", root / "scripts" / "build-image"]
+    for name in allowed:
+        top = root / name
+        files.extend(sorted(p for p in top.rglob("*") if p.is_file()) if top.is_dir() else [top])
+    digest = hashlib.sha256()
+    for path in files:
+        relative = path.relative_to(root)
+        if any(fnmatch.fnmatch(part, pattern) for part in relative.parts for pattern in excluded):
+            continue
+        digest.update(f"{relative}\0{path.stat().st_size}\0".encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
 def image_archive() -> Path:
-    """sharegpu's image as scripts/build-image writes it, built when missing (a minute or two; needs the
-    source checkout); SHAREGPU_IMAGE_ARCHIVE names another."""
+    """sharegpu's image as scripts/build-image writes it, built when missing or built from other sources
+    than the checkout's (`image_inputs`, kept beside the archive; a minute or two; needs the source
+    checkout); SHAREGPU_IMAGE_ARCHIVE names another."""
     named = os.environ.get("SHAREGPU_IMAGE_ARCHIVE")
     if named:
         return Path(named)
-    archive = controlplane.REPO_ROOT / "out" / f"sharegpu-{version()}.oci.tar"
-    if archive.is_file():
-        return archive
-    script = controlplane.REPO_ROOT / "scripts" / "build-image"
+    root = controlplane.REPO_ROOT
+    archive = root / "out" / f"sharegpu-{version()}.oci.tar"
+    stamp = archive.with_name(archive.name + ".inputs")
+    script = root / "scripts" / "build-image"
     if not script.is_file():
+        if archive.is_file():
+            return archive
         raise controlplane.ControlPlaneError(
             f"{archive} not found, and no source checkout to build it in: set SHAREGPU_IMAGE_ARCHIVE to "
             "an archive scripts/build-image wrote"
         )
+    inputs = image_inputs(root)
+    if archive.is_file() and stamp.is_file() and stamp.read_text().strip() == inputs:
+        return archive
+    stamp.unlink(missing_ok=True)
     done = subprocess.run([str(script)], capture_output=True, text=True, check=False, timeout=1800)
     if done.returncode != 0 or not archive.is_file():
         raise controlplane.ControlPlaneError(f"building the image failed:\n{done.stderr[-3000:]}")
+    stamp.write_text(inputs + "\n")
     return archive
 
 
