@@ -125,3 +125,16 @@ def test_a_node_that_serves_dra_claims_takes_no_pod() -> None:
     assert view.state.names == ("a", "b") and view.dra_rows.tolist() == [False, True], "one path per node"
     rows = view.name_index().rows(b'["a","b"]')
     assert rows is not None and rows.tolist() == [0, -1], "b is no candidate for a pod"
+
+
+def test_a_claim_being_written_stays_counted_when_a_rebuild_finds_it_no_longer_fits() -> None:
+    """Its write may land: a smaller GPU (the agent reports 1 MiB less) leaves it counted, the GPU
+    over-committed so that nothing more is placed there, instead of giving its room away."""
+    view = built("a")
+    claim = builders.MakeAllocation("ns/c", "a").grant(0, 500, memory=16384).obj()
+    assert view.assume_claim(claim)
+    smaller = extender_cache.device_record(builders.MakeDevice("a").gpus(2, memory=16383).wire())
+    view.on_device(wire.EventType.MODIFIED, smaller)
+    assert units.PodKey("ns/c") in view.ledger and bool(view.state.blocked[0, 0])
+    assert int(view.state.milli_free[0, 0]) == 500
+    assert view.forget_claim(units.PodKey("ns/c")) and not bool(view.state.blocked[0, 0])

@@ -15,6 +15,7 @@ from sharegpu.api import extender as api_extender
 from sharegpu.api import names, paths, pods, reasons, wire
 from sharegpu.core import allocation, units
 from sharegpu.extender import scheduling
+from tests import builders
 from tests.builders import MakeAllocation
 from tests.extender.conftest import Harness, gpu_pod, settle
 
@@ -592,6 +593,64 @@ async def test_a_reservation_set_aside_by_a_rebuild_expires_or_is_decided_again_
     h.clock.advance(31)
     await service.expire()
     assert units.PodKey(f"ns/{gone}") not in cache.assumed
+
+
+def memory_pod(name: str, milli: int, memory: int) -> dict[str, Any]:
+    limits = builders.gpu_limits(count=1, milli=milli, memory=memory)
+    return builders.MakePod(name, "ns").scheduler().container(limits=limits, requests=limits).obj()
+
+
+async def test_a_binding_under_way_keeps_its_room_when_a_rebuild_finds_it_no_longer_fits(
+    harness: Callable[..., Any],
+) -> None:
+    """The agent reports its GPU 1 MiB smaller while a binding's answer is lost: the binding may
+    still land, so its room stays counted (the GPU over-committed: nothing more lands there) rather
+    than given to the next pod, which would make the landing binding over-commit the GPU for real."""
+    h: Harness = await harness(nodes=1, gpus=1)
+    await h.schedule(await h.create(memory_pod("a", 500, 8192)))
+    p = await h.create(memory_pod("p", 500, 8192))
+    service, cache = h.extender.scheduling, h.extender.cache
+    assert service.filter(h.args(p)).node_names == ["n0"]
+    h.server.lose(method="POST", path=paths.binding("ns", "p"), after_commit=False)
+    assert "outcome unknown" in (await _bind(h, "p")).error
+    device = h.server.get_object(paths.device("n0"))
+    assert device is not None
+    device["spec"]["gpus"][0]["memoryMiB"] -= 1
+    await h.api.replace(paths.device("n0"), device)
+    await settle(h.server)
+    key = units.PodKey("ns/p")
+    assert key in cache.ledger and not cache.counts_assumed(key), "counted, but no bind of its own uses it"
+    q = await h.create(memory_pod("q", 400, 4000))
+    assert service.filter(h.args(q)).node_names == [], "q was offered the room of p's binding"
+    h.clock.advance(scheduling.SETTLE_AFTER)
+    assert await service.settle(key) is False, "read back: it never landed"
+    assert key not in cache.ledger and service.filter(h.args(q)).node_names == ["n0"], "its room is free again"
+
+
+@pytest.mark.parametrize("rebuilds", [False, True])
+async def test_a_reservation_expires_on_time_whatever_rebuilds_come_between(
+    harness: Callable[..., Any], rebuilds: bool
+) -> None:
+    """A filter's reservation whose bind never comes is let go after `assume_ttl` from when it was
+    made: a rebuild (here a node's label changing every 20 s) re-applies it but keeps its age."""
+    h: Harness = await harness(nodes=2, gpus=1, assume_ttl=30.0)
+    pod = await h.create(gpu_pod("p", milli=600))
+    service, cache = h.extender.scheduling, h.extender.cache
+    assert service.filter(h.args(pod)).node_names
+    key = units.PodKey("ns/p")
+    before = cache.counters.rebuilds
+    for tick in range(2):
+        h.clock.advance(20)
+        if rebuilds:
+            node = h.server.get_object(paths.node("n1"))
+            assert node is not None
+            node["metadata"]["labels"]["tick"] = str(tick)
+            await h.api.replace(paths.node("n1"), node)
+            await settle(h.server)
+            assert cache.state is not None
+        await service.expire()
+    assert (cache.counters.rebuilds > before) is rebuilds
+    assert key not in cache.assumed and key not in cache.ledger, "40 s on, the 30 s reservation is still held"
 
 
 async def test_co_tenancy_labels_are_their_namespaces_own(harness: Callable[..., Any]) -> None:

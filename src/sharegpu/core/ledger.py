@@ -7,7 +7,8 @@ fails. Confirmed allocations are *removed* when the pod goes. Every call answers
 
 A decision never over-commits a GPU, whatever the order of calls: `assume` refuses an allocation
 that would exceed a GPU's free compute or memory, break its tenants' co-tenancy rules or land on a
-blocked GPU, and leaves the state untouched. A fact is never refused: `add` and `load` record what
+blocked GPU, and leaves the state untouched (unless forced: a decision taken before the inventory
+shrank, whose binding may still land, is counted as a fact is). A fact is never refused: `add` and `load` record what
 the API server shows, and the API server is the truth. When a bound pod does not fit (a fault let a
 second decision through, or another scheduler wrote the binding), it is counted all the same, the
 answer is a Conflict that says why, and every GPU of its node whose tenants no longer fit together
@@ -16,8 +17,9 @@ listed by `overcommitted` until its tenants fit again (one leaves), which each c
 re-checks. Leaving the pod out instead would make the books show room the GPU does not have, and
 the next decision would fill it.
 
-Assumed entries carry the time they were assumed (from the injected clock) so an owner can expire
-ones whose confirmation never came (`assumed_before`).
+Assumed entries carry the time they were assumed (from the injected clock, or given: an owner that
+builds a new ledger keeps its decisions' ages) so an owner can expire ones whose confirmation never
+came (`assumed_before`).
 
 Not thread-safe, and it need not be: every caller runs on one asyncio event loop (the extender) or
 in one thread (the simulator), and no call awaits, so calls never interleave.
@@ -97,11 +99,15 @@ class Ledger:
 
     # ----------------------------------------------------------------- life cycle
 
-    def assume(self, alloc: allocation.Allocation) -> status.Status:
-        """Record a decision before it is bound. Refused if the pod is known or it would over-commit."""
+    def assume(self, alloc: allocation.Allocation, *, since: float | None = None, force: bool = False) -> status.Status:
+        """Record a decision before it is bound. Refused if the pod is known or it would over-commit,
+        unless `force`: a decision taken earlier whose write may land (a rebuild re-applying it after
+        the inventory shrank) is counted like a fact as long as its node and GPUs exist, its GPUs
+        over-committed if it does not fit. `since`: when the decision was taken (default: now), from
+        which it expires (`assumed_before`)."""
         if alloc.pod in self._entries:
             return status.conflict(f"pod {alloc.pod} is already {self._entries[alloc.pod].phase.value.lower()}")
-        return self._insert(alloc, Phase.ASSUMED)
+        return self._insert(alloc, Phase.ASSUMED, force=force, since=since)
 
     def forget(self, pod: units.PodKey) -> status.Status:
         """Undo an assumption (binding failed). Only assumed pods can be forgotten, exactly once."""
@@ -268,7 +274,9 @@ class Ledger:
 
     # ----------------------------------------------------------------- internals
 
-    def _insert(self, alloc: allocation.Allocation, phase: Phase, *, force: bool = False) -> status.Status:
+    def _insert(
+        self, alloc: allocation.Allocation, phase: Phase, *, force: bool = False, since: float | None = None
+    ) -> status.Status:
         """Take `alloc` in if it fits; with `force` (a fact from the API server) also when it does not,
         as long as its node and GPUs exist, and then re-check which GPUs of the node are over-committed."""
         state = self.state
@@ -278,7 +286,7 @@ class Ledger:
                 f"pod {alloc.pod} does not fit on {alloc.node}: " + "; ".join(text for _, text in problems)
             )
         state.apply(alloc, +1)
-        self._entries[alloc.pod] = Entry(alloc, phase, self._clock())
+        self._entries[alloc.pod] = Entry(alloc, phase, self._clock() if since is None else since)
         row = state.row_of[alloc.node]
         if problems and any(index is not None for index, _ in problems) and row not in self._flagged:
             self._flagged[row] = {k for k, e in self._entries.items() if e.alloc.node == alloc.node}

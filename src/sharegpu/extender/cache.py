@@ -175,9 +175,12 @@ class ClusterCache:
         self.assumed: dict[units.PodKey, allocation.Allocation] = {}
         self.aside: dict[units.PodKey, float] = {}
         """Assumed pods whose allocation no longer fitted at a rebuild (their node left the inventory,
-        or changed) -> since when: kept in `assumed` but not in the ledger, applied again at each
-        rebuild (the node back, the room is held again), until settled, forgotten or expired. A
-        binding whose outcome is unknown may still land there."""
+        or changed) -> since when: kept in `assumed`, and in the ledger where their node and GPUs
+        still exist (counted, over-committing them), applied again at each rebuild, until settled,
+        forgotten or expired. A binding whose outcome is unknown may still land there; a bind of the
+        pod's own does not use it (`counts_assumed`)."""
+        self.assumed_at: dict[units.PodKey, float] = {}
+        """When each assumption was made: a rebuild keeps its age, so it still expires."""
         self.assumed_uid: dict[units.PodKey, str] = {}
         """The UID of the pod each assumption is for ("" where not told): an event of another pod of that
         name (its predecessor, deleted or ended late) does not touch it."""
@@ -405,7 +408,9 @@ class ClusterCache:
         for alloc in self.claims.held.values():
             self._add_claim(self._ledger, alloc)
         for key, alloc in list(self.claims.assumed.items()):
-            if key not in self._ledger and not self._ledger.assume(alloc).ok:
+            # Its write may land: counted all the same (its GPU then over-committed), or the room would
+            # be given to another while the write goes on.
+            if key not in self._ledger and not self._ledger.assume(alloc, force=True).ok:
                 log.warning("claim %s being allocated no longer fits after the inventory changed", key)
         for node, gpus in self.holds.values():
             self._hold(state, node, gpus, +1)
@@ -417,9 +422,15 @@ class ClusterCache:
         for key, alloc in list(self.assumed.items()):
             if key in self._ledger:
                 continue
-            if self._ledger.assume(alloc).ok:
+            since = self.assumed_at.get(key)
+            if self._ledger.assume(alloc, since=since).ok:
                 self.aside.pop(key, None)
-            elif key not in self.aside:
+                continue
+            # Its binding may be under way, or its answer lost: where its node and GPUs still exist it
+            # is counted all the same (those GPUs over-committed, so nothing more lands there), and a
+            # bind of its own decides again.
+            self._ledger.assume(alloc, since=since, force=True)
+            if key not in self.aside:
                 log.warning("assumed pod %s no longer fits after the inventory changed; kept aside", key)
                 self.aside[key] = self.clock()
 
@@ -726,6 +737,7 @@ class ClusterCache:
         if result.ok:
             self.assumed[alloc.pod] = alloc
             self.assumed_uid[alloc.pod] = uid
+            self.assumed_at[alloc.pod] = self.clock()
         return result.ok
 
     def _same_pod(self, key: units.PodKey, uid: str) -> bool:
@@ -735,14 +747,15 @@ class ClusterCache:
 
     def _unassume(self, key: units.PodKey) -> allocation.Allocation | None:
         self.assumed_uid.pop(key, None)
+        self.assumed_at.pop(key, None)
+        self.aside.pop(key, None)
         return self.assumed.pop(key, None)
 
     def forget(self, key: units.PodKey) -> bool:
         """Undo an assumption, once: True if there was one to undo."""
         if self._unassume(key) is None:
             return False
-        if self.aside.pop(key, None) is None:
-            self.ledger.forget(key)
+        self.ledger.forget(key)  # refused (nothing done) where it was set aside out of the ledger
         self.freed_at = self.clock()
         return True
 
@@ -779,8 +792,8 @@ class ClusterCache:
         return [*(key for key in self.ledger.assumed_before(ttl) if key in self.assumed), *aside]
 
     def counts_assumed(self, key: units.PodKey) -> bool:
-        """The ledger counts the pod's assumed allocation (not set aside by a rebuild)."""
-        return key in self.assumed and key in self.ledger
+        """The ledger counts the pod's assumed allocation, which still fits (not set aside by a rebuild)."""
+        return key in self.assumed and key in self.ledger and key not in self.aside
 
     # ----------------------------------------------------------------- queries
 
