@@ -12,6 +12,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import grpc
+import msgspec
 import pytest
 
 from sharegpu.agent import csi_pb2 as pb
@@ -78,6 +79,22 @@ def test_an_mps_container_gets_the_tenant_folder_of_the_gpu_its_reservation_repo
     # Slot 1's reservation reported GPU-0 (the device plugin numbers GPUs otherwise than the Device).
     found = node.decide(context(), sharer(index=1), reservation(1, "GPU-0"), reservation(0, "GPU-1"))
     assert found == volumes.Decision(volumes.Verdict.BIND, source=node.layout.tenant("GPU-0"))
+
+
+def test_a_reservation_being_deleted_names_no_gpu(tmp_path: Path) -> None:
+    """Slot 1's reservation is going (its last sharer left) when a new sharer lands there: the hand-off
+    names the GPU its successor reports, which may be another, so the plugin waits for that report
+    rather than mount the old GPU's tenant folder for the pod's whole life."""
+    going = reservation(1, "GPU-0")
+    going = msgspec.structs.replace(
+        going,
+        metadata=msgspec.structs.replace(going.metadata, uid="uid-old", deletion_timestamp="2026-12-07T04:00:00Z"),
+    )
+    node = Node(tmp_path)
+    found = node.decide(context(), sharer(index=1), going, reservation(1, None))
+    assert found.verdict is volumes.Verdict.WAIT and "not reported by its reservation" in found.reason
+    found = node.decide(context(), sharer(index=1), going, reservation(1, "GPU-1"))
+    assert found == volumes.Decision(volumes.Verdict.BIND, source=node.layout.tenant("GPU-1"))
 
 
 @pytest.mark.parametrize(

@@ -156,7 +156,11 @@ def resolve(
     (index,) = indexes
     # The GPU its reservation reported, as the hand-off names it: never the Device's GPU of that index,
     # which may differ where the device plugin numbers GPUs otherwise (the mount lasts the pod's life).
-    slots = [slot for pod in live.values() if (slot := api_pods.slot_of(pod)) is not None and slot.index == index]
+    # Nor one being deleted: the hand-off names its successor's GPU, which may be another.
+    slots = [
+        slot for pod in live.values()
+        if not pod.metadata.deletion_timestamp and (slot := api_pods.slot_of(pod)) is not None and slot.index == index
+    ]  # fmt: skip
     uuids = {slot.uuid for slot in slots if slot.uuid} & {g.uuid for g in spec.gpus}
     if len(uuids) != 1:
         return Decision.wait(f"GPU {index} of pod {namespace}/{name} is not reported by its reservation yet")
