@@ -340,6 +340,46 @@ async def test_no_probe_takes_memory_a_pod_was_promised(tmp_path: Path, stubs: c
         await agent.stop()
 
 
+async def test_a_whole_gpu_pod_keeps_the_probe_off_its_own_gpu_only(tmp_path: Path, stubs: cudastubs.Stubs) -> None:
+    """The kubelet gave a whole-GPU pod GPU-0: the isolation probe runs on another GPU. Read as "some
+    GPU", the pod had kept every GPU from the probe, so a node running one whole-GPU pod offered no
+    isolation mode after an agent restart."""
+    server = fake.FakeApiServer()
+    server.put_object(paths.NODES, MakeNode("n0").obj())
+    placed = MakeAllocation("ns/w", "n0").grants((0, 1000, 81920)).exclusive()
+    whole = MakePod("w").allocation(placed.obj()).node("n0").container(limits={names.NVIDIA_GPU: "1"})
+    server.put_object(paths.pods("ns"), whole.phase("Running").obj())
+    path = tmp_path / "nvml.yaml"
+    write_nvml(path, NVML_FILE)
+    library = tmp_path / "libvgpu.so"
+    library.write_bytes(stubs.enforcing.read_bytes())
+    folder = Path(tempfile.mkdtemp(dir="/tmp"))  # a unix socket's path must be short
+    kubelet = fakekubelet.FakeKubelet(folder / "k.sock")
+    kubelet.set_devices("ns", "w", "main", names.NVIDIA_GPU, ["GPU-0"])
+    await kubelet.start()
+    lister = podresources.KubeletPodResources(folder / "k.sock", 2.0)
+    options = agent_runtime.Options(interval=3600, hami_core_library=library, hami_core_dir=tmp_path / "installed")
+    probed: list[str] = []
+
+    async def run(env: Mapping[str, str], **kwargs: Any) -> tuple[cudaprobe.Finding, ...]:
+        probed.append(env["CUDA_VISIBLE_DEVICES"])
+        return await cudaprobe.run(env, **kwargs)
+
+    prover = proof.Prover(tmp_path / "scratch", run=run, libcuda=str(stubs.libcuda))
+    agent = agent_runtime.Agent(
+        client.KubeClient(server), "n0", fakenvml.FakeNvml(path).open(), options, prover=prover, kubelet=lister
+    )
+    await agent.start()
+    try:
+        device = await one_pass(agent, server)
+        assert probed and "GPU-0" not in probed and device.spec.isolation == ["hami-core"]
+    finally:
+        await agent.stop()
+        await lister.close()
+        await kubelet.stop()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 async def test_the_agent_kills_a_process_over_its_pods_memory_and_corrects_a_reported_uuid(tmp_path: Path) -> None:
     """Usage watchdog and drift repair in one pass: a sharing pod's process uses 4096 MiB of GPU-0 against
     1024 allocated (killed, with an event), and a reservation pod reported GPU-1 although the kubelet's

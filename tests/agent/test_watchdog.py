@@ -555,3 +555,11 @@ def test_a_whole_gpu_pod_given_a_mig_device_is_not_judged() -> None:
     w = pod("w", limits={names.NVIDIA_GPU: "1"})
     result = run([(7, 0, 1024)], {7: "w"}, by_uid(w), assigned={"ns/w": {MIG}})
     assert result.violations == ()
+
+
+def test_a_whole_gpu_pod_is_promised_the_gpu_the_kubelet_gave_it() -> None:
+    """Which GPU the device plugin gave a whole-GPU pod is the kubelet's word: known, only that GPU is
+    counted; not known (the kubelet not read), every GPU, as it might be any."""
+    whole = by_uid(pod("w", alloc=grants((0, MIB), exclusive=True), limits={names.NVIDIA_GPU: "1"}))
+    assert watchdog.promised(whole, DEVICE, assigned={"ns/w": {"GPU-2"}}) == {"GPU-0": 0, "GPU-1": 0, "GPU-2": MIB}
+    assert watchdog.promised(whole, DEVICE) == dict.fromkeys(("GPU-0", "GPU-1", "GPU-2"), MIB)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -99,11 +99,13 @@ class Isolation:
         gpus: list[nvml.Gpu],
         live: dict[str, wire.Pod],
         claims: Mapping[tuple[str, str], cdi.PreparedClaim] | None = None,
+        *,
+        assigned: Mapping[str, Collection[str]] | None = None,
     ) -> wire.DeviceSpec:
         """`spec` with the isolation modes the node offers now, what each enforces, and its MPS daemons
         (`live`: the node's pods by UID, and `claims`: the ResourceClaims prepared here, whose grants no
-        probe may take memory from)."""
-        promised = watchdog.promised(live, spec, claims)
+        probe may take memory from; `assigned`: the device plugin's GPUs of each pod, by the kubelet)."""
+        promised = watchdog.promised(live, spec, claims, assigned=assigned)
         room = {g.uuid: g.memory_mib - promised.get(g.uuid, 0) for g in spec.gpus if g.healthy}
         hami = await self._hami_core(room)
         if self.supervisor is not None:

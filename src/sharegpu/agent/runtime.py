@@ -312,7 +312,10 @@ class Agent:
         claimed = {uuid for claim in (claims or {}).values() for uuid in claim.gpus}
         spec = inventory.device_spec(gpus, links, unhealthy, previous, held | claimed)
         live = self._live()
-        spec = await self.isolation.apply(spec, gpus, live, claims)
+        ids = drift.DeviceIds(spec, {gpu.index: gpu.uuid for gpu in gpus})  # the device plugin's index IDs: NVML's
+        assigned = await self.repair.assigned() if self.repair is not None else None
+        given = _given(assigned, ids)
+        spec = await self.isolation.apply(spec, gpus, live, claims, assigned=given)
         if self.options.dra:
             spec = msgspec.structs.replace(spec, dra=True)
         if current is None:
@@ -328,13 +331,11 @@ class Agent:
         if labels != self.labels:
             await self.api.patch(paths.node(self.node), {"metadata": {"labels": labels}})
             self.labels = labels
-        ids = drift.DeviceIds(spec, {gpu.index: gpu.uuid for gpu in gpus})  # the device plugin's index IDs: NVML's
-        assigned = await self.repair.assigned() if self.repair is not None else None
         settled = True
         if self.repair is not None and assigned is not None:
             settled = await self.repair.repair(assigned, live, spec, ids)
             await self.repair.compare_allocatable(spec, ids)
-        await self._watch_usage(spec, live, ids, assigned, claims, act=settled)
+        await self._watch_usage(spec, live, given, claims, act=settled)
         self.last_success = self.clock()
 
     # ----------------------------------------------------------------- usage watchdog
@@ -350,21 +351,17 @@ class Agent:
         self,
         spec: wire.DeviceSpec,
         live: dict[str, wire.Pod],
-        ids: drift.DeviceIds,
-        assigned: list[podresources.Assigned] | None,
+        given: dict[str, set[str]] | None,
         claims: Mapping[tuple[str, str], cdi.PreparedClaim] | None,
         *,
         act: bool,
     ) -> None:
-        """Assess the node's GPU use; act on violations only when `act` (not while a reservation's
-        reported GPU is being corrected: which GPU a sharing pod was given depends on it)."""
+        """Assess the node's GPU use (`given`: the device plugin's GPUs of each pod, by the kubelet; None
+        while it cannot be read); act on violations only when `act` (not while a reservation's reported
+        GPU is being corrected: which GPU a sharing pod was given depends on it)."""
         processes, owners, utilization = await asyncio.to_thread(self._processes)
-        given: dict[str, set[str]] = {}
-        for row in assigned or []:
-            if row.resource == names.NVIDIA_GPU:  # as UUIDs, whichever ID strategy the device plugin uses
-                given.setdefault(f"{row.namespace}/{row.pod}", set()).update(ids.resolve(row.device_ids)[0])
         self.usage = watchdog.assess(
-            processes, owners.get, live, spec, assigned=given if assigned is not None else None,
+            processes, owners.get, live, spec, assigned=given,
             exempt=self.own_pod, slack_mib=self.options.slack_mib,
             groups=self.admits if self.group_informer.synced.is_set() else None, claims=claims, utilization=utilization,
         )  # fmt: skip
@@ -519,3 +516,15 @@ async def serve(
             await server.stop()
             if kubelet is not None:
                 await kubelet.close()
+
+
+def _given(assigned: list[podresources.Assigned] | None, ids: drift.DeviceIds) -> dict[str, set[str]] | None:
+    """ "namespace/pod" -> the UUIDs of the device plugin's GPUs the kubelet gave it (whichever ID
+    strategy the device plugin uses); None while the kubelet's assignments cannot be read."""
+    if assigned is None:
+        return None
+    given: dict[str, set[str]] = {}
+    for row in assigned:
+        if row.resource == names.NVIDIA_GPU:
+            given.setdefault(f"{row.namespace}/{row.pod}", set()).update(ids.resolve(row.device_ids)[0])
+    return given

@@ -455,13 +455,16 @@ def promised(
     pods: Mapping[str, wire.Pod],
     device: wire.DeviceSpec,
     claims: Mapping[tuple[str, str], cdi.PreparedClaim] | None = None,
+    *,
+    assigned: Mapping[str, Collection[str]] | None = None,
 ) -> dict[str, int]:
     """GPU UUID -> MiB of it the node's live pods (by UID) and prepared claims were promised: their
     grants, a grant with no memory limit or a whole GPU counting all of it. Reservation pods count
     nothing (the sharing pods on their GPU do), a group's members nothing (their holder does), a pod
     whose grant cannot be told nothing; a claim counts once, whether no pod, one or several use it
-    (and a pod that uses claims, nothing more)."""
-    grants = _Grants(pods, device, {}, claims=claims)
+    (and a pod that uses claims, nothing more). A whole-GPU pod counts on the GPUs the kubelet gave it
+    (`assigned`: "namespace/pod" -> UUIDs) or it reported; on every GPU where neither is known."""
+    grants = _Grants(pods, device, assigned or {}, claims=claims)
     out = dict.fromkeys(grants.capacity, 0)
     for claim in (claims or {}).values():
         for uuid, mib in claim.gpus.items():
