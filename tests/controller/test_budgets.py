@@ -424,3 +424,109 @@ async def test_a_claim_whose_only_user_failed_with_no_containers_end_stops_count
         assert env.status().used_gpu_seconds <= 10
     finally:
         await controller.stop()
+
+
+async def test_a_pod_deleted_within_the_clocks_skew_of_its_binding_does_not_stop_the_books(env: Env) -> None:
+    """The API server's clock is 2 s ahead of the controller's: a pod bound and deleted at once ends,
+    by the controller's clock, before it started. It held nothing, and every later pass still
+    accounts (each had failed on it, for every budget)."""
+    await env.add(gpu_pod("a", [(0, 1000, 0)]), PODS)
+    await env.add(budget(gpuHours=100), resources.GPU_BUDGET.path("team"))
+    controller = await env.start()
+    env.clock.now = T0 + HOUR
+    await env.pass_(controller)
+    await env.add(gpu_pod("b", [(1, 1000, 0)], at=T0 + HOUR + 2), PODS)
+    await settle(env.server)
+    await env.api.delete(paths.pod("team", "b"), grace_period=0)
+    await settle(env.server)
+    env.clock.now = T0 + 3 * HOUR
+    await env.pass_(controller)
+    assert controller.budgets.loop.failures == 0
+    assert env.status().used_gpu_seconds == 3 * HOUR
+
+
+async def test_a_pod_back_in_a_cluster_budgets_cover_is_settled_from_its_return_when_it_goes(env: Env) -> None:
+    """Relabelled out for an hour and back: deleted while watched, it is settled from its return
+    (`counted_from`), not from its start, which would charge its earlier hour twice and the hour
+    outside the cover."""
+    await env.add(namespace("speech", org="research"), paths.NAMESPACES)
+    await env.add(gpu_pod("p", [(0, 1000, 0)], namespace="speech"), paths.pods("speech"))
+    selector = {"matchLabels": {"org": "research"}}
+    await env.add(cluster_budget(selector=selector, gpuHours=100), resources.CLUSTER_GPU_BUDGET.path())
+    controller = await env.start()
+    env.clock.now = T0 + HOUR
+    await env.pass_(controller)
+    await env.api.patch(paths.namespace("speech"), {"metadata": {"labels": {"org": "sales"}}})
+    await env.pass_(controller)
+    env.clock.now = T0 + 2 * HOUR
+    await env.api.patch(paths.namespace("speech"), {"metadata": {"labels": {"org": "research"}}})
+    await env.pass_(controller)
+    env.clock.now = T0 + 3 * HOUR
+    await env.pass_(controller)
+    assert cluster_status(env).used_gpu_seconds == 2 * HOUR
+    await env.api.delete(paths.pod("speech", "p"), grace_period=0)
+    await env.pass_(controller)
+    assert cluster_status(env).used_gpu_seconds == 2 * HOUR
+
+
+async def test_a_conflict_reads_the_budget_again_when_the_kept_copy_is_older_than_the_watchs() -> None:
+    """An admin raises gpuHours just after a status write, and the watch brings both versions before
+    the write's answer is handled: the answer's copy (older) replaced the watch's, every later write
+    got a 409 and no event came to mend it. After a 409 the budget is read again."""
+    env = Env()
+    await env.add(gpu_pod("a", [(0, 1000, 0)]), PODS)
+    await env.add(budget(), resources.GPU_BUDGET.path("team"))
+    controller = await env.start()
+    try:
+        admin = client.KubeClient(env.server)
+        write = controller.budgets.api.replace
+        edited: list[bool] = []
+
+        async def replace(path: str, body: Any, *args: Any, **kwargs: Any) -> Json:
+            stored: Json = await write(path, body, *args, **kwargs)
+            if not edited:
+                edited.append(True)
+                await admin.patch(resources.GPU_BUDGET.path("team", "b"), {"spec": {"gpuHours": 20}})
+                await settle(env.server)
+            return stored
+
+        controller.budgets.api.replace = replace  # type: ignore[method-assign]
+        for hours in (1, 2, 3):
+            env.clock.now = T0 + hours * HOUR
+            await env.pass_(controller)
+        assert env.status().limit_gpu_seconds == 20 * HOUR and env.status().used_gpu_seconds == 3 * HOUR
+    finally:
+        for running in env.controllers:
+            await running.stop()
+
+
+async def test_a_claim_deleted_after_a_restart_is_settled_with_the_use_its_books_listed() -> None:
+    """A claim used for 10 h by one pod, then by another; the controller restarts knowing only the
+    second user. When both go, the claim is settled at no less than the books listed (13 h), not from
+    the one user the new controller saw (3 h): an Exhausted budget went back to Within so."""
+    env = Env(dra_node=True)
+    env.server.put_object(dra.claim_path("team"), allocated_claim("shared", 1000, "0", "c-1"))
+    env.server.put_object(PODS, claim_user("first", "shared", T0))
+    env.server.put_object(resources.GPU_BUDGET.path("team"), budget(gpuHours=100))
+    controller = await env.start()
+    try:
+        env.clock.now = T0 + 10 * HOUR
+        await env.pass_(controller)
+        await controller.api.delete(paths.pod("team", "first"), grace_period=0)
+        await settle(env.server)
+        env.server.put_object(PODS, claim_user("second", "shared", T0 + 10 * HOUR))
+        env.clock.now = T0 + 11 * HOUR
+        await env.pass_(controller)
+        await controller.stop()
+        env.controllers.remove(controller)
+        env.clock.now = T0 + 12 * HOUR
+        controller = await env.start()
+        env.clock.now = T0 + 13 * HOUR
+        await controller.api.delete(paths.pod("team", "second"), grace_period=0)
+        await settle(env.server)
+        await controller.api.delete(f"{dra.claim_path('team')}/shared")
+        await env.pass_(controller)
+        assert env.status().used_gpu_seconds == 13 * HOUR
+    finally:
+        for running in env.controllers:
+            await running.stop()

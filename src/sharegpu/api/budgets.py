@@ -243,7 +243,8 @@ def account(item: AnyBudget, present: list[Held], gone: list[Held], now: int, al
 
     `present`: pods in the API now; `gone`: pods the controller saw deleted. A pod's use is added to
     `settled` exactly once, when it leaves the status's pod list: with its use up to its end if the
-    controller saw it go, else (it went while no controller watched) with the use last written. A
+    controller saw it go (counted as a present one's: from `counted_from`, and no less than the books
+    listed plus its holding since), else (it went while no controller watched) with the use last written. A
     gone pod that was never written (bound and deleted between two writes) is settled if it started
     after the last write; one that started before it was settled by that write.
     """
@@ -260,7 +261,9 @@ def account(item: AnyBudget, present: list[Held], gone: list[Held], now: int, al
     for held in gone:
         if held.uid in live:
             continue
-        if held.uid in listed or written_at is None or held.holding.start > written_at:
+        if held.uid in listed:  # by the rule of a present one: from `counted_from`, never below what was listed
+            settled += _use(held, listed, written_at, period, now)
+        elif written_at is None or held.holding.start > written_at:
             settled += budget.held_in(held.holding, period, now)
     uncovered = {p.uid: p for p in books.uncovered if p.uid in alive}
     for uid, usage in listed.items():

@@ -183,7 +183,9 @@ class BudgetReconciler:
             weight = budget.weight(life.allocation, self.memory.get(life.node, {}))
         else:
             weight = life.whole_gpus * units.MILLI_PER_GPU
-        return budget.Holding(life.key, weight, life.start, end)
+        # Starts are the API server's times, ends where the controller saw them its own: a pod deleted
+        # within the two clocks' skew of its binding held nothing, not a negative time.
+        return budget.Holding(life.key, weight, life.start, None if end is None else max(end, life.start))
 
     def held(self, namespaces: set[str]) -> dict[str, tuple[list[budgets.Held], list[budgets.Held]]]:
         """Per namespace of `namespaces`, the (present, gone) holdings of its pods: one walk over the
@@ -227,6 +229,7 @@ class BudgetReconciler:
                     await self._write(item, books.status)
                 except errors.ConflictError:
                     self.conflicts += 1
+                    await self._read_again(key, item)
                 except errors.NotFoundError:
                     self.budgets.pop(key, None)
                 except errors.KubeError as exc:  # one budget that cannot be written must not stop the others
@@ -251,6 +254,21 @@ class BudgetReconciler:
         self.writes += 1
         # Until the watch brings it, the next pass must start from what was just written.
         self.budgets[wire.key(meta)] = wire.convert(stored, type(item))
+
+    async def _read_again(self, key: str, item: budgets.AnyBudget) -> None:
+        """After a 409, the budget as the API server has it: the copy kept may be older than one the
+        watch brought while the write was under way (the write's answer replaced it), and no event
+        would come to mend it."""
+        try:
+            found = await self.api.get(
+                resources.budget_resource(item).path(item.metadata.namespace, item.metadata.name)
+            )
+        except errors.NotFoundError:
+            self.budgets.pop(key, None)
+        except errors.KubeError as exc:
+            log.warning("budget %s: could not read it again after a conflict: %s", key, exc)
+        else:
+            self.budgets[key] = wire.convert(found, type(item))
 
     async def _check_selector(self, item: budgets.ClusterGPUBudget) -> None:
         """A selector the API would refuse selects nothing: say so once, as a Warning event."""
