@@ -530,3 +530,17 @@ async def test_a_claim_deleted_after_a_restart_is_settled_with_the_use_its_books
     finally:
         for running in env.controllers:
             await running.stop()
+
+
+async def test_a_budget_whose_period_start_cannot_be_read_says_so_once(env: Env) -> None:
+    """A periodStart stored before the definition's pattern refused it (a date alone): the budget is
+    not accounted, and a Warning event says why, once, instead of a log line only."""
+    await env.add(gpu_pod("a", [(0, 1000, 0)]), PODS)
+    await env.add(budget(periodStart="2026-11-01"), resources.GPU_BUDGET.path("team"))
+    controller = await env.start()
+    for hours in (1, 2):
+        env.clock.now = T0 + hours * HOUR
+        await env.pass_(controller)
+    warned = [e for e in env.server.list_objects("/api/v1/events") if e["reason"] == "InvalidSpec"]
+    assert len(warned) == 1 and "spec.periodStart" in warned[0]["message"], warned
+    assert controller.budgets.writes == 0

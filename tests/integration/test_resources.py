@@ -64,6 +64,9 @@ async def test_a_budget_is_validated_and_shown_with_its_columns(
     body = {"apiVersion": BUDGETS.api_version, "kind": BUDGETS.kind, "metadata": {"name": "team"}}
     with pytest.raises(kube_errors.InvalidError, match=r"spec\.whenExhausted"):
         await admin.create(BUDGETS.path(namespace), {**body, "spec": {"gpuHours": 20, "whenExhausted": "Suspend"}})
+    for undated in ("2026-11-01", "2026-11-01T00:00:00"):  # a date alone, a time without its zone
+        with pytest.raises(kube_errors.InvalidError, match=r"spec\.periodStart"):
+            await admin.create(BUDGETS.path(namespace), {**body, "spec": {"gpuHours": 20, "periodStart": undated}})
     await admin.create(BUDGETS.path(namespace), {**body, "spec": {"gpuHours": 20, "whenExhausted": "Deny"}})
     table = await admin.table(BUDGETS.path(namespace))
     assert [c["name"] for c in table["columnDefinitions"]] == ["Name", "Budget", "Used", "State", "Age"]

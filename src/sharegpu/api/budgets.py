@@ -25,6 +25,10 @@ WITHIN: Final = budget.WITHIN
 WARNING: Final = budget.WARNING
 EXHAUSTED: Final = budget.EXHAUSTED
 
+PERIOD_START: Final = r"^$|^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?(Z|[+-][0-9]{2}:[0-9]{2})$"
+"""What the API server lets `periodStart` be (the CRD's pattern): an RFC 3339 timestamp, or empty. A
+date alone, or a time with no zone, is refused there instead of leaving the budget unaccounted."""
+
 Action = Literal["Demote", "Deny", "Allow"]
 State = Literal["Within", "Warning", "Exhausted"]
 
@@ -34,7 +38,13 @@ class BudgetSpec(wire.Message, kw_only=True, frozen=True):
 
     gpu_hours: Annotated[int, Meta(ge=1, description="GPU-hours per period (a whole GPU for an hour is one).")]
     period_days: Annotated[int, Meta(ge=1, le=366, description="The period's length in days.")] = 30
-    period_start: Annotated[str, Meta(description="Where periods are counted from (RFC 3339); empty: creation.")] = ""
+    period_start: Annotated[
+        str,
+        Meta(
+            description="Where periods are counted from (RFC 3339, with a time and its zone); empty: creation.",
+            extra_json_schema={"pattern": PERIOD_START},
+        ),
+    ] = ""
     when_exhausted: Annotated[
         Action,
         Meta(

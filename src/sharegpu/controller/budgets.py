@@ -218,6 +218,13 @@ class BudgetReconciler:
             present = [h for ns in sorted(covered[key]) for h in holdings[ns][0]]
             gone = [h for ns in sorted(covered[key]) for h in holdings[ns][1]]
             try:
+                budgets.anchor(item)
+            except core_errors.InvalidInputError as exc:  # stored before the CRD's pattern refused it
+                await self._warn(
+                    item, "InvalidSpec", f"spec.periodStart: {exc}; the budget is not accounted until it is fixed"
+                )
+                continue
+            try:
                 books = budgets.account(item, present, gone, now, alive)
             except Exception as exc:  # a budget the code cannot account must not stop the others
                 log.warning("budget %s: %s", key, exc)
@@ -275,12 +282,16 @@ class BudgetReconciler:
         problem = wire.selector_problem(item.spec.namespace_selector)
         if problem is None:
             return
-        subject = resources.CLUSTER_GPU_BUDGET.subject(item.metadata)
         message = f"spec.namespaceSelector: {problem}; the budget covers no namespace until it is fixed"
+        await self._warn(item, "InvalidSelector", message)
+
+    async def _warn(self, item: budgets.AnyBudget, reason: str, message: str) -> None:
+        """A Warning event on the budget, recorded once for the same message."""
+        subject = resources.budget_resource(item).subject(item.metadata)
         try:
-            await self.recorder.record(subject, "InvalidSelector", message, decision=problem, kind="Warning")
+            await self.recorder.record(subject, reason, message, decision=message, kind="Warning")
         except errors.KubeError as exc:
-            log.warning("budget %s: could not record InvalidSelector: %s", wire.key(item.metadata), exc)
+            log.warning("budget %s: could not record %s: %s", wire.key(item.metadata), reason, exc)
 
     async def _record(self, item: budgets.AnyBudget, crossing: budgets.Crossing, status: budgets.BudgetStatus) -> None:
         meta = item.metadata
