@@ -382,3 +382,42 @@ async def test_a_holder_is_not_evicted_while_members_run_on_its_gpus(
     await passes(controller, server)
     assert server.get_object(guard_path) is None, "no member runs any more: the holder may go"
     await controller.api.create(paths.eviction(names.HOLDING_NAMESPACE, holder["metadata"]["name"]), eviction)
+
+
+def used_up(namespace: str, when_exhausted: str) -> dict[str, object]:
+    """A GPUBudget of `namespace` whose period is used up."""
+    return {
+        "apiVersion": resources.GPU_BUDGET.api_version, "kind": resources.GPU_BUDGET.kind,
+        "metadata": {"name": "b", "namespace": namespace},
+        "spec": {"gpuHours": 1, "whenExhausted": when_exhausted, "periodStart": "2026-11-01T00:00:00Z"},
+        "status": {"state": "Exhausted", "usedGPUSeconds": 7200, "periodEnd": "2026-12-01T00:00:00Z"},
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("when_exhausted", ["Deny", "Demote"])
+async def test_a_group_takes_no_gpus_while_its_namespaces_budget_is_used_up(
+    env: tuple[fake.FakeApiServer, runtime.Controller], when_exhausted: str
+) -> None:
+    """The holder is the controller's, at system-cluster-critical: no webhook judges it and no demotion
+    applies, so a tenant whose budget was used up got GPUs through a group. Now no holder is made (one
+    not placed yet is taken back), and the group says why; a group bound before keeps its GPUs."""
+    server, controller = env
+    await bind_eagerly(server, controller, "team", "kept")
+    body = {"metadata": {"name": "g", "namespace": "team"}, "spec": {"gpus": 1}}
+    server.put_object(resources.SHARED_DEVICE_GROUP.path("team"), body)
+    server.put_object(paths.pods("team"), member("m", "team", "team/g"))
+    await passes(controller, server)
+    waiting = paths.pod(names.HOLDING_NAMESPACE, groups.holder_name("team", "g"))
+    assert server.get_object(waiting) is not None, "within the budget: its holder waits to be placed"
+    server.put_object(resources.GPU_BUDGET.path("team"), used_up("team", when_exhausted))
+    await passes(controller, server)
+    assert server.get_object(waiting) is None, "not placed yet: taken back"
+    (condition,) = _status(server, "team", "g").conditions
+    assert (condition.status, condition.reason) == ("False", "BudgetExhausted") and "used up" in condition.message
+    told = [e for e in server.list_objects("/api/v1/events") if e["reason"] == "BudgetExhausted"]
+    assert len(told) == 1 and told[0]["type"] == "Warning"
+    kept = paths.pod(names.HOLDING_NAMESPACE, groups.holder_name("team", "kept"))
+    assert server.get_object(kept) is not None and _status(server, "team", "kept").devices, "bound: kept"
+    await controller.api.delete(resources.GPU_BUDGET.path("team", "b"))
+    await passes(controller, server)
+    assert server.get_object(waiting) is not None, "the budget gone: the holder is made again"

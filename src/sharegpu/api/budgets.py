@@ -210,6 +210,16 @@ def held_back(budgets: Sequence[AnyBudget], priority: int | None, demoted_to: Ma
     return None
 
 
+def holds_back_holder(budgets: Sequence[AnyBudget]) -> str | None:
+    """Why a SharedDeviceGroup may not take its GPUs now: its holder pod is made by the controller at
+    `system-cluster-critical` (no webhook sees it, and it is above any demotion class), so a used-up
+    Deny or Demote budget of the group's namespace refuses it. None when nothing holds it back."""
+    for item in budgets:
+        if item.status.state == EXHAUSTED and item.spec.when_exhausted in ("Deny", "Demote"):
+            return f"{summary(item)}: the budget is used up; the group takes no GPUs until {item.status.period_end}"
+    return None
+
+
 def summary(item: AnyBudget) -> str:
     """The budget's standing in one line, for events and admission refusals."""
     status, spec = item.status, item.spec

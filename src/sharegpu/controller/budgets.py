@@ -170,6 +170,14 @@ class BudgetReconciler:
         if relabelled and any(isinstance(b, budgets.ClusterGPUBudget) for b in self.budgets.values()):
             self.loop.wake()
 
+    def governing(self, namespace: str) -> list[budgets.AnyBudget]:
+        """The budgets that govern `namespace` as this controller knows them."""
+        own = [
+            b for b in self.budgets.values() if isinstance(b, budgets.GPUBudget) and b.metadata.namespace == namespace
+        ]
+        cluster = [b for b in self.budgets.values() if isinstance(b, budgets.ClusterGPUBudget)]
+        return budgets.governing(namespace, self.namespaces.get(namespace, {}), own, cluster)
+
     def covered(self, item: budgets.AnyBudget) -> set[str]:
         """The namespaces whose pods the budget counts."""
         if isinstance(item, budgets.GPUBudget):

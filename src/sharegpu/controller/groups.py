@@ -15,7 +15,10 @@ the group (the chart's admission policy files/policies/handoff.yaml lets only th
 them). A holder that is lost is recreated pinned to the group's node; until it reports its GPUs the
 group holds none (status `devices` empty, condition reason HolderLost) and the hand-offs are emptied,
 so no member starts on GPUs the ledger has freed. A holder made for a placement the group (not bound
-yet) no longer has is replaced; once bound, the webhook refuses placement edits.
+yet) no longer has is replaced; once bound, the webhook refuses placement edits. A group not bound
+yet takes GPUs only within its namespace's GPU-time budgets: while a used-up Deny or Demote budget
+governs that namespace (`api.budgets.holds_back_holder`), no holder is made (one not placed yet is
+deleted), and the Bound condition and a Warning event say why (BudgetExhausted).
 
 While members run on a bound group's node, a PodDisruptionBudget beside the holder
 (`api.groups.holder_guard`) allows it no eviction: `kubectl drain` evicts the members first, and the
@@ -72,11 +75,14 @@ class GroupReconciler:
         ids: inventory.GpuIds,
         *,
         image: str,
+        held_back: Callable[[str], str | None] = lambda namespace: None,
     ) -> None:
+        """`held_back`: why a group of that namespace may not take GPUs now (its budgets), or None."""
         self.api = api
         self.recorder = recorder
         self.clock = clock
         self.image = image
+        self.held_back = held_back
         self.groups: dict[str, groups.SharedDeviceGroup] = {}
         self.pods: dict[str, wire.Pod] = {}
         self.ids = ids
@@ -189,9 +195,16 @@ class GroupReconciler:
             if holder.metadata.deletion_timestamp is None:
                 await self.api.delete(paths.pod(names.HOLDING_NAMESPACE, holder.metadata.name), grace_period=0)
             holder = None
-        if holder is None and (bound or group.spec.bind_eagerly or members):
+        # A group not bound yet takes GPUs only within its namespace's budgets: its holder is not made
+        # (one not placed yet is taken back) while a used-up budget refuses it. A bound group keeps them.
+        refused = None if bound else self.held_back(meta.namespace)
+        if refused is not None and holder is not None and not holder.spec.node_name:
+            if holder.metadata.deletion_timestamp is None:
+                await self.api.delete(paths.pod(names.HOLDING_NAMESPACE, holder.metadata.name), grace_period=0)
+            holder = None
+        if holder is None and refused is None and (bound or group.spec.bind_eagerly or members):
             await self._create_holder(group, bound)
-        new = self._status(group, holder, members)
+        new = self._status(group, holder, members, refused)
         if new.phase == groups.PHASE_BOUND:
             data = self._member_data(group, holder, new)
             # Only namespaces the group admits have members and get its devices (a pod admitted before
@@ -217,12 +230,15 @@ class GroupReconciler:
         elif bound and new.devices and not status.devices:
             await self._record(group, "Bound", f"held again on node {bound}, GPUs {devices}",
                                decision=f"{bound}:{devices}")  # fmt: skip
+        elif refused is not None and (bound or group.spec.bind_eagerly or members):
+            await self._record(group, "BudgetExhausted", refused, decision=refused, kind="Warning")
 
     def _status(
-        self, group: groups.SharedDeviceGroup, holder: wire.Pod | None, members: list[wire.Pod]
+        self, group: groups.SharedDeviceGroup, holder: wire.Pod | None, members: list[wire.Pod], refused: str | None
     ) -> groups.GroupStatus:
         """Bound once the holder reports its GPUs, to that node for good; `devices` are what the holder
-        holds now: none while a lost holder is replaced (the members' hand-offs are withheld meanwhile)."""
+        holds now: none while a lost holder is replaced (the members' hand-offs are withheld meanwhile).
+        `refused`: why no holder is made (a used-up budget)."""
         old = group.status
         node, devices = old.node_name, self._held(group, holder)
         reason, message = "", ""
@@ -239,6 +255,8 @@ class GroupReconciler:
                     "started from now on wait for its GPUs"
                 ),
             )
+        elif refused is not None and holder is None:
+            reason, message = "BudgetExhausted", refused
         elif holder is not None and holder.spec.node_name:
             reason, message = "Starting", f"the holder pod is on {holder.spec.node_name}, waiting for its GPUs"
         elif holder is not None:

@@ -88,7 +88,10 @@ class Controller:
         self.recorder = kube_events.Recorder(api, names.CONTROLLER, self.identity, clock)
         self.budgets = budgets.BudgetReconciler(api, self.recorder, clock, write_every=options.write_every)
         self.ids = inventory.GpuIds()
-        self.groups = groups.GroupReconciler(api, self.recorder, clock, self.ids, image=options.image)
+        self.groups = groups.GroupReconciler(
+            api, self.recorder, clock, self.ids, image=options.image,
+            held_back=lambda namespace: api_budgets.holds_back_holder(self.budgets.governing(namespace)),
+        )  # fmt: skip
         unknown = sorted(options.compat - set(resources.COMPAT))
         if unknown:
             raise errors.InvalidRequestError(f"compat: unknown {', '.join(unknown)} (known: "
@@ -115,12 +118,12 @@ class Controller:
             informer.Informer(api, paths.PODS, lifetimes.TimedPod, budgets.pod_books, self.budgets.on_pod, name="pods"),
             informer.Informer(api, paths.DEVICES, wire.Device, informer.identity, self._on_device, name="devices"),
             informer.Informer(
-                api, resources.GPU_BUDGET.path(), api_budgets.GPUBudget, informer.identity, self.budgets.on_budget,
+                api, resources.GPU_BUDGET.path(), api_budgets.GPUBudget, informer.identity, self._on_budget,
                 name="gpubudgets",
             ),
             informer.Informer(
                 api, resources.CLUSTER_GPU_BUDGET.path(), api_budgets.ClusterGPUBudget, informer.identity,
-                self.budgets.on_budget, name="clustergpubudgets",
+                self._on_budget, name="clustergpubudgets",
             ),
             informer.Informer(
                 api, paths.NAMESPACES, wire.Namespace, informer.identity, self.budgets.on_namespace, name="namespaces"
@@ -180,6 +183,10 @@ class Controller:
             self.sharepods.loop.wake()
         if self.defrag is not None:
             self.defrag.on_device(kind, device)
+
+    def _on_budget(self, kind: wire.EventType, item: api_budgets.AnyBudget) -> None:
+        self.budgets.on_budget(kind, item)
+        self.groups.loop.wake()  # a group not bound yet may take its GPUs only within its budgets
 
     def _on_group(self, kind: wire.EventType, group: api_groups.SharedDeviceGroup) -> None:
         self.groups.on_group(kind, group)
