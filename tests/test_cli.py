@@ -116,6 +116,38 @@ def test_malformed_row_is_reported_with_its_line(tmp_path: Path) -> None:
     assert f"sharegpu: error: {pods}:3: column memory_mib must be an integer, got 'ten'" in result.output
 
 
+@pytest.mark.parametrize("command", ["simulate", "bound"])
+def test_pods_none_of_which_asks_for_a_gpu_are_refused_not_replayed_for_ever(tmp_path: Path, command: str) -> None:
+    """Static arrivals draw pods until their GPU requests fill the GPUs: from pods that ask for none
+    the draw never ended (the commands hung, memory growing)."""
+    nodes = tmp_path / "nodes.csv"
+    nodes.write_text("sn,cpu_milli,memory_mib,gpu,model\nn1,1000,1000,2,T4\n")
+    pods = tmp_path / "cpu.csv"
+    pods.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli\np1,10,10,0,0\n")
+    result = runner.invoke(cli.app, [command, "--nodes", str(nodes), "--pods", str(pods), "--seeds", "1", "-j", "1"])
+    assert result.exit_code == 2
+    assert f"sharegpu: error: {pods}: no pod asks for a GPU: nothing to replay" in result.output
+
+
+@pytest.mark.parametrize(
+    ("option", "name", "says"),
+    [
+        ("--json", "/proc/nope/x.json", "its folder cannot be made"),
+        ("--json", "a-file/x.json", "a-file is not a folder"),
+        ("--json", ".", "is a folder"),
+        ("--plot", "a-file/x.png", "a-file is not a folder"),
+    ],
+)
+def test_an_output_that_cannot_be_written_is_refused_before_any_run(
+    tmp_path: Path, option: str, name: str, says: str
+) -> None:
+    (tmp_path / "a-file").write_text("")
+    args = ["simulate", "-q", "-p", "bestfit", "--seeds", "1", "-j", "1", option, str(tmp_path / name)]
+    result = runner.invoke(cli.app, args)
+    assert result.exit_code == 2 and says in result.output, result.output
+    assert "bestfit" not in result.output, "no run made, no table printed"
+
+
 def test_policies_lists_every_policy() -> None:
     result = runner.invoke(cli.app, ["policies"])
     assert result.exit_code == 0

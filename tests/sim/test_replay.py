@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import numpy as np
@@ -29,6 +30,14 @@ def test_workload_puts_the_shuffled_trace_first_and_stops_at_tune(world: tuple[l
     assert sorted(workload.node_priority.tolist()) == list(range(len(nodes)))
     again = replay.build_workload(small, capacity, len(nodes), 1.3, seed=7)
     assert [p.name for p in again.pods] == [p.name for p in workload.pods]
+
+
+def test_a_workload_of_pods_that_ask_for_no_gpu_is_refused(world: tuple[list, trace.Trace]) -> None:  # type: ignore[type-arg]
+    nodes, pods = world
+    idle = tuple(dataclasses.replace(p, num_gpu=0, gpu_milli=0) for p in pods.pods[:3])
+    assert all(p.gpu_milli_total == 0 for p in idle)
+    with pytest.raises(ValueError, match="no pod asks for a GPU"):
+        replay.build_workload(idle, 10_000, len(nodes), 1.3, seed=7)
 
 
 def test_static_replay_never_allocates_more_than_arrived(world: tuple[list, trace.Trace]) -> None:  # type: ignore[type-arg]

@@ -24,7 +24,7 @@ from rich.table import Table
 
 from sharegpu.cli.boundary import UsageError, console, reported
 from sharegpu.cli.options import complete_policies
-from sharegpu.core import policy_names
+from sharegpu.core import errors, policy_names
 
 if TYPE_CHECKING:
     from sharegpu.sim import report, runner
@@ -107,6 +107,23 @@ def read_traces(nodes: Path | None, pods: list[Path] | None, seeds: str) -> tupl
     return seed_list, sources
 
 
+def writable(option: str, path: Path | None) -> None:
+    """An output file checked before any run (a sweep can take hours): its folder made, or there, and
+    writable, and the path no folder. Nothing is written to it yet."""
+    if path is None:
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise UsageError(f"{option} {path}: {path.parent} is not a folder") from None
+    except OSError as exc:
+        raise UsageError(f"{option} {path}: its folder cannot be made: {exc.strerror or exc}") from None
+    if path.is_dir():
+        raise UsageError(f"{option} {path}: is a folder")
+    if not os.access(path.parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise UsageError(f"{option} {path}: not writable")
+
+
 def _label(path: Path) -> str:
     stem = path.stem
     return stem.removeprefix("openb_pod_list_")
@@ -161,6 +178,8 @@ def simulate(
             raise UsageError("--jobs and --dask exclude each other (the Dask cluster's workers make the runs)")
         if plot is not None and plot.suffix.lower() != ".png":
             raise UsageError(f"--plot must name a .png file, got {plot}")
+        writable("--plot", plot)
+        writable("--json", json_path)
         chosen = parse_policies(policy)
         seed_list, sources = read_traces(nodes, pods, seeds)
         if mode == "dynamic":
@@ -180,13 +199,13 @@ def simulate(
     now = [found for source in sources if (found := report.cluster_now(source)) is not None]
     for found in now:
         shown.print(found.describe())
-    if json_path is not None:
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_bytes(report.to_json(results, shlex.join(["sharegpu", *sys.argv[1:]]), now))
-        shown.print(f"wrote {json_path}")
-    if plot is not None:
-        report.plot(results, plot)
-        shown.print(f"wrote {plot}")
+    with reported(OSError):
+        if json_path is not None:
+            json_path.write_bytes(report.to_json(results, shlex.join(["sharegpu", *sys.argv[1:]]), now))
+            shown.print(f"wrote {json_path}")
+        if plot is not None:
+            report.plot(results, plot)
+            shown.print(f"wrote {plot}")
 
 
 def _run_all(
@@ -270,6 +289,7 @@ def bound(
             f"--time-limit must be in (0, 86400] seconds, got {time_limit}",
         )
         check_trace_options(nodes, pods, tune, jobs, time_limit_in_range)
+        writable("--json", json_path)
         seed_list, sources = read_traces(nodes, pods, seeds)
         # Seed by seed across the traces, so a table cut short still covers every trace.
         specs = [limit.BoundSpec(source, seed, tune, time_limit) for seed in seed_list for source in sources]
@@ -277,11 +297,10 @@ def bound(
 
     def save(runs: list[limit.BoundRun]) -> None:
         if json_path is not None:
-            json_path.parent.mkdir(parents=True, exist_ok=True)
             document = {"command": command, "runs": [dataclasses.asdict(run) for run in runs]}
             json_path.write_bytes(orjson.dumps(document, option=orjson.OPT_INDENT_2))
 
-    with reported(), shown.status(f"bounding {len(specs)} run(s)"):
+    with reported(errors.SharegpuError, OSError), shown.status(f"bounding {len(specs)} run(s)"):
         runs = limit.execute_all(specs, jobs or os.cpu_count() or 1, save)
     shown.print(_bound_table(runs))
     for found in (report.cluster_now(source) for source in sources):

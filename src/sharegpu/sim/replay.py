@@ -58,6 +58,8 @@ def build_workload(
     """
     if tune <= 0:
         raise ValueError(f"tune must be > 0, got {tune}")
+    if not any(pod.gpu_milli_total for pod in pods):
+        raise ValueError("no pod asks for a GPU: drawing more would never reach the capacity")
     rng = np.random.default_rng(seed)
     node_priority = rng.permutation(node_count).astype(np.int64)
     target = tune * capacity_milli

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sharegpu.core import devices, frag, units
+from sharegpu.core import devices, errors, frag, units
 from sharegpu.sim import catalog, replay, synthetic, trace
 
 SYNTHETIC = "synthetic"
@@ -154,9 +154,12 @@ def _counted(
 
 
 def validate_sources(sources: Sequence[Source]) -> None:
-    """Load every source once here, so bad files fail before any worker starts."""
+    """Load every source once here, so bad files fail before any worker starts: unreadable ones, and
+    pods none of which asks for a GPU (nothing to replay: drawing more would never fill the GPUs)."""
     for source in sources:
-        load_source(source)
+        _, pods = load_source(source)  # a nodes file without a GPU node is refused as it is read
+        if not any(pod.gpu_milli_total for pod in pods.pods):
+            raise errors.InvalidInputError(f"{source.pods_path}: no pod asks for a GPU: nothing to replay")
 
 
 def run_all(
