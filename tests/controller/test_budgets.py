@@ -544,3 +544,24 @@ async def test_a_budget_whose_period_start_cannot_be_read_says_so_once(env: Env)
     warned = [e for e in env.server.list_objects("/api/v1/events") if e["reason"] == "InvalidSpec"]
     assert len(warned) == 1 and "spec.periodStart" in warned[0]["message"], warned
     assert controller.budgets.writes == 0
+
+
+def test_a_replica_that_does_not_lead_forgets_pods_that_went_long_ago() -> None:
+    """Only the leader runs passes (which drop settled pods): a standby replica kept every GPU pod it
+    saw deleted, for as long as it ran. Those gone over `GONE_RETENTION` ago are let go as others go."""
+    from sharegpu.api import lifetimes
+    from sharegpu.controller import budgets as controller_budgets
+    from sharegpu.kube import events as kube_events
+
+    clock = builders.Clock(T0)
+    api = client.KubeClient(fake.FakeApiServer())
+    standby = controller_budgets.BudgetReconciler(api, kube_events.Recorder(api, "c", "c-1", clock), clock)
+    for hour in range(6):
+        clock.now = T0 + hour * HOUR
+        for n in range(5):
+            body = gpu_pod(f"p{hour}-{n}", [(0, 500, 0)], at=T0 + hour * HOUR - 60)
+            body["metadata"]["uid"] = f"uid-{hour}-{n}"
+            pod = wire.convert(body, lifetimes.TimedPod)
+            standby.on_pod(wire.EventType.DELETED, controller_budgets.pod_books(pod))
+    assert 5 <= len(standby.gone) <= 10, len(standby.gone)
+    assert all(clock.now - end <= controller_budgets.GONE_RETENTION for _, end in standby.gone.values())

@@ -100,6 +100,8 @@ class BudgetReconciler:
         self.loop = reconcile.Loop("budgets", self.reconcile)
         self.writes = 0
         self.conflicts = 0
+        self.swept = 0
+        """When `gone` was last swept of what went long ago."""
 
     # ----------------------------------------------------------------- informer handlers
 
@@ -117,6 +119,7 @@ class BudgetReconciler:
             self.lifetimes.pop(life.uid, None)
             went = self.finished.pop(life.uid, now)
             self.gone[life.uid] = (life, life.end if life.end is not None else min(went, now))
+            self._expire_gone(now)
         else:
             self.lifetimes[life.uid] = life
             if life.terminal and life.end is None:
@@ -131,6 +134,7 @@ class BudgetReconciler:
             life = self._claim_life(claim.uid, found) if found is not None else None
             if life is not None:
                 self.gone[claim.uid] = (life, life.end if life.end is not None else int(self.clock()))
+                self._expire_gone(int(self.clock()))
             named = {(c.namespace, c.name) for c in self.claims.values()}
             for uid, use in list(self.uses.items()):
                 if use.end is not None and not any((use.namespace, n) in named for n in use.claims):
@@ -309,6 +313,16 @@ class BudgetReconciler:
             subject, crossing.reason, f"{crossing.message} ({budgets.summary(shown)})",
             decision=f"{crossing.state}@{status.period_start}", kind="Warning",
         )  # fmt: skip
+
+    def _expire_gone(self, now: int) -> None:
+        """Drop the pods that went more than `GONE_RETENTION` ago, at most once a tenth of it: a
+        replica that does not lead runs no pass (`_forget`), and would keep every pod it saw go."""
+        if now - self.swept < GONE_RETENTION // 10:
+            return
+        self.swept = now
+        for uid, (_, end) in list(self.gone.items()):
+            if now - end > GONE_RETENTION:
+                del self.gone[uid]
 
     def _forget(self, now: int, covered: dict[str, set[str]]) -> None:
         """Drop gone pods that every budget covering their namespace has settled (wrote after they
