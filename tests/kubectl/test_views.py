@@ -15,7 +15,7 @@ from sharegpu.core import allocation, devices, requests, units
 from sharegpu.extender import routes
 from sharegpu.kubectl import read, render, views
 from tests.builders import MakeAllocation, MakeClaim
-from tests.extender.conftest import Harness, gpu_pod, settle
+from tests.extender.conftest import Harness, add_node, gpu_pod, settle
 from tests.kubectl.conftest import snapshot
 
 Json = dict[str, Any]
@@ -262,6 +262,24 @@ async def test_explain_looks_only_at_the_nodes_the_pods_node_selector_allows(pla
     text = render.plain(render.explanation_text(explained))
     assert "2 nodes (1 more left out by the nodeSelector pool=x)" in text
     assert "    n1: sharegpu.io/gpu requested 2, free 1 of 1 (the node has fewer GPUs than the pod asks for)" in text
+
+
+async def test_explain_counts_no_node_that_serves_dra_claims_only(placed: Callable[..., Any]) -> None:
+    h: Harness = await placed(nodes=1, gpus=1)
+    add_node(h.server, "n9", 4, dra=True)  # room enough, but for DRA claims only
+    await settle(h.server)
+    pod = await h.create(gpu_pod("pair", nvidia=2))
+    found, selector = await read.pod(h.api, "ns", "pair")
+    explained = views.explain(await snapshot(h), found, selector)
+
+    verdict = h.extender.scheduling.filter(h.args(pod))
+    assert not verdict.node_names and explained.outcome == "unschedulable" and explained.choice is None
+    assert {v.node: v.reason for v in explained.nodes} == verdict.failed_nodes
+    assert explained.message == h.extender.scheduling.outcomes[units.pod_key("ns", "pair")].message
+    dra_node = next(v for v in explained.nodes if v.node == "n9")
+    assert (dra_node.fits, dra_node.shortfall, dra_node.reason) == (False, views.DRA_ONLY, reasons.NO_INVENTORY)
+    text = render.plain(render.explanation_text(explained))
+    assert f"    {views.DRA_ONLY_DETAIL}" in text and "fits" not in text
 
 
 async def test_explain_says_where_a_bound_pod_is_and_why_others_are_not_placed(placed: Callable[..., Any]) -> None:

@@ -37,6 +37,10 @@ DETAIL_NODES = 20
 
 NO_INVENTORY = "NO_INVENTORY"
 """The shortfall name of a candidate node the fleet does not hold (no Device, or not ready)."""
+DRA_ONLY = "DRA_ONLY"
+"""The shortfall name of a candidate node that serves DRA claims only (its Device says `dra: true`):
+the extender places no pod there and answers it with its "no GPU inventory" text."""
+DRA_ONLY_DETAIL = "the node serves DRA claims only (its Device has dra: true): sharegpu places no pod there"
 
 
 # ----------------------------------------------------------------- the cluster
@@ -256,7 +260,7 @@ class NodeVerdict:
     node: str
     fits: bool
     shortfall: str
-    """A `core.fit.Shortfall` name (NONE where it fits), or NO_INVENTORY."""
+    """A `core.fit.Shortfall` name (NONE where it fits), NO_INVENTORY or DRA_ONLY."""
     reason: str
     """The extender's text for this node in the pod's FailedScheduling event ("" where it fits)."""
     gpus: tuple[str, ...]
@@ -354,8 +358,9 @@ def explain(
 
     The candidates are the nodes kube-scheduler would offer the extender as far as the pod's
     nodeSelector goes (its other filters, taints and required affinity, are kube-scheduler's and
-    not repeated here); among them, the nodes the fleet does not hold get the extender's "no GPU
-    inventory" text, as in a filter answer."""
+    not repeated here); among them, the nodes the fleet does not hold, and those that serve DRA
+    claims only (`ClusterCache.dra_rows`: the extender's filter drops them), get the extender's "no
+    GPU inventory" text, as in a filter answer."""
     record = pods.record(pod)
     selector = dict(node_selector or {})
     scheduled = _scheduled(pod)
@@ -386,8 +391,9 @@ def explain(
     state = cache.state
     names_ = sorted(n for n in cache.nodes if all(view.labels.get(n, {}).get(k) == v for k, v in selector.items()))
     left_out = len(cache.nodes) - len(names_)
-    known = [n for n in names_ if state.row(n) is not None]
-    missing = [n for n in names_ if state.row(n) is None]
+    dra_only = {n for n in names_ if (row := state.row(n)) is not None and bool(cache.dra_rows[row])}
+    known = [n for n in names_ if state.row(n) is not None and n not in dra_only]
+    missing = [n for n in names_ if state.row(n) is None or n in dra_only]
     rows = np.array([state.row(n) for n in known], dtype=np.int64)
     feasible = fit.evaluate(state, demand, rows).feasible
     diagnosis = fit.diagnose(state, demand, rows)
@@ -418,7 +424,12 @@ def explain(
             lines = tuple(reasons.detail(fit.explain_node(state, demand, row)))
         kind = fit.Shortfall(shortfall[position]).name
         verdicts.append(NodeVerdict(known[position], fits, kind, texts.get(known[position], ""), lines, eligible))
-    verdicts += [NodeVerdict(n, False, NO_INVENTORY, texts[n], (), ()) for n in missing]
+    verdicts += [
+        NodeVerdict(n, False, DRA_ONLY, texts[n], (DRA_ONLY_DETAIL,), ())
+        if n in dra_only
+        else NodeVerdict(n, False, NO_INVENTORY, texts[n], (), ())
+        for n in missing
+    ]
     outcome = "quota" if refusal is not None else ("fits" if feasible.any() else "unschedulable")
     return dataclasses.replace(
         base, outcome=outcome, problem=refusal or "", candidates=len(names_), left_out=left_out, message=message,
