@@ -343,6 +343,28 @@ async def test_explain_and_budgets_show_the_quota_the_extender_holds_a_pod_back_
     assert "No GPU-time budgets" in text and "600 / 1000" in text and render.bar(600, 1000) in text
 
 
+async def test_explain_checks_a_group_holder_against_its_groups_namespace_quota(placed: Callable[..., Any]) -> None:
+    h: Harness = await placed(nodes=1, gpus=2)
+    await h.schedule(await h.create(gpu_pod("a", milli=600, namespace="team")))
+    h.server.put_object(
+        "/api/v1/namespaces/team/resourcequotas",
+        {"metadata": {"name": "gpus"}, "spec": {"hard": {f"requests.{names.GPU_MILLI_TOTAL}": "1000"}}},
+    )
+    await settle(h.server)
+    holder = gpu_pod("holder", milli=500, namespace=names.HOLDING_NAMESPACE)
+    holder["metadata"]["labels"] = {
+        names.LABEL_ROLE: names.ROLE_GROUP_HOLDER,
+        names.LABEL_GROUP_NAMESPACE: "team",
+    }
+    pod = await h.create(holder)
+    found, selector = await read.pod(h.api, names.HOLDING_NAMESPACE, "holder")
+    explained = views.explain(await snapshot(h), found, selector)
+
+    verdict = h.extender.scheduling.filter(h.args(pod))
+    assert not verdict.node_names and set(verdict.failed_nodes.values()) == {explained.problem}
+    assert explained.outcome == "quota" and explained.problem.startswith("namespace team: ResourceQuota gpus")
+
+
 def budget(name: str, namespace: str, used: int, state: str = "Within", hours: int = 20) -> Json:
     return {
         "apiVersion": resources.GPU_BUDGET.api_version,

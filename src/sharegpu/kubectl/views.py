@@ -5,7 +5,9 @@ go through the extender's own record functions into its `ClusterCache` (fleet ar
 placer), ResourceQuotas into its `QuotaGuard`. `inventory` then reads the ledger (who holds what,
 GPU by GPU); `explain` asks the filter the extender runs (`core.fit.evaluate`, `diagnose`,
 `explain_node`), words the answer with `api.reasons` (the FailedScheduling texts and the GPU-by-GPU
-detail of the extender's /debug/pods), checks the namespace's quotas with the extender's guard, and
+detail of the extender's /debug/pods), checks the quotas of the namespace the pod is charged to
+(`api.pods.charged_namespace`: a SharedDeviceGroup's holder counts against its group's) with the
+extender's guard, and
 asks the placer which node and GPUs the extender would choose. So the plugin's answer is the
 extender's answer for the same cluster state; the only difference is the state itself (the
 extender may hold a decision whose binding is still on its way).
@@ -399,7 +401,8 @@ def explain(
     diagnosis = fit.diagnose(state, demand, rows)
     failed = reasons.failures(known, diagnosis, demand, missing)
     texts = {**failed.resolvable, **failed.unresolvable}
-    refusal = view.quota.refusal(record.key, request)
+    charged = pods.charged_namespace(pod.metadata.namespace, pod.metadata.labels)  # a group holder: its group's
+    refusal = view.quota.refusal(record.key, request, charged)
     choice = None
     if feasible.any():
         placer = cache.placer_for(pod.metadata.annotations.get(names.PLACEMENT))
