@@ -331,8 +331,14 @@ async def test_explain_and_budgets_show_the_quota_the_extender_holds_a_pod_back_
     assert explained.outcome == "quota" and set(verdict.failed_nodes.values()) == {explained.problem}
     assert "ResourceQuota gpus allows 1000 milli-GPU" in explained.problem
     assert "its placed pods hold 600" in explained.problem
-    assert explained.choice is not None, "the GPUs have room: only the quota holds it back"
-    assert f"{'quota':<12}namespace ns: ResourceQuota gpus" in render.plain(render.explanation_text(explained))
+    assert explained.choice is None, "the filter refuses before any node: nothing is chosen"
+    assert explained.message == "held back by its namespace's quota before any node (1 of 1 nodes have room for it)"
+    assert [v.fits for v in explained.nodes] == [True], "the GPUs have room: only the quota holds it back"
+    text = render.plain(render.explanation_text(explained))
+    assert f"{'quota':<12}namespace ns: ResourceQuota gpus" in text
+    assert "choice" not in text and "n0: room, held back by the quota (GPU" in text and " fits" not in text
+    document = orjson.loads(render.dumps(render.explanation_json(explained)))
+    assert (document["outcome"], document["choice"]) == ("quota", None)
 
     quotas = views.quota_views(cluster)
     assert [(q.namespace, q.name, q.resource, q.held, q.hard) for q in quotas] == [

@@ -268,9 +268,8 @@ def explanation_text(e: views.Explanation) -> RenderableType:
             lines.append(Text(""))
         for verdict in e.nodes:
             if verdict.fits:
-                lines.append(
-                    Text.assemble((verdict.node, "bold"), ": fits (", _gpus(verdict.eligible), " can host it)")
-                )
+                room = ": room, held back by the quota (" if e.outcome == "quota" else ": fits ("
+                lines.append(Text.assemble((verdict.node, "bold"), room, _gpus(verdict.eligible), " can host it)"))
                 continue
             lines.append(Text.assemble((verdict.node, "bold"), ": ", (verdict.reason, "red")))
             lines += [Text(f"    {detail}") for detail in verdict.gpus]

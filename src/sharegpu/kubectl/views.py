@@ -300,8 +300,10 @@ class Explanation:
     left_out: int
     """Nodes the pod's nodeSelector leaves out."""
     message: str
-    """What the extender's filter would answer now over the candidates, in kube-scheduler's words."""
+    """What the extender's filter would answer now over the candidates, in kube-scheduler's words
+    (where the quota refuses: that it does, and how many nodes have room all the same)."""
     choice: Choice | None
+    """The node and GPUs the extender's policy picks now (None where nothing fits or the quota refuses)."""
     nodes: tuple[NodeVerdict, ...]
     allocation: allocation.Allocation | None
 
@@ -404,7 +406,10 @@ def explain(
     charged = pods.charged_namespace(pod.metadata.namespace, pod.metadata.labels)  # a group holder: its group's
     refusal = view.quota.refusal(record.key, request, charged)
     choice = None
-    if feasible.any():
+    if refusal is not None:  # the extender's filter refuses before any node: nothing is chosen
+        room = f"{int(feasible.sum())} of {len(names_)} nodes have room for it" if feasible.any() else "no node fits"
+        message = f"held back by its namespace's quota before any node ({room})"
+    elif feasible.any():
         placer = cache.placer_for(pod.metadata.annotations.get(names.PLACEMENT))
         decision = placer.decide(demand, rows)
         if decision.node is not None:
