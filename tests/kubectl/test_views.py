@@ -14,7 +14,7 @@ from sharegpu.api import dra, names, paths, reasons, resources
 from sharegpu.core import allocation, devices, requests, units
 from sharegpu.extender import routes
 from sharegpu.kubectl import read, render, views
-from tests.builders import MakeAllocation, MakeClaim
+from tests.builders import MakeAllocation, MakeClaim, MakePod
 from tests.extender.conftest import Harness, add_node, gpu_pod, settle
 from tests.kubectl.conftest import snapshot
 
@@ -280,6 +280,31 @@ async def test_explain_counts_no_node_that_serves_dra_claims_only(placed: Callab
     assert (dra_node.fits, dra_node.shortfall, dra_node.reason) == (False, views.DRA_ONLY, reasons.NO_INVENTORY)
     text = render.plain(render.explanation_text(explained))
     assert f"    {views.DRA_ONLY_DETAIL}" in text and "fits" not in text
+
+
+async def test_explain_and_pending_name_the_dra_claims_a_pod_asks_its_gpus_through(placed: Callable[..., Any]) -> None:
+    h: Harness = await placed(nodes=1, gpus=1)
+    add_node(h.server, "n9", 2, dra=True)
+    h.server.put_object(dra.claim_path("ns"), MakeClaim("c1", "ns").ask(250, "2Gi").obj())
+    h.server.put_object(dra.claim_path("ns"), MakeClaim("other", "ns").ask(device_class="example.com").obj())
+    made = MakePod("trainer", "ns").scheduler().container().claim("c1").claim("other", "net").gate()
+    made.status(conditions=[{"type": "PodScheduled", "status": "False", "reason": "SchedulingGated"}])
+    await h.create(made.obj())
+    found, selector = await read.pod(h.api, "ns", "trainer")
+    explained = views.explain(await snapshot(h), found, selector)
+
+    assert explained.outcome == "dra" and explained.claims == ("gpu (claim c1, not allocated yet)",)
+    assert explained.choice is None and explained.nodes == ()
+    text = render.plain(render.explanation_text(explained))
+    assert "asks for no GPU" not in text and "through DRA claims (gpu (claim c1, not allocated yet))" in text
+    assert "sharegpu's DRA allocator places them" in text
+    document = orjson.loads(render.dumps(render.explanation_json(explained)))
+    assert (document["outcome"], document["claims"]) == ("dra", ["gpu (claim c1, not allocated yet)"])
+
+    waiting = views.pending(await read.cluster(h.api))
+    assert [(p.name, p.asks, p.reason) for p in waiting] == [
+        ("trainer", "DRA claims gpu (claim c1, not allocated yet)", "SchedulingGated")
+    ]
 
 
 async def test_explain_says_where_a_bound_pod_is_and_why_others_are_not_placed(placed: Callable[..., Any]) -> None:

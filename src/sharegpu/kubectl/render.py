@@ -209,6 +209,7 @@ def explanation_json(e: views.Explanation) -> Json:
             for v in e.nodes
         ],
         "allocation": orjson.loads(e.allocation.to_json()) if e.allocation is not None else None,
+        "claims": list(e.claims),
     }
 
 
@@ -233,6 +234,14 @@ def explanation_text(e: views.Explanation) -> RenderableType:
         lines.append(_line("group", f"joins SharedDeviceGroup {e.group} (its members run where it is bound)"))
     if e.outcome == "no-gpu":
         lines.append(_line("sharegpu", "the pod asks for no GPU: kube-scheduler places it alone"))
+    elif e.outcome == "dra":
+        lines.append(
+            _line(
+                "sharegpu",
+                f"the pod asks for GPUs through DRA claims ({', '.join(e.claims)}): sharegpu's DRA allocator "
+                "places them (on the nodes that serve DRA claims), and kube-scheduler the pod where they are",
+            )
+        )
     elif e.outcome == "invalid":
         lines.append(_line("sharegpu", e.problem, "red"))
     elif e.outcome in ("reservation", "finished"):

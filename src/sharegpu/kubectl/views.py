@@ -7,8 +7,9 @@ GPU by GPU); `explain` asks the filter the extender runs (`core.fit.evaluate`, `
 `explain_node`), words the answer with `api.reasons` (the FailedScheduling texts and the GPU-by-GPU
 detail of the extender's /debug/pods), checks the quotas of the namespace the pod is charged to
 (`api.pods.charged_namespace`: a SharedDeviceGroup's holder counts against its group's) with the
-extender's guard, and
-asks the placer which node and GPUs the extender would choose. So the plugin's answer is the
+extender's guard, and asks the placer which node and GPUs the extender would choose. A pod whose
+GPUs come only through DRA claims of sharegpu's class is not the filter's: `explain` names its
+claims and says the DRA allocator places them (`extender.allocator`). So the plugin's answer is the
 extender's answer for the same cluster state; the only difference is the state itself (the
 extender may hold a decision whose binding is still on its way).
 
@@ -30,7 +31,7 @@ from sharegpu.api import budgets as api_budgets
 from sharegpu.api import dra, idle, names, pods, reasons, usage, wire
 from sharegpu.api import groups as api_groups
 from sharegpu.api import quotas as api_quotas
-from sharegpu.core import allocation, errors, fit, policies, requests
+from sharegpu.core import allocation, errors, fit, policies, requests, units
 from sharegpu.extender import cache as extender_cache
 from sharegpu.extender import quotas as extender_quotas
 
@@ -286,7 +287,7 @@ class Explanation:
     node: str
     """The node the pod is bound to ("" while pending)."""
     outcome: str
-    """bound, fits, unschedulable, quota, invalid, no-gpu, reservation or finished."""
+    """bound, fits, unschedulable, quota, invalid, no-gpu, dra, reservation or finished."""
     asks: str
     """The request in words ("" when it asks for no GPU or cannot be read)."""
     problem: str
@@ -306,6 +307,32 @@ class Explanation:
     """The node and GPUs the extender's policy picks now (None where nothing fits or the quota refuses)."""
     nodes: tuple[NodeVerdict, ...]
     allocation: allocation.Allocation | None
+    claims: tuple[str, ...] = ()
+    """The pod's DRA claims of sharegpu's class, in words (`gpu_claims`): the DRA allocator places them."""
+
+
+def gpu_claims(pod: wire.Pod, known: Mapping[units.PodKey, dra.ClaimRecord]) -> tuple[str, ...]:
+    """The pod's `spec.resourceClaims` entries that ask for sharegpu's DeviceClass, in words, as the
+    DRA allocator finds them: a listed claim of the class (`known`: claim key -> record, sharegpu's
+    claims only), or one not made yet whose name, or template's, has sharegpu's shape (the webhook's
+    and the allocator's own: `api.dra.claim_shape`, `template_shape`)."""
+    out = []
+    namespace = pod.metadata.namespace
+    for ref in pods.claim_refs(pod):
+        found = known.get(dra.claim_key(namespace, ref.claim)) if ref.claim else None
+        if found is not None and found.ours:
+            state = "allocated" if found.allocated else "not allocated yet"
+            out.append(f"{ref.name} (claim {ref.claim}, {state})")
+        elif ref.claim and dra.claim_shape(ref.claim) is not None:
+            out.append(f"{ref.name} (claim {ref.claim}, not made yet)")
+        elif not ref.claim and ref.template and dra.template_shape(ref.template) is not None:
+            out.append(f"{ref.name} (from template {ref.template}, its claim not made yet)")
+    return tuple(out)
+
+
+def _listed_claims(listing: Listing) -> dict[units.PodKey, dra.ClaimRecord]:
+    records = (dra.claim_record(c) for c in listing.claims)
+    return {r.key: r for r in records if r.ours}
 
 
 def describe(request: requests.PodRequest) -> str:
@@ -385,6 +412,9 @@ def explain(
     if record.node:
         return dataclasses.replace(base, outcome="bound")
     if not record.gpu:
+        claims = gpu_claims(pod, view.cache.claims.records)
+        if claims:  # its GPUs come through DRA: the DRA allocator places its claims, not the filter
+            return dataclasses.replace(base, outcome="dra", asks="DRA claims " + ", ".join(claims), claims=claims)
         return dataclasses.replace(base, outcome="no-gpu")
     if record.request is None:
         text = reasons.invalid(["-"], record.problem or "unreadable")
@@ -687,15 +717,23 @@ class PendingView:
 
 
 def pending(listing: Listing) -> list[PendingView]:
-    """The GPU pods that wait for a node (not bound, not ending), oldest first."""
+    """The GPU pods that wait for a node (not bound, not ending), oldest first: those that ask for
+    sharegpu's resources and those whose GPUs come through DRA claims of its class (`gpu_claims`)."""
     out = []
     waiting = [
         p for p in listing.pods
         if not p.spec.node_name and not p.metadata.deletion_timestamp and not pods.is_terminal(p)
     ]  # fmt: skip
     order = sorted(waiting, key=lambda p: (p.metadata.creation_timestamp or "", p.metadata.namespace, p.metadata.name))
+    known = _listed_claims(listing)
     for pod in order:
         if not pods.wants_gpu(pod):
+            claims = gpu_claims(pod, known)
+            if claims:  # its GPUs come through DRA claims
+                scheduled = _scheduled(pod)
+                reason, message = (scheduled[1], scheduled[2]) if scheduled is not None else ("", "not tried yet")
+                asks = "DRA claims " + ", ".join(claims)
+                out.append(PendingView(pod.metadata.namespace, pod.metadata.name, asks, reason, message))
             continue
         try:
             request = pods.request(pod)
