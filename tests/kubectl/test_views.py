@@ -307,6 +307,40 @@ async def test_explain_and_pending_name_the_dra_claims_a_pod_asks_its_gpus_throu
     ]
 
 
+async def test_explain_answers_for_a_gang_member_what_its_gangs_filter_answers(placed: Callable[..., Any]) -> None:
+    h: Harness = await placed(nodes=1, gpus=2)
+    await h.schedule(await h.create(gpu_pod("a", nvidia=1)))
+    gang = {names.GANG: "g", names.GANG_MIN: "2"}
+    member = await h.create(gpu_pod("w0", nvidia=1, annotations=gang))
+    await h.create(gpu_pod("w1", nvidia=1, annotations=gang))
+    found, selector = await read.pod(h.api, "ns", "w0")
+    explained = views.explain(await snapshot(h), found, selector)
+
+    verdict = h.extender.scheduling.filter(h.args(member))  # one GPU is free: room for one member, not two
+    assert not verdict.node_names and set(verdict.failed_nodes.values()) == {explained.message}
+    assert explained.outcome == "gang" and explained.choice is None and explained.gang == "ns/g, minimum 2"
+    assert [v.fits for v in explained.nodes] == [True], "the pod alone would fit"
+    text = render.plain(render.explanation_text(explained))
+    assert f"{'gang':<12}member of gang ns/g, minimum 2: placed with its gang, all or nothing" in text
+    assert "choice" not in text and "n0: room for this pod alone (GPU" in text
+    document = orjson.loads(render.dumps(render.explanation_json(explained)))
+    assert (document["outcome"], document["choice"], document["gang"]) == ("gang", None, "ns/g, minimum 2")
+
+    shares = {names.GANG: "s", names.GANG_MIN: "2"}  # two shares of the free GPU: the gang fits
+    member = await h.create(gpu_pod("s0", milli=300, annotations=shares))
+    await h.create(gpu_pod("s1", milli=300, annotations=shares))
+    found, selector = await read.pod(h.api, "ns", "s0")
+    cluster = await snapshot(h)
+    held = list(cluster.cache.ledger.entries())
+    explained = views.explain(cluster, found, selector)
+    assert explained.outcome == "fits" and explained.choice is not None, explained.message
+    assert explained.message == "its gang's plan places 2 member(s) on 1 node(s)"
+    assert list(cluster.cache.ledger.entries()) == held, "the plan was tried, not held"
+    verdict = h.extender.scheduling.filter(h.args(member))
+    assert verdict.node_names == [explained.choice.node]
+    assert h.extender.cache.assumed[units.pod_key("ns", "s0")].gpu_indices == explained.choice.gpus
+
+
 async def test_explain_says_where_a_bound_pod_is_and_why_others_are_not_placed(placed: Callable[..., Any]) -> None:
     h: Harness = await placed(nodes=1, gpus=2)
     pod = await h.create(gpu_pod("a", milli=300))

@@ -2,7 +2,8 @@
 
 kube-scheduler hands the extender one pod at a time. When the first member of a gang (`api.gangs`)
 is filtered, the book plans every waiting member at once (`core.gangs.plan`, at least the gang's
-minimum less the members already running) and assumes every planned allocation in the ledger, so no
+minimum less the members already running; `extender.gangtrial` checks and plans, without I/O, as
+`kubectl sharegpu explain` does too) and assumes every planned allocation in the ledger, so no
 other pod takes the gang's room while its members come through kube-scheduler one after another;
 each member's filter then answers the node planned for it. A member's bind waits (`arrive`) until
 every planned member has reached its bind, up to `barrier_wait` seconds (less than kube-scheduler's
@@ -47,21 +48,17 @@ planned into it at the first member's filter after they have gone.
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from sharegpu.api import gangs as api_gangs
 from sharegpu.api import names, paths, pods, wire
-from sharegpu.api import quotas as api_quotas
 from sharegpu.core import allocation, errors, units
 from sharegpu.core import gangs as core_gangs
 from sharegpu.extender import cache as extender_cache
+from sharegpu.extender import gangtrial, preemption
 from sharegpu.extender import metrics as extender_metrics
-from sharegpu.extender import preemption
 from sharegpu.extender import quotas as extender_quotas
 from sharegpu.kube import client
 from sharegpu.kube import errors as kube_errors
@@ -150,62 +147,23 @@ class GangBook:
             if not plan.released.is_set():
                 return self._refuse(f"gang {gang.key}: its planned members are being bound; this pod follows them")
             return FREE
-        members = self.cache.gang_members(gang.key)
-        for other in members:
-            if other.gang is not None and not other.terminal and not other.gang.agrees(gang):
-                return self._refuse(
-                    f"gang {gang.key}: its members disagree (pod {other.key} states minimum {other.gang.min_count}, "
-                    f"timeout {other.gang.timeout_s}s, topology {other.gang.topology or 'none'}; this pod minimum "
-                    f"{gang.min_count}, timeout {gang.timeout_s}s, topology {gang.topology or 'none'})"
-                )
-        live = [m for m in members if not m.terminal and not m.deleting]
-        need = self._short(gang, live)
-        if need <= 0:
-            return FREE  # the gang has its minimum: later members are placed as any pod
-        waiting = [  # gated members (Kueue's gate until it admits them) are not here yet
-            m for m in live if not m.node and not m.gates and m.gpu and m.request is not None and m.problem is None
-        ]
-        if record.key not in {m.key for m in waiting} and record.request is not None:
-            waiting.append(record)  # filtered before the watch showed it
-        if len(waiting) < need:
-            return self._refuse(
-                f"gang {gang.key} waits for its members: {gang.min_count - need + len(waiting)} of "
-                f"{gang.min_count} needed are here, and none is placed before they all fit"
-            )
-        requests_ = {m.key: m.request for m in waiting if m.request is not None}
-        least = dict(sorted(requests_.items(), key=lambda kv: api_quotas.pod_totals(kv[1]))[:need])
-        over = self.quota.refusal_of(least) if self.quota is not None else None
-        if over is not None:  # not even its smallest members fit the quota together: nothing is held
-            return self._refuse(f"gang {gang.key}: {need} member(s) at once: {over}")
-        trial = functools.partial(
-            core_gangs.plan,
-            self.cache.ledger,
-            self.cache.placer,
-            list(requests_.values()),
-            need,
-            self._domains(gang.topology, self._admitted(waiting), [m.node for m in live if m.node]),
-            apart=self._apart(waiting, live),
-        )
-        found = trial()
+        tried = gangtrial.consider(self.cache, self.quota, record)
+        if isinstance(tried, gangtrial.Free):
+            return FREE
+        if isinstance(tried, gangtrial.Waits):
+            return self._refuse(tried.why)
+        found, waiting = tried.plan, list(tried.waiting)
         if not found.status.ok:
-            preempting = self.preemptor.consider_gang(gang.key, waiting, trial) if self.preemptor is not None else None
+            preempting = (
+                self.preemptor.consider_gang(gang.key, waiting, tried.again) if self.preemptor is not None else None
+            )
             if preempting is not None:
                 return self._refuse(
                     f"gang {gang.key}: {found.status.message}; preempting {len(preempting.victims)} lower-priority "
                     f"pod(s) on {', '.join(preempting.nodes)} for it"
                 )
             return self._refuse(f"gang {gang.key}: {found.status.message}")
-        planned = {a.pod: requests_[a.pod] for a in found.allocations}
-        over = self.quota.refusal_of(planned) if self.quota is not None else None
-        if over is not None:
-            return self._refuse(f"gang {gang.key}: {len(planned)} member(s) at once: {over}")
         return self._hold(gang, {m.key: m.uid for m in waiting}, found, record.key)
-
-    @staticmethod
-    def _short(gang: api_gangs.Gang, live: list[pods.Record]) -> int:
-        """How many more members the gang needs placed to reach its minimum (members bound, and
-        members that ask no GPU, which the extender does not place, count as running)."""
-        return gang.min_count - sum(1 for m in live if m.node or not m.gpu)
 
     def _hold(
         self, gang: api_gangs.Gang, uids: dict[units.PodKey, str], found: core_gangs.Plan, asking: units.PodKey
@@ -232,51 +190,6 @@ class GangBook:
         self.metrics.gangs.labels(extender_metrics.GangOutcome.REFUSED).inc()
         return Verdict(refusal=why)
 
-    def _admitted(self, members: list[pods.Record]) -> np.ndarray:
-        """The rows of nodes for pods that every member's own constraints admit (node selector, node
-        affinity, taints: the members of a gang come from one template, so this is usually one set)."""
-        cache = self.cache
-        state = cache.state
-        rows = np.flatnonzero(cache.pod_rows)
-        for terms in {m.terms.key: m.terms for m in members if m.terms is not None}.values():
-            if terms.unconstrained:
-                continue
-            rows = np.array([r for r in rows.tolist() if cache.admits(terms, state.names[r])], dtype=np.int64)
-        return rows
-
-    def _apart(self, waiting: list[pods.Record], live: list[pods.Record]) -> core_gangs.Apart:
-        """The waiting members that keep apart from their kind (required pod anti-affinity selecting
-        themselves), each topology's value ids over the fleet's rows, and the values where members
-        keeping apart in it run already."""
-        keys = {m.key: m.terms.apart for m in waiting if m.terms is not None and m.terms.apart}
-        if not keys:
-            return core_gangs.NOBODY_APART
-        state = self.cache.state
-        values: dict[str, np.ndarray] = {}
-        taken: dict[str, frozenset[int]] = {}
-        for key in sorted({k for ks in keys.values() for k in ks}):
-            ids = -1 - np.arange(len(state), dtype=np.int64)  # no label: a value of its own
-            for number, rows in enumerate(self.cache.by_label(key, list(range(len(state)))).values()):
-                ids[rows] = number
-            values[key] = ids
-            running = (state.row(m.node) for m in live if m.node and m.terms is not None and key in m.terms.apart)
-            taken[key] = frozenset(int(ids[r]) for r in running if r is not None)
-        return core_gangs.Apart(keys, values, taken)
-
-    def _domains(self, label: str | None, rows: np.ndarray, running: list[str]) -> list[core_gangs.Domain]:
-        """`rows` under each value of `label` (nodes without it are in none); one unnamed domain of
-        them all without a label. Where members run already (on the nodes `running`), only the
-        values of their nodes: the whole gang stays within one."""
-        if label is None:
-            return [core_gangs.Domain("", rows)]
-        found = self.cache.by_label(label, rows.tolist())
-        state = self.cache.state
-        taken = [r for r in (state.row(n) for n in running) if r is not None]
-        if taken:
-            theirs = self.cache.by_label(label, taken).keys()
-            found = {v: r for v, r in found.items() if v in theirs}
-        return [core_gangs.Domain(v, np.array(r, dtype=np.int64)) for v, r in sorted(found.items())]
-
     # ----------------------------------------------------------------- bind
 
     async def arrive(self, record: pods.Record) -> str | None:
@@ -293,7 +206,7 @@ class GangBook:
             if ours is not None:  # planned without this pod: it follows a released plan as any pod does
                 return None if ours.released.is_set() else f"gang {gang.key}: its planned members bind first"
             others = [m for m in self.cache.live_gang_members(gang.key) if m.key != key]
-            if self._short(gang, others) <= 0:
+            if gangtrial.short(gang, others) <= 0:
                 return None  # the gang has its minimum without this pod: it is placed as any pod
             return (
                 f"gang {gang.key}: no plan holds this member (given back at its timeout, or not made here); "

@@ -210,6 +210,7 @@ def explanation_json(e: views.Explanation) -> Json:
         ],
         "allocation": orjson.loads(e.allocation.to_json()) if e.allocation is not None else None,
         "claims": list(e.claims),
+        "gang": e.gang or None,
     }
 
 
@@ -232,6 +233,8 @@ def explanation_text(e: views.Explanation) -> RenderableType:
         lines.append(_line("asks", e.asks))
     if e.group:
         lines.append(_line("group", f"joins SharedDeviceGroup {e.group} (its members run where it is bound)"))
+    if e.gang:
+        lines.append(_line("gang", f"member of gang {e.gang}: placed with its gang, all or nothing"))
     if e.outcome == "no-gpu":
         lines.append(_line("sharegpu", "the pod asks for no GPU: kube-scheduler places it alone"))
     elif e.outcome == "dra":
@@ -262,7 +265,7 @@ def explanation_text(e: views.Explanation) -> RenderableType:
                         f"{grant.milli} milli-GPU{limit}, {grant.memory_mib} MiB{uuid}",
                     )
                 )
-    if e.outcome in ("fits", "unschedulable", "quota"):
+    if e.outcome in ("fits", "unschedulable", "quota", "gang"):
         selector = ",".join(f"{k}={v}" for k, v in sorted(e.selector.items()))
         left = f" ({e.left_out} more left out by the nodeSelector {selector})" if e.left_out else ""
         lines.append(_line("candidates", f"{e.candidates} node{'s' if e.candidates != 1 else ''}{left}"))
@@ -277,7 +280,9 @@ def explanation_text(e: views.Explanation) -> RenderableType:
             lines.append(Text(""))
         for verdict in e.nodes:
             if verdict.fits:
-                room = ": room, held back by the quota (" if e.outcome == "quota" else ": fits ("
+                room = {"quota": ": room, held back by the quota (", "gang": ": room for this pod alone ("}.get(
+                    e.outcome, ": fits ("
+                )
                 lines.append(Text.assemble((verdict.node, "bold"), room, _gpus(verdict.eligible), " can host it)"))
                 continue
             lines.append(Text.assemble((verdict.node, "bold"), ": ", (verdict.reason, "red")))

@@ -9,9 +9,11 @@ detail of the extender's /debug/pods), checks the quotas of the namespace the po
 (`api.pods.charged_namespace`: a SharedDeviceGroup's holder counts against its group's) with the
 extender's guard, and asks the placer which node and GPUs the extender would choose. A pod whose
 GPUs come only through DRA claims of sharegpu's class is not the filter's: `explain` names its
-claims and says the DRA allocator places them (`extender.allocator`). So the plugin's answer is the
-extender's answer for the same cluster state; the only difference is the state itself (the
-extender may hold a decision whose binding is still on its way).
+claims and says the DRA allocator places them (`extender.allocator`). A gang member is checked as
+its gang: `extender.gangtrial` plans the gang as the extender's filter does when it holds no plan.
+So the plugin's answer is the extender's answer for the same cluster state; the only difference is
+the state itself (the extender may hold a decision whose binding is still on its way, or a gang's
+plan: the pod's PodScheduled message says what the extender answered last).
 
 `top` reads the nodes' GpuUsage objects (`api.usage`, written by the agents): per pod and GPU, what
 it uses beside what it was given, or summed per namespace.
@@ -33,6 +35,7 @@ from sharegpu.api import groups as api_groups
 from sharegpu.api import quotas as api_quotas
 from sharegpu.core import allocation, errors, fit, policies, requests, units
 from sharegpu.extender import cache as extender_cache
+from sharegpu.extender import gangtrial as extender_gangtrial
 from sharegpu.extender import quotas as extender_quotas
 
 DETAIL_NODES = 20
@@ -287,7 +290,8 @@ class Explanation:
     node: str
     """The node the pod is bound to ("" while pending)."""
     outcome: str
-    """bound, fits, unschedulable, quota, invalid, no-gpu, dra, reservation or finished."""
+    """bound, fits, unschedulable, quota, gang (its gang keeps it waiting), invalid, no-gpu, dra,
+    reservation or finished."""
     asks: str
     """The request in words ("" when it asks for no GPU or cannot be read)."""
     problem: str
@@ -309,6 +313,8 @@ class Explanation:
     allocation: allocation.Allocation | None
     claims: tuple[str, ...] = ()
     """The pod's DRA claims of sharegpu's class, in words (`gpu_claims`): the DRA allocator places them."""
+    gang: str = ""
+    """The gang the pod is a member of, with its minimum ("" for none): its gang decides where it goes."""
 
 
 def gpu_claims(pod: wire.Pod, known: Mapping[units.PodKey, dra.ClaimRecord]) -> tuple[str, ...]:
@@ -469,10 +475,37 @@ def explain(
         for n in missing
     ]
     outcome = "quota" if refusal is not None else ("fits" if feasible.any() else "unschedulable")
-    return dataclasses.replace(
+    found = dataclasses.replace(
         base, outcome=outcome, problem=refusal or "", candidates=len(names_), left_out=left_out, message=message,
         choice=choice, nodes=tuple(verdicts),
     )  # fmt: skip
+    return _gang(view, record, found) if record.gang is not None and refusal is None else found
+
+
+def _gang(view: Cluster, record: pods.Record, alone: Explanation) -> Explanation:
+    """A gang member's explanation: what its gang's filter says (`extender.gangtrial`, as the
+    extender's `GangBook` plans a gang it holds no plan for). The pod alone fitting says nothing:
+    its gang is placed together or not at all; where its gang has its minimum running, it is placed
+    as any pod. The extender may hold a plan already (the pod's PodScheduled message says)."""
+    gang = record.gang
+    assert gang is not None
+    named = dataclasses.replace(alone, gang=f"{gang.key}, minimum {gang.min_count}")
+    tried = extender_gangtrial.consider(view.cache, view.quota, record)
+    if isinstance(tried, extender_gangtrial.Free):
+        return named
+    if isinstance(tried, extender_gangtrial.Waits):
+        return dataclasses.replace(named, outcome="gang", message=tried.why, choice=None)
+    if not tried.plan.status.ok:
+        return dataclasses.replace(
+            named, outcome="gang", message=f"gang {gang.key}: {tried.plan.status.message}", choice=None
+        )
+    mine = next((a for a in tried.plan.allocations if a.pod == record.key), None)
+    if mine is None:
+        why = f"gang {gang.key}: planned without this pod (no room for it now); it follows them"
+        return dataclasses.replace(named, outcome="gang", message=why, choice=None)
+    planned = f"its gang's plan places {len(tried.plan.allocations)} member(s) on {tried.plan.nodes} node(s)"
+    choice = Choice(mine.node, tuple(mine.gpu_indices), view.cache.placer.policy.name)
+    return dataclasses.replace(named, outcome="fits", message=planned, choice=choice)
 
 
 # ----------------------------------------------------------------- groups
