@@ -872,3 +872,41 @@ async def test_a_claim_of_a_sharegpu_name_that_asks_for_more_than_its_name_is_no
     assert results(h, name) == [] and gates(h, "p") == [names.DRA_GATE]
     said = [e["message"] for e in h.server.list_objects(paths.events("ns")) if e["involvedObject"]["name"] == "p"]
     assert any("asks for other than its name says (1 GPU(s) of 500 milli-GPU)" in m for m in said), said
+
+
+def results_in(h: Harness, namespace: str, name: str) -> list[Json]:
+    found = h.server.get_object(f"{dra.claim_path(namespace)}/{name}") or {}
+    allocated: list[Json] = ((found.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results", [])
+    return allocated
+
+
+@pytest.mark.parametrize(
+    "holding",
+    ["none", "own gate", "missing claim"],
+)
+async def test_pods_that_are_never_bound_take_no_pod_slot_of_a_dra_node(
+    harness: Callable[..., Any], holding: str
+) -> None:
+    """A tenant's pods naming one tiny claim of its own, each held forever (behind a gate of the
+    tenant's, or naming a claim that never exists), counted as bound next filled a node's pod slots
+    in the allocator's view: no other tenant's claim was placed there, 999 milli free."""
+    h: Harness = await harness(nodes=0, gpus=1, dra=1)
+    await h.api.patch(f"{paths.node('d0')}/status", {"status": {"allocatable": {"cpu": "32", "memory": "128Gi",
+                                                                                "pods": "10"}}})  # fmt: skip
+    h.server.put_object(dra.claim_path("evil"), builders.MakeClaim("tiny", "evil").ask(1, "1Mi").obj())
+    h.server.put_object(paths.pods("evil"), builders.MakePod("p0", "evil").container().claim("tiny").gate().obj())
+    await settle(h.server)
+    await run(h)
+    assert results_in(h, "evil", "tiny"), "the tenant's tiny claim is allocated on d0"
+    for i in range(0 if holding == "none" else 10):
+        pod = builders.MakePod(f"hold{i}", "evil").container().claim("tiny").gate()
+        if holding == "own gate":
+            pod.gate("tenant.example/never")
+        else:
+            pod.claim("never-made")
+        h.server.put_object(paths.pods("evil"), pod.obj())
+    h.server.put_object(dra.claim_path("victim"), builders.MakeClaim("v", "victim").ask(100, "1Gi").obj())
+    h.server.put_object(paths.pods("victim"), builders.MakePod("v", "victim").container().claim("v").gate().obj())
+    await settle(h.server)
+    await run(h)
+    assert results_in(h, "victim", "v"), [e["message"] for e in h.server.list_objects(paths.events("victim"))]

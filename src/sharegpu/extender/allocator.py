@@ -655,12 +655,15 @@ class ClaimAllocator(extender_handle.Reconciler):
     def _pod_room(self) -> dict[str, int]:
         """Per DRA node that says its pod capacity: how many more pods it takes, counting the pods
         bound there and the waiting pods whose claims are allocated there (they are bound there next).
-        kube-scheduler would turn a pod away from a full node and take its claims' allocation back."""
+        kube-scheduler would turn a pod away from a full node and take its claims' allocation back.
+        A pod that is not bound next is not counted: behind a gate not sharegpu's, naming a claim that
+        does not exist, or one sharegpu never lifts its gate for (a claim's problem, a crowded
+        container); else a tenant's pods that never bind, naming one small claim, closed a node."""
         cache = self.cache
         incoming: Counter[str] = Counter()
         for key in cache.claiming:
             record = cache.record(key)
-            if record is None:
+            if record is None or not self._bound_next(record):
                 continue
             namespace = key.split("/", 1)[0]
             for ref in record.claims:
@@ -676,6 +679,23 @@ class ClaimAllocator(extender_handle.Reconciler):
             if facts is not None and facts.pods:
                 room[name] = facts.pods - cache.pods_on[name] - incoming[name]
         return room
+
+    def _bound_next(self, record: pods.Record) -> bool:
+        """Nothing but claims being placed keeps the pod from being bound: no gate of another's, every
+        claim it names made, none that sharegpu refuses to place for it."""
+        if record.held_elsewhere:
+            return False
+        namespace = record.key.split("/", 1)[0]
+        claims = []
+        for ref in record.claims:
+            claim = self.cache.claims.records.get(dra.claim_key(namespace, ref.claim)) if ref.claim else None
+            if claim is None:
+                return False
+            if claim.ours:
+                if claim.problem is not None:
+                    return False
+                claims.append(claim)
+        return not _crowded(record, claims)
 
     def _rows(self, record: pods.Record, node: str | None) -> tuple[np.ndarray, int]:
         """Candidate rows for the pod's claims (nodes serving DRA claims that the pod's own constraints
