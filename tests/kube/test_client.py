@@ -103,6 +103,18 @@ async def test_lists_are_paged_and_typed() -> None:
     assert [p.metadata.name for p in selected] == ["p1", "p3", "p5"]
 
 
+async def test_a_list_holding_an_object_that_cannot_be_read_names_it() -> None:
+    server, kube = api()
+    await kube.create(paths.pods("ns"), MakePod("a").obj())  # listed first: the culprit is found by index
+    server.put_object(paths.pods("ns"), {"metadata": {"name": "bad", "namespace": "ns", "labels": "not-a-map"}})
+    with pytest.raises(errors.UndecodableError) as caught:
+        await kube.list_of(paths.PODS, wire.Pod)
+    assert isinstance(caught.value, errors.TransportError), "retried as a lost answer is"
+    assert (caught.value.path, caught.value.culprit) == (paths.PODS, "Pod ns/bad")
+    assert "$.items[1].metadata.labels" in caught.value.detail
+    assert str(caught.value).startswith(f"LIST {paths.PODS}: undecodable answer: Pod ns/bad: ")
+
+
 async def test_watch_replays_from_a_version_and_says_when_it_is_too_old() -> None:
     server, kube = api()
     await kube.create(paths.pods("ns"), MakePod("a").obj())

@@ -151,6 +151,18 @@ async def test_handler_bugs_and_undecodable_objects_do_not_stop_it() -> None:
     assert not task.cancelled() or task.done()
 
 
+async def test_a_list_holding_an_object_it_cannot_read_is_listed_again() -> None:
+    server = fake.FakeApiServer()
+    server.put_object(paths.pods("ns"), {"metadata": {"name": "bad", "namespace": "ns", "labels": "not-a-map"}})
+    seen: list[tuple[str, str]] = []
+    inf, task = start(server, seen)
+    await eventually(lambda: inf.lists == 0 and "Pod ns/bad" in inf.last_error, "the list refused, and why")
+    assert not inf.synced.is_set()
+    await client.KubeClient(server).delete(paths.pod("ns", "bad"))
+    await inf.synced.wait()
+    await informer.cancel([task])
+
+
 async def test_a_watch_that_opens_and_breaks_again_and_again_is_not_ready() -> None:
     server = fake.FakeApiServer()
     clock = Clock()

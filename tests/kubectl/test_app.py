@@ -151,6 +151,19 @@ def test_errors_are_one_line_with_the_right_exit_status(server: fake.FakeApiServ
     )
 
 
+def test_an_object_sharegpu_cannot_read_is_named_not_taken_for_a_connection_failure(
+    server: fake.FakeApiServer,
+) -> None:
+    path = resources.GPU_BUDGET.path("team")
+    server.put_object(path, {"kind": "GPUBudget", "metadata": {"name": "b", "namespace": "team"},
+                             "spec": {"gpuHours": "lots"}})  # fmt: skip
+    text = one_line_error(runner.invoke(on(server), ["budgets"]), 1)
+    assert text.startswith(
+        f"the API server's {resources.GPU_BUDGET.path()} answer holds an object sharegpu cannot read: "
+        "GPUBudget team/b: Expected `int`, got `str` - at `$.items[0].spec.gpuHours`"
+    ), text
+
+
 def test_connection_errors_name_the_kubeconfig_or_the_api_server(tmp_path: Path) -> None:
     command = app.make_app()  # the real credentials and transport
     missing = tmp_path / "nope.yaml"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, Final, Protocol, TypeVar
 
@@ -266,7 +267,7 @@ class KubeClient:
                 try:
                     body = decoder.decode(raw)
                 except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-                    raise errors.TransportError(f"LIST {path}: undecodable answer: {exc}") from None
+                    raise errors.UndecodableError("LIST", path, str(exc), _culprit(raw, str(exc))) from None
                 token = body.metadata.continue_
                 if token:
                     pending = fetch(token)
@@ -369,6 +370,26 @@ async def serves_when_answered(
             log.warning("asking whether %s is served: %s; asking again in %.1f s", group_version, exc, wait)
             await sleep(wait)
             wait = min(wait * 2, 8.0)
+
+
+_ITEM = re.compile(r"\$\.items\[(\d+)\]")
+
+
+def _culprit(raw: bytes, detail: str) -> str:
+    """The list item a decoding error points at (`$.items[3]...`), as "Kind namespace/name"; "" when
+    the error or the answer does not say."""
+    found = _ITEM.search(detail)
+    if found is None:
+        return ""
+    try:
+        body = orjson.loads(raw)
+        item = body["items"][int(found.group(1))]
+        meta = item["metadata"]
+        name = "/".join(str(p) for p in (meta.get("namespace"), meta["name"]) if p)
+    except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, AttributeError):
+        return ""
+    kind = item.get("kind") or str(body.get("kind") or "").removesuffix("List")
+    return f"{kind} {name}".strip()
 
 
 class _Versioned(msgspec.Struct):

@@ -12,9 +12,12 @@
     └── TemporaryError              worth retrying, after `retry_after` seconds when the server said so
         ├── BusyError
         └── TransportError          no usable answer: refused or reset connection, timeout, cut stream
+            └── UndecodableError    an answer came, but holds an object sharegpu cannot read
 
 Callers catch the class they can act on (`ConflictError`, `TemporaryError`); nothing matches
-message text. The original aiohttp or OS error stays attached as the cause.
+message text. The original aiohttp or OS error stays attached as the cause. An undecodable answer (a
+custom resource with a field of the wrong type) is a `TransportError` too, so what retries a lost
+answer retries it (an informer lists again, and logs why); a command says what it is instead.
 
 A write that raised did not necessarily fail: `outcome` says what is known of it. The server
 refused it (any 4xx: it answered with a Status, 429 included, since throttling answers before the
@@ -108,6 +111,18 @@ class TransportError(TemporaryError):
         super().__init__(message)
         self.retry_after = None
         self.sent = sent
+
+
+class UndecodableError(TransportError):
+    """The answer to `path` came, but holds something sharegpu cannot read as the type it expects
+    (a custom resource edited by hand: `spec.gpuHours: lots`). `culprit`: the object, "Kind
+    namespace/name", where the answer says which ("" if not); `detail`: what is wrong, and where."""
+
+    def __init__(self, method: str, path: str, detail: str, culprit: str = "") -> None:
+        super().__init__(f"{method} {path}: undecodable answer: {f'{culprit}: ' if culprit else ''}{detail}")
+        self.path = path
+        self.detail = detail
+        self.culprit = culprit
 
 
 class Outcome(enum.Enum):

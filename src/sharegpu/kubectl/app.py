@@ -9,7 +9,8 @@ own (`kube.credentials`: tokens, client certificates, exec plugins), as every co
 Errors are one line on stderr, `kubectl sharegpu: error: ...`, and the exit status says whose they
 are: 2 for what the command line asked (a bad `-o`, an unreadable kubeconfig, an unknown context or
 policy), 1 for what the cluster answered (no such pod, the API server unreachable or refusing us,
-sharegpu's resources not installed). Each command reads what it needs once and runs one event loop.
+sharegpu's resources not installed, an object in it that sharegpu cannot read, named). Each command
+reads what it needs once and runs one event loop.
 """
 
 from __future__ import annotations
@@ -136,6 +137,11 @@ class Commands:
             api = self.connector(kubeconfig, context, timeout)
             try:
                 return await work(api)
+            except kube_errors.UndecodableError as exc:
+                culprit = f"{exc.culprit}: " if exc.culprit else ""
+                raise Failure(
+                    f"the API server's {exc.path} answer holds an object sharegpu cannot read: {culprit}{exc.detail}"
+                ) from None
             except kube_errors.TransportError as exc:
                 auth = api.auth
                 where = f" at {auth.server}" if isinstance(auth, credentials.Credentials) else ""
