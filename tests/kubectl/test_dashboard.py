@@ -66,3 +66,15 @@ async def test_another_host_another_sites_origin_and_writes_are_refused(served: 
     assert (await get(f"{served.url}api/map", Origin=f"http://127.0.0.1:{served.port}"))[0] == 200
     async with aiohttp.ClientSession() as session, session.post(f"{served.url}api/map") as response:
         assert response.status == 405
+
+
+async def test_a_resource_the_user_may_not_list_is_a_note_not_a_broken_map(served: dashboard.Dashboard) -> None:
+    kube = served.api
+    assert isinstance(kube, client.KubeClient) and isinstance(kube.transport, fake.FakeApiServer)
+    server = kube.transport
+    server.fail(403, path=paths.GPU_USAGES, reason="Forbidden")
+    status, _, body = await get(f"{served.url}api/map")
+    document = orjson.loads(body)
+    assert status == 200, document
+    assert document["usage"] == [] and [n["name"] for n in document["inventory"]["nodes"]] == ["n0"]
+    assert "cannot list GpuUsage resources (gpuusages.sharegpu.io): forbidden (RBAC)" in document["notes"]

@@ -116,6 +116,19 @@ def test_what_openb_cannot_hold_is_counted_and_a_cluster_without_gpus_is_refused
     assert ran.exit_code == 1 and "no GPU nodes in this cluster" in ran.output
 
 
+def test_a_resource_the_user_may_not_list_is_noted_and_the_snapshot_still_written(tmp_path: Path) -> None:
+    server = cluster()
+    server.fail(403, path=paths.DEVICES, reason="Forbidden")
+    ran = CliRunner().invoke(on(server), ["snapshot", str(tmp_path)])
+    assert ran.exit_code == 0, ran.output
+    assert "not read: cannot list devices.sharegpu.io: forbidden (RBAC)" in ran.stdout.splitlines()
+    # Without its Device, n0 is known by its allocatable alone: the model is not known.
+    nodes = trace.load_nodes(tmp_path / trace.NODE_FILE)
+    assert sorted(n.gpus[0].model for n in nodes) == ["NVIDIA-L4", "unknown"]
+    said = json.loads((tmp_path / "snapshot.json").read_text())
+    assert said["not_read"] == ["cannot list devices.sharegpu.io: forbidden (RBAC)"]
+
+
 def test_the_replay_of_a_snapshot_gives_the_simulators_figures_for_the_same_trace(tmp_path: Path) -> None:
     """Figures on the snapshot's files equal those on files with the same rows (names do not count)."""
     ran = CliRunner().invoke(on(cluster()), ["snapshot", str(tmp_path)])

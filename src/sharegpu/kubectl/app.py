@@ -365,6 +365,8 @@ class Commands:
         )
         for what, count in found.dropped.items():
             typer.echo(f"not written: {what}: {count}")
+        for note in found.notes:
+            typer.echo(f"not read: {note}")
         if found.skipped:
             typer.echo(
                 f"left out: {len(found.skipped)} pods whose request sharegpu refuses ({directory / 'snapshot.json'})"

@@ -2,7 +2,9 @@
 components use, concurrently (the commands need a handful of lists and nothing else).
 
 A resource the cluster does not serve (sharegpu's CRDs not installed) is a `Missing` error naming
-the resource, not a 404 on a path. Everything else comes through as the client raised it
+the resource, not a 404 on a path; one this user may not list is a `Forbidden` error (the 403, with
+the resource's name), which `optional` turns into a note for the views that can go on without it.
+Everything else comes through as the client raised it
 (`kube.errors`); the command turns it into one line.
 """
 
@@ -28,6 +30,14 @@ class Missing(kube_errors.KubeError):
     """The API server does not serve a resource the command needs."""
 
 
+class Forbidden(kube_errors.ForbiddenError):
+    """403 on a list: RBAC does not let this user list `what` (as the 403 it was, plus the name)."""
+
+    def __init__(self, what: str, refused: kube_errors.ForbiddenError) -> None:
+        super().__init__(refused.status, refused.reason, refused.message, refused.method, refused.path)
+        self.what = what
+
+
 async def _list(
     api: client.KubeApi, path: str, kind: type[T], what: str, params: Mapping[str, str] | None = None
 ) -> list[T]:
@@ -35,6 +45,8 @@ async def _list(
         items, _ = await api.list_of(path, kind, params)
     except kube_errors.NotFoundError:
         raise Missing(f"the API server does not serve {what} (is sharegpu installed in this cluster?)") from None
+    except kube_errors.ForbiddenError as exc:
+        raise Forbidden(what, exc) from None
     return items
 
 
@@ -118,8 +130,10 @@ async def idle_policies(api: client.KubeApi) -> list[idle.GPUIdlePolicy]:
 
 async def optional(read: Awaitable[list[T]]) -> tuple[list[T], str]:
     """What `read` lists, or nothing and why where its resource is not served (sharegpu installed
-    without it): for the views that can go on without it."""
+    without it) or this user may not list it (RBAC): for the views that can go on without it."""
     try:
         return await read, ""
     except Missing as exc:
         return [], str(exc)
+    except Forbidden as exc:
+        return [], f"cannot list {exc.what}: forbidden (RBAC)"

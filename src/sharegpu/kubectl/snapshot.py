@@ -3,8 +3,9 @@ trace in the openb format (`sim.trace`), so that `sharegpu simulate` and `shareg
 each policy would leave idle on this cluster, beside what it holds now.
 
 `read` lists (paged, read rights only) the Nodes, sharegpu's Devices where they are served, the pods,
-and the ResourceClaims and their templates where DRA is served; `take` turns them into rows, with no
-I/O; `write` writes the node file, the pod file and `snapshot.json` (what was left out, and why).
+and the ResourceClaims and their templates where DRA is served (one of these three that RBAC does not
+let the user list is read as none, and noted); `take` turns them into rows, with no I/O; `write`
+writes the node file, the pod file and `snapshot.json` (what was left out or not read, and why).
 
 - **Nodes.** A GPU node has a Device listing GPUs (sharegpu's agent), or else `nvidia.com/gpu` in its
   allocatable (NVIDIA's device plugin, as a cluster that does not run sharegpu yet has it: the model
@@ -65,6 +66,8 @@ class Listing:
     pods: tuple[Json, ...]
     claims: tuple[dra.ResourceClaim, ...] = ()
     templates: tuple[dra.ResourceClaimTemplate, ...] = ()
+    notes: tuple[str, ...] = ()
+    """What could not be read (a resource this user may not list), and why."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,13 +78,18 @@ class Snapshot:
     """Pods left out: `namespace/name: why`."""
     dropped: dict[str, int] = field(default_factory=dict)
     """What openb's columns cannot hold -> how many pods (or nodes) had it."""
+    notes: tuple[str, ...] = ()
+    """What could not be read (`Listing.notes`): the trace is written without it."""
 
 
-async def _optional(api: client.KubeApi, path: str, kind: type[Any]) -> list[Any]:
+async def _optional(api: client.KubeApi, path: str, kind: type[Any], what: str, notes: list[str]) -> list[Any]:
     try:
         items, _ = await api.list_of(path, kind)
     except kube_errors.NotFoundError:
         return []  # not served here: sharegpu not installed, or no DRA
+    except kube_errors.ForbiddenError:
+        notes.append(f"cannot list {what}: forbidden (RBAC)")
+        return []
     return items
 
 
@@ -89,16 +97,18 @@ async def read(api: client.KubeApi, node_selector: str = "", namespace: str | No
     """Every Node (those `node_selector` selects), Device, pod (of `namespace`, if given),
     ResourceClaim and template, paged (a resource not served: none)."""
     node_params = {"labelSelector": node_selector} if node_selector else None
+    notes: list[str] = []
     (nodes, _), devices, (pods, _), claims, templates = await asyncio.gather(
         api.list_of(paths.NODES, wire.Node, node_params),
-        _optional(api, paths.DEVICES, wire.Device),
+        _optional(api, paths.DEVICES, wire.Device, "devices.sharegpu.io", notes),
         api.list_of(paths.pods(namespace), dict),
-        _optional(api, dra.claim_path(namespace), dra.ResourceClaim),
-        _optional(api, dra.template_path(namespace), dra.ResourceClaimTemplate),
+        _optional(api, dra.claim_path(namespace), dra.ResourceClaim, "resourceclaims.resource.k8s.io", notes),
+        _optional(api, dra.template_path(namespace), dra.ResourceClaimTemplate,
+                  "resourceclaimtemplates.resource.k8s.io", notes),
     )  # fmt: skip
     chosen = {n.metadata.name for n in nodes}
     devices = [d for d in devices if d.metadata.name in chosen]
-    return Listing(tuple(nodes), tuple(devices), tuple(pods), tuple(claims), tuple(templates))
+    return Listing(tuple(nodes), tuple(devices), tuple(pods), tuple(claims), tuple(templates), tuple(sorted(notes)))
 
 
 def take(found: Listing, *, names_kept: bool = False, pending_cpu_pods: bool = False) -> Snapshot:
@@ -152,7 +162,7 @@ def take(found: Listing, *, names_kept: bool = False, pending_cpu_pods: bool = F
         for i, (created, where, row) in enumerate(kept)
     )
     nodes = tuple(dataclasses.replace(row, name=aliases[name]) for name, row in rows.items())
-    return Snapshot(nodes, pods, tuple(skipped), dict(sorted(dropped.items())))
+    return Snapshot(nodes, pods, tuple(skipped), dict(sorted(dropped.items())), found.notes)
 
 
 def write(snapshot: Snapshot, directory: Path, command: str = "") -> tuple[Path, Path]:
@@ -170,6 +180,7 @@ def write(snapshot: Snapshot, directory: Path, command: str = "") -> tuple[Path,
         "bound_gpu_pods": sum(1 for p in snapshot.pods if p.num_gpu and p.node),
         "not_written": snapshot.dropped,
         "left_out": list(snapshot.skipped),
+        "not_read": list(snapshot.notes),
     }
     (directory / "snapshot.json").write_text(json.dumps(summary, indent=2) + "\n")
     return node_file, pod_file
