@@ -177,6 +177,41 @@ def test_unsupported_or_broken_kubeconfigs_are_refused_clearly(
         credentials.parse_kubeconfig(kubeconfig(tmp_path, user))
 
 
+SERVER = "https://127.0.0.1:6443"
+
+
+@pytest.mark.parametrize(
+    ("top", "cluster", "user", "message"),
+    [
+        ({"contexts": 5}, {}, {}, r"kubeconfig .*config: contexts is not a list"),
+        ({"clusters": {"c": {}}}, {}, {}, r"kubeconfig .*config: clusters is not a list"),
+        ({"users": "u"}, {}, {}, r"kubeconfig .*config: users is not a list"),
+        ({}, {"server": "127.0.0.1:6443"}, {}, r"cluster 'c': server '127.0.0.1:6443' is not an http\(s\) URL"),
+        ({}, {"server": "https://h:port"}, {}, r"server 'https://h:port' is not an http\(s\) URL"),
+        ({}, {"server": "https://h:99999"}, {}, r"server 'https://h:99999' is not an http\(s\) URL"),
+        ({}, {"insecure-skip-tls-verify": "false"}, {}, r"insecure-skip-tls-verify is 'false', not true or false"),
+        ({}, {}, {"exec": {"command": "get-token", "args": 5}}, r"exec args is not a list"),
+        ({}, {}, {"exec": {"command": "get-token", "env": {"A": "b"}}}, r"exec env is not a list"),
+    ],
+)
+def test_a_malformed_kubeconfig_is_refused_naming_the_field_and_the_file(
+    tmp_path: Path, top: dict[str, object], cluster: dict[str, object], user: dict[str, object], message: str
+) -> None:
+    path = kubeconfig(tmp_path, user or {"token": "t"}, {"server": SERVER, **cluster})
+    path.write_text(json.dumps({**json.loads(path.read_text()), **top}))
+    with pytest.raises(credentials.CredentialsError, match=message):
+        credentials.parse_kubeconfig(path)
+
+
+async def test_a_missing_certificate_authority_file_is_named(tmp_path: Path) -> None:
+    path = kubeconfig(tmp_path, {"token": "t"}, {"server": "https://127.0.0.1:6443", "certificate-authority": "ca.crt"})
+    creds = credentials.Credentials(lambda: credentials.parse_kubeconfig(path))
+    with pytest.raises(
+        credentials.CredentialsError, match=f"certificate-authority {tmp_path / 'ca.crt'}: No such file"
+    ):
+        await creds.tls()
+
+
 def test_a_missing_token_file_is_refused_at_start(tmp_path: Path) -> None:
     with pytest.raises(credentials.CredentialsError, match=r"token file .*: No such file"):
         credentials.Credentials(lambda: credentials.parse_kubeconfig(kubeconfig(tmp_path, {"tokenFile": "gone"})))

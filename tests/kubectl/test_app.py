@@ -190,6 +190,37 @@ def test_connection_errors_name_the_kubeconfig_or_the_api_server(tmp_path: Path)
     assert text == f"{config}: no context named 'there'"
 
 
+def test_a_malformed_kubeconfig_is_one_line_naming_the_field_and_the_file(tmp_path: Path) -> None:
+    command = app.make_app()  # the real credentials
+    config = tmp_path / "config"
+
+    def written(**changes: object) -> str:
+        doc = {
+            "current-context": "here",
+            "clusters": [{"name": "c", "cluster": {"server": changes.pop("server", "https://127.0.0.1:6443")}}],
+            "users": [{"name": "u", "user": {"token": "t"}}],
+            "contexts": [{"name": "here", "context": {"cluster": "c", "user": "u", **changes}}],
+        }
+        config.write_text(yaml.safe_dump(doc))
+        return str(config)
+
+    config.write_text(yaml.safe_dump({"current-context": "here", "contexts": 5}))
+    assert one_line_error(runner.invoke(command, ["inspect", "--kubeconfig", str(config)]), 2) == (
+        f"kubeconfig {config}: contexts is not a list"
+    )
+    assert one_line_error(runner.invoke(command, ["groups", "--kubeconfig", written(server="127.0.0.1:6443")]), 2) == (
+        f"kubeconfig {config}: cluster 'c': server '127.0.0.1:6443' is not an http(s) URL (https://HOST[:PORT])"
+    )
+    assert one_line_error(runner.invoke(command, ["explain", "p", "--kubeconfig", written(namespace=["a"])]), 2) == (
+        f"kubeconfig {config}: context 'here': namespace ['a'] is not a string"
+    )
+    # and explain, too, names what is wrong with the file (it reads the context's namespace first)
+    config.write_text(yaml.safe_dump({"current-context": "here", "contexts": 5}))
+    assert one_line_error(runner.invoke(command, ["explain", "p", "--kubeconfig", str(config)]), 2) == (
+        f"kubeconfig {config}: contexts is not a list"
+    )
+
+
 def test_the_console_script_and_help() -> None:
     (script,) = importlib.metadata.entry_points(group="console_scripts", name="kubectl-sharegpu")
     assert script.value == "sharegpu.kubectl.app:main"

@@ -14,7 +14,9 @@ connections, with the watches open on them).
 Supported: kubeconfig `server`, `certificate-authority(-data)`, `insecure-skip-tls-verify`,
 `tls-server-name`, `token`, `tokenFile`, `client-certificate(-data)`, `client-key(-data)`, `exec`
 (client.authentication.k8s.io v1 and v1beta1), and in-cluster service-account credentials.
-`auth-provider` plugins and basic auth are refused with a message saying so.
+`auth-provider` plugins and basic auth are refused with a message saying so, and so is a field of the
+wrong kind (a `contexts` that is not a list, a `server` that is not an absolute http(s) URL, an
+`insecure-skip-tls-verify` that is not a boolean), naming the field and the file.
 
 Hand-written rather than kubernetes-asyncio's loader: that one reads a token once into a frozen
 configuration (the defect this module exists to fix), and the package costs 48 MB and ~0.9 s of
@@ -30,6 +32,7 @@ import os
 import ssl
 import tempfile
 import time
+import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -254,7 +257,12 @@ class Credentials:
         if not s.server.startswith("https"):
             return None
         try:
-            context = ssl.create_default_context(cafile=s.ca_file, cadata=s.ca_data.decode() if s.ca_data else None)
+            context = ssl.create_default_context(cadata=s.ca_data.decode() if s.ca_data else None)
+            if s.ca_file:
+                try:
+                    context.load_verify_locations(cafile=s.ca_file)
+                except OSError as exc:
+                    raise CredentialsError(f"certificate-authority {s.ca_file}: {exc.strerror or exc}") from None
             if s.insecure:
                 context.check_hostname = False
                 context.verify_mode = ssl.CERT_NONE
@@ -296,12 +304,42 @@ def _relative(base: Path, value: Any) -> str:
     return str(path if path.is_absolute() else base.parent / path)
 
 
+def _listed(value: Any, what: str, path: Path) -> list[Any]:
+    """`value` as the list the kubeconfig field `what` must be (absent: empty)."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise CredentialsError(f"kubeconfig {path}: {what} is not a list")
+    return value
+
+
 def _named(items: Any, name: str, what: str, path: Path) -> dict[str, Any]:
-    for item in items or []:
+    for item in _listed(items, f"{what}s", path):
         if isinstance(item, dict) and item.get("name") == name:
             body = item.get(what)
             return body if isinstance(body, dict) else {}
     raise CredentialsError(f"{path}: no {what} named {name!r}")
+
+
+def _server(value: Any, cluster: str, path: Path) -> str:
+    """The cluster's `server`, which must be an absolute http(s) URL."""
+    server = str(value)
+    try:
+        parts = urllib.parse.urlsplit(server)
+        fine = parts.scheme in ("http", "https") and bool(parts.hostname) and parts.port != 0
+    except ValueError:  # a port that is not a number, or out of range
+        fine = False
+    if not fine:
+        raise CredentialsError(
+            f"kubeconfig {path}: cluster {cluster!r}: server {server!r} is not an http(s) URL (https://HOST[:PORT])"
+        )
+    return server
+
+
+def _flag(value: Any, what: str, path: Path) -> bool:
+    if not isinstance(value, bool):
+        raise CredentialsError(f"kubeconfig {path}: {what} is {value!r}, not true or false")
+    return value
 
 
 def parse_kubeconfig(path: Path, context: str | None = None) -> Settings:
@@ -322,6 +360,7 @@ def parse_kubeconfig(path: Path, context: str | None = None) -> Settings:
     user = _named(doc.get("users"), str(ctx.get("user")), "user", path) if ctx.get("user") else {}
     if not cluster.get("server"):
         raise CredentialsError(f"kubeconfig {path}: cluster {ctx.get('cluster')!r} has no server")
+    server = _server(cluster["server"], str(ctx.get("cluster")), path)
     if user.get("auth-provider"):
         raise CredentialsError(f"kubeconfig {path}: auth-provider plugins are not supported; use exec")
     if user.get("username") or user.get("password"):
@@ -333,17 +372,21 @@ def parse_kubeconfig(path: Path, context: str | None = None) -> Settings:
             raise CredentialsError(f"kubeconfig {path}: exec needs a command")
         plugin = ExecPlugin(
             command=str(spec["command"]),
-            args=tuple(str(a) for a in spec.get("args") or ()),
-            env=tuple((str(e.get("name")), str(e.get("value"))) for e in spec.get("env") or () if isinstance(e, dict)),
+            args=tuple(str(a) for a in _listed(spec.get("args"), "exec args", path)),
+            env=tuple(
+                (str(e.get("name")), str(e.get("value")))
+                for e in _listed(spec.get("env"), "exec env", path)
+                if isinstance(e, dict)
+            ),
             api_version=str(spec.get("apiVersion") or "client.authentication.k8s.io/v1"),
         )
     return Settings(
-        server=str(cluster["server"]),
+        server=server,
         ca_file=_relative(path, cluster["certificate-authority"]) if cluster.get("certificate-authority") else None,
         ca_data=_b64(cluster["certificate-authority-data"], "certificate-authority-data")
         if cluster.get("certificate-authority-data")
         else None,
-        insecure=bool(cluster.get("insecure-skip-tls-verify", False)),
+        insecure=_flag(cluster.get("insecure-skip-tls-verify", False), "insecure-skip-tls-verify", path),
         server_name=str(cluster["tls-server-name"]) if cluster.get("tls-server-name") else None,
         token=str(user["token"]) if user.get("token") else None,
         token_file=_relative(path, user["tokenFile"]) if user.get("tokenFile") else None,

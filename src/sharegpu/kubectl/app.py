@@ -60,18 +60,24 @@ def connect(kubeconfig: str | None, context: str | None, timeout: float) -> clie
 
 
 def default_namespace(kubeconfig: str | None, context: str | None) -> str:
-    """The namespace of the kubeconfig's context (as kubectl uses it), else `default`."""
+    """The namespace of the kubeconfig's context (as kubectl uses it), else `default`; CredentialsError
+    when the context names one that is not a string."""
     path = credentials.locate(kubeconfig)
     try:
         doc = yaml.safe_load(path.read_text()) if path is not None else None
     except (OSError, yaml.YAMLError):
         return "default"  # the credential loader reports what is wrong with the file
-    if not isinstance(doc, dict):
-        return "default"
+    if not isinstance(doc, dict) or not isinstance(doc.get("contexts"), list):
+        return "default"  # as above
     chosen = context or doc.get("current-context")
-    for item in doc.get("contexts") or []:
+    for item in doc["contexts"]:
         if isinstance(item, dict) and item.get("name") == chosen and isinstance(item.get("context"), dict):
-            return str(item["context"].get("namespace") or "default")
+            namespace = item["context"].get("namespace") or "default"
+            if not isinstance(namespace, str):
+                raise credentials.CredentialsError(
+                    f"kubeconfig {path}: context {chosen!r}: namespace {namespace!r} is not a string"
+                )
+            return namespace
     return "default"
 
 
@@ -218,9 +224,9 @@ class Commands:
             space, _, name = pod.rpartition("/")
             if not name or "/" in space:
                 raise UsageError(f"{pod!r}: give the pod as NAME or NAMESPACE/NAME")
+            space = space or namespace or default_namespace(kubeconfig, context)
         except errors.SharegpuError as exc:
             raise _usage(exc) from None
-        space = space or namespace or default_namespace(kubeconfig, context)
 
         async def work(api: client.KubeApi) -> views.Explanation:
             try:
