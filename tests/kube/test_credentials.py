@@ -212,6 +212,38 @@ async def test_a_missing_certificate_authority_file_is_named(tmp_path: Path) -> 
         await creds.tls()
 
 
+def test_the_files_of_kubeconfig_are_merged_as_kubectl_merges_them(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    first, second = tmp_path / "a" / "config", tmp_path / "b" / "config"
+    first.write_text(json.dumps({
+        "clusters": [{"name": "c", "cluster": {"server": "https://first:6443"}}],
+        "contexts": [{"name": "ctx", "context": {"cluster": "c", "user": "u"}}],
+    }))  # fmt: skip
+    second.write_text(json.dumps({
+        "current-context": "ctx",
+        "clusters": [{"name": "c", "cluster": {"server": "https://second:6443"}},
+                     {"name": "d", "cluster": {"server": "https://d:6443", "certificate-authority": "ca.crt"}}],
+        "users": [{"name": "u", "user": {"tokenFile": "token"}}],
+        "contexts": [{"name": "ctx", "context": {"cluster": "d"}}, {"name": "other", "context": {"cluster": "d"}}],
+    }))  # fmt: skip
+    environ = {"KUBECONFIG": os.pathsep.join([str(tmp_path / "gone"), str(first), str(second), str(first)]),
+               "HOME": str(tmp_path)}  # fmt: skip
+    files = credentials.locate(None, environ)
+    assert files == (first, second), "every file that exists, once, in order"
+    settings = credentials.parse_kubeconfig(files)
+    # current-context from the second (the first sets none); the context and cluster c from the first,
+    # the user from the second, its token file relative to the second.
+    assert settings.server == "https://first:6443"
+    assert settings.token_file == str(tmp_path / "b" / "token")
+    assert settings.files()[:2] == (str(first), str(second)), "both files are watched"
+    other = credentials.parse_kubeconfig(files, "other")
+    assert (other.server, other.ca_file) == ("https://d:6443", str(tmp_path / "b" / "ca.crt"))
+    with pytest.raises(credentials.CredentialsError, match=f"{first}:{second}: no context named 'nope'"):
+        credentials.parse_kubeconfig(files, "nope")
+    assert credentials.locate("given", environ) == (Path("given"),), "--kubeconfig names one file"
+
+
 def test_a_missing_token_file_is_refused_at_start(tmp_path: Path) -> None:
     with pytest.raises(credentials.CredentialsError, match=r"token file .*: No such file"):
         credentials.Credentials(lambda: credentials.parse_kubeconfig(kubeconfig(tmp_path, {"tokenFile": "gone"})))

@@ -15,7 +15,7 @@ import yaml
 from typer.testing import CliRunner
 
 from sharegpu.api import paths, resources, usage, wire
-from sharegpu.kube import client, fake
+from sharegpu.kube import client, credentials, fake
 from sharegpu.kubectl import app
 from tests.extender.conftest import add_node, gpu_pod
 from tests.kubectl.conftest import bound
@@ -115,7 +115,14 @@ def test_the_kubeconfig_context_names_the_default_namespace(tmp_path: Path, monk
     assert app.default_namespace(str(path), "b") == "default"
     monkeypatch.setenv("KUBECONFIG", str(path))
     assert app.default_namespace(None, None) == "team-a"
-    assert app.default_namespace(str(tmp_path / "missing"), None) == "default"
+    with pytest.raises(credentials.CredentialsError, match="missing: No such file"):
+        app.default_namespace(str(tmp_path / "missing"), None)  # as the credentials would say
+    # $KUBECONFIG's files merged, as kubectl merges them: the first that defines a context wins.
+    other = tmp_path / "other"
+    contexts = [{"name": "a", "context": {"namespace": "not-this"}}, {"name": "c", "context": {"namespace": "team-c"}}]
+    other.write_text(yaml.safe_dump({"current-context": "c", "contexts": contexts}))
+    monkeypatch.setenv("KUBECONFIG", f"{tmp_path / 'missing'}:{path}:{other}")
+    assert (app.default_namespace(None, None), app.default_namespace(None, "c")) == ("team-a", "team-c")
 
 
 def one_line_error(result: Any, code: int) -> str:

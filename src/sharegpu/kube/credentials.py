@@ -4,7 +4,7 @@ their files.
 Credentials change under a running process: the kubelet rotates projected service-account tokens
 (the token file is replaced about hourly), cert-manager renews client certificates, and exec
 plugins hand out tokens that expire. So nothing here is read once: `Credentials.current()` checks
-(at most once per `check_interval`) whether any file it came from changed (the kubeconfig itself,
+(at most once per `check_interval`) whether any file it came from changed (the kubeconfig files,
 the token file, the CA, the client certificate and key) and re-reads them if so; exec tokens are
 fetched again before they expire; and `refresh()`, called by the client after a 401, forces all of
 that at once. The TLS material carries a `generation` that changes whenever the certificates do, so
@@ -14,6 +14,8 @@ connections, with the watches open on them).
 Supported: kubeconfig `server`, `certificate-authority(-data)`, `insecure-skip-tls-verify`,
 `tls-server-name`, `token`, `tokenFile`, `client-certificate(-data)`, `client-key(-data)`, `exec`
 (client.authentication.k8s.io v1 and v1beta1), and in-cluster service-account credentials.
+Several files in $KUBECONFIG are merged as kubectl merges them (`Kubeconfig`: the first file that
+defines a cluster, user or context name wins; current-context from the first file that sets one).
 `auth-provider` plugins and basic auth are refused with a message saying so, and so is a field of the
 wrong kind (a `contexts` that is not a list, a `server` that is not an absolute http(s) URL, an
 `insecure-skip-tls-verify` that is not a boolean), naming the field and the file.
@@ -75,11 +77,11 @@ class Settings:
     cert_data: bytes | None = None
     key_data: bytes | None = None
     exec_plugin: ExecPlugin | None = None
-    origin: str | None = None
-    """The kubeconfig file these came from (watched for changes), if any."""
+    origins: tuple[str, ...] = ()
+    """The kubeconfig files these came from (watched for changes), if any."""
 
     def files(self) -> tuple[str, ...]:
-        return tuple(f for f in (self.origin, self.ca_file, self.token_file, self.cert_file, self.key_file) if f)
+        return (*self.origins, *(f for f in (self.ca_file, self.token_file, self.cert_file, self.key_file) if f))
 
 
 @dataclass(frozen=True, slots=True)
@@ -313,12 +315,75 @@ def _listed(value: Any, what: str, path: Path) -> list[Any]:
     return value
 
 
-def _named(items: Any, name: str, what: str, path: Path) -> dict[str, Any]:
-    for item in _listed(items, f"{what}s", path):
-        if isinstance(item, dict) and item.get("name") == name:
-            body = item.get(what)
-            return body if isinstance(body, dict) else {}
-    raise CredentialsError(f"{path}: no {what} named {name!r}")
+_SECTIONS: tuple[str, ...] = ("clusters", "users", "contexts")
+
+
+def _document(path: Path) -> dict[str, Any]:
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise CredentialsError(f"kubeconfig {path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise CredentialsError(f"kubeconfig {path} is not valid YAML: {exc}") from None
+    if doc is None:
+        return {}  # an empty file: nothing defined (kubectl reads it so)
+    if not isinstance(doc, dict):
+        raise CredentialsError(f"kubeconfig {path} is not a mapping")
+    return doc
+
+
+@dataclass(frozen=True, slots=True)
+class Kubeconfig:
+    """One or more kubeconfig files merged as kubectl merges $KUBECONFIG: for clusters, users and
+    contexts the first file that defines a name wins; current-context is the first file's that sets one.
+    Each entry remembers its file (relative paths in it are relative to that file)."""
+
+    files: tuple[Path, ...]
+    current: str | None
+    entries: Mapping[str, Mapping[str, tuple[dict[str, Any], Path]]]
+    """section ("clusters", "users", "contexts") -> name -> (its body, the file that defined it)."""
+
+    @classmethod
+    def read(cls, given: Path | tuple[Path, ...]) -> Kubeconfig:
+        files = (given,) if isinstance(given, Path) else given
+        current: str | None = None
+        entries: dict[str, dict[str, tuple[dict[str, Any], Path]]] = {section: {} for section in _SECTIONS}
+        for path in files:
+            doc = _document(path)
+            if current is None and doc.get("current-context"):
+                current = str(doc["current-context"])
+            for section in _SECTIONS:
+                for item in _listed(doc.get(section), section, path):
+                    if isinstance(item, dict) and item.get("name") is not None:
+                        body = item.get(section[:-1])
+                        entries[section].setdefault(str(item["name"]), (body if isinstance(body, dict) else {}, path))
+        return cls(files, current, entries)
+
+    @property
+    def where(self) -> str:
+        return os.pathsep.join(str(f) for f in self.files)
+
+    def context(self, context: str | None) -> tuple[str, dict[str, Any], Path]:
+        """The context's name, body and file (`context`, else current-context)."""
+        chosen = context or self.current
+        if not chosen:
+            raise CredentialsError(f"kubeconfig {self.where} has no current-context; name one")
+        body, path = self.named("contexts", chosen)
+        return chosen, body, path
+
+    def named(self, section: str, name: str) -> tuple[dict[str, Any], Path]:
+        found = self.entries[section].get(name)
+        if found is None:
+            raise CredentialsError(f"{self.where}: no {section[:-1]} named {name!r}")
+        return found
+
+    def namespace(self, context: str | None = None) -> str | None:
+        """The namespace the context names (None: it names none)."""
+        chosen, body, path = self.context(context)
+        namespace = body.get("namespace")
+        if namespace is not None and not isinstance(namespace, str):
+            raise CredentialsError(f"kubeconfig {path}: context {chosen!r}: namespace {namespace!r} is not a string")
+        return namespace or None
 
 
 def _server(value: Any, cluster: str, path: Path) -> str:
@@ -342,25 +407,16 @@ def _flag(value: Any, what: str, path: Path) -> bool:
     return value
 
 
-def parse_kubeconfig(path: Path, context: str | None = None) -> Settings:
-    """The settings of `context` (default: current-context) in the kubeconfig file `path`."""
-    try:
-        doc = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise CredentialsError(f"kubeconfig {path}: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise CredentialsError(f"kubeconfig {path} is not valid YAML: {exc}") from None
-    if not isinstance(doc, dict):
-        raise CredentialsError(f"kubeconfig {path} is not a mapping")
-    chosen = context or doc.get("current-context")
-    if not chosen:
-        raise CredentialsError(f"kubeconfig {path} has no current-context; name one")
-    ctx = _named(doc.get("contexts"), str(chosen), "context", path)
-    cluster = _named(doc.get("clusters"), str(ctx.get("cluster")), "cluster", path)
-    user = _named(doc.get("users"), str(ctx.get("user")), "user", path) if ctx.get("user") else {}
+def parse_kubeconfig(files: Path | tuple[Path, ...], context: str | None = None) -> Settings:
+    """The settings of `context` (default: current-context) in the kubeconfig file, or the files merged
+    (`Kubeconfig`)."""
+    config = Kubeconfig.read(files)
+    _, ctx, _ = config.context(context)
+    cluster, cluster_file = config.named("clusters", str(ctx.get("cluster")))
+    user, path = config.named("users", str(ctx.get("user"))) if ctx.get("user") else ({}, cluster_file)
     if not cluster.get("server"):
-        raise CredentialsError(f"kubeconfig {path}: cluster {ctx.get('cluster')!r} has no server")
-    server = _server(cluster["server"], str(ctx.get("cluster")), path)
+        raise CredentialsError(f"kubeconfig {cluster_file}: cluster {ctx.get('cluster')!r} has no server")
+    server = _server(cluster["server"], str(ctx.get("cluster")), cluster_file)
     if user.get("auth-provider"):
         raise CredentialsError(f"kubeconfig {path}: auth-provider plugins are not supported; use exec")
     if user.get("username") or user.get("password"):
@@ -382,11 +438,13 @@ def parse_kubeconfig(path: Path, context: str | None = None) -> Settings:
         )
     return Settings(
         server=server,
-        ca_file=_relative(path, cluster["certificate-authority"]) if cluster.get("certificate-authority") else None,
+        ca_file=_relative(cluster_file, cluster["certificate-authority"])
+        if cluster.get("certificate-authority")
+        else None,
         ca_data=_b64(cluster["certificate-authority-data"], "certificate-authority-data")
         if cluster.get("certificate-authority-data")
         else None,
-        insecure=_flag(cluster.get("insecure-skip-tls-verify", False), "insecure-skip-tls-verify", path),
+        insecure=_flag(cluster.get("insecure-skip-tls-verify", False), "insecure-skip-tls-verify", cluster_file),
         server_name=str(cluster["tls-server-name"]) if cluster.get("tls-server-name") else None,
         token=str(user["token"]) if user.get("token") else None,
         token_file=_relative(path, user["tokenFile"]) if user.get("tokenFile") else None,
@@ -397,7 +455,7 @@ def parse_kubeconfig(path: Path, context: str | None = None) -> Settings:
         else None,
         key_data=_b64(user["client-key-data"], "client-key-data") if user.get("client-key-data") else None,
         exec_plugin=plugin,
-        origin=str(path),
+        origins=tuple(str(f) for f in config.files),
     )
 
 
@@ -415,23 +473,28 @@ def in_cluster(environ: Mapping[str, str] = os.environ, folder: Path = SERVICE_A
     return Settings(server=f"https://{host}:{port}", ca_file=str(folder / "ca.crt"), token_file=str(folder / "token"))
 
 
-def locate(kubeconfig: str | None, environ: Mapping[str, str] = os.environ) -> Path | None:
-    """The kubeconfig file to use: the one given, else the first of $KUBECONFIG, else ~/.kube/config."""
+def locate(kubeconfig: str | None, environ: Mapping[str, str] = os.environ) -> tuple[Path, ...]:
+    """The kubeconfig files to use: the one given, else every file of $KUBECONFIG that exists (merged
+    as kubectl merges them: `Kubeconfig`), else ~/.kube/config; none: in-cluster."""
     if kubeconfig:
-        return Path(kubeconfig).expanduser()
+        return (Path(kubeconfig).expanduser(),)
+    listed: list[Path] = []
     for candidate in (environ.get("KUBECONFIG") or "").split(os.pathsep):
-        if candidate and Path(candidate).expanduser().is_file():
-            return Path(candidate).expanduser()
+        path = Path(candidate).expanduser()
+        if candidate and path.is_file() and path not in listed:
+            listed.append(path)
+    if listed:
+        return tuple(listed)
     default = Path(environ.get("HOME", str(Path.home()))) / ".kube" / "config"
-    return default if default.is_file() else None
+    return (default,) if default.is_file() else ()
 
 
 def load(kubeconfig: str | None = None, context: str | None = None, *, clock: Clock = time.monotonic) -> Credentials:
-    """Credentials from a kubeconfig (given, $KUBECONFIG or ~/.kube/config), else in-cluster."""
-    path = locate(kubeconfig)
-    if path is None:
+    """Credentials from a kubeconfig (given, $KUBECONFIG's files or ~/.kube/config), else in-cluster."""
+    files = locate(kubeconfig)
+    if not files:
         return Credentials(in_cluster, clock=clock)
-    return Credentials(lambda: parse_kubeconfig(path, context), clock=clock)
+    return Credentials(lambda: parse_kubeconfig(files, context), clock=clock)
 
 
 def static(

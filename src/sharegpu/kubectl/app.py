@@ -2,9 +2,10 @@
 `dashboard`.
 
 kubectl runs `kubectl-sharegpu` from PATH with the arguments that follow `kubectl sharegpu`, so each
-command takes the connection options itself: `--kubeconfig` (default $KUBECONFIG, then
-~/.kube/config, then in-cluster), `--context`, `--request-timeout`. Credentials are the project's
-own (`kube.credentials`: tokens, client certificates, exec plugins), as every component loads them.
+command takes the connection options itself: `--kubeconfig` (default $KUBECONFIG's files, merged
+as kubectl merges them, then ~/.kube/config, then in-cluster), `--context`, `--request-timeout`.
+Credentials are the project's own (`kube.credentials`: tokens, client certificates, exec plugins), as
+every component loads them.
 
 Errors are one line on stderr, `kubectl sharegpu: error: ...`, and the exit status says whose they
 are: 2 for what the command line asked (a bad `-o`, an unreadable kubeconfig, an unknown context or
@@ -26,7 +27,6 @@ from pathlib import Path
 from typing import Annotated, TypeVar
 
 import typer
-import yaml
 from rich.console import Console, RenderableType
 
 from sharegpu.api import names as names_module
@@ -61,24 +61,9 @@ def connect(kubeconfig: str | None, context: str | None, timeout: float) -> clie
 
 def default_namespace(kubeconfig: str | None, context: str | None) -> str:
     """The namespace of the kubeconfig's context (as kubectl uses it), else `default`; CredentialsError
-    when the context names one that is not a string."""
-    path = credentials.locate(kubeconfig)
-    try:
-        doc = yaml.safe_load(path.read_text()) if path is not None else None
-    except (OSError, yaml.YAMLError):
-        return "default"  # the credential loader reports what is wrong with the file
-    if not isinstance(doc, dict) or not isinstance(doc.get("contexts"), list):
-        return "default"  # as above
-    chosen = context or doc.get("current-context")
-    for item in doc["contexts"]:
-        if isinstance(item, dict) and item.get("name") == chosen and isinstance(item.get("context"), dict):
-            namespace = item["context"].get("namespace") or "default"
-            if not isinstance(namespace, str):
-                raise credentials.CredentialsError(
-                    f"kubeconfig {path}: context {chosen!r}: namespace {namespace!r} is not a string"
-                )
-            return namespace
-    return "default"
+    for a kubeconfig that cannot be used (as the credentials would raise)."""
+    files = credentials.locate(kubeconfig)
+    return (credentials.Kubeconfig.read(files).namespace(context) if files else None) or "default"
 
 
 def check_output(output: str | None, allowed: tuple[str, ...] = OUTPUTS) -> str:
