@@ -171,6 +171,21 @@ def test_an_object_sharegpu_cannot_read_is_named_not_taken_for_a_connection_fail
     ), text
 
 
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["inspect", "--bogus"], "No such option: --bogus"),
+        (["top", "--request-timeout", "0"], "Invalid value for '--request-timeout': Input should be greater than"),
+        (["nope"], "No such command 'nope'."),
+        (["explain"], "Missing argument 'pod'."),
+    ],
+)
+def test_the_command_lines_own_usage_errors_are_one_line_too(
+    server: fake.FakeApiServer, args: list[str], message: str
+) -> None:
+    assert one_line_error(runner.invoke(on(server), args), 2).startswith(message)
+
+
 def test_connection_errors_name_the_kubeconfig_or_the_api_server(tmp_path: Path) -> None:
     command = app.make_app()  # the real credentials and transport
     missing = tmp_path / "nope.yaml"

@@ -4,7 +4,8 @@ Bad input (a missing file, a malformed row, an unknown policy, a bad seed list, 
 errors: an unknown option, a value that is not one of an option's choices) is reported in one line,
 `sharegpu: error: ...`, with exit status 2. A command wraps what may fail in `reported()`, which turns
 sharegpu's errors (or the kinds it names) into that line; `Commands`, the command group, does the same
-for click's usage errors, which would otherwise be drawn in a box of several lines.
+for click's usage errors, which would otherwise be drawn in a box of several lines (the kubectl
+plugin's group too, its lines starting `kubectl sharegpu: error:`).
 """
 
 from __future__ import annotations
@@ -43,37 +44,41 @@ def reported(*kinds: type[BaseException], status: int = EXIT_BAD_INPUT, doing: s
         raise _fail(exc, status, doing) from None
 
 
-def _fail(exc: BaseException, status: int = EXIT_BAD_INPUT, doing: str = "") -> typer.Exit:
+def _fail(exc: BaseException, status: int = EXIT_BAD_INPUT, doing: str = "", prog: str = "sharegpu") -> typer.Exit:
     text = f"{doing}: {errors.first_line(exc)}" if doing else errors.first_line(exc)
-    typer.echo(f"sharegpu: error: {text}", err=True)
+    typer.echo(f"{prog}: error: {text}", err=True)
     return typer.Exit(status)
 
 
 class Commands(typer.core.TyperGroup):
     """The command group: click's own usage errors (an unknown option or command, a value that is not
     one of an option's choices, a missing value) are reported as every other bad input is, in one line
-    `sharegpu: error: ...` with exit status 2, rather than in a box of several lines."""
+    `sharegpu: error: ...` with exit status 2, rather than in a box of several lines. Another command
+    line (the kubectl plugin's) uses a subclass that sets `prog`, the name its errors start with."""
+
+    prog = "sharegpu"
 
     def make_context(
         self, info_name: str | None, args: list[str], parent: ClickContext | None = None, **extra: Any
     ) -> ClickContext:
-        with _one_line_usage_errors():
+        with _one_line_usage_errors(self.prog):
             return super().make_context(info_name, args, parent, **extra)
 
     def invoke(self, ctx: ClickContext) -> Any:
-        with _one_line_usage_errors():
+        with _one_line_usage_errors(self.prog):
             return super().invoke(ctx)
 
 
 @contextlib.contextmanager
-def _one_line_usage_errors() -> Iterator[None]:
+def _one_line_usage_errors(prog: str) -> Iterator[None]:
     try:
         yield
     except NoArgsIsHelpError:
-        raise  # `sharegpu` alone prints the help
+        raise  # the command alone prints the help
     except ClickUsageError as exc:
         # Typer validates choices with pydantic, whose messages start with "Value error, ".
-        raise _fail(UsageError(exc.format_message().replace(": Value error, ", ": ", 1))) from None
+        message = exc.format_message().replace(": Value error, ", ": ", 1)
+        raise _fail(UsageError(message), prog=prog) from None
 
 
 def console() -> Console:

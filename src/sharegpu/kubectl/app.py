@@ -30,6 +30,7 @@ import typer
 from rich.console import Console, RenderableType
 
 from sharegpu.api import names as names_module
+from sharegpu.cli import boundary
 from sharegpu.core import errors, policies
 from sharegpu.kube import client, credentials, transport
 from sharegpu.kube import errors as kube_errors
@@ -389,10 +390,18 @@ class Commands:
             self.run(kubeconfig, context, request_timeout, work)
 
 
+class _Group(boundary.Commands):
+    """click's usage errors (an unknown option or command, a value out of range, a missing argument)
+    in one line `kubectl sharegpu: error: ...`, exit status 2, as `sharegpu`'s own."""
+
+    prog = PROG
+
+
 def make_app(connector: Connect = connect) -> typer.Typer:
     """The command line, talking to the API through `connector`."""
     app = typer.Typer(
         name=PROG,
+        cls=_Group,
         help="sharegpu's view of the cluster: GPUs and who holds them, why a pod is pending, groups, budgets, "
         "what each share uses.",
         no_args_is_help=True,
