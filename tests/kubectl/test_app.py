@@ -243,6 +243,15 @@ def test_a_malformed_kubeconfig_is_one_line_naming_the_field_and_the_file(tmp_pa
     )
 
 
+def test_a_dashboard_port_in_use_is_one_line_naming_it(server: fake.FakeApiServer) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        text = one_line_error(runner.invoke(on(server), ["dashboard", "--port", str(port)]), 2)
+    assert text == f"--port {port}: cannot serve on 127.0.0.1:{port}: Address already in use", text
+
+
 def test_the_console_script_and_help() -> None:
     (script,) = importlib.metadata.entry_points(group="console_scripts", name="kubectl-sharegpu")
     assert script.value == "sharegpu.kubectl.app:main"

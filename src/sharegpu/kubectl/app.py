@@ -9,9 +9,9 @@ every component loads them.
 
 Errors are one line on stderr, `kubectl sharegpu: error: ...`, and the exit status says whose they
 are: 2 for what the command line asked (a bad `-o`, an unreadable kubeconfig, an unknown context or
-policy), 1 for what the cluster answered (no such pod, the API server unreachable or refusing us,
-sharegpu's resources not installed, an object in it that sharegpu cannot read, named). Each command
-reads what it needs once and runs one event loop.
+policy, a dashboard `--port` already in use), 1 for what the cluster answered (no such pod, the API
+server unreachable or refusing us, sharegpu's resources not installed, an object in it that sharegpu
+cannot read, named). Each command reads what it needs once and runs one event loop.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import shlex
 import sys
 import time
@@ -379,7 +380,12 @@ class Commands:
 
         async def work(api: client.KubeApi) -> None:
             served = dashboard.Dashboard(api, port)
-            await served.start()
+            try:
+                await served.start()
+            except OSError as exc:  # the port is taken, or not ours to take
+                await served.stop()
+                why = os.strerror(exc.errno) if exc.errno else str(exc)
+                raise UsageError(f"--port {port}: cannot serve on 127.0.0.1:{port}: {why}") from None
             typer.echo(f"sharegpu GPU map on {served.url} (Ctrl-C stops it)")
             try:
                 await asyncio.Event().wait()
