@@ -496,6 +496,30 @@ def test_defrag_refuses_bad_input_in_one_line(args: list[str], message: str) -> 
     assert len(lines) == 1 and lines[0].startswith("sharegpu: error: ") and message in lines[0], lines
 
 
+@pytest.mark.parametrize(
+    ("cluster", "user", "message"),
+    [
+        ({"certificate-authority": "missing-ca.crt"}, {"token": "t"}, "certificate-authority {folder}/missing-ca.crt"),
+        ({}, {"exec": {"command": "/nonexistent/get-token"}}, "exec credential plugin '/nonexistent/get-token'"),
+    ],
+)
+def test_defrag_reports_credentials_that_fail_on_first_use_in_one_line(
+    tmp_path: Path, cluster: dict[str, str], user: dict[str, object], message: str
+) -> None:
+    config = tmp_path / "config"
+    config.write_text(json.dumps({
+        "current-context": "here",
+        "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1", **cluster}}],
+        "users": [{"name": "u", "user": user}],
+        "contexts": [{"name": "here", "context": {"cluster": "c", "user": "u"}}],
+    }))  # fmt: skip
+    result = runner.invoke(cli.app, ["defrag", "--kubeconfig", str(config)])
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("sharegpu: error: "), lines
+    assert message.format(folder=tmp_path) in lines[0], lines
+
+
 def test_controller_refuses_defrag_and_its_dry_run_together() -> None:
     result = runner.invoke(cli.app, ["controller", "--defrag", "--defrag-dry-run"])
     assert result.exit_code == 2

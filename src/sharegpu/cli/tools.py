@@ -337,7 +337,12 @@ def defrag_plan(
         result = defrag_inputs.plan(found, budget)
         return {"lines": defrag_wording.describe(result, budget), "json": defrag_wording.to_json(result, budget)}
 
-    with reported(kube_errors.KubeError, status=1, doing="reading the cluster"):
+    # Credentials are used, and so can fail, only once the first request goes: a missing CA file, an
+    # exec plugin that is not there (bad input, as the kubeconfig is), beside what the cluster answers.
+    with (
+        reported(credentials.CredentialsError),
+        reported(kube_errors.KubeError, status=1, doing="reading the cluster"),
+    ):
         shown = asyncio.run(work())
     if output == "json":
         typer.echo(orjson.dumps(shown["json"], option=orjson.OPT_INDENT_2).decode())
