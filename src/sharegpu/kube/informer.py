@@ -13,9 +13,11 @@ An informer lists the collection (decoding each object as its wire type and keep
   meanwhile are reported DELETED, objects recreated under the same name DELETED then ADDED;
 - 401/403: the client has already re-read its credentials once; the informer reports itself
   unauthorised (not ready) and keeps retrying with backoff until they work again;
-- anything else, including a bug in a handler or an object that cannot be decoded: logged and
-  counted; the informer carries on (a handler failure never stops the stream; an unexpected error
-  relists). `run` returns only when cancelled.
+- a bug in a handler on a watch event: logged and counted, and the informer lists again (not ready
+  meanwhile), so that whatever the handler left half done is mended by the list's deliveries; one
+  during a list is logged and counted, the list goes on (it is that delivery);
+- anything else, an object that cannot be decoded among them: logged and counted; the informer
+  carries on (an unexpected error relists). `run` returns only when cancelled.
 
 `ready` tells the truth for /readyz: listed, not waiting for a relist, not refused by the API, and
 either watching or failing for less than `stale_after` seconds.
@@ -118,6 +120,8 @@ class Informer(Generic[W, T]):
         self._watching = False
         self._failing_since: float | None = None
         self.last_error = ""
+        self._handler_failed = False
+        """The handler raised on a watch event: the watch ends, and a list delivers everything again."""
         self.listed_at: float | None = None
         """When the last list's final page arrived (clock time)."""
 
@@ -175,6 +179,11 @@ class Informer(Generic[W, T]):
                 self._failed(str(exc))
                 wait = backoff
                 log.error("informer %s: %s; listing again in %.1f s", self.name, exc, wait)
+            except _HandlerFailedError as exc:
+                self._needs_list = True
+                self._failed(str(exc))
+                wait = backoff
+                log.warning("informer %s: %s; listing again in %.1f s", self.name, exc, wait)
             except Exception as exc:  # never die: a bug here must not leave the cache silently stale
                 self._needs_list = True
                 self._failed(f"{type(exc).__name__}: {exc}")
@@ -225,6 +234,7 @@ class Informer(Generic[W, T]):
             self._deliver(wire.EventType.ADDED if old is None else wire.EventType.MODIFIED, key, None, record)
         self.resource_version = version
         self._needs_list = False
+        self._handler_failed = False  # the list delivered everything: nothing to mend by another
         self._healthy()
         self.synced.set()
 
@@ -258,6 +268,9 @@ class Informer(Generic[W, T]):
                         self._deliver(wire.EventType.DELETED, key, None, old)
                 else:
                     self._apply(wire.EventType(kind), key, obj)
+                if self._handler_failed:  # what it left half done is mended by the list's deliveries
+                    self._handler_failed = False
+                    raise _HandlerFailedError(f"the handler failed on {kind} {key}")
         finally:
             self._watching = False
             with contextlib.suppress(Exception):
@@ -283,7 +296,12 @@ class Informer(Generic[W, T]):
             self.handler(kind, record)
         except Exception:  # a handler bug must not kill the informer
             self.handler_errors += 1
+            self._handler_failed = True
             log.exception("informer %s: handler failed on %s %s", self.name, kind, key)
+
+
+class _HandlerFailedError(Exception):
+    """The handler raised on a watch event (logged where it did): the informer lists again."""
 
 
 async def cancel(tasks: Iterable[asyncio.Task[None]]) -> None:
