@@ -589,3 +589,22 @@ async def test_a_pod_made_again_under_a_victims_name_during_a_pass_is_not_delete
     await settle(h.server)
     now = h.server.get_object(paths.pod("ns", second.split("/")[1]))
     assert now is not None and now["metadata"]["uid"] != planned and not now["metadata"].get("deletionTimestamp")
+
+
+async def test_a_pod_of_a_gpu_group_preempts_no_one_on_a_node_its_group_is_not_on(
+    harness: Callable[..., Any],
+) -> None:
+    """A co-tenancy group (`sharegpu.io/group`) holds one GPU: its next member fits only there. The
+    node with a low pod on it looked fine to preemption (its one-node view did not know the group was
+    bound elsewhere): the low pod was deleted, and the member still landed nowhere."""
+    h: Harness = await harness(nodes=2, gpus=1)
+    grouped = {names.GROUP: "g"}
+    first = await h.schedule(await h.create(gpu_pod("g1", milli=400, annotations=grouped, spec={"priority": 1000})))
+    await h.schedule(await h.create(gpu_pod("g2", milli=400, annotations=grouped, spec={"priority": 1000})))
+    other = "n1" if first == "n0" else "n0"
+    assert await h.schedule(await h.create(pod("low", 600)), nodes=[other]) == other
+    member = await h.create(gpu_pod("g3", milli=400, annotations=grouped, spec={"priority": 1000}))
+    assert h.extender.scheduling.filter(h.args(member)).node_names == []
+    await h.extender.preemptor.reconcile()
+    await settle(h.server)
+    assert not stored(h, "low")["metadata"].get("deletionTimestamp"), "deleted for a pod that cannot use its node"

@@ -185,6 +185,11 @@ def on_node(
     """The fewest victims on node `row` for a pod of `priority` asking `demand`, breaking as few
     disruption budgets as it can (`allowed`: per budget, the disruptions it allows now); None if
     preempting there cannot make it fit (or nothing there may be preempted)."""
+    group = demand.cotenancy.group
+    if group is not None:
+        tag = state.tag_id(group)
+        if state.group_bound(tag) and not bool((state.group_tag[row] == tag).any()):
+            return None  # its group holds a GPU of another node: the pod goes only there
     scratch = fleet.FleetState([state.inventories[row]])
     width = scratch.width  # the fleet's rows are padded to its widest node
     scratch.blocked[0] = state.blocked[row, :width]
