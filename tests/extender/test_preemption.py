@@ -605,6 +605,8 @@ async def test_a_pod_of_a_gpu_group_preempts_no_one_on_a_node_its_group_is_not_o
     assert await h.schedule(await h.create(pod("low", 600)), nodes=[other]) == other
     member = await h.create(gpu_pod("g3", milli=400, annotations=grouped, spec={"priority": 1000}))
     assert h.extender.scheduling.filter(h.args(member)).node_names == []
-    await h.extender.preemptor.reconcile()
+    preemptor = h.extender.preemptor
+    assert preemptor is not None
+    await preemptor.reconcile()
     await settle(h.server)
     assert not stored(h, "low")["metadata"].get("deletionTimestamp"), "deleted for a pod that cannot use its node"
