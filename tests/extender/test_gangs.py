@@ -377,6 +377,23 @@ async def test_a_gang_beyond_its_namespaces_quota_holds_nothing(harness: Callabl
     assert len(h.extender.cache.assumed) == 6
 
 
+async def test_a_gang_with_more_members_waiting_than_its_quota_admits_is_placed_within_it(
+    harness: Callable[..., Any],
+) -> None:
+    """Minimum two, three waiting, a quota of two GPUs, room for all three: the plan takes as many
+    members as the quota admits together (two), not every one that fits, which the quota then
+    refused, again and again, while the GPUs stayed free."""
+    h: Harness = await harness(nodes=1, gpus=3, assume_ttl=300.0)
+    hard = {"requests.sharegpu.io/gpu-milli-total": "2000"}
+    quota = {"metadata": {"name": "gpus", "namespace": "ns"}, "spec": {"hard": hard}}
+    h.server.put_object(paths.RESOURCE_QUOTAS, quota)
+    await settle(h.server)
+    made = [await h.create(member(f"w{i}", minimum=2)) for i in range(3)]
+    verdict = h.extender.scheduling.filter(h.args(made[0]))
+    assert verdict.node_names == ["n0"], verdict.failed_nodes
+    assert len(h.extender.cache.assumed) == 2, "two members held: what the quota admits at once"
+
+
 async def test_a_member_whose_plan_was_given_back_does_not_bind_alone(harness: Callable[..., Any]) -> None:
     """kube-scheduler's bind of a member can come after its plan was given back at the gang's
     timeout (a slow PreBind): it is refused, not bound alone into a gang that may never complete."""

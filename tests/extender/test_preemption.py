@@ -610,3 +610,32 @@ async def test_a_pod_of_a_gpu_group_preempts_no_one_on_a_node_its_group_is_not_o
     await preemptor.reconcile()
     await settle(h.server)
     assert not stored(h, "low")["metadata"].get("deletionTimestamp"), "deleted for a pod that cannot use its node"
+
+
+async def test_a_gang_preempts_only_for_as_many_members_as_its_quota_admits(harness: Callable[..., Any]) -> None:
+    """Three low pods fill three GPUs; a gang (minimum two) has three members waiting under a quota of
+    two GPUs. Preemption frees two GPUs, not three, and the gang then lands: it had deleted all three
+    victims for a plan of three members the quota refused, and the gang never landed."""
+    h: Harness = await harness(nodes=1, gpus=3, assume_ttl=300.0)
+    for i in range(3):
+        await h.schedule(await h.create(gpu_pod(f"low{i}", milli=1000, namespace="other", spec={"priority": 0})))
+    hard = {"requests.sharegpu.io/gpu-milli-total": "2000"}
+    quota = {"metadata": {"name": "gpus", "namespace": "ns"}, "spec": {"hard": hard}}
+    h.server.put_object(paths.RESOURCE_QUOTAS, quota)
+    await settle(h.server)
+    made = [await h.create(gang_member(f"w{i}", 1000, 100)) for i in range(3)]
+    assert h.extender.scheduling.filter(h.args(made[0])).node_names == []
+    preemptor = h.extender.preemptor
+    assert preemptor is not None
+    await preemptor.reconcile()
+    await settle(h.server)
+    deleted = [
+        name for name in ("low0", "low1", "low2")
+        if (h.server.get_object(paths.pod("other", name)) or {}).get("metadata", {}).get("deletionTimestamp")
+    ]  # fmt: skip
+    assert len(deleted) == 2, deleted
+    h.server.finish_deletions()
+    await settle(h.server)
+    await preemptor.reconcile()
+    await settle(h.server)
+    assert h.extender.scheduling.filter(h.args(made[0])).node_names == ["n0"]

@@ -5,8 +5,9 @@ this module does the rest, and so does `kubectl sharegpu explain` (which holds n
 speak to the API from its views). `consider` says whether the member is placed as any pod (its gang
 has its minimum running), why it waits (its members disagree, are too few, or its smallest members
 would overrun the namespace's quota), or gives the `Trial`: the plan `core.gangs.plan` makes over
-the ledger for every waiting member (the ledger is left as it was), with what a preemptor needs to
-try again. A plan that fits is checked against the quota for every member it holds at once.
+the ledger for the waiting members the namespace's quota admits together (smallest first, at least
+the minimum; the ledger is left as it was), with what a preemptor needs to try again. A plan of more
+members than the quota admits at once was refused for good, and preemption freed room for it.
 
 Pure and synchronous over one `ClusterCache`: nothing here is shared between calls.
 """
@@ -92,11 +93,18 @@ def consider(
             f"gang {gang.key} waits for its members: {gang.min_count - need + len(waiting)} of "
             f"{gang.min_count} needed are here, and none is placed before they all fit"
         )
-    requests_ = {m.key: m.request for m in waiting if m.request is not None}
-    least = dict(sorted(requests_.items(), key=lambda kv: api_quotas.pod_totals(kv[1]))[:need])
-    over = quota.refusal_of(least) if quota is not None else None
+    asking = {m.key: m.request for m in waiting if m.request is not None}
+    ordered = sorted(asking.items(), key=lambda kv: api_quotas.pod_totals(kv[1]))
+    requests_ = dict(ordered[:need])
+    over = quota.refusal_of(requests_) if quota is not None else None
     if over is not None:  # not even its smallest members fit the quota together: nothing is held
         return Waits(f"gang {gang.key}: {need} member(s) at once: {over}")
+    if quota is not None:  # only as many members as the quota admits together are planned (or preempted for)
+        for key, request in ordered[need:]:
+            if quota.refusal_of({**requests_, key: request}) is None:
+                requests_[key] = request
+    else:
+        requests_ = asking
     again = functools.partial(
         core_gangs.plan,
         cache.ledger,
