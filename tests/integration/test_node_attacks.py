@@ -108,8 +108,13 @@ async def test_a_nodes_agent_writes_only_its_own_node_its_device_slices_reservat
     try:
         # Nodes: only sharegpu's labels, only its own.
         await agent.patch(node, labelled(gpu_label, "T4"))
+        await agent.patch(node, labelled("sharegpu.io/isolation-mps", "true"))
         await refused(lambda: agent.patch(node, labelled("node-role.kubernetes.io/control-plane")),
-                      f"on {here.name} changes only sharegpu's labels")  # fmt: skip
+                      f"on {here.name} changes only the GPU labels")  # fmt: skip
+        # A group's label pulls its members (another tenant's pods, their Secrets) onto the node: the
+        # controller's alone to write, on the node the group is bound to.
+        await refused(lambda: agent.patch(node, labelled(groups.node_label("t", "g"), groups.BOUND)),
+                      "a group's label is the controller's")  # fmt: skip
         await refused(lambda: agent.patch(node, {"spec": {"unschedulable": True}}), f"on {here.name}")
         await refused(lambda: agent.patch(other, labelled(gpu_label, "T4")), f"not UPDATE Node {there.name}")
         # Devices: its node's.
