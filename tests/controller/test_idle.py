@@ -310,3 +310,17 @@ async def test_a_policy_replaced_by_its_own_watch_event_mid_pass_is_still_in_for
     r.recorder.tell = echoed  # type: ignore[method-assign]
     await s.run()
     assert s.status().in_force and [p.name for p in s.status().idle] == ["lazy"]
+
+
+async def test_a_report_of_another_nodes_pod_evicts_nothing() -> None:
+    """A node's agent may write only its own GpuUsage, but what it lists there is its own word: a
+    compromised node listing a pod of another node as idle got that pod evicted. The pod must be on
+    the node whose report says it is idle."""
+    s = Setup()
+    s.policy(policy("ns"))
+    victim = s.pod("victim")  # on n0
+    s.see(report("evil", s.clock.now, ("ns", "victim", victim, 0)))
+    s.clock.advance(600)
+    s.refresh()
+    await s.run()
+    assert not s.leaving("victim")

@@ -225,6 +225,8 @@ class IdleReconciler:
         pod = wire.convert(found, wire.Pod)
         if pod.metadata.uid != uid or pod.metadata.deletion_timestamp:
             return
+        if pod.spec.node_name != tracked.node:
+            return  # a node's agent reports only its own node's pods: another node's report is not believed
         gang = pod.metadata.annotations.get(names.GANG)
         if not gang:
             if self._due(uid):  # the policy may have changed while the pod was read
