@@ -506,8 +506,8 @@ def test_a_namespace_leaves_a_group_only_without_live_members_there() -> None:
     assert not refused["allowed"]
     assert refused["status"]["message"] == (
         "sharegpu: SharedDeviceGroup ns/g: namespace(s) a cannot leave spec.members.namespaces while pods there "
-        "are its members: a/m0; delete them first"
-    )
+        "are its members: 1 in namespace a; delete them first"
+    ), "another namespace's pods are counted, not named"
     assert admission.validate_group(body, []).response.allowed
 
 

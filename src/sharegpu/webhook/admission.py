@@ -304,6 +304,11 @@ def leaving_namespaces(request: api_admission.Request) -> list[str]:
     return sorted(before - after - {request.namespace})
 
 
+def is_sharegpu_group(request: api_admission.Request) -> bool:
+    """The review is of sharegpu's own group kind (not the shared-device-group project's)."""
+    return _group_api(request.old_object or request.object) == names.DOMAIN
+
+
 def _group_api(obj: Json | None) -> str:
     return str((obj or {}).get("apiVersion") or "").split("/")[0]
 
@@ -348,7 +353,7 @@ def validate_group(body: Any, members: list[str]) -> Answer:
 def _group_refusal(request: api_admission.Request, members: list[str]) -> tuple[str, int] | None:
     """Why `validate_group` refuses, with the HTTP code; None to allow."""
     group = f"SharedDeviceGroup {request.namespace}/{request.name}"
-    shown = ", ".join(members[:20]) + (f" and {len(members) - 20} more" if len(members) > 20 else "")
+    shown = _shown_members(request.namespace, members)
     if request.operation == "DELETE" and members:
         return f"{group} still has {len(members)} member pod(s): {shown}; delete them first", 409
     if request.operation != "UPDATE":
@@ -367,6 +372,20 @@ def _group_refusal(request: api_admission.Request, members: list[str]) -> tuple[
             409,
         )
     return None
+
+
+def _shown_members(home: str, members: list[str]) -> str:
+    """Members in words for the group's owner: by name in the group's own namespace, counted in the
+    others (another namespace's pod names are not the owner's to read)."""
+    own = [m for m in members if m.split("/", 1)[0] == home]
+    elsewhere: dict[str, int] = {}
+    for member in members:
+        namespace = member.split("/", 1)[0]
+        if namespace != home:
+            elsewhere[namespace] = elsewhere.get(namespace, 0) + 1
+    parts = [", ".join(own[:20]) + (f" and {len(own) - 20} more" if len(own) > 20 else "")] if own else []
+    parts += [f"{count} in namespace {namespace}" for namespace, count in sorted(elsewhere.items())]
+    return ", ".join(parts)
 
 
 def _apply_budgets(namespace: str, spec: Json, annotations: Json, policy: Policy, audit: list[str]) -> str | None:
@@ -842,8 +861,7 @@ def validate_eviction(body: Any, policy: Policy, pod_node: str) -> Answer:
             where = f"the node agent on {node}" if node else "a node agent whose token is bound to no node"
             return api_admission.deny(
                 uid,
-                f"sharegpu: {where} may evict only pods on its own node, not {request.namespace}/{request.name}"
-                f" (on {pod_node or 'no node'})",
+                f"sharegpu: {where} may evict only pods on its own node, not {request.namespace}/{request.name}",
                 code=403,
             )
         return api_admission.allow(uid)

@@ -238,8 +238,15 @@ class Webhook:
             review = api_admission.review(body).request
             members: list[str] = []
             if review.operation == "DELETE":
-                admitted = ((review.old_object or {}).get("spec") or {}).get("members") or {}
-                members = await self._members(review.namespace, review.name, admitted.get("namespaces") or ())
+                # The namespaces the stored group admits, not those of the review's oldObject: anyone on
+                # the pod network can send a review, and have members listed in namespaces they choose.
+                stored = self.groups.get(f"{review.namespace}/{review.name}")
+                if stored is not None:
+                    admitted: Collection[str] = stored.spec.members.namespaces
+                else:
+                    old = ((review.old_object or {}).get("spec") or {}).get("members") or {}
+                    admitted = () if admission.is_sharegpu_group(review) else old.get("namespaces") or ()
+                members = await self._members(review.namespace, review.name, admitted)
             elif leaving := admission.leaving_namespaces(review):
                 found = await self._members(review.namespace, review.name, leaving)
                 members = [key for key in found if key.split("/", 1)[0] in leaving]
