@@ -239,6 +239,13 @@ async def test_a_tenant_that_started_since_the_extender_last_saw_it_is_not_evict
 ) -> None:
     h: Harness = await harness(nodes=1, gpus=1)
     await bound(h, "a", 600, phase="Running", owned=True)
+
+    # The test runs the repair's passes itself: its loop, running on its own, could evict b (rightly,
+    # while b is still Pending) before b starts below.
+    async def resting() -> None:
+        pass
+
+    h.extender.overcommit.loop.reconcile = resting
     await bound(h, "b", 600, phase="Pending", owned=True)
     h.server.stall_watches()  # the extender's watch lags...
     await h.api.patch(paths.pod_status("ns", "b"), {"status": {"phase": "Running"}})  # ...b has started

@@ -639,3 +639,26 @@ async def test_a_gang_preempts_only_for_as_many_members_as_its_quota_admits(harn
     await preemptor.reconcile()
     await settle(h.server)
     assert h.extender.scheduling.filter(h.args(made[0])).node_names == ["n0"]
+
+
+async def test_a_victim_and_its_preemptor_of_other_namespaces_are_not_told_each_others_names(
+    harness: Callable[..., Any],
+) -> None:
+    """The victim's condition and event name its preemptor by UID, the preemptor's event counts its
+    victims: each is in the other tenant's namespace (kube-scheduler stopped naming them for this)."""
+    h: Harness = await harness(nodes=1, gpus=1)
+    await h.schedule(await h.create(gpu_pod("secret-training", milli=800, namespace="team-b", spec={"priority": 0})))
+    high = await h.create(gpu_pod("launch-plan", milli=600, namespace="team-a", spec={"priority": 100}))
+    assert h.extender.scheduling.filter(h.args(high)).node_names == []
+    preemptor = h.extender.preemptor
+    assert preemptor is not None
+    await preemptor.reconcile()
+    await settle(h.server)
+    victim = h.server.get_object(paths.pod("team-b", "secret-training"))
+    assert victim is not None and victim["metadata"].get("deletionTimestamp")
+    (condition,) = [c for c in victim["status"]["conditions"] if c["type"] == pods.DISRUPTION_TARGET]
+    told = {ns: " ".join(e["message"] for e in h.server.list_objects(paths.events(ns))) for ns in ("team-a", "team-b")}
+    assert (
+        "launch-plan" not in condition["message"] + told["team-b"] and high["metadata"]["uid"] in condition["message"]
+    )
+    assert "secret-training" not in told["team-a"] and "1 pod(s) of other namespaces" in told["team-a"]

@@ -52,7 +52,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -525,10 +525,10 @@ class Preemptor(extender_handle.Reconciler):
     async def _announce_gang(self, nomination: GangNomination) -> bool:
         """Each planned member's nominated node, and an event on each saying what its gang preempts."""
         plan = nomination.plan
-        what = ", ".join(plan.victims) or "nothing more"
-        message = f"its gang {nomination.gang} preempts {what} on {nomination.where}"
+        home = nomination.gang.split("/", 1)[0]
+        message = f"its gang {nomination.gang} preempts {_in_words(plan.victims, home)} on {nomination.where}"
         if plan.leaving:
-            message += f" (also waiting for {', '.join(plan.leaving)}, already leaving)"
+            message += f" (also waiting for {_in_words(plan.leaving, home)}, already leaving)"
         told = True
         for alloc in plan.allocations:
             if not await self._nominate(alloc.pod, alloc.node):
@@ -547,10 +547,9 @@ class Preemptor(extender_handle.Reconciler):
         namespace, _, name = nomination.pod.partition("/")
         plan = nomination.plan
         nominated = await self._nominate(nomination.pod, plan.node)
-        what = ", ".join(plan.victims) or "nothing more"
-        message = f"preempting {what} on {plan.node} for GPUs {list(plan.gpus)}"
+        message = f"preempting {_in_words(plan.victims, namespace)} on {plan.node} for GPUs {list(plan.gpus)}"
         if plan.leaving:
-            message += f" (also waiting for {', '.join(plan.leaving)}, already leaving)"
+            message += f" (also waiting for {_in_words(plan.leaving, namespace)}, already leaving)"
         subject = events.pod(namespace, name, nomination.uid)
         try:
             await self.recorder.record(subject, "Preempting", message, decision=f"preempt|{plan.node}")
@@ -561,12 +560,18 @@ class Preemptor(extender_handle.Reconciler):
 
     @staticmethod
     def _why(nomination: Nomination | GangNomination, victim: pods.Record) -> str:
-        """What a victim is told."""
+        """What a victim is told: its preemptor by name in its own namespace, by UID from another's
+        (as kube-scheduler does: another tenant's pod names are not the victim's to read)."""
+        home = victim.key.split("/", 1)[0]
         if isinstance(nomination, GangNomination):
-            by, where = f"gang {nomination.gang}", nomination.where
+            by = (
+                f"gang {nomination.gang}" if nomination.gang.split("/", 1)[0] == home else "a gang of another namespace"
+            )
+            where = nomination.where
             here = victim.node in nomination.plan.nodes
         else:
-            by, where = nomination.pod, nomination.plan.node
+            by = nomination.pod if nomination.pod.split("/", 1)[0] == home else f"pod {nomination.uid}"
+            where = nomination.plan.node
             here = victim.node == where
         if here:
             return (
@@ -645,3 +650,11 @@ class Preemptor(extender_handle.Reconciler):
 
 def _pods(n: int) -> str:
     return "pod" if n == 1 else "pods"
+
+
+def _in_words(keys: Iterable[str], home: str) -> str:
+    """Pods for an event of namespace `home`: named there, counted from other namespaces."""
+    listed = list(keys)
+    own = [key for key in listed if key.split("/", 1)[0] == home]
+    others = len(listed) - len(own)
+    return ", ".join([*own, *([f"{others} pod(s) of other namespaces"] if others else [])]) or "nothing more"
