@@ -306,3 +306,18 @@ def test_top_shows_what_each_share_uses_sorted_and_per_namespace(server: fake.Fa
     assert runner.invoke(command, ["top", "-n", "empty"]).stdout == "No GPU use reported in namespace empty.\n"
     wrong = runner.invoke(command, ["top", "--sort", "fastest"])
     assert wrong.exit_code == 2 and "--sort: unknown order 'fastest'" in wrong.stderr
+
+
+def test_top_shows_a_node_written_pod_name_as_text(server: fake.FakeApiServer) -> None:
+    """A compromised node names pods in its GpuUsage as it likes: read as markup, `x[/]` failed the
+    command (every row hidden) and `[link=...]` made a link; a control character reached the terminal."""
+    now = wire.timestamp(time.time() - 30)
+    hostile: list[tuple[str, str, int, int, int | None, int | None]] = [
+        ("ns", "x[/]", 0, 100, 1, 500),
+        ("ns", "[link=https://evil.example]t[/link]\x1b]0;pwned", 1, 50, 1, 500),
+    ]
+    server.put_object(paths.GPU_USAGES, usage_report("n0", hostile, now))
+    result = runner.invoke(on(server), ["top"])
+    assert result.exit_code == 0, result.output
+    assert "x[/]" in result.stdout and "[link=https://evil.example]t[/link]" in result.stdout
+    assert "\x1b" not in result.stdout

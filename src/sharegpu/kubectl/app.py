@@ -75,8 +75,8 @@ def check_output(output: str | None, allowed: tuple[str, ...] = OUTPUTS) -> str:
 
 
 def _console() -> Console:
-    console = Console()
-    return console if console.is_terminal else Console(width=200)
+    console = render.console()
+    return console if console.is_terminal else render.console(width=200)
 
 
 Kubeconfig = Annotated[
@@ -103,10 +103,10 @@ def _output_format(output: str | None) -> str:
 def _show(renderable: RenderableType) -> None:
     console = _console()
     if console.is_terminal:
-        console.print(renderable, highlight=False)
+        console.print(render.printable(console, renderable))
         return
     with console.capture() as captured:  # a pipe gets whole lines, without the tables' padding
-        console.print(renderable, highlight=False, soft_wrap=True)
+        console.print(render.printable(console, renderable, soft_wrap=True), soft_wrap=True)
     typer.echo("\n".join(line.rstrip() for line in captured.get().splitlines()))
 
 

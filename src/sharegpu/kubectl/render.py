@@ -8,11 +8,13 @@ milli-CPU, GPU-seconds), and fields are only ever added. Tables are for reading 
 from __future__ import annotations
 
 import io
+import re
 from collections.abc import Sequence
 from typing import Any, Final
 
 import orjson
 from rich.console import Console, Group, RenderableType
+from rich.segment import Segment, Segments
 from rich.table import Table
 from rich.text import Text
 
@@ -30,10 +32,33 @@ def dumps(document: Json) -> str:
     return orjson.dumps(document, option=orjson.OPT_INDENT_2).decode() + "\n"
 
 
+def console(**options: Any) -> Console:
+    """A console for the plugin's output: no markup is read in its text (the cluster's strings, a
+    pod or model named `[link=https://...]`, are shown as they are, never parsed as styles or links)."""
+    return Console(markup=False, highlight=False, **options)
+
+
+def printable(where: Console, renderable: RenderableType, *, soft_wrap: bool = False) -> Segments:
+    """`renderable` rendered for `where` (`soft_wrap`: long lines left whole, as `print` leaves them)
+    with every control character in its text replaced: a name a compromised node wrote (`\x1b]0;...`)
+    reaches the terminal as text, not as an escape sequence. Only sharegpu's own styles, which the
+    console turns into escapes itself, remain."""
+    options = where.options.update(no_wrap=True, overflow="ignore") if soft_wrap else where.options
+    return Segments(
+        segment if segment.control else Segment(_CONTROL.sub("\ufffd", segment.text), segment.style)
+        for segment in where.render(renderable, options)
+    )
+
+
+_CONTROL: Final = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+"""C0 and C1 control characters but tab and newline, and DEL."""
+
+
 def plain(renderable: RenderableType, width: int = 200) -> str:
     """What `renderable` prints on a terminal of `width` columns, without colour (tests, docs)."""
     buffer = io.StringIO()
-    Console(file=buffer, width=width, color_system=None, highlight=False, soft_wrap=False).print(renderable)
+    shown = console(file=buffer, width=width, color_system=None, soft_wrap=False)
+    shown.print(printable(shown, renderable))
     return "".join(line.rstrip() + "\n" for line in buffer.getvalue().splitlines())
 
 
