@@ -179,7 +179,7 @@ def test_every_labelled_counter_starts_with_each_of_its_values_at_zero() -> None
     repairs = {dict(labels)["action"] for labels in made["sharegpu_extender_overcommit_repairs_total"]}
     assert repairs == {"evicted", "cleared", "waiting", "refused", "unknown"}
     preemptions = {dict(labels)["outcome"] for labels in made["sharegpu_extender_preemptions_total"]}
-    assert preemptions == {"nominated", "placed", "freed", "bound", "gone", "replaced", "expired"}
+    assert preemptions == {"nominated", "placed", "freed", "bound", "gone", "replaced", "expired", "stepped-down"}
     decisions = made["sharegpu_extender_decisions_total"]
     assert len(decisions) == len(extender_metrics.FilterOutcome)
     unknown = made["sharegpu_extender_unknown_writes_total"]

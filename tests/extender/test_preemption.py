@@ -662,3 +662,22 @@ async def test_a_victim_and_its_preemptor_of_other_namespaces_are_not_told_each_
         "launch-plan" not in condition["message"] + told["team-b"] and high["metadata"]["uid"] in condition["message"]
     )
     assert "secret-training" not in told["team-a"] and "1 pod(s) of other namespaces" in told["team-a"]
+
+
+async def test_a_replica_that_stops_leading_deletes_no_victim_and_lets_go_of_its_nominations(
+    harness: Callable[..., Any],
+) -> None:
+    """Its kube-scheduler lost the Lease after the filter nominated: the new leader's scheduler places
+    the pod afresh and its extender preempts on its own plan; victims deleted here too would be a
+    second preemption."""
+    h: Harness = await harness(nodes=1, gpus=1)
+    await low_pair(h)
+    high = await h.create(pod("high", 600, priority=100))
+    preemptor = h.extender.preemptor
+    assert preemptor is not None
+    preemptor.is_leader = lambda: False  # before the filter: the preemptor's own loop runs meanwhile
+    assert h.extender.scheduling.filter(h.args(high)).node_names == []
+    await preemptor.reconcile()
+    await settle(h.server)
+    assert not any(stored(h, name)["metadata"].get("deletionTimestamp") for name in ("low1", "low2"))
+    assert not preemptor.nominations and not h.extender.cache.holds, "the room it held is let go"

@@ -103,6 +103,8 @@ class PreemptionOutcome(enum.StrEnum):
     GONE = "gone"
     REPLACED = "replaced"
     EXPIRED = "expired"
+    STEPPED_DOWN = "stepped-down"
+    """This replica stopped leading: the new leader plans the pod afresh."""
 
 
 class DeletionOutcome(enum.StrEnum):

@@ -40,7 +40,8 @@ extender preempts instead, from its filter (docs/extender.md, "Preemption"):
   for N preempted pods"); a member gone or replaced, or bound some other way, ends the nomination.
   A gang tries at most once every `retry` seconds (its members are filtered one after another).
 - **Ends.** A nomination also ends when the pod is gone, bound or replaced, or after `patience`
-  seconds (victims that never leave): the hold is released and the pod may plan again.
+  seconds (victims that never leave): the hold is released and the pod may plan again. All end when
+  this replica stops leading (its kube-scheduler lost the Lease): no victim more is deleted here.
 
 Nominations live in this process only. After a restart (or on a new leader) the victims are already
 being deleted: the plan counts lower-priority pods being deleted as gone, so the pod waits for them
@@ -152,8 +153,18 @@ class Budgets:
 
 
 class Preemptor(extender_handle.Reconciler):
-    def __init__(self, handle: extender_handle.Handle, *, retry: float = RETRY, patience: float = PATIENCE) -> None:
+    def __init__(
+        self,
+        handle: extender_handle.Handle,
+        *,
+        retry: float = RETRY,
+        patience: float = PATIENCE,
+        is_leader: Callable[[], bool] = lambda: True,
+    ) -> None:
+        """`is_leader`: whether this replica leads; one that does not deletes no victim and lets go of
+        its nominations (its kube-scheduler lost the Lease: the new leader's plans are the ones)."""
         super().__init__(handle)
+        self.is_leader = is_leader
         self.budgets = Budgets()
         """Fed by the extender's PodDisruptionBudget informer."""
         self.retry = retry
@@ -406,6 +417,15 @@ class Preemptor(extender_handle.Reconciler):
 
     async def _pass(self) -> None:
         now = self.clock()
+        if not self.is_leader():
+            # Victims chosen for a pod that the new leader's kube-scheduler places afresh: deleting them
+            # now would be a second preemption beside the new leader's own (those already being deleted
+            # count as gone in its plans).
+            for nomination in list(self.nominations.values()):
+                self._end(nomination, extender_metrics.PreemptionOutcome.STEPPED_DOWN)
+            for gang in list(self.gangs.values()):
+                self._end_gang(gang, extender_metrics.PreemptionOutcome.STEPPED_DOWN)
+            return
         for nomination in list(self.nominations.values()):
             if self.nominations.get(nomination.pod) is not nomination:
                 continue  # ended by the pod's filter while this pass awaited a write

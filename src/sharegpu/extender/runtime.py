@@ -92,7 +92,9 @@ class Extender:
         self.recorder = recorder
         self.handle = extender_handle.Handle(self.cache, api, recorder, self.metrics, clock)
         """What the reconcilers share (`extender.handle`)."""
-        self.preemptor = preemption.Preemptor(self.handle) if options.preemption else None
+        self.preemptor = (
+            preemption.Preemptor(self.handle, is_leader=lambda: self.elector.is_leader) if options.preemption else None
+        )
         self.reservations = extender_reservations.ReservationReconciler(
             self.handle, image=options.image, idle=options.reservation_idle
         )
