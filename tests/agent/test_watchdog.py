@@ -273,7 +273,7 @@ def prepared(name: str, **gpus: int | None) -> dict[tuple[str, str], cdi.Prepare
 def test_a_dra_pod_is_judged_by_the_claims_prepared_for_it() -> None:
     found = by_uid(claimed("p", "c", "d"))
     claims = {**prepared("c", **{"GPU-1": 4096}), **prepared("d", **{"GPU-1": 1024, "GPU-2": None})}
-    within = run([(10, 1, 5000), (11, 2, 50000)], {10: "p", 11: "p"}, found, claims=claims)
+    within = run([(10, 1, 5000), (11, 2, MIB)], {10: "p", 11: "p"}, found, claims=claims)
     assert within.violations == (), "5000 of the 5120 MiB its two claims hold on GPU-1; no limit on GPU-2"
     assert usage(within, "p", "GPU-1").allocated_mib == 5120 and usage(within, "p", "GPU-2").allocated_mib is None
     over = run([(10, 1, 6000), (12, 0, 100)], {10: "p", 12: "p"}, found, claims=claims)
@@ -563,3 +563,26 @@ def test_a_whole_gpu_pod_is_promised_the_gpu_the_kubelet_gave_it() -> None:
     whole = by_uid(pod("w", alloc=grants((0, MIB), exclusive=True), limits={names.NVIDIA_GPU: "1"}))
     assert watchdog.promised(whole, DEVICE, assigned={"ns/w": {"GPU-2"}}) == {"GPU-0": 0, "GPU-1": 0, "GPU-2": MIB}
     assert watchdog.promised(whole, DEVICE) == dict.fromkeys(("GPU-0", "GPU-1", "GPU-2"), MIB)
+
+
+COMPUTE_ONLY = {names.GPU: "1", names.GPU_MILLI: "300"}
+
+
+def test_pods_that_asked_for_no_memory_share_only_what_no_other_pod_was_given() -> None:
+    """A pod that asked for compute only has no fixed amount, but not the memory another pod was given
+    on its GPU: under no isolation it could fill the GPU and push a tenant out of memory it holds.
+    Together such pods may use what is left; beyond it the largest of them is over."""
+    found = by_uid(
+        pod("held", alloc=grants((0, 8192)), limits=SHARE),
+        pod("free", alloc=grants((0, 0)), limits=COMPUTE_ONLY),
+        pod("also", alloc=grants((0, 0)), limits=COMPUTE_ONLY),
+    )
+    owners = {10: "held", 20: "free", 21: "free", 30: "also"}
+    within = run([(10, 0, 1000), (20, 0, 5000), (30, 0, 3000)], owners, found)
+    assert within.violations == (), "8000 of the 8192 MiB nobody was given; held's unused grant is its own"
+    over = run([(10, 0, 1000), (20, 0, 5000), (21, 0, 2000), (30, 0, 3000)], owners, found)
+    (violation,) = over.violations
+    assert (violation.pod.name, violation.used_mib, violation.allocated_mib) == ("free", 7000, 8192 - 3000)
+    assert violation.kill == (20,) and "no fixed memory" in violation.message
+    alone = run([(20, 0, MIB)], {20: "free"}, by_uid(pod("free", alloc=grants((0, 0)), limits=COMPUTE_ONLY)))
+    assert alone.violations == (), "with no one given memory there, the whole GPU is its"

@@ -13,7 +13,9 @@ kills, evictions). What `assess` answers:
   another node's static pod), plus the SM utilisation where the caller read it;
 - `Violation`s: a pod over its memory on a GPU (OVER_MEMORY), or on a GPU it was not given
   (UNALLOCATED_GPU: a CPU-only pod that sees every GPU, a sharing pod on another GPU than its own);
-  only pods given to `assess` can violate;
+  only pods given to `assess` can violate. Pods with no memory limit on a GPU (they asked for compute
+  only) share what no other pod was given there: where together they use more, the largest of them
+  is OVER_MEMORY (`_beyond_the_rest`), so no one takes memory another pod holds;
 - `Assessment.samples()`: the values of the /metrics gauges (`SERIES`).
 
 What a pod was given on a GPU, its grant:
@@ -322,6 +324,8 @@ def assess(
     pooled, shared = _shared_claims(usages, grants, slack_mib)
     alone = (_violation(u, slack_mib) for u in usages if (u.pod.uid, u.uuid) not in pooled)
     violations = [v for v in alone if v is not None] + shared
+    given = _promised(grants, pods, claims, unlimited=False)
+    violations += _beyond_the_rest(usages, grants, given, {uuid: t[1] + t[2] for uuid, t in tallies.items()}, slack_mib)
     sm = {u.uuid: u.sm_percent for u in utilization if u.sm_percent is not None}
     gpus = sorted(
         (
@@ -465,11 +469,23 @@ def promised(
     (and a pod that uses claims, nothing more). A whole-GPU pod counts on the GPUs the kubelet gave it
     (`assigned`: "namespace/pod" -> UUIDs) or it reported; on every GPU where neither is known."""
     grants = _Grants(pods, device, assigned or {}, claims=claims)
+    return _promised(grants, pods, claims, unlimited=True)
+
+
+def _promised(
+    grants: _Grants,
+    pods: Mapping[str, wire.Pod],
+    claims: Mapping[tuple[str, str], cdi.PreparedClaim] | None,
+    *,
+    unlimited: bool,
+) -> dict[str, int]:
+    """`promised`'s sum over `grants`; a grant with no memory limit counts all of the GPU where
+    `unlimited`, nothing otherwise (what the pods with a limit were given)."""
     out = dict.fromkeys(grants.capacity, 0)
     for claim in (claims or {}).values():
         for uuid, mib in claim.gpus.items():
             if uuid in out:
-                out[uuid] += grants.capacity[uuid] if mib is None else mib
+                out[uuid] += (grants.capacity[uuid] if unlimited else 0) if mib is None else mib
     for uid, pod in pods.items():
         labels = pod.metadata.labels
         if api_pods.is_reservation(pod) or (api_pods.role(pod) is None and _group(labels) is not None):
@@ -479,8 +495,49 @@ def promised(
             continue
         for uuid, capacity in grants.capacity.items():
             given = grant.allocated(uuid, grants.capacity)
-            out[uuid] += capacity if given is None else given
+            out[uuid] += (capacity if unlimited else 0) if given is None else given
     return {uuid: min(mib, grants.capacity[uuid]) for uuid, mib in out.items()}
+
+
+def _beyond_the_rest(
+    usages: Sequence[Usage], grants: _Grants, given: Mapping[str, int], taken: Mapping[str, int], slack_mib: int
+) -> list[Violation]:
+    """The pods with no memory limit on a GPU (they asked for compute only) share what no other pod
+    was given there: its memory less the grants with a limit (`given`) and what processes in no judged
+    pod use (`taken`: the node's own, pods not given). Where together they use more, the largest of
+    them is over: it takes memory another pod was given (its processes, largest first, until the rest
+    fit). One a pass: the next pass judges the others anew."""
+    unlimited: dict[str, list[Usage]] = {}
+    for usage in usages:
+        if usage.allocated_mib is None and grants.of(usage.pod.uid).judged:
+            unlimited.setdefault(usage.uuid, []).append(usage)
+    found = []
+    for uuid, users in unlimited.items():
+        capacity = grants.capacity.get(uuid)
+        if capacity is None:
+            continue
+        rest = max(0, capacity - given.get(uuid, 0) - taken.get(uuid, 0))
+        together = sum(u.used_mib for u in users)
+        if together <= rest + slack_mib:
+            continue
+        largest = max(users, key=lambda u: (u.used_mib, u.pod.key))
+        allowed = max(0, rest - (together - largest.used_mib))
+        processes = sorted(largest.processes, key=lambda p: (-p[1], p[0]))
+        kill: list[int] = []
+        left = largest.used_mib
+        for pid, mib in processes:
+            if left <= allowed + slack_mib:
+                break
+            kill.append(pid)
+            left -= mib
+        gpu = f"GPU {uuid}" + ("" if largest.index is None else f" (index {largest.index})")
+        message = (
+            f"pod {largest.pod.key} uses {largest.used_mib} MiB of {gpu}; it asked for no fixed memory, and the "
+            f"pods with none there use {together} MiB together, where {rest} MiB are not given to other pods"
+        )
+        found.append(Violation(Kind.OVER_MEMORY, largest.pod, uuid, largest.index, largest.used_mib, allowed,
+                               tuple(pid for pid, _ in processes), tuple(kill), message))  # fmt: skip
+    return found
 
 
 def slots(pods: Mapping[str, wire.Pod], device: wire.DeviceSpec) -> dict[int, frozenset[str]]:
