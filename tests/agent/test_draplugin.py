@@ -5,6 +5,7 @@ unix sockets, with claims on the fake API server."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import os
 import shutil
@@ -137,6 +138,27 @@ async def test_a_prepared_claim_gets_its_gpu_and_limits_through_cdi_idempotently
         assert done.claims[uid].error == "" and not setup.cdi_file(uid).exists()
         twice = await setup.kubelet.unprepare(("c", uid))
         assert twice.claims[uid].error == "", "unpreparing what is gone is done"
+    finally:
+        await plugin.stop()
+
+
+async def test_a_claims_mounts_come_from_the_folders_the_agent_keeps(setup: Setup) -> None:
+    """An agent run with --hami-core-dir and --mps-root of its own: the CDI spec mounts those folders
+    (it mounted the defaults, where nothing was installed: the preload silently did not load)."""
+    mounts = cdi.HostPaths(hami_core="/opt/gpu/hami", mps_root="/opt/gpu/mps")
+    setup.paths = dataclasses.replace(setup.paths, mounts=mounts)
+    setup.enforce = handoff.Enforcement(hami_core=True, mps=True)
+    uid = setup.claim(allocated("c"))
+    plugin = setup.plugin()
+    await plugin.start()
+    try:
+        assert (await setup.kubelet.prepare(("c", uid))).claims[uid].error == ""
+        (made,) = orjson.loads(setup.cdi_file(uid).read_bytes())["devices"]
+        gpu = spec().gpus[1]
+        assert sorted(m["hostPath"] for m in made["containerEdits"]["mounts"]) == [
+            "/opt/gpu/hami",
+            handoff.mps_tenant_folder(gpu.uuid, "/opt/gpu/mps"),
+        ]
     finally:
         await plugin.stop()
 

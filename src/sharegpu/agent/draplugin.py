@@ -59,6 +59,8 @@ class Paths:
     plugin_socket: Path
     registration_socket: Path
     cdi_dir: Path
+    mounts: cdi.HostPaths = cdi.AGENT_DEFAULTS
+    """The agent's folders a claim's containers mount (its --hami-core-dir and --mps-root)."""
 
     @classmethod
     def under(
@@ -66,8 +68,9 @@ class Paths:
         plugins: Path = host.KUBELET_PLUGINS_DIR,
         registry: Path = host.KUBELET_REGISTRY_DIR,
         cdi_dir: Path = host.CDI_DIR,
+        mounts: cdi.HostPaths = cdi.AGENT_DEFAULTS,
     ) -> Paths:
-        return cls(*registration.sockets(dra.DRIVER, "dra.sock", plugins, registry), cdi_dir)
+        return cls(*registration.sockets(dra.DRIVER, "dra.sock", plugins, registry), cdi_dir, mounts)
 
 
 class ClaimNotPreparable(errors.SharegpuError):
@@ -181,7 +184,7 @@ class DraPlugin:
             raise ClaimNotPreparable(f"{where}: GPU(s) {missing} are not on this node")
         requests = [cdi.RequestDevices(c.name, c.devices) for c in held.containers]
         prepared = cdi.PreparedClaim.of(namespace, name, uid, requests, uuid_of)
-        self._write(uid, cdi.spec(uid, requests, uuid_of, self._enforcement(uid), prepared))
+        self._write(uid, cdi.spec(uid, requests, uuid_of, self._enforcement(uid), prepared, self.paths.mounts))
         if self.claims is not None:
             self.claims[(namespace, name)] = prepared
         devices = []

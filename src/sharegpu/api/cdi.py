@@ -64,21 +64,39 @@ def _safe(text: str) -> str:
     return _NAME.sub("_", text)
 
 
+@dataclass(frozen=True, slots=True)
+class HostPaths:
+    """Where on its node the agent keeps what a claim's containers mount: HAMI-core's library folder
+    (its `--hami-core-dir`) and its MPS daemons' folders (its `--mps-root`)."""
+
+    hami_core: str = handoff.HAMI_HOST_DIR
+    mps_root: str = handoff.MPS_HOST_ROOT
+
+
+AGENT_DEFAULTS: Final = HostPaths()
+"""The agent's folders as it keeps them unless told otherwise."""
+
+
 def edits(
-    grants: Sequence[allocation.DeviceGrant], uuid_of: dict[int, str], enforce: handoff.Enforcement
+    grants: Sequence[allocation.DeviceGrant],
+    uuid_of: dict[int, str],
+    enforce: handoff.Enforcement,
+    host: HostPaths = AGENT_DEFAULTS,
 ) -> dict[str, Any]:
     """The container edits for a request's grants: the hand-off's variables as literal values (a
-    CDI edit cannot refer to another variable), the preload and the mounts its limits need."""
+    CDI edit cannot refer to another variable), the preload and the mounts its limits need (from the
+    agent's folders, `host`)."""
     if not grants:
         raise errors.InvalidInputError("a CDI device needs at least one GPU")
     values = handoff.values(grants, uuid_of, enforce)
     mounts: list[dict[str, Any]] = []
     if enforce.hami_core:
         values[handoff.LD_PRELOAD] = handoff.HAMI_LIBRARY
-        mounts.append(_bind(handoff.HAMI_HOST_DIR, handoff.HAMI_MOUNT, read_only=True))
+        mounts.append(_bind(host.hami_core, handoff.HAMI_MOUNT, read_only=True))
     if enforce.mps and len(grants) == 1:
         values[handoff.MPS_PIPE] = handoff.MPS_CLIENT_PIPE
-        mounts.append(_bind(handoff.mps_tenant_folder(uuid_of[grants[0].index]), handoff.MPS_MOUNT, read_only=True))
+        tenant = handoff.mps_tenant_folder(uuid_of[grants[0].index], host.mps_root)
+        mounts.append(_bind(tenant, handoff.MPS_MOUNT, read_only=True))
     out: dict[str, Any] = {"env": [f"{k}={v}" for k, v in sorted(values.items()) if v != ""]}
     if mounts:
         out["mounts"] = mounts
@@ -161,15 +179,17 @@ def spec(
     uuid_of: dict[int, str],
     enforce: handoff.Enforcement,
     prepared: PreparedClaim | None = None,
+    host: HostPaths = AGENT_DEFAULTS,
 ) -> dict[str, Any]:
-    """The CDI spec of one prepared claim (`prepared`: recorded in its annotations)."""
+    """The CDI spec of one prepared claim (`prepared`: recorded in its annotations; `host`: the
+    agent's folders its mounts come from)."""
     out: dict[str, Any] = {"cdiVersion": VERSION, "kind": KIND}
     if prepared is not None:
         out["annotations"] = prepared.annotations()
     return {
         **out,
         "devices": [
-            {"name": device_name(claim_uid, r.request), "containerEdits": edits(r.grants, uuid_of, enforce)}
+            {"name": device_name(claim_uid, r.request), "containerEdits": edits(r.grants, uuid_of, enforce, host)}
             for r in requests
         ],
     }

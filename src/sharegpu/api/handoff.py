@@ -252,9 +252,10 @@ def percent_of(grants: Sequence[allocation.DeviceGrant]) -> int:
     return max(1, max((g.limit_milli for g in grants), default=units.MILLI_PER_GPU) * 100 // units.MILLI_PER_GPU)
 
 
-def mps_tenant_folder(uuid: str) -> str:
-    """The host folder a tenant of GPU `uuid`'s daemon mounts (`MPS_TENANT` in its directory)."""
-    return f"{MPS_HOST_ROOT}/{mps_directory(uuid)}/{MPS_TENANT}"
+def mps_tenant_folder(uuid: str, root: str = MPS_HOST_ROOT) -> str:
+    """The host folder a tenant of GPU `uuid`'s daemon mounts (`MPS_TENANT` in its directory under
+    `root`, the agent's MPS folder)."""
+    return f"{root}/{mps_directory(uuid)}/{MPS_TENANT}"
 
 
 def key(container: str, variable: str) -> str:

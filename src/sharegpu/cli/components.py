@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 import typer
 
 from sharegpu.agent import host
-from sharegpu.api import usage
+from sharegpu.api import cdi, usage
 from sharegpu.cli.boundary import UsageError, reported
 from sharegpu.cli.logs import LogFormatOption, LogLevelOption, configure
 from sharegpu.cli.options import (
@@ -376,7 +376,13 @@ def agent(
         interval=interval, hami_core_library=Path(hami_core_library) if hami_core_library else None,
         hami_core_dir=hami_core_dir, on_violation=action, proc=proc, slack_mib=slack_mib,
         hami_core_compute=hami_core_enforces_compute, dra=dra,
-        dra_plugin=draplugin.Paths.under(kubelet_plugins_dir, kubelet_registry_dir, cdi_dir) if dra else None,
+        dra_plugin=(
+            draplugin.Paths.under(
+                kubelet_plugins_dir, kubelet_registry_dir, cdi_dir, cdi.HostPaths(str(hami_core_dir), str(mps_root))
+            )
+            if dra
+            else None
+        ),
         volumes=agent_volumes.Paths.under(kubelet_plugins_dir, kubelet_registry_dir) if volumes else None,
         usage_interval=usage_interval, usage_refresh=usage_refresh,
     )  # fmt: skip
