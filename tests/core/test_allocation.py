@@ -78,3 +78,20 @@ def test_json_round_trip_keeps_everything() -> None:
 def test_malformed_annotations_name_the_problem(text: str, message: str) -> None:
     with pytest.raises(errors.InvalidInputError, match=message):
         allocation.Allocation.from_json(text, pod=units.PodKey("ns/p"))
+
+
+def test_a_whole_gpu_init_container_beside_a_sidecar_gets_a_gpu_of_its_own() -> None:
+    """A native sidecar holds GPU 0 while the init container declared after it runs: the init
+    container was given GPU 0 too (two whole GPUs' worth on one), which the ledger refused every time."""
+    pod = requests.PodRequest(
+        key=units.PodKey("ns/p"),
+        containers=(
+            requests.ContainerRequest("sidecar", requests.GpuRequest(count=1)),
+            requests.ContainerRequest("init", requests.GpuRequest(count=1), init=True),
+            requests.ContainerRequest("app", requests.GpuRequest(count=1)),
+        ),
+    )
+    assert pod.demand.count == 2
+    made = allocation.build(pod, units.NodeName("n"), [0, 1], [16384, 16384])
+    assert {c.name: [g.index for g in c.devices] for c in made.containers} == {"sidecar": [0], "init": [1], "app": [1]}
+    assert all(milli <= units.MILLI_PER_GPU for milli, _ in made.gpu_usage().values())

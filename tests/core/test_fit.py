@@ -285,3 +285,18 @@ def test_a_demand_naming_a_selection_takes_only_its_gpus_and_says_so_where_it_ca
     diagnosis = fit.diagnose(b.state, both, ALL)
     assert [fit.Shortfall(int(s)) for s in diagnosis.shortfall] == [fit.Shortfall.UNSELECTED] * 2
     assert not one.needs_at_least(dataclasses.replace(one, selection="")), "another selection is another demand"
+
+
+def test_a_memory_ratio_is_explained_against_each_gpus_own_memory() -> None:
+    """A node of a 40960 MiB and a 1000 MiB GPU: half the memory is 20480 MiB of the first and 500 of
+    the second. The second was said to lack 20480 MiB (the largest GPU's need, applied to every GPU)
+    when only a co-tenancy rule kept the pod off it."""
+    made = node("n", 2, memory=40960)
+    small = dataclasses.replace(made.gpus[1], memory_mib=units.MiB(1000))
+    b = ledger(dataclasses.replace(made, gpus=(made.gpus[0], small)))
+    _place(b, "ns/big", "n", 0, 100, memory=40000)
+    _place(b, "ns/tagged", "n", 1, 100, rules=requests.CoTenancy(affinity="ns/team"))
+    demand = pod("ns/p", count=1, milli=100, memory_permille=500).demand
+    found = {(r.resource, r.gpu): r.requested for r in fit.explain_node(b.state, demand, 0).reasons}
+    assert found[(status.Resource.GPU_MEMORY, 0)] == 20480
+    assert (status.Resource.GPU_MEMORY, 1) not in found and (status.Resource.COTENANCY, 1) in found

@@ -233,3 +233,17 @@ def test_load_of_many_fitting_pods_takes_the_vectorised_path() -> None:
     assert all(s.ok for s in ledger.load(batch))
     assert ledger.state.milli_free[1].tolist() == [400, 400, 400, 400]
     assert ledger.state.recount(ledger.allocations()).same_usage(ledger.state)
+
+
+def test_a_claim_loaded_in_a_batch_is_counted_as_added_one_by_one() -> None:
+    """`load` promises what `add` in order does: a claim's `claimed` count was skipped by its
+    vectorised step, and the claim's removal drove it below zero."""
+    state = fleet.FleetState([node("n", 1)])
+    ledger = core_ledger.Ledger(state)
+    grants = (allocation.ContainerAllocation("c", (allocation.DeviceGrant(0, 300, 100, 300),)),)
+    claim = allocation.Allocation(pod=units.PodKey("ns/claim"), node=units.NodeName("n"), containers=grants,
+                                  device_claim=True)  # fmt: skip
+    assert all(result.ok for result in ledger.load([claim]))
+    assert np.array_equal(state.claimed, state.recount(ledger.allocations()).claimed)
+    ledger.remove(claim.pod)
+    assert (state.claimed == 0).all()

@@ -88,3 +88,15 @@ def test_pods_with_no_gpu_still_need_host_room() -> None:
     placer = placer_over(node("a", cpu=1000))
     assert placer.decide(requests.simple_pod(units.PodKey("ns/c"), cpu_milli=500).demand).node == "a"
     assert not placer.decide(requests.simple_pod(units.PodKey("ns/c"), cpu_milli=5000).demand).status.ok
+
+
+def test_a_selection_named_again_is_decided_over_its_new_gpus() -> None:
+    """The extender names its DRA selections afresh on every call: a decision over a selection's old
+    GPUs was served from the placer's cache, and a claim got a GPU its selectors no longer pick."""
+    state = fleet.FleetState([node("n0", 1), node("n1", 1)])
+    placer = core_placer.Placer(state, policies.make("bestfit"))
+    demand = requests.simple_pod("ns/p", count=1, milli=100, selection="s").demand
+    state.select("s", [("n0", 0)])
+    assert placer.decide(demand).node == "n0"
+    state.select("s", [("n1", 0)])
+    assert placer.decide(demand).node == "n1"

@@ -94,6 +94,13 @@ def test_an_init_container_runs_beside_the_sidecars_declared_before_it() -> None
             ),
             "ask for 1200 milli-GPU in total",
         ),
+        (  # all of one GPU from two shares: was taken for a whole GPU, its memory and group unchecked
+            (
+                requests.ContainerRequest("a", requests.GpuRequest(milli=500, memory_mib=10000)),
+                requests.ContainerRequest("b", requests.GpuRequest(milli=500, memory_mib=10000)),
+            ),
+            "ask for 1000 milli-GPU in total",
+        ),
         (
             (
                 requests.ContainerRequest("a", requests.GpuRequest(milli=600, models=frozenset({"T4"}))),

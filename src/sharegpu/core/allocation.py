@@ -217,8 +217,8 @@ def build(
         if gpu is None:
             continue
         if gpu.whole:
-            if container.init:
-                chosen = list(gpu_indices[: gpu.count])
+            if container.init:  # beside the sidecars declared before it, on GPUs they do not hold
+                chosen = list(gpu_indices[next_whole : next_whole + gpu.count])
             else:
                 chosen = list(gpu_indices[next_whole : next_whole + gpu.count])
                 next_whole += gpu.count

@@ -110,7 +110,7 @@ def explain_node(state: fleet.FleetState, demand: requests.GpuDemand, row: int) 
         return status.Status(status.Code.UNSCHEDULABLE_AND_UNRESOLVABLE, f"pod does not fit on {name}", tuple(reasons))
     models = model_mask(state, demand, one)[0]
     rules = state.cotenancy_ok(demand.cotenancy, one)[0]
-    need_memory = int(state.memory_need(demand, one)[0].max()) if state.width else 0
+    need_memory = state.memory_need(demand, one)[0]  # per GPU: a ratio is of that GPU's own memory
     for index in range(int(state.gpu_count[row])):
         if eligible[index]:
             continue
@@ -141,7 +141,7 @@ def explain_node(state: fleet.FleetState, demand: requests.GpuDemand, row: int) 
             detail = "a whole GPU must be entirely free" if demand.whole else ""
             reasons.append(status.Reason(R.GPU_MILLI, wanted, free, cap, name, index, detail=detail))
         gmem_free = int(state.gmem_free[row, index])
-        gmem_wanted = int(state.gmem_capacity[row, index]) if demand.whole else need_memory
+        gmem_wanted = int(state.gmem_capacity[row, index]) if demand.whole else int(need_memory[index])
         if gmem_free < gmem_wanted:
             reasons.append(
                 status.Reason(R.GPU_MEMORY, gmem_wanted, gmem_free, int(state.gmem_capacity[row, index]), name, index)

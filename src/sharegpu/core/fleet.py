@@ -134,13 +134,19 @@ class FleetState:
         return found
 
     def select(self, name: str, gpus: Iterable[tuple[str, int]]) -> None:
-        """Name the set of GPUs `gpus` ((node, index) pairs; those the fleet does not have are left out)."""
+        """Name the set of GPUs `gpus` ((node, index) pairs; those the fleet does not have are left out).
+        Rows whose part of the set changes get a new `version`: what was decided over the set's old
+        contents is not served again from a cache."""
         mask = np.zeros(self.present.shape, dtype=np.bool_)
         for node, index in gpus:
             row = self.row_of.get(node)
             if row is not None and 0 <= index < self.width:
                 mask[row, index] = True
-        self.selections[name] = mask & self.present
+        mask &= self.present
+        old = self.selections.get(name)
+        changed = mask.any(axis=1) if old is None else (mask != old).any(axis=1)
+        self.version[changed] += 1
+        self.selections[name] = mask
 
     def selection_mask(self, name: str, rows: IntArray | slice) -> BoolArray:
         """(rows, width) bool: the GPU is in the selection `name` (an unknown name selects none)."""

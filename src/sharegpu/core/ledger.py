@@ -147,7 +147,8 @@ class Ledger:
             return []
         state = self.state
         fresh = len({a.pod for a in allocs}) == len(allocs) and not any(a.pod in self._entries for a in allocs)
-        simple = [a for a in allocs if a.cotenancy.empty and a.node in state.row_of]
+        # Claims (counted in `claimed` too, which the vectorised step does not touch) go by `add`.
+        simple = [a for a in allocs if a.cotenancy.empty and not a.device_claim and a.node in state.row_of]
         if not fresh or not simple or self._flagged:  # over-committed nodes re-check each pod they take in
             return [self.add(a) for a in allocs]
         before = self._snapshot()

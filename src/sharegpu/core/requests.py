@@ -301,10 +301,10 @@ def _shared_demand(pod: PodRequest, app: list[GpuRequest], init: list[GpuRequest
     milli = peak([(init, g.milli) for init, g in gpus])
     memory = peak([(init, g.memory_mib) for init, g in gpus])
     permille = peak([(init, g.memory_permille) for init, g in gpus])
-    if milli > units.MILLI_PER_GPU:
+    if milli >= units.MILLI_PER_GPU:  # 1000 is a whole GPU, which one container holds alone
         raise errors.InvalidRequestError(
             f"pod {pod.key}: its containers share one GPU but ask for {milli} milli-GPU in total "
-            f"(at most {units.MILLI_PER_GPU})"
+            f"(less than {units.MILLI_PER_GPU} together; for all of it, give one container the whole GPU)"
         )
     if permille > units.PERMILLE:
         raise errors.InvalidRequestError(
