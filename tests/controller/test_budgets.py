@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from sharegpu.api import budgets, dra, paths, resources, wire
+from sharegpu.controller import budgets as budgets_controller
 from sharegpu.controller import runtime
 from sharegpu.core import units
 from sharegpu.kube import client, fake
@@ -50,10 +51,10 @@ class Env:
         self.controllers: list[runtime.Controller] = []
         add_node(self.server, "n0", gpus=2, memory=16384, dra=dra_node)
 
-    async def start(self) -> runtime.Controller:
-        made = runtime.Controller(
-            client.KubeClient(self.server), runtime.Options(leader_elect=False, tick=3600, pace=0.01), clock=self.clock
-        )
+    async def start(self, fence: float = 0.0) -> runtime.Controller:
+        """A controller on the test's clock (`fence`: its budget passes' wait at a new term)."""
+        options = runtime.Options(leader_elect=False, tick=3600, pace=0.01, budget_fence=fence)
+        made = runtime.Controller(client.KubeClient(self.server), options, clock=self.clock)
         await made.start()
         self.controllers.append(made)
         await self.pass_(made)
@@ -565,3 +566,43 @@ def test_a_replica_that_does_not_lead_forgets_pods_that_went_long_ago() -> None:
             standby.on_pod(wire.EventType.DELETED, controller_budgets.pod_books(pod))
     assert 5 <= len(standby.gone) <= 10, len(standby.gone)
     assert all(clock.now - end <= controller_budgets.GONE_RETENTION for _, end in standby.gone.values())
+
+
+async def test_a_new_leader_waits_for_its_watches_before_it_counts_what_the_last_one_settled(env: Env) -> None:
+    """The old leader saw pod a deleted, settled it and wrote; the new leader's pod watch is a moment
+    behind, still showing a. Counting at once, it charged a again from its start (not listed in the
+    books, so taken for a pod the writer did not know), then settled it a second time."""
+    await env.add(gpu_pod("a", [(0, 1000, 0)]), PODS)
+    await env.add(gpu_pod("keep", [(1, 1000, 0)]), PODS)
+    await env.add(budget(gpuHours=100), resources.GPU_BUDGET.path("team"))
+    old = await env.start()
+    env.clock.now = T0 + HOUR
+    await env.pass_(old)
+    new = await env.start(fence=float("inf"))  # not leading yet: it counts nothing
+    held: list[tuple[wire.EventType, budgets_controller.PodBooks]] = []
+    deliver = new.budgets.on_pod
+
+    def lagging(kind: wire.EventType, books: budgets_controller.PodBooks) -> None:
+        if kind == wire.EventType.DELETED:
+            held.append((kind, books))
+        else:
+            deliver(kind, books)
+
+    for made in new.informers:
+        if made.name == "pods":
+            made.handler = lagging
+    await env.api.delete(paths.pod("team", "a"), grace_period=0)
+    await settle(env.server)
+    env.clock.now = T0 + HOUR + 60
+    await env.pass_(old)  # settles a and writes
+    assert env.status().used_gpu_seconds == 2 * HOUR + 60
+    await old.stop()
+    env.controllers.remove(old)
+    new.budgets.fence = budgets_controller.FENCE
+    new.budgets.new_term()  # takes over
+    await env.pass_(new)  # its watch still shows a
+    for kind, books in held:
+        deliver(kind, books)
+    env.clock.now = T0 + HOUR + 120
+    await env.pass_(new)
+    assert env.status().used_gpu_seconds == 2 * HOUR + 120, "a once (1 h), keep 1 h 2 min"

@@ -37,6 +37,8 @@ from sharegpu.kube import events as kube_events
 
 log = logging.getLogger(__name__)
 
+FENCE = 5.0
+"""Seconds a new leader's first pass waits (`BudgetReconciler.new_term`)."""
 GONE_RETENTION = 3600
 """Seconds a pod that went is remembered at most (normally until every budget of its namespace has
 written after it went)."""
@@ -78,11 +80,13 @@ class BudgetReconciler:
         clock: Callable[[], float],
         *,
         write_every: float = 30.0,
+        fence: float = FENCE,
     ) -> None:
         self.api = api
         self.recorder = recorder
         self.clock = clock
         self.write_every = write_every
+        self.fence = fence
         self.lifetimes: dict[str, lifetimes.Lifetime] = {}
         self.finished: dict[str, int] = {}
         """uid -> when a pod was first seen finished, for finished pods that say no time."""
@@ -102,6 +106,8 @@ class BudgetReconciler:
         self.conflicts = 0
         self.swept = 0
         """When `gone` was last swept of what went long ago."""
+        self.term_started: float | None = None
+        """When this replica last began to lead (None: told nothing, no fence)."""
 
     # ----------------------------------------------------------------- informer handlers
 
@@ -218,8 +224,17 @@ class BudgetReconciler:
 
     # ----------------------------------------------------------------- the pass
 
+    def new_term(self) -> None:
+        """This replica leads (again): its first pass waits `fence` seconds, so that its watches of
+        pods and claims catch up with what the previous leader saw before its last write (a pod that
+        leader settled, still shown here, would be counted again)."""
+        self.term_started = self.clock()
+
     async def reconcile(self) -> None:
         await self.recorder.retell()
+        if self.term_started is not None and self.clock() - self.term_started < self.fence:
+            self.loop.wake()  # the loop's pace brings the next pass, which looks again
+            return
         now = int(self.clock())
         covered = {key: self.covered(item) for key, item in self.budgets.items()}
         holdings = self.held(set().union(*covered.values()))

@@ -59,6 +59,8 @@ class Options:
     leader_elect: bool = True
     election: terms.Election = terms.DEFAULT
     write_every: float = 30.0
+    budget_fence: float = budgets.FENCE
+    """Seconds a new leader's first budget pass waits for its watches (`BudgetReconciler.new_term`)."""
     """Seconds between status writes of a budget whose usage moves (state changes are written at once)."""
     tick: float = 5.0
     """Seconds between passes when nothing wakes the reconcilers."""
@@ -86,7 +88,9 @@ class Controller:
         self.options = options
         self.identity = options.election.identity or leader.identity()
         self.recorder = kube_events.Recorder(api, names.CONTROLLER, self.identity, clock)
-        self.budgets = budgets.BudgetReconciler(api, self.recorder, clock, write_every=options.write_every)
+        self.budgets = budgets.BudgetReconciler(
+            api, self.recorder, clock, write_every=options.write_every, fence=options.budget_fence
+        )
         self.ids = inventory.GpuIds()
         self.groups = groups.GroupReconciler(
             api, self.recorder, clock, self.ids, image=options.image,
@@ -222,6 +226,7 @@ class Controller:
         await asyncio.gather(*(i.synced.wait() for i in self.informers))
 
         def work() -> list[Awaitable[None]]:
+            self.budgets.new_term()
             if self.defrag is not None:
                 self.defrag.new_term()
             loops = self.loops()
