@@ -579,6 +579,7 @@ async def test_a_new_leader_waits_for_its_watches_before_it_counts_what_the_last
     env.clock.now = T0 + HOUR
     await env.pass_(old)
     new = await env.start(fence=float("inf"))  # not leading yet: it counts nothing
+    new.budgets.monotonic = env.clock  # the fence's time is the test's too
     held: list[tuple[wire.EventType, budgets_controller.PodBooks]] = []
     deliver = new.budgets.on_pod
 

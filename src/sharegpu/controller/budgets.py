@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -81,12 +82,16 @@ class BudgetReconciler:
         *,
         write_every: float = 30.0,
         fence: float = FENCE,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
+        """`clock`: the accounting's wall clock; `monotonic`: the fence's (`new_term`), which waits for
+        watches in real time whatever the wall clock does."""
         self.api = api
         self.recorder = recorder
         self.clock = clock
         self.write_every = write_every
         self.fence = fence
+        self.monotonic = monotonic
         self.lifetimes: dict[str, lifetimes.Lifetime] = {}
         self.finished: dict[str, int] = {}
         """uid -> when a pod was first seen finished, for finished pods that say no time."""
@@ -228,11 +233,11 @@ class BudgetReconciler:
         """This replica leads (again): its first pass waits `fence` seconds, so that its watches of
         pods and claims catch up with what the previous leader saw before its last write (a pod that
         leader settled, still shown here, would be counted again)."""
-        self.term_started = self.clock()
+        self.term_started = self.monotonic()
 
     async def reconcile(self) -> None:
         await self.recorder.retell()
-        if self.term_started is not None and self.clock() - self.term_started < self.fence:
+        if self.term_started is not None and self.monotonic() - self.term_started < self.fence:
             self.loop.wake()  # the loop's pace brings the next pass, which looks again
             return
         now = int(self.clock())
