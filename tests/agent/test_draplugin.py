@@ -163,6 +163,28 @@ async def test_a_claims_mounts_come_from_the_folders_the_agent_keeps(setup: Setu
         await plugin.stop()
 
 
+async def test_a_claim_that_asked_for_compute_only_gets_no_memory_limit(setup: Setup) -> None:
+    """No memory asked: the allocation consumes the device's least (1Mi, its request policy), which
+    was taken for the claim's limit: HAMi-core held it to 1 MiB (no CUDA context fits) and the
+    watchdog judged it against 1 MiB. Like a compute-only pod of the extender path, it has none."""
+    body = builders.MakeClaim("c").ask(300).obj()
+    result = {"request": "gpu", "driver": dra.DRIVER, "pool": NODE, "device": dra.device_name(1),
+              "shareID": "5e0c1a9e-0000-4000-8000-000000000002",
+              "consumedCapacity": {dra.MILLI: "300", dra.MEMORY: "1Mi"}}  # fmt: skip
+    body["status"] = {"allocation": {"devices": {"results": [result]}}}
+    uid = setup.claim(body)
+    plugin = setup.plugin()
+    await plugin.start()
+    try:
+        assert (await setup.kubelet.prepare(("c", uid))).claims[uid].error == ""
+        (made,) = orjson.loads(setup.cdi_file(uid).read_bytes())["devices"]
+        env = made["containerEdits"]["env"]
+        assert "CUDA_DEVICE_SM_LIMIT=30" in env and not any(e.startswith("CUDA_DEVICE_MEMORY_LIMIT") for e in env)
+        assert plugin.claims is not None and plugin.claims[("ns", "c")].gpus == {spec().gpus[1].uuid: None}
+    finally:
+        await plugin.stop()
+
+
 async def test_what_a_restarted_agent_finds_it_unprepares(setup: Setup) -> None:
     uid = setup.claim(allocated("c"))
     first = setup.plugin()

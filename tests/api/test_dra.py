@@ -168,7 +168,10 @@ def test_a_claims_request_is_read_in_sharegpus_units_as_the_request_policies_rou
     whole = dra.gpu_request(asked(capacity={"requests": {"milli": "1k", "memory": "4Gi"}}))
     assert whole == requests.GpuRequest(count=1), "all of its compute: the whole GPU, its memory with it"
     default = dra.gpu_request(asked())
-    assert default is not None and (default.milli, default.memory_mib) == (1, 1), "the policies' defaults"
+    assert default is not None and (default.milli, default.memory_mib) == (1, 0), (
+        "compute's policy default; no memory asked: no fixed amount, as on the extender path (its 1Mi default is "
+        "what the allocation consumes, not a limit)"
+    )
     two = dra.gpu_request(asked(count=2, capacity={"requests": {"milli": "250"}}))
     assert two is not None and (two.count, two.milli) == (2, 250), "a count of 2: a share of each of two GPUs"
     other = wire.convert({"name": "x", "exactly": {"deviceClassName": "gpu.nvidia.com"}}, dra.DeviceRequest)
@@ -207,7 +210,7 @@ def test_a_template_asks_what_its_shape_says_and_reads_back_as_that_request() ->
         (dra.Shape(1, 300, 4096), requests.GpuRequest(milli=300, memory_mib=4096)),
         (dra.Shape(2, 500, memory_permille=250), requests.GpuRequest(count=2, milli=500, memory_permille=250)),
         (dra.Shape(3, 1000), requests.GpuRequest(count=3)),
-        (dra.Shape(1, 200), requests.GpuRequest(milli=200, memory_mib=1)),
+        (dra.Shape(1, 200), requests.GpuRequest(milli=200)),
     ):
         body = dra.template("ns", shape.name)
         assert body["metadata"]["namespace"] == "ns"

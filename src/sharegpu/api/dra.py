@@ -459,7 +459,7 @@ def gpu_request(request: DeviceRequest) -> requests.GpuRequest | None:
         raise errors.InvalidRequestError(f"{where}: ask {MEMORY} or {MEMORY_PERMILLE}, not both")
     try:
         milli = math.ceil(quantity.parse(asked[MILLI])) if MILLI in asked else 1
-        memory = quantity.mebibytes(asked[MEMORY]) if MEMORY in asked else 1
+        memory = quantity.mebibytes(asked[MEMORY]) if MEMORY in asked else 0  # compute only: no fixed amount
         permille = (
             quantity.integer(asked[MEMORY_PERMILLE], MEMORY_PERMILLE, 1, units.PERMILLE)
             if MEMORY_PERMILLE in asked
@@ -678,6 +678,7 @@ def held(claim: ClaimRecord, memory_of: Mapping[tuple[str, int], int]) -> alloca
     if not mine:
         return None
     key = claim.key
+    asked = dict(claim.asks)
     nodes = {r.pool for r in mine}
     if len(nodes) != 1:
         raise errors.InvalidInputError(f"claim {key}: its {DRIVER} devices lie in several pools: {sorted(nodes)}")
@@ -697,6 +698,9 @@ def held(claim: ClaimRecord, memory_of: Mapping[tuple[str, int], int]) -> alloca
             memory = memory_of.get((node, index), 0)
         else:
             memory = quantity.mebibytes(capacity[MEMORY]) if MEMORY in capacity else 0
+            ask = asked.get(result.request)
+            if ask is not None and not ask.memory_mib and not ask.memory_permille:
+                memory = 0  # it asked for compute only: the 1Mi consumed is the device's least, not a limit
         per_request.setdefault(result.request or "claim", []).append(
             allocation.DeviceGrant(index, milli, memory, milli)
         )
@@ -720,7 +724,8 @@ def claim_allocation(alloc: allocation.Allocation, share_ids: list[str], now: st
             "pool": alloc.node,
             "device": device_name(grant.index),
             "shareID": share,
-            "consumedCapacity": {MILLI: str(grant.milli), MEMORY: f"{grant.memory_mib}Mi"},
+            # A share that asked for compute only consumes the device's least (its requestPolicy's 1Mi).
+            "consumedCapacity": {MILLI: str(grant.milli), MEMORY: f"{max(grant.memory_mib, 1)}Mi"},
         }
         for (request, grant), share in zip(grants, share_ids, strict=True)
     ]
