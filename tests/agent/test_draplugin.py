@@ -352,7 +352,7 @@ async def test_a_claim_that_cannot_be_prepared_is_answered_with_its_reason(setup
 async def test_a_registration_socket_that_went_is_served_again(setup: Setup) -> None:
     plugin = setup.plugin()
     await plugin.start()
-    keeper = asyncio.create_task(plugin.registration.keep(every=0.05))
+    keeper = asyncio.create_task(plugin.keep(every=0.05))
     try:
         setup.paths.registration_socket.unlink()
         for _ in range(100):
@@ -361,6 +361,29 @@ async def test_a_registration_socket_that_went_is_served_again(setup: Setup) -> 
                 break
         info = await setup.kubelet.info()
         assert info.name == dra.DRIVER
+    finally:
+        keeper.cancel()
+        await asyncio.gather(keeper, return_exceptions=True)
+        await plugin.stop()
+
+
+async def test_a_plugin_socket_that_went_is_served_again_and_registered_anew(setup: Setup) -> None:
+    """docs/dra.md says the plugin's sockets are served again if they go: the registration socket
+    was, but not the plugin's own, so the kubelet's calls failed while /readyz said "registered"."""
+    uid = setup.claim(allocated("c"))
+    plugin = setup.plugin()
+    await plugin.start()
+    keeper = asyncio.create_task(plugin.keep(every=0.05))
+    try:
+        first = os.stat(setup.paths.registration_socket).st_ctime_ns
+        setup.paths.plugin_socket.unlink()
+        for _ in range(100):
+            await asyncio.sleep(0.05)
+            if setup.paths.plugin_socket.exists() and os.stat(setup.paths.registration_socket).st_ctime_ns != first:
+                break
+        assert setup.paths.plugin_socket.exists(), "served again"
+        assert os.stat(setup.paths.registration_socket).st_ctime_ns != first, "registered anew: the kubelet dials again"
+        assert (await setup.kubelet.prepare(("c", uid))).claims[uid].error == ""
     finally:
         keeper.cancel()
         await asyncio.gather(keeper, return_exceptions=True)

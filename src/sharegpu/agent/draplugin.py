@@ -112,11 +112,20 @@ class DraPlugin:
         recovered = await asyncio.to_thread(self._recover)
         self.claims = {(c.namespace, c.name): c for c in recovered}  # the newest spec of a name, until the API says
         await self._collect(recovered)
+        await self._serve()
+        await self.registration.start()
+
+    async def _serve(self) -> None:
+        """Serve the plugin's own socket (anew: a server before is stopped)."""
+        await unixgrpc.stop(self._plugin, None)
         prepare = unixgrpc.unary(self._prepare, pb.NodePrepareResourcesRequest, pb.NodePrepareResourcesResponse)
         unprepare = unixgrpc.unary(self._unprepare, pb.NodeUnprepareResourcesRequest, pb.NodeUnprepareResourcesResponse)
         handlers = [grpc.method_handlers_generic_handler(s, {PREPARE: prepare, UNPREPARE: unprepare}) for s in SERVICES]
         self._plugin = await unixgrpc.serve(self.paths.plugin_socket, handlers)
-        await self.registration.start()
+
+    async def keep(self, every: float = 5.0) -> None:
+        """Serve both sockets again whenever one is gone (`registration.Registration.keep`)."""
+        await self.registration.keep(self._serve, every)
 
     async def stop(self) -> None:
         """Stop both services and remove their sockets (the CDI specs stay: pods may still run)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Final
 
@@ -52,13 +53,20 @@ class Registration:
         log.info("%s %s: serving %s, registration at %s", self.info.type, self.info.name, self.info.endpoint,
                  self.socket)  # fmt: skip
 
-    async def keep(self, every: float = 5.0) -> None:
-        """Serve a new registration socket whenever the one served is gone (until cancelled)."""
+    async def keep(self, serve_endpoint: Callable[[], Awaitable[None]], every: float = 5.0) -> None:
+        """Whenever the plugin's own socket is gone, serve it again (`serve_endpoint`); whenever the
+        registration socket is gone, or the plugin's was served again, serve a new registration
+        socket, so that the kubelet registers the plugin anew and dials its socket again (until
+        cancelled)."""
         while True:
             await asyncio.sleep(every)
-            if not self.socket.exists():
-                log.warning("%s %s: registration socket %s is gone; serving it again", self.info.type,
-                            self.info.name, self.socket)  # fmt: skip
+            endpoint_gone = not Path(self.info.endpoint).exists()
+            if endpoint_gone:
+                log.warning("%s %s: its socket %s is gone; serving it again", self.info.type, self.info.name,
+                            self.info.endpoint)  # fmt: skip
+                await serve_endpoint()
+            if endpoint_gone or not self.socket.exists():
+                log.warning("%s %s: registering it again at %s", self.info.type, self.info.name, self.socket)
                 await unixgrpc.stop(self._server, None)
                 self._server = None
                 self.registered = None

@@ -234,10 +234,10 @@ class Agent:
         ]
         if self.plugin is not None:
             await self.plugin.start()
-            self.tasks.append(asyncio.create_task(self.plugin.registration.keep(), name="agent-dra-registration"))
+            self.tasks.append(asyncio.create_task(self.plugin.keep(), name="agent-dra-registration"))
         if self.volumes is not None:
             await self.volumes.start()
-            self.tasks.append(asyncio.create_task(self.volumes.registration.keep(), name="agent-volumes-registration"))
+            self.tasks.append(asyncio.create_task(self.volumes.keep(), name="agent-volumes-registration"))
 
     async def _withdraw_slice(self) -> bool:
         """Delete this node's ResourceSlice, left by the agent when it served DRA (without `--dra` no

@@ -302,6 +302,16 @@ class VolumesPlugin:
 
     async def start(self) -> None:
         """Serve the plugin, then register it."""
+        await self._serve()
+        await self.registration.start()
+
+    async def keep(self, every: float = 5.0) -> None:
+        """Serve both sockets again whenever one is gone (`registration.Registration.keep`)."""
+        await self.registration.keep(self._serve, every)
+
+    async def _serve(self) -> None:
+        """Serve the plugin's own socket (anew: a server before is stopped)."""
+        await unixgrpc.stop(self._server, None)
         identity = {
             "GetPluginInfo": unixgrpc.unary(self._info, pb.Empty, pb.GetPluginInfoResponse),
             "GetPluginCapabilities": unixgrpc.unary(self._nothing, pb.Empty, pb.Empty),
@@ -318,7 +328,6 @@ class VolumesPlugin:
             grpc.method_handlers_generic_handler(NODE, node),
         ]
         self._server = await unixgrpc.serve(self.paths.plugin_socket, handlers)
-        await self.registration.start()
 
     async def stop(self) -> None:
         """Stop serving and remove the sockets (the mounts stay: their pods still run)."""
