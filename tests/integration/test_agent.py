@@ -187,11 +187,15 @@ async def test_a_memory_violation_evicts_the_pod_and_a_misreported_gpu_is_correc
             return found is None or bool(found["metadata"].get("deletionTimestamp"))
 
         await wait_for(evicted, what="the pod over its GPU memory evicted")
-        found, _ = await admin.list_all(paths.events(namespace))
-        drifted, _ = await admin.list_all(paths.events(system_ns))
-        reasons = {
-            e["reason"]: e["message"] for e in found + drifted if e["involvedObject"]["name"] in ("p", reservations[1])
-        }
+
+        async def told() -> dict[str, str] | None:  # the event is written once the eviction is answered
+            found, _ = await admin.list_all(paths.events(namespace))
+            drifted, _ = await admin.list_all(paths.events(system_ns))
+            named = ("p", reservations[1])
+            said = {e["reason"]: e["message"] for e in found + drifted if e["involvedObject"]["name"] in named}
+            return said if "GPUPodEvicted" in said else None
+
+        reasons = await wait_for(told, what="the GPUPodEvicted event")
         evicted_because = reasons["GPUPodEvicted"]
         assert "uses 4096 MiB" in evicted_because and "1024 MiB" in evicted_because, evicted_because
         assert "the pod was evicted" in evicted_because

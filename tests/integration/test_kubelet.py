@@ -284,9 +284,16 @@ async def test_the_real_kubelets_dra_pod_is_judged_by_its_claim_left_alone_withi
         await wait_for(
             functools.partial(leaving, admin, namespace, "p"), what="the DRA pod over its claim's memory evicted"
         )
-        events, _ = await admin.list_all(paths.events(namespace))
-        said = [e["message"] for e in events if e["reason"] == "GPUPodEvicted" and e["involvedObject"]["name"] == "p"]
-        assert said and "uses 6144 MiB" in said[0] and "4096 MiB" in said[0], said
+
+        async def told() -> list[str] | None:  # the event is written once the eviction is answered
+            events, _ = await admin.list_all(paths.events(namespace))
+            found = [
+                e["message"] for e in events if e["reason"] == "GPUPodEvicted" and e["involvedObject"]["name"] == "p"
+            ]
+            return found or None
+
+        said = await wait_for(told, what="the GPUPodEvicted event")
+        assert "uses 6144 MiB" in said[0] and "4096 MiB" in said[0], said
 
 
 async def test_pods_and_containers_sharing_a_claim_get_one_share_and_are_judged_together(
