@@ -307,12 +307,11 @@ async def test_a_library_that_enforces_nothing_is_not_offered_and_says_why(
         await agent.stop()
 
 
-async def test_no_probe_takes_memory_a_pod_was_promised(tmp_path: Path, stubs: cudastubs.Stubs) -> None:
-    server = fake.FakeApiServer()
-    server.put_object(paths.NODES, MakeNode("n0").obj())
-    for index in range(3):
-        placed = MakeAllocation(f"ns/p{index}", "n0").grant(index, 900, 79000)
-        server.put_object(paths.pods("ns"), running(MakePod(f"p{index}").allocation(placed.obj())))
+def probing_agent(
+    server: fake.FakeApiServer, tmp_path: Path, stubs: cudastubs.Stubs, **extra: Any
+) -> tuple[agent_runtime.Agent, list[str]]:
+    """An agent of n0 (three A100s) with the stub HAMi-core that enforces, and the GPUs its isolation
+    probes ran on (filled as they run)."""
     path = tmp_path / "nvml.yaml"
     write_nvml(path, NVML_FILE)
     library = tmp_path / "libvgpu.so"
@@ -325,7 +324,17 @@ async def test_no_probe_takes_memory_a_pod_was_promised(tmp_path: Path, stubs: c
         return await cudaprobe.run(env, **kwargs)
 
     prover = proof.Prover(tmp_path / "scratch", run=run, libcuda=str(stubs.libcuda))
-    agent = agent_runtime.Agent(client.KubeClient(server), "n0", fakenvml.FakeNvml(path).open(), options, prover=prover)
+    nvml = fakenvml.FakeNvml(path).open()
+    return agent_runtime.Agent(client.KubeClient(server), "n0", nvml, options, prover=prover, **extra), probed
+
+
+async def test_no_probe_takes_memory_a_pod_was_promised(tmp_path: Path, stubs: cudastubs.Stubs) -> None:
+    server = fake.FakeApiServer()
+    server.put_object(paths.NODES, MakeNode("n0").obj())
+    for index in range(3):
+        placed = MakeAllocation(f"ns/p{index}", "n0").grant(index, 900, 79000)
+        server.put_object(paths.pods("ns"), running(MakePod(f"p{index}").allocation(placed.obj())))
+    agent, probed = probing_agent(server, tmp_path, stubs)
     await agent.start()
     try:
         device = await one_pass(agent, server)
@@ -349,26 +358,12 @@ async def test_a_whole_gpu_pod_keeps_the_probe_off_its_own_gpu_only(tmp_path: Pa
     placed = MakeAllocation("ns/w", "n0").grants((0, 1000, 81920)).exclusive()
     whole = MakePod("w").allocation(placed.obj()).node("n0").container(limits={names.NVIDIA_GPU: "1"})
     server.put_object(paths.pods("ns"), whole.phase("Running").obj())
-    path = tmp_path / "nvml.yaml"
-    write_nvml(path, NVML_FILE)
-    library = tmp_path / "libvgpu.so"
-    library.write_bytes(stubs.enforcing.read_bytes())
     folder = Path(tempfile.mkdtemp(dir="/tmp"))  # a unix socket's path must be short
     kubelet = fakekubelet.FakeKubelet(folder / "k.sock")
     kubelet.set_devices("ns", "w", "main", names.NVIDIA_GPU, ["GPU-0"])
     await kubelet.start()
     lister = podresources.KubeletPodResources(folder / "k.sock", 2.0)
-    options = agent_runtime.Options(interval=3600, hami_core_library=library, hami_core_dir=tmp_path / "installed")
-    probed: list[str] = []
-
-    async def run(env: Mapping[str, str], **kwargs: Any) -> tuple[cudaprobe.Finding, ...]:
-        probed.append(env["CUDA_VISIBLE_DEVICES"])
-        return await cudaprobe.run(env, **kwargs)
-
-    prover = proof.Prover(tmp_path / "scratch", run=run, libcuda=str(stubs.libcuda))
-    agent = agent_runtime.Agent(
-        client.KubeClient(server), "n0", fakenvml.FakeNvml(path).open(), options, prover=prover, kubelet=lister
-    )
+    agent, probed = probing_agent(server, tmp_path, stubs, kubelet=lister)
     await agent.start()
     try:
         device = await one_pass(agent, server)

@@ -4,6 +4,7 @@ recreated objects, honest readiness, never dying on handler bugs or undecodable 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 from sharegpu.api import paths, wire
@@ -27,6 +28,16 @@ def start(
 
     inf: informer.Informer[wire.Pod, wire.Pod] = informer.Informer(
         kube, paths.PODS, wire.Pod, informer.identity, handler, max_backoff=0.05, **options
+    )
+    return inf, asyncio.create_task(inf.run())
+
+
+def following(
+    kube: client.KubeClient, handler: Callable[[str, wire.Pod], None]
+) -> tuple[informer.Informer[wire.Pod, wire.Pod], asyncio.Task[None]]:
+    """An informer of every pod telling `handler`, running."""
+    inf: informer.Informer[wire.Pod, wire.Pod] = informer.Informer(
+        kube, paths.PODS, wire.Pod, informer.identity, handler, max_backoff=0.05
     )
     return inf, asyncio.create_task(inf.run())
 
@@ -137,10 +148,7 @@ async def test_handler_bugs_and_undecodable_objects_do_not_stop_it() -> None:
         if obj.metadata.name == "boom":
             raise RuntimeError("handler bug")
 
-    inf: informer.Informer[wire.Pod, wire.Pod] = informer.Informer(
-        kube, paths.PODS, wire.Pod, informer.identity, handler, max_backoff=0.05
-    )
-    task = asyncio.create_task(inf.run())
+    inf, task = following(kube, handler)
     await inf.synced.wait()
     await kube.create(paths.pods("ns"), pod("boom"))
     await kube.create(paths.pods("ns"), pod("after"))
@@ -181,10 +189,7 @@ async def test_a_handler_that_fails_on_a_watch_event_is_given_everything_again_b
             failures[name] -= 1
             raise RuntimeError("handler bug")
 
-    inf: informer.Informer[wire.Pod, wire.Pod] = informer.Informer(
-        kube, paths.PODS, wire.Pod, informer.identity, handler, max_backoff=0.05
-    )
-    task = asyncio.create_task(inf.run())
+    inf, task = following(kube, handler)
     await inf.synced.wait()
     await kube.create(paths.pods("ns"), pod("flaky"))
     await eventually(lambda: inf.lists == 2 and inf.ready, "listed again after the failure")
