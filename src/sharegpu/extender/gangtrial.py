@@ -6,8 +6,9 @@ speak to the API from its views). `consider` says whether the member is placed a
 has its minimum running), why it waits (its members disagree, are too few, or its smallest members
 would overrun the namespace's quota), or gives the `Trial`: the plan `core.gangs.plan` makes over
 the ledger for the waiting members the namespace's quota admits together (smallest first, at least
-the minimum; the ledger is left as it was), with what a preemptor needs to try again. A plan of more
-members than the quota admits at once was refused for good, and preemption freed room for it.
+the minimum; the ledger is left as it was), with what a preemptor needs to try again. Any plan of
+them is within the quota (a plan of more members than it admits at once was refused for good, and
+preemption freed room for it).
 
 Pure and synchronous over one `ClusterCache`: nothing here is shared between calls.
 """
@@ -15,7 +16,7 @@ Pure and synchronous over one `ClusterCache`: nothing here is shared between cal
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,7 +25,6 @@ from sharegpu.api import gangs as api_gangs
 from sharegpu.api import pods
 from sharegpu.api import quotas as api_quotas
 from sharegpu.core import gangs as core_gangs
-from sharegpu.core import requests, units
 from sharegpu.extender import cache as extender_cache
 from sharegpu.extender import quotas as extender_quotas
 
@@ -45,11 +45,7 @@ class Waits:
 class Trial:
     """The gang planned over the ledger (`plan.status` says whether it fits)."""
 
-    gang: api_gangs.Gang
-    need: int
-    """Members the plan must place for the gang to reach its minimum."""
     waiting: tuple[pods.Record, ...]
-    requests: Mapping[units.PodKey, requests.PodRequest]
     plan: core_gangs.Plan
     again: Callable[[], core_gangs.Plan]
     """Plans it again over the ledger as it is then (a preemptor tries it with victims gone)."""
@@ -114,13 +110,7 @@ def consider(
         domains(cache, gang.topology, admitted(cache, waiting), [m.node for m in live if m.node]),
         apart=apart(cache, waiting, live),
     )
-    found = again()
-    if found.status.ok:
-        planned = {a.pod: requests_[a.pod] for a in found.allocations}
-        over = quota.refusal_of(planned) if quota is not None else None
-        if over is not None:
-            return Waits(f"gang {gang.key}: {len(planned)} member(s) at once: {over}")
-    return Trial(gang, need, tuple(waiting), requests_, found, again)
+    return Trial(tuple(waiting), again(), again)  # a plan holds some of `requests_`: within the quota
 
 
 def admitted(cache: extender_cache.ClusterCache, members: list[pods.Record]) -> np.ndarray:
