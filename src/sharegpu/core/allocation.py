@@ -217,10 +217,10 @@ def build(
         if gpu is None:
             continue
         if gpu.whole:
-            if container.init:  # beside the sidecars declared before it, on GPUs they do not hold
-                chosen = list(gpu_indices[next_whole : next_whole + gpu.count])
-            else:
-                chosen = list(gpu_indices[next_whole : next_whole + gpu.count])
+            # An init container runs beside the sidecars declared before it, on GPUs they do not hold;
+            # the containers after it take its GPUs again.
+            chosen = list(gpu_indices[next_whole : next_whole + gpu.count])
+            if not container.init:
                 next_whole += gpu.count
             grants = tuple(
                 DeviceGrant(
