@@ -404,7 +404,7 @@ def _shared_claims(
                     break
                 kill.setdefault(usage.pod.uid, []).append(pid)
                 left -= mib
-            gpu = f"GPU {uuid}" + ("" if pool[0].index is None else f" (index {pool[0].index})")
+            gpu = _gpu_words(uuid, pool[0].index)
             claims = ", ".join(f"{ns}/{name}" for ns, name in keys)
             who = ", ".join(u.pod.key for u in pool)
             message = f"pods {who} use {used} MiB of {gpu} together; their claim(s) {claims} hold {allocated} MiB"
@@ -435,24 +435,17 @@ def _violation(usage: Usage, slack_mib: int) -> Violation | None:
     allocated = usage.allocated_mib
     if allocated is None:
         return None
-    largest = sorted(usage.processes, key=lambda p: (-p[1], p[0]))
-    pids = tuple(pid for pid, _ in largest)
     pod, used = usage.pod, usage.used_mib
-    gpu = f"GPU {usage.uuid}" + ("" if usage.index is None else f" (index {usage.index})")
+    gpu = _gpu_words(usage.uuid, usage.index)
     if allocated == 0:
+        pids, _ = _fewest(usage, 0)
         message = f"pod {pod.key} uses {gpu}, which sharegpu did not give it ({used} MiB)"
         return Violation(Kind.UNALLOCATED_GPU, pod, usage.uuid, usage.index, used, 0, pids, pids, message)
     if used <= allocated + slack_mib:
         return None
-    kill: list[int] = []
-    left = used
-    for pid, mib in largest:
-        if left <= allocated + slack_mib:
-            break
-        kill.append(pid)
-        left -= mib
+    pids, kill = _fewest(usage, allocated + slack_mib)
     message = f"pod {pod.key} uses {used} MiB of {gpu}; it was allocated {allocated} MiB"
-    return Violation(Kind.OVER_MEMORY, pod, usage.uuid, usage.index, used, allocated, pids, tuple(kill), message)
+    return Violation(Kind.OVER_MEMORY, pod, usage.uuid, usage.index, used, allocated, pids, kill, message)
 
 
 def promised(
@@ -522,22 +515,33 @@ def _beyond_the_rest(
             continue
         largest = max(users, key=lambda u: (u.used_mib, u.pod.key))
         allowed = max(0, rest - (together - largest.used_mib))
-        processes = sorted(largest.processes, key=lambda p: (-p[1], p[0]))
-        kill: list[int] = []
-        left = largest.used_mib
-        for pid, mib in processes:
-            if left <= allowed + slack_mib:
-                break
-            kill.append(pid)
-            left -= mib
-        gpu = f"GPU {uuid}" + ("" if largest.index is None else f" (index {largest.index})")
+        pids, kill = _fewest(largest, allowed + slack_mib)
         message = (
-            f"pod {largest.pod.key} uses {largest.used_mib} MiB of {gpu}; it asked for no fixed memory, and the "
-            f"pods with none there use {together} MiB together, where {rest} MiB are not given to other pods"
+            f"pod {largest.pod.key} uses {largest.used_mib} MiB of {_gpu_words(uuid, largest.index)}; it asked for "
+            f"no fixed memory, and the pods with none there use {together} MiB together, where {rest} MiB are not "
+            "given to other pods"
         )
-        found.append(Violation(Kind.OVER_MEMORY, largest.pod, uuid, largest.index, largest.used_mib, allowed,
-                               tuple(pid for pid, _ in processes), tuple(kill), message))  # fmt: skip
+        found.append(Violation(Kind.OVER_MEMORY, largest.pod, uuid, largest.index, largest.used_mib, allowed, pids,
+                               kill, message))  # fmt: skip
     return found
+
+
+def _fewest(usage: Usage, within: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The pod's processes on the GPU, largest user first, and the fewest of them, from the first,
+    whose end brings its use to `within` MiB."""
+    largest = sorted(usage.processes, key=lambda p: (-p[1], p[0]))
+    kill: list[int] = []
+    left = usage.used_mib
+    for pid, mib in largest:
+        if left <= within:
+            break
+        kill.append(pid)
+        left -= mib
+    return tuple(pid for pid, _ in largest), tuple(kill)
+
+
+def _gpu_words(uuid: str, index: int | None) -> str:
+    return f"GPU {uuid}" + ("" if index is None else f" (index {index})")
 
 
 def slots(pods: Mapping[str, wire.Pod], device: wire.DeviceSpec) -> dict[int, frozenset[str]]:
