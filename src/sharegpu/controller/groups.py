@@ -198,11 +198,12 @@ class GroupReconciler:
         # A group not bound yet takes GPUs only within its namespace's budgets: its holder is not made
         # (one not placed yet is taken back) while a used-up budget refuses it. A bound group keeps them.
         refused = None if bound else self.held_back(meta.namespace)
+        wanted = bool(bound or group.spec.bind_eagerly or members)  # a holder is wanted now
         if refused is not None and holder is not None and not holder.spec.node_name:
             if holder.metadata.deletion_timestamp is None:
                 await self.api.delete(paths.pod(names.HOLDING_NAMESPACE, holder.metadata.name), grace_period=0)
             holder = None
-        if holder is None and refused is None and (bound or group.spec.bind_eagerly or members):
+        if holder is None and refused is None and wanted:
             await self._create_holder(group, bound)
         new = self._status(group, holder, members, refused)
         if new.phase == groups.PHASE_BOUND:
@@ -230,7 +231,7 @@ class GroupReconciler:
         elif bound and new.devices and not status.devices:
             await self._record(group, "Bound", f"held again on node {bound}, GPUs {devices}",
                                decision=f"{bound}:{devices}")  # fmt: skip
-        elif refused is not None and (bound or group.spec.bind_eagerly or members):
+        elif refused is not None and wanted:
             await self._record(group, "BudgetExhausted", refused, decision=refused, kind="Warning")
 
     def _status(
