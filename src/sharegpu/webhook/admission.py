@@ -10,6 +10,7 @@ namespaces are left alone, what GPUs the inventory has).
 
 from __future__ import annotations
 
+import collections
 import copy
 import dataclasses
 import secrets
@@ -378,11 +379,7 @@ def _shown_members(home: str, members: list[str]) -> str:
     """Members in words for the group's owner: by name in the group's own namespace, counted in the
     others (another namespace's pod names are not the owner's to read)."""
     own = [m for m in members if m.split("/", 1)[0] == home]
-    elsewhere: dict[str, int] = {}
-    for member in members:
-        namespace = member.split("/", 1)[0]
-        if namespace != home:
-            elsewhere[namespace] = elsewhere.get(namespace, 0) + 1
+    elsewhere = collections.Counter(ns for m in members if (ns := m.split("/", 1)[0]) != home)
     parts = [", ".join(own[:20]) + (f" and {len(own) - 20} more" if len(own) > 20 else "")] if own else []
     parts += [f"{count} in namespace {namespace}" for namespace, count in sorted(elsewhere.items())]
     return ", ".join(parts)
